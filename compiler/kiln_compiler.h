@@ -1,0 +1,140 @@
+/*
+ * kiln_compiler.h — the front end: HuggingFace checkpoint directory → model
+ * config + weight references, and the compile driver that turns them into an
+ * engine file.
+ *
+ * Parts:
+ *   config.c       config.json → kiln_model_config (Llama, Mistral)
+ *   safetensors.c  one .safetensors file → table of tensors (mmapped, never copied)
+ *   checkpoint.c   a checkpoint dir (single file or sharded with
+ *                  model.safetensors.index.json) → name lookup over all shards
+ *   import.c       config + checkpoint → IR graph (ir/kiln_ir.h)
+ *   compile.c      import → passes → plan → engine file (codegen/)
+ * Every reader treats its input as hostile: sizes are checked, offsets must
+ * lie in the file, and each error names the file, tensor or field at fault.
+ */
+#ifndef KILN_COMPILER_H
+#define KILN_COMPILER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common/kiln_util.h"
+#include "../ir/kiln_ir.h"
+
+/* ---- config.json ---- */
+
+typedef enum kiln_arch {
+    KILN_ARCH_LLAMA = 0,   /* LlamaForCausalLM */
+    KILN_ARCH_MISTRAL = 1, /* MistralForCausalLM */
+} kiln_arch;
+
+typedef enum kiln_rope_type {
+    KILN_ROPE_DEFAULT = 0,
+    KILN_ROPE_LLAMA3 = 1, /* rope_scaling {rope_type: llama3, factor, low/high_freq_factor, original_max_position_embeddings} */
+} kiln_rope_type;
+
+#define KILN_MAX_EOS 8
+
+typedef struct kiln_model_config {
+    kiln_arch arch;
+    int64_t hidden_size;          /* d_model */
+    int64_t n_layers;             /* num_hidden_layers */
+    int64_t n_heads;              /* num_attention_heads */
+    int64_t n_kv_heads;           /* num_key_value_heads (GQA); = n_heads when absent */
+    int64_t head_dim;             /* head_dim when given, else hidden_size / n_heads */
+    int64_t intermediate_size;    /* FFN width */
+    int64_t vocab_size;
+    int64_t max_position_embeddings;
+    double rms_norm_eps;
+    double rope_theta;            /* rope_theta, or rope_parameters.rope_theta (transformers 5) */
+    kiln_rope_type rope_type;
+    double rope_factor;           /* llama3 only */
+    double rope_low_freq_factor;  /* llama3 only */
+    double rope_high_freq_factor; /* llama3 only */
+    int64_t rope_original_max_pos;/* llama3 only */
+    int64_t sliding_window;       /* 0 = none (null or absent) */
+    bool tie_word_embeddings;
+    int64_t bos_token_id;         /* -1 when absent */
+    int64_t eos_token_ids[KILN_MAX_EOS]; /* eos_token_id may be an int or a list */
+    int n_eos;
+    kiln_dtype torch_dtype;       /* torch_dtype or dtype; F32 when absent */
+} kiln_model_config;
+
+/* Parse config.json text. `path` is used in messages only. Unknown
+ * architectures, wrong types, missing required fields and unsupported values
+ * (hidden_act other than silu, attention_bias true, unknown rope type...) are
+ * refused by name. */
+kiln_status kiln_config_parse(const char *json, size_t len, const char *path,
+                              kiln_model_config *out, kiln_error *err);
+kiln_status kiln_config_load(const char *path, kiln_model_config *out, kiln_error *err);
+
+/* ---- safetensors ---- */
+
+typedef struct kiln_st_tensor {
+    char *name;
+    kiln_dtype dtype;       /* F32, F16 or BF16 */
+    int ndim;               /* 0..KILN_MAX_DIMS */
+    int64_t shape[KILN_MAX_DIMS];
+    const uint8_t *data;    /* points into the mapped file */
+    uint64_t nbytes;
+} kiln_st_tensor;
+
+typedef struct kiln_st_file {
+    kiln_mapped_file map;
+    kiln_st_tensor *tensors; /* sorted by name */
+    size_t n_tensors;
+} kiln_st_file;
+
+/* Parse an in-memory safetensors image (used by the fuzz target and by
+ * kiln_st_open). The tensors point into `data`, which must outlive them. */
+kiln_status kiln_st_parse(const uint8_t *data, size_t size, const char *path,
+                          kiln_st_tensor **tensors, size_t *n_tensors, kiln_error *err);
+kiln_status kiln_st_open(const char *path, kiln_st_file *out, kiln_error *err);
+void kiln_st_close(kiln_st_file *f);
+void kiln_st_tensors_free(kiln_st_tensor *t, size_t n);
+
+/* ---- checkpoint directory ---- */
+
+typedef struct kiln_checkpoint {
+    char *dir;
+    kiln_model_config config;
+    kiln_st_file *shards;
+    size_t n_shards;
+    /* All tensors of all shards, sorted by name (pointers into shards). */
+    const kiln_st_tensor **index;
+    size_t n_index;
+    char *tokenizer_json_path;        /* NULL when the dir has none */
+    char *tokenizer_config_path;      /* NULL when the dir has none */
+} kiln_checkpoint;
+
+/* Open a checkpoint dir: config.json, then model.safetensors.index.json (every
+ * shard it names must exist and every tensor must be in the shard it names)
+ * or else model.safetensors (or the only *.safetensors file). Duplicate
+ * tensor names across shards are refused. */
+kiln_status kiln_checkpoint_open(const char *dir, kiln_checkpoint *out, kiln_error *err);
+void kiln_checkpoint_close(kiln_checkpoint *ck);
+/* NULL when absent. */
+const kiln_st_tensor *kiln_checkpoint_find(const kiln_checkpoint *ck, const char *name);
+
+/* ---- import and compile ---- */
+
+/* Build the forward graph of the model (unfused, as the checkpoint describes
+ * it). Checks that every weight the graph needs is in the checkpoint with the
+ * expected shape and a supported dtype. */
+kiln_status kiln_import(const kiln_checkpoint *ck, kiln_graph **out, kiln_error *err);
+
+typedef struct kiln_compile_options {
+    const char *output_path;
+    kiln_dtype weight_dtype;   /* KILN_DTYPE_COUNT_ = keep the checkpoint's dtype */
+    const char *passes;        /* comma list of pass names; NULL = the default pipeline; "" = none */
+    bool dump_ir;              /* print the graph after each pass to dump_stream */
+    void *dump_stream;         /* FILE * */
+    bool compress;             /* zstd the weights section */
+    bool verbose;
+} kiln_compile_options;
+
+kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, kiln_error *err);
+
+#endif /* KILN_COMPILER_H */

@@ -1,0 +1,128 @@
+/*
+ * kiln_ir.h — the graph IR: a small SSA graph of ops over typed tensors.
+ *
+ * A graph holds values (graph inputs, weights, activations) and ops in
+ * topological order (an op's inputs are inputs, weights, or outputs of an
+ * earlier op). Activation shapes carry the symbolic dims KILN_DIM_BATCH and
+ * KILN_DIM_SEQ; weights have constant shapes. Every value has one producer
+ * (none for inputs and weights).
+ *
+ * Passes rewrite a graph in place: they add ops, redirect uses and mark ops
+ * dead; kiln_ir_dce() then drops what is no longer used. Value ids and op
+ * indices are plain ints into the arrays; ids of values never change, op
+ * indices change when ops are inserted or removed.
+ *
+ * The IR does no I/O and touches no device. A weight value keeps an opaque
+ * pointer to its source bytes for the compiler's use.
+ */
+#ifndef KILN_IR_H
+#define KILN_IR_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "../common/kiln_ops.h"
+#include "../common/kiln_util.h"
+
+typedef enum kiln_value_kind {
+    KILN_VALUE_INPUT = 0,  /* graph input (tokens, positions) */
+    KILN_VALUE_WEIGHT = 1, /* constant tensor from the checkpoint */
+    KILN_VALUE_ACT = 2,    /* activation produced by an op */
+} kiln_value_kind;
+
+#define KILN_NAME_MAX 128
+
+typedef struct kiln_value {
+    kiln_value_kind kind;
+    kiln_dtype dtype;
+    int ndim;
+    int64_t shape[KILN_MAX_DIMS]; /* negative = symbolic (KILN_DIM_BATCH, KILN_DIM_SEQ) */
+    char name[KILN_NAME_MAX];     /* weights: checkpoint tensor name; others: readable label */
+    int producer;                 /* index of the producing op, -1 for inputs/weights */
+    bool dead;                    /* dropped by DCE; ignored everywhere */
+    int slot;                     /* activations: buffer slot after memory planning, -1 before */
+    /* weights only: where the bytes come from (owned by the front end) */
+    const void *src;
+    kiln_dtype src_dtype;
+} kiln_value;
+
+typedef struct kiln_op {
+    kiln_op_kind kind;
+    int n_in, n_out;
+    int in[KILN_MAX_OP_IN];
+    int out[KILN_MAX_OP_OUT];
+    kiln_op_attrs attrs;
+    bool dead;
+} kiln_op;
+
+/* Model-level facts the runtime needs to size state (KV cache, vocab). */
+typedef struct kiln_graph_info {
+    int32_t n_layers, n_kv_heads, head_dim, hidden_size, vocab_size;
+    int32_t max_context;
+} kiln_graph_info;
+
+typedef struct kiln_graph {
+    kiln_value *values;
+    int n_values, cap_values;
+    kiln_op *ops;
+    int n_ops, cap_ops;
+    int tokens;    /* input value: [B,S] i32 token ids */
+    int positions; /* input value: [B,S] i32 positions */
+    int logits;    /* graph output: [B,S,V] f32 */
+    kiln_graph_info info;
+} kiln_graph;
+
+kiln_graph *kiln_graph_new(void);
+void kiln_graph_free(kiln_graph *g);
+
+/* ---- builder: each returns the new value id, or -1 (with err set) on failure ---- */
+
+int kiln_ir_input(kiln_graph *g, const char *name, kiln_dtype dt, int ndim, const int64_t *shape, kiln_error *err);
+int kiln_ir_weight(kiln_graph *g, const char *name, kiln_dtype dt, int ndim, const int64_t *shape,
+                   const void *src, kiln_dtype src_dt, kiln_error *err);
+/* Append an op; output shapes and dtypes are inferred from the kind and the
+ * inputs (kiln_ir_infer). `out_ids` receives the n_out new value ids.
+ * Returns the op index, or -1. */
+int kiln_ir_op(kiln_graph *g, kiln_op_kind kind, const int *in, int n_in, const kiln_op_attrs *attrs,
+               const char *label, int *out_ids, kiln_error *err);
+/* Same, but insert the op at index `at` (ops from `at` on move down one). */
+int kiln_ir_op_at(kiln_graph *g, int at, kiln_op_kind kind, const int *in, int n_in,
+                  const kiln_op_attrs *attrs, const char *label, int *out_ids, kiln_error *err);
+/* Convenience for one-output ops: returns the output value id or -1. */
+int kiln_ir_op1(kiln_graph *g, kiln_op_kind kind, const int *in, int n_in, const kiln_op_attrs *attrs,
+                const char *label, kiln_error *err);
+
+/* Number of outputs an op kind has, and the expected input count. */
+int kiln_op_n_out(kiln_op_kind k);
+int kiln_op_n_in(kiln_op_kind k);
+
+/* Compute output shapes/dtypes of an op from its inputs; checks the inputs. */
+kiln_status kiln_ir_infer(const kiln_graph *g, kiln_op_kind kind, const int *in, int n_in,
+                          const kiln_op_attrs *attrs, kiln_value *outs, kiln_error *err);
+
+/* ---- queries and rewrites ---- */
+
+/* Number of live ops that read value v (plus 1 when v is the graph output). */
+int kiln_ir_use_count(const kiln_graph *g, int v);
+/* Replace every use of value `from` by `to` in live ops and the graph output. */
+void kiln_ir_replace_uses(kiln_graph *g, int from, int to);
+/* Recompute value->producer from the op list. */
+void kiln_ir_reindex(kiln_graph *g);
+/* Drop dead ops and ops whose outputs are unused; mark unreferenced weights
+ * and activations dead. Returns the number of ops removed. */
+int kiln_ir_dce(kiln_graph *g);
+/* Count of live ops of one kind (tests and dumps). */
+int kiln_ir_count_ops(const kiln_graph *g, kiln_op_kind kind);
+
+/* ---- verifier and printer ---- */
+
+/* Check SSA form, topological order, input kinds, shapes and dtypes of every
+ * live op. Returns KILN_ERR_VERIFY with the op and value at fault. */
+kiln_status kiln_ir_verify(const kiln_graph *g, kiln_error *err);
+/* Text dump, one line per live op: "%12 = rmsnorm(%10, w:model.norm.weight) eps=1e-05 : [B,S,64] f32". */
+void kiln_ir_print(const kiln_graph *g, FILE *f);
+/* "[B,S,64]" into buf. */
+const char *kiln_ir_shape_str(const kiln_value *v, char *buf, size_t n);
+
+#endif /* KILN_IR_H */

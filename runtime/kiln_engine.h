@@ -1,0 +1,119 @@
+/*
+ * kiln_engine.h — the engine file: constants of the format and the reader.
+ * docs/engine-format.md is the byte-level specification; keep both in step.
+ *
+ * Layout (all integers little-endian):
+ *
+ *   offset 0   header, 64 bytes
+ *       0  u8[8]  magic "KILNENG\0"
+ *       8  u16    format major (a reader refuses a major it does not know)
+ *      10  u16    format minor (additions only; readers ignore what they don't know)
+ *      12  u32    section count (1..KILN_ENGINE_MAX_SECTIONS)
+ *      16  u64    section table offset
+ *      24  u64    file size (the whole file, for truncation checks)
+ *      32  u64    XXH64 (seed 0) of the section table bytes
+ *      40  u8[16] reserved, zero
+ *      56  u64    XXH64 (seed 0) of header bytes 0..55
+ *   sections, each at an offset aligned to KILN_ENGINE_ALIGN (4096)
+ *   section table: count entries of 64 bytes
+ *       0  u32    kind (kiln_section_kind)
+ *       4  u32    codec (kiln_codec)
+ *       8  u64    offset of the stored bytes in the file
+ *      16  u64    stored size (bytes in the file)
+ *      24  u64    raw size (bytes after decoding)
+ *      32  u64    XXH64 (seed 0) of the stored bytes
+ *      40  u8[24] reserved, zero
+ *
+ * A reader verifies everything before it trusts anything: magic, version,
+ * header checksum, file size, table bounds and checksum, every section inside
+ * the file and not overlapping another, each section's checksum, and for
+ * decoded sections the raw size.
+ */
+#ifndef KILN_ENGINE_H
+#define KILN_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common/kiln_util.h"
+
+#define KILN_ENGINE_MAGIC "KILNENG"  /* 8 bytes with the NUL */
+#define KILN_ENGINE_MAJOR 1
+#define KILN_ENGINE_MINOR 0
+#define KILN_ENGINE_HEADER_SIZE 64
+#define KILN_ENGINE_ENTRY_SIZE 64
+#define KILN_ENGINE_ALIGN 4096
+#define KILN_ENGINE_MAX_SECTIONS 64
+
+typedef enum kiln_section_kind {
+    KILN_SECTION_META = 1,      /* JSON: model config, compiler version, targets, options, tokenizer summary */
+    KILN_SECTION_PLAN = 2,      /* binary plan (runtime/kiln_plan.h) */
+    KILN_SECTION_WEIGHTS = 3,   /* weight bytes; tensors at offsets given by the plan, 256-aligned */
+    KILN_SECTION_KERNELS = 4,   /* cubins per SM + PTX (GPU issue) */
+    KILN_SECTION_TOKENIZER = 5, /* compact binary tokenizer (runtime/kiln_tokenizer.h) */
+} kiln_section_kind;
+
+typedef enum kiln_codec {
+    KILN_CODEC_NONE = 0,
+    /* zstd in independent chunks so they can be decoded in parallel. Stored bytes:
+     *   u64 raw size, u32 chunk size (raw bytes per chunk, last may be shorter),
+     *   u32 chunk count, u64 stored size of each chunk, then the zstd frames. */
+    KILN_CODEC_ZSTD_CHUNKED = 1,
+} kiln_codec;
+
+const char *kiln_section_kind_name(uint32_t kind); /* "meta"... or "unknown" */
+const char *kiln_codec_name(uint32_t codec);
+
+typedef struct kiln_engine_section {
+    uint32_t kind, codec;
+    uint64_t offset, stored_size, raw_size, checksum;
+} kiln_engine_section;
+
+typedef struct kiln_engine {
+    kiln_mapped_file map;       /* empty when opened from memory */
+    const uint8_t *data;        /* the whole file */
+    size_t size;
+    uint16_t major, minor;
+    uint32_t n_sections;
+    kiln_engine_section sections[KILN_ENGINE_MAX_SECTIONS];
+} kiln_engine;
+
+/* Open and fully verify an engine file (see the list above). */
+kiln_status kiln_engine_open(const char *path, kiln_engine *out, kiln_error *err);
+/* The same over bytes in memory (fuzzing, tests); `data` must outlive `out`. */
+kiln_status kiln_engine_open_mem(const uint8_t *data, size_t size, const char *label,
+                                 kiln_engine *out, kiln_error *err);
+void kiln_engine_close(kiln_engine *e);
+
+/* The first section of a kind, or NULL. */
+const kiln_engine_section *kiln_engine_find(const kiln_engine *e, uint32_t kind);
+
+/* A section's decoded bytes. For codec none, `*data` points into the mapped
+ * file and `*owned` is false; otherwise a malloc'd buffer (aligned to 4096)
+ * the caller frees with free(). `threads` > 1 decodes chunks in parallel. */
+kiln_status kiln_engine_section_bytes(const kiln_engine *e, const kiln_engine_section *s, int threads,
+                                      const uint8_t **data, size_t *size, bool *owned, kiln_error *err);
+
+/* ---- writer (used by codegen/; lives here so the format is defined once) ---- */
+
+typedef struct kiln_engine_writer kiln_engine_writer;
+
+/* Start writing to `path`: bytes go to a temporary file beside it, which
+ * kiln_engine_writer_finish renames into place; on any failure or abort the
+ * temporary file is removed, so no partial engine is ever left behind. */
+kiln_status kiln_engine_writer_open(const char *path, kiln_engine_writer **out, kiln_error *err);
+/* Stream one section: begin, write any number of times, end. With
+ * KILN_CODEC_ZSTD_CHUNKED the writer compresses (level given at open: 3). */
+kiln_status kiln_engine_writer_begin(kiln_engine_writer *w, uint32_t kind, uint32_t codec, kiln_error *err);
+kiln_status kiln_engine_writer_write(kiln_engine_writer *w, const void *p, size_t n, kiln_error *err);
+kiln_status kiln_engine_writer_end(kiln_engine_writer *w, kiln_error *err);
+/* Convenience: a whole section from one buffer. */
+kiln_status kiln_engine_writer_section(kiln_engine_writer *w, uint32_t kind, uint32_t codec,
+                                       const void *p, size_t n, kiln_error *err);
+/* Write the table and header, flush, rename into place, free `w`. */
+kiln_status kiln_engine_writer_finish(kiln_engine_writer *w, kiln_error *err);
+/* Remove the temporary file and free `w` (safe on NULL). */
+void kiln_engine_writer_abort(kiln_engine_writer *w);
+
+#endif /* KILN_ENGINE_H */
