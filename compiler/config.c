@@ -1,0 +1,419 @@
+/*
+ * config.c — HuggingFace config.json → kiln_model_config (Llama, Mistral).
+ *
+ * The file is hostile input: every field is checked for its JSON type (an
+ * integer field holding 4096.0 is refused, not rounded), for range (sizes are
+ * positive and capped so later products cannot overflow), and for values kiln
+ * cannot run (another activation, biases, rope types other than default and
+ * llama3). Each message names the file, the field and the value at fault.
+ *
+ * Two spellings of the same facts exist in the wild and both are read:
+ *   transformers 4.x: top-level "rope_theta", "rope_scaling": {...}, "torch_dtype"
+ *   transformers 5.x: "rope_parameters": {"rope_type", "rope_theta", ...}, "dtype"
+ * Precedence follows transformers 5 (modeling_rope_utils.convert_rope_params_to_dict):
+ * a non-null "rope_scaling" wins over "rope_parameters"; the rope dict's own
+ * "rope_theta" wins over the top-level one; with neither, theta is 10000 (the
+ * transformers default). llama3's original_max_position_embeddings defaults
+ * to max_position_embeddings, as there.
+ *
+ * Defaults the header documents (absent or null): num_key_value_heads = heads,
+ * head_dim = hidden / heads, sliding_window = 0, bos = -1, no eos,
+ * tie_word_embeddings = false, dtype = F32.
+ * sliding_window is honoured for Mistral only: transformers' Llama attention
+ * ignores it, so a Llama config's value is checked and then dropped.
+ */
+#include "kiln_compiler.h"
+
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Caps on sizes: far above any real model, low enough that products of two
+ * or three of them fit comfortably in 64 bits. */
+#define CFG_MAX_HIDDEN 65536
+#define CFG_MAX_LAYERS 1024
+#define CFG_MAX_HEADS 1024
+#define CFG_MAX_HEAD_DIM 1024
+#define CFG_MAX_FFN (1 << 20)
+#define CFG_MAX_VOCAB (1 << 24)
+#define CFG_MAX_CONTEXT (1 << 24)
+#define CFG_MAX_FILE (16u << 20) /* config.json files are a few KiB */
+
+#define CFG_DEFAULT_THETA 10000.0
+
+/* Parsing context: the file name for messages and where errors go. */
+typedef struct cfg_ctx {
+    const char *path;
+    kiln_error *err;
+} cfg_ctx;
+
+/* "an integer", "a string"... for type errors. */
+static const char *json_kind(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a real number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    case JSON_NULL: return "null";
+    }
+    return "?";
+}
+
+/* Compact JSON text of a value for messages, truncated to fit `buf`. */
+static const char *json_show(const json_t *v, char *buf, size_t n) {
+    char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT | JSON_REAL_PRECISION(10));
+    if (!s) {
+        snprintf(buf, n, "(%s)", json_kind(v));
+        return buf;
+    }
+    if (strlen(s) < n) {
+        memcpy(buf, s, strlen(s) + 1);
+    } else {
+        memcpy(buf, s, n - 4);
+        memcpy(buf + n - 4, "...", 4);
+    }
+    free(s);
+    return buf;
+}
+
+/* A field absent or null counts as "not given" everywhere in config.json. */
+static json_t *cfg_get(json_t *obj, const char *key) {
+    json_t *v = json_object_get(obj, key);
+    return json_is_null(v) ? NULL : v;
+}
+
+static kiln_status cfg_type_err(cfg_ctx *c, const char *field, const json_t *v, const char *want) {
+    char shown[96];
+    return kiln_err(c->err, KILN_ERR_PARSE, "%s: field \"%s\" is %s (%s); it must be %s", c->path, field,
+                    json_show(v, shown, sizeof shown), json_kind(v), want);
+}
+
+static kiln_status cfg_missing(cfg_ctx *c, const char *field) {
+    kiln_err(c->err, KILN_ERR_MISSING, "%s: required field \"%s\" is missing", c->path, field);
+    return kiln_err_hint(c->err, "a HuggingFace config.json for this architecture always carries \"%s\"; "
+                                 "is this the right file?", field);
+}
+
+/* Integer field `key` of `obj` (`field` is its full name for messages).
+ * Absent/null: MISSING when required, else *out = def. In range [lo, hi]:
+ * below lo is malformed (PARSE), above hi is beyond kiln (UNSUPPORTED). */
+static kiln_status cfg_int(cfg_ctx *c, json_t *obj, const char *key, const char *field, bool required,
+                           int64_t def, int64_t lo, int64_t hi, int64_t *out) {
+    json_t *v = cfg_get(obj, key);
+    if (!v) {
+        if (required) return cfg_missing(c, field);
+        *out = def;
+        return KILN_OK;
+    }
+    if (!json_is_integer(v)) return cfg_type_err(c, field, v, "an integer");
+    json_int_t x = json_integer_value(v);
+    if (x < lo)
+        return kiln_err(c->err, KILN_ERR_PARSE, "%s: field \"%s\" is %lld; it must be at least %" PRId64, c->path,
+                        field, (long long)x, lo);
+    if (x > hi)
+        return kiln_err(c->err, KILN_ERR_UNSUPPORTED, "%s: field \"%s\" is %lld, above kiln's limit of %" PRId64,
+                        c->path, field, (long long)x, hi);
+    *out = (int64_t)x;
+    return KILN_OK;
+}
+
+/* Number field (integer or real in the JSON). Absent/null: MISSING when
+ * required, else *out = def. Must be finite and > 0 (every float field of a
+ * config — eps, theta, rope factors — is a positive quantity). */
+static kiln_status cfg_pos_num(cfg_ctx *c, json_t *obj, const char *key, const char *field, bool required,
+                               double def, double *out) {
+    json_t *v = cfg_get(obj, key);
+    if (!v) {
+        if (required) return cfg_missing(c, field);
+        *out = def;
+        return KILN_OK;
+    }
+    if (!json_is_number(v)) return cfg_type_err(c, field, v, "a number");
+    double x = json_number_value(v);
+    if (!isfinite(x) || !(x > 0.0))
+        return kiln_err(c->err, KILN_ERR_PARSE, "%s: field \"%s\" is %g; it must be a positive number", c->path,
+                        field, x);
+    *out = x;
+    return KILN_OK;
+}
+
+/* Boolean field; absent/null → def. */
+static kiln_status cfg_bool(cfg_ctx *c, json_t *obj, const char *key, bool def, bool *out) {
+    json_t *v = cfg_get(obj, key);
+    if (!v) {
+        *out = def;
+        return KILN_OK;
+    }
+    if (!json_is_boolean(v)) return cfg_type_err(c, key, v, "true or false");
+    *out = json_is_true(v);
+    return KILN_OK;
+}
+
+/* String field; absent/null → *out = NULL. */
+static kiln_status cfg_str(cfg_ctx *c, json_t *obj, const char *key, const char *field, const char **out) {
+    json_t *v = cfg_get(obj, key);
+    *out = NULL;
+    if (!v) return KILN_OK;
+    if (!json_is_string(v)) return cfg_type_err(c, field, v, "a string");
+    *out = json_string_value(v);
+    return KILN_OK;
+}
+
+/* A token id (bos/eos): an integer inside the vocabulary. */
+static kiln_status cfg_token_id(cfg_ctx *c, const json_t *v, const char *field, int64_t vocab, int64_t *out) {
+    if (!json_is_integer(v)) return cfg_type_err(c, field, v, "an integer token id");
+    json_int_t id = json_integer_value(v);
+    if (id < 0 || id >= vocab)
+        return kiln_err(c->err, KILN_ERR_PARSE, "%s: field \"%s\" is %lld, outside the vocabulary [0, %" PRId64 ")",
+                        c->path, field, (long long)id, vocab);
+    *out = (int64_t)id;
+    return KILN_OK;
+}
+
+/* ---- the parts of a config ---- */
+
+static const char *const supported_archs = "LlamaForCausalLM, MistralForCausalLM";
+
+static kiln_status cfg_arch(cfg_ctx *c, json_t *root, kiln_arch *out) {
+    json_t *a = cfg_get(root, "architectures");
+    if (!a) {
+        /* Some hand-made configs carry only model_type. */
+        const char *mt = NULL;
+        kiln_status st = cfg_str(c, root, "model_type", "model_type", &mt);
+        if (st) return st;
+        if (mt && strcmp(mt, "llama") == 0) { *out = KILN_ARCH_LLAMA; return KILN_OK; }
+        if (mt && strcmp(mt, "mistral") == 0) { *out = KILN_ARCH_MISTRAL; return KILN_OK; }
+        if (mt)
+            return kiln_err(c->err, KILN_ERR_UNSUPPORTED,
+                            "%s: no \"architectures\" and model_type \"%s\" is not supported (supported: %s)",
+                            c->path, mt, supported_archs);
+        kiln_err(c->err, KILN_ERR_MISSING, "%s: field \"architectures\" is missing", c->path);
+        return kiln_err_hint(c->err, "add \"architectures\": [\"LlamaForCausalLM\"] (or MistralForCausalLM)");
+    }
+    if (!json_is_array(a) || json_array_size(a) == 0) return cfg_type_err(c, "architectures", a, "a non-empty array of strings");
+    size_t i;
+    json_t *e;
+    json_array_foreach(a, i, e) {
+        if (!json_is_string(e)) return cfg_type_err(c, "architectures", a, "a non-empty array of strings");
+    }
+    json_array_foreach(a, i, e) {
+        const char *s = json_string_value(e);
+        if (strcmp(s, "LlamaForCausalLM") == 0) { *out = KILN_ARCH_LLAMA; return KILN_OK; }
+        if (strcmp(s, "MistralForCausalLM") == 0) { *out = KILN_ARCH_MISTRAL; return KILN_OK; }
+    }
+    char shown[128];
+    return kiln_err(c->err, KILN_ERR_UNSUPPORTED, "%s: architecture %s is not supported (supported: %s)", c->path,
+                    json_show(a, shown, sizeof shown), supported_archs);
+}
+
+/* hidden_act, attention_bias, mlp_bias: features kiln's kernels do not have. */
+static kiln_status cfg_features(cfg_ctx *c, json_t *root) {
+    const char *act = NULL;
+    kiln_status st = cfg_str(c, root, "hidden_act", "hidden_act", &act);
+    if (st) return st;
+    if (act && strcmp(act, "silu") != 0)
+        return kiln_err(c->err, KILN_ERR_UNSUPPORTED, "%s: field \"hidden_act\" is \"%s\"; kiln supports only \"silu\"",
+                        c->path, act);
+    static const char *const biases[] = {"attention_bias", "mlp_bias"};
+    for (size_t i = 0; i < 2; i++) {
+        bool b;
+        if ((st = cfg_bool(c, root, biases[i], false, &b))) return st;
+        if (b)
+            return kiln_err(c->err, KILN_ERR_UNSUPPORTED,
+                            "%s: field \"%s\" is true; kiln supports only bias-free linear layers", c->path, biases[i]);
+    }
+    return KILN_OK;
+}
+
+/* Sizes and their relations. */
+static kiln_status cfg_sizes(cfg_ctx *c, json_t *root, kiln_model_config *m) {
+    kiln_status st;
+    if ((st = cfg_int(c, root, "hidden_size", "hidden_size", true, 0, 1, CFG_MAX_HIDDEN, &m->hidden_size)) ||
+        (st = cfg_int(c, root, "num_hidden_layers", "num_hidden_layers", true, 0, 1, CFG_MAX_LAYERS, &m->n_layers)) ||
+        (st = cfg_int(c, root, "num_attention_heads", "num_attention_heads", true, 0, 1, CFG_MAX_HEADS, &m->n_heads)) ||
+        (st = cfg_int(c, root, "num_key_value_heads", "num_key_value_heads", false, m->n_heads, 1, CFG_MAX_HEADS,
+                      &m->n_kv_heads)) ||
+        (st = cfg_int(c, root, "intermediate_size", "intermediate_size", true, 0, 1, CFG_MAX_FFN,
+                      &m->intermediate_size)) ||
+        (st = cfg_int(c, root, "vocab_size", "vocab_size", true, 0, 1, CFG_MAX_VOCAB, &m->vocab_size)) ||
+        (st = cfg_int(c, root, "max_position_embeddings", "max_position_embeddings", true, 0, 1, CFG_MAX_CONTEXT,
+                      &m->max_position_embeddings)))
+        return st;
+
+    if (m->n_heads % m->n_kv_heads != 0)
+        return kiln_err(c->err, KILN_ERR_PARSE,
+                        "%s: field \"num_key_value_heads\" is %" PRId64 ", which does not divide num_attention_heads %" PRId64,
+                        c->path, m->n_kv_heads, m->n_heads);
+
+    if (cfg_get(root, "head_dim")) {
+        if ((st = cfg_int(c, root, "head_dim", "head_dim", true, 0, 1, CFG_MAX_HEAD_DIM, &m->head_dim))) return st;
+    } else {
+        if (m->hidden_size % m->n_heads != 0) {
+            kiln_err(c->err, KILN_ERR_PARSE,
+                     "%s: field \"hidden_size\" is %" PRId64 ", which num_attention_heads %" PRId64
+                     " does not divide, and there is no \"head_dim\"",
+                     c->path, m->hidden_size, m->n_heads);
+            return kiln_err_hint(c->err, "give \"head_dim\" explicitly");
+        }
+        m->head_dim = m->hidden_size / m->n_heads;
+        if (m->head_dim > CFG_MAX_HEAD_DIM)
+            return kiln_err(c->err, KILN_ERR_UNSUPPORTED,
+                            "%s: head_dim (hidden_size / num_attention_heads) is %" PRId64 ", above kiln's limit of %d",
+                            c->path, m->head_dim, CFG_MAX_HEAD_DIM);
+    }
+    if (m->head_dim % 2 != 0)
+        return kiln_err(c->err, KILN_ERR_PARSE,
+                        "%s: field \"head_dim\" is %" PRId64 "; rotary embeddings need an even head_dim", c->path,
+                        m->head_dim);
+    return KILN_OK;
+}
+
+/* Rope: theta and scaling, from either spelling (see the file comment). */
+static kiln_status cfg_rope(cfg_ctx *c, json_t *root, kiln_model_config *m) {
+    const char *dict_name = "rope_scaling";
+    json_t *d = cfg_get(root, "rope_scaling");
+    if (d && !json_is_object(d)) return cfg_type_err(c, "rope_scaling", d, "an object or null");
+    json_t *rp = cfg_get(root, "rope_parameters");
+    if (rp && !json_is_object(rp)) return cfg_type_err(c, "rope_parameters", rp, "an object or null");
+    if (!d) {
+        d = rp;
+        dict_name = "rope_parameters";
+    }
+    char field[64];
+    kiln_status st;
+
+    /* theta: the dict's own, else top level, else the transformers default */
+    double top_theta;
+    if ((st = cfg_pos_num(c, root, "rope_theta", "rope_theta", false, CFG_DEFAULT_THETA, &top_theta))) return st;
+    m->rope_theta = top_theta;
+    m->rope_type = KILN_ROPE_DEFAULT;
+    if (!d) return KILN_OK;
+    snprintf(field, sizeof field, "%s.rope_theta", dict_name);
+    if ((st = cfg_pos_num(c, d, "rope_theta", field, false, top_theta, &m->rope_theta))) return st;
+
+    /* type: "rope_type", or the older key "type"; "default" when absent */
+    const char *type = NULL;
+    snprintf(field, sizeof field, "%s.rope_type", dict_name);
+    if ((st = cfg_str(c, d, "rope_type", field, &type))) return st;
+    if (!type) {
+        snprintf(field, sizeof field, "%s.type", dict_name);
+        if ((st = cfg_str(c, d, "type", field, &type))) return st;
+    }
+    if (!type || strcmp(type, "default") == 0) return KILN_OK;
+    if (strcmp(type, "llama3") != 0)
+        return kiln_err(c->err, KILN_ERR_UNSUPPORTED,
+                        "%s: rope type \"%s\" (field \"%s\") is not supported; kiln supports \"default\" and \"llama3\"",
+                        c->path, type, field);
+
+    m->rope_type = KILN_ROPE_LLAMA3;
+    snprintf(field, sizeof field, "%s.factor", dict_name);
+    if ((st = cfg_pos_num(c, d, "factor", field, true, 0, &m->rope_factor))) return st;
+    if (m->rope_factor < 1.0)
+        return kiln_err(c->err, KILN_ERR_PARSE, "%s: field \"%s\" is %g; llama3 rope needs a factor >= 1", c->path,
+                        field, m->rope_factor);
+    snprintf(field, sizeof field, "%s.low_freq_factor", dict_name);
+    if ((st = cfg_pos_num(c, d, "low_freq_factor", field, true, 0, &m->rope_low_freq_factor))) return st;
+    snprintf(field, sizeof field, "%s.high_freq_factor", dict_name);
+    if ((st = cfg_pos_num(c, d, "high_freq_factor", field, true, 0, &m->rope_high_freq_factor))) return st;
+    if (!(m->rope_high_freq_factor > m->rope_low_freq_factor))
+        return kiln_err(c->err, KILN_ERR_PARSE,
+                        "%s: field \"%s\" is %g, which is not greater than low_freq_factor %g", c->path, field,
+                        m->rope_high_freq_factor, m->rope_low_freq_factor);
+    snprintf(field, sizeof field, "%s.original_max_position_embeddings", dict_name);
+    return cfg_int(c, d, "original_max_position_embeddings", field, false, m->max_position_embeddings, 1,
+                   CFG_MAX_CONTEXT, &m->rope_original_max_pos);
+}
+
+/* sliding_window, tie_word_embeddings, token ids, dtype. */
+static kiln_status cfg_rest(cfg_ctx *c, json_t *root, kiln_model_config *m) {
+    kiln_status st;
+    if ((st = cfg_pos_num(c, root, "rms_norm_eps", "rms_norm_eps", true, 0, &m->rms_norm_eps))) return st;
+
+    int64_t window;
+    if ((st = cfg_int(c, root, "sliding_window", "sliding_window", false, 0, 1, CFG_MAX_CONTEXT, &window))) return st;
+    m->sliding_window = m->arch == KILN_ARCH_MISTRAL ? window : 0; /* Llama ignores it (file comment) */
+
+    if ((st = cfg_bool(c, root, "tie_word_embeddings", false, &m->tie_word_embeddings))) return st;
+
+    json_t *bos = cfg_get(root, "bos_token_id");
+    if (bos && (st = cfg_token_id(c, bos, "bos_token_id", m->vocab_size, &m->bos_token_id))) return st;
+
+    /* eos_token_id: one id or a list of them */
+    m->n_eos = 0;
+    json_t *eos = cfg_get(root, "eos_token_id");
+    if (eos && json_is_array(eos)) {
+        if (json_array_size(eos) > KILN_MAX_EOS)
+            return kiln_err(c->err, KILN_ERR_UNSUPPORTED, "%s: field \"eos_token_id\" lists %zu ids; kiln keeps at most %d",
+                            c->path, json_array_size(eos), KILN_MAX_EOS);
+        for (size_t i = 0; i < json_array_size(eos); i++) {
+            char field[40];
+            snprintf(field, sizeof field, "eos_token_id[%zu]", i);
+            if ((st = cfg_token_id(c, json_array_get(eos, i), field, m->vocab_size, &m->eos_token_ids[m->n_eos])))
+                return st;
+            m->n_eos++;
+        }
+    } else if (eos) {
+        if ((st = cfg_token_id(c, eos, "eos_token_id", m->vocab_size, &m->eos_token_ids[0]))) return st;
+        m->n_eos = 1;
+    }
+
+    /* dtype (transformers 5) wins over torch_dtype (4.x) */
+    const char *dt = NULL, *dt_field = "dtype";
+    if ((st = cfg_str(c, root, "dtype", "dtype", &dt))) return st;
+    if (!dt) {
+        dt_field = "torch_dtype";
+        if ((st = cfg_str(c, root, "torch_dtype", "torch_dtype", &dt))) return st;
+    }
+    if (!dt || strcmp(dt, "float32") == 0) m->torch_dtype = KILN_DTYPE_F32;
+    else if (strcmp(dt, "float16") == 0) m->torch_dtype = KILN_DTYPE_F16;
+    else if (strcmp(dt, "bfloat16") == 0) m->torch_dtype = KILN_DTYPE_BF16;
+    else
+        return kiln_err(c->err, KILN_ERR_UNSUPPORTED,
+                        "%s: field \"%s\" is \"%s\"; kiln supports float32, float16 and bfloat16", c->path, dt_field, dt);
+    return KILN_OK;
+}
+
+kiln_status kiln_config_parse(const char *json, size_t len, const char *path, kiln_model_config *out,
+                              kiln_error *err) {
+    memset(out, 0, sizeof *out);
+    out->bos_token_id = -1;
+    cfg_ctx c = {path ? path : "config.json", err};
+    json_error_t je;
+    json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root)
+        return kiln_err(err, KILN_ERR_PARSE, "%s: not valid JSON: %s (line %d, column %d)", c.path, je.text, je.line,
+                        je.column);
+    kiln_status st;
+    if (!json_is_object(root)) {
+        st = kiln_err(err, KILN_ERR_PARSE, "%s: the top level is %s; a config.json must be a JSON object", c.path,
+                      json_kind(root));
+        goto out;
+    }
+    kiln_model_config m = {0};
+    m.bos_token_id = -1;
+    if ((st = cfg_arch(&c, root, &m.arch)) || (st = cfg_features(&c, root)) || (st = cfg_sizes(&c, root, &m)) ||
+        (st = cfg_rope(&c, root, &m)) || (st = cfg_rest(&c, root, &m)))
+        goto out;
+    *out = m;
+out:
+    json_decref(root);
+    return st;
+}
+
+kiln_status kiln_config_load(const char *path, kiln_model_config *out, kiln_error *err) {
+    memset(out, 0, sizeof *out);
+    out->bos_token_id = -1;
+    char *text = NULL;
+    size_t len = 0;
+    kiln_status st = kiln_file_read(path, CFG_MAX_FILE, &text, &len, err);
+    if (st) return st;
+    st = kiln_config_parse(text, len, path, out, err);
+    free(text);
+    return st;
+}

@@ -1,0 +1,518 @@
+/*
+ * test_config.c — config.json parsing: the real configs of the two test
+ * models (transformers 4.x and 5.x spellings), llama3 rope scaling in both
+ * spellings, defaults, and one test per refusal (status + message naming the
+ * field and value).
+ *
+ * Most cases start from BASE (a Llama config in transformers 4.x form) and
+ * change one field through jansson, so each test says only what differs.
+ */
+#include "../compiler/kiln_compiler.h"
+#include "kt.h"
+
+#include <jansson.h>
+
+static const char *const BASE =
+    "{\"architectures\":[\"LlamaForCausalLM\"],\"model_type\":\"llama\",\"hidden_size\":256,"
+    "\"num_hidden_layers\":4,\"num_attention_heads\":8,\"num_key_value_heads\":4,\"intermediate_size\":688,"
+    "\"vocab_size\":1000,\"max_position_embeddings\":2048,\"rms_norm_eps\":1e-06,\"rope_theta\":10000.0,"
+    "\"rope_scaling\":null,\"hidden_act\":\"silu\",\"attention_bias\":false,\"mlp_bias\":false,"
+    "\"tie_word_embeddings\":false,\"bos_token_id\":1,\"eos_token_id\":2,\"torch_dtype\":\"bfloat16\"}";
+
+/* Parse BASE with `key` set to the JSON text `value` (NULL: key removed). */
+static kiln_status parse_with(const char *key, const char *value, kiln_model_config *m, kiln_error *e) {
+    json_t *root = json_loads(BASE, 0, NULL);
+    if (value) {
+        json_error_t je;
+        json_t *v = json_loads(value, JSON_DECODE_ANY, &je);
+        if (!v) {
+            fprintf(stderr, "bad test value %s: %s\n", value, je.text);
+            abort();
+        }
+        json_object_set_new(root, key, v);
+    } else {
+        json_object_del(root, key);
+    }
+    char *text = json_dumps(root, JSON_REAL_PRECISION(17));
+    json_decref(root);
+    kiln_status st = kiln_config_parse(text, strlen(text), "config.json", m, e);
+    free(text);
+    return st;
+}
+
+/* BASE with one change must fail with `code` and a message containing `needle`. */
+static void expect_fail(const char *key, const char *value, kiln_status code, const char *needle) {
+    kiln_model_config m;
+    kiln_error e = {0};
+    kiln_status st = parse_with(key, value, &m, &e);
+    KT_EQ_INT(st, code);
+    KT_EQ_INT(e.code, code);
+    KT_CONTAINS(e.msg, "config.json: ");
+    KT_CONTAINS(e.msg, needle);
+}
+
+static kiln_status parse_str(const char *s, kiln_model_config *m, kiln_error *e) {
+    return kiln_config_parse(s, strlen(s), "config.json", m, e);
+}
+
+/* ---- real configs ---- */
+
+static void test_stories260k(void) {
+    kiln_model_config m;
+    kiln_error e = {0};
+    kiln_status st = kiln_config_load(KILN_SOURCE_DIR "/models/stories260k/config.json", &m, &e);
+    KT_CHECKF(st == KILN_OK, "%s", e.msg);
+    KT_EQ_INT(m.arch, KILN_ARCH_LLAMA);
+    KT_EQ_INT(m.hidden_size, 64);
+    KT_EQ_INT(m.n_layers, 5);
+    KT_EQ_INT(m.n_heads, 8);
+    KT_EQ_INT(m.n_kv_heads, 4);
+    KT_EQ_INT(m.head_dim, 8);
+    KT_EQ_INT(m.intermediate_size, 172);
+    KT_EQ_INT(m.vocab_size, 512);
+    KT_EQ_INT(m.max_position_embeddings, 512);
+    KT_CHECK(m.rms_norm_eps == 1e-5);
+    KT_CHECK(m.rope_theta == 10000.0);
+    KT_EQ_INT(m.rope_type, KILN_ROPE_DEFAULT);
+    KT_EQ_INT(m.sliding_window, 0);
+    KT_CHECK(m.tie_word_embeddings);
+    KT_EQ_INT(m.bos_token_id, 1);
+    KT_EQ_INT(m.n_eos, 1);
+    KT_EQ_INT(m.eos_token_ids[0], 2);
+    KT_EQ_INT(m.torch_dtype, KILN_DTYPE_F32);
+}
+
+static void test_pycode_transformers5(void) {
+    const char *path = KILN_SHARED_DIR "/models/pycode-22m/config.json";
+    FILE *f = fopen(path, "rb");
+    if (!f) KT_SKIP("%s is absent", path);
+    fclose(f);
+    kiln_model_config m;
+    kiln_error e = {0};
+    kiln_status st = kiln_config_load(path, &m, &e);
+    KT_CHECKF(st == KILN_OK, "%s", e.msg);
+    KT_EQ_INT(m.arch, KILN_ARCH_MISTRAL);
+    KT_EQ_INT(m.hidden_size, 384);
+    KT_EQ_INT(m.n_layers, 6);
+    KT_EQ_INT(m.n_heads, 6);
+    KT_EQ_INT(m.n_kv_heads, 2);
+    KT_EQ_INT(m.head_dim, 64);
+    KT_EQ_INT(m.intermediate_size, 1024);
+    KT_EQ_INT(m.vocab_size, 32000);
+    KT_EQ_INT(m.max_position_embeddings, 2048);
+    KT_CHECK(m.rope_theta == 10000.0); /* from rope_parameters: there is no top-level rope_theta */
+    KT_EQ_INT(m.rope_type, KILN_ROPE_DEFAULT);
+    KT_EQ_INT(m.sliding_window, 256);
+    KT_CHECK(m.tie_word_embeddings);
+    KT_EQ_INT(m.torch_dtype, KILN_DTYPE_BF16); /* "dtype", not "torch_dtype" */
+    KT_EQ_INT(m.bos_token_id, 1);
+    KT_EQ_INT(m.n_eos, 1);
+    KT_EQ_INT(m.eos_token_ids[0], 2);
+}
+
+static void test_base_values(void) {
+    kiln_model_config m;
+    kiln_error e = {0};
+    KT_EQ_INT(parse_str(BASE, &m, &e), KILN_OK);
+    KT_EQ_INT(m.head_dim, 32); /* 256 / 8 */
+    KT_CHECK(m.rms_norm_eps == 1e-6);
+    KT_EQ_INT(m.torch_dtype, KILN_DTYPE_BF16);
+    KT_CHECK(!m.tie_word_embeddings);
+}
+
+/* ---- rope ---- */
+
+static void check_llama3(const kiln_model_config *m) {
+    KT_EQ_INT(m->rope_type, KILN_ROPE_LLAMA3);
+    KT_CHECK(m->rope_theta == 500000.0);
+    KT_CHECK(m->rope_factor == 8.0);
+    KT_CHECK(m->rope_low_freq_factor == 1.0);
+    KT_CHECK(m->rope_high_freq_factor == 4.0);
+    KT_EQ_INT(m->rope_original_max_pos, 8192);
+}
+
+/* Llama-3.1-8B's config.json (transformers 4.43), trimmed to what kiln reads. */
+static const char *const LLAMA31_V4 =
+    "{\"architectures\":[\"LlamaForCausalLM\"],\"attention_bias\":false,\"bos_token_id\":128000,"
+    "\"eos_token_id\":[128001,128008,128009],\"hidden_act\":\"silu\",\"hidden_size\":4096,"
+    "\"intermediate_size\":14336,\"max_position_embeddings\":131072,\"mlp_bias\":false,\"model_type\":\"llama\","
+    "\"num_attention_heads\":32,\"num_hidden_layers\":32,\"num_key_value_heads\":8,\"pretraining_tp\":1,"
+    "\"rms_norm_eps\":1e-05,\"rope_scaling\":{\"factor\":8.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+    "\"original_max_position_embeddings\":8192,\"rope_type\":\"llama3\"},\"rope_theta\":500000.0,"
+    "\"tie_word_embeddings\":false,\"torch_dtype\":\"bfloat16\",\"vocab_size\":128256}";
+
+static void test_llama3_rope_v4(void) {
+    kiln_model_config m;
+    kiln_error e = {0};
+    KT_EQ_INT(parse_str(LLAMA31_V4, &m, &e), KILN_OK);
+    check_llama3(&m);
+    KT_EQ_INT(m.hidden_size, 4096);
+    KT_EQ_INT(m.head_dim, 128);
+    KT_EQ_INT(m.n_eos, 3);
+    KT_EQ_INT(m.eos_token_ids[0], 128001);
+    KT_EQ_INT(m.eos_token_ids[2], 128009);
+    KT_EQ_INT(m.bos_token_id, 128000);
+    /* the older key "type" instead of "rope_type" */
+    KT_EQ_INT(parse_with("rope_scaling",
+                         "{\"type\":\"llama3\",\"factor\":8.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+                         "\"original_max_position_embeddings\":8192}",
+                         &m, &e),
+              KILN_OK);
+    KT_EQ_INT(m.rope_type, KILN_ROPE_LLAMA3);
+    KT_CHECK(m.rope_theta == 10000.0); /* BASE's top-level theta */
+    KT_EQ_INT(m.rope_original_max_pos, 8192);
+}
+
+static void test_llama3_rope_v5(void) {
+    kiln_model_config m;
+    kiln_error e = {0};
+    /* transformers 5 form: theta inside rope_parameters, no top-level rope_theta */
+    const char *rp = "{\"rope_type\":\"llama3\",\"rope_theta\":500000.0,\"factor\":8.0,\"low_freq_factor\":1.0,"
+                     "\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192}";
+    json_t *root = json_loads(BASE, 0, NULL);
+    json_object_del(root, "rope_theta");
+    json_object_del(root, "rope_scaling");
+    json_object_set_new(root, "rope_parameters", json_loads(rp, 0, NULL));
+    char *text = json_dumps(root, 0);
+    json_decref(root);
+    kiln_status st = parse_str(text, &m, &e);
+    free(text);
+    KT_CHECKF(st == KILN_OK, "%s", e.msg);
+    check_llama3(&m);
+    /* original_max_position_embeddings defaults to max_position_embeddings, as in transformers */
+    KT_EQ_INT(parse_with("rope_parameters",
+                         "{\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":1,\"high_freq_factor\":4}", &m, &e),
+              KILN_OK);
+    KT_EQ_INT(m.rope_original_max_pos, 2048);
+    KT_CHECK(m.rope_theta == 10000.0); /* none in the dict: the top-level one */
+}
+
+static void test_rope_precedence(void) {
+    kiln_model_config m;
+    kiln_error e = {0};
+    /* rope_parameters' theta wins over the top-level one */
+    KT_EQ_INT(parse_with("rope_parameters", "{\"rope_type\":\"default\",\"rope_theta\":1000000.0}", &m, &e), KILN_OK);
+    KT_CHECK(m.rope_theta == 1e6);
+    KT_EQ_INT(m.rope_type, KILN_ROPE_DEFAULT);
+    /* no theta anywhere: the transformers default 10000 */
+    KT_EQ_INT(parse_with("rope_theta", NULL, &m, &e), KILN_OK);
+    KT_CHECK(m.rope_theta == 10000.0);
+}
+
+static void test_rope_types_refused(void) {
+    static const char *const types[] = {"linear", "dynamic", "yarn", "longrope", "su", "made_up"};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        char v[160], want[64];
+        snprintf(v, sizeof v, "{\"rope_type\":\"%s\",\"factor\":2.0}", types[i]);
+        snprintf(want, sizeof want, "rope type \"%s\"", types[i]);
+        expect_fail("rope_scaling", v, KILN_ERR_UNSUPPORTED, want);
+        expect_fail("rope_parameters", v, KILN_ERR_UNSUPPORTED, want);
+        snprintf(v, sizeof v, "{\"type\":\"%s\",\"factor\":2.0}", types[i]);
+        expect_fail("rope_scaling", v, KILN_ERR_UNSUPPORTED, want);
+    }
+}
+
+static void test_rope_bad_fields(void) {
+    expect_fail("rope_scaling", "[8.0]", KILN_ERR_PARSE, "field \"rope_scaling\" is [8.0]");
+    expect_fail("rope_parameters", "\"llama3\"", KILN_ERR_PARSE, "field \"rope_parameters\"");
+    expect_fail("rope_scaling", "{\"rope_type\":3}", KILN_ERR_PARSE, "field \"rope_scaling.rope_type\" is 3");
+    expect_fail("rope_scaling", "{\"rope_type\":\"llama3\",\"low_freq_factor\":1.0,\"high_freq_factor\":4.0}",
+                KILN_ERR_MISSING, "\"rope_scaling.factor\"");
+    expect_fail("rope_scaling", "{\"rope_type\":\"llama3\",\"factor\":0.5,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0}",
+                KILN_ERR_PARSE, "field \"rope_scaling.factor\" is 0.5");
+    expect_fail("rope_scaling", "{\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":4.0,\"high_freq_factor\":1.0}",
+                KILN_ERR_PARSE, "field \"rope_scaling.high_freq_factor\" is 1, which is not greater than low_freq_factor 4");
+    expect_fail("rope_parameters", "{\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":1,\"high_freq_factor\":4,"
+                "\"original_max_position_embeddings\":8192.0}",
+                KILN_ERR_PARSE, "field \"rope_parameters.original_max_position_embeddings\" is 8192.0");
+    expect_fail("rope_parameters", "{\"rope_theta\":-1.0}", KILN_ERR_PARSE, "field \"rope_parameters.rope_theta\" is -1");
+    expect_fail("rope_theta", "0", KILN_ERR_PARSE, "field \"rope_theta\" is 0");
+    expect_fail("rope_theta", "\"10000\"", KILN_ERR_PARSE, "field \"rope_theta\" is \"10000\"");
+}
+
+/* ---- defaults ---- */
+
+static void test_defaults(void) {
+    static const char *const optional[] = {"num_key_value_heads", "bos_token_id", "eos_token_id",
+                                           "tie_word_embeddings", "torch_dtype", "hidden_act",
+                                           "attention_bias", "rope_scaling", "sliding_window"};
+    kiln_model_config m;
+    kiln_error e = {0};
+    json_t *root = json_loads(BASE, 0, NULL);
+    for (size_t i = 0; i < sizeof optional / sizeof optional[0]; i++) json_object_del(root, optional[i]);
+    char *text = json_dumps(root, 0);
+    json_decref(root);
+    kiln_status st = parse_str(text, &m, &e);
+    free(text);
+    KT_CHECKF(st == KILN_OK, "%s", e.msg);
+    KT_EQ_INT(m.n_kv_heads, 8);
+    KT_EQ_INT(m.head_dim, 32);
+    KT_EQ_INT(m.bos_token_id, -1);
+    KT_EQ_INT(m.n_eos, 0);
+    KT_CHECK(!m.tie_word_embeddings);
+    KT_EQ_INT(m.torch_dtype, KILN_DTYPE_F32);
+    KT_EQ_INT(m.sliding_window, 0);
+    /* null means absent */
+    KT_EQ_INT(parse_with("num_key_value_heads", "null", &m, &e), KILN_OK);
+    KT_EQ_INT(m.n_kv_heads, 8);
+    KT_EQ_INT(parse_with("head_dim", "null", &m, &e), KILN_OK);
+    KT_EQ_INT(m.head_dim, 32);
+    KT_EQ_INT(parse_with("bos_token_id", "null", &m, &e), KILN_OK);
+    KT_EQ_INT(m.bos_token_id, -1);
+    /* head_dim given explicitly may differ from hidden / heads (Mistral-Nemo does this) */
+    KT_EQ_INT(parse_with("head_dim", "64", &m, &e), KILN_OK);
+    KT_EQ_INT(m.head_dim, 64);
+}
+
+static void test_sliding_window(void) {
+    kiln_model_config m;
+    kiln_error e = {0};
+    const char *mistral = "{\"architectures\":[\"MistralForCausalLM\"],\"hidden_size\":256,\"num_hidden_layers\":2,"
+                          "\"num_attention_heads\":8,\"num_key_value_heads\":2,\"intermediate_size\":512,"
+                          "\"vocab_size\":1000,\"max_position_embeddings\":32768,\"rms_norm_eps\":1e-5,"
+                          "\"rope_theta\":1000000.0,\"sliding_window\":4096}";
+    KT_EQ_INT(parse_str(mistral, &m, &e), KILN_OK);
+    KT_EQ_INT(m.arch, KILN_ARCH_MISTRAL);
+    KT_EQ_INT(m.sliding_window, 4096);
+    /* transformers' Llama ignores sliding_window: checked, then dropped */
+    KT_EQ_INT(parse_with("sliding_window", "4096", &m, &e), KILN_OK);
+    KT_EQ_INT(m.sliding_window, 0);
+    KT_EQ_INT(parse_with("sliding_window", "null", &m, &e), KILN_OK);
+    KT_EQ_INT(m.sliding_window, 0);
+    expect_fail("sliding_window", "0", KILN_ERR_PARSE, "field \"sliding_window\" is 0; it must be at least 1");
+    expect_fail("sliding_window", "-5", KILN_ERR_PARSE, "field \"sliding_window\" is -5");
+    expect_fail("sliding_window", "4096.0", KILN_ERR_PARSE, "field \"sliding_window\" is 4096.0 (a real number)");
+}
+
+/* ---- refusals: input ---- */
+
+static void test_not_json(void) {
+    kiln_model_config m;
+    kiln_error e = {0};
+    KT_EQ_INT(parse_str("{\"hidden_size\": 64,\n \"vocab_size\": }", &m, &e), KILN_ERR_PARSE);
+    KT_CONTAINS(e.msg, "config.json: not valid JSON");
+    KT_CONTAINS(e.msg, "line 2");
+    KT_EQ_INT(parse_str("", &m, &e), KILN_ERR_PARSE);
+    KT_CONTAINS(e.msg, "config.json: not valid JSON");
+}
+
+static void test_not_object(void) {
+    kiln_model_config m;
+    kiln_error e = {0};
+    KT_EQ_INT(parse_str("[1, 2]", &m, &e), KILN_ERR_PARSE);
+    KT_CONTAINS(e.msg, "config.json: the top level is an array");
+}
+
+static void test_duplicate_key(void) {
+    kiln_model_config m;
+    kiln_error e = {0};
+    KT_EQ_INT(parse_str("{\"hidden_size\": 64, \"hidden_size\": 128}", &m, &e), KILN_ERR_PARSE);
+    KT_CONTAINS(e.msg, "duplicate object key near '\"hidden_size\"'");
+}
+
+static void test_load_missing_file(void) {
+    kiln_model_config m;
+    kiln_error e = {0};
+    KT_EQ_INT(kiln_config_load("/nonexistent/kiln/config.json", &m, &e), KILN_ERR_IO);
+    KT_CONTAINS(e.msg, "/nonexistent/kiln/config.json");
+}
+
+/* ---- refusals: architecture and features ---- */
+
+static void test_architecture(void) {
+    expect_fail("architectures", "[\"GPT2LMHeadModel\"]", KILN_ERR_UNSUPPORTED,
+                "architecture [\"GPT2LMHeadModel\"] is not supported (supported: LlamaForCausalLM, MistralForCausalLM)");
+    expect_fail("architectures", "[]", KILN_ERR_PARSE, "field \"architectures\" is []");
+    expect_fail("architectures", "\"LlamaForCausalLM\"", KILN_ERR_PARSE, "field \"architectures\" is \"LlamaForCausalLM\"");
+    expect_fail("architectures", "[7]", KILN_ERR_PARSE, "field \"architectures\" is [7]");
+    /* without architectures, model_type decides */
+    kiln_model_config m;
+    kiln_error e = {0};
+    KT_EQ_INT(parse_with("architectures", NULL, &m, &e), KILN_OK);
+    KT_EQ_INT(m.arch, KILN_ARCH_LLAMA);
+    const char *bare = "{\"hidden_size\":64}";
+    KT_EQ_INT(parse_str(bare, &m, &e), KILN_ERR_MISSING);
+    KT_CONTAINS(e.msg, "config.json: field \"architectures\" is missing");
+    KT_EQ_INT(parse_str("{\"model_type\":\"gpt2\"}", &m, &e), KILN_ERR_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "model_type \"gpt2\"");
+}
+
+static void test_hidden_act(void) {
+    expect_fail("hidden_act", "\"gelu\"", KILN_ERR_UNSUPPORTED, "field \"hidden_act\" is \"gelu\"");
+    expect_fail("hidden_act", "1", KILN_ERR_PARSE, "field \"hidden_act\" is 1");
+}
+
+static void test_biases(void) {
+    expect_fail("attention_bias", "true", KILN_ERR_UNSUPPORTED, "field \"attention_bias\" is true");
+    expect_fail("mlp_bias", "true", KILN_ERR_UNSUPPORTED, "field \"mlp_bias\" is true");
+    expect_fail("attention_bias", "\"no\"", KILN_ERR_PARSE, "field \"attention_bias\" is \"no\"");
+}
+
+/* ---- refusals: sizes ---- */
+
+static const char *const required_fields[] = {"hidden_size", "num_hidden_layers", "num_attention_heads",
+                                              "intermediate_size", "vocab_size", "max_position_embeddings",
+                                              "rms_norm_eps"};
+
+static void test_required_missing(void) {
+    for (size_t i = 0; i < sizeof required_fields / sizeof required_fields[0]; i++) {
+        char want[80];
+        snprintf(want, sizeof want, "required field \"%s\" is missing", required_fields[i]);
+        expect_fail(required_fields[i], NULL, KILN_ERR_MISSING, want);
+        expect_fail(required_fields[i], "null", KILN_ERR_MISSING, want);
+    }
+}
+
+static void test_int_fields_reject_floats_and_strings(void) {
+    static const char *const ints[] = {"hidden_size", "num_hidden_layers", "num_attention_heads",
+                                       "num_key_value_heads", "intermediate_size", "vocab_size",
+                                       "max_position_embeddings", "head_dim", "bos_token_id", "eos_token_id"};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        char want[96];
+        snprintf(want, sizeof want, "field \"%s\" is 4.0 (a real number); it must be an integer", ints[i]);
+        expect_fail(ints[i], "4.0", KILN_ERR_PARSE, want);
+        snprintf(want, sizeof want, "field \"%s\" is \"4\" (a string)", ints[i]);
+        expect_fail(ints[i], "\"4\"", KILN_ERR_PARSE, want);
+    }
+}
+
+static void test_sizes_not_positive(void) {
+    static const char *const ints[] = {"hidden_size", "num_hidden_layers", "num_attention_heads",
+                                       "num_key_value_heads", "intermediate_size", "vocab_size",
+                                       "max_position_embeddings", "head_dim"};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        char want[96];
+        snprintf(want, sizeof want, "field \"%s\" is 0; it must be at least 1", ints[i]);
+        expect_fail(ints[i], "0", KILN_ERR_PARSE, want);
+        snprintf(want, sizeof want, "field \"%s\" is -8", ints[i]);
+        expect_fail(ints[i], "-8", KILN_ERR_PARSE, want);
+    }
+}
+
+static void test_sizes_capped(void) {
+    expect_fail("hidden_size", "65537", KILN_ERR_UNSUPPORTED, "field \"hidden_size\" is 65537, above kiln's limit of 65536");
+    expect_fail("num_hidden_layers", "1025", KILN_ERR_UNSUPPORTED, "field \"num_hidden_layers\" is 1025");
+    expect_fail("num_attention_heads", "1025", KILN_ERR_UNSUPPORTED, "field \"num_attention_heads\" is 1025");
+    expect_fail("vocab_size", "16777217", KILN_ERR_UNSUPPORTED, "field \"vocab_size\" is 16777217");
+    expect_fail("max_position_embeddings", "16777217", KILN_ERR_UNSUPPORTED, "field \"max_position_embeddings\" is 16777217");
+    expect_fail("intermediate_size", "9223372036854775807", KILN_ERR_UNSUPPORTED,
+                "field \"intermediate_size\" is 9223372036854775807");
+    expect_fail("head_dim", "2048", KILN_ERR_UNSUPPORTED, "field \"head_dim\" is 2048");
+}
+
+static void test_kv_heads_divide(void) {
+    expect_fail("num_key_value_heads", "3", KILN_ERR_PARSE,
+                "config.json: field \"num_key_value_heads\" is 3, which does not divide num_attention_heads 8");
+    expect_fail("num_key_value_heads", "16", KILN_ERR_PARSE, "field \"num_key_value_heads\" is 16");
+}
+
+static void test_head_dim(void) {
+    expect_fail("head_dim", "33", KILN_ERR_PARSE, "field \"head_dim\" is 33; rotary embeddings need an even head_dim");
+    /* without head_dim, hidden must split evenly over the heads */
+    kiln_model_config m;
+    kiln_error e = {0};
+    json_t *root = json_loads(BASE, 0, NULL);
+    json_object_set_new(root, "hidden_size", json_integer(260));
+    char *text = json_dumps(root, 0);
+    KT_EQ_INT(parse_str(text, &m, &e), KILN_ERR_PARSE);
+    KT_CONTAINS(e.msg, "field \"hidden_size\" is 260, which num_attention_heads 8 does not divide");
+    free(text);
+    json_object_set_new(root, "head_dim", json_integer(32)); /* explicit head_dim: fine */
+    text = json_dumps(root, 0);
+    KT_EQ_INT(parse_str(text, &m, &e), KILN_OK);
+    free(text);
+    json_decref(root);
+}
+
+static void test_eps(void) {
+    expect_fail("rms_norm_eps", "0", KILN_ERR_PARSE, "field \"rms_norm_eps\" is 0; it must be a positive number");
+    expect_fail("rms_norm_eps", "-1e-6", KILN_ERR_PARSE, "field \"rms_norm_eps\" is -1e-06");
+    expect_fail("rms_norm_eps", "\"1e-6\"", KILN_ERR_PARSE, "field \"rms_norm_eps\" is \"1e-6\" (a string)");
+    kiln_model_config m;
+    kiln_error e = {0};
+    KT_EQ_INT(parse_with("rms_norm_eps", "1", &m, &e), KILN_OK); /* an integer is a number too */
+    KT_CHECK(m.rms_norm_eps == 1.0);
+}
+
+/* ---- refusals: the rest ---- */
+
+static void test_tie_word_embeddings(void) {
+    expect_fail("tie_word_embeddings", "\"true\"", KILN_ERR_PARSE, "field \"tie_word_embeddings\" is \"true\"");
+    kiln_model_config m;
+    kiln_error e = {0};
+    KT_EQ_INT(parse_with("tie_word_embeddings", "true", &m, &e), KILN_OK);
+    KT_CHECK(m.tie_word_embeddings);
+}
+
+static void test_token_ids(void) {
+    expect_fail("bos_token_id", "1000", KILN_ERR_PARSE, "field \"bos_token_id\" is 1000, outside the vocabulary [0, 1000)");
+    expect_fail("bos_token_id", "-1", KILN_ERR_PARSE, "field \"bos_token_id\" is -1");
+    expect_fail("eos_token_id", "[1,2,3,4,5,6,7,8,9]", KILN_ERR_UNSUPPORTED, "field \"eos_token_id\" lists 9 ids");
+    expect_fail("eos_token_id", "[2,\"x\"]", KILN_ERR_PARSE, "field \"eos_token_id[1]\" is \"x\"");
+    expect_fail("eos_token_id", "[2,null]", KILN_ERR_PARSE, "field \"eos_token_id[1]\" is null");
+    expect_fail("eos_token_id", "[2,5000]", KILN_ERR_PARSE, "field \"eos_token_id[1]\" is 5000, outside the vocabulary");
+    expect_fail("eos_token_id", "{\"a\":2}", KILN_ERR_PARSE, "field \"eos_token_id\" is {\"a\":2}");
+    kiln_model_config m;
+    kiln_error e = {0};
+    KT_EQ_INT(parse_with("eos_token_id", "[7, 9]", &m, &e), KILN_OK);
+    KT_EQ_INT(m.n_eos, 2);
+    KT_EQ_INT(m.eos_token_ids[1], 9);
+    KT_EQ_INT(parse_with("eos_token_id", "[]", &m, &e), KILN_OK);
+    KT_EQ_INT(m.n_eos, 0);
+}
+
+static void test_dtype(void) {
+    kiln_model_config m;
+    kiln_error e = {0};
+    KT_EQ_INT(parse_with("torch_dtype", "\"float16\"", &m, &e), KILN_OK);
+    KT_EQ_INT(m.torch_dtype, KILN_DTYPE_F16);
+    KT_EQ_INT(parse_with("torch_dtype", "\"float32\"", &m, &e), KILN_OK);
+    KT_EQ_INT(m.torch_dtype, KILN_DTYPE_F32);
+    KT_EQ_INT(parse_with("dtype", "\"float16\"", &m, &e), KILN_OK); /* "dtype" wins over torch_dtype bfloat16 */
+    KT_EQ_INT(m.torch_dtype, KILN_DTYPE_F16);
+    expect_fail("torch_dtype", "\"float8_e4m3fn\"", KILN_ERR_UNSUPPORTED, "field \"torch_dtype\" is \"float8_e4m3fn\"");
+    expect_fail("dtype", "\"int8\"", KILN_ERR_UNSUPPORTED, "field \"dtype\" is \"int8\"");
+    expect_fail("torch_dtype", "16", KILN_ERR_PARSE, "field \"torch_dtype\" is 16");
+}
+
+static void test_out_untouched_fields_on_error(void) {
+    /* a failed parse leaves a zeroed config, not half of one */
+    kiln_model_config m;
+    memset(&m, 0x5a, sizeof m);
+    kiln_error e = {0};
+    KT_EQ_INT(parse_with("num_key_value_heads", "3", &m, &e), KILN_ERR_PARSE);
+    KT_EQ_INT(m.hidden_size, 0);
+    KT_EQ_INT(m.n_layers, 0);
+}
+
+int main(void) {
+    KT_RUN(test_stories260k);
+    KT_RUN(test_pycode_transformers5);
+    KT_RUN(test_base_values);
+    KT_RUN(test_llama3_rope_v4);
+    KT_RUN(test_llama3_rope_v5);
+    KT_RUN(test_rope_precedence);
+    KT_RUN(test_rope_types_refused);
+    KT_RUN(test_rope_bad_fields);
+    KT_RUN(test_defaults);
+    KT_RUN(test_sliding_window);
+    KT_RUN(test_not_json);
+    KT_RUN(test_not_object);
+    KT_RUN(test_duplicate_key);
+    KT_RUN(test_load_missing_file);
+    KT_RUN(test_architecture);
+    KT_RUN(test_hidden_act);
+    KT_RUN(test_biases);
+    KT_RUN(test_required_missing);
+    KT_RUN(test_int_fields_reject_floats_and_strings);
+    KT_RUN(test_sizes_not_positive);
+    KT_RUN(test_sizes_capped);
+    KT_RUN(test_kv_heads_divide);
+    KT_RUN(test_head_dim);
+    KT_RUN(test_eps);
+    KT_RUN(test_tie_word_embeddings);
+    KT_RUN(test_token_ids);
+    KT_RUN(test_dtype);
+    KT_RUN(test_out_untouched_fields_on_error);
+    return KT_END();
+}
