@@ -45,6 +45,8 @@
 #define KILN_ENGINE_ENTRY_SIZE 64
 #define KILN_ENGINE_ALIGN 4096
 #define KILN_ENGINE_MAX_SECTIONS 64
+#define KILN_ENGINE_ZSTD_CHUNK (4u << 20) /* raw bytes per zstd chunk the writer makes */
+#define KILN_ENGINE_ZSTD_LEVEL 3
 
 typedef enum kiln_section_kind {
     KILN_SECTION_META = 1,      /* JSON: model config, compiler version, targets, options, tokenizer summary */
@@ -56,9 +58,14 @@ typedef enum kiln_section_kind {
 
 typedef enum kiln_codec {
     KILN_CODEC_NONE = 0,
-    /* zstd in independent chunks so they can be decoded in parallel. Stored bytes:
-     *   u64 raw size, u32 chunk size (raw bytes per chunk, last may be shorter),
-     *   u32 chunk count, u64 stored size of each chunk, then the zstd frames. */
+    /* zstd in independent chunks so they can be decoded in parallel. Stored
+     * bytes (the index trails the frames so a writer can stream):
+     *   chunk count zstd frames, back to back (frame i = raw bytes
+     *       [i*chunk size, min((i+1)*chunk size, raw size)));
+     *   u64 stored size of each frame, chunk count of them;
+     *   footer, the last 16 bytes: u64 raw size, u32 chunk size (raw bytes per
+     *       chunk, the last may be shorter), u32 chunk count
+     *       (= ceil(raw size / chunk size); 0 for an empty section). */
     KILN_CODEC_ZSTD_CHUNKED = 1,
 } kiln_codec;
 
@@ -71,7 +78,7 @@ typedef struct kiln_engine_section {
 } kiln_engine_section;
 
 typedef struct kiln_engine {
-    kiln_mapped_file map;       /* empty when opened from memory */
+    kiln_mapped_file map;       /* from memory: only map.path, a copy of the label for messages */
     const uint8_t *data;        /* the whole file */
     size_t size;
     uint16_t major, minor;
@@ -81,7 +88,8 @@ typedef struct kiln_engine {
 
 /* Open and fully verify an engine file (see the list above). */
 kiln_status kiln_engine_open(const char *path, kiln_engine *out, kiln_error *err);
-/* The same over bytes in memory (fuzzing, tests); `data` must outlive `out`. */
+/* The same over bytes in memory (fuzzing, tests); `data` must outlive `out`,
+ * `label` names it in messages; close it with kiln_engine_close too. */
 kiln_status kiln_engine_open_mem(const uint8_t *data, size_t size, const char *label,
                                  kiln_engine *out, kiln_error *err);
 void kiln_engine_close(kiln_engine *e);
@@ -104,7 +112,9 @@ typedef struct kiln_engine_writer kiln_engine_writer;
  * temporary file is removed, so no partial engine is ever left behind. */
 kiln_status kiln_engine_writer_open(const char *path, kiln_engine_writer **out, kiln_error *err);
 /* Stream one section: begin, write any number of times, end. With
- * KILN_CODEC_ZSTD_CHUNKED the writer compresses (level given at open: 3). */
+ * KILN_CODEC_ZSTD_CHUNKED the writer compresses in chunks of
+ * KILN_ENGINE_ZSTD_CHUNK raw bytes at level KILN_ENGINE_ZSTD_LEVEL, holding
+ * one chunk in memory at a time. */
 kiln_status kiln_engine_writer_begin(kiln_engine_writer *w, uint32_t kind, uint32_t codec, kiln_error *err);
 kiln_status kiln_engine_writer_write(kiln_engine_writer *w, const void *p, size_t n, kiln_error *err);
 kiln_status kiln_engine_writer_end(kiln_engine_writer *w, kiln_error *err);

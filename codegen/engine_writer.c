@@ -1,0 +1,380 @@
+/*
+ * engine_writer.c — writes an engine file (format: runtime/kiln_engine.h,
+ * docs/engine-format.md).
+ *
+ * Decisions:
+ * - Atomic output. Bytes go to "<path>.tmp.XXXXXX" (mkstemp) beside the
+ *   target; finish fsyncs it and rename(2)s it over the target. Any failure,
+ *   and abort, unlink the temporary file, so neither a partial engine at the
+ *   target nor a stray temporary file beside it is ever left behind. A failed
+ *   step poisons the writer: later calls return the first error.
+ * - Header last. A zeroed 64-byte placeholder is written first; sections are
+ *   streamed, each at a 4096-aligned offset (zero padding); the section table
+ *   follows the last section at a 64-aligned offset; then the real header is
+ *   written at offset 0 with pwrite.
+ * - Streaming. Checksums are computed as bytes go out (XXH64 streaming
+ *   state); a zstd section holds one raw chunk (KILN_ENGINE_ZSTD_CHUNK) in
+ *   memory, compresses it into one independent frame when full, and writes
+ *   its chunk index and footer after the frames (the chunk count is only
+ *   known at the end). Memory use is independent of the section sizes.
+ * - Determinism. The output depends only on the sections given: no time,
+ *   no path, no uninitialised bytes; zstd is single-threaded at a fixed level.
+ * - The file is created 0600 by mkstemp and set to 0644 before the rename.
+ */
+#include "runtime/kiln_engine.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <xxhash.h>
+#include <zstd.h>
+
+#define OUT_BUF_SIZE (1u << 20) /* bytes buffered before a write(2) */
+
+struct kiln_engine_writer {
+    char *path;                 /* the target */
+    char *tmp_path;             /* the temporary file beside it; NULL once unlinked or renamed */
+    int fd;
+    uint64_t pos;               /* bytes emitted so far (file offset of the next byte) */
+    uint8_t *out;               /* OUT_BUF_SIZE bytes waiting to be written */
+    size_t out_len;
+    kiln_status failed;         /* first failure; KILN_OK while healthy */
+    kiln_error failure;         /* its message, repeated by later calls */
+
+    kiln_engine_section sections[KILN_ENGINE_MAX_SECTIONS];
+    uint32_t n_sections;
+
+    /* the section being written (between begin and end) */
+    bool in_section;
+    kiln_engine_section cur;    /* kind, codec, offset; sizes and checksum filled at end */
+    XXH64_state_t *hash;        /* of the stored bytes of `cur` */
+
+    /* zstd state: one raw chunk, its compressed frame, the frames' sizes */
+    ZSTD_CCtx *cctx;
+    uint8_t *chunk;             /* KILN_ENGINE_ZSTD_CHUNK raw bytes */
+    size_t chunk_len;
+    uint8_t *frame;             /* ZSTD_compressBound(KILN_ENGINE_ZSTD_CHUNK) bytes */
+    size_t frame_cap;
+    kiln_buf frame_sizes;       /* u64 LE stored size per chunk so far */
+    uint32_t chunk_count;
+};
+
+/* Record the first failure, unlink the temporary file, return the status. */
+static kiln_status w_fail(kiln_engine_writer *w, kiln_error *err, kiln_status code, const char *fmt, ...)
+    KILN_PRINTF(4, 5);
+static kiln_status w_fail(kiln_engine_writer *w, kiln_error *err, kiln_status code, const char *fmt, ...) {
+    char msg[KILN_ERR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (w->failed == KILN_OK) {
+        w->failed = code;
+        kiln_err(&w->failure, code, "%s: %s", w->path, msg);
+    }
+    if (w->tmp_path) {
+        unlink(w->tmp_path);
+        free(w->tmp_path);
+        w->tmp_path = NULL;
+    }
+    if (err) *err = w->failure;
+    return w->failed;
+}
+
+/* Repeat the first failure, if any. */
+static kiln_status w_check(kiln_engine_writer *w, kiln_error *err) {
+    if (w->failed != KILN_OK && err) *err = w->failure;
+    return w->failed;
+}
+
+static kiln_status w_flush(kiln_engine_writer *w, kiln_error *err) {
+    size_t done = 0;
+    while (done < w->out_len) {
+        ssize_t n = write(w->fd, w->out + done, w->out_len - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0)
+            return w_fail(w, err, KILN_ERR_IO, "cannot write: %s", n < 0 ? strerror(errno) : "no progress");
+        done += (size_t)n;
+    }
+    w->out_len = 0;
+    return KILN_OK;
+}
+
+/* Emit bytes (NULL = zeros) at the current position; hashed into the
+ * current section when one is open. */
+static kiln_status w_put(kiln_engine_writer *w, const void *p, size_t n, kiln_error *err) {
+    const uint8_t *src = p;
+    if (w->in_section && n) {
+        if (src)
+            XXH64_update(w->hash, src, n);
+        else {
+            static const uint8_t zeros[256];
+            for (size_t k = 0; k < n; k += sizeof zeros)
+                XXH64_update(w->hash, zeros, n - k < sizeof zeros ? n - k : sizeof zeros);
+        }
+    }
+    while (n > 0) {
+        size_t room = OUT_BUF_SIZE - w->out_len, take = n < room ? n : room;
+        if (src) {
+            memcpy(w->out + w->out_len, src, take);
+            src += take;
+        } else {
+            memset(w->out + w->out_len, 0, take);
+        }
+        w->out_len += take;
+        w->pos += take;
+        n -= take;
+        if (w->out_len == OUT_BUF_SIZE && w_flush(w, err) != KILN_OK) return w->failed;
+    }
+    return KILN_OK;
+}
+
+static kiln_status w_pad_to(kiln_engine_writer *w, uint64_t align, kiln_error *err) {
+    return w_put(w, NULL, (size_t)(kiln_align_up(w->pos, align) - w->pos), err);
+}
+
+static void w_free(kiln_engine_writer *w) {
+    if (w->fd >= 0) close(w->fd);
+    if (w->tmp_path) unlink(w->tmp_path);
+    free(w->tmp_path);
+    free(w->path);
+    free(w->out);
+    free(w->chunk);
+    free(w->frame);
+    kiln_buf_free(&w->frame_sizes);
+    XXH64_freeState(w->hash);
+    ZSTD_freeCCtx(w->cctx);
+    free(w);
+}
+
+kiln_status kiln_engine_writer_open(const char *path, kiln_engine_writer **out, kiln_error *err) {
+    *out = NULL;
+    if (!path || !*path) return kiln_err(err, KILN_ERR_INVALID_ARG, "engine writer: empty output path");
+    kiln_engine_writer *w = calloc(1, sizeof *w);
+    if (!w) return kiln_err(err, KILN_ERR_NOMEM, "%s: out of memory", path);
+    w->fd = -1;
+    size_t n = strlen(path);
+    w->path = strdup(path);
+    w->tmp_path = malloc(n + sizeof ".tmp.XXXXXX");
+    w->out = malloc(OUT_BUF_SIZE);
+    w->hash = XXH64_createState();
+    if (!w->path || !w->tmp_path || !w->out || !w->hash) {
+        w_free(w);
+        return kiln_err(err, KILN_ERR_NOMEM, "%s: out of memory", path);
+    }
+    memcpy(w->tmp_path, path, n);
+    memcpy(w->tmp_path + n, ".tmp.XXXXXX", sizeof ".tmp.XXXXXX");
+    w->fd = mkstemp(w->tmp_path);
+    if (w->fd < 0) {
+        int e = errno;
+        free(w->tmp_path);
+        w->tmp_path = NULL; /* nothing was created */
+        kiln_err(err, KILN_ERR_IO, "%s: cannot create the output file: %s", path, strerror(e));
+        if (e == ENOENT) kiln_err_hint(err, "does the output directory exist?");
+        w_free(w);
+        return KILN_ERR_IO;
+    }
+    /* the header placeholder; the real header is written by finish */
+    if (w_put(w, NULL, KILN_ENGINE_HEADER_SIZE, err) != KILN_OK) {
+        w_free(w);
+        return KILN_ERR_IO;
+    }
+    *out = w;
+    return KILN_OK;
+}
+
+kiln_status kiln_engine_writer_begin(kiln_engine_writer *w, uint32_t kind, uint32_t codec, kiln_error *err) {
+    if (w_check(w, err) != KILN_OK) return w->failed;
+    if (w->in_section)
+        return w_fail(w, err, KILN_ERR_INTERNAL, "section '%s' begun while another is open",
+                      kiln_section_kind_name(kind));
+    if (codec != KILN_CODEC_NONE && codec != KILN_CODEC_ZSTD_CHUNKED)
+        return w_fail(w, err, KILN_ERR_INVALID_ARG, "section '%s': unknown codec %u", kiln_section_kind_name(kind),
+                      codec);
+    if (w->n_sections == KILN_ENGINE_MAX_SECTIONS)
+        return w_fail(w, err, KILN_ERR_INVALID_ARG, "more than %d sections", KILN_ENGINE_MAX_SECTIONS);
+    if (w_pad_to(w, KILN_ENGINE_ALIGN, err) != KILN_OK) return w->failed;
+    if (codec == KILN_CODEC_ZSTD_CHUNKED && !w->cctx) {
+        w->cctx = ZSTD_createCCtx();
+        w->chunk = malloc(KILN_ENGINE_ZSTD_CHUNK);
+        w->frame_cap = ZSTD_compressBound(KILN_ENGINE_ZSTD_CHUNK);
+        w->frame = malloc(w->frame_cap);
+        if (!w->cctx || !w->chunk || !w->frame)
+            return w_fail(w, err, KILN_ERR_NOMEM, "out of memory for the zstd compressor");
+    }
+    w->cur = (kiln_engine_section){.kind = kind, .codec = codec, .offset = w->pos};
+    w->chunk_len = 0;
+    w->chunk_count = 0;
+    w->frame_sizes.len = 0;
+    XXH64_reset(w->hash, 0);
+    w->in_section = true;
+    return KILN_OK;
+}
+
+/* Compress the buffered raw chunk into one frame and emit it. */
+static kiln_status w_flush_chunk(kiln_engine_writer *w, kiln_error *err) {
+    if (w->chunk_len == 0) return KILN_OK;
+    if (w->chunk_count == UINT32_MAX)
+        return w_fail(w, err, KILN_ERR_INVALID_ARG, "section '%s': too many zstd chunks",
+                      kiln_section_kind_name(w->cur.kind));
+    size_t n = ZSTD_compressCCtx(w->cctx, w->frame, w->frame_cap, w->chunk, w->chunk_len, KILN_ENGINE_ZSTD_LEVEL);
+    if (ZSTD_isError(n))
+        return w_fail(w, err, KILN_ERR_CODEC, "section '%s', zstd chunk %u: %s",
+                      kiln_section_kind_name(w->cur.kind), w->chunk_count, ZSTD_getErrorName(n));
+    if (!kiln_buf_u64(&w->frame_sizes, n)) return w_fail(w, err, KILN_ERR_NOMEM, "out of memory");
+    w->chunk_count++;
+    w->chunk_len = 0;
+    return w_put(w, w->frame, n, err);
+}
+
+kiln_status kiln_engine_writer_write(kiln_engine_writer *w, const void *p, size_t n, kiln_error *err) {
+    if (w_check(w, err) != KILN_OK) return w->failed;
+    if (!w->in_section) return w_fail(w, err, KILN_ERR_INTERNAL, "bytes written outside a section");
+    if (n && !p) return w_fail(w, err, KILN_ERR_INVALID_ARG, "NULL data for %zu bytes", n);
+    if (!kiln_add_u64(w->cur.raw_size, n, &w->cur.raw_size))
+        return w_fail(w, err, KILN_ERR_INVALID_ARG, "section '%s' is too large", kiln_section_kind_name(w->cur.kind));
+    if (w->cur.codec == KILN_CODEC_NONE) return w_put(w, p, n, err);
+    const uint8_t *src = p;
+    while (n > 0) {
+        size_t room = KILN_ENGINE_ZSTD_CHUNK - w->chunk_len, take = n < room ? n : room;
+        memcpy(w->chunk + w->chunk_len, src, take);
+        w->chunk_len += take;
+        src += take;
+        n -= take;
+        if (w->chunk_len == KILN_ENGINE_ZSTD_CHUNK && w_flush_chunk(w, err) != KILN_OK) return w->failed;
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_engine_writer_end(kiln_engine_writer *w, kiln_error *err) {
+    if (w_check(w, err) != KILN_OK) return w->failed;
+    if (!w->in_section) return w_fail(w, err, KILN_ERR_INTERNAL, "section ended but none was begun");
+    if (w->cur.codec == KILN_CODEC_ZSTD_CHUNKED) {
+        /* last frame, then the chunk index and the footer */
+        uint8_t foot[16];
+        kiln_wr_u64(foot, w->cur.raw_size);
+        kiln_wr_u32(foot + 8, KILN_ENGINE_ZSTD_CHUNK);
+        if (w_flush_chunk(w, err) != KILN_OK) return w->failed;
+        kiln_wr_u32(foot + 12, w->chunk_count);
+        if (w->frame_sizes.failed) return w_fail(w, err, KILN_ERR_NOMEM, "out of memory");
+        if (w_put(w, w->frame_sizes.data, w->frame_sizes.len, err) != KILN_OK) return w->failed;
+        if (w_put(w, foot, sizeof foot, err) != KILN_OK) return w->failed;
+    }
+    w->cur.stored_size = w->pos - w->cur.offset;
+    w->cur.checksum = XXH64_digest(w->hash);
+    w->sections[w->n_sections++] = w->cur;
+    w->in_section = false;
+    return KILN_OK;
+}
+
+kiln_status kiln_engine_writer_section(kiln_engine_writer *w, uint32_t kind, uint32_t codec, const void *p,
+                                       size_t n, kiln_error *err) {
+    kiln_status st = kiln_engine_writer_begin(w, kind, codec, err);
+    if (st == KILN_OK) st = kiln_engine_writer_write(w, p, n, err);
+    if (st == KILN_OK) st = kiln_engine_writer_end(w, err);
+    return st;
+}
+
+/* fsync the directory holding `path` so the rename is durable (best effort:
+ * the engine is complete and in place whether or not this succeeds). */
+static void sync_parent_dir(const char *path) {
+    char *copy = strdup(path);
+    if (!copy) return;
+    int dfd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        (void)fsync(dfd);
+        close(dfd);
+    }
+    free(copy);
+}
+
+kiln_status kiln_engine_writer_finish(kiln_engine_writer *w, kiln_error *err) {
+    kiln_status st = w_check(w, err);
+    if (st != KILN_OK) goto out_free;
+    if (w->in_section) {
+        st = w_fail(w, err, KILN_ERR_INTERNAL, "finished while section '%s' is still open",
+                    kiln_section_kind_name(w->cur.kind));
+        goto out_free;
+    }
+    if (w->n_sections == 0) {
+        st = w_fail(w, err, KILN_ERR_INVALID_ARG, "an engine needs at least one section");
+        goto out_free;
+    }
+
+    /* the section table */
+    if ((st = w_pad_to(w, KILN_ENGINE_ENTRY_SIZE, err)) != KILN_OK) goto out_free;
+    uint64_t table_off = w->pos;
+    XXH64_state_t *hash = w->hash;
+    XXH64_reset(hash, 0);
+    for (uint32_t i = 0; i < w->n_sections; i++) {
+        const kiln_engine_section *s = &w->sections[i];
+        uint8_t e[KILN_ENGINE_ENTRY_SIZE] = {0};
+        kiln_wr_u32(e, s->kind);
+        kiln_wr_u32(e + 4, s->codec);
+        kiln_wr_u64(e + 8, s->offset);
+        kiln_wr_u64(e + 16, s->stored_size);
+        kiln_wr_u64(e + 24, s->raw_size);
+        kiln_wr_u64(e + 32, s->checksum);
+        XXH64_update(hash, e, sizeof e);
+        if ((st = w_put(w, e, sizeof e, err)) != KILN_OK) goto out_free;
+    }
+    if ((st = w_flush(w, err)) != KILN_OK) goto out_free;
+
+    /* the header, last */
+    uint8_t h[KILN_ENGINE_HEADER_SIZE] = {0};
+    memcpy(h, KILN_ENGINE_MAGIC, 8);
+    h[8] = KILN_ENGINE_MAJOR & 0xff;
+    h[9] = KILN_ENGINE_MAJOR >> 8;
+    h[10] = KILN_ENGINE_MINOR & 0xff;
+    h[11] = KILN_ENGINE_MINOR >> 8;
+    kiln_wr_u32(h + 12, w->n_sections);
+    kiln_wr_u64(h + 16, table_off);
+    kiln_wr_u64(h + 24, w->pos);
+    kiln_wr_u64(h + 32, XXH64_digest(hash));
+    kiln_wr_u64(h + 56, XXH64(h, 56, 0));
+    ssize_t n;
+    do n = pwrite(w->fd, h, sizeof h, 0);
+    while (n < 0 && errno == EINTR);
+    if (n != (ssize_t)sizeof h) {
+        st = w_fail(w, err, KILN_ERR_IO, "cannot write the header: %s", n < 0 ? strerror(errno) : "short write");
+        goto out_free;
+    }
+
+    /* make it durable, then put it in place */
+    if (fchmod(w->fd, 0644) != 0) {
+        st = w_fail(w, err, KILN_ERR_IO, "cannot set permissions: %s", strerror(errno));
+        goto out_free;
+    }
+    if (fsync(w->fd) != 0) {
+        st = w_fail(w, err, KILN_ERR_IO, "cannot flush to disk: %s", strerror(errno));
+        goto out_free;
+    }
+    int fd = w->fd;
+    w->fd = -1;
+    if (close(fd) != 0) {
+        st = w_fail(w, err, KILN_ERR_IO, "cannot close: %s", strerror(errno));
+        goto out_free;
+    }
+    if (rename(w->tmp_path, w->path) != 0) {
+        st = w_fail(w, err, KILN_ERR_IO, "cannot rename %s into place: %s", w->tmp_path, strerror(errno));
+        goto out_free;
+    }
+    free(w->tmp_path);
+    w->tmp_path = NULL; /* it is the engine now */
+    sync_parent_dir(w->path);
+    st = KILN_OK;
+out_free:
+    w_free(w);
+    return st;
+}
+
+void kiln_engine_writer_abort(kiln_engine_writer *w) {
+    if (w) w_free(w);
+}

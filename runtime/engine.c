@@ -1,0 +1,503 @@
+/*
+ * engine.c — the engine file reader: open (mmap or memory), verify, find a
+ * section, decode a section.
+ *
+ * The byte layout is in kiln_engine.h's header comment and, in full, in
+ * docs/engine-format.md. The file is hostile input: every offset and size
+ * is bounds- and overflow-checked before it is used, and nothing from the
+ * file is trusted until the checks below have passed, in this order (the
+ * first failure is the one reported):
+ *
+ *   1. size >= header size                        KILN_ERR_FORMAT (truncated)
+ *   2. magic                                      KILN_ERR_FORMAT (foreign file)
+ *   3. major version known (1..KILN_ENGINE_MAJOR) KILN_ERR_VERSION; any minor is read
+ *   4. header checksum                            KILN_ERR_CHECKSUM
+ *   5. recorded file size == actual size          KILN_ERR_FORMAT (truncated / appended)
+ *   6. section count in 1..KILN_ENGINE_MAX_SECTIONS
+ *   7. table inside the file, after the header
+ *   8. table checksum                             KILN_ERR_CHECKSUM
+ *   9. per section: known codec, raw size agrees with the codec, offset
+ *      aligned, inside the file, no overlap with the header, the table or
+ *      another section                            KILN_ERR_FORMAT
+ *  10. per section: checksum of the stored bytes  KILN_ERR_CHECKSUM
+ *  11. per zstd section: the chunk index is consistent with the section's
+ *      sizes                                      KILN_ERR_FORMAT
+ *
+ * Sections of a kind this reader does not know are verified like any other
+ * (they are part of the container) and otherwise ignored: a newer minor
+ * version may add kinds.
+ *
+ * Decoding a KILN_CODEC_ZSTD_CHUNKED section fills one 4096-aligned buffer;
+ * each chunk decodes into its own slice, so chunks are independent and are
+ * spread over `threads` pthreads. Every frame must decode to exactly its
+ * chunk's share of the raw size.
+ */
+#include "kiln_engine.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <xxhash.h>
+#include <zstd.h>
+
+/* Per RFC 8878 a zstd block holds at most 128 KiB of raw bytes and costs at
+ * least 4 stored bytes (3-byte block header + 1 byte of an RLE block), so a
+ * chunk of R raw bytes needs at least 4 * ceil(R / 128 KiB) stored bytes.
+ * Checking it bounds the allocation a hostile file can ask for (at most
+ * 32768 x the file size). */
+#define ZSTD_BLOCK_MAX 131072u
+#define ZSTD_BLOCK_MIN_STORED 4u
+#define ZSTD_FOOTER_SIZE 16u
+
+const char *kiln_section_kind_name(uint32_t kind) {
+    switch (kind) {
+    case KILN_SECTION_META: return "meta";
+    case KILN_SECTION_PLAN: return "plan";
+    case KILN_SECTION_WEIGHTS: return "weights";
+    case KILN_SECTION_KERNELS: return "kernels";
+    case KILN_SECTION_TOKENIZER: return "tokenizer";
+    default: return "unknown";
+    }
+}
+
+const char *kiln_codec_name(uint32_t codec) {
+    switch (codec) {
+    case KILN_CODEC_NONE: return "none";
+    case KILN_CODEC_ZSTD_CHUNKED: return "zstd-chunked";
+    default: return "unknown";
+    }
+}
+
+/* "'weights'" for a known kind, "#3 (unknown kind 9)" otherwise; for messages. */
+static const char *section_label(char *buf, size_t cap, uint32_t index, uint32_t kind) {
+    const char *name = kiln_section_kind_name(kind);
+    if (strcmp(name, "unknown") != 0)
+        snprintf(buf, cap, "'%s'", name);
+    else
+        snprintf(buf, cap, "#%u (unknown kind %u)", index, kind);
+    return buf;
+}
+
+/* ---- the chunk index of a zstd section ---- */
+
+/* The index of a KILN_CODEC_ZSTD_CHUNKED section, read from its stored bytes. */
+typedef struct zstd_index {
+    uint64_t raw_size;       /* from the footer; equals the table's raw size */
+    uint32_t chunk_size;     /* raw bytes per chunk; the last may be shorter */
+    uint32_t chunk_count;
+    const uint8_t *sizes;    /* chunk_count little-endian u64 stored sizes */
+    const uint8_t *frames;   /* the first frame; frames follow each other */
+} zstd_index;
+
+/* Check the index of a zstd section against its sizes. On failure writes a
+ * message (without the file label) into `why`. */
+static bool zstd_index_read(const uint8_t *stored, uint64_t stored_size, uint64_t table_raw_size,
+                            zstd_index *ix, char *why, size_t why_cap) {
+    memset(ix, 0, sizeof *ix);
+    if (stored_size < ZSTD_FOOTER_SIZE) {
+        snprintf(why, why_cap, "%llu stored bytes cannot hold the 16-byte zstd chunk footer",
+                 (unsigned long long)stored_size);
+        return false;
+    }
+    const uint8_t *foot = stored + stored_size - ZSTD_FOOTER_SIZE;
+    ix->raw_size = kiln_rd_u64(foot);
+    ix->chunk_size = kiln_rd_u32(foot + 8);
+    ix->chunk_count = kiln_rd_u32(foot + 12);
+    if (ix->raw_size != table_raw_size) {
+        snprintf(why, why_cap, "zstd footer says %llu raw bytes, the section table says %llu",
+                 (unsigned long long)ix->raw_size, (unsigned long long)table_raw_size);
+        return false;
+    }
+    uint64_t want_count = 0;
+    if (ix->raw_size > 0) {
+        if (ix->chunk_size == 0) {
+            snprintf(why, why_cap, "zstd chunk size is 0 for %llu raw bytes", (unsigned long long)ix->raw_size);
+            return false;
+        }
+        want_count = ix->raw_size / ix->chunk_size + (ix->raw_size % ix->chunk_size != 0);
+    }
+    if (want_count != ix->chunk_count) {
+        snprintf(why, why_cap, "zstd chunk count is %u, but %llu raw bytes in chunks of %u make %llu",
+                 ix->chunk_count, (unsigned long long)ix->raw_size, ix->chunk_size,
+                 (unsigned long long)want_count);
+        return false;
+    }
+    /* chunk_count < 2^32, so 8 * count + 16 cannot overflow u64 */
+    uint64_t index_bytes = (uint64_t)ix->chunk_count * 8u + ZSTD_FOOTER_SIZE;
+    if (index_bytes > stored_size) {
+        snprintf(why, why_cap, "zstd chunk index (%u chunks, %llu bytes) is larger than the section (%llu bytes)",
+                 ix->chunk_count, (unsigned long long)index_bytes, (unsigned long long)stored_size);
+        return false;
+    }
+    uint64_t frames_size = stored_size - index_bytes;
+    ix->frames = stored;
+    ix->sizes = stored + frames_size;
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < ix->chunk_count; i++) {
+        uint64_t n = kiln_rd_u64(ix->sizes + (size_t)i * 8);
+        uint64_t raw = i + 1 < ix->chunk_count ? ix->chunk_size
+                                               : ix->raw_size - (uint64_t)i * ix->chunk_size;
+        /* raw > 0 for every chunk, as chunk_count = ceil(raw_size / chunk_size) */
+        uint64_t min_stored = (raw / ZSTD_BLOCK_MAX + (raw % ZSTD_BLOCK_MAX != 0)) * ZSTD_BLOCK_MIN_STORED;
+        if (n < min_stored) {
+            snprintf(why, why_cap, "zstd chunk %u of %u: %llu stored bytes cannot hold %llu raw bytes",
+                     i, ix->chunk_count, (unsigned long long)n, (unsigned long long)raw);
+            return false;
+        }
+        if (!kiln_add_u64(sum, n, &sum) || sum > frames_size) {
+            snprintf(why, why_cap, "zstd chunk sizes add up to more than the %llu bytes of frames",
+                     (unsigned long long)frames_size);
+            return false;
+        }
+    }
+    if (sum != frames_size) {
+        snprintf(why, why_cap, "zstd chunk sizes add up to %llu bytes, the frames take %llu",
+                 (unsigned long long)sum, (unsigned long long)frames_size);
+        return false;
+    }
+    return true;
+}
+
+/* ---- open and verify ---- */
+
+static bool looks_like_json_or_safetensors(const uint8_t *d, size_t n) {
+    size_t i = 0;
+    while (i < n && i < 64 && (d[i] == ' ' || d[i] == '\t' || d[i] == '\r' || d[i] == '\n')) i++;
+    if (i < n && (d[i] == '{' || d[i] == '[')) return true;
+    /* safetensors: u64 header length, then a JSON object */
+    return n >= 9 && d[8] == '{';
+}
+
+/* Checks 1..11 over `data`; fills `out` except out->map. */
+static kiln_status engine_verify(const uint8_t *data, size_t size, const char *label, kiln_engine *out,
+                                 kiln_error *err) {
+    memset(out, 0, sizeof *out);
+    if (!data && size) return kiln_err(err, KILN_ERR_INVALID_ARG, "%s: no data", label);
+    char lab[64];
+
+    /* 1. size */
+    if (size < KILN_ENGINE_HEADER_SIZE) {
+        kiln_err(err, KILN_ERR_FORMAT, "%s: truncated: %zu bytes is smaller than the %d-byte engine header",
+                 label, size, KILN_ENGINE_HEADER_SIZE);
+        if (size > 0 && looks_like_json_or_safetensors(data, size))
+            kiln_err_hint(err, "this looks like a JSON file: did you pass the checkpoint instead of the engine?");
+        return KILN_ERR_FORMAT;
+    }
+    const uint8_t *h = data;
+
+    /* 2. magic (8 bytes, including the NUL) */
+    if (memcmp(h, KILN_ENGINE_MAGIC, 8) != 0) {
+        kiln_err(err, KILN_ERR_FORMAT,
+                 "%s: not a kiln engine file (starts with %02x %02x %02x %02x %02x %02x %02x %02x, "
+                 "expected \"KILNENG\\0\")",
+                 label, h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]);
+        if (looks_like_json_or_safetensors(data, size))
+            kiln_err_hint(err, "this looks like a safetensors/JSON file: did you pass the checkpoint instead of "
+                               "the engine? Build an engine with `kiln compile CKPT_DIR -o model.kiln`");
+        return KILN_ERR_FORMAT;
+    }
+
+    /* 3. version: a major we know, any minor */
+    uint16_t major = (uint16_t)(h[8] | h[9] << 8), minor = (uint16_t)(h[10] | h[11] << 8);
+    if (major == 0)
+        return kiln_err(err, KILN_ERR_VERSION, "%s: engine format %u.%u is not a valid version (reads %d.x)",
+                        label, major, minor, KILN_ENGINE_MAJOR);
+    if (major > KILN_ENGINE_MAJOR) {
+        kiln_err(err, KILN_ERR_VERSION, "%s: engine format %u.x is newer than this runtime (reads %d.x)", label,
+                 major, KILN_ENGINE_MAJOR);
+        return kiln_err_hint(err, "rebuild the engine with this kiln or upgrade the runtime");
+    }
+
+    /* 4. header checksum over bytes 0..55 */
+    uint64_t hsum = kiln_rd_u64(h + 56);
+    if (XXH64(h, 56, 0) != hsum) {
+        kiln_err(err, KILN_ERR_CHECKSUM, "%s: engine header checksum mismatch: the file is corrupted", label);
+        return kiln_err_hint(err, "copy the engine again or rebuild it");
+    }
+
+    /* 5. recorded file size */
+    uint32_t count = kiln_rd_u32(h + 12);
+    uint64_t table_off = kiln_rd_u64(h + 16);
+    uint64_t file_size = kiln_rd_u64(h + 24);
+    uint64_t table_sum = kiln_rd_u64(h + 32);
+    if (file_size != (uint64_t)size) {
+        kiln_err(err, KILN_ERR_FORMAT, "%s: %s: header says %llu bytes, file has %zu", label,
+                 (uint64_t)size < file_size ? "truncated" : "wrong size", (unsigned long long)file_size, size);
+        return kiln_err_hint(err, (uint64_t)size < file_size
+                                      ? "the copy or the build was interrupted; copy the engine again"
+                                      : "bytes were appended to the engine; copy it again");
+    }
+
+    /* 6. section count */
+    if (count == 0 || count > KILN_ENGINE_MAX_SECTIONS)
+        return kiln_err(err, KILN_ERR_FORMAT, "%s: section count %u is outside 1..%d", label, count,
+                        KILN_ENGINE_MAX_SECTIONS);
+
+    /* 7. table bounds: after the header, inside the file */
+    uint64_t table_size = (uint64_t)count * KILN_ENGINE_ENTRY_SIZE, table_end;
+    if (table_off < KILN_ENGINE_HEADER_SIZE || !kiln_add_u64(table_off, table_size, &table_end) ||
+        table_end > size)
+        return kiln_err(err, KILN_ERR_FORMAT,
+                        "%s: section table (offset %llu, %u entries of %d bytes) is not inside the file "
+                        "(%zu bytes, header %d)",
+                        label, (unsigned long long)table_off, count, KILN_ENGINE_ENTRY_SIZE, size,
+                        KILN_ENGINE_HEADER_SIZE);
+
+    /* 8. table checksum */
+    const uint8_t *table = data + table_off;
+    if (XXH64(table, (size_t)table_size, 0) != table_sum) {
+        kiln_err(err, KILN_ERR_CHECKSUM, "%s: section table checksum mismatch: the file is corrupted", label);
+        return kiln_err_hint(err, "copy the engine again or rebuild it");
+    }
+
+    /* 9. each section's entry */
+    out->data = data;
+    out->size = size;
+    out->major = major;
+    out->minor = minor;
+    out->n_sections = count;
+    for (uint32_t i = 0; i < count; i++) {
+        const uint8_t *t = table + (size_t)i * KILN_ENGINE_ENTRY_SIZE;
+        kiln_engine_section *s = &out->sections[i];
+        s->kind = kiln_rd_u32(t);
+        s->codec = kiln_rd_u32(t + 4);
+        s->offset = kiln_rd_u64(t + 8);
+        s->stored_size = kiln_rd_u64(t + 16);
+        s->raw_size = kiln_rd_u64(t + 24);
+        s->checksum = kiln_rd_u64(t + 32);
+        section_label(lab, sizeof lab, i, s->kind);
+        kiln_status st = KILN_OK;
+        uint64_t end;
+        if (s->codec != KILN_CODEC_NONE && s->codec != KILN_CODEC_ZSTD_CHUNKED) {
+            st = kiln_err(err, KILN_ERR_FORMAT, "%s: section %s uses unknown codec %u", label, lab, s->codec);
+            kiln_err_hint(err, "the engine was written by a newer kiln; upgrade the runtime");
+        } else if (s->codec == KILN_CODEC_NONE && s->raw_size != s->stored_size) {
+            st = kiln_err(err, KILN_ERR_FORMAT, "%s: section %s is stored uncompressed but its raw size %llu "
+                          "differs from its stored size %llu",
+                          label, lab, (unsigned long long)s->raw_size, (unsigned long long)s->stored_size);
+        } else if (s->offset % KILN_ENGINE_ALIGN != 0) {
+            st = kiln_err(err, KILN_ERR_FORMAT, "%s: section %s offset %llu is not a multiple of %d", label, lab,
+                          (unsigned long long)s->offset, KILN_ENGINE_ALIGN);
+        } else if (!kiln_add_u64(s->offset, s->stored_size, &end) || end > size) {
+            st = kiln_err(err, KILN_ERR_FORMAT, "%s: section %s (offset %llu, %llu bytes) runs past the end of "
+                          "the file (%zu bytes)",
+                          label, lab, (unsigned long long)s->offset, (unsigned long long)s->stored_size, size);
+        } else if (s->offset < KILN_ENGINE_HEADER_SIZE) {
+            st = kiln_err(err, KILN_ERR_FORMAT, "%s: section %s (offset %llu) overlaps the header", label, lab,
+                          (unsigned long long)s->offset);
+        } else if (s->stored_size > 0 && s->offset < table_end && table_off < end) {
+            st = kiln_err(err, KILN_ERR_FORMAT, "%s: section %s (bytes %llu..%llu) overlaps the section table "
+                          "(bytes %llu..%llu)",
+                          label, lab, (unsigned long long)s->offset, (unsigned long long)end,
+                          (unsigned long long)table_off, (unsigned long long)table_end);
+        }
+        for (uint32_t j = 0; j < i && st == KILN_OK; j++) {
+            const kiln_engine_section *o = &out->sections[j];
+            uint64_t oend = o->offset + o->stored_size; /* checked when j was verified */
+            if (s->stored_size > 0 && o->stored_size > 0 && s->offset < oend && o->offset < end) {
+                char olab[64];
+                st = kiln_err(err, KILN_ERR_FORMAT, "%s: section %s (bytes %llu..%llu) overlaps section %s "
+                              "(bytes %llu..%llu)",
+                              label, lab, (unsigned long long)s->offset, (unsigned long long)end,
+                              section_label(olab, sizeof olab, j, o->kind), (unsigned long long)o->offset,
+                              (unsigned long long)oend);
+            }
+        }
+        if (st != KILN_OK) {
+            memset(out, 0, sizeof *out);
+            return st;
+        }
+    }
+
+    /* 10. each section's checksum */
+    for (uint32_t i = 0; i < count; i++) {
+        const kiln_engine_section *s = &out->sections[i];
+        if (XXH64(data + s->offset, (size_t)s->stored_size, 0) != s->checksum) {
+            kiln_err(err, KILN_ERR_CHECKSUM, "%s: section %s checksum mismatch: the file is corrupted", label,
+                     section_label(lab, sizeof lab, i, s->kind));
+            memset(out, 0, sizeof *out);
+            return kiln_err_hint(err, "copy the engine again or rebuild it");
+        }
+    }
+
+    /* 11. each zstd section's chunk index */
+    for (uint32_t i = 0; i < count; i++) {
+        const kiln_engine_section *s = &out->sections[i];
+        if (s->codec != KILN_CODEC_ZSTD_CHUNKED) continue;
+        zstd_index ix;
+        char why[256];
+        if (!zstd_index_read(data + s->offset, s->stored_size, s->raw_size, &ix, why, sizeof why)) {
+            kiln_err(err, KILN_ERR_FORMAT, "%s: section %s: %s", label, section_label(lab, sizeof lab, i, s->kind),
+                     why);
+            memset(out, 0, sizeof *out);
+            return KILN_ERR_FORMAT;
+        }
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_engine_open_mem(const uint8_t *data, size_t size, const char *label, kiln_engine *out,
+                                 kiln_error *err) {
+    if (!label) label = "(memory)";
+    kiln_status st = engine_verify(data, size, label, out, err);
+    if (st != KILN_OK) return st;
+    out->map.path = strdup(label); /* for messages; map.data stays NULL */
+    if (!out->map.path) {
+        memset(out, 0, sizeof *out);
+        return kiln_err(err, KILN_ERR_NOMEM, "%s: out of memory", label);
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_engine_open(const char *path, kiln_engine *out, kiln_error *err) {
+    memset(out, 0, sizeof *out);
+    if (kiln_path_is_dir(path)) {
+        kiln_err(err, KILN_ERR_IO, "%s: is a directory, not an engine file", path);
+        return kiln_err_hint(err, "did you pass the checkpoint directory instead of the engine? "
+                                  "Build one with `kiln compile %s -o model.kiln`", path);
+    }
+    kiln_mapped_file map;
+    kiln_status st = kiln_file_map(path, &map, err);
+    if (st != KILN_OK) return st;
+    st = engine_verify(map.data, map.size, path, out, err);
+    if (st != KILN_OK) {
+        kiln_file_unmap(&map);
+        return st;
+    }
+    out->map = map;
+    return KILN_OK;
+}
+
+void kiln_engine_close(kiln_engine *e) {
+    if (!e) return;
+    kiln_file_unmap(&e->map); /* frees the label; unmaps only a mapping */
+    memset(e, 0, sizeof *e);
+}
+
+const kiln_engine_section *kiln_engine_find(const kiln_engine *e, uint32_t kind) {
+    for (uint32_t i = 0; i < e->n_sections; i++)
+        if (e->sections[i].kind == kind) return &e->sections[i];
+    return NULL;
+}
+
+/* ---- decoding ---- */
+
+/* One decoding thread's share: chunks first, first+stride, ... */
+typedef struct decode_job {
+    const zstd_index *ix;
+    uint8_t *dst;           /* the whole raw buffer */
+    uint32_t first, stride;
+    /* result: the lowest failing chunk, or UINT32_MAX */
+    uint32_t bad_chunk;
+    char why[160];
+} decode_job;
+
+static void *decode_run(void *arg) {
+    decode_job *j = arg;
+    j->bad_chunk = UINT32_MAX;
+    const zstd_index *ix = j->ix;
+    ZSTD_DCtx *dctx = ZSTD_createDCtx();
+    if (!dctx) {
+        j->bad_chunk = j->first;
+        snprintf(j->why, sizeof j->why, "cannot create a zstd decoder (out of memory)");
+        return NULL;
+    }
+    /* where chunk `first` starts among the frames */
+    uint64_t src_off = 0;
+    for (uint32_t i = 0; i < j->first && i < ix->chunk_count; i++) src_off += kiln_rd_u64(ix->sizes + (size_t)i * 8);
+    for (uint64_t i = j->first; i < ix->chunk_count; i += j->stride) {
+        uint64_t n = kiln_rd_u64(ix->sizes + (size_t)i * 8);
+        uint64_t raw_off = i * ix->chunk_size;
+        uint64_t raw = i + 1 < ix->chunk_count ? ix->chunk_size : ix->raw_size - raw_off;
+        size_t got = ZSTD_decompressDCtx(dctx, j->dst + raw_off, (size_t)raw, ix->frames + src_off, (size_t)n);
+        if (ZSTD_isError(got)) {
+            j->bad_chunk = (uint32_t)i;
+            snprintf(j->why, sizeof j->why, "zstd: %s", ZSTD_getErrorName(got));
+            break;
+        }
+        if (got != raw) {
+            j->bad_chunk = (uint32_t)i;
+            snprintf(j->why, sizeof j->why, "decoded to %zu bytes, expected %llu", got, (unsigned long long)raw);
+            break;
+        }
+        /* skip to chunk i + stride */
+        for (uint64_t k = i; k < i + j->stride && k < ix->chunk_count; k++)
+            src_off += kiln_rd_u64(ix->sizes + (size_t)k * 8);
+    }
+    ZSTD_freeDCtx(dctx);
+    return NULL;
+}
+
+kiln_status kiln_engine_section_bytes(const kiln_engine *e, const kiln_engine_section *s, int threads,
+                                      const uint8_t **data, size_t *size, bool *owned, kiln_error *err) {
+    *data = NULL;
+    *size = 0;
+    *owned = false;
+    const char *label = e->map.path ? e->map.path : "(engine)";
+    char lab[64];
+    uint32_t index = (uint32_t)(s >= e->sections && s < e->sections + e->n_sections ? s - e->sections : 0);
+    section_label(lab, sizeof lab, index, s->kind);
+    uint64_t end;
+    if (!kiln_add_u64(s->offset, s->stored_size, &end) || end > e->size)
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "%s: section %s is not inside the engine", label, lab);
+    const uint8_t *stored = e->data + s->offset;
+
+    if (s->codec == KILN_CODEC_NONE) {
+        *data = stored;
+        *size = (size_t)s->stored_size;
+        return KILN_OK;
+    }
+    if (s->codec != KILN_CODEC_ZSTD_CHUNKED)
+        return kiln_err(err, KILN_ERR_FORMAT, "%s: section %s uses unknown codec %u", label, lab, s->codec);
+
+    zstd_index ix;
+    char why[256];
+    if (!zstd_index_read(stored, s->stored_size, s->raw_size, &ix, why, sizeof why))
+        return kiln_err(err, KILN_ERR_FORMAT, "%s: section %s: %s", label, lab, why);
+    if (ix.raw_size == 0) {
+        *data = stored; /* a valid pointer to no bytes */
+        return KILN_OK;
+    }
+    if (ix.raw_size > SIZE_MAX - KILN_ENGINE_ALIGN)
+        return kiln_err(err, KILN_ERR_NOMEM, "%s: section %s: %llu raw bytes do not fit in memory", label, lab,
+                        (unsigned long long)ix.raw_size);
+    size_t cap = (size_t)kiln_align_up(ix.raw_size, KILN_ENGINE_ALIGN);
+    uint8_t *dst = aligned_alloc(KILN_ENGINE_ALIGN, cap);
+    if (!dst)
+        return kiln_err(err, KILN_ERR_NOMEM, "%s: section %s: cannot allocate %llu bytes to decode it", label, lab,
+                        (unsigned long long)ix.raw_size);
+
+    uint32_t n_threads = threads > 1 ? (uint32_t)threads : 1;
+    if (n_threads > ix.chunk_count) n_threads = ix.chunk_count;
+    if (n_threads > 64) n_threads = 64;
+    decode_job jobs[64];
+    pthread_t tids[64];
+    bool started[64] = {0};
+    for (uint32_t t = 0; t < n_threads; t++) {
+        jobs[t] = (decode_job){.ix = &ix, .dst = dst, .first = t, .stride = n_threads, .bad_chunk = UINT32_MAX};
+        if (t > 0) started[t] = pthread_create(&tids[t], NULL, decode_run, &jobs[t]) == 0;
+    }
+    decode_run(&jobs[0]);
+    for (uint32_t t = 1; t < n_threads; t++) {
+        if (started[t])
+            pthread_join(tids[t], NULL);
+        else
+            decode_run(&jobs[t]); /* no thread: do its share here */
+    }
+    const decode_job *bad = NULL;
+    for (uint32_t t = 0; t < n_threads; t++)
+        if (jobs[t].bad_chunk != UINT32_MAX && (!bad || jobs[t].bad_chunk < bad->bad_chunk)) bad = &jobs[t];
+    if (bad) {
+        kiln_err(err, KILN_ERR_CODEC, "%s: section %s, zstd chunk %u of %u: %s", label, lab, bad->bad_chunk,
+                 ix.chunk_count, bad->why);
+        free(dst);
+        return kiln_err_hint(err, "the engine is corrupted or was written by a broken writer; rebuild it");
+    }
+    *data = dst;
+    *size = (size_t)ix.raw_size;
+    *owned = true;
+    return KILN_OK;
+}
