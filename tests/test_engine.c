@@ -798,6 +798,70 @@ static void test_writer_failures(void) {
     free(dir);
 }
 
+/* ---- the fuzz seeds: small valid engines ---- */
+
+static const char *const seed_names[] = {"small.seed", "chunks.seed"} /* not *.kiln: ignored by git */;
+
+static kiln_status write_seed(int which, const char *path, kiln_error *err) {
+    kiln_engine_writer *w;
+    kiln_status st = kiln_engine_writer_open(path, &w, err);
+    if (st) return st;
+    if (which == 0) {
+        uint8_t plan[16];
+        fill_pattern(plan, sizeof plan, 11);
+        st = kiln_engine_writer_section(w, KILN_SECTION_META, KILN_CODEC_NONE, sample_meta, strlen(sample_meta), err);
+        if (!st) st = kiln_engine_writer_section(w, KILN_SECTION_WEIGHTS, KILN_CODEC_ZSTD_CHUNKED, g_sample.small,
+                                                 sizeof g_sample.small, err);
+        if (!st) st = kiln_engine_writer_section(w, KILN_SECTION_PLAN, KILN_CODEC_NONE, plan, sizeof plan, err);
+        if (!st) st = kiln_engine_writer_section(w, KILN_SECTION_TOKENIZER, KILN_CODEC_ZSTD_CHUNKED, NULL, 0, err);
+    } else {
+        /* two chunks of zeros: a few hundred stored bytes, 4 MiB + 1000 decoded */
+        uint8_t *zeros = calloc(1, KILN_ENGINE_ZSTD_CHUNK + 1000);
+        if (!zeros) {
+            kiln_engine_writer_abort(w);
+            return KILN_ERR_NOMEM;
+        }
+        st = kiln_engine_writer_section(w, KILN_SECTION_WEIGHTS, KILN_CODEC_ZSTD_CHUNKED, zeros,
+                                        KILN_ENGINE_ZSTD_CHUNK + 1000, err);
+        if (!st) st = kiln_engine_writer_section(w, 77, KILN_CODEC_NONE, g_sample.odd, sizeof g_sample.odd, err);
+        free(zeros);
+    }
+    if (st) {
+        kiln_engine_writer_abort(w);
+        return st;
+    }
+    return kiln_engine_writer_finish(w, err);
+}
+
+/* The committed seeds open and decode. KILN_WRITE_FUZZ_CORPUS=DIR rewrites them first. */
+static void test_fuzz_corpus(void) {
+    const char *out = getenv("KILN_WRITE_FUZZ_CORPUS");
+    const char *dir = out ? out : KILN_SOURCE_DIR "/fuzz/corpus/engine";
+    for (int i = 0; i < 2; i++) {
+        char *p = kiln_path_join(dir, seed_names[i]);
+        KT_REQUIRE(p);
+        kiln_error err = {0};
+        if (out) KT_CHECKF(write_seed(i, p, &err) == KILN_OK, "%s", err.msg);
+        kiln_engine e;
+        kiln_status st = kiln_engine_open(p, &e, &err);
+        KT_CHECKF(st == KILN_OK, "%s", err.msg);
+        for (uint32_t k = 0; st == KILN_OK && k < e.n_sections; k++) {
+            const uint8_t *d;
+            size_t n;
+            bool owned;
+            KT_CHECKF(kiln_engine_section_bytes(&e, &e.sections[k], 2, &d, &n, &owned, &err) == KILN_OK, "%s",
+                      err.msg);
+            if (owned) free((void *)d);
+        }
+        if (st == KILN_OK) {
+            KT_EQ_INT(e.n_sections, i == 0 ? 4 : 2);
+            KT_CHECK(e.size <= 32768); /* small enough for a seed */
+        }
+        kiln_engine_close(&e);
+        free(p);
+    }
+}
+
 int main(void) {
     sample_init(&g_sample);
     g_dir = make_tmpdir();
@@ -823,6 +887,7 @@ int main(void) {
     KT_RUN(test_parallel_decode);
     KT_RUN(test_writer_abort);
     KT_RUN(test_writer_failures);
+    KT_RUN(test_fuzz_corpus);
     free(g_file);
     free(g_path);
     if (g_dir) rm_tree(g_dir);
