@@ -800,7 +800,8 @@ static void test_writer_failures(void) {
 
 /* ---- the fuzz seeds: small valid engines ---- */
 
-static const char *const seed_names[] = {"small.seed", "chunks.seed"} /* not *.kiln: ignored by git */;
+/* not *.kiln: .gitignore ignores those */
+static const char *const seed_names[] = {"small.seed", "chunks.seed"};
 
 static kiln_status write_seed(int which, const char *path, kiln_error *err) {
     kiln_engine_writer *w;
