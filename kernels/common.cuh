@@ -1,0 +1,117 @@
+/*
+ * common.cuh — what every kiln kernel shares: bf16 as raw 16-bit storage
+ * with fp32 arithmetic, 16-byte loads, warp reductions.
+ *
+ * Decisions:
+ * - No toolkit header is included (not even cuda_bf16.h): kernels compile
+ *   fast under NVRTC and need nothing on disk. bf16 is `unsigned short`
+ *   bits; widening is a shift, narrowing is PTX cvt.rn (round to nearest
+ *   even, sm_80+), the same rounding torch uses.
+ * - Weights stream through ld.global.nc.L1::no_allocate: each weight byte
+ *   is read once per step and should not evict activations from L1.
+ */
+#ifndef KILN_COMMON_CUH
+#define KILN_COMMON_CUH
+
+#include "params.cuh"
+
+typedef unsigned short kiln_bf16; /* bfloat16 bits */
+
+#define KILN_DEV static __device__ __forceinline__
+#define KILN_WARP 32
+#define KILN_FULL_MASK 0xffffffffu
+#define KILN_NEG_INF (-__int_as_float(0x7f800000))
+
+KILN_DEV float kiln_bf2f(kiln_bf16 h) { return __uint_as_float(((unsigned)h) << 16); }
+
+KILN_DEV kiln_bf16 kiln_f2bf(float f) {
+    unsigned short r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return r;
+}
+
+/* Two floats to a packed bf16x2 word: lo in the low half (the lower address). */
+KILN_DEV unsigned kiln_f2bf2(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+/* The two bf16 of a packed word, widened. */
+KILN_DEV float kiln_lo(unsigned w) { return __uint_as_float(w << 16); }
+KILN_DEV float kiln_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
+
+/* 16-byte loads: streaming (read once, skip L1) and ordinary read-only. */
+KILN_DEV uint4 kiln_ld_stream(const void *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+KILN_DEV uint4 kiln_ld16(const void *p) { return __ldg((const uint4 *)p); }
+
+/* 8 bf16 (one uint4) widened into f[0..7]. */
+KILN_DEV void kiln_unpack8(uint4 v, float f[8]) {
+    f[0] = kiln_lo(v.x); f[1] = kiln_hi(v.x);
+    f[2] = kiln_lo(v.y); f[3] = kiln_hi(v.y);
+    f[4] = kiln_lo(v.z); f[5] = kiln_hi(v.z);
+    f[6] = kiln_lo(v.w); f[7] = kiln_hi(v.w);
+}
+
+KILN_DEV uint4 kiln_pack8(const float f[8]) {
+    uint4 v;
+    v.x = kiln_f2bf2(f[0], f[1]);
+    v.y = kiln_f2bf2(f[2], f[3]);
+    v.z = kiln_f2bf2(f[4], f[5]);
+    v.w = kiln_f2bf2(f[6], f[7]);
+    return v;
+}
+
+/* Dot of 8 bf16 pairs, accumulated into acc (fp32). */
+KILN_DEV float kiln_dot8(uint4 a, uint4 b, float acc) {
+    acc = fmaf(kiln_lo(a.x), kiln_lo(b.x), acc);
+    acc = fmaf(kiln_hi(a.x), kiln_hi(b.x), acc);
+    acc = fmaf(kiln_lo(a.y), kiln_lo(b.y), acc);
+    acc = fmaf(kiln_hi(a.y), kiln_hi(b.y), acc);
+    acc = fmaf(kiln_lo(a.z), kiln_lo(b.z), acc);
+    acc = fmaf(kiln_hi(a.z), kiln_hi(b.z), acc);
+    acc = fmaf(kiln_lo(a.w), kiln_lo(b.w), acc);
+    acc = fmaf(kiln_hi(a.w), kiln_hi(b.w), acc);
+    return acc;
+}
+
+KILN_DEV float kiln_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(KILN_FULL_MASK, v, o);
+    return v;
+}
+KILN_DEV float kiln_warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(KILN_FULL_MASK, v, o));
+    return v;
+}
+
+/* Sum over all threads of the block (blockDim.x a multiple of 32, <= 1024).
+ * `scratch` holds 32 floats of shared memory; every thread gets the sum.
+ * The order of additions is fixed, so the result is deterministic. */
+KILN_DEV float kiln_block_sum(float v, float *scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = kiln_warp_sum(v);
+    __syncthreads(); /* scratch may still be read by a previous call */
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nw ? scratch[lane] : 0.0f;
+    return kiln_warp_sum(v);
+}
+KILN_DEV float kiln_block_max(float v, float *scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = kiln_warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nw ? scratch[lane] : KILN_NEG_INF;
+    return kiln_warp_max(v);
+}
+
+#endif /* KILN_COMMON_CUH */

@@ -1,0 +1,117 @@
+/*
+ * params.cuh — one plain parameter struct per kernel family, shared by the
+ * device code (NVRTC) and the host (C17), so both agree on the layout.
+ * Each kernel takes its struct by value as its only parameter.
+ *
+ * Rules that keep the layout identical in C and CUDA C: only 8-byte device
+ * addresses (kiln_dptr), 4-byte int/float and unsigned, 8-byte members
+ * first; no pointers (their type differs between host and device code) and
+ * no bool. A device address of 0 means "absent" where a field says so.
+ *
+ * Shapes use the names of the kernels' #define constants: HIDDEN, N_HEADS
+ * (query heads), N_KV_HEADS, HEAD_DIM, BLOCK_SIZE (tokens per KV block).
+ * Paged KV cache layout (both K and V): bf16 [num_blocks][N_KV_HEADS]
+ * [BLOCK_SIZE][HEAD_DIM]: one block of one head is BLOCK_SIZE*HEAD_DIM
+ * contiguous values, which is what decode attention streams.
+ */
+#ifndef KILN_KERNEL_PARAMS_CUH
+#define KILN_KERNEL_PARAMS_CUH
+
+typedef unsigned long long kiln_dptr; /* a device address (CUdeviceptr) */
+
+/* y[M,N] = x[M,K] · W[N,K]^T (+ residual[M,N]); bf16 in, fp32 accumulate.
+ * With GEMV_SWIGLU, W holds 2F interleaved rows (gate_f at 2f, up_f at
+ * 2f+1), N = 2F, and y[M,F] = silu(gate) * up. Kernel: kiln_gemv. */
+typedef struct kiln_gemv_params {
+    kiln_dptr x;        /* bf16 [M, ldx]: the activations, first K used */
+    kiln_dptr w;        /* bf16 [N, K]: a HuggingFace Linear weight [out, in] */
+    kiln_dptr y;        /* bf16 (fp32 with GEMV_OUT_F32) [M, ldy] */
+    kiln_dptr residual; /* bf16 [M, ldy] added to y, or 0; may equal y */
+    int M, N, K;
+    int ldx, ldy;       /* row strides in elements */
+    int pad_;
+} kiln_gemv_params;
+
+/* residual[m] = x[m] + residual[m] (rounded to bf16; skipped when x = 0);
+ * out[m] = w * rmsnorm(residual[m]). One block per row. Kernel: kiln_rmsnorm. */
+typedef struct kiln_rmsnorm_params {
+    kiln_dptr x;        /* bf16 [M, HIDDEN], or 0 for a plain RMSNorm of residual */
+    kiln_dptr residual; /* bf16 [M, HIDDEN], in/out */
+    kiln_dptr w;        /* bf16 [HIDDEN] */
+    kiln_dptr out;      /* bf16 [M, HIDDEN] */
+    int M;
+    int pad_;
+} kiln_rmsnorm_params;
+
+/* RoPE on q and k of a fused QKV projection output, q written out, k and v
+ * written into the paged KV cache. One block per token. Kernel: kiln_rope_kv. */
+typedef struct kiln_rope_kv_params {
+    kiln_dptr qkv;       /* bf16 [T, (N_HEADS + 2*N_KV_HEADS) * HEAD_DIM]: q heads, k heads, v heads */
+    kiln_dptr q_out;     /* bf16 [T, N_HEADS, HEAD_DIM]: rotated q */
+    kiln_dptr k_cache;   /* bf16 paged cache (layout above) */
+    kiln_dptr v_cache;
+    kiln_dptr positions; /* int32 [T]: each token's position in its sequence */
+    kiln_dptr slots;     /* int32 [T]: block_id * BLOCK_SIZE + offset; -1 = do not store (padding) */
+    int T;
+    int pad_;
+} kiln_rope_kv_params;
+
+/* Decode attention: one query token per sequence over its paged KV cache
+ * (already holding that token's k and v), GQA, optional sliding window,
+ * split along the sequence in chunks of PARTITION tokens. Kernels:
+ * kiln_attn_decode (grid N_KV_HEADS x B x max_splits) and, when max_splits
+ * > 1, kiln_attn_decode_combine (grid N_HEADS x B). */
+typedef struct kiln_attn_decode_params {
+    kiln_dptr q;            /* bf16 [B, N_HEADS, HEAD_DIM], rotated */
+    kiln_dptr k_cache;      /* bf16 paged cache */
+    kiln_dptr v_cache;
+    kiln_dptr block_tables; /* int32 [B, max_blocks]: the sequence's KV block ids in order */
+    kiln_dptr seq_lens;     /* int32 [B]: tokens in the cache, the query's own included */
+    kiln_dptr out;          /* bf16 [B, N_HEADS, HEAD_DIM] */
+    kiln_dptr part_o;       /* fp32 [B, N_HEADS, max_splits, HEAD_DIM] (splits > 1 only) */
+    kiln_dptr part_ml;      /* fp32 [B, N_HEADS, max_splits, 2]: running max (log2 units), sum */
+    float scale;            /* softmax scale, usually 1/sqrt(HEAD_DIM) */
+    int B, max_blocks, max_splits;
+} kiln_attn_decode_params;
+
+/* Prefill attention (flash style, causal, GQA, sliding window) for a batch
+ * of query chunks whose k and v are already in the paged cache. Query i of
+ * sequence b sits at position seq_lens[b] - q_len(b) + i. Grid:
+ * ceil(max_q_len / PF_BQ) x N_HEADS x B. Kernel: kiln_attn_prefill. */
+typedef struct kiln_attn_prefill_params {
+    kiln_dptr q;            /* bf16 [T, N_HEADS, HEAD_DIM], rotated; T = q_starts[B] */
+    kiln_dptr k_cache;
+    kiln_dptr v_cache;
+    kiln_dptr block_tables; /* int32 [B, max_blocks] */
+    kiln_dptr seq_lens;     /* int32 [B]: context length after this chunk */
+    kiln_dptr q_starts;     /* int32 [B + 1]: sequence b's queries are rows q_starts[b] .. q_starts[b+1]-1 */
+    kiln_dptr out;          /* bf16 [T, N_HEADS, HEAD_DIM] */
+    float scale;
+    int B, max_blocks;
+    int pad_;
+} kiln_attn_prefill_params;
+
+/* out[m, f] = silu(gu[m, f]) * gu[m, FFN + f] (gate half then up half). Kernel: kiln_swiglu. */
+typedef struct kiln_swiglu_params {
+    kiln_dptr gu;  /* bf16 [M, 2*FFN] */
+    kiln_dptr out; /* bf16 [M, FFN] */
+    int M;
+    int pad_;
+} kiln_swiglu_params;
+
+/* One token per row of logits: greedy (temperature <= 0), else softmax at
+ * the temperature, top-k (0 = off), top-p (>= 1 = off), drawn with a
+ * counter-based generator from (seed, counter): same inputs, same token.
+ * One block per row. Kernel: kiln_sample. */
+typedef struct kiln_sample_params {
+    kiln_dptr logits;      /* fp32 [B, V] */
+    kiln_dptr temperature; /* fp32 [B] */
+    kiln_dptr top_k;       /* int32 [B] */
+    kiln_dptr top_p;       /* fp32 [B] */
+    kiln_dptr seeds;       /* uint64 [B] */
+    kiln_dptr counters;    /* uint64 [B]: e.g. the step number; the caller advances it */
+    kiln_dptr out_ids;     /* int32 [B] */
+    int B, V;
+} kiln_sample_params;
+
+#endif /* KILN_KERNEL_PARAMS_CUH */

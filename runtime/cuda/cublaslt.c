@@ -1,0 +1,93 @@
+/*
+ * cublaslt.c — dense bf16 GEMMs through cuBLASLt (prefill projections, and
+ * the baseline the decode GEMV is measured against). Contracts in
+ * runtime/kiln_cuda.h.
+ *
+ * Layout: kiln keeps HuggingFace's row-major weight [N=out, K=in] and
+ * activations [M, K]. cuBLASLt is column-major, so y[M,N] = x·W^T is asked
+ * for as the column-major product C[N,M] = A^T · B with A = W seen as K×N
+ * (lda = K), B = x seen as K×M (ldb = K), C = y seen as N×M (ldc = N).
+ */
+#include "runtime/kiln_cuda.h"
+
+#include <cublasLt.h>
+#include <stdlib.h>
+
+struct kiln_cublaslt {
+    kiln_cuda *cu;
+    cublasLtHandle_t handle;
+    CUdeviceptr workspace;
+    size_t workspace_bytes;
+};
+
+kiln_status kiln_cublaslt_check_(int result, const char *call, const char *file, int line, kiln_error *err) {
+    if (result == CUBLAS_STATUS_SUCCESS) return KILN_OK;
+    return kiln_err(err, KILN_ERR_DEVICE, "%s:%d: %s failed: %s (cublasStatus_t %d)", file, line, call,
+                    cublasLtGetStatusName((cublasStatus_t)result), result);
+}
+
+kiln_status kiln_cublaslt_create(kiln_cuda *cu, size_t workspace_bytes, kiln_cublaslt **out, kiln_error *err) {
+    kiln_status st;
+    *out = NULL;
+    kiln_cublaslt *lt = calloc(1, sizeof *lt);
+    if (!lt) return kiln_err(err, KILN_ERR_NOMEM, "cuBLASLt: out of host memory");
+    lt->cu = cu;
+    if ((st = KILN_CUBLASLT_CALL(err, cublasLtCreate(&lt->handle)))) goto fail;
+    if (workspace_bytes && (st = kiln_cuda_alloc(cu, workspace_bytes, &lt->workspace, err))) goto fail;
+    lt->workspace_bytes = workspace_bytes;
+    *out = lt;
+    return KILN_OK;
+fail:
+    kiln_cublaslt_destroy(lt);
+    return st;
+}
+
+void kiln_cublaslt_destroy(kiln_cublaslt *lt) {
+    if (!lt) return;
+    if (lt->workspace) kiln_cuda_release(lt->cu, lt->workspace);
+    if (lt->handle) cublasLtDestroy(lt->handle);
+    free(lt);
+}
+
+kiln_status kiln_cublaslt_gemm_bf16(kiln_cublaslt *lt, int M, int N, int K, CUdeviceptr x, CUdeviceptr w,
+                                    CUdeviceptr y, bool accumulate, CUstream stream, kiln_error *err) {
+    kiln_status st;
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    if (M <= 0 || N <= 0 || K <= 0)
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "cuBLASLt GEMM: bad shape M=%d N=%d K=%d", M, N, K);
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    if ((st = KILN_CUBLASLT_CALL(err, cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F))) ||
+        (st = KILN_CUBLASLT_CALL(err, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta))) ||
+        (st = KILN_CUBLASLT_CALL(err, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb))) ||
+        (st = KILN_CUBLASLT_CALL(err, cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, (uint64_t)K, (uint64_t)N, K))) ||
+        (st = KILN_CUBLASLT_CALL(err, cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, (uint64_t)K, (uint64_t)M, K))) ||
+        (st = KILN_CUBLASLT_CALL(err, cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, (uint64_t)N, (uint64_t)M, N))) ||
+        (st = KILN_CUBLASLT_CALL(err, cublasLtMatmulPreferenceCreate(&pref))) ||
+        (st = KILN_CUBLASLT_CALL(err, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                                          &lt->workspace_bytes, sizeof lt->workspace_bytes))))
+        goto out;
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    if ((st = KILN_CUBLASLT_CALL(err, cublasLtMatmulAlgoGetHeuristic(lt->handle, op, la, lb, lc, lc, pref, 1, &heur, &found))))
+        goto out;
+    if (found < 1) {
+        st = kiln_err(err, KILN_ERR_UNSUPPORTED, "cuBLASLt: no algorithm for bf16 GEMM M=%d N=%d K=%d", M, N, K);
+        goto out;
+    }
+    float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    st = KILN_CUBLASLT_CALL(err, cublasLtMatmul(lt->handle, op, &alpha, (const void *)(uintptr_t)w, la,
+                                                (const void *)(uintptr_t)x, lb, &beta, (const void *)(uintptr_t)y, lc,
+                                                (void *)(uintptr_t)y, lc, &heur.algo,
+                                                (void *)(uintptr_t)lt->workspace, lt->workspace_bytes,
+                                                (cudaStream_t)stream));
+    if (st) kiln_err_prefix(err, "GEMM M=%d N=%d K=%d: ", M, N, K);
+out:
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (op) cublasLtMatmulDescDestroy(op);
+    return st;
+}

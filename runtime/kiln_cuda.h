@@ -1,0 +1,172 @@
+/*
+ * kiln_cuda.h — the runtime's GPU layer: CUDA driver API only (no cudart),
+ * loaded with dlopen, plus cuBLASLt for dense GEMMs.
+ *
+ * Why dlopen: a binary linked against libcuda.so.1 does not even start on a
+ * host without the NVIDIA driver (the CI machine has the toolkit but no
+ * driver); with dlopen, kiln_cuda_init() returns KILN_ERR_DEVICE with a
+ * message saying the driver is missing, and everything else still works.
+ * The symbol names come from the toolkit's cuda.h (its macros map cuMemAlloc
+ * to cuMemAlloc_v2 and so on), so prototypes and symbols always agree.
+ *
+ * State: everything lives in a kiln_cuda struct the caller owns (no global
+ * state). One kiln_cuda = one device, its primary context made current on
+ * the calling thread by kiln_cuda_init() and kiln_cuda_make_current().
+ *
+ * Checking: every driver call goes through KILN_CU_CALL and every cuBLASLt
+ * call through KILN_CUBLASLT_CALL; on failure they record the call text,
+ * file, line and the library's error name in a kiln_error and yield the
+ * status (never exit). Kernel launches go through kiln_cuda_launch, which
+ * names the kernel in its error.
+ */
+#ifndef KILN_CUDA_H
+#define KILN_CUDA_H
+
+#include <cuda.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common/kiln_util.h"
+
+/* The driver entry points kiln uses, as X(name). Members keep cuda.h's names. */
+#define KILN_CU_FUNCS(X)                                                                        \
+    X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString)                      \
+    X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetAttribute)              \
+    X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)               \
+    X(cuCtxSetCurrent) X(cuCtxSynchronize)                                                     \
+    X(cuModuleLoadDataEx) X(cuModuleUnload) X(cuModuleGetFunction) X(cuModuleGetGlobal)        \
+    X(cuFuncSetAttribute) X(cuFuncGetAttribute) X(cuLaunchKernel)                              \
+    X(cuMemAlloc) X(cuMemFree) X(cuMemAllocHost) X(cuMemFreeHost) X(cuMemGetInfo)              \
+    X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyDtoD) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync)  \
+    X(cuMemcpyDtoDAsync) X(cuMemsetD8) X(cuMemsetD16) X(cuMemsetD32) X(cuMemsetD8Async)        \
+    X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize)                                \
+    X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize)                  \
+    X(cuEventElapsedTime)                                                                      \
+    X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiate) X(cuGraphLaunch)       \
+    X(cuGraphExecDestroy) X(cuGraphDestroy)
+
+#define KILN_CU_MEMBER_(fn) __typeof__(fn) *fn;
+
+/* The driver's function table, filled by kiln_cuda_init(). */
+typedef struct kiln_cu_api {
+    void *lib; /* dlopen handle of libcuda.so.1 */
+    KILN_CU_FUNCS(KILN_CU_MEMBER_)
+} kiln_cu_api;
+
+/* One device and its primary context. */
+typedef struct kiln_cuda {
+    kiln_cu_api api;
+    CUdevice dev;
+    CUcontext ctx;         /* the device's primary context (retained) */
+    int ordinal;           /* device index as the driver counts them */
+    int sm;                /* compute capability major*10+minor, e.g. 90 */
+    int n_sm;              /* multiprocessors */
+    int driver_version;    /* e.g. 13000 */
+    int l2_bytes;          /* L2 cache size */
+    int smem_optin;        /* largest dynamic shared memory a block may opt into, bytes */
+    size_t total_mem;      /* device memory, bytes */
+    char name[256];        /* "NVIDIA H200" */
+} kiln_cuda;
+
+/*
+ * Open device `ordinal`: dlopen the driver, cuInit, retain the primary
+ * context and make it current. Fails with KILN_ERR_DEVICE and a message that
+ * says which step failed ("no CUDA driver: ...", "no CUDA device: ...").
+ * On failure *cu is left zeroed and needs no kiln_cuda_free.
+ */
+kiln_status kiln_cuda_init(kiln_cuda *cu, int ordinal, kiln_error *err);
+void kiln_cuda_free(kiln_cuda *cu);
+kiln_status kiln_cuda_make_current(kiln_cuda *cu, kiln_error *err);
+kiln_status kiln_cuda_sync(kiln_cuda *cu, kiln_error *err);
+
+/* The checking macro for driver calls; yields a kiln_status. */
+#define KILN_CU_CALL(cu, err, call) kiln_cu_check_((cu), (int)(call), #call, __FILE__, __LINE__, (err))
+kiln_status kiln_cu_check_(const kiln_cuda *cu, int result, const char *call, const char *file, int line,
+                           kiln_error *err);
+
+/* ---- modules ---- */
+
+/* One compiled image of a kernel module: a cubin for sm, or PTX for compute_sm. */
+typedef struct kiln_cuda_image {
+    int sm;           /* 90 for sm_90 / compute_90 */
+    bool is_ptx;      /* PTX text (NUL-terminated) rather than a cubin */
+    const void *data;
+    size_t len;
+} kiln_cuda_image;
+
+/*
+ * Load the image that fits this device: a cubin of the same major version
+ * and the highest minor not above the device's; else the newest PTX not
+ * above the device's SM, JIT-compiled by the driver (*jitted = true). When
+ * none fits, KILN_ERR_UNSUPPORTED names the device, its SM and the targets
+ * that were offered. `what` names the module in messages.
+ */
+kiln_status kiln_cuda_module_load(kiln_cuda *cu, const kiln_cuda_image *images, int n_images, const char *what,
+                                  CUmodule *out, bool *jitted, kiln_error *err);
+/* Index into `images` of the one kiln_cuda_module_load would pick for a
+ * device of compute capability `device_sm`, or -1 when none fits. */
+int kiln_cuda_pick_image(const kiln_cuda_image *images, int n_images, int device_sm);
+
+kiln_status kiln_cuda_module_function(kiln_cuda *cu, CUmodule mod, const char *name, CUfunction *out,
+                                      kiln_error *err);
+void kiln_cuda_module_unload(kiln_cuda *cu, CUmodule mod);
+
+/* Launch geometry of one kernel launch. */
+typedef struct kiln_cuda_dims {
+    unsigned grid[3], block[3];
+    unsigned smem; /* dynamic shared memory, bytes */
+} kiln_cuda_dims;
+
+/*
+ * cuLaunchKernel with `args` (an array of pointers to each parameter, as the
+ * driver wants). Raises the function's dynamic shared-memory limit first
+ * when d->smem is over 48 KiB. `what` names the kernel in messages. Errors
+ * in the kernel itself surface at the next synchronising call.
+ */
+kiln_status kiln_cuda_launch(kiln_cuda *cu, CUfunction f, const kiln_cuda_dims *d, CUstream stream, void **args,
+                             const char *what, kiln_error *err);
+
+/* ---- launch geometry of the kernel families in kernels/ ---- */
+
+/* The GEMV's compile-time shape (gemv.cuh's GEMV_* constants). */
+typedef struct kiln_gemv_cfg {
+    int warps, rows, unroll, mt;
+} kiln_gemv_cfg;
+
+kiln_cuda_dims kiln_gemv_dims(const kiln_gemv_cfg *c, int M, int N);
+/* Dynamic shared memory of kiln_attn_decode and kiln_attn_prefill. */
+unsigned kiln_attn_decode_smem(int n_heads, int n_kv_heads, int head_dim, int partition, int warps);
+unsigned kiln_attn_prefill_smem(int head_dim);
+/* Splits kiln_attn_decode needs for a context of `len` tokens. */
+int kiln_attn_decode_splits(int len, int window, int partition);
+
+/* ---- memory ---- */
+
+kiln_status kiln_cuda_alloc(kiln_cuda *cu, size_t bytes, CUdeviceptr *out, kiln_error *err);
+void kiln_cuda_release(kiln_cuda *cu, CUdeviceptr p); /* cuMemFree; 0 is a no-op */
+kiln_status kiln_cuda_upload(kiln_cuda *cu, CUdeviceptr dst, const void *src, size_t bytes, kiln_error *err);
+kiln_status kiln_cuda_download(kiln_cuda *cu, void *dst, CUdeviceptr src, size_t bytes, kiln_error *err);
+/* Fill `bytes` bytes (a multiple of 2) with the 16-bit pattern (e.g. a bf16 NaN, to poison outputs). */
+kiln_status kiln_cuda_fill16(kiln_cuda *cu, CUdeviceptr dst, uint16_t pattern, size_t bytes, kiln_error *err);
+/* Fill `bytes` bytes (a multiple of 4) with a 32-bit pattern. */
+kiln_status kiln_cuda_fill32(kiln_cuda *cu, CUdeviceptr dst, uint32_t pattern, size_t bytes, kiln_error *err);
+
+/* ---- cuBLASLt (dense GEMMs for prefill) ---- */
+
+/* The checking macro for cuBLASLt calls; yields a kiln_status. */
+#define KILN_CUBLASLT_CALL(err, call) kiln_cublaslt_check_((int)(call), #call, __FILE__, __LINE__, (err))
+kiln_status kiln_cublaslt_check_(int result, const char *call, const char *file, int line, kiln_error *err);
+
+typedef struct kiln_cublaslt kiln_cublaslt; /* opaque: handle + workspace */
+
+kiln_status kiln_cublaslt_create(kiln_cuda *cu, size_t workspace_bytes, kiln_cublaslt **out, kiln_error *err);
+void kiln_cublaslt_destroy(kiln_cublaslt *lt);
+/*
+ * y[M,N] = x[M,K] · W[N,K]^T (+ y when accumulate), all row-major bf16, fp32
+ * accumulation: the layout of a HuggingFace Linear (weight [out, in]).
+ */
+kiln_status kiln_cublaslt_gemm_bf16(kiln_cublaslt *lt, int M, int N, int K, CUdeviceptr x, CUdeviceptr w,
+                                    CUdeviceptr y, bool accumulate, CUstream stream, kiln_error *err);
+
+#endif /* KILN_CUDA_H */
