@@ -77,4 +77,27 @@ typedef struct kiln_op_attrs {
     float rope_original_max_pos;
 } kiln_op_attrs;
 
+/* Number of outputs an op kind has, and the input count it takes (-1: unknown kind). */
+int kiln_op_n_out(kiln_op_kind k);
+int kiln_op_n_in(kiln_op_kind k);
+
+/* What shape inference needs to know of a tensor: the IR's values and the
+ * plan's values are both described this way. */
+typedef struct kiln_tensor_desc {
+    int id;          /* for messages: the value id */
+    int is_weight;   /* a constant (weight) rather than an activation or input */
+    int dtype;       /* kiln_dtype */
+    int ndim;
+    int64_t shape[KILN_MAX_DIMS];
+    const char *name;/* for messages; may be NULL */
+} kiln_tensor_desc;
+
+struct kiln_error;
+/* The one definition of every op's signature: check the inputs of an op of
+ * `kind` with attributes `a` and compute its outputs' descriptors. Used by
+ * the IR builder and verifier and by the runtime when it loads a plan.
+ * Returns KILN_ERR_VERIFY (kiln_status) naming the op and value at fault. */
+int kiln_op_infer(kiln_op_kind kind, const kiln_tensor_desc *in, int n_in, const kiln_op_attrs *a,
+                  kiln_tensor_desc *out, struct kiln_error *err);
+
 #endif /* KILN_OPS_H */

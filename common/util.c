@@ -2,7 +2,7 @@
  * util.c — error reports, file mapping, float conversion, byte buffers.
  * See kiln_util.h for the contracts.
  */
-#define _GNU_SOURCE
+
 #include "kiln_util.h"
 
 #include <errno.h>
@@ -54,13 +54,18 @@ kiln_status kiln_err(kiln_error *err, kiln_status code, const char *fmt, ...) {
 
 kiln_status kiln_err_prefix(kiln_error *err, const char *fmt, ...) {
     if (!err) return KILN_ERR_INTERNAL;
-    char prefix[KILN_ERR_MSG_MAX], old[KILN_ERR_MSG_MAX];
+    char old[KILN_ERR_MSG_MAX];
+    memcpy(old, err->msg, sizeof old);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    int n = vsnprintf(err->msg, sizeof err->msg, fmt, ap);
     va_end(ap);
-    memcpy(old, err->msg, sizeof old);
-    snprintf(err->msg, sizeof err->msg, "%s%s", prefix, old);
+    if (n < 0) n = 0;
+    size_t k = (size_t)n < sizeof err->msg ? (size_t)n : sizeof err->msg - 1;
+    size_t rest = strnlen(old, sizeof old - 1);
+    if (rest > sizeof err->msg - 1 - k) rest = sizeof err->msg - 1 - k;
+    memcpy(err->msg + k, old, rest);
+    err->msg[k + rest] = 0;
     return err->code;
 }
 

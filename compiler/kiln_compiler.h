@@ -124,6 +124,9 @@ const kiln_st_tensor *kiln_checkpoint_find(const kiln_checkpoint *ck, const char
  * it). Checks that every weight the graph needs is in the checkpoint with the
  * expected shape and a supported dtype. */
 kiln_status kiln_import(const kiln_checkpoint *ck, kiln_graph **out, kiln_error *err);
+/* The same, converting matrix weights to `weight_dtype` (KILN_DTYPE_COUNT_ =
+ * keep each tensor's own dtype). Norm weights stay f32. */
+kiln_status kiln_import_dtype(const kiln_checkpoint *ck, kiln_dtype weight_dtype, kiln_graph **out, kiln_error *err);
 
 typedef struct kiln_compile_options {
     const char *output_path;

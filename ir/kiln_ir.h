@@ -93,10 +93,6 @@ int kiln_ir_op_at(kiln_graph *g, int at, kiln_op_kind kind, const int *in, int n
 int kiln_ir_op1(kiln_graph *g, kiln_op_kind kind, const int *in, int n_in, const kiln_op_attrs *attrs,
                 const char *label, kiln_error *err);
 
-/* Number of outputs an op kind has, and the expected input count. */
-int kiln_op_n_out(kiln_op_kind k);
-int kiln_op_n_in(kiln_op_kind k);
-
 /* Compute output shapes/dtypes of an op from its inputs; checks the inputs. */
 kiln_status kiln_ir_infer(const kiln_graph *g, kiln_op_kind kind, const int *in, int n_in,
                           const kiln_op_attrs *attrs, kiln_value *outs, kiln_error *err);

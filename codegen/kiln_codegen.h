@@ -1,0 +1,24 @@
+/*
+ * kiln_codegen.h — IR after passes → engine sections.
+ *
+ * The plan (runtime/kiln_plan.h) is the graph flattened: live values renumbered
+ * densely in id order, weights laid out in the weights section in that order,
+ * each at a 256-byte aligned offset, converted to the weight's dtype.
+ * Both functions walk the graph the same way, so the offsets the plan records
+ * are the offsets the weights are written at.
+ */
+#ifndef KILN_CODEGEN_H
+#define KILN_CODEGEN_H
+
+#include "../ir/kiln_ir.h"
+#include "../runtime/kiln_engine.h"
+
+/* Serialize the plan of a verified, memory-planned graph. */
+kiln_status kiln_plan_serialize(const kiln_graph *g, kiln_buf *out, kiln_error *err);
+
+/* Stream the weights section's raw bytes (converted from each weight's
+ * source dtype) into `w`, which has a section begun. Returns the byte count
+ * through `size` (may be NULL). */
+kiln_status kiln_weights_write(const kiln_graph *g, kiln_engine_writer *w, uint64_t *size, kiln_error *err);
+
+#endif /* KILN_CODEGEN_H */

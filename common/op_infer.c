@@ -1,0 +1,200 @@
+/*
+ * op_infer.c — the signature of every op: which inputs it takes, what shapes
+ * and dtypes they must have, and what it produces. The IR builder, the IR
+ * verifier and the runtime's plan loader all call kiln_op_infer, so an op's
+ * rules are written once.
+ */
+#include "kiln_ops.h"
+#include "kiln_util.h"
+
+#include <string.h>
+
+int kiln_op_n_out(kiln_op_kind k) {
+    switch (k) {
+    case KILN_OP_ADD_RMSNORM: return 2;
+    case KILN_OP_QKV_ROPE: return 3;
+    default: return 1;
+    }
+}
+
+int kiln_op_n_in(kiln_op_kind k) {
+    switch (k) {
+    case KILN_OP_SILU: return 1;
+    case KILN_OP_EMBEDDING:
+    case KILN_OP_RMSNORM:
+    case KILN_OP_ADD:
+    case KILN_OP_LINEAR:
+    case KILN_OP_ROPE:
+    case KILN_OP_MUL:
+    case KILN_OP_LM_HEAD: return 2;
+    case KILN_OP_ADD_RMSNORM:
+    case KILN_OP_GATE_UP_SWIGLU: return 3;
+    case KILN_OP_ATTENTION: return 4;
+    case KILN_OP_QKV_ROPE: return 5;
+    default: return -1;
+    }
+}
+
+#define BAD(...) kiln_err(err, KILN_ERR_VERIFY, __VA_ARGS__)
+
+static const char *nm(const kiln_tensor_desc *d) { return d->name ? d->name : "?"; }
+
+static int is_tokens(const kiln_tensor_desc *d) {
+    return !d->is_weight && d->ndim == 2 && d->shape[0] == KILN_DIM_BATCH && d->shape[1] == KILN_DIM_SEQ &&
+           d->dtype == KILN_DTYPE_I32;
+}
+
+/* An activation [B,S,W]: returns W, or -1. */
+static int64_t act_width(const kiln_tensor_desc *d) {
+    if (d->is_weight || d->ndim != 3 || d->shape[0] != KILN_DIM_BATCH || d->shape[1] != KILN_DIM_SEQ ||
+        d->shape[2] <= 0 || d->dtype != KILN_DTYPE_F32)
+        return -1;
+    return d->shape[2];
+}
+
+static int is_matrix_weight(const kiln_tensor_desc *d) {
+    return d->is_weight && d->ndim == 2 && d->shape[0] > 0 && d->shape[1] > 0 &&
+           (d->dtype == KILN_DTYPE_F32 || d->dtype == KILN_DTYPE_F16 || d->dtype == KILN_DTYPE_BF16);
+}
+
+static void make_act(kiln_tensor_desc *o, int64_t width) {
+    memset(o, 0, sizeof *o);
+    o->id = -1;
+    o->dtype = KILN_DTYPE_F32;
+    o->ndim = 3;
+    o->shape[0] = KILN_DIM_BATCH;
+    o->shape[1] = KILN_DIM_SEQ;
+    o->shape[2] = width;
+}
+
+/* x [B,S,K] times weight w [N,K]: returns N, or -1 with err set. */
+static int64_t check_matmul(const char *opn, const kiln_tensor_desc *x, const kiln_tensor_desc *w, kiln_error *err) {
+    int64_t k = act_width(x);
+    if (k < 0) {
+        BAD("%s: input %%%d is not a [B,S,W] f32 activation", opn, x->id);
+        return -1;
+    }
+    if (!is_matrix_weight(w)) {
+        BAD("%s: %%%d (%s) is not a 2-D float weight", opn, w->id, nm(w));
+        return -1;
+    }
+    if (w->shape[1] != k) {
+        BAD("%s: weight %s is [%lld,%lld] but the input width is %lld", opn, nm(w), (long long)w->shape[0],
+            (long long)w->shape[1], (long long)k);
+        return -1;
+    }
+    return w->shape[0];
+}
+
+static int check_norm_weight(const char *opn, const kiln_tensor_desc *w, int64_t width, float eps,
+                             kiln_error *err) {
+    if (!w->is_weight || w->ndim != 1 || w->shape[0] != width || w->dtype == KILN_DTYPE_I32) {
+        BAD("%s: weight %s must be a float vector of %lld", opn, nm(w), (long long)width);
+        return 0;
+    }
+    if (!(eps > 0)) {
+        BAD("%s: eps must be > 0 (got %g)", opn, eps);
+        return 0;
+    }
+    return 1;
+}
+
+static int check_heads(const char *opn, const kiln_op_attrs *a, kiln_error *err) {
+    if (a->n_heads <= 0 || a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads || a->head_dim <= 0 ||
+        a->head_dim % 2) {
+        BAD("%s: bad heads %d / kv heads %d / head_dim %d", opn, a->n_heads, a->n_kv_heads, a->head_dim);
+        return 0;
+    }
+    if (a->rope_scaling != KILN_ROPE_SCALING_NONE && a->rope_scaling != KILN_ROPE_SCALING_LLAMA3) {
+        BAD("%s: unknown rope scaling %d", opn, a->rope_scaling);
+        return 0;
+    }
+    return 1;
+}
+
+int kiln_op_infer(kiln_op_kind kind, const kiln_tensor_desc *in, int n_in, const kiln_op_attrs *a,
+                  kiln_tensor_desc *out, kiln_error *err) {
+    if ((unsigned)kind >= KILN_OP_COUNT_) return BAD("unknown op kind %d", (int)kind);
+    const char *opn = kiln_op_name(kind);
+    if (n_in != kiln_op_n_in(kind)) return BAD("%s: takes %d inputs, got %d", opn, kiln_op_n_in(kind), n_in);
+    int64_t w0 = act_width(&in[0]);
+    switch (kind) {
+    case KILN_OP_EMBEDDING:
+        if (!is_tokens(&in[0])) return BAD("embedding: ids %%%d must be [B,S] i32", in[0].id);
+        if (!is_matrix_weight(&in[1])) return BAD("embedding: table %s must be a 2-D float weight", nm(&in[1]));
+        make_act(&out[0], in[1].shape[1]);
+        return KILN_OK;
+    case KILN_OP_RMSNORM:
+        if (w0 < 0) return BAD("rmsnorm: input %%%d is not an activation", in[0].id);
+        if (!check_norm_weight(opn, &in[1], w0, a->eps, err)) return KILN_ERR_VERIFY;
+        make_act(&out[0], w0);
+        return KILN_OK;
+    case KILN_OP_ADD:
+    case KILN_OP_MUL:
+        if (w0 < 0 || w0 != act_width(&in[1]))
+            return BAD("%s: inputs %%%d and %%%d must be activations of one width", opn, in[0].id, in[1].id);
+        make_act(&out[0], w0);
+        return KILN_OK;
+    case KILN_OP_SILU:
+        if (w0 < 0) return BAD("silu: input %%%d is not an activation", in[0].id);
+        make_act(&out[0], w0);
+        return KILN_OK;
+    case KILN_OP_LINEAR:
+    case KILN_OP_LM_HEAD: {
+        int64_t n = check_matmul(opn, &in[0], &in[1], err);
+        if (n < 0) return KILN_ERR_VERIFY;
+        make_act(&out[0], n);
+        return KILN_OK;
+    }
+    case KILN_OP_ROPE:
+        if (!is_tokens(&in[1])) return BAD("rope: positions %%%d must be [B,S] i32", in[1].id);
+        if (a->head_dim <= 0 || a->head_dim % 2 || a->n_heads <= 0 || w0 != (int64_t)a->n_heads * a->head_dim)
+            return BAD("rope: width %lld is not n_heads %d x head_dim %d (even)", (long long)w0, a->n_heads,
+                       a->head_dim);
+        if (!(a->rope_theta > 0)) return BAD("rope: theta must be > 0");
+        make_act(&out[0], w0);
+        return KILN_OK;
+    case KILN_OP_ATTENTION: {
+        int64_t wk = act_width(&in[1]), wv = act_width(&in[2]);
+        if (!is_tokens(&in[3])) return BAD("attention: positions %%%d must be [B,S] i32", in[3].id);
+        if (!check_heads(opn, a, err)) return KILN_ERR_VERIFY;
+        if (w0 != (int64_t)a->n_heads * a->head_dim || wk != (int64_t)a->n_kv_heads * a->head_dim || wv != wk)
+            return BAD("attention: q/k/v widths %lld/%lld/%lld do not match heads %d/%d x %d", (long long)w0,
+                       (long long)wk, (long long)wv, a->n_heads, a->n_kv_heads, a->head_dim);
+        if (a->layer < 0 || a->window < 0) return BAD("attention: bad layer %d or window %d", a->layer, a->window);
+        make_act(&out[0], w0);
+        return KILN_OK;
+    }
+    case KILN_OP_ADD_RMSNORM:
+        if (w0 < 0 || w0 != act_width(&in[1])) return BAD("add_rmsnorm: inputs must be activations of one width");
+        if (!check_norm_weight(opn, &in[2], w0, a->eps, err)) return KILN_ERR_VERIFY;
+        make_act(&out[0], w0);
+        make_act(&out[1], w0);
+        return KILN_OK;
+    case KILN_OP_QKV_ROPE: {
+        int64_t nq = check_matmul(opn, &in[0], &in[1], err);
+        int64_t nk = nq < 0 ? -1 : check_matmul(opn, &in[0], &in[2], err);
+        int64_t nv = nk < 0 ? -1 : check_matmul(opn, &in[0], &in[3], err);
+        if (nv < 0) return KILN_ERR_VERIFY;
+        if (!is_tokens(&in[4])) return BAD("qkv_rope: positions %%%d must be [B,S] i32", in[4].id);
+        if (!check_heads(opn, a, err)) return KILN_ERR_VERIFY;
+        if (!(a->rope_theta > 0)) return BAD("qkv_rope: theta must be > 0");
+        if (nq != (int64_t)a->n_heads * a->head_dim || nk != (int64_t)a->n_kv_heads * a->head_dim || nv != nk)
+            return BAD("qkv_rope: projection widths %lld/%lld/%lld do not match heads %d/%d x %d", (long long)nq,
+                       (long long)nk, (long long)nv, a->n_heads, a->n_kv_heads, a->head_dim);
+        make_act(&out[0], nq);
+        make_act(&out[1], nk);
+        make_act(&out[2], nv);
+        return KILN_OK;
+    }
+    case KILN_OP_GATE_UP_SWIGLU: {
+        int64_t ng = check_matmul(opn, &in[0], &in[1], err);
+        int64_t nu = ng < 0 ? -1 : check_matmul(opn, &in[0], &in[2], err);
+        if (nu < 0) return KILN_ERR_VERIFY;
+        if (ng != nu) return BAD("gate_up_swiglu: gate width %lld != up width %lld", (long long)ng, (long long)nu);
+        make_act(&out[0], ng);
+        return KILN_OK;
+    }
+    default: return BAD("unknown op kind %d", (int)kind);
+    }
+}

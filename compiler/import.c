@@ -1,0 +1,199 @@
+/*
+ * import.c — checkpoint → IR: builds the forward graph of a Llama/Mistral
+ * decoder exactly as the HuggingFace modeling code computes it, from coarse
+ * ops (embedding, rmsnorm, linear, rope, attention, silu, mul, add,
+ * lm_head). Fusion is left to passes/.
+ *
+ * Per layer l (x is the residual stream, [B,S,H]):
+ *   h = rmsnorm(x, input_layernorm)
+ *   q = rope(linear(h, q_proj)); k = rope(linear(h, k_proj)); v = linear(h, v_proj)
+ *   x = x + linear(attention(q, k, v), o_proj)
+ *   h = rmsnorm(x, post_attention_layernorm)
+ *   x = x + linear(silu(linear(h, gate_proj)) * linear(h, up_proj), down_proj)
+ * then logits = lm_head(rmsnorm(x, model.norm), lm_head or embed_tokens if tied).
+ *
+ * Every weight is checked here: present, of the shape config.json implies,
+ * of a supported dtype. Messages name the tensor and both shapes.
+ */
+#include "kiln_compiler.h"
+
+#include <stdio.h>
+#include <string.h>
+
+typedef struct importer {
+    const kiln_checkpoint *ck;
+    kiln_graph *g;
+    kiln_dtype weight_dtype; /* KILN_DTYPE_COUNT_ = keep each tensor's dtype */
+    kiln_error *err;
+} importer;
+
+/* Look up tensor `name`, check its shape against the expected dims, and add
+ * it to the graph as a weight. Returns the value id or -1. */
+static int weight(importer *im, const char *name, int ndim, int64_t d0, int64_t d1) {
+    const kiln_st_tensor *t = kiln_checkpoint_find(im->ck, name);
+    int64_t want[2] = {d0, d1};
+    if (!t) {
+        kiln_err(im->err, KILN_ERR_MISSING, "%s: tensor '%s' is missing from the checkpoint", im->ck->dir, name);
+        kiln_err_hint(im->err, "the checkpoint's config.json describes a model whose weights are not all here; "
+                               "check that every shard was downloaded");
+        return -1;
+    }
+    bool ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == want[i];
+    if (!ok) {
+        char got[96] = "", exp[96] = "";
+        size_t k = 0;
+        for (int i = 0; i < t->ndim; i++)
+            k += (size_t)snprintf(got + k, sizeof got - k, "%s%lld", i ? "," : "", (long long)t->shape[i]);
+        k = 0;
+        for (int i = 0; i < ndim; i++)
+            k += (size_t)snprintf(exp + k, sizeof exp - k, "%s%lld", i ? "," : "", (long long)want[i]);
+        kiln_err(im->err, KILN_ERR_SHAPE, "%s: tensor '%s' has shape [%s], expected [%s] from config.json",
+                 im->ck->dir, name, got, exp);
+        return -1;
+    }
+    if (t->dtype != KILN_DTYPE_F32 && t->dtype != KILN_DTYPE_F16 && t->dtype != KILN_DTYPE_BF16) {
+        kiln_err(im->err, KILN_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s; kiln reads F32, F16 and BF16",
+                 im->ck->dir, name, kiln_dtype_name(t->dtype));
+        return -1;
+    }
+    kiln_dtype dt = im->weight_dtype == KILN_DTYPE_COUNT_ ? t->dtype : im->weight_dtype;
+    /* Norm weights are tiny and sensitive: keep them in f32 whatever the target. */
+    if (ndim == 1) dt = KILN_DTYPE_F32;
+    return kiln_ir_weight(im->g, name, dt, ndim, want, t->data, t->dtype, im->err);
+}
+
+static int layer_weight(importer *im, int64_t l, const char *suffix, int ndim, int64_t d0, int64_t d1) {
+    char name[KILN_NAME_MAX];
+    snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)l, suffix);
+    return weight(im, name, ndim, d0, d1);
+}
+
+static kiln_op_attrs rope_attrs(const kiln_model_config *c, int32_t heads) {
+    kiln_op_attrs a = {
+        .n_heads = heads,
+        .n_kv_heads = (int32_t)c->n_kv_heads,
+        .head_dim = (int32_t)c->head_dim,
+        .rope_theta = (float)c->rope_theta,
+    };
+    if (c->rope_type == KILN_ROPE_LLAMA3) {
+        a.rope_scaling = KILN_ROPE_SCALING_LLAMA3;
+        a.rope_factor = (float)c->rope_factor;
+        a.rope_low_freq_factor = (float)c->rope_low_freq_factor;
+        a.rope_high_freq_factor = (float)c->rope_high_freq_factor;
+        a.rope_original_max_pos = (float)c->rope_original_max_pos;
+    }
+    return a;
+}
+
+#define TRY(x)                     \
+    do {                           \
+        if ((x) < 0) goto fail;    \
+    } while (0)
+
+static kiln_status import_with(importer *im, kiln_dtype weight_dtype) {
+    const kiln_model_config *c = &im->ck->config;
+    kiln_graph *g = im->g;
+    kiln_error *err = im->err;
+    im->weight_dtype = weight_dtype;
+    const int64_t H = c->hidden_size, F = c->intermediate_size, V = c->vocab_size, hd = c->head_dim;
+    const int64_t q_out = c->n_heads * hd, kv_out = c->n_kv_heads * hd;
+    const int64_t bs[2] = {KILN_DIM_BATCH, KILN_DIM_SEQ};
+
+    TRY(g->tokens = kiln_ir_input(g, "tokens", KILN_DTYPE_I32, 2, bs, err));
+    TRY(g->positions = kiln_ir_input(g, "positions", KILN_DTYPE_I32, 2, bs, err));
+    int emb_w, x, h, w1, w2, w3;
+    TRY(emb_w = weight(im, "model.embed_tokens.weight", 2, V, H));
+    TRY(x = kiln_ir_op1(g, KILN_OP_EMBEDDING, (int[]){g->tokens, emb_w}, 2, NULL, "embed", err));
+
+    char label[64];
+    for (int64_t l = 0; l < c->n_layers; l++) {
+        kiln_op_attrs norm = {.eps = (float)c->rms_norm_eps};
+        kiln_op_attrs rq = rope_attrs(c, (int32_t)c->n_heads), rk = rope_attrs(c, (int32_t)c->n_kv_heads);
+        kiln_op_attrs att = rope_attrs(c, (int32_t)c->n_heads);
+        att.layer = (int32_t)l;
+        att.window = (int32_t)c->sliding_window;
+
+        snprintf(label, sizeof label, "l%lld.attn_norm", (long long)l);
+        TRY(w1 = layer_weight(im, l, "input_layernorm.weight", 1, H, 0));
+        TRY(h = kiln_ir_op1(g, KILN_OP_RMSNORM, (int[]){x, w1}, 2, &norm, label, err));
+
+        int q, k, v, a, o;
+        TRY(w1 = layer_weight(im, l, "self_attn.q_proj.weight", 2, q_out, H));
+        TRY(w2 = layer_weight(im, l, "self_attn.k_proj.weight", 2, kv_out, H));
+        TRY(w3 = layer_weight(im, l, "self_attn.v_proj.weight", 2, kv_out, H));
+        snprintf(label, sizeof label, "l%lld.q", (long long)l);
+        TRY(q = kiln_ir_op1(g, KILN_OP_LINEAR, (int[]){h, w1}, 2, NULL, label, err));
+        snprintf(label, sizeof label, "l%lld.k", (long long)l);
+        TRY(k = kiln_ir_op1(g, KILN_OP_LINEAR, (int[]){h, w2}, 2, NULL, label, err));
+        snprintf(label, sizeof label, "l%lld.v", (long long)l);
+        TRY(v = kiln_ir_op1(g, KILN_OP_LINEAR, (int[]){h, w3}, 2, NULL, label, err));
+        snprintf(label, sizeof label, "l%lld.q_rope", (long long)l);
+        TRY(q = kiln_ir_op1(g, KILN_OP_ROPE, (int[]){q, g->positions}, 2, &rq, label, err));
+        snprintf(label, sizeof label, "l%lld.k_rope", (long long)l);
+        TRY(k = kiln_ir_op1(g, KILN_OP_ROPE, (int[]){k, g->positions}, 2, &rk, label, err));
+        snprintf(label, sizeof label, "l%lld.attn", (long long)l);
+        TRY(a = kiln_ir_op1(g, KILN_OP_ATTENTION, (int[]){q, k, v, g->positions}, 4, &att, label, err));
+        TRY(w1 = layer_weight(im, l, "self_attn.o_proj.weight", 2, H, q_out));
+        snprintf(label, sizeof label, "l%lld.attn_out", (long long)l);
+        TRY(o = kiln_ir_op1(g, KILN_OP_LINEAR, (int[]){a, w1}, 2, NULL, label, err));
+        snprintf(label, sizeof label, "l%lld.resid1", (long long)l);
+        TRY(x = kiln_ir_op1(g, KILN_OP_ADD, (int[]){x, o}, 2, NULL, label, err));
+
+        snprintf(label, sizeof label, "l%lld.mlp_norm", (long long)l);
+        TRY(w1 = layer_weight(im, l, "post_attention_layernorm.weight", 1, H, 0));
+        TRY(h = kiln_ir_op1(g, KILN_OP_RMSNORM, (int[]){x, w1}, 2, &norm, label, err));
+        int gt, up, m;
+        TRY(w1 = layer_weight(im, l, "mlp.gate_proj.weight", 2, F, H));
+        TRY(w2 = layer_weight(im, l, "mlp.up_proj.weight", 2, F, H));
+        TRY(w3 = layer_weight(im, l, "mlp.down_proj.weight", 2, H, F));
+        snprintf(label, sizeof label, "l%lld.gate", (long long)l);
+        TRY(gt = kiln_ir_op1(g, KILN_OP_LINEAR, (int[]){h, w1}, 2, NULL, label, err));
+        snprintf(label, sizeof label, "l%lld.up", (long long)l);
+        TRY(up = kiln_ir_op1(g, KILN_OP_LINEAR, (int[]){h, w2}, 2, NULL, label, err));
+        snprintf(label, sizeof label, "l%lld.silu", (long long)l);
+        TRY(gt = kiln_ir_op1(g, KILN_OP_SILU, (int[]){gt}, 1, NULL, label, err));
+        snprintf(label, sizeof label, "l%lld.swiglu", (long long)l);
+        TRY(m = kiln_ir_op1(g, KILN_OP_MUL, (int[]){gt, up}, 2, NULL, label, err));
+        snprintf(label, sizeof label, "l%lld.mlp_out", (long long)l);
+        TRY(o = kiln_ir_op1(g, KILN_OP_LINEAR, (int[]){m, w3}, 2, NULL, label, err));
+        snprintf(label, sizeof label, "l%lld.resid2", (long long)l);
+        TRY(x = kiln_ir_op1(g, KILN_OP_ADD, (int[]){x, o}, 2, NULL, label, err));
+    }
+    kiln_op_attrs norm = {.eps = (float)c->rms_norm_eps};
+    TRY(w1 = weight(im, "model.norm.weight", 1, H, 0));
+    TRY(h = kiln_ir_op1(g, KILN_OP_RMSNORM, (int[]){x, w1}, 2, &norm, "final_norm", err));
+    int head = emb_w;
+    if (!c->tie_word_embeddings) TRY(head = weight(im, "lm_head.weight", 2, V, H));
+    TRY(g->logits = kiln_ir_op1(g, KILN_OP_LM_HEAD, (int[]){h, head}, 2, NULL, "logits", err));
+
+    g->info = (kiln_graph_info){
+        .n_layers = (int32_t)c->n_layers,
+        .n_kv_heads = (int32_t)c->n_kv_heads,
+        .head_dim = (int32_t)c->head_dim,
+        .hidden_size = (int32_t)c->hidden_size,
+        .vocab_size = (int32_t)c->vocab_size,
+        .max_context = (int32_t)c->max_position_embeddings,
+    };
+    return kiln_ir_verify(g, err);
+fail:
+    return err ? err->code : KILN_ERR_INTERNAL;
+}
+
+kiln_status kiln_import_dtype(const kiln_checkpoint *ck, kiln_dtype weight_dtype, kiln_graph **out, kiln_error *err) {
+    *out = NULL;
+    kiln_graph *g = kiln_graph_new();
+    if (!g) return kiln_err(err, KILN_ERR_NOMEM, "out of memory creating the graph");
+    importer im = {.ck = ck, .g = g, .err = err};
+    kiln_status st = import_with(&im, weight_dtype);
+    if (st != KILN_OK) {
+        kiln_graph_free(g);
+        return st;
+    }
+    *out = g;
+    return KILN_OK;
+}
+
+kiln_status kiln_import(const kiln_checkpoint *ck, kiln_graph **out, kiln_error *err) {
+    return kiln_import_dtype(ck, KILN_DTYPE_COUNT_, out, err);
+}

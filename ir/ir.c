@@ -1,0 +1,212 @@
+/*
+ * ir.c — graph storage, builder with shape inference, and the rewrite
+ * helpers passes use (use counts, replace uses, dead-code removal).
+ *
+ * Shape inference lives in one place (kiln_ir_infer); the builder calls it
+ * to make output values and the verifier calls it again to check every op.
+ */
+#include "kiln_ir.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+kiln_graph *kiln_graph_new(void) {
+    kiln_graph *g = calloc(1, sizeof *g);
+    if (!g) return NULL;
+    g->tokens = g->positions = g->logits = -1;
+    return g;
+}
+
+void kiln_graph_free(kiln_graph *g) {
+    if (!g) return;
+    free(g->values);
+    free(g->ops);
+    free(g);
+}
+
+static int add_value(kiln_graph *g, const kiln_value *v, kiln_error *err) {
+    if (g->n_values == g->cap_values) {
+        int cap = g->cap_values ? g->cap_values * 2 : 64;
+        kiln_value *nv = realloc(g->values, (size_t)cap * sizeof *nv);
+        if (!nv) {
+            kiln_err(err, KILN_ERR_NOMEM, "IR: out of memory adding value '%s'", v->name);
+            return -1;
+        }
+        g->values = nv;
+        g->cap_values = cap;
+    }
+    g->values[g->n_values] = *v;
+    return g->n_values++;
+}
+
+static void set_name(kiln_value *v, const char *name) {
+    snprintf(v->name, sizeof v->name, "%s", name ? name : "");
+}
+
+int kiln_ir_input(kiln_graph *g, const char *name, kiln_dtype dt, int ndim, const int64_t *shape, kiln_error *err) {
+    kiln_value v = {.kind = KILN_VALUE_INPUT, .dtype = dt, .ndim = ndim, .producer = -1, .slot = -1};
+    memcpy(v.shape, shape, (size_t)ndim * sizeof *shape);
+    set_name(&v, name);
+    return add_value(g, &v, err);
+}
+
+int kiln_ir_weight(kiln_graph *g, const char *name, kiln_dtype dt, int ndim, const int64_t *shape,
+                   const void *src, kiln_dtype src_dt, kiln_error *err) {
+    kiln_value v = {.kind = KILN_VALUE_WEIGHT, .dtype = dt, .ndim = ndim, .producer = -1, .slot = -1,
+                    .src = src, .src_dtype = src_dt};
+    memcpy(v.shape, shape, (size_t)ndim * sizeof *shape);
+    set_name(&v, name);
+    return add_value(g, &v, err);
+}
+
+/* ---- shape inference: see common/op_infer.c ---- */
+
+kiln_status kiln_ir_infer(const kiln_graph *g, kiln_op_kind kind, const int *in, int n_in,
+                          const kiln_op_attrs *a, kiln_value *outs, kiln_error *err) {
+    kiln_tensor_desc d[KILN_MAX_OP_IN], o[KILN_MAX_OP_OUT];
+    if (n_in < 0 || n_in > KILN_MAX_OP_IN)
+        return kiln_err(err, KILN_ERR_VERIFY, "%s: %d inputs", kiln_op_name(kind), n_in);
+    for (int i = 0; i < n_in; i++) {
+        if (in[i] < 0 || in[i] >= g->n_values)
+            return kiln_err(err, KILN_ERR_VERIFY, "%s: input %d is not a value (%d)", kiln_op_name(kind), i, in[i]);
+        const kiln_value *v = &g->values[in[i]];
+        if (v->dead) return kiln_err(err, KILN_ERR_VERIFY, "%s: input %%%d is dead", kiln_op_name(kind), in[i]);
+        d[i] = (kiln_tensor_desc){.id = in[i], .is_weight = v->kind == KILN_VALUE_WEIGHT, .dtype = v->dtype,
+                                  .ndim = v->ndim, .name = v->name};
+        memcpy(d[i].shape, v->shape, sizeof v->shape);
+    }
+    kiln_status st = kiln_op_infer(kind, d, n_in, a, o, err);
+    if (st != KILN_OK) return st;
+    for (int i = 0; i < kiln_op_n_out(kind); i++) {
+        memset(&outs[i], 0, sizeof outs[i]);
+        outs[i].kind = KILN_VALUE_ACT;
+        outs[i].dtype = o[i].dtype;
+        outs[i].ndim = o[i].ndim;
+        memcpy(outs[i].shape, o[i].shape, sizeof outs[i].shape);
+        outs[i].producer = -1;
+        outs[i].slot = -1;
+    }
+    return KILN_OK;
+}
+
+int kiln_ir_op_at(kiln_graph *g, int at, kiln_op_kind kind, const int *in, int n_in, const kiln_op_attrs *attrs,
+                  const char *label, int *out_ids, kiln_error *err) {
+    kiln_op_attrs none = {0};
+    if (!attrs) attrs = &none;
+    kiln_value outs[KILN_MAX_OP_OUT];
+    if (n_in > KILN_MAX_OP_IN || kiln_ir_infer(g, kind, in, n_in, attrs, outs, err) != KILN_OK) {
+        if (n_in > KILN_MAX_OP_IN) kiln_err(err, KILN_ERR_VERIFY, "%s: too many inputs", kiln_op_name(kind));
+        return -1;
+    }
+    if (g->n_ops == g->cap_ops) {
+        int cap = g->cap_ops ? g->cap_ops * 2 : 64;
+        kiln_op *no = realloc(g->ops, (size_t)cap * sizeof *no);
+        if (!no) {
+            kiln_err(err, KILN_ERR_NOMEM, "IR: out of memory adding op %s", kiln_op_name(kind));
+            return -1;
+        }
+        g->ops = no;
+        g->cap_ops = cap;
+    }
+    if (at < 0 || at > g->n_ops) at = g->n_ops;
+    kiln_op op = {.kind = kind, .n_in = n_in, .n_out = kiln_op_n_out(kind), .attrs = *attrs};
+    memcpy(op.in, in, (size_t)n_in * sizeof *in);
+    for (int i = 0; i < op.n_out; i++) {
+        if (label) {
+            if (op.n_out == 1)
+                set_name(&outs[i], label);
+            else
+                snprintf(outs[i].name, sizeof outs[i].name, "%s.%d", label, i);
+        }
+        int id = add_value(g, &outs[i], err);
+        if (id < 0) return -1;
+        op.out[i] = id;
+        if (out_ids) out_ids[i] = id;
+    }
+    memmove(&g->ops[at + 1], &g->ops[at], (size_t)(g->n_ops - at) * sizeof *g->ops);
+    g->ops[at] = op;
+    g->n_ops++;
+    kiln_ir_reindex(g);
+    return at;
+}
+
+int kiln_ir_op(kiln_graph *g, kiln_op_kind kind, const int *in, int n_in, const kiln_op_attrs *attrs,
+               const char *label, int *out_ids, kiln_error *err) {
+    return kiln_ir_op_at(g, -1, kind, in, n_in, attrs, label, out_ids, err);
+}
+
+int kiln_ir_op1(kiln_graph *g, kiln_op_kind kind, const int *in, int n_in, const kiln_op_attrs *attrs,
+                const char *label, kiln_error *err) {
+    int outs[KILN_MAX_OP_OUT];
+    if (kiln_ir_op(g, kind, in, n_in, attrs, label, outs, err) < 0) return -1;
+    return outs[0];
+}
+
+/* ---- queries and rewrites ---- */
+
+int kiln_ir_use_count(const kiln_graph *g, int v) {
+    int n = g->logits == v;
+    for (int i = 0; i < g->n_ops; i++) {
+        const kiln_op *op = &g->ops[i];
+        if (op->dead) continue;
+        for (int j = 0; j < op->n_in; j++) n += op->in[j] == v;
+    }
+    return n;
+}
+
+void kiln_ir_replace_uses(kiln_graph *g, int from, int to) {
+    if (g->logits == from) g->logits = to;
+    for (int i = 0; i < g->n_ops; i++) {
+        kiln_op *op = &g->ops[i];
+        if (op->dead) continue;
+        for (int j = 0; j < op->n_in; j++)
+            if (op->in[j] == from) op->in[j] = to;
+    }
+}
+
+void kiln_ir_reindex(kiln_graph *g) {
+    for (int v = 0; v < g->n_values; v++)
+        if (g->values[v].kind == KILN_VALUE_ACT) g->values[v].producer = -1;
+    for (int i = 0; i < g->n_ops; i++)
+        for (int j = 0; j < g->ops[i].n_out; j++) g->values[g->ops[i].out[j]].producer = i;
+}
+
+int kiln_ir_dce(kiln_graph *g) {
+    /* Walk backwards: an op is live when any output is used by a live op or is the graph output. */
+    int *uses = calloc((size_t)g->n_values, sizeof *uses);
+    if (!uses) return 0; /* nothing removed is still a valid graph */
+    if (g->logits >= 0) uses[g->logits]++;
+    int removed = 0;
+    for (int i = g->n_ops - 1; i >= 0; i--) {
+        kiln_op *op = &g->ops[i];
+        bool live = false;
+        for (int j = 0; j < op->n_out && !op->dead; j++) live |= uses[op->out[j]] > 0;
+        if (!live) {
+            op->dead = true;
+            continue;
+        }
+        for (int j = 0; j < op->n_in; j++) uses[op->in[j]]++;
+    }
+    /* Compact the op list and mark unreferenced values dead. */
+    int k = 0;
+    for (int i = 0; i < g->n_ops; i++) {
+        if (g->ops[i].dead) {
+            for (int j = 0; j < g->ops[i].n_out; j++) g->values[g->ops[i].out[j]].dead = true;
+            removed++;
+            continue;
+        }
+        g->ops[k++] = g->ops[i];
+    }
+    g->n_ops = k;
+    for (int v = 0; v < g->n_values; v++)
+        if (g->values[v].kind == KILN_VALUE_WEIGHT && uses[v] == 0) g->values[v].dead = true;
+    free(uses);
+    kiln_ir_reindex(g);
+    return removed;
+}
+
+int kiln_ir_count_ops(const kiln_graph *g, kiln_op_kind kind) {
+    int n = 0;
+    for (int i = 0; i < g->n_ops; i++) n += !g->ops[i].dead && g->ops[i].kind == kind;
+    return n;
+}

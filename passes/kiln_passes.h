@@ -1,0 +1,42 @@
+/*
+ * kiln_passes.h — rewrites on the IR. Each pass takes a verified graph and
+ * leaves a verified graph; the pipeline runs the verifier after every pass.
+ *
+ * The pipeline is one flat, named list (pipeline.c). `kiln compile --passes`
+ * selects a subset by name, which is how tests check that each pass keeps
+ * the numbers the CPU executor produces.
+ */
+#ifndef KILN_PASSES_H
+#define KILN_PASSES_H
+
+#include <stdio.h>
+
+#include "../ir/kiln_ir.h"
+
+/* A pass returns the number of rewrites it made (>= 0), or -1 with err set. */
+typedef int (*kiln_pass_fn)(kiln_graph *g, kiln_error *err);
+
+typedef struct kiln_pass {
+    const char *name;
+    const char *contract; /* one line: what it does */
+    kiln_pass_fn run;
+} kiln_pass;
+
+int kiln_pass_fuse_add_rmsnorm(kiln_graph *g, kiln_error *err);
+int kiln_pass_fuse_qkv_rope(kiln_graph *g, kiln_error *err);
+int kiln_pass_fuse_gate_up_swiglu(kiln_graph *g, kiln_error *err);
+int kiln_pass_dce(kiln_graph *g, kiln_error *err);
+int kiln_pass_plan_memory(kiln_graph *g, kiln_error *err);
+
+/* The default pipeline, in order. */
+const kiln_pass *kiln_passes_default(int *n);
+/* Look a pass up by name; NULL when unknown. */
+const kiln_pass *kiln_pass_find(const char *name);
+
+/* Run the passes named in `list` (comma-separated; NULL = the default
+ * pipeline, "" or "none" = none) and then memory planning, which every plan
+ * needs. The verifier runs after each pass. When `dump` is non-NULL the graph
+ * is printed before the first pass and after each one. */
+kiln_status kiln_passes_run(kiln_graph *g, const char *list, FILE *dump, kiln_error *err);
+
+#endif /* KILN_PASSES_H */

@@ -1,0 +1,72 @@
+/*
+ * pipeline.c — the pass pipeline: one flat list, run in order, verifier
+ * after each pass.
+ */
+#include "kiln_passes.h"
+
+#include <string.h>
+
+static const kiln_pass pipeline[] = {
+    {"fuse-add-rmsnorm", "residual add followed by RMSNorm → add_rmsnorm (both results)", kiln_pass_fuse_add_rmsnorm},
+    {"fuse-qkv-rope", "q/k/v projections of one input + RoPE on q and k → qkv_rope", kiln_pass_fuse_qkv_rope},
+    {"fuse-gate-up-swiglu", "silu(gate(x)) * up(x) → gate_up_swiglu", kiln_pass_fuse_gate_up_swiglu},
+    {"dce", "drop ops and weights nothing uses", kiln_pass_dce},
+};
+
+static const kiln_pass memory_pass = {"plan-memory", "assign activation buffers by lifetime", kiln_pass_plan_memory};
+
+const kiln_pass *kiln_passes_default(int *n) {
+    *n = (int)(sizeof pipeline / sizeof pipeline[0]);
+    return pipeline;
+}
+
+const kiln_pass *kiln_pass_find(const char *name) {
+    for (size_t i = 0; i < sizeof pipeline / sizeof pipeline[0]; i++)
+        if (strcmp(pipeline[i].name, name) == 0) return &pipeline[i];
+    return NULL;
+}
+
+static kiln_status run_one(kiln_graph *g, const kiln_pass *p, FILE *dump, kiln_error *err) {
+    int n = p->run(g, err);
+    if (n < 0) return kiln_err_prefix(err, "pass %s: ", p->name);
+    kiln_status st = kiln_ir_verify(g, err);
+    if (st != KILN_OK) return kiln_err_prefix(err, "after pass %s: ", p->name);
+    if (dump) {
+        fprintf(dump, "\n;; after %s (%d rewrites)\n", p->name, n);
+        kiln_ir_print(g, dump);
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_passes_run(kiln_graph *g, const char *list, FILE *dump, kiln_error *err) {
+    kiln_status st = kiln_ir_verify(g, err);
+    if (st != KILN_OK) return kiln_err_prefix(err, "imported graph: ");
+    if (dump) {
+        fprintf(dump, ";; imported\n");
+        kiln_ir_print(g, dump);
+    }
+    if (!list) {
+        for (size_t i = 0; i < sizeof pipeline / sizeof pipeline[0]; i++)
+            if ((st = run_one(g, &pipeline[i], dump, err)) != KILN_OK) return st;
+    } else if (strcmp(list, "") != 0 && strcmp(list, "none") != 0) {
+        char buf[512];
+        snprintf(buf, sizeof buf, "%s", list);
+        char *save = NULL;
+        for (char *name = strtok_r(buf, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+            const kiln_pass *p = kiln_pass_find(name);
+            if (!p) {
+                kiln_err(err, KILN_ERR_INVALID_ARG, "unknown pass '%s'", name);
+                int n;
+                const kiln_pass *all = kiln_passes_default(&n);
+                char names[256] = "";
+                for (int i = 0; i < n; i++) {
+                    strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
+                    strncat(names, all[i].name, sizeof names - strlen(names) - 1);
+                }
+                return kiln_err_hint(err, "passes are: %s", names);
+            }
+            if ((st = run_one(g, p, dump, err)) != KILN_OK) return st;
+        }
+    }
+    return run_one(g, &memory_pass, dump, err);
+}

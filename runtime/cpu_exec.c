@@ -1,0 +1,343 @@
+/*
+ * cpu_exec.c — the CPU reference executor: runs a plan in f32, one sequence
+ * at a time, with a KV cache. It is the oracle GPU kernels are tested
+ * against, so it favours plain, checkable loops over speed: each op below is
+ * the textbook formula, written once, with HuggingFace's conventions
+ * (rotate_half RoPE pairing i with i + head_dim/2; RMSNorm as
+ * w * x / sqrt(mean(x^2) + eps); causal attention where a sliding window W
+ * lets position p see keys p-W+1 .. p).
+ *
+ * Memory: one buffer per plan slot, max_step_tokens × slot width floats;
+ * KV cache per layer: max_context × n_kv_heads × head_dim floats for K and V.
+ * The plan was fully checked at load (runtime/plan.c), so shapes and indices
+ * are trusted here; token ids and lengths are not.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kiln_rt.h"
+
+struct kiln_cpu_ctx {
+    const kiln_model *m;
+    const kiln_plan *p;
+    int max_context, max_step, threads;
+    int pos;          /* tokens in the cache */
+    float **slots;    /* per slot: max_step × width */
+    float *kcache;    /* [layers][max_context][kv_width] */
+    float *vcache;
+    size_t kv_width;  /* n_kv_heads × head_dim */
+    int32_t *positions; /* max_step */
+};
+
+/* ---- context ---- */
+
+kiln_status kiln_cpu_ctx_new(const kiln_model *m, int max_context, int max_step_tokens, int threads,
+                             kiln_cpu_ctx **out, kiln_error *err) {
+    *out = NULL;
+    const kiln_plan *p = m->plan;
+    if (max_context <= 0 || max_context > p->max_context) max_context = p->max_context;
+    if (max_step_tokens <= 0 || max_step_tokens > max_context) max_step_tokens = max_context;
+    if (threads <= 0) threads = 1;
+    kiln_cpu_ctx *c = calloc(1, sizeof *c);
+    if (!c) return kiln_err(err, KILN_ERR_NOMEM, "out of memory creating the CPU context");
+    c->m = m;
+    c->p = p;
+    c->max_context = max_context;
+    c->max_step = max_step_tokens;
+    c->threads = threads;
+    c->kv_width = (size_t)p->n_kv_heads * (size_t)p->head_dim;
+    size_t kv = (size_t)p->n_layers * (size_t)max_context * c->kv_width;
+    c->kcache = malloc(kv * sizeof(float));
+    c->vcache = malloc(kv * sizeof(float));
+    c->slots = calloc(p->n_slots ? p->n_slots : 1, sizeof *c->slots);
+    c->positions = malloc((size_t)max_step_tokens * sizeof *c->positions);
+    if (!c->kcache || !c->vcache || !c->slots || !c->positions) goto nomem;
+    for (uint32_t s = 0; s < p->n_slots; s++) {
+        c->slots[s] = malloc((size_t)max_step_tokens * p->slots[s].width * sizeof(float));
+        if (!c->slots[s]) goto nomem;
+    }
+    *out = c;
+    return KILN_OK;
+nomem:
+    kiln_cpu_ctx_free(c);
+    return kiln_err(err, KILN_ERR_NOMEM, "out of memory for a %d-token context (KV cache %zu MB)", max_context,
+                    kv * 2 * sizeof(float) >> 20);
+}
+
+void kiln_cpu_ctx_free(kiln_cpu_ctx *c) {
+    if (!c) return;
+    if (c->slots)
+        for (uint32_t s = 0; s < c->p->n_slots; s++) free(c->slots[s]);
+    free(c->slots);
+    free(c->kcache);
+    free(c->vcache);
+    free(c->positions);
+    free(c);
+}
+
+int kiln_cpu_ctx_pos(const kiln_cpu_ctx *c) { return c->pos; }
+int kiln_cpu_ctx_max_context(const kiln_cpu_ctx *c) { return c->max_context; }
+int kiln_cpu_ctx_max_step(const kiln_cpu_ctx *c) { return c->max_step; }
+const kiln_model *kiln_cpu_ctx_model(const kiln_cpu_ctx *c) { return c->m; }
+void kiln_cpu_ctx_reset(kiln_cpu_ctx *c) { c->pos = 0; }
+
+/* ---- kernels ---- */
+
+static float dot(const float *a, const float *b, int64_t n) {
+    float acc[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) acc[k] += a[i + k] * b[i + k];
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+typedef struct matmul_job {
+    const float *x;    /* [rows, k] */
+    const float *w;    /* [n, k] */
+    float *y;          /* [rows, n] */
+    int64_t rows, k, n, n0, n1;
+} matmul_job;
+
+static void *matmul_range(void *arg) {
+    matmul_job *j = arg;
+    for (int64_t o = j->n0; o < j->n1; o++) {
+        const float *wr = j->w + o * j->k;
+        for (int64_t t = 0; t < j->rows; t++) j->y[t * j->n + o] = dot(j->x + t * j->k, wr, j->k);
+    }
+    return NULL;
+}
+
+/* y[rows, n] = x[rows, k] · w[n, k]^T, split over output columns across threads. */
+static void matmul(const kiln_cpu_ctx *c, const float *x, const float *w, float *y, int64_t rows, int64_t k,
+                   int64_t n) {
+    int threads = c->threads;
+    if ((double)rows * (double)k * (double)n < 2e6) threads = 1;
+    if (threads > 16) threads = 16;
+    matmul_job jobs[16];
+    pthread_t tid[16];
+    int started = 0;
+    for (int t = 0; t < threads; t++) {
+        jobs[t] = (matmul_job){x, w, y, rows, k, n, n * t / threads, n * (t + 1) / threads};
+        if (t > 0 && pthread_create(&tid[t], NULL, matmul_range, &jobs[t]) == 0) {
+            started |= 1 << t;
+            continue;
+        }
+        if (t > 0) matmul_range(&jobs[t]); /* could not start a thread: do it here */
+    }
+    matmul_range(&jobs[0]);
+    for (int t = 1; t < threads; t++)
+        if (started & (1 << t)) pthread_join(tid[t], NULL);
+}
+
+static void rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) {
+    for (int64_t t = 0; t < rows; t++) {
+        const float *xr = x + t * n;
+        double ss = 0;
+        for (int64_t i = 0; i < n; i++) ss += (double)xr[i] * xr[i];
+        float inv = 1.0f / sqrtf((float)(ss / (double)n) + eps);
+        for (int64_t i = 0; i < n; i++) y[t * n + i] = w[i] * (xr[i] * inv);
+    }
+}
+
+static float silu(float v) { return v / (1.0f + expf(-v)); }
+
+/* Inverse frequencies as HuggingFace computes them in f32, with llama3 scaling. */
+static void rope_inv_freq(const kiln_op_attrs *a, float *inv) {
+    int half = a->head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        float e = (float)(2 * i) / (float)a->head_dim;
+        inv[i] = 1.0f / powf(a->rope_theta, e);
+    }
+    if (a->rope_scaling != KILN_ROPE_SCALING_LLAMA3) return;
+    const float pi = 3.14159265358979323846f;
+    float old_len = a->rope_original_max_pos, factor = a->rope_factor;
+    float lo = a->rope_low_freq_factor, hi = a->rope_high_freq_factor;
+    float low_wavelen = old_len / lo, high_wavelen = old_len / hi;
+    for (int i = 0; i < half; i++) {
+        float wavelen = 2 * pi / inv[i];
+        float f = wavelen > low_wavelen ? inv[i] / factor : inv[i];
+        if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
+            float smooth = (old_len / wavelen - lo) / (hi - lo);
+            f = (1 - smooth) * f / factor + smooth * f;
+        }
+        inv[i] = f;
+    }
+}
+
+/* Rotate each head of x[rows, heads*hd] in place by its token's position. */
+static void rope(float *x, const int32_t *pos, int64_t rows, int heads, int hd, const float *inv) {
+    int half = hd / 2;
+    for (int64_t t = 0; t < rows; t++)
+        for (int h = 0; h < heads; h++) {
+            float *v = x + (t * heads + h) * hd;
+            for (int i = 0; i < half; i++) {
+                float ang = (float)pos[t] * inv[i];
+                float cs = (float)cos((double)ang), sn = (float)sin((double)ang);
+                float x1 = v[i], x2 = v[i + half];
+                v[i] = x1 * cs - x2 * sn;
+                v[i + half] = x2 * cs + x1 * sn;
+            }
+        }
+}
+
+/* Append k, v of the new tokens to the layer's cache, then attend. */
+static void attention(kiln_cpu_ctx *c, const kiln_op_attrs *a, const float *q, const float *k, const float *v,
+                      float *out, int64_t rows) {
+    const int hd = a->head_dim, nh = a->n_heads, nkv = a->n_kv_heads, group = nh / nkv;
+    const size_t kvw = c->kv_width;
+    float *kc = c->kcache + (size_t)a->layer * (size_t)c->max_context * kvw;
+    float *vc = c->vcache + (size_t)a->layer * (size_t)c->max_context * kvw;
+    for (int64_t t = 0; t < rows; t++) {
+        memcpy(kc + (size_t)c->positions[t] * kvw, k + t * (int64_t)kvw, kvw * sizeof(float));
+        memcpy(vc + (size_t)c->positions[t] * kvw, v + t * (int64_t)kvw, kvw * sizeof(float));
+    }
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *scores = malloc((size_t)c->max_context * sizeof *scores);
+    if (!scores) return; /* cannot happen on a sane host; leaves zeros */
+    for (int64_t t = 0; t < rows; t++) {
+        int p = c->positions[t];
+        int start = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
+        for (int h = 0; h < nh; h++) {
+            const float *qh = q + (t * nh + h) * hd;
+            int kvh = h / group;
+            float mx = -INFINITY;
+            for (int j = start; j <= p; j++) {
+                scores[j] = dot(qh, kc + (size_t)j * kvw + (size_t)kvh * hd, hd) * scale;
+                if (scores[j] > mx) mx = scores[j];
+            }
+            double sum = 0;
+            for (int j = start; j <= p; j++) {
+                scores[j] = expf(scores[j] - mx);
+                sum += scores[j];
+            }
+            float *oh = out + (t * nh + h) * hd;
+            for (int i = 0; i < hd; i++) oh[i] = 0;
+            for (int j = start; j <= p; j++) {
+                float wgt = (float)(scores[j] / sum);
+                const float *vr = vc + (size_t)j * kvw + (size_t)kvh * hd;
+                for (int i = 0; i < hd; i++) oh[i] += wgt * vr[i];
+            }
+        }
+    }
+    free(scores);
+}
+
+/* ---- the interpreter ---- */
+
+static float *act(const kiln_cpu_ctx *c, int32_t v) { return c->slots[c->p->values[v].slot]; }
+static const float *wt(const kiln_cpu_ctx *c, int32_t v) { return c->m->wf32[c->p->values[v].weight]; }
+static int64_t width(const kiln_cpu_ctx *c, int32_t v) { return c->p->values[v].shape[2]; }
+static int64_t wrows(const kiln_cpu_ctx *c, int32_t v) { return c->p->values[v].shape[0]; }
+
+kiln_status kiln_cpu_forward(kiln_cpu_ctx *c, const int32_t *tokens, int n, bool all_logits, float *logits,
+                             kiln_error *err) {
+    const kiln_plan *p = c->p;
+    if (n <= 0 || n > c->max_step)
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "forward: %d tokens in one step (1..%d allowed)", n, c->max_step);
+    if (c->pos + n > c->max_context)
+        return kiln_err(err, KILN_ERR_CONTEXT, "forward: %d + %d tokens exceed the %d-token context", c->pos, n,
+                        c->max_context);
+    for (int t = 0; t < n; t++) {
+        if (tokens[t] < 0 || tokens[t] >= p->vocab_size)
+            return kiln_err(err, KILN_ERR_INVALID_ARG, "token id %d at index %d is outside the vocabulary (0..%d)",
+                            tokens[t], t, p->vocab_size - 1);
+        c->positions[t] = c->pos + t;
+    }
+    float inv[2048];
+    for (uint32_t i = 0; i < p->n_ops; i++) {
+        const kiln_plan_op *op = &p->ops[i];
+        const kiln_op_attrs *a = &op->attrs;
+        const int32_t *in = op->in, *o = op->out;
+        switch ((kiln_op_kind)op->kind) {
+        case KILN_OP_EMBEDDING: {
+            int64_t h = width(c, o[0]);
+            const float *table = wt(c, in[1]);
+            for (int t = 0; t < n; t++)
+                memcpy(act(c, o[0]) + t * h, table + (int64_t)tokens[t] * h, (size_t)h * sizeof(float));
+            break;
+        }
+        case KILN_OP_RMSNORM: rmsnorm(act(c, in[0]), wt(c, in[1]), act(c, o[0]), n, width(c, o[0]), a->eps); break;
+        case KILN_OP_ADD:
+        case KILN_OP_MUL: {
+            const float *x = act(c, in[0]), *y = act(c, in[1]);
+            float *z = act(c, o[0]);
+            int64_t m = n * width(c, o[0]);
+            if (op->kind == KILN_OP_ADD)
+                for (int64_t k = 0; k < m; k++) z[k] = x[k] + y[k];
+            else
+                for (int64_t k = 0; k < m; k++) z[k] = x[k] * y[k];
+            break;
+        }
+        case KILN_OP_SILU: {
+            const float *x = act(c, in[0]);
+            float *z = act(c, o[0]);
+            for (int64_t k = 0; k < n * width(c, o[0]); k++) z[k] = silu(x[k]);
+            break;
+        }
+        case KILN_OP_LINEAR:
+            matmul(c, act(c, in[0]), wt(c, in[1]), act(c, o[0]), n, width(c, in[0]), width(c, o[0]));
+            break;
+        case KILN_OP_LM_HEAD: {
+            /* only the rows the caller wants */
+            int64_t k = width(c, in[0]), v = width(c, o[0]);
+            int first = all_logits ? 0 : n - 1;
+            matmul(c, act(c, in[0]) + first * k, wt(c, in[1]), act(c, o[0]) + first * v, n - first, k, v);
+            break;
+        }
+        case KILN_OP_ROPE: {
+            float *x = act(c, o[0]);
+            memcpy(x, act(c, in[0]), (size_t)(n * width(c, o[0])) * sizeof(float));
+            rope_inv_freq(a, inv);
+            rope(x, c->positions, n, a->n_heads, a->head_dim, inv);
+            break;
+        }
+        case KILN_OP_ATTENTION:
+            attention(c, a, act(c, in[0]), act(c, in[1]), act(c, in[2]), act(c, o[0]), n);
+            break;
+        case KILN_OP_ADD_RMSNORM: {
+            const float *x = act(c, in[0]), *r = act(c, in[1]);
+            float *s = act(c, o[0]);
+            int64_t h = width(c, o[0]);
+            for (int64_t k = 0; k < n * h; k++) s[k] = x[k] + r[k];
+            rmsnorm(s, wt(c, in[2]), act(c, o[1]), n, h, a->eps);
+            break;
+        }
+        case KILN_OP_QKV_ROPE: {
+            int64_t k = width(c, in[0]);
+            const float *x = act(c, in[0]);
+            matmul(c, x, wt(c, in[1]), act(c, o[0]), n, k, wrows(c, in[1]));
+            matmul(c, x, wt(c, in[2]), act(c, o[1]), n, k, wrows(c, in[2]));
+            matmul(c, x, wt(c, in[3]), act(c, o[2]), n, k, wrows(c, in[3]));
+            rope_inv_freq(a, inv);
+            rope(act(c, o[0]), c->positions, n, a->n_heads, a->head_dim, inv);
+            rope(act(c, o[1]), c->positions, n, a->n_kv_heads, a->head_dim, inv);
+            break;
+        }
+        case KILN_OP_GATE_UP_SWIGLU: {
+            /* gate into the output, up into a scratch row block, then combine */
+            int64_t k = width(c, in[0]), f = width(c, o[0]);
+            float *g = act(c, o[0]);
+            float *u = malloc((size_t)(n * f) * sizeof *u);
+            if (!u) return kiln_err(err, KILN_ERR_NOMEM, "forward: out of memory");
+            matmul(c, act(c, in[0]), wt(c, in[1]), g, n, k, f);
+            matmul(c, act(c, in[0]), wt(c, in[2]), u, n, k, f);
+            for (int64_t e = 0; e < n * f; e++) g[e] = silu(g[e]) * u[e];
+            free(u);
+            break;
+        }
+        default: return kiln_err(err, KILN_ERR_INTERNAL, "forward: op %u has unknown kind %u", i, op->kind);
+        }
+    }
+    const float *lg = act(c, p->logits);
+    int64_t v = p->vocab_size;
+    if (all_logits)
+        memcpy(logits, lg, (size_t)(n * v) * sizeof(float));
+    else
+        memcpy(logits, lg + (int64_t)(n - 1) * v, (size_t)v * sizeof(float));
+    c->pos += n;
+    return KILN_OK;
+}

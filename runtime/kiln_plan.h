@@ -1,0 +1,92 @@
+/*
+ * kiln_plan.h — the plan: the program an engine's runtime interprets.
+ *
+ * The plan is the IR after passes, flattened: a table of values (inputs,
+ * weights, activations), the activation buffer slots memory planning chose,
+ * the weight table (where each weight lies in the weights section) and the
+ * ops in execution order. The compiler writes it (codegen/plan_writer.c);
+ * runtime/plan.c reads it and checks every op with kiln_op_infer, so an
+ * executor can trust shapes and indices once a plan has loaded.
+ *
+ * Binary layout, version 1, little-endian (docs/engine-format.md):
+ *   header, 64 bytes:
+ *      0 u8[4] "KPLN"   4 u32 version (1)
+ *      8 u32 n_values  12 u32 n_ops  16 u32 n_weights  20 u32 n_slots
+ *     24 i32 tokens value  28 i32 positions value  32 i32 logits value
+ *     36 i32 n_layers  40 i32 n_kv_heads  44 i32 head_dim  48 i32 hidden_size
+ *     52 i32 vocab_size  56 i32 max_context  60 u32 reserved (0)
+ *   slots:   n_slots × 8:    u32 width (elements per token), u32 dtype
+ *   values:  n_values × 56:  u32 kind, u32 dtype, u32 ndim, i32 slot (-1), i32 weight (-1), u32 reserved,
+ *                            i64 shape[4] (negative = symbolic: -1 batch, -2 seq)
+ *   weights: n_weights × 184: char name[128] (NUL-terminated), u32 dtype, u32 ndim, i64 shape[4],
+ *                            u64 offset (in the decoded weights section, 256-aligned), u64 nbytes
+ *   ops:     n_ops × 96:     u32 kind, u32 n_in, u32 n_out, i32 in[6], i32 out[3],
+ *                            attrs: i32 layer, n_heads, n_kv_heads, head_dim, window, rope_scaling,
+ *                                   f32 eps, rope_theta, rope_factor, rope_low_freq_factor,
+ *                                   rope_high_freq_factor, rope_original_max_pos
+ * The section's size must be exactly the sum of these parts.
+ */
+#ifndef KILN_PLAN_H
+#define KILN_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common/kiln_ops.h"
+#include "../common/kiln_util.h"
+
+#define KILN_PLAN_MAGIC "KPLN"
+#define KILN_PLAN_VERSION 1
+#define KILN_PLAN_HEADER_SIZE 64
+#define KILN_PLAN_SLOT_SIZE 8
+#define KILN_PLAN_VALUE_SIZE 56
+#define KILN_PLAN_WEIGHT_SIZE 184
+#define KILN_PLAN_OP_SIZE 96
+#define KILN_PLAN_NAME_MAX 128
+#define KILN_PLAN_WEIGHT_ALIGN 256
+#define KILN_PLAN_MAX_ITEMS (1u << 20)
+
+/* value kinds (same numbers as the IR's kiln_value_kind) */
+enum { KILN_PV_INPUT = 0, KILN_PV_WEIGHT = 1, KILN_PV_ACT = 2 };
+
+typedef struct kiln_plan_value {
+    uint32_t kind, dtype, ndim;
+    int32_t slot;   /* activations */
+    int32_t weight; /* weights: index into the weight table */
+    int64_t shape[KILN_MAX_DIMS];
+} kiln_plan_value;
+
+typedef struct kiln_plan_weight {
+    char name[KILN_PLAN_NAME_MAX];
+    uint32_t dtype, ndim;
+    int64_t shape[KILN_MAX_DIMS];
+    uint64_t offset, nbytes;
+} kiln_plan_weight;
+
+typedef struct kiln_plan_op {
+    uint32_t kind, n_in, n_out;
+    int32_t in[KILN_MAX_OP_IN], out[KILN_MAX_OP_OUT];
+    kiln_op_attrs attrs;
+} kiln_plan_op;
+
+typedef struct kiln_plan_slot {
+    uint32_t width, dtype;
+} kiln_plan_slot;
+
+typedef struct kiln_plan {
+    uint32_t n_values, n_ops, n_weights, n_slots;
+    int32_t tokens, positions, logits;
+    int32_t n_layers, n_kv_heads, head_dim, hidden_size, vocab_size, max_context;
+    kiln_plan_slot *slots;
+    kiln_plan_value *values;
+    kiln_plan_weight *weights;
+    kiln_plan_op *ops;
+} kiln_plan;
+
+/* Parse and fully check a plan section. `weights_size` is the decoded size of
+ * the weights section: every weight must lie inside it. */
+kiln_status kiln_plan_parse(const uint8_t *data, size_t size, uint64_t weights_size, kiln_plan **out,
+                            kiln_error *err);
+void kiln_plan_free(kiln_plan *p);
+
+#endif /* KILN_PLAN_H */

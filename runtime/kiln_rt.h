@@ -1,0 +1,124 @@
+/*
+ * kiln_rt.h — the runtime's internal API: a loaded model, the CPU reference
+ * executor and the sampler. (The public, FFI-friendly API is kiln.h.)
+ *
+ *   kiln_model      an engine opened and checked: meta, plan, weights, tokenizer
+ *   kiln_cpu_ctx    the CPU executor's state for one sequence: KV cache and
+ *                   activation buffers; runs the plan in fp32
+ *   kiln_sampler    greedy / temperature / top-k / top-p with a seeded RNG
+ *   kiln_generate   prompt ids → generated ids, stopping on eos or a limit
+ */
+#ifndef KILN_RT_H
+#define KILN_RT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kiln_engine.h"
+#include "kiln_plan.h"
+
+struct kiln_tokenizer;
+
+#define KILN_MAX_EOS_IDS 8
+
+typedef struct kiln_model {
+    kiln_engine engine;
+    kiln_plan *plan;
+    char *meta_json;               /* the meta section, NUL-terminated */
+    const uint8_t *weights;        /* decoded weights section */
+    size_t weights_size;
+    bool weights_owned;            /* weights is a malloc'd buffer (decoded from zstd) */
+    float **wf32;                  /* per plan weight: its data as f32 (converted at load) */
+    int32_t bos_id;                /* -1 when none */
+    int32_t eos_ids[KILN_MAX_EOS_IDS];
+    int n_eos;
+    struct kiln_tokenizer *tokenizer; /* NULL when the engine has none */
+    double load_seconds;
+} kiln_model;
+
+/* Open an engine: verify the file, parse meta and plan, decode the weights
+ * (with `threads` threads when compressed) and convert them to f32 for the
+ * CPU executor. */
+kiln_status kiln_model_open(const char *path, int threads, kiln_model **out, kiln_error *err);
+void kiln_model_close(kiln_model *m);
+
+/* ---- CPU executor ---- */
+
+typedef struct kiln_cpu_ctx kiln_cpu_ctx;
+
+/* State for one sequence of up to `max_context` tokens (0 = the model's),
+ * processing up to `max_step_tokens` tokens per forward call. */
+kiln_status kiln_cpu_ctx_new(const kiln_model *m, int max_context, int max_step_tokens, int threads,
+                             kiln_cpu_ctx **out, kiln_error *err);
+void kiln_cpu_ctx_free(kiln_cpu_ctx *c);
+/* Tokens already in the KV cache. */
+int kiln_cpu_ctx_pos(const kiln_cpu_ctx *c);
+int kiln_cpu_ctx_max_context(const kiln_cpu_ctx *c);
+int kiln_cpu_ctx_max_step(const kiln_cpu_ctx *c);
+const kiln_model *kiln_cpu_ctx_model(const kiln_cpu_ctx *c);
+/* Forget the sequence (the KV cache is reused). */
+void kiln_cpu_ctx_reset(kiln_cpu_ctx *c);
+
+/* Run the plan over `n` new tokens at positions pos..pos+n-1 (appending
+ * their K/V to the cache). Writes logits for every new token (n × vocab)
+ * when all_logits, else for the last token only (vocab floats). */
+kiln_status kiln_cpu_forward(kiln_cpu_ctx *c, const int32_t *tokens, int n, bool all_logits, float *logits,
+                             kiln_error *err);
+
+/* ---- sampling ---- */
+
+typedef struct kiln_sampler {
+    float temperature; /* 0 = greedy */
+    int top_k;         /* 0 = off */
+    float top_p;       /* 1 = off */
+    uint64_t state;    /* RNG state (splitmix64/xorshift), from the seed */
+    float *probs;      /* scratch, vocab entries */
+    int32_t *idx;      /* scratch, vocab entries */
+    int vocab;
+} kiln_sampler;
+
+kiln_status kiln_sampler_init(kiln_sampler *s, int vocab, float temperature, int top_k, float top_p, uint64_t seed,
+                              kiln_error *err);
+void kiln_sampler_free(kiln_sampler *s);
+/* Pick the next token from `logits` (vocab floats; not modified). */
+int32_t kiln_sampler_sample(kiln_sampler *s, const float *logits);
+/* Index of the largest logit (lowest index on ties). */
+int32_t kiln_argmax(const float *x, int n);
+
+/* ---- generation ---- */
+
+typedef enum kiln_stop_reason {
+    KILN_STOP_EOS = 0,        /* the model produced an end-of-sequence token */
+    KILN_STOP_MAX_TOKENS = 1, /* max_tokens were generated */
+    KILN_STOP_CONTEXT = 2,    /* the context window is full */
+} kiln_stop_reason;
+
+const char *kiln_stop_reason_str(kiln_stop_reason r);
+
+/* Called for each generated token; return false to stop early. */
+typedef bool (*kiln_token_cb)(int32_t id, void *user);
+
+typedef struct kiln_generate_opts {
+    int max_tokens;
+    float temperature;
+    int top_k;
+    float top_p;
+    uint64_t seed;
+    bool ignore_eos;
+    kiln_token_cb on_token;
+    void *user;
+} kiln_generate_opts;
+
+typedef struct kiln_generate_result {
+    int32_t *ids; /* generated ids (malloc'd; the caller frees) */
+    int n_ids;
+    kiln_stop_reason stop;
+    double prefill_seconds, decode_seconds;
+} kiln_generate_result;
+
+/* Prefill the prompt and decode. A prompt longer than the context is
+ * KILN_ERR_CONTEXT, refused before any work. */
+kiln_status kiln_generate(kiln_cpu_ctx *c, const int32_t *prompt, int n_prompt, const kiln_generate_opts *o,
+                          kiln_generate_result *res, kiln_error *err);
+
+#endif /* KILN_RT_H */

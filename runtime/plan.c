@@ -1,0 +1,282 @@
+/*
+ * plan.c — reads and checks the plan section (layout in kiln_plan.h).
+ *
+ * The plan is hostile input like any file: counts are capped, the section
+ * size must match them exactly, every index is range-checked, every weight
+ * must lie inside the weights section with a byte count that matches its
+ * shape, and every op is re-checked with kiln_op_infer against the value
+ * table, in order, so executors can index buffers without further checks.
+ */
+#include "kiln_plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define BAD(...) kiln_err(err, KILN_ERR_FORMAT, "plan: " __VA_ARGS__)
+
+static int32_t rd_i32(const uint8_t *p) { return (int32_t)kiln_rd_u32(p); }
+static float rd_f32(const uint8_t *p) {
+    uint32_t u = kiln_rd_u32(p);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+void kiln_plan_free(kiln_plan *p) {
+    if (!p) return;
+    free(p->slots);
+    free(p->values);
+    free(p->weights);
+    free(p->ops);
+    free(p);
+}
+
+static kiln_status check_value(const kiln_plan *p, uint32_t i, kiln_error *err) {
+    const kiln_plan_value *v = &p->values[i];
+    if (v->kind > KILN_PV_ACT) return BAD("value %u has unknown kind %u", i, v->kind);
+    if (v->dtype >= KILN_DTYPE_COUNT_) return BAD("value %u has unknown dtype %u", i, v->dtype);
+    if (v->ndim < 1 || v->ndim > KILN_MAX_DIMS) return BAD("value %u has %u dimensions", i, v->ndim);
+    for (uint32_t d = 0; d < v->ndim; d++) {
+        int64_t s = v->shape[d];
+        if (s == 0 || s < KILN_DIM_SEQ || s > (1 << 30)) return BAD("value %u has bad dimension %lld", i, (long long)s);
+    }
+    if (v->kind == KILN_PV_WEIGHT) {
+        if (v->weight < 0 || (uint32_t)v->weight >= p->n_weights) return BAD("value %u names weight %d", i, v->weight);
+        const kiln_plan_weight *w = &p->weights[v->weight];
+        if (w->dtype != v->dtype || w->ndim != v->ndim || memcmp(w->shape, v->shape, sizeof w->shape) != 0)
+            return BAD("value %u does not match weight '%s'", i, w->name);
+    } else if (v->weight != -1) {
+        return BAD("value %u is not a weight but names weight %d", i, v->weight);
+    }
+    if (v->kind == KILN_PV_ACT) {
+        if (v->slot < 0 || (uint32_t)v->slot >= p->n_slots) return BAD("activation %u has slot %d", i, v->slot);
+        const kiln_plan_slot *s = &p->slots[v->slot];
+        if (v->ndim != 3 || (int64_t)s->width != v->shape[2] || s->dtype != v->dtype)
+            return BAD("activation %u does not fit slot %d", i, v->slot);
+    } else if (v->slot != -1) {
+        return BAD("value %u is not an activation but has slot %d", i, v->slot);
+    }
+    return KILN_OK;
+}
+
+static kiln_status check_weight(const kiln_plan_weight *w, uint32_t i, uint64_t weights_size, kiln_error *err) {
+    if (memchr(w->name, 0, sizeof w->name) == NULL) return BAD("weight %u name is not terminated", i);
+    if (w->dtype >= KILN_DTYPE_COUNT_ || w->dtype == KILN_DTYPE_I32)
+        return BAD("weight '%s' has unsupported dtype %u", w->name, w->dtype);
+    if (w->ndim < 1 || w->ndim > 2) return BAD("weight '%s' has %u dimensions", w->name, w->ndim);
+    uint64_t n = (uint64_t)kiln_dtype_size(w->dtype);
+    for (uint32_t d = 0; d < w->ndim; d++) {
+        if (w->shape[d] <= 0 || w->shape[d] > (1 << 30) || !kiln_mul_u64(n, (uint64_t)w->shape[d], &n))
+            return BAD("weight '%s' has bad dimension %lld", w->name, (long long)w->shape[d]);
+    }
+    for (uint32_t d = w->ndim; d < KILN_MAX_DIMS; d++)
+        if (w->shape[d] != 0) return BAD("weight '%s' has data past its dimensions", w->name);
+    if (n != w->nbytes) return BAD("weight '%s' has %llu bytes, its shape needs %llu", w->name,
+                                   (unsigned long long)w->nbytes, (unsigned long long)n);
+    uint64_t end;
+    if (w->offset % KILN_PLAN_WEIGHT_ALIGN || !kiln_add_u64(w->offset, w->nbytes, &end) || end > weights_size)
+        return BAD("weight '%s' at offset %llu (+%llu) lies outside the %llu-byte weights section", w->name,
+                   (unsigned long long)w->offset, (unsigned long long)w->nbytes, (unsigned long long)weights_size);
+    return KILN_OK;
+}
+
+static kiln_status check_ops(const kiln_plan *p, kiln_error *err) {
+    char *defined = calloc(p->n_values ? p->n_values : 1, 1);
+    if (!defined) return kiln_err(err, KILN_ERR_NOMEM, "plan: out of memory");
+    kiln_status st = KILN_OK;
+    for (uint32_t v = 0; v < p->n_values; v++) defined[v] = p->values[v].kind != KILN_PV_ACT;
+    for (uint32_t i = 0; i < p->n_ops && st == KILN_OK; i++) {
+        const kiln_plan_op *op = &p->ops[i];
+        if (op->kind >= KILN_OP_COUNT_) {
+            st = BAD("op %u has unknown kind %u", i, op->kind);
+            break;
+        }
+        if ((int)op->n_in != kiln_op_n_in(op->kind) || (int)op->n_out != kiln_op_n_out(op->kind)) {
+            st = BAD("op %u (%s) has %u inputs and %u outputs", i, kiln_op_name(op->kind), op->n_in, op->n_out);
+            break;
+        }
+        kiln_tensor_desc in[KILN_MAX_OP_IN], out[KILN_MAX_OP_OUT];
+        for (uint32_t j = 0; j < op->n_in && st == KILN_OK; j++) {
+            int32_t v = op->in[j];
+            if (v < 0 || (uint32_t)v >= p->n_values || !defined[v]) {
+                st = BAD("op %u (%s) reads value %d before it is defined", i, kiln_op_name(op->kind), v);
+                break;
+            }
+            const kiln_plan_value *pv = &p->values[v];
+            in[j] = (kiln_tensor_desc){.id = v, .is_weight = pv->kind == KILN_PV_WEIGHT, .dtype = (int)pv->dtype,
+                                       .ndim = (int)pv->ndim,
+                                       .name = pv->kind == KILN_PV_WEIGHT ? p->weights[pv->weight].name : NULL};
+            memcpy(in[j].shape, pv->shape, sizeof pv->shape);
+        }
+        if (st != KILN_OK) break;
+        if (kiln_op_infer(op->kind, in, (int)op->n_in, &op->attrs, out, err) != KILN_OK) {
+            st = kiln_err_prefix(err, "plan: op %u: ", i);
+            err->code = st = KILN_ERR_FORMAT;
+            break;
+        }
+        if ((op->kind == KILN_OP_ATTENTION || op->kind == KILN_OP_QKV_ROPE) &&
+            (op->attrs.n_kv_heads != p->n_kv_heads || op->attrs.head_dim != p->head_dim ||
+             (op->kind == KILN_OP_ATTENTION && op->attrs.layer >= p->n_layers))) {
+            st = BAD("op %u (%s) does not match the model's KV cache (layer %d, kv heads %d, head_dim %d)", i,
+                     kiln_op_name(op->kind), op->attrs.layer, op->attrs.n_kv_heads, op->attrs.head_dim);
+            break;
+        }
+        for (uint32_t j = 0; j < op->n_out; j++) {
+            int32_t v = op->out[j];
+            if (v < 0 || (uint32_t)v >= p->n_values || defined[v] || p->values[v].kind != KILN_PV_ACT) {
+                st = BAD("op %u (%s) output %u (value %d) is not a fresh activation", i, kiln_op_name(op->kind), j, v);
+                break;
+            }
+            const kiln_plan_value *pv = &p->values[v];
+            if (pv->dtype != (uint32_t)out[j].dtype || pv->ndim != (uint32_t)out[j].ndim ||
+                memcmp(pv->shape, out[j].shape, sizeof pv->shape) != 0) {
+                st = BAD("op %u (%s) output value %d has the wrong shape", i, kiln_op_name(op->kind), v);
+                break;
+            }
+            defined[v] = 1;
+        }
+        /* no op may write a slot it reads */
+        for (uint32_t j = 0; j < op->n_out && st == KILN_OK; j++)
+            for (uint32_t k = 0; k < op->n_in; k++) {
+                const kiln_plan_value *a = &p->values[op->out[j]], *b = &p->values[op->in[k]];
+                if (b->kind == KILN_PV_ACT && a->slot == b->slot) {
+                    st = BAD("op %u (%s) writes slot %d that it reads", i, kiln_op_name(op->kind), a->slot);
+                    break;
+                }
+            }
+        for (uint32_t j = 0; j < op->n_out && st == KILN_OK; j++)
+            for (uint32_t k = j + 1; k < op->n_out; k++)
+                if (p->values[op->out[j]].slot == p->values[op->out[k]].slot) {
+                    st = BAD("op %u (%s) writes two outputs to one slot", i, kiln_op_name(op->kind));
+                    break;
+                }
+    }
+    if (st == KILN_OK && !defined[p->logits]) st = BAD("the logits value %d is never computed", p->logits);
+    free(defined);
+    return st;
+}
+
+kiln_status kiln_plan_parse(const uint8_t *d, size_t size, uint64_t weights_size, kiln_plan **out, kiln_error *err) {
+    *out = NULL;
+    if (size < KILN_PLAN_HEADER_SIZE) return BAD("section is %zu bytes, shorter than its header", size);
+    if (memcmp(d, KILN_PLAN_MAGIC, 4) != 0) return BAD("bad magic");
+    uint32_t version = kiln_rd_u32(d + 4);
+    if (version != KILN_PLAN_VERSION)
+        return kiln_err(err, KILN_ERR_VERSION, "plan: version %u, this runtime reads version %d", version,
+                        KILN_PLAN_VERSION);
+    kiln_plan *p = calloc(1, sizeof *p);
+    if (!p) return kiln_err(err, KILN_ERR_NOMEM, "plan: out of memory");
+    kiln_status st = KILN_OK;
+    p->n_values = kiln_rd_u32(d + 8);
+    p->n_ops = kiln_rd_u32(d + 12);
+    p->n_weights = kiln_rd_u32(d + 16);
+    p->n_slots = kiln_rd_u32(d + 20);
+    p->tokens = rd_i32(d + 24);
+    p->positions = rd_i32(d + 28);
+    p->logits = rd_i32(d + 32);
+    p->n_layers = rd_i32(d + 36);
+    p->n_kv_heads = rd_i32(d + 40);
+    p->head_dim = rd_i32(d + 44);
+    p->hidden_size = rd_i32(d + 48);
+    p->vocab_size = rd_i32(d + 52);
+    p->max_context = rd_i32(d + 56);
+    if (p->n_values > KILN_PLAN_MAX_ITEMS || p->n_ops > KILN_PLAN_MAX_ITEMS || p->n_weights > KILN_PLAN_MAX_ITEMS ||
+        p->n_slots > KILN_PLAN_MAX_ITEMS || p->n_values == 0 || p->n_ops == 0) {
+        st = BAD("bad counts (%u values, %u ops, %u weights, %u slots)", p->n_values, p->n_ops, p->n_weights,
+                 p->n_slots);
+        goto fail;
+    }
+    uint64_t need = KILN_PLAN_HEADER_SIZE + (uint64_t)p->n_slots * KILN_PLAN_SLOT_SIZE +
+                    (uint64_t)p->n_values * KILN_PLAN_VALUE_SIZE + (uint64_t)p->n_weights * KILN_PLAN_WEIGHT_SIZE +
+                    (uint64_t)p->n_ops * KILN_PLAN_OP_SIZE;
+    if (need != size) {
+        st = BAD("section is %zu bytes, its counts need %llu", size, (unsigned long long)need);
+        goto fail;
+    }
+    if (p->n_layers <= 0 || p->n_layers > 4096 || p->n_kv_heads <= 0 || p->n_kv_heads > 4096 || p->head_dim <= 0 ||
+        p->head_dim > 4096 || p->hidden_size <= 0 || p->vocab_size <= 0 || p->vocab_size > (1 << 24) ||
+        p->max_context <= 0 || p->max_context > (1 << 24)) {
+        st = BAD("bad model sizes in the header");
+        goto fail;
+    }
+    p->slots = calloc(p->n_slots ? p->n_slots : 1, sizeof *p->slots);
+    p->values = calloc(p->n_values, sizeof *p->values);
+    p->weights = calloc(p->n_weights ? p->n_weights : 1, sizeof *p->weights);
+    p->ops = calloc(p->n_ops, sizeof *p->ops);
+    if (!p->slots || !p->values || !p->weights || !p->ops) {
+        st = kiln_err(err, KILN_ERR_NOMEM, "plan: out of memory");
+        goto fail;
+    }
+    const uint8_t *c = d + KILN_PLAN_HEADER_SIZE;
+    for (uint32_t i = 0; i < p->n_slots; i++, c += KILN_PLAN_SLOT_SIZE) {
+        p->slots[i].width = kiln_rd_u32(c);
+        p->slots[i].dtype = kiln_rd_u32(c + 4);
+        if (p->slots[i].width == 0 || p->slots[i].width > (1u << 30) || p->slots[i].dtype != KILN_DTYPE_F32) {
+            st = BAD("slot %u has width %u dtype %u", i, p->slots[i].width, p->slots[i].dtype);
+            goto fail;
+        }
+    }
+    for (uint32_t i = 0; i < p->n_values; i++, c += KILN_PLAN_VALUE_SIZE) {
+        kiln_plan_value *v = &p->values[i];
+        v->kind = kiln_rd_u32(c);
+        v->dtype = kiln_rd_u32(c + 4);
+        v->ndim = kiln_rd_u32(c + 8);
+        v->slot = rd_i32(c + 12);
+        v->weight = rd_i32(c + 16);
+        for (int k = 0; k < KILN_MAX_DIMS; k++) v->shape[k] = (int64_t)kiln_rd_u64(c + 24 + 8 * k);
+    }
+    for (uint32_t i = 0; i < p->n_weights; i++, c += KILN_PLAN_WEIGHT_SIZE) {
+        kiln_plan_weight *w = &p->weights[i];
+        memcpy(w->name, c, KILN_PLAN_NAME_MAX);
+        w->dtype = kiln_rd_u32(c + 128);
+        w->ndim = kiln_rd_u32(c + 132);
+        for (int k = 0; k < KILN_MAX_DIMS; k++) w->shape[k] = (int64_t)kiln_rd_u64(c + 136 + 8 * k);
+        w->offset = kiln_rd_u64(c + 168);
+        w->nbytes = kiln_rd_u64(c + 176);
+        if ((st = check_weight(w, i, weights_size, err)) != KILN_OK) goto fail;
+    }
+    for (uint32_t i = 0; i < p->n_ops; i++, c += KILN_PLAN_OP_SIZE) {
+        kiln_plan_op *op = &p->ops[i];
+        op->kind = kiln_rd_u32(c);
+        op->n_in = kiln_rd_u32(c + 4);
+        op->n_out = kiln_rd_u32(c + 8);
+        if (op->n_in > KILN_MAX_OP_IN || op->n_out > KILN_MAX_OP_OUT) {
+            st = BAD("op %u has %u inputs / %u outputs", i, op->n_in, op->n_out);
+            goto fail;
+        }
+        for (int k = 0; k < KILN_MAX_OP_IN; k++) op->in[k] = rd_i32(c + 12 + 4 * k);
+        for (int k = 0; k < KILN_MAX_OP_OUT; k++) op->out[k] = rd_i32(c + 36 + 4 * k);
+        const uint8_t *a = c + 48;
+        op->attrs.layer = rd_i32(a);
+        op->attrs.n_heads = rd_i32(a + 4);
+        op->attrs.n_kv_heads = rd_i32(a + 8);
+        op->attrs.head_dim = rd_i32(a + 12);
+        op->attrs.window = rd_i32(a + 16);
+        op->attrs.rope_scaling = rd_i32(a + 20);
+        op->attrs.eps = rd_f32(a + 24);
+        op->attrs.rope_theta = rd_f32(a + 28);
+        op->attrs.rope_factor = rd_f32(a + 32);
+        op->attrs.rope_low_freq_factor = rd_f32(a + 36);
+        op->attrs.rope_high_freq_factor = rd_f32(a + 40);
+        op->attrs.rope_original_max_pos = rd_f32(a + 44);
+    }
+    for (uint32_t i = 0; i < p->n_values; i++)
+        if ((st = check_value(p, i, err)) != KILN_OK) goto fail;
+    const int32_t io[3] = {p->tokens, p->positions, p->logits};
+    for (int k = 0; k < 3; k++)
+        if (io[k] < 0 || (uint32_t)io[k] >= p->n_values) {
+            st = BAD("graph input/output index %d out of range", io[k]);
+            goto fail;
+        }
+    if (p->values[p->tokens].kind != KILN_PV_INPUT || p->values[p->positions].kind != KILN_PV_INPUT ||
+        p->values[p->logits].kind != KILN_PV_ACT || p->values[p->logits].shape[2] != p->vocab_size) {
+        st = BAD("graph inputs/outputs have the wrong kinds or shapes");
+        goto fail;
+    }
+    if ((st = check_ops(p, err)) != KILN_OK) goto fail;
+    *out = p;
+    return KILN_OK;
+fail:
+    kiln_plan_free(p);
+    return st;
+}

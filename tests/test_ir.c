@@ -1,0 +1,279 @@
+/*
+ * test_ir.c — the IR builder and verifier, each pass's rewrite on a real
+ * model graph, memory planning, and the plan's round trip and checks.
+ * (That passes keep the numbers is shown end to end in test_golden.c.)
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen/kiln_codegen.h"
+#include "compiler/kiln_compiler.h"
+#include "kt.h"
+#include "passes/kiln_passes.h"
+#include "runtime/kiln_plan.h"
+
+static kiln_checkpoint ck;
+static bool ck_open;
+
+static kiln_graph *stories_graph(void) {
+    kiln_error err = {0};
+    if (!ck_open) {
+        char dir[1024];
+        snprintf(dir, sizeof dir, "%s/models/stories260k", KILN_SOURCE_DIR);
+        if (kiln_checkpoint_open(dir, &ck, &err) != KILN_OK) {
+            fprintf(stderr, "  %s\n", err.msg);
+            return NULL;
+        }
+        ck_open = true;
+    }
+    kiln_graph *g = NULL;
+    if (kiln_import(&ck, &g, &err) != KILN_OK) fprintf(stderr, "  import: %s\n", err.msg);
+    return g;
+}
+
+/* A tiny hand-built graph: embedding → rmsnorm → lm_head. */
+static kiln_graph *small_graph(void) {
+    kiln_error err;
+    kiln_graph *g = kiln_graph_new();
+    static float table[16 * 4], norm[4];
+    const int64_t bs[2] = {KILN_DIM_BATCH, KILN_DIM_SEQ}, ts[2] = {16, 4}, ns[1] = {4};
+    g->tokens = kiln_ir_input(g, "tokens", KILN_DTYPE_I32, 2, bs, &err);
+    g->positions = kiln_ir_input(g, "positions", KILN_DTYPE_I32, 2, bs, &err);
+    int t = kiln_ir_weight(g, "embed", KILN_DTYPE_F32, 2, ts, table, KILN_DTYPE_F32, &err);
+    int w = kiln_ir_weight(g, "norm", KILN_DTYPE_F32, 1, ns, norm, KILN_DTYPE_F32, &err);
+    int x = kiln_ir_op1(g, KILN_OP_EMBEDDING, (int[]){g->tokens, t}, 2, NULL, "x", &err);
+    kiln_op_attrs a = {.eps = 1e-5f};
+    int h = kiln_ir_op1(g, KILN_OP_RMSNORM, (int[]){x, w}, 2, &a, "h", &err);
+    g->logits = kiln_ir_op1(g, KILN_OP_LM_HEAD, (int[]){h, t}, 2, NULL, "logits", &err);
+    g->info = (kiln_graph_info){.n_layers = 1, .n_kv_heads = 1, .head_dim = 4, .hidden_size = 4, .vocab_size = 16,
+                                .max_context = 8};
+    return g;
+}
+
+static void test_builder_infers_and_rejects_shapes(void) {
+    kiln_graph *g = small_graph();
+    kiln_error err = {0};
+    KT_REQUIRE(g);
+    KT_EQ_INT(kiln_ir_verify(g, &err), KILN_OK);
+    KT_EQ_INT(g->values[g->logits].shape[2], 16);
+    /* a linear whose weight does not match the input width is refused by the builder */
+    static float wbad[3 * 5];
+    const int64_t s[2] = {3, 5};
+    int wb = kiln_ir_weight(g, "bad", KILN_DTYPE_F32, 2, s, wbad, KILN_DTYPE_F32, &err);
+    int h = g->ops[1].out[0];
+    KT_EQ_INT(kiln_ir_op1(g, KILN_OP_LINEAR, (int[]){h, wb}, 2, NULL, "y", &err), -1);
+    KT_EQ_INT(err.code, KILN_ERR_VERIFY);
+    KT_CONTAINS(err.msg, "bad");
+    /* rope with an odd head_dim is refused */
+    kiln_op_attrs r = {.n_heads = 1, .head_dim = 3, .rope_theta = 10000};
+    KT_EQ_INT(kiln_ir_op1(g, KILN_OP_ROPE, (int[]){h, g->positions}, 2, &r, "r", &err), -1);
+    kiln_graph_free(g);
+}
+
+static void test_verifier_catches_broken_graphs(void) {
+    kiln_error err = {0};
+    kiln_graph *g = small_graph();
+    KT_REQUIRE(g);
+    /* use before definition: swap the first two ops */
+    kiln_op tmp = g->ops[0];
+    g->ops[0] = g->ops[1];
+    g->ops[1] = tmp;
+    kiln_ir_reindex(g);
+    KT_EQ_INT(kiln_ir_verify(g, &err), KILN_ERR_VERIFY);
+    KT_CONTAINS(err.msg, "before it is defined");
+    kiln_graph_free(g);
+
+    g = small_graph();
+    /* an op output with the wrong recorded shape */
+    g->values[g->ops[1].out[0]].shape[2] = 5;
+    KT_EQ_INT(kiln_ir_verify(g, &err), KILN_ERR_VERIFY);
+    kiln_graph_free(g);
+
+    g = small_graph();
+    /* a value defined twice */
+    g->ops[2].out[0] = g->ops[1].out[0];
+    KT_EQ_INT(kiln_ir_verify(g, &err), KILN_ERR_VERIFY);
+    kiln_graph_free(g);
+
+    g = small_graph();
+    g->logits = -1;
+    KT_EQ_INT(kiln_ir_verify(g, &err), KILN_ERR_VERIFY);
+    kiln_graph_free(g);
+}
+
+static void test_fusion_passes_on_stories260k(void) {
+    kiln_error err = {0};
+    kiln_graph *g = stories_graph();
+    KT_REQUIRE(g);
+    int layers = 5;
+    KT_EQ_INT(kiln_ir_count_ops(g, KILN_OP_LINEAR), 7 * layers);
+    KT_EQ_INT(kiln_ir_count_ops(g, KILN_OP_ROPE), 2 * layers);
+    KT_EQ_INT(kiln_ir_count_ops(g, KILN_OP_ADD), 2 * layers);
+    KT_EQ_INT(kiln_ir_count_ops(g, KILN_OP_RMSNORM), 2 * layers + 1);
+    KT_EQ_INT(kiln_pass_fuse_add_rmsnorm(g, &err), 2 * layers); /* after each residual add but the last */
+    KT_EQ_INT(kiln_ir_verify(g, &err), KILN_OK);
+    KT_EQ_INT(kiln_pass_fuse_qkv_rope(g, &err), layers);
+    KT_EQ_INT(kiln_ir_verify(g, &err), KILN_OK);
+    KT_EQ_INT(kiln_pass_fuse_gate_up_swiglu(g, &err), layers);
+    KT_EQ_INT(kiln_ir_verify(g, &err), KILN_OK);
+    /* running a fusion again finds nothing new */
+    KT_EQ_INT(kiln_pass_fuse_qkv_rope(g, &err), 0);
+    int removed = kiln_pass_dce(g, &err);
+    KT_CHECK(removed > 0);
+    KT_EQ_INT(kiln_ir_verify(g, &err), KILN_OK);
+    KT_EQ_INT(kiln_ir_count_ops(g, KILN_OP_ROPE), 0);
+    KT_EQ_INT(kiln_ir_count_ops(g, KILN_OP_SILU), 0);
+    KT_EQ_INT(kiln_ir_count_ops(g, KILN_OP_MUL), 0);
+    KT_EQ_INT(kiln_ir_count_ops(g, KILN_OP_ADD), 0);
+    KT_EQ_INT(kiln_ir_count_ops(g, KILN_OP_LINEAR), 2 * layers); /* o_proj and down_proj */
+    KT_EQ_INT(kiln_ir_count_ops(g, KILN_OP_QKV_ROPE), layers);
+    KT_EQ_INT(kiln_ir_count_ops(g, KILN_OP_GATE_UP_SWIGLU), layers);
+    KT_EQ_INT(kiln_ir_count_ops(g, KILN_OP_ADD_RMSNORM), 2 * layers);
+    KT_EQ_INT(kiln_ir_count_ops(g, KILN_OP_RMSNORM), 1); /* the first layer's input norm */
+    kiln_graph_free(g);
+}
+
+static void test_dce_removes_unused_and_keeps_output(void) {
+    kiln_error err = {0};
+    kiln_graph *g = small_graph();
+    KT_REQUIRE(g);
+    int x = g->ops[0].out[0];
+    kiln_ir_op1(g, KILN_OP_SILU, (int[]){x}, 1, NULL, "unused", &err);
+    KT_EQ_INT(g->n_ops, 4);
+    KT_EQ_INT(kiln_ir_dce(g), 1);
+    KT_EQ_INT(g->n_ops, 3);
+    KT_EQ_INT(kiln_ir_verify(g, &err), KILN_OK);
+    KT_EQ_INT(kiln_ir_dce(g), 0);
+    kiln_graph_free(g);
+}
+
+/* After memory planning no op reads and writes one slot, and no two values
+ * that are live at once share a slot. */
+static void test_memory_planning_never_aliases_live_values(void) {
+    kiln_error err = {0};
+    kiln_graph *g = stories_graph();
+    KT_REQUIRE(g);
+    KT_REQUIRE(kiln_passes_run(g, NULL, NULL, &err) == KILN_OK);
+    int n_slots = 0;
+    for (int v = 0; v < g->n_values; v++)
+        if (!g->values[v].dead && g->values[v].kind == KILN_VALUE_ACT) {
+            KT_CHECK(g->values[v].slot >= 0);
+            if (g->values[v].slot >= n_slots) n_slots = g->values[v].slot + 1;
+        }
+    int *def = calloc((size_t)g->n_values, sizeof *def), *last = calloc((size_t)g->n_values, sizeof *last);
+    for (int i = 0; i < g->n_ops; i++) {
+        for (int j = 0; j < g->ops[i].n_out; j++) def[g->ops[i].out[j]] = i, last[g->ops[i].out[j]] = i;
+        for (int j = 0; j < g->ops[i].n_in; j++) last[g->ops[i].in[j]] = i;
+    }
+    last[g->logits] = g->n_ops;
+    int overlaps = 0;
+    for (int a = 0; a < g->n_values; a++)
+        for (int b = a + 1; b < g->n_values; b++) {
+            const kiln_value *va = &g->values[a], *vb = &g->values[b];
+            if (va->dead || vb->dead || va->kind != KILN_VALUE_ACT || vb->kind != KILN_VALUE_ACT) continue;
+            if (va->slot != vb->slot) continue;
+            /* lifetimes [def, last] must not overlap (touching at one op is an in/out clash too) */
+            if (!(last[a] < def[b] || last[b] < def[a])) overlaps++;
+        }
+    KT_EQ_INT(overlaps, 0);
+    KT_CHECK(n_slots < 20); /* far fewer buffers than activations */
+    free(def);
+    free(last);
+    kiln_graph_free(g);
+}
+
+static void test_unknown_pass_is_refused(void) {
+    kiln_error err = {0};
+    kiln_graph *g = stories_graph();
+    KT_REQUIRE(g);
+    KT_EQ_INT(kiln_passes_run(g, "fuse-qkv-rope,frobnicate", NULL, &err), KILN_ERR_INVALID_ARG);
+    KT_CONTAINS(err.msg, "frobnicate");
+    KT_CONTAINS(err.msg, "fuse-add-rmsnorm");
+    kiln_graph_free(g);
+}
+
+static void test_plan_round_trip_and_checks(void) {
+    kiln_error err = {0};
+    kiln_graph *g = stories_graph();
+    KT_REQUIRE(g);
+    KT_REQUIRE(kiln_passes_run(g, NULL, NULL, &err) == KILN_OK);
+    kiln_buf b = {0};
+    KT_REQUIRE(kiln_plan_serialize(g, &b, &err) == KILN_OK);
+    uint64_t wsize = 1u << 20; /* stories260k weights are 1,040,128 bytes once aligned */
+    kiln_plan *p = NULL;
+    KT_EQ_INT(kiln_plan_parse(b.data, b.len, wsize, &p, &err), KILN_OK);
+    if (p) {
+        KT_EQ_INT(p->n_ops, g->n_ops);
+        KT_EQ_INT(p->vocab_size, 512);
+        KT_EQ_INT(p->n_layers, 5);
+        KT_EQ_INT(p->n_weights, 47 - 0); /* all 47 tensors, the embedding shared by the head */
+        kiln_plan_free(p);
+    }
+    /* weights section too small for the weights */
+    KT_EQ_INT(kiln_plan_parse(b.data, b.len, 1000, &p, &err), KILN_ERR_FORMAT);
+    KT_CONTAINS(err.msg, "outside");
+    /* truncated, and one byte too long */
+    KT_EQ_INT(kiln_plan_parse(b.data, b.len - 1, wsize, &p, &err), KILN_ERR_FORMAT);
+    uint8_t *copy = malloc(b.len + 1);
+    memcpy(copy, b.data, b.len);
+    copy[b.len] = 0;
+    KT_EQ_INT(kiln_plan_parse(copy, b.len + 1, wsize, &p, &err), KILN_ERR_FORMAT);
+    /* an op reading a value out of range */
+    size_t ops_at = b.len - (size_t)g->n_ops * KILN_PLAN_OP_SIZE;
+    memcpy(copy, b.data, b.len);
+    kiln_wr_u32(copy + ops_at + 12, 0x7fffffff);
+    KT_EQ_INT(kiln_plan_parse(copy, b.len, wsize, &p, &err), KILN_ERR_FORMAT);
+    /* an unknown op kind */
+    memcpy(copy, b.data, b.len);
+    kiln_wr_u32(copy + ops_at, 999);
+    KT_EQ_INT(kiln_plan_parse(copy, b.len, wsize, &p, &err), KILN_ERR_FORMAT);
+    KT_CONTAINS(err.msg, "unknown kind");
+    /* a newer plan version */
+    memcpy(copy, b.data, b.len);
+    kiln_wr_u32(copy + 4, 2);
+    KT_EQ_INT(kiln_plan_parse(copy, b.len, wsize, &p, &err), KILN_ERR_VERSION);
+    /* a head count the op cannot have: shape checking re-runs at load */
+    memcpy(copy, b.data, b.len);
+    size_t first_attn = 0;
+    for (int i = 0; i < g->n_ops; i++)
+        if (g->ops[i].kind == KILN_OP_ATTENTION) {
+            first_attn = ops_at + (size_t)i * KILN_PLAN_OP_SIZE;
+            break;
+        }
+    kiln_wr_u32(copy + first_attn + 48 + 4, 3); /* n_heads 8 → 3 */
+    KT_EQ_INT(kiln_plan_parse(copy, b.len, wsize, &p, &err), KILN_ERR_FORMAT);
+    free(copy);
+    kiln_buf_free(&b);
+    kiln_graph_free(g);
+}
+
+static void test_dump_ir_prints_each_pass(void) {
+    kiln_error err = {0};
+    kiln_graph *g = stories_graph();
+    KT_REQUIRE(g);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    KT_REQUIRE(kiln_passes_run(g, NULL, f, &err) == KILN_OK);
+    fclose(f);
+    KT_CONTAINS(text, ";; imported");
+    KT_CONTAINS(text, ";; after fuse-add-rmsnorm");
+    KT_CONTAINS(text, ";; after dce");
+    KT_CONTAINS(text, "qkv_rope(");
+    KT_CONTAINS(text, "@model.layers.4.mlp.down_proj.weight");
+    free(text);
+    kiln_graph_free(g);
+}
+
+int main(void) {
+    KT_RUN(test_builder_infers_and_rejects_shapes);
+    KT_RUN(test_verifier_catches_broken_graphs);
+    KT_RUN(test_fusion_passes_on_stories260k);
+    KT_RUN(test_dce_removes_unused_and_keeps_output);
+    KT_RUN(test_memory_planning_never_aliases_live_values);
+    KT_RUN(test_unknown_pass_is_refused);
+    KT_RUN(test_plan_round_trip_and_checks);
+    KT_RUN(test_dump_ir_prints_each_pass);
+    if (ck_open) kiln_checkpoint_close(&ck);
+    return KT_END();
+}
