@@ -222,7 +222,7 @@ static kiln_status cfg_features(cfg_ctx *c, json_t *root) {
                         c->path, act);
     static const char *const biases[] = {"attention_bias", "mlp_bias"};
     for (size_t i = 0; i < 2; i++) {
-        bool b;
+        bool b = false;
         if ((st = cfg_bool(c, root, biases[i], false, &b))) return st;
         if (b)
             return kiln_err(c->err, KILN_ERR_UNSUPPORTED,
