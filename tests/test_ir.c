@@ -200,6 +200,19 @@ static void test_plan_round_trip_and_checks(void) {
     kiln_buf b = {0};
     KT_REQUIRE(kiln_plan_serialize(g, &b, &err) == KILN_OK);
     uint64_t wsize = 1u << 20; /* stories260k weights are 1,040,128 bytes once aligned */
+    const char *corpus = getenv("KILN_WRITE_FUZZ_CORPUS");
+    if (corpus) { /* seed for fuzz/fuzz_plan.c: u64 weights size, then the plan */
+        char path[1024];
+        snprintf(path, sizeof path, "%s/stories260k.plan", corpus);
+        FILE *f = fopen(path, "wb");
+        uint8_t ws[8];
+        kiln_wr_u64(ws, wsize);
+        if (f) {
+            fwrite(ws, 1, 8, f);
+            fwrite(b.data, 1, b.len, f);
+            fclose(f);
+        }
+    }
     kiln_plan *p = NULL;
     KT_EQ_INT(kiln_plan_parse(b.data, b.len, wsize, &p, &err), KILN_OK);
     if (p) {
