@@ -12,13 +12,33 @@
 
 #include <cublasLt.h>
 #include <stdlib.h>
+#include <string.h>
+
+/* The plan of the last shape asked for is kept, so a repeated GEMM (every
+ * layer of a model has the same shapes) skips descriptor setup and the
+ * heuristic query. */
+typedef struct kiln_lt_plan {
+    int M, N, K, accumulate, valid;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+} kiln_lt_plan;
 
 struct kiln_cublaslt {
     kiln_cuda *cu;
     cublasLtHandle_t handle;
     CUdeviceptr workspace;
     size_t workspace_bytes;
+    kiln_lt_plan plan;
 };
+
+static void plan_free(kiln_lt_plan *p) {
+    if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+    if (p->op) cublasLtMatmulDescDestroy(p->op);
+    memset(p, 0, sizeof *p);
+}
 
 kiln_status kiln_cublaslt_check_(int result, const char *call, const char *file, int line, kiln_error *err) {
     if (result == CUBLAS_STATUS_SUCCESS) return KILN_OK;
@@ -44,6 +64,7 @@ fail:
 
 void kiln_cublaslt_destroy(kiln_cublaslt *lt) {
     if (!lt) return;
+    plan_free(&lt->plan);
     if (lt->workspace) kiln_cuda_release(lt->cu, lt->workspace);
     if (lt->handle) cublasLtDestroy(lt->handle);
     free(lt);
@@ -51,43 +72,45 @@ void kiln_cublaslt_destroy(kiln_cublaslt *lt) {
 
 kiln_status kiln_cublaslt_gemm_bf16(kiln_cublaslt *lt, int M, int N, int K, CUdeviceptr x, CUdeviceptr w,
                                     CUdeviceptr y, bool accumulate, CUstream stream, kiln_error *err) {
-    kiln_status st;
-    cublasLtMatmulDesc_t op = NULL;
-    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    kiln_status st = KILN_OK;
+    kiln_lt_plan *pl = &lt->plan;
     cublasLtMatmulPreference_t pref = NULL;
     if (M <= 0 || N <= 0 || K <= 0)
         return kiln_err(err, KILN_ERR_INVALID_ARG, "cuBLASLt GEMM: bad shape M=%d N=%d K=%d", M, N, K);
-    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    if ((st = KILN_CUBLASLT_CALL(err, cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F))) ||
-        (st = KILN_CUBLASLT_CALL(err, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta))) ||
-        (st = KILN_CUBLASLT_CALL(err, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb))) ||
-        (st = KILN_CUBLASLT_CALL(err, cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, (uint64_t)K, (uint64_t)N, K))) ||
-        (st = KILN_CUBLASLT_CALL(err, cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, (uint64_t)K, (uint64_t)M, K))) ||
-        (st = KILN_CUBLASLT_CALL(err, cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, (uint64_t)N, (uint64_t)M, N))) ||
-        (st = KILN_CUBLASLT_CALL(err, cublasLtMatmulPreferenceCreate(&pref))) ||
-        (st = KILN_CUBLASLT_CALL(err, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                                          &lt->workspace_bytes, sizeof lt->workspace_bytes))))
-        goto out;
-    cublasLtMatmulHeuristicResult_t heur;
-    int found = 0;
-    if ((st = KILN_CUBLASLT_CALL(err, cublasLtMatmulAlgoGetHeuristic(lt->handle, op, la, lb, lc, lc, pref, 1, &heur, &found))))
-        goto out;
-    if (found < 1) {
-        st = kiln_err(err, KILN_ERR_UNSUPPORTED, "cuBLASLt: no algorithm for bf16 GEMM M=%d N=%d K=%d", M, N, K);
-        goto out;
+    if (!(pl->valid && pl->M == M && pl->N == N && pl->K == K && pl->accumulate == (int)accumulate)) {
+        plan_free(pl);
+        cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+        if ((st = KILN_CUBLASLT_CALL(err, cublasLtMatmulDescCreate(&pl->op, CUBLAS_COMPUTE_32F, CUDA_R_32F))) ||
+            (st = KILN_CUBLASLT_CALL(err, cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta))) ||
+            (st = KILN_CUBLASLT_CALL(err, cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb))) ||
+            (st = KILN_CUBLASLT_CALL(err, cublasLtMatrixLayoutCreate(&pl->la, CUDA_R_16BF, (uint64_t)K, (uint64_t)N, K))) ||
+            (st = KILN_CUBLASLT_CALL(err, cublasLtMatrixLayoutCreate(&pl->lb, CUDA_R_16BF, (uint64_t)K, (uint64_t)M, K))) ||
+            (st = KILN_CUBLASLT_CALL(err, cublasLtMatrixLayoutCreate(&pl->lc, CUDA_R_16BF, (uint64_t)N, (uint64_t)M, N))) ||
+            (st = KILN_CUBLASLT_CALL(err, cublasLtMatmulPreferenceCreate(&pref))) ||
+            (st = KILN_CUBLASLT_CALL(err, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                                              &lt->workspace_bytes, sizeof lt->workspace_bytes))))
+            goto out;
+        cublasLtMatmulHeuristicResult_t heur;
+        int found = 0;
+        if ((st = KILN_CUBLASLT_CALL(err, cublasLtMatmulAlgoGetHeuristic(lt->handle, pl->op, pl->la, pl->lb, pl->lc, pl->lc,
+                                                                         pref, 1, &heur, &found))))
+            goto out;
+        if (found < 1) {
+            st = kiln_err(err, KILN_ERR_UNSUPPORTED, "cuBLASLt: no algorithm for bf16 GEMM M=%d N=%d K=%d", M, N, K);
+            goto out;
+        }
+        pl->algo = heur.algo;
+        pl->M = M, pl->N = N, pl->K = K, pl->accumulate = accumulate, pl->valid = 1;
     }
     float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    st = KILN_CUBLASLT_CALL(err, cublasLtMatmul(lt->handle, op, &alpha, (const void *)(uintptr_t)w, la,
-                                                (const void *)(uintptr_t)x, lb, &beta, (const void *)(uintptr_t)y, lc,
-                                                (void *)(uintptr_t)y, lc, &heur.algo,
+    st = KILN_CUBLASLT_CALL(err, cublasLtMatmul(lt->handle, pl->op, &alpha, (const void *)(uintptr_t)w, pl->la,
+                                                (const void *)(uintptr_t)x, pl->lb, &beta, (const void *)(uintptr_t)y, pl->lc,
+                                                (void *)(uintptr_t)y, pl->lc, &pl->algo,
                                                 (void *)(uintptr_t)lt->workspace, lt->workspace_bytes,
                                                 (cudaStream_t)stream));
     if (st) kiln_err_prefix(err, "GEMM M=%d N=%d K=%d: ", M, N, K);
 out:
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (lc) cublasLtMatrixLayoutDestroy(lc);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (op) cublasLtMatmulDescDestroy(op);
+    if (st && !pl->valid) plan_free(pl);
     return st;
 }

@@ -1,0 +1,344 @@
+/*
+ * gpu_bench.c — the kernel lab's timings (built as kiln_gpu_bench when CUDA
+ * is found). Measures, on the device it runs on:
+ *   - the copy ceiling: device-to-device copy of 1 GiB (bytes read + written);
+ *   - decode GEMV y[M,N] = x[M,K]·W[N,K]^T for Mistral-7B's shapes at M = 1
+ *     and 8, every GEMV variant in the table below, and cuBLASLt on the same
+ *     shapes: bytes = N*K*2 + M*K*2 + M*N*2, achieved GB/s, fraction of
+ *     4.2 TB/s;
+ *   - decode attention over a paged cache (Mistral heads) and prefill
+ *     attention (2048 tokens), for orientation.
+ * Protocol (BENCHMARKS.md / METHOD.md): random bf16 inputs (never zeros),
+ * weights rotated among enough copies that together they are >= 8x the L2,
+ * so each launch reads HBM; CUDA events around ITERS back-to-back launches,
+ * after warm-up; the median of REPS such timings. One JSON line per
+ * measurement on stdout; a table on stderr at the end.
+ * Usage: kiln_gpu_bench [--quick]
+ */
+#include "codegen/kiln_nvrtc.h"
+#include "kernels/params.cuh"
+#include "runtime/kiln_cuda.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CEIL_BPS 4.2e12
+#define REPS 7
+
+typedef struct bench {
+    kiln_cuda cu;
+    kiln_cublaslt *lt;
+    CUevent e0, e1;
+    const char *commit;
+    int iters;
+    char table[16384];
+    size_t tlen;
+} bench;
+
+static void die(const char *what, const kiln_error *err) {
+    fprintf(stderr, "kiln_gpu_bench: %s: %s\n", what, err->msg);
+    exit(1);
+}
+
+static uint64_t g_rng = 88172645463325252ull;
+static float rnd_normal(void) {
+    double u[2];
+    for (int i = 0; i < 2; i++) {
+        g_rng ^= g_rng << 13; g_rng ^= g_rng >> 7; g_rng ^= g_rng << 17;
+        u[i] = ((g_rng >> 11) + 1) * (1.0 / 9007199254740993.0);
+    }
+    return (float)(sqrt(-2.0 * log(u[0])) * cos(6.283185307179586 * u[1]));
+}
+
+/* A pool of random N(0,1) bf16 made once; device buffers are filled from it
+ * (scaled when sigma != 1) so that big weights cost no host RNG time. */
+#define POOL_N ((size_t)1 << 24)
+static uint16_t *g_pool;
+
+/* A device buffer of n random bf16 values of standard deviation sigma. */
+static CUdeviceptr rand_dev(bench *b, size_t n, float sigma) {
+    if (!g_pool) {
+        g_pool = malloc(POOL_N * 2);
+        for (size_t i = 0; i < POOL_N; i++) g_pool[i] = kiln_f32_to_bf16(rnd_normal());
+    }
+    size_t chunk = n < POOL_N ? n : POOL_N;
+    uint16_t *h = malloc(chunk * 2);
+    size_t start = (size_t)(g_rng % POOL_N);
+    for (size_t i = 0; i < chunk; i++)
+        h[i] = sigma == 1.0f ? g_pool[(start + i) % POOL_N]
+                             : kiln_f32_to_bf16(kiln_bf16_to_f32(g_pool[(start + i) % POOL_N]) * sigma);
+    g_rng ^= g_rng << 13; g_rng ^= g_rng >> 7; g_rng ^= g_rng << 17;
+    CUdeviceptr d;
+    kiln_error err = {0};
+    if (kiln_cuda_alloc(&b->cu, n * 2, &d, &err)) die("alloc", &err);
+    for (size_t off = 0; off < n; off += chunk) {
+        size_t m = n - off < chunk ? n - off : chunk;
+        if (kiln_cuda_upload(&b->cu, d + off * 2, h, m * 2, &err)) die("upload", &err);
+    }
+    free(h);
+    return d;
+}
+
+static int cmp_f(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* One launch of "something" for iteration i (rotating inputs inside). */
+typedef kiln_status (*launch_fn)(bench *b, void *ctx, int i, kiln_error *err);
+
+/* Median seconds per launch. */
+static double time_launches(bench *b, launch_fn fn, void *ctx, int iters) {
+    kiln_error err = {0};
+    for (int i = 0; i < 3; i++)
+        if (fn(b, ctx, i, &err)) die("warm-up launch", &err);
+    if (kiln_cuda_sync(&b->cu, &err)) die("warm-up", &err);
+    float ms[REPS];
+    for (int r = 0; r < REPS; r++) {
+        if (KILN_CU_CALL(&b->cu, &err, b->cu.api.cuEventRecord(b->e0, NULL))) die("event", &err);
+        for (int i = 0; i < iters; i++)
+            if (fn(b, ctx, i, &err)) die("launch", &err);
+        if (KILN_CU_CALL(&b->cu, &err, b->cu.api.cuEventRecord(b->e1, NULL)) ||
+            KILN_CU_CALL(&b->cu, &err, b->cu.api.cuEventSynchronize(b->e1)) ||
+            KILN_CU_CALL(&b->cu, &err, b->cu.api.cuEventElapsedTime(&ms[r], b->e0, b->e1)))
+            die("timing", &err);
+    }
+    qsort(ms, REPS, sizeof ms[0], cmp_f);
+    return ms[REPS / 2] * 1e-3 / iters;
+}
+
+static void report(bench *b, const char *kernel, const char *variant, int M, int N, int K, double sec, double bytes,
+                   double flops) {
+    double gbs = bytes / sec / 1e9;
+    printf("{\"bench\":\"kernel\",\"kernel\":\"%s\",\"variant\":\"%s\",\"M\":%d,\"N\":%d,\"K\":%d,\"us\":%.2f,"
+           "\"bytes\":%.0f,\"GBps\":%.1f,\"frac_4p2TBps\":%.3f,\"TFLOPs\":%.2f,\"gpu\":\"%s\",\"commit\":\"%s\"}\n",
+           kernel, variant, M, N, K, sec * 1e6, bytes, gbs, bytes / sec / CEIL_BPS, flops / sec / 1e12, b->cu.name,
+           b->commit);
+    fflush(stdout);
+    if (b->tlen < sizeof b->table - 200)
+        b->tlen += (size_t)snprintf(b->table + b->tlen, sizeof b->table - b->tlen,
+                                    "%-18s %-22s %5d %6d %6d %9.2f %8.0f %6.1f%%\n", kernel, variant, M, N, K, sec * 1e6,
+                                    gbs, 100.0 * bytes / sec / CEIL_BPS);
+}
+
+/* ---- copy ceiling ---- */
+
+typedef struct copy_ctx {
+    CUdeviceptr a, b;
+    size_t n;
+} copy_ctx;
+static kiln_status copy_launch(bench *b, void *vctx, int i, kiln_error *err) {
+    copy_ctx *c = vctx;
+    return KILN_CU_CALL(&b->cu, err, b->cu.api.cuMemcpyDtoDAsync(i % 2 ? c->a : c->b, i % 2 ? c->b : c->a, c->n, NULL));
+}
+
+/* ---- GEMV ---- */
+
+typedef struct gemv_ctx {
+    CUfunction fn;
+    kiln_cuda_dims d;
+    int M, N, K, ncopies, lt;
+    CUdeviceptr w[64], x, y;
+} gemv_ctx;
+
+static kiln_status gemv_launch(bench *b, void *vctx, int i, kiln_error *err) {
+    gemv_ctx *g = vctx;
+    CUdeviceptr w = g->w[i % g->ncopies];
+    if (g->lt) return kiln_cublaslt_gemm_bf16(b->lt, g->M, g->N, g->K, g->x, w, g->y, false, NULL, err);
+    kiln_gemv_params p = {g->x, w, g->y, 0, g->M, g->N, g->K, g->K, g->N, 0};
+    void *args[] = {&p};
+    return kiln_cuda_launch(&b->cu, g->fn, &g->d, NULL, args, "kiln_gemv", err);
+}
+
+static CUfunction build(bench *b, const char *file, const char *entry, const char *const *defs, int n, CUmodule *mod) {
+    char src[96];
+    snprintf(src, sizeof src, "#include \"%s\"\n", file);
+    kiln_buf cubin = {0};
+    kiln_error err = {0};
+    CUfunction f = NULL;
+    if (kiln_nvrtc_compile(src, entry, defs, n, b->cu.sm, false, &cubin, NULL, &err)) die(file, &err);
+    kiln_cuda_image im = {b->cu.sm, false, cubin.data, cubin.len};
+    if (kiln_cuda_module_load(&b->cu, &im, 1, file, mod, NULL, &err) ||
+        kiln_cuda_module_function(&b->cu, *mod, entry, &f, &err))
+        die(file, &err);
+    kiln_buf_free(&cubin);
+    return f;
+}
+
+static void bench_gemv(bench *b, bool quick) {
+    static const int shapes[][3] = {
+        {1, 14336, 4096}, {1, 4096, 4096}, {1, 4096, 14336}, {1, 6144, 4096}, {1, 28672, 4096},
+        {8, 14336, 4096}, {8, 4096, 4096}, {8, 4096, 14336},
+    };
+    /* warps, rows, unroll, mt */
+    static const kiln_gemv_cfg v1[] = {{4, 2, 4, 1}, {4, 1, 8, 1}, {8, 1, 4, 1}, {8, 2, 4, 1}, {4, 4, 2, 1}, {2, 2, 4, 1}, {4, 2, 8, 1}};
+    static const kiln_gemv_cfg v8[] = {{4, 2, 2, 8}, {4, 4, 2, 8}, {8, 2, 2, 8}, {4, 2, 4, 8}, {4, 1, 4, 8}, {4, 4, 1, 8}};
+    CUmodule mods[16] = {0};
+    CUfunction fn1[16], fn8[16];
+    int n1 = quick ? 2 : (int)(sizeof v1 / sizeof v1[0]), n8 = quick ? 2 : (int)(sizeof v8 / sizeof v8[0]);
+    for (int set = 0; set < 2; set++) {
+        const kiln_gemv_cfg *v = set ? v8 : v1;
+        int n = set ? n8 : n1;
+        for (int i = 0; i < n; i++) {
+            char d[4][32];
+            snprintf(d[0], 32, "GEMV_WARPS=%d", v[i].warps);
+            snprintf(d[1], 32, "GEMV_ROWS=%d", v[i].rows);
+            snprintf(d[2], 32, "GEMV_UNROLL=%d", v[i].unroll);
+            snprintf(d[3], 32, "GEMV_MT=%d", v[i].mt);
+            const char *defs[] = {d[0], d[1], d[2], d[3]};
+            (set ? fn8 : fn1)[i] = build(b, "gemv.cuh", "kiln_gemv", defs, 4, &mods[set * 8 + i]);
+        }
+    }
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        gemv_ctx g = {0};
+        g.M = shapes[s][0], g.N = shapes[s][1], g.K = shapes[s][2];
+        size_t wbytes = (size_t)g.N * g.K * 2;
+        g.ncopies = (int)((8.0 * b->cu.l2_bytes + wbytes - 1) / wbytes);
+        if (g.ncopies < 2) g.ncopies = 2;
+        if (g.ncopies > 64) g.ncopies = 64;
+        for (int c = 0; c < g.ncopies; c++) g.w[c] = rand_dev(b, (size_t)g.N * g.K, 0.02f);
+        g.x = rand_dev(b, (size_t)g.M * g.K, 1.0f);
+        g.y = rand_dev(b, (size_t)g.M * g.N, 1.0f);
+        double bytes = (double)wbytes + 2.0 * g.M * g.K + 2.0 * g.M * g.N, flops = 2.0 * g.M * g.N * g.K;
+        const kiln_gemv_cfg *v = g.M == 1 ? v1 : v8;
+        int n = g.M == 1 ? n1 : n8;
+        double best = 1e9;
+        char best_name[64] = "";
+        for (int i = 0; i < n; i++) {
+            g.fn = (g.M == 1 ? fn1 : fn8)[i];
+            g.d = kiln_gemv_dims(&v[i], g.M, g.N);
+            double sec = time_launches(b, gemv_launch, &g, b->iters);
+            char name[64];
+            snprintf(name, sizeof name, "kiln w%d r%d u%d mt%d", v[i].warps, v[i].rows, v[i].unroll, v[i].mt);
+            report(b, "gemv", name, g.M, g.N, g.K, sec, bytes, flops);
+            if (sec < best) { best = sec; snprintf(best_name, sizeof best_name, "%s", name); }
+        }
+        g.lt = 1;
+        double lt_sec = time_launches(b, gemv_launch, &g, b->iters);
+        report(b, "gemv", "cublasLt", g.M, g.N, g.K, lt_sec, bytes, flops);
+        fprintf(stderr, "gemv %dx%d @ %dx%d: best %s %.2f us (%.0f GB/s, %.1f%% of 4.2 TB/s); cuBLASLt %.2f us (%.0f GB/s): %.2fx\n",
+                g.M, g.K, g.N, g.K, best_name, best * 1e6, bytes / best / 1e9, 100 * bytes / best / CEIL_BPS,
+                lt_sec * 1e6, bytes / lt_sec / 1e9, lt_sec / best);
+        for (int c = 0; c < g.ncopies; c++) kiln_cuda_release(&b->cu, g.w[c]);
+        kiln_cuda_release(&b->cu, g.x);
+        kiln_cuda_release(&b->cu, g.y);
+    }
+    for (int i = 0; i < 16; i++) kiln_cuda_module_unload(&b->cu, mods[i]);
+}
+
+/* ---- attention ---- */
+
+typedef struct attn_ctx {
+    CUfunction fn, comb;
+    kiln_cuda_dims d, dc;
+    void *params;
+    int two;
+} attn_ctx;
+
+static kiln_status attn_launch(bench *b, void *vctx, int i, kiln_error *err) {
+    attn_ctx *a = vctx;
+    void *args[] = {a->params};
+    kiln_status st = kiln_cuda_launch(&b->cu, a->fn, &a->d, NULL, args, "attn", err);
+    if (!st && a->two) st = kiln_cuda_launch(&b->cu, a->comb, &a->dc, NULL, args, "attn_combine", err);
+    return st;
+}
+
+/* Mistral heads (32/8, 128), block 16: decode at batch B, context L; prefill of T tokens. */
+static void bench_attn(bench *b) {
+    const int NH = 32, NKV = 8, HD = 128, BS = 16, PART = 512;
+    const char *defs[] = {"N_HEADS=32", "N_KV_HEADS=8", "HEAD_DIM=128", "BLOCK_SIZE=16", "WINDOW=0", "PARTITION=512"};
+    CUmodule md, mp;
+    CUfunction fd = build(b, "attn_decode.cuh", "kiln_attn_decode", defs, 6, &md), fc;
+    kiln_error err = {0};
+    if (kiln_cuda_module_function(&b->cu, md, "kiln_attn_decode_combine", &fc, &err)) die("combine", &err);
+    CUfunction fp = build(b, "attn_prefill.cuh", "kiln_attn_prefill", defs, 6, &mp);
+    static const int cases[][2] = {{1, 512}, {1, 4096}, {8, 1024}, {64, 1024}, {64, 4096}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        int B = cases[ci][0], L = cases[ci][1], nbpS = (L + BS - 1) / BS, nblocks = B * nbpS;
+        CUdeviceptr k = rand_dev(b, (size_t)nblocks * NKV * BS * HD, 1.0f), v = rand_dev(b, (size_t)nblocks * NKV * BS * HD, 1.0f);
+        CUdeviceptr q = rand_dev(b, (size_t)B * NH * HD, 1.0f), o = rand_dev(b, (size_t)B * NH * HD, 1.0f);
+        int *bt = malloc(sizeof(int) * nblocks), *lens = malloc(sizeof(int) * B);
+        for (int i = 0; i < nblocks; i++) bt[i] = (int)(((long long)i * 7919) % nblocks); /* scattered blocks */
+        for (int i = 0; i < B; i++) lens[i] = L;
+        int splits = kiln_attn_decode_splits(L, 0, PART);
+        CUdeviceptr dbt, dl, po, pml;
+        if (kiln_cuda_alloc(&b->cu, sizeof(int) * nblocks, &dbt, &err) || kiln_cuda_upload(&b->cu, dbt, bt, sizeof(int) * nblocks, &err) ||
+            kiln_cuda_alloc(&b->cu, sizeof(int) * B, &dl, &err) || kiln_cuda_upload(&b->cu, dl, lens, sizeof(int) * B, &err) ||
+            kiln_cuda_alloc(&b->cu, (size_t)B * NH * splits * HD * 4, &po, &err) ||
+            kiln_cuda_alloc(&b->cu, (size_t)B * NH * splits * 8, &pml, &err))
+            die("attn alloc", &err);
+        kiln_attn_decode_params p = {q, k, v, dbt, dl, o, po, pml, 0.0883883f, B, nbpS, splits};
+        attn_ctx a = {fd, fc, {{NKV, (unsigned)B, (unsigned)splits}, {128, 1, 1}, kiln_attn_decode_smem(NH, NKV, HD, PART, 4)},
+                      {{NH, (unsigned)B, 1}, {128, 1, 1}, 0}, &p, splits > 1};
+        double sec = time_launches(b, attn_launch, &a, 20);
+        double bytes = 2.0 * B * L * NKV * HD * 2;
+        report(b, "attn_decode", splits > 1 ? "split+combine" : "one split", B, L, splits, sec, bytes,
+               4.0 * B * L * NH * HD);
+        kiln_cuda_release(&b->cu, k); kiln_cuda_release(&b->cu, v); kiln_cuda_release(&b->cu, q); kiln_cuda_release(&b->cu, o);
+        kiln_cuda_release(&b->cu, dbt); kiln_cuda_release(&b->cu, dl); kiln_cuda_release(&b->cu, po); kiln_cuda_release(&b->cu, pml);
+        free(bt); free(lens);
+    }
+    /* prefill: one sequence of T tokens, all in the cache */
+    static const int Ts[] = {512, 2048};
+    for (size_t ti = 0; ti < 2; ti++) {
+        int T = Ts[ti], nb = (T + BS - 1) / BS;
+        CUdeviceptr k = rand_dev(b, (size_t)nb * NKV * BS * HD, 1.0f), v = rand_dev(b, (size_t)nb * NKV * BS * HD, 1.0f);
+        CUdeviceptr q = rand_dev(b, (size_t)T * NH * HD, 1.0f), o = rand_dev(b, (size_t)T * NH * HD, 1.0f);
+        int *bt = malloc(sizeof(int) * nb), starts[2] = {0, T};
+        for (int i = 0; i < nb; i++) bt[i] = i;
+        CUdeviceptr dbt, dl, ds;
+        if (kiln_cuda_alloc(&b->cu, sizeof(int) * nb, &dbt, &err) || kiln_cuda_upload(&b->cu, dbt, bt, sizeof(int) * nb, &err) ||
+            kiln_cuda_alloc(&b->cu, 4, &dl, &err) || kiln_cuda_upload(&b->cu, dl, &T, 4, &err) ||
+            kiln_cuda_alloc(&b->cu, 8, &ds, &err) || kiln_cuda_upload(&b->cu, ds, starts, 8, &err))
+            die("prefill alloc", &err);
+        kiln_attn_prefill_params p = {q, k, v, dbt, dl, ds, o, 0.0883883f, 1, nb, 0};
+        attn_ctx a = {fp, NULL, {{(unsigned)((T + 63) / 64), NH, 1}, {128, 1, 1}, kiln_attn_prefill_smem(HD)}, {{0}, {0}, 0}, &p, 0};
+        double sec = time_launches(b, attn_launch, &a, 3);
+        double flops = 4.0 * NH * HD * ((double)T * (T + 1) / 2); /* causal: QK^T and PV over the lower triangle */
+        report(b, "attn_prefill", "fp32 fma", 1, T, T, sec, 2.0 * T * (NH + 2 * NKV) * HD * 2, flops);
+        fprintf(stderr, "prefill attention T=%d (one layer, 32 heads): %.1f us, %.1f TFLOP/s\n", T, sec * 1e6, flops / sec / 1e12);
+        kiln_cuda_release(&b->cu, k); kiln_cuda_release(&b->cu, v); kiln_cuda_release(&b->cu, q); kiln_cuda_release(&b->cu, o);
+        kiln_cuda_release(&b->cu, dbt); kiln_cuda_release(&b->cu, dl); kiln_cuda_release(&b->cu, ds);
+        free(bt);
+    }
+    kiln_cuda_module_unload(&b->cu, md);
+    kiln_cuda_module_unload(&b->cu, mp);
+}
+
+int main(int argc, char **argv) {
+    bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    static bench b;
+    kiln_error err = {0};
+    b.commit = getenv("KILN_COMMIT") ? getenv("KILN_COMMIT") : "unknown";
+    b.iters = quick ? 20 : 50;
+    if (kiln_cuda_init(&b.cu, 0, &err)) die("init", &err);
+    fprintf(stderr, "device: %s, sm_%d, %d SMs, L2 %d MiB, driver %d\n", b.cu.name, b.cu.sm, b.cu.n_sm,
+            b.cu.l2_bytes >> 20, b.cu.driver_version);
+    if (KILN_CU_CALL(&b.cu, &err, b.cu.api.cuEventCreate(&b.e0, CU_EVENT_DEFAULT)) ||
+        KILN_CU_CALL(&b.cu, &err, b.cu.api.cuEventCreate(&b.e1, CU_EVENT_DEFAULT)))
+        die("events", &err);
+    if (kiln_cublaslt_create(&b.cu, 32u << 20, &b.lt, &err)) die("cuBLASLt", &err);
+
+    copy_ctx c = {0, 0, (size_t)1 << 30};
+    if (kiln_cuda_alloc(&b.cu, c.n, &c.a, &err) || kiln_cuda_alloc(&b.cu, c.n, &c.b, &err)) die("copy alloc", &err);
+    kiln_cuda_fill32(&b.cu, c.a, 0x3f803f80u, c.n, &err);
+    double sec = time_launches(&b, copy_launch, &c, 10);
+    report(&b, "copy_d2d", "cuMemcpyDtoD 1GiB", 1, 0, 0, sec, 2.0 * c.n, 0);
+    fprintf(stderr, "copy ceiling: %.0f GB/s (read + write)\n", 2.0 * c.n / sec / 1e9);
+    kiln_cuda_release(&b.cu, c.a);
+    kiln_cuda_release(&b.cu, c.b);
+
+    bench_gemv(&b, quick);
+    bench_attn(&b);
+
+    fprintf(stderr, "\n%-18s %-22s %5s %6s %6s %9s %8s %7s\n%s", "kernel", "variant", "M", "N", "K", "us", "GB/s",
+            "of4.2TB", b.table);
+    kiln_cublaslt_destroy(b.lt);
+    b.cu.api.cuEventDestroy(b.e0);
+    b.cu.api.cuEventDestroy(b.e1);
+    kiln_cuda_free(&b.cu);
+    free(g_pool);
+    return 0;
+}
