@@ -24,18 +24,18 @@ for s in $steps; do
     note "env: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1)";;
   tests)
     t0=$SECONDS
-    timeout 120 "$B/test_gpu_nvrtc" >"$OUT/test_nvrtc.log" 2>&1; r1=$?
-    timeout 240 "$B/test_gpu_kernels" >"$OUT/test_kernels.log" 2>&1; r2=$?
+    timeout 60 "$B/test_gpu_nvrtc" >"$OUT/test_nvrtc.log" 2>&1; r1=$?
+    timeout 150 "$B/test_gpu_kernels" >"$OUT/test_kernels.log" 2>&1; r2=$?
     note "tests: nvrtc rc=$r1 ($(tail -1 "$OUT/test_nvrtc.log")), kernels rc=$r2 ($(tail -1 "$OUT/test_kernels.log")), $((SECONDS - t0)) s"
     grep -E "FAIL|SKIP" "$OUT/test_kernels.log" | head -30;;
   bench)
     t0=$SECONDS
-    timeout 240 "$B/kiln_gpu_bench" >"$OUT/bench.jsonl" 2>"$OUT/bench.log"; r=$?
+    timeout 180 "$B/kiln_gpu_bench" >"$OUT/bench.jsonl" 2>"$OUT/bench.log"; r=$?
     note "bench rc=$r, $((SECONDS - t0)) s"
     cat "$OUT/bench.log";;
   memcheck|racecheck)
     t0=$SECONDS
-    timeout 200 compute-sanitizer --tool "$s" --error-exitcode 9 "$B/test_gpu_kernels" >"$OUT/$s.log" 2>&1; r=$?
+    timeout 150 compute-sanitizer --tool "$s" --error-exitcode 9 "$B/test_gpu_kernels" >"$OUT/$s.log" 2>&1; r=$?
     note "$s rc=$r ($(grep -E 'ERROR SUMMARY|passed' "$OUT/$s.log" | tr '\n' ' ')), $((SECONDS - t0)) s";;
   esac
 done
