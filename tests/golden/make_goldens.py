@@ -29,6 +29,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 
@@ -121,14 +122,21 @@ def generator_info():
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "tokenizers": tokenizers.__version__,
+        "numpy": np.__version__,
+        "safetensors": safetensors.__version__,
+        "python": "%d.%d.%d" % sys.version_info[:3],
         "script": SCRIPT,
     }
 
 
 def write_json(path, obj):
+    """Indented JSON, but each list of plain numbers on one line."""
+    text = json.dumps(obj, indent=1)
+    text = re.sub(r"\[\s*([-+0-9.eE,\s]*?)\s*\]",
+                  lambda m: "[" + ", ".join(v.strip() for v in m.group(1).split(",")) + "]", text)
+    check(json.loads(text) == obj, "compact JSON changed the data")
     with open(path, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.write("\n")
+        f.write(text + "\n")
 
 
 def write_f32(path, arr):
