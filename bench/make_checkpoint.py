@@ -1,0 +1,259 @@
+#!/usr/bin/env python3
+"""Write a random-weight HuggingFace checkpoint of a real model's shapes.
+
+kiln's benchmarks time real shapes on random weights (../shared/BENCHMARKS.md:
+normal(0, 0.02), bf16, never zeros). This script writes such a checkpoint the
+way transformers' save_pretrained lays it out, without building the model:
+
+  OUT/config.json                       the model's config, in the transformers
+                                        4.x form the published checkpoints use
+                                        (top-level rope_theta / rope_scaling,
+                                        torch_dtype); transformers 5 and kiln
+                                        both read it
+  OUT/model-0000i-of-0000n.safetensors  shards of at most --shard-size bytes,
+  OUT/model.safetensors.index.json      filled in state-dict order as
+                                        huggingface_hub's splitter does; one
+                                        shard is written as model.safetensors
+                                        with no index
+  OUT/random_weights.json               how the weights were made (arch, seed,
+                                        std, device, generator)
+
+Weights: every matrix ~ normal(0, 0.02); RMSNorm weights ~ normal(1, 0.02).
+They are drawn on the GPU when there is one (torch.Generator seeded with
+--seed, one stream in state-dict order), so the same seed on the same kind of
+device gives the same checkpoint; CPU and GPU draws differ.
+
+Speed: tensors of one shard are drawn on the GPU, copied to host memory, and
+handed to a writer thread (safetensors.torch.save_file) while the next shard
+is drawn. Mistral-7B (14.5 GB) is meant to take well under a minute on a
+16-core host with an H200 writing into the page cache.
+
+Usage:
+  python3 bench/make_checkpoint.py --arch mistral-7b --out /tmp/mistral-7b
+  python3 bench/make_checkpoint.py --arch llama-3.1-8b --layers 4 --out /tmp/llama-4l
+  python3 bench/make_checkpoint.py --arch tiny --out /tmp/tiny --shard-size 20000
+Prints one JSON line at the end: {"checkpoint", "arch", "params", "bytes",
+"shards", "seconds", "device"}.
+"""
+
+import argparse
+import concurrent.futures
+import json
+import os
+import sys
+import time
+
+import torch
+from safetensors.torch import save_file
+
+# The model shapes. Values are those of the published config.json files
+# (mistralai/Mistral-7B-v0.1, meta-llama/Llama-3.1-8B); "tiny" and
+# "tiny-llama3" are for tests (a few hundred KB).
+ARCHS = {
+    "mistral-7b": dict(
+        architectures=["MistralForCausalLM"], model_type="mistral",
+        hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+        intermediate_size=14336, vocab_size=32000, max_position_embeddings=32768,
+        rope_theta=10000.0, sliding_window=4096, rms_norm_eps=1e-5,
+        bos_token_id=1, eos_token_id=2, tie_word_embeddings=False),
+    "llama-3.1-8b": dict(
+        architectures=["LlamaForCausalLM"], model_type="llama",
+        hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+        intermediate_size=14336, vocab_size=128256, max_position_embeddings=131072,
+        rope_theta=500000.0,
+        rope_scaling=dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                          original_max_position_embeddings=8192, rope_type="llama3"),
+        rms_norm_eps=1e-5, bos_token_id=128000, eos_token_id=128001, tie_word_embeddings=False,
+        attention_bias=False, mlp_bias=False),
+    "tiny": dict(
+        architectures=["MistralForCausalLM"], model_type="mistral",
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=160, vocab_size=256, max_position_embeddings=512,
+        rope_theta=10000.0, sliding_window=64, rms_norm_eps=1e-5,
+        bos_token_id=1, eos_token_id=2, tie_word_embeddings=False),
+    "tiny-llama3": dict(
+        architectures=["LlamaForCausalLM"], model_type="llama",
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=160, vocab_size=256, max_position_embeddings=1024,
+        rope_theta=500000.0,
+        rope_scaling=dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                          original_max_position_embeddings=128, rope_type="llama3"),
+        rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+        attention_bias=False, mlp_bias=False),
+}
+
+DTYPES = {"bf16": (torch.bfloat16, "bfloat16"), "f16": (torch.float16, "float16"),
+          "f32": (torch.float32, "float32")}
+
+WEIGHT_STD = 0.02   # matrices: normal(0, 0.02), BENCHMARKS.md
+NORM_STD = 0.02     # RMSNorm weights: normal(1, 0.02)
+
+# transformers' save_pretrained default, in bytes ("5GB" = 5 * 10**9).
+DEFAULT_SHARD_SIZE = 5 * 10**9
+
+
+def make_config(arch, layers, dtype_name):
+    """config.json as a dict, in the 4.x form of the published checkpoints."""
+    c = dict(ARCHS[arch])
+    if layers is not None:
+        c["num_hidden_layers"] = layers
+    c.update(hidden_act="silu", initializer_range=0.02, attention_dropout=0.0,
+             torch_dtype=dtype_name, use_cache=True)
+    return dict(sorted(c.items()))
+
+
+def tensor_plan(cfg):
+    """(name, shape, kind) in HF state-dict order; kind is "matrix" or "norm"."""
+    d, f, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    hd = d // cfg["num_attention_heads"]
+    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+    plan = [("model.embed_tokens.weight", (v, d), "matrix")]
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        plan += [
+            (p + "self_attn.q_proj.weight", (q, d), "matrix"),
+            (p + "self_attn.k_proj.weight", (kv, d), "matrix"),
+            (p + "self_attn.v_proj.weight", (kv, d), "matrix"),
+            (p + "self_attn.o_proj.weight", (d, q), "matrix"),
+            (p + "mlp.gate_proj.weight", (f, d), "matrix"),
+            (p + "mlp.up_proj.weight", (f, d), "matrix"),
+            (p + "mlp.down_proj.weight", (d, f), "matrix"),
+            (p + "input_layernorm.weight", (d,), "norm"),
+            (p + "post_attention_layernorm.weight", (d,), "norm"),
+        ]
+    plan.append(("model.norm.weight", (d,), "norm"))
+    if not cfg["tie_word_embeddings"]:
+        plan.append(("lm_head.weight", (v, d), "matrix"))
+    return plan
+
+
+def numel(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def split_shards(plan, elem_bytes, max_bytes):
+    """Greedy split in state-dict order, as huggingface_hub's
+    split_torch_state_dict_into_shards does: a tensor that would overflow the
+    current (non-empty) shard starts a new one; a tensor larger than the limit
+    gets a shard of its own."""
+    shards, cur, cur_bytes = [], [], 0
+    for item in plan:
+        b = numel(item[1]) * elem_bytes
+        if cur and cur_bytes + b > max_bytes:
+            shards.append(cur)
+            cur, cur_bytes = [], 0
+        cur.append(item)
+        cur_bytes += b
+    if cur:
+        shards.append(cur)
+    return shards
+
+
+def parse_size(s):
+    """'5GB' -> 5e9, '500MB', '20000' (bytes)."""
+    s = s.strip().upper()
+    for suf, mul in (("GIB", 2**30), ("MIB", 2**20), ("KIB", 2**10), ("GB", 10**9), ("MB", 10**6),
+                     ("KB", 10**3), ("B", 1)):
+        if s.endswith(suf):
+            return int(float(s[: -len(suf)]) * mul)
+    return int(s)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arch", required=True, choices=sorted(ARCHS))
+    ap.add_argument("--out", required=True, help="output directory (created; existing checkpoint files replaced)")
+    ap.add_argument("--layers", type=int, default=None, help="override num_hidden_layers (for fast runs)")
+    ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--shard-size", default=str(DEFAULT_SHARD_SIZE),
+                    help="max bytes per shard, e.g. 5GB (default, as save_pretrained), 500MB, 20000")
+    ap.add_argument("--device", default="auto", help="where to draw the weights: auto (cuda if available), cuda, cpu")
+    ap.add_argument("--writers", type=int, default=3, help="shard-writing threads")
+    a = ap.parse_args(argv)
+    if a.layers is not None and a.layers < 1:
+        ap.error("--layers must be >= 1")
+    if a.writers < 1:
+        ap.error("--writers must be >= 1")
+    try:
+        shard_size = parse_size(a.shard_size)
+    except ValueError:
+        ap.error(f"--shard-size {a.shard_size!r}: expected a byte count such as 5GB, 500MB or 20000")
+    if shard_size < 1:
+        ap.error("--shard-size must be positive")
+    dev = a.device
+    if dev == "auto":
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if dev.startswith("cuda") and not torch.cuda.is_available():
+        ap.error("--device cuda: torch sees no CUDA device")
+
+    t0 = time.time()
+    dtype, dtype_name = DTYPES[a.dtype]
+    cfg = make_config(a.arch, a.layers, dtype_name)
+    plan = tensor_plan(cfg)
+    esize = torch.empty((), dtype=dtype).element_size()
+    shards = split_shards(plan, esize, shard_size)
+    n = len(shards)
+    names = ["model.safetensors"] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+
+    os.makedirs(a.out, exist_ok=True)
+    # Remove checkpoint files a previous run may have left (another shard count).
+    for f in os.listdir(a.out):
+        if f.endswith(".safetensors") or f == "model.safetensors.index.json":
+            os.remove(os.path.join(a.out, f))
+
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(a.seed)
+    total_params = sum(numel(s) for _, s, _ in plan)
+    total_bytes = total_params * esize
+    weight_map = {}
+
+    def draw(shape, kind):
+        t = torch.empty(shape, dtype=dtype, device=dev)
+        if kind == "norm":
+            return t.normal_(1.0, NORM_STD, generator=gen)
+        return t.normal_(0.0, WEIGHT_STD, generator=gen)
+
+    def write_shard(tensors, path):
+        save_file(tensors, path, {"format": "pt"})
+        os.chmod(path, 0o644)  # safetensors creates 0600; save_pretrained's files are 0644
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=a.writers) as pool:
+        futs = []
+        for shard, fname in zip(shards, names):
+            tensors = {}
+            for name, shape, kind in shard:
+                t = draw(shape, kind)
+                tensors[name] = t.cpu() if t.device.type != "cpu" else t
+                weight_map[name] = fname
+            futs.append(pool.submit(write_shard, tensors, os.path.join(a.out, fname)))
+            del tensors
+        for f in futs:
+            f.result()
+
+    if n > 1:
+        index = {"metadata": {"total_parameters": total_params, "total_size": total_bytes},
+                 "weight_map": dict(sorted(weight_map.items()))}
+        with open(os.path.join(a.out, "model.safetensors.index.json"), "w") as f:
+            json.dump(index, f, indent=2)
+            f.write("\n")
+    with open(os.path.join(a.out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    with open(os.path.join(a.out, "random_weights.json"), "w") as f:
+        json.dump({"generator": "bench/make_checkpoint.py", "arch": a.arch, "layers": cfg["num_hidden_layers"],
+                   "seed": a.seed, "matrix": f"normal(0, {WEIGHT_STD})", "norm": f"normal(1, {NORM_STD})",
+                   "dtype": dtype_name, "device": dev, "torch": torch.__version__}, f, indent=2)
+        f.write("\n")
+    secs = time.time() - t0
+    print(json.dumps({"checkpoint": os.path.abspath(a.out), "arch": a.arch, "layers": cfg["num_hidden_layers"],
+                      "params": total_params, "bytes": total_bytes, "shards": n, "seconds": round(secs, 3),
+                      "GBps": round(total_bytes / secs / 1e9, 3), "device": dev}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
