@@ -173,22 +173,25 @@ static void bench_gemv(bench *b, bool quick) {
         {8, 14336, 4096}, {8, 4096, 4096}, {8, 4096, 14336},
     };
     /* warps, rows, unroll, mt */
-    static const kiln_gemv_cfg v1[] = {{4, 2, 4, 1}, {4, 1, 8, 1}, {8, 1, 4, 1}, {8, 2, 4, 1}, {4, 4, 2, 1}, {2, 2, 4, 1}, {4, 2, 8, 1}};
-    static const kiln_gemv_cfg v8[] = {{4, 2, 2, 8}, {4, 4, 2, 8}, {8, 2, 2, 8}, {4, 2, 4, 8}, {4, 1, 4, 8}, {4, 4, 1, 8}};
-    CUmodule mods[16] = {0};
+    static const kiln_gemv_cfg v1[] = {{4, 2, 4, 1, 0}, {4, 4, 2, 1, 0}, {8, 1, 4, 1, 0}, {4, 4, 4, 1, 0},
+                                       {8, 4, 2, 1, 0}, {4, 0, 4, 0, 1}, {8, 0, 2, 0, 1}};
+    static const kiln_gemv_cfg v8[] = {{4, 4, 1, 8, 0}, {4, 2, 4, 8, 0}, {4, 0, 4, 0, 1}, {4, 0, 2, 0, 1},
+                                       {8, 0, 2, 0, 1}, {2, 0, 4, 0, 1}, {8, 0, 4, 0, 1}};
+    CUmodule mods[32] = {0};
     CUfunction fn1[16], fn8[16];
     int n1 = quick ? 2 : (int)(sizeof v1 / sizeof v1[0]), n8 = quick ? 2 : (int)(sizeof v8 / sizeof v8[0]);
     for (int set = 0; set < 2; set++) {
         const kiln_gemv_cfg *v = set ? v8 : v1;
         int n = set ? n8 : n1;
         for (int i = 0; i < n; i++) {
-            char d[4][32];
+            char d[5][32];
             snprintf(d[0], 32, "GEMV_WARPS=%d", v[i].warps);
             snprintf(d[1], 32, "GEMV_ROWS=%d", v[i].rows);
             snprintf(d[2], 32, "GEMV_UNROLL=%d", v[i].unroll);
             snprintf(d[3], 32, "GEMV_MT=%d", v[i].mt);
-            const char *defs[] = {d[0], d[1], d[2], d[3]};
-            (set ? fn8 : fn1)[i] = build(b, "gemv.cuh", "kiln_gemv", defs, 4, &mods[set * 8 + i]);
+            snprintf(d[4], 32, "GEMV_MMA=%d", v[i].mma);
+            const char *defs[] = {d[0], d[1], d[2], d[3], d[4]};
+            (set ? fn8 : fn1)[i] = build(b, "gemv.cuh", "kiln_gemv", defs, 5, &mods[set * 16 + i]);
         }
     }
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
@@ -211,7 +214,8 @@ static void bench_gemv(bench *b, bool quick) {
             g.d = kiln_gemv_dims(&v[i], g.M, g.N);
             double sec = time_launches(b, gemv_launch, &g, b->iters);
             char name[64];
-            snprintf(name, sizeof name, "kiln w%d r%d u%d mt%d", v[i].warps, v[i].rows, v[i].unroll, v[i].mt);
+            if (v[i].mma) snprintf(name, sizeof name, "kiln mma w%d u%d", v[i].warps, v[i].unroll);
+            else snprintf(name, sizeof name, "kiln w%d r%d u%d mt%d", v[i].warps, v[i].rows, v[i].unroll, v[i].mt);
             report(b, "gemv", name, g.M, g.N, g.K, sec, bytes, flops);
             if (sec < best) { best = sec; snprintf(best_name, sizeof best_name, "%s", name); }
         }
@@ -225,7 +229,7 @@ static void bench_gemv(bench *b, bool quick) {
         kiln_cuda_release(&b->cu, g.x);
         kiln_cuda_release(&b->cu, g.y);
     }
-    for (int i = 0; i < 16; i++) kiln_cuda_module_unload(&b->cu, mods[i]);
+    for (int i = 0; i < 32; i++) kiln_cuda_module_unload(&b->cu, mods[i]);
 }
 
 /* ---- attention ---- */
@@ -254,7 +258,7 @@ static void bench_attn(bench *b) {
     kiln_error err = {0};
     if (kiln_cuda_module_function(&b->cu, md, "kiln_attn_decode_combine", &fc, &err)) die("combine", &err);
     CUfunction fp = build(b, "attn_prefill.cuh", "kiln_attn_prefill", defs, 6, &mp);
-    static const int cases[][2] = {{1, 512}, {1, 4096}, {8, 1024}, {64, 1024}, {64, 4096}};
+    static const int cases[][2] = {{1, 512}, {1, 4096}, {8, 1024}, {8, 4096}, {64, 1024}, {64, 4096}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         int B = cases[ci][0], L = cases[ci][1], nbpS = (L + BS - 1) / BS, nblocks = B * nbpS;
         CUdeviceptr k = rand_dev(b, (size_t)nblocks * NKV * BS * HD, 1.0f), v = rand_dev(b, (size_t)nblocks * NKV * BS * HD, 1.0f);
@@ -262,19 +266,22 @@ static void bench_attn(bench *b) {
         int *bt = malloc(sizeof(int) * nblocks), *lens = malloc(sizeof(int) * B);
         for (int i = 0; i < nblocks; i++) bt[i] = (int)(((long long)i * 7919) % nblocks); /* scattered blocks */
         for (int i = 0; i < B; i++) lens[i] = L;
-        int splits = kiln_attn_decode_splits(L, 0, PART);
+        int part = kiln_attn_decode_partition(B, NKV, L, 0, b->cu.n_sm, PART);
+        int splits = kiln_attn_decode_splits(L, 0, part);
         CUdeviceptr dbt, dl, po, pml;
         if (kiln_cuda_alloc(&b->cu, sizeof(int) * nblocks, &dbt, &err) || kiln_cuda_upload(&b->cu, dbt, bt, sizeof(int) * nblocks, &err) ||
             kiln_cuda_alloc(&b->cu, sizeof(int) * B, &dl, &err) || kiln_cuda_upload(&b->cu, dl, lens, sizeof(int) * B, &err) ||
             kiln_cuda_alloc(&b->cu, (size_t)B * NH * splits * HD * 4, &po, &err) ||
             kiln_cuda_alloc(&b->cu, (size_t)B * NH * splits * 8, &pml, &err))
             die("attn alloc", &err);
-        kiln_attn_decode_params p = {q, k, v, dbt, dl, o, po, pml, 0.0883883f, B, nbpS, splits};
-        attn_ctx a = {fd, fc, {{NKV, (unsigned)B, (unsigned)splits}, {128, 1, 1}, kiln_attn_decode_smem(NH, NKV, HD, PART, 4)},
+        kiln_attn_decode_params p = {q, k, v, dbt, dl, o, po, pml, 0.0883883f, B, nbpS, splits, part, 0};
+        attn_ctx a = {fd, fc, {{NKV, (unsigned)B, (unsigned)splits}, {128, 1, 1}, kiln_attn_decode_smem(NH, NKV, HD, BS, PART, 4)},
                       {{NH, (unsigned)B, 1}, {128, 1, 1}, 0}, &p, splits > 1};
         double sec = time_launches(b, attn_launch, &a, 20);
         double bytes = 2.0 * B * L * NKV * HD * 2;
-        report(b, "attn_decode", splits > 1 ? "split+combine" : "one split", B, L, splits, sec, bytes,
+        char vname[48];
+        snprintf(vname, sizeof vname, "partition %d", part);
+        report(b, "attn_decode", vname, B, L, splits, sec, bytes,
                4.0 * B * L * NH * HD);
         kiln_cuda_release(&b->cu, k); kiln_cuda_release(&b->cu, v); kiln_cuda_release(&b->cu, q); kiln_cuda_release(&b->cu, o);
         kiln_cuda_release(&b->cu, dbt); kiln_cuda_release(&b->cu, dl); kiln_cuda_release(&b->cu, po); kiln_cuda_release(&b->cu, pml);

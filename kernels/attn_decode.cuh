@@ -5,7 +5,7 @@
  *
  * Block (kv head h, sequence b, split s) handles the G = N_HEADS/N_KV_HEADS
  * query heads that share kv head h, so each K/V byte is read once, over the
- * tokens [start + s*PARTITION, start + (s+1)*PARTITION) of the attended
+ * tokens [start + s*P, start + (s+1)*P) (P = p.partition) of the attended
  * range [start, L): L = seq_lens[b], start = max(0, L - WINDOW) with a
  * window (HF Mistral's rule: key j is seen from query i iff i - j < WINDOW).
  *   1. scores: a group of HEAD_DIM/8 lanes takes one token (16 bytes of K
@@ -20,13 +20,18 @@
  * merges the splits: o = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s.
  *
  * Constants: N_HEADS, N_KV_HEADS, HEAD_DIM (multiple of 8, <= 256),
- * BLOCK_SIZE, WINDOW (0 = full attention), PARTITION (tokens per split,
- * default 512), ATTN_WARPS (default 4).
+ * BLOCK_SIZE, WINDOW (0 = full attention), PARTITION (the largest split the
+ * shared memory is sized for, default 512), ATTN_WARPS (default 4). The
+ * split size itself is a run-time parameter (p.partition <= PARTITION): small
+ * batches take short splits so that the grid fills the GPU
+ * (kiln_attn_decode_partition in runtime/cuda/kernels.c). The block ids a
+ * split needs are read into shared memory first, so the K/V loads do not
+ * wait on a block-table load each.
  * Launch: kiln_attn_decode grid (N_KV_HEADS, B, max_splits), block
- * ATTN_WARPS*32, dynamic shared memory kiln_attn_decode_smem bytes (see
- * docs/kernels.md: 4*(G*PARTITION + ATTN_WARPS*G*HEAD_DIM + 2*G));
+ * ATTN_WARPS*32, dynamic shared memory kiln_attn_decode_smem bytes:
+ * 4*(G*PARTITION + ATTN_WARPS*G*HEAD_DIM + 2*G + PARTITION/BLOCK_SIZE + 2);
  * kiln_attn_decode_combine grid (N_HEADS, B), block HEAD_DIM rounded up to 32.
- * max_splits must be >= ceil(min(L, WINDOW or L) / PARTITION) for every b.
+ * max_splits must be >= ceil(min(L, WINDOW or L) / partition) for every b.
  */
 #include "common.cuh"
 
@@ -53,9 +58,9 @@
 
 /* The attended range [start, L) of a sequence of L tokens, and its split count. */
 KILN_DEV int kiln_attn_start(int L) { return (WINDOW > 0 && L > WINDOW) ? L - WINDOW : 0; }
-KILN_DEV int kiln_attn_nsplits(int L) {
+KILN_DEV int kiln_attn_nsplits(int L, int part) {
     int n = L - kiln_attn_start(L);
-    return n <= 0 ? 0 : (n + PARTITION - 1) / PARTITION;
+    return n <= 0 ? 0 : (n + part - 1) / part;
 }
 
 extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) kiln_attn_decode(const kiln_attn_decode_params p) {
@@ -67,18 +72,25 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) kiln_attn_decode(c
     float *sc = smem;                            /* [G][PARTITION] scores, then probabilities */
     float *red = sc + G * PARTITION;             /* [ATTN_WARPS][G][HEAD_DIM] partial o */
     float *ml = red + ATTN_WARPS * G * HEAD_DIM; /* [G][2] max, sum */
+    int *blocks = (int *)(ml + 2 * G);           /* [PARTITION/BLOCK_SIZE + 2] block ids of this split */
 
     const int h = blockIdx.x, b = blockIdx.y, split = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int j = lane % LPT;                 /* which 8 dims this lane owns */
     const int grp = warp * TPW + lane / LPT;  /* token group */
     const int L = ((const int *)p.seq_lens)[b];
-    const int nsplit = kiln_attn_nsplits(L);
+    const int part = min(max(p.partition, 1), PARTITION);
+    const int nsplit = kiln_attn_nsplits(L, part);
     if (split >= nsplit && !(split == 0 && nsplit == 0)) return;
-    const int t0 = kiln_attn_start(L) + split * PARTITION;
-    const int t1 = min(L, t0 + PARTITION);
+    const int t0 = kiln_attn_start(L) + split * part;
+    const int t1 = min(L, t0 + part);
     const int n = max(0, t1 - t0);
-    const int *bt = (const int *)p.block_tables + (size_t)b * p.max_blocks;
+    const int fb = t0 / BLOCK_SIZE; /* first KV block of the split */
+    {
+        const int *bt = (const int *)p.block_tables + (size_t)b * p.max_blocks;
+        const int nb = n > 0 ? (t1 - 1) / BLOCK_SIZE - fb + 1 : 0;
+        for (int i = threadIdx.x; i < nb; i += ATTN_WARPS * 32) blocks[i] = bt[fb + i];
+    }
     const kiln_bf16 *kc = (const kiln_bf16 *)p.k_cache, *vc = (const kiln_bf16 *)p.v_cache;
 
     /* q for the G heads, 8 dims per lane, pre-scaled for exp2. */
@@ -94,13 +106,15 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) kiln_attn_decode(c
         }
     }
 
+    __syncthreads(); /* blocks[] ready */
+
     /* 1. scores. The loop bound is warp-uniform so every shuffle has all lanes. */
     for (int tb = t0 + warp * TPW; tb < t1; tb += NG) {
         const int t = tb + lane / LPT;
         const bool ok = t < t1;
         float k[8];
         if (ok) {
-            const int blk = bt[t / BLOCK_SIZE];
+            const int blk = blocks[t / BLOCK_SIZE - fb];
             const size_t at = (((size_t)blk * N_KV_HEADS + h) * BLOCK_SIZE + t % BLOCK_SIZE) * HEAD_DIM + j * 8;
             kiln_unpack8(kiln_ld16(kc + at), k);
         } else {
@@ -145,7 +159,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) kiln_attn_decode(c
 #pragma unroll
         for (int e = 0; e < 8; e++) o[g][e] = 0.0f;
     for (int t = t0 + grp; t < t1; t += NG) {
-        const int blk = bt[t / BLOCK_SIZE];
+        const int blk = blocks[t / BLOCK_SIZE - fb];
         const size_t at = (((size_t)blk * N_KV_HEADS + h) * BLOCK_SIZE + t % BLOCK_SIZE) * HEAD_DIM + j * 8;
         float v[8];
         kiln_unpack8(kiln_ld16(vc + at), v);
@@ -193,7 +207,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) kiln_attn_decode(c
 extern "C" __global__ void kiln_attn_decode_combine(const kiln_attn_decode_params p) {
     const int hq = blockIdx.x, b = blockIdx.y;
     const int L = ((const int *)p.seq_lens)[b];
-    const int nsplit = kiln_attn_nsplits(L);
+    const int nsplit = kiln_attn_nsplits(L, min(max(p.partition, 1), PARTITION));
     if (nsplit <= 1) return; /* the split kernel wrote the output itself */
     const size_t base = ((size_t)b * N_HEADS + hq) * p.max_splits;
     const float *pml = (const float *)p.part_ml + base * 2;

@@ -17,6 +17,15 @@
  * When K % 8 != 0 or an address is not 16-byte aligned a scalar path runs
  * instead (correct, slower; real models never take it).
  *
+ * Tensor-core variant (GEMV_MMA=1, for M = 2..8 and beyond): a warp owns
+ * 16 rows of W and 8 rows of x and issues mma.sync m16n8k16 (bf16 in, fp32
+ * accumulate); the block's GEMV_WARPS warps split K between them and sum
+ * through shared memory. K is permuted consistently for W and x so each lane
+ * still does 16-byte loads: lane (g = lane/4, t = lane%4) loads W rows g and
+ * g+8 and x row g at k0 + 8t .. k0 + 8t + 7, which feeds two mma steps over
+ * 32 values of K. No shuffle reduction is needed: the C fragments are the
+ * sums. Launch: grid (ceil(N/16), ceil(M/8)), block GEMV_WARPS*32.
+ *
  * Constants (codegen fills them in; defaults suit M = 1 on an H100/H200):
  *   GEMV_WARPS   warps per block                    (4)
  *   GEMV_ROWS    rows of W per warp                 (2; even with GEMV_SWIGLU)
@@ -24,6 +33,7 @@
  *   GEMV_MT      rows of x per block                (1; at most 8)
  *   GEMV_OUT_F32 write fp32 y (logits) instead of bf16   (0)
  *   GEMV_SWIGLU  epilogue silu(gate)*up over interleaved gate/up rows (0)
+ *   GEMV_MMA     tensor-core variant (0); GEMV_ROWS, GEMV_MT then unused
  * Launch: grid (ceil(N / (GEMV_WARPS*GEMV_ROWS)), ceil(M / GEMV_MT)),
  * block GEMV_WARPS*32, no shared memory.
  */
@@ -47,15 +57,20 @@
 #ifndef GEMV_SWIGLU
 #define GEMV_SWIGLU 0
 #endif
+#ifndef GEMV_MMA
+#define GEMV_MMA 0
+#endif
 
 #if GEMV_SWIGLU && (GEMV_ROWS % 2)
 #error "GEMV_SWIGLU needs an even GEMV_ROWS (gate and up rows pair up inside a warp)"
 #endif
-#if GEMV_MT < 1 || GEMV_MT > 8
-#error "GEMV_MT must be 1..8"
+#if !GEMV_MMA && (GEMV_MT < 1 || GEMV_MT > 8 || GEMV_ROWS < 1)
+#error "GEMV_MT must be 1..8 and GEMV_ROWS at least 1"
 #endif
 
 KILN_DEV float kiln_silu(float g) { return g / (1.0f + __expf(-g)); }
+
+#if !GEMV_MMA
 
 /* Write the R x MT sums held by every lane (after the warp reduction). */
 KILN_DEV void kiln_gemv_store(const kiln_gemv_params &p, float (&acc)[GEMV_ROWS][GEMV_MT], int row0, int m0,
@@ -161,3 +176,102 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) kiln_gemv(const ki
         for (int m = 0; m < GEMV_MT; m++) acc[r][m] = kiln_warp_sum(acc[r][m]);
     kiln_gemv_store(p, acc, row0, m0, lane);
 }
+#else /* GEMV_MMA */
+
+/* D = A(16x16 bf16, row) * B(16x8 bf16, col) + D, fp32. */
+KILN_DEV void kiln_mma_bf16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                            unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* 8 bf16 of one row at k .. k+7, zero past K: for shapes the vector path cannot take. */
+KILN_DEV uint4 kiln_ld8_scalar(const kiln_bf16 *row, int k, int K) {
+    unsigned short v[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) v[e] = k + e < K ? row[k + e] : (unsigned short)0;
+    return make_uint4(v[0] | (unsigned)v[1] << 16, v[2] | (unsigned)v[3] << 16, v[4] | (unsigned)v[5] << 16,
+                      v[6] | (unsigned)v[7] << 16);
+}
+
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) kiln_gemv(const kiln_gemv_params p) {
+    __shared__ float red[GEMV_WARPS][16][8 + 1]; /* per-warp C tiles [row][m] */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * 16, m0 = blockIdx.y * 8;
+    const kiln_bf16 *w = (const kiln_bf16 *)p.w;
+    const kiln_bf16 *x = (const kiln_bf16 *)p.x;
+    const kiln_bf16 *wa = w + (size_t)min(n0 + g, p.N - 1) * p.K;     /* row g */
+    const kiln_bf16 *wb = w + (size_t)min(n0 + g + 8, p.N - 1) * p.K; /* row g + 8 */
+    const kiln_bf16 *xr = x + (size_t)min(m0 + g, p.M - 1) * p.ldx;   /* x row g (the mma's column g) */
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+
+    /* K in steps of 32, dealt to the warps in contiguous ranges. */
+    const int nsteps = (p.K + 31) / 32;
+    const int per = (nsteps + GEMV_WARPS - 1) / GEMV_WARPS;
+    const int s_lo = warp * per, s_hi = min(nsteps, s_lo + per);
+    const bool vec = (p.K % 8 == 0) && (p.ldx % 8 == 0) && ((p.w | p.x) % 16 == 0);
+    if (vec) {
+        for (int s0 = s_lo; s0 < s_hi; s0 += GEMV_UNROLL) {
+            uint4 va[GEMV_UNROLL], vb[GEMV_UNROLL], vx[GEMV_UNROLL];
+#pragma unroll
+            for (int u = 0; u < GEMV_UNROLL; u++) {
+                const int k = (s0 + u) * 32 + 8 * t;
+                const bool ok = s0 + u < s_hi && k < p.K;
+                va[u] = ok ? kiln_ld_stream(wa + k) : make_uint4(0, 0, 0, 0);
+                vb[u] = ok ? kiln_ld_stream(wb + k) : make_uint4(0, 0, 0, 0);
+                vx[u] = ok ? kiln_ld16(xr + k) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int u = 0; u < GEMV_UNROLL; u++) {
+                kiln_mma_bf16(c, va[u].x, vb[u].x, va[u].y, vb[u].y, vx[u].x, vx[u].y);
+                kiln_mma_bf16(c, va[u].z, vb[u].z, va[u].w, vb[u].w, vx[u].z, vx[u].w);
+            }
+        }
+    } else {
+        for (int s = s_lo; s < s_hi; s++) {
+            const int k = s * 32 + 8 * t;
+            uint4 a = kiln_ld8_scalar(wa, k, p.K), b = kiln_ld8_scalar(wb, k, p.K), v = kiln_ld8_scalar(xr, k, p.K);
+            kiln_mma_bf16(c, a.x, b.x, a.y, b.y, v.x, v.y);
+            kiln_mma_bf16(c, a.z, b.z, a.w, b.w, v.z, v.w);
+        }
+    }
+    /* C fragment: c0, c1 = rows g, cols 2t, 2t+1; c2, c3 = row g + 8. */
+    red[warp][g][2 * t] = c[0];
+    red[warp][g][2 * t + 1] = c[1];
+    red[warp][g + 8][2 * t] = c[2];
+    red[warp][g + 8][2 * t + 1] = c[3];
+    __syncthreads();
+#if GEMV_SWIGLU
+    /* rows (2f, 2f+1) = (gate_f, up_f): 8 pairs x 8 columns */
+    for (int i = threadIdx.x; i < 64; i += GEMV_WARPS * 32) {
+        const int pr = i / 8, m = i % 8, row = n0 + 2 * pr;
+        if (row + 1 >= p.N || m0 + m >= p.M) continue;
+        float gs = 0.0f, us = 0.0f;
+#pragma unroll
+        for (int wi = 0; wi < GEMV_WARPS; wi++) {
+            gs += red[wi][2 * pr][m];
+            us += red[wi][2 * pr + 1][m];
+        }
+        float v = kiln_silu(gs) * us;
+        const size_t o = (size_t)(m0 + m) * p.ldy + row / 2;
+#else
+    for (int i = threadIdx.x; i < 128; i += GEMV_WARPS * 32) {
+        const int r = i / 8, m = i % 8, row = n0 + r;
+        if (row >= p.N || m0 + m >= p.M) continue;
+        float v = 0.0f;
+#pragma unroll
+        for (int wi = 0; wi < GEMV_WARPS; wi++) v += red[wi][r][m];
+        const size_t o = (size_t)(m0 + m) * p.ldy + row;
+#endif
+        if (p.residual) v += kiln_bf2f(((const kiln_bf16 *)p.residual)[o]);
+#if GEMV_OUT_F32
+        ((float *)p.y)[o] = v;
+#else
+        ((kiln_bf16 *)p.y)[o] = kiln_f2bf(v);
+#endif
+    }
+}
+#endif /* GEMV_MMA */

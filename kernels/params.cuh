@@ -58,7 +58,7 @@ typedef struct kiln_rope_kv_params {
 
 /* Decode attention: one query token per sequence over its paged KV cache
  * (already holding that token's k and v), GQA, optional sliding window,
- * split along the sequence in chunks of PARTITION tokens. Kernels:
+ * split along the sequence in chunks of `partition` tokens. Kernels:
  * kiln_attn_decode (grid N_KV_HEADS x B x max_splits) and, when max_splits
  * > 1, kiln_attn_decode_combine (grid N_HEADS x B). */
 typedef struct kiln_attn_decode_params {
@@ -72,6 +72,8 @@ typedef struct kiln_attn_decode_params {
     kiln_dptr part_ml;      /* fp32 [B, N_HEADS, max_splits, 2]: running max (log2 units), sum */
     float scale;            /* softmax scale, usually 1/sqrt(HEAD_DIM) */
     int B, max_blocks, max_splits;
+    int partition;          /* tokens per split, 1..PARTITION (kiln_attn_decode_partition picks it) */
+    int pad_;
 } kiln_attn_decode_params;
 
 /* Prefill attention (flash style, causal, GQA, sliding window) for a batch

@@ -132,14 +132,20 @@ kiln_status kiln_cuda_launch(kiln_cuda *cu, CUfunction f, const kiln_cuda_dims *
 /* The GEMV's compile-time shape (gemv.cuh's GEMV_* constants). */
 typedef struct kiln_gemv_cfg {
     int warps, rows, unroll, mt;
+    int mma; /* GEMV_MMA: tensor-core variant (16 rows x 8 x-rows per block; rows, mt ignored) */
 } kiln_gemv_cfg;
 
 kiln_cuda_dims kiln_gemv_dims(const kiln_gemv_cfg *c, int M, int N);
 /* Dynamic shared memory of kiln_attn_decode and kiln_attn_prefill. */
-unsigned kiln_attn_decode_smem(int n_heads, int n_kv_heads, int head_dim, int partition, int warps);
+unsigned kiln_attn_decode_smem(int n_heads, int n_kv_heads, int head_dim, int block_size, int partition_max, int warps);
 unsigned kiln_attn_prefill_smem(int head_dim);
 /* Splits kiln_attn_decode needs for a context of `len` tokens. */
 int kiln_attn_decode_splits(int len, int window, int partition);
+/* The split size for a decode step: short enough that batch x kv heads x
+ * splits fills about two waves of the GPU's `n_sm` multiprocessors, a
+ * multiple of 32, at least 32 and at most partition_max (the kernel's
+ * PARTITION). `max_len` is the longest context in the batch. */
+int kiln_attn_decode_partition(int batch, int n_kv_heads, int max_len, int window, int n_sm, int partition_max);
 
 /* ---- memory ---- */
 

@@ -221,8 +221,9 @@ static void run_gemv_case(const gemv_variant *v, kfn *k, int M, int N, int K) {
         double e = v->out_f32 ? rel_err_f32(out, ref_out, (size_t)M * nout)
                               : rel_err_bf16(out, ref_out, (size_t)M * nout);
         double tol = v->out_f32 && !v->residual ? TOL_F32 : TOL_BF16;
-        KT_CHECKF(e < tol, "gemv M=%d N=%d K=%d (warps %d rows %d unroll %d mt %d f32 %d swiglu %d res %d): rel err %g",
-                  M, N, K, v->cfg.warps, v->cfg.rows, v->cfg.unroll, v->cfg.mt, v->out_f32, v->swiglu, v->residual, e);
+        KT_CHECKF(e < tol, "gemv M=%d N=%d K=%d (warps %d rows %d unroll %d mt %d mma %d f32 %d swiglu %d res %d): rel err %g",
+                  M, N, K, v->cfg.warps, v->cfg.rows, v->cfg.unroll, v->cfg.mt, v->cfg.mma, v->out_f32, v->swiglu,
+                  v->residual, e);
         free(out);
     }
     kiln_cuda_release(&g_cu, x);
@@ -235,12 +236,15 @@ static void run_gemv_case(const gemv_variant *v, kfn *k, int M, int N, int K) {
 static void test_gemv(void) {
     NEED_GPU();
     static const gemv_variant variants[] = {
-        {{4, 2, 4, 1}, 0, 0, 0}, /* decode default */
-        {{8, 1, 8, 1}, 0, 0, 0},
-        {{4, 2, 2, 8}, 0, 0, 0}, /* batch up to 8 */
-        {{4, 4, 2, 4}, 1, 0, 0}, /* fp32 logits */
-        {{4, 2, 4, 1}, 0, 1, 0}, /* fused SwiGLU */
-        {{4, 2, 4, 2}, 0, 0, 1}, /* residual add */
+        {{4, 2, 4, 1, 0}, 0, 0, 0}, /* decode default */
+        {{8, 1, 8, 1, 0}, 0, 0, 0},
+        {{4, 2, 2, 8, 0}, 0, 0, 0}, /* batch up to 8 */
+        {{4, 4, 2, 4, 0}, 1, 0, 0}, /* fp32 logits */
+        {{4, 2, 4, 1, 0}, 0, 1, 0}, /* fused SwiGLU */
+        {{4, 2, 4, 2, 0}, 0, 0, 1}, /* residual add */
+        {{4, 0, 4, 0, 1}, 0, 0, 0}, /* tensor cores (mma.sync), 8 x-rows per block */
+        {{2, 0, 2, 0, 1}, 0, 1, 0}, /* tensor cores + SwiGLU */
+        {{4, 0, 1, 0, 1}, 1, 0, 1}, /* tensor cores, fp32 out + residual */
     };
     static const int shapes[][3] = {
         {1, 1, 8}, {1, 7, 64}, {1, 4097, 256}, {3, 33, 4096}, {1, 64, 4097}, {5, 17, 7},
@@ -248,16 +252,17 @@ static void test_gemv(void) {
     };
     for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; vi++) {
         const gemv_variant *v = &variants[vi];
-        char d[6][32];
+        char d[7][32];
+        snprintf(d[6], 32, "GEMV_MMA=%d", v->cfg.mma);
         snprintf(d[0], 32, "GEMV_WARPS=%d", v->cfg.warps);
         snprintf(d[1], 32, "GEMV_ROWS=%d", v->cfg.rows);
         snprintf(d[2], 32, "GEMV_UNROLL=%d", v->cfg.unroll);
         snprintf(d[3], 32, "GEMV_MT=%d", v->cfg.mt);
         snprintf(d[4], 32, "GEMV_OUT_F32=%d", v->out_f32);
         snprintf(d[5], 32, "GEMV_SWIGLU=%d", v->swiglu);
-        const char *defs[6] = {d[0], d[1], d[2], d[3], d[4], d[5]};
+        const char *defs[7] = {d[0], d[1], d[2], d[3], d[4], d[5], d[6]};
         kfn k;
-        KT_REQUIRE(kbuild(&k, "gemv.cuh", "kiln_gemv", defs, 6));
+        KT_REQUIRE(kbuild(&k, "gemv.cuh", "kiln_gemv", defs, 7));
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
             if (v->swiglu && N % 2) N += 1;
@@ -534,7 +539,7 @@ static int attn_defs(const attn_cfg *c, char d[7][40], const char *defs[7]) {
     snprintf(d[2], 40, "HEAD_DIM=%d", c->hd);
     snprintf(d[3], 40, "BLOCK_SIZE=%d", c->bs);
     snprintf(d[4], 40, "WINDOW=%d", c->window);
-    snprintf(d[5], 40, "PARTITION=%d", c->partition);
+    snprintf(d[5], 40, "PARTITION=512"); /* the largest split; the tests pick smaller ones at run time */
     snprintf(d[6], 40, "ATTN_WARPS=4");
     for (int i = 0; i < 7; i++) defs[i] = d[i];
     return 7;
@@ -551,6 +556,8 @@ static void test_attn_decode(void) {
         {32, 8, 128, 16, 0, 512},   /* Mistral heads, default partition */
         {8, 2, 128, 16, 100, 64},   /* sliding window smaller than the context */
         {6, 2, 32, 8, 0, 32},       /* GQA 3, odd group */
+        {32, 8, 128, 16, 0, 0},     /* Mistral heads, split size from kiln_attn_decode_partition */
+        {32, 8, 128, 16, 4096, 0},  /* Mistral: window 4096 < context 4097 */
     };
     static const int lens[] = {1, 7, 63, 64, 65, 300, 1000, 4097};
     const int B = (int)(sizeof lens / sizeof lens[0]);
@@ -564,9 +571,12 @@ static void test_attn_decode(void) {
         KT_REQUIRE(kfn_get(&k, "kiln_attn_decode_combine", &comb));
         paged pc;
         paged_make(&pc, c, B, lens);
+        int max_len = 0;
+        for (int b = 0; b < B; b++) max_len = lens[b] > max_len ? lens[b] : max_len;
+        int part = c->partition ? c->partition : kiln_attn_decode_partition(B, c->nkv, max_len, c->window, g_cu.n_sm, 512);
         int max_splits = 1;
         for (int b = 0; b < B; b++) {
-            int s = kiln_attn_decode_splits(lens[b], c->window, c->partition);
+            int s = kiln_attn_decode_splits(lens[b], c->window, part);
             if (s > max_splits) max_splits = s;
         }
         size_t qn = (size_t)B * c->nh * c->hd;
@@ -577,8 +587,8 @@ static void test_attn_decode(void) {
         dev_poison16(o, qn * 2);
         dev_poison32(po, (size_t)B * c->nh * max_splits * c->hd * 4);
         float scale = 1.0f / sqrtf((float)c->hd);
-        kiln_attn_decode_params p = {q, pc.k, pc.v, pc.dbt, pc.dlens, o, po, pml, scale, B, pc.max_blocks, max_splits};
-        unsigned smem = kiln_attn_decode_smem(c->nh, c->nkv, c->hd, c->partition, 4);
+        kiln_attn_decode_params p = {q, pc.k, pc.v, pc.dbt, pc.dlens, o, po, pml, scale, B, pc.max_blocks, max_splits, part, 0};
+        unsigned smem = kiln_attn_decode_smem(c->nh, c->nkv, c->hd, c->bs, 512, 4);
         KT_CHECK(klaunch(k.fn, "kiln_attn_decode", dims((unsigned)c->nkv, (unsigned)B, (unsigned)max_splits, 128, smem), &p));
         if (max_splits > 1)
             KT_CHECK(klaunch(comb, "kiln_attn_decode_combine", dims((unsigned)c->nh, (unsigned)B, 1, (unsigned)((c->hd + 31) / 32 * 32), 0), &p));
@@ -592,7 +602,7 @@ static void test_attn_decode(void) {
             size_t off = (size_t)b * c->nh * c->hd;
             double e = rel_err_bf16(oh + off, ref + off, (size_t)c->nh * c->hd);
             KT_CHECKF(e < TOL_BF16, "decode attn cfg %zu (heads %d/%d hd %d window %d partition %d) len %d: rel err %g",
-                      ci, c->nh, c->nkv, c->hd, c->window, c->partition, lens[b], e);
+                      ci, c->nh, c->nkv, c->hd, c->window, part, lens[b], e);
         }
         kiln_cuda_release(&g_cu, q); kiln_cuda_release(&g_cu, o); kiln_cuda_release(&g_cu, po); kiln_cuda_release(&g_cu, pml);
         free(qh); free(qf); free(oh); free(ref);

@@ -21,16 +21,17 @@ int kiln_cuda_pick_image(const kiln_cuda_image *images, int n_images, int device
 
 kiln_cuda_dims kiln_gemv_dims(const kiln_gemv_cfg *c, int M, int N) {
     kiln_cuda_dims d = {{1, 1, 1}, {1, 1, 1}, 0};
-    int per_block = c->warps * c->rows;
+    int per_block = c->mma ? 16 : c->warps * c->rows, mt = c->mma ? 8 : c->mt;
     d.grid[0] = (unsigned)((N + per_block - 1) / per_block);
-    d.grid[1] = (unsigned)((M + c->mt - 1) / c->mt);
+    d.grid[1] = (unsigned)((M + mt - 1) / mt);
     d.block[0] = (unsigned)(c->warps * 32);
     return d;
 }
 
-unsigned kiln_attn_decode_smem(int n_heads, int n_kv_heads, int head_dim, int partition, int warps) {
+unsigned kiln_attn_decode_smem(int n_heads, int n_kv_heads, int head_dim, int block_size, int partition_max,
+                               int warps) {
     int g = n_heads / n_kv_heads;
-    return (unsigned)(4 * (g * partition + warps * g * head_dim + 2 * g));
+    return (unsigned)(4 * (g * partition_max + warps * g * head_dim + 2 * g + partition_max / block_size + 2));
 }
 
 unsigned kiln_attn_prefill_smem(int head_dim) {
@@ -40,4 +41,17 @@ unsigned kiln_attn_prefill_smem(int head_dim) {
 int kiln_attn_decode_splits(int len, int window, int partition) {
     int n = (window > 0 && len > window) ? window : len;
     return n <= 0 ? 1 : (n + partition - 1) / partition;
+}
+
+int kiln_attn_decode_partition(int batch, int n_kv_heads, int max_len, int window, int n_sm, int partition_max) {
+    int len = (window > 0 && max_len > window) ? window : max_len;
+    int units = batch * n_kv_heads;
+    if (units < 1) units = 1;
+    int want_splits = (2 * n_sm + units - 1) / units; /* about two waves */
+    if (want_splits < 1) want_splits = 1;
+    int part = (len + want_splits - 1) / want_splits;
+    part = (part + 31) / 32 * 32;
+    if (part < 32) part = 32;
+    if (part > partition_max) part = partition_max;
+    return part;
 }
