@@ -173,10 +173,10 @@ static void bench_gemv(bench *b, bool quick) {
         {8, 14336, 4096}, {8, 4096, 4096}, {8, 4096, 14336},
     };
     /* warps, rows, unroll, mt */
-    static const kiln_gemv_cfg v1[] = {{4, 2, 4, 1, 0}, {4, 4, 2, 1, 0}, {8, 1, 4, 1, 0}, {4, 4, 4, 1, 0},
-                                       {8, 4, 2, 1, 0}, {4, 0, 4, 0, 1}, {8, 0, 2, 0, 1}};
-    static const kiln_gemv_cfg v8[] = {{4, 4, 1, 8, 0}, {4, 2, 4, 8, 0}, {4, 0, 4, 0, 1}, {4, 0, 2, 0, 1},
-                                       {8, 0, 2, 0, 1}, {2, 0, 4, 0, 1}, {8, 0, 4, 0, 1}};
+    static const kiln_gemv_cfg v1[] = {{4, 2, 4, 1, 0}, {4, 4, 2, 1, 0}, {8, 1, 4, 1, 0}, {8, 4, 2, 1, 0},
+                                       {8, 0, 2, 0, 1}, {8, 0, 1, 0, 1}, {16, 0, 1, 0, 1}};
+    static const kiln_gemv_cfg v8[] = {{4, 4, 1, 8, 0}, {8, 0, 2, 0, 1}, {8, 0, 1, 0, 1}, {16, 0, 1, 0, 1},
+                                       {16, 0, 2, 0, 1}, {4, 0, 1, 0, 1}, {12, 0, 1, 0, 1}};
     CUmodule mods[32] = {0};
     CUfunction fn1[16], fn8[16];
     int n1 = quick ? 2 : (int)(sizeof v1 / sizeof v1[0]), n8 = quick ? 2 : (int)(sizeof v8 / sizeof v8[0]);
@@ -257,7 +257,8 @@ static void bench_attn(bench *b) {
     CUfunction fd = build(b, "attn_decode.cuh", "kiln_attn_decode", defs, 6, &md), fc;
     kiln_error err = {0};
     if (kiln_cuda_module_function(&b->cu, md, "kiln_attn_decode_combine", &fc, &err)) die("combine", &err);
-    CUfunction fp = build(b, "attn_prefill.cuh", "kiln_attn_prefill", defs, 6, &mp);
+    CUfunction fp = build(b, "attn_prefill.cuh", "kiln_attn_prefill", defs, 6, &mp), fpm;
+    if (kiln_cuda_module_function(&b->cu, mp, "kiln_attn_prefill_mma", &fpm, &err)) die("prefill mma", &err);
     static const int cases[][2] = {{1, 512}, {1, 4096}, {8, 1024}, {8, 4096}, {64, 1024}, {64, 4096}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         int B = cases[ci][0], L = cases[ci][1], nbpS = (L + BS - 1) / BS, nblocks = B * nbpS;
@@ -301,11 +302,18 @@ static void bench_attn(bench *b) {
             kiln_cuda_alloc(&b->cu, 8, &ds, &err) || kiln_cuda_upload(&b->cu, ds, starts, 8, &err))
             die("prefill alloc", &err);
         kiln_attn_prefill_params p = {q, k, v, dbt, dl, ds, o, 0.0883883f, 1, nb, 0};
-        attn_ctx a = {fp, NULL, {{(unsigned)((T + 63) / 64), NH, 1}, {128, 1, 1}, kiln_attn_prefill_smem(HD)}, {{0}, {0}, 0}, &p, 0};
-        double sec = time_launches(b, attn_launch, &a, 3);
         double flops = 4.0 * NH * HD * ((double)T * (T + 1) / 2); /* causal: QK^T and PV over the lower triangle */
-        report(b, "attn_prefill", "fp32 fma", 1, T, T, sec, 2.0 * T * (NH + 2 * NKV) * HD * 2, flops);
-        fprintf(stderr, "prefill attention T=%d (one layer, 32 heads): %.1f us, %.1f TFLOP/s\n", T, sec * 1e6, flops / sec / 1e12);
+        for (int which = 0; which < 2; which++) {
+            attn_ctx a = {which ? fpm : fp, NULL,
+                          {{(unsigned)((T + 63) / 64), NH, 1}, {128, 1, 1},
+                           which ? kiln_attn_prefill_mma_smem(HD) : kiln_attn_prefill_smem(HD)},
+                          {{0}, {0}, 0}, &p, 0};
+            double sec = time_launches(b, attn_launch, &a, which ? 10 : 3);
+            report(b, "attn_prefill", which ? "mma.sync bf16" : "fp32 fma", 1, T, T, sec,
+                   2.0 * T * (NH + 2 * NKV) * HD * 2, flops);
+            fprintf(stderr, "prefill attention %s T=%d (one layer, 32 heads): %.1f us, %.1f TFLOP/s\n",
+                    which ? "mma" : "fma", T, sec * 1e6, flops / sec / 1e12);
+        }
         kiln_cuda_release(&b->cu, k); kiln_cuda_release(&b->cu, v); kiln_cuda_release(&b->cu, q); kiln_cuda_release(&b->cu, o);
         kiln_cuda_release(&b->cu, dbt); kiln_cuda_release(&b->cu, dl); kiln_cuda_release(&b->cu, ds);
         free(bt);

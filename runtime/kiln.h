@@ -45,6 +45,229 @@ typedef enum kiln_status {
 /* A static, generic description of a status code ("I/O error"...). */
 const char *kiln_status_str(kiln_status s);
 
+/* Why a request finished. Append-only, like kiln_status. */
+typedef enum kiln_stop_reason {
+    KILN_STOP_EOS = 0,        /* the model produced an end-of-sequence token (it is delivered) */
+    KILN_STOP_MAX_TOKENS = 1, /* max_tokens tokens were generated */
+    KILN_STOP_CONTEXT = 2,    /* the sequence filled the context window */
+    KILN_STOP_CANCELLED = 3,  /* kiln_cancel(), or a callback returned non-zero */
+    KILN_STOP_ERROR = 4,      /* the request could not run (see kiln_last_error) */
+    KILN_STOP_COUNT_          /* keep last; not a reason */
+} kiln_stop_reason;
+
+/* "eos", "max_tokens", "context_full", "cancelled", "error" ("unknown" otherwise). */
+const char *kiln_stop_reason_str(kiln_stop_reason r);
+
+/* ==================================================================== *
+ *  The embedding API                                                   *
+ * ==================================================================== *
+ *
+ *   kiln_t       an engine file opened for execution: weights, plan,
+ *                tokenizer. Read-only once open: any number of contexts,
+ *                on any threads, may share one.
+ *   kiln_ctx_t   a context: a device (CPU or GPU), its KV memory and a
+ *                continuous-batching scheduler. Requests are submitted to a
+ *                context, advanced by kiln_step()/kiln_run(), and their
+ *                tokens come back through a callback or kiln_poll().
+ *
+ * Typical use (docs/c-api.md has the full example):
+ *
+ *   kiln_t *k;  kiln_open("model.kiln", 0, &k);
+ *   kiln_ctx_t *ctx;  kiln_ctx_new(k, NULL, &ctx);
+ *   kiln_request_options ro;  kiln_request_options_init(&ro);  ro.max_tokens = 64;
+ *   int64_t id;  kiln_submit(ctx, prompt, n_prompt, &ro, &id);
+ *   kiln_run(ctx);  kiln_poll(ctx, id, buf, cap, &n, &finished, &reason);
+ *   kiln_ctx_free(ctx);  kiln_close(k);
+ *
+ * Errors: every function returning kiln_status leaves a message naming what
+ * is wrong, with a hint, readable through kiln_error_message(k) for calls on
+ * an engine handle and kiln_last_error(ctx) for calls on a context. The
+ * constructors (kiln_open, kiln_ctx_new) hand back a handle even when they
+ * fail (unless memory for the handle itself ran out, KILN_ERR_NOMEM with
+ * *out = NULL): it holds only the message, every other call on it returns
+ * KILN_ERR_INVALID_ARG, and it must still be closed/freed.
+ *
+ * Threads: a kiln_t is read-only after kiln_open and may be shared. A
+ * kiln_ctx_t may be driven from several threads: kiln_submit, kiln_cancel,
+ * kiln_poll and kiln_pending may run on any thread while one thread runs
+ * kiln_step/kiln_run (they take the context's lock; they wait at most for
+ * the bookkeeping part of a step, not for the model). Only one thread may
+ * step a context at a time (a second gets KILN_ERR_INVALID_ARG), and
+ * kiln_ctx_free must not race with any other call on the context.
+ * kiln_last_error's text belongs to the context: with several threads, read
+ * it on the thread that saw the failure before another call fails.
+ *
+ * Callbacks run on the thread that steps, inside kiln_step/kiln_run (and
+ * inside kiln_cancel for a request that is cancelled outside a step). From a
+ * callback you may call kiln_submit, kiln_cancel, kiln_poll and
+ * kiln_pending on the same context; kiln_step, kiln_run and kiln_ctx_free
+ * are refused or forbidden there.
+ *
+ * Ownership: the library copies everything it is given (paths, prompts,
+ * options); strings it returns stay owned by the handle they came from.
+ *
+ * ABI: option structs start with struct_size; initialise them with their
+ * *_init function, which sets it, so a newer library can tell an older
+ * caller's struct from its own. Sizes and ids are fixed-width integers;
+ * booleans are int32_t (0 = false).
+ */
+
+typedef struct kiln_t kiln_t;
+typedef struct kiln_ctx_t kiln_ctx_t;
+
+/* ---- engines ---- */
+
+/* Open an engine file: verify it (format, checksums), read its plan, decode
+ * its weights (with `threads` threads when compressed; 0 = one per core)
+ * and load its tokenizer when it has one. See the error rules above. */
+kiln_status kiln_open(const char *path, int32_t threads, kiln_t **out);
+/* Close an engine. Every context made from it must be freed first. NULL is a no-op. */
+void kiln_close(kiln_t *k);
+/* The message of the failure that made this handle (kiln_open) or "" when
+ * it opened fine; "kiln_t is NULL" for NULL. Owned by the handle. */
+const char *kiln_error_message(const kiln_t *k);
+
+/* What the engine holds (0 or -1 for a NULL or failed handle). */
+int32_t kiln_vocab_size(const kiln_t *k);  /* token ids are 0 .. vocab-1 */
+int32_t kiln_max_context(const kiln_t *k); /* the model's context window, in tokens */
+int32_t kiln_bos_id(const kiln_t *k);      /* beginning-of-sequence id, -1 when none */
+/* Copy up to `cap` end-of-sequence ids into `ids`; returns how many there are. */
+int32_t kiln_eos_ids(const kiln_t *k, int32_t *ids, int32_t cap);
+/* 1 when the engine has a tokenizer (kiln_tokenize/kiln_detokenize work), else 0. */
+int32_t kiln_has_tokenizer(const kiln_t *k);
+/* The engine's meta section: a JSON object (model config, weights dtype,
+ * build options...), NUL-terminated, owned by the handle. NULL when failed. */
+const char *kiln_meta_json(const kiln_t *k);
+/* Seconds kiln_open took. */
+double kiln_open_seconds(const kiln_t *k);
+
+/* ---- contexts ---- */
+
+typedef struct kiln_ctx_options {
+    uint32_t struct_size;    /* sizeof(kiln_ctx_options); set by kiln_ctx_options_init */
+    const char *device;      /* "cpu", "gpu" or "auto" (= gpu when this build and host have one, else cpu);
+                                NULL = "auto" */
+    int32_t max_batch;       /* sequences that run together (slots); default 8, 1..1024 */
+    int32_t max_context;     /* tokens per sequence, prompt + output; 0 = the model's (default) */
+    int64_t kv_bytes;        /* KV memory in bytes, all sequences together; 0 = use kv_fraction on a
+                                GPU, enough for max_batch full contexts on the CPU (default 0) */
+    double kv_fraction;      /* GPU only, when kv_bytes is 0: fraction of the free device memory
+                                (after weights) for the KV pool, in (0, 1]; default 0.9 */
+    int32_t max_step_tokens; /* new tokens per step, all sequences together (chunked prefill);
+                                0 = 512 (default); at least max_batch */
+    int32_t threads;         /* CPU threads; 0 = one per core (default) */
+} kiln_ctx_options;
+
+/* Fill *o with the defaults above. */
+void kiln_ctx_options_init(kiln_ctx_options *o);
+
+/* Create a context on the engine `k` with options `o` (NULL = defaults).
+ * Bad options give KILN_ERR_INVALID_ARG, an unavailable device
+ * KILN_ERR_DEVICE. See the error rules above. */
+kiln_status kiln_ctx_new(const kiln_t *k, const kiln_ctx_options *o, kiln_ctx_t **out);
+/* Free a context: running and queued requests are dropped without further
+ * callbacks. NULL is a no-op. Not from a callback. */
+void kiln_ctx_free(kiln_ctx_t *ctx);
+/* The message of the last failure on this context ("" if none; "kiln_ctx_t
+ * is NULL" for NULL). Owned by the context, valid until the next failure. */
+const char *kiln_last_error(const kiln_ctx_t *ctx);
+
+typedef struct kiln_ctx_info {
+    uint32_t struct_size;       /* sizeof(kiln_ctx_info); set it before calling kiln_ctx_info */
+    char device[16];            /* "cpu" or "gpu" */
+    char device_name[128];      /* "cpu", "NVIDIA H200"... */
+    int32_t max_batch, max_context, max_step_tokens;
+    int64_t kv_capacity_tokens; /* KV tokens all sequences together can hold */
+    int64_t device_bytes;       /* device memory in use now (0 on the CPU) */
+    int64_t device_peak_bytes;  /* the most device memory in use so far (0 on the CPU) */
+    int64_t host_peak_bytes;    /* the process's peak resident memory (VmHWM) */
+    int64_t steps;              /* kiln_step calls that ran the model */
+    int32_t max_running;        /* the most sequences that ran in one step so far */
+} kiln_ctx_info;
+
+/* Describe the context. */
+kiln_status kiln_ctx_info_get(kiln_ctx_t *ctx, kiln_ctx_info *info);
+
+/* ---- requests ---- */
+
+/* Receives the tokens of a request submitted with a callback. Called once
+ * per generated token (token >= 0, finished = 0), except that the last
+ * token comes with finished = 1 and stop_reason set; a request that ends
+ * without a new token (cancelled while queued, an error) gets one call with
+ * token = -1 and finished = 1. Return 0 to go on, non-zero to cancel the
+ * request (it then finishes with KILN_STOP_CANCELLED at once). */
+typedef int32_t (*kiln_token_callback)(void *user, int64_t request, int32_t token, int32_t finished,
+                                       int32_t stop_reason);
+
+typedef struct kiln_request_options {
+    uint32_t struct_size;         /* sizeof(kiln_request_options); set by kiln_request_options_init */
+    int32_t max_tokens;           /* tokens to generate at most (default 128; 0 = finish at once) */
+    float temperature;            /* 0 = greedy (default) */
+    int32_t top_k;                /* keep the k most likely tokens; 0 = off (default) */
+    float top_p;                  /* keep the smallest set with this much probability; 1 = off (default) */
+    uint64_t seed;                /* sampling seed: the same seed and prompt give the same tokens,
+                                     alone or batched (default 0) */
+    int32_t ignore_eos;           /* non-zero: do not stop at an end-of-sequence token */
+    kiln_token_callback on_token; /* NULL: keep the tokens for kiln_poll (default) */
+    void *user;                   /* passed to on_token */
+} kiln_request_options;
+
+/* Fill *o with the defaults above. */
+void kiln_request_options_init(kiln_request_options *o);
+
+/* Queue a request: `n_prompt` token ids (copied), options `o` (NULL =
+ * defaults). *id receives its id (> 0, unique in the context). Refused at
+ * once: an empty prompt or an id outside the vocabulary
+ * (KILN_ERR_INVALID_ARG), a prompt longer than the context or a request
+ * the KV memory can never hold (KILN_ERR_CONTEXT). Otherwise the request
+ * waits until a slot and its KV memory (prompt + max_tokens, capped at the
+ * context) are free: requests are admitted in submission order. */
+kiln_status kiln_submit(kiln_ctx_t *ctx, const int32_t *prompt, int32_t n_prompt, const kiln_request_options *o,
+                        int64_t *id);
+
+/* Run one scheduler step: admit waiting requests that fit, run one model
+ * step over decode tokens of running requests and prefill chunks of new
+ * ones, deliver the new tokens, finish requests and free their memory.
+ * Returns KILN_OK when there was nothing to do. On a device failure the
+ * requests in that step finish with KILN_STOP_ERROR and the status says why. */
+kiln_status kiln_step(kiln_ctx_t *ctx);
+/* Step until no request is queued or running. */
+kiln_status kiln_run(kiln_ctx_t *ctx);
+/* Requests queued or running (not counting finished ones waiting to be polled). */
+int32_t kiln_pending(kiln_ctx_t *ctx);
+
+/* Take the tokens a request (submitted without a callback) produced since
+ * the last poll: up to `cap` ids into `buf`, their count in *n. *finished
+ * becomes 1 when the request has finished and every token has been taken;
+ * *stop_reason (may be NULL) then holds its kiln_stop_reason, else -1. After
+ * the poll that reports finished, the id is forgotten (polling it again is
+ * KILN_ERR_INVALID_ARG). buf may be NULL when cap is 0. */
+kiln_status kiln_poll(kiln_ctx_t *ctx, int64_t id, int32_t *buf, int32_t cap, int32_t *n, int32_t *finished,
+                      int32_t *stop_reason);
+
+/* Cancel a queued or running request: it finishes with KILN_STOP_CANCELLED
+ * and its slot and KV memory are freed (at once outside a step; at the end
+ * of the current step from inside a callback). Tokens already produced stay
+ * pollable. Cancelling a finished request is a no-op (KILN_OK); an unknown
+ * id is KILN_ERR_INVALID_ARG. */
+kiln_status kiln_cancel(kiln_ctx_t *ctx, int64_t id);
+
+/* ---- tokenizer (engines that carry one) ---- */
+
+/* Encode `len` bytes of UTF-8 `text` into at most `cap` ids; *n receives
+ * the number of ids the text needs, also when that exceeds cap (then the
+ * status is KILN_ERR_INVALID_ARG and nothing is written: call again with a
+ * larger buffer). add_special: add bos/eos as the model's tokenizer does.
+ * No tokenizer: KILN_ERR_MISSING. */
+kiln_status kiln_tokenize(kiln_ctx_t *ctx, const char *text, size_t len, int32_t add_special, int32_t *ids,
+                          int32_t cap, int32_t *n);
+/* Decode ids into `text` (NUL-terminated, at most cap bytes with the NUL);
+ * *len receives the text's length without the NUL, also when it does not
+ * fit (then KILN_ERR_INVALID_ARG and text is ""). skip_special: leave out
+ * special tokens (bos, eos...). */
+kiln_status kiln_detokenize(kiln_ctx_t *ctx, const int32_t *ids, int32_t n, int32_t skip_special, char *text,
+                            size_t cap, size_t *len);
+
 #ifdef __cplusplus
 }
 #endif

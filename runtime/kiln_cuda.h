@@ -139,6 +139,7 @@ kiln_cuda_dims kiln_gemv_dims(const kiln_gemv_cfg *c, int M, int N);
 /* Dynamic shared memory of kiln_attn_decode and kiln_attn_prefill. */
 unsigned kiln_attn_decode_smem(int n_heads, int n_kv_heads, int head_dim, int block_size, int partition_max, int warps);
 unsigned kiln_attn_prefill_smem(int head_dim);
+unsigned kiln_attn_prefill_mma_smem(int head_dim); /* kiln_attn_prefill_mma (tensor cores) */
 /* Splits kiln_attn_decode needs for a context of `len` tokens. */
 int kiln_attn_decode_splits(int len, int window, int partition);
 /* The split size for a decode step: short enough that batch x kv heads x

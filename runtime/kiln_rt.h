@@ -5,7 +5,7 @@
  *   kiln_model      an engine opened and checked: meta, plan, weights, tokenizer
  *   kiln_cpu_ctx    the CPU executor's state for one sequence: KV cache and
  *                   activation buffers; runs the plan in fp32
- *   kiln_sampler    greedy / temperature / top-k / top-p with a seeded RNG
+ *   kiln_cpu_executor_new   the CPU executor as a kiln_executor, for the scheduler
  *   kiln_generate   prompt ids → generated ids, stopping on eos or a limit
  */
 #ifndef KILN_RT_H
@@ -65,35 +65,25 @@ void kiln_cpu_ctx_reset(kiln_cpu_ctx *c);
 kiln_status kiln_cpu_forward(kiln_cpu_ctx *c, const int32_t *tokens, int n, bool all_logits, float *logits,
                              kiln_error *err);
 
-/* ---- sampling ---- */
+/* ---- sampling (the rest is in kiln_exec.h: kiln_sample_logits, kiln_sample_uniform) ---- */
 
-typedef struct kiln_sampler {
-    float temperature; /* 0 = greedy */
-    int top_k;         /* 0 = off */
-    float top_p;       /* 1 = off */
-    uint64_t state;    /* RNG state (splitmix64/xorshift), from the seed */
-    float *probs;      /* scratch, vocab entries */
-    int32_t *idx;      /* scratch, vocab entries */
-    int vocab;
-} kiln_sampler;
-
-kiln_status kiln_sampler_init(kiln_sampler *s, int vocab, float temperature, int top_k, float top_p, uint64_t seed,
-                              kiln_error *err);
-void kiln_sampler_free(kiln_sampler *s);
-/* Pick the next token from `logits` (vocab floats; not modified). */
-int32_t kiln_sampler_sample(kiln_sampler *s, const float *logits);
 /* Index of the largest logit (lowest index on ties). */
 int32_t kiln_argmax(const float *x, int n);
 
+/* ---- the CPU executor behind the scheduler (runtime/cpu_backend.c) ---- */
+
+struct kiln_executor;
+/* A kiln_executor (kiln_exec.h, ops "cpu") with one kiln_cpu_ctx per slot,
+ * created lazily, up to `max_seqs` slots of `max_context` tokens (0 = the
+ * model's). `kv_tokens` models a KV pool shared by all slots, in tokens
+ * (0 = max_seqs × max_context): reserve() refuses what would exceed it, so
+ * queueing and refusal behave as on a GPU with a fixed pool. */
+kiln_status kiln_cpu_executor_new(const kiln_model *m, int max_seqs, int max_context, int64_t kv_tokens, int threads,
+                                  struct kiln_executor **out, kiln_error *err);
+
 /* ---- generation ---- */
 
-typedef enum kiln_stop_reason {
-    KILN_STOP_EOS = 0,        /* the model produced an end-of-sequence token */
-    KILN_STOP_MAX_TOKENS = 1, /* max_tokens were generated */
-    KILN_STOP_CONTEXT = 2,    /* the context window is full */
-} kiln_stop_reason;
-
-const char *kiln_stop_reason_str(kiln_stop_reason r);
+/* kiln_stop_reason and kiln_stop_reason_str() are public: kiln.h. */
 
 /* Called for each generated token; return false to stop early. */
 typedef bool (*kiln_token_cb)(int32_t id, void *user);

@@ -633,6 +633,8 @@ static void test_attn_prefill(void) {
         const char *defs[7];
         kfn k;
         KT_REQUIRE(kbuild(&k, "attn_prefill.cuh", "kiln_attn_prefill", defs, attn_defs(c, d, defs)));
+        CUfunction fmma;
+        KT_REQUIRE(kfn_get(&k, "kiln_attn_prefill_mma", &fmma));
         paged pc;
         paged_make(&pc, c, B, ctx);
         int starts[6] = {0}, max_q = 0;
@@ -645,12 +647,8 @@ static void test_attn_prefill(void) {
         float *qf;
         uint16_t *qh = rand_bf16(qn, 1.0f, &qf);
         CUdeviceptr q = dev_from(qh, qn * 2), o = dev_alloc(qn * 2), dst = dev_from(starts, sizeof starts);
-        dev_poison16(o, qn * 2);
         float scale = 1.0f / sqrtf((float)c->hd);
         kiln_attn_prefill_params p = {q, pc.k, pc.v, pc.dbt, pc.dlens, dst, o, scale, B, pc.max_blocks, 0};
-        KT_CHECK(klaunch(k.fn, "kiln_attn_prefill",
-                         dims((unsigned)((max_q + 63) / 64), (unsigned)c->nh, (unsigned)B, 128, kiln_attn_prefill_smem(c->hd)), &p));
-        uint16_t *oh = host_from(o, qn * 2);
         double *ref = malloc(sizeof(double) * qn);
         for (int b = 0; b < B; b++)
             for (int i = 0; i < qlen[b]; i++)
@@ -658,14 +656,23 @@ static void test_attn_prefill(void) {
                     size_t at = ((size_t)(starts[b] + i) * c->nh + hq) * c->hd;
                     ref_attend(&pc, c, b, hq, ctx[b] - qlen[b] + i, qf + at, scale, ref + at);
                 }
-        for (int b = 0; b < B; b++) {
-            size_t off = (size_t)starts[b] * c->nh * c->hd, n = (size_t)qlen[b] * c->nh * c->hd;
-            double e = rel_err_bf16(oh + off, ref + off, n);
-            KT_CHECKF(e < TOL_BF16, "prefill attn cfg %zu (heads %d/%d hd %d window %d) q_len %d ctx %d: rel err %g", ci,
-                      c->nh, c->nkv, c->hd, c->window, qlen[b], ctx[b], e);
+        for (int which = 0; which < 2; which++) { /* 0: fp32 FMA kernel, 1: tensor cores */
+            dev_poison16(o, qn * 2);
+            KT_CHECK(klaunch(which ? fmma : k.fn, which ? "kiln_attn_prefill_mma" : "kiln_attn_prefill",
+                             dims((unsigned)((max_q + 63) / 64), (unsigned)c->nh, (unsigned)B, 128,
+                                  which ? kiln_attn_prefill_mma_smem(c->hd) : kiln_attn_prefill_smem(c->hd)),
+                             &p));
+            uint16_t *oh = host_from(o, qn * 2);
+            for (int b = 0; b < B; b++) {
+                size_t off = (size_t)starts[b] * c->nh * c->hd, n = (size_t)qlen[b] * c->nh * c->hd;
+                double e = rel_err_bf16(oh + off, ref + off, n);
+                KT_CHECKF(e < TOL_BF16, "prefill attn%s cfg %zu (heads %d/%d hd %d window %d) q_len %d ctx %d: rel err %g",
+                          which ? " (mma)" : "", ci, c->nh, c->nkv, c->hd, c->window, qlen[b], ctx[b], e);
+            }
+            free(oh);
         }
         kiln_cuda_release(&g_cu, q); kiln_cuda_release(&g_cu, o); kiln_cuda_release(&g_cu, dst);
-        free(qh); free(qf); free(oh); free(ref);
+        free(qh); free(qf); free(ref);
         paged_free(&pc);
         kfree(&k);
     }

@@ -38,6 +38,10 @@ unsigned kiln_attn_prefill_smem(int head_dim) {
     return (unsigned)(4 * (64 * (head_dim + 1) + 2 * 32 * (head_dim + 1) + 64 * 33));
 }
 
+unsigned kiln_attn_prefill_mma_smem(int head_dim) {
+    return (unsigned)(2 * (64 * (head_dim + 8) + head_dim * 72));
+}
+
 int kiln_attn_decode_splits(int len, int window, int partition) {
     int n = (window > 0 && len > window) ? window : len;
     return n <= 0 ? 1 : (n + partition - 1) / partition;

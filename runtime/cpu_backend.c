@@ -1,0 +1,199 @@
+/*
+ * cpu_backend.c — the CPU reference executor behind the scheduler: a
+ * kiln_executor (kiln_exec.h, ops "cpu") over kiln_cpu_ctx (cpu_exec.c).
+ *
+ * Slots: one kiln_cpu_ctx per slot, created at the slot's first reserve()
+ * and kept (reset, not freed) when the slot is released, so a busy server
+ * does not reallocate. Each context owns a full max_context KV cache; the
+ * KV *budget* is modelled separately in tokens (kv_tokens): reserve() grants
+ * a slot room for N tokens only while the sum over slots stays within it,
+ * exactly as a fixed GPU pool would. That is what lets the scheduler's
+ * queueing and refusal be tested without a GPU.
+ *
+ * Step: sequences run one after another; each forwards its new tokens in
+ * chunks of at most FORWARD_CHUNK (the activation buffers of a context are
+ * sized for one chunk), then samples with kiln_sample_logits and the uniform
+ * number of (seed, position of the new token). The CPU forward of a token
+ * does not depend on which other tokens share its chunk, so any chunking
+ * and any batch give bit-identical logits.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kiln_exec.h"
+#include "kiln_rt.h"
+
+/* tokens per kiln_cpu_forward call (activation memory: chunk × slot widths) */
+#define FORWARD_CHUNK 64
+
+typedef struct cpu_exec {
+    kiln_executor base;    /* first member: a cpu_exec * is a kiln_executor * */
+    const kiln_model *m;
+    int threads;
+    int64_t kv_tokens;     /* the modelled pool, tokens over all slots */
+    int64_t kv_used;       /* sum of reserved[] */
+    kiln_cpu_ctx **ctx;    /* [max_seqs], NULL until first reserved */
+    int32_t *reserved;     /* [max_seqs] KV tokens granted to the slot (0 = free) */
+    float *logits;         /* [vocab] last token's logits */
+    float *scratch;        /* [2 × vocab] for kiln_sample_logits */
+} cpu_exec;
+
+static kiln_status cpu_reserve(kiln_executor *x, int slot, int tokens, bool *fits, kiln_error *err) {
+    cpu_exec *c = (cpu_exec *)x;
+    *fits = false;
+    if (slot < 0 || slot >= x->max_seqs)
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "cpu executor: slot %d is outside 0..%d", slot, x->max_seqs - 1);
+    if (tokens < 0) return kiln_err(err, KILN_ERR_INVALID_ARG, "cpu executor: reserve of %d tokens", tokens);
+    if (tokens > x->max_context)
+        return kiln_err(err, KILN_ERR_CONTEXT, "cpu executor: %d tokens do not fit the %d-token context", tokens,
+                        x->max_context);
+    if (tokens <= c->reserved[slot]) {
+        *fits = true;
+        return KILN_OK;
+    }
+    int64_t more = tokens - c->reserved[slot];
+    if (c->kv_used + more > c->kv_tokens) return KILN_OK; /* not now */
+    if (!c->ctx[slot]) {
+        int chunk = x->max_context < FORWARD_CHUNK ? x->max_context : FORWARD_CHUNK;
+        kiln_status st = kiln_cpu_ctx_new(c->m, x->max_context, chunk, c->threads, &c->ctx[slot], err);
+        if (st != KILN_OK) return kiln_err_prefix(err, "cpu executor: slot %d: ", slot);
+    }
+    c->reserved[slot] = tokens;
+    c->kv_used += more;
+    *fits = true;
+    return KILN_OK;
+}
+
+static void cpu_release(kiln_executor *x, int slot) {
+    cpu_exec *c = (cpu_exec *)x;
+    if (slot < 0 || slot >= x->max_seqs) return;
+    c->kv_used -= c->reserved[slot];
+    c->reserved[slot] = 0;
+    if (c->ctx[slot]) kiln_cpu_ctx_reset(c->ctx[slot]);
+}
+
+/* Check one sequence of a step before anything runs. */
+static kiln_status check_seq(cpu_exec *c, const kiln_step *s, int i, const bool *seen, kiln_error *err) {
+    const kiln_executor *x = &c->base;
+    int slot = s->slot[i];
+    if (slot < 0 || slot >= x->max_seqs)
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "cpu executor: step sequence %d: slot %d is outside 0..%d", i,
+                        slot, x->max_seqs - 1);
+    if (seen[slot])
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "cpu executor: slot %d appears twice in one step", slot);
+    if (s->n_new[i] < 1)
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "cpu executor: slot %d: %d new tokens (at least 1)", slot,
+                        s->n_new[i]);
+    if (!c->ctx[slot] || c->reserved[slot] == 0)
+        return kiln_err(err, KILN_ERR_INTERNAL, "cpu executor: slot %d runs without a reserve()", slot);
+    if (s->start[i] != kiln_cpu_ctx_pos(c->ctx[slot]))
+        return kiln_err(err, KILN_ERR_INTERNAL, "cpu executor: slot %d: step starts at position %d but %d tokens are cached",
+                        slot, s->start[i], kiln_cpu_ctx_pos(c->ctx[slot]));
+    if ((int64_t)s->start[i] + s->n_new[i] > c->reserved[slot])
+        return kiln_err(err, KILN_ERR_INTERNAL, "cpu executor: slot %d grows to %lld tokens past its reserve of %d",
+                        slot, (long long)s->start[i] + s->n_new[i], c->reserved[slot]);
+    return KILN_OK;
+}
+
+static kiln_status cpu_step(kiln_executor *x, const kiln_step *s, kiln_error *err) {
+    cpu_exec *c = (cpu_exec *)x;
+    if (s->n_seqs < 0 || s->n_seqs > x->max_seqs)
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "cpu executor: a step of %d sequences (0..%d)", s->n_seqs,
+                        x->max_seqs);
+    bool *seen = calloc((size_t)x->max_seqs, sizeof *seen);
+    if (!seen) return kiln_err(err, KILN_ERR_NOMEM, "cpu executor: out of memory");
+    kiln_status st = KILN_OK;
+    for (int i = 0; i < s->n_seqs && st == KILN_OK; i++) {
+        st = check_seq(c, s, i, seen, err);
+        seen[s->slot[i]] = true;
+    }
+    free(seen);
+    if (st != KILN_OK) return st;
+
+    const int vocab = x->vocab;
+    const int32_t *tokens = s->tokens;
+    for (int i = 0; i < s->n_seqs; i++) {
+        kiln_cpu_ctx *ctx = c->ctx[s->slot[i]];
+        int chunk = kiln_cpu_ctx_max_step(ctx);
+        for (int done = 0; done < s->n_new[i];) {
+            int n = s->n_new[i] - done < chunk ? s->n_new[i] - done : chunk;
+            if ((st = kiln_cpu_forward(ctx, tokens + done, n, false, c->logits, err)) != KILN_OK)
+                return kiln_err_prefix(err, "cpu executor: slot %d: ", s->slot[i]);
+            done += n;
+        }
+        tokens += s->n_new[i];
+        if (s->logits) memcpy(s->logits + (size_t)i * (size_t)vocab, c->logits, (size_t)vocab * sizeof(float));
+        s->next[i] = -1;
+        if (s->want_token[i]) {
+            int64_t pos = (int64_t)s->start[i] + s->n_new[i]; /* position of the token being produced */
+            double u = kiln_sample_uniform(s->samp[i].seed, pos);
+            s->next[i] = kiln_sample_logits(c->logits, vocab, &s->samp[i], u, c->scratch);
+        }
+    }
+    return KILN_OK;
+}
+
+static void cpu_info(kiln_executor *x, kiln_executor_info *info) {
+    cpu_exec *c = (cpu_exec *)x;
+    snprintf(info->device_name, sizeof info->device_name, "cpu");
+    info->kv_capacity_tokens = c->kv_tokens;
+}
+
+static void cpu_destroy(kiln_executor *x) {
+    cpu_exec *c = (cpu_exec *)x;
+    if (!c) return;
+    if (c->ctx)
+        for (int i = 0; i < x->max_seqs; i++) kiln_cpu_ctx_free(c->ctx[i]);
+    free(c->ctx);
+    free(c->reserved);
+    free(c->logits);
+    free(c->scratch);
+    free(c);
+}
+
+static const kiln_executor_ops cpu_ops = {
+    .name = "cpu",
+    .step = cpu_step,
+    .reserve = cpu_reserve,
+    .release = cpu_release,
+    .destroy = cpu_destroy,
+    .info = cpu_info,
+};
+
+kiln_status kiln_cpu_executor_new(const kiln_model *m, int max_seqs, int max_context, int64_t kv_tokens, int threads,
+                                  kiln_executor **out, kiln_error *err) {
+    *out = NULL;
+    if (!m || !m->plan) return kiln_err(err, KILN_ERR_INVALID_ARG, "cpu executor: no model");
+    const int model_ctx = m->plan->max_context;
+    if (max_seqs < 1 || max_seqs > 4096)
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "cpu executor: max sequences %d must be in 1..4096", max_seqs);
+    if (max_context < 0 || max_context > model_ctx) {
+        kiln_err(err, KILN_ERR_INVALID_ARG, "cpu executor: max context %d is outside 1..%d (the model's)", max_context,
+                 model_ctx);
+        return kiln_err_hint(err, "use 0 for the model's context of %d tokens", model_ctx);
+    }
+    if (max_context == 0) max_context = model_ctx;
+    int64_t full = (int64_t)max_seqs * max_context;
+    if (kv_tokens < 0) return kiln_err(err, KILN_ERR_INVALID_ARG, "cpu executor: KV budget %lld tokens is negative", (long long)kv_tokens);
+    if (kv_tokens == 0 || kv_tokens > full) kv_tokens = full;
+    cpu_exec *c = calloc(1, sizeof *c);
+    if (!c) return kiln_err(err, KILN_ERR_NOMEM, "cpu executor: out of memory");
+    c->base = (kiln_executor){.ops = &cpu_ops,
+                              .max_seqs = max_seqs,
+                              .max_context = max_context,
+                              .max_step_tokens = max_seqs * max_context < (1 << 30) ? max_seqs * max_context : 1 << 30,
+                              .vocab = m->plan->vocab_size};
+    c->m = m;
+    c->threads = threads > 0 ? threads : 1;
+    c->kv_tokens = kv_tokens;
+    c->ctx = calloc((size_t)max_seqs, sizeof *c->ctx);
+    c->reserved = calloc((size_t)max_seqs, sizeof *c->reserved);
+    c->logits = malloc((size_t)c->base.vocab * sizeof *c->logits);
+    c->scratch = malloc(2 * (size_t)c->base.vocab * sizeof *c->scratch);
+    if (!c->ctx || !c->reserved || !c->logits || !c->scratch) {
+        cpu_destroy(&c->base);
+        return kiln_err(err, KILN_ERR_NOMEM, "cpu executor: out of memory for %d slots", max_seqs);
+    }
+    *out = &c->base;
+    return KILN_OK;
+}

@@ -1,0 +1,87 @@
+/*
+ * kiln_exec.h — the executor interface: what the scheduler asks of a device.
+ *
+ * An executor runs the plan for a *step*: new tokens of several sequences at
+ * once (continuous batching: some sequences prefill a chunk of their prompt,
+ * others decode one token), keeps each sequence's KV cache between steps,
+ * and returns the next token of every sequence that asked for one (sampled
+ * on the device where it can) and, for tests, the logits.
+ *
+ * Sequences live in slots 0..max_seqs-1 chosen by the scheduler. KV memory
+ * is the executor's: a slot grows as tokens are appended; `reserve` says in
+ * advance whether a slot can grow to a length, so the scheduler can refuse
+ * or queue work instead of running out of memory mid-step.
+ *
+ * Sampling is deterministic per (seed, position): the random number used for
+ * the token at position p is a hash of (seed, p), so a request gives the
+ * same tokens alone or batched, on any executor with the same logits.
+ *
+ * Implementations: runtime/cpu_backend.c (the fp32 reference, one KV cache
+ * per slot) and runtime/cuda/ (paged KV cache, CUDA graphs).
+ */
+#ifndef KILN_EXEC_H
+#define KILN_EXEC_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../common/kiln_util.h"
+
+typedef struct kiln_sampling {
+    float temperature; /* 0 = greedy */
+    int32_t top_k;     /* 0 = off */
+    float top_p;       /* 1 = off */
+    uint64_t seed;
+} kiln_sampling;
+
+typedef struct kiln_step {
+    int n_seqs;
+    const int32_t *slot;       /* [n_seqs] sequence slot */
+    const int32_t *n_new;      /* [n_seqs] new tokens this step (>= 1) */
+    const int32_t *start;      /* [n_seqs] position of the first new token = tokens already cached */
+    const int32_t *tokens;     /* [sum of n_new] the new tokens, sequence after sequence */
+    const bool *want_token;    /* [n_seqs] sample a next token after this step (prompt fully read) */
+    const kiln_sampling *samp; /* [n_seqs] */
+    int32_t *next;             /* [n_seqs] out: sampled token where want_token, else -1 */
+    float *logits;             /* optional out: [n_seqs, vocab], last new token of each sequence */
+} kiln_step;
+
+typedef struct kiln_executor kiln_executor;
+
+/* What an executor holds, for kiln_ctx_info() and `kiln bench`. */
+typedef struct kiln_executor_info {
+    char device_name[128];      /* "cpu", "NVIDIA H200" */
+    int64_t kv_capacity_tokens; /* most KV tokens all slots together can hold (0 = unknown) */
+    int64_t device_bytes;       /* device memory in use now (0 on the CPU) */
+    int64_t device_peak_bytes;  /* the most device memory in use since creation (0 on the CPU) */
+} kiln_executor_info;
+
+typedef struct kiln_executor_ops {
+    const char *name; /* "cpu", "cuda" */
+    kiln_status (*step)(kiln_executor *x, const kiln_step *s, kiln_error *err);
+    /* Make sure `slot` can hold `tokens` tokens in all (KILN_ERR_CONTEXT when
+     * longer than the context, KILN_ERR_NOMEM-free: returns false through
+     * *fits when the KV pool cannot take it now). */
+    kiln_status (*reserve)(kiln_executor *x, int slot, int tokens, bool *fits, kiln_error *err);
+    /* Forget a slot's sequence and free its KV memory. */
+    void (*release)(kiln_executor *x, int slot);
+    void (*destroy)(kiln_executor *x);
+    /* Optional (NULL = nothing to report): fill *info (zeroed by the caller). */
+    void (*info)(kiln_executor *x, kiln_executor_info *info);
+} kiln_executor_ops;
+
+struct kiln_executor {
+    const kiln_executor_ops *ops;
+    int max_seqs;        /* slots */
+    int max_context;     /* tokens per sequence */
+    int max_step_tokens; /* new tokens per step, all sequences together */
+    int vocab;
+};
+
+/* The random number in [0, 1) used to sample the token at `position`. */
+double kiln_sample_uniform(uint64_t seed, int64_t position);
+/* Sample from one row of logits with the request's settings and the uniform
+ * number u (kiln_sample_uniform). `scratch` holds 2 × vocab floats. */
+int32_t kiln_sample_logits(const float *logits, int vocab, const kiln_sampling *s, double u, float *scratch);
+
+#endif /* KILN_EXEC_H */
