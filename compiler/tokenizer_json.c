@@ -759,7 +759,7 @@ static kiln_status write_blob(cc *c, kiln_buf *b) {
     for (size_t i = 0; i < 3 * (size_t)c->n_merges; i++) put_u32(b, c->merges[i]);
     chunk_end(b, at);
 
-    qsort(c->added, c->n_added, sizeof *c->added, cmp_added);
+    if (c->n_added) qsort(c->added, c->n_added, sizeof *c->added, cmp_added);
     at = chunk_begin(b, KILN_TOK_CHUNK_ADDT);
     put_u32(b, c->n_added);
     for (uint32_t i = 0; i < c->n_added; i++) {

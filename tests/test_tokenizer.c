@@ -781,6 +781,7 @@ static int bench(const char *dir, const char *file) {
         return 1;
     }
     size_t total_ids = 0;
+    uint64_t hash = 0; /* order-sensitive, the same as bench_tokenizer.py's, to check the ids match */
     double t0 = kiln_now();
     size_t at = 0;
     while (at < len) {
@@ -793,12 +794,13 @@ static int bench(const char *dir, const char *file) {
             return 1;
         }
         total_ids += n;
+        for (size_t i = 0; i < n; i++) hash = hash * 1000003u + (uint64_t)ids[i];
         free(ids);
         at = end;
     }
     double dt = kiln_now() - t0;
-    printf("{\"impl\": \"kiln\", \"bytes\": %zu, \"seconds\": %.4f, \"ids\": %zu, \"load_ms\": %.2f, \"blob_bytes\": %zu}\n", len, dt,
-           total_ids, best_load * 1e3, blob.len);
+    printf("{\"impl\": \"kiln\", \"bytes\": %zu, \"seconds\": %.4f, \"ids\": %zu, \"ids_hash\": \"%016llx\", \"load_ms\": %.2f, "
+           "\"blob_bytes\": %zu}\n", len, dt, total_ids, (unsigned long long)hash, best_load * 1e3, blob.len);
     free(text);
     kiln_buf_free(&blob);
     kiln_tokenizer_free(tok);
