@@ -78,10 +78,6 @@ static int32_t strmap_put(tok_strmap *m, const kiln_tokenizer *t, const tok_span
     }
 }
 
-static inline uint64_t merge_slot(uint64_t key, uint64_t mask) {
-    return (key * 0x9E3779B97F4A7C15ull >> 20) & mask;
-}
-
 /* ---- blob reading ---- */
 
 typedef struct chunk {
@@ -300,6 +296,10 @@ static kiln_status build_vocab_map(loader *L) {
         if (other >= 0)
             return kiln_err(L->err, KILN_ERR_FORMAT, "tokenizer blob: VOCB ids %d and %u have the same token", other, i);
     }
+    for (int c = 0; c < 128; c++) {
+        uint8_t ch = (uint8_t)c;
+        t->ascii_id[c] = bl ? -1 : kiln_tok_strmap_get(&t->vocab, t, t->vocab_key, &ch, 1);
+    }
     for (int b = 0; b < 256; b++) {
         t->byte_sym[b] = -1;
         if (bl) {
@@ -316,6 +316,32 @@ static kiln_status build_vocab_map(loader *L) {
     return KILN_OK;
 }
 
+/* The word-splitting shortcut (see split_char in tokenizer_internal.h): the
+ * character a Replace normalizer writes (llama2: " " → "▁"), when no
+ * vocabulary token has it after a different character. Not with
+ * ignore_merges (a whole word would be looked up whole) nor byte-level. */
+static void find_split_char(loader *L) {
+    kiln_tokenizer *t = L->t;
+    t->split_char.len = 0;
+    if (t->model_flags & (KILN_TOK_MF_BYTE_LEVEL | KILN_TOK_MF_IGNORE_MERGES)) return;
+    tok_span c = {0, 0};
+    for (uint32_t i = 0; i < t->n_norm; i++)
+        if (t->norm[i].kind == KILN_TOK_NORM_REPLACE) c = t->norm[i].b;
+    size_t cl;
+    if (c.len == 0 || (kiln_utf8_decode(L->store.data + c.off, c.len, &cl), cl != c.len)) return;
+    const uint8_t *cp = L->store.data + c.off;
+    for (uint32_t id = 0; id < t->n_ids; id++) {
+        if (!(t->id_kind[id] & 1)) continue;
+        tok_span s = t->vocab_key[id];
+        const uint8_t *p = L->store.data + s.off;
+        for (size_t k = 1; k + c.len <= s.len; k++) {
+            if (memcmp(p + k, cp, c.len) != 0) continue;
+            if (k < c.len || memcmp(p + k - c.len, cp, c.len) != 0) return; /* "<other><c>" inside a token */
+        }
+    }
+    t->split_char = c;
+}
+
 static kiln_status read_merges(loader *L) {
     kiln_tokenizer *t = L->t;
     const chunk *c = find_chunk(L, KILN_TOK_CHUNK_MERG);
@@ -329,11 +355,12 @@ static kiln_status read_merges(loader *L) {
             return kiln_err(L->err, KILN_ERR_FORMAT, "tokenizer blob: MERG says %u merges in %zu bytes", n, r.n);
     }
     uint64_t cap = pow2_at_least((uint64_t)n * 2);
-    t->merges.keys = malloc(cap * sizeof(uint64_t));
-    t->merges.vals = malloc(cap * sizeof(uint64_t));
-    if (!t->merges.keys || !t->merges.vals) return nomem(L, "the merge table");
-    memset(t->merges.keys, 0xFF, cap * sizeof(uint64_t));
+    t->merges.slots = malloc(cap * sizeof *t->merges.slots);
+    if (!t->merges.slots) return nomem(L, "the merge table");
+    for (uint64_t i = 0; i < cap; i++) t->merges.slots[i].key = UINT64_MAX;
     t->merges.mask = cap - 1;
+    t->merges.shift = 64;
+    for (uint64_t k = cap; k > 1; k >>= 1) t->merges.shift--;
     t->n_merges = n;
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *q = r.p + 4 + (size_t)i * 12;
@@ -343,10 +370,12 @@ static kiln_status read_merges(loader *L) {
             return kiln_err(L->err, KILN_ERR_FORMAT, "tokenizer blob: merge %u (%u, %u → %u) names an id outside the vocabulary",
                             i, a, b, m);
         uint64_t key = (uint64_t)a << 32 | b;
-        uint64_t s = merge_slot(key, t->merges.mask);
-        while (t->merges.keys[s] != UINT64_MAX && t->merges.keys[s] != key) s = (s + 1) & t->merges.mask;
-        t->merges.keys[s] = key; /* a repeated pair takes the later rank, as HF's HashMap collect does */
-        t->merges.vals[s] = (uint64_t)i << 32 | m;
+        uint64_t s = kiln_tok_merge_slot(&t->merges, key);
+        tok_merge_slot *sl = t->merges.slots;
+        while (sl[s].key != UINT64_MAX && sl[s].key != key) s = (s + 1) & t->merges.mask;
+        sl[s].key = key; /* a repeated pair takes the later rank, as HF's HashMap collect does */
+        sl[s].rank = i;
+        sl[s].merged = (int32_t)m;
     }
     return KILN_OK;
 }
@@ -770,6 +799,7 @@ kiln_status kiln_tokenizer_load(const uint8_t *blob, size_t len, kiln_tokenizer 
     if ((st = build_vocab_map(&L)) != KILN_OK) goto fail; /* before added tokens overwrite tok_str */
     if ((st = read_added(&L)) != KILN_OK) goto fail;
     if ((st = read_merges(&L)) != KILN_OK) goto fail;
+    find_split_char(&L);
     if ((st = finish_added(&L)) != KILN_OK) goto fail;
     t->store = L.store.data;
     if ((st = build_decode(&L)) != KILN_OK) goto fail;
@@ -791,8 +821,7 @@ void kiln_tokenizer_free(kiln_tokenizer *t) {
     free(t->id_kind);
     free(t->vocab_key);
     strmap_free(&t->vocab);
-    free(t->merges.keys);
-    free(t->merges.vals);
+    free(t->merges.slots);
     free(t->added);
     free(t->added_key);
     free(t->match_raw.order);

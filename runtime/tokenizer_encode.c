@@ -130,14 +130,14 @@ kiln_status kiln_tok_normalize(const kiln_tokenizer *t, const uint8_t *p, size_t
 
 static inline bool merge_get(const tok_mergemap *m, int32_t a, int32_t b, uint32_t *rank, int32_t *new_id) {
     uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
-    for (uint64_t s = (key * 0x9E3779B97F4A7C15ull >> 20) & m->mask;; s = (s + 1) & m->mask) {
-        uint64_t k = m->keys[s];
-        if (k == key) {
-            *rank = (uint32_t)(m->vals[s] >> 32);
-            *new_id = (int32_t)(uint32_t)m->vals[s];
+    for (uint64_t s = kiln_tok_merge_slot(m, key);; s = (s + 1) & m->mask) {
+        const tok_merge_slot *sl = &m->slots[s];
+        if (sl->key == key) {
+            *rank = sl->rank;
+            *new_id = sl->merged;
             return true;
         }
-        if (k == UINT64_MAX) return false;
+        if (sl->key == UINT64_MAX) return false;
     }
 }
 
@@ -285,9 +285,12 @@ static bool bpe_word(enc *e, const uint8_t *p, size_t n) {
         if (bl) {
             id = t->byte_sym[p[i]];
         } else {
-            if (p[i] < 0x80) cl = 1;
-            else kiln_utf8_decode(p + i, n - i, &cl);
-            id = kiln_tok_strmap_get(&t->vocab, t, t->vocab_key, p + i, cl);
+            if (p[i] < 0x80) {
+                id = t->ascii_id[p[i]];
+            } else {
+                kiln_utf8_decode(p + i, n - i, &cl);
+                id = kiln_tok_strmap_get(&t->vocab, t, t->vocab_key, p + i, cl);
+            }
         }
         if (id >= 0) {
             if (unk >= 0) {
@@ -376,10 +379,30 @@ static bool split_regex(enc *e, uint32_t step, pcre2_code *re, const uint8_t *p,
     return true;
 }
 
+/* A word for the model; cut at split_char boundaries first when the tokenizer allows it. */
+static bool model_word(enc *e, const uint8_t *p, size_t n) {
+    const kiln_tokenizer *t = e->t;
+    size_t cl = t->split_char.len;
+    if (cl == 0 || n <= cl) return bpe_word(e, p, n);
+    const uint8_t *c = tok_bytes(t, t->split_char);
+    size_t start = 0, i = 1;
+    while (i + cl <= n) {
+        const uint8_t *hit = memmem(p + i, n - i, c, cl);
+        if (!hit) break;
+        size_t at = (size_t)(hit - p);
+        if (at < cl || memcmp(p + at - cl, c, cl) != 0) { /* after a different character: cut */
+            if (!bpe_word(e, p + start, at - start)) return false;
+            start = at;
+        }
+        i = at + cl;
+    }
+    return bpe_word(e, p + start, n - start);
+}
+
 static bool pretok(enc *e, uint32_t step, const uint8_t *p, size_t n) {
     const kiln_tokenizer *t = e->t;
     if (n == 0) return true;
-    if (step == t->n_pre) return bpe_word(e, p, n);
+    if (step == t->n_pre) return model_word(e, p, n);
     if (t->pre_re[step]) return split_regex(e, step, t->pre_re[step], p, n);
     return pretok(e, step + 1, p, n); /* ByteLevel without regex: bytes are handled by the model */
 }

@@ -76,12 +76,23 @@ typedef struct tok_strmap {
     uint32_t mask;       /* capacity - 1 (a power of two) */
 } tok_strmap;
 
-/* Merge table: (left id, right id) → (rank, merged id). */
+/* Merge table: (left id, right id) → (rank, merged id); open addressing,
+ * one 16-byte slot per entry so a probe touches one cache line. */
+typedef struct tok_merge_slot {
+    uint64_t key;        /* left << 32 | right, UINT64_MAX = empty */
+    uint32_t rank;
+    int32_t merged;
+} tok_merge_slot;
+
 typedef struct tok_mergemap {
-    uint64_t *keys;      /* left << 32 | right, UINT64_MAX = empty */
-    uint64_t *vals;      /* rank << 32 | merged */
+    tok_merge_slot *slots;
     uint64_t mask;
+    unsigned shift;      /* 64 - log2(capacity): slot = (key * golden ratio) >> shift */
 } tok_mergemap;
+
+static inline uint64_t kiln_tok_merge_slot(const tok_mergemap *m, uint64_t key) {
+    return (key * 0x9E3779B97F4A7C15ull) >> m->shift; /* the top bits mix every key bit */
+}
 
 typedef struct tok_added {
     int32_t id;
@@ -114,8 +125,14 @@ struct kiln_tokenizer {
     tok_strmap vocab;         /* model vocab: key = token bytes (raw bytes in byte-level mode) */
     tok_span *vocab_key;      /* [n_ids] the key each vocab id is hashed by */
     int32_t byte_sym[256];    /* byte-level: id of the one-byte token; else id of <0xNN> (-1 none) */
+    int32_t ascii_id[128];    /* character models: id of each one-byte character's token (-1 none) */
     tok_mergemap merges;
     uint32_t n_merges;
+    /* Words may be cut before each occurrence of this character that follows
+     * another character, because no token contains "<other char><this one>"
+     * (so no merge can cross such a point; checked at load). SentencePiece-
+     * style models (llama2: "▁") otherwise BPE whole lines. len 0 = none. */
+    tok_span split_char;
 
     /* added tokens */
     uint32_t n_added;
