@@ -93,6 +93,13 @@ int kiln_ir_op_at(kiln_graph *g, int at, kiln_op_kind kind, const int *in, int n
                   const char *label, int *out_ids, kiln_error *err) {
     kiln_op_attrs none = {0};
     if (!attrs) attrs = &none;
+    /* the label may point into g->values (a pass naming the fused op after a
+     * value), which add_value can move: copy it first */
+    char label_copy[KILN_NAME_MAX];
+    if (label) {
+        snprintf(label_copy, sizeof label_copy, "%s", label);
+        label = label_copy;
+    }
     kiln_value outs[KILN_MAX_OP_OUT];
     if (n_in > KILN_MAX_OP_IN || kiln_ir_infer(g, kind, in, n_in, attrs, outs, err) != KILN_OK) {
         if (n_in > KILN_MAX_OP_IN) kiln_err(err, KILN_ERR_VERIFY, "%s: too many inputs", kiln_op_name(kind));
@@ -116,7 +123,7 @@ int kiln_ir_op_at(kiln_graph *g, int at, kiln_op_kind kind, const int *in, int n
             if (op.n_out == 1)
                 set_name(&outs[i], label);
             else
-                snprintf(outs[i].name, sizeof outs[i].name, "%s.%d", label, i);
+                snprintf(outs[i].name, sizeof outs[i].name, "%.*s.%d", KILN_NAME_MAX - 16, label, i);
         }
         int id = add_value(g, &outs[i], err);
         if (id < 0) return -1;

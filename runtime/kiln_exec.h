@@ -81,7 +81,9 @@ struct kiln_executor {
 /* The random number in [0, 1) used to sample the token at `position`. */
 double kiln_sample_uniform(uint64_t seed, int64_t position);
 /* Sample from one row of logits with the request's settings and the uniform
- * number u (kiln_sample_uniform). `scratch` holds 2 × vocab floats. */
+ * number u (kiln_sample_uniform). `scratch` holds 2 × vocab floats. The
+ * exact rule, which a device sampler must follow to give the same tokens,
+ * opens runtime/sampler.c. */
 int32_t kiln_sample_logits(const float *logits, int vocab, const kiln_sampling *s, double u, float *scratch);
 
 #endif /* KILN_EXEC_H */

@@ -1,0 +1,37 @@
+/*
+ * cli.h — shared pieces of the `kiln` command-line driver: error reporting
+ * with exit codes, number parsing, and JSON output.
+ *
+ * Exit codes (documented in docs/cli.md):
+ *   0  success
+ *   1  the command failed (bad input file, unsupported model, runtime error)
+ *   2  usage error (unknown option, missing or malformed argument)
+ */
+#ifndef KILN_CLI_H
+#define KILN_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../common/kiln_util.h"
+
+enum { KILN_EXIT_OK = 0, KILN_EXIT_FAIL = 1, KILN_EXIT_USAGE = 2 };
+
+/* Print "kiln CMD: error: MSG" (and the hint lines) to stderr; with json, also
+ * print {"error": {...}} on stdout. Returns KILN_EXIT_FAIL. */
+int kiln_cli_fail(const char *cmd, const kiln_error *err, bool json);
+/* Print a usage error and a pointer to --help. Returns KILN_EXIT_USAGE. */
+int kiln_cli_usage_error(const char *cmd, const char *fmt, ...) KILN_PRINTF(2, 3);
+
+/* Strict number parsing: the whole string must be a number in range. */
+bool kiln_cli_parse_int(const char *s, long long lo, long long hi, long long *out);
+bool kiln_cli_parse_float(const char *s, double lo, double hi, double *out);
+/* "1,306,461" or "[1, 306, 461]" → ids (malloc'd). */
+bool kiln_cli_parse_ids(const char *s, int32_t **ids, int *n);
+
+int kiln_cmd_compile(int argc, char **argv);
+int kiln_cmd_inspect(int argc, char **argv);
+int kiln_cmd_run(int argc, char **argv);
+int kiln_cmd_tokenize(int argc, char **argv);
+
+#endif /* KILN_CLI_H */

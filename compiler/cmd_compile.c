@@ -1,0 +1,91 @@
+/*
+ * cmd_compile.c — `kiln compile CKPT_DIR -o model.kiln`.
+ */
+#include <getopt.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../passes/kiln_passes.h"
+#include "cli.h"
+#include "kiln_compiler.h"
+
+static void help(FILE *f) {
+    fprintf(f,
+            "usage: kiln compile CKPT_DIR -o OUTPUT.kiln [options]\n\n"
+            "Compile a HuggingFace checkpoint directory (config.json, *.safetensors or a sharded\n"
+            "model.safetensors.index.json, optional tokenizer.json) into one engine file.\n\n"
+            "options:\n"
+            "  -o, --output FILE     engine file to write (required); written atomically\n"
+            "  --dtype DTYPE         weight dtype in the engine: f32, f16, bf16, or 'checkpoint' (default)\n"
+            "  --passes LIST         comma-separated passes to run instead of the default pipeline;\n"
+            "                        'none' runs none (memory planning always runs). Passes:\n");
+    int n;
+    const kiln_pass *p = kiln_passes_default(&n);
+    for (int i = 0; i < n; i++) fprintf(f, "                          %-20s %s\n", p[i].name, p[i].contract);
+    fprintf(f, "  --compress            zstd-compress the weights section\n"
+               "  --dump-ir             print the graph after each pass to stdout\n"
+               "  --json                print a JSON summary on stdout\n"
+               "  -h, --help            this help\n");
+}
+
+int kiln_cmd_compile(int argc, char **argv) {
+    static const struct option longopts[] = {
+        {"output", required_argument, 0, 'o'}, {"dtype", required_argument, 0, 'd'},
+        {"passes", required_argument, 0, 'p'}, {"compress", no_argument, 0, 'z'},
+        {"dump-ir", no_argument, 0, 'D'},      {"json", no_argument, 0, 'j'},
+        {"help", no_argument, 0, 'h'},         {"quant", required_argument, 0, 'q'},
+        {0, 0, 0, 0}};
+    kiln_compile_options opt = {.weight_dtype = KILN_DTYPE_COUNT_, .dump_stream = stdout};
+    bool json = false;
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'o': opt.output_path = optarg; break;
+        case 'q':
+        case 'd':
+            if (strcmp(optarg, "checkpoint") == 0 || strcmp(optarg, "auto") == 0) {
+                opt.weight_dtype = KILN_DTYPE_COUNT_;
+            } else {
+                int dt = kiln_dtype_from_name(optarg);
+                if (dt < 0 || dt == KILN_DTYPE_I32)
+                    return kiln_cli_usage_error("compile", "unknown weight dtype '%s' (f32, f16, bf16, checkpoint)",
+                                                optarg);
+                opt.weight_dtype = (kiln_dtype)dt;
+            }
+            break;
+        case 'p': opt.passes = optarg; break;
+        case 'z': opt.compress = true; break;
+        case 'D': opt.dump_ir = true; break;
+        case 'j': json = true; break;
+        case 'h': help(stdout); return KILN_EXIT_OK;
+        default: return kiln_cli_usage_error("compile", "unknown or incomplete option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind != argc - 1)
+        return kiln_cli_usage_error("compile", optind >= argc ? "missing the checkpoint directory"
+                                                              : "expected one checkpoint directory");
+    if (!opt.output_path) return kiln_cli_usage_error("compile", "missing -o OUTPUT.kiln");
+    const char *dir = argv[optind];
+    kiln_error err = {0};
+    double t0 = kiln_now();
+    if (kiln_compile(dir, &opt, &err) != KILN_OK) return kiln_cli_fail("compile", &err, json);
+    double dt = kiln_now() - t0;
+    struct stat st;
+    long long size = stat(opt.output_path, &st) == 0 ? (long long)st.st_size : -1;
+    if (json) {
+        json_t *j = json_pack("{s:s, s:s, s:I, s:f}", "checkpoint", dir, "output", opt.output_path, "bytes",
+                              (json_int_t)size, "seconds", dt);
+        char *s = json_dumps(j, JSON_COMPACT);
+        printf("%s\n", s);
+        free(s);
+        json_decref(j);
+    } else {
+        fprintf(stderr, "kiln compile: wrote %s (%.1f MB) in %.2f s\n", opt.output_path, (double)size / 1e6, dt);
+    }
+    return KILN_EXIT_OK;
+}

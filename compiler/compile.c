@@ -1,0 +1,118 @@
+/*
+ * compile.c — the compile driver: checkpoint dir → engine file.
+ *
+ *   open checkpoint (config.json + safetensors) → import (IR) → passes
+ *   → meta JSON + plan + weights (+ tokenizer) → engine writer
+ *
+ * The engine is written to a temporary file and renamed into place at the
+ * end, so a failed compile leaves nothing behind. Output is deterministic:
+ * the same checkpoint (single-file or sharded) and options give the same
+ * bytes — no paths, times or host names go into the file.
+ */
+#include "kiln_compiler.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../codegen/kiln_codegen.h"
+#include "../passes/kiln_passes.h"
+#include "kiln_tokjson.h"
+
+static const char *arch_name(kiln_arch a) {
+    return a == KILN_ARCH_MISTRAL ? "MistralForCausalLM" : "LlamaForCausalLM";
+}
+
+/* The meta section: what the engine holds, for `kiln inspect` and the runtime. */
+static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const kiln_compile_options *opt,
+                         uint64_t weights_bytes, const kiln_buf *tok_blob) {
+    const kiln_model_config *c = &ck->config;
+    json_t *model = json_pack(
+        "{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:I, s:b, s:s}", "architecture", arch_name(c->arch),
+        "hidden_size", (json_int_t)c->hidden_size, "num_hidden_layers", (json_int_t)c->n_layers,
+        "num_attention_heads", (json_int_t)c->n_heads, "num_key_value_heads", (json_int_t)c->n_kv_heads, "head_dim",
+        (json_int_t)c->head_dim, "intermediate_size", (json_int_t)c->intermediate_size, "vocab_size",
+        (json_int_t)c->vocab_size, "max_position_embeddings", (json_int_t)c->max_position_embeddings, "rms_norm_eps",
+        c->rms_norm_eps, "rope_theta", c->rope_theta, "sliding_window", (json_int_t)c->sliding_window,
+        "tie_word_embeddings", c->tie_word_embeddings, "checkpoint_dtype", kiln_dtype_name(c->torch_dtype));
+    if (c->rope_type == KILN_ROPE_LLAMA3)
+        json_object_set_new(model, "rope_scaling",
+                            json_pack("{s:s, s:f, s:f, s:f, s:I}", "rope_type", "llama3", "factor", c->rope_factor,
+                                      "low_freq_factor", c->rope_low_freq_factor, "high_freq_factor",
+                                      c->rope_high_freq_factor, "original_max_position_embeddings",
+                                      (json_int_t)c->rope_original_max_pos));
+    json_t *eos = json_array();
+    for (int i = 0; i < c->n_eos; i++) json_array_append_new(eos, json_integer(c->eos_token_ids[i]));
+    json_t *gen = json_pack("{s:I, s:o, s:I}", "bos_token_id", (json_int_t)c->bos_token_id, "eos_token_ids", eos,
+                            "max_context", (json_int_t)c->max_position_embeddings);
+    int n_weights = 0;
+    for (int v = 0; v < g->n_values; v++) n_weights += !g->values[v].dead && g->values[v].kind == KILN_VALUE_WEIGHT;
+    const char *wdt = opt->weight_dtype == KILN_DTYPE_COUNT_ ? "checkpoint" : kiln_dtype_name(opt->weight_dtype);
+    json_t *weights = json_pack("{s:s, s:i, s:I, s:s}", "dtype", wdt, "count", n_weights, "bytes",
+                                (json_int_t)weights_bytes, "codec", opt->compress ? "zstd-chunked" : "none");
+    json_t *ops = json_object();
+    for (int k = 0; k < KILN_OP_COUNT_; k++) {
+        int n = kiln_ir_count_ops(g, (kiln_op_kind)k);
+        if (n) json_object_set_new(ops, kiln_op_name((kiln_op_kind)k), json_integer(n));
+    }
+    json_t *build = json_pack("{s:s, s:o}", "passes", opt->passes ? opt->passes : "default", "ops", ops);
+    json_t *tok = json_null();
+    if (tok_blob) tok = json_pack("{s:I}", "bytes", (json_int_t)tok_blob->len);
+    return json_pack("{s:s, s:s, s:{s:i, s:i}, s:o, s:o, s:o, s:o, s:[], s:o}", "format", "kiln-engine",
+                     "kiln_version", KILN_VERSION, "format_version", "major", KILN_ENGINE_MAJOR, "minor",
+                     KILN_ENGINE_MINOR, "model", model, "generation", gen, "weights", weights, "build", build,
+                     "targets", "tokenizer", tok);
+}
+
+kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, kiln_error *err) {
+    kiln_checkpoint ck;
+    kiln_graph *g = NULL;
+    kiln_buf plan = {0}, tok = {0};
+    kiln_engine_writer *w = NULL;
+    char *meta_text = NULL;
+    bool have_tok = false;
+    kiln_status st = kiln_checkpoint_open(ckpt_dir, &ck, err);
+    if (st != KILN_OK) return st;
+    if ((st = kiln_import_dtype(&ck, opt->weight_dtype, &g, err)) != KILN_OK) goto out;
+    if ((st = kiln_passes_run(g, opt->passes, opt->dump_ir ? (FILE *)opt->dump_stream : NULL, err)) != KILN_OK)
+        goto out;
+    if ((st = kiln_plan_serialize(g, &plan, err)) != KILN_OK) goto out;
+    if (ck.tokenizer_json_path) {
+        if ((st = kiln_tokjson_compile(ck.tokenizer_json_path, ck.tokenizer_config_path, &tok, err)) != KILN_OK)
+            goto out;
+        have_tok = true;
+    }
+    if ((st = kiln_engine_writer_open(opt->output_path, &w, err)) != KILN_OK) goto out;
+    /* weights first: their size goes into the meta section */
+    uint32_t codec = opt->compress ? KILN_CODEC_ZSTD_CHUNKED : KILN_CODEC_NONE;
+    uint64_t wbytes = 0;
+    if ((st = kiln_engine_writer_begin(w, KILN_SECTION_WEIGHTS, codec, err)) != KILN_OK) goto out;
+    if ((st = kiln_weights_write(g, w, &wbytes, err)) != KILN_OK) goto out;
+    if ((st = kiln_engine_writer_end(w, err)) != KILN_OK) goto out;
+    if ((st = kiln_engine_writer_section(w, KILN_SECTION_PLAN, KILN_CODEC_NONE, plan.data, plan.len, err)) != KILN_OK)
+        goto out;
+    if (have_tok &&
+        (st = kiln_engine_writer_section(w, KILN_SECTION_TOKENIZER, KILN_CODEC_NONE, tok.data, tok.len, err)) !=
+            KILN_OK)
+        goto out;
+    json_t *meta = make_meta(&ck, g, opt, wbytes, have_tok ? &tok : NULL);
+    meta_text = meta ? json_dumps(meta, JSON_SORT_KEYS | JSON_INDENT(1)) : NULL;
+    json_decref(meta);
+    if (!meta_text) {
+        st = kiln_err(err, KILN_ERR_NOMEM, "out of memory writing the meta section");
+        goto out;
+    }
+    if ((st = kiln_engine_writer_section(w, KILN_SECTION_META, KILN_CODEC_NONE, meta_text, strlen(meta_text),
+                                         err)) != KILN_OK)
+        goto out;
+    st = kiln_engine_writer_finish(w, err);
+    w = NULL;
+out:
+    kiln_engine_writer_abort(w);
+    free(meta_text);
+    kiln_buf_free(&plan);
+    kiln_buf_free(&tok);
+    kiln_graph_free(g);
+    kiln_checkpoint_close(&ck);
+    return st;
+}

@@ -1,0 +1,136 @@
+/*
+ * model.c — open an engine file for execution: verify it, read the meta JSON
+ * (generation settings), parse and check the plan, decode the weights and
+ * load the tokenizer when the engine has one.
+ *
+ * The CPU executor works in f32, so every weight is converted once at load
+ * (f32 weights whose bytes are 4-byte aligned are used in place).
+ */
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kiln_rt.h"
+#include "kiln_tokenizer.h"
+
+static kiln_status read_meta(kiln_model *m, const char *path, kiln_error *err) {
+    const kiln_engine_section *s = kiln_engine_find(&m->engine, KILN_SECTION_META);
+    if (!s) return kiln_err(err, KILN_ERR_FORMAT, "%s: engine has no meta section", path);
+    const uint8_t *data;
+    size_t size;
+    bool owned;
+    kiln_status st = kiln_engine_section_bytes(&m->engine, s, 1, &data, &size, &owned, err);
+    if (st != KILN_OK) return st;
+    m->meta_json = malloc(size + 1);
+    if (!m->meta_json) {
+        if (owned) free((void *)data);
+        return kiln_err(err, KILN_ERR_NOMEM, "%s: out of memory", path);
+    }
+    memcpy(m->meta_json, data, size);
+    m->meta_json[size] = 0;
+    if (owned) free((void *)data);
+
+    json_error_t je;
+    json_t *root = json_loads(m->meta_json, 0, &je);
+    if (!root || !json_is_object(root)) {
+        json_decref(root);
+        return kiln_err(err, KILN_ERR_FORMAT, "%s: meta section is not a JSON object (%s)", path, je.text);
+    }
+    json_t *gen = json_object_get(root, "generation");
+    json_t *bos = json_object_get(gen, "bos_token_id"), *eos = json_object_get(gen, "eos_token_ids");
+    m->bos_id = json_is_integer(bos) ? (int32_t)json_integer_value(bos) : -1;
+    m->n_eos = 0;
+    size_t i;
+    json_t *e;
+    json_array_foreach(eos, i, e) {
+        if (json_is_integer(e) && m->n_eos < KILN_MAX_EOS_IDS) m->eos_ids[m->n_eos++] = (int32_t)json_integer_value(e);
+    }
+    json_decref(root);
+    if (m->bos_id >= m->plan->vocab_size) m->bos_id = -1;
+    return KILN_OK;
+}
+
+static kiln_status load_weights(kiln_model *m, int threads, const char *path, kiln_error *err) {
+    const kiln_engine_section *s = kiln_engine_find(&m->engine, KILN_SECTION_WEIGHTS);
+    if (!s) return kiln_err(err, KILN_ERR_FORMAT, "%s: engine has no weights section", path);
+    kiln_status st = kiln_engine_section_bytes(&m->engine, s, threads, &m->weights, &m->weights_size,
+                                               &m->weights_owned, err);
+    if (st != KILN_OK) return st;
+    const kiln_engine_section *ps = kiln_engine_find(&m->engine, KILN_SECTION_PLAN);
+    if (!ps) return kiln_err(err, KILN_ERR_FORMAT, "%s: engine has no plan section", path);
+    const uint8_t *pd;
+    size_t psize;
+    bool powned;
+    if ((st = kiln_engine_section_bytes(&m->engine, ps, 1, &pd, &psize, &powned, err)) != KILN_OK) return st;
+    st = kiln_plan_parse(pd, psize, m->weights_size, &m->plan, err);
+    if (powned) free((void *)pd);
+    if (st != KILN_OK) return kiln_err_prefix(err, "%s: ", path);
+
+    const kiln_plan *p = m->plan;
+    m->wf32 = calloc(p->n_weights ? p->n_weights : 1, sizeof *m->wf32);
+    if (!m->wf32) return kiln_err(err, KILN_ERR_NOMEM, "%s: out of memory", path);
+    for (uint32_t i = 0; i < p->n_weights; i++) {
+        const kiln_plan_weight *w = &p->weights[i];
+        size_t count = (size_t)(w->nbytes / (uint64_t)kiln_dtype_size(w->dtype));
+        const uint8_t *src = m->weights + w->offset;
+        float *f = malloc(count * sizeof *f);
+        if (!f) return kiln_err(err, KILN_ERR_NOMEM, "%s: out of memory converting weight '%s'", path, w->name);
+        if (w->dtype == KILN_DTYPE_F32) {
+            memcpy(f, src, count * 4);
+        } else {
+            for (size_t k = 0; k < count; k++) {
+                uint16_t h = (uint16_t)(src[2 * k] | src[2 * k + 1] << 8);
+                f[k] = w->dtype == KILN_DTYPE_BF16 ? kiln_bf16_to_f32(h) : kiln_f16_to_f32(h);
+            }
+        }
+        m->wf32[i] = f;
+    }
+    return KILN_OK;
+}
+
+static kiln_status load_tokenizer(kiln_model *m, const char *path, kiln_error *err) {
+    const kiln_engine_section *s = kiln_engine_find(&m->engine, KILN_SECTION_TOKENIZER);
+    if (!s) return KILN_OK;
+    const uint8_t *data;
+    size_t size;
+    bool owned;
+    kiln_status st = kiln_engine_section_bytes(&m->engine, s, 1, &data, &size, &owned, err);
+    if (st != KILN_OK) return st;
+    st = kiln_tokenizer_load(data, size, &m->tokenizer, err);
+    if (owned) free((void *)data);
+    if (st != KILN_OK) return kiln_err_prefix(err, "%s: tokenizer section: ", path);
+    return KILN_OK;
+}
+
+kiln_status kiln_model_open(const char *path, int threads, kiln_model **out, kiln_error *err) {
+    *out = NULL;
+    double t0 = kiln_now();
+    kiln_model *m = calloc(1, sizeof *m);
+    if (!m) return kiln_err(err, KILN_ERR_NOMEM, "out of memory");
+    kiln_status st = kiln_engine_open(path, &m->engine, err);
+    if (st != KILN_OK) {
+        free(m);
+        return st;
+    }
+    if ((st = load_weights(m, threads, path, err)) != KILN_OK || (st = read_meta(m, path, err)) != KILN_OK ||
+        (st = load_tokenizer(m, path, err)) != KILN_OK) {
+        kiln_model_close(m);
+        return st;
+    }
+    m->load_seconds = kiln_now() - t0;
+    *out = m;
+    return KILN_OK;
+}
+
+void kiln_model_close(kiln_model *m) {
+    if (!m) return;
+    if (m->wf32 && m->plan)
+        for (uint32_t i = 0; i < m->plan->n_weights; i++) free(m->wf32[i]);
+    free(m->wf32);
+    if (m->weights_owned) free((void *)m->weights);
+    kiln_plan_free(m->plan);
+    free(m->meta_json);
+    kiln_tokenizer_free(m->tokenizer);
+    kiln_engine_close(&m->engine);
+    free(m);
+}

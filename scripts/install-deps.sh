@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# install-deps.sh — the packages kiln builds and tests with, from Debian/Ubuntu.
+#   build:  cmake, a C17 compiler, pkg-config, jansson, zstd, xxhash, pcre2
+#   tests:  python3 (standard library only, for the CLI tests), clang + its
+#           runtime (libFuzzer targets), nothing else
+# The CUDA toolkit is optional: when present the GPU parts are built too.
+set -euo pipefail
+pkgs=(cmake make gcc pkg-config libjansson-dev libzstd-dev libxxhash-dev libpcre2-dev python3 clang libclang-rt-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+    exit 0
+fi
+SUDO=
+if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

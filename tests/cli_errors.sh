@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# cli_errors.sh — bad input through the `kiln` binary: every case must exit
+# non-zero (1 = failure, 2 = usage), print an error on stderr that names what
+# is wrong, never crash (no exit by signal), and leave no output file behind.
+#
+# usage: bash tests/cli_errors.sh KILN_EXE SOURCE_DIR [SHARED_DIR]
+set -u
+KILN=$1
+SRC=$2
+T=$(mktemp -d "${TMPDIR:-/tmp}/kiln-cli-XXXXXX")
+trap 'rm -rf "$T"' EXIT
+pass=0
+fail=0
+
+# expect CODE PATTERN -- command...: exit code CODE, stderr matching PATTERN (grep -E)
+expect() {
+    local code=$1 pattern=$2
+    shift 3
+    "$@" >"$T/out" 2>"$T/err"
+    local rc=$?
+    if [ "$rc" -ne "$code" ] || ! grep -Eq -- "$pattern" "$T/err"; then
+        echo "FAIL: $* -> exit $rc (want $code), stderr:" >&2
+        sed 's/^/    /' "$T/err" >&2
+        echo "    (wanted /$pattern/)" >&2
+        fail=$((fail + 1))
+    else
+        pass=$((pass + 1))
+    fi
+}
+
+# no_file PATH: nothing at PATH and no temporary file beside it
+no_file() {
+    if [ -e "$1" ] || ls "$1".tmp.* >/dev/null 2>&1; then
+        echo "FAIL: $1 (or a temporary file beside it) was left behind" >&2
+        fail=$((fail + 1))
+    else
+        pass=$((pass + 1))
+    fi
+}
+
+# mkckpt NAME: a copy of the tiny Mistral checkpoint to break
+mkckpt() {
+    rm -rf "$T/$1"
+    cp -r "$SRC/tests/data/tiny-mistral" "$T/$1"
+    chmod -R u+w "$T/$1"
+    echo "$T/$1"
+}
+
+# compile_fails CODE PATTERN DIR: compiling DIR fails as said and leaves no engine
+compile_fails() {
+    expect "$1" "$2" -- "$KILN" compile "$3" -o "$T/out.kiln"
+    no_file "$T/out.kiln"
+}
+
+# edit_json FILE PYTHON-EXPR-ON-d: rewrite a JSON file
+edit_json() {
+    python3 - "$1" "$2" <<'EOF'
+import json, sys
+path, expr = sys.argv[1], sys.argv[2]
+d = json.load(open(path))
+exec(expr)
+json.dump(d, open(path, "w"))
+EOF
+}
+
+# st_write DIR HEADER-JSON DATA-BYTES: a model.safetensors with this header and N data bytes
+st_write() {
+    python3 - "$1/model.safetensors" "$2" "$3" <<'EOF'
+import struct, sys
+path, header, n = sys.argv[1], sys.argv[2].encode(), int(sys.argv[3])
+open(path, "wb").write(struct.pack("<Q", len(header)) + header + b"\0" * n)
+EOF
+}
+
+# ---- usage errors: exit 2 ----
+expect 2 "unknown command" -- "$KILN" frobnicate
+expect 2 "missing -o" -- "$KILN" compile "$SRC/models/stories260k"
+expect 2 "checkpoint directory" -- "$KILN" compile -o "$T/x.kiln"
+expect 2 "unknown weight dtype" -- "$KILN" compile "$SRC/models/stories260k" -o "$T/x.kiln" --dtype int3
+expect 2 "unknown or incomplete option" -- "$KILN" compile "$SRC/models/stories260k" -o "$T/x.kiln" --frob
+no_file "$T/x.kiln"
+
+# ---- checkpoint directory ----
+compile_fails 1 "does-not-exist" "$T/does-not-exist"
+d=$(mkckpt noconfig); rm "$d/config.json"
+compile_fails 1 "config.json" "$d"
+d=$(mkckpt notjson); echo "{ this is not json" >"$d/config.json"
+compile_fails 1 "config.json.*(line|JSON)" "$d"
+d=$(mkckpt nofield); edit_json "$d/config.json" 'del d["hidden_size"]'
+compile_fails 1 "hidden_size" "$d"
+d=$(mkckpt wrongtype); edit_json "$d/config.json" 'd["num_hidden_layers"] = "two"'
+compile_fails 1 "num_hidden_layers" "$d"
+d=$(mkckpt badheads); edit_json "$d/config.json" 'd["num_key_value_heads"] = 3'
+compile_fails 1 "num_key_value_heads" "$d"
+d=$(mkckpt arch); edit_json "$d/config.json" 'd["architectures"] = ["GPT2LMHeadModel"]'
+compile_fails 1 "GPT2LMHeadModel" "$d"
+d=$(mkckpt noweights); rm "$d/model.safetensors"
+compile_fails 1 "safetensors" "$d"
+
+# ---- safetensors ----
+d=$(mkckpt st-short); printf 'abc' >"$d/model.safetensors"
+compile_fails 1 "model.safetensors" "$d"
+d=$(mkckpt st-trunc); head -c 100 "$SRC/tests/data/tiny-mistral/model.safetensors" >"$d/model.safetensors"
+compile_fails 1 "model.safetensors" "$d"
+d=$(mkckpt st-hugelen); python3 -c "import struct,sys; open(sys.argv[1],'wb').write(struct.pack('<Q', 1<<40) + b'{}')" "$d/model.safetensors"
+compile_fails 1 "header" "$d"
+d=$(mkckpt st-overlap); st_write "$d" '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}' 12
+compile_fails 1 "overlap|'b'|'a'" "$d"
+d=$(mkckpt st-range); st_write "$d" '{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}' 8
+compile_fails 1 "'a'|\"a\"" "$d"
+d=$(mkckpt st-dtype); st_write "$d" '{"a":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}}' 8
+compile_fails 1 "Q7" "$d"
+d=$(mkckpt st-i64); st_write "$d" '{"a":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}}' 8
+compile_fails 1 "I64" "$d"
+d=$(mkckpt st-shape); st_write "$d" '{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}' 8
+compile_fails 1 "'a'|\"a\"" "$d"
+d=$(mkckpt st-dup); st_write "$d" '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}' 16
+compile_fails 1 "duplicate|'a'|\"a\"" "$d"
+
+# ---- tensors against the config ----
+d=$(mkckpt missing-tensor)
+python3 - "$d/model.safetensors" <<'EOF'
+# drop one tensor, keeping the file valid
+import json, struct, sys
+p = sys.argv[1]; b = open(p, "rb").read()
+n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); data = b[8 + n:]
+drop = "model.layers.1.mlp.up_proj.weight"; del h[drop]
+out, off = {}, 0; blobs = []
+for k, v in sorted(((k, v) for k, v in h.items() if k != "__metadata__"), key=lambda kv: kv[1]["data_offsets"][0]):
+    s, e = v["data_offsets"]; blobs.append(data[s:e]); out[k] = dict(v, data_offsets=[off, off + e - s]); off += e - s
+hb = json.dumps(out).encode(); open(p, "wb").write(struct.pack("<Q", len(hb)) + hb + b"".join(blobs))
+EOF
+compile_fails 1 "model.layers.1.mlp.up_proj.weight" "$d"
+d=$(mkckpt wrong-shape); edit_json "$d/config.json" 'd["intermediate_size"] = 130'
+compile_fails 1 "gate_proj.weight.*shape|shape.*gate_proj" "$d"
+
+# ---- sharded index ----
+d="$T/shard-missing"; rm -rf "$d"; cp -r "$SRC/tests/data/tiny-mistral-sharded" "$d"; chmod -R u+w "$d"
+rm "$d/model-00002-of-00004.safetensors"
+compile_fails 1 "model-00002-of-00004.safetensors" "$d"
+
+# ---- engine files ----
+"$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/good.kiln" 2>/dev/null
+size=$(stat -c %s "$T/good.kiln")
+head -c $((size / 2)) "$T/good.kiln" >"$T/trunc.kiln"
+expect 1 "trunc" -- "$KILN" inspect "$T/trunc.kiln"
+expect 1 "trunc" -- "$KILN" run "$T/trunc.kiln" --prompt-ids 1,2
+cp "$T/good.kiln" "$T/flip.kiln"
+printf '\xff' | dd of="$T/flip.kiln" bs=1 seek=$((size / 3)) conv=notrunc 2>/dev/null
+expect 1 "checksum|corrupt" -- "$KILN" inspect "$T/flip.kiln"
+cp "$T/good.kiln" "$T/magic.kiln"; printf 'NOTKILN!' | dd of="$T/magic.kiln" bs=1 conv=notrunc 2>/dev/null
+expect 1 "not a kiln engine" -- "$KILN" inspect "$T/magic.kiln"
+expect 1 "not a kiln engine" -- "$KILN" run "$SRC/tests/data/tiny-mistral/model.safetensors" --prompt-ids 1
+cp "$T/good.kiln" "$T/major.kiln"; printf '\x02\x00' | dd of="$T/major.kiln" bs=1 seek=8 conv=notrunc 2>/dev/null
+expect 1 "newer|version" -- "$KILN" inspect "$T/major.kiln"
+expect 1 "nope.kiln" -- "$KILN" inspect "$T/nope.kiln"
+
+# ---- run ----
+long=$(python3 -c "print(','.join(['5'] * 300))")
+expect 1 "300 tokens.*context holds 256" -- "$KILN" run "$T/good.kiln" --prompt-ids "$long" --device cpu
+expect 1 "outside the vocabulary" -- "$KILN" run "$T/good.kiln" --prompt-ids 1,9999 --device cpu
+expect 2 "prompt-ids" -- "$KILN" run "$T/good.kiln" --prompt-ids 1,,2
+expect 2 "temperature" -- "$KILN" run "$T/good.kiln" --prompt-ids 1 --temperature -1
+expect 2 "top-p" -- "$KILN" run "$T/good.kiln" --prompt-ids 1 --top-p 1.5
+expect 1 "no tokenizer" -- "$KILN" run "$T/good.kiln" --prompt "hello" --device cpu
+expect 2 "unknown device" -- "$KILN" run "$T/good.kiln" --prompt-ids 1 --device tpu
+# a failing run with --json still prints a JSON error object on stdout
+"$KILN" run "$T/trunc.kiln" --prompt-ids 1 --json >"$T/out" 2>/dev/null
+if python3 -c "import json,sys; e=json.load(open(sys.argv[1]))['error']; assert e['code']==8 and 'trunc' in e['message']" "$T/out"; then
+    pass=$((pass + 1))
+else
+    echo "FAIL: --json error object" >&2; fail=$((fail + 1))
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
