@@ -96,7 +96,18 @@ static bool have_shared(void) {
     return kiln_path_exists(p);
 }
 
-static kiln_tokenizer *load_named(const char *name) {
+/* Each real tokenizer is compiled and loaded once for the whole run (compiling
+ * the 9-11 MB JSON files dominates this test's time under sanitizers). */
+static kiln_tokenizer *g_loaded[3];
+
+static kiln_tokenizer *load_named_fresh(const char *name);
+
+static const kiln_tokenizer *get_tok(int which) {
+    if (!g_loaded[which]) g_loaded[which] = load_named_fresh(kNames[which]);
+    return g_loaded[which];
+}
+
+static kiln_tokenizer *load_named_fresh(const char *name) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s%s", TOKDIR, name);
     kiln_error err = {0};
@@ -240,7 +251,7 @@ static void check_corpus(const char *name, const kiln_tokenizer *tok, const char
 static void test_golden_one(int which) {
     if (!have_shared()) KT_SKIP("%s is absent: no tokenizer.json files to test against", TOKDIR);
     const char *name = kNames[which];
-    kiln_tokenizer *tok = load_named(name);
+    const kiln_tokenizer *tok = get_tok(which);
     KT_REQUIRE(tok);
     char gpath[512];
     snprintf(gpath, sizeof gpath, GOLDEN "%s.jsonl", name);
@@ -299,21 +310,35 @@ static void test_golden_one(int which) {
     KT_EQ_INT(dbad, 0);
     KT_EQ_INT(sbad, 0);
     free_rows(gold, ng);
-    kiln_tokenizer_free(tok);
 }
 
 static void test_golden_llama2(void) { test_golden_one(0); }
 static void test_golden_llama3(void) { test_golden_one(1); }
 static void test_golden_qwen3(void) { test_golden_one(2); }
 
-/* Added-token flags (lstrip, rstrip, normalized, non-special): llama2's
- * tokenizer.json plus three added tokens, built here exactly as
- * make_tokenizer_goldens.py's synth_tokenizer() builds it. */
-static void test_golden_synth_added_flags(void) {
-    if (!have_shared()) KT_SKIP("%s is absent", TOKDIR);
+/* llama2's tokenizer.json edited in memory, compiled and loaded (no tokenizer_config.json). */
+static kiln_tokenizer *load_variant(void (*edit)(json_t *root, int arg), int arg) {
     json_error_t je;
     json_t *j = json_load_file(TOKDIR "llama2/tokenizer.json", JSON_ALLOW_NUL, &je);
-    KT_REQUIRE(j);
+    if (!j) return NULL;
+    edit(j, arg);
+    char *text = json_dumps(j, 0);
+    json_decref(j);
+    if (!text) return NULL;
+    kiln_buf blob = {0};
+    kiln_error err = {0};
+    kiln_tokenizer *tok = NULL;
+    kiln_status st = kiln_tokjson_compile_mem(text, strlen(text), NULL, 0, "variant/tokenizer.json", &blob, &err);
+    free(text);
+    if (st == KILN_OK) st = kiln_tokenizer_load(blob.data, blob.len, &tok, &err);
+    if (st != KILN_OK) fprintf(stderr, "  variant: %s\n", err.msg);
+    kiln_buf_free(&blob);
+    return tok;
+}
+
+/* As make_tokenizer_goldens.py's synth_tokenizer(). */
+static void edit_synth(json_t *j, int arg) {
+    (void)arg;
     size_t n = json_object_size(json_object_get(json_object_get(j, "model"), "vocab"));
     json_t *added = json_object_get(j, "added_tokens");
     json_array_append_new(added, json_pack("{s:I,s:s,s:b,s:b,s:b,s:b,s:b}", "id", (json_int_t)n, "content", "<mask>", "single_word", 0,
@@ -322,17 +347,19 @@ static void test_golden_synth_added_flags(void) {
                                            "lstrip", 0, "rstrip", 0, "normalized", 1, "special", 0));
     json_array_append_new(added, json_pack("{s:I,s:s,s:b,s:b,s:b,s:b,s:b}", "id", (json_int_t)n + 2, "content", "<ctl>", "single_word", 0,
                                            "lstrip", 0, "rstrip", 1, "normalized", 0, "special", 0));
-    char *text = json_dumps(j, 0);
-    json_decref(j);
-    KT_REQUIRE(text);
-    kiln_buf blob = {0};
-    kiln_error err = {0};
-    kiln_status st = kiln_tokjson_compile_mem(text, strlen(text), NULL, 0, "synth_tokenizer.json", &blob, &err);
-    free(text);
-    KT_CHECKF(st == KILN_OK, "%s", err.msg);
-    kiln_tokenizer *tok = NULL;
-    if (st == KILN_OK) st = kiln_tokenizer_load(blob.data, blob.len, &tok, &err);
-    kiln_buf_free(&blob);
+}
+
+/* As make_tokenizer_goldens.py's unk_tokenizer(): no byte fallback, unknown characters → <unk>. */
+static void edit_unk(json_t *j, int fuse) {
+    json_t *model = json_object_get(j, "model");
+    json_object_set_new(model, "byte_fallback", json_false());
+    json_object_set_new(model, "fuse_unk", json_boolean(fuse));
+}
+
+/* Added-token flags (lstrip, rstrip, normalized, non-special). */
+static void test_golden_synth_added_flags(void) {
+    if (!have_shared()) KT_SKIP("%s is absent", TOKDIR);
+    kiln_tokenizer *tok = load_variant(edit_synth, 0);
     KT_REQUIRE(tok);
     counts bad = {0};
     size_t rows = 0;
@@ -341,6 +368,22 @@ static void test_golden_synth_added_flags(void) {
     KT_EQ_INT(bad.enc + bad.enc_sp + bad.enc_nosp + bad.dec + bad.dec_skip + bad.stream + bad.rt, 0);
     KT_EQ_INT(kiln_tokenizer_token_id(tok, "<ctl>", 5), 32001);
     kiln_tokenizer_free(tok);
+}
+
+/* <unk> for characters without a token, fused (runs → one <unk>) or not. */
+static void test_golden_unk(void) {
+    if (!have_shared()) KT_SKIP("%s is absent", TOKDIR);
+    for (int fuse = 1; fuse >= 0; fuse--) {
+        kiln_tokenizer *tok = load_variant(edit_unk, fuse);
+        KT_REQUIRE(tok);
+        counts bad = {0};
+        size_t rows = 0;
+        check_corpus(fuse ? "unk-fused" : "unk-unfused", tok, GOLDEN "unk_corpus.jsonl",
+                     fuse ? GOLDEN "llama2_unk_fused.jsonl" : GOLDEN "llama2_unk_unfused.jsonl", &bad, &rows);
+        KT_CHECK(rows >= 10);
+        KT_EQ_INT(bad.enc + bad.enc_sp + bad.enc_nosp + bad.dec + bad.dec_skip + bad.stream + bad.rt, 0);
+        kiln_tokenizer_free(tok);
+    }
 }
 
 /* ---- accessors, refusals ---- */
@@ -357,7 +400,7 @@ static void test_accessors(void) {
                  {"llama3", 128256, 128000, 128001, 9906, "Hello"},
                  {"qwen3", 151669, -1, 151645, 151644, "<|im_start|>"}};
     for (int i = 0; i < 3; i++) {
-        kiln_tokenizer *tok = load_named(want[i].name);
+        const kiln_tokenizer *tok = get_tok(i);
         KT_REQUIRE(tok);
         KT_EQ_INT(kiln_tokenizer_vocab_size(tok), want[i].vocab);
         KT_EQ_INT(kiln_tokenizer_bos(tok), want[i].bos);
@@ -381,13 +424,12 @@ static void test_accessors(void) {
         const char *piece;
         KT_EQ_INT(kiln_tok_stream_push(&ts, -7, &piece, &len, &err), KILN_ERR_TOKENIZER);
         kiln_tok_stream_free(&ts);
-        kiln_tokenizer_free(tok);
     }
 }
 
 static void test_invalid_utf8(void) {
     if (!have_shared()) KT_SKIP("%s is absent", TOKDIR);
-    kiln_tokenizer *tok = load_named("llama3");
+    const kiln_tokenizer *tok = get_tok(1);
     KT_REQUIRE(tok);
     struct {
         const char *s;
@@ -413,7 +455,6 @@ static void test_invalid_utf8(void) {
     KT_EQ_INT(n, 3);
     free(ids);
     KT_EQ_INT(kiln_tokenizer_encode(tok, "x", 1, 0x80, &ids, &n, &err), KILN_ERR_INVALID_ARG);
-    kiln_tokenizer_free(tok);
 }
 
 /* A minimal valid tokenizer.json, with `model_extra`, normalizer, pre_tokenizer, decoder overridable. */
@@ -594,7 +635,7 @@ static void test_mini_and_refusals(void) {
 static void test_long_runs(void) {
     if (!have_shared()) KT_SKIP("%s is absent", TOKDIR);
     for (int w = 0; w < 3; w++) {
-        kiln_tokenizer *tok = load_named(kNames[w]);
+        const kiln_tokenizer *tok = get_tok(w);
         KT_REQUIRE(tok);
         size_t len = 200000;
         char *s = malloc(len);
@@ -617,7 +658,6 @@ static void test_long_runs(void) {
         fprintf(stderr, "  %s: 200k 'a' + 100k ' ' in %.0f ms\n", kNames[w], dt * 1e3);
         KT_CHECK(dt < 20.0); /* generous for sanitizer builds; quadratic would take minutes */
         free(s);
-        kiln_tokenizer_free(tok);
     }
 }
 
@@ -816,7 +856,9 @@ int main(int argc, char **argv) {
     KT_RUN(test_golden_llama3);
     KT_RUN(test_golden_qwen3);
     KT_RUN(test_golden_synth_added_flags);
+    KT_RUN(test_golden_unk);
     KT_RUN(test_long_runs);
     KT_RUN(test_cmd_tokenize);
+    for (int i = 0; i < 3; i++) kiln_tokenizer_free(g_loaded[i]);
     return KT_END();
 }

@@ -24,6 +24,9 @@ Outputs (tests/golden/tokenizer/):
                         tokenizer.json with three more added tokens that use
                         lstrip/rstrip, normalized=true and special=false (see
                         synth_tokenizer(); the test builds the same variant).
+  unk_corpus.jsonl, llama2_unk_fused.jsonl, llama2_unk_unfused.jsonl
+                        llama2 with byte_fallback=false, fuse_unk true/false:
+                        unknown characters become <unk> (unk_tokenizer()).
 
 Usage: python3 tests/golden/make_tokenizer_goldens.py [SHARED_DIR]
 Deterministic: the corpus uses a fixed random seed.
@@ -342,6 +345,22 @@ def synth_tokenizer(src_path, out_path):
         json.dump(j, f, ensure_ascii=False)
 
 
+UNK_TEXTS = [
+    "", "hello", "你好，世界！", "a😀b", "😀😃😄 smile", "日本語 text 中文", "mixed ✓ ✗ ★ marks", "ǅ ǆ", "x\u0301y",
+    "Привет мир", "\U0001f3f3\ufe0f\u200d\U0001f308 flag", "tab\t中\t文", "<s>中</s>", "𝔘𝔫𝔦", "\x00\x01",
+]
+
+
+def unk_tokenizer(src_path, out_path, fuse):
+    """llama2 without byte_fallback: unknown characters become <unk> (fused or not)."""
+    with open(src_path, encoding="utf-8") as f:
+        j = json.load(f)
+    j["model"]["byte_fallback"] = False
+    j["model"]["fuse_unk"] = fuse
+    with open(out_path, "w", encoding="utf-8") as f:
+        json.dump(j, f, ensure_ascii=False)
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     corpus = build_corpus()
@@ -354,8 +373,14 @@ def main():
         synth = os.path.join(tmp, "synth_tokenizer.json")
         synth_tokenizer(os.path.join(SHARED, "tokenizers", "llama2", "tokenizer.json"), synth)
         tok = Tokenizer.from_file(synth)
-    dump(os.path.join(OUT, "synth_corpus.jsonl"), SYNTH_TEXTS)
-    dump(os.path.join(OUT, "llama2_synth.jsonl"), encode_rows(tok, SYNTH_TEXTS))
+        dump(os.path.join(OUT, "synth_corpus.jsonl"), SYNTH_TEXTS)
+        dump(os.path.join(OUT, "llama2_synth.jsonl"), encode_rows(tok, SYNTH_TEXTS))
+        dump(os.path.join(OUT, "unk_corpus.jsonl"), UNK_TEXTS)
+        for fuse in (True, False):
+            path = os.path.join(tmp, "unk.json")
+            unk_tokenizer(os.path.join(SHARED, "tokenizers", "llama2", "tokenizer.json"), path, fuse)
+            rows = encode_rows(Tokenizer.from_file(path), UNK_TEXTS)
+            dump(os.path.join(OUT, "llama2_unk_%s.jsonl" % ("fused" if fuse else "unfused")), rows)
     print("corpus: %d texts" % len(corpus))
 
 
