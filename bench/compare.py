@@ -118,7 +118,8 @@ def cell(r):
         return "—"
     s = fmt_val(r["metric"], r["value"], r.get("unit"))
     if r.get("frac_of_floor") is not None:
-        s += f" ({r['frac_of_floor'] * 100:.0f}%)"
+        pct = r["frac_of_floor"] * 100
+        s += f" ({pct:.0f}%)" if pct >= 10 else f" ({pct:.2g}%)"
     return s
 
 

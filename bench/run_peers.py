@@ -168,8 +168,8 @@ def add_floor(rec, params, nbytes):
         f = b * rec["input_len"] / floor_seconds(params, nbytes, b * rec["input_len"])
     if f is None or not isinstance(v, (int, float)) or v <= 0:
         return rec
-    rec["floor"] = round(f, 6)
-    rec["frac_of_floor"] = round(v / f if m in RATE_METRICS else f / v, 4)
+    rec["floor"] = float(f"{f:.6g}")
+    rec["frac_of_floor"] = float(f"{(v / f if m in RATE_METRICS else f / v):.4g}")
     return rec
 
 

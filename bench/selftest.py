@@ -21,6 +21,8 @@
    and take the checkpoint's shapes.
 5. compare.py: the markdown has the expected cells, speedups and floors;
    --append-to touches only its section.
+6. gpu_bench.sh on the tiny arch with the fake kiln: the files under $OUT, the
+   timeline, reuse of the checkpoint in /tmp; --dry-run with the real peers.
 Exits non-zero on the first failed check.
 """
 
@@ -181,10 +183,10 @@ def test_kiln_plumbing(tmp, ckpt):
     # floors: tiny model, bytes/BW dominates at batch 1
     params, nbytes = recs[0]["meta"]["params"], recs[0]["meta"]["weight_bytes"]
     fl = max(nbytes / rp.BW, 2 * params / rp.PEAK)
-    check(abs(d["floor"] - 1 / fl) / (1 / fl) < 1e-5 and abs(d["frac_of_floor"] - 250 * fl) < 1e-3,
+    check(abs(d["floor"] * fl - 1) < 1e-5 and abs(d["frac_of_floor"] / (250 * fl) - 1) < 1e-3,
           "decode floor = weight bytes / 4.2e12 per step; frac = rate / floor rate")
     fp = max(nbytes / rp.BW, 2 * params * 512 / rp.PEAK) * 1e3
-    check(abs(p["floor"] - fp) < 1e-6 and abs(p["frac_of_floor"] - round(fp / 40, 4)) < 1e-4,
+    check(abs(p["floor"] / fp - 1) < 1e-5 and abs(p["frac_of_floor"] / (fp / 40) - 1) < 1e-3,
           "prefill floor = max(bytes/BW, 2*params*tokens/PEAK); frac = floor / time")
     e8 = [x for x in ms if x["metric"] == "error" and x["batch"] == 8]
     check(len(e8) == 1 and "KV pool too small" in e8[0]["value"], "failing kiln bench -> its error message")
@@ -341,6 +343,37 @@ def test_compare(tmp):
     check("## GPU benchmarks\n\n### mistral-7b" in open(doc2).read(), "--append-to creates the section")
 
 
+# ------------------------------------------------------------------ 6
+
+def test_gpu_bench_sh(tmp, real_peers):
+    kiln = os.path.join(tmp, "fake-kiln")  # written by test_kiln_plumbing
+    out = os.path.join(tmp, "out")
+    sh = os.path.join(HERE, "gpu_bench.sh")
+    r = subprocess.run(["bash", sh, "--arch", "tiny", "--kiln", kiln, "--no-peers", "--budget", "120", "--fresh"],
+                       capture_output=True, text=True, env=dict(os.environ, OUT=out, KILN_COMMIT="feed"), timeout=200)
+    check(r.returncode == 0, f"gpu_bench.sh --arch tiny with fake kiln: exit 0 ({r.stdout[-300:]}{r.stderr[-300:]})")
+    files = sorted(os.listdir(out))
+    check(files == ["bench.log", "env.log", "results.jsonl", "table.md", "timeline.log"], f"$OUT holds {files}")
+    tl = open(os.path.join(out, "timeline.log")).read()
+    check("start checkpoint" in tl and "end   checkpoint rc=0" in tl and "end   measure rc=0" in tl,
+          "timeline.log has start/end of each part")
+    recs = records(open(os.path.join(out, "results.jsonl")).read())
+    check(recs[0]["meta"]["commit"] == "feed" and any(x.get("metric") == "decode_tok_per_s" for x in recs[1:]),
+          "results.jsonl: meta with $KILN_COMMIT, kiln measurements")
+    check("| decode, batch 1" in open(os.path.join(out, "table.md")).read(), "table.md written")
+    r = subprocess.run(["bash", sh, "--arch", "tiny", "--kiln", kiln, "--no-peers", "--budget", "120"],
+                       capture_output=True, text=True, env=dict(os.environ, OUT=out), timeout=200)
+    check(r.returncode == 0 and "reuse checkpoint" in open(os.path.join(out, "timeline.log")).read(),
+          "a second run reuses the checkpoint in /tmp")
+    if real_peers:
+        r = subprocess.run(["bash", sh, "--arch", "tiny", "--kiln", "/nonexistent", "--peers", real_peers, "--dry-run",
+                            "--budget", "200"], capture_output=True, text=True, env=dict(os.environ, OUT=out), timeout=300)
+        n = r.stdout.count('"dry_run_check"')
+        check(r.returncode == 0 and n == 3, f"gpu_bench.sh --dry-run checks the real peers ({n} checks)")
+    r = subprocess.run(["bash", sh, "--budget", "abc"], capture_output=True, text=True, env=dict(os.environ, OUT=out))
+    check(r.returncode == 2 and "--budget" in r.stderr, "gpu_bench.sh: bad --budget is a usage error")
+
+
 def main():
     ap = argparse.ArgumentParser()
     default_peers = os.path.join(os.path.dirname(os.path.dirname(HERE)), "shared", "peers")
@@ -356,6 +389,7 @@ def main():
         else:
             print("skip dry run against the real peers: no --peers folder")
         test_compare(tmp)
+        test_gpu_bench_sh(tmp, a.peers)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\n{'FAILED: ' + str(len(FAILS)) if FAILS else 'all bench self-tests passed'}")
