@@ -21,11 +21,15 @@ MB="${2:-10}"
 BUILD="$SRC/build-bench-tok"
 export TOKENIZERS_PARALLELISM=false RAYON_NUM_THREADS=1
 
-cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKILN_SHARED_DIR="$SHARED" >/dev/null
-cmake --build "$BUILD" --target test_tokenizer -j2 >/dev/null
-
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
+if ! { cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKILN_SHARED_DIR="$SHARED" &&
+       cmake --build "$BUILD" --target test_tokenizer -j2; } >"$TMP/build.log" 2>&1; then
+    cat "$TMP/build.log" >&2
+    echo "bench_tokenizer.sh: the Release build of test_tokenizer failed (log above)" >&2
+    exit 1
+fi
+echo "{\"cpu\": \"$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1)\", \"python\": \"$(python3 -V 2>&1)\"}" >&2
 python3 "$SRC/bench/bench_tokenizer.py" text "$TMP/text.txt" "$MB" >&2
 
 for name in llama2 llama3 qwen3; do
