@@ -17,6 +17,7 @@
  * does not depend on which other tokens share its chunk, so any chunking
  * and any batch give bit-identical logits.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -181,7 +182,7 @@ kiln_status kiln_cpu_executor_new(const kiln_model *m, int max_seqs, int max_con
     c->base = (kiln_executor){.ops = &cpu_ops,
                               .max_seqs = max_seqs,
                               .max_context = max_context,
-                              .max_step_tokens = max_seqs * max_context < (1 << 30) ? max_seqs * max_context : 1 << 30,
+                              .max_step_tokens = full < (1 << 30) ? (int)full : 1 << 30,
                               .vocab = m->plan->vocab_size};
     c->m = m;
     c->threads = threads > 0 ? threads : 1;

@@ -1,10 +1,19 @@
 /*
- * generate.c — the generation loop over the CPU executor: prefill the prompt
- * (in steps of the context's max step size), then decode one token at a
- * time until an end-of-sequence id, max_tokens, or a full context.
+ * generate.c — the one-sequence generation loop over a kiln_cpu_ctx:
+ * prefill the prompt (in chunks of the context's max step), then decode one
+ * token at a time until an end-of-sequence id, max_tokens, a full context
+ * or the callback says stop.
+ *
+ * It samples exactly as the scheduler does (kiln_sample_logits with the
+ * uniform number of (seed, position of the new token)), so kiln_generate
+ * and a request through the scheduler give the same tokens; test_sched
+ * checks that. Context rule, as in kiln_sched.h: the KV cache holds at most
+ * max_context tokens; the token sampled when it is full is still returned.
  */
+#include <math.h>
 #include <stdlib.h>
 
+#include "kiln_exec.h"
 #include "kiln_rt.h"
 
 const char *kiln_stop_reason_str(kiln_stop_reason r) {
@@ -12,6 +21,9 @@ const char *kiln_stop_reason_str(kiln_stop_reason r) {
     case KILN_STOP_EOS: return "eos";
     case KILN_STOP_MAX_TOKENS: return "max_tokens";
     case KILN_STOP_CONTEXT: return "context_full";
+    case KILN_STOP_CANCELLED: return "cancelled";
+    case KILN_STOP_ERROR: return "error";
+    case KILN_STOP_COUNT_: break;
     }
     return "unknown";
 }
@@ -33,13 +45,18 @@ kiln_status kiln_generate(kiln_cpu_ctx *c, const int32_t *prompt, int n_prompt, 
         kiln_err(err, KILN_ERR_CONTEXT, "the prompt has %d tokens but the context holds %d", n_prompt, max_context);
         return kiln_err_hint(err, "shorten the prompt (the model was trained with a %d-token context)", max_context);
     }
+    if (!(o->temperature >= 0) || !isfinite(o->temperature))
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "temperature %g must be >= 0", (double)o->temperature);
+    if (o->top_k < 0) return kiln_err(err, KILN_ERR_INVALID_ARG, "top-k %d must be >= 0 (0 = off)", o->top_k);
+    if (!(o->top_p > 0 && o->top_p <= 1))
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "top-p %g must be in (0, 1]", (double)o->top_p);
+    const kiln_sampling samp = {.temperature = o->temperature, .top_k = o->top_k, .top_p = o->top_p, .seed = o->seed};
     int vocab = m->plan->vocab_size;
-    kiln_sampler s;
-    kiln_status st = kiln_sampler_init(&s, vocab, o->temperature, o->top_k, o->top_p, o->seed, err);
-    if (st != KILN_OK) return st;
+    kiln_status st = KILN_OK;
     float *logits = malloc((size_t)vocab * sizeof *logits);
+    float *scratch = malloc(2 * (size_t)vocab * sizeof *scratch);
     res->ids = malloc(((size_t)o->max_tokens + 1) * sizeof *res->ids);
-    if (!logits || !res->ids) {
+    if (!logits || !scratch || !res->ids) {
         st = kiln_err(err, KILN_ERR_NOMEM, "out of memory");
         goto out;
     }
@@ -53,16 +70,21 @@ kiln_status kiln_generate(kiln_cpu_ctx *c, const int32_t *prompt, int n_prompt, 
     res->prefill_seconds = t1 - t0;
     res->stop = KILN_STOP_MAX_TOKENS;
     while (res->n_ids < o->max_tokens) {
-        int32_t id = kiln_sampler_sample(&s, logits);
+        int pos = kiln_cpu_ctx_pos(c); /* the new token's position */
+        int32_t id = kiln_sample_logits(logits, vocab, &samp, kiln_sample_uniform(o->seed, pos), scratch);
         res->ids[res->n_ids++] = id;
         bool go_on = o->on_token ? o->on_token(id, o->user) : true;
         if (!o->ignore_eos && is_eos(m, id)) {
             res->stop = KILN_STOP_EOS;
             break;
         }
-        if (!go_on || res->n_ids == o->max_tokens) break;
-        if (kiln_cpu_ctx_pos(c) >= max_context) {
+        if (res->n_ids == o->max_tokens) break;
+        if (pos >= max_context) {
             res->stop = KILN_STOP_CONTEXT;
+            break;
+        }
+        if (!go_on) {
+            res->stop = KILN_STOP_CANCELLED;
             break;
         }
         if ((st = kiln_cpu_forward(c, &id, 1, false, logits, err)) != KILN_OK) goto out;
@@ -70,7 +92,7 @@ kiln_status kiln_generate(kiln_cpu_ctx *c, const int32_t *prompt, int n_prompt, 
     res->decode_seconds = kiln_now() - t1;
 out:
     free(logits);
-    kiln_sampler_free(&s);
+    free(scratch);
     if (st != KILN_OK) {
         free(res->ids);
         res->ids = NULL;

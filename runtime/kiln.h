@@ -67,7 +67,7 @@ const char *kiln_stop_reason_str(kiln_stop_reason r);
  *                on any threads, may share one.
  *   kiln_ctx_t   a context: a device (CPU or GPU), its KV memory and a
  *                continuous-batching scheduler. Requests are submitted to a
- *                context, advanced by kiln_step()/kiln_run(), and their
+ *                context, advanced by kiln_run_step()/kiln_run(), and their
  *                tokens come back through a callback or kiln_poll().
  *
  * Typical use (docs/c-api.md has the full example):
@@ -90,17 +90,17 @@ const char *kiln_stop_reason_str(kiln_stop_reason r);
  * Threads: a kiln_t is read-only after kiln_open and may be shared. A
  * kiln_ctx_t may be driven from several threads: kiln_submit, kiln_cancel,
  * kiln_poll and kiln_pending may run on any thread while one thread runs
- * kiln_step/kiln_run (they take the context's lock; they wait at most for
+ * kiln_run_step/kiln_run (they take the context's lock; they wait at most for
  * the bookkeeping part of a step, not for the model). Only one thread may
  * step a context at a time (a second gets KILN_ERR_INVALID_ARG), and
  * kiln_ctx_free must not race with any other call on the context.
  * kiln_last_error's text belongs to the context: with several threads, read
  * it on the thread that saw the failure before another call fails.
  *
- * Callbacks run on the thread that steps, inside kiln_step/kiln_run (and
+ * Callbacks run on the thread that steps, inside kiln_run_step/kiln_run (and
  * inside kiln_cancel for a request that is cancelled outside a step). From a
  * callback you may call kiln_submit, kiln_cancel, kiln_poll and
- * kiln_pending on the same context; kiln_step, kiln_run and kiln_ctx_free
+ * kiln_pending on the same context; kiln_run_step, kiln_run and kiln_ctx_free
  * are refused or forbidden there.
  *
  * Ownership: the library copies everything it is given (paths, prompts,
@@ -181,7 +181,7 @@ typedef struct kiln_ctx_info {
     int64_t device_bytes;       /* device memory in use now (0 on the CPU) */
     int64_t device_peak_bytes;  /* the most device memory in use so far (0 on the CPU) */
     int64_t host_peak_bytes;    /* the process's peak resident memory (VmHWM) */
-    int64_t steps;              /* kiln_step calls that ran the model */
+    int64_t steps;              /* scheduler steps that ran the model */
     int32_t max_running;        /* the most sequences that ran in one step so far */
 } kiln_ctx_info;
 
@@ -191,11 +191,13 @@ kiln_status kiln_ctx_info_get(kiln_ctx_t *ctx, kiln_ctx_info *info);
 /* ---- requests ---- */
 
 /* Receives the tokens of a request submitted with a callback. Called once
- * per generated token (token >= 0, finished = 0), except that the last
- * token comes with finished = 1 and stop_reason set; a request that ends
- * without a new token (cancelled while queued, an error) gets one call with
- * token = -1 and finished = 1. Return 0 to go on, non-zero to cancel the
- * request (it then finishes with KILN_STOP_CANCELLED at once). */
+ * per generated token (token >= 0, finished = 0, stop_reason = -1), except
+ * that the last token comes with finished = 1 and stop_reason set (a
+ * kiln_stop_reason). A request that ends without a new token (cancelled,
+ * max_tokens 0, an error) gets a last call with token = -1, finished = 1.
+ * After the finished call the id is forgotten. Return 0 to go on, non-zero
+ * to cancel the request: it then gets its finished call (token -1,
+ * KILN_STOP_CANCELLED) at once. */
 typedef int32_t (*kiln_token_callback)(void *user, int64_t request, int32_t token, int32_t finished,
                                        int32_t stop_reason);
 
@@ -230,7 +232,7 @@ kiln_status kiln_submit(kiln_ctx_t *ctx, const int32_t *prompt, int32_t n_prompt
  * ones, deliver the new tokens, finish requests and free their memory.
  * Returns KILN_OK when there was nothing to do. On a device failure the
  * requests in that step finish with KILN_STOP_ERROR and the status says why. */
-kiln_status kiln_step(kiln_ctx_t *ctx);
+kiln_status kiln_run_step(kiln_ctx_t *ctx);
 /* Step until no request is queued or running. */
 kiln_status kiln_run(kiln_ctx_t *ctx);
 /* Requests queued or running (not counting finished ones waiting to be polled). */

@@ -45,9 +45,9 @@
 
 typedef struct kiln_sched kiln_sched;
 
-/* Token delivery: token >= 0 a new token; finished on the last call (token
- * -1 when the request ended without a new one). Return false to cancel. */
-typedef bool (*kiln_sched_cb)(void *user, int64_t id, int32_t token, bool finished, kiln_stop_reason reason);
+/* Token delivery is kiln.h's kiln_token_callback: token >= 0 a new token;
+ * finished = 1 on the last call (token -1 when the request ended without a
+ * new one); return non-zero to cancel. */
 
 typedef struct kiln_sched_opts {
     int max_seqs;          /* slots used (≤ the executor's; 0 = all of them) */
@@ -63,7 +63,7 @@ typedef struct kiln_sched_request {
     kiln_sampling samp;
     int max_tokens;
     bool ignore_eos;
-    kiln_sched_cb cb;      /* NULL: tokens are kept for kiln_sched_poll */
+    kiln_token_callback cb; /* NULL: tokens are kept for kiln_sched_poll */
     void *user;
 } kiln_sched_request;
 

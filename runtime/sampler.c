@@ -1,23 +1,33 @@
 /*
  * sampler.c — choose the next token from one row of logits.
  *
- *   greedy      temperature 0 (or top-k 1): the largest logit, lowest id on ties
- *   sampling    softmax(logits / temperature), then HuggingFace's warpers in
- *               their order: keep the top-k tokens, renormalise, keep the
- *               smallest prefix (by probability, descending) whose mass
- *               reaches top-p; draw with one uniform number u in [0, 1)
+ * The rule (a device sampler must follow it exactly to give the same tokens):
+ *   1. greedy when temperature is 0 or top-k is 1: the largest logit, the
+ *      lowest id among equals (NaN ranks below everything);
+ *   2. else p_i = expf((l_i − max l) / temperature) in f32 (0 for NaN);
+ *   3. candidates, in rank order (logit descending, then id ascending):
+ *      top-k keeps the first k; top-p then keeps a candidate while the mass
+ *      of the candidates ranked before it is below top_p × the mass of all
+ *      candidates (HF's warper order: temperature, top-k, top-p; at least
+ *      one is kept);
+ *   4. draw: walk the kept ids in ascending id order, summing p in double,
+ *      and return the first whose running sum exceeds u × the kept mass (the
+ *      last kept id with p > 0 if rounding leaves none).
+ * Sums are in double: the top-k mass in rank order, the mass of the whole
+ * vocabulary and the kept mass in id order.
+ * With neither top-k nor top-p, step 3 keeps everything and the draw is one
+ * pass over the vocabulary, with no ranking at all.
  *
- * The uniform number is not a stream: it is a hash of (seed, position of the
- * token being produced), so a request gives the same tokens alone or in a
- * batch, in any step layout, on any executor with the same logits
+ * The uniform number u is not a stream: it is a hash of (seed, position of
+ * the token being produced), so a request gives the same tokens alone or in
+ * a batch, in any step layout, on any executor with the same logits
  * (kiln_exec.h).
  *
- * Cost: ranking uses a binary heap over the vocabulary (built in O(V)) and
- * pops only the tokens that survive top-k / top-p, O(V + kept · log V): with
- * top-k 40 over a 128k vocabulary that is one linear pass plus ~40 pops, not
- * a full sort per token. Order is (logit descending, id ascending), so ties
- * are broken by the lowest id everywhere. NaN logits rank below everything
- * and get probability 0.
+ * Cost: no full sort. Top-k ranks the k best in one pass with a k-entry
+ * heap (~V comparisons + k log k) and computes only their exp(); top-p
+ * alone finds the nucleus by quickselect on rank with running mass, expected
+ * O(V) whatever its size. The draw is one pass over the ids. Top-k 40 /
+ * top-p 0.9 over a 128k vocabulary costs a few linear scans.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -45,7 +55,7 @@ double kiln_sample_uniform(uint64_t seed, int64_t position) {
     return (double)(h >> 11) * 0x1.0p-53; /* 53 random bits: exactly representable, < 1 */
 }
 
-/* ---- ranking heap: ids ordered by (logit desc, id asc) ---- */
+/* ---- ranking: ids ordered by (logit desc, id asc) ---- */
 
 static float rank_key(const float *logits, int32_t id) {
     float v = logits[id];
@@ -58,88 +68,154 @@ static bool ranks_before(const float *logits, int32_t a, int32_t b) {
     return la > lb || (la == lb && a < b);
 }
 
-static void sift_down(const float *logits, int32_t *heap, int n, int i) {
+/* Min-heap on rank: the root is the worst-ranked id of the heap. */
+static void sift_down_worst(const float *logits, int32_t *h, int n, int i) {
     for (;;) {
-        int best = i, l = 2 * i + 1, r = l + 1;
-        if (l < n && ranks_before(logits, heap[l], heap[best])) best = l;
-        if (r < n && ranks_before(logits, heap[r], heap[best])) best = r;
-        if (best == i) return;
-        int32_t t = heap[i];
-        heap[i] = heap[best];
-        heap[best] = t;
-        i = best;
+        int w = i, l = 2 * i + 1, r = l + 1;
+        if (l < n && ranks_before(logits, h[w], h[l])) w = l;
+        if (r < n && ranks_before(logits, h[w], h[r])) w = r;
+        if (w == i) return;
+        int32_t t = h[i];
+        h[i] = h[w];
+        h[w] = t;
+        i = w;
     }
 }
 
-static int32_t heap_pop(const float *logits, int32_t *heap, int *n) {
-    int32_t top = heap[0];
-    heap[0] = heap[--*n];
-    sift_down(logits, heap, *n, 0);
-    return top;
+/* The k best-ranked ids into out[0..k), best first: one pass keeping a
+ * k-entry heap of the best so far (an id enters only when it beats the
+ * heap's worst, so a pass costs ~V comparisons plus O(k log k)), then a
+ * heap sort. */
+static void select_top(const float *logits, int vocab, int k, int32_t *out) {
+    for (int i = 0; i < k; i++) out[i] = i;
+    for (int i = k / 2 - 1; i >= 0; i--) sift_down_worst(logits, out, k, i);
+    for (int i = k; i < vocab; i++)
+        if (ranks_before(logits, i, out[0])) {
+            out[0] = i;
+            sift_down_worst(logits, out, k, 0);
+        }
+    for (int n = k - 1; n > 0; n--) { /* move the worst to the end, repeatedly */
+        int32_t t = out[0];
+        out[0] = out[n];
+        out[n] = t;
+        sift_down_worst(logits, out, n, 0);
+    }
+}
+
+/* Top-p alone: the number m of best-ranked ids whose mass first reaches
+ * `want` (the nucleus), found quickselect-style in expected O(V): the
+ * segment cand[lo, hi) holds the ranks lo..hi-1 in some order, with
+ * `before` the mass ranked ahead of it; the mass of the top lo ids is below
+ * want, that of the top hi reaches it (or hi = V). Each round partitions the
+ * segment around a pivot. On return cand[m-1] is the m-th best id. */
+static int nucleus_size(const float *logits, const float *prob, int32_t *cand, int vocab, double want) {
+    int lo = 0, hi = vocab;
+    double before = 0;
+    while (lo < hi) {
+        /* pivot: median of three by rank, moved to the segment's end */
+        int a = lo, b = lo + (hi - lo) / 2, c = hi - 1;
+        if (ranks_before(logits, cand[b], cand[a])) { int32_t t = cand[a]; cand[a] = cand[b]; cand[b] = t; }
+        if (ranks_before(logits, cand[c], cand[b])) { int32_t t = cand[b]; cand[b] = cand[c]; cand[c] = t; }
+        if (ranks_before(logits, cand[b], cand[a])) { int32_t t = cand[a]; cand[a] = cand[b]; cand[b] = t; }
+        int32_t pivot = cand[b];
+        cand[b] = cand[c];
+        cand[c] = pivot;
+        /* ids ranked before the pivot to the front */
+        int nl = lo;
+        double left = 0;
+        for (int i = lo; i < c; i++)
+            if (ranks_before(logits, cand[i], pivot)) {
+                int32_t t = cand[i];
+                cand[i] = cand[nl];
+                cand[nl++] = t;
+                left += prob[t];
+            }
+        cand[c] = cand[nl];
+        cand[nl] = pivot; /* the pivot now sits at its rank */
+        if (nl > lo && before + left >= want) {
+            hi = nl; /* the nucleus ends among the ids ranked before the pivot */
+        } else if (before + left + prob[pivot] >= want) {
+            return nl + 1; /* it ends at the pivot */
+        } else {
+            before += left + prob[pivot];
+            lo = nl + 1;
+        }
+    }
+    return vocab; /* rounding: the whole vocabulary never reached want */
 }
 
 int32_t kiln_sample_logits(const float *logits, int vocab, const kiln_sampling *s, double u, float *scratch) {
     if (vocab <= 1 || !(s->temperature > 0) || s->top_k == 1) return kiln_argmax(logits, vocab);
-    /* scratch: [0, vocab) probabilities indexed by id, [vocab, 2·vocab) the heap
-     * of ids and then, from its front, the kept ids in rank order (the kept
-     * prefix grows as the heap shrinks, so they never overlap). The memory is
-     * the caller's malloc'd block; the second half is only ever accessed as
+    /* scratch: [0, vocab) probabilities indexed by id (only those of
+     * candidates are read), [vocab, 2·vocab) candidate ids. The memory is the
+     * caller's malloc'd block; the second half is only ever accessed as
      * int32_t, which is its effective type in C's aliasing rules. */
     float *prob = scratch;
-    int32_t *heap = (int32_t *)(void *)(scratch + vocab);
-    float mx = rank_key(logits, kiln_argmax(logits, vocab));
-    if (!isfinite(mx)) return kiln_argmax(logits, vocab);
-    double total = 0;
-    for (int i = 0; i < vocab; i++) {
-        float v = logits[i];
-        prob[i] = isnan(v) ? 0.0f : expf((v - mx) / s->temperature);
-        total += prob[i];
-        heap[i] = i;
-    }
-    int n = vocab;
-    for (int i = n / 2 - 1; i >= 0; i--) sift_down(logits, heap, n, i);
-
-    /* Pop ids in rank order. Each pop frees the last heap entry, where the
-     * popped id is stored: the kept ids lie at heap[vocab-1], heap[vocab-2],
-     * ... best first, never overlapping the shrinking heap. */
-    int k = s->top_k > 0 && s->top_k < vocab ? s->top_k : vocab;
-    bool nucleus = s->top_p > 0 && s->top_p < 1;
-    int n_kept = 0;
-    double mass = 0;
-    if (k < vocab) {
-        /* top-k first; top-p then applies to the renormalised top-k mass */
-        for (; n_kept < k; n_kept++) {
-            int32_t id = heap_pop(logits, heap, &n);
-            heap[vocab - 1 - n_kept] = id;
-            mass += prob[id];
+    int32_t *cand = (int32_t *)(void *)(scratch + vocab);
+    const float t = s->temperature;
+    const bool nucleus = s->top_p > 0 && s->top_p < 1;
+    const int32_t best = kiln_argmax(logits, vocab);
+    const float mx = rank_key(logits, best);
+    if (!isfinite(mx)) return best;
+    int n_kept;
+    if (s->top_k > 0 && s->top_k < vocab) {
+        /* top-k: only the k best get a probability; top-p then cuts their
+         * renormalised mass */
+        int k = s->top_k;
+        select_top(logits, vocab, k, cand);
+        double mass = 0;
+        for (int i = 0; i < k; i++) {
+            float v = logits[cand[i]];
+            prob[cand[i]] = isnan(v) ? 0.0f : expf((v - mx) / t);
+            mass += prob[cand[i]];
         }
+        n_kept = k;
         if (nucleus) {
-            double cum = 0, want = (double)s->top_p * mass;
-            for (int i = 0; i < n_kept; i++) {
-                if (i > 0 && cum >= want) {
+            double before = 0, want = (double)s->top_p * mass;
+            for (int i = 0; i < k; i++) {
+                if (i > 0 && before >= want) {
                     n_kept = i;
                     break;
                 }
-                cum += prob[heap[vocab - 1 - i]];
+                before += prob[cand[i]];
             }
         }
     } else {
-        /* no top-k: pop until the kept mass reaches top-p (or all is kept) */
-        double want = nucleus ? (double)s->top_p * total : INFINITY;
-        while (n > 0 && (n_kept == 0 || mass < want)) {
-            int32_t id = heap_pop(logits, heap, &n);
-            heap[vocab - 1 - n_kept++] = id;
-            mass += prob[id];
+        double total = 0;
+        for (int i = 0; i < vocab; i++) {
+            float v = logits[i];
+            prob[i] = isnan(v) ? 0.0f : expf((v - mx) / t);
+            total += prob[i];
         }
+        if (!nucleus) {
+            /* plain temperature sampling: every id, no ranking at all */
+            double r = u * total, cum = 0;
+            int32_t last = best;
+            for (int i = 0; i < vocab; i++) {
+                if (prob[i] == 0) continue;
+                last = i;
+                cum += prob[i];
+                if (r < cum) return i;
+            }
+            return last; /* rounding at the top end */
+        }
+        for (int i = 0; i < vocab; i++) cand[i] = i;
+        n_kept = nucleus_size(logits, prob, cand, vocab, (double)s->top_p * total);
     }
-    /* a token is kept iff the mass ranked before it is below top-p: HF's rule */
+    /* draw: walk the ids in ascending order; kept = ranked no worse than
+     * the last kept candidate */
+    const int32_t worst = cand[n_kept - 1];
     double kept_mass = 0;
-    for (int i = 0; i < n_kept; i++) kept_mass += prob[heap[vocab - 1 - i]];
+    for (int32_t i = 0; i < vocab; i++)
+        if (i == worst || ranks_before(logits, i, worst)) kept_mass += prob[i];
     double r = u * kept_mass, cum = 0;
-    for (int i = 0; i < n_kept; i++) {
-        int32_t id = heap[vocab - 1 - i];
-        cum += prob[id];
-        if (r < cum) return id;
+    int32_t last = best;
+    for (int32_t i = 0; i < vocab; i++) {
+        if (i != worst && !ranks_before(logits, i, worst)) continue;
+        if (prob[i] == 0) continue;
+        last = i;
+        cum += prob[i];
+        if (r < cum) return i;
     }
-    return heap[vocab - n_kept]; /* rounding at the top end: the last kept token */
+    return last; /* rounding at the top end */
 }

@@ -1,0 +1,489 @@
+/*
+ * api.c — the public C API (kiln.h) over the runtime's internals:
+ *
+ *   kiln_t      → kiln_model (model.c): the opened engine, read-only
+ *   kiln_ctx_t  → an executor (cpu_backend.c, or the CUDA one) + a
+ *                 kiln_sched (scheduler.c)
+ *
+ * Everything here is argument checking, option defaults, device choice and
+ * error bookkeeping; the work is in the scheduler and the executors. Each
+ * handle keeps the message of its last failure (kiln_error_message /
+ * kiln_last_error). A constructor that fails still returns a handle that
+ * holds only its message (like sqlite3_open), so a caller through FFI can
+ * always read why.
+ *
+ * Device choice: "cpu" is the fp32 reference executor; "gpu" is the CUDA
+ * executor (runtime/cuda/, compiled in when KILN_HAVE_CUDA is defined);
+ * "auto" tries the GPU and falls back to the CPU only when the GPU is
+ * unavailable (KILN_ERR_DEVICE), never to hide another failure.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "kiln.h"
+#include "kiln_exec.h"
+#include "kiln_rt.h"
+#include "kiln_sched.h"
+#include "kiln_tokenizer.h"
+#ifdef KILN_HAVE_CUDA
+#include "cuda/kiln_cuda_exec.h"
+#endif
+
+struct kiln_t {
+    kiln_model *m; /* NULL in a failed handle */
+    kiln_error err;
+    double open_seconds;
+};
+
+struct kiln_ctx_t {
+    const kiln_t *k;  /* NULL in a failed handle */
+    kiln_executor *x;
+    kiln_sched *s;
+    char device[16];  /* "cpu" or "gpu" */
+    pthread_mutex_t err_lock;
+    kiln_error last;  /* the last failure */
+};
+
+#define DEFAULT_MAX_BATCH 8
+#define DEFAULT_MAX_STEP_TOKENS 512
+#define DEFAULT_KV_FRACTION 0.9
+#define DEFAULT_MAX_TOKENS 128
+#define MAX_BATCH_LIMIT 1024
+#define MAX_THREADS 1024
+
+static int cores(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : (int)n;
+}
+
+/* ---- engines ---- */
+
+kiln_status kiln_open(const char *path, int32_t threads, kiln_t **out) {
+    if (!out) return KILN_ERR_INVALID_ARG;
+    *out = NULL;
+    kiln_t *k = calloc(1, sizeof *k);
+    if (!k) return KILN_ERR_NOMEM;
+    *out = k;
+    if (!path) return kiln_err(&k->err, KILN_ERR_INVALID_ARG, "kiln_open: path is NULL");
+    if (threads < 0 || threads > MAX_THREADS)
+        return kiln_err(&k->err, KILN_ERR_INVALID_ARG, "kiln_open: threads %d is outside 0..%d (0 = one per core)",
+                        threads, MAX_THREADS);
+    double t0 = kiln_now();
+    kiln_status st = kiln_model_open(path, threads ? threads : cores(), &k->m, &k->err);
+    if (st != KILN_OK) {
+        k->m = NULL;
+        return st;
+    }
+    k->open_seconds = kiln_now() - t0;
+    return KILN_OK;
+}
+
+void kiln_close(kiln_t *k) {
+    if (!k) return;
+    kiln_model_close(k->m);
+    free(k);
+}
+
+const char *kiln_error_message(const kiln_t *k) { return k ? k->err.msg : "kiln_t is NULL"; }
+
+int32_t kiln_vocab_size(const kiln_t *k) { return k && k->m ? k->m->plan->vocab_size : 0; }
+int32_t kiln_max_context(const kiln_t *k) { return k && k->m ? k->m->plan->max_context : 0; }
+int32_t kiln_bos_id(const kiln_t *k) { return k && k->m ? k->m->bos_id : -1; }
+int32_t kiln_has_tokenizer(const kiln_t *k) { return k && k->m && k->m->tokenizer ? 1 : 0; }
+const char *kiln_meta_json(const kiln_t *k) { return k && k->m ? k->m->meta_json : NULL; }
+double kiln_open_seconds(const kiln_t *k) { return k && k->m ? k->open_seconds : 0; }
+
+int32_t kiln_eos_ids(const kiln_t *k, int32_t *ids, int32_t cap) {
+    if (!k || !k->m) return 0;
+    for (int i = 0; i < k->m->n_eos && i < cap && ids; i++) ids[i] = k->m->eos_ids[i];
+    return k->m->n_eos;
+}
+
+/* ---- contexts ---- */
+
+void kiln_ctx_options_init(kiln_ctx_options *o) {
+    if (!o) return;
+    *o = (kiln_ctx_options){.struct_size = sizeof *o,
+                            .device = "auto",
+                            .max_batch = DEFAULT_MAX_BATCH,
+                            .max_context = 0,
+                            .kv_bytes = 0,
+                            .kv_fraction = DEFAULT_KV_FRACTION,
+                            .max_step_tokens = 0,
+                            .threads = 0};
+}
+
+static kiln_status fail_ctx(kiln_ctx_t *c, kiln_error *e) {
+    pthread_mutex_lock(&c->err_lock);
+    c->last = *e;
+    pthread_mutex_unlock(&c->err_lock);
+    return e->code;
+}
+
+/* Bytes of K and V per token on the CPU executor (f32, every layer). */
+static int64_t cpu_kv_bytes_per_token(const kiln_model *m) {
+    const kiln_plan *p = m->plan;
+    return (int64_t)p->n_layers * p->n_kv_heads * p->head_dim * 2 * (int64_t)sizeof(float);
+}
+
+static kiln_status new_cpu_executor(const kiln_model *m, const kiln_ctx_options *o, kiln_executor **x,
+                                    kiln_error *err) {
+    int64_t kv_tokens = 0;
+    if (o->kv_bytes > 0) {
+        int64_t per = cpu_kv_bytes_per_token(m);
+        kv_tokens = o->kv_bytes / per;
+        if (kv_tokens == 0) {
+            kiln_err(err, KILN_ERR_INVALID_ARG, "kv_bytes %lld holds no token: one token of K and V takes %lld bytes",
+                     (long long)o->kv_bytes, (long long)per);
+            return kiln_err_hint(err, "give kv_bytes 0 for room for max_batch full contexts");
+        }
+    }
+    return kiln_cpu_executor_new(m, o->max_batch, o->max_context, kv_tokens, o->threads ? o->threads : cores(), x,
+                                 err);
+}
+
+/* The GPU executor: the one place that knows whether this build has one. */
+static kiln_status new_gpu_executor(const kiln_model *m, const kiln_ctx_options *o, kiln_executor **x,
+                                    kiln_error *err) {
+#ifdef KILN_HAVE_CUDA
+    kiln_cuda_exec_opts co = {.max_seqs = o->max_batch,
+                              .max_context = o->max_context,
+                              .kv_bytes = o->kv_bytes,
+                              .kv_fraction = o->kv_fraction,
+                              .max_step_tokens = o->max_step_tokens};
+    return kiln_cuda_executor_new(m, &co, x, err);
+#else
+    (void)m;
+    (void)o;
+    *x = NULL;
+    kiln_err(err, KILN_ERR_DEVICE, "device \"gpu\": this build has no GPU executor");
+    return kiln_err_hint(err, "build kiln with the CUDA toolkit (-DKILN_CUDA=ON), or use device \"cpu\"");
+#endif
+}
+
+static kiln_status check_ctx_options(const kiln_model *m, const kiln_ctx_options *o, kiln_error *err) {
+    if (o->max_batch < 1 || o->max_batch > MAX_BATCH_LIMIT)
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "max_batch %d is outside 1..%d", o->max_batch, MAX_BATCH_LIMIT);
+    if (o->max_context < 0 || o->max_context > m->plan->max_context) {
+        kiln_err(err, KILN_ERR_INVALID_ARG, "max_context %d is outside 0..%d (the model's context)", o->max_context,
+                 m->plan->max_context);
+        return kiln_err_hint(err, "0 means the model's context of %d tokens", m->plan->max_context);
+    }
+    if (o->kv_bytes < 0) return kiln_err(err, KILN_ERR_INVALID_ARG, "kv_bytes %lld is negative", (long long)o->kv_bytes);
+    if (!(o->kv_fraction > 0 && o->kv_fraction <= 1))
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "kv_fraction %g is outside (0, 1]", o->kv_fraction);
+    if (o->max_step_tokens < 0)
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "max_step_tokens %d is negative (0 = %d)", o->max_step_tokens,
+                        DEFAULT_MAX_STEP_TOKENS);
+    if (o->max_step_tokens > 0 && o->max_step_tokens < o->max_batch) {
+        kiln_err(err, KILN_ERR_INVALID_ARG, "max_step_tokens %d is below max_batch %d", o->max_step_tokens,
+                 o->max_batch);
+        return kiln_err_hint(err, "each running sequence decodes one token per step, so a step needs at least "
+                                  "max_batch tokens");
+    }
+    if (o->threads < 0 || o->threads > MAX_THREADS)
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "threads %d is outside 0..%d (0 = one per core)", o->threads,
+                        MAX_THREADS);
+    return KILN_OK;
+}
+
+kiln_status kiln_ctx_new(const kiln_t *k, const kiln_ctx_options *opts, kiln_ctx_t **out) {
+    if (!out) return KILN_ERR_INVALID_ARG;
+    *out = NULL;
+    kiln_ctx_t *c = calloc(1, sizeof *c);
+    if (!c) return KILN_ERR_NOMEM;
+    if (pthread_mutex_init(&c->err_lock, NULL)) {
+        free(c);
+        return KILN_ERR_NOMEM;
+    }
+    *out = c;
+    kiln_error e = {0};
+    kiln_status st;
+    if (!k) {
+        kiln_err(&e, KILN_ERR_INVALID_ARG, "kiln_ctx_new: the engine handle is NULL");
+        return fail_ctx(c, &e);
+    }
+    if (!k->m) {
+        kiln_err(&e, KILN_ERR_INVALID_ARG, "kiln_ctx_new: the engine handle did not open: %s", k->err.msg);
+        return fail_ctx(c, &e);
+    }
+    /* options: defaults, then as much of the caller's struct as it has */
+    kiln_ctx_options o;
+    kiln_ctx_options_init(&o);
+    if (opts) {
+        if (opts->struct_size < offsetof(kiln_ctx_options, device) + sizeof opts->device) {
+            kiln_err(&e, KILN_ERR_INVALID_ARG, "kiln_ctx_new: options.struct_size is %u", opts->struct_size);
+            kiln_err_hint(&e, "initialise the options with kiln_ctx_options_init()");
+            return fail_ctx(c, &e);
+        }
+        memcpy(&o, opts, opts->struct_size < sizeof o ? opts->struct_size : sizeof o);
+        o.struct_size = sizeof o;
+    }
+    const char *dev = o.device ? o.device : "auto";
+    bool want_cpu = strcmp(dev, "cpu") == 0, want_gpu = strcmp(dev, "gpu") == 0, want_auto = strcmp(dev, "auto") == 0;
+    if (!want_cpu && !want_gpu && !want_auto) {
+        kiln_err(&e, KILN_ERR_INVALID_ARG, "kiln_ctx_new: unknown device \"%.40s\"", dev);
+        kiln_err_hint(&e, "use \"cpu\", \"gpu\" or \"auto\"");
+        return fail_ctx(c, &e);
+    }
+    if ((st = check_ctx_options(k->m, &o, &e)) != KILN_OK) {
+        kiln_err_prefix(&e, "kiln_ctx_new: ");
+        return fail_ctx(c, &e);
+    }
+    st = KILN_ERR_DEVICE;
+    if (want_gpu || want_auto) {
+        st = new_gpu_executor(k->m, &o, &c->x, &e);
+        if (st == KILN_OK) snprintf(c->device, sizeof c->device, "gpu");
+    }
+    if (st == KILN_ERR_DEVICE && (want_cpu || want_auto)) {
+        e = (kiln_error){0};
+        st = new_cpu_executor(k->m, &o, &c->x, &e);
+        if (st == KILN_OK) snprintf(c->device, sizeof c->device, "cpu");
+    }
+    if (st != KILN_OK) {
+        kiln_err_prefix(&e, "kiln_ctx_new: ");
+        return fail_ctx(c, &e);
+    }
+    kiln_sched_opts so = {.max_seqs = o.max_batch,
+                          .max_context = c->x->max_context,
+                          .max_step_tokens = o.max_step_tokens ? o.max_step_tokens : DEFAULT_MAX_STEP_TOKENS,
+                          .eos_ids = k->m->eos_ids,
+                          .n_eos = k->m->n_eos};
+    if (so.max_step_tokens < so.max_seqs) so.max_step_tokens = so.max_seqs;
+    if (so.max_step_tokens > c->x->max_step_tokens) so.max_step_tokens = c->x->max_step_tokens;
+    if ((st = kiln_sched_new(c->x, &so, &c->s, &e)) != KILN_OK) {
+        kiln_err_prefix(&e, "kiln_ctx_new: ");
+        c->x->ops->destroy(c->x);
+        c->x = NULL;
+        return fail_ctx(c, &e);
+    }
+    c->k = k;
+    return KILN_OK;
+}
+
+void kiln_ctx_free(kiln_ctx_t *c) {
+    if (!c) return;
+    kiln_sched_free(c->s);
+    if (c->x) c->x->ops->destroy(c->x);
+    pthread_mutex_destroy(&c->err_lock);
+    free(c);
+}
+
+const char *kiln_last_error(const kiln_ctx_t *c) { return c ? c->last.msg : "kiln_ctx_t is NULL"; }
+
+/* Common entry check: a usable context. */
+static kiln_status usable(kiln_ctx_t *c, const char *fn) {
+    if (!c) return KILN_ERR_INVALID_ARG;
+    if (!c->s) {
+        kiln_error e = {0};
+        kiln_err(&e, KILN_ERR_INVALID_ARG, "%s: this context failed to be created (%.900s)", fn, c->last.msg);
+        return fail_ctx(c, &e);
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_ctx_info_get(kiln_ctx_t *c, kiln_ctx_info *info) {
+    kiln_status st = usable(c, "kiln_ctx_info_get");
+    if (st != KILN_OK) return st;
+    kiln_error e = {0};
+    if (!info || info->struct_size < sizeof *info) {
+        kiln_err(&e, KILN_ERR_INVALID_ARG, "kiln_ctx_info_get: info is NULL or its struct_size is not %zu",
+                 sizeof *info);
+        return fail_ctx(c, &e);
+    }
+    kiln_executor_info xi = {0};
+    if (c->x->ops->info) c->x->ops->info(c->x, &xi);
+    kiln_sched_stats ss;
+    kiln_sched_get_stats(c->s, &ss);
+    memset(info, 0, sizeof *info);
+    info->struct_size = sizeof *info;
+    snprintf(info->device, sizeof info->device, "%s", c->device);
+    snprintf(info->device_name, sizeof info->device_name, "%s", xi.device_name[0] ? xi.device_name : c->device);
+    info->max_batch = kiln_sched_max_seqs(c->s);
+    info->max_context = kiln_sched_max_context(c->s);
+    info->max_step_tokens = kiln_sched_max_step_tokens(c->s);
+    info->kv_capacity_tokens = xi.kv_capacity_tokens;
+    info->device_bytes = xi.device_bytes;
+    info->device_peak_bytes = xi.device_peak_bytes;
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0) info->host_peak_bytes = (int64_t)ru.ru_maxrss * 1024; /* Linux: kB */
+    info->steps = ss.steps;
+    info->max_running = ss.max_running;
+    return KILN_OK;
+}
+
+/* ---- requests ---- */
+
+void kiln_request_options_init(kiln_request_options *o) {
+    if (!o) return;
+    *o = (kiln_request_options){.struct_size = sizeof *o, .max_tokens = DEFAULT_MAX_TOKENS, .top_p = 1.0f};
+}
+
+kiln_status kiln_submit(kiln_ctx_t *c, const int32_t *prompt, int32_t n_prompt, const kiln_request_options *opts,
+                        int64_t *id) {
+    kiln_status st = usable(c, "kiln_submit");
+    if (id) *id = 0;
+    if (st != KILN_OK) return st;
+    kiln_error e = {0};
+    if (!id) {
+        kiln_err(&e, KILN_ERR_INVALID_ARG, "kiln_submit: id is NULL");
+        return fail_ctx(c, &e);
+    }
+    if (n_prompt > 0 && !prompt) {
+        kiln_err(&e, KILN_ERR_INVALID_ARG, "kiln_submit: prompt is NULL with n_prompt %d", n_prompt);
+        return fail_ctx(c, &e);
+    }
+    kiln_request_options o;
+    kiln_request_options_init(&o);
+    if (opts) {
+        if (opts->struct_size < offsetof(kiln_request_options, max_tokens) + sizeof opts->max_tokens) {
+            kiln_err(&e, KILN_ERR_INVALID_ARG, "kiln_submit: options.struct_size is %u", opts->struct_size);
+            kiln_err_hint(&e, "initialise the options with kiln_request_options_init()");
+            return fail_ctx(c, &e);
+        }
+        memcpy(&o, opts, opts->struct_size < sizeof o ? opts->struct_size : sizeof o);
+    }
+    kiln_sched_request r = {.prompt = prompt,
+                            .n_prompt = n_prompt,
+                            .samp = {.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p, .seed = o.seed},
+                            .max_tokens = o.max_tokens,
+                            .ignore_eos = o.ignore_eos != 0,
+                            .cb = o.on_token,
+                            .user = o.user};
+    if ((st = kiln_sched_submit(c->s, &r, id, &e)) != KILN_OK) return fail_ctx(c, &e);
+    return KILN_OK;
+}
+
+kiln_status kiln_run_step(kiln_ctx_t *c) {
+    kiln_status st = usable(c, "kiln_run_step");
+    if (st != KILN_OK) return st;
+    kiln_error e = {0};
+    if ((st = kiln_sched_step(c->s, NULL, &e)) != KILN_OK) return fail_ctx(c, &e);
+    return KILN_OK;
+}
+
+kiln_status kiln_run(kiln_ctx_t *c) {
+    kiln_status st = usable(c, "kiln_run");
+    if (st != KILN_OK) return st;
+    kiln_error e = {0};
+    while (kiln_sched_pending(c->s) > 0) {
+        bool ran = false;
+        if ((st = kiln_sched_step(c->s, &ran, &e)) != KILN_OK) return fail_ctx(c, &e);
+        if (!ran && kiln_sched_pending(c->s) > 0) {
+            kiln_err(&e, KILN_ERR_INTERNAL, "kiln_run: %d requests pending but the scheduler made no step",
+                     kiln_sched_pending(c->s));
+            return fail_ctx(c, &e);
+        }
+    }
+    return KILN_OK;
+}
+
+int32_t kiln_pending(kiln_ctx_t *c) { return c && c->s ? kiln_sched_pending(c->s) : 0; }
+
+kiln_status kiln_poll(kiln_ctx_t *c, int64_t id, int32_t *buf, int32_t cap, int32_t *n, int32_t *finished,
+                      int32_t *stop_reason) {
+    if (n) *n = 0;
+    if (finished) *finished = 0;
+    if (stop_reason) *stop_reason = -1;
+    kiln_status st = usable(c, "kiln_poll");
+    if (st != KILN_OK) return st;
+    kiln_error e = {0};
+    int got = 0, why = -1;
+    bool fin = false;
+    if (!n || !finished) {
+        kiln_err(&e, KILN_ERR_INVALID_ARG, "kiln_poll: n and finished must not be NULL");
+        return fail_ctx(c, &e);
+    }
+    if ((st = kiln_sched_poll(c->s, id, buf, cap, &got, &fin, &why, &e)) != KILN_OK) return fail_ctx(c, &e);
+    *n = got;
+    *finished = fin ? 1 : 0;
+    if (stop_reason) *stop_reason = why;
+    return KILN_OK;
+}
+
+kiln_status kiln_cancel(kiln_ctx_t *c, int64_t id) {
+    kiln_status st = usable(c, "kiln_cancel");
+    if (st != KILN_OK) return st;
+    kiln_error e = {0};
+    if ((st = kiln_sched_cancel(c->s, id, &e)) != KILN_OK) return fail_ctx(c, &e);
+    return KILN_OK;
+}
+
+/* ---- tokenizer ---- */
+
+static kiln_status tokenizer_of(kiln_ctx_t *c, const char *fn, const kiln_tokenizer **tok) {
+    kiln_status st = usable(c, fn);
+    if (st != KILN_OK) return st;
+    *tok = c->k->m->tokenizer;
+    if (*tok) return KILN_OK;
+    kiln_error e = {0};
+    kiln_err(&e, KILN_ERR_MISSING, "%s: this engine has no tokenizer", fn);
+    kiln_err_hint(&e, "compile from a checkpoint directory that has tokenizer.json, or pass token ids");
+    return fail_ctx(c, &e);
+}
+
+kiln_status kiln_tokenize(kiln_ctx_t *c, const char *text, size_t len, int32_t add_special, int32_t *ids,
+                          int32_t cap, int32_t *n) {
+    if (n) *n = 0;
+    const kiln_tokenizer *tok = NULL;
+    kiln_status st = tokenizer_of(c, "kiln_tokenize", &tok);
+    if (st != KILN_OK) return st;
+    kiln_error e = {0};
+    if (!n || (!text && len > 0) || cap < 0 || (cap > 0 && !ids)) {
+        kiln_err(&e, KILN_ERR_INVALID_ARG, "kiln_tokenize: NULL text, ids or n, or a negative cap");
+        return fail_ctx(c, &e);
+    }
+    int32_t *v = NULL;
+    size_t got = 0;
+    st = kiln_tokenizer_encode(tok, text ? text : "", len, add_special ? KILN_TOK_ADD_SPECIAL : 0, &v, &got, &e);
+    if (st != KILN_OK) return fail_ctx(c, &e);
+    if (got > INT32_MAX) {
+        free(v);
+        kiln_err(&e, KILN_ERR_INVALID_ARG, "kiln_tokenize: the text makes %zu ids, more than an int32_t counts", got);
+        return fail_ctx(c, &e);
+    }
+    *n = (int32_t)got;
+    if (got > (size_t)cap) {
+        free(v);
+        kiln_err(&e, KILN_ERR_INVALID_ARG, "kiln_tokenize: the text makes %zu ids but the buffer holds %d", got, cap);
+        kiln_err_hint(&e, "call again with a buffer of *n ids");
+        return fail_ctx(c, &e);
+    }
+    if (got) memcpy(ids, v, got * sizeof *ids);
+    free(v);
+    return KILN_OK;
+}
+
+kiln_status kiln_detokenize(kiln_ctx_t *c, const int32_t *ids, int32_t n, int32_t skip_special, char *text,
+                            size_t cap, size_t *len) {
+    if (len) *len = 0;
+    if (text && cap > 0) text[0] = 0;
+    const kiln_tokenizer *tok = NULL;
+    kiln_status st = tokenizer_of(c, "kiln_detokenize", &tok);
+    if (st != KILN_OK) return st;
+    kiln_error e = {0};
+    if (!len || n < 0 || (n > 0 && !ids) || (cap > 0 && !text)) {
+        kiln_err(&e, KILN_ERR_INVALID_ARG, "kiln_detokenize: NULL ids, text or len, or a negative count");
+        return fail_ctx(c, &e);
+    }
+    char *s = NULL;
+    size_t got = 0;
+    if ((st = kiln_tokenizer_decode(tok, ids, (size_t)n, skip_special != 0, &s, &got, &e)) != KILN_OK)
+        return fail_ctx(c, &e);
+    *len = got;
+    if (got + 1 > cap) {
+        free(s);
+        kiln_err(&e, KILN_ERR_INVALID_ARG, "kiln_detokenize: the text has %zu bytes but the buffer holds %zu with "
+                                           "its NUL",
+                 got, cap);
+        kiln_err_hint(&e, "call again with a buffer of *len + 1 bytes");
+        return fail_ctx(c, &e);
+    }
+    memcpy(text, s, got + 1);
+    free(s);
+    return KILN_OK;
+}
