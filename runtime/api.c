@@ -161,7 +161,7 @@ static kiln_status new_gpu_executor(const kiln_model *m, const kiln_ctx_options 
     (void)o;
     *x = NULL;
     kiln_err(err, KILN_ERR_DEVICE, "device \"gpu\": this build has no GPU executor");
-    return kiln_err_hint(err, "build kiln with the CUDA toolkit (-DKILN_CUDA=ON), or use device \"cpu\"");
+    return kiln_err_hint(err, "use device \"cpu\", or \"auto\" to take the GPU where there is one");
 #endif
 }
 
