@@ -31,6 +31,7 @@ import re
 import sys
 
 SECTION = "## GPU benchmarks"
+PLACEHOLDER = "No run has been recorded yet."  # dropped from the section by the first --append-to
 
 IMPLS = [("kiln", "kiln"), ("hf", "HF transformers eager (SDPA)"), ("gptfast", "gpt-fast style, compiled")]
 PEERS = [i for i in IMPLS if i[0] != "kiln"]
@@ -177,9 +178,9 @@ def markdown(meta, recs):
     if meta.get("weight_bytes"):
         out.append(f"Random weights normal(0, 0.02), {meta['weight_bytes'] / 1e9:.2f} GB, {meta['params'] / 1e9:.2f} B parameters "
                    f"(bench/make_checkpoint.py). Floors: a forward over T tokens takes at least "
-                   f"max(weight bytes / {meta.get('floor_bw_Bps', 4.2e12) / 1e12:.1f} TB/s, 2·params·T / "
-                   f"{meta.get('floor_peak_flops', 785e12) / 1e12:.0f} TFLOP/s): "
-                   f"{meta.get('decode_step_floor_ms_b1', float('nan')):.2f} ms per decode step at batch 1. "
+                   f"max((weight bytes + KV read) / {meta.get('floor_bw_Bps', 4.2e12) / 1e12:.1f} TB/s, 2·params·T / "
+                   f"{meta.get('floor_peak_flops', 785e12) / 1e12:.0f} TFLOP/s); the weights alone take "
+                   f"{meta.get('decode_step_floor_ms_b1', float('nan')):.3g} ms to read. "
                    f"torch {meta.get('torch')}, transformers {meta.get('transformers')}. "
                    f"Percentages are fractions of the floor; \"kiln vs\" is a speedup (> 1: kiln faster).")
         out.append("")
@@ -253,7 +254,7 @@ def append_to(path, block):
         text += f"\n{SECTION}\n\n{block}"
     else:
         end = next((n for n in range(start + 1, len(lines)) if re.match(r"^## ", lines[n])), len(lines))
-        body = lines[:end]
+        body = lines[:start] + [l for l in lines[start:end] if l.strip() != PLACEHOLDER]
         while body and body[-1].strip() == "":
             body.pop()
         rest = lines[end:]

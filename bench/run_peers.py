@@ -39,10 +39,14 @@ to stderr at the end (compare.py makes the markdown one).
 Floors (fraction of floor = floor / measured for times, measured / floor for
 rates; 1.0 is the floor):
   a forward over T tokens (T = batch for a decode step, batch * prompt for a
-  prefill) cannot beat max(weight_bytes / BW, 2 * params * T / PEAK), with
-  BW = 4.2e12 B/s (H200 copy ceiling) and PEAK = 785e12 FLOP/s (bf16 GEMM);
-  weight_bytes and params count every tensor of the checkpoint, as
-  BENCHMARKS.md does (14.48 GB and 7.24e9 for Mistral-7B).
+  prefill) cannot beat max((weight_bytes + kv_read) / BW, 2 * params * T / PEAK),
+  with BW = 4.2e12 B/s (H200 copy ceiling) and PEAK = 785e12 FLOP/s (bf16
+  GEMM); weight_bytes and params count every tensor of the checkpoint, as
+  BENCHMARKS.md does (14.48 GB and 7.24e9 for Mistral-7B). kv_read is 0 for
+  a prefill and, for a decode step, batch x mean context x KV bytes per
+  token (bf16): 64 x 576.5 x 128 KiB = 4.8 GB at batch 64, a third of the
+  weights, so batch 64 is not purely weight-bound (BENCHMARKS.md's
+  ~14,000 tok/s floor at batch 64 includes it; 2,200 at batch 8).
 Load and compile times have no floor here (the issue's targets apply).
 
 Time: --deadline (seconds from start) bounds the whole run; each step gets
@@ -148,20 +152,38 @@ def git_commit():
     return "unknown"
 
 
-def floor_seconds(params, nbytes, tokens):
-    """Lower bound for one forward over `tokens` tokens."""
-    return max(nbytes / BW, 2.0 * params * tokens / PEAK)
+def floor_seconds(params, nbytes, tokens, kv_bytes=0):
+    """Lower bound for one forward over `tokens` tokens that reads the weights
+    and kv_bytes of KV cache."""
+    return max((nbytes + kv_bytes) / BW, 2.0 * params * tokens / PEAK)
 
 
-def add_floor(rec, params, nbytes):
+def kv_bytes_per_token(cfg):
+    """Bytes of K and V one token holds over all layers, in bf16."""
+    heads = cfg["num_attention_heads"]
+    hd = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    return cfg["num_hidden_layers"] * 2 * cfg.get("num_key_value_heads", heads) * hd * 2
+
+
+def decode_kv_read(rec, kv_tok, window):
+    """KV bytes one decode step reads, averaged over the run: batch x the mean
+    context (input + (output + 1) / 2, capped by the sliding window)."""
+    i, o = rec.get("input_len") or 0, rec.get("output_len") or 0
+    ctx = i + (o + 1) / 2 if o else i
+    if window:
+        ctx = min(ctx, window)
+    return (rec.get("batch") or 1) * ctx * kv_tok
+
+
+def add_floor(rec, params, nbytes, kv_tok=0, window=None):
     """Fill rec["floor"] (in rec's unit) and rec["frac_of_floor"] where the metric has one."""
     m, v = rec.get("metric"), rec.get("value")
     b = rec.get("batch") or 1
     f = None
     if m == "decode_ms_per_token":
-        f = floor_seconds(params, nbytes, b) * 1e3
+        f = floor_seconds(params, nbytes, b, decode_kv_read(rec, kv_tok, window)) * 1e3
     elif m == "decode_tok_per_s":
-        f = b / floor_seconds(params, nbytes, b)
+        f = b / floor_seconds(params, nbytes, b, decode_kv_read(rec, kv_tok, window))
     elif m in ("prefill_ms", "ttft_ms") and rec.get("input_len"):
         f = floor_seconds(params, nbytes, b * rec["input_len"]) * 1e3
     elif m == "prefill_tok_per_s" and rec.get("input_len"):
@@ -274,6 +296,7 @@ class Runner:
         self.params, self.nbytes, self.dtype = checkpoint_stats(a.ckpt)
         self.model = model_label(a.ckpt, self.cfg)
         self.layers = self.cfg.get("num_hidden_layers")
+        self.kv_tok = kv_bytes_per_token(self.cfg)
         self.gpu = gpu_name()
         self.commit = a.commit or git_commit()
         self.date = now_iso()
@@ -289,7 +312,7 @@ class Runner:
                 "unit": None}
         base.update(rec)
         base.update(device="gpu", gpu=self.gpu, commit=self.commit, date=self.date)
-        add_floor(base, self.params, self.nbytes)
+        add_floor(base, self.params, self.nbytes, self.kv_tok, self.cfg.get("sliding_window"))
         line = json.dumps(base)
         self.records.append(base)
         print(line, flush=True)
@@ -310,8 +333,9 @@ class Runner:
                       "params": self.params, "weight_bytes": self.nbytes, "checkpoint": os.path.abspath(self.a.ckpt),
                       "gpu": self.gpu, "commit": self.commit, "date": self.date, "host": platform.node(),
                       "python": platform.python_version(), **vers,
-                      "floor_bw_Bps": BW, "floor_peak_flops": PEAK,
+                      "kv_bytes_per_token": self.kv_tok, "floor_bw_Bps": BW, "floor_peak_flops": PEAK,
                       "decode_step_floor_ms_b1": round(floor_seconds(self.params, self.nbytes, 1) * 1e3, 4)}}
+        # (decode_step_floor_ms_b1: weights only; the per-line floors add the KV read)
         line = json.dumps(m)
         print(line, flush=True)
         if self.jsonl:
