@@ -69,6 +69,14 @@ static int layer_weight(importer *im, int64_t l, const char *suffix, int ndim, i
     return weight(im, name, ndim, d0, d1);
 }
 
+/* Append a one-output op of layer l, labelled "l<l>.<what>". Returns the value id or -1. */
+static int layer_op(importer *im, int64_t l, const char *what, kiln_op_kind kind, const int *in, int n_in,
+                    const kiln_op_attrs *attrs) {
+    char label[64];
+    snprintf(label, sizeof label, "l%lld.%s", (long long)l, what);
+    return kiln_ir_op1(im->g, kind, in, n_in, attrs, label, im->err);
+}
+
 static kiln_op_attrs rope_attrs(const kiln_model_config *c, int32_t heads) {
     kiln_op_attrs a = {
         .n_heads = heads,
@@ -106,7 +114,6 @@ static kiln_status import_with(importer *im, kiln_dtype weight_dtype) {
     TRY(emb_w = weight(im, "model.embed_tokens.weight", 2, V, H));
     TRY(x = kiln_ir_op1(g, KILN_OP_EMBEDDING, (int[]){g->tokens, emb_w}, 2, NULL, "embed", err));
 
-    char label[64];
     for (int64_t l = 0; l < c->n_layers; l++) {
         kiln_op_attrs norm = {.eps = (float)c->rms_norm_eps};
         kiln_op_attrs rq = rope_attrs(c, (int32_t)c->n_heads), rk = rope_attrs(c, (int32_t)c->n_kv_heads);
@@ -114,51 +121,35 @@ static kiln_status import_with(importer *im, kiln_dtype weight_dtype) {
         att.layer = (int32_t)l;
         att.window = (int32_t)c->sliding_window;
 
-        snprintf(label, sizeof label, "l%lld.attn_norm", (long long)l);
         TRY(w1 = layer_weight(im, l, "input_layernorm.weight", 1, H, 0));
-        TRY(h = kiln_ir_op1(g, KILN_OP_RMSNORM, (int[]){x, w1}, 2, &norm, label, err));
+        TRY(h = layer_op(im, l, "attn_norm", KILN_OP_RMSNORM, (int[]){x, w1}, 2, &norm));
 
         int q, k, v, a, o;
         TRY(w1 = layer_weight(im, l, "self_attn.q_proj.weight", 2, q_out, H));
         TRY(w2 = layer_weight(im, l, "self_attn.k_proj.weight", 2, kv_out, H));
         TRY(w3 = layer_weight(im, l, "self_attn.v_proj.weight", 2, kv_out, H));
-        snprintf(label, sizeof label, "l%lld.q", (long long)l);
-        TRY(q = kiln_ir_op1(g, KILN_OP_LINEAR, (int[]){h, w1}, 2, NULL, label, err));
-        snprintf(label, sizeof label, "l%lld.k", (long long)l);
-        TRY(k = kiln_ir_op1(g, KILN_OP_LINEAR, (int[]){h, w2}, 2, NULL, label, err));
-        snprintf(label, sizeof label, "l%lld.v", (long long)l);
-        TRY(v = kiln_ir_op1(g, KILN_OP_LINEAR, (int[]){h, w3}, 2, NULL, label, err));
-        snprintf(label, sizeof label, "l%lld.q_rope", (long long)l);
-        TRY(q = kiln_ir_op1(g, KILN_OP_ROPE, (int[]){q, g->positions}, 2, &rq, label, err));
-        snprintf(label, sizeof label, "l%lld.k_rope", (long long)l);
-        TRY(k = kiln_ir_op1(g, KILN_OP_ROPE, (int[]){k, g->positions}, 2, &rk, label, err));
-        snprintf(label, sizeof label, "l%lld.attn", (long long)l);
-        TRY(a = kiln_ir_op1(g, KILN_OP_ATTENTION, (int[]){q, k, v, g->positions}, 4, &att, label, err));
+        TRY(q = layer_op(im, l, "q", KILN_OP_LINEAR, (int[]){h, w1}, 2, NULL));
+        TRY(k = layer_op(im, l, "k", KILN_OP_LINEAR, (int[]){h, w2}, 2, NULL));
+        TRY(v = layer_op(im, l, "v", KILN_OP_LINEAR, (int[]){h, w3}, 2, NULL));
+        TRY(q = layer_op(im, l, "q_rope", KILN_OP_ROPE, (int[]){q, g->positions}, 2, &rq));
+        TRY(k = layer_op(im, l, "k_rope", KILN_OP_ROPE, (int[]){k, g->positions}, 2, &rk));
+        TRY(a = layer_op(im, l, "attn", KILN_OP_ATTENTION, (int[]){q, k, v, g->positions}, 4, &att));
         TRY(w1 = layer_weight(im, l, "self_attn.o_proj.weight", 2, H, q_out));
-        snprintf(label, sizeof label, "l%lld.attn_out", (long long)l);
-        TRY(o = kiln_ir_op1(g, KILN_OP_LINEAR, (int[]){a, w1}, 2, NULL, label, err));
-        snprintf(label, sizeof label, "l%lld.resid1", (long long)l);
-        TRY(x = kiln_ir_op1(g, KILN_OP_ADD, (int[]){x, o}, 2, NULL, label, err));
+        TRY(o = layer_op(im, l, "attn_out", KILN_OP_LINEAR, (int[]){a, w1}, 2, NULL));
+        TRY(x = layer_op(im, l, "resid1", KILN_OP_ADD, (int[]){x, o}, 2, NULL));
 
-        snprintf(label, sizeof label, "l%lld.mlp_norm", (long long)l);
         TRY(w1 = layer_weight(im, l, "post_attention_layernorm.weight", 1, H, 0));
-        TRY(h = kiln_ir_op1(g, KILN_OP_RMSNORM, (int[]){x, w1}, 2, &norm, label, err));
+        TRY(h = layer_op(im, l, "mlp_norm", KILN_OP_RMSNORM, (int[]){x, w1}, 2, &norm));
         int gt, up, m;
         TRY(w1 = layer_weight(im, l, "mlp.gate_proj.weight", 2, F, H));
         TRY(w2 = layer_weight(im, l, "mlp.up_proj.weight", 2, F, H));
         TRY(w3 = layer_weight(im, l, "mlp.down_proj.weight", 2, H, F));
-        snprintf(label, sizeof label, "l%lld.gate", (long long)l);
-        TRY(gt = kiln_ir_op1(g, KILN_OP_LINEAR, (int[]){h, w1}, 2, NULL, label, err));
-        snprintf(label, sizeof label, "l%lld.up", (long long)l);
-        TRY(up = kiln_ir_op1(g, KILN_OP_LINEAR, (int[]){h, w2}, 2, NULL, label, err));
-        snprintf(label, sizeof label, "l%lld.silu", (long long)l);
-        TRY(gt = kiln_ir_op1(g, KILN_OP_SILU, (int[]){gt}, 1, NULL, label, err));
-        snprintf(label, sizeof label, "l%lld.swiglu", (long long)l);
-        TRY(m = kiln_ir_op1(g, KILN_OP_MUL, (int[]){gt, up}, 2, NULL, label, err));
-        snprintf(label, sizeof label, "l%lld.mlp_out", (long long)l);
-        TRY(o = kiln_ir_op1(g, KILN_OP_LINEAR, (int[]){m, w3}, 2, NULL, label, err));
-        snprintf(label, sizeof label, "l%lld.resid2", (long long)l);
-        TRY(x = kiln_ir_op1(g, KILN_OP_ADD, (int[]){x, o}, 2, NULL, label, err));
+        TRY(gt = layer_op(im, l, "gate", KILN_OP_LINEAR, (int[]){h, w1}, 2, NULL));
+        TRY(up = layer_op(im, l, "up", KILN_OP_LINEAR, (int[]){h, w2}, 2, NULL));
+        TRY(gt = layer_op(im, l, "silu", KILN_OP_SILU, (int[]){gt}, 1, NULL));
+        TRY(m = layer_op(im, l, "swiglu", KILN_OP_MUL, (int[]){gt, up}, 2, NULL));
+        TRY(o = layer_op(im, l, "mlp_out", KILN_OP_LINEAR, (int[]){m, w3}, 2, NULL));
+        TRY(x = layer_op(im, l, "resid2", KILN_OP_ADD, (int[]){x, o}, 2, NULL));
     }
     kiln_op_attrs norm = {.eps = (float)c->rms_norm_eps};
     TRY(w1 = weight(im, "model.norm.weight", 1, H, 0));
