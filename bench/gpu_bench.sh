@@ -131,6 +131,9 @@ fi
 if [ "$reuse" = 1 ]; then
   echo "$(date -u +%FT%TZ) reuse checkpoint $CK" | tee -a "$TL"
 else
+  # the disk is 64 GiB: drop other checkpoints and engines left by earlier calls
+  mkdir -p /tmp/kiln-bench
+  for f in /tmp/kiln-bench/*; do [ -e "$f" ] && [ "$f" != "$CK" ] && rm -rf "$f"; done
   part checkpoint 150 "$PY" bench/make_checkpoint.py --arch "$ARCH" ${LAYERS:+--layers "$LAYERS"} --seed 0 --out "$CK" ||
     { echo "gpu_bench.sh: no checkpoint, nothing to measure" | tee -a "$TL"; exit 1; }
 fi
