@@ -485,18 +485,16 @@ static kiln_status parse_pretok(cc *c, json_t *p, const char *path) {
             if (!s.owned) return perr(c, KILN_ERR_NOMEM, "out of memory");
             s.a = (str){s.owned, strlen(s.owned)};
         }
-        /* the regex must compile in PCRE2 the way the runtime compiles it */
-        int code;
-        PCRE2_SIZE off;
-        pcre2_code *re = pcre2_compile((PCRE2_SPTR)s.a.p, s.a.n, PCRE2_UTF | PCRE2_UCP, &code, &off, NULL);
-        if (!re) {
-            PCRE2_UCHAR msg[256];
-            pcre2_get_error_message(code, msg, sizeof msg);
-            free(s.owned);
-            return perr(c, KILN_ERR_UNSUPPORTED, "%s: the Split regex does not compile in PCRE2 at offset %zu: %s", path,
-                        (size_t)off, (const char *)msg);
+        /* a pattern kiln does not know must run in PCRE2 with the same meaning */
+        if (kiln_tok_rx_known((const uint8_t *)s.a.p, s.a.n) == KILN_TOK_RX_PCRE2) {
+            pcre2_code *re = NULL;
+            kiln_error e2 = {0};
+            if (kiln_tok_rx_compile((const uint8_t *)s.a.p, s.a.n, &re, &e2) != KILN_OK) {
+                free(s.owned);
+                return perr(c, KILN_ERR_UNSUPPORTED, "%s: %s", path, e2.msg);
+            }
+            pcre2_code_free(re);
         }
-        pcre2_code_free(re);
     } else if (str_is(type, "ByteLevel")) {
         bool aps, use_regex;
         if ((st = get_bool(c, p, "add_prefix_space", path, false, false, &aps)) != KILN_OK) return st;

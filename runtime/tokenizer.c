@@ -529,16 +529,10 @@ static kiln_status check_pipeline(loader *L) {
             plen = strlen(pat);
         }
         if (!pat) continue;
-        int code;
-        PCRE2_SIZE off;
-        t->pre_re[i] = pcre2_compile((PCRE2_SPTR)pat, plen, PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &code, &off, NULL);
-        if (!t->pre_re[i]) {
-            PCRE2_UCHAR msg[256];
-            pcre2_get_error_message(code, msg, sizeof msg);
-            return kiln_err(L->err, KILN_ERR_UNSUPPORTED, "tokenizer blob: pre-tokenizer regex %u does not compile at offset %zu: %s",
-                            i, (size_t)off, (const char *)msg);
-        }
-        (void)pcre2_jit_compile(t->pre_re[i], PCRE2_JIT_COMPLETE); /* the interpreter runs it when JIT is unavailable */
+        t->pre_rx[i] = (uint8_t)kiln_tok_rx_known((const uint8_t *)pat, plen);
+        if (t->pre_rx[i] != KILN_TOK_RX_PCRE2) continue; /* the built-in matcher runs it */
+        kiln_status st = kiln_tok_rx_compile((const uint8_t *)pat, plen, &t->pre_re[i], L->err);
+        if (st != KILN_OK) return kiln_err_prefix(L->err, "tokenizer blob: pre-tokenizer step %u: ", i);
     }
     if (byte_level != !!(t->model_flags & KILN_TOK_MF_BYTE_LEVEL))
         return kiln_err(L->err, KILN_ERR_FORMAT, "tokenizer blob: MODL byte-level flag disagrees with the pre-tokenizer");

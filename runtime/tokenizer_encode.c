@@ -399,10 +399,30 @@ static bool model_word(enc *e, const uint8_t *p, size_t n) {
     return bpe_word(e, p + start, n - start);
 }
 
+/* A known pattern: the built-in matcher (tokenizer_pretok.c) finds the pieces. */
+static bool split_known(enc *e, uint32_t step, int kind, const uint8_t *p, size_t n) {
+    size_t i = 0, prev = 0;
+    while (i < n) {
+        size_t end = kiln_tok_rx_match(kind, p, n, i);
+        if (end > i) {
+            if (i > prev && !pretok(e, step + 1, p + prev, i - prev)) return false;
+            if (!pretok(e, step + 1, p + i, end - i)) return false;
+            prev = i = end;
+        } else { /* no match here: this character is part of a gap */
+            size_t cl = 1;
+            if (p[i] >= 0x80) kiln_utf8_decode(p + i, n - i, &cl);
+            i += cl;
+        }
+    }
+    if (prev < n && !pretok(e, step + 1, p + prev, n - prev)) return false;
+    return true;
+}
+
 static bool pretok(enc *e, uint32_t step, const uint8_t *p, size_t n) {
     const kiln_tokenizer *t = e->t;
     if (n == 0) return true;
     if (step == t->n_pre) return model_word(e, p, n);
+    if (t->pre_rx[step] != KILN_TOK_RX_PCRE2) return split_known(e, step, t->pre_rx[step], p, n);
     if (t->pre_re[step]) return split_regex(e, step, t->pre_re[step], p, n);
     return pretok(e, step + 1, p, n); /* ByteLevel without regex: bytes are handled by the model */
 }

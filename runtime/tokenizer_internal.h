@@ -147,6 +147,7 @@ struct kiln_tokenizer {
     tok_step norm[KILN_TOK_MAX_STEPS];
     tok_step pre[KILN_TOK_MAX_STEPS];
     pcre2_code *pre_re[KILN_TOK_MAX_STEPS];   /* compiled regex per Split step (or GPT-2's) */
+    uint8_t pre_rx[KILN_TOK_MAX_STEPS];       /* KILN_TOK_RX_*: a known pattern, run by the built-in matcher */
     tok_step dec[KILN_TOK_MAX_STEPS];
 
     /* decoding: per id, the text the decoder chain works with */
@@ -202,6 +203,22 @@ typedef struct kiln_uni_decomp_entry {
 typedef struct kiln_uni_comp_entry {
     uint32_t first, second, composite;
 } kiln_uni_comp_entry;
+typedef struct kiln_uni_fold_entry {
+    uint32_t cp;
+    char letter;
+} kiln_uni_fold_entry;
+
+/* Character classes as HF's regex engine sees them (see the generator). */
+enum { KILN_UNI_L = 1, KILN_UNI_N = 2, KILN_UNI_WS = 4 };
+extern const uint16_t kiln_uni_class_stage1[0x1100];
+extern const uint8_t kiln_uni_class_blocks[][256];
+extern const kiln_uni_fold_entry kiln_uni_fold[];
+extern const uint32_t kiln_uni_fold_count;
+
+static inline unsigned kiln_uni_class(uint32_t cp) {
+    if (cp >= 0x110000) return 0;
+    return kiln_uni_class_blocks[kiln_uni_class_stage1[cp >> 8]][cp & 0xFF];
+}
 
 extern const char kiln_uni_version[];
 extern const kiln_uni_range kiln_uni_ccc[];
@@ -213,14 +230,33 @@ extern const kiln_uni_comp_entry kiln_uni_comp[];
 extern const uint32_t kiln_uni_comp_count;
 extern const kiln_uni_range kiln_uni_nfc_qc[];
 extern const uint32_t kiln_uni_nfc_qc_count;
-extern const kiln_uni_range kiln_uni_space[];
-extern const uint32_t kiln_uni_space_count;
-
-bool kiln_uni_is_space(uint32_t cp);
+/* White_Space, as the \\s of HF's regexes (added tokens' lstrip/rstrip, Split patterns). */
+static inline bool kiln_uni_is_space(uint32_t cp) { return kiln_uni_class(cp) & KILN_UNI_WS; }
 /* NFC of valid UTF-8 text p[0..n), appended to out. Returns false on allocation failure. */
 bool kiln_uni_nfc(const uint8_t *p, size_t n, kiln_buf *out);
 /* True when p[0..n) is certainly already NFC (quick check says Yes). */
 bool kiln_uni_nfc_quick(const uint8_t *p, size_t n);
+
+/* ---- pre-tokenizer regexes (runtime/tokenizer_pretok.c) ---- */
+
+/* Patterns kiln matches with its own code, exactly as HF's Oniguruma does
+ * and over the same Unicode tables; any other pattern goes to PCRE2. */
+enum {
+    KILN_TOK_RX_PCRE2 = 0,
+    KILN_TOK_RX_LLAMA3 = 1, /* Llama 3: \p{N}{1,3}, case-insensitive contractions */
+    KILN_TOK_RX_QWEN2 = 2,  /* Qwen2/2.5/3: the same with single digits */
+    KILN_TOK_RX_GPT2 = 3,   /* GPT-2 (ByteLevel's use_regex) */
+};
+int kiln_tok_rx_known(const uint8_t *pat, size_t len);
+/* End of the match of known pattern `kind` that starts at i in p[0..n), or i when none does. */
+size_t kiln_tok_rx_match(int kind, const uint8_t *p, size_t n, size_t i);
+/* Rewrite an HF (Oniguruma) pattern for PCRE2 so it means the same: \s and
+ * \S become the White_Space set (PCRE2's \s also takes U+180E). Constructs
+ * whose meaning differs between the engines (\w \d \b \h, ^ $, nested
+ * classes...) are refused: returns false with the reason in `why`. */
+bool kiln_tok_rx_to_pcre2(const uint8_t *pat, size_t len, kiln_buf *out, char *why, size_t why_cap);
+/* Translate and compile (JIT when available) a pattern that is not a known one. */
+kiln_status kiln_tok_rx_compile(const uint8_t *pat, size_t len, pcre2_code **out, kiln_error *err);
 
 /* ---- the GPT-2 byte ↔ char table ---- */
 

@@ -187,11 +187,6 @@ static uint32_t range_lookup(const kiln_uni_range *r, uint32_t count, uint32_t c
     return 0;
 }
 
-bool kiln_uni_is_space(uint32_t cp) {
-    if (cp < 0x80) return cp == 0x20 || (cp >= 0x9 && cp <= 0xD);
-    return range_lookup(kiln_uni_space, kiln_uni_space_count, cp) != 0;
-}
-
 static uint32_t ccc_of(uint32_t cp) {
     if (cp < 0x300) return 0;
     return range_lookup(kiln_uni_ccc, kiln_uni_ccc_count, cp);

@@ -543,6 +543,28 @@ static void test_mini_and_refusals(void) {
     }
     kiln_buf_free(&blob);
 
+    /* a Split regex kiln does not know runs in PCRE2 with Oniguruma's \s: U+180E is not a space */
+    s = mini_json(NULL, NULL,
+                  "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":\"\\\\s+\"},"
+                  "\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false}]}",
+                  NULL);
+    KT_EQ_INT(kiln_tokjson_compile_mem(s, strlen(s), NULL, 0, "t.json", &blob, &err), KILN_OK);
+    free(s);
+    tok = NULL;
+    KT_EQ_INT(kiln_tokenizer_load(blob.data, blob.len, &tok, &err), KILN_OK);
+    kiln_buf_free(&blob);
+    if (tok) {
+        /* one word: the unknown bytes of U+180E drop out and "a" "b" merge; split, they could not */
+        KT_EQ_INT(kiln_tokenizer_encode(tok, "a\xE1\xA0\x8E" "b", 5, 0, &ids, &n, &err), KILN_OK);
+        KT_EQ_INT(n, 1);
+        if (n == 1) KT_EQ_INT(ids[0], 2);
+        free(ids);
+        KT_EQ_INT(kiln_tokenizer_encode(tok, "a\xE3\x80\x80" "b", 5, 0, &ids, &n, &err), KILN_OK); /* U+3000 is */
+        KT_EQ_INT(n, 2);
+        free(ids);
+        kiln_tokenizer_free(tok);
+    }
+
     /* unknown model types, by name */
     const char *models[] = {"WordPiece", "Unigram", "WordLevel"};
     for (int i = 0; i < 3; i++) {
@@ -566,6 +588,8 @@ static void test_mini_and_refusals(void) {
         {NULL, "{\"type\":\"ByteLevel\",\"add_prefix_space\":true}", NULL, "add_prefix_space"},
         {NULL, "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"a\"},\"behavior\":\"Removed\",\"invert\":false}", NULL, "Removed"},
         {NULL, "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(a\"},\"behavior\":\"Isolated\",\"invert\":false}", NULL, "does not compile"},
+        {NULL, "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"\\\\w+\"},\"behavior\":\"Isolated\",\"invert\":false}", NULL, "\\w at offset 0"},
+        {NULL, "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"^a\"},\"behavior\":\"Isolated\",\"invert\":false}", NULL, "anchors"},
         {NULL, NULL, "{\"type\":\"WordPiece\",\"prefix\":\"##\",\"cleanup\":true}", "WordPiece"},
         {NULL, NULL, "{\"type\":\"Metaspace\"}", "Metaspace"},
         {NULL, NULL, "null", "decoder is null"},
