@@ -243,11 +243,49 @@ def random_entries(rng, n):
     return out
 
 
+def wide_unicode_entries(rng, n):
+    """Strings over the whole code point range: letters and digits newer than
+    Python's Unicode tables (HF's regex engine knows them), unassigned code
+    points, spaces PCRE2 and Oniguruma disagree on (U+180E), case-folded
+    contractions ('\u017f), marks, and special-token strings in between."""
+    out = []
+    for _ in range(n):
+        s = []
+        for _ in range(rng.randrange(1, 30)):
+            r = rng.random()
+            if r < 0.3:
+                c = rng.randrange(0x20, 0x7F)
+            elif r < 0.4:
+                c = rng.choice([9, 10, 13, 32, 32, 32, 0xA0, 0x3000, 0x2028, 0x85, 0x1680, 0x200B, 0x180E])
+            elif r < 0.55:
+                c = rng.randrange(0x80, 0x3000)
+            elif r < 0.7:
+                c = rng.randrange(0x3000, 0x10000)
+            elif r < 0.8:
+                c = rng.randrange(0x10000, 0x20000)
+            elif r < 0.85:
+                c = rng.randrange(0x20000, 0x110000)
+            elif r < 0.9:
+                c = rng.choice([0x301, 0x308, 0x323, 0x17F, 0x212A, 0x130, 0x131, ord("'")])
+            else:
+                c = rng.randrange(0x300, 0x370)
+            if 0xD800 <= c < 0xE000:
+                continue
+            s.append(chr(c))
+            if rng.random() < 0.1:
+                s.append("'" + rng.choice("stmdlrvSTMDLRV"))
+            if rng.random() < 0.05:
+                s.append(rng.choice(["<s>", "</s>", "<|im_start|>", "<|begin_of_text|>", "<think>", "\r\n", "  "]))
+        out.append("".join(s))
+    return out
+
+
 def build_corpus():
     corpus = []
     for lst in (EDGE, PROSE, CODE, WHITESPACE, NUMBERS, SCRIPTS, EMOJI, COMBINING, CONTROL, SPECIAL, LONG):
         corpus.extend(lst)
     corpus.extend(random_entries(random.Random(20240531), 160))
+    corpus.extend(wide_unicode_entries(random.Random(3), 240))
     return corpus
 
 
