@@ -152,9 +152,10 @@ static kiln_status new_gpu_executor(const kiln_model *m, const kiln_ctx_options 
 #ifdef KILN_HAVE_CUDA
     kiln_cuda_exec_opts co = {.max_seqs = o->max_batch,
                               .max_context = o->max_context,
+                              .max_step_tokens = o->max_step_tokens ? o->max_step_tokens : DEFAULT_MAX_STEP_TOKENS,
                               .kv_bytes = o->kv_bytes,
                               .kv_fraction = o->kv_fraction,
-                              .max_step_tokens = o->max_step_tokens};
+                              .threads = o->threads};
     return kiln_cuda_executor_new(m, &co, x, err);
 #else
     (void)m;
