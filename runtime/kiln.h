@@ -233,7 +233,10 @@ kiln_status kiln_submit(kiln_ctx_t *ctx, const int32_t *prompt, int32_t n_prompt
  * Returns KILN_OK when there was nothing to do. On a device failure the
  * requests in that step finish with KILN_STOP_ERROR and the status says why. */
 kiln_status kiln_run_step(kiln_ctx_t *ctx);
-/* Step until no request is queued or running. */
+/* Step until no request is queued or running. Stops at the first step that
+ * fails, returning its status (the message in kiln_last_error); the
+ * requests that step ended have finished with KILN_STOP_ERROR, the others
+ * are still there: call again to go on. */
 kiln_status kiln_run(kiln_ctx_t *ctx);
 /* Requests queued or running (not counting finished ones waiting to be polled). */
 int32_t kiln_pending(kiln_ctx_t *ctx);
