@@ -171,7 +171,7 @@ static kiln_status measure(kiln_ctx_t *ctx, int32_t vocab, int32_t bos, int batc
     for (int i = 0; i < warmup + reps; i++) {
         if (tty) fprintf(stderr, "\rkiln bench: batch %d, %s %d/%d ", batch, i < warmup ? "warmup" : "run",
                          i < warmup ? i + 1 : i - warmup + 1, i < warmup ? warmup : reps);
-        run_result r;
+        run_result r = {0};
         if ((st = run_once(ctx, prompts, batch, in_len, out_len, &r, err)) != KILN_OK) goto out;
         if (i < warmup) continue;
         v[0][i - warmup] = r.ttft_ms;
