@@ -631,6 +631,12 @@ static kiln_status build_decode(loader *L) {
         const uint8_t *p = L->store.data + s.off;
         if (kiln_tok_strmap_get(&special, t, sp, p, s.len) >= 0) t->id_kind[id] |= 4;
         tmp.len = 0;
+        bool is_added = ai < t->n_added && (uint32_t)t->added[ai].id == id;
+        if (t->dec_byte_level && !is_added && (t->model_flags & KILN_TOK_MF_BYTE_LEVEL) &&
+            t->vocab_key[id].len != UINT32_MAX) {
+            t->dec_piece[id] = t->vocab_key[id]; /* the raw bytes the vocabulary is keyed by: the same mapping */
+            continue;
+        }
         if (t->dec_byte_level) {
             /* each character back to its byte; a token with any other character passes as UTF-8 */
             size_t k = 0;
