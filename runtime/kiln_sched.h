@@ -52,7 +52,8 @@ typedef struct kiln_sched kiln_sched;
 typedef struct kiln_sched_opts {
     int max_seqs;          /* slots used (≤ the executor's; 0 = all of them) */
     int max_context;       /* KV tokens per sequence (≤ the executor's; 0 = the executor's) */
-    int max_step_tokens;   /* new tokens per step (≤ the executor's; 0 = the executor's); ≥ max_seqs */
+    int max_step_tokens;   /* new tokens per step, ≥ max_seqs, ≤ the executor's; 0 = 512 (or max_seqs if
+                              larger), capped at the executor's */
     const int32_t *eos_ids; /* end-of-sequence ids (copied) */
     int n_eos;
 } kiln_sched_opts;
