@@ -41,7 +41,8 @@ RATE_METRICS = {"decode_tok_per_s", "e2e_tok_per_s", "prefill_tok_per_s"}
 # not depend on how many tokens follow).
 NO_OUTPUT_KEY = {"prefill_ms", "ttft_ms", "prefill_tok_per_s"}
 # Metrics compared whatever the shape (one number per run).
-NO_SHAPE_KEY = {"load_s", "compile_s", "compile_warm_s", "peak_gpu_mem_bytes"}
+NO_SHAPE_KEY = {"load_s", "compile_s", "compile_warm_s", "peak_gpu_mem_bytes", "peak_host_mem_bytes"}
+MEM_METRICS = {"peak_gpu_mem_bytes", "peak_host_mem_bytes"}
 
 # The main rows: (label, metric, batch, input_len, output_len, target) where
 # target is (op, value) and applies to the full Mistral-7B only (issue 4).
@@ -58,6 +59,7 @@ MAIN_ROWS = [
     ("compile (cold kernel cache)", "compile_s", None, None, None, ("<=", 60)),
     ("compile (warm kernel cache)", "compile_warm_s", None, None, None, None),
     ("peak GPU memory", "peak_gpu_mem_bytes", None, None, None, None),
+    ("peak host memory", "peak_host_mem_bytes", None, None, None, None),
 ]
 
 
@@ -109,7 +111,7 @@ def fmt_num(v):
 
 
 def fmt_val(metric, v, unit):
-    if metric == "peak_gpu_mem_bytes":
+    if metric in MEM_METRICS:
         return f"{v / 1e9:.1f} GB"
     return f"{fmt_num(v)} {unit or ''}".strip()
 
@@ -126,7 +128,7 @@ def cell(r):
 
 def speedup(k, p):
     """kiln's speedup over a peer (> 1: kiln faster), or None."""
-    if k is None or p is None or k["metric"] == "peak_gpu_mem_bytes":
+    if k is None or p is None or k["metric"] in MEM_METRICS:
         return None
     kv, pv = k["value"], p["value"]
     if kv <= 0 or pv <= 0:
@@ -163,7 +165,8 @@ def target_cell(target, k, meta, unit):
 
 
 _UNITS = {"decode_tok_per_s": "tok/s", "decode_ms_per_token": "ms", "prefill_ms": "ms", "ttft_ms": "ms",
-          "load_s": "s", "compile_s": "s", "compile_warm_s": "s", "peak_gpu_mem_bytes": "GB"}
+          "load_s": "s", "compile_s": "s", "compile_warm_s": "s", "peak_gpu_mem_bytes": "GB",
+          "peak_host_mem_bytes": "GB"}
 
 
 def markdown(meta, recs):

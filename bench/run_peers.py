@@ -28,7 +28,7 @@ Output: one JSON line per measurement on stdout (and appended to --jsonl):
    "metric", "value", "unit", "floor", "frac_of_floor", "device", "gpu",
    "commit", "date", "source"}
 metric is one of decode_tok_per_s, decode_ms_per_token, prefill_ms, ttft_ms,
-load_s, compile_s, compile_warm_s, peak_gpu_mem_bytes, e2e_tok_per_s,
+load_s, compile_s, compile_warm_s, peak_gpu_mem_bytes, peak_host_mem_bytes, e2e_tok_per_s,
 compile_warmup_s (gpt-fast's torch.compile warm-up), or error / skipped
 (value is then the message). kiln's own metric names are mapped onto these
 (canon_metric below); one it does not know is kept under its own name.
@@ -244,7 +244,7 @@ def canon_metric(name, value, unit):
             return "compile_s", sec, "s"
     elif "mem" in n:
         if u in _MEM_UNITS:
-            return "peak_gpu_mem_bytes", value * _MEM_UNITS[u], "B"
+            return ("peak_host_mem_bytes" if "host" in n else "peak_gpu_mem_bytes"), value * _MEM_UNITS[u], "B"
     return name, value, unit
 
 
@@ -411,7 +411,7 @@ class Runner:
                 self.skipped("kiln", f"kiln bench {b}:{i}:{o}", **shape)
                 continue
             cmd = [a.kiln, "bench", a.engine, "--batch", str(b), "--input-len", str(i), "--output-len", str(o),
-                   "--device", "gpu", "--json"] + shlex.split(a.bench_args)
+                   "--device", a.kiln_device, "--json"] + shlex.split(a.bench_args)
             if a.dry_run:
                 print(json.dumps({"dry_run": cmd}))
                 continue
@@ -694,6 +694,7 @@ def main(argv=None):
     ap.add_argument("--min-step", type=float, default=20, help="skip a step with less than this left (default 20)")
     ap.add_argument("--jsonl", default=None, help="also append the JSON lines to this file")
     ap.add_argument("--commit", default=None, help="commit to record (default $KILN_COMMIT, else git)")
+    ap.add_argument("--kiln-device", default="gpu", help="kiln bench --device (default gpu; cpu for tests)")
     ap.add_argument("--peer-device", default="cuda", help=argparse.SUPPRESS)  # cpu: selftest's fake peers
     ap.add_argument("--dry-run", action="store_true",
                     help="print the commands; check the peer modules (no GPU needed); measure nothing")

@@ -139,14 +139,28 @@ bench)
   while [ $# -gt 0 ]; do case $1 in --batch) b=$2;; --input-len) i=$2;; --output-len) o=$2;; esac; shift; done
   [ "$b" = 64 ] && [ "${FAKE_HANG64:-0}" = 1 ] && sleep 30
   [ "$b" = 8 ] && [ "${FAKE_FAIL8:-0}" = 1 ] && { echo '{"error": {"status": "KILN_ERR_OOM", "code": 9, "message": "KV pool too small"}}'; exit 1; }
-  c='"model": "mistral", "dtype": "bf16", "batch": '$b', "input_len": '$i', "output_len": '$o', "device": "gpu", "gpu": "fake", "commit": "x"'
-  echo '{'"$c"', "metric": "load_s", "value": 1.5, "unit": "s"}'
-  echo '{'"$c"', "metric": "prefill_s", "value": 0.040, "unit": "s"}'
-  echo '{'"$c"', "metric": "ttft", "value": 41000, "unit": "us"}'
-  echo '{'"$c"', "metric": "decode_ms_per_token", "value": 4.0, "unit": "ms"}'
-  echo '{'"$c"', "metric": "decode_tokens_per_s", "value": '$((b * 250))', "unit": "tok/s"}'
-  echo '{'"$c"', "metric": "peak_gpu_memory", "value": 16000, "unit": "MiB"}'
-  echo '{'"$c"', "metric": "kv_blocks", "value": 100, "unit": "blocks"}';;
+  c='"model": "mistral", "dtype": "bf16", "input_len": '$i', "output_len": '$o', "device": "gpu", "gpu": "fake", "commit": "x"'
+  if [ "${FAKE_STYLE:-real}" = real ]; then
+    # the names and units of compiler/cmd_bench.c
+    echo '{'"$c"', "batch": '$b', "metric": "load_ms", "value": 1500, "unit": "ms"}'
+    if [ "$b" != 1 ]; then
+      echo '{'"$c"', "batch": 1, "metric": "prefill_ms", "value": 30, "unit": "ms"}'
+      echo '{'"$c"', "batch": 1, "metric": "ttft_ms", "value": 31, "unit": "ms"}'
+    fi
+    echo '{'"$c"', "batch": '$b', "metric": "prefill_ms", "value": 40.0, "unit": "ms"}'
+    echo '{'"$c"', "batch": '$b', "metric": "ttft_ms", "value": 41.0, "unit": "ms"}'
+    echo '{'"$c"', "batch": '$b', "metric": "decode_ms_per_token", "value": 4.0, "unit": "ms"}'
+    echo '{'"$c"', "batch": '$b', "metric": "decode_tokens_per_s", "value": '$((b * 250))', "unit": "tokens/s"}'
+    echo '{'"$c"', "batch": '$b', "metric": "peak_host_memory", "value": 100, "unit": "MiB"}'
+    echo '{'"$c"', "batch": '$b', "metric": "peak_device_memory", "value": 16000, "unit": "MiB"}'
+  else
+    # other spellings run_peers.py also understands
+    echo '{'"$c"', "batch": '$b', "metric": "prefill_s", "value": 0.040, "unit": "s"}'
+    echo '{'"$c"', "batch": '$b', "metric": "ttft", "value": 41000, "unit": "us"}'
+    echo '{'"$c"', "batch": '$b', "metric": "decode_tok_per_s", "value": '$((b * 250))'}'
+    echo '{'"$c"', "batch": '$b', "metric": "gpu_mem_peak_bytes", "value": 1000}'
+    echo '{'"$c"', "batch": '$b', "metric": "kv_blocks", "value": 100, "unit": "blocks"}'
+  fi;;
 *) exit 2;;
 esac
 """
@@ -172,14 +186,23 @@ def test_kiln_plumbing(tmp, ckpt):
     got = {(x["metric"], x["batch"]): x for x in ms if x["impl"] == "kiln"}
     check(("compile_s", None) in got and got[("compile_s", None)]["unit"] == "s", "compile_s recorded")
     p = got.get(("prefill_ms", 1))
-    check(p is not None and abs(p["value"] - 40) < 1e-6 and p["unit"] == "ms", "prefill_s 0.040 s -> prefill_ms 40")
-    t = got.get(("ttft_ms", 1))
-    check(t is not None and abs(t["value"] - 41) < 1e-6, "ttft 41000 us -> ttft_ms 41")
+    check(p is not None and p["value"] == 40 and p["unit"] == "ms", "prefill_ms kept")
+    check(got.get(("load_s", 1), {}).get("value") == 1.5, "load_ms 1500 -> load_s 1.5")
     d = got.get(("decode_tok_per_s", 1))
-    check(d is not None and d["value"] == 250, "decode_tokens_per_s -> decode_tok_per_s")
-    m = got.get(("peak_gpu_mem_bytes", 1))
-    check(m is not None and m["value"] == 16000 * 2**20, "peak_gpu_memory MiB -> bytes")
-    check(("kv_blocks", 1) in got, "an unknown metric is kept under its own name")
+    check(d is not None and d["value"] == 250 and d["unit"] == "tok/s", "decode_tokens_per_s (tokens/s) -> decode_tok_per_s")
+    check(got.get(("peak_gpu_mem_bytes", 1), {}).get("value") == 16000 * 2**20, "peak_device_memory MiB -> peak_gpu_mem_bytes")
+    check(got.get(("peak_host_mem_bytes", 1), {}).get("value") == 100 * 2**20, "peak_host_memory MiB -> peak_host_mem_bytes")
+    r8 = run(base + ["--kiln-runs", "8:512:128", "--no-compile"], timeout=60)
+    b1 = [x for x in records(r8.stdout)[1:] if x["metric"] == "ttft_ms" and x["batch"] == 1]
+    check([x["value"] for x in b1] == [31] and b1[0]["input_len"] == 512,
+          "the batch-1 lines of a batch-8 run keep batch 1")
+    r2 = run(base + ["--kiln-runs", "1:512:128", "--no-compile"], env=dict(os.environ, FAKE_STYLE="alt"), timeout=60)
+    alt = {x["metric"]: x for x in records(r2.stdout)[1:]}
+    check(abs(alt.get("prefill_ms", {}).get("value", 0) - 40) < 1e-6, "alt: prefill_s 0.040 s -> prefill_ms 40")
+    check(abs(alt.get("ttft_ms", {}).get("value", 0) - 41) < 1e-6, "alt: ttft 41000 us -> ttft_ms 41")
+    check(alt.get("decode_tok_per_s", {}).get("value") == 250, "alt: decode_tok_per_s without a unit")
+    check(alt.get("peak_gpu_mem_bytes", {}).get("value") == 1000, "alt: gpu_mem_peak_bytes (suffix unit)")
+    check(alt.get("kv_blocks", {}).get("value") == 100, "alt: an unknown metric is kept under its own name")
     # floors: tiny model, bytes/BW dominates at batch 1
     params, nbytes = recs[0]["meta"]["params"], recs[0]["meta"]["weight_bytes"]
     # tiny: layers x K,V x kv heads x head_dim x bf16 x mean context (512 + 129/2, capped by its window of 64)
