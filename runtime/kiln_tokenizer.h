@@ -6,9 +6,11 @@
  * tokenizer_config.json) into a compact binary blob, stored as the engine
  * file's tokenizer section. This runtime loads that blob — treating it as
  * hostile input — builds its hash tables in a few milliseconds, and encodes
- * and decodes. No JSON parser, no Python, no ICU at runtime: PCRE2 (JIT) runs
- * the pre-tokenizer regex, and generated tables (runtime/tokenizer_unicode_
- * tables.c) do NFC. docs/tokenizer.md tells the whole story.
+ * and decodes. No JSON parser, no Python, no ICU at runtime: the Llama 3,
+ * Qwen2 and GPT-2 pre-tokenizer regexes are matched by built-in code over
+ * character tables read from HF's own engine, other regexes by PCRE2, and
+ * generated tables (runtime/tokenizer_unicode_tables.c) do NFC.
+ * docs/tokenizer.md tells the whole story.
  *
  * Supported (anything else is refused by name at compile time):
  *   model          BPE (merges by rank, byte_fallback, unk/fuse_unk, ignore_merges)

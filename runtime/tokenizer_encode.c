@@ -8,8 +8,9 @@
  *   2. normalize each remaining piece on its own (Prepend, Replace, NFC) —
  *      so llama2's "▁" is prepended to every piece between added tokens;
  *   3. split normalized pieces on added tokens whose `normalized` is true;
- *   4. pre-tokenize: each Split regex (PCRE2, UTF+UCP, JIT) cuts pieces into
- *      matches and the gaps between them; ByteLevel makes words raw bytes;
+ *   4. pre-tokenize: each Split regex cuts pieces into matches and the gaps
+ *      between them (known patterns: tokenizer_pretok.c's matcher; others:
+ *      PCRE2, UTF+UCP, JIT); ByteLevel makes words raw bytes;
  *   5. BPE each word: ignore_merges whole-word lookup, then initial symbols
  *      (characters, or bytes; byte_fallback <0xNN>; unk), then merges by
  *      rank, leftmost first among equal ranks. Short words use a linear

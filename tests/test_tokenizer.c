@@ -16,6 +16,7 @@
  */
 #include <fcntl.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -685,6 +686,63 @@ static void test_long_runs(void) {
     }
 }
 
+/* One tokenizer shared by four threads gives each the same ids as one thread
+ * (encode and decode keep all state per call). */
+typedef struct thread_job {
+    const kiln_tokenizer *tok;
+    json_t **corpus;
+    size_t n;
+    uint64_t hash;
+    int failures;
+} thread_job;
+
+static void *thread_encode(void *arg) {
+    thread_job *j = arg;
+    for (int rep = 0; rep < 2; rep++)
+        for (size_t i = 0; i < j->n; i++) {
+            int32_t *ids;
+            size_t n;
+            kiln_error err;
+            if (kiln_tokenizer_encode(j->tok, json_string_value(j->corpus[i]), json_string_length(j->corpus[i]), 0, &ids, &n,
+                                      &err) != KILN_OK) {
+                j->failures++;
+                continue;
+            }
+            char *text;
+            size_t len;
+            if (kiln_tokenizer_decode(j->tok, ids, n, false, &text, &len, &err) != KILN_OK) j->failures++;
+            else free(text);
+            if (rep == 0)
+                for (size_t k = 0; k < n; k++) j->hash = j->hash * 1000003u + (uint64_t)ids[k];
+            free(ids);
+        }
+    return NULL;
+}
+
+static void test_threads(void) {
+    if (!have_shared()) KT_SKIP("%s is absent", TOKDIR);
+    size_t nc = 0;
+    json_t **corpus = read_jsonl(GOLDEN "corpus.jsonl", &nc);
+    KT_REQUIRE(corpus);
+    for (int w = 0; w < 3; w++) {
+        thread_job one = {get_tok(w), corpus, nc, 0, 0};
+        thread_encode(&one);
+        thread_job jobs[4];
+        pthread_t th[4];
+        for (int k = 0; k < 4; k++) {
+            jobs[k] = one;
+            jobs[k].hash = 0;
+            pthread_create(&th[k], NULL, thread_encode, &jobs[k]);
+        }
+        for (int k = 0; k < 4; k++) {
+            pthread_join(th[k], NULL);
+            KT_EQ_INT(jobs[k].failures, 0);
+            KT_CHECK(jobs[k].hash == one.hash);
+        }
+    }
+    free_rows(corpus, nc);
+}
+
 /* ---- kiln tokenize ---- */
 
 typedef struct cmd_result {
@@ -882,6 +940,7 @@ int main(int argc, char **argv) {
     KT_RUN(test_golden_synth_added_flags);
     KT_RUN(test_golden_unk);
     KT_RUN(test_long_runs);
+    KT_RUN(test_threads);
     KT_RUN(test_cmd_tokenize);
     for (int i = 0; i < 3; i++) kiln_tokenizer_free(g_loaded[i]);
     return KT_END();
