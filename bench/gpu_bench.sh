@@ -20,6 +20,8 @@
 #   --no-kiln           peers only
 #   --gptfast-batches L default 1,8 (each costs a torch.compile, ~1 min)
 #   --kiln-runs L       BATCH:INPUT:OUTPUT list (default: run_peers.py's)
+#   --bench-args S      extra arguments for every kiln bench (e.g. "--kv-memory 0.5")
+#   --compile-args S    extra arguments for kiln compile (e.g. "--target sm_90")
 #   --budget S          seconds for everything (default 480)
 #   --fresh             remake the checkpoint even if /tmp holds a matching one
 #   --dry-run           checkpoint on CPU is fine; print the kiln commands and
@@ -33,7 +35,7 @@
 #   build.log      with --build
 set -u
 ARCH=mistral-7b LAYERS="" KILN=build/kiln BUILD="" PEERS="" NO_PEERS=0 NO_KILN=0 FRESH=0 DRY=0
-GF_BATCHES=1,8 KILN_RUNS="" BUDGET=480
+GF_BATCHES=1,8 KILN_RUNS="" BUDGET=480 BENCH_ARGS="" COMPILE_ARGS=""
 usage() { sed -n '2,/^set -u/p' "$0" | sed 's/^# \{0,1\}//;$d'; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do
   case $1 in
@@ -46,6 +48,8 @@ while [ $# -gt 0 ]; do
   --no-kiln) NO_KILN=1;;
   --gptfast-batches) GF_BATCHES=$2; shift;;
   --kiln-runs) KILN_RUNS=$2; shift;;
+  --bench-args) BENCH_ARGS=$2; shift;;
+  --compile-args) COMPILE_ARGS=$2; shift;;
   --budget) BUDGET=$2; shift;;
   --fresh) FRESH=1;;
   --dry-run) DRY=1;;
@@ -158,6 +162,8 @@ args=(--ckpt "$CK" --kiln "$KILN" --engine "/tmp/kiln-bench/$(basename "$CK").ki
       --gptfast-batches "$GF_BATCHES" --deadline "$deadline" --jsonl "$OUT/results.jsonl" --commit "$KILN_COMMIT")
 [ -n "$PEERS" ] && args+=(--peers "$PEERS")
 [ -n "$KILN_RUNS" ] && args+=(--kiln-runs "$KILN_RUNS")
+[ -n "$BENCH_ARGS" ] && args+=(--bench-args "$BENCH_ARGS")
+[ -n "$COMPILE_ARGS" ] && args+=(--compile-args "$COMPILE_ARGS")
 [ "$DRY" = 1 ] && args+=(--dry-run)
 : >"$OUT/results.jsonl"
 # run_peers.py: JSON lines on stdout (also in results.jsonl), log on stderr.

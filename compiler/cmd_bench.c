@@ -39,7 +39,6 @@
 #define BENCH_SEED 0x6b696c6eull /* "kiln" */
 
 /* The command's entry point (main.c dispatches to it; cli.h should declare it). */
-int kiln_cmd_bench(int argc, char **argv);
 
 static void help(FILE *f) {
     fprintf(f,

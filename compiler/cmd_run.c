@@ -1,10 +1,10 @@
 /*
  * cmd_run.c — `kiln run model.kiln --prompt-ids 1,306,461 | --prompt TEXT ...`
  *
- * Loads the engine, encodes the prompt (text needs the engine's tokenizer),
- * generates on the chosen device and prints the result: text (or ids) as it
- * is produced, or with --json one object with prompt_ids, ids, text,
- * stop_reason and timings.
+ * Loads the engine through the public API (runtime/kiln.h), encodes the
+ * prompt (text needs the engine's tokenizer), generates on the chosen device
+ * and prints the result: text (or ids) as it is produced, or with --json one
+ * object with prompt_ids, ids, text, stop_reason and timings.
  */
 #include <getopt.h>
 #include <jansson.h>
@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../runtime/kiln.h"
 #include "../runtime/kiln_rt.h"
 #include "../runtime/kiln_tokenizer.h"
 #include "cli.h"
@@ -36,7 +37,8 @@ static void help(FILE *f) {
             "  --seed S              random seed (default: from the clock; printed with --json)\n"
             "  --ignore-eos          keep generating after an end-of-sequence token\n"
             "execution:\n"
-            "  --device DEV          cpu (the reference executor) or auto (default: auto)\n"
+            "  --device DEV          gpu, cpu (the fp32 reference executor) or auto = gpu when this\n"
+            "                        build and host have one, else cpu (default: auto)\n"
             "  --threads N           CPU threads (default: all cores, at most 16)\n"
             "  --max-context N       context length to allocate (default: the model's)\n"
             "output:\n"
@@ -45,16 +47,33 @@ static void help(FILE *f) {
 }
 
 typedef struct run_out {
-    const kiln_model *m;
+    int32_t *ids; /* generated ids */
+    int n_ids, cap;
+    int32_t stop;  /* kiln_stop_reason of the finished call */
+    double t_submit, t_first, t_last;
     kiln_tok_stream stream;  /* streaming text decoder (when has_stream) */
     bool has_stream;         /* else print ids */
     bool json;
     bool first;
 } run_out;
 
-static bool on_token(int32_t id, void *user) {
+static int32_t on_token(void *user, int64_t request, int32_t id, int32_t finished, int32_t stop_reason) {
     run_out *o = user;
-    if (o->json) return true;
+    (void)request;
+    if (finished) o->stop = stop_reason;
+    if (id < 0) return 0;
+    double now = kiln_now();
+    if (o->n_ids == 0) o->t_first = now;
+    o->t_last = now;
+    if (o->n_ids == o->cap) {
+        int cap = o->cap ? 2 * o->cap : 256;
+        int32_t *v = realloc(o->ids, (size_t)cap * sizeof *v);
+        if (!v) return 1; /* out of memory: stop the request */
+        o->ids = v;
+        o->cap = cap;
+    }
+    o->ids[o->n_ids++] = id;
+    if (o->json) return 0;
     if (o->has_stream) {
         const char *text;
         size_t len;
@@ -65,7 +84,7 @@ static bool on_token(int32_t id, void *user) {
     }
     o->first = false;
     fflush(stdout);
-    return true;
+    return 0;
 }
 
 static char *read_all(FILE *f, size_t *len) {
@@ -152,15 +171,8 @@ int kiln_cmd_run(int argc, char **argv) {
     if (optind != argc - 1) return kiln_cli_usage_error("run", "expected one engine file");
     if (!!prompt + !!prompt_file + !!ids_arg > 1)
         return kiln_cli_usage_error("run", "give only one of --prompt, --prompt-file, --prompt-ids");
-    if (strcmp(device, "cpu") != 0 && strcmp(device, "auto") != 0) {
-        if (strcmp(device, "gpu") == 0 || strcmp(device, "cuda") == 0) {
-            kiln_error e;
-            kiln_err(&e, KILN_ERR_DEVICE, "the GPU executor is not part of this build of kiln yet");
-            kiln_err_hint(&e, "use --device cpu (the reference executor)");
-            return kiln_cli_fail("run", &e, json);
-        }
-        return kiln_cli_usage_error("run", "unknown device '%s' (cpu, auto)", device);
-    }
+    if (strcmp(device, "cpu") != 0 && strcmp(device, "auto") != 0 && strcmp(device, "gpu") != 0)
+        return kiln_cli_usage_error("run", "unknown device '%s' (gpu, cpu, auto)", device);
     int32_t *prompt_ids = NULL;
     int n_prompt = 0;
     if (ids_arg && !kiln_cli_parse_ids(ids_arg, &prompt_ids, &n_prompt))
@@ -170,13 +182,17 @@ int kiln_cmd_run(int argc, char **argv) {
     const char *path = argv[optind];
     kiln_error err = {0};
     int rc = KILN_EXIT_FAIL;
-    kiln_model *m = NULL;
-    kiln_cpu_ctx *ctx = NULL;
+    kiln_t *k = NULL;
+    kiln_ctx_t *ctx = NULL;
+    const kiln_model *m = NULL;
     char *text = NULL;
-    kiln_generate_result res = {0};
-    run_out out = {.json = json, .first = true};
-    if (kiln_model_open(path, (int)threads, &m, &err) != KILN_OK) goto fail;
-    out.m = m;
+    run_out out = {.json = json, .first = true, .stop = KILN_STOP_ERROR};
+    kiln_status st = kiln_open(path, (int32_t)threads, &k);
+    if (st != KILN_OK) {
+        kiln_err(&err, st, "%s", kiln_error_message(k));
+        goto fail;
+    }
+    m = kiln_api_model(k);
 
     if (!ids_arg) {
         size_t len = 0;
@@ -219,27 +235,57 @@ int kiln_cmd_run(int argc, char **argv) {
         kiln_tok_stream_init(&out.stream, m->tokenizer, true);
         out.has_stream = true;
     }
-    if (kiln_cpu_ctx_new(m, (int)max_ctx, 512, (int)threads, &ctx, &err) != KILN_OK) goto fail;
-    kiln_generate_opts go = {.max_tokens = (int)max_tokens, .temperature = (float)temperature, .top_k = (int)top_k,
-                             .top_p = (float)top_p, .seed = (uint64_t)seed, .ignore_eos = ignore_eos,
-                             .on_token = on_token, .user = &out};
-    if (kiln_generate(ctx, prompt_ids, n_prompt, &go, &res, &err) != KILN_OK) goto fail;
+    kiln_ctx_options co;
+    kiln_ctx_options_init(&co);
+    co.device = device;
+    co.max_batch = 1;
+    co.max_context = (int32_t)max_ctx;
+    co.threads = (int32_t)threads;
+    st = kiln_ctx_new(k, &co, &ctx);
+    if (st != KILN_OK) {
+        kiln_err(&err, st, "%s", kiln_last_error(ctx));
+        goto fail;
+    }
+    kiln_ctx_info info = {.struct_size = sizeof info};
+    const char *dev_used = kiln_ctx_info_get(ctx, &info) == KILN_OK ? info.device : device;
+    kiln_request_options ro;
+    kiln_request_options_init(&ro);
+    ro.max_tokens = (int32_t)max_tokens;
+    ro.temperature = (float)temperature;
+    ro.top_k = (int32_t)top_k;
+    ro.top_p = (float)top_p;
+    ro.seed = (uint64_t)seed;
+    ro.ignore_eos = ignore_eos;
+    ro.on_token = on_token;
+    ro.user = &out;
+    int64_t id;
+    out.t_submit = kiln_now();
+    if ((st = kiln_submit(ctx, prompt_ids, n_prompt, &ro, &id)) != KILN_OK ||
+        (st = kiln_run(ctx)) != KILN_OK) {
+        kiln_err(&err, st, "%s", kiln_last_error(ctx));
+        goto fail;
+    }
+    if (out.stop == KILN_STOP_ERROR) {
+        kiln_err(&err, KILN_ERR_DEVICE, "%s", kiln_last_error(ctx));
+        goto fail;
+    }
+    double prefill_s = out.n_ids ? out.t_first - out.t_submit : 0;
+    double decode_s = out.n_ids > 1 ? out.t_last - out.t_first : 0;
+    double decode_tps = decode_s > 0 ? (out.n_ids - 1) / decode_s : 0.0;
 
     if (json) {
         json_t *pid = json_array(), *gid = json_array();
         for (int i = 0; i < n_prompt; i++) json_array_append_new(pid, json_integer(prompt_ids[i]));
-        for (int i = 0; i < res.n_ids; i++) json_array_append_new(gid, json_integer(res.ids[i]));
+        for (int i = 0; i < out.n_ids; i++) json_array_append_new(gid, json_integer(out.ids[i]));
         json_t *j = json_pack("{s:o, s:o, s:s, s:s, s:I, s:{s:f, s:f, s:f, s:f, s:f}}", "prompt_ids", pid, "ids", gid,
-                              "stop_reason", kiln_stop_reason_str(res.stop), "device", "cpu", "seed",
-                              (json_int_t)seed, "timings", "load_s", m->load_seconds, "prefill_s",
-                              res.prefill_seconds, "decode_s", res.decode_seconds, "prefill_tokens_per_s",
-                              res.prefill_seconds > 0 ? n_prompt / res.prefill_seconds : 0.0,
-                              "decode_tokens_per_s",
-                              res.decode_seconds > 0 && res.n_ids > 1 ? (res.n_ids - 1) / res.decode_seconds : 0.0);
+                              "stop_reason", kiln_stop_reason_str((kiln_stop_reason)out.stop), "device", dev_used,
+                              "seed", (json_int_t)seed, "timings", "load_s", kiln_open_seconds(k), "prefill_s",
+                              prefill_s, "decode_s", decode_s, "prefill_tokens_per_s",
+                              prefill_s > 0 ? n_prompt / prefill_s : 0.0, "decode_tokens_per_s", decode_tps);
         if (m->tokenizer) {
             char *gen = NULL;
             size_t glen = 0;
-            if (kiln_tokenizer_decode(m->tokenizer, res.ids, (size_t)res.n_ids, true, &gen, &glen, &err) != KILN_OK) {
+            if (kiln_tokenizer_decode(m->tokenizer, out.ids, (size_t)out.n_ids, true, &gen, &glen, &err) != KILN_OK) {
                 json_decref(j);
                 goto fail;
             }
@@ -257,20 +303,19 @@ int kiln_cmd_run(int argc, char **argv) {
             if (kiln_tok_stream_finish(&out.stream, &tail, &len, &err) == KILN_OK && len) fwrite(tail, 1, len, stdout);
         }
         printf("\n");
-        fprintf(stderr, "kiln run: %d tokens, stop: %s, prefill %.1f ms, decode %.1f tok/s\n", res.n_ids,
-                kiln_stop_reason_str(res.stop), res.prefill_seconds * 1e3,
-                res.decode_seconds > 0 && res.n_ids > 1 ? (res.n_ids - 1) / res.decode_seconds : 0.0);
+        fprintf(stderr, "kiln run: %d tokens on %s, stop: %s, first token after %.1f ms, decode %.1f tok/s\n",
+                out.n_ids, dev_used, kiln_stop_reason_str((kiln_stop_reason)out.stop), prefill_s * 1e3, decode_tps);
     }
     rc = KILN_EXIT_OK;
     goto out;
 fail:
     rc = kiln_cli_fail("run", &err, json);
 out:
-    free(res.ids);
+    free(out.ids);
     free(text);
     free(prompt_ids);
     if (out.has_stream) kiln_tok_stream_free(&out.stream);
-    kiln_cpu_ctx_free(ctx);
-    kiln_model_close(m);
+    kiln_ctx_free(ctx);
+    kiln_close(k);
     return rc;
 }

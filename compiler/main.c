@@ -16,6 +16,7 @@ static const struct {
     {"compile", kiln_cmd_compile, "compile a HuggingFace checkpoint directory into an engine file"},
     {"inspect", kiln_cmd_inspect, "show what an engine file holds"},
     {"run", kiln_cmd_run, "generate tokens from an engine"},
+    {"bench", kiln_cmd_bench, "measure load, prefill, time to first token and decode speed"},
     {"tokenize", kiln_cmd_tokenize, "text on stdin → token ids (or --decode ids → text)"},
 };
 
