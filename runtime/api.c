@@ -88,6 +88,8 @@ void kiln_close(kiln_t *k) {
     free(k);
 }
 
+const kiln_model *kiln_api_model(const kiln_t *k) { return k ? k->m : NULL; }
+
 const char *kiln_error_message(const kiln_t *k) { return k ? k->err.msg : "kiln_t is NULL"; }
 
 int32_t kiln_vocab_size(const kiln_t *k) { return k && k->m ? k->m->plan->vocab_size : 0; }

@@ -111,4 +111,9 @@ typedef struct kiln_generate_result {
 kiln_status kiln_generate(kiln_cpu_ctx *c, const int32_t *prompt, int n_prompt, const kiln_generate_opts *o,
                           kiln_generate_result *res, kiln_error *err);
 
+/* The model behind a public handle (runtime/api.c), for the CLI's own use
+ * (streaming text through the tokenizer). NULL for a failed handle. */
+struct kiln_t;
+const kiln_model *kiln_api_model(const struct kiln_t *k);
+
 #endif /* KILN_RT_H */
