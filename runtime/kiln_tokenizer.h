@@ -117,7 +117,9 @@ int kiln_tokenizer_eos(const kiln_tokenizer *tok, const int32_t **ids);
 /* The token's string as tokenizer.json spells it ("ĠHello", "▁the", "<s>"),
  * not NUL-terminated; NULL for an id outside the vocabulary. */
 const char *kiln_tokenizer_token(const kiln_tokenizer *tok, int32_t id, size_t *len);
-/* Id of an exact token string (added tokens first, then the model's vocabulary), or -1. */
+/* Id of an exact token string (added tokens first, then the model's
+ * vocabulary), or -1. Hashed, except a byte-level model's own tokens, which
+ * are searched linearly (the hash is keyed by bytes): not for hot loops. */
 int32_t kiln_tokenizer_token_id(const kiln_tokenizer *tok, const char *s, size_t len);
 bool kiln_tokenizer_is_special(const kiln_tokenizer *tok, int32_t id);
 

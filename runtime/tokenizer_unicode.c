@@ -202,7 +202,7 @@ bool kiln_uni_nfc_quick(const uint8_t *p, size_t n) {
     size_t i = 0;
     while (i < n) {
         if (p[i] < 0xCC) { /* below U+0300: class 0, quick check Yes */
-            i += p[i] < 0x80 ? 1 : (p[i] < 0xE0 ? 2 : 1);
+            i += p[i] < 0x80 ? 1 : 2; /* C2..CB lead two-byte characters */
             last_ccc = 0;
             continue;
         }
