@@ -311,7 +311,7 @@ class Runner:
                 "batch": None, "input_len": None, "output_len": None, "metric": None, "value": None,
                 "unit": None}
         base.update(rec)
-        base.update(device="gpu", gpu=self.gpu, commit=self.commit, date=self.date)
+        base.update(device=rec.get("device") or "gpu", gpu=self.gpu, commit=self.commit, date=self.date)
         add_floor(base, self.params, self.nbytes, self.kv_tok, self.cfg.get("sliding_window"))
         line = json.dumps(base)
         self.records.append(base)
@@ -421,7 +421,8 @@ class Runner:
                 name, val, unit = r.get("metric"), r.get("value"), r.get("unit")
                 m, v, u = canon_metric(str(name), val, unit)
                 rec = dict(impl="kiln", batch=r.get("batch", b), input_len=r.get("input_len", i),
-                           output_len=r.get("output_len", o), metric=m, value=v, unit=u, source=f"kiln bench: {name}")
+                           output_len=r.get("output_len", o), metric=m, value=v, unit=u, source=f"kiln bench: {name}",
+                           device=r.get("device", a.kiln_device))
                 if isinstance(v, float):
                     rec["value"] = round(v, 6)
                 self.emit(rec)

@@ -23,6 +23,8 @@
    --append-to touches only its section.
 6. gpu_bench.sh on the tiny arch with the fake kiln: the files under $OUT, the
    timeline, reuse of the checkpoint in /tmp; --dry-run with the real peers.
+7. the real kiln (--kiln, default build-bench/kiln or build/kiln), on CPU:
+   its compile and bench output map onto the canonical metrics.
 Exits non-zero on the first failed check.
 """
 
@@ -401,10 +403,34 @@ def test_gpu_bench_sh(tmp, real_peers):
     check(r.returncode == 2 and "--budget" in r.stderr, "gpu_bench.sh: bad --budget is a usage error")
 
 
+# ------------------------------------------------------------------ 7
+
+def test_real_kiln(tmp, ckpt, kiln):
+    """The real kiln on the CPU: its compile and bench output go through run_peers."""
+    r = run([os.path.join(HERE, "run_peers.py"), "--ckpt", ckpt, "--kiln", kiln, "--impls", "kiln",
+             "--kiln-device", "cpu", "--kiln-runs", "1:16:8,2:32:8", "--engine", os.path.join(tmp, "real.kiln")],
+            timeout=300)
+    recs = records(r.stdout)[1:]
+    check(r.returncode == 0 and not [x for x in recs if x["metric"] == "error"],
+          f"real kiln ({kiln}) on CPU: no error ({[x['value'] for x in recs if x['metric'] == 'error']})")
+    have = {(x["metric"], x["batch"]) for x in recs}
+    want = {("compile_s", None), ("load_s", 1), ("load_s", 2), ("prefill_ms", 1), ("prefill_ms", 2), ("ttft_ms", 2),
+            ("decode_ms_per_token", 2), ("decode_tok_per_s", 1), ("decode_tok_per_s", 2)}
+    check(want <= have, f"real kiln: every canonical metric present (missing {sorted(want - have, key=str)})")
+    known = {"compile_s", "load_s", "prefill_ms", "ttft_ms", "decode_ms_per_token", "decode_tok_per_s",
+             "peak_host_mem_bytes", "peak_gpu_mem_bytes"}
+    check({x["metric"] for x in recs} <= known, f"real kiln: no unmapped metric ({ {x['metric'] for x in recs} - known })")
+    check(all(x["device"] == "cpu" for x in recs if x["metric"] != "compile_s"), "real kiln: device recorded")
+
+
 def main():
     ap = argparse.ArgumentParser()
     default_peers = os.path.join(os.path.dirname(os.path.dirname(HERE)), "shared", "peers")
     ap.add_argument("--peers", default=default_peers if os.path.isdir(default_peers) else None)
+    repo = os.path.dirname(HERE)
+    kilns = [os.path.join(repo, d, "kiln") for d in ("build-bench", "build")]
+    ap.add_argument("--kiln", default=next((k for k in kilns if os.access(k, os.X_OK)), None),
+                    help="a built kiln for test 7 (default build-bench/kiln or build/kiln when present)")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="kiln-bench-selftest-")
     try:
@@ -417,6 +443,10 @@ def main():
             print("skip dry run against the real peers: no --peers folder")
         test_compare(tmp)
         test_gpu_bench_sh(tmp, a.peers)
+        if a.kiln:
+            test_real_kiln(tmp, ckpt, a.kiln)
+        else:
+            print("skip the real kiln: none built (--kiln BIN)")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\n{'FAILED: ' + str(len(FAILS)) if FAILS else 'all bench self-tests passed'}")
