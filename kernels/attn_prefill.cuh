@@ -5,7 +5,8 @@
  * paged cache (so a chunk of a long prompt also sees the earlier chunks).
  *
  * This is the correct-first version: fp32 FMAs from shared memory, no
- * tensor cores. A block takes PF_BQ = 64 queries of one head of one
+ * tensor cores. It is also the f32 engines' kernel (elements kiln_elem,
+ * common.cuh). A block takes PF_BQ = 64 queries of one head of one
  * sequence and walks key tiles of PF_BK = 32 between the first key the
  * window lets the first query see and the last query's own position.
  * 128 threads: thread (ty = tid/8, tx = tid%8) owns query rows 4ty..4ty+3;
@@ -60,13 +61,13 @@ extern "C" __global__ void __launch_bounds__(128) kiln_attn_prefill(const kiln_a
     const int p_first = ctx0 + qi0, p_last = ctx0 + qi0 + nq - 1;
     const int k_lo = WINDOW > 0 ? max(0, p_first - WINDOW + 1) : 0;
     const int *bt = (const int *)p.block_tables + (size_t)b * p.max_blocks;
-    const kiln_bf16 *kc = (const kiln_bf16 *)p.k_cache, *vc = (const kiln_bf16 *)p.v_cache;
+    const kiln_elem *kc = (const kiln_elem *)p.k_cache, *vc = (const kiln_elem *)p.v_cache;
 
     const float qscale = p.scale * PF_LOG2E;
     for (int i = tid; i < PF_BQ * HEAD_DIM; i += 128) {
         const int r = i / HEAD_DIM, d = i % HEAD_DIM;
         float v = 0.0f;
-        if (r < nq) v = kiln_bf2f(((const kiln_bf16 *)p.q)[((size_t)(qs0 + qi0 + r) * N_HEADS + hq) * HEAD_DIM + d]);
+        if (r < nq) v = kiln_e2f(((const kiln_elem *)p.q)[((size_t)(qs0 + qi0 + r) * N_HEADS + hq) * HEAD_DIM + d]);
         q_s[r * QS + d] = v * qscale;
     }
 
@@ -86,8 +87,8 @@ extern "C" __global__ void __launch_bounds__(128) kiln_attn_prefill(const kiln_a
             float kv = 0.0f, vv = 0.0f;
             if (t <= p_last) {
                 const size_t at = (((size_t)bt[t / BLOCK_SIZE] * N_KV_HEADS + h) * BLOCK_SIZE + t % BLOCK_SIZE) * HEAD_DIM + d;
-                kv = kiln_bf2f(kc[at]);
-                vv = kiln_bf2f(vc[at]);
+                kv = kiln_e2f(kc[at]);
+                vv = kiln_e2f(vc[at]);
             }
             k_s[c * QS + d] = kv;
             v_s[c * QS + d] = vv;
@@ -160,10 +161,10 @@ extern "C" __global__ void __launch_bounds__(128) kiln_attn_prefill(const kiln_a
     for (int r = 0; r < 4; r++) {
         const int row = ty * 4 + r;
         if (row >= nq) continue;
-        kiln_bf16 *o = (kiln_bf16 *)p.out + ((size_t)(qs0 + qi0 + row) * N_HEADS + hq) * HEAD_DIM;
+        kiln_elem *o = (kiln_elem *)p.out + ((size_t)(qs0 + qi0 + row) * N_HEADS + hq) * HEAD_DIM;
         const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
 #pragma unroll
-        for (int d = 0; d < DPT; d++) o[tx + 8 * d] = kiln_f2bf(acc[r][d] * inv);
+        for (int d = 0; d < DPT; d++) o[tx + 8 * d] = kiln_f2e(acc[r][d] * inv);
     }
 }
 
@@ -176,11 +177,11 @@ extern "C" __global__ void __launch_bounds__(128) kiln_attn_prefill(const kiln_a
  * the 4 lanes of one quad), and P is re-packed in registers as the A operand
  * of O += P v. K is staged in shared memory as [key][d] and V transposed as
  * [d][key], rows padded by 8 bf16 so the quads' 32-bit fragment loads hit
- * 32 different banks. Needs HEAD_DIM % 16 == 0.
+ * 32 different banks. Needs HEAD_DIM % 16 == 0 and bf16 (not KILN_F32).
  * Launch: grid (ceil(max_q_len/64), N_HEADS, B), block 128, dynamic shared
  * memory kiln_attn_prefill_mma_smem = 2 * (64*(HEAD_DIM+8) + HEAD_DIM*72).
  * ---------------------------------------------------------------------- */
-#if HEAD_DIM % 16 == 0
+#if HEAD_DIM % 16 == 0 && !KILN_F32
 
 KILN_DEV void kiln_pf_mma(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
                           unsigned b1) {
@@ -344,4 +345,4 @@ extern "C" __global__ void __launch_bounds__(128) kiln_attn_prefill_mma(const ki
                 kiln_f2bf2(o[i][2] * inv1, o[i][3] * inv1);
     }
 }
-#endif /* HEAD_DIM % 16 == 0 */
+#endif /* HEAD_DIM % 16 == 0 && !KILN_F32 */

@@ -81,6 +81,49 @@ KILN_DEV float kiln_dot8(uint4 a, uint4 b, float acc) {
     return acc;
 }
 
+/* ---- the element type of activations, weights and the KV cache ----
+ * bf16 by default; fp32 when codegen defines KILN_F32=1 (engines compiled in
+ * f32 run an f32 path, so they match an f32 reference to rounding). Kernels
+ * are written once against these names:
+ *   kiln_elem          the storage type (kiln_bf16 or float)
+ *   KILN_VEC           elements per 16-byte vector (8 or 4)
+ *   kiln_e2f/kiln_f2e  widen / narrow one element (narrowing rounds to bf16)
+ *   kiln_round(x)      x rounded to the element type and widened again
+ *   kiln_unpackv/packv/dotv   one 16-byte vector as KILN_VEC floats */
+#ifndef KILN_F32
+#define KILN_F32 0
+#endif
+#if KILN_F32
+typedef float kiln_elem;
+#define KILN_VEC 4
+KILN_DEV float kiln_e2f(float v) { return v; }
+KILN_DEV float kiln_f2e(float f) { return f; }
+KILN_DEV float kiln_round(float f) { return f; }
+KILN_DEV void kiln_unpackv(uint4 v, float f[4]) {
+    f[0] = __uint_as_float(v.x); f[1] = __uint_as_float(v.y);
+    f[2] = __uint_as_float(v.z); f[3] = __uint_as_float(v.w);
+}
+KILN_DEV uint4 kiln_packv(const float f[4]) {
+    return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
+}
+KILN_DEV float kiln_dotv(uint4 a, uint4 b, float acc) {
+    acc = fmaf(__uint_as_float(a.x), __uint_as_float(b.x), acc);
+    acc = fmaf(__uint_as_float(a.y), __uint_as_float(b.y), acc);
+    acc = fmaf(__uint_as_float(a.z), __uint_as_float(b.z), acc);
+    acc = fmaf(__uint_as_float(a.w), __uint_as_float(b.w), acc);
+    return acc;
+}
+#else
+typedef kiln_bf16 kiln_elem;
+#define KILN_VEC 8
+KILN_DEV float kiln_e2f(kiln_bf16 v) { return kiln_bf2f(v); }
+KILN_DEV kiln_bf16 kiln_f2e(float f) { return kiln_f2bf(f); }
+KILN_DEV float kiln_round(float f) { return kiln_bf2f(kiln_f2bf(f)); }
+KILN_DEV void kiln_unpackv(uint4 v, float f[8]) { kiln_unpack8(v, f); }
+KILN_DEV uint4 kiln_packv(const float f[8]) { return kiln_pack8(f); }
+KILN_DEV float kiln_dotv(uint4 a, uint4 b, float acc) { return kiln_dot8(a, b, acc); }
+#endif
+
 KILN_DEV float kiln_warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(KILN_FULL_MASK, v, o);

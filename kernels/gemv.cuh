@@ -1,21 +1,22 @@
 /*
  * gemv.cuh — decode GEMV / skinny GEMM: y[M,N] = x[M,K] · W[N,K]^T, bf16
- * storage, fp32 accumulation, written for memory bandwidth (the weight is
- * read once; x and y are tiny).
+ * storage (fp32 with KILN_F32, see common.cuh), fp32 accumulation, written
+ * for memory bandwidth (the weight is read once; x and y are tiny).
  *
  * Work split: a block has GEMV_WARPS warps; each warp owns GEMV_ROWS
  * consecutive rows of W and GEMV_MT rows of x (grid.y walks x in tiles of
  * GEMV_MT, so any M works; M <= GEMV_MT reads W once). Each lane walks K in
- * 16-byte chunks (8 bf16), lane-strided so a warp reads 512 contiguous bytes
- * of each row per step, with GEMV_UNROLL steps x GEMV_ROWS rows of loads
- * issued before the first use (that many 16-byte loads in flight per lane).
+ * 16-byte chunks (KILN_VEC elements: 8 bf16 or 4 fp32), lane-strided so a
+ * warp reads 512 contiguous bytes of each row per step, with GEMV_UNROLL
+ * steps x GEMV_ROWS rows of loads issued before the first use (that many
+ * 16-byte loads in flight per lane).
  * The x chunk is loaded once per step and reused for all GEMV_ROWS rows.
  * Lanes then sum with warp shuffles and lane i writes output i.
  *
  * Rows past N are clamped to row N-1 for loading (always a valid address)
  * and not written, so no branch splits the warp in the main loop.
- * When K % 8 != 0 or an address is not 16-byte aligned a scalar path runs
- * instead (correct, slower; real models never take it).
+ * When K % KILN_VEC != 0 or an address is not 16-byte aligned a scalar path
+ * runs instead (correct, slower; real models never take it).
  *
  * Tensor-core variant (GEMV_MMA=1, for M = 2..8 and beyond): a warp owns
  * 16 rows of W and 8 rows of x and issues mma.sync m16n8k16 (bf16 in, fp32
@@ -33,7 +34,8 @@
  *   GEMV_MT      rows of x per block                (1; at most 8)
  *   GEMV_OUT_F32 write fp32 y (logits) instead of bf16   (0)
  *   GEMV_SWIGLU  epilogue silu(gate)*up over interleaved gate/up rows (0)
- *   GEMV_MMA     tensor-core variant (0); GEMV_ROWS, GEMV_MT then unused
+ *   GEMV_MMA     tensor-core variant (0); GEMV_ROWS, GEMV_MT then unused;
+ *                bf16 only (not with KILN_F32)
  * Launch: grid (ceil(N / (GEMV_WARPS*GEMV_ROWS)), ceil(M / GEMV_MT)),
  * block GEMV_WARPS*32, no shared memory.
  */
@@ -64,6 +66,9 @@
 #if GEMV_SWIGLU && (GEMV_ROWS % 2)
 #error "GEMV_SWIGLU needs an even GEMV_ROWS (gate and up rows pair up inside a warp)"
 #endif
+#if GEMV_MMA && KILN_F32
+#error "GEMV_MMA (tensor cores) needs bf16 elements, not KILN_F32"
+#endif
 #if !GEMV_MMA && (GEMV_MT < 1 || GEMV_MT > 8 || GEMV_ROWS < 1)
 #error "GEMV_MT must be 1..8 and GEMV_ROWS at least 1"
 #endif
@@ -85,11 +90,11 @@ KILN_DEV void kiln_gemv_store(const kiln_gemv_params &p, float (&acc)[GEMV_ROWS]
             if (lane == (idx & 31) && row0 + r + 1 < p.N && m0 + m < p.M) {
                 float v = kiln_silu(acc[r][m]) * acc[r + 1][m];
                 size_t o = (size_t)(m0 + m) * p.ldy + f;
-                if (p.residual) v += kiln_bf2f(((const kiln_bf16 *)p.residual)[o]);
+                if (p.residual) v += kiln_e2f(((const kiln_elem *)p.residual)[o]);
 #if GEMV_OUT_F32
                 ((float *)p.y)[o] = v;
 #else
-                ((kiln_bf16 *)p.y)[o] = kiln_f2bf(v);
+                ((kiln_elem *)p.y)[o] = kiln_f2e(v);
 #endif
             }
         }
@@ -102,11 +107,11 @@ KILN_DEV void kiln_gemv_store(const kiln_gemv_params &p, float (&acc)[GEMV_ROWS]
             if (lane == (idx & 31) && row0 + r < p.N && m0 + m < p.M) {
                 float v = acc[r][m];
                 size_t o = (size_t)(m0 + m) * p.ldy + row0 + r;
-                if (p.residual) v += kiln_bf2f(((const kiln_bf16 *)p.residual)[o]);
+                if (p.residual) v += kiln_e2f(((const kiln_elem *)p.residual)[o]);
 #if GEMV_OUT_F32
                 ((float *)p.y)[o] = v;
 #else
-                ((kiln_bf16 *)p.y)[o] = kiln_f2bf(v);
+                ((kiln_elem *)p.y)[o] = kiln_f2e(v);
 #endif
             }
         }
@@ -118,8 +123,8 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) kiln_gemv(const ki
     const int row0 = (blockIdx.x * GEMV_WARPS + warp) * GEMV_ROWS;
     const int m0 = blockIdx.y * GEMV_MT;
     if (row0 >= p.N) return; /* whole warp leaves together */
-    const kiln_bf16 *w = (const kiln_bf16 *)p.w;
-    const kiln_bf16 *x = (const kiln_bf16 *)p.x;
+    const kiln_elem *w = (const kiln_elem *)p.w;
+    const kiln_elem *x = (const kiln_elem *)p.x;
 
     float acc[GEMV_ROWS][GEMV_MT];
 #pragma unroll
@@ -128,16 +133,16 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) kiln_gemv(const ki
         for (int m = 0; m < GEMV_MT; m++) acc[r][m] = 0.0f;
 
     /* Row pointers, clamped to valid rows; x rows clamped likewise. */
-    const kiln_bf16 *wr[GEMV_ROWS];
+    const kiln_elem *wr[GEMV_ROWS];
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; r++) wr[r] = w + (size_t)min(row0 + r, p.N - 1) * p.K;
-    const kiln_bf16 *xr[GEMV_MT];
+    const kiln_elem *xr[GEMV_MT];
 #pragma unroll
     for (int m = 0; m < GEMV_MT; m++) xr[m] = x + (size_t)min(m0 + m, p.M - 1) * p.ldx;
 
-    const bool vec = (p.K % 8 == 0) && (p.ldx % 8 == 0) && ((p.w | p.x) % 16 == 0);
+    const bool vec = (p.K % KILN_VEC == 0) && (p.ldx % KILN_VEC == 0) && ((p.w | p.x) % 16 == 0);
     if (vec) {
-        const int kv = p.K / 8; /* 16-byte chunks per row */
+        const int kv = p.K / KILN_VEC; /* 16-byte chunks per row */
         for (int c0 = lane; c0 < kv; c0 += 32 * GEMV_UNROLL) {
             uint4 wv[GEMV_UNROLL][GEMV_ROWS];
 #pragma unroll
@@ -145,7 +150,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) kiln_gemv(const ki
                 int c = c0 + 32 * u;
 #pragma unroll
                 for (int r = 0; r < GEMV_ROWS; r++)
-                    wv[u][r] = c < kv ? kiln_ld_stream(wr[r] + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
+                    wv[u][r] = c < kv ? kiln_ld_stream(wr[r] + (size_t)c * KILN_VEC) : make_uint4(0, 0, 0, 0);
             }
 #pragma unroll
             for (int u = 0; u < GEMV_UNROLL; u++) {
@@ -153,9 +158,9 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) kiln_gemv(const ki
                 if (c < kv) {
 #pragma unroll
                     for (int m = 0; m < GEMV_MT; m++) {
-                        uint4 xv = kiln_ld16(xr[m] + (size_t)c * 8);
+                        uint4 xv = kiln_ld16(xr[m] + (size_t)c * KILN_VEC);
 #pragma unroll
-                        for (int r = 0; r < GEMV_ROWS; r++) acc[r][m] = kiln_dot8(wv[u][r], xv, acc[r][m]);
+                        for (int r = 0; r < GEMV_ROWS; r++) acc[r][m] = kiln_dotv(wv[u][r], xv, acc[r][m]);
                     }
                 }
             }
@@ -164,9 +169,9 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) kiln_gemv(const ki
         for (int k = lane; k < p.K; k += 32) {
 #pragma unroll
             for (int m = 0; m < GEMV_MT; m++) {
-                float xv = kiln_bf2f(xr[m][k]);
+                float xv = kiln_e2f(xr[m][k]);
 #pragma unroll
-                for (int r = 0; r < GEMV_ROWS; r++) acc[r][m] = fmaf(kiln_bf2f(wr[r][k]), xv, acc[r][m]);
+                for (int r = 0; r < GEMV_ROWS; r++) acc[r][m] = fmaf(kiln_e2f(wr[r][k]), xv, acc[r][m]);
             }
         }
     }

@@ -10,6 +10,9 @@
  *
  * Shapes use the names of the kernels' #define constants: HIDDEN, N_HEADS
  * (query heads), N_KV_HEADS, HEAD_DIM, BLOCK_SIZE (tokens per KV block).
+ * "bf16" below is the element type kiln_elem (common.cuh): fp32 in a module
+ * compiled with KILN_F32=1 (f32 engines); logits and partial sums are fp32
+ * either way.
  * Paged KV cache layout (both K and V): bf16 [num_blocks][N_KV_HEADS]
  * [BLOCK_SIZE][HEAD_DIM]: one block of one head is BLOCK_SIZE*HEAD_DIM
  * contiguous values, which is what decode attention streams.
@@ -72,8 +75,9 @@ typedef struct kiln_attn_decode_params {
     kiln_dptr part_ml;      /* fp32 [B, N_HEADS, max_splits, 2]: running max (log2 units), sum */
     float scale;            /* softmax scale, usually 1/sqrt(HEAD_DIM) */
     int B, max_blocks, max_splits;
-    int partition;          /* tokens per split, 1..PARTITION (kiln_attn_decode_partition picks it) */
-    int pad_;
+    int partition;          /* tokens per split, 1..PARTITION (kiln_attn_decode_partition picks it);
+                               0 = per sequence, from its length and splits_want (attn_decode.cuh) */
+    int splits_want;        /* with partition 0: the splits a sequence aims for (fills the GPU) */
 } kiln_attn_decode_params;
 
 /* Prefill attention (flash style, causal, GQA, sliding window) for a batch
@@ -93,7 +97,8 @@ typedef struct kiln_attn_prefill_params {
     int pad_;
 } kiln_attn_prefill_params;
 
-/* out[m, f] = silu(gu[m, f]) * gu[m, FFN + f] (gate half then up half). Kernel: kiln_swiglu. */
+/* out[m, f] = silu(gu[m, f]) * gu[m, FFN + f] (gate half then up half), or with
+ * SWIGLU_INTERLEAVED silu(gu[m, 2f]) * gu[m, 2f + 1]. Kernel: kiln_swiglu. */
 typedef struct kiln_swiglu_params {
     kiln_dptr gu;  /* bf16 [M, 2*FFN] */
     kiln_dptr out; /* bf16 [M, FFN] */
@@ -115,5 +120,18 @@ typedef struct kiln_sample_params {
     kiln_dptr out_ids;     /* int32 [B] */
     int B, V;
 } kiln_sample_params;
+
+/* Row gather, any element type: out[i, :] = src[idx[i], :] for i < M, rows of
+ * row_bytes bytes (embedding lookup; the last token of each sequence before
+ * the LM head). Rows outside 0..n_src-1 are written as zeros. Kernel:
+ * kiln_gather_rows (util.cuh). */
+typedef struct kiln_gather_params {
+    kiln_dptr src;      /* [n_src, row_bytes] */
+    kiln_dptr idx;      /* int32 [M] */
+    kiln_dptr out;      /* [M, row_bytes] */
+    int M, row_bytes;
+    int n_src;
+    int pad_;
+} kiln_gather_params;
 
 #endif /* KILN_KERNEL_PARAMS_CUH */

@@ -4,12 +4,13 @@
  *     out = bf16(w * bf16(s * rsqrt(mean(s^2) + RMS_EPS)))
  * The two roundings follow HuggingFace's LlamaRMSNorm in bf16 (the sum is
  * a bf16 tensor; the normalised value is cast back to bf16 before the
- * weight multiplies it), so kiln and HF see the same residual stream.
+ * weight multiplies it), so kiln and HF see the same residual stream. With
+ * KILN_F32 (common.cuh) every value is fp32 and the roundings vanish.
  *
  * Constants: HIDDEN (row length), RMS_EPS (float, e.g. 1e-5f),
  * NORM_THREADS (block size, multiple of 32; default 256).
  * Launch: grid (M), block NORM_THREADS, no dynamic shared memory.
- * When HIDDEN % 8 == 0 rows move in 16-byte chunks kept in registers
+ * When HIDDEN % KILN_VEC == 0 rows move in 16-byte chunks kept in registers
  * between the two passes; otherwise a scalar path re-reads the row.
  */
 #include "common.cuh"
@@ -28,31 +29,31 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) kiln_rmsnorm(const ki
     __shared__ float scratch[32];
     const size_t row = blockIdx.x;
     if ((int)row >= p.M) return;
-    kiln_bf16 *res = (kiln_bf16 *)p.residual + row * HIDDEN;
-    const kiln_bf16 *x = p.x ? (const kiln_bf16 *)p.x + row * HIDDEN : 0;
-    const kiln_bf16 *w = (const kiln_bf16 *)p.w;
-    kiln_bf16 *out = (kiln_bf16 *)p.out + row * HIDDEN;
+    kiln_elem *res = (kiln_elem *)p.residual + row * HIDDEN;
+    const kiln_elem *x = p.x ? (const kiln_elem *)p.x + row * HIDDEN : 0;
+    const kiln_elem *w = (const kiln_elem *)p.w;
+    kiln_elem *out = (kiln_elem *)p.out + row * HIDDEN;
     float ss = 0.0f;
-#if HIDDEN % 8 == 0
-    constexpr int NCH = HIDDEN / 8;                                   /* chunks per row */
+#if HIDDEN % KILN_VEC == 0
+    constexpr int NCH = HIDDEN / KILN_VEC;                            /* chunks per row */
     constexpr int PER = (NCH + NORM_THREADS - 1) / NORM_THREADS;      /* chunks per thread */
-    float s[PER][8];
+    float s[PER][KILN_VEC];
 #pragma unroll
     for (int i = 0; i < PER; i++) {
         int c = threadIdx.x + i * NORM_THREADS;
         if (c < NCH) {
-            uint4 rv = *(const uint4 *)(res + c * 8);
-            float a[8];
-            kiln_unpack8(rv, a);
+            uint4 rv = *(const uint4 *)(res + c * KILN_VEC);
+            float a[KILN_VEC];
+            kiln_unpackv(rv, a);
             if (x) {
-                float b[8];
-                kiln_unpack8(*(const uint4 *)(x + c * 8), b);
+                float b[KILN_VEC];
+                kiln_unpackv(*(const uint4 *)(x + c * KILN_VEC), b);
 #pragma unroll
-                for (int e = 0; e < 8; e++) a[e] = kiln_bf2f(kiln_f2bf(a[e] + b[e]));
-                *(uint4 *)(res + c * 8) = kiln_pack8(a);
+                for (int e = 0; e < KILN_VEC; e++) a[e] = kiln_round(a[e] + b[e]);
+                *(uint4 *)(res + c * KILN_VEC) = kiln_packv(a);
             }
 #pragma unroll
-            for (int e = 0; e < 8; e++) {
+            for (int e = 0; e < KILN_VEC; e++) {
                 s[i][e] = a[e];
                 ss = fmaf(a[e], a[e], ss);
             }
@@ -63,24 +64,24 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) kiln_rmsnorm(const ki
     for (int i = 0; i < PER; i++) {
         int c = threadIdx.x + i * NORM_THREADS;
         if (c < NCH) {
-            float wv[8], o[8];
-            kiln_unpack8(*(const uint4 *)(w + c * 8), wv);
+            float wv[KILN_VEC], o[KILN_VEC];
+            kiln_unpackv(*(const uint4 *)(w + c * KILN_VEC), wv);
 #pragma unroll
-            for (int e = 0; e < 8; e++) o[e] = wv[e] * kiln_bf2f(kiln_f2bf(s[i][e] * inv));
-            *(uint4 *)(out + c * 8) = kiln_pack8(o);
+            for (int e = 0; e < KILN_VEC; e++) o[e] = wv[e] * kiln_round(s[i][e] * inv);
+            *(uint4 *)(out + c * KILN_VEC) = kiln_packv(o);
         }
     }
 #else
     for (int i = threadIdx.x; i < HIDDEN; i += NORM_THREADS) {
-        float a = kiln_bf2f(res[i]);
+        float a = kiln_e2f(res[i]);
         if (x) {
-            a = kiln_bf2f(kiln_f2bf(a + kiln_bf2f(x[i])));
-            res[i] = kiln_f2bf(a);
+            a = kiln_round(a + kiln_e2f(x[i]));
+            res[i] = kiln_f2e(a);
         }
         ss = fmaf(a, a, ss);
     }
     const float inv = rsqrtf(kiln_block_sum(ss, scratch) / (float)HIDDEN + RMS_EPS);
     for (int i = threadIdx.x; i < HIDDEN; i += NORM_THREADS) /* each thread re-reads what it wrote */
-        out[i] = kiln_f2bf(kiln_bf2f(w[i]) * kiln_bf2f(kiln_f2bf(kiln_bf2f(res[i]) * inv)));
+        out[i] = kiln_f2e(kiln_e2f(w[i]) * kiln_round(kiln_e2f(res[i]) * inv));
 #endif
 }

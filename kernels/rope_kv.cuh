@@ -9,7 +9,8 @@
  * with a_i = pos * inv_freq[i], inv_freq[i] = 1 / ROPE_THETA^(2i/HEAD_DIM)
  * in fp32 as HF computes it, optionally rescaled the llama3 way. The
  * rotation itself is done in fp32 and rounded once (HF rounds cos/sin and
- * each product to bf16; fp32 is closer to the fp32 reference).
+ * each product to bf16; fp32 is closer to the fp32 reference). Elements are
+ * kiln_elem (bf16, or fp32 with KILN_F32; common.cuh), the cache's too.
  *
  * Constants: N_HEADS, N_KV_HEADS, HEAD_DIM (even), BLOCK_SIZE, ROPE_THETA
  * (float), ROPE_LLAMA3 (0/1) with ROPE_FACTOR, ROPE_LOW_FREQ_FACTOR,
@@ -58,34 +59,34 @@ extern "C" __global__ void __launch_bounds__(ROPE_THREADS) kiln_rope_kv(const ki
     constexpr int QKV = (N_HEADS + 2 * N_KV_HEADS) * HEAD_DIM;
     const int t = blockIdx.x;
     if (t >= p.T) return;
-    const kiln_bf16 *row = (const kiln_bf16 *)p.qkv + (size_t)t * QKV;
+    const kiln_elem *row = (const kiln_elem *)p.qkv + (size_t)t * QKV;
     const int pos = ((const int *)p.positions)[t];
     const int slot = ((const int *)p.slots)[t];
     const int blk = slot / BLOCK_SIZE, off = slot % BLOCK_SIZE;
-    kiln_bf16 *q_out = (kiln_bf16 *)p.q_out + (size_t)t * N_HEADS * HEAD_DIM;
-    kiln_bf16 *kc = (kiln_bf16 *)p.k_cache, *vc = (kiln_bf16 *)p.v_cache;
+    kiln_elem *q_out = (kiln_elem *)p.q_out + (size_t)t * N_HEADS * HEAD_DIM;
+    kiln_elem *kc = (kiln_elem *)p.k_cache, *vc = (kiln_elem *)p.v_cache;
 
     /* Rotated pairs: (head, i) over the q heads then the k heads. */
     for (int j = threadIdx.x; j < (N_HEADS + N_KV_HEADS) * HALF; j += ROPE_THREADS) {
         const int head = j / HALF, i = j % HALF;
         float s, c;
         sincosf((float)pos * kiln_rope_inv_freq(i), &s, &c);
-        const kiln_bf16 *src = row + head * HEAD_DIM;
-        const float a = kiln_bf2f(src[i]), b = kiln_bf2f(src[i + HALF]);
-        const kiln_bf16 ra = kiln_f2bf(a * c - b * s), rb = kiln_f2bf(b * c + a * s);
+        const kiln_elem *src = row + head * HEAD_DIM;
+        const float a = kiln_e2f(src[i]), b = kiln_e2f(src[i + HALF]);
+        const kiln_elem ra = kiln_f2e(a * c - b * s), rb = kiln_f2e(b * c + a * s);
         if (head < N_HEADS) {
             q_out[head * HEAD_DIM + i] = ra;
             q_out[head * HEAD_DIM + i + HALF] = rb;
         } else if (slot >= 0) {
             const int kh = head - N_HEADS;
-            kiln_bf16 *dst = kc + (((size_t)blk * N_KV_HEADS + kh) * BLOCK_SIZE + off) * HEAD_DIM;
+            kiln_elem *dst = kc + (((size_t)blk * N_KV_HEADS + kh) * BLOCK_SIZE + off) * HEAD_DIM;
             dst[i] = ra;
             dst[i + HALF] = rb;
         }
     }
     /* v: a plain copy into the cache. */
     if (slot >= 0) {
-        const kiln_bf16 *v = row + (N_HEADS + N_KV_HEADS) * HEAD_DIM;
+        const kiln_elem *v = row + (N_HEADS + N_KV_HEADS) * HEAD_DIM;
         for (int j = threadIdx.x; j < N_KV_HEADS * HEAD_DIM; j += ROPE_THREADS) {
             const int kh = j / HEAD_DIM, d = j % HEAD_DIM;
             vc[(((size_t)blk * N_KV_HEADS + kh) * BLOCK_SIZE + off) * HEAD_DIM + d] = v[j];

@@ -16,6 +16,7 @@
 #include "codegen/kiln_nvrtc.h"
 #include "kernels/params.cuh"
 #include "runtime/kiln_cuda.h"
+#include "runtime/kiln_exec.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -579,11 +580,15 @@ static void test_attn_decode(void) {
             int s = kiln_attn_decode_splits(lens[b], c->window, part);
             if (s > max_splits) max_splits = s;
         }
+        /* the automatic split size (p.partition = 0) needs room for ceil(n / PARTITION) splits */
+        int auto_splits = 16, longest = c->window > 0 && c->window < max_len ? c->window : max_len;
+        if ((longest + 511) / 512 > auto_splits) auto_splits = (longest + 511) / 512;
+        int room = max_splits > auto_splits ? max_splits : auto_splits;
         size_t qn = (size_t)B * c->nh * c->hd;
         float *qf;
         uint16_t *qh = rand_bf16(qn, 1.0f, &qf);
         CUdeviceptr q = dev_from(qh, qn * 2), o = dev_alloc(qn * 2);
-        CUdeviceptr po = dev_alloc((size_t)B * c->nh * max_splits * c->hd * 4), pml = dev_alloc((size_t)B * c->nh * max_splits * 8);
+        CUdeviceptr po = dev_alloc((size_t)B * c->nh * room * c->hd * 4), pml = dev_alloc((size_t)B * c->nh * room * 8);
         dev_poison16(o, qn * 2);
         dev_poison32(po, (size_t)B * c->nh * max_splits * c->hd * 4);
         float scale = 1.0f / sqrtf((float)c->hd);
@@ -603,6 +608,23 @@ static void test_attn_decode(void) {
             double e = rel_err_bf16(oh + off, ref + off, (size_t)c->nh * c->hd);
             KT_CHECKF(e < TOL_BF16, "decode attn cfg %zu (heads %d/%d hd %d window %d partition %d) len %d: rel err %g",
                       ci, c->nh, c->nkv, c->hd, c->window, part, lens[b], e);
+        }
+        /* per-sequence split sizes (partition 0), aiming at 1 and at 16 splits, in a grid of `auto_splits` */
+        for (int want = 1; want <= 16; want += 15) {
+            free(oh);
+            dev_poison16(o, qn * 2);
+            dev_poison32(po, (size_t)B * c->nh * room * c->hd * 4);
+            kiln_attn_decode_params pa = {q, pc.k, pc.v, pc.dbt, pc.dlens, o, po, pml, scale, B, pc.max_blocks,
+                                          auto_splits, 0, want};
+            KT_CHECK(klaunch(k.fn, "kiln_attn_decode", dims((unsigned)c->nkv, (unsigned)B, (unsigned)auto_splits, 128, smem), &pa));
+            KT_CHECK(klaunch(comb, "kiln_attn_decode_combine", dims((unsigned)c->nh, (unsigned)B, 1, (unsigned)((c->hd + 31) / 32 * 32), 0), &pa));
+            oh = host_from(o, qn * 2);
+            for (int b = 0; b < B; b++) {
+                size_t off = (size_t)b * c->nh * c->hd;
+                double e = rel_err_bf16(oh + off, ref + off, (size_t)c->nh * c->hd);
+                KT_CHECKF(e < TOL_BF16, "decode attn cfg %zu (heads %d/%d hd %d window %d) auto split (want %d) len %d: rel err %g",
+                          ci, c->nh, c->nkv, c->hd, c->window, want, lens[b], e);
+            }
         }
         kiln_cuda_release(&g_cu, q); kiln_cuda_release(&g_cu, o); kiln_cuda_release(&g_cu, po); kiln_cuda_release(&g_cu, pml);
         free(qh); free(qf); free(oh); free(ref);
@@ -722,17 +744,9 @@ static void test_swiglu(void) {
 /* Sampling                                                             */
 /* =================================================================== */
 
-/* The kernel's generator (sample.cuh), restated as the specification. */
-static uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static double uniform(uint64_t seed, uint64_t counter) {
-    uint64_t z = mix64(seed + 0x9e3779b97f4a7c15ull * (counter + 1));
-    z = mix64(z ^ 0x2545f4914f6cdd1dull);
-    return (double)(float)((float)(z >> 40) * (1.0f / 16777216.0f));
-}
+/* The kernel follows runtime/sampler.c's rule exactly (kiln_sample_logits
+ * with kiln_sample_uniform(seed, counter)), so the CPU sampler is the
+ * reference: same logits, same settings, same token. */
 
 typedef struct sample_run {
     int B, V;
@@ -754,36 +768,33 @@ static int *run_sample(kfn *k, const sample_run *s) {
     return ids;
 }
 
-/* The kept set of row b (top-k then top-p, on float32 logits), in double. */
-static void ref_kept(const float *x, int V, double T, int top_k, double top_p, unsigned char *keep) {
-    double mx = -INFINITY;
-    for (int i = 0; i < V; i++) if (x[i] > mx) mx = x[i];
-    int *ord = malloc(sizeof(int) * V);
-    for (int i = 0; i < V; i++) ord[i] = i;
-    /* selection sort is fine for the small V used with top-p checks; qsort-free keeps it obvious */
-    for (int i = 0; i < V; i++) {
-        int best = i;
-        for (int j = i + 1; j < V; j++) if (x[ord[j]] > x[ord[best]]) best = j;
-        int t = ord[i]; ord[i] = ord[best]; ord[best] = t;
-    }
-    int nk = (top_k > 0 && top_k < V) ? top_k : V;
-    float kth = x[ord[nk - 1]];
-    memset(keep, 0, (size_t)V);
-    double z = 0;
-    for (int i = 0; i < V; i++) if (x[i] >= kth) { keep[i] = 1; z += exp((x[i] - mx) / T); }
-    if (top_p < 1.0) {
-        double run = 0;
-        float thr = kth;
-        for (int i = 0; i < V; i++) {
-            int j = ord[i];
-            if (!keep[j]) break;
-            run += exp((x[j] - mx) / T);
-            thr = x[j];
-            if (run >= top_p * z) break;
+static sample_run sample_alloc(int B, int V) {
+    sample_run s = {B, V, malloc(sizeof(float) * B * V), calloc(B, 4), malloc(4 * B), calloc(B, 4), calloc(B, 8),
+                    calloc(B, 8)};
+    for (int b = 0; b < B; b++) s.top_p[b] = 1.0f;
+    return s;
+}
+static void sample_free(sample_run *s) {
+    free(s->logits); free(s->temp); free(s->top_p); free(s->top_k); free(s->seeds); free(s->counters);
+}
+
+/* Rows where the GPU's token differs from kiln_sample_logits'. */
+static int sample_mismatches(const sample_run *s, const int *ids, const char *what) {
+    float *scratch = malloc(sizeof(float) * 2 * (size_t)s->V);
+    int bad = 0;
+    for (int b = 0; b < s->B; b++) {
+        kiln_sampling sa = {s->temp[b], s->top_k[b], s->top_p[b], s->seeds[b]};
+        int32_t want = kiln_sample_logits(s->logits + (size_t)b * s->V, s->V, &sa,
+                                          kiln_sample_uniform(s->seeds[b], (int64_t)s->counters[b]), scratch);
+        if (ids[b] != want) {
+            if (bad < 5)
+                fprintf(stderr, "  %s row %d (V %d, T %.3g, k %d, p %.3g): GPU %d, CPU %d\n", what, b, s->V, s->temp[b],
+                        s->top_k[b], s->top_p[b], ids[b], want);
+            bad++;
         }
-        for (int i = 0; i < V; i++) if (x[i] < thr) keep[i] = 0;
     }
-    free(ord);
+    free(scratch);
+    return bad;
 }
 
 static void test_sample(void) {
@@ -792,13 +803,13 @@ static void test_sample(void) {
     const char *defs[] = {"SAMPLE_THREADS=1024"};
     KT_REQUIRE(kbuild(&k, "sample.cuh", "kiln_sample", defs, 1));
 
-    /* Greedy over odd and real vocabularies, with a planted tie (lowest index wins). */
+    /* Greedy over odd and real vocabularies, with a planted tie (lowest index wins), NaN and -inf. */
     static const int Vs[] = {1, 7, 1000, 32000, 128256};
     for (size_t vi = 0; vi < sizeof Vs / sizeof Vs[0]; vi++) {
-        int V = Vs[vi], B = 3;
-        sample_run s = {B, V, malloc(sizeof(float) * B * V), calloc(B, 4), calloc(B, 4), calloc(B, 4), calloc(B, 8), calloc(B, 8)};
+        int V = Vs[vi], B = 5;
+        sample_run s = sample_alloc(B, V);
         for (int i = 0; i < B * V; i++) s.logits[i] = rnd_normal() * 3.0f;
-        int want[3];
+        int want[5];
         for (int b = 0; b < B; b++) {
             want[b] = rnd_int(V);
             s.logits[b * V + want[b]] = 100.0f;
@@ -807,68 +818,55 @@ static void test_sample(void) {
                 if (later < 0) { later = want[b]; want[b] = 0; s.logits[b * V] = 100.0f; }
                 s.logits[b * V + later] = 100.0f;
             }
+            if (b == 3) s.logits[b * V + (want[b] + 1) % V] = NAN; /* NaN ranks below everything */
             s.temp[b] = b == 2 ? -1.0f : 0.0f;
-            s.top_p[b] = 1.0f;
+            s.top_k[b] = b == 4 ? 1 : 0;
+            if (b == 4) s.temp[b] = 1.0f; /* top-k 1 is greedy too */
         }
+        if (V == 1) want[3] = 0; /* all NaN: index 0 */
         int *ids = run_sample(&k, &s);
         for (int b = 0; b < B; b++) KT_CHECKF(ids[b] == want[b], "greedy V=%d row %d: got %d want %d", V, b, ids[b], want[b]);
+        KT_EQ_INT(sample_mismatches(&s, ids, "greedy"), 0);
         free(ids);
-        free(s.logits); free(s.temp); free(s.top_p); free(s.top_k); free(s.seeds); free(s.counters);
+        sample_free(&s);
     }
 
-    /* Sampling with top-k / top-p: the token is in the kept set, the same inputs give the
-     * same token, and it is the one the reference walk picks for the same uniform. */
-    {
-        int B = 64, V = 500;
-        sample_run s = {B, V, malloc(sizeof(float) * B * V), malloc(4 * B), malloc(4 * B), malloc(4 * B), malloc(8 * B), malloc(8 * B)};
-        for (int i = 0; i < B * V; i++) s.logits[i] = rnd_normal() * 2.0f;
+    /* Sampling with top-k / top-p against the CPU sampler, over random rows, rows with
+     * many exact ties (logits on a coarse grid), NaN and -inf entries, and k >= V. */
+    static const int Ws[] = {500, 32000};
+    for (size_t wi = 0; wi < 2; wi++) {
+        int B = 96, V = Ws[wi];
+        sample_run s = sample_alloc(B, V);
         for (int b = 0; b < B; b++) {
+            float *x = s.logits + (size_t)b * V;
+            for (int i = 0; i < V; i++) x[i] = b % 3 == 1 ? (float)(rnd_int(8)) * 0.5f : rnd_normal() * 2.0f;
+            if (b % 5 == 2) { x[rnd_int(V)] = NAN; x[rnd_int(V)] = -INFINITY; }
             s.temp[b] = (float)(0.3 + 1.2 * rnd_unit());
-            s.top_k[b] = (int[]){0, 1, 5, 50, 499, 500, 10000}[b % 7];
-            s.top_p[b] = (float[]){1.0f, 0.9f, 0.5f, 0.99f, 0.1f}[b % 5];
+            s.top_k[b] = (int[]){0, 1, 5, 50, 499, 500, 10000, 3}[b % 8];
+            s.top_p[b] = (float[]){1.0f, 0.9f, 0.5f, 0.99f, 0.1f, 0.0f}[b % 6];
             s.seeds[b] = rnd_u64();
             s.counters[b] = (uint64_t)b * 7;
         }
         int *a = run_sample(&k, &s), *a2 = run_sample(&k, &s);
-        unsigned char *keep = malloc((size_t)V);
-        int walk_mismatch = 0;
         for (int b = 0; b < B; b++) {
-            const float *x = s.logits + (size_t)b * V;
             KT_CHECKF(a[b] == a2[b], "sample row %d: not deterministic (%d then %d)", b, a[b], a2[b]);
-            KT_REQUIRE(a[b] >= 0 && a[b] < V);
-            ref_kept(x, V, s.temp[b], s.top_k[b], s.top_p[b], keep);
-            KT_CHECKF(keep[a[b]], "sample row %d (T %.2f k %d p %.2f): token %d is outside the kept set", b, s.temp[b],
-                      s.top_k[b], s.top_p[b], a[b]);
-            /* reference walk in index order */
-            double mx = -INFINITY, z = 0, run = 0;
-            for (int i = 0; i < V; i++) if (x[i] > mx) mx = x[i];
-            for (int i = 0; i < V; i++) if (keep[i]) z += exp((x[i] - mx) / s.temp[b]);
-            double target = uniform(s.seeds[b], s.counters[b]) * z, lo_edge = 0;
-            int pick = -1;
-            for (int i = 0; i < V && pick < 0; i++) {
-                if (!keep[i]) continue;
-                lo_edge = run;
-                run += exp((x[i] - mx) / s.temp[b]);
-                if (run > target) pick = i;
-            }
-            /* float sums may move a draw that lands within rounding of an edge */
-            if (pick != a[b] && !(fabs(target - lo_edge) < 1e-4 * z || fabs(target - run) < 1e-4 * z)) walk_mismatch++;
+            KT_CHECKF(a[b] >= 0 && a[b] < V, "sample row %d: token %d outside 0..%d", b, a[b], V - 1);
         }
-        KT_CHECKF(walk_mismatch == 0, "%d rows drew another token than the reference walk", walk_mismatch);
-        free(a); free(a2); free(keep);
-        free(s.logits); free(s.temp); free(s.top_p); free(s.top_k); free(s.seeds); free(s.counters);
+        int bad = sample_mismatches(&s, a, "sample");
+        KT_CHECKF(bad == 0, "V=%d: %d of %d rows drew another token than the CPU sampler", V, bad, B);
+        free(a); free(a2);
+        sample_free(&s);
     }
 
     /* Distribution: 4000 draws over 6 known probabilities (temperature 1, no truncation). */
     {
         int B = 4000, V = 6;
         const double pr[6] = {0.05, 0.3, 0.1, 0.25, 0.2, 0.1};
-        sample_run s = {B, V, malloc(sizeof(float) * B * V), malloc(4 * B), malloc(4 * B), calloc(B, 4), malloc(8 * B), malloc(8 * B)};
+        sample_run s = sample_alloc(B, V);
         uint64_t seed = rnd_u64();
         for (int b = 0; b < B; b++) {
             for (int i = 0; i < V; i++) s.logits[b * V + i] = (float)log(pr[i]);
             s.temp[b] = 1.0f;
-            s.top_p[b] = 1.0f;
             s.seeds[b] = seed;
             s.counters[b] = (uint64_t)b;
         }
@@ -878,8 +876,9 @@ static void test_sample(void) {
         double chi2 = 0;
         for (int i = 0; i < V; i++) chi2 += (cnt[i] - B * pr[i]) * (cnt[i] - B * pr[i]) / (B * pr[i]);
         KT_CHECKF(chi2 < 25.0, "draw histogram far from the probabilities: chi2 %.1f (5 dof; p < 1e-4 at 25)", chi2);
+        KT_EQ_INT(sample_mismatches(&s, ids, "distribution"), 0);
         free(ids);
-        free(s.logits); free(s.temp); free(s.top_p); free(s.top_k); free(s.seeds); free(s.counters);
+        sample_free(&s);
     }
     kfree(&k);
 }
