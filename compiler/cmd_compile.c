@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "../codegen/kiln_nvrtc.h"
 #include "../passes/kiln_passes.h"
 #include "cli.h"
 #include "kiln_compiler.h"
@@ -25,7 +26,13 @@ static void help(FILE *f) {
     int n;
     const kiln_pass *p = kiln_passes_default(&n);
     for (int i = 0; i < n; i++) fprintf(f, "                          %-20s %s\n", p[i].name, p[i].contract);
-    fprintf(f, "  --compress            zstd-compress the weights section\n"
+    fprintf(f, "  --target LIST         GPU targets of the kernels section: sm_NN (cubin) and compute_NN\n"
+               "                        (PTX, JIT-compiled by newer GPUs), comma-separated; 'default' =\n"
+               "                        sm_80,sm_86,sm_89,sm_90,compute_90 (when this kiln has NVRTC, else\n"
+               "                        'none'); 'none' = no kernels (the engine runs on the CPU only)\n"
+               "  --kv-block-size N     tokens per KV-cache block the kernels are built for (default 16)\n"
+               "  --threads N           parallel NVRTC jobs (default: one per core)\n"
+               "  --compress            zstd-compress the weights section\n"
                "  --dump-ir             print the graph after each pass to stdout\n"
                "  --json                print a JSON summary on stdout\n"
                "  -h, --help            this help\n");
@@ -37,7 +44,8 @@ int kiln_cmd_compile(int argc, char **argv) {
         {"passes", required_argument, 0, 'p'}, {"compress", no_argument, 0, 'z'},
         {"dump-ir", no_argument, 0, 'D'},      {"json", no_argument, 0, 'j'},
         {"help", no_argument, 0, 'h'},         {"quant", required_argument, 0, 'q'},
-        {0, 0, 0, 0}};
+        {"target", required_argument, 0, 't'}, {"kv-block-size", required_argument, 0, 'b'},
+        {"threads", required_argument, 0, 'T'}, {0, 0, 0, 0}};
     kiln_compile_options opt = {.weight_dtype = KILN_DTYPE_COUNT_, .dump_stream = stdout};
     bool json = false;
     int c;
@@ -59,6 +67,18 @@ int kiln_cmd_compile(int argc, char **argv) {
             }
             break;
         case 'p': opt.passes = optarg; break;
+        case 't': opt.targets = optarg; break;
+        case 'b':
+        case 'T': {
+            char *end = NULL;
+            long v = strtol(optarg, &end, 10);
+            if (!*optarg || *end || v < 1 || v > 4096)
+                return kiln_cli_usage_error("compile", "--%s '%s': expected a whole number from 1 to 4096",
+                                            c == 'b' ? "kv-block-size" : "threads", optarg);
+            if (c == 'b') opt.kv_block_size = (int)v;
+            else opt.threads = (int)v;
+            break;
+        }
         case 'z': opt.compress = true; break;
         case 'D': opt.dump_ir = true; break;
         case 'j': json = true; break;
@@ -72,6 +92,16 @@ int kiln_cmd_compile(int argc, char **argv) {
     if (!opt.output_path) return kiln_cli_usage_error("compile", "missing -o OUTPUT.kiln");
     const char *dir = argv[optind];
     kiln_error err = {0};
+    if (!opt.targets) {
+        /* the default targets need NVRTC; a build without CUDA makes CPU-only engines */
+        int ver = 0;
+        kiln_error e2 = {0};
+        bool have_nvrtc = kiln_nvrtc_version(&ver, &e2) == KILN_OK;
+        opt.targets = have_nvrtc ? "default" : "none";
+        if (!have_nvrtc && !json)
+            fprintf(stderr, "kiln compile: note: this kiln has no NVRTC (built without CUDA); the engine gets no GPU "
+                            "kernels and runs on the CPU only\n");
+    }
     double t0 = kiln_now();
     if (kiln_compile(dir, &opt, &err) != KILN_OK) return kiln_cli_fail("compile", &err, json);
     double dt = kiln_now() - t0;

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "../codegen/kiln_codegen.h"
+#include "../codegen/kiln_kernels.h"
 #include "../passes/kiln_passes.h"
 #include "kiln_tokjson.h"
 
@@ -25,7 +26,7 @@ static const char *arch_name(kiln_arch a) {
 
 /* The meta section: what the engine holds, for `kiln inspect` and the runtime. */
 static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const kiln_compile_options *opt,
-                         uint64_t weights_bytes, const kiln_buf *tok_blob) {
+                         uint64_t weights_bytes, const kiln_buf *tok_blob, const kiln_kernel_targets *targets) {
     const kiln_model_config *c = &ck->config;
     json_t *model = json_pack(
         "{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:I, s:b, s:s}", "architecture", arch_name(c->arch),
@@ -58,21 +59,33 @@ static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const k
     json_t *build = json_pack("{s:s, s:o}", "passes", opt->passes ? opt->passes : "default", "ops", ops);
     json_t *tok = json_null();
     if (tok_blob) tok = json_pack("{s:I}", "bytes", (json_int_t)tok_blob->len);
-    return json_pack("{s:s, s:s, s:{s:i, s:i}, s:o, s:o, s:o, s:o, s:[], s:o}", "format", "kiln-engine",
+    /* GPU targets the kernels section holds ([] = none: CPU only) */
+    json_t *tg = json_array();
+    for (int i = 0; i < targets->n_cubin + targets->n_ptx; i++) {
+        char name[32];
+        kiln_kernel_target_name(targets, i, name, sizeof name);
+        json_array_append_new(tg, json_string(name));
+    }
+    if (targets->n_cubin + targets->n_ptx)
+        json_object_set_new(build, "kv_block_size", json_integer(opt->kv_block_size ? opt->kv_block_size : 16));
+    return json_pack("{s:s, s:s, s:{s:i, s:i}, s:o, s:o, s:o, s:o, s:o, s:o}", "format", "kiln-engine",
                      "kiln_version", KILN_VERSION, "format_version", "major", KILN_ENGINE_MAJOR, "minor",
                      KILN_ENGINE_MINOR, "model", model, "generation", gen, "weights", weights, "build", build,
-                     "targets", "tokenizer", tok);
+                     "targets", tg, "tokenizer", tok);
 }
 
 kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, kiln_error *err) {
     kiln_checkpoint ck;
     kiln_graph *g = NULL;
-    kiln_buf plan = {0}, tok = {0};
+    kiln_buf plan = {0}, tok = {0}, kernels = {0};
     kiln_engine_writer *w = NULL;
+    kiln_plan *parsed = NULL;
     char *meta_text = NULL;
     bool have_tok = false;
-    kiln_status st = kiln_checkpoint_open(ckpt_dir, &ck, err);
+    kiln_kernel_targets targets;
+    kiln_status st = kiln_kernel_targets_parse(opt->targets ? opt->targets : "none", &targets, err);
     if (st != KILN_OK) return st;
+    if ((st = kiln_checkpoint_open(ckpt_dir, &ck, err)) != KILN_OK) return st;
     if ((st = kiln_import_dtype(&ck, opt->weight_dtype, &g, err)) != KILN_OK) goto out;
     if ((st = kiln_passes_run(g, opt->passes, opt->dump_ir ? (FILE *)opt->dump_stream : NULL, err)) != KILN_OK)
         goto out;
@@ -91,11 +104,20 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
     if ((st = kiln_engine_writer_end(w, err)) != KILN_OK) goto out;
     if ((st = kiln_engine_writer_section(w, KILN_SECTION_PLAN, KILN_CODEC_NONE, plan.data, plan.len, err)) != KILN_OK)
         goto out;
+    if (targets.n_cubin + targets.n_ptx > 0) {
+        /* the kernels are built from the plan exactly as the runtime will read it */
+        kiln_kernels_opts ko = {.threads = opt->threads, .kv_block_size = opt->kv_block_size};
+        if ((st = kiln_plan_parse(plan.data, plan.len, wbytes, &parsed, err)) != KILN_OK ||
+            (st = kiln_kernels_build(parsed, &targets, &ko, &kernels, err)) != KILN_OK ||
+            (st = kiln_engine_writer_section(w, KILN_SECTION_KERNELS, KILN_CODEC_NONE, kernels.data, kernels.len,
+                                             err)) != KILN_OK)
+            goto out;
+    }
     if (have_tok &&
         (st = kiln_engine_writer_section(w, KILN_SECTION_TOKENIZER, KILN_CODEC_NONE, tok.data, tok.len, err)) !=
             KILN_OK)
         goto out;
-    json_t *meta = make_meta(&ck, g, opt, wbytes, have_tok ? &tok : NULL);
+    json_t *meta = make_meta(&ck, g, opt, wbytes, have_tok ? &tok : NULL, &targets);
     meta_text = meta ? json_dumps(meta, JSON_SORT_KEYS | JSON_INDENT(1)) : NULL;
     json_decref(meta);
     if (!meta_text) {
@@ -112,6 +134,8 @@ out:
     free(meta_text);
     kiln_buf_free(&plan);
     kiln_buf_free(&tok);
+    kiln_buf_free(&kernels);
+    kiln_plan_free(parsed);
     kiln_graph_free(g);
     kiln_checkpoint_close(&ck);
     return st;

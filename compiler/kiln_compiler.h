@@ -136,6 +136,10 @@ typedef struct kiln_compile_options {
     void *dump_stream;         /* FILE * */
     bool compress;             /* zstd the weights section */
     bool verbose;
+    const char *targets;       /* GPU targets of the kernels section (codegen/kiln_kernels.h): "default",
+                                  "sm_80,sm_90,compute_90"...; NULL or "none" = no kernels section */
+    int kv_block_size;         /* tokens per KV-cache block the kernels are built for (0 = 16) */
+    int threads;               /* threads for NVRTC (0 = one per core) */
 } kiln_compile_options;
 
 kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, kiln_error *err);

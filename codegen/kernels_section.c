@@ -1,0 +1,469 @@
+/*
+ * kernels_section.c — the plan → the GPU modules it needs → CUDA C → NVRTC
+ * per target → the kernels section (runtime/cuda/kiln_ksec.h).
+ * Contracts in codegen/kiln_kernels.h.
+ *
+ * Decisions:
+ * - A module is one kernels/ template with #defines of the model's
+ *   constants written into its source text (so the stored source says
+ *   exactly what was compiled, and the NVRTC cache key covers it). The
+ *   runtime finds modules by name and launches them with the cfg numbers
+ *   stored beside them; it never recomputes codegen's choices.
+ * - GEMV variants per weight shape follow docs/kernels.md's H200
+ *   measurements: one token: tensor cores for 4096x4096-sized matrices,
+ *   CUDA cores with 8 warps x 1 row x 4 in flight up to 8192 rows, else
+ *   4 warps x 4 rows x 2 in flight; 2..8 tokens: tensor cores, 16 warps,
+ *   2 steps in flight for K >= 8192. f32 engines use the CUDA-core kernel
+ *   (the tensor-core one is bf16 only).
+ * - Jobs (module x target SM) go to a pool of threads; results land in
+ *   fixed slots, so the section's bytes do not depend on timing.
+ */
+#include "kiln_kernels.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../runtime/cuda/kiln_ksec.h"
+#include "kiln_nvrtc.h"
+
+/* ---- targets ---- */
+
+static void sort_unique(int *v, int *n) {
+    for (int i = 1; i < *n; i++)
+        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+            int t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    int m = 0;
+    for (int i = 0; i < *n; i++)
+        if (m == 0 || v[m - 1] != v[i]) v[m++] = v[i];
+    *n = m;
+}
+
+kiln_status kiln_kernel_targets_parse(const char *spec, kiln_kernel_targets *t, kiln_error *err) {
+    memset(t, 0, sizeof *t);
+    if (!spec || !*spec) spec = "default";
+    if (strcmp(spec, "none") == 0) return KILN_OK;
+    if (strcmp(spec, "default") == 0) spec = "sm_80,sm_86,sm_89,sm_90,compute_90";
+    const char *p = spec;
+    while (*p) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        char item[32];
+        if (len == 0 || len >= sizeof item) {
+            kiln_err(err, KILN_ERR_INVALID_ARG, "--target: empty or overlong item in '%s'", spec);
+            return kiln_err_hint(err, "give a list like sm_80,sm_90,compute_90, or 'default' or 'none'");
+        }
+        memcpy(item, p, len);
+        item[len] = 0;
+        bool ptx = strncmp(item, "compute_", 8) == 0;
+        const char *num = ptx ? item + 8 : strncmp(item, "sm_", 3) == 0 ? item + 3 : NULL;
+        char *end = NULL;
+        long sm = num && *num ? strtol(num, &end, 10) : -1;
+        if (!num || !end || *end || sm < 50 || sm > 999) {
+            kiln_err(err, KILN_ERR_INVALID_ARG, "--target: '%s' is not sm_NN or compute_NN (NN from 50 to 999)", item);
+            return kiln_err_hint(err, "e.g. --target sm_80,sm_86,sm_89,sm_90,compute_90 (the default), or 'none'");
+        }
+        int *n = ptx ? &t->n_ptx : &t->n_cubin;
+        int *v = ptx ? t->ptx_sm : t->cubin_sm;
+        if (*n >= KILN_MAX_TARGETS)
+            return kiln_err(err, KILN_ERR_INVALID_ARG, "--target: more than %d %s targets", KILN_MAX_TARGETS,
+                            ptx ? "compute_NN" : "sm_NN");
+        v[(*n)++] = (int)sm;
+        p += len;
+        if (*p == ',') p++;
+    }
+    sort_unique(t->cubin_sm, &t->n_cubin);
+    sort_unique(t->ptx_sm, &t->n_ptx);
+    return KILN_OK;
+}
+
+void kiln_kernel_target_name(const kiln_kernel_targets *t, int i, char *buf, size_t cap) {
+    if (i < t->n_cubin)
+        snprintf(buf, cap, "sm_%d", t->cubin_sm[i]);
+    else
+        snprintf(buf, cap, "compute_%d", t->ptx_sm[i - t->n_cubin]);
+}
+
+/* ---- the modules a plan needs ---- */
+
+#define MAX_MODULES 256
+
+typedef struct kmod {
+    char name[KILN_KSEC_NAME_MAX];
+    int32_t cfg[KILN_KSEC_CFG_N];
+    kiln_buf src;
+} kmod;
+
+typedef struct kset {
+    kmod mods[MAX_MODULES];
+    int n;
+    bool f32;
+} kset;
+
+static kmod *find_mod(kset *s, const char *name) {
+    for (int i = 0; i < s->n; i++)
+        if (strcmp(s->mods[i].name, name) == 0) return &s->mods[i];
+    return NULL;
+}
+
+/* A new module with the common prologue, or NULL when it exists already. */
+static kmod *new_mod(kset *s, const char *name, kiln_error *err, kiln_status *st) {
+    *st = KILN_OK;
+    if (find_mod(s, name)) return NULL;
+    if (s->n >= MAX_MODULES) {
+        *st = kiln_err(err, KILN_ERR_UNSUPPORTED, "kernels: the plan needs more than %d GPU modules", MAX_MODULES);
+        return NULL;
+    }
+    kmod *m = &s->mods[s->n++];
+    memset(m, 0, sizeof *m);
+    snprintf(m->name, sizeof m->name, "%s", name);
+    kiln_buf_printf(&m->src, "/* kiln GPU module '%s' (codegen/kernels_section.c) */\n", name);
+    if (s->f32) kiln_buf_printf(&m->src, "#define KILN_F32 1\n");
+    return m;
+}
+static void def_i(kmod *m, const char *k, long long v) { kiln_buf_printf(&m->src, "#define %s %lld\n", k, v); }
+static void def_f(kmod *m, const char *k, float v) { kiln_buf_printf(&m->src, "#define %s %.9ef\n", k, (double)v); }
+static void include(kmod *m, const char *file) { kiln_buf_printf(&m->src, "#include \"%s\"\n", file); }
+
+/* GEMV launch shape for a weight of n rows x k columns (see the header comment). */
+static void gemv_cfg(bool f32, bool multi, bool swiglu, int n, int k, int32_t c[KILN_KSEC_CFG_N]) {
+    memset(c, 0, sizeof(int32_t) * KILN_KSEC_CFG_N);
+    if (f32) {
+        c[0] = 4, c[1] = 2, c[2] = 4, c[3] = 1; /* CUDA cores; M tiles of 1 */
+    } else if (multi) {
+        c[0] = 16, c[2] = k >= 8192 ? 2 : 1, c[3] = 8, c[4] = 1;
+    } else if ((int64_t)n * k <= 4096LL * 4096 * 5 / 4) {
+        c[0] = 16, c[2] = 1, c[3] = 8, c[4] = 1;
+    } else if (n <= 8192 && !swiglu) {
+        c[0] = 8, c[1] = 1, c[2] = 4, c[3] = 1;
+    } else {
+        c[0] = 4, c[1] = 4, c[2] = 2, c[3] = 1;
+    }
+    c[6] = swiglu;
+}
+
+static kiln_status add_gemv(kset *s, const char *epi, int n, int k, kiln_error *err) {
+    static const char *variants[2] = {"m1", "mma"};
+    for (int v = 0; v < (s->f32 ? 1 : 2); v++) {
+        char name[KILN_KSEC_NAME_MAX];
+        kiln_ksec_gemv_name(name, sizeof name, epi, n, k, variants[v]);
+        kiln_status st;
+        kmod *m = new_mod(s, name, err, &st);
+        if (!m) {
+            if (st) return st;
+            continue;
+        }
+        bool swiglu = strcmp(epi, "swiglu") == 0, f32out = strcmp(epi, "f32out") == 0;
+        gemv_cfg(s->f32, v == 1, swiglu, n, k, m->cfg);
+        m->cfg[5] = f32out;
+        def_i(m, "GEMV_WARPS", m->cfg[0]);
+        def_i(m, "GEMV_ROWS", m->cfg[4] ? 2 : m->cfg[1]);
+        def_i(m, "GEMV_UNROLL", m->cfg[2]);
+        def_i(m, "GEMV_MT", m->cfg[4] ? 1 : m->cfg[3]);
+        def_i(m, "GEMV_MMA", m->cfg[4]);
+        def_i(m, "GEMV_OUT_F32", f32out);
+        def_i(m, "GEMV_SWIGLU", swiglu);
+        include(m, "gemv.cuh");
+    }
+    return KILN_OK;
+}
+
+static int64_t wrows(const kiln_plan *p, int32_t v) { return p->values[v].shape[0]; }
+static int64_t wcols(const kiln_plan *p, int32_t v) { return p->values[v].shape[1]; }
+static int64_t width(const kiln_plan *p, int32_t v) { return p->values[v].shape[2]; }
+
+static bool pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
+
+#define UNSUP(...) kiln_err(err, KILN_ERR_UNSUPPORTED, "kernels: " __VA_ARGS__)
+
+/* Check one attention configuration against what the kernels take. */
+static kiln_status check_attn(const kiln_op_attrs *a, bool f32, kiln_error *err) {
+    if (a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads)
+        return UNSUP("layer %d: %d query heads are not a multiple of %d KV heads", a->layer, a->n_heads, a->n_kv_heads);
+    int lo = f32 ? 4 : 8, hi = f32 ? 128 : 256;
+    if (!pow2(a->head_dim) || a->head_dim < lo || a->head_dim > hi)
+        return UNSUP("layer %d: head_dim %d: the %s attention kernels take powers of two from %d to %d", a->layer,
+                     a->head_dim, f32 ? "f32" : "bf16", lo, hi);
+    if (a->n_heads / a->n_kv_heads > 16)
+        return UNSUP("layer %d: %d query heads per KV head (at most 16)", a->layer, a->n_heads / a->n_kv_heads);
+    return KILN_OK;
+}
+
+static kiln_status plan_modules(const kiln_plan *p, int block_size, kset *s, kiln_error *err) {
+    kiln_status st = KILN_OK;
+    s->f32 = true;
+    for (uint32_t i = 0; i < p->n_weights; i++)
+        if (p->weights[i].dtype != KILN_DTYPE_F32) s->f32 = false;
+    kmod *m = new_mod(s, "util", err, &st);
+    if (st) return st;
+    include(m, "util.cuh");
+    m = new_mod(s, "sample", err, &st);
+    if (st) return st;
+    m->cfg[0] = 1024;
+    def_i(m, "SAMPLE_THREADS", 1024);
+    include(m, "sample.cuh");
+    const kiln_op_attrs *rope = NULL;
+    char name[KILN_KSEC_NAME_MAX];
+    for (uint32_t i = 0; i < p->n_ops && st == KILN_OK; i++) {
+        const kiln_plan_op *op = &p->ops[i];
+        const kiln_op_attrs *a = &op->attrs;
+        switch ((kiln_op_kind)op->kind) {
+        case KILN_OP_RMSNORM:
+        case KILN_OP_ADD_RMSNORM: {
+            uint32_t bits;
+            memcpy(&bits, &a->eps, 4);
+            snprintf(name, sizeof name, "rmsnorm.e%08x", bits);
+            if ((m = new_mod(s, name, err, &st)) != NULL) {
+                m->cfg[0] = 256;
+                def_i(m, "HIDDEN", width(p, op->out[op->kind == KILN_OP_RMSNORM ? 0 : 1]));
+                def_f(m, "RMS_EPS", a->eps);
+                def_i(m, "NORM_THREADS", 256);
+                include(m, "rmsnorm.cuh");
+            }
+            break;
+        }
+        case KILN_OP_QKV_ROPE: {
+            if ((st = check_attn(a, s->f32, err)) != KILN_OK) break;
+            if (rope && (rope->n_heads != a->n_heads || rope->n_kv_heads != a->n_kv_heads ||
+                         rope->head_dim != a->head_dim || rope->rope_scaling != a->rope_scaling ||
+                         rope->rope_theta != a->rope_theta || rope->rope_factor != a->rope_factor ||
+                         rope->rope_low_freq_factor != a->rope_low_freq_factor ||
+                         rope->rope_high_freq_factor != a->rope_high_freq_factor ||
+                         rope->rope_original_max_pos != a->rope_original_max_pos)) {
+                st = UNSUP("layer %d: heads or RoPE settings differ from layer %d's (one rope_kv module per model)",
+                           a->layer, rope->layer);
+                break;
+            }
+            if (!rope) {
+                rope = a;
+                m = new_mod(s, "rope_kv", err, &st);
+                if (!m) break;
+                m->cfg[0] = 128;
+                def_i(m, "N_HEADS", a->n_heads);
+                def_i(m, "N_KV_HEADS", a->n_kv_heads);
+                def_i(m, "HEAD_DIM", a->head_dim);
+                def_i(m, "BLOCK_SIZE", block_size);
+                def_f(m, "ROPE_THETA", a->rope_theta);
+                def_i(m, "ROPE_LLAMA3", a->rope_scaling == KILN_ROPE_SCALING_LLAMA3);
+                if (a->rope_scaling == KILN_ROPE_SCALING_LLAMA3) {
+                    def_f(m, "ROPE_FACTOR", a->rope_factor);
+                    def_f(m, "ROPE_LOW_FREQ_FACTOR", a->rope_low_freq_factor);
+                    def_f(m, "ROPE_HIGH_FREQ_FACTOR", a->rope_high_freq_factor);
+                    def_f(m, "ROPE_ORIG_MAX_POS", a->rope_original_max_pos);
+                }
+                def_i(m, "ROPE_THREADS", 128);
+                include(m, "rope_kv.cuh");
+            }
+            int64_t n = wrows(p, op->in[1]) + wrows(p, op->in[2]) + wrows(p, op->in[3]);
+            st = add_gemv(s, "plain", (int)n, (int)width(p, op->in[0]), err);
+            break;
+        }
+        case KILN_OP_ATTENTION: {
+            if ((st = check_attn(a, s->f32, err)) != KILN_OK) break;
+            if (a->window < 0) {
+                st = UNSUP("layer %d: sliding window %d", a->layer, a->window);
+                break;
+            }
+            for (int kind = 0; kind < 2 && st == KILN_OK; kind++) {
+                snprintf(name, sizeof name, "%s.w%d", kind ? "attn_prefill" : "attn_decode", a->window);
+                if ((m = new_mod(s, name, err, &st)) == NULL) continue;
+                def_i(m, "N_HEADS", a->n_heads);
+                def_i(m, "N_KV_HEADS", a->n_kv_heads);
+                def_i(m, "HEAD_DIM", a->head_dim);
+                def_i(m, "BLOCK_SIZE", block_size);
+                def_i(m, "WINDOW", a->window);
+                if (kind == 0) {
+                    m->cfg[0] = 512, m->cfg[1] = 4;
+                    def_i(m, "PARTITION", 512);
+                    def_i(m, "ATTN_WARPS", 4);
+                    include(m, "attn_decode.cuh");
+                } else {
+                    m->cfg[0] = !s->f32 && a->head_dim % 16 == 0; /* kiln_attn_prefill_mma exists */
+                    include(m, "attn_prefill.cuh");
+                }
+            }
+            break;
+        }
+        case KILN_OP_LINEAR:
+            st = add_gemv(s, "plain", (int)wrows(p, op->in[1]), (int)wcols(p, op->in[1]), err);
+            break;
+        case KILN_OP_GATE_UP_SWIGLU: {
+            int f = (int)wrows(p, op->in[1]);
+            st = add_gemv(s, "swiglu", 2 * f, (int)wcols(p, op->in[1]), err);
+            snprintf(name, sizeof name, "swiglu.f%d", f);
+            if (st == KILN_OK && (m = new_mod(s, name, err, &st)) != NULL) {
+                m->cfg[0] = 256;
+                def_i(m, "FFN", f);
+                def_i(m, "SWIGLU_INTERLEAVED", 1);
+                def_i(m, "SWIGLU_THREADS", 256);
+                include(m, "swiglu.cuh");
+            }
+            break;
+        }
+        case KILN_OP_LM_HEAD:
+            st = add_gemv(s, "f32out", (int)wrows(p, op->in[1]), (int)wcols(p, op->in[1]), err);
+            break;
+        default: break; /* the runtime refuses ops it has no kernels for, by name */
+        }
+    }
+    for (int i = 0; i < s->n && st == KILN_OK; i++)
+        if (s->mods[i].src.failed) st = kiln_err(err, KILN_ERR_NOMEM, "kernels: out of memory");
+    return st;
+}
+
+/* ---- NVRTC jobs ---- */
+
+typedef struct kjob {
+    const kmod *m;
+    int sm;
+    bool cubin, ptx; /* wanted */
+    kiln_buf cubin_out, ptx_out;
+    kiln_status st;
+    kiln_error err;
+} kjob;
+
+typedef struct kpool {
+    kjob *jobs;
+    int n, next;
+    bool no_cache;
+    pthread_mutex_t lock;
+} kpool;
+
+static void *pool_run(void *arg) {
+    kpool *pl = arg;
+    for (;;) {
+        pthread_mutex_lock(&pl->lock);
+        int i = pl->next < pl->n ? pl->next++ : -1;
+        pthread_mutex_unlock(&pl->lock);
+        if (i < 0) return NULL;
+        kjob *j = &pl->jobs[i];
+        kiln_nvrtc_opts o = {.no_cache = pl->no_cache};
+        j->st = kiln_nvrtc_compile_ex((const char *)j->m->src.data, j->m->name, NULL, 0, j->sm, j->ptx, &j->cubin_out,
+                                      &j->ptx_out, &o, &j->err);
+    }
+}
+
+static void put_name(uint8_t *p, const char *s, size_t cap) {
+    memset(p, 0, cap);
+    memcpy(p, s, strnlen(s, cap - 1));
+}
+
+kiln_status kiln_kernels_build(const kiln_plan *p, const kiln_kernel_targets *t, const kiln_kernels_opts *o,
+                               kiln_buf *out, kiln_error *err) {
+    kiln_kernels_opts def = {0};
+    if (!o) o = &def;
+    int block_size = o->kv_block_size ? o->kv_block_size : 16;
+    if (!pow2(block_size) || block_size > 256)
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "kernels: KV block size %d is not a power of two up to 256",
+                        block_size);
+    if (t->n_cubin + t->n_ptx == 0)
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "kernels: no targets (--target none makes no kernels section)");
+    kset *s = calloc(1, sizeof *s);
+    kjob *jobs = NULL;
+    int n_jobs = 0;
+    kiln_status st = KILN_OK;
+    if (!s) return kiln_err(err, KILN_ERR_NOMEM, "kernels: out of memory");
+    if ((st = plan_modules(p, block_size, s, err)) != KILN_OK) goto out;
+
+    /* one job per (module, SM): the cubin when sm_SM is a target, PTX when compute_SM is */
+    int sms[2 * KILN_MAX_TARGETS], n_sms = 0;
+    for (int i = 0; i < t->n_cubin; i++) sms[n_sms++] = t->cubin_sm[i];
+    for (int i = 0; i < t->n_ptx; i++) sms[n_sms++] = t->ptx_sm[i];
+    sort_unique(sms, &n_sms);
+    jobs = calloc((size_t)s->n * (size_t)n_sms, sizeof *jobs);
+    if (!jobs) {
+        st = kiln_err(err, KILN_ERR_NOMEM, "kernels: out of memory");
+        goto out;
+    }
+    for (int mi = 0; mi < s->n; mi++)
+        for (int k = 0; k < n_sms; k++) {
+            kjob *j = &jobs[n_jobs++];
+            j->m = &s->mods[mi];
+            j->sm = sms[k];
+            for (int c = 0; c < t->n_cubin; c++) j->cubin |= t->cubin_sm[c] == sms[k];
+            for (int c = 0; c < t->n_ptx; c++) j->ptx |= t->ptx_sm[c] == sms[k];
+        }
+    {
+        kpool pl = {.jobs = jobs, .n = n_jobs, .no_cache = o->no_cache};
+        pthread_mutex_init(&pl.lock, NULL);
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int threads = o->threads > 0 ? o->threads : cores > 0 ? (int)cores : 1;
+        if (threads > n_jobs) threads = n_jobs;
+        if (threads > 64) threads = 64;
+        pthread_t tid[64];
+        bool started[64] = {0};
+        for (int i = 1; i < threads; i++) started[i] = pthread_create(&tid[i], NULL, pool_run, &pl) == 0;
+        pool_run(&pl);
+        for (int i = 1; i < threads; i++)
+            if (started[i]) pthread_join(tid[i], NULL);
+        pthread_mutex_destroy(&pl.lock);
+    }
+    for (int i = 0; i < n_jobs; i++)
+        if (jobs[i].st != KILN_OK) {
+            *err = jobs[i].err;
+            st = jobs[i].st;
+            goto out;
+        }
+
+    /* the section: header, module table, image table, data (sources, then images) */
+    int n_images = 0;
+    for (int i = 0; i < n_jobs; i++) n_images += jobs[i].cubin + jobs[i].ptx;
+    size_t tables = KILN_KSEC_HEADER_SIZE + (size_t)s->n * KILN_KSEC_MODULE_SIZE + (size_t)n_images * KILN_KSEC_IMAGE_SIZE;
+    kiln_buf data = {0};
+    out->len = 0;
+    if (!kiln_buf_zeros(out, tables)) {
+        st = kiln_err(err, KILN_ERR_NOMEM, "kernels: out of memory");
+        goto out;
+    }
+    uint8_t *h = out->data;
+    memcpy(h, KILN_KSEC_MAGIC, 4);
+    kiln_wr_u32(h + 4, KILN_KSEC_VERSION);
+    kiln_wr_u32(h + 8, (uint32_t)s->n);
+    kiln_wr_u32(h + 12, (uint32_t)n_images);
+    kiln_wr_u32(h + 16, s->f32 ? KILN_KSEC_ELEM_F32 : KILN_KSEC_ELEM_BF16);
+    kiln_wr_u32(h + 20, (uint32_t)block_size);
+    for (int mi = 0; mi < s->n; mi++) {
+        uint8_t *r = out->data + KILN_KSEC_HEADER_SIZE + (size_t)mi * KILN_KSEC_MODULE_SIZE;
+        put_name(r, s->mods[mi].name, KILN_KSEC_NAME_MAX);
+        for (int c = 0; c < KILN_KSEC_CFG_N; c++) kiln_wr_u32(r + 48 + 4 * c, (uint32_t)s->mods[mi].cfg[c]);
+        kiln_wr_u64(r + 80, data.len);
+        kiln_wr_u64(r + 88, s->mods[mi].src.len);
+        kiln_buf_append(&data, s->mods[mi].src.data, s->mods[mi].src.len);
+    }
+    int im = 0;
+    for (int i = 0; i < n_jobs; i++) {
+        kjob *j = &jobs[i];
+        for (int kind = 0; kind < 2; kind++) {
+            if (kind == 0 ? !j->cubin : !j->ptx) continue;
+            const kiln_buf *b = kind == 0 ? &j->cubin_out : &j->ptx_out;
+            size_t pad = (size_t)kiln_align_up(data.len, KILN_KSEC_ALIGN) - data.len;
+            kiln_buf_zeros(&data, pad);
+            uint8_t *r = out->data + KILN_KSEC_HEADER_SIZE + (size_t)s->n * KILN_KSEC_MODULE_SIZE +
+                         (size_t)im++ * KILN_KSEC_IMAGE_SIZE;
+            kiln_wr_u32(r, (uint32_t)(j->m - s->mods));
+            kiln_wr_u32(r + 4, (uint32_t)j->sm);
+            kiln_wr_u32(r + 8, kind == 0 ? KILN_KSEC_CUBIN : KILN_KSEC_PTX);
+            kiln_wr_u64(r + 16, data.len);
+            kiln_wr_u64(r + 24, b->len + (size_t)kind); /* PTX keeps its NUL */
+            kiln_buf_append(&data, b->data, b->len);
+            if (kind == 1) kiln_buf_zeros(&data, 1);
+        }
+    }
+    if (data.failed || !kiln_buf_append(out, data.data, data.len))
+        st = kiln_err(err, KILN_ERR_NOMEM, "kernels: out of memory assembling the section");
+    kiln_buf_free(&data);
+out:
+    for (int i = 0; i < n_jobs; i++) {
+        kiln_buf_free(&jobs[i].cubin_out);
+        kiln_buf_free(&jobs[i].ptx_out);
+    }
+    free(jobs);
+    if (s)
+        for (int i = 0; i < s->n; i++) kiln_buf_free(&s->mods[i].src);
+    free(s);
+    return st;
+}

@@ -1,0 +1,53 @@
+/*
+ * kiln_kernels.h — the kernels section of an engine: which GPU modules a
+ * plan needs, their CUDA C (kernels/ templates specialised by #defines of
+ * the model's constants), compiled by NVRTC for each target, packed in the
+ * layout of runtime/cuda/kiln_ksec.h.
+ *
+ * Targets: a cubin per listed SM (sm_80 ...) and PTX per listed compute
+ * capability (compute_90 ...), which the driver JIT-compiles on newer GPUs.
+ * "default" = sm_80,sm_86,sm_89,sm_90,compute_90; "none" = no kernels (the
+ * engine still runs on the CPU executor).
+ *
+ * Compilation runs NVRTC jobs (module x target) on a pool of threads; the
+ * NVRTC cache (codegen/kiln_nvrtc.h) makes a second compile of the same
+ * model nearly free. The result is deterministic: the same plan and
+ * targets give the same bytes.
+ */
+#ifndef KILN_KERNELS_H
+#define KILN_KERNELS_H
+
+#include <stdbool.h>
+
+#include "../common/kiln_util.h"
+#include "../runtime/kiln_plan.h"
+
+#define KILN_MAX_TARGETS 16
+
+typedef struct kiln_kernel_targets {
+    int n_cubin, n_ptx;
+    int cubin_sm[KILN_MAX_TARGETS]; /* ascending, no duplicates */
+    int ptx_sm[KILN_MAX_TARGETS];
+} kiln_kernel_targets;
+
+/* Parse a target list: "default", "none", or comma-separated sm_NN /
+ * compute_NN (NN 50..999). Errors name the item at fault. */
+kiln_status kiln_kernel_targets_parse(const char *spec, kiln_kernel_targets *t, kiln_error *err);
+/* The i-th target's name ("sm_90", "compute_90"), cubins first; i < n_cubin + n_ptx. */
+void kiln_kernel_target_name(const kiln_kernel_targets *t, int i, char *buf, size_t cap);
+
+typedef struct kiln_kernels_opts {
+    int threads;        /* NVRTC jobs at once (0 = one per core) */
+    int kv_block_size;  /* tokens per KV block (0 = 16) */
+    bool no_cache;      /* bypass the NVRTC cache */
+} kiln_kernels_opts;
+
+/* Build the kernels section for a checked plan. Needs NVRTC
+ * (KILN_ERR_UNSUPPORTED in builds without CUDA); a plan whose constants the
+ * kernels cannot take (e.g. a head_dim they do not support) gives
+ * KILN_ERR_UNSUPPORTED naming the constant. NVRTC errors carry the module
+ * name, the target and NVRTC's log. */
+kiln_status kiln_kernels_build(const kiln_plan *p, const kiln_kernel_targets *t, const kiln_kernels_opts *o,
+                               kiln_buf *out, kiln_error *err);
+
+#endif /* KILN_KERNELS_H */

@@ -1,0 +1,65 @@
+/*
+ * kiln_ksec.h — the engine's kernels section: the GPU modules codegen
+ * compiled for one model, each as a cubin per target SM and/or PTX.
+ * codegen/kernels_section.c writes it; runtime/cuda/ksec.c reads it. Plain
+ * C, no CUDA header: the compiler includes it in every build.
+ * docs/engine-format.md ("kernels section") is the byte-level spec.
+ *
+ * Layout, version 1, little-endian:
+ *   header, 32 bytes:
+ *      0 u8[4] "KKRN"   4 u32 version (1)   8 u32 n_modules   12 u32 n_images
+ *     16 u32 elem (0 = bf16, 1 = f32: the element type every module was built for)
+ *     20 u32 KV block size (tokens)   24 u32 reserved (0)   28 u32 reserved (0)
+ *   modules: n_modules × 96 bytes:
+ *      0 char name[48] (NUL-terminated, unique)
+ *     48 i32 cfg[8]    (what the runtime needs to launch it: see below)
+ *     80 u64 source offset   88 u64 source length   (the generated CUDA C, in data)
+ *   images: n_images × 32 bytes:
+ *      0 u32 module index   4 u32 sm (80 = sm_80 / compute_80)
+ *      8 u32 kind (0 = cubin for sm_<sm>, 1 = PTX for compute_<sm>, NUL-terminated)
+ *     12 u32 reserved (0)   16 u64 offset   24 u64 size   (in data; 16-aligned)
+ *   data: the rest of the section; offsets are relative to its start
+ *         (32 + 96 n_modules + 32 n_images).
+ *
+ * Module names and cfg (the runtime finds modules by name):
+ *   "util"                          kiln_gather_rows
+ *   "rmsnorm.e<eps bits, 8 hex>"    kiln_rmsnorm; cfg[0] = NORM_THREADS
+ *   "rope_kv"                       kiln_rope_kv; cfg[0] = ROPE_THREADS
+ *   "attn_decode.w<window>"         kiln_attn_decode, kiln_attn_decode_combine;
+ *                                   cfg[0] = PARTITION, cfg[1] = ATTN_WARPS
+ *   "attn_prefill.w<window>"        kiln_attn_prefill (+ kiln_attn_prefill_mma when cfg[0] = 1)
+ *   "swiglu.f<ffn>"                 kiln_swiglu, gate/up interleaved; cfg[0] = SWIGLU_THREADS
+ *   "sample"                        kiln_sample; cfg[0] = SAMPLE_THREADS
+ *   "gemv.<epi>.<N>x<K>.<variant>"  kiln_gemv; epi: plain, swiglu (N = 2 FFN,
+ *                                   interleaved rows), f32out (logits);
+ *                                   variant: m1 (one token), mma (2..8 tokens);
+ *                                   cfg = {warps, rows, unroll, mt, mma, out_f32, swiglu, 0}
+ */
+#ifndef KILN_KSEC_H
+#define KILN_KSEC_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#define KILN_KSEC_MAGIC "KKRN"
+#define KILN_KSEC_VERSION 1
+#define KILN_KSEC_HEADER_SIZE 32
+#define KILN_KSEC_MODULE_SIZE 96
+#define KILN_KSEC_IMAGE_SIZE 32
+#define KILN_KSEC_NAME_MAX 48
+#define KILN_KSEC_CFG_N 8
+#define KILN_KSEC_MAX_ITEMS 4096
+#define KILN_KSEC_ALIGN 16
+
+enum { KILN_KSEC_ELEM_BF16 = 0, KILN_KSEC_ELEM_F32 = 1 };
+enum { KILN_KSEC_CUBIN = 0, KILN_KSEC_PTX = 1 };
+
+/* The GEMV variants by tokens per step. */
+#define KILN_GEMV_MAX_M 8 /* above this, cuBLASLt */
+
+/* The name of a GEMV module: "gemv.<epi>.<N>x<K>.<variant>". */
+static inline void kiln_ksec_gemv_name(char *buf, size_t cap, const char *epi, int n, int k, const char *variant) {
+    snprintf(buf, cap, "gemv.%s.%dx%d.%s", epi, n, k, variant);
+}
+
+#endif /* KILN_KSEC_H */
