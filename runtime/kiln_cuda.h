@@ -44,7 +44,8 @@
     X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize)                  \
     X(cuEventElapsedTime)                                                                      \
     X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiate) X(cuGraphLaunch)       \
-    X(cuGraphExecDestroy) X(cuGraphDestroy)
+    X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuCtxGetCurrent) X(cuStreamWaitEvent)            \
+    X(cuMemcpy2DAsync) X(cuCtxGetLimit)
 
 #define KILN_CU_MEMBER_(fn) __typeof__(fn) *fn;
 
@@ -175,5 +176,10 @@ void kiln_cublaslt_destroy(kiln_cublaslt *lt);
  */
 kiln_status kiln_cublaslt_gemm_bf16(kiln_cublaslt *lt, int M, int N, int K, CUdeviceptr x, CUdeviceptr w,
                                     CUdeviceptr y, bool accumulate, CUstream stream, kiln_error *err);
+/* The same with the element types chosen: x and W fp32 (strict fp32
+ * arithmetic, no TF32) or bf16; y fp32 or bf16 (fp32 logits from bf16
+ * weights, for one). */
+kiln_status kiln_cublaslt_gemm_ex(kiln_cublaslt *lt, bool in_f32, bool out_f32, int M, int N, int K, CUdeviceptr x,
+                                  CUdeviceptr w, CUdeviceptr y, bool accumulate, CUstream stream, kiln_error *err);
 
 #endif /* KILN_CUDA_H */

@@ -28,7 +28,7 @@ typedef struct kiln_model {
     const uint8_t *weights;        /* decoded weights section */
     size_t weights_size;
     bool weights_owned;            /* weights is a malloc'd buffer (decoded from zstd) */
-    float **wf32;                  /* per plan weight: its data as f32 (converted at load) */
+    float **wf32;                  /* per plan weight: its data as f32 (converted at load; NULL with KILN_MODEL_NO_F32) */
     int32_t bos_id;                /* -1 when none */
     int32_t eos_ids[KILN_MAX_EOS_IDS];
     int n_eos;
@@ -40,6 +40,13 @@ typedef struct kiln_model {
  * (with `threads` threads when compressed) and convert them to f32 for the
  * CPU executor. */
 kiln_status kiln_model_open(const char *path, int threads, kiln_model **out, kiln_error *err);
+/* kiln_model_open with flags: KILN_MODEL_NO_F32 skips the f32 conversion
+ * (m->wf32 stays NULL): for a GPU executor, which reads the weights section
+ * itself. The CPU executor needs wf32: kiln_model_load_f32 makes it later. */
+#define KILN_MODEL_NO_F32 1u
+kiln_status kiln_model_open_ex(const char *path, int threads, unsigned flags, kiln_model **out, kiln_error *err);
+/* Convert the weights to f32 now (a no-op when done already). */
+kiln_status kiln_model_load_f32(kiln_model *m, kiln_error *err);
 void kiln_model_close(kiln_model *m);
 
 /* ---- CPU executor ---- */

@@ -4,7 +4,10 @@
  * load the tokenizer when the engine has one.
  *
  * The CPU executor works in f32, so every weight is converted once at load
- * (f32 weights whose bytes are 4-byte aligned are used in place).
+ * (f32 weights whose bytes are 4-byte aligned are used in place), unless
+ * the caller opens with KILN_MODEL_NO_F32 (a GPU executor reads the weights
+ * section itself; a 7B model in f32 would take 28 GB of host memory); then
+ * kiln_model_load_f32 converts later, if the CPU executor is wanted after all.
  */
 #include <jansson.h>
 #include <stdlib.h>
@@ -50,7 +53,9 @@ static kiln_status read_meta(kiln_model *m, const char *path, kiln_error *err) {
     return KILN_OK;
 }
 
-static kiln_status load_weights(kiln_model *m, int threads, const char *path, kiln_error *err) {
+static kiln_status convert_f32(kiln_model *m, const char *path, kiln_error *err);
+
+static kiln_status load_weights(kiln_model *m, int threads, bool f32, const char *path, kiln_error *err) {
     const kiln_engine_section *s = kiln_engine_find(&m->engine, KILN_SECTION_WEIGHTS);
     if (!s) return kiln_err(err, KILN_ERR_FORMAT, "%s: engine has no weights section", path);
     kiln_status st = kiln_engine_section_bytes(&m->engine, s, threads, &m->weights, &m->weights_size,
@@ -65,7 +70,10 @@ static kiln_status load_weights(kiln_model *m, int threads, const char *path, ki
     st = kiln_plan_parse(pd, psize, m->weights_size, &m->plan, err);
     if (powned) free((void *)pd);
     if (st != KILN_OK) return kiln_err_prefix(err, "%s: ", path);
+    return f32 ? convert_f32(m, path, err) : KILN_OK;
+}
 
+static kiln_status convert_f32(kiln_model *m, const char *path, kiln_error *err) {
     const kiln_plan *p = m->plan;
     m->wf32 = calloc(p->n_weights ? p->n_weights : 1, sizeof *m->wf32);
     if (!m->wf32) return kiln_err(err, KILN_ERR_NOMEM, "%s: out of memory", path);
@@ -103,6 +111,22 @@ static kiln_status load_tokenizer(kiln_model *m, const char *path, kiln_error *e
 }
 
 kiln_status kiln_model_open(const char *path, int threads, kiln_model **out, kiln_error *err) {
+    return kiln_model_open_ex(path, threads, 0, out, err);
+}
+
+kiln_status kiln_model_load_f32(kiln_model *m, kiln_error *err) {
+    if (m->wf32) return KILN_OK;
+    const char *path = m->engine.map.path ? m->engine.map.path : "(engine)";
+    kiln_status st = convert_f32(m, path, err);
+    if (st != KILN_OK && m->wf32) {
+        for (uint32_t i = 0; i < m->plan->n_weights; i++) free(m->wf32[i]);
+        free(m->wf32);
+        m->wf32 = NULL;
+    }
+    return st;
+}
+
+kiln_status kiln_model_open_ex(const char *path, int threads, unsigned flags, kiln_model **out, kiln_error *err) {
     *out = NULL;
     double t0 = kiln_now();
     kiln_model *m = calloc(1, sizeof *m);
@@ -112,7 +136,8 @@ kiln_status kiln_model_open(const char *path, int threads, kiln_model **out, kil
         free(m);
         return st;
     }
-    if ((st = load_weights(m, threads, path, err)) != KILN_OK || (st = read_meta(m, path, err)) != KILN_OK ||
+    if ((st = load_weights(m, threads, !(flags & KILN_MODEL_NO_F32), path, err)) != KILN_OK ||
+        (st = read_meta(m, path, err)) != KILN_OK ||
         (st = load_tokenizer(m, path, err)) != KILN_OK) {
         kiln_model_close(m);
         return st;

@@ -1,0 +1,1270 @@
+/*
+ * exec.c — the CUDA executor: a kiln_executor that runs an engine's plan
+ * on one GPU. Contracts in kiln_cuda_exec.h; kernels in kernels/NAME.cuh
+ * (launch geometry in their header comments).
+ *
+ * Creation: parse the kernels section and load every module (the cubin for
+ * this GPU, else PTX through the driver's JIT), translate the plan into a
+ * program of device instructions (below), lay the weights out on the device
+ * and upload them, allocate activations, scratch and the KV pool.
+ *
+ * The program. The plan's ops map to instructions over device buffers:
+ *   embedding            EMBED   gather rows of the table
+ *   rmsnorm              NORM    rmsnorm kernel, x = 0
+ *   add_rmsnorm(a, b)    NORM    rmsnorm kernel adding x into the residual
+ *                                in place (the sum takes the buffer of the
+ *                                input that dies here)
+ *   linear → add_rmsnorm GEMM    with the residual as the output: y = r + xW^T
+ *                        NORM    (o_proj and down_proj: the add is fused)
+ *   qkv_rope + attention QKV     one GEMM over [Wq; Wk; Wv], then rope_kv
+ *                                (rotated q out, k and v into the KV cache)
+ *                        ATTN    decode kernel (+ combine) when every
+ *                                sequence adds one token, else prefill
+ *   gate_up_swiglu       GEMM    over the interleaved [gate; up] rows: the
+ *                                GEMV's fused epilogue, or cuBLASLt + swiglu
+ *   linear               GEMM
+ *   lm_head              LMHEAD  on each sequence's last token only
+ * and then SAMPLE. Buffers are assigned by liveness (a value's buffer is
+ * reused once its last reader has run). Ops with no GPU kernel (the
+ * unfused rope/add/mul/silu of `--passes none`) are refused by name.
+ *
+ * A step: host-side checks and KV blocks (kiln_kvpool.h), the step's
+ * inputs written into one pinned staging area and copied to a fixed device
+ * area in one transfer, the program, the sampled ids copied back. Decode
+ * steps run as CUDA graphs captured once per batch bucket (1, 2, 4, 8, 16,
+ * ... up to max_seqs), the batch padded with idle rows (KV slot -1, length
+ * 0, greedy) — everything that varies is read from device memory, so one
+ * graph serves every step of its bucket.
+ */
+#include "kiln_cuda_exec.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../../kernels/params.cuh"
+#include "../kiln_cuda.h"
+#include "kiln_cuda_upload.h"
+#include "kiln_ksec_read.h"
+#include "kiln_kvpool.h"
+
+#define CX_MAX_ATTN 8
+#define CX_MAX_GRAPHS 24
+#define CX_UPLOAD_PIECE (8u << 20)
+#define CX_LT_WORKSPACE (32u << 20)
+#define CX_DEFAULT_SEQS 8
+#define CX_DEFAULT_STEP 512
+
+typedef enum { DW_PLAIN, DW_QKV, DW_GATE_UP } dw_kind;
+
+/* A weight tensor on the device: one plan weight, or a fused group. */
+typedef struct cx_dw {
+    dw_kind kind;
+    int src[3];          /* plan weight indices (1 for plain, 3 for qkv, 2 for gate/up) */
+    int64_t rows, cols;  /* device shape */
+    uint64_t offset;     /* in the device weights buffer, 256-aligned */
+} cx_dw;
+
+typedef enum { EPI_PLAIN = 0, EPI_SWIGLU = 1, EPI_F32OUT = 2 } cx_epi;
+
+typedef struct cx_gemm {
+    int dw;
+    int n, k;            /* W is n x k; the output has n (plain, f32out) or n/2 (swiglu) columns */
+    cx_epi epi;
+    CUfunction m1, mma;  /* GEMV modules (mma = 0 on the f32 path) */
+    kiln_gemv_cfg c1, cmma;
+    CUfunction swiglu;   /* prefill swiglu kernel (EPI_SWIGLU) */
+    int swiglu_threads;
+} cx_gemm;
+
+typedef struct cx_attn {
+    int window;
+    CUfunction decode, combine, prefill, prefill_mma;
+    int partition, warps;
+    unsigned smem_decode, smem_prefill, smem_prefill_mma;
+} cx_attn;
+
+typedef enum { I_EMBED, I_NORM, I_COPY, I_QKV, I_ATTN, I_GEMM, I_LMHEAD } cx_ikind;
+
+typedef struct cx_inst {
+    cx_ikind kind;
+    int op;         /* plan op, for messages */
+    int x, y, res;  /* buffer ids (-1 = none) */
+    int dw;         /* EMBED table, NORM weight */
+    int layer;      /* QKV, ATTN */
+    int attn;       /* ATTN: index into attn[] */
+    CUfunction fn;  /* NORM: the rmsnorm kernel */
+    int threads;    /* NORM block size */
+    int width;      /* COPY: elements per row */
+    cx_gemm g;      /* GEMM, QKV, LMHEAD */
+} cx_inst;
+
+typedef struct cx_buf {
+    size_t bytes;
+    CUdeviceptr p;
+    bool busy;      /* during program building */
+} cx_buf;
+
+typedef struct cx_graph {
+    int B;
+    CUgraphExec exec;
+} cx_graph;
+
+/* Offsets of the step inputs in the staging area (bytes). */
+typedef struct cx_inputs {
+    size_t tokens, pos, kvslot, last, lens, qstart, temp, topk, topp, seeds, ctr, bt, bytes;
+} cx_inputs;
+
+typedef struct cx {
+    kiln_executor base; /* first member */
+    const kiln_model *m;
+    const kiln_plan *p;
+    kiln_cuda cu;
+    bool cu_ok;
+    CUstream stream;
+    kiln_cublaslt *lt;
+    kiln_ksec ks;
+    CUmodule *mods;
+    int n_mods;
+    bool f32;
+    int es; /* device element size */
+    int hidden, n_heads, n_kv, head_dim, vocab, n_layers, block_size, ffn_max;
+    int max_rows; /* token rows of every activation buffer */
+    int free_window; /* window that lets KV blocks go (0 = keep all) */
+    CUfunction f_gather, f_sample, f_rope;
+    int rope_threads;
+    cx_attn attn[CX_MAX_ATTN];
+    int n_attn;
+    /* weights */
+    cx_dw *dw;
+    int n_dw, cap_dw;
+    CUdeviceptr dweights;
+    size_t dweights_bytes;
+    /* program */
+    cx_inst *prog;
+    int n_prog, cap_prog;
+    cx_buf *bufs;
+    int n_bufs, cap_bufs;
+    bool has_lm_head;
+    /* scratch */
+    CUdeviceptr qkv_tmp, q_tmp, gu_tmp, lm_x, logits, part_o, part_ml, ids, in_dev, kcache, vcache;
+    size_t kv_layer_bytes;
+    int zmax;
+    /* KV */
+    kiln_kvpool kv;
+    /* staging */
+    cx_inputs in;
+    uint8_t *in_host;   /* pinned */
+    int32_t *ids_host;  /* pinned */
+    cx_graph graphs[CX_MAX_GRAPHS];
+    int n_graphs;
+    bool no_graphs;
+    int64_t bytes_now, bytes_peak;
+    kiln_cuda_exec_stats stats;
+} cx;
+
+/* ---- device memory with accounting and clear out-of-memory messages ---- */
+
+static kiln_status cx_alloc(cx *x, size_t bytes, const char *what, CUdeviceptr *out, kiln_error *err) {
+    *out = 0;
+    if (bytes == 0) bytes = 256;
+    CUresult r = x->cu.api.cuMemAlloc(out, bytes);
+    if (r != CUDA_SUCCESS) {
+        *out = 0;
+        size_t fr = 0, tot = 0;
+        x->cu.api.cuMemGetInfo(&fr, &tot);
+        if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+            kiln_err(err, KILN_ERR_NOMEM, "cuda executor: %s (%.1f MiB) does not fit on %s: %.1f MiB free of %.1f MiB",
+                     what, (double)bytes / 1048576.0, x->cu.name, (double)fr / 1048576.0, (double)tot / 1048576.0);
+            return kiln_err_hint(err, "give a smaller KV memory, max_seqs, max_context or max_step_tokens");
+        }
+        KILN_CU_CALL(&x->cu, err, r);
+        return kiln_err_prefix(err, "cuda executor: allocating %s (%zu bytes): ", what, bytes);
+    }
+    x->bytes_now += (int64_t)bytes;
+    if (x->bytes_now > x->bytes_peak) x->bytes_peak = x->bytes_now;
+    return KILN_OK;
+}
+
+static void cx_release(cx *x, CUdeviceptr *p) {
+    if (*p) x->cu.api.cuMemFree(*p);
+    *p = 0;
+}
+
+/* ---- kernels ---- */
+
+static kiln_status fn_get(cx *x, const char *module, const char *entry, CUfunction *out, const kiln_ksec_module **mod,
+                          kiln_error *err) {
+    *out = NULL;
+    const kiln_ksec_module *km = kiln_ksec_find(&x->ks, module);
+    if (!km) {
+        kiln_err(err, KILN_ERR_FORMAT, "cuda executor: the engine's kernels section has no module '%s'", module);
+        return kiln_err_hint(err, "the engine was built by another kiln; recompile it with this one");
+    }
+    if (mod) *mod = km;
+    return kiln_cuda_module_function(&x->cu, x->mods[km - x->ks.modules], entry, out, err);
+}
+
+static kiln_status load_modules(cx *x, kiln_error *err) {
+    x->mods = calloc((size_t)x->ks.n_modules, sizeof *x->mods);
+    kiln_cuda_image *ims = calloc((size_t)(x->ks.n_images ? x->ks.n_images : 1), sizeof *ims);
+    if (!x->mods || !ims) {
+        free(ims);
+        return kiln_err(err, KILN_ERR_NOMEM, "cuda executor: out of memory");
+    }
+    kiln_status st = KILN_OK;
+    for (int mi = 0; mi < x->ks.n_modules && st == KILN_OK; mi++) {
+        int n = 0;
+        for (int i = 0; i < x->ks.n_images; i++)
+            if (x->ks.images[i].module == mi)
+                ims[n++] = (kiln_cuda_image){x->ks.images[i].sm, x->ks.images[i].is_ptx, x->ks.images[i].data,
+                                             x->ks.images[i].len};
+        char what[96];
+        snprintf(what, sizeof what, "engine kernel module '%s'", x->ks.modules[mi].name);
+        bool jit = false;
+        st = kiln_cuda_module_load(&x->cu, ims, n, what, &x->mods[mi], &jit, err);
+        x->n_mods = mi + 1;
+        x->stats.jitted |= jit;
+    }
+    free(ims);
+    return st;
+}
+
+static kiln_status launch(cx *x, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned smem,
+                          void *params, const char *what, kiln_error *err) {
+    kiln_cuda_dims d = {{gx, gy, gz}, {bx, 1, 1}, smem};
+    void *args[] = {params};
+    return kiln_cuda_launch(&x->cu, f, &d, x->stream, args, what, err);
+}
+
+/* ---- the device weight layout ---- */
+
+static int dw_add(cx *x, dw_kind kind, const int *src, int n_src, kiln_error *err) {
+    for (int i = 0; i < x->n_dw; i++) {
+        const cx_dw *d = &x->dw[i];
+        if (d->kind == kind && d->src[0] == src[0] && (n_src < 2 || d->src[1] == src[1]) &&
+            (n_src < 3 || d->src[2] == src[2]))
+            return i;
+    }
+    if (x->n_dw == x->cap_dw) {
+        int cap = x->cap_dw ? 2 * x->cap_dw : 64;
+        cx_dw *n = realloc(x->dw, (size_t)cap * sizeof *n);
+        if (!n) {
+            kiln_err(err, KILN_ERR_NOMEM, "cuda executor: out of memory");
+            return -1;
+        }
+        x->dw = n;
+        x->cap_dw = cap;
+    }
+    cx_dw *d = &x->dw[x->n_dw];
+    memset(d, 0, sizeof *d);
+    d->kind = kind;
+    d->src[0] = d->src[1] = d->src[2] = -1;
+    const kiln_plan_weight *w0 = &x->p->weights[src[0]];
+    d->cols = w0->ndim == 2 ? w0->shape[1] : w0->shape[0];
+    for (int i = 0; i < n_src; i++) {
+        const kiln_plan_weight *w = &x->p->weights[src[i]];
+        int64_t rows = w->ndim == 2 ? w->shape[0] : 1, cols = w->ndim == 2 ? w->shape[1] : w->shape[0];
+        if (cols != d->cols) {
+            kiln_err(err, KILN_ERR_FORMAT, "cuda executor: weights '%s' and '%s' have %lld and %lld columns", w0->name,
+                     w->name, (long long)d->cols, (long long)cols);
+            return -1;
+        }
+        d->src[i] = src[i];
+        d->rows += rows;
+    }
+    return x->n_dw++;
+}
+
+static int64_t dw_bytes(const cx *x, const cx_dw *d) { return d->rows * d->cols * x->es; }
+
+/* The upload pieces of every device weight, rows chunked to CX_UPLOAD_PIECE. */
+static kiln_status upload_weights(cx *x, int threads, kiln_error *err) {
+    kiln_upload_piece *pc = NULL;
+    int n = 0, cap = 0;
+    size_t buf = CX_UPLOAD_PIECE;
+    kiln_status st = KILN_OK;
+    for (int i = 0; i < x->n_dw; i++) {
+        const cx_dw *d = &x->dw[i];
+        const int mult = d->kind == DW_GATE_UP ? 2 : 1;
+        const int n_src = d->kind == DW_PLAIN ? 1 : d->kind == DW_QKV ? 3 : 1; /* gate/up: one pass over pairs */
+        int64_t dst_row = 0;
+        for (int s = 0; s < n_src; s++) {
+            const kiln_plan_weight *w = &x->p->weights[d->src[s]];
+            const kiln_plan_weight *wb = d->kind == DW_GATE_UP ? &x->p->weights[d->src[1]] : NULL;
+            int64_t rows = w->ndim == 2 ? w->shape[0] : 1;
+            int64_t row_dst = d->cols * x->es * mult, row_src = d->cols * kiln_dtype_size((kiln_dtype)w->dtype);
+            if ((size_t)row_dst > buf) buf = (size_t)row_dst;
+            int64_t per = (int64_t)CX_UPLOAD_PIECE / row_dst;
+            if (per < 1) per = 1;
+            for (int64_t r0 = 0; r0 < rows; r0 += per) {
+                if (n == cap) {
+                    cap = cap ? 2 * cap : 1024;
+                    kiln_upload_piece *np = realloc(pc, (size_t)cap * sizeof *np);
+                    if (!np) {
+                        free(pc);
+                        return kiln_err(err, KILN_ERR_NOMEM, "cuda executor: out of memory");
+                    }
+                    pc = np;
+                }
+                int64_t nr = rows - r0 < per ? rows - r0 : per;
+                pc[n++] = (kiln_upload_piece){
+                    .dst = x->dweights + d->offset + (uint64_t)((dst_row + r0 * mult) * d->cols * x->es),
+                    .a = x->m->weights + w->offset + r0 * row_src,
+                    .b = wb ? x->m->weights + wb->offset + r0 * row_src : NULL,
+                    .rows = nr,
+                    .cols = d->cols,
+                    .src_dtype = w->dtype};
+            }
+            dst_row += rows * mult;
+        }
+    }
+    double t0 = kiln_now();
+    int64_t bytes = 0;
+    st = kiln_upload_pieces(&x->cu, pc, n, x->f32, threads, buf, &bytes, err);
+    x->stats.upload_seconds = kiln_now() - t0;
+    x->stats.upload_gbps = x->stats.upload_seconds > 0 ? (double)bytes / x->stats.upload_seconds / 1e9 : 0;
+    free(pc);
+    return st;
+}
+
+/* ---- the program ---- */
+
+static int buf_get(cx *x, size_t bytes, kiln_error *err) {
+    for (int i = 0; i < x->n_bufs; i++)
+        if (!x->bufs[i].busy && x->bufs[i].bytes == bytes) {
+            x->bufs[i].busy = true;
+            return i;
+        }
+    if (x->n_bufs == x->cap_bufs) {
+        int cap = x->cap_bufs ? 2 * x->cap_bufs : 16;
+        cx_buf *n = realloc(x->bufs, (size_t)cap * sizeof *n);
+        if (!n) {
+            kiln_err(err, KILN_ERR_NOMEM, "cuda executor: out of memory");
+            return -1;
+        }
+        x->bufs = n;
+        x->cap_bufs = cap;
+    }
+    x->bufs[x->n_bufs] = (cx_buf){bytes, 0, true};
+    return x->n_bufs++;
+}
+
+static cx_inst *emit(cx *x, cx_ikind kind, int op, kiln_error *err) {
+    if (x->n_prog == x->cap_prog) {
+        int cap = x->cap_prog ? 2 * x->cap_prog : 64;
+        cx_inst *n = realloc(x->prog, (size_t)cap * sizeof *n);
+        if (!n) {
+            kiln_err(err, KILN_ERR_NOMEM, "cuda executor: out of memory");
+            return NULL;
+        }
+        x->prog = n;
+        x->cap_prog = cap;
+    }
+    cx_inst *in = &x->prog[x->n_prog++];
+    memset(in, 0, sizeof *in);
+    in->kind = kind;
+    in->op = op;
+    in->x = in->y = in->res = in->dw = -1;
+    return in;
+}
+
+static kiln_status gemm_setup(cx *x, cx_gemm *g, int dw, cx_epi epi, kiln_error *err) {
+    const cx_dw *d = &x->dw[dw];
+    g->dw = dw;
+    g->n = (int)d->rows;
+    g->k = (int)d->cols;
+    g->epi = epi;
+    static const char *epis[] = {"plain", "swiglu", "f32out"};
+    char name[KILN_KSEC_NAME_MAX];
+    const kiln_ksec_module *km;
+    kiln_status st;
+    kiln_ksec_gemv_name(name, sizeof name, epis[epi], g->n, g->k, "m1");
+    if ((st = fn_get(x, name, "kiln_gemv", &g->m1, &km, err))) return st;
+    g->c1 = (kiln_gemv_cfg){km->cfg[0], km->cfg[1], km->cfg[2], km->cfg[3], km->cfg[4]};
+    if (!x->f32) {
+        kiln_ksec_gemv_name(name, sizeof name, epis[epi], g->n, g->k, "mma");
+        if ((st = fn_get(x, name, "kiln_gemv", &g->mma, &km, err))) return st;
+        g->cmma = (kiln_gemv_cfg){km->cfg[0], km->cfg[1], km->cfg[2], km->cfg[3], km->cfg[4]};
+    }
+    if (epi == EPI_SWIGLU) {
+        snprintf(name, sizeof name, "swiglu.f%d", g->n / 2);
+        if ((st = fn_get(x, name, "kiln_swiglu", &g->swiglu, &km, err))) return st;
+        g->swiglu_threads = km->cfg[0];
+        if (g->n / 2 > x->ffn_max) x->ffn_max = g->n / 2;
+    }
+    return KILN_OK;
+}
+
+static int attn_get(cx *x, int window, kiln_error *err) {
+    for (int i = 0; i < x->n_attn; i++)
+        if (x->attn[i].window == window) return i;
+    if (x->n_attn == CX_MAX_ATTN) {
+        kiln_err(err, KILN_ERR_UNSUPPORTED, "cuda executor: more than %d different attention windows", CX_MAX_ATTN);
+        return -1;
+    }
+    cx_attn *a = &x->attn[x->n_attn];
+    memset(a, 0, sizeof *a);
+    a->window = window;
+    char name[KILN_KSEC_NAME_MAX];
+    const kiln_ksec_module *km;
+    snprintf(name, sizeof name, "attn_decode.w%d", window);
+    if (fn_get(x, name, "kiln_attn_decode", &a->decode, &km, err) ||
+        fn_get(x, name, "kiln_attn_decode_combine", &a->combine, NULL, err))
+        return -1;
+    a->partition = km->cfg[0];
+    a->warps = km->cfg[1];
+    a->smem_decode =
+        kiln_attn_decode_smem(x->n_heads, x->n_kv, x->head_dim, x->block_size, a->partition, a->warps);
+    snprintf(name, sizeof name, "attn_prefill.w%d", window);
+    if (fn_get(x, name, "kiln_attn_prefill", &a->prefill, &km, err)) return -1;
+    if (km->cfg[0] && fn_get(x, name, "kiln_attn_prefill_mma", &a->prefill_mma, NULL, err)) return -1;
+    a->smem_prefill = kiln_attn_prefill_smem(x->head_dim);
+    a->smem_prefill_mma = kiln_attn_prefill_mma_smem(x->head_dim);
+    /* raise the shared-memory limits once, outside any graph capture */
+    unsigned need[3] = {a->smem_decode, a->smem_prefill, a->prefill_mma ? a->smem_prefill_mma : 0};
+    CUfunction fs[3] = {a->decode, a->prefill, a->prefill_mma};
+    for (int i = 0; i < 3; i++) {
+        if (!fs[i] || need[i] <= 48 * 1024) continue;
+        if (need[i] > (unsigned)x->cu.smem_optin) {
+            kiln_err(err, KILN_ERR_UNSUPPORTED, "cuda executor: attention needs %u bytes of shared memory, %s allows %d",
+                     need[i], x->cu.name, x->cu.smem_optin);
+            return -1;
+        }
+        if (KILN_CU_CALL(&x->cu, err, x->cu.api.cuFuncSetAttribute(fs[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                                   (int)need[i])))
+            return -1;
+    }
+    return x->n_attn++;
+}
+
+static int64_t vwidth(const kiln_plan *p, int32_t v) { return p->values[v].shape[2]; }
+
+static kiln_status unsupported_op(const cx *x, uint32_t i, const char *why, kiln_error *err) {
+    kiln_err(err, KILN_ERR_UNSUPPORTED, "cuda executor: plan op %u (%s): %s", i,
+             kiln_op_name((kiln_op_kind)x->p->ops[i].kind), why);
+    return kiln_err_hint(err, "compile the engine with the default passes (the GPU runs the fused ops)");
+}
+
+static kiln_status build_program(cx *x, kiln_error *err) {
+    const kiln_plan *p = x->p;
+    const uint32_t nv = p->n_values;
+    kiln_status st = KILN_OK;
+    int32_t *last = malloc(nv * sizeof *last), *uses = calloc(nv, sizeof *uses), *vb = malloc(nv * sizeof *vb);
+    uint8_t *virt = calloc(nv, 1);
+    int32_t *fused = malloc((p->n_ops + 1) * sizeof *fused);
+    if (!last || !uses || !vb || !virt || !fused) {
+        st = kiln_err(err, KILN_ERR_NOMEM, "cuda executor: out of memory");
+        goto out;
+    }
+    for (uint32_t v = 0; v < nv; v++) last[v] = -1, vb[v] = -1;
+    for (uint32_t i = 0; i <= p->n_ops; i++) fused[i] = -1;
+    for (uint32_t i = 0; i < p->n_ops; i++)
+        for (uint32_t j = 0; j < p->ops[i].n_in; j++) {
+            int32_t v = p->ops[i].in[j];
+            last[v] = (int32_t)i;
+            uses[v]++;
+        }
+    const size_t es = (size_t)x->es;
+    int qkv_op = -1; /* the QKV instruction whose q, k, v await their attention */
+#define OUTBUF(v)                                                                                     \
+    do {                                                                                              \
+        if ((vb[v] = buf_get(x, (size_t)x->max_rows * (size_t)vwidth(p, v) * es, err)) < 0) {        \
+            st = KILN_ERR_NOMEM;                                                                      \
+            goto out;                                                                                 \
+        }                                                                                             \
+    } while (0)
+#define WDW(var, kind, n, w0, w1, w2)                                                                 \
+    do {                                                                                              \
+        int src_[3] = {w0, w1, w2};                                                                   \
+        if ((var = dw_add(x, kind, src_, n, err)) < 0) {                                              \
+            st = err->code;                                                                           \
+            goto out;                                                                                 \
+        }                                                                                             \
+    } while (0)
+    for (uint32_t i = 0; i < p->n_ops; i++) {
+        const kiln_plan_op *op = &p->ops[i];
+        const kiln_op_attrs *a = &op->attrs;
+        const int32_t *in = op->in, *o = op->out;
+        cx_inst *ins = NULL;
+        switch ((kiln_op_kind)op->kind) {
+        case KILN_OP_EMBEDDING:
+            if (in[0] != p->tokens) {
+                st = unsupported_op(x, i, "embeds a value other than the token ids", err);
+                goto out;
+            }
+            if (!(ins = emit(x, I_EMBED, (int)i, err))) goto nomem;
+            WDW(ins->dw, DW_PLAIN, 1, p->values[in[1]].weight, -1, -1);
+            OUTBUF(o[0]);
+            ins->y = vb[o[0]];
+            break;
+        case KILN_OP_RMSNORM:
+        case KILN_OP_ADD_RMSNORM: {
+            bool add = op->kind == KILN_OP_ADD_RMSNORM;
+            int32_t wv = in[add ? 2 : 1], yv = o[add ? 1 : 0];
+            if (!(ins = emit(x, I_NORM, (int)i, err))) goto nomem;
+            uint32_t bits;
+            memcpy(&bits, &a->eps, 4);
+            char name[KILN_KSEC_NAME_MAX];
+            snprintf(name, sizeof name, "rmsnorm.e%08x", bits);
+            const kiln_ksec_module *km;
+            if ((st = fn_get(x, name, "kiln_rmsnorm", &ins->fn, &km, err))) goto out;
+            ins->threads = km->cfg[0];
+            WDW(ins->dw, DW_PLAIN, 1, p->values[wv].weight, -1, -1);
+            if (!add) {
+                ins->res = vb[in[0]];
+            } else if (fused[i] >= 0) {
+                /* the linear before already added its product into the residual */
+                ins->res = vb[fused[i]];
+                vb[o[0]] = vb[fused[i]];
+                vb[fused[i]] = -1; /* ownership moves to the sum */
+            } else if (last[in[0]] == (int32_t)i && vb[in[0]] >= 0 && p->values[in[0]].kind == KILN_PV_ACT) {
+                ins->res = vb[in[0]];
+                ins->x = vb[in[1]];
+                vb[o[0]] = vb[in[0]];
+                vb[in[0]] = -1;
+            } else if (last[in[1]] == (int32_t)i && vb[in[1]] >= 0 && p->values[in[1]].kind == KILN_PV_ACT) {
+                ins->res = vb[in[1]];
+                ins->x = vb[in[0]];
+                vb[o[0]] = vb[in[1]];
+                vb[in[1]] = -1;
+            } else {
+                /* both inputs live on: the sum needs its own buffer (copy a, add b) */
+                OUTBUF(o[0]);
+                cx_inst *cp = ins; /* reuse this slot for the copy, then a new NORM */
+                cp->kind = I_COPY;
+                cp->x = vb[in[0]];
+                cp->y = vb[o[0]];
+                cp->width = (int)vwidth(p, o[0]);
+                CUfunction f = cp->fn;
+                int th = cp->threads, d = cp->dw;
+                if (!(ins = emit(x, I_NORM, (int)i, err))) goto nomem;
+                ins->fn = f;
+                ins->threads = th;
+                ins->dw = d;
+                ins->res = vb[o[0]];
+                ins->x = vb[in[1]];
+            }
+            OUTBUF(yv);
+            ins->y = vb[yv];
+            break;
+        }
+        case KILN_OP_LINEAR: {
+            int dw;
+            WDW(dw, DW_PLAIN, 1, p->values[in[1]].weight, -1, -1);
+            if (!(ins = emit(x, I_GEMM, (int)i, err))) goto nomem;
+            ins->x = vb[in[0]];
+            if ((st = gemm_setup(x, &ins->g, dw, EPI_PLAIN, err))) goto out;
+            /* o_proj / down_proj: fold the residual add of the next add_rmsnorm */
+            const kiln_plan_op *nx = i + 1 < p->n_ops ? &p->ops[i + 1] : NULL;
+            int32_t r = -1;
+            if (nx && nx->kind == KILN_OP_ADD_RMSNORM && uses[o[0]] == 1) {
+                if (nx->in[1] == o[0]) r = nx->in[0];
+                else if (nx->in[0] == o[0]) r = nx->in[1];
+            }
+            if (r >= 0 && r != o[0] && p->values[r].kind == KILN_PV_ACT && last[r] == (int32_t)i + 1 && vb[r] >= 0 &&
+                vwidth(p, r) == vwidth(p, o[0])) {
+                ins->y = ins->res = vb[r];
+                fused[i + 1] = r;
+            } else {
+                OUTBUF(o[0]);
+                ins->y = vb[o[0]];
+            }
+            break;
+        }
+        case KILN_OP_QKV_ROPE: {
+            for (int j = 0; j < 3; j++)
+                if (uses[o[j]] != 1) {
+                    st = unsupported_op(x, i, "its q, k and v must feed exactly one attention op", err);
+                    goto out;
+                }
+            int dw;
+            WDW(dw, DW_QKV, 3, p->values[in[1]].weight, p->values[in[2]].weight, p->values[in[3]].weight);
+            if (x->dw[dw].rows != (int64_t)(a->n_heads + 2 * a->n_kv_heads) * a->head_dim) {
+                st = unsupported_op(x, i, "Wq, Wk, Wv do not have heads x head_dim rows", err);
+                goto out;
+            }
+            if (!(ins = emit(x, I_QKV, (int)i, err))) goto nomem;
+            ins->x = vb[in[0]];
+            ins->layer = a->layer;
+            if ((st = gemm_setup(x, &ins->g, dw, EPI_PLAIN, err))) goto out;
+            for (int j = 0; j < 3; j++) virt[o[j]] = 1;
+            qkv_op = (int)i;
+            break;
+        }
+        case KILN_OP_ATTENTION: {
+            if (qkv_op < 0 || !virt[in[0]] || !virt[in[1]] || !virt[in[2]] || p->ops[qkv_op].out[0] != in[0] ||
+                p->ops[qkv_op].out[1] != in[1] || p->ops[qkv_op].out[2] != in[2]) {
+                st = unsupported_op(x, i, "attention over q, k, v that do not come from the qkv_rope op before it", err);
+                goto out;
+            }
+            if (p->ops[qkv_op].attrs.layer != a->layer) {
+                st = unsupported_op(x, i, "attention reads another layer's KV cache than its qkv_rope wrote", err);
+                goto out;
+            }
+            if (a->layer < 0 || a->layer >= x->n_layers) {
+                st = unsupported_op(x, i, "layer index outside the model's layers", err);
+                goto out;
+            }
+            if (!(ins = emit(x, I_ATTN, (int)i, err))) goto nomem;
+            ins->layer = a->layer;
+            if ((ins->attn = attn_get(x, a->window, err)) < 0) {
+                st = err->code;
+                goto out;
+            }
+            if (a->window == 0) x->free_window = -1; /* a full-attention layer keeps every block */
+            else if (x->free_window >= 0 && a->window > x->free_window) x->free_window = a->window;
+            OUTBUF(o[0]);
+            ins->y = vb[o[0]];
+            qkv_op = -1;
+            break;
+        }
+        case KILN_OP_GATE_UP_SWIGLU: {
+            int dw;
+            WDW(dw, DW_GATE_UP, 2, p->values[in[1]].weight, p->values[in[2]].weight, -1);
+            if (!(ins = emit(x, I_GEMM, (int)i, err))) goto nomem;
+            ins->x = vb[in[0]];
+            if ((st = gemm_setup(x, &ins->g, dw, EPI_SWIGLU, err))) goto out;
+            OUTBUF(o[0]);
+            ins->y = vb[o[0]];
+            break;
+        }
+        case KILN_OP_LM_HEAD: {
+            if (o[0] != p->logits) {
+                st = unsupported_op(x, i, "the LM head does not produce the plan's logits", err);
+                goto out;
+            }
+            int dw;
+            WDW(dw, DW_PLAIN, 1, p->values[in[1]].weight, -1, -1);
+            if (!(ins = emit(x, I_LMHEAD, (int)i, err))) goto nomem;
+            ins->x = vb[in[0]];
+            if ((st = gemm_setup(x, &ins->g, dw, EPI_F32OUT, err))) goto out;
+            x->has_lm_head = true;
+            break;
+        }
+        default:
+            st = unsupported_op(x, i, "no GPU kernel for this op", err);
+            goto out;
+        }
+        if (ins && ((ins->kind == I_NORM && (ins->res < 0 || (op->kind == KILN_OP_ADD_RMSNORM && fused[i] < 0 &&
+                                                                 ins->x < 0))) ||
+                    ((ins->kind == I_GEMM || ins->kind == I_QKV || ins->kind == I_LMHEAD) && ins->x < 0))) {
+            st = unsupported_op(x, i, "its input is not an activation this executor holds", err);
+            goto out;
+        }
+        /* inputs whose last reader this was give their buffers back */
+        for (uint32_t j = 0; j < op->n_in; j++) {
+            int32_t v = in[j];
+            if (last[v] == (int32_t)i && vb[v] >= 0) {
+                x->bufs[vb[v]].busy = false;
+                vb[v] = -1;
+            }
+        }
+    }
+    if (!x->has_lm_head) st = kiln_err(err, KILN_ERR_UNSUPPORTED, "cuda executor: the plan has no lm_head op");
+    if (x->free_window < 0) x->free_window = 0;
+    goto out;
+nomem:
+    st = KILN_ERR_NOMEM;
+out:
+#undef OUTBUF
+#undef WDW
+    free(last);
+    free(uses);
+    free(vb);
+    free(virt);
+    free(fused);
+    return st;
+}
+
+/* ---- running the program ---- */
+
+static CUdeviceptr bufp(const cx *x, int b) { return b >= 0 ? x->bufs[b].p : 0; }
+static CUdeviceptr dwp(const cx *x, int d) { return x->dweights + x->dw[d].offset; }
+static CUdeviceptr inp(const cx *x, size_t off) { return x->in_dev + off; }
+
+/* y = x·W^T (+ y when res) for M rows: GEMV kernels up to KILN_GEMV_MAX_M rows, cuBLASLt above. */
+static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUdeviceptr out, bool res,
+                            kiln_error *err) {
+    const CUdeviceptr w = dwp(x, g->dw);
+    const int ldy = g->epi == EPI_SWIGLU ? g->n / 2 : g->n;
+    if (M <= KILN_GEMV_MAX_M) {
+        bool m1 = M == 1 || !g->mma;
+        const kiln_gemv_cfg *c = m1 ? &g->c1 : &g->cmma;
+        kiln_gemv_params prm = {in, w, out, res ? out : 0, M, g->n, g->k, g->k, ldy, 0};
+        kiln_cuda_dims d = kiln_gemv_dims(c, M, g->n);
+        return launch(x, m1 ? g->m1 : g->mma, d.grid[0], d.grid[1], 1, d.block[0], 0, &prm, "kiln_gemv", err);
+    }
+    if (g->epi == EPI_SWIGLU) {
+        kiln_status st = kiln_cublaslt_gemm_ex(x->lt, x->f32, x->f32, M, g->n, g->k, in, w, x->gu_tmp, false,
+                                               x->stream, err);
+        if (st) return st;
+        const int f = g->n / 2, vec = x->f32 ? 4 : 8, th = g->swiglu_threads;
+        unsigned gx = f % vec == 0 ? (unsigned)((f / vec + th - 1) / th) : (unsigned)((f + th - 1) / th);
+        kiln_swiglu_params sp = {x->gu_tmp, out, M, 0};
+        return launch(x, g->swiglu, gx, (unsigned)M, 1, (unsigned)th, 0, &sp, "kiln_swiglu", err);
+    }
+    return kiln_cublaslt_gemm_ex(x->lt, x->f32, g->epi == EPI_F32OUT || x->f32, M, g->n, g->k, in, w, out, res,
+                                 x->stream, err);
+}
+
+/* Splits a decode batch of B aims for (about two waves of the GPU), and the grid's split count. */
+static int splits_want(const cx *x, int B) {
+    int units = B * x->n_kv;
+    int s = (2 * x->cu.n_sm + units - 1) / units;
+    return s < 1 ? 1 : s;
+}
+static int splits_grid(const cx *x, const cx_attn *a, int B) {
+    int len = x->base.max_context;
+    if (a->window > 0 && a->window < len) len = a->window;
+    int z = (len + a->partition - 1) / a->partition, want = splits_want(x, B);
+    return z > want ? z : want;
+}
+
+typedef struct cx_shape {
+    int T, B;      /* token rows, sequences (both padded in a graph) */
+    bool decode;   /* every sequence adds one token: T == B, row i is sequence i's token */
+    int max_q;     /* most new tokens of one sequence */
+} cx_shape;
+
+static kiln_status run_program(cx *x, const cx_shape *sh, kiln_error *err) {
+    kiln_status st = KILN_OK;
+    const int T = sh->T, B = sh->B;
+    const float scale = 1.0f / sqrtf((float)x->head_dim);
+    for (int i = 0; i < x->n_prog && st == KILN_OK; i++) {
+        const cx_inst *in = &x->prog[i];
+        switch (in->kind) {
+        case I_EMBED: {
+            kiln_gather_params gp = {dwp(x, in->dw), inp(x, x->in.tokens), bufp(x, in->y), T,
+                                     x->hidden * x->es, x->vocab, 0};
+            st = launch(x, x->f_gather, (unsigned)T, 1, 1, 128, 0, &gp, "kiln_gather_rows (embedding)", err);
+            break;
+        }
+        case I_NORM: {
+            kiln_rmsnorm_params np = {bufp(x, in->x), bufp(x, in->res), dwp(x, in->dw), bufp(x, in->y), T, 0};
+            st = launch(x, in->fn, (unsigned)T, 1, 1, (unsigned)in->threads, 0, &np, "kiln_rmsnorm", err);
+            break;
+        }
+        case I_COPY:
+            st = KILN_CU_CALL(&x->cu, err,
+                              x->cu.api.cuMemcpyDtoDAsync(bufp(x, in->y), bufp(x, in->x),
+                                                          (size_t)T * (size_t)in->width * (size_t)x->es, x->stream));
+            break;
+        case I_QKV: {
+            if ((st = run_gemm(x, &in->g, T, bufp(x, in->x), x->qkv_tmp, false, err))) break;
+            kiln_rope_kv_params rp = {x->qkv_tmp,
+                                      x->q_tmp,
+                                      x->kcache + (size_t)in->layer * x->kv_layer_bytes,
+                                      x->vcache + (size_t)in->layer * x->kv_layer_bytes,
+                                      inp(x, x->in.pos),
+                                      inp(x, x->in.kvslot),
+                                      T,
+                                      0};
+            st = launch(x, x->f_rope, (unsigned)T, 1, 1, (unsigned)x->rope_threads, 0, &rp, "kiln_rope_kv", err);
+            break;
+        }
+        case I_ATTN: {
+            const cx_attn *a = &x->attn[in->attn];
+            CUdeviceptr kc = x->kcache + (size_t)in->layer * x->kv_layer_bytes;
+            CUdeviceptr vc = x->vcache + (size_t)in->layer * x->kv_layer_bytes;
+            if (sh->decode) {
+                int z = splits_grid(x, a, B);
+                kiln_attn_decode_params dp = {x->q_tmp, kc, vc, inp(x, x->in.bt), inp(x, x->in.lens), bufp(x, in->y),
+                                              x->part_o, x->part_ml, scale, B, x->kv.max_blocks, z, 0,
+                                              splits_want(x, B)};
+                st = launch(x, a->decode, (unsigned)x->n_kv, (unsigned)B, (unsigned)z, (unsigned)(a->warps * 32),
+                            a->smem_decode, &dp, "kiln_attn_decode", err);
+                if (!st && z > 1)
+                    st = launch(x, a->combine, (unsigned)x->n_heads, (unsigned)B, 1,
+                                (unsigned)((x->head_dim + 31) / 32 * 32), 0, &dp, "kiln_attn_decode_combine", err);
+            } else {
+                kiln_attn_prefill_params pp = {x->q_tmp, kc, vc, inp(x, x->in.bt), inp(x, x->in.lens),
+                                               inp(x, x->in.qstart), bufp(x, in->y), scale, B, x->kv.max_blocks, 0};
+                bool mma = a->prefill_mma != NULL;
+                st = launch(x, mma ? a->prefill_mma : a->prefill, (unsigned)((sh->max_q + 63) / 64),
+                            (unsigned)x->n_heads, (unsigned)B, 128, mma ? a->smem_prefill_mma : a->smem_prefill, &pp,
+                            mma ? "kiln_attn_prefill_mma" : "kiln_attn_prefill", err);
+            }
+            break;
+        }
+        case I_GEMM: st = run_gemm(x, &in->g, T, bufp(x, in->x), bufp(x, in->y), in->res >= 0, err); break;
+        case I_LMHEAD: {
+            CUdeviceptr src = bufp(x, in->x);
+            if (!sh->decode) {
+                kiln_gather_params gp = {src, inp(x, x->in.last), x->lm_x, B, x->hidden * x->es, T, 0};
+                if ((st = launch(x, x->f_gather, (unsigned)B, 1, 1, 128, 0, &gp, "kiln_gather_rows (last tokens)",
+                                 err)))
+                    break;
+                src = x->lm_x;
+            }
+            st = run_gemm(x, &in->g, B, src, x->logits, false, err);
+            break;
+        }
+        }
+    }
+    if (st) return kiln_err_prefix(err, "cuda executor: ");
+    kiln_sample_params sp = {x->logits,         inp(x, x->in.temp),  inp(x, x->in.topk), inp(x, x->in.topp),
+                             inp(x, x->in.seeds), inp(x, x->in.ctr), x->ids,             B,
+                             x->vocab};
+    st = launch(x, x->f_sample, (unsigned)B, 1, 1, 1024, 0, &sp, "kiln_sample", err);
+    return st ? kiln_err_prefix(err, "cuda executor: ") : KILN_OK;
+}
+
+/* ---- graphs ---- */
+
+static int bucket(const cx *x, int n) {
+    int b = 1;
+    while (b < n) b *= 2;
+    return b < x->base.max_seqs ? b : x->base.max_seqs;
+}
+
+static kiln_status graph_for(cx *x, int B, CUgraphExec *out, kiln_error *err) {
+    for (int i = 0; i < x->n_graphs; i++)
+        if (x->graphs[i].B == B) {
+            *out = x->graphs[i].exec;
+            return KILN_OK;
+        }
+    *out = NULL;
+    if (x->n_graphs == CX_MAX_GRAPHS) return KILN_OK; /* run without */
+    cx_shape sh = {B, B, true, 1};
+    kiln_status st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuStreamBeginCapture(x->stream, CU_STREAM_CAPTURE_MODE_RELAXED));
+    if (st) return kiln_err_prefix(err, "cuda executor: capturing a decode graph: ");
+    kiln_error run_err = {0};
+    kiln_status rst = run_program(x, &sh, &run_err);
+    CUgraph g = NULL;
+    st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuStreamEndCapture(x->stream, &g));
+    if (rst) {
+        if (g) x->cu.api.cuGraphDestroy(g);
+        *err = run_err;
+        return kiln_err_prefix(err, "capturing the decode graph of batch %d: ", B);
+    }
+    if (st) return kiln_err_prefix(err, "cuda executor: capturing a decode graph: ");
+    CUgraphExec ex = NULL;
+    st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuGraphInstantiate(&ex, g, 0));
+    x->cu.api.cuGraphDestroy(g);
+    if (st) return kiln_err_prefix(err, "cuda executor: instantiating the decode graph of batch %d: ", B);
+    x->graphs[x->n_graphs++] = (cx_graph){B, ex};
+    x->stats.graphs = x->n_graphs;
+    *out = ex;
+    return KILN_OK;
+}
+
+/* ---- the kiln_executor ops ---- */
+
+static kiln_status cx_reserve(kiln_executor *e, int slot, int tokens, bool *fits, kiln_error *err) {
+    cx *x = (cx *)e;
+    return kiln_kvpool_reserve(&x->kv, slot, tokens, fits, err);
+}
+
+static void cx_release_slot(kiln_executor *e, int slot) {
+    cx *x = (cx *)e;
+    kiln_kvpool_release(&x->kv, slot);
+}
+
+static kiln_status check_step(cx *x, const kiln_step *s, int *T_out, int *max_q, bool *decode, kiln_error *err) {
+    const kiln_executor *e = &x->base;
+    if (s->n_seqs < 1 || s->n_seqs > e->max_seqs)
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "cuda executor: a step of %d sequences (1..%d)", s->n_seqs,
+                        e->max_seqs);
+    int64_t T = 0;
+    *max_q = 0;
+    *decode = true;
+    for (int i = 0; i < s->n_seqs; i++) {
+        int slot = s->slot[i];
+        if (slot < 0 || slot >= e->max_seqs)
+            return kiln_err(err, KILN_ERR_INVALID_ARG, "cuda executor: step sequence %d: slot %d is outside 0..%d", i,
+                            slot, e->max_seqs - 1);
+        for (int j = 0; j < i; j++)
+            if (s->slot[j] == slot)
+                return kiln_err(err, KILN_ERR_INVALID_ARG, "cuda executor: slot %d appears twice in one step", slot);
+        if (s->n_new[i] < 1)
+            return kiln_err(err, KILN_ERR_INVALID_ARG, "cuda executor: slot %d: %d new tokens (at least 1)", slot,
+                            s->n_new[i]);
+        const kiln_kvslot *ks = &x->kv.slots[slot];
+        if (s->start[i] != ks->len)
+            return kiln_err(err, KILN_ERR_INTERNAL,
+                            "cuda executor: slot %d: step starts at position %d but %d tokens are cached", slot,
+                            s->start[i], ks->len);
+        if ((int64_t)s->start[i] + s->n_new[i] > ks->reserved)
+            return kiln_err(err, KILN_ERR_INTERNAL, "cuda executor: slot %d grows to %lld tokens past its reserve of %d",
+                            slot, (long long)s->start[i] + s->n_new[i], ks->reserved);
+        T += s->n_new[i];
+        if (s->n_new[i] > *max_q) *max_q = s->n_new[i];
+        if (s->n_new[i] != 1) *decode = false;
+    }
+    if (T > e->max_step_tokens)
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "cuda executor: %lld new tokens in one step (at most %d)",
+                        (long long)T, e->max_step_tokens);
+    for (int64_t t = 0; t < T; t++)
+        if (s->tokens[t] < 0 || s->tokens[t] >= x->vocab)
+            return kiln_err(err, KILN_ERR_INVALID_ARG, "cuda executor: token id %d at index %lld is outside the vocabulary (0..%d)",
+                            s->tokens[t], (long long)t, x->vocab - 1);
+    *T_out = (int)T;
+    return KILN_OK;
+}
+
+static kiln_status cx_step(kiln_executor *e, const kiln_step *s, kiln_error *err) {
+    cx *x = (cx *)e;
+    int T = 0, max_q = 0;
+    bool decode = false;
+    kiln_status st = check_step(x, s, &T, &max_q, &decode, err);
+    if (st) return st;
+    if ((st = kiln_cuda_make_current(&x->cu, err))) return st;
+    const int n = s->n_seqs;
+    for (int i = 0; i < n; i++)
+        if ((st = kiln_kvpool_append(&x->kv, s->slot[i], s->n_new[i], err))) return st;
+    const bool graph = decode && !x->no_graphs;
+    const int B = graph ? bucket(x, n) : n, rows = decode ? B : T;
+
+    /* the step's inputs, staged */
+    uint8_t *h = x->in_host;
+    int32_t *tok = (int32_t *)(void *)(h + x->in.tokens), *pos = (int32_t *)(void *)(h + x->in.pos);
+    int32_t *kvs = (int32_t *)(void *)(h + x->in.kvslot), *lastr = (int32_t *)(void *)(h + x->in.last);
+    int32_t *lens = (int32_t *)(void *)(h + x->in.lens), *qs = (int32_t *)(void *)(h + x->in.qstart);
+    float *temp = (float *)(void *)(h + x->in.temp), *topp = (float *)(void *)(h + x->in.topp);
+    int32_t *topk = (int32_t *)(void *)(h + x->in.topk), *bt = (int32_t *)(void *)(h + x->in.bt);
+    uint64_t *seeds = (uint64_t *)(void *)(h + x->in.seeds), *ctr = (uint64_t *)(void *)(h + x->in.ctr);
+    const int mb = x->kv.max_blocks;
+    int t = 0;
+    for (int i = 0; i < n; i++) {
+        const int slot = s->slot[i], start = s->start[i];
+        qs[i] = t;
+        for (int j = 0; j < s->n_new[i]; j++, t++) {
+            tok[t] = s->tokens[t];
+            pos[t] = start + j;
+            kvs[t] = kiln_kvpool_cache_slot(&x->kv, slot, start + j);
+        }
+        lastr[i] = t - 1;
+        lens[i] = start + s->n_new[i];
+        const kiln_sampling *sa = &s->samp[i];
+        temp[i] = sa->temperature;
+        topk[i] = sa->top_k;
+        topp[i] = sa->top_p;
+        seeds[i] = sa->seed;
+        ctr[i] = (uint64_t)(start + s->n_new[i]); /* the position of the token being produced */
+        const kiln_kvslot *ks = &x->kv.slots[slot];
+        int nb = (lens[i] + x->block_size - 1) / x->block_size;
+        for (int b = 0; b < nb; b++) bt[(size_t)i * mb + b] = b >= ks->first ? ks->table[b] : 0;
+    }
+    qs[n] = t;
+    for (int i = n; i < B; i++) { /* idle rows of a graph's bucket */
+        tok[i] = 0;
+        pos[i] = 0;
+        kvs[i] = -1;
+        lastr[i] = i;
+        lens[i] = 0;
+        qs[i + 1] = t;
+        temp[i] = 0.0f;
+        topk[i] = 0;
+        topp[i] = 1.0f;
+        seeds[i] = 0;
+        ctr[i] = 0;
+    }
+    size_t up = x->in.bt + (size_t)B * (size_t)mb * sizeof(int32_t);
+    if ((st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuMemcpyHtoDAsync(x->in_dev, h, up, x->stream))))
+        return kiln_err_prefix(err, "cuda executor: staging the step: ");
+    CUgraphExec ge = NULL;
+    if (graph && (st = graph_for(x, B, &ge, err))) return st;
+    if (ge) {
+        if ((st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuGraphLaunch(ge, x->stream))))
+            return kiln_err_prefix(err, "cuda executor: decode graph of batch %d: ", B);
+        x->stats.graph_launches++;
+    } else {
+        cx_shape sh = {rows, B, decode, max_q};
+        if ((st = run_program(x, &sh, err))) return st;
+    }
+    if ((st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuMemcpyDtoHAsync(x->ids_host, x->ids, (size_t)n * 4, x->stream))) ||
+        (st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuStreamSynchronize(x->stream))))
+        return kiln_err_prefix(err, "cuda executor: step of %d sequences, %d tokens: ", n, T);
+    if (s->logits &&
+        (st = kiln_cuda_download(&x->cu, s->logits, x->logits, (size_t)n * (size_t)x->vocab * sizeof(float), err)))
+        return kiln_err_prefix(err, "cuda executor: logits: ");
+    for (int i = 0; i < n; i++) {
+        kiln_kvpool_advance(&x->kv, s->slot[i], s->n_new[i]);
+        s->next[i] = s->want_token[i] ? x->ids_host[i] : -1;
+    }
+    x->stats.steps++;
+    return KILN_OK;
+}
+
+static void cx_info(kiln_executor *e, kiln_executor_info *info) {
+    cx *x = (cx *)e;
+    snprintf(info->device_name, sizeof info->device_name, "%.127s", x->cu.name);
+    info->kv_capacity_tokens = (int64_t)x->kv.n_blocks * x->kv.block_size;
+    info->device_bytes = x->bytes_now;
+    info->device_peak_bytes = x->bytes_peak;
+}
+
+static void cx_destroy(kiln_executor *e) {
+    cx *x = (cx *)e;
+    if (!x) return;
+    if (x->cu_ok) {
+        kiln_error ig = {0};
+        kiln_cuda_make_current(&x->cu, &ig);
+        if (x->stream) x->cu.api.cuStreamSynchronize(x->stream);
+        for (int i = 0; i < x->n_graphs; i++) x->cu.api.cuGraphExecDestroy(x->graphs[i].exec);
+        kiln_cublaslt_destroy(x->lt);
+        for (int i = 0; i < x->n_bufs; i++) cx_release(x, &x->bufs[i].p);
+        CUdeviceptr *ps[] = {&x->dweights, &x->qkv_tmp, &x->q_tmp, &x->gu_tmp, &x->lm_x, &x->logits, &x->part_o,
+                             &x->part_ml, &x->ids, &x->in_dev, &x->kcache, &x->vcache};
+        for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) cx_release(x, ps[i]);
+        if (x->in_host) x->cu.api.cuMemFreeHost(x->in_host);
+        if (x->ids_host) x->cu.api.cuMemFreeHost(x->ids_host);
+        if (x->stream) x->cu.api.cuStreamDestroy(x->stream);
+        for (int i = 0; i < x->n_mods; i++) kiln_cuda_module_unload(&x->cu, x->mods[i]);
+        kiln_cuda_free(&x->cu);
+    }
+    free(x->mods);
+    kiln_ksec_free(&x->ks);
+    kiln_kvpool_free(&x->kv);
+    free(x->dw);
+    free(x->prog);
+    free(x->bufs);
+    free(x);
+}
+
+static const kiln_executor_ops cx_ops = {
+    .name = "cuda",
+    .step = cx_step,
+    .reserve = cx_reserve,
+    .release = cx_release_slot,
+    .destroy = cx_destroy,
+    .info = cx_info,
+};
+
+bool kiln_cuda_exec_get_stats(kiln_executor *e, kiln_cuda_exec_stats *st) {
+    if (!e || e->ops != &cx_ops) return false;
+    *st = ((cx *)e)->stats;
+    return true;
+}
+
+/* ---- creation ---- */
+
+static size_t align256(size_t v) { return (v + 255) / 256 * 256; }
+
+/* The staging area's layout for `rows` token rows and `seqs` sequences. */
+static void layout_inputs(cx_inputs *in, int rows, int seqs, int max_blocks) {
+    size_t o = 0;
+#define PUT(f, n, sz)            \
+    in->f = o;                   \
+    o = align256(o + (size_t)(n) * (sz));
+    PUT(tokens, rows, 4);
+    PUT(pos, rows, 4);
+    PUT(kvslot, rows, 4);
+    PUT(last, seqs, 4);
+    PUT(lens, seqs, 4);
+    PUT(qstart, seqs + 1, 4);
+    PUT(temp, seqs, 4);
+    PUT(topk, seqs, 4);
+    PUT(topp, seqs, 4);
+    PUT(seeds, seqs, 8);
+    PUT(ctr, seqs, 8);
+    PUT(bt, (size_t)seqs * (size_t)max_blocks, 4);
+#undef PUT
+    in->bytes = o;
+}
+
+kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opts *o, kiln_executor **out,
+                                   kiln_error *err) {
+    *out = NULL;
+    kiln_cuda_exec_opts def = {0};
+    if (!o) o = &def;
+    if (!m || !m->plan) return kiln_err(err, KILN_ERR_INVALID_ARG, "cuda executor: no model");
+    const kiln_plan *p = m->plan;
+    double t0 = kiln_now();
+    kiln_status st = KILN_OK;
+    const kiln_engine_section *ksec = kiln_engine_find(&m->engine, KILN_SECTION_KERNELS);
+    const char *path = m->engine.map.path ? m->engine.map.path : "engine";
+    int max_seqs = o->max_seqs ? o->max_seqs : CX_DEFAULT_SEQS;
+    int max_ctx = o->max_context ? o->max_context : p->max_context;
+    if (max_seqs < 1 || max_seqs > 4096)
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "cuda executor: max sequences %d must be in 1..4096", max_seqs);
+    if (max_ctx < 1 || max_ctx > p->max_context) {
+        kiln_err(err, KILN_ERR_INVALID_ARG, "cuda executor: max context %d is outside 1..%d (the model's)", max_ctx,
+                 p->max_context);
+        return kiln_err_hint(err, "use 0 for the model's context of %d tokens", p->max_context);
+    }
+    if (o->kv_bytes < 0 || o->kv_fraction < 0 || o->kv_fraction > 1)
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "cuda executor: KV memory %lld bytes / fraction %g is not valid",
+                        (long long)o->kv_bytes, o->kv_fraction);
+    int64_t step = o->max_step_tokens ? o->max_step_tokens : CX_DEFAULT_STEP;
+    if (step < max_seqs) step = max_seqs;
+    if (step > (int64_t)max_seqs * max_ctx) step = (int64_t)max_seqs * max_ctx;
+    if (step > (1 << 20)) step = 1 << 20;
+
+    cx *x = calloc(1, sizeof *x);
+    if (!x) return kiln_err(err, KILN_ERR_NOMEM, "cuda executor: out of memory");
+    x->base = (kiln_executor){.ops = &cx_ops,
+                              .max_seqs = max_seqs,
+                              .max_context = max_ctx,
+                              .max_step_tokens = (int)step,
+                              .vocab = p->vocab_size};
+    x->m = m;
+    x->p = p;
+    x->no_graphs = o->no_graphs;
+    x->max_rows = (int)step;
+    x->hidden = p->hidden_size;
+    x->n_kv = p->n_kv_heads;
+    x->head_dim = p->head_dim;
+    x->vocab = p->vocab_size;
+    x->n_layers = p->n_layers;
+    for (uint32_t i = 0; i < p->n_ops; i++)
+        if (p->ops[i].kind == KILN_OP_QKV_ROPE || p->ops[i].kind == KILN_OP_ATTENTION) x->n_heads = p->ops[i].attrs.n_heads;
+
+    /* the device first: without one, that is the answer (KILN_ERR_DEVICE) whatever the engine holds */
+    if ((st = kiln_cuda_init(&x->cu, o->device, err))) {
+        kiln_err_prefix(err, "gpu device %d: ", o->device);
+        goto fail;
+    }
+    x->cu_ok = true;
+    x->stats.sm = x->cu.sm;
+
+    /* the kernels section */
+    if (!ksec) {
+        st = kiln_err(err, KILN_ERR_UNSUPPORTED, "%s: the engine has no GPU kernels (it was compiled with --target none)",
+                      path);
+        kiln_err_hint(err, "recompile it with `kiln compile --target default` (or sm_%d for this GPU), or run it on the "
+                           "CPU", x->cu.sm);
+        goto fail;
+    }
+    const uint8_t *kd;
+    size_t kn;
+    bool owned;
+    if ((st = kiln_engine_section_bytes(&m->engine, ksec, 1, &kd, &kn, &owned, err))) goto fail;
+    if (owned) { /* the format stores kernels uncompressed; a decoded copy would need an owner */
+        free((void *)kd);
+        st = kiln_err(err, KILN_ERR_FORMAT, "%s: the kernels section is compressed (this runtime reads it stored)", path);
+        goto fail;
+    }
+    if ((st = kiln_ksec_parse(kd, kn, &x->ks, err))) {
+        kiln_err_prefix(err, "%s: ", path);
+        goto fail;
+    }
+    x->f32 = x->ks.elem == KILN_KSEC_ELEM_F32;
+    x->es = x->f32 ? 4 : 2;
+    x->stats.f32 = x->f32;
+    x->block_size = x->ks.block_size;
+    if (o->block_size && o->block_size != x->block_size) {
+        st = kiln_err(err, KILN_ERR_UNSUPPORTED, "cuda executor: KV block size %d asked for; %s's kernels are built for %d",
+                      o->block_size, path, x->block_size);
+        kiln_err_hint(err, "recompile with `kiln compile --kv-block-size %d`, or ask for 0 (the engine's)", o->block_size);
+        goto fail;
+    }
+
+    /* modules, stream, cuBLASLt */
+    if ((st = load_modules(x, err))) goto fail;
+    if ((st = fn_get(x, "util", "kiln_gather_rows", &x->f_gather, NULL, err)) ||
+        (st = fn_get(x, "sample", "kiln_sample", &x->f_sample, NULL, err)))
+        goto fail;
+    {
+        const kiln_ksec_module *km;
+        if ((st = fn_get(x, "rope_kv", "kiln_rope_kv", &x->f_rope, &km, err))) goto fail;
+        x->rope_threads = km->cfg[0];
+    }
+    if ((st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuStreamCreate(&x->stream, CU_STREAM_NON_BLOCKING)))) goto fail;
+    if ((st = kiln_cublaslt_create(&x->cu, CX_LT_WORKSPACE, &x->lt, err))) goto fail;
+    x->bytes_now += CX_LT_WORKSPACE;
+
+    /* the program (host side) */
+    if ((st = build_program(x, err))) goto fail;
+    x->stats.init_seconds = kiln_now() - t0;
+
+    /* weights: lay out, allocate, upload */
+    {
+        size_t off = 0;
+        for (int i = 0; i < x->n_dw; i++) {
+            x->dw[i].offset = off;
+            off = align256(off + (size_t)dw_bytes(x, &x->dw[i]));
+        }
+        x->dweights_bytes = off;
+        if ((st = cx_alloc(x, off, "the weights", &x->dweights, err))) goto fail;
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int threads = o->threads > 0 ? o->threads : cores > 16 ? 16 : cores > 0 ? (int)cores : 1;
+        if ((st = upload_weights(x, threads, err))) goto fail;
+        x->stats.weight_bytes = (int64_t)off;
+    }
+
+    /* activations and scratch */
+    {
+        const size_t R = (size_t)x->max_rows, es = (size_t)x->es;
+        for (int i = 0; i < x->n_bufs; i++) {
+            char what[64];
+            snprintf(what, sizeof what, "activation buffer %d", i);
+            if ((st = cx_alloc(x, x->bufs[i].bytes, what, &x->bufs[i].p, err))) goto fail;
+        }
+        int zmax = 1;
+        for (int i = 0; i < x->n_attn; i++) {
+            int z = splits_grid(x, &x->attn[i], 1);
+            if (z > zmax) zmax = z;
+        }
+        x->zmax = zmax;
+        const size_t qkvw = (size_t)(x->n_heads + 2 * x->n_kv) * (size_t)x->head_dim;
+        if ((st = cx_alloc(x, R * qkvw * es, "the QKV scratch", &x->qkv_tmp, err)) ||
+            (st = cx_alloc(x, R * (size_t)x->n_heads * (size_t)x->head_dim * es, "the q scratch", &x->q_tmp, err)) ||
+            (R > KILN_GEMV_MAX_M && x->ffn_max > 0 &&
+             (st = cx_alloc(x, R * 2 * (size_t)x->ffn_max * es, "the gate/up scratch", &x->gu_tmp, err))) ||
+            (st = cx_alloc(x, (size_t)max_seqs * (size_t)x->hidden * es, "the LM head input", &x->lm_x, err)) ||
+            (st = cx_alloc(x, (size_t)max_seqs * (size_t)x->vocab * 4, "the logits", &x->logits, err)) ||
+            (st = cx_alloc(x, (size_t)max_seqs * (size_t)x->n_heads * (size_t)zmax * (size_t)x->head_dim * 4,
+                           "the attention split partials", &x->part_o, err)) ||
+            (st = cx_alloc(x, (size_t)max_seqs * (size_t)x->n_heads * (size_t)zmax * 2 * 4,
+                           "the attention split statistics", &x->part_ml, err)) ||
+            (st = cx_alloc(x, (size_t)max_seqs * 4, "the sampled ids", &x->ids, err)))
+            goto fail;
+        x->stats.buffer_bytes = x->bytes_now - (int64_t)x->dweights_bytes;
+    }
+
+    /* the KV pool */
+    {
+        const int bs = x->block_size, max_blocks = (max_ctx + bs - 1) / bs;
+        layout_inputs(&x->in, x->max_rows, max_seqs, max_blocks);
+        if ((st = cx_alloc(x, x->in.bytes, "the step inputs", &x->in_dev, err))) goto fail;
+        if ((st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuMemAllocHost((void **)&x->in_host, x->in.bytes))) ||
+            (st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuMemAllocHost((void **)&x->ids_host, (size_t)max_seqs * 4)))) {
+            kiln_err_prefix(err, "cuda executor: pinned host memory for the step inputs: ");
+            goto fail;
+        }
+        memset(x->in_host, 0, x->in.bytes);
+        const size_t block_bytes = (size_t)x->n_layers * (size_t)x->n_kv * (size_t)bs * (size_t)x->head_dim * 2 * (size_t)x->es;
+        size_t want;
+        if (o->kv_bytes > 0) {
+            want = (size_t)o->kv_bytes;
+        } else {
+            size_t fr = 0, tot = 0;
+            if ((st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuMemGetInfo(&fr, &tot)))) goto fail;
+            double frac = o->kv_fraction > 0 ? o->kv_fraction : 0.9;
+            want = (size_t)((double)fr * frac);
+        }
+        kiln_kvpool probe = {.block_size = bs, .window = x->free_window, .max_step = x->max_rows};
+        int64_t most = (int64_t)max_seqs * kiln_kvpool_blocks_for(&probe, max_ctx);
+        int64_t nb = (int64_t)(want / block_bytes);
+        if (nb > most) nb = most;
+        if (nb > (1LL << 30) / bs) nb = (1LL << 30) / bs;
+        if (nb < 1) {
+            st = kiln_err(err, KILN_ERR_NOMEM,
+                          "cuda executor: KV memory of %zu bytes holds no block of %d tokens (%zu bytes over %d layers)",
+                          want, bs, block_bytes, x->n_layers);
+            kiln_err_hint(err, "give more KV memory (kv_bytes, or a larger fraction of the free memory)");
+            goto fail;
+        }
+        x->kv_layer_bytes = (size_t)nb * (size_t)x->n_kv * (size_t)bs * (size_t)x->head_dim * (size_t)x->es;
+        char what[96];
+        snprintf(what, sizeof what, "the KV cache's K (%lld blocks of %d tokens)", (long long)nb, bs);
+        if ((st = cx_alloc(x, x->kv_layer_bytes * (size_t)x->n_layers, what, &x->kcache, err))) goto fail;
+        snprintf(what, sizeof what, "the KV cache's V (%lld blocks of %d tokens)", (long long)nb, bs);
+        if ((st = cx_alloc(x, x->kv_layer_bytes * (size_t)x->n_layers, what, &x->vcache, err))) goto fail;
+        if ((st = kiln_kvpool_init(&x->kv, max_seqs, max_ctx, bs, (int)nb, x->free_window, x->max_rows, err)))
+            goto fail;
+        x->stats.kv_pool_bytes = (int64_t)(2 * x->kv_layer_bytes * (size_t)x->n_layers);
+        x->stats.kv_blocks = nb;
+        x->stats.block_size = bs;
+    }
+    if ((st = kiln_cuda_sync(&x->cu, err))) goto fail;
+    *out = &x->base;
+    return KILN_OK;
+fail:
+    cx_destroy(&x->base);
+    return st;
+}

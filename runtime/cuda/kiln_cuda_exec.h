@@ -1,0 +1,79 @@
+/*
+ * kiln_cuda_exec.h — the CUDA executor: a kiln_executor (kiln_exec.h, ops
+ * "cuda") that runs an engine's plan on one GPU with the kernels of the
+ * engine's kernels section.
+ *
+ *   weights     uploaded once at creation, streamed from the weights section
+ *               through pinned buffers by several threads; bf16 on the
+ *               device (f16 and f32 weights converted) unless every weight
+ *               is f32, which runs an fp32 path (the f32 kernels and
+ *               cuBLASLt in strict fp32, no TF32). Wq/Wk/Wv are stored as
+ *               one matrix per layer, Wgate/Wup as one with their rows
+ *               interleaved (the GEMV's fused SwiGLU epilogue reads pairs).
+ *   KV cache    paged (kiln_kvpool.h): a pool of blocks sized by kv_bytes
+ *               or kv_fraction of the free device memory; `reserve` answers
+ *               from it; a sliding-window model returns blocks that fell
+ *               out of the window.
+ *   step        embeddings, per layer RMSNorm (+ residual), QKV projection,
+ *               RoPE + KV write, attention (decode kernel when every
+ *               sequence adds one token, prefill kernel otherwise),
+ *               o_proj + residual, gate/up + SwiGLU, down + residual; final
+ *               norm, LM head on each sequence's last token only, sampling
+ *               on the GPU (runtime/sampler.c's rule). GEMV kernels up to 8
+ *               tokens per step, cuBLASLt above.
+ *   graphs      decode steps are captured once per batch-size bucket (1, 2,
+ *               4, 8, 16, ...) as CUDA graphs and replayed; inputs are
+ *               staged into fixed device buffers first.
+ *
+ * Failures never abort: a device allocation that does not fit gives
+ * KILN_ERR_NOMEM (or KILN_ERR_DEVICE) naming what did not fit and the free
+ * memory; a plan op with no GPU kernel gives KILN_ERR_UNSUPPORTED naming it;
+ * an engine without kernels for this GPU says which targets it has.
+ */
+#ifndef KILN_CUDA_EXEC_H
+#define KILN_CUDA_EXEC_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../kiln_exec.h"
+#include "../kiln_rt.h"
+
+typedef struct kiln_cuda_exec_opts {
+    int max_seqs;        /* sequences at once (slots); 0 = 8 */
+    int max_context;     /* tokens per sequence; 0 = the model's context */
+    int max_step_tokens; /* new tokens per step, all sequences together; 0 = 512 (at least max_seqs) */
+    int64_t kv_bytes;    /* KV pool in bytes; 0 = kv_fraction of the free device memory */
+    double kv_fraction;  /* of the free device memory after weights and buffers; 0 = 0.9 */
+    int block_size;      /* tokens per KV block; 0 = the engine's (its kernels are built for one size) */
+    int device;          /* CUDA device ordinal */
+    bool no_graphs;      /* run decode steps without CUDA graphs (for measuring their gain) */
+    int threads;         /* host threads for the weight upload; 0 = one per core (at most 16) */
+} kiln_cuda_exec_opts;
+
+/* Create the executor for `m` (the model must outlive it). `m` may have been
+ * opened with KILN_MODEL_NO_F32: the executor reads the weights section. */
+kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opts *o, kiln_executor **out,
+                                   kiln_error *err);
+
+/* Where time and memory went, for `kiln bench` and the tests. */
+typedef struct kiln_cuda_exec_stats {
+    double init_seconds;      /* driver, context, modules (incl. any PTX JIT), cuBLASLt */
+    double upload_seconds;    /* weights host → device */
+    double upload_gbps;       /* weight bytes on the device / upload_seconds, GB/s */
+    int64_t weight_bytes;     /* on the device */
+    int64_t kv_pool_bytes;
+    int64_t kv_blocks, block_size;
+    int64_t buffer_bytes;     /* activations, scratch, workspace */
+    int graphs;               /* CUDA graphs captured so far */
+    int64_t graph_launches;   /* decode steps replayed from a graph */
+    int64_t steps;            /* steps run */
+    bool jitted;              /* some module was JIT-compiled from PTX */
+    bool f32;                 /* the fp32 path */
+    int sm;                   /* the device's compute capability, e.g. 90 */
+} kiln_cuda_exec_stats;
+
+/* Fill *st for an executor made by kiln_cuda_executor_new (false for another kind). */
+bool kiln_cuda_exec_get_stats(kiln_executor *x, kiln_cuda_exec_stats *st);
+
+#endif /* KILN_CUDA_EXEC_H */
