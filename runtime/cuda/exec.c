@@ -1040,6 +1040,12 @@ bool kiln_cuda_exec_get_stats(kiln_executor *e, kiln_cuda_exec_stats *st) {
     return true;
 }
 
+bool kiln_cuda_exec_set_graphs(kiln_executor *e, bool on) {
+    if (!e || e->ops != &cx_ops) return false;
+    ((cx *)e)->no_graphs = !on;
+    return true;
+}
+
 /* ---- creation ---- */
 
 static size_t align256(size_t v) { return (v + 255) / 256 * 256; }

@@ -75,5 +75,8 @@ typedef struct kiln_cuda_exec_stats {
 
 /* Fill *st for an executor made by kiln_cuda_executor_new (false for another kind). */
 bool kiln_cuda_exec_get_stats(kiln_executor *x, kiln_cuda_exec_stats *st);
+/* Turn decode CUDA graphs on or off from the next step (graphs already
+ * captured are kept); false for another kind of executor. For measuring. */
+bool kiln_cuda_exec_set_graphs(kiln_executor *x, bool on);
 
 #endif /* KILN_CUDA_EXEC_H */

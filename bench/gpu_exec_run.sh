@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# gpu_exec_run.sh — one device session for the CUDA executor: its tests, a
+# quick run on a 2-layer Mistral-7B-shaped checkpoint, compute-sanitizer, and
+# the full Mistral-7B decode benchmark; every log under $OUT (default ./out).
+#
+# Run from the repository root with a folder holding the binaries built here
+# (test_gpu_nvrtc test_gpu_kernels test_gpu_exec kiln kiln_gpu_decode) and,
+# for pycode-22m, a shared folder with models/pycode-22m:
+#     BIN=.carry/exec/bin SHARED=.carry/exec/shared KILN_COMMIT=$(git rev-parse --short HEAD) \
+#         bash bench/gpu_exec_run.sh [steps...]
+# steps: env tests small memcheck racecheck bench7b (default: env tests small)
+set -u
+BIN=${BIN:-build-dev}
+SHARED=${SHARED:-../shared}
+steps=${*:-env tests small}
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
+export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/kiln-cache}
+export KILN_TEST_SOURCE_DIR=$PWD KILN_TEST_SHARED_DIR=$PWD/$SHARED PYTHONUNBUFFERED=1
+summary=""
+note() { summary+="$1"$'\n'; echo "== $1"; }
+
+for s in $steps; do
+  t0=$SECONDS
+  case $s in
+  env)
+    { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.mem --format=csv;
+      nproc; free -g; ldd "$BIN/test_gpu_exec"; echo "commit ${KILN_COMMIT:-unknown}"; } >"$OUT/env.log" 2>&1
+    note "env: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1)";;
+  tests)
+    timeout 60 "$BIN/test_gpu_nvrtc" >"$OUT/test_nvrtc.log" 2>&1; r1=$?
+    timeout 150 "$BIN/test_gpu_kernels" >"$OUT/test_kernels.log" 2>&1; r2=$?
+    timeout 240 "$BIN/test_gpu_exec" >"$OUT/test_exec.log" 2>&1; r3=$?
+    note "tests: nvrtc rc=$r1 ($(tail -1 "$OUT/test_nvrtc.log")), kernels rc=$r2 ($(tail -1 "$OUT/test_kernels.log")), exec rc=$r3 ($(tail -1 "$OUT/test_exec.log")), $((SECONDS - t0)) s"
+    grep -E "FAIL|SKIP" "$OUT/test_kernels.log" | head -20
+    grep -E "FAIL|SKIP|case|pycode|bf16|rel err|differ" "$OUT/test_exec.log" | head -60;;
+  small)
+    { timeout 120 python3 bench/make_checkpoint.py --arch mistral-7b --layers 2 --out /tmp/m7b2 &&
+      timeout 120 "$BIN/kiln" compile /tmp/m7b2 -o /tmp/m7b2.kiln --target sm_90 &&
+      timeout 150 "$BIN/kiln_gpu_decode" /tmp/m7b2.kiln --batches 1,8,64 --steps 32 --reps 3; } >"$OUT/small.jsonl" 2>"$OUT/small.log"
+    note "small (2-layer Mistral-7B shapes) rc=$?, $((SECONDS - t0)) s"
+    tail -25 "$OUT/small.log";;
+  memcheck|racecheck)
+    KILN_TEST_ONLY=test_stories_f32,test_batched_and_mixed,test_tiny_bf16 timeout 200 \
+      compute-sanitizer --tool "$s" --error-exitcode 9 "$BIN/test_gpu_exec" >"$OUT/$s.log" 2>&1; r=$?
+    note "$s rc=$r ($(grep -E 'ERROR SUMMARY|passed' "$OUT/$s.log" | tr '\n' ' ')), $((SECONDS - t0)) s"
+    grep -E "=========|FAIL" "$OUT/$s.log" | head -20;;
+  bench7b)
+    { [ -f /tmp/m7b/config.json ] || timeout 200 python3 bench/make_checkpoint.py --arch mistral-7b --out /tmp/m7b; } \
+      >"$OUT/bench7b.log" 2>&1
+    c0=$SECONDS
+    timeout 150 "$BIN/kiln" compile /tmp/m7b -o /tmp/m7b.kiln >>"$OUT/bench7b.log" 2>&1
+    note "7B compile rc=$? $((SECONDS - c0)) s"
+    sync; cat /tmp/m7b.kiln >/dev/null # page cache
+    timeout 200 "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --batches 1,8,64 --steps 64 --reps 5 >"$OUT/bench7b.jsonl" 2>>"$OUT/bench7b.log"
+    note "7B bench rc=$?, $((SECONDS - t0)) s"
+    tail -20 "$OUT/bench7b.log";;
+  esac
+done
+echo; echo "$summary"
