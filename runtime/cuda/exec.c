@@ -586,6 +586,11 @@ static kiln_status build_program(cx *x, kiln_error *err) {
                 st = unsupported_op(x, i, "Wq, Wk, Wv do not have heads x head_dim rows", err);
                 goto out;
             }
+            if (!x->f_rope) {
+                const kiln_ksec_module *km;
+                if ((st = fn_get(x, "rope_kv", "kiln_rope_kv", &x->f_rope, &km, err))) goto out;
+                x->rope_threads = km->cfg[0];
+            }
             if (!(ins = emit(x, I_QKV, (int)i, err))) goto nomem;
             ins->x = vb[in[0]];
             ins->layer = a->layer;
@@ -1164,11 +1169,6 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
     if ((st = fn_get(x, "util", "kiln_gather_rows", &x->f_gather, NULL, err)) ||
         (st = fn_get(x, "sample", "kiln_sample", &x->f_sample, NULL, err)))
         goto fail;
-    {
-        const kiln_ksec_module *km;
-        if ((st = fn_get(x, "rope_kv", "kiln_rope_kv", &x->f_rope, &km, err))) goto fail;
-        x->rope_threads = km->cfg[0];
-    }
     if ((st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuStreamCreate(&x->stream, CU_STREAM_NON_BLOCKING)))) goto fail;
     if ((st = kiln_cublaslt_create(&x->cu, CX_LT_WORKSPACE, &x->lt, err))) goto fail;
     x->bytes_now += CX_LT_WORKSPACE;
