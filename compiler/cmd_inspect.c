@@ -61,7 +61,7 @@ int kiln_cmd_inspect(int argc, char **argv) {
     const char *path = argv[optind];
     kiln_error err = {0};
     kiln_model *m;
-    if (kiln_model_open(path, 1, &m, &err) != KILN_OK) return kiln_cli_fail("inspect", &err, json);
+    if (kiln_model_open_ex(path, 1, KILN_MODEL_NO_F32, &m, &err) != KILN_OK) return kiln_cli_fail("inspect", &err, json);
     json_error_t je;
     json_t *meta = json_loads(m->meta_json, 0, &je);
     if (!meta) meta = json_object();

@@ -37,6 +37,9 @@ struct kiln_t {
     kiln_model *m; /* NULL in a failed handle */
     kiln_error err;
     double open_seconds;
+    /* The model opens without f32 weights (a GPU context reads the weights
+     * section itself); the first CPU context converts them, under this lock. */
+    pthread_mutex_t f32_lock;
 };
 
 struct kiln_ctx_t {
@@ -67,13 +70,17 @@ kiln_status kiln_open(const char *path, int32_t threads, kiln_t **out) {
     *out = NULL;
     kiln_t *k = calloc(1, sizeof *k);
     if (!k) return KILN_ERR_NOMEM;
+    if (pthread_mutex_init(&k->f32_lock, NULL)) {
+        free(k);
+        return KILN_ERR_NOMEM;
+    }
     *out = k;
     if (!path) return kiln_err(&k->err, KILN_ERR_INVALID_ARG, "kiln_open: path is NULL");
     if (threads < 0 || threads > MAX_THREADS)
         return kiln_err(&k->err, KILN_ERR_INVALID_ARG, "kiln_open: threads %d is outside 0..%d (0 = one per core)",
                         threads, MAX_THREADS);
     double t0 = kiln_now();
-    kiln_status st = kiln_model_open(path, threads ? threads : cores(), &k->m, &k->err);
+    kiln_status st = kiln_model_open_ex(path, threads ? threads : cores(), KILN_MODEL_NO_F32, &k->m, &k->err);
     if (st != KILN_OK) {
         k->m = NULL;
         return st;
@@ -85,6 +92,7 @@ kiln_status kiln_open(const char *path, int32_t threads, kiln_t **out) {
 void kiln_close(kiln_t *k) {
     if (!k) return;
     kiln_model_close(k->m);
+    pthread_mutex_destroy(&k->f32_lock);
     free(k);
 }
 
@@ -244,7 +252,10 @@ kiln_status kiln_ctx_new(const kiln_t *k, const kiln_ctx_options *opts, kiln_ctx
     }
     if (st == KILN_ERR_DEVICE && (want_cpu || want_auto)) {
         e = (kiln_error){0};
-        st = new_cpu_executor(k->m, &o, &c->x, &e);
+        pthread_mutex_lock((pthread_mutex_t *)&k->f32_lock);
+        st = kiln_model_load_f32(k->m, &e);
+        pthread_mutex_unlock((pthread_mutex_t *)&k->f32_lock);
+        if (st == KILN_OK) st = new_cpu_executor(k->m, &o, &c->x, &e);
         if (st == KILN_OK) snprintf(c->device, sizeof c->device, "cpu");
     }
     if (st != KILN_OK) {
