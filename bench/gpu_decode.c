@@ -44,11 +44,13 @@ static double median(double *v, int n) {
 }
 
 static const char *g_model = "?", *g_gpu = "?", *g_commit = "unknown";
+static bool g_pdl = true;
 static void emit(const char *metric, double value, const char *unit, int batch, int in_len, int out_len, bool graphs) {
     printf("{\"model\": \"%s\", \"dtype\": \"bf16\", \"batch\": %d, \"input_len\": %d, \"output_len\": %d, "
-           "\"metric\": \"%s\", \"value\": %.4f, \"unit\": \"%s\", \"graphs\": %s, \"device\": \"gpu\", \"gpu\": \"%s\", "
-           "\"commit\": \"%s\", \"impl\": \"kiln-exec\"}\n",
-           g_model, batch, in_len, out_len, metric, value, unit, graphs ? "true" : "false", g_gpu, g_commit);
+           "\"metric\": \"%s\", \"value\": %.4f, \"unit\": \"%s\", \"graphs\": %s, \"pdl\": %s, \"device\": \"gpu\", "
+           "\"gpu\": \"%s\", \"commit\": \"%s\", \"impl\": \"kiln-exec\"}\n",
+           g_model, batch, in_len, out_len, metric, value, unit, graphs ? "true" : "false", g_pdl ? "true" : "false",
+           g_gpu, g_commit);
     fflush(stdout);
 }
 
@@ -184,9 +186,11 @@ int main(int argc, char **argv) {
     /* decode at each batch, graphs on (and off for small batches) */
     for (int bi = 0; bi < nb; bi++) {
         int B = batches[bi];
-        for (int g = 0; g < (compare && B <= 8 ? 2 : 1); g++) {
+        /* modes: 0 graphs + PDL, 1 no graphs (PDL), 2 graphs without PDL */
+        for (int g = 0; g < (compare && B <= 8 ? 3 : 1); g++) {
             kiln_executor *y = x;
-            kiln_cuda_exec_set_graphs(x, g == 0);
+            kiln_cuda_exec_set_graphs(x, g != 1);
+            g_pdl = kiln_cuda_exec_set_pdl(x, g != 2) && g != 2;
             for (int i = 0; i < B; i++)
                 if (y->ops->reserve(y, i, prompt + steps + 2, &fits, &err) || !fits) {
                     fprintf(stderr, "reserve batch %d: %s\n", B, fits ? err.msg : "no room");
@@ -213,15 +217,17 @@ int main(int argc, char **argv) {
                 for (int i = 0; i < B; i++) s.start[i]++, s.toks[i] = s.next[i];
             }
             double med = median(dt + 2, steps - 2); /* the first steps capture the graph */
-            emit("decode_ms_per_step", med, "ms", B, prompt, steps, g == 0);
-            emit("decode_tokens_per_s", B * 1e3 / med, "tok/s", B, prompt, steps, g == 0);
-            fprintf(stderr, "decode batch %d%s: %.3f ms/step, %.0f tok/s\n", B, g ? " (no graphs)" : "", med,
-                    B * 1e3 / med);
+            emit("decode_ms_per_step", med, "ms", B, prompt, steps, g != 1);
+            emit("decode_tokens_per_s", B * 1e3 / med, "tok/s", B, prompt, steps, g != 1);
+            fprintf(stderr, "decode batch %d%s: %.3f ms/step, %.0f tok/s\n", B,
+                    g == 1 ? " (no graphs)" : g == 2 ? " (graphs, no PDL)" : " (graphs, PDL)", med, B * 1e3 / med);
             for (int i = 0; i < B; i++) y->ops->release(y, i);
             free(dt);
             free(s.slot), free(s.n_new), free(s.start), free(s.next), free(s.want), free(s.samp), free(s.toks);
         }
     }
+    kiln_cuda_exec_set_graphs(x, true);
+    g_pdl = kiln_cuda_exec_set_pdl(x, true);
     x->ops->info(x, &info);
     emit("peak_device_gb", (double)info.device_peak_bytes / 1e9, "GB", 1, 0, 0, true);
     x->ops->destroy(x);

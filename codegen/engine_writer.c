@@ -12,9 +12,11 @@
  *   streamed, each at a 4096-aligned offset (zero padding); the section table
  *   follows the last section at a 64-aligned offset; then the real header is
  *   written at offset 0 with pwrite.
- * - Streaming. Checksums are computed as bytes go out (XXH64 streaming
- *   state); a zstd section holds one raw chunk (KILN_ENGINE_ZSTD_CHUNK) in
- *   memory, compresses it into one independent frame when full, and writes
+ * - Streaming. Checksums are computed as bytes go out: a section's (format
+ *   2) as XXH3 states, one for the current KILN_ENGINE_HASH_PIECE-byte piece
+ *   and one over the finished pieces' digests; the table's as XXH64. A zstd
+ *   section holds one raw chunk (KILN_ENGINE_ZSTD_CHUNK) in memory,
+ *   compresses it into one independent frame when full, and writes
  *   its chunk index and footer after the frames (the chunk count is only
  *   known at the end). Memory use is independent of the section sizes.
  * - Determinism. The output depends only on the sections given: no time,
@@ -54,7 +56,10 @@ struct kiln_engine_writer {
     /* the section being written (between begin and end) */
     bool in_section;
     kiln_engine_section cur;    /* kind, codec, offset; sizes and checksum filled at end */
-    XXH64_state_t *hash;        /* of the stored bytes of `cur` */
+    XXH64_state_t *hash;        /* the section table's */
+    XXH3_state_t *piece;        /* the current checksum piece of `cur` */
+    XXH3_state_t *outer;        /* the digests of `cur`'s finished pieces */
+    uint64_t piece_fill;        /* bytes in the current piece */
 
     /* zstd state: one raw chunk, its compressed frame, the frames' sizes */
     ZSTD_CCtx *cctx;
@@ -109,17 +114,33 @@ static kiln_status w_flush(kiln_engine_writer *w, kiln_error *err) {
 
 /* Emit bytes (NULL = zeros) at the current position; hashed into the
  * current section when one is open. */
+/* Close the current checksum piece: its digest goes into the outer hash. */
+static void w_piece_done(kiln_engine_writer *w) {
+    uint8_t le[8];
+    kiln_wr_u64(le, XXH3_64bits_digest(w->piece));
+    XXH3_64bits_update(w->outer, le, 8);
+    XXH3_64bits_reset(w->piece);
+    w->piece_fill = 0;
+}
+
+/* Hash n bytes (NULL = zeros) into the section checksum, piece by piece. */
+static void w_hash(kiln_engine_writer *w, const uint8_t *src, size_t n) {
+    static const uint8_t zeros[256];
+    while (n > 0) {
+        size_t take = KILN_ENGINE_HASH_PIECE - w->piece_fill;
+        if (take > n) take = n;
+        if (!src && take > sizeof zeros) take = sizeof zeros;
+        XXH3_64bits_update(w->piece, src ? src : zeros, take);
+        w->piece_fill += take;
+        if (src) src += take;
+        n -= take;
+        if (w->piece_fill == KILN_ENGINE_HASH_PIECE) w_piece_done(w);
+    }
+}
+
 static kiln_status w_put(kiln_engine_writer *w, const void *p, size_t n, kiln_error *err) {
     const uint8_t *src = p;
-    if (w->in_section && n) {
-        if (src)
-            XXH64_update(w->hash, src, n);
-        else {
-            static const uint8_t zeros[256];
-            for (size_t k = 0; k < n; k += sizeof zeros)
-                XXH64_update(w->hash, zeros, n - k < sizeof zeros ? n - k : sizeof zeros);
-        }
-    }
+    if (w->in_section && n) w_hash(w, src, n);
     while (n > 0) {
         size_t room = OUT_BUF_SIZE - w->out_len, take = n < room ? n : room;
         if (src) {
@@ -150,6 +171,8 @@ static void w_free(kiln_engine_writer *w) {
     free(w->frame);
     kiln_buf_free(&w->frame_sizes);
     XXH64_freeState(w->hash);
+    if (w->piece) XXH3_freeState(w->piece);
+    if (w->outer) XXH3_freeState(w->outer);
     ZSTD_freeCCtx(w->cctx);
     free(w);
 }
@@ -165,7 +188,9 @@ kiln_status kiln_engine_writer_open(const char *path, kiln_engine_writer **out, 
     w->tmp_path = malloc(n + sizeof ".tmp.XXXXXX");
     w->out = malloc(OUT_BUF_SIZE);
     w->hash = XXH64_createState();
-    if (!w->path || !w->tmp_path || !w->out || !w->hash) {
+    w->piece = XXH3_createState();
+    w->outer = XXH3_createState();
+    if (!w->path || !w->tmp_path || !w->out || !w->hash || !w->piece || !w->outer) {
         w_free(w);
         return kiln_err(err, KILN_ERR_NOMEM, "%s: out of memory", path);
     }
@@ -213,7 +238,9 @@ kiln_status kiln_engine_writer_begin(kiln_engine_writer *w, uint32_t kind, uint3
     w->chunk_len = 0;
     w->chunk_count = 0;
     w->frame_sizes.len = 0;
-    XXH64_reset(w->hash, 0);
+    XXH3_64bits_reset(w->piece);
+    XXH3_64bits_reset(w->outer);
+    w->piece_fill = 0;
     w->in_section = true;
     return KILN_OK;
 }
@@ -268,7 +295,8 @@ kiln_status kiln_engine_writer_end(kiln_engine_writer *w, kiln_error *err) {
         if (w_put(w, foot, sizeof foot, err) != KILN_OK) return w->failed;
     }
     w->cur.stored_size = w->pos - w->cur.offset;
-    w->cur.checksum = XXH64_digest(w->hash);
+    if (w->piece_fill > 0) w_piece_done(w);
+    w->cur.checksum = XXH3_64bits_digest(w->outer);
     w->sections[w->n_sections++] = w->cur;
     w->in_section = false;
     return KILN_OK;

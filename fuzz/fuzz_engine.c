@@ -69,7 +69,8 @@ static void reseal(uint8_t *f, size_t size) {
         for (uint32_t i = 0; i < count; i++) {
             uint8_t *t = f + toff + (size_t)i * KILN_ENGINE_ENTRY_SIZE;
             uint64_t off = kiln_rd_u64(t + 8), n = kiln_rd_u64(t + 16);
-            if (off <= size && n <= size - off) kiln_wr_u64(t + 32, XXH64(f + off, (size_t)n, 0));
+            uint16_t major = (uint16_t)(f[8] | f[9] << 8);
+            if (off <= size && n <= size - off) kiln_wr_u64(t + 32, kiln_engine_checksum(major, f + off, (size_t)n, 1));
         }
         kiln_wr_u64(f + 32, XXH64(f + toff, (size_t)count * KILN_ENGINE_ENTRY_SIZE, 0));
     }

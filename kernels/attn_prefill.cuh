@@ -48,6 +48,8 @@ extern "C" __global__ void __launch_bounds__(128) kiln_attn_prefill(const kiln_a
     float *k_s = q_s + PF_BQ * QS;    /* [PF_BK][QS] */
     float *v_s = k_s + PF_BK * QS;    /* [PF_BK][QS] */
     float *p_s = v_s + PF_BK * QS;    /* [PF_BQ][PS] probabilities of this tile */
+    kiln_pdl_wait();
+    kiln_pdl_launch();
 
     const int hq = blockIdx.y, b = blockIdx.z, h = hq / G;
     const int tid = threadIdx.x, ty = tid >> 3, tx = tid & 7;
@@ -202,6 +204,8 @@ extern "C" __global__ void __launch_bounds__(128) kiln_attn_prefill_mma(const ki
     extern __shared__ float smem_f[];
     kiln_bf16 *k_s = (kiln_bf16 *)smem_f;   /* [BK][KS] */
     kiln_bf16 *vt_s = k_s + BK * KS;        /* [HEAD_DIM][VS] */
+    kiln_pdl_wait();
+    kiln_pdl_launch();
 
     const int hq = blockIdx.y, b = blockIdx.z, h = hq / G;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;

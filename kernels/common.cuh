@@ -124,6 +124,29 @@ KILN_DEV uint4 kiln_packv(const float f[8]) { return kiln_pack8(f); }
 KILN_DEV float kiln_dotv(uint4 a, uint4 b, float acc) { return kiln_dot8(a, b, acc); }
 #endif
 
+/* ---- programmatic dependent launch (sm_90+) ----
+ * The runtime may launch a kernel before the previous one in the stream
+ * has finished (cuLaunchKernelEx with programmatic stream serialization).
+ * Every kernel therefore starts with kiln_pdl_wait(): it returns once the
+ * previous grid has completed and its writes are visible, so nothing a
+ * kernel reads from an earlier one is read early. Only work that needs no
+ * earlier result (prefetching weights) may come before it. Right after it,
+ * kiln_pdl_launch() lets the next kernel's blocks be scheduled, so their
+ * launch and ramp-up overlap this kernel's tail. Both are no-ops on older
+ * GPUs and for kernels launched the ordinary way. */
+KILN_DEV void kiln_pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+KILN_DEV void kiln_pdl_launch(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+/* Pull 16 bytes of a weight toward L2 (no earlier result needed: before kiln_pdl_wait). */
+KILN_DEV void kiln_prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 KILN_DEV float kiln_warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(KILN_FULL_MASK, v, o);

@@ -122,6 +122,19 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) kiln_gemv(const ki
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row0 = (blockIdx.x * GEMV_WARPS + warp) * GEMV_ROWS;
     const int m0 = blockIdx.y * GEMV_MT;
+    if (row0 < p.N && p.K % KILN_VEC == 0 && p.w % 16 == 0) {
+        /* the weights need no earlier kernel: start pulling them before waiting */
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++)
+#pragma unroll
+            for (int u = 0; u < GEMV_UNROLL; u++) {
+                const int c = lane + 32 * u;
+                if (c < p.K / KILN_VEC)
+                    kiln_prefetch_l2((const kiln_elem *)p.w + (size_t)min(row0 + r, p.N - 1) * p.K + (size_t)c * KILN_VEC);
+            }
+    }
+    kiln_pdl_wait();
+    kiln_pdl_launch();
     if (row0 >= p.N) return; /* whole warp leaves together */
     const kiln_elem *w = (const kiln_elem *)p.w;
     const kiln_elem *x = (const kiln_elem *)p.x;
@@ -206,6 +219,8 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) kiln_gemv(const ki
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * 16, m0 = blockIdx.y * 8;
+    kiln_pdl_wait();
+    kiln_pdl_launch();
     const kiln_bf16 *w = (const kiln_bf16 *)p.w;
     const kiln_bf16 *x = (const kiln_bf16 *)p.x;
     const kiln_bf16 *wa = w + (size_t)min(n0 + g, p.N - 1) * p.K;     /* row g */

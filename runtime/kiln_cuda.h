@@ -45,7 +45,7 @@
     X(cuEventElapsedTime)                                                                      \
     X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiate) X(cuGraphLaunch)       \
     X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuCtxGetCurrent) X(cuStreamWaitEvent)            \
-    X(cuMemcpy2DAsync) X(cuCtxGetLimit)
+    X(cuMemcpy2DAsync) X(cuCtxGetLimit) X(cuLaunchKernelEx)
 
 #define KILN_CU_MEMBER_(fn) __typeof__(fn) *fn;
 
@@ -127,6 +127,11 @@ typedef struct kiln_cuda_dims {
  */
 kiln_status kiln_cuda_launch(kiln_cuda *cu, CUfunction f, const kiln_cuda_dims *d, CUstream stream, void **args,
                              const char *what, kiln_error *err);
+/* The same; with `pdl` (sm_90+) the launch may start before the previous
+ * kernel in the stream ends (programmatic stream serialization): the
+ * kernel must begin with kiln_pdl_wait() (kernels/common.cuh). */
+kiln_status kiln_cuda_launch_ex(kiln_cuda *cu, CUfunction f, const kiln_cuda_dims *d, CUstream stream, void **args,
+                                bool pdl, const char *what, kiln_error *err);
 
 /* ---- launch geometry of the kernel families in kernels/ ---- */
 

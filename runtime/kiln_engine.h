@@ -21,7 +21,10 @@
  *       8  u64    offset of the stored bytes in the file
  *      16  u64    stored size (bytes in the file)
  *      24  u64    raw size (bytes after decoding)
- *      32  u64    XXH64 (seed 0) of the stored bytes
+ *      32  u64    checksum of the stored bytes: in format 2, XXH3-64 of the
+ *                 XXH3-64 digests (u64 each) of its pieces of
+ *                 KILN_ENGINE_HASH_PIECE bytes, so readers verify a large
+ *                 section in parallel; in format 1, XXH64 (seed 0)
  *      40  u8[24] reserved, zero
  *
  * A reader verifies everything before it trusts anything: magic, version,
@@ -39,8 +42,9 @@
 #include "../common/kiln_util.h"
 
 #define KILN_ENGINE_MAGIC "KILNENG"  /* 8 bytes with the NUL */
-#define KILN_ENGINE_MAJOR 1
+#define KILN_ENGINE_MAJOR 2       /* 2: piecewise section checksums; 1 (XXH64) is still read */
 #define KILN_ENGINE_MINOR 0
+#define KILN_ENGINE_HASH_PIECE (16u << 20) /* bytes per checksum piece (format 2) */
 #define KILN_ENGINE_HEADER_SIZE 64
 #define KILN_ENGINE_ENTRY_SIZE 64
 #define KILN_ENGINE_ALIGN 4096
@@ -93,6 +97,10 @@ kiln_status kiln_engine_open(const char *path, kiln_engine *out, kiln_error *err
 kiln_status kiln_engine_open_mem(const uint8_t *data, size_t size, const char *label,
                                  kiln_engine *out, kiln_error *err);
 void kiln_engine_close(kiln_engine *e);
+
+/* The checksum of a section's stored bytes as format `major` defines it
+ * (see the layout above); `threads` > 1 hashes pieces in parallel. */
+uint64_t kiln_engine_checksum(uint16_t major, const uint8_t *data, size_t n, int threads);
 
 /* The first section of a kind, or NULL. */
 const kiln_engine_section *kiln_engine_find(const kiln_engine *e, uint32_t kind);

@@ -151,7 +151,7 @@ expect 1 "checksum|corrupt" -- "$KILN" inspect "$T/flip.kiln"
 cp "$T/good.kiln" "$T/magic.kiln"; printf 'NOTKILN!' | dd of="$T/magic.kiln" bs=1 conv=notrunc 2>/dev/null
 expect 1 "not a kiln engine" -- "$KILN" inspect "$T/magic.kiln"
 expect 1 "not a kiln engine" -- "$KILN" run "$SRC/tests/data/tiny-mistral/model.safetensors" --prompt-ids 1
-cp "$T/good.kiln" "$T/major.kiln"; printf '\x02\x00' | dd of="$T/major.kiln" bs=1 seek=8 conv=notrunc 2>/dev/null
+cp "$T/good.kiln" "$T/major.kiln"; printf '\x03\x00' | dd of="$T/major.kiln" bs=1 seek=8 conv=notrunc 2>/dev/null
 expect 1 "newer|version" -- "$KILN" inspect "$T/major.kiln"
 expect 1 "nope.kiln" -- "$KILN" inspect "$T/nope.kiln"
 

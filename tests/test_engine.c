@@ -94,7 +94,8 @@ static void reseal(uint8_t *f, size_t size) {
         for (uint32_t i = 0; i < count; i++) {
             uint8_t *t = f + toff + 64 * i;
             uint64_t off = kiln_rd_u64(t + 8), n = kiln_rd_u64(t + 16);
-            if (off <= size && n <= size - off) kiln_wr_u64(t + 32, XXH64(f + off, n, 0));
+            uint16_t major = (uint16_t)(f[8] | f[9] << 8);
+            if (off <= size && n <= size - off) kiln_wr_u64(t + 32, kiln_engine_checksum(major, f + off, n, 1));
         }
         kiln_wr_u64(f + 32, XXH64(f + toff, 64 * (size_t)count, 0));
     }
@@ -406,10 +407,10 @@ static void test_versions(void) {
     KT_REQUIRE(c);
     kiln_error err = {0};
     kiln_engine e;
-    /* major 2: refused before the header checksum is even looked at */
-    c[8] = 2;
+    /* major 3: refused before the header checksum is even looked at */
+    c[8] = KILN_ENGINE_MAJOR + 1;
     KT_EQ_INT(kiln_engine_open_mem(c, g_size, "new.kiln", &e, &err), KILN_ERR_VERSION);
-    KT_CONTAINS(err.msg, "new.kiln: engine format 2.x is newer than this runtime (reads 1.x)");
+    KT_CONTAINS(err.msg, "new.kiln: engine format 3.x is newer than this runtime (reads 2.x)");
     KT_CONTAINS(err.msg, "\nhint: rebuild the engine with this kiln or upgrade the runtime");
     reseal_header(c); /* still refused with a valid checksum */
     KT_EQ_INT(kiln_engine_open_mem(c, g_size, "new.kiln", &e, &err), KILN_ERR_VERSION);
@@ -418,7 +419,7 @@ static void test_versions(void) {
     KT_EQ_INT(kiln_engine_open_mem(c, g_size, "zero.kiln", &e, &err), KILN_ERR_VERSION);
     KT_CONTAINS(err.msg, "0.0 is not a valid version");
     /* a newer minor is read */
-    c[8] = 1;
+    c[8] = KILN_ENGINE_MAJOR;
     c[10] = 7;
     KT_EQ_INT(kiln_engine_open_mem(c, g_size, "minor.kiln", &e, &err), KILN_ERR_CHECKSUM); /* not resealed */
     reseal_header(c);
@@ -432,7 +433,70 @@ static void test_versions(void) {
     reseal_header(c);
     KT_EQ_INT(kiln_engine_open_mem(c, g_size, "minor.kiln", &e, &err), KILN_OK);
     kiln_engine_close(&e);
+    /* format 1 (one XXH64 per section) is still read, and its checksums are checked as such */
+    c[8] = 1;
+    c[10] = 0;
+    reseal_header(c);
+    KT_EQ_INT(kiln_engine_open_mem(c, g_size, "v1.kiln", &e, &err), KILN_ERR_CHECKSUM); /* format 2 sums */
+    reseal(c, g_size);
+    st = kiln_engine_open_mem(c, g_size, "v1.kiln", &e, &err);
+    KT_CHECKF(st == KILN_OK, "%s", err.msg);
+    KT_EQ_INT(e.major, 1);
+    kiln_engine_close(&e);
     free(c);
+}
+
+/* A section of several checksum pieces: verified piece by piece (in
+ * parallel), and a flipped byte in any piece, the last included, is caught. */
+static void test_piecewise_checksum(void) {
+    const size_t n = 2 * (size_t)KILN_ENGINE_HASH_PIECE + 12345;
+    uint8_t *big = malloc(n);
+    KT_REQUIRE(big);
+    fill_pattern(big, n, 7);
+    char path[300];
+    snprintf(path, sizeof path, "%s/big.kiln", g_dir);
+    kiln_engine_writer *w = NULL;
+    kiln_error err = {0};
+    KT_REQUIRE(kiln_engine_writer_open(path, &w, &err) == KILN_OK);
+    /* in uneven writes, so pieces straddle the calls */
+    KT_CHECK(kiln_engine_writer_begin(w, KILN_SECTION_WEIGHTS, KILN_CODEC_NONE, &err) == KILN_OK);
+    for (size_t off = 0; off < n;) {
+        size_t take = n - off < 7777777 ? n - off : 7777777;
+        KT_CHECK(kiln_engine_writer_write(w, big + off, take, &err) == KILN_OK);
+        off += take;
+    }
+    KT_CHECK(kiln_engine_writer_end(w, &err) == KILN_OK);
+    KT_CHECK(kiln_engine_writer_section(w, KILN_SECTION_META, KILN_CODEC_NONE, "{}", 2, &err) == KILN_OK);
+    KT_REQUIRE(kiln_engine_writer_finish(w, &err) == KILN_OK);
+    kiln_engine e;
+    KT_REQUIRE(kiln_engine_open(path, &e, &err) == KILN_OK);
+    const kiln_engine_section *s = kiln_engine_find(&e, KILN_SECTION_WEIGHTS);
+    KT_REQUIRE(s && s->stored_size == n);
+    /* the same digest one-threaded, many-threaded, and from the definition */
+    uint64_t one = kiln_engine_checksum(2, big, n, 1), many = kiln_engine_checksum(2, big, n, 8);
+    uint8_t list[24];
+    for (int i = 0; i < 3; i++) {
+        size_t off = (size_t)i * KILN_ENGINE_HASH_PIECE, len = i < 2 ? KILN_ENGINE_HASH_PIECE : 12345;
+        kiln_wr_u64(list + 8 * i, XXH3_64bits(big + off, len));
+    }
+    KT_CHECK(one == s->checksum && many == s->checksum && XXH3_64bits(list, sizeof list) == s->checksum);
+    size_t size = e.size;
+    uint8_t *c = dup_bytes(e.data, size);
+    uint64_t at = s->offset;
+    kiln_engine_close(&e);
+    KT_REQUIRE(c);
+    for (int i = 0; i < 3; i++) {
+        size_t flip = (size_t)at + (size_t)i * KILN_ENGINE_HASH_PIECE + (i < 2 ? 999 : 12344);
+        c[flip] ^= 1;
+        KT_EQ_INT(kiln_engine_open_mem(c, size, "big.kiln", &e, &err), KILN_ERR_CHECKSUM);
+        KT_CONTAINS(err.msg, "section 'weights' checksum mismatch");
+        c[flip] ^= 1;
+    }
+    KT_EQ_INT(kiln_engine_open_mem(c, size, "big.kiln", &e, &err), KILN_OK);
+    kiln_engine_close(&e);
+    free(c);
+    free(big);
+    unlink(path);
 }
 
 /* ---- hand-crafted containers ---- */
@@ -882,6 +946,7 @@ int main(void) {
     KT_RUN(test_flip_sections);
     KT_RUN(test_wrong_magic);
     KT_RUN(test_versions);
+    KT_RUN(test_piecewise_checksum);
     KT_RUN(test_crafted);
     KT_RUN(test_zstd_index);
     KT_RUN(test_bad_frame_in_written_file);

@@ -142,6 +142,11 @@ void kiln_cuda_module_unload(kiln_cuda *cu, CUmodule mod) {
 
 kiln_status kiln_cuda_launch(kiln_cuda *cu, CUfunction f, const kiln_cuda_dims *d, CUstream stream, void **args,
                              const char *what, kiln_error *err) {
+    return kiln_cuda_launch_ex(cu, f, d, stream, args, false, what, err);
+}
+
+kiln_status kiln_cuda_launch_ex(kiln_cuda *cu, CUfunction f, const kiln_cuda_dims *d, CUstream stream, void **args,
+                                bool pdl, const char *what, kiln_error *err) {
     kiln_status st;
     if (!what) what = "kernel";
     if (d->smem > 48 * 1024) {
@@ -152,8 +157,18 @@ kiln_status kiln_cuda_launch(kiln_cuda *cu, CUfunction f, const kiln_cuda_dims *
                                                                (int)d->smem));
         if (st) return kiln_err_prefix(err, "kernel '%s': ", what);
     }
-    st = KILN_CU_CALL(cu, err, cu->api.cuLaunchKernel(f, d->grid[0], d->grid[1], d->grid[2], d->block[0], d->block[1],
-                                                       d->block[2], d->smem, stream, args, NULL));
+    if (pdl) {
+        CUlaunchAttribute at[1];
+        memset(at, 0, sizeof at);
+        at[0].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        at[0].value.programmaticStreamSerializationAllowed = 1;
+        CUlaunchConfig lc = {d->grid[0], d->grid[1], d->grid[2], d->block[0], d->block[1], d->block[2],
+                             d->smem, stream, at, 1};
+        st = KILN_CU_CALL(cu, err, cu->api.cuLaunchKernelEx(&lc, f, args, NULL));
+    } else {
+        st = KILN_CU_CALL(cu, err, cu->api.cuLaunchKernel(f, d->grid[0], d->grid[1], d->grid[2], d->block[0],
+                                                           d->block[1], d->block[2], d->smem, stream, args, NULL));
+    }
     if (st)
         kiln_err_prefix(err, "kernel '%s' (grid %ux%ux%u, block %ux%ux%u, smem %u): ", what, d->grid[0], d->grid[1],
                         d->grid[2], d->block[0], d->block[1], d->block[2], d->smem);

@@ -161,6 +161,7 @@ typedef struct cx {
     cx_graph graphs[CX_MAX_GRAPHS];
     int n_graphs;
     bool no_graphs;
+    bool pdl;
     int64_t bytes_now, bytes_peak;
     kiln_cuda_exec_stats stats;
 } cx;
@@ -236,7 +237,7 @@ static kiln_status launch(cx *x, CUfunction f, unsigned gx, unsigned gy, unsigne
                           void *params, const char *what, kiln_error *err) {
     kiln_cuda_dims d = {{gx, gy, gz}, {bx, 1, 1}, smem};
     void *args[] = {params};
-    return kiln_cuda_launch(&x->cu, f, &d, x->stream, args, what, err);
+    return kiln_cuda_launch_ex(&x->cu, f, &d, x->stream, args, x->pdl, what, err);
 }
 
 /* ---- the device weight layout ---- */
@@ -1051,6 +1052,19 @@ bool kiln_cuda_exec_set_graphs(kiln_executor *e, bool on) {
     return true;
 }
 
+bool kiln_cuda_exec_set_pdl(kiln_executor *e, bool on) {
+    if (!e || e->ops != &cx_ops) return false;
+    cx *x = (cx *)e;
+    if (on && x->cu.sm < 90) return false;
+    kiln_error ig = {0};
+    kiln_cuda_make_current(&x->cu, &ig);
+    x->cu.api.cuStreamSynchronize(x->stream);
+    for (int i = 0; i < x->n_graphs; i++) x->cu.api.cuGraphExecDestroy(x->graphs[i].exec);
+    x->n_graphs = 0;
+    x->pdl = x->stats.pdl = on;
+    return true;
+}
+
 /* ---- creation ---- */
 
 static size_t align256(size_t v) { return (v + 255) / 256 * 256; }
@@ -1131,6 +1145,10 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
     }
     x->cu_ok = true;
     x->stats.sm = x->cu.sm;
+    {
+        const char *env = getenv("KILN_NO_PDL");
+        x->pdl = x->stats.pdl = x->cu.sm >= 90 && !o->no_pdl && !(env && strcmp(env, "1") == 0);
+    }
 
     /* the kernels section */
     if (!ksec) {

@@ -48,6 +48,8 @@ typedef struct kiln_cuda_exec_opts {
     int block_size;      /* tokens per KV block; 0 = the engine's (its kernels are built for one size) */
     int device;          /* CUDA device ordinal */
     bool no_graphs;      /* run decode steps without CUDA graphs (for measuring their gain) */
+    bool no_pdl;         /* launch kernels the ordinary way, not with programmatic dependent launch
+                            (sm_90+; also off when the environment has KILN_NO_PDL=1) */
     int threads;         /* host threads for the weight upload; 0 = one per core (at most 16) */
 } kiln_cuda_exec_opts;
 
@@ -70,6 +72,7 @@ typedef struct kiln_cuda_exec_stats {
     int64_t steps;            /* steps run */
     bool jitted;              /* some module was JIT-compiled from PTX */
     bool f32;                 /* the fp32 path */
+    bool pdl;                 /* kernels launched with programmatic dependent launch */
     int sm;                   /* the device's compute capability, e.g. 90 */
 } kiln_cuda_exec_stats;
 
@@ -78,5 +81,8 @@ bool kiln_cuda_exec_get_stats(kiln_executor *x, kiln_cuda_exec_stats *st);
 /* Turn decode CUDA graphs on or off from the next step (graphs already
  * captured are kept); false for another kind of executor. For measuring. */
 bool kiln_cuda_exec_set_graphs(kiln_executor *x, bool on);
+/* Turn programmatic dependent launch on or off (captured graphs are dropped
+ * and recaptured); false for another executor or a GPU before sm_90. */
+bool kiln_cuda_exec_set_pdl(kiln_executor *x, bool on);
 
 #endif /* KILN_CUDA_EXEC_H */

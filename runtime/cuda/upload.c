@@ -18,9 +18,11 @@
 typedef struct up_pool {
     kiln_cuda *cu;
     const kiln_upload_piece *pieces;
-    int n, next;
+    int n, next, n_threads;
     bool dst_f32;
     size_t buf_bytes;
+    uint8_t *arena;     /* pinned: 2 buffers of buf_bytes per thread, one allocation */
+    int next_thread;
     pthread_mutex_t lock;
     /* the first failure, by piece index */
     int bad;
@@ -78,13 +80,14 @@ static void *up_run(void *arg) {
     CUevent ev[2] = {NULL, NULL};
     void *buf[2] = {NULL, NULL};
     bool used[2] = {false, false};
+    pthread_mutex_lock(&pl->lock);
+    int me = pl->next_thread++;
+    pthread_mutex_unlock(&pl->lock);
+    buf[0] = pl->arena + (size_t)me * 2 * pl->buf_bytes;
+    buf[1] = (uint8_t *)buf[0] + pl->buf_bytes;
     kiln_status st = KILN_CU_CALL(cu, &e, cu->api.cuCtxSetCurrent(cu->ctx));
     if (!st) st = KILN_CU_CALL(cu, &e, cu->api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
-    for (int i = 0; i < 2 && !st; i++) {
-        st = KILN_CU_CALL(cu, &e, cu->api.cuEventCreate(&ev[i], CU_EVENT_DISABLE_TIMING));
-        if (!st) st = KILN_CU_CALL(cu, &e, cu->api.cuMemAllocHost(&buf[i], pl->buf_bytes));
-        if (st) kiln_err_prefix(&e, "weight upload: pinned staging buffer of %zu bytes: ", pl->buf_bytes);
-    }
+    for (int i = 0; i < 2 && !st; i++) st = KILN_CU_CALL(cu, &e, cu->api.cuEventCreate(&ev[i], CU_EVENT_DISABLE_TIMING));
     if (st) {
         fail(pl, -1, st, &e);
         goto out;
@@ -124,10 +127,8 @@ static void *up_run(void *arg) {
     }
     if (stream && (st = KILN_CU_CALL(cu, &e, cu->api.cuStreamSynchronize(stream)))) fail(pl, pl->n, st, &e);
 out:
-    for (int i = 0; i < 2; i++) {
-        if (buf[i]) cu->api.cuMemFreeHost(buf[i]);
+    for (int i = 0; i < 2; i++)
         if (ev[i]) cu->api.cuEventDestroy(ev[i]);
-    }
     if (stream) cu->api.cuStreamDestroy(stream);
     return NULL;
 }
@@ -137,11 +138,16 @@ kiln_status kiln_upload_pieces(kiln_cuda *cu, const kiln_upload_piece *pieces, i
     *bytes = 0;
     if (n <= 0) return KILN_OK;
     up_pool pl = {.cu = cu, .pieces = pieces, .n = n, .dst_f32 = dst_f32, .buf_bytes = buf_bytes, .bad = n};
-    if (pthread_mutex_init(&pl.lock, NULL))
-        return kiln_err(err, KILN_ERR_NOMEM, "weight upload: cannot create a mutex");
     if (threads < 1) threads = 1;
     if (threads > 32) threads = 32;
     if (threads > n) threads = n;
+    /* one pinned allocation for every thread's two buffers: pinning is paid once */
+    kiln_status st = KILN_CU_CALL(cu, err, cu->api.cuMemAllocHost((void **)&pl.arena, (size_t)threads * 2 * buf_bytes));
+    if (st) return kiln_err_prefix(err, "weight upload: %d pinned staging buffers of %zu bytes: ", 2 * threads, buf_bytes);
+    if (pthread_mutex_init(&pl.lock, NULL)) {
+        cu->api.cuMemFreeHost(pl.arena);
+        return kiln_err(err, KILN_ERR_NOMEM, "weight upload: cannot create a mutex");
+    }
     pthread_t tid[32];
     bool started[32] = {0};
     for (int t = 1; t < threads; t++) started[t] = pthread_create(&tid[t], NULL, up_run, &pl) == 0;
@@ -149,6 +155,7 @@ kiln_status kiln_upload_pieces(kiln_cuda *cu, const kiln_upload_piece *pieces, i
     for (int t = 1; t < threads; t++)
         if (started[t]) pthread_join(tid[t], NULL);
     pthread_mutex_destroy(&pl.lock);
+    cu->api.cuMemFreeHost(pl.arena);
     /* the caller's thread: the context must stay current there */
     kiln_cuda_make_current(cu, err);
     *bytes = pl.bytes;
