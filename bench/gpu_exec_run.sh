@@ -42,7 +42,9 @@ for s in $steps; do
     note "small (2-layer Mistral-7B shapes) rc=$?, $((SECONDS - t0)) s"
     tail -25 "$OUT/small.log";;
   memcheck|racecheck)
-    KILN_TEST_ONLY=test_stories_f32,test_batched_and_mixed,test_tiny_bf16 timeout 200 \
+    only=test_batched_and_mixed,test_tiny_bf16
+    [ "$s" = racecheck ] && only=test_batched_and_mixed
+    KILN_TEST_ONLY=$only timeout 200 \
       compute-sanitizer --tool "$s" --error-exitcode 9 "$BIN/test_gpu_exec" >"$OUT/$s.log" 2>&1; r=$?
     note "$s rc=$r ($(grep -E 'ERROR SUMMARY|passed' "$OUT/$s.log" | tr '\n' ' ')), $((SECONDS - t0)) s"
     grep -E "=========|FAIL" "$OUT/$s.log" | head -20;;
@@ -55,7 +57,12 @@ for s in $steps; do
     sync; cat /tmp/m7b.kiln >/dev/null # page cache
     timeout 200 "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --batches 1,8,64 --steps 64 --reps 5 >"$OUT/bench7b.jsonl" 2>>"$OUT/bench7b.log"
     note "7B bench rc=$?, $((SECONDS - t0)) s"
-    tail -20 "$OUT/bench7b.log";;
+    tail -20 "$OUT/bench7b.log"
+    # the same engine through the public API and scheduler (kiln bench)
+    timeout 90 "$BIN/kiln" bench /tmp/m7b.kiln --device gpu --batch 1 --input-len 512 --output-len 64 --reps 2 --json \
+      >"$OUT/kiln_bench.jsonl" 2>>"$OUT/bench7b.log"
+    note "kiln bench --device gpu rc=$?"
+    cut -c1-200 "$OUT/kiln_bench.jsonl" | head -12;;
   esac
 done
 echo; echo "$summary"
