@@ -11,8 +11,9 @@
  *   stored beside them; it never recomputes codegen's choices.
  * - GEMV variants per weight shape follow docs/kernels.md's H200
  *   measurements: one token: tensor cores for 4096x4096-sized matrices,
- *   CUDA cores with 8 warps x 1 row x 4 in flight up to 8192 rows, else
- *   4 warps x 4 rows x 2 in flight; 2..8 tokens: tensor cores, 16 warps,
+ *   CUDA cores with 8 warps x 1 row x 4 in flight up to 8192 rows and
+ *   K < 8192 (QKV), else 4 warps x 4 rows x 2 in flight (gate/up, down,
+ *   LM head); 2..8 tokens: tensor cores, 16 warps,
  *   2 steps in flight for K >= 8192. f32 engines use the CUDA-core kernel
  *   (the tensor-core one is bf16 only).
  * - Jobs (module x target SM) go to a pool of threads; results land in
@@ -138,7 +139,7 @@ static void gemv_cfg(bool f32, bool multi, bool swiglu, int n, int k, int32_t c[
         c[0] = 16, c[2] = k >= 8192 ? 2 : 1, c[3] = 8, c[4] = 1;
     } else if ((int64_t)n * k <= 4096LL * 4096 * 5 / 4) {
         c[0] = 16, c[2] = 1, c[3] = 8, c[4] = 1;
-    } else if (n <= 8192 && !swiglu) {
+    } else if (n <= 8192 && k < 8192 && !swiglu) {
         c[0] = 8, c[1] = 1, c[2] = 4, c[3] = 1;
     } else {
         c[0] = 4, c[1] = 4, c[2] = 2, c[3] = 1;

@@ -91,7 +91,6 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) kiln_attn_decode(c
     float *ml = red + ATTN_WARPS * G * HEAD_DIM; /* [G][2] max, sum */
     int *blocks = (int *)(ml + 2 * G);           /* [PARTITION/BLOCK_SIZE + 2] block ids of this split */
     kiln_pdl_wait();
-    kiln_pdl_launch();
 
     const int h = blockIdx.x, b = blockIdx.y, split = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -225,7 +224,6 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) kiln_attn_decode(c
 
 extern "C" __global__ void kiln_attn_decode_combine(const kiln_attn_decode_params p) {
     kiln_pdl_wait();
-    kiln_pdl_launch();
     const int hq = blockIdx.x, b = blockIdx.y;
     const int L = ((const int *)p.seq_lens)[b];
     const int nsplit = kiln_attn_nsplits(L, kiln_attn_part(p, L));

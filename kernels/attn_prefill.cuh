@@ -14,7 +14,9 @@
  * of a warp hit different banks (rows are padded by one float).
  *
  * Masks: key j is seen from the query at position i iff j <= i and, with a
- * window, i - j < WINDOW. Rows past the chunk's end are computed on zeros
+ * window, i - j < WINDOW. Block x takes query tile gridDim.x - 1 - x: causal
+ * tiles grow with their position, so the longest are scheduled first and
+ * the short ones fill the tail. Rows past the chunk's end are computed on zeros
  * and not written.
  *
  * Constants: N_HEADS, N_KV_HEADS, HEAD_DIM (multiple of 8), BLOCK_SIZE,
@@ -49,13 +51,12 @@ extern "C" __global__ void __launch_bounds__(128) kiln_attn_prefill(const kiln_a
     float *v_s = k_s + PF_BK * QS;    /* [PF_BK][QS] */
     float *p_s = v_s + PF_BK * QS;    /* [PF_BQ][PS] probabilities of this tile */
     kiln_pdl_wait();
-    kiln_pdl_launch();
 
     const int hq = blockIdx.y, b = blockIdx.z, h = hq / G;
     const int tid = threadIdx.x, ty = tid >> 3, tx = tid & 7;
     const int qs0 = ((const int *)p.q_starts)[b];
     const int q_len = ((const int *)p.q_starts)[b + 1] - qs0;
-    const int qi0 = blockIdx.x * PF_BQ;
+    const int qi0 = (gridDim.x - 1 - blockIdx.x) * PF_BQ; /* the longest (latest) tiles start first */
     if (qi0 >= q_len) return;
     const int L = ((const int *)p.seq_lens)[b];
     const int ctx0 = L - q_len; /* position of the chunk's first query */
@@ -205,13 +206,12 @@ extern "C" __global__ void __launch_bounds__(128) kiln_attn_prefill_mma(const ki
     kiln_bf16 *k_s = (kiln_bf16 *)smem_f;   /* [BK][KS] */
     kiln_bf16 *vt_s = k_s + BK * KS;        /* [HEAD_DIM][VS] */
     kiln_pdl_wait();
-    kiln_pdl_launch();
 
     const int hq = blockIdx.y, b = blockIdx.z, h = hq / G;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int qs0 = ((const int *)p.q_starts)[b];
     const int q_len = ((const int *)p.q_starts)[b + 1] - qs0;
-    const int qi0 = blockIdx.x * 64;
+    const int qi0 = (gridDim.x - 1 - blockIdx.x) * 64; /* the longest (latest) tiles start first */
     if (qi0 >= q_len) return;
     const int L = ((const int *)p.seq_lens)[b];
     const int ctx0 = L - q_len;

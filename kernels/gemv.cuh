@@ -134,7 +134,6 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) kiln_gemv(const ki
             }
     }
     kiln_pdl_wait();
-    kiln_pdl_launch();
     if (row0 >= p.N) return; /* whole warp leaves together */
     const kiln_elem *w = (const kiln_elem *)p.w;
     const kiln_elem *x = (const kiln_elem *)p.x;
@@ -188,6 +187,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) kiln_gemv(const ki
             }
         }
     }
+    kiln_pdl_launch(); /* every load issued: let the next kernel launch */
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; r++)
 #pragma unroll
@@ -220,7 +220,6 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) kiln_gemv(const ki
     const int g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * 16, m0 = blockIdx.y * 8;
     kiln_pdl_wait();
-    kiln_pdl_launch();
     const kiln_bf16 *w = (const kiln_bf16 *)p.w;
     const kiln_bf16 *x = (const kiln_bf16 *)p.x;
     const kiln_bf16 *wa = w + (size_t)min(n0 + g, p.N - 1) * p.K;     /* row g */
@@ -258,6 +257,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) kiln_gemv(const ki
             kiln_mma_bf16(c, a.z, b.z, a.w, b.w, v.z, v.w);
         }
     }
+    kiln_pdl_launch(); /* every load issued: let the next kernel launch */
     /* C fragment: c0, c1 = rows g, cols 2t, 2t+1; c2, c3 = row g + 8. */
     red[warp][g][2 * t] = c[0];
     red[warp][g][2 * t + 1] = c[1];

@@ -28,7 +28,6 @@
 extern "C" __global__ void __launch_bounds__(NORM_THREADS) kiln_rmsnorm(const kiln_rmsnorm_params p) {
     __shared__ float scratch[32];
     kiln_pdl_wait();
-    kiln_pdl_launch();
     const size_t row = blockIdx.x;
     if ((int)row >= p.M) return;
     kiln_elem *res = (kiln_elem *)p.residual + row * HIDDEN;

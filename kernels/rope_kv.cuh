@@ -56,7 +56,6 @@ KILN_DEV float kiln_rope_inv_freq(int i) {
 
 extern "C" __global__ void __launch_bounds__(ROPE_THREADS) kiln_rope_kv(const kiln_rope_kv_params p) {
     kiln_pdl_wait();
-    kiln_pdl_launch();
     constexpr int HALF = HEAD_DIM / 2;
     constexpr int QKV = (N_HEADS + 2 * N_KV_HEADS) * HEAD_DIM;
     const int t = blockIdx.x;

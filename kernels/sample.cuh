@@ -201,7 +201,6 @@ KILN_DEV int kiln_nth_equal(const float *x, int V, unsigned key, kiln_cut pre, b
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) kiln_sample(const kiln_sample_params p) {
     __shared__ kiln_sample_smem sm;
     kiln_pdl_wait();
-    kiln_pdl_launch();
     const int b = blockIdx.x, tid = threadIdx.x, V = p.V;
     if (b >= p.B) return;
     const float *x = (const float *)p.logits + (size_t)b * V;

@@ -32,7 +32,6 @@ KILN_DEV float kiln_silu_f(float g) { return g / (1.0f + expf(-g)); }
 
 extern "C" __global__ void __launch_bounds__(SWIGLU_THREADS) kiln_swiglu(const kiln_swiglu_params p) {
     kiln_pdl_wait();
-    kiln_pdl_launch();
     const size_t m = blockIdx.y;
     if ((int)m >= p.M) return;
     const kiln_elem *row = (const kiln_elem *)p.gu + m * 2 * FFN;

@@ -15,7 +15,6 @@
 
 extern "C" __global__ void __launch_bounds__(128) kiln_gather_rows(const kiln_gather_params p) {
     kiln_pdl_wait();
-    kiln_pdl_launch();
     const int i = blockIdx.x;
     if (i >= p.M) return;
     const int r = ((const int *)p.idx)[i];
