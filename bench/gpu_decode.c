@@ -186,11 +186,11 @@ int main(int argc, char **argv) {
     /* decode at each batch, graphs on (and off for small batches) */
     for (int bi = 0; bi < nb; bi++) {
         int B = batches[bi];
-        /* modes: 0 graphs, 1 no graphs, 2 graphs with programmatic dependent launch */
+        /* modes: 0 graphs + PDL (the default), 1 no graphs (PDL), 2 graphs without PDL */
         for (int g = 0; g < (compare && B <= 8 ? 3 : 1); g++) {
             kiln_executor *y = x;
             kiln_cuda_exec_set_graphs(x, g != 1);
-            g_pdl = kiln_cuda_exec_set_pdl(x, g == 2) && g == 2;
+            g_pdl = kiln_cuda_exec_set_pdl(x, g != 2) && g != 2;
             for (int i = 0; i < B; i++)
                 if (y->ops->reserve(y, i, prompt + steps + 2, &fits, &err) || !fits) {
                     fprintf(stderr, "reserve batch %d: %s\n", B, fits ? err.msg : "no room");
@@ -220,15 +220,14 @@ int main(int argc, char **argv) {
             emit("decode_ms_per_step", med, "ms", B, prompt, steps, g != 1);
             emit("decode_tokens_per_s", B * 1e3 / med, "tok/s", B, prompt, steps, g != 1);
             fprintf(stderr, "decode batch %d%s: %.3f ms/step, %.0f tok/s\n", B,
-                    g == 1 ? " (no graphs)" : g == 2 ? " (graphs + PDL)" : " (graphs)", med, B * 1e3 / med);
+                    g == 1 ? " (no graphs)" : g == 2 ? " (graphs, no PDL)" : " (graphs + PDL)", med, B * 1e3 / med);
             for (int i = 0; i < B; i++) y->ops->release(y, i);
             free(dt);
             free(s.slot), free(s.n_new), free(s.start), free(s.next), free(s.want), free(s.samp), free(s.toks);
         }
     }
     kiln_cuda_exec_set_graphs(x, true);
-    g_pdl = false;
-    kiln_cuda_exec_set_pdl(x, false);
+    g_pdl = kiln_cuda_exec_set_pdl(x, true);
     x->ops->info(x, &info);
     emit("peak_device_gb", (double)info.device_peak_bytes / 1e9, "GB", 1, 0, 0, true);
     x->ops->destroy(x);

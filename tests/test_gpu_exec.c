@@ -506,9 +506,9 @@ static void test_stories_f32(void) {
     NEED_GPU();
     kiln_cuda_exec_opts o = {.max_seqs = 4, .max_context = 256, .kv_bytes = 64 << 20};
     check_golden(stories(), pathf("%s/tests/golden/stories260k", src_dir()), &o, 64);
-    /* the same without CUDA graphs, and with programmatic dependent launch */
+    /* the same without CUDA graphs and without programmatic dependent launch */
     o.no_graphs = true;
-    o.pdl = true;
+    o.no_pdl = true;
     check_golden(stories(), pathf("%s/tests/golden/stories260k", src_dir()), &o, 7);
 }
 
@@ -552,7 +552,7 @@ static void test_batched_and_mixed(void) {
                                                                                       406, 407, 408, 409, 410, 411};
     const int32_t *pr[3] = {p0, p1, p2};
     const int np[3] = {8, 1, 13}, NG = 40;
-    kiln_cuda_exec_opts o = {.max_seqs = 4, .max_context = 128, .kv_bytes = 32 << 20, .pdl = true};
+    kiln_cuda_exec_opts o = {.max_seqs = 4, .max_context = 128, .kv_bytes = 32 << 20};
     gx G;
     KT_REQUIRE(gx_open(&G, stories(), &o));
     int32_t alone[3][40];

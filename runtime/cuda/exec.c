@@ -1146,8 +1146,8 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
     x->cu_ok = true;
     x->stats.sm = x->cu.sm;
     {
-        const char *env = getenv("KILN_PDL");
-        x->pdl = x->stats.pdl = x->cu.sm >= 90 && (o->pdl || (env && strcmp(env, "1") == 0));
+        const char *env = getenv("KILN_NO_PDL");
+        x->pdl = x->stats.pdl = x->cu.sm >= 90 && !o->no_pdl && !(env && strcmp(env, "1") == 0);
     }
 
     /* the kernels section */

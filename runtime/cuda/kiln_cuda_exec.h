@@ -48,8 +48,8 @@ typedef struct kiln_cuda_exec_opts {
     int block_size;      /* tokens per KV block; 0 = the engine's (its kernels are built for one size) */
     int device;          /* CUDA device ordinal */
     bool no_graphs;      /* run decode steps without CUDA graphs (for measuring their gain) */
-    bool pdl;            /* launch kernels with programmatic dependent launch (sm_90+; also with
-                            KILN_PDL=1 in the environment). Off by default: measured slower so far */
+    bool no_pdl;         /* launch kernels the ordinary way instead of with programmatic dependent
+                            launch (which is used on sm_90+ unless this or KILN_NO_PDL=1 is set) */
     int threads;         /* host threads for the weight upload; 0 = one per core (at most 16) */
 } kiln_cuda_exec_opts;
 
