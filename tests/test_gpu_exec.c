@@ -765,6 +765,47 @@ static void test_unfused_refused(void) {
     kiln_model_close(m);
 }
 
+/* An engine without a cubin for this GPU: refused by name; with PTX only, the
+ * driver compiles it and the ids are still HF's. */
+static void test_targets(void) {
+    NEED_GPU();
+    const char *ck = pathf("%s/models/stories260k", src_dir());
+    /* a cubin of another major version only */
+    const char *other = pathf("%s/s260_other.kiln", g_tmp);
+    int other_sm = g_sm >= 90 ? 80 : 90;
+    KT_REQUIRE(compile_engine(ck, KILN_DTYPE_COUNT_, NULL, pathf("sm_%d", other_sm), 0, other) == KILN_OK);
+    kiln_model *m = NULL;
+    kiln_error err = {0};
+    KT_REQUIRE(kiln_model_open_ex(other, 1, KILN_MODEL_NO_F32, &m, &err) == KILN_OK);
+    kiln_executor *x = NULL;
+    kiln_cuda_exec_opts o = {.max_seqs = 1, .max_context = 128, .kv_bytes = 8 << 20};
+    KT_EQ_INT(kiln_cuda_executor_new(m, &o, &x, &err), KILN_ERR_UNSUPPORTED);
+    KT_CONTAINS(err.msg, pathf("built for sm_%d", other_sm));
+    KT_CONTAINS(err.msg, pathf("is sm_%d", g_sm));
+    fprintf(stderr, "  %s\n", err.msg);
+    kiln_model_close(m);
+    /* PTX of an older compute capability only: JIT-compiled by the driver */
+    const char *ptx = pathf("%s/s260_ptx.kiln", g_tmp);
+    KT_REQUIRE(compile_engine(ck, KILN_DTYPE_COUNT_, NULL, "compute_80", 0, ptx) == KILN_OK);
+    gx G;
+    KT_REQUIRE(gx_open(&G, ptx, &o));
+    kiln_cuda_exec_stats cs;
+    KT_CHECK(kiln_cuda_exec_get_stats(G.x, &cs) && cs.jitted);
+    json_error_t je;
+    json_t *g = json_load_file(pathf("%s/tests/golden/stories260k/golden.json", src_dir()), 0, &je);
+    KT_REQUIRE(g != NULL);
+    json_t *c = json_array_get(json_object_get(g, "cases"), 1);
+    int np, ng;
+    int32_t *prompt = json_ids(json_object_get(c, "prompt"), &np), *greedy = json_ids(json_object_get(c, "greedy"), &ng);
+    int32_t ids[16];
+    KT_CHECK(gen_one(&G, 0, prompt, np, 16, 8, ids, NULL, NULL));
+    for (int k = 0; k < 16; k++) KT_EQ_INT(ids[k], greedy[k]);
+    free(prompt);
+    free(greedy);
+    json_decref(g);
+    gx_close(&G);
+}
+
 /* pycode-22m in bf16: greedy against HF bf16, diverging only at a near-tie. */
 static void test_pycode_bf16(void) {
     NEED_GPU();
@@ -901,6 +942,7 @@ int main(void) {
     RUN(test_sampler_agrees);
     RUN(test_limits);
     RUN(test_unfused_refused);
+    RUN(test_targets);
     RUN(test_tiny_bf16);
     RUN(test_pycode_bf16);
     remove_tmp();
