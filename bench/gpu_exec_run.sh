@@ -55,9 +55,12 @@ for s in $steps; do
     timeout 150 "$BIN/kiln" compile /tmp/m7b -o /tmp/m7b.kiln >>"$OUT/bench7b.log" 2>&1
     note "7B compile rc=$? $((SECONDS - c0)) s"
     sync; cat /tmp/m7b.kiln >/dev/null # page cache
-    timeout 200 "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --batches 1,8,64 --steps 64 --reps 5 >"$OUT/bench7b.jsonl" 2>>"$OUT/bench7b.log"
+    timeout 200 "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --batches 1,8,16,64 --steps 64 --reps 5 >"$OUT/bench7b.jsonl" 2>>"$OUT/bench7b.log"
     note "7B bench rc=$?, $((SECONDS - t0)) s"
-    tail -20 "$OUT/bench7b.log"
+    # the same batches with cuBLASLt instead of the tensor-core GEMV above 8 tokens
+    KILN_GEMV_MAX_M=8 timeout 120 "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --batches 16,64 --steps 32 --reps 3 \
+      --prefill 0 --ttft 0 --no-graph-compare >"$OUT/bench7b_lt.jsonl" 2>>"$OUT/bench7b.log"
+    tail -22 "$OUT/bench7b.log"
     # the same engine through the public API and scheduler (kiln bench)
     timeout 90 "$BIN/kiln" bench /tmp/m7b.kiln --device gpu --batch 1 --input-len 512 --output-len 64 --reps 2 --json \
       >"$OUT/kiln_bench.jsonl" 2>>"$OUT/bench7b.log"

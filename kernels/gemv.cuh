@@ -25,7 +25,10 @@
  * still does 16-byte loads: lane (g = lane/4, t = lane%4) loads W rows g and
  * g+8 and x row g at k0 + 8t .. k0 + 8t + 7, which feeds two mma steps over
  * 32 values of K. No shuffle reduction is needed: the C fragments are the
- * sums. Launch: grid (ceil(N/16), ceil(M/8)), block GEMV_WARPS*32.
+ * sums. Launch: grid (ceil(M/8), ceil(N/16)), block GEMV_WARPS*32: the x
+ * tiles of one group of 16 rows are neighbouring blocks, scheduled
+ * together, so for M up to 64 (decode batches) W is read from memory once
+ * and from L2 by the other tiles.
  *
  * Constants (codegen fills them in; defaults suit M = 1 on an H100/H200):
  *   GEMV_WARPS   warps per block                    (4)
@@ -218,7 +221,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) kiln_gemv(const ki
     __shared__ float red[GEMV_WARPS][16][8 + 1]; /* per-warp C tiles [row][m] */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int n0 = blockIdx.x * 16, m0 = blockIdx.y * 8;
+    const int n0 = blockIdx.y * 16, m0 = blockIdx.x * 8; /* x tiles of one row group side by side */
     kiln_pdl_wait();
     const kiln_bf16 *w = (const kiln_bf16 *)p.w;
     const kiln_bf16 *x = (const kiln_bf16 *)p.x;

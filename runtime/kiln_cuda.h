@@ -141,6 +141,8 @@ typedef struct kiln_gemv_cfg {
     int mma; /* GEMV_MMA: tensor-core variant (16 rows x 8 x-rows per block; rows, mt ignored) */
 } kiln_gemv_cfg;
 
+/* Grid and block of kiln_gemv for an M x K by N x K product (the tensor-core
+ * variant puts the x tiles in grid.x and the row groups in grid.y). */
 kiln_cuda_dims kiln_gemv_dims(const kiln_gemv_cfg *c, int M, int N);
 /* Dynamic shared memory of kiln_attn_decode and kiln_attn_prefill. */
 unsigned kiln_attn_decode_smem(int n_heads, int n_kv_heads, int head_dim, int block_size, int partition_max, int warps);

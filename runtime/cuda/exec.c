@@ -162,6 +162,7 @@ typedef struct cx {
     int n_graphs;
     bool no_graphs;
     bool pdl;
+    int gemv_max_m; /* most tokens per step the tensor-core GEMV takes (else cuBLASLt) */
     int64_t bytes_now, bytes_peak;
     kiln_cuda_exec_stats stats;
 } cx;
@@ -691,12 +692,13 @@ static CUdeviceptr bufp(const cx *x, int b) { return b >= 0 ? x->bufs[b].p : 0; 
 static CUdeviceptr dwp(const cx *x, int d) { return x->dweights + x->dw[d].offset; }
 static CUdeviceptr inp(const cx *x, size_t off) { return x->in_dev + off; }
 
-/* y = x·W^T (+ y when res) for M rows: GEMV kernels up to KILN_GEMV_MAX_M rows, cuBLASLt above. */
+/* y = x·W^T (+ y when res) for M rows: GEMV kernels up to KILN_GEMV_MAX_M rows
+ * (KILN_GEMV_MAX_M_MMA with the tensor-core GEMV), cuBLASLt above. */
 static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUdeviceptr out, bool res,
                             kiln_error *err) {
     const CUdeviceptr w = dwp(x, g->dw);
     const int ldy = g->epi == EPI_SWIGLU ? g->n / 2 : g->n;
-    if (M <= KILN_GEMV_MAX_M) {
+    if (M <= (g->mma ? x->gemv_max_m : KILN_GEMV_MAX_M)) {
         bool m1 = M == 1 || !g->mma;
         const kiln_gemv_cfg *c = m1 ? &g->c1 : &g->cmma;
         kiln_gemv_params prm = {in, w, out, res ? out : 0, M, g->n, g->k, g->k, ldy, 0};
@@ -1129,6 +1131,11 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
     x->m = m;
     x->p = p;
     x->no_graphs = o->no_graphs;
+    x->gemv_max_m = KILN_GEMV_MAX_M_MMA;
+    {
+        const char *env = getenv("KILN_GEMV_MAX_M"); /* for measuring the GEMV / cuBLASLt crossover */
+        if (env && atoi(env) >= 1) x->gemv_max_m = atoi(env);
+    }
     x->max_rows = (int)step;
     x->hidden = p->hidden_size;
     x->n_kv = p->n_kv_heads;
@@ -1227,7 +1234,7 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
         const size_t qkvw = (size_t)(x->n_heads + 2 * x->n_kv) * (size_t)x->head_dim;
         if ((st = cx_alloc(x, R * qkvw * es, "the QKV scratch", &x->qkv_tmp, err)) ||
             (st = cx_alloc(x, R * (size_t)x->n_heads * (size_t)x->head_dim * es, "the q scratch", &x->q_tmp, err)) ||
-            (R > KILN_GEMV_MAX_M && x->ffn_max > 0 &&
+            (R > (size_t)KILN_GEMV_MAX_M && x->ffn_max > 0 &&
              (st = cx_alloc(x, R * 2 * (size_t)x->ffn_max * es, "the gate/up scratch", &x->gu_tmp, err))) ||
             (st = cx_alloc(x, (size_t)max_seqs * (size_t)x->hidden * es, "the LM head input", &x->lm_x, err)) ||
             (st = cx_alloc(x, (size_t)max_seqs * (size_t)x->vocab * 4, "the logits", &x->logits, err)) ||

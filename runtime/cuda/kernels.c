@@ -21,9 +21,14 @@ int kiln_cuda_pick_image(const kiln_cuda_image *images, int n_images, int device
 
 kiln_cuda_dims kiln_gemv_dims(const kiln_gemv_cfg *c, int M, int N) {
     kiln_cuda_dims d = {{1, 1, 1}, {1, 1, 1}, 0};
-    int per_block = c->mma ? 16 : c->warps * c->rows, mt = c->mma ? 8 : c->mt;
-    d.grid[0] = (unsigned)((N + per_block - 1) / per_block);
-    d.grid[1] = (unsigned)((M + mt - 1) / mt);
+    if (c->mma) { /* x tiles first, so the blocks reading the same 16 rows of W run together */
+        d.grid[0] = (unsigned)((M + 7) / 8);
+        d.grid[1] = (unsigned)((N + 15) / 16);
+    } else {
+        int per_block = c->warps * c->rows;
+        d.grid[0] = (unsigned)((N + per_block - 1) / per_block);
+        d.grid[1] = (unsigned)((M + c->mt - 1) / c->mt);
+    }
     d.block[0] = (unsigned)(c->warps * 32);
     return d;
 }
