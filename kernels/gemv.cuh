@@ -25,10 +25,9 @@
  * still does 16-byte loads: lane (g = lane/4, t = lane%4) loads W rows g and
  * g+8 and x row g at k0 + 8t .. k0 + 8t + 7, which feeds two mma steps over
  * 32 values of K. No shuffle reduction is needed: the C fragments are the
- * sums. Launch: grid (ceil(M/8), ceil(N/16)), block GEMV_WARPS*32: the x
- * tiles of one group of 16 rows are neighbouring blocks, scheduled
- * together, so for M up to 64 (decode batches) W is read from memory once
- * and from L2 by the other tiles.
+ * sums. Launch: grid (ceil(M/8), ceil(N/16)), block GEMV_WARPS*32 (x tiles
+ * of one group of 16 rows are neighbouring blocks; even so, at M = 16..64
+ * cuBLASLt is faster, so the runtime stops at M = 8).
  *
  * Constants (codegen fills them in; defaults suit M = 1 on an H100/H200):
  *   GEMV_WARPS   warps per block                    (4)

@@ -693,7 +693,8 @@ static CUdeviceptr dwp(const cx *x, int d) { return x->dweights + x->dw[d].offse
 static CUdeviceptr inp(const cx *x, size_t off) { return x->in_dev + off; }
 
 /* y = x·W^T (+ y when res) for M rows: GEMV kernels up to KILN_GEMV_MAX_M rows
- * (KILN_GEMV_MAX_M_MMA with the tensor-core GEMV), cuBLASLt above. */
+ * (for the tensor-core GEMV, gemv_max_m: KILN_GEMV_MAX_M unless the
+ * environment's KILN_GEMV_MAX_M says otherwise), cuBLASLt above. */
 static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUdeviceptr out, bool res,
                             kiln_error *err) {
     const CUdeviceptr w = dwp(x, g->dw);
@@ -1131,7 +1132,7 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
     x->m = m;
     x->p = p;
     x->no_graphs = o->no_graphs;
-    x->gemv_max_m = KILN_GEMV_MAX_M_MMA;
+    x->gemv_max_m = KILN_GEMV_MAX_M;
     {
         const char *env = getenv("KILN_GEMV_MAX_M"); /* for measuring the GEMV / cuBLASLt crossover */
         if (env && atoi(env) >= 1) x->gemv_max_m = atoi(env);
