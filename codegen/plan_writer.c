@@ -48,7 +48,7 @@ static int slot_count(const kiln_graph *g) {
 }
 
 kiln_status kiln_plan_serialize(const kiln_graph *g, kiln_buf *b, kiln_error *err) {
-    numbering n;
+    numbering n = {0};
     kiln_status st = number(g, &n, err);
     if (st != KILN_OK) return st;
     int n_slots = slot_count(g);

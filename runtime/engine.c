@@ -345,7 +345,7 @@ static kiln_status engine_verify(const uint8_t *data, size_t size, const char *l
         s->checksum = kiln_rd_u64(t + 32);
         section_label(lab, sizeof lab, i, s->kind);
         kiln_status st = KILN_OK;
-        uint64_t end;
+        uint64_t end = 0;
         if (s->codec != KILN_CODEC_NONE && s->codec != KILN_CODEC_ZSTD_CHUNKED) {
             st = kiln_err(err, KILN_ERR_FORMAT, "%s: section %s uses unknown codec %u", label, lab, s->codec);
             kiln_err_hint(err, "the engine was written by a newer kiln; upgrade the runtime");
