@@ -8,7 +8,7 @@
 #            1,17,512,4096,6000 (prefill in steps of 2048) plus 4 teacher-forced
 #            decode steps each; bench/check_logits.py compares (bound 1.25x).
 #   ppl      pycode-22m in bf16: kiln's per-token NLL over the eval text
-#            (bench/gpu_logits.c ppl mode, one-token steps, 32 windows at once)
+#            (bench/gpu_logits.c ppl mode, one-token steps, 32 and 8 windows at once)
 #            vs HF bf16 and fp32 on the same windows (bench/perplexity.py;
 #            bound 0.5%).
 # The two run side by side on the one GPU (the ppl part is small).
@@ -48,29 +48,31 @@ echo "== env: $(grep -m1 -i h200 "$OUT/env.log"; grep -m1 ^torch "$OUT/env.log")
 # ---- ppl (background): engine, ids, kiln, HF --------------------------------
 (
   set -e
-  timeout 120 "$BIN/kiln" compile "$PY" -o "$W/py.kiln" --target sm_90
+  timeout 60 "$BIN/kiln" compile "$PY" -o "$W/py.kiln" --target sm_90
   python3 bench/perplexity.py ids --tokenizer "$PY/tokenizer.json" --text "$TEXT" --out "$W/ppl/text.i32"
-  timeout 120 "$BIN/kiln_gpu_logits" "$W/py.kiln" ppl --ids "$W/ppl/text.i32" --out "$W/ppl/kiln_nll.f32" \
-    --batch 32 $GL_FLAGS >"$W/ppl/kiln.jsonl"
-  cat "$W/ppl/kiln.jsonl"
-  timeout 200 python3 bench/perplexity.py score --model "$PY" --ids "$W/ppl/text.i32" \
-    --kiln-nll "$W/ppl/kiln_nll.f32" --out "$W/ppl" >"$OUT/ppl.jsonl"
+  # 32 windows per step (cuBLASLt GEMMs), then 8 (the decode GEMV kernels)
+  timeout 90 "$BIN/kiln_gpu_logits" "$W/py.kiln" ppl --ids "$W/ppl/text.i32" --out "$W/ppl/kiln_nll_b32.f32" \
+    --batch 32 $GL_FLAGS
+  timeout 90 "$BIN/kiln_gpu_logits" "$W/py.kiln" ppl --ids "$W/ppl/text.i32" --out "$W/ppl/kiln_nll_b8.f32" \
+    --batch 8 $GL_FLAGS
+  timeout 120 python3 bench/perplexity.py score --model "$PY" --ids "$W/ppl/text.i32" \
+    --kiln-nll "$W/ppl/kiln_nll_b32.f32,$W/ppl/kiln_nll_b8.f32" --out "$W/ppl" >"$OUT/ppl.jsonl"
 ) >"$OUT/ppl.log" 2>&1 &
 ppl_pid=$!
 
 # ---- logits: checkpoint, then kiln (background) and HF side by side --------
-timeout 150 python3 bench/make_checkpoint.py --arch "$ARCH" --out "$W/m7b" >"$OUT/logits.log" 2>&1
+timeout 90 python3 bench/make_checkpoint.py --arch "$ARCH" --out "$W/m7b" >"$OUT/logits.log" 2>&1
 echo "== 7B checkpoint rc=$? at $((SECONDS - t0)) s"
 VOCAB=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['vocab_size'])" "$W/m7b/config.json")
 python3 bench/check_logits.py ids --out "$W/lg/ids.i32" --n $((${LENGTHS##*,} + DECODE)) --vocab "$VOCAB" \
   >>"$OUT/logits.log" 2>&1
 ( c0=$SECONDS
-  timeout 150 "$BIN/kiln" compile "$W/m7b" -o "$W/m7b.kiln" --target sm_90 &&
+  timeout 100 "$BIN/kiln" compile "$W/m7b" -o "$W/m7b.kiln" --target sm_90 &&
   echo "kiln compile $((SECONDS - c0)) s" &&
-  timeout 150 "$BIN/kiln_gpu_logits" "$W/m7b.kiln" logits --ids "$W/lg/ids.i32" --lengths "$LENGTHS" \
+  timeout 60 "$BIN/kiln_gpu_logits" "$W/m7b.kiln" logits --ids "$W/lg/ids.i32" --lengths "$LENGTHS" \
     --decode "$DECODE" --chunk 2048 --out "$W/lg" $GL_FLAGS ) >"$W/kiln7b.log" 2>&1 &
 kiln_pid=$!
-timeout 240 python3 bench/check_logits.py hf --model "$W/m7b" --ids "$W/lg/ids.i32" --lengths "$LENGTHS" \
+timeout 170 python3 bench/check_logits.py hf --model "$W/m7b" --ids "$W/lg/ids.i32" --lengths "$LENGTHS" \
   --decode "$DECODE" --out "$W/lg" >>"$OUT/logits.log" 2>&1
 echo "== HF 7B rc=$? at $((SECONDS - t0)) s"
 wait $kiln_pid

@@ -21,8 +21,8 @@ Stages:
   ids    tokenize the text, write the ids (no BOS) as raw int32.
   score  HF per-token NLL in each dtype (fp32 with TF32 off, bf16), each
          written as hf_<dtype>_nll.f32; with --kiln-nll, compare kiln's
-         per-token NLL file and print one JSON line per reference:
-           {ref, tokens, ppl_kiln, ppl_hf, rel_diff, pass (|rel_diff| <= 0.5%),
+         per-token NLL file(s) and print one JSON line per reference and file:
+           {ref, kiln, tokens, ppl_kiln, ppl_hf, rel_diff, pass (|rel_diff| <= 0.5%),
             nll_mean_abs_diff, nll_max_abs_diff, ...}
 """
 
@@ -82,11 +82,12 @@ def cmd_score(a):
         cfg = json.load(f)
     window = a.window or cfg["max_position_embeddings"]
     bos = a.bos if a.bos is not None else cfg["bos_token_id"]
-    kiln = None
-    if a.kiln_nll:
-        kiln = np.fromfile(a.kiln_nll, dtype="<f4").astype(np.float64)
-        if kiln.size != ids.size:
-            sys.exit(f"{a.kiln_nll}: {kiln.size} values for {ids.size} tokens")
+    kilns = {}
+    for path in (a.kiln_nll.split(",") if a.kiln_nll else []):
+        k = np.fromfile(path, dtype="<f4").astype(np.float64)
+        if k.size != ids.size:
+            sys.exit(f"{path}: {k.size} values for {ids.size} tokens")
+        kilns[os.path.basename(path)] = k
     os.makedirs(a.out, exist_ok=True)
     ok = True
     for name in a.dtypes.split(","):
@@ -97,20 +98,23 @@ def cmd_score(a):
         nll = hf_nll(model, ids, window, bos, device)
         del model
         nll.astype("<f4").tofile(os.path.join(a.out, f"hf_{name}_nll.f32"))
-        r = {"ref": f"hf_{name}", "tokens": int(ids.size), "windows": len(pieces(ids.size, window)), "window": window,
-             "bos": bos, "nll_mean_hf": round(float(nll.mean()), 6), "ppl_hf": round(math.exp(nll.mean()), 5),
-             "seconds": round(time.time() - t0, 2)}
-        if kiln is not None:
+        base = {"ref": f"hf_{name}", "tokens": int(ids.size), "windows": len(pieces(ids.size, window)),
+                "window": window, "bos": bos, "nll_mean_hf": round(float(nll.mean()), 6),
+                "ppl_hf": round(math.exp(nll.mean()), 5), "seconds": round(time.time() - t0, 2)}
+        if not kilns:
+            print(json.dumps(base), flush=True)
+        for kname, kiln in kilns.items():
             d = kiln - nll
             rel = math.exp(kiln.mean()) / math.exp(nll.mean()) - 1.0
+            r = dict(base, kiln=kname)
             r.update({"nll_mean_kiln": round(float(kiln.mean()), 6), "ppl_kiln": round(math.exp(kiln.mean()), 5),
                       "rel_diff": float(f"{rel:.4g}"), "pass": bool(abs(rel) <= BOUND),
                       "nll_mean_abs_diff": float(f"{np.abs(d).mean():.4g}"),
                       "nll_max_abs_diff": float(f"{np.abs(d).max():.4g}"),
                       "nll_max_abs_diff_at": int(np.abs(d).argmax())})
             ok &= r["pass"]
-        print(json.dumps(r), flush=True)
-    if kiln is not None:
+            print(json.dumps(r), flush=True)
+    if kilns:
         print(json.dumps({"summary": "perplexity", "bound": BOUND, "all_pass": ok}), flush=True)
     return 0 if ok else 1
 
@@ -129,7 +133,7 @@ def main(argv=None):
     p.add_argument("--window", type=int, default=0, help="tokens per sequence incl. BOS (0 = the model's context)")
     p.add_argument("--bos", type=int, default=None, help="BOS id (default: config.json's bos_token_id)")
     p.add_argument("--dtypes", default="bf16,fp32")
-    p.add_argument("--kiln-nll", help="kiln's per-token NLL (kiln_gpu_logits ppl)")
+    p.add_argument("--kiln-nll", help="kiln's per-token NLL file(s), comma-separated (kiln_gpu_logits ppl)")
     p.add_argument("--out", required=True, help="directory for hf_<dtype>_nll.f32")
     p.add_argument("--device", default="auto")
     p.set_defaults(fn=cmd_score)
