@@ -147,7 +147,7 @@ static kiln_status gemv_launch(bench *b, void *vctx, int i, kiln_error *err) {
     gemv_ctx *g = vctx;
     CUdeviceptr w = g->w[i % g->ncopies];
     if (g->lt) return kiln_cublaslt_gemm_bf16(b->lt, g->M, g->N, g->K, g->x, w, g->y, false, NULL, err);
-    kiln_gemv_params p = {g->x, w, g->y, 0, g->M, g->N, g->K, g->K, g->N, 0};
+    kiln_gemv_params p = {g->x, w, g->y, 0, g->M, g->N, g->K, g->K, g->N, 0, 0, 0.0f, 0};
     void *args[] = {&p};
     return kiln_cuda_launch(&b->cu, g->fn, &g->d, NULL, args, "kiln_gemv", err);
 }
@@ -275,7 +275,7 @@ static void bench_attn(bench *b) {
             kiln_cuda_alloc(&b->cu, (size_t)B * NH * splits * HD * 4, &po, &err) ||
             kiln_cuda_alloc(&b->cu, (size_t)B * NH * splits * 8, &pml, &err))
             die("attn alloc", &err);
-        kiln_attn_decode_params p = {q, k, v, dbt, dl, o, po, pml, 0.0883883f, B, nbpS, splits, part, 0};
+        kiln_attn_decode_params p = {q, k, v, dbt, dl, o, po, pml, 0.0883883f, B, nbpS, splits, part, 0, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0};
         attn_ctx a = {fd, fc, {{NKV, (unsigned)B, (unsigned)splits}, {128, 1, 1}, kiln_attn_decode_smem(NH, NKV, HD, BS, PART, 4)},
                       {{NH, (unsigned)B, 1}, {128, 1, 1}, 0}, &p, splits > 1};
         double sec = time_launches(b, attn_launch, &a, 20);

@@ -44,13 +44,13 @@ static double median(double *v, int n) {
 }
 
 static const char *g_model = "?", *g_gpu = "?", *g_commit = "unknown";
-static bool g_pdl = true;
+static bool g_pdl = true, g_fused = true;
 static void emit(const char *metric, double value, const char *unit, int batch, int in_len, int out_len, bool graphs) {
     printf("{\"model\": \"%s\", \"dtype\": \"bf16\", \"batch\": %d, \"input_len\": %d, \"output_len\": %d, "
-           "\"metric\": \"%s\", \"value\": %.4f, \"unit\": \"%s\", \"graphs\": %s, \"pdl\": %s, \"device\": \"gpu\", "
+           "\"metric\": \"%s\", \"value\": %.4f, \"unit\": \"%s\", \"graphs\": %s, \"pdl\": %s, \"fused\": %s, \"device\": \"gpu\", "
            "\"gpu\": \"%s\", \"commit\": \"%s\", \"impl\": \"kiln-exec\"}\n",
            g_model, batch, in_len, out_len, metric, value, unit, graphs ? "true" : "false", g_pdl ? "true" : "false",
-           g_gpu, g_commit);
+           g_fused ? "true" : "false", g_gpu, g_commit);
     fflush(stdout);
 }
 
@@ -120,6 +120,7 @@ int main(int argc, char **argv) {
         }
     }
     if (getenv("KILN_COMMIT")) g_commit = getenv("KILN_COMMIT");
+    if (getenv("KILN_FUSE") && *getenv("KILN_FUSE")) g_fused = atoi(getenv("KILN_FUSE")) != 0;
     g_model = engine;
     int max_b = 1;
     for (int i = 0; i < nb; i++) max_b = batches[i] > max_b ? batches[i] : max_b;
@@ -186,11 +187,17 @@ int main(int argc, char **argv) {
     /* decode at each batch, graphs on (and off for small batches) */
     for (int bi = 0; bi < nb; bi++) {
         int B = batches[bi];
-        /* modes: 0 graphs + PDL (the default), 1 no graphs (PDL), 2 graphs without PDL */
-        for (int g = 0; g < (compare && B <= 8 ? 3 : 1); g++) {
+        /* modes: 0 graphs + PDL + the default decode fusions, 1 no graphs (PDL), 2 graphs without PDL,
+         * 3 graphs + PDL without any decode fusion (kiln_cuda_exec_set_fuse) */
+        for (int g = 0; g < (compare ? (B <= 8 ? 4 : 2) : 1); g++) {
+            if (compare && B > 8 && g == 1) g = 3;
             kiln_executor *y = x;
             kiln_cuda_exec_set_graphs(x, g != 1);
             g_pdl = kiln_cuda_exec_set_pdl(x, g != 2) && g != 2;
+            if (compare) { /* else the fusions the environment picked (KILN_FUSE) stay */
+                kiln_cuda_exec_set_fuse(x, g != 3);
+                g_fused = g != 3;
+            }
             for (int i = 0; i < B; i++)
                 if (y->ops->reserve(y, i, prompt + steps + 2, &fits, &err) || !fits) {
                     fprintf(stderr, "reserve batch %d: %s\n", B, fits ? err.msg : "no room");
@@ -220,7 +227,8 @@ int main(int argc, char **argv) {
             emit("decode_ms_per_step", med, "ms", B, prompt, steps, g != 1);
             emit("decode_tokens_per_s", B * 1e3 / med, "tok/s", B, prompt, steps, g != 1);
             fprintf(stderr, "decode batch %d%s: %.3f ms/step, %.0f tok/s\n", B,
-                    g == 1 ? " (no graphs)" : g == 2 ? " (graphs, no PDL)" : " (graphs + PDL)", med, B * 1e3 / med);
+                    g == 1 ? " (no graphs)" : g == 2 ? " (graphs, no PDL)" : g == 3 ? " (graphs + PDL, unfused)" : " (graphs + PDL)",
+                    med, B * 1e3 / med);
             for (int i = 0; i < B; i++) y->ops->release(y, i);
             free(dt);
             free(s.slot), free(s.n_new), free(s.start), free(s.next), free(s.want), free(s.samp), free(s.toks);

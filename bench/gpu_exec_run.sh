@@ -8,7 +8,14 @@
 # for pycode-22m, a shared folder with models/pycode-22m:
 #     BIN=.carry/exec/bin SHARED=.carry/exec/shared KILN_COMMIT=$(git rev-parse --short HEAD) \
 #         bash bench/gpu_exec_run.sh [steps...]
-# steps: env tests small memcheck racecheck bench7b (default: env tests small)
+# steps: env tests small memcheck racecheck bench7b perf7b (default: env tests small)
+#   perf7b: decode on the 7B with and without the decode fusions (norm into
+#   GEMV, split merge in attention) at batch 1/8/64, and batch 64 at a short
+#   prompt (what the KV read at 512 tokens costs)
+#   fuse7b: decode at batch 1 and 8 with each decode fusion alone (KILN_FUSE
+#   mask 7 all, 0 none, 1 norm into GEMV, 2 split merge, 4 rope + KV write in
+#   attention), batch 64 at 512
+#   and 32-token prompts, prefill 2048 and TTFT 128
 set -u
 BIN=${BIN:-build-dev}
 SHARED=${SHARED:-../shared}
@@ -66,6 +73,39 @@ for s in $steps; do
       >"$OUT/kiln_bench.jsonl" 2>>"$OUT/bench7b.log"
     note "kiln bench --device gpu rc=$?"
     cut -c1-200 "$OUT/kiln_bench.jsonl" | head -12;;
+  perf7b)
+    { [ -f /tmp/m7b/config.json ] || timeout 200 python3 bench/make_checkpoint.py --arch mistral-7b --out /tmp/m7b; } \
+      >"$OUT/perf7b.log" 2>&1
+    c0=$SECONDS
+    timeout 150 "$BIN/kiln" compile /tmp/m7b -o /tmp/m7b.kiln --target sm_90 >>"$OUT/perf7b.log" 2>&1
+    note "7B ready rc=$? $((SECONDS - c0)) s"
+    sync; cat /tmp/m7b.kiln >/dev/null # page cache
+    timeout 150 "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --batches 1,8,64 --steps 64 --reps 3 --prefill 2048 --ttft 128 \
+      >"$OUT/perf7b.jsonl" 2>>"$OUT/perf7b.log"
+    note "7B decode rc=$?, $((SECONDS - t0)) s"
+    timeout 60 "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --batches 64 --prompt 32 --steps 32 --reps 1 --prefill 0 --ttft 0 \
+      >"$OUT/perf7b_short.jsonl" 2>>"$OUT/perf7b.log"
+    note "7B batch 64 prompt 32 rc=$?"
+    grep -E "decode|prefill|ttft|load" "$OUT/perf7b.log" | tail -20;;
+  fuse7b)
+    { [ -f /tmp/m7b/config.json ] || timeout 200 python3 bench/make_checkpoint.py --arch mistral-7b --out /tmp/m7b; } \
+      >"$OUT/fuse7b.log" 2>&1
+    c0=$SECONDS
+    # always recompile: an engine left by an earlier call holds that call's kernels
+    timeout 150 "$BIN/kiln" compile /tmp/m7b -o /tmp/m7b.kiln --target sm_90 >>"$OUT/fuse7b.log" 2>&1
+    note "7B ready rc=$? $((SECONDS - c0)) s"
+    sync; cat /tmp/m7b.kiln >/dev/null # page cache
+    for mask in 7 0 1 2 4 7; do
+      echo "KILN_FUSE=$mask" >>"$OUT/fuse7b.log"
+      KILN_FUSE=$mask timeout 60 "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --batches 1,8 --steps 96 --reps 1 --prefill 0 \
+        --ttft 0 --no-graph-compare >>"$OUT/fuse7b.jsonl" 2>>"$OUT/fuse7b.log"
+    done
+    timeout 90 "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --batches 64 --steps 64 --reps 3 --prefill 2048 --ttft 128 \
+      --no-graph-compare >>"$OUT/fuse7b.jsonl" 2>>"$OUT/fuse7b.log"
+    timeout 60 "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --batches 64 --prompt 32 --steps 32 --reps 1 --prefill 0 --ttft 0 \
+      --no-graph-compare >>"$OUT/fuse7b.jsonl" 2>>"$OUT/fuse7b.log"
+    note "7B fusions rc=$?, $((SECONDS - t0)) s"
+    grep -E "KILN_FUSE|decode|prefill|ttft" "$OUT/fuse7b.log" | tail -24;;
   esac
 done
 echo; echo "$summary"

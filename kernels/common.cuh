@@ -150,6 +150,33 @@ KILN_DEV void kiln_pdl_launch(void) {
 /* Pull 16 bytes of a weight toward L2 (no earlier result needed: before kiln_pdl_wait). */
 KILN_DEV void kiln_prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
+/* ---- RoPE, shared by rope_kv.cuh and decode attention's fused path ----
+ * inv_freq[i] (i < head_dim/2) as HF's default / llama3 rope init computes it
+ * in fp32, and the rotate_half rotation of one element; every operation is
+ * explicitly rounded (no contraction into fma), so both kernels give the
+ * same bits whether the parameters are compile-time constants or not. */
+KILN_DEV float kiln_rope_freq(int i, int head_dim, float theta, int llama3, float factor, float low_ff, float high_ff,
+                              float orig_max_pos) {
+    float inv = __fdiv_rn(1.0f, powf(theta, __fdiv_rn((float)(2 * i), (float)head_dim)));
+    if (llama3) {
+        const float lo_wavelen = __fdiv_rn(orig_max_pos, low_ff), hi_wavelen = __fdiv_rn(orig_max_pos, high_ff);
+        const float wavelen = __fdiv_rn(__fmul_rn(2.0f, 3.14159265358979323846f), inv);
+        if (wavelen > lo_wavelen) {
+            inv = __fdiv_rn(inv, factor); /* low frequencies: fully scaled */
+        } else if (!(wavelen < hi_wavelen)) {
+            /* medium: smooth blend between scaled and unscaled */
+            const float smooth = __fdiv_rn(__fsub_rn(__fdiv_rn(orig_max_pos, wavelen), low_ff), __fsub_rn(high_ff, low_ff));
+            inv = __fadd_rn(__fdiv_rn(__fmul_rn(__fsub_rn(1.0f, smooth), inv), factor), __fmul_rn(smooth, inv));
+        }
+    }
+    return inv;
+}
+/* Element d of a rotated head: x = head[d], partner = head[d +- head_dim/2],
+ * first = d < head_dim/2: x cos - partner sin, else x cos + partner sin. */
+KILN_DEV float kiln_rope_rot(float x, float partner, float c, float s, bool first) {
+    return first ? __fsub_rn(__fmul_rn(x, c), __fmul_rn(partner, s)) : __fadd_rn(__fmul_rn(x, c), __fmul_rn(partner, s));
+}
+
 KILN_DEV float kiln_warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(KILN_FULL_MASK, v, o);

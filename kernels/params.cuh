@@ -33,6 +33,13 @@ typedef struct kiln_gemv_params {
     int M, N, K;
     int ldx, ldy;       /* row strides in elements */
     int pad_;
+    /* Optional RMSNorm prologue (norm_w != 0): x is then the raw residual
+     * stream and the GEMV multiplies bf16(norm_w * bf16(x * rsqrt(mean(x^2)
+     * + norm_eps))) instead of x (HF's roundings; each warp recomputes the
+     * row's sum of squares). K is the norm's length (HIDDEN). */
+    kiln_dptr norm_w;   /* bf16 [K], or 0 = no norm */
+    float norm_eps;
+    int pad2_;
 } kiln_gemv_params;
 
 /* residual[m] = x[m] + residual[m] (rounded to bf16; skipped when x = 0);
@@ -78,6 +85,22 @@ typedef struct kiln_attn_decode_params {
     int partition;          /* tokens per split, 1..PARTITION (kiln_attn_decode_partition picks it);
                                0 = per sequence, from its length and splits_want (attn_decode.cuh) */
     int splits_want;        /* with partition 0: the splits a sequence aims for (fills the GPU) */
+    kiln_dptr counters;     /* int32 [B, N_KV_HEADS], zero between launches: with it, the last
+                               split block of each (sequence, kv head) to finish merges the splits
+                               itself (and sets its counter back to 0), so no combine kernel runs;
+                               0 = the combine kernel does it */
+    /* Fused RoPE + KV write (qkv != 0): q and the new token's k come unrotated
+     * from the QKV projection's output; each block rotates its q heads, the
+     * block holding a sequence's last token rotates that token's k, stores k
+     * and v into the cache at slots[b] (-1 = not stored) and uses them from
+     * shared memory, so no rope_kv kernel runs before. The rope constants are
+     * the rope_kv module's (kiln_rope_freq in common.cuh). 0 = p.q holds the
+     * rotated q and the cache already holds the token. */
+    kiln_dptr qkv;          /* bf16 [B, (N_HEADS + 2*N_KV_HEADS) * HEAD_DIM] */
+    kiln_dptr positions;    /* int32 [B]: the new token's position */
+    kiln_dptr slots;        /* int32 [B]: its KV slot, block_id * BLOCK_SIZE + offset */
+    float rope_theta, rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_orig_max_pos;
+    int rope_llama3;
 } kiln_attn_decode_params;
 
 /* Prefill attention (flash style, causal, GQA, sliding window) for a batch

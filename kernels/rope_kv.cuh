@@ -35,23 +35,23 @@
 #error "HEAD_DIM must be even"
 #endif
 
-/* inv_freq[i], i < HEAD_DIM/2, as HF's default / llama3 rope init computes it in fp32. */
-KILN_DEV float kiln_rope_inv_freq(int i) {
-    float inv = 1.0f / powf(ROPE_THETA, (float)(2 * i) / (float)HEAD_DIM);
-#if ROPE_LLAMA3
-    const float lo_wavelen = (float)ROPE_ORIG_MAX_POS / ROPE_LOW_FREQ_FACTOR;
-    const float hi_wavelen = (float)ROPE_ORIG_MAX_POS / ROPE_HIGH_FREQ_FACTOR;
-    const float wavelen = 2.0f * 3.14159265358979323846f / inv;
-    if (wavelen > lo_wavelen) {
-        inv = inv / ROPE_FACTOR; /* low frequencies: fully scaled */
-    } else if (!(wavelen < hi_wavelen)) {
-        /* medium: smooth blend between scaled and unscaled */
-        float smooth = ((float)ROPE_ORIG_MAX_POS / wavelen - ROPE_LOW_FREQ_FACTOR) /
-                       (ROPE_HIGH_FREQ_FACTOR - ROPE_LOW_FREQ_FACTOR);
-        inv = (1.0f - smooth) * inv / ROPE_FACTOR + smooth * inv;
-    }
+#ifndef ROPE_FACTOR
+#define ROPE_FACTOR 1.0f
 #endif
-    return inv;
+#ifndef ROPE_LOW_FREQ_FACTOR
+#define ROPE_LOW_FREQ_FACTOR 1.0f
+#endif
+#ifndef ROPE_HIGH_FREQ_FACTOR
+#define ROPE_HIGH_FREQ_FACTOR 4.0f
+#endif
+#ifndef ROPE_ORIG_MAX_POS
+#define ROPE_ORIG_MAX_POS 8192.0f
+#endif
+
+/* inv_freq[i], i < HEAD_DIM/2 (common.cuh: the same function decode attention's fused path uses). */
+KILN_DEV float kiln_rope_inv_freq(int i) {
+    return kiln_rope_freq(i, HEAD_DIM, ROPE_THETA, ROPE_LLAMA3, ROPE_FACTOR, ROPE_LOW_FREQ_FACTOR, ROPE_HIGH_FREQ_FACTOR,
+                          (float)ROPE_ORIG_MAX_POS);
 }
 
 extern "C" __global__ void __launch_bounds__(ROPE_THREADS) kiln_rope_kv(const kiln_rope_kv_params p) {
@@ -74,7 +74,7 @@ extern "C" __global__ void __launch_bounds__(ROPE_THREADS) kiln_rope_kv(const ki
         sincosf((float)pos * kiln_rope_inv_freq(i), &s, &c);
         const kiln_elem *src = row + head * HEAD_DIM;
         const float a = kiln_e2f(src[i]), b = kiln_e2f(src[i + HALF]);
-        const kiln_elem ra = kiln_f2e(a * c - b * s), rb = kiln_f2e(b * c + a * s);
+        const kiln_elem ra = kiln_f2e(kiln_rope_rot(a, b, c, s, true)), rb = kiln_f2e(kiln_rope_rot(b, a, c, s, false));
         if (head < N_HEADS) {
             q_out[head * HEAD_DIM + i] = ra;
             q_out[head * HEAD_DIM + i + HALF] = rb;

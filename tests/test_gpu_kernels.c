@@ -216,7 +216,7 @@ static void run_gemv_case(const gemv_variant *v, kfn *k, int M, int N, int K) {
     for (int rep = 0; rep < 2; rep++) { /* twice: a second run must give the same answer */
         if (v->out_f32) dev_poison32(y, ysz);
         else dev_poison16(y, ysz);
-        kiln_gemv_params p = {x, w, y, r, M, N, K, ldx, ldy, 0};
+        kiln_gemv_params p = {x, w, y, r, M, N, K, ldx, ldy, 0, 0, 0.0f, 0};
         KT_CHECK(klaunch(k->fn, "kiln_gemv", kiln_gemv_dims(&v->cfg, M, N), &p));
         void *out = host_from(y, ysz);
         double e = v->out_f32 ? rel_err_f32(out, ref_out, (size_t)M * nout)
@@ -268,6 +268,112 @@ static void test_gemv(void) {
             int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
             if (v->swiglu && N % 2) N += 1;
             run_gemv_case(v, &k, M, N, K);
+        }
+        kfree(&k);
+    }
+}
+
+/* GEMV with the RMSNorm prologue (p.norm_w): against a double reference,
+ * against the rmsnorm kernel followed by the same GEMV without the prologue
+ * (every output within 1%), and the same bits on a second run. */
+static void test_gemv_norm(void) {
+    NEED_GPU();
+    static const gemv_variant variants[] = {
+        {{8, 1, 4, 1, 0}, 0, 0, 0}, /* QKV at one token */
+        {{4, 4, 2, 1, 0}, 0, 1, 0}, /* gate/up + SwiGLU at one token */
+        {{4, 4, 2, 1, 0}, 1, 0, 0}, /* LM head, fp32 logits */
+        {{4, 2, 2, 4, 0}, 0, 0, 0}, /* CUDA cores, 4 x rows */
+        {{16, 0, 1, 0, 1}, 0, 0, 0}, /* tensor cores, 16 warps */
+        {{4, 0, 2, 0, 1}, 0, 1, 0}, /* tensor cores + SwiGLU, fewer warps than x rows */
+    };
+    static const int shapes[][3] = {{1, 96, 4096}, {3, 40, 4096}, {8, 130, 512}, {2, 33, 4097}, {5, 16, 7}, {1, 64, 5120}};
+    const int nt = 256; /* NORM_THREADS of the rmsnorm kernel (its default) */
+    for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; vi++) {
+        const gemv_variant *v = &variants[vi];
+        char d[7][32];
+        snprintf(d[0], 32, "GEMV_WARPS=%d", v->cfg.warps);
+        snprintf(d[1], 32, "GEMV_ROWS=%d", v->cfg.rows ? v->cfg.rows : 2);
+        snprintf(d[2], 32, "GEMV_UNROLL=%d", v->cfg.unroll);
+        snprintf(d[3], 32, "GEMV_MT=%d", v->cfg.mt ? v->cfg.mt : 1);
+        snprintf(d[4], 32, "GEMV_OUT_F32=%d", v->out_f32);
+        snprintf(d[5], 32, "GEMV_SWIGLU=%d", v->swiglu);
+        snprintf(d[6], 32, "GEMV_MMA=%d", v->cfg.mma);
+        const char *defs[7] = {d[0], d[1], d[2], d[3], d[4], d[5], d[6]};
+        kfn k;
+        KT_REQUIRE(kbuild(&k, "gemv.cuh", "kiln_gemv", defs, 7));
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            const int M = shapes[si][0], K = shapes[si][2];
+            const int N = v->swiglu && shapes[si][1] % 2 ? shapes[si][1] + 1 : shapes[si][1];
+            const int nout = v->swiglu ? N / 2 : N;
+            char hd[32];
+            snprintf(hd, sizeof hd, "HIDDEN=%d", K);
+            const char *ndefs[] = {hd, "RMS_EPS=1e-5f"};
+            kfn kn;
+            KT_REQUIRE(kbuild(&kn, "rmsnorm.cuh", "kiln_rmsnorm", ndefs, 2));
+            float *xf, *wf, *gf;
+            uint16_t *xh = rand_bf16((size_t)M * K, 2.0f, &xf), *wh = rand_bf16((size_t)N * K, 0.02f, &wf);
+            uint16_t *gh = rand_bf16((size_t)K, 1.0f, &gf);
+            for (int i = 0; i < K; i++) gf[i] = kiln_bf16_to_f32(gh[i] = kiln_f32_to_bf16(1.0f + 0.5f * gf[i]));
+            const size_t ysz = (size_t)M * nout * (v->out_f32 ? 4 : 2);
+            CUdeviceptr x = dev_from(xh, (size_t)M * K * 2), w = dev_from(wh, (size_t)N * K * 2);
+            CUdeviceptr g = dev_from(gh, (size_t)K * 2), xn = dev_alloc((size_t)M * K * 2);
+            CUdeviceptr y = dev_alloc(ysz), y2 = dev_alloc(ysz);
+            /* the two-kernel way */
+            dev_poison16(xn, (size_t)M * K * 2);
+            v->out_f32 ? dev_poison32(y2, ysz) : dev_poison16(y2, ysz);
+            kiln_rmsnorm_params np = {0, x, g, xn, M, 0};
+            KT_CHECK(klaunch(kn.fn, "kiln_rmsnorm", dims((unsigned)M, 1, 1, (unsigned)nt, 0), &np));
+            kiln_gemv_params p2 = {xn, w, y2, 0, M, N, K, K, nout, 0, 0, 0.0f, 0};
+            KT_CHECK(klaunch(k.fn, "kiln_gemv", kiln_gemv_dims(&v->cfg, M, N), &p2));
+            void *want = host_from(y2, ysz);
+            /* reference: HF's roundings in double around the norm, then the product */
+            double *ref = malloc(sizeof(double) * (size_t)M * nout), *row = malloc(sizeof(double) * (size_t)N);
+            float *xnf = malloc(sizeof(float) * (size_t)K);
+            for (int m = 0; m < M; m++) {
+                double ss = 0;
+                for (int i = 0; i < K; i++) ss += (double)xf[(size_t)m * K + i] * xf[(size_t)m * K + i];
+                const double inv = 1.0 / sqrt(ss / K + 1e-5);
+                for (int i = 0; i < K; i++)
+                    xnf[i] = kiln_bf16_to_f32(kiln_f32_to_bf16(
+                        gf[i] * kiln_bf16_to_f32(kiln_f32_to_bf16((float)(xf[(size_t)m * K + i] * inv)))));
+                for (int n = 0; n < N; n++) {
+                    double s2 = 0;
+                    for (int i = 0; i < K; i++) s2 += (double)xnf[i] * wf[(size_t)n * K + i];
+                    row[n] = s2;
+                }
+                for (int n = 0; n < nout; n++)
+                    ref[(size_t)m * nout + n] =
+                        v->swiglu ? row[2 * n] / (1.0 + exp(-row[2 * n])) * row[2 * n + 1] : row[n];
+            }
+            void *first = malloc(ysz);
+            for (int rep = 0; rep < 2; rep++) {
+                v->out_f32 ? dev_poison32(y, ysz) : dev_poison16(y, ysz);
+                kiln_gemv_params p = {x, w, y, 0, M, N, K, K, nout, 0, g, 1e-5f, 0};
+                KT_CHECK(klaunch(k.fn, "kiln_gemv (norm prologue)", kiln_gemv_dims(&v->cfg, M, N), &p));
+                void *out = host_from(y, ysz);
+                double e = v->out_f32 ? rel_err_f32(out, ref, (size_t)M * nout) : rel_err_bf16(out, ref, (size_t)M * nout);
+                KT_CHECKF(e < (v->out_f32 ? 1e-3 : TOL_BF16),
+                          "gemv+norm M=%d N=%d K=%d (warps %d mma %d f32 %d swiglu %d): rel err %g", M, N, K,
+                          v->cfg.warps, v->cfg.mma, v->out_f32, v->swiglu, e);
+                /* the two-kernel way, as a reference with the GPU's own roundings: close, but the sum
+                 * of squares is added in another order, so a bf16 rounding may differ here and there */
+                size_t nd = 0, nn = (size_t)M * nout;
+                for (size_t i = 0; i < nn; i++) {
+                    double a = v->out_f32 ? ((const float *)out)[i] : kiln_bf16_to_f32(((const uint16_t *)out)[i]);
+                    double b = v->out_f32 ? ((const float *)want)[i] : kiln_bf16_to_f32(((const uint16_t *)want)[i]);
+                    if (fabs(a - b) > 1e-2 * (fabs(b) + 1e-2)) nd++;
+                }
+                KT_CHECKF(nd == 0, "gemv+norm M=%d N=%d K=%d (warps %d mma %d f32 %d swiglu %d): %zu of %zu outputs "
+                          "differ by more than 1%% from rmsnorm then gemv", M, N, K, v->cfg.warps, v->cfg.mma,
+                          v->out_f32, v->swiglu, nd, nn);
+                if (rep == 1) KT_CHECKF(memcmp(out, first, ysz) == 0, "gemv+norm M=%d N=%d K=%d: a second run differs", M, N, K);
+                if (rep == 0) memcpy(first, out, ysz);
+                free(out);
+            }
+            kiln_cuda_release(&g_cu, x); kiln_cuda_release(&g_cu, w); kiln_cuda_release(&g_cu, g);
+            kiln_cuda_release(&g_cu, xn); kiln_cuda_release(&g_cu, y); kiln_cuda_release(&g_cu, y2);
+            free(xh); free(xf); free(wh); free(wf); free(gh); free(gf); free(want); free(first); free(ref); free(row); free(xnf);
+            kfree(&kn);
         }
         kfree(&k);
     }
@@ -592,7 +698,7 @@ static void test_attn_decode(void) {
         dev_poison16(o, qn * 2);
         dev_poison32(po, (size_t)B * c->nh * max_splits * c->hd * 4);
         float scale = 1.0f / sqrtf((float)c->hd);
-        kiln_attn_decode_params p = {q, pc.k, pc.v, pc.dbt, pc.dlens, o, po, pml, scale, B, pc.max_blocks, max_splits, part, 0};
+        kiln_attn_decode_params p = {q, pc.k, pc.v, pc.dbt, pc.dlens, o, po, pml, scale, B, pc.max_blocks, max_splits, part, 0, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0};
         unsigned smem = kiln_attn_decode_smem(c->nh, c->nkv, c->hd, c->bs, 512, 4);
         KT_CHECK(klaunch(k.fn, "kiln_attn_decode", dims((unsigned)c->nkv, (unsigned)B, (unsigned)max_splits, 128, smem), &p));
         if (max_splits > 1)
@@ -615,7 +721,7 @@ static void test_attn_decode(void) {
             dev_poison16(o, qn * 2);
             dev_poison32(po, (size_t)B * c->nh * room * c->hd * 4);
             kiln_attn_decode_params pa = {q, pc.k, pc.v, pc.dbt, pc.dlens, o, po, pml, scale, B, pc.max_blocks,
-                                          auto_splits, 0, want};
+                                          auto_splits, 0, want, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0};
             KT_CHECK(klaunch(k.fn, "kiln_attn_decode", dims((unsigned)c->nkv, (unsigned)B, (unsigned)auto_splits, 128, smem), &pa));
             KT_CHECK(klaunch(comb, "kiln_attn_decode_combine", dims((unsigned)c->nh, (unsigned)B, 1, (unsigned)((c->hd + 31) / 32 * 32), 0), &pa));
             oh = host_from(o, qn * 2);
@@ -625,6 +731,109 @@ static void test_attn_decode(void) {
                 KT_CHECKF(e < TOL_BF16, "decode attn cfg %zu (heads %d/%d hd %d window %d) auto split (want %d) len %d: rel err %g",
                           ci, c->nh, c->nkv, c->hd, c->window, want, lens[b], e);
             }
+        }
+        /* The last split block merging (p.counters): the combine kernel's bits exactly, twice in a row
+         * (so the counters must have gone back to zero), with a fixed and with the automatic split size. */
+        {
+            const size_t nc = (size_t)B * c->nkv;
+            CUdeviceptr cnt = dev_alloc(nc * 4);
+            kiln_error ferr = {0};
+            kiln_cuda_fill32(&g_cu, cnt, 0, nc * 4, &ferr);
+            for (int run = 0; run < 4; run++) {
+                const bool aut = run >= 2;
+                if (!aut && max_splits <= 1) continue;
+                /* reference bits: the two-kernel path with the same parameters */
+                kiln_attn_decode_params pf = {q, pc.k, pc.v, pc.dbt, pc.dlens, o, po, pml, scale, B, pc.max_blocks,
+                                              aut ? auto_splits : max_splits, aut ? 0 : part, aut ? 16 : 0, 0,
+                                              0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0};
+                unsigned z = (unsigned)pf.max_splits;
+                dev_poison16(o, qn * 2);
+                KT_CHECK(klaunch(k.fn, "kiln_attn_decode", dims((unsigned)c->nkv, (unsigned)B, z, 128, smem), &pf));
+                KT_CHECK(klaunch(comb, "kiln_attn_decode_combine", dims((unsigned)c->nh, (unsigned)B, 1, (unsigned)((c->hd + 31) / 32 * 32), 0), &pf));
+                uint16_t *want_bits = host_from(o, qn * 2);
+                for (int again = 0; again < 2; again++) {
+                    dev_poison16(o, qn * 2);
+                    dev_poison32(po, (size_t)B * c->nh * room * c->hd * 4);
+                    pf.counters = cnt;
+                    KT_CHECK(klaunch(k.fn, "kiln_attn_decode (merging)", dims((unsigned)c->nkv, (unsigned)B, z, 128, smem), &pf));
+                    uint16_t *got = host_from(o, qn * 2);
+                    int32_t *ch = host_from(cnt, nc * 4);
+                    size_t diff = 0, nz = 0;
+                    for (size_t i = 0; i < qn; i++) diff += got[i] != want_bits[i];
+                    for (size_t i = 0; i < nc; i++) nz += ch[i] != 0;
+                    KT_CHECKF(diff == 0, "decode attn cfg %zu (%s split) merged by the last block: %zu of %zu values differ from the combine kernel's",
+                              ci, aut ? "automatic" : "fixed", diff, qn);
+                    KT_CHECKF(nz == 0, "decode attn cfg %zu: %zu split counters not back to 0", ci, nz);
+                    free(got);
+                    free(ch);
+                }
+                free(want_bits);
+            }
+            kiln_cuda_release(&g_cu, cnt);
+        }
+        /* Fused RoPE + KV write (p.qkv, with the merging counters): the same bits as rope_kv, then the
+         * kernel with the rotated q and the combine kernel; the cache afterwards identical too. Default
+         * rope (theta 1e6) for even configurations, llama3 scaling for odd ones. */
+        {
+            const bool l3 = ci % 2 == 1;
+            char rd[6][48];
+            const char *rdefs[10];
+            for (int i = 0; i < 4; i++) rdefs[i] = defs[i]; /* N_HEADS, N_KV_HEADS, HEAD_DIM, BLOCK_SIZE */
+            snprintf(rd[0], 48, "ROPE_THETA=%s", l3 ? "5e5f" : "1e6f");
+            snprintf(rd[1], 48, "ROPE_LLAMA3=%d", l3);
+            snprintf(rd[2], 48, "ROPE_FACTOR=8.0f");
+            snprintf(rd[3], 48, "ROPE_LOW_FREQ_FACTOR=1.0f");
+            snprintf(rd[4], 48, "ROPE_HIGH_FREQ_FACTOR=4.0f");
+            snprintf(rd[5], 48, "ROPE_ORIG_MAX_POS=8192.0f");
+            for (int i = 0; i < 6; i++) rdefs[4 + i] = rd[i];
+            kfn kr;
+            KT_REQUIRE(kbuild(&kr, "rope_kv.cuh", "kiln_rope_kv", rdefs, 10));
+            const int qkvw = (c->nh + 2 * c->nkv) * c->hd;
+            float *qkvf;
+            uint16_t *qkvh = rand_bf16((size_t)B * qkvw, 1.0f, &qkvf);
+            int *pos = malloc(sizeof(int) * B), *slot = malloc(sizeof(int) * B);
+            for (int b = 0; b < B; b++) {
+                const int t = lens[b] - 1;
+                pos[b] = rnd_int(9000);
+                slot[b] = pc.bt[b * pc.max_blocks + t / c->bs] * c->bs + t % c->bs;
+            }
+            CUdeviceptr dqkv = dev_from(qkvh, (size_t)B * qkvw * 2), dpos = dev_from(pos, sizeof(int) * B);
+            CUdeviceptr dslot = dev_from(slot, sizeof(int) * B), qrot = dev_alloc(qn * 2);
+            const size_t cn = (size_t)pc.nblocks * c->nkv * c->bs * c->hd * 2;
+            uint16_t *k0 = host_from(pc.k, cn), *v0 = host_from(pc.v, cn);
+            /* the two-kernel way */
+            kiln_rope_kv_params rp = {dqkv, qrot, pc.k, pc.v, dpos, dslot, B, 0};
+            KT_CHECK(klaunch(kr.fn, "kiln_rope_kv", dims((unsigned)B, 1, 1, 128, 0), &rp));
+            dev_poison16(o, qn * 2);
+            kiln_attn_decode_params pr = {qrot, pc.k, pc.v, pc.dbt, pc.dlens, o, po, pml, scale, B, pc.max_blocks,
+                                          auto_splits, 0, 16, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0};
+            KT_CHECK(klaunch(k.fn, "kiln_attn_decode", dims((unsigned)c->nkv, (unsigned)B, (unsigned)auto_splits, 128, smem), &pr));
+            KT_CHECK(klaunch(comb, "kiln_attn_decode_combine", dims((unsigned)c->nh, (unsigned)B, 1, (unsigned)((c->hd + 31) / 32 * 32), 0), &pr));
+            uint16_t *want_o = host_from(o, qn * 2), *want_k = host_from(pc.k, cn), *want_v = host_from(pc.v, cn);
+            /* fused, from the cache as it was before the token */
+            kiln_error uerr = {0};
+            KT_CHECK(kiln_cuda_upload(&g_cu, pc.k, k0, cn, &uerr) == KILN_OK);
+            KT_CHECK(kiln_cuda_upload(&g_cu, pc.v, v0, cn, &uerr) == KILN_OK);
+            const size_t nc = (size_t)B * c->nkv;
+            CUdeviceptr cnt = dev_alloc(nc * 4);
+            kiln_cuda_fill32(&g_cu, cnt, 0, nc * 4, &uerr);
+            dev_poison16(o, qn * 2);
+            kiln_attn_decode_params pf = {0, pc.k, pc.v, pc.dbt, pc.dlens, o, po, pml, scale, B, pc.max_blocks,
+                                          auto_splits, 0, 16, cnt, dqkv, dpos, dslot,
+                                          l3 ? 5e5f : 1e6f, 8.0f, 1.0f, 4.0f, 8192.0f, l3};
+            KT_CHECK(klaunch(k.fn, "kiln_attn_decode (fused rope)", dims((unsigned)c->nkv, (unsigned)B, (unsigned)auto_splits, 128, smem), &pf));
+            uint16_t *got_o = host_from(o, qn * 2), *got_k = host_from(pc.k, cn), *got_v = host_from(pc.v, cn);
+            size_t dio = 0, dik = 0, div = 0;
+            for (size_t i = 0; i < qn; i++) dio += got_o[i] != want_o[i];
+            for (size_t i = 0; i < cn / 2; i++) dik += got_k[i] != want_k[i], div += got_v[i] != want_v[i];
+            KT_CHECKF(dio == 0 && dik == 0 && div == 0,
+                      "decode attn cfg %zu with fused rope (%s): %zu outputs, %zu k and %zu v cache values differ from rope_kv + attention",
+                      ci, l3 ? "llama3" : "default", dio, dik, div);
+            kiln_cuda_release(&g_cu, dqkv); kiln_cuda_release(&g_cu, dpos); kiln_cuda_release(&g_cu, dslot);
+            kiln_cuda_release(&g_cu, qrot); kiln_cuda_release(&g_cu, cnt);
+            free(qkvh); free(qkvf); free(pos); free(slot); free(k0); free(v0);
+            free(want_o); free(want_k); free(want_v); free(got_o); free(got_k); free(got_v);
+            kfree(&kr);
         }
         kiln_cuda_release(&g_cu, q); kiln_cuda_release(&g_cu, o); kiln_cuda_release(&g_cu, po); kiln_cuda_release(&g_cu, pml);
         free(qh); free(qf); free(oh); free(ref);
@@ -889,6 +1098,7 @@ int main(void) {
     if (!g_rng) g_rng = 1;
     fprintf(stderr, "test_gpu_kernels: seed %llu (KILN_TEST_SEED to repeat)\n", (unsigned long long)g_rng);
     KT_RUN(test_gemv);
+    KT_RUN(test_gemv_norm);
     KT_RUN(test_rmsnorm);
     KT_RUN(test_rope_kv);
     KT_RUN(test_attn_decode);

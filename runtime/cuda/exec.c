@@ -10,7 +10,9 @@
  *
  * The program. The plan's ops map to instructions over device buffers:
  *   embedding            EMBED   gather rows of the table
- *   rmsnorm              NORM    rmsnorm kernel, x = 0
+ *   rmsnorm              NORM    rmsnorm kernel, x = 0 (opt-in, KILN_FUSE
+ *                                bit 1: at decode folded into the next
+ *                                GEMV's prologue; measured slower)
  *   add_rmsnorm(a, b)    NORM    rmsnorm kernel adding x into the residual
  *                                in place (the sum takes the buffer of the
  *                                input that dies here)
@@ -18,8 +20,13 @@
  *                        NORM    (o_proj and down_proj: the add is fused)
  *   qkv_rope + attention QKV     one GEMM over [Wq; Wk; Wv], then rope_kv
  *                                (rotated q out, k and v into the KV cache)
- *                        ATTN    decode kernel (+ combine) when every
- *                                sequence adds one token, else prefill
+ *                                except at decode, where
+ *                        ATTN    the decode kernel rotates q and the new k
+ *                                itself and stores k, v (+ combine kernel;
+ *                                opt-in KILN_FUSE bit 2: the last split
+ *                                block merges instead, measured slower)
+ *                                when every sequence adds one token, else
+ *                                the prefill kernel
  *   gate_up_swiglu       GEMM    over the interleaved [gate; up] rows: the
  *                                GEMV's fused epilogue, or cuBLASLt + swiglu
  *   linear               GEMM
@@ -56,6 +63,14 @@
 #define CX_LT_WORKSPACE (32u << 20)
 #define CX_DEFAULT_SEQS 8
 #define CX_DEFAULT_STEP 512
+#define CX_FUSE_NORM 1   /* RMSNorm folded into the next GEMV's prologue */
+#define CX_FUSE_MERGE 2  /* decode attention's last split block merges the splits (no combine kernel) */
+#define CX_FUSE_ROPE 4   /* decode attention rotates q and k and writes the KV cache (no rope_kv kernel) */
+#define CX_FUSE_ALL 7
+/* The default: only the rope fusion paid on the H200 (Mistral-7B shapes, 2026-11-29, docs/kernels.md:
+ * rope -6.8% / -6.0% per decode step at batch 1 / 8; the norm prologue +1.4% / +19%, the merge
+ * +11% / +3.3%: both add latency that a separate kernel hid) */
+#define CX_FUSE_DEFAULT CX_FUSE_ROPE
 
 typedef enum { DW_PLAIN, DW_QKV, DW_GATE_UP } dw_kind;
 
@@ -97,6 +112,9 @@ typedef struct cx_inst {
     int attn;       /* ATTN: index into attn[] */
     CUfunction fn;  /* NORM: the rmsnorm kernel */
     int threads;    /* NORM block size */
+    bool fold;      /* NORM: plain norm (no add) whose output only the next GEMM/QKV/LMHEAD reads */
+    float eps;      /* NORM */
+    kiln_op_attrs rope; /* ATTN: its qkv_rope op's attributes (the rope constants, for the fused path) */
     int width;      /* COPY: elements per row */
     cx_gemm g;      /* GEMM, QKV, LMHEAD */
 } cx_inst;
@@ -162,6 +180,8 @@ typedef struct cx {
     int n_graphs;
     bool no_graphs;
     bool pdl;
+    int fuse;       /* CX_FUSE_* bits: decode fusions in use (KILN_FUSE=mask at creation; default CX_FUSE_DEFAULT) */
+    CUdeviceptr attn_cnt; /* int32 [max_seqs, n_kv]: decode attention's split counters, zero between launches */
     int gemv_max_m; /* most tokens per step the tensor-core GEMV takes (else cuBLASLt) */
     int64_t bytes_now, bytes_peak;
     kiln_cuda_exec_stats stats;
@@ -514,6 +534,8 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             const kiln_ksec_module *km;
             if ((st = fn_get(x, name, "kiln_rmsnorm", &ins->fn, &km, err))) goto out;
             ins->threads = km->cfg[0];
+            ins->eps = a->eps;
+            ins->fold = uses[yv] == 1; /* confirmed against the next instruction below */
             WDW(ins->dw, DW_PLAIN, 1, p->values[wv].weight, -1, -1);
             if (!add) {
                 ins->res = vb[in[0]];
@@ -617,6 +639,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             }
             if (!(ins = emit(x, I_ATTN, (int)i, err))) goto nomem;
             ins->layer = a->layer;
+            ins->rope = p->ops[qkv_op].attrs;
             if ((ins->attn = attn_get(x, a->window, err)) < 0) {
                 st = err->code;
                 goto out;
@@ -671,6 +694,14 @@ static kiln_status build_program(cx *x, kiln_error *err) {
         }
     }
     if (!x->has_lm_head) st = kiln_err(err, KILN_ERR_UNSUPPORTED, "cuda executor: the plan has no lm_head op");
+    /* a norm folds into the GEMV after it when that GEMV reads its output over the whole hidden width */
+    for (int i = 0; i < x->n_prog; i++) {
+        cx_inst *n = &x->prog[i];
+        if (n->kind != I_NORM) continue;
+        const cx_inst *g = i + 1 < x->n_prog ? &x->prog[i + 1] : NULL;
+        n->fold = n->fold && n->x < 0 && g && (g->kind == I_QKV || g->kind == I_GEMM || g->kind == I_LMHEAD) &&
+                  g->x == n->y && g->g.k == x->hidden;
+    }
     if (x->free_window < 0) x->free_window = 0;
     goto out;
 nomem:
@@ -692,17 +723,41 @@ static CUdeviceptr bufp(const cx *x, int b) { return b >= 0 ? x->bufs[b].p : 0; 
 static CUdeviceptr dwp(const cx *x, int d) { return x->dweights + x->dw[d].offset; }
 static CUdeviceptr inp(const cx *x, size_t off) { return x->in_dev + off; }
 
+typedef struct cx_shape {
+    int T, B;      /* token rows, sequences (both padded in a graph) */
+    bool decode;   /* every sequence adds one token: T == B, row i is sequence i's token */
+    int max_q;     /* most new tokens of one sequence */
+} cx_shape;
+
 /* y = x·W^T (+ y when res) for M rows: GEMV kernels up to KILN_GEMV_MAX_M rows
  * (for the tensor-core GEMV, gemv_max_m: KILN_GEMV_MAX_M unless the
  * environment's KILN_GEMV_MAX_M says otherwise), cuBLASLt above. */
+static bool gemv_path(const cx *x, const cx_gemm *g, int M) { return M <= (g->mma ? x->gemv_max_m : KILN_GEMV_MAX_M); }
+
+/* Whether NORM instruction i is folded into the GEMV after it in a step of this shape. */
+static bool norm_folds(const cx *x, int i, const cx_shape *sh) {
+    const cx_inst *n = &x->prog[i];
+    if (!(x->fuse & CX_FUSE_NORM) || n->kind != I_NORM || !n->fold) return false;
+    const cx_inst *g = &x->prog[i + 1]; /* exists: fold was set only then */
+    if (g->kind == I_LMHEAD) return sh->decode && gemv_path(x, &g->g, sh->B); /* prefill gathers the normed rows */
+    return gemv_path(x, &g->g, sh->T);
+}
+
+/* y = x·W^T (+ y when res) for M rows; with norm (a folded NORM instruction),
+ * x is its residual input and the GEMV normalises it on the way in. */
 static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUdeviceptr out, bool res,
-                            kiln_error *err) {
+                            const cx_inst *norm, kiln_error *err) {
     const CUdeviceptr w = dwp(x, g->dw);
     const int ldy = g->epi == EPI_SWIGLU ? g->n / 2 : g->n;
-    if (M <= (g->mma ? x->gemv_max_m : KILN_GEMV_MAX_M)) {
+    if (gemv_path(x, g, M)) {
         bool m1 = M == 1 || !g->mma;
         const kiln_gemv_cfg *c = m1 ? &g->c1 : &g->cmma;
-        kiln_gemv_params prm = {in, w, out, res ? out : 0, M, g->n, g->k, g->k, ldy, 0};
+        kiln_gemv_params prm = {in, w, out, res ? out : 0, M, g->n, g->k, g->k, ldy, 0, 0, 0.0f, 0};
+        if (norm) {
+            prm.x = bufp(x, norm->res);
+            prm.norm_w = dwp(x, norm->dw);
+            prm.norm_eps = norm->eps;
+        }
         kiln_cuda_dims d = kiln_gemv_dims(c, M, g->n);
         return launch(x, m1 ? g->m1 : g->mma, d.grid[0], d.grid[1], 1, d.block[0], 0, &prm, "kiln_gemv", err);
     }
@@ -732,18 +787,13 @@ static int splits_grid(const cx *x, const cx_attn *a, int B) {
     return z > want ? z : want;
 }
 
-typedef struct cx_shape {
-    int T, B;      /* token rows, sequences (both padded in a graph) */
-    bool decode;   /* every sequence adds one token: T == B, row i is sequence i's token */
-    int max_q;     /* most new tokens of one sequence */
-} cx_shape;
-
 static kiln_status run_program(cx *x, const cx_shape *sh, kiln_error *err) {
     kiln_status st = KILN_OK;
     const int T = sh->T, B = sh->B;
     const float scale = 1.0f / sqrtf((float)x->head_dim);
     for (int i = 0; i < x->n_prog && st == KILN_OK; i++) {
         const cx_inst *in = &x->prog[i];
+        const cx_inst *norm = i > 0 && norm_folds(x, i - 1, sh) ? &x->prog[i - 1] : NULL;
         switch (in->kind) {
         case I_EMBED: {
             kiln_gather_params gp = {dwp(x, in->dw), inp(x, x->in.tokens), bufp(x, in->y), T,
@@ -752,6 +802,7 @@ static kiln_status run_program(cx *x, const cx_shape *sh, kiln_error *err) {
             break;
         }
         case I_NORM: {
+            if (norm_folds(x, i, sh)) break; /* the next GEMV normalises its input itself */
             kiln_rmsnorm_params np = {bufp(x, in->x), bufp(x, in->res), dwp(x, in->dw), bufp(x, in->y), T, 0};
             st = launch(x, in->fn, (unsigned)T, 1, 1, (unsigned)in->threads, 0, &np, "kiln_rmsnorm", err);
             break;
@@ -762,7 +813,8 @@ static kiln_status run_program(cx *x, const cx_shape *sh, kiln_error *err) {
                                                           (size_t)T * (size_t)in->width * (size_t)x->es, x->stream));
             break;
         case I_QKV: {
-            if ((st = run_gemm(x, &in->g, T, bufp(x, in->x), x->qkv_tmp, false, err))) break;
+            if ((st = run_gemm(x, &in->g, T, bufp(x, in->x), x->qkv_tmp, false, norm, err))) break;
+            if (sh->decode && (x->fuse & CX_FUSE_ROPE)) break; /* decode attention rotates and stores */
             kiln_rope_kv_params rp = {x->qkv_tmp,
                                       x->q_tmp,
                                       x->kcache + (size_t)in->layer * x->kv_layer_bytes,
@@ -782,10 +834,22 @@ static kiln_status run_program(cx *x, const cx_shape *sh, kiln_error *err) {
                 int z = splits_grid(x, a, B);
                 kiln_attn_decode_params dp = {x->q_tmp, kc, vc, inp(x, x->in.bt), inp(x, x->in.lens), bufp(x, in->y),
                                               x->part_o, x->part_ml, scale, B, x->kv.max_blocks, z, 0,
-                                              splits_want(x, B)};
+                                              splits_want(x, B), (x->fuse & CX_FUSE_MERGE) ? x->attn_cnt : 0};
+                if (x->fuse & CX_FUSE_ROPE) {
+                    const kiln_op_attrs *r = &in->rope;
+                    dp.qkv = x->qkv_tmp;
+                    dp.positions = inp(x, x->in.pos);
+                    dp.slots = inp(x, x->in.kvslot);
+                    dp.rope_theta = r->rope_theta;
+                    dp.rope_llama3 = r->rope_scaling == KILN_ROPE_SCALING_LLAMA3;
+                    dp.rope_factor = dp.rope_llama3 ? r->rope_factor : 1.0f;
+                    dp.rope_low_freq_factor = dp.rope_llama3 ? r->rope_low_freq_factor : 1.0f;
+                    dp.rope_high_freq_factor = dp.rope_llama3 ? r->rope_high_freq_factor : 4.0f;
+                    dp.rope_orig_max_pos = dp.rope_llama3 ? r->rope_original_max_pos : 8192.0f;
+                }
                 st = launch(x, a->decode, (unsigned)x->n_kv, (unsigned)B, (unsigned)z, (unsigned)(a->warps * 32),
                             a->smem_decode, &dp, "kiln_attn_decode", err);
-                if (!st && z > 1)
+                if (!st && z > 1 && !dp.counters)
                     st = launch(x, a->combine, (unsigned)x->n_heads, (unsigned)B, 1,
                                 (unsigned)((x->head_dim + 31) / 32 * 32), 0, &dp, "kiln_attn_decode_combine", err);
             } else {
@@ -798,7 +862,7 @@ static kiln_status run_program(cx *x, const cx_shape *sh, kiln_error *err) {
             }
             break;
         }
-        case I_GEMM: st = run_gemm(x, &in->g, T, bufp(x, in->x), bufp(x, in->y), in->res >= 0, err); break;
+        case I_GEMM: st = run_gemm(x, &in->g, T, bufp(x, in->x), bufp(x, in->y), in->res >= 0, norm, err); break;
         case I_LMHEAD: {
             CUdeviceptr src = bufp(x, in->x);
             if (!sh->decode) {
@@ -808,7 +872,7 @@ static kiln_status run_program(cx *x, const cx_shape *sh, kiln_error *err) {
                     break;
                 src = x->lm_x;
             }
-            st = run_gemm(x, &in->g, B, src, x->logits, false, err);
+            st = run_gemm(x, &in->g, B, src, x->logits, false, norm, err);
             break;
         }
         }
@@ -1017,7 +1081,7 @@ static void cx_destroy(kiln_executor *e) {
         kiln_cublaslt_destroy(x->lt);
         for (int i = 0; i < x->n_bufs; i++) cx_release(x, &x->bufs[i].p);
         CUdeviceptr *ps[] = {&x->dweights, &x->qkv_tmp, &x->q_tmp, &x->gu_tmp, &x->lm_x, &x->logits, &x->part_o,
-                             &x->part_ml, &x->ids, &x->in_dev, &x->kcache, &x->vcache};
+                             &x->part_ml, &x->attn_cnt, &x->ids, &x->in_dev, &x->kcache, &x->vcache};
         for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) cx_release(x, ps[i]);
         if (x->in_host) x->cu.api.cuMemFreeHost(x->in_host);
         if (x->ids_host) x->cu.api.cuMemFreeHost(x->ids_host);
@@ -1052,6 +1116,18 @@ bool kiln_cuda_exec_get_stats(kiln_executor *e, kiln_cuda_exec_stats *st) {
 bool kiln_cuda_exec_set_graphs(kiln_executor *e, bool on) {
     if (!e || e->ops != &cx_ops) return false;
     ((cx *)e)->no_graphs = !on;
+    return true;
+}
+
+bool kiln_cuda_exec_set_fuse(kiln_executor *e, bool on) {
+    if (!e || e->ops != &cx_ops) return false;
+    cx *x = (cx *)e;
+    kiln_error ig = {0};
+    kiln_cuda_make_current(&x->cu, &ig);
+    x->cu.api.cuStreamSynchronize(x->stream);
+    for (int i = 0; i < x->n_graphs; i++) x->cu.api.cuGraphExecDestroy(x->graphs[i].exec);
+    x->n_graphs = 0;
+    x->fuse = on ? CX_FUSE_DEFAULT : 0;
     return true;
 }
 
@@ -1156,6 +1232,8 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
     {
         const char *env = getenv("KILN_NO_PDL");
         x->pdl = x->stats.pdl = x->cu.sm >= 90 && !o->no_pdl && !(env && strcmp(env, "1") == 0);
+        env = getenv("KILN_FUSE"); /* for measuring each fusion: a mask of CX_FUSE_* bits */
+        x->fuse = env && *env ? atoi(env) & CX_FUSE_ALL : CX_FUSE_DEFAULT;
     }
 
     /* the kernels section */
@@ -1243,8 +1321,14 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
                            "the attention split partials", &x->part_o, err)) ||
             (st = cx_alloc(x, (size_t)max_seqs * (size_t)x->n_heads * (size_t)zmax * 2 * 4,
                            "the attention split statistics", &x->part_ml, err)) ||
+            (st = cx_alloc(x, (size_t)max_seqs * (size_t)x->n_kv * 4, "the attention split counters", &x->attn_cnt,
+                           err)) ||
             (st = cx_alloc(x, (size_t)max_seqs * 4, "the sampled ids", &x->ids, err)))
             goto fail;
+        if ((st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuMemsetD32(x->attn_cnt, 0, (size_t)max_seqs * (size_t)x->n_kv)))) {
+            kiln_err_prefix(err, "cuda executor: clearing the attention split counters: ");
+            goto fail;
+        }
         x->stats.buffer_bytes = x->bytes_now - (int64_t)x->dweights_bytes;
     }
 

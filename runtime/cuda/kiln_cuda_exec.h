@@ -84,5 +84,13 @@ bool kiln_cuda_exec_set_graphs(kiln_executor *x, bool on);
 /* Turn programmatic dependent launch on or off (captured graphs are dropped
  * and recaptured); false for another executor or a GPU before sm_90. */
 bool kiln_cuda_exec_set_pdl(kiln_executor *x, bool on);
+/* Decode fusions: on = the default set (RoPE and the KV write done by the
+ * decode attention kernel instead of rope_kv), off = none. The environment's
+ * KILN_FUSE=mask picks them at creation: 4 rope (the default), 1 RMSNorm
+ * folded into the next GEMV's prologue, 2 attention splits merged by the
+ * decode kernel's last block instead of a combine kernel (1 and 2 measured
+ * slower on the H200; docs/kernels.md), 0 none. Captured graphs are
+ * dropped. false for another executor. For measuring. */
+bool kiln_cuda_exec_set_fuse(kiln_executor *x, bool on);
 
 #endif /* KILN_CUDA_EXEC_H */
