@@ -401,7 +401,7 @@ static kiln_status gemm_setup(cx *x, cx_gemm *g, int dw, cx_epi epi, kiln_error 
     g->epi = epi;
     static const char *epis[] = {"plain", "swiglu", "f32out"};
     char name[KILN_KSEC_NAME_MAX];
-    const kiln_ksec_module *km;
+    const kiln_ksec_module *km = NULL;
     kiln_status st;
     kiln_ksec_gemv_name(name, sizeof name, epis[epi], g->n, g->k, "m1");
     if ((st = fn_get(x, name, "kiln_gemv", &g->m1, &km, err))) return st;
@@ -431,7 +431,7 @@ static int attn_get(cx *x, int window, kiln_error *err) {
     memset(a, 0, sizeof *a);
     a->window = window;
     char name[KILN_KSEC_NAME_MAX];
-    const kiln_ksec_module *km;
+    const kiln_ksec_module *km = NULL;
     snprintf(name, sizeof name, "attn_decode.w%d", window);
     if (fn_get(x, name, "kiln_attn_decode", &a->decode, &km, err) ||
         fn_get(x, name, "kiln_attn_decode_combine", &a->combine, NULL, err))
@@ -531,7 +531,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             memcpy(&bits, &a->eps, 4);
             char name[KILN_KSEC_NAME_MAX];
             snprintf(name, sizeof name, "rmsnorm.e%08x", bits);
-            const kiln_ksec_module *km;
+            const kiln_ksec_module *km = NULL;
             if ((st = fn_get(x, name, "kiln_rmsnorm", &ins->fn, &km, err))) goto out;
             ins->threads = km->cfg[0];
             ins->eps = a->eps;
@@ -611,7 +611,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
                 goto out;
             }
             if (!x->f_rope) {
-                const kiln_ksec_module *km;
+                const kiln_ksec_module *km = NULL;
                 if ((st = fn_get(x, "rope_kv", "kiln_rope_kv", &x->f_rope, &km, err))) goto out;
                 x->rope_threads = km->cfg[0];
             }
@@ -832,9 +832,12 @@ static kiln_status run_program(cx *x, const cx_shape *sh, kiln_error *err) {
             CUdeviceptr vc = x->vcache + (size_t)in->layer * x->kv_layer_bytes;
             if (sh->decode) {
                 int z = splits_grid(x, a, B);
-                kiln_attn_decode_params dp = {x->q_tmp, kc, vc, inp(x, x->in.bt), inp(x, x->in.lens), bufp(x, in->y),
-                                              x->part_o, x->part_ml, scale, B, x->kv.max_blocks, z, 0,
-                                              splits_want(x, B), (x->fuse & CX_FUSE_MERGE) ? x->attn_cnt : 0};
+                kiln_attn_decode_params dp = {.q = x->q_tmp, .k_cache = kc, .v_cache = vc,
+                                              .block_tables = inp(x, x->in.bt), .seq_lens = inp(x, x->in.lens),
+                                              .out = bufp(x, in->y), .part_o = x->part_o, .part_ml = x->part_ml,
+                                              .scale = scale, .B = B, .max_blocks = x->kv.max_blocks,
+                                              .max_splits = z, .partition = 0, .splits_want = splits_want(x, B),
+                                              .counters = (x->fuse & CX_FUSE_MERGE) ? x->attn_cnt : 0};
                 if (x->fuse & CX_FUSE_ROPE) {
                     const kiln_op_attrs *r = &in->rope;
                     dp.qkv = x->qkv_tmp;
