@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "compiler/kiln_compiler.h"
+#include "golden_io.h"
 #include "kt.h"
 #include "runtime/kiln_rt.h"
 #include "runtime/kiln_tokenizer.h"
@@ -39,25 +40,6 @@ static int compile_to(const char *ckpt, const char *passes, const char *out, kil
     return st;
 }
 
-static float *read_f32(const char *path, size_t count) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    float *v = malloc(count * sizeof *v);
-    size_t got = v ? fread(v, sizeof *v, count, f) : 0;
-    fclose(f);
-    if (got != count) {
-        free(v);
-        return NULL;
-    }
-    return v;
-}
-
-static int32_t *json_ids(json_t *a, int *n) {
-    *n = (int)json_array_size(a);
-    int32_t *v = malloc((size_t)(*n ? *n : 1) * sizeof *v);
-    for (int i = 0; i < *n; i++) v[i] = (int32_t)json_integer_value(json_array_get(a, (size_t)i));
-    return v;
-}
 
 /* Check one engine against one model's golden file. */
 static void check_engine(const char *engine, const char *golden_dir) {
@@ -74,15 +56,15 @@ static void check_engine(const char *engine, const char *golden_dir) {
     json_t *c;
     json_array_foreach(cases, ci, c) {
         int np, ng;
-        int32_t *prompt = json_ids(json_object_get(c, "prompt"), &np);
-        int32_t *greedy = json_ids(json_object_get(c, "greedy"), &ng);
+        int32_t *prompt = golden_json_ids(json_object_get(c, "prompt"), &np);
+        int32_t *greedy = golden_json_ids(json_object_get(c, "greedy"), &ng);
         int positions = (int)json_integer_value(json_object_get(c, "positions"));
         int vocab = (int)json_integer_value(json_object_get(c, "vocab"));
         double range = json_real_value(json_object_get(c, "logit_range"));
         KT_EQ_INT(positions, np + ng);
         KT_EQ_INT(vocab, m->plan->vocab_size);
         snprintf(path, sizeof path, "%s/%s", golden_dir, json_string_value(json_object_get(c, "logits")));
-        float *want = read_f32(path, (size_t)positions * (size_t)vocab);
+        float *want = golden_read_f32(path, (size_t)positions * (size_t)vocab);
         KT_CHECK(want != NULL);
 
         /* 1. one forward over the whole sequence, all logits */
@@ -194,9 +176,9 @@ static void test_pycode_text(void) {
     json_array_foreach(json_object_get(g, "cases"), ci, c) {
         const char *text = json_string_value(json_object_get(c, "text"));
         int np, ng;
-        int32_t *want_prompt = json_ids(json_object_get(c, "prompt"), &np);
+        int32_t *want_prompt = golden_json_ids(json_object_get(c, "prompt"), &np);
         json_t *f32 = json_object_get(c, "float32");
-        int32_t *want = json_ids(json_object_get(f32, "greedy"), &ng);
+        int32_t *want = golden_json_ids(json_object_get(f32, "greedy"), &ng);
         int32_t *ids = NULL;
         size_t n = 0;
         KT_CHECK(kiln_tokenizer_encode(m->tokenizer, text, strlen(text), KILN_TOK_ADD_SPECIAL, &ids, &n, &err) ==

@@ -94,25 +94,6 @@ static int compile_engine(const char *ckpt, kiln_dtype dt, const char *passes, c
 
 /* ---- goldens ---- */
 
-static float *read_f32(const char *path, size_t count) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    float *v = malloc(count * sizeof *v);
-    size_t got = v ? fread(v, sizeof *v, count, f) : 0;
-    fclose(f);
-    if (got != count) {
-        free(v);
-        return NULL;
-    }
-    return v;
-}
-
-static int32_t *json_ids(json_t *a, int *n) {
-    *n = (int)json_array_size(a);
-    int32_t *v = malloc((size_t)(*n ? *n : 1) * sizeof *v);
-    for (int i = 0; i < *n; i++) v[i] = (int32_t)json_integer_value(json_array_get(a, (size_t)i));
-    return v;
-}
 
 /* ||a - b|| / ||b|| over n values; NaN gives +inf. */
 static double rel_l2(const float *a, const float *b, size_t n) {
@@ -441,13 +422,13 @@ static void check_golden(const char *eng, const char *golden_dir, const kiln_cud
     json_t *c;
     json_array_foreach(cases, ci, c) {
         int np, ng;
-        int32_t *prompt = json_ids(json_object_get(c, "prompt"), &np);
-        int32_t *greedy = json_ids(json_object_get(c, "greedy"), &ng);
+        int32_t *prompt = golden_json_ids(json_object_get(c, "prompt"), &np);
+        int32_t *greedy = golden_json_ids(json_object_get(c, "greedy"), &ng);
         int positions = (int)json_integer_value(json_object_get(c, "positions"));
         int V = (int)json_integer_value(json_object_get(c, "vocab"));
         double range = json_real_value(json_object_get(c, "logit_range"));
         KT_EQ_INT(V, G.vocab);
-        float *want = read_f32(pathf("%s/%s", golden_dir, json_string_value(json_object_get(c, "logits"))),
+        float *want = golden_read_f32(pathf("%s/%s", golden_dir, json_string_value(json_object_get(c, "logits"))),
                                (size_t)positions * (size_t)V);
         KT_CHECK(want != NULL);
         int32_t *ids = calloc((size_t)ng, sizeof *ids);
@@ -796,7 +777,7 @@ static void test_targets(void) {
     KT_REQUIRE(g != NULL);
     json_t *c = json_array_get(json_object_get(g, "cases"), 1);
     int np, ng;
-    int32_t *prompt = json_ids(json_object_get(c, "prompt"), &np), *greedy = json_ids(json_object_get(c, "greedy"), &ng);
+    int32_t *prompt = golden_json_ids(json_object_get(c, "prompt"), &np), *greedy = golden_json_ids(json_object_get(c, "greedy"), &ng);
     int32_t ids[16];
     KT_CHECK(gen_one(&G, 0, prompt, np, 16, 8, ids, NULL, NULL));
     for (int k = 0; k < 16; k++) KT_EQ_INT(ids[k], greedy[k]);
@@ -824,11 +805,11 @@ static void test_pycode_bf16(void) {
     json_t *c;
     json_array_foreach(json_object_get(g, "cases"), ci, c) {
         int np, ng;
-        int32_t *prompt = json_ids(json_object_get(c, "prompt"), &np);
+        int32_t *prompt = golden_json_ids(json_object_get(c, "prompt"), &np);
         json_t *bf = json_object_get(c, "bfloat16"), *f32 = json_object_get(c, "float32");
-        int32_t *want = json_ids(json_object_get(bf, "greedy"), &ng);
+        int32_t *want = golden_json_ids(json_object_get(bf, "greedy"), &ng);
         int nf;
-        int32_t *want32 = json_ids(json_object_get(f32, "greedy"), &nf);
+        int32_t *want32 = golden_json_ids(json_object_get(f32, "greedy"), &nf);
         int32_t *ids = calloc((size_t)ng, sizeof *ids);
         float *lg = malloc(sizeof(float) * (size_t)ng * (size_t)V);
         KT_CHECK(gen_one(&G, 0, prompt, np, ng, 64, ids, lg, NULL));
@@ -852,7 +833,7 @@ static void test_pycode_bf16(void) {
         if (ci == 0) {
             /* the prompt's last logits against HF float32 */
             json_t *pl = json_object_get(f32, "prompt_last_logits");
-            float *ref = pl ? read_f32(pathf("%s/%s", gdir, json_string_value(pl)), (size_t)V) : NULL;
+            float *ref = pl ? golden_read_f32(pathf("%s/%s", gdir, json_string_value(pl)), (size_t)V) : NULL;
             if (ref) {
                 double e = rel_l2(lg, ref, (size_t)V);
                 fprintf(stderr, "  pycode case 0: last prompt logits, bf16 kiln vs f32 HF: rel err %.3g\n", e);
@@ -887,10 +868,10 @@ static void test_tiny_bf16(void) {
     json_t *c;
     json_array_foreach(json_object_get(g, "cases"), ci, c) {
         int np, ng;
-        int32_t *prompt = json_ids(json_object_get(c, "prompt"), &np);
-        int32_t *greedy = json_ids(json_object_get(c, "greedy"), &ng);
+        int32_t *prompt = golden_json_ids(json_object_get(c, "prompt"), &np);
+        int32_t *greedy = golden_json_ids(json_object_get(c, "greedy"), &ng);
         int positions = (int)json_integer_value(json_object_get(c, "positions"));
-        float *want = read_f32(pathf("%s/%s", gdir, json_string_value(json_object_get(c, "logits"))),
+        float *want = golden_read_f32(pathf("%s/%s", gdir, json_string_value(json_object_get(c, "logits"))),
                                (size_t)positions * (size_t)V);
         int32_t *ids = calloc((size_t)ng, sizeof *ids);
         float *lg = malloc(sizeof(float) * (size_t)ng * (size_t)V);
