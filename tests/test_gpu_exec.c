@@ -33,6 +33,7 @@
 #include "compiler/kiln_compiler.h"
 #include "runtime/kiln_exec.h"
 #include "runtime/kiln_rt.h"
+#include "tests/golden_io.h"
 #include "tests/kt.h"
 
 #ifdef KILN_HAVE_CUDA
