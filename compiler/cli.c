@@ -98,3 +98,30 @@ bad:
     free(v);
     return false;
 }
+
+bool kiln_cli_parse_memory(const char *s, int64_t *bytes, double *fraction) {
+    double v;
+    char *end;
+    *bytes = 0;
+    *fraction = 0;
+    if (!s || !*s) return false;
+    v = strtod(s, &end);
+    if (end == s || !isfinite(v) || v <= 0) return false;
+    double mult = 1;
+    if (*end) {
+        if (end[1]) return false;
+        switch (*end) {
+        case 'K': case 'k': mult = 1024.0; break;
+        case 'M': case 'm': mult = 1024.0 * 1024; break;
+        case 'G': case 'g': mult = 1024.0 * 1024 * 1024; break;
+        default: return false;
+        }
+    } else if (v <= 1) {
+        *fraction = v;
+        return true;
+    }
+    v *= mult;
+    if (v > 9.0e18 || v != floor(v)) return false;
+    *bytes = (int64_t)v;
+    return true;
+}

@@ -26,6 +26,9 @@ int kiln_cli_usage_error(const char *cmd, const char *fmt, ...) KILN_PRINTF(2, 3
 /* Strict number parsing: the whole string must be a number in range. */
 bool kiln_cli_parse_int(const char *s, long long lo, long long hi, long long *out);
 bool kiln_cli_parse_float(const char *s, double lo, double hi, double *out);
+/* A memory amount: "4G", "512M", "1048576" → *bytes (K/M/G are powers of
+ * 1024); a number in (0, 1] → *fraction (of free GPU memory). The other is 0. */
+bool kiln_cli_parse_memory(const char *s, int64_t *bytes, double *fraction);
 /* "1,306,461" or "[1, 306, 461]" → ids (malloc'd). */
 bool kiln_cli_parse_ids(const char *s, int32_t **ids, int *n);
 

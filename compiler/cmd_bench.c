@@ -213,33 +213,6 @@ static void emit(const report *rp, int batch, const char *metric, double value, 
     }
 }
 
-/* "4G", "512M", "1048576" → bytes; "0.9" → fraction. */
-static bool parse_kv_memory(const char *s, int64_t *bytes, double *fraction) {
-    double v;
-    char *end;
-    *bytes = 0;
-    *fraction = 0;
-    if (!s || !*s) return false;
-    v = strtod(s, &end);
-    if (end == s || !isfinite(v) || v <= 0) return false;
-    double mult = 1;
-    if (*end) {
-        if (end[1]) return false;
-        switch (*end) {
-        case 'K': case 'k': mult = 1024.0; break;
-        case 'M': case 'm': mult = 1024.0 * 1024; break;
-        case 'G': case 'g': mult = 1024.0 * 1024 * 1024; break;
-        default: return false;
-        }
-    } else if (v <= 1) {
-        *fraction = v;
-        return true;
-    }
-    v *= mult;
-    if (v > 9.0e18 || v != floor(v)) return false;
-    *bytes = (int64_t)v;
-    return true;
-}
 
 static const char *commit_id(void) {
     const char *e = getenv("KILN_COMMIT");
@@ -331,7 +304,7 @@ int kiln_cmd_bench(int argc, char **argv) {
                 return kiln_cli_usage_error("bench", "--max-step-tokens '%s' is not a positive number", optarg);
             break;
         case O_KV:
-            if (!parse_kv_memory(optarg, &kv_bytes, &kv_fraction))
+            if (!kiln_cli_parse_memory(optarg, &kv_bytes, &kv_fraction))
                 return kiln_cli_usage_error("bench", "--kv-memory '%s' is neither bytes (e.g. 4G) nor a fraction in "
                                                      "(0, 1]",
                                             optarg);

@@ -41,6 +41,8 @@ static void help(FILE *f) {
             "                        build and host have one, else cpu (default: auto)\n"
             "  --threads N           CPU threads (default: all cores, at most 16)\n"
             "  --max-context N       context length to allocate (default: the model's)\n"
+            "  --gpu-memory X        KV-cache memory on the GPU: bytes (suffix K, M, G) or a fraction\n"
+            "                        of the free memory after the weights (default 0.9)\n"
             "output:\n"
             "  --json                print one JSON object (prompt_ids, ids, text, stop_reason, timings)\n"
             "  -h, --help            this help\n");
@@ -108,7 +110,7 @@ static int default_threads(void) {
 
 int kiln_cmd_run(int argc, char **argv) {
     enum { O_PROMPT = 256, O_PFILE, O_IDS, O_MAX, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_DEV, O_THR, O_JSON, O_CTX,
-           O_NOBOS, O_NOSPECIAL, O_IGNEOS };
+           O_NOBOS, O_NOSPECIAL, O_IGNEOS, O_GPUMEM };
     static const struct option longopts[] = {
         {"prompt", required_argument, 0, O_PROMPT},     {"prompt-file", required_argument, 0, O_PFILE},
         {"prompt-ids", required_argument, 0, O_IDS},    {"max-tokens", required_argument, 0, O_MAX},
@@ -117,12 +119,15 @@ int kiln_cmd_run(int argc, char **argv) {
         {"device", required_argument, 0, O_DEV},        {"threads", required_argument, 0, O_THR},
         {"max-context", required_argument, 0, O_CTX},   {"json", no_argument, 0, O_JSON},
         {"no-bos", no_argument, 0, O_NOBOS},            {"no-special", no_argument, 0, O_NOSPECIAL},
-        {"ignore-eos", no_argument, 0, O_IGNEOS},       {"help", no_argument, 0, 'h'},
+        {"ignore-eos", no_argument, 0, O_IGNEOS},       {"gpu-memory", required_argument, 0, O_GPUMEM},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     const char *prompt = NULL, *prompt_file = NULL, *ids_arg = NULL, *device = "auto";
     long long max_tokens = 128, top_k = 0, threads = default_threads(), max_ctx = 0, seed = -1;
     double temperature = 0, top_p = 1;
     bool json = false, no_bos = false, no_special = false, ignore_eos = false;
+    int64_t kv_bytes = 0;
+    double kv_fraction = 0;
     int c;
     optind = 1;
     opterr = 0;
@@ -159,6 +164,11 @@ int kiln_cmd_run(int argc, char **argv) {
         case O_CTX:
             if (!kiln_cli_parse_int(optarg, 1, 1 << 24, &max_ctx))
                 return kiln_cli_usage_error("run", "--max-context '%s' is not a positive number", optarg);
+            break;
+        case O_GPUMEM:
+            if (!kiln_cli_parse_memory(optarg, &kv_bytes, &kv_fraction))
+                return kiln_cli_usage_error("run", "--gpu-memory '%s' is neither bytes (e.g. 4G) nor a fraction in "
+                                                   "(0, 1]", optarg);
             break;
         case O_JSON: json = true; break;
         case O_NOBOS: no_bos = true; break;
@@ -241,6 +251,8 @@ int kiln_cmd_run(int argc, char **argv) {
     co.max_batch = 1;
     co.max_context = (int32_t)max_ctx;
     co.threads = (int32_t)threads;
+    co.kv_bytes = kv_bytes;
+    if (kv_fraction > 0) co.kv_fraction = kv_fraction;
     st = kiln_ctx_new(k, &co, &ctx);
     if (st != KILN_OK) {
         kiln_err(&err, st, "%s", kiln_last_error(ctx));
