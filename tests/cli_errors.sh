@@ -164,6 +164,8 @@ expect 2 "temperature" -- "$KILN" run "$T/good.kiln" --prompt-ids 1 --temperatur
 expect 2 "top-p" -- "$KILN" run "$T/good.kiln" --prompt-ids 1 --top-p 1.5
 expect 1 "no tokenizer" -- "$KILN" run "$T/good.kiln" --prompt "hello" --device cpu
 expect 2 "unknown device" -- "$KILN" run "$T/good.kiln" --prompt-ids 1 --device tpu
+expect 2 "gpu-memory" -- "$KILN" run "$T/good.kiln" --prompt-ids 1 --gpu-memory 12Q
+expect 2 "gpu-memory" -- "$KILN" run "$T/good.kiln" --prompt-ids 1 --gpu-memory 0
 # a failing run with --json still prints a JSON error object on stdout
 "$KILN" run "$T/trunc.kiln" --prompt-ids 1 --json >"$T/out" 2>/dev/null
 if python3 -c "import json,sys; e=json.load(open(sys.argv[1]))['error']; assert e['code']==8 and 'trunc' in e['message']" "$T/out"; then
