@@ -39,7 +39,7 @@ static void help(FILE *f) {
             "execution:\n"
             "  --device DEV          gpu, cpu (the fp32 reference executor) or auto = gpu when this\n"
             "                        build and host have one, else cpu (default: auto)\n"
-            "  --threads N           CPU threads (default: all cores, at most 16)\n"
+            "  --threads N           CPU threads (default: one per core)\n"
             "  --max-context N       context length to allocate (default: the model's)\n"
             "  --gpu-memory X        KV-cache memory on the GPU: bytes (suffix K, M, G) or a fraction\n"
             "                        of the free memory after the weights (default 0.9)\n"
@@ -103,11 +103,6 @@ static char *read_all(FILE *f, size_t *len) {
     return (char *)b.data;
 }
 
-static int default_threads(void) {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1 : n > 16 ? 16 : (int)n;
-}
-
 int kiln_cmd_run(int argc, char **argv) {
     enum { O_PROMPT = 256, O_PFILE, O_IDS, O_MAX, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_DEV, O_THR, O_JSON, O_CTX,
            O_NOBOS, O_NOSPECIAL, O_IGNEOS, O_GPUMEM };
@@ -123,7 +118,7 @@ int kiln_cmd_run(int argc, char **argv) {
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     const char *prompt = NULL, *prompt_file = NULL, *ids_arg = NULL, *device = "auto";
-    long long max_tokens = 128, top_k = 0, threads = default_threads(), max_ctx = 0, seed = -1;
+    long long max_tokens = 128, top_k = 0, threads = 0, max_ctx = 0, seed = -1;
     double temperature = 0, top_p = 1;
     bool json = false, no_bos = false, no_special = false, ignore_eos = false;
     int64_t kv_bytes = 0;
