@@ -29,6 +29,16 @@
  * heads from the QKV output, the block holding the last token rotates that
  * token's k, stores k and v into the cache and reads them from shared
  * memory; the same roundings as rope_kv (kiln_rope_freq, kiln_rope_rot).
+ * Latency (decode at small batch is a chain of dependent loads, not a
+ * bandwidth problem): with p.qkv nothing the kernel reads from the cache was
+ * written by the kernels before it in the stream, so the block ids, the
+ * rope angles and the first ATTN_UNROLL tokens' K (into registers; their V
+ * toward L2) are fetched before kiln_pdl_wait, under the QKV projection's
+ * tail; later score steps pull their tokens' V toward L2 as they load K, so
+ * phase 3 reads V from L2. The merge (combine kernel or last block) stages
+ * the split weights in shared memory and loads 8 splits ahead, summing in
+ * split order, so both give the same bits (kiln_attn_merge). Measured on the
+ * H200 (Mistral-7B, docs/kernels.md run 5): -3% per decode step at batch 1.
  *
  * Constants: N_HEADS, N_KV_HEADS, HEAD_DIM (8..256 a power of two; 4..128
  * with KILN_F32),
@@ -96,17 +106,96 @@ KILN_DEV int kiln_attn_part(const kiln_attn_decode_params &p, int L) {
     return min(max(part, 32), PARTITION);
 }
 
+/* Merges the splits of NH consecutive query heads hq0.. of sequence b (NTH threads, all of the block):
+ * o = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s, from part_o / part_ml. One warp per head finds M
+ * and stages the weights f_s = 2^(m_s - M) and sums l_s in shared memory (fs, ls: [NH][cap], when
+ * nsplit <= cap), then sums the denominator in split order; each thread then owns outputs and sums
+ * the splits in order too, loading 8 splits ahead. The same function serves the combine kernel and
+ * the in-kernel merge (p.counters), so both give the same bits. */
+template <int NH, int NTH>
+KILN_DEV void kiln_attn_merge(const kiln_attn_decode_params &p, int b, int hq0, int nsplit, float *fs, float *ls,
+                              int cap, float *mlsh) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const bool staged = nsplit <= cap;
+    const float *pml = (const float *)p.part_ml, *po = (const float *)p.part_o;
+    for (int g = warp; g < NH; g += NTH / 32) {
+        const float *m = pml + ((size_t)b * N_HEADS + hq0 + g) * p.max_splits * 2;
+        float M = KILN_NEG_INF;
+        for (int s = lane; s < nsplit; s += 32) M = fmaxf(M, __ldcg(m + 2 * s));
+        M = kiln_warp_max(M);
+        if (staged)
+            for (int s = lane; s < nsplit; s += 32) {
+                fs[g * cap + s] = exp2f(__ldcg(m + 2 * s) - M);
+                ls[g * cap + s] = __ldcg(m + 2 * s + 1);
+            }
+        __syncwarp();
+        if (lane == 0) {
+            float den = 0.0f;
+            for (int s = 0; s < nsplit; s++)
+                den = staged ? fmaf(fs[g * cap + s], ls[g * cap + s], den)
+                             : fmaf(exp2f(__ldcg(m + 2 * s) - M), __ldcg(m + 2 * s + 1), den);
+            mlsh[2 * g] = M;
+            mlsh[2 * g + 1] = den;
+        }
+    }
+    __syncthreads();
+    constexpr int OPT = (NH * HEAD_DIM + NTH - 1) / NTH, AHEAD = 8;
+    float num[OPT];
+#pragma unroll
+    for (int k = 0; k < OPT; k++) num[k] = 0.0f;
+    for (int s0 = 0; s0 < nsplit; s0 += AHEAD) {
+        float ov[AHEAD][OPT];
+#pragma unroll
+        for (int u = 0; u < AHEAD; u++)
+#pragma unroll
+            for (int k = 0; k < OPT; k++) {
+                const int i = threadIdx.x + k * NTH, g = i / HEAD_DIM;
+                const size_t ps = ((size_t)b * N_HEADS + hq0 + g) * p.max_splits + s0 + u;
+                ov[u][k] = (i < NH * HEAD_DIM && s0 + u < nsplit) ? __ldcg(po + ps * HEAD_DIM + i % HEAD_DIM) : 0.0f;
+            }
+#pragma unroll
+        for (int u = 0; u < AHEAD; u++)
+#pragma unroll
+            for (int k = 0; k < OPT; k++) {
+                const int i = threadIdx.x + k * NTH, g = i / HEAD_DIM, s = s0 + u;
+                if (i < NH * HEAD_DIM && s < nsplit) {
+                    const float f = staged ? fs[g * cap + s]
+                                           : exp2f(__ldcg(pml + (((size_t)b * N_HEADS + hq0 + g) * p.max_splits + s) * 2) -
+                                                   mlsh[2 * g]);
+                    num[k] = fmaf(f, ov[u][k], num[k]);
+                }
+            }
+    }
+#pragma unroll
+    for (int k = 0; k < OPT; k++) {
+        const int i = threadIdx.x + k * NTH, g = i / HEAD_DIM;
+        if (i < NH * HEAD_DIM) {
+            const float den = mlsh[2 * g + 1];
+            ((kiln_elem *)p.out)[((size_t)b * N_HEADS + hq0 + g) * HEAD_DIM + i % HEAD_DIM] =
+                kiln_f2e(den > 0.0f ? num[k] / den : 0.0f);
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) kiln_attn_decode(const kiln_attn_decode_params p) {
     constexpr int G = N_HEADS / N_KV_HEADS;
     constexpr int LPT = HEAD_DIM / KILN_VEC; /* lanes per token */
     constexpr int TPW = 32 / LPT;       /* tokens per warp step */
     constexpr int NG = ATTN_WARPS * TPW; /* token groups in the block */
+    constexpr int NT = ATTN_WARPS * 32;
     extern __shared__ float smem[];
     float *sc = smem;                            /* [G][PARTITION] scores, then probabilities */
     float *red = sc + G * PARTITION;             /* [ATTN_WARPS][G][HEAD_DIM] partial o */
     float *ml = red + ATTN_WARPS * G * HEAD_DIM; /* [G][2] max, sum */
     int *blocks = (int *)(ml + 2 * G);           /* [PARTITION/BLOCK_SIZE + 2] block ids of this split */
-    kiln_pdl_wait();
+
+    /* With p.qkv (fused RoPE) nothing this kernel reads from the cache was written by the kernels before it
+     * in the stream (the new token's k and v are written here), and seq_lens, block tables, positions and
+     * slots are step inputs: the first chunk's K/V loads and the rope angles are issued before
+     * kiln_pdl_wait, overlapping the QKV projection's tail. Only q and the new token's k, v (the QKV
+     * output) are read after it. Without p.qkv the rope kernel has just written the cache: wait first. */
+    const bool rope = p.qkv != 0;
+    if (!rope) kiln_pdl_wait();
 
     const int h = blockIdx.x, b = blockIdx.y, split = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -123,27 +212,47 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) kiln_attn_decode(c
     {
         const int *bt = (const int *)p.block_tables + (size_t)b * p.max_blocks;
         const int nb = n > 0 ? (t1 - 1) / BLOCK_SIZE - fb + 1 : 0;
-        for (int i = threadIdx.x; i < nb; i += ATTN_WARPS * 32) blocks[i] = bt[fb + i];
+        for (int i = threadIdx.x; i < nb; i += NT) blocks[i] = bt[fb + i];
     }
     const kiln_elem *kc = (const kiln_elem *)p.k_cache, *vc = (const kiln_elem *)p.v_cache;
 
-    /* Fused RoPE (p.qkv): the block holding the last token rotates that token's k and keeps k, v in
-     * shared memory (read from there below, not from the cache), storing both into the cache. */
+    /* Fused RoPE (p.qkv): the rope angles need only the position (a step input), so they are computed
+     * before the wait, one dim per thread, into shared memory (q and k of a token share them). */
     constexpr int QKVW = (N_HEADS + 2 * N_KV_HEADS) * HEAD_DIM, HALF = HEAD_DIM / 2;
     __shared__ __align__(16) kiln_elem knew[HEAD_DIM], vnew[HEAD_DIM];
-    const bool rope = p.qkv != 0;
-    const kiln_elem *qrow = rope ? (const kiln_elem *)p.qkv + (size_t)b * QKVW : (const kiln_elem *)0;
+    __shared__ float rcs[HEAD_DIM], rsn[HEAD_DIM];
     const int pos = rope ? ((const int *)p.positions)[b] : 0;
-    if (rope && split == nsplit - 1) {
-        const int slot = ((const int *)p.slots)[b];
-        const kiln_elem *kx = qrow + (N_HEADS + h) * HEAD_DIM, *vx = qrow + (N_HEADS + N_KV_HEADS + h) * HEAD_DIM;
-        for (int d = threadIdx.x; d < HEAD_DIM; d += ATTN_WARPS * 32) {
-            float sn, cs;
+    const bool last_split = rope && split == nsplit - 1;
+    if (rope)
+        for (int d = threadIdx.x; d < HEAD_DIM; d += NT)
             sincosf((float)pos * kiln_rope_freq(d % HALF, HEAD_DIM, p.rope_theta, p.rope_llama3, p.rope_factor,
                                                 p.rope_low_freq_factor, p.rope_high_freq_factor, p.rope_orig_max_pos),
-                    &sn, &cs);
+                    &rsn[d], &rcs[d]);
+    __syncthreads(); /* blocks[], rcs/rsn ready */
+
+    /* K of the first ATTN_UNROLL tokens of each lane group (the first step of the score loop) in
+     * registers, their V pulled toward L2; the new token's k (p.qkv) is taken from shared memory
+     * after the wait. */
+    uint4 k0[ATTN_UNROLL];
+#pragma unroll
+    for (int u = 0; u < ATTN_UNROLL; u++) {
+        const int t = t0 + grp + u * NG;
+        k0[u] = make_uint4(0, 0, 0, 0);
+        if (t < t1 && !(rope && t == L - 1)) {
+            const size_t at = (((size_t)blocks[t / BLOCK_SIZE - fb] * N_KV_HEADS + h) * BLOCK_SIZE + t % BLOCK_SIZE) * HEAD_DIM + j * KILN_VEC;
+            k0[u] = kiln_ld16(kc + at);
+            kiln_prefetch_l2(vc + at);
+        }
+    }
+    if (rope) kiln_pdl_wait();
+
+    const kiln_elem *qrow = rope ? (const kiln_elem *)p.qkv + (size_t)b * QKVW : (const kiln_elem *)0;
+    if (last_split) {
+        const int slot = ((const int *)p.slots)[b];
+        const kiln_elem *kx = qrow + (N_HEADS + h) * HEAD_DIM, *vx = qrow + (N_HEADS + N_KV_HEADS + h) * HEAD_DIM;
+        for (int d = threadIdx.x; d < HEAD_DIM; d += NT) {
             const kiln_elem kv = kiln_f2e(
-                kiln_rope_rot(kiln_e2f(kx[d]), kiln_e2f(kx[d < HALF ? d + HALF : d - HALF]), cs, sn, d < HALF));
+                kiln_rope_rot(kiln_e2f(kx[d]), kiln_e2f(kx[d < HALF ? d + HALF : d - HALF]), rcs[d], rsn[d], d < HALF));
             knew[d] = kv;
             vnew[d] = vx[d];
             if (slot >= 0) {
@@ -160,20 +269,13 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) kiln_attn_decode(c
     {
         const float qs = p.scale * KILN_LOG2E;
         if (rope) {
-            float cs[KILN_VEC], sn[KILN_VEC];
-#pragma unroll
-            for (int e = 0; e < KILN_VEC; e++)
-                sincosf((float)pos * kiln_rope_freq((j * KILN_VEC + e) % HALF, HEAD_DIM, p.rope_theta, p.rope_llama3,
-                                                    p.rope_factor, p.rope_low_freq_factor, p.rope_high_freq_factor,
-                                                    p.rope_orig_max_pos),
-                        &sn[e], &cs[e]);
 #pragma unroll
             for (int g = 0; g < G; g++) {
                 const kiln_elem *x = qrow + (h * G + g) * HEAD_DIM;
 #pragma unroll
                 for (int e = 0; e < KILN_VEC; e++) {
                     const int d = j * KILN_VEC + e;
-                    const float r = kiln_rope_rot(kiln_e2f(x[d]), kiln_e2f(x[d < HALF ? d + HALF : d - HALF]), cs[e], sn[e], d < HALF);
+                    const float r = kiln_rope_rot(kiln_e2f(x[d]), kiln_e2f(x[d < HALF ? d + HALF : d - HALF]), rcs[d], rsn[d], d < HALF);
                     q[g][e] = kiln_round(r) * qs;
                 }
             }
@@ -188,20 +290,31 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) kiln_attn_decode(c
         }
     }
 
-    __syncthreads(); /* blocks[] ready */
+    if (rope) {
+        __syncthreads(); /* knew, vnew ready */
+#pragma unroll
+        for (int u = 0; u < ATTN_UNROLL; u++)
+            if (t0 + grp + u * NG == L - 1) k0[u] = *(const uint4 *)(knew + j * KILN_VEC);
+    }
 
-    /* 1. scores, ATTN_UNROLL tokens per lane group per step (their K loads in flight together).
+    /* 1. scores, ATTN_UNROLL tokens per lane group per step (their K loads in flight together; the
+     * first step's are k0). Each step pulls its tokens' V toward L2 (the first step's were pulled
+     * with k0), so V streams from HBM while the scores are computed and phase 3 reads it from L2.
      * The loop bound is warp-uniform so every shuffle has all lanes. */
     for (int tb = t0 + warp * TPW; tb < t1; tb += NG * ATTN_UNROLL) {
+        const bool first = tb == t0 + warp * TPW;
         uint4 kr[ATTN_UNROLL];
 #pragma unroll
         for (int u = 0; u < ATTN_UNROLL; u++) {
             const int t = tb + u * NG + lane / LPT;
-            if (rope && t == L - 1) {
+            if (first) {
+                kr[u] = k0[u];
+            } else if (rope && t == L - 1) {
                 kr[u] = *(const uint4 *)(knew + j * KILN_VEC);
             } else if (t < t1) {
-                const int blk = blocks[t / BLOCK_SIZE - fb];
-                kr[u] = kiln_ld16(kc + (((size_t)blk * N_KV_HEADS + h) * BLOCK_SIZE + t % BLOCK_SIZE) * HEAD_DIM + j * KILN_VEC);
+                const size_t at = (((size_t)blocks[t / BLOCK_SIZE - fb] * N_KV_HEADS + h) * BLOCK_SIZE + t % BLOCK_SIZE) * HEAD_DIM + j * KILN_VEC;
+                kr[u] = kiln_ld16(kc + at);
+                kiln_prefetch_l2(vc + at);
             } else {
                 kr[u] = make_uint4(0, 0, 0, 0);
             }
@@ -323,71 +436,18 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) kiln_attn_decode(c
     __syncthreads();
     if (!is_last) return;
     __threadfence();
-    /* per head: the max over splits and the weights 2^(m_s - M) (in sc, free now), then the denominator */
-    const bool staged = nsplit <= PARTITION;
-    for (int g = warp; g < G; g += ATTN_WARPS) {
-        const size_t base = ((size_t)b * N_HEADS + h * G + g) * p.max_splits;
-        const float *pml = (const float *)p.part_ml + base * 2;
-        float M = KILN_NEG_INF;
-        for (int s = lane; s < nsplit; s += 32) M = fmaxf(M, __ldcg(pml + 2 * s));
-        M = kiln_warp_max(M);
-        if (staged)
-            for (int s = lane; s < nsplit; s += 32) sc[g * PARTITION + s] = exp2f(__ldcg(pml + 2 * s) - M);
-        __syncwarp();
-        if (lane == 0) {
-            float den = 0.0f;
-            for (int s = 0; s < nsplit; s++)
-                den += (staged ? sc[g * PARTITION + s] : exp2f(__ldcg(pml + 2 * s) - M)) * __ldcg(pml + 2 * s + 1);
-            ml[2 * g] = M;
-            ml[2 * g + 1] = den;
-        }
-    }
-    __syncthreads();
-    /* each thread owns OPT outputs and walks the splits once for all of them (independent loads in flight) */
-    constexpr int NT = ATTN_WARPS * 32, OPT = (G * HEAD_DIM + NT - 1) / NT;
-    float num[OPT];
-#pragma unroll
-    for (int k = 0; k < OPT; k++) num[k] = 0.0f;
-#pragma unroll 2
-    for (int s = 0; s < nsplit; s++) {
-#pragma unroll
-        for (int k = 0; k < OPT; k++) {
-            const int i = threadIdx.x + k * NT;
-            if (i < G * HEAD_DIM) {
-                const int g = i / HEAD_DIM, d = i % HEAD_DIM;
-                const size_t base = ((size_t)b * N_HEADS + h * G + g) * p.max_splits;
-                const float f = staged ? sc[g * PARTITION + s] : exp2f(__ldcg((const float *)p.part_ml + (base + s) * 2) - ml[2 * g]);
-                num[k] += f * __ldcg((const float *)p.part_o + (base + s) * HEAD_DIM + d);
-            }
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < OPT; k++) {
-        const int i = threadIdx.x + k * NT;
-        if (i < G * HEAD_DIM) {
-            const int g = i / HEAD_DIM, d = i % HEAD_DIM;
-            const float den = ml[2 * g + 1];
-            ((kiln_elem *)p.out)[((size_t)b * N_HEADS + h * G + g) * HEAD_DIM + d] = kiln_f2e(den > 0.0f ? num[k] / den : 0.0f);
-        }
-    }
+    /* sc (scores) and red (partial o) are free now: they hold the splits' weights and sums */
+    kiln_attn_merge<G, NT>(p, b, h * G, nsplit, sc, red, min(PARTITION, ATTN_WARPS * HEAD_DIM), ml);
 }
 
-extern "C" __global__ void kiln_attn_decode_combine(const kiln_attn_decode_params p) {
+#define KILN_COMBINE_THREADS ((HEAD_DIM + 31) / 32 * 32)
+#define KILN_COMBINE_STAGE 256 /* splits whose weights the combine kernel keeps in shared memory */
+extern "C" __global__ void __launch_bounds__(KILN_COMBINE_THREADS) kiln_attn_decode_combine(const kiln_attn_decode_params p) {
+    __shared__ float fs[KILN_COMBINE_STAGE], ls[KILN_COMBINE_STAGE], mlsh[2];
     kiln_pdl_wait();
     const int hq = blockIdx.x, b = blockIdx.y;
     const int L = ((const int *)p.seq_lens)[b];
     const int nsplit = kiln_attn_nsplits(L, kiln_attn_part(p, L));
     if (nsplit <= 1) return; /* the split kernel wrote the output itself */
-    const size_t base = ((size_t)b * N_HEADS + hq) * p.max_splits;
-    const float *pml = (const float *)p.part_ml + base * 2;
-    float M = KILN_NEG_INF;
-    for (int s = 0; s < nsplit; s++) M = fmaxf(M, pml[2 * s]);
-    float den = 0.0f;
-    for (int s = 0; s < nsplit; s++) den += exp2f(pml[2 * s] - M) * pml[2 * s + 1];
-    for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
-        float num = 0.0f;
-        for (int s = 0; s < nsplit; s++)
-            num += exp2f(pml[2 * s] - M) * ((const float *)p.part_o)[(base + s) * HEAD_DIM + d];
-        ((kiln_elem *)p.out)[((size_t)b * N_HEADS + hq) * HEAD_DIM + d] = kiln_f2e(den > 0.0f ? num / den : 0.0f);
-    }
+    kiln_attn_merge<1, KILN_COMBINE_THREADS>(p, b, hq, nsplit, fs, ls, KILN_COMBINE_STAGE, mlsh);
 }
