@@ -18,6 +18,9 @@
  *   ttft_ms           one step of --ttft prompt tokens, batch 1 (the first token)
  *   decode_ms_per_step, decode_tokens_per_s   at each batch after --prompt tokens each,
  *                     with CUDA graphs (and without, for batches <= 8)
+ * Each line says "lt_tune": false when KILN_LT_TUNE=0 kept cuBLASLt's
+ * heuristic algorithms for the decode GEMMs of batches above 8 (the first
+ * step of a batch, the graph capture, pays the tuning; medians skip it).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,12 +48,13 @@ static double median(double *v, int n) {
 
 static const char *g_model = "?", *g_gpu = "?", *g_commit = "unknown";
 static bool g_pdl = true, g_fused = true;
+static int g_lt_tune = 1; /* KILN_LT_TUNE as the executor reads it: 0 = cuBLASLt's heuristic algorithm at decode */
 static void emit(const char *metric, double value, const char *unit, int batch, int in_len, int out_len, bool graphs) {
     printf("{\"model\": \"%s\", \"dtype\": \"bf16\", \"batch\": %d, \"input_len\": %d, \"output_len\": %d, "
-           "\"metric\": \"%s\", \"value\": %.4f, \"unit\": \"%s\", \"graphs\": %s, \"pdl\": %s, \"fused\": %s, \"device\": \"gpu\", "
-           "\"gpu\": \"%s\", \"commit\": \"%s\", \"impl\": \"kiln-exec\"}\n",
+           "\"metric\": \"%s\", \"value\": %.4f, \"unit\": \"%s\", \"graphs\": %s, \"pdl\": %s, \"fused\": %s, "
+           "\"lt_tune\": %s, \"device\": \"gpu\", \"gpu\": \"%s\", \"commit\": \"%s\", \"impl\": \"kiln-exec\"}\n",
            g_model, batch, in_len, out_len, metric, value, unit, graphs ? "true" : "false", g_pdl ? "true" : "false",
-           g_fused ? "true" : "false", g_gpu, g_commit);
+           g_fused ? "true" : "false", g_lt_tune ? "true" : "false", g_gpu, g_commit);
     fflush(stdout);
 }
 
@@ -121,6 +125,7 @@ int main(int argc, char **argv) {
     }
     if (getenv("KILN_COMMIT")) g_commit = getenv("KILN_COMMIT");
     if (getenv("KILN_FUSE") && *getenv("KILN_FUSE")) g_fused = atoi(getenv("KILN_FUSE")) != 0;
+    if (getenv("KILN_LT_TUNE") && *getenv("KILN_LT_TUNE")) g_lt_tune = atoi(getenv("KILN_LT_TUNE")) > 0;
     g_model = engine;
     int max_b = 1;
     for (int i = 0; i < nb; i++) max_b = batches[i] > max_b ? batches[i] : max_b;

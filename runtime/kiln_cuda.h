@@ -25,6 +25,7 @@
 #include <cuda.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "../common/kiln_util.h"
@@ -167,13 +168,13 @@ kiln_status kiln_cuda_fill16(kiln_cuda *cu, CUdeviceptr dst, uint16_t pattern, s
 /* Fill `bytes` bytes (a multiple of 4) with a 32-bit pattern. */
 kiln_status kiln_cuda_fill32(kiln_cuda *cu, CUdeviceptr dst, uint32_t pattern, size_t bytes, kiln_error *err);
 
-/* ---- cuBLASLt (dense GEMMs for prefill) ---- */
+/* ---- cuBLASLt (dense GEMMs: prefill, and decode steps above the GEMV's token limit) ---- */
 
 /* The checking macro for cuBLASLt calls; yields a kiln_status. */
 #define KILN_CUBLASLT_CALL(err, call) kiln_cublaslt_check_((int)(call), #call, __FILE__, __LINE__, (err))
 kiln_status kiln_cublaslt_check_(int result, const char *call, const char *file, int line, kiln_error *err);
 
-typedef struct kiln_cublaslt kiln_cublaslt; /* opaque: handle + workspace */
+typedef struct kiln_cublaslt kiln_cublaslt; /* opaque: handle, workspace, plan cache */
 
 kiln_status kiln_cublaslt_create(kiln_cuda *cu, size_t workspace_bytes, kiln_cublaslt **out, kiln_error *err);
 void kiln_cublaslt_destroy(kiln_cublaslt *lt);
@@ -188,5 +189,25 @@ kiln_status kiln_cublaslt_gemm_bf16(kiln_cublaslt *lt, int M, int N, int K, CUde
  * weights, for one). */
 kiln_status kiln_cublaslt_gemm_ex(kiln_cublaslt *lt, bool in_f32, bool out_f32, int M, int N, int K, CUdeviceptr x,
                                   CUdeviceptr w, CUdeviceptr y, bool accumulate, CUstream stream, kiln_error *err);
+/*
+ * Pick the algorithm of gemm_ex's shape (in_f32, out_f32, M, N, K,
+ * accumulate) by timing: the heuristic's first 12 answers that fit the
+ * workspace each run a few times on `stream` over the weights w[0..n_w-1]
+ * in turn (every layer's copy of this shape, so the runs read HBM rather
+ * than L2) with x [M,K] and y [M,N] as scratch: their contents are
+ * overwritten (y is also read when accumulate), never pass live buffers.
+ * The fastest is kept in the plan cache (pinned: later gemm_ex calls of the
+ * shape use it, and prefill's shapes never evict it); tuning a shape twice
+ * does nothing. Queues work and synchronises `stream`, which must be a
+ * created stream (the legacy one cannot be captured) and not capturing.
+ * A failure to time (no candidate ran, the table of pinned plans is full)
+ * is not an error: the heuristic's first answer stays and `log` (NULL =
+ * silent) says why. With `log` each candidate's configuration and time
+ * and the choice are written there. Errors only when even the heuristic's
+ * plan could not be made (what gemm_ex would fail on too).
+ */
+kiln_status kiln_cublaslt_tune(kiln_cublaslt *lt, bool in_f32, bool out_f32, int M, int N, int K, bool accumulate,
+                               const CUdeviceptr *w, int n_w, CUdeviceptr x, CUdeviceptr y, CUstream stream, FILE *log,
+                               kiln_error *err);
 
 #endif /* KILN_CUDA_H */

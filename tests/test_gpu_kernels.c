@@ -950,6 +950,115 @@ static void test_swiglu(void) {
 }
 
 /* =================================================================== */
+/* cuBLASLt with timed algorithms (kiln_cublaslt_tune)                  */
+/* =================================================================== */
+
+/* Each shape tuned over 3 weight copies (then tuned again: a no-op), 140
+ * other shapes run to push the plan cache past its size (tuned plans must
+ * survive), then the tuned GEMM checked against the CPU: whatever algorithm
+ * the timing kept must compute the same product. KILN_LT_TUNE=2 prints the
+ * candidates and times. */
+static void test_cublaslt_tune(void) {
+    NEED_GPU();
+    static const struct { int M, N, K, in_f32, out_f32, acc; } cs[] = {
+        {16, 256, 512, 0, 0, 0}, {33, 1000, 136, 0, 0, 1}, {64, 512, 256, 0, 1, 0}, {12, 64, 64, 1, 1, 1},
+    };
+    const char *env = getenv("KILN_LT_TUNE");
+    FILE *log = env && atoi(env) >= 2 ? stderr : NULL;
+    kiln_error err = {0};
+    kiln_cublaslt *lt = NULL;
+    KT_REQUIRE(kiln_cublaslt_create(&g_cu, 32u << 20, &lt, &err) == KILN_OK);
+    CUstream stream = NULL;
+    KT_REQUIRE(g_cu.api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    /* the other shapes: up to 140 x 64 by 64 x 64, in f32 or bf16, on zeros */
+    const size_t churn = 140 * 64 * 4;
+    CUdeviceptr cx = dev_alloc(churn), cw = dev_alloc(64 * 64 * 4), cy = dev_alloc(churn);
+    KT_CHECK(g_cu.api.cuMemsetD8(cx, 0, churn) == CUDA_SUCCESS && g_cu.api.cuMemsetD8(cw, 0, 64 * 64 * 4) == CUDA_SUCCESS);
+    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+        const int M = cs[ci].M, N = cs[ci].N, K = cs[ci].K;
+        const size_t ein = cs[ci].in_f32 ? 4 : 2, eout = cs[ci].out_f32 ? 4 : 2;
+        float *wf[3], *xf, *rf;
+        void *wh[3], *xh, *rh;
+        CUdeviceptr w[3];
+        for (int i = 0; i < 3; i++) {
+            if (cs[ci].in_f32) {
+                wf[i] = malloc(sizeof(float) * (size_t)N * K);
+                for (size_t j = 0; j < (size_t)N * K; j++) wf[i][j] = rnd_normal() * 0.02f;
+                wh[i] = NULL;
+            } else {
+                wh[i] = rand_bf16((size_t)N * K, 0.02f, &wf[i]);
+            }
+            w[i] = dev_from(wh[i] ? wh[i] : (void *)wf[i], (size_t)N * K * ein);
+        }
+        if (cs[ci].in_f32) {
+            xf = malloc(sizeof(float) * (size_t)M * K);
+            for (size_t j = 0; j < (size_t)M * K; j++) xf[j] = rnd_normal();
+            xh = NULL;
+        } else {
+            xh = rand_bf16((size_t)M * K, 1.0f, &xf);
+        }
+        if (cs[ci].out_f32) {
+            rf = malloc(sizeof(float) * (size_t)M * N);
+            for (size_t j = 0; j < (size_t)M * N; j++) rf[j] = rnd_normal();
+            rh = NULL;
+        } else {
+            rh = rand_bf16((size_t)M * N, 1.0f, &rf);
+        }
+        CUdeviceptr sx = dev_alloc((size_t)M * K * ein), sy = dev_alloc((size_t)M * N * eout);
+        CUdeviceptr x = dev_from(xh ? xh : (void *)xf, (size_t)M * K * ein), y = dev_alloc((size_t)M * N * eout);
+        KT_CHECK(g_cu.api.cuMemsetD8(sx, 0x3c, (size_t)M * K * ein) == CUDA_SUCCESS &&
+                 g_cu.api.cuMemsetD8(sy, 0x3c, (size_t)M * N * eout) == CUDA_SUCCESS);
+        KT_CHECK(g_cu.api.cuCtxSynchronize() == CUDA_SUCCESS); /* the copies above are on the legacy stream */
+        for (int again = 0; again < 2; again++)
+            KT_CHECKF(kiln_cublaslt_tune(lt, cs[ci].in_f32, cs[ci].out_f32, M, N, K, cs[ci].acc, w, 3, sx, sy, stream,
+                                         log, &err) == KILN_OK,
+                      "tune M=%d N=%d K=%d: %s", M, N, K, err.msg);
+        for (int m = 1; m <= 140; m++) /* other shapes through the cache (their results are not looked at) */
+            KT_CHECKF(kiln_cublaslt_gemm_ex(lt, cs[ci].in_f32, cs[ci].out_f32, m, 64, 64, cx, cw, cy, false, stream,
+                                            &err) == KILN_OK,
+                      "GEMM M=%d N=64 K=64: %s", m, err.msg);
+        if (cs[ci].acc) {
+            CUdeviceptr tmp = dev_from(rh ? rh : (void *)rf, (size_t)M * N * eout);
+            KT_CHECK(g_cu.api.cuMemcpyDtoD(y, tmp, (size_t)M * N * eout) == CUDA_SUCCESS);
+            kiln_cuda_release(&g_cu, tmp);
+        } else if (cs[ci].out_f32) {
+            dev_poison32(y, (size_t)M * N * eout);
+        } else {
+            dev_poison16(y, (size_t)M * N * eout);
+        }
+        KT_CHECK(g_cu.api.cuCtxSynchronize() == CUDA_SUCCESS);
+        KT_CHECKF(kiln_cublaslt_gemm_ex(lt, cs[ci].in_f32, cs[ci].out_f32, M, N, K, x, w[1], y, cs[ci].acc, stream,
+                                        &err) == KILN_OK,
+                  "GEMM M=%d N=%d K=%d: %s", M, N, K, err.msg);
+        KT_CHECK(g_cu.api.cuStreamSynchronize(stream) == CUDA_SUCCESS);
+        double *ref = malloc(sizeof(double) * (size_t)M * N);
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) {
+                double acc = cs[ci].acc ? rf[(size_t)m * N + n] : 0;
+                for (int k = 0; k < K; k++) acc += (double)xf[(size_t)m * K + k] * wf[1][(size_t)n * K + k];
+                ref[(size_t)m * N + n] = acc;
+            }
+        void *out = host_from(y, (size_t)M * N * eout);
+        double e = cs[ci].out_f32 ? rel_err_f32(out, ref, (size_t)M * N) : rel_err_bf16(out, ref, (size_t)M * N);
+        double tol = cs[ci].out_f32 ? TOL_F32 : TOL_BF16;
+        KT_CHECKF(e < tol, "tuned GEMM %s M=%d N=%d K=%d %s-out%s: rel err %g", cs[ci].in_f32 ? "f32" : "bf16", M, N,
+                  K, cs[ci].out_f32 ? "f32" : "bf16", cs[ci].acc ? " accumulate" : "", e);
+        free(out);
+        free(ref);
+        CUdeviceptr all[] = {w[0], w[1], w[2], sx, sy, x, y};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kiln_cuda_release(&g_cu, all[i]);
+        for (int i = 0; i < 3; i++) free(wf[i]), free(wh[i]);
+        free(xf), free(xh), free(rf), free(rh);
+    }
+    g_cu.api.cuStreamSynchronize(stream);
+    kiln_cuda_release(&g_cu, cx);
+    kiln_cuda_release(&g_cu, cw);
+    kiln_cuda_release(&g_cu, cy);
+    g_cu.api.cuStreamDestroy(stream);
+    kiln_cublaslt_destroy(lt);
+}
+
+/* =================================================================== */
 /* Sampling                                                             */
 /* =================================================================== */
 
@@ -1104,6 +1213,7 @@ int main(void) {
     KT_RUN(test_attn_decode);
     KT_RUN(test_attn_prefill);
     KT_RUN(test_swiglu);
+    KT_RUN(test_cublaslt_tune);
     KT_RUN(test_sample);
     if (g_state > 0) kiln_cuda_free(&g_cu);
     return KT_END();

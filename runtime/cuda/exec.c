@@ -41,7 +41,10 @@
  * steps run as CUDA graphs captured once per batch bucket (1, 2, 4, 8, 16,
  * ... up to max_seqs), the batch padded with idle rows (KV slot -1, length
  * 0, greedy) — everything that varies is read from device memory, so one
- * graph serves every step of its bucket.
+ * graph serves every step of its bucket. Before a bucket's graph is
+ * captured, the cuBLASLt algorithms of its GEMMs (buckets above the GEMV's
+ * 8 rows) are chosen by timing (tune_decode; KILN_LT_TUNE=0 keeps the
+ * heuristic's first answer, 2 reports).
  */
 #include "kiln_cuda_exec.h"
 
@@ -183,6 +186,9 @@ typedef struct cx {
     int fuse;       /* CX_FUSE_* bits: decode fusions in use (KILN_FUSE=mask at creation; default CX_FUSE_DEFAULT) */
     CUdeviceptr attn_cnt; /* int32 [max_seqs, n_kv]: decode attention's split counters, zero between launches */
     int gemv_max_m; /* most tokens per step the tensor-core GEMV takes (else cuBLASLt) */
+    int lt_tune;    /* KILN_LT_TUNE: cuBLASLt algorithms at decode: 0 heuristic's, 1 timed (default), 2 timed + reported */
+    int lt_tuned[CX_MAX_GRAPHS]; /* decode batches whose GEMM shapes were tuned */
+    int n_lt_tuned;
     int64_t bytes_now, bytes_peak;
     kiln_cuda_exec_stats stats;
 } cx;
@@ -743,6 +749,9 @@ static bool norm_folds(const cx *x, int i, const cx_shape *sh) {
     return gemv_path(x, &g->g, sh->T);
 }
 
+/* Whether cuBLASLt writes GEMM g's output in fp32 (f32 engines, the logits). */
+static bool lt_out_f32(const cx *x, const cx_gemm *g) { return x->f32 || g->epi == EPI_F32OUT; }
+
 /* y = x·W^T (+ y when res) for M rows; with norm (a folded NORM instruction),
  * x is its residual input and the GEMV normalises it on the way in. */
 static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUdeviceptr out, bool res,
@@ -762,16 +771,15 @@ static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUde
         return launch(x, m1 ? g->m1 : g->mma, d.grid[0], d.grid[1], 1, d.block[0], 0, &prm, "kiln_gemv", err);
     }
     if (g->epi == EPI_SWIGLU) {
-        kiln_status st = kiln_cublaslt_gemm_ex(x->lt, x->f32, x->f32, M, g->n, g->k, in, w, x->gu_tmp, false,
-                                               x->stream, err);
+        kiln_status st = kiln_cublaslt_gemm_ex(x->lt, x->f32, lt_out_f32(x, g), M, g->n, g->k, in, w, x->gu_tmp,
+                                               false, x->stream, err);
         if (st) return st;
         const int f = g->n / 2, vec = x->f32 ? 4 : 8, th = g->swiglu_threads;
         unsigned gx = f % vec == 0 ? (unsigned)((f / vec + th - 1) / th) : (unsigned)((f + th - 1) / th);
         kiln_swiglu_params sp = {x->gu_tmp, out, M, 0};
         return launch(x, g->swiglu, gx, (unsigned)M, 1, (unsigned)th, 0, &sp, "kiln_swiglu", err);
     }
-    return kiln_cublaslt_gemm_ex(x->lt, x->f32, g->epi == EPI_F32OUT || x->f32, M, g->n, g->k, in, w, out, res,
-                                 x->stream, err);
+    return kiln_cublaslt_gemm_ex(x->lt, x->f32, lt_out_f32(x, g), M, g->n, g->k, in, w, out, res, x->stream, err);
 }
 
 /* Splits a decode batch of B aims for (about two waves of the GPU), and the grid's split count. */
@@ -896,6 +904,83 @@ static int bucket(const cx *x, int n) {
     return b < x->base.max_seqs ? b : x->base.max_seqs;
 }
 
+#define CX_TUNE_SHAPES 16  /* distinct cuBLASLt shapes of one decode step tuned (Mistral has 5) */
+#define CX_TUNE_WEIGHTS 6  /* layers' weights a shape is timed over (6 x 33.5 MB = 4x the H200's 50 MB L2) */
+
+/*
+ * Time cuBLASLt's candidate algorithms for every GEMM shape the decode
+ * graph of batch B runs through cuBLASLt (M = B above the GEMV's limit;
+ * kiln_cublaslt_tune), so the graph captures the fastest rather than the
+ * heuristic's first. Runs once per batch, before its graph is captured
+ * (timing cannot happen inside a capture). Scratch x and y come from a
+ * temporary allocation of B x (largest K) and B x (largest N) elements:
+ * the executor's own buffers hold nothing live between steps, but one of
+ * their own keeps that an invariant nobody has to remember. Every failure
+ * leaves the heuristic's choice; with KILN_LT_TUNE=2 it is reported on
+ * stderr, with each shape's candidates and times.
+ */
+static void tune_decode(cx *x, int B) {
+    if (!x->lt_tune) return;
+    for (int i = 0; i < x->n_lt_tuned; i++)
+        if (x->lt_tuned[i] == B) return;
+    if (x->n_lt_tuned == CX_MAX_GRAPHS) return;
+    x->lt_tuned[x->n_lt_tuned++] = B;
+    FILE *log = x->lt_tune >= 2 ? stderr : NULL;
+    struct {
+        int n, k;
+        bool acc, out_f32;
+        CUdeviceptr w[CX_TUNE_WEIGHTS];
+        int n_w;
+    } sh[CX_TUNE_SHAPES];
+    int n_sh = 0;
+    size_t xb = 0, yb = 0;
+    for (int i = 0; i < x->n_prog; i++) {
+        const cx_inst *in = &x->prog[i];
+        if (in->kind != I_QKV && in->kind != I_GEMM && in->kind != I_LMHEAD) continue;
+        const cx_gemm *g = &in->g;
+        if (gemv_path(x, g, B)) continue; /* at decode every GEMM has B rows, the LM head's too */
+        /* the arguments run_gemm gives kiln_cublaslt_gemm_ex */
+        const bool acc = in->kind == I_GEMM && in->res >= 0 && g->epi != EPI_SWIGLU, of = lt_out_f32(x, g);
+        int j = 0;
+        while (j < n_sh && !(sh[j].n == g->n && sh[j].k == g->k && sh[j].acc == acc && sh[j].out_f32 == of)) j++;
+        if (j == n_sh) {
+            if (n_sh == CX_TUNE_SHAPES) continue;
+            sh[n_sh].n = g->n, sh[n_sh].k = g->k, sh[n_sh].acc = acc, sh[n_sh].out_f32 = of, sh[n_sh].n_w = 0;
+            n_sh++;
+            size_t bx = (size_t)B * (size_t)g->k * (size_t)x->es, by = (size_t)B * (size_t)g->n * (of ? 4u : (size_t)x->es);
+            if (bx > xb) xb = bx;
+            if (by > yb) yb = by;
+        }
+        CUdeviceptr w = dwp(x, g->dw);
+        bool have = false;
+        for (int k = 0; k < sh[j].n_w; k++) have |= sh[j].w[k] == w;
+        if (!have && sh[j].n_w < CX_TUNE_WEIGHTS) sh[j].w[sh[j].n_w++] = w;
+    }
+    if (n_sh == 0) return;
+    const double t0 = kiln_now();
+    const size_t yoff = (xb + 255) / 256 * 256, bytes = yoff + yb;
+    CUdeviceptr scratch = 0;
+    kiln_error e = {0};
+    if (cx_alloc(x, bytes, "the cuBLASLt tuning scratch", &scratch, &e) ||
+        KILN_CU_CALL(&x->cu, &e, x->cu.api.cuMemsetD8Async(scratch, 0x3c, bytes, x->stream))) { /* bf16/f32 ~0.0115 */
+        if (log) fprintf(log, "kiln lt-tune: decode batch %d not tuned: %s\n", B, e.msg);
+    } else {
+        for (int j = 0; j < n_sh; j++) {
+            kiln_error te = {0};
+            if (kiln_cublaslt_tune(x->lt, x->f32, sh[j].out_f32, B, sh[j].n, sh[j].k, sh[j].acc, sh[j].w, sh[j].n_w,
+                                   scratch, scratch + yoff, x->stream, log, &te) &&
+                log)
+                fprintf(log, "kiln lt-tune: decode batch %d, N=%d K=%d not tuned: %s\n", B, sh[j].n, sh[j].k, te.msg);
+        }
+        if (log) fprintf(log, "kiln lt-tune: decode batch %d: %d shapes in %.1f ms\n", B, n_sh, (kiln_now() - t0) * 1e3);
+    }
+    if (scratch) {
+        x->cu.api.cuStreamSynchronize(x->stream); /* nothing of tuning may still read or write it */
+        cx_release(x, &scratch);
+        x->bytes_now -= (int64_t)bytes;
+    }
+}
+
 static kiln_status graph_for(cx *x, int B, CUgraphExec *out, kiln_error *err) {
     for (int i = 0; i < x->n_graphs; i++)
         if (x->graphs[i].B == B) {
@@ -904,6 +989,7 @@ static kiln_status graph_for(cx *x, int B, CUgraphExec *out, kiln_error *err) {
         }
     *out = NULL;
     if (x->n_graphs == CX_MAX_GRAPHS) return KILN_OK; /* run without */
+    tune_decode(x, B);
     cx_shape sh = {B, B, true, 1};
     kiln_status st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuStreamBeginCapture(x->stream, CU_STREAM_CAPTURE_MODE_RELAXED));
     if (st) return kiln_err_prefix(err, "cuda executor: capturing a decode graph: ");
@@ -1237,6 +1323,8 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
         x->pdl = x->stats.pdl = x->cu.sm >= 90 && !o->no_pdl && !(env && strcmp(env, "1") == 0);
         env = getenv("KILN_FUSE"); /* for measuring each fusion: a mask of CX_FUSE_* bits */
         x->fuse = env && *env ? atoi(env) & CX_FUSE_ALL : CX_FUSE_DEFAULT;
+        env = getenv("KILN_LT_TUNE"); /* 0: decode GEMMs keep cuBLASLt's heuristic choice; 2: report the tuning */
+        x->lt_tune = env && *env ? (atoi(env) > 0 ? atoi(env) : 0) : 1;
     }
 
     /* the kernels section */
