@@ -200,6 +200,10 @@ extern "C" __global__ void __launch_bounds__(128) kiln_attn_prefill(const kiln_a
  * without a test per element. Rows past the chunk's end repeat the last
  * query (so they never see nothing) and are not written.
  *
+ * Block ids: lane l holds the block table entry of the l-th KV block the
+ * tile touches, loaded one tile ahead; a chunk takes its row's by a shuffle
+ * (BLOCK_SIZE 1 and 2, where a tile spans over 32 blocks, load per chunk).
+ *
  * Needs HEAD_DIM % 16 == 0 and bf16 (not KILN_F32). Launch (kernels.c,
  * kiln_attn_prefill_mma_dims): grid (ceil(max_q_len / (16 * PF_MMA_WARPS)),
  * N_HEADS, B), block 32 * PF_MMA_WARPS, dynamic shared memory
@@ -209,7 +213,7 @@ extern "C" __global__ void __launch_bounds__(128) kiln_attn_prefill(const kiln_a
 #if HEAD_DIM % 16 == 0 && !KILN_F32
 
 #ifndef PF_MMA_WARPS
-#define PF_MMA_WARPS 8 /* must match KILN_PF_MMA_WARPS in runtime/cuda/kernels.c */
+#define PF_MMA_WARPS 4 /* must match KILN_PF_MMA_WARPS in runtime/cuda/kernels.c */
 #endif
 #define PF_MMA_BK 64
 
@@ -234,6 +238,14 @@ KILN_DEV void kiln_pf_cp16(unsigned dst, const void *src, int src_bytes) {
 KILN_DEV void kiln_pf_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
 /* Wait until at most N of this thread's latest groups are in flight. */
 template <int N> KILN_DEV void kiln_pf_wait(void) { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+/* 2^x by the MUFU unit directly; results below 2^-126 flush to 0 (exp2f adds a denormal fix-up,
+ * three more instructions per element, for probabilities that small). */
+KILN_DEV float kiln_pf_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 
 KILN_DEV void kiln_pf_ldsm4(unsigned (&r)[4], unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
@@ -275,29 +287,49 @@ extern "C" __global__ void __launch_bounds__(PF_MMA_WARPS * 32) kiln_attn_prefil
     const int *bt = (const int *)p.block_tables + (size_t)b * p.max_blocks;
     const kiln_bf16 *kc = (const kiln_bf16 *)p.k_cache, *vc = (const kiln_bf16 *)p.v_cache;
 
-    /* Stage the K and V tile starting at key kt into buffer `st`, as two cp.async groups. */
+    /* KV block ids: lane l holds the block table entry of the l-th block a tile touches (a tile
+     * starting at kt touches at most NBT blocks, from kt / BLOCK_SIZE on), loaded a tile ahead
+     * of its use; each chunk takes its row's id by a shuffle. */
+    constexpr int NBT = (BK + BLOCK_SIZE - 1) / BLOCK_SIZE + 1; /* BLOCK_SIZE 1, 2: > 32, loaded per chunk */
+    const int b_last = p_last / BLOCK_SIZE;
+    auto block_ids = [&](int kt) {
+        const int i = kt / BLOCK_SIZE + lane;
+        return NBT <= 32 && lane < NBT && i <= b_last ? bt[i] : 0;
+    };
+    /* Stage the K and V tile starting at key kt (its block ids in `ids`) into buffer `st`, as two
+     * cp.async groups. Chunk i = tid + j * THREADS of a tile is row i / CH, 16 bytes at dim
+     * 8 * (i % CH): the lanes of a warp read whole 256-byte rows. */
     const unsigned ks_addr = kiln_pf_saddr(k_s), vs_addr = kiln_pf_saddr(v_s);
-    auto stage = [&](int kt, int st) {
+    const kiln_bf16 *kh = kc + (size_t)h * BLOCK_SIZE * HEAD_DIM, *vh = vc + (size_t)h * BLOCK_SIZE * HEAD_DIM;
+    auto stage = [&](int kt, int st, int ids) {
         size_t off[LOADS];
         bool in[LOADS];
         unsigned dst[LOADS];
 #pragma unroll
         for (int j = 0; j < LOADS; j++) {
-            const int i = tid + j * THREADS, r = i / CH, c = i % CH, key = kt + r;
-            in[j] = (BK * CH % THREADS == 0 || i < BK * CH) && key <= p_last;
-            off[j] = in[j] ? (((size_t)bt[key / BLOCK_SIZE] * N_KV_HEADS + h) * BLOCK_SIZE + key % BLOCK_SIZE) * HEAD_DIM + c * 8 : 0;
+            const int i = tid + j * THREADS;
+            const unsigned r = (unsigned)i / CH, c = (unsigned)i % CH, key = (unsigned)kt + r;
+            in[j] = (BK * CH % THREADS == 0 || i < BK * CH) && (int)key <= p_last;
+            int blk;
+            if constexpr (NBT <= 32)
+                blk = __shfl_sync(KILN_FULL_MASK, ids, (int)(key / BLOCK_SIZE - (unsigned)kt / BLOCK_SIZE));
+            else
+                blk = in[j] ? bt[key / BLOCK_SIZE] : 0;
+            off[j] = (size_t)(unsigned)blk * (N_KV_HEADS * BLOCK_SIZE * HEAD_DIM) + (key % BLOCK_SIZE) * HEAD_DIM + c * 8;
+            if (!in[j]) off[j] = 0;
             dst[j] = (unsigned)((st * TILE + r * RS + c * 8) * 2);
         }
 #pragma unroll
         for (int j = 0; j < LOADS; j++)
-            if (BK * CH % THREADS == 0 || tid + j * THREADS < BK * CH) kiln_pf_cp16(ks_addr + dst[j], kc + off[j], in[j] ? 16 : 0);
+            if (BK * CH % THREADS == 0 || tid + j * THREADS < BK * CH) kiln_pf_cp16(ks_addr + dst[j], kh + off[j], in[j] ? 16 : 0);
         kiln_pf_commit();
 #pragma unroll
         for (int j = 0; j < LOADS; j++)
-            if (BK * CH % THREADS == 0 || tid + j * THREADS < BK * CH) kiln_pf_cp16(vs_addr + dst[j], vc + off[j], in[j] ? 16 : 0);
+            if (BK * CH % THREADS == 0 || tid + j * THREADS < BK * CH) kiln_pf_cp16(vs_addr + dst[j], vh + off[j], in[j] ? 16 : 0);
         kiln_pf_commit();
     };
-    stage(kt0, 0);
+    stage(kt0, 0, block_ids(kt0));
+    int ids_next = n_tiles > 1 ? block_ids(kt0 + BK) : 0; /* for the tile staged in iteration 0 */
 
     /* This warp's rows (clamped to the last query, see above) and their positions. */
     const int w0 = warp * 16;
@@ -340,7 +372,8 @@ extern "C" __global__ void __launch_bounds__(PF_MMA_WARPS * 32) kiln_attn_prefil
         kiln_pf_wait<1>(); /* this thread's K chunks of tile `it` have landed */
         __syncthreads();   /* everyone's have; and tile it-1 is fully read, so its buffer is free */
         if (it + 1 < n_tiles) {
-            stage(kt + BK, st ^ 1);
+            stage(kt + BK, st ^ 1, ids_next);
+            if (it + 2 < n_tiles) ids_next = block_ids(kt + 2 * BK);
         } else {
             kiln_pf_commit(); /* empty groups keep the wait counts below the same */
             kiln_pf_commit();
@@ -388,14 +421,14 @@ extern "C" __global__ void __launch_bounds__(PF_MMA_WARPS * 32) kiln_attn_prefil
             const float mn0 = fmaxf(m0, tm0), mn1 = fmaxf(m1, tm1);
             /* reference point: the new max, or 0 for a row that has seen nothing (exp2(-inf) = 0) */
             const float r0 = mn0 == KILN_NEG_INF ? 0.0f : mn0, r1 = mn1 == KILN_NEG_INF ? 0.0f : mn1;
-            const float al0 = exp2f(m0 - r0), al1 = exp2f(m1 - r1);
+            const float al0 = kiln_pf_exp2(m0 - r0), al1 = kiln_pf_exp2(m1 - r1);
             float rs0 = 0.0f, rs1 = 0.0f;
 #pragma unroll
             for (int n = 0; n < NT; n++) {
-                s[n][0] = exp2f(s[n][0] - r0);
-                s[n][1] = exp2f(s[n][1] - r0);
-                s[n][2] = exp2f(s[n][2] - r1);
-                s[n][3] = exp2f(s[n][3] - r1);
+                s[n][0] = kiln_pf_exp2(s[n][0] - r0);
+                s[n][1] = kiln_pf_exp2(s[n][1] - r0);
+                s[n][2] = kiln_pf_exp2(s[n][2] - r1);
+                s[n][3] = kiln_pf_exp2(s[n][3] - r1);
                 rs0 += s[n][0] + s[n][1];
                 rs1 += s[n][2] + s[n][3];
             }

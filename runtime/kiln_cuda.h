@@ -150,7 +150,7 @@ unsigned kiln_attn_prefill_smem(int head_dim);
 unsigned kiln_attn_prefill_mma_smem(int head_dim); /* kiln_attn_prefill_mma (tensor cores) */
 /* kiln_attn_prefill_mma's warps per block (its PF_MMA_WARPS; 16 queries per warp) as compiled by
  * codegen, which leaves the kernel's default. */
-#define KILN_PF_MMA_WARPS 8
+#define KILN_PF_MMA_WARPS 4
 /* Grid, block and shared memory of kiln_attn_prefill_mma compiled with PF_MMA_WARPS = warps, for a
  * batch of B sequences whose longest chunk has max_q queries. */
 kiln_cuda_dims kiln_attn_prefill_mma_dims(int warps, int n_heads, int B, int max_q, int head_dim);
