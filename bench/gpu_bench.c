@@ -292,10 +292,14 @@ static void bench_attn_decode(bench *b) {
 /* Prefill attention, Mistral heads (32/8, 128), block 16: one sequence of T tokens, all in the
  * cache (a whole prompt), causal. FLOPs = 4 * 32 * 128 * T(T+1)/2 (QK^T and PV over the lower
  * triangle). The fp32 FMA kernel is timed up to 2048 tokens; the tensor-core kernel as the
- * runtime compiles it (KILN_PF_MMA_WARPS) and with 4 warps per block. */
+ * runtime compiles it (KILN_PF_MMA_WARPS) and with the other block size (4 or 8 warps). */
 static void bench_attn_prefill(bench *b) {
     const int NH = 32, NKV = 8, HD = 128, BS = 16;
-    const char *defs[] = {"N_HEADS=32", "N_KV_HEADS=8", "HEAD_DIM=128", "BLOCK_SIZE=16", "WINDOW=0", "PF_MMA_WARPS=4"};
+    const char *defs[] = {"N_HEADS=32", "N_KV_HEADS=8", "HEAD_DIM=128", "BLOCK_SIZE=16", "WINDOW=0", NULL};
+    const int alt = KILN_PF_MMA_WARPS == 4 ? 8 : 4; /* the other block size, for comparison */
+    char altdef[32];
+    snprintf(altdef, sizeof altdef, "PF_MMA_WARPS=%d", alt);
+    defs[5] = altdef;
     kiln_error err = {0};
     CUmodule mp, mp4;
     CUfunction fp = build(b, "attn_prefill.cuh", "kiln_attn_prefill", defs, 5, &mp), fpm;
@@ -317,7 +321,7 @@ static void bench_attn_prefill(bench *b) {
         double flops = 4.0 * NH * HD * ((double)T * (T + 1) / 2);
         for (int which = 0; which < 3; which++) {
             if (which == 0 && T > 2048) continue; /* ~10 ms a launch: not worth the wait */
-            int warps = which == 1 ? KILN_PF_MMA_WARPS : 4;
+            int warps = which == 1 ? KILN_PF_MMA_WARPS : alt;
             attn_ctx a = {which == 0 ? fp : which == 1 ? fpm : fpm4, NULL,
                           which ? kiln_attn_prefill_mma_dims(warps, NH, 1, T, HD)
                                 : (kiln_cuda_dims){{(unsigned)((T + 63) / 64), NH, 1}, {128, 1, 1},

@@ -862,8 +862,8 @@ static void test_attn_prefill(void) {
     static const int ctx[] = {1, 7, 100, 130, 300, 129, 1000, 0, 517, 200};
     enum { B = sizeof qlen / sizeof qlen[0] };
     /* variants: the fp32 FMA kernel, then the tensor-core kernel as the runtime compiles it
-     * (KILN_PF_MMA_WARPS) and with 4 warps */
-    static const int mma_warps[] = {0, KILN_PF_MMA_WARPS, 4};
+     * (KILN_PF_MMA_WARPS) and with the other block size (4 or 8 warps) */
+    static const int mma_warps[] = {0, KILN_PF_MMA_WARPS, KILN_PF_MMA_WARPS == 4 ? 8 : 4};
     for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
         const attn_cfg *c = &cfgs[ci];
         char d[8][40];
@@ -871,7 +871,7 @@ static void test_attn_prefill(void) {
         int nd = attn_defs(c, d, defs);
         kfn k, k4;
         KT_REQUIRE(kbuild(&k, "attn_prefill.cuh", "kiln_attn_prefill", defs, nd));
-        snprintf(d[nd], 40, "PF_MMA_WARPS=4");
+        snprintf(d[nd], 40, "PF_MMA_WARPS=%d", mma_warps[2]);
         defs[nd] = d[nd];
         KT_REQUIRE(kbuild(&k4, "attn_prefill.cuh", "kiln_attn_prefill_mma", defs, nd + 1));
         CUfunction fmma;
@@ -905,7 +905,7 @@ static void test_attn_prefill(void) {
                                   : dims((unsigned)((max_q + 63) / 64), (unsigned)c->nh, (unsigned)B, 128,
                                          kiln_attn_prefill_smem(c->hd));
             dev_poison16(o, qn * 2);
-            KT_CHECK(klaunch(!w ? k.fn : w == KILN_PF_MMA_WARPS ? fmma : k4.fn, what, dm, &p));
+            KT_CHECK(klaunch(vi == 0 ? k.fn : vi == 1 ? fmma : k4.fn, what, dm, &p));
             uint16_t *oh = host_from(o, qn * 2);
             for (int b = 0; b < B; b++) {
                 size_t off = (size_t)starts[b] * c->nh * c->hd, n = (size_t)qlen[b] * c->nh * c->hd;
