@@ -7,13 +7,13 @@
  *     shapes: bytes = N*K*2 + M*K*2 + M*N*2, achieved GB/s, fraction of
  *     4.2 TB/s;
  *   - decode attention over a paged cache (Mistral heads) and prefill
- *     attention (2048 tokens), for orientation.
+ *     attention (512, 2048 and 4096 tokens; FLOP/s).
  * Protocol (BENCHMARKS.md / METHOD.md): random bf16 inputs (never zeros),
  * weights rotated among enough copies that together they are >= 8x the L2,
  * so each launch reads HBM; CUDA events around ITERS back-to-back launches,
  * after warm-up; the median of REPS such timings. One JSON line per
  * measurement on stdout; a table on stderr at the end.
- * Usage: kiln_gpu_bench [--quick]
+ * Usage: kiln_gpu_bench [--quick | --prefill]   (--prefill: prefill attention only)
  */
 #include "codegen/kiln_nvrtc.h"
 #include "kernels/params.cuh"
@@ -249,16 +249,14 @@ static kiln_status attn_launch(bench *b, void *vctx, int i, kiln_error *err) {
     return st;
 }
 
-/* Mistral heads (32/8, 128), block 16: decode at batch B, context L; prefill of T tokens. */
-static void bench_attn(bench *b) {
+/* Decode attention, Mistral heads (32/8, 128), block 16: batch B, context L. */
+static void bench_attn_decode(bench *b) {
     const int NH = 32, NKV = 8, HD = 128, BS = 16, PART = 512;
     const char *defs[] = {"N_HEADS=32", "N_KV_HEADS=8", "HEAD_DIM=128", "BLOCK_SIZE=16", "WINDOW=0", "PARTITION=512"};
-    CUmodule md, mp;
+    CUmodule md;
     CUfunction fd = build(b, "attn_decode.cuh", "kiln_attn_decode", defs, 6, &md), fc;
     kiln_error err = {0};
     if (kiln_cuda_module_function(&b->cu, md, "kiln_attn_decode_combine", &fc, &err)) die("combine", &err);
-    CUfunction fp = build(b, "attn_prefill.cuh", "kiln_attn_prefill", defs, 6, &mp), fpm;
-    if (kiln_cuda_module_function(&b->cu, mp, "kiln_attn_prefill_mma", &fpm, &err)) die("prefill mma", &err);
     static const int cases[][2] = {{1, 512}, {1, 4096}, {8, 1024}, {8, 4096}, {64, 1024}, {64, 4096}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         int B = cases[ci][0], L = cases[ci][1], nbpS = (L + BS - 1) / BS, nblocks = B * nbpS;
@@ -288,9 +286,27 @@ static void bench_attn(bench *b) {
         kiln_cuda_release(&b->cu, dbt); kiln_cuda_release(&b->cu, dl); kiln_cuda_release(&b->cu, po); kiln_cuda_release(&b->cu, pml);
         free(bt); free(lens);
     }
-    /* prefill: one sequence of T tokens, all in the cache */
-    static const int Ts[] = {512, 2048};
-    for (size_t ti = 0; ti < 2; ti++) {
+    kiln_cuda_module_unload(&b->cu, md);
+}
+
+/* Prefill attention, Mistral heads (32/8, 128), block 16: one sequence of T tokens, all in the
+ * cache (a whole prompt), causal. FLOPs = 4 * 32 * 128 * T(T+1)/2 (QK^T and PV over the lower
+ * triangle). The fp32 FMA kernel is timed up to 2048 tokens; the tensor-core kernel as the
+ * runtime compiles it (KILN_PF_MMA_WARPS) and with the other block size (4 or 8 warps). */
+static void bench_attn_prefill(bench *b) {
+    const int NH = 32, NKV = 8, HD = 128, BS = 16;
+    const char *defs[] = {"N_HEADS=32", "N_KV_HEADS=8", "HEAD_DIM=128", "BLOCK_SIZE=16", "WINDOW=0", NULL};
+    const int alt = KILN_PF_MMA_WARPS == 4 ? 8 : 4; /* the other block size, for comparison */
+    char altdef[32];
+    snprintf(altdef, sizeof altdef, "PF_MMA_WARPS=%d", alt);
+    defs[5] = altdef;
+    kiln_error err = {0};
+    CUmodule mp, mp4;
+    CUfunction fp = build(b, "attn_prefill.cuh", "kiln_attn_prefill", defs, 5, &mp), fpm;
+    if (kiln_cuda_module_function(&b->cu, mp, "kiln_attn_prefill_mma", &fpm, &err)) die("prefill mma", &err);
+    CUfunction fpm4 = build(b, "attn_prefill.cuh", "kiln_attn_prefill_mma", defs, 6, &mp4);
+    static const int Ts[] = {512, 2048, 4096};
+    for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
         int T = Ts[ti], nb = (T + BS - 1) / BS;
         CUdeviceptr k = rand_dev(b, (size_t)nb * NKV * BS * HD, 1.0f), v = rand_dev(b, (size_t)nb * NKV * BS * HD, 1.0f);
         CUdeviceptr q = rand_dev(b, (size_t)T * NH * HD, 1.0f), o = rand_dev(b, (size_t)T * NH * HD, 1.0f);
@@ -302,28 +318,33 @@ static void bench_attn(bench *b) {
             kiln_cuda_alloc(&b->cu, 8, &ds, &err) || kiln_cuda_upload(&b->cu, ds, starts, 8, &err))
             die("prefill alloc", &err);
         kiln_attn_prefill_params p = {q, k, v, dbt, dl, ds, o, 0.0883883f, 1, nb, 0};
-        double flops = 4.0 * NH * HD * ((double)T * (T + 1) / 2); /* causal: QK^T and PV over the lower triangle */
-        for (int which = 0; which < 2; which++) {
-            attn_ctx a = {which ? fpm : fp, NULL,
-                          {{(unsigned)((T + 63) / 64), NH, 1}, {128, 1, 1},
-                           which ? kiln_attn_prefill_mma_smem(HD) : kiln_attn_prefill_smem(HD)},
+        double flops = 4.0 * NH * HD * ((double)T * (T + 1) / 2);
+        for (int which = 0; which < 3; which++) {
+            if (which == 0 && T > 2048) continue; /* ~10 ms a launch: not worth the wait */
+            int warps = which == 1 ? KILN_PF_MMA_WARPS : alt;
+            attn_ctx a = {which == 0 ? fp : which == 1 ? fpm : fpm4, NULL,
+                          which ? kiln_attn_prefill_mma_dims(warps, NH, 1, T, HD)
+                                : (kiln_cuda_dims){{(unsigned)((T + 63) / 64), NH, 1}, {128, 1, 1},
+                                                   kiln_attn_prefill_smem(HD)},
                           {{0}, {0}, 0}, &p, 0};
             double sec = time_launches(b, attn_launch, &a, which ? 10 : 3);
-            report(b, "attn_prefill", which ? "mma.sync bf16" : "fp32 fma", 1, T, T, sec,
-                   2.0 * T * (NH + 2 * NKV) * HD * 2, flops);
-            fprintf(stderr, "prefill attention %s T=%d (one layer, 32 heads): %.1f us, %.1f TFLOP/s\n",
-                    which ? "mma" : "fma", T, sec * 1e6, flops / sec / 1e12);
+            char vname[48];
+            snprintf(vname, sizeof vname, which ? "mma.sync bf16 w%d" : "fp32 fma", warps);
+            report(b, "attn_prefill", vname, 1, T, T, sec, 2.0 * T * (NH + 2 * NKV) * HD * 2, flops);
+            fprintf(stderr, "prefill attention %s T=%d (one layer, 32 heads): %.1f us, %.1f TFLOP/s\n", vname, T,
+                    sec * 1e6, flops / sec / 1e12);
         }
         kiln_cuda_release(&b->cu, k); kiln_cuda_release(&b->cu, v); kiln_cuda_release(&b->cu, q); kiln_cuda_release(&b->cu, o);
         kiln_cuda_release(&b->cu, dbt); kiln_cuda_release(&b->cu, dl); kiln_cuda_release(&b->cu, ds);
         free(bt);
     }
-    kiln_cuda_module_unload(&b->cu, md);
     kiln_cuda_module_unload(&b->cu, mp);
+    kiln_cuda_module_unload(&b->cu, mp4);
 }
 
 int main(int argc, char **argv) {
     bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    bool prefill_only = argc > 1 && strcmp(argv[1], "--prefill") == 0;
     static bench b;
     kiln_error err = {0};
     b.commit = getenv("KILN_COMMIT") ? getenv("KILN_COMMIT") : "unknown";
@@ -336,17 +357,20 @@ int main(int argc, char **argv) {
         die("events", &err);
     if (kiln_cublaslt_create(&b.cu, 32u << 20, &b.lt, &err)) die("cuBLASLt", &err);
 
-    copy_ctx c = {0, 0, (size_t)1 << 30};
-    if (kiln_cuda_alloc(&b.cu, c.n, &c.a, &err) || kiln_cuda_alloc(&b.cu, c.n, &c.b, &err)) die("copy alloc", &err);
-    kiln_cuda_fill32(&b.cu, c.a, 0x3f803f80u, c.n, &err);
-    double sec = time_launches(&b, copy_launch, &c, 10);
-    report(&b, "copy_d2d", "cuMemcpyDtoD 1GiB", 1, 0, 0, sec, 2.0 * c.n, 0);
-    fprintf(stderr, "copy ceiling: %.0f GB/s (read + write)\n", 2.0 * c.n / sec / 1e9);
-    kiln_cuda_release(&b.cu, c.a);
-    kiln_cuda_release(&b.cu, c.b);
+    if (!prefill_only) {
+        copy_ctx c = {0, 0, (size_t)1 << 30};
+        if (kiln_cuda_alloc(&b.cu, c.n, &c.a, &err) || kiln_cuda_alloc(&b.cu, c.n, &c.b, &err)) die("copy alloc", &err);
+        kiln_cuda_fill32(&b.cu, c.a, 0x3f803f80u, c.n, &err);
+        double sec = time_launches(&b, copy_launch, &c, 10);
+        report(&b, "copy_d2d", "cuMemcpyDtoD 1GiB", 1, 0, 0, sec, 2.0 * c.n, 0);
+        fprintf(stderr, "copy ceiling: %.0f GB/s (read + write)\n", 2.0 * c.n / sec / 1e9);
+        kiln_cuda_release(&b.cu, c.a);
+        kiln_cuda_release(&b.cu, c.b);
 
-    bench_gemv(&b, quick);
-    bench_attn(&b);
+        bench_gemv(&b, quick);
+        bench_attn_decode(&b);
+    }
+    bench_attn_prefill(&b);
 
     fprintf(stderr, "\n%-18s %-22s %5s %6s %6s %9s %8s %7s\n%s", "kernel", "variant", "M", "N", "K", "us", "GB/s",
             "of4.2TB", b.table);

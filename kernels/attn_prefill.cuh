@@ -173,73 +173,187 @@ extern "C" __global__ void __launch_bounds__(128) kiln_attn_prefill(const kiln_a
 
 /* ------------------------------------------------------------------------
  * kiln_attn_prefill_mma — the same contract on tensor cores (mma.sync
- * m16n8k16, bf16 in, fp32 accumulate), FlashAttention-2 style: a block of 4
- * warps takes 64 queries of one head, each warp 16 of them; q stays in
- * registers as A fragments, S = q k^T for a tile of 64 keys is 8 n-tiles of
- * C fragments, the online softmax runs on those registers (a row lives in
- * the 4 lanes of one quad), and P is re-packed in registers as the A operand
- * of O += P v. K is staged in shared memory as [key][d] and V transposed as
- * [d][key], rows padded by 8 bf16 so the quads' 32-bit fragment loads hit
- * 32 different banks. Needs HEAD_DIM % 16 == 0 and bf16 (not KILN_F32).
- * Launch: grid (ceil(max_q_len/64), N_HEADS, B), block 128, dynamic shared
- * memory kiln_attn_prefill_mma_smem = 2 * (64*(HEAD_DIM+8) + HEAD_DIM*72).
+ * m16n8k16, bf16 in, fp32 accumulate), FlashAttention-2 style.
+ *
+ * A block of PF_MMA_WARPS warps takes 16 * PF_MMA_WARPS queries of one head
+ * (each warp 16 of them) and walks key tiles of PF_MMA_BK = 64. Per warp:
+ * q stays in registers as A fragments (pre-scaled by scale*log2(e), rounded
+ * to bf16 once); S = q k^T for a tile is 8 n-tiles of C fragments; the
+ * online softmax runs on those registers (a row lives in the 4 lanes of one
+ * quad); P is re-packed in registers as the A operand of O += P v.
+ *
+ * K and V tiles are staged in shared memory as [key][d] (the cache's own
+ * layout: a KV block of one head is BLOCK_SIZE contiguous rows), by 16-byte
+ * cp.async.cg, two stages: the next tile's K and V are in flight while the
+ * current one is computed, K and V in separate groups so S = q k^T starts
+ * before V has landed. Keys past the last query are zero-filled (a masked
+ * p of 0 times garbage could be NaN). Rows are padded by 8 bf16 (16 bytes),
+ * so the 8 rows an ldmatrix phase reads start 4 banks apart: no conflicts
+ * for any HEAD_DIM % 16 == 0. B fragments come from ldmatrix.x4 (K) and
+ * ldmatrix.x4.trans (V: [key][d] read as [d][key]), two n-tiles per load.
+ *
+ * Masks: tiles are aligned to multiples of 64 keys; a warp evaluates the
+ * causal/window mask only on a tile that crosses its rows' diagonal or
+ * window edge, and skips a tile none of its rows sees (it still joins the
+ * block's barriers). A row that has seen no key keeps m = -inf; the
+ * exponentials then use 0 as the reference, which gives p = 0 and alpha = 0
+ * without a test per element. Rows past the chunk's end repeat the last
+ * query (so they never see nothing) and are not written.
+ *
+ * Block ids: lane l holds the block table entry of the l-th KV block the
+ * tile touches, loaded one tile ahead; a chunk takes its row's by a shuffle
+ * (BLOCK_SIZE 1 and 2, where a tile spans over 32 blocks, load per chunk).
+ *
+ * Needs HEAD_DIM % 16 == 0 and bf16 (not KILN_F32). Launch (kernels.c,
+ * kiln_attn_prefill_mma_dims): grid (ceil(max_q_len / (16 * PF_MMA_WARPS)),
+ * N_HEADS, B), block 32 * PF_MMA_WARPS, dynamic shared memory
+ * kiln_attn_prefill_mma_smem = 2 stages x (K + V) x 64 x (HEAD_DIM + 8) x 2
+ * bytes (69,632 for HEAD_DIM 128: over 48 KiB, so the launch opts in).
  * ---------------------------------------------------------------------- */
 #if HEAD_DIM % 16 == 0 && !KILN_F32
 
-KILN_DEV void kiln_pf_mma(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
-                          unsigned b1) {
+#ifndef PF_MMA_WARPS
+#define PF_MMA_WARPS 4 /* must match KILN_PF_MMA_WARPS in runtime/cuda/kernels.c */
+#endif
+#define PF_MMA_BK 64
+
+KILN_DEV void kiln_pf_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
                  "{%8, %9}, {%0, %1, %2, %3};"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-extern "C" __global__ void __launch_bounds__(128) kiln_attn_prefill_mma(const kiln_attn_prefill_params p) {
+/* The shared-window address of a generic pointer into shared memory. */
+KILN_DEV unsigned kiln_pf_saddr(const void *p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+/* 16 bytes global -> shared, bypassing L1; src_bytes 0 writes 16 zeros and reads nothing. */
+KILN_DEV void kiln_pf_cp16(unsigned dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+KILN_DEV void kiln_pf_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
+/* Wait until at most N of this thread's latest groups are in flight. */
+template <int N> KILN_DEV void kiln_pf_wait(void) { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+/* 2^x by the MUFU unit directly; results below 2^-126 flush to 0 (exp2f adds a denormal fix-up,
+ * three more instructions per element, for probabilities that small). */
+KILN_DEV float kiln_pf_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+KILN_DEV void kiln_pf_ldsm4(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+KILN_DEV void kiln_pf_ldsm4t(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+extern "C" __global__ void __launch_bounds__(PF_MMA_WARPS * 32) kiln_attn_prefill_mma(const kiln_attn_prefill_params p) {
     constexpr int G = N_HEADS / N_KV_HEADS;
-    constexpr int BK = 64;              /* keys per tile */
-    constexpr int KS = HEAD_DIM + 8;    /* k_s row stride (bf16) */
-    constexpr int VS = BK + 8;          /* vt_s row stride (bf16) */
-    constexpr int DK = HEAD_DIM / 16;   /* mma k-steps over the head dim */
-    constexpr int NT = BK / 8;          /* key n-tiles */
-    constexpr int DT = HEAD_DIM / 8;    /* output n-tiles */
-    extern __shared__ float smem_f[];
-    kiln_bf16 *k_s = (kiln_bf16 *)smem_f;   /* [BK][KS] */
-    kiln_bf16 *vt_s = k_s + BK * KS;        /* [HEAD_DIM][VS] */
+    constexpr int THREADS = 32 * PF_MMA_WARPS, BQ = 16 * PF_MMA_WARPS, BK = PF_MMA_BK;
+    constexpr int RS = HEAD_DIM + 8;         /* staged row stride (bf16): 16 bytes of padding */
+    constexpr int CH = HEAD_DIM / 8;         /* 16-byte chunks per row */
+    constexpr int TILE = BK * RS;            /* bf16 per staged tile */
+    constexpr int LOADS = (BK * CH + THREADS - 1) / THREADS; /* chunks per thread per tile */
+    constexpr int DK = HEAD_DIM / 16;        /* mma k-steps over the head dim */
+    constexpr int NT = BK / 8;               /* key n-tiles of S */
+    constexpr int DT = HEAD_DIM / 8;         /* output n-tiles (even: HEAD_DIM % 16 == 0) */
+    extern __shared__ uint4 smem_pf[];
+    kiln_bf16 *k_s = (kiln_bf16 *)smem_pf;  /* [2][BK][RS] */
+    kiln_bf16 *v_s = k_s + 2 * TILE;         /* [2][BK][RS] */
     kiln_pdl_wait();
 
     const int hq = blockIdx.y, b = blockIdx.z, h = hq / G;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int qs0 = ((const int *)p.q_starts)[b];
     const int q_len = ((const int *)p.q_starts)[b + 1] - qs0;
-    const int qi0 = (gridDim.x - 1 - blockIdx.x) * 64; /* the longest (latest) tiles start first */
+    const int qi0 = (gridDim.x - 1 - blockIdx.x) * BQ; /* the longest (latest) tiles start first */
     if (qi0 >= q_len) return;
     const int L = ((const int *)p.seq_lens)[b];
-    const int ctx0 = L - q_len;
-    const int nq = min(64, q_len - qi0);
-    const int p_first = ctx0 + qi0, p_last = ctx0 + qi0 + nq - 1;
+    const int nq = min(BQ, q_len - qi0);
+    const int p_first = L - q_len + qi0, p_last = p_first + nq - 1; /* positions of the block's queries */
     const int k_lo = WINDOW > 0 ? max(0, p_first - WINDOW + 1) : 0;
+    const int kt0 = k_lo / BK * BK, n_tiles = p_last / BK - k_lo / BK + 1;
     const int *bt = (const int *)p.block_tables + (size_t)b * p.max_blocks;
     const kiln_bf16 *kc = (const kiln_bf16 *)p.k_cache, *vc = (const kiln_bf16 *)p.v_cache;
 
-    /* This warp's rows: r0 = g, r1 = g + 8 of its 16; q positions for the masks. */
-    const int row0 = warp * 16 + g, row1 = row0 + 8;
-    const int qpos0 = ctx0 + qi0 + row0, qpos1 = ctx0 + qi0 + row1;
-    const bool ok0 = row0 < nq, ok1 = row1 < nq;
+    /* KV block ids: lane l holds the block table entry of the l-th block a tile touches (a tile
+     * starting at kt touches at most NBT blocks, from kt / BLOCK_SIZE on), loaded a tile ahead
+     * of its use; each chunk takes its row's id by a shuffle. */
+    constexpr int NBT = (BK + BLOCK_SIZE - 1) / BLOCK_SIZE + 1; /* BLOCK_SIZE 1, 2: > 32, loaded per chunk */
+    const int b_last = p_last / BLOCK_SIZE;
+    auto block_ids = [&](int kt) {
+        const int i = kt / BLOCK_SIZE + lane;
+        return NBT <= 32 && lane < NBT && i <= b_last ? bt[i] : 0;
+    };
+    /* Stage the K and V tile starting at key kt (its block ids in `ids`) into buffer `st`, as two
+     * cp.async groups. Chunk i = tid + j * THREADS of a tile is row i / CH, 16 bytes at dim
+     * 8 * (i % CH): the lanes of a warp read whole 256-byte rows. */
+    const unsigned ks_addr = kiln_pf_saddr(k_s), vs_addr = kiln_pf_saddr(v_s);
+    const kiln_bf16 *kh = kc + (size_t)h * BLOCK_SIZE * HEAD_DIM, *vh = vc + (size_t)h * BLOCK_SIZE * HEAD_DIM;
+    auto stage = [&](int kt, int st, int ids) {
+        size_t off[LOADS];
+        bool in[LOADS];
+        unsigned dst[LOADS];
+#pragma unroll
+        for (int j = 0; j < LOADS; j++) {
+            const int i = tid + j * THREADS;
+            const unsigned r = (unsigned)i / CH, c = (unsigned)i % CH, key = (unsigned)kt + r;
+            in[j] = (BK * CH % THREADS == 0 || i < BK * CH) && (int)key <= p_last;
+            int blk;
+            if constexpr (NBT <= 32)
+                blk = __shfl_sync(KILN_FULL_MASK, ids, (int)(key / BLOCK_SIZE - (unsigned)kt / BLOCK_SIZE));
+            else
+                blk = in[j] ? bt[key / BLOCK_SIZE] : 0;
+            off[j] = (size_t)(unsigned)blk * (N_KV_HEADS * BLOCK_SIZE * HEAD_DIM) + (key % BLOCK_SIZE) * HEAD_DIM + c * 8;
+            if (!in[j]) off[j] = 0;
+            dst[j] = (unsigned)((st * TILE + r * RS + c * 8) * 2);
+        }
+#pragma unroll
+        for (int j = 0; j < LOADS; j++)
+            if (BK * CH % THREADS == 0 || tid + j * THREADS < BK * CH) kiln_pf_cp16(ks_addr + dst[j], kh + off[j], in[j] ? 16 : 0);
+        kiln_pf_commit();
+#pragma unroll
+        for (int j = 0; j < LOADS; j++)
+            if (BK * CH % THREADS == 0 || tid + j * THREADS < BK * CH) kiln_pf_cp16(vs_addr + dst[j], vh + off[j], in[j] ? 16 : 0);
+        kiln_pf_commit();
+    };
+    stage(kt0, 0, block_ids(kt0));
+    int ids_next = n_tiles > 1 ? block_ids(kt0 + BK) : 0; /* for the tile staged in iteration 0 */
+
+    /* This warp's rows (clamped to the last query, see above) and their positions. */
+    const int w0 = warp * 16;
+    const bool live = w0 < nq;
+    const int row0 = min(w0 + g, nq - 1), row1 = min(w0 + g + 8, nq - 1);
+    const int qpos0 = p_first + row0, qpos1 = p_first + row1;
+    const int wq_first = p_first + min(w0, nq - 1), wq_last = p_first + min(w0 + 15, nq - 1);
 
     /* q as A fragments, pre-scaled by scale*log2(e) (rounded to bf16 once). */
     unsigned qa[DK][4];
     {
         const float qs = p.scale * PF_LOG2E;
         const kiln_bf16 *q = (const kiln_bf16 *)p.q;
-        const kiln_bf16 *q0 = q + ((size_t)(qs0 + qi0 + min(row0, nq - 1)) * N_HEADS + hq) * HEAD_DIM;
-        const kiln_bf16 *q1 = q + ((size_t)(qs0 + qi0 + min(row1, nq - 1)) * N_HEADS + hq) * HEAD_DIM;
+        const kiln_bf16 *q0 = q + ((size_t)(qs0 + qi0 + row0) * N_HEADS + hq) * HEAD_DIM;
+        const kiln_bf16 *q1 = q + ((size_t)(qs0 + qi0 + row1) * N_HEADS + hq) * HEAD_DIM;
 #pragma unroll
         for (int kk = 0; kk < DK; kk++) {
             const int d = kk * 16 + 2 * t;
-            qa[kk][0] = kiln_f2bf2(kiln_bf2f(q0[d]) * qs, kiln_bf2f(q0[d + 1]) * qs);
-            qa[kk][1] = kiln_f2bf2(kiln_bf2f(q1[d]) * qs, kiln_bf2f(q1[d + 1]) * qs);
-            qa[kk][2] = kiln_f2bf2(kiln_bf2f(q0[d + 8]) * qs, kiln_bf2f(q0[d + 9]) * qs);
-            qa[kk][3] = kiln_f2bf2(kiln_bf2f(q1[d + 8]) * qs, kiln_bf2f(q1[d + 9]) * qs);
+            const unsigned w00 = *(const unsigned *)(q0 + d), w10 = *(const unsigned *)(q1 + d);
+            const unsigned w01 = *(const unsigned *)(q0 + d + 8), w11 = *(const unsigned *)(q1 + d + 8);
+            qa[kk][0] = kiln_f2bf2(kiln_lo(w00) * qs, kiln_hi(w00) * qs);
+            qa[kk][1] = kiln_f2bf2(kiln_lo(w10) * qs, kiln_hi(w10) * qs);
+            qa[kk][2] = kiln_f2bf2(kiln_lo(w01) * qs, kiln_hi(w01) * qs);
+            qa[kk][3] = kiln_f2bf2(kiln_lo(w11) * qs, kiln_hi(w11) * qs);
         }
     }
     float o[DT][4];
@@ -247,105 +361,127 @@ extern "C" __global__ void __launch_bounds__(128) kiln_attn_prefill_mma(const ki
     for (int i = 0; i < DT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float m0 = KILN_NEG_INF, m1 = KILN_NEG_INF, l0 = 0.0f, l1 = 0.0f;
 
-    for (int kt = k_lo; kt <= p_last; kt += BK) {
-        __syncthreads(); /* previous tile fully read */
-        /* stage K [key][d] and V^T [d][key]; 16-byte global loads */
-        for (int i = tid; i < BK * (HEAD_DIM / 8); i += 128) {
-            const int c = i / (HEAD_DIM / 8), d8 = (i % (HEAD_DIM / 8)) * 8, key = kt + c;
-            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-            if (key <= p_last) {
-                const size_t at = (((size_t)bt[key / BLOCK_SIZE] * N_KV_HEADS + h) * BLOCK_SIZE + key % BLOCK_SIZE) * HEAD_DIM + d8;
-                kv = kiln_ld16(kc + at);
-                vv = kiln_ld16(vc + at);
-            }
-            *(uint4 *)(k_s + c * KS + d8) = kv;
-            const unsigned vw[4] = {vv.x, vv.y, vv.z, vv.w};
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                vt_s[(d8 + 2 * e) * VS + c] = (kiln_bf16)(vw[e] & 0xffffu);
-                vt_s[(d8 + 2 * e + 1) * VS + c] = (kiln_bf16)(vw[e] >> 16);
-            }
-        }
-        __syncthreads();
+    /* Per-lane byte offsets of the ldmatrix row addresses. Matrix j = lane / 8 of an x4:
+     * K: n-tile +j/2, dims +8*(j%2) (b0, b1 of two n-tiles); V (.trans): keys +8*(j%2),
+     * dims +8*(j/2) (b0, b1 of two output n-tiles). */
+    const unsigned k_lane = (unsigned)((((lane >> 4) * 8 + (lane & 7)) * RS + ((lane >> 3) & 1) * 8) * 2);
+    const unsigned v_lane = (unsigned)(((((lane >> 3) & 1) * 8 + (lane & 7)) * RS + (lane >> 4) * 8) * 2);
 
-        /* S = q k^T: NT n-tiles of 8 keys */
+    for (int it = 0; it < n_tiles; it++) {
+        const int kt = kt0 + it * BK, st = it & 1;
+        kiln_pf_wait<1>(); /* this thread's K chunks of tile `it` have landed */
+        __syncthreads();   /* everyone's have; and tile it-1 is fully read, so its buffer is free */
+        if (it + 1 < n_tiles) {
+            stage(kt + BK, st ^ 1, ids_next);
+            if (it + 2 < n_tiles) ids_next = block_ids(kt + 2 * BK);
+        } else {
+            kiln_pf_commit(); /* empty groups keep the wait counts below the same */
+            kiln_pf_commit();
+        }
+        /* warp-uniform: does any row of this warp see a key of the tile, and all of them? */
+        const bool skip = !live || kt > wq_last || (WINDOW > 0 && kt + BK - 1 <= wq_first - WINDOW);
+        const bool mask = kt + BK - 1 > wq_first || (WINDOW > 0 && kt <= wq_last - WINDOW);
+
         float s[NT][4];
+        if (!skip) {
+            /* S = q k^T: NT n-tiles of 8 keys; one ldmatrix.x4 feeds two n-tiles of one k-step */
 #pragma unroll
-        for (int n = 0; n < NT; n++) {
-            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-            const kiln_bf16 *kr = k_s + (n * 8 + g) * KS + 2 * t;
+            for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+            const unsigned kb = ks_addr + (unsigned)(st * TILE * 2) + k_lane;
 #pragma unroll
-            for (int kk = 0; kk < DK; kk++) {
-                const unsigned b0 = *(const unsigned *)(kr + kk * 16), b1 = *(const unsigned *)(kr + kk * 16 + 8);
-                kiln_pf_mma(s[n], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b0, b1);
+            for (int kk = 0; kk < DK; kk++)
+#pragma unroll
+                for (int n = 0; n < NT; n += 2) {
+                    unsigned bf[4];
+                    kiln_pf_ldsm4(bf, kb + (unsigned)((n * 8 * RS + kk * 16) * 2));
+                    kiln_pf_mma(s[n], qa[kk], bf[0], bf[1]);
+                    kiln_pf_mma(s[n + 1], qa[kk], bf[2], bf[3]);
+                }
+            if (mask) {
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int key = kt + n * 8 + 2 * t + e;
+                        if (key > qpos0 || (WINDOW > 0 && qpos0 - key >= WINDOW)) s[n][e] = KILN_NEG_INF;
+                        if (key > qpos1 || (WINDOW > 0 && qpos1 - key >= WINDOW)) s[n][2 + e] = KILN_NEG_INF;
+                    }
             }
-        }
-        /* masks and the tile's row maxima (a row is spread over the quad's 4 lanes) */
-        float tm0 = KILN_NEG_INF, tm1 = KILN_NEG_INF;
+            /* online softmax; a row is spread over the 4 lanes of a quad */
+            float tm0 = KILN_NEG_INF, tm1 = KILN_NEG_INF;
 #pragma unroll
-        for (int n = 0; n < NT; n++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int key = kt + n * 8 + 2 * t + e;
-                if (!(ok0 && key <= qpos0 && (WINDOW == 0 || qpos0 - key < WINDOW))) s[n][e] = KILN_NEG_INF;
-                if (!(ok1 && key <= qpos1 && (WINDOW == 0 || qpos1 - key < WINDOW))) s[n][2 + e] = KILN_NEG_INF;
-                tm0 = fmaxf(tm0, s[n][e]);
-                tm1 = fmaxf(tm1, s[n][2 + e]);
+            for (int n = 0; n < NT; n++) {
+                tm0 = fmaxf(tm0, fmaxf(s[n][0], s[n][1]));
+                tm1 = fmaxf(tm1, fmaxf(s[n][2], s[n][3]));
             }
-        tm0 = fmaxf(tm0, __shfl_xor_sync(KILN_FULL_MASK, tm0, 1));
-        tm0 = fmaxf(tm0, __shfl_xor_sync(KILN_FULL_MASK, tm0, 2));
-        tm1 = fmaxf(tm1, __shfl_xor_sync(KILN_FULL_MASK, tm1, 1));
-        tm1 = fmaxf(tm1, __shfl_xor_sync(KILN_FULL_MASK, tm1, 2));
-        const float mn0 = fmaxf(m0, tm0), mn1 = fmaxf(m1, tm1);
-        const float al0 = mn0 == KILN_NEG_INF ? 1.0f : exp2f(m0 - mn0);
-        const float al1 = mn1 == KILN_NEG_INF ? 1.0f : exp2f(m1 - mn1);
-        float rs0 = 0.0f, rs1 = 0.0f;
+            tm0 = fmaxf(tm0, __shfl_xor_sync(KILN_FULL_MASK, tm0, 1));
+            tm0 = fmaxf(tm0, __shfl_xor_sync(KILN_FULL_MASK, tm0, 2));
+            tm1 = fmaxf(tm1, __shfl_xor_sync(KILN_FULL_MASK, tm1, 1));
+            tm1 = fmaxf(tm1, __shfl_xor_sync(KILN_FULL_MASK, tm1, 2));
+            const float mn0 = fmaxf(m0, tm0), mn1 = fmaxf(m1, tm1);
+            /* reference point: the new max, or 0 for a row that has seen nothing (exp2(-inf) = 0) */
+            const float r0 = mn0 == KILN_NEG_INF ? 0.0f : mn0, r1 = mn1 == KILN_NEG_INF ? 0.0f : mn1;
+            const float al0 = kiln_pf_exp2(m0 - r0), al1 = kiln_pf_exp2(m1 - r1);
+            float rs0 = 0.0f, rs1 = 0.0f;
 #pragma unroll
-        for (int n = 0; n < NT; n++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                s[n][e] = s[n][e] == KILN_NEG_INF ? 0.0f : exp2f(s[n][e] - mn0);
-                s[n][2 + e] = s[n][2 + e] == KILN_NEG_INF ? 0.0f : exp2f(s[n][2 + e] - mn1);
-                rs0 += s[n][e];
-                rs1 += s[n][2 + e];
+            for (int n = 0; n < NT; n++) {
+                s[n][0] = kiln_pf_exp2(s[n][0] - r0);
+                s[n][1] = kiln_pf_exp2(s[n][1] - r0);
+                s[n][2] = kiln_pf_exp2(s[n][2] - r1);
+                s[n][3] = kiln_pf_exp2(s[n][3] - r1);
+                rs0 += s[n][0] + s[n][1];
+                rs1 += s[n][2] + s[n][3];
             }
-        rs0 += __shfl_xor_sync(KILN_FULL_MASK, rs0, 1);
-        rs0 += __shfl_xor_sync(KILN_FULL_MASK, rs0, 2);
-        rs1 += __shfl_xor_sync(KILN_FULL_MASK, rs1, 1);
-        rs1 += __shfl_xor_sync(KILN_FULL_MASK, rs1, 2);
-        l0 = l0 * al0 + rs0;
-        l1 = l1 * al1 + rs1;
-        m0 = mn0;
-        m1 = mn1;
-#pragma unroll
-        for (int i = 0; i < DT; i++) {
-            o[i][0] *= al0; o[i][1] *= al0;
-            o[i][2] *= al1; o[i][3] *= al1;
-        }
-        /* O += P v: P re-packed as A fragments, 16 keys per k-step */
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; kk++) {
-            const unsigned a0 = kiln_f2bf2(s[2 * kk][0], s[2 * kk][1]);
-            const unsigned a1 = kiln_f2bf2(s[2 * kk][2], s[2 * kk][3]);
-            const unsigned a2 = kiln_f2bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            const unsigned a3 = kiln_f2bf2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            rs0 += __shfl_xor_sync(KILN_FULL_MASK, rs0, 1);
+            rs0 += __shfl_xor_sync(KILN_FULL_MASK, rs0, 2);
+            rs1 += __shfl_xor_sync(KILN_FULL_MASK, rs1, 1);
+            rs1 += __shfl_xor_sync(KILN_FULL_MASK, rs1, 2);
+            l0 = l0 * al0 + rs0;
+            l1 = l1 * al1 + rs1;
+            m0 = mn0;
+            m1 = mn1;
 #pragma unroll
             for (int i = 0; i < DT; i++) {
-                const kiln_bf16 *vr = vt_s + (i * 8 + g) * VS + kk * 16 + 2 * t;
-                kiln_pf_mma(o[i], a0, a1, a2, a3, *(const unsigned *)vr, *(const unsigned *)(vr + 8));
+                o[i][0] *= al0;
+                o[i][1] *= al0;
+                o[i][2] *= al1;
+                o[i][3] *= al1;
+            }
+        }
+        kiln_pf_wait<2>(); /* this thread's V chunks of tile `it` have landed (the next tile's may not) */
+        __syncthreads();
+        if (!skip) {
+            /* O += P v: P re-packed as A fragments, 16 keys per k-step; one ldmatrix.x4.trans
+             * feeds two output n-tiles */
+            const unsigned vb = vs_addr + (unsigned)(st * TILE * 2) + v_lane;
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; kk++) {
+                const unsigned pa[4] = {kiln_f2bf2(s[2 * kk][0], s[2 * kk][1]), kiln_f2bf2(s[2 * kk][2], s[2 * kk][3]),
+                                        kiln_f2bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                        kiln_f2bf2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+                for (int i = 0; i < DT; i += 2) {
+                    unsigned bf[4];
+                    kiln_pf_ldsm4t(bf, vb + (unsigned)((kk * 16 * RS + i * 8) * 2));
+                    kiln_pf_mma(o[i], pa, bf[0], bf[1]);
+                    kiln_pf_mma(o[i + 1], pa, bf[2], bf[3]);
+                }
             }
         }
     }
+    kiln_pf_wait<0>(); /* nothing may be in flight when the block exits */
+    if (!live) return;
     const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
     kiln_bf16 *out = (kiln_bf16 *)p.out;
+    const bool w_0 = w0 + g < nq, w_1 = w0 + g + 8 < nq;
 #pragma unroll
     for (int i = 0; i < DT; i++) {
         const int d = i * 8 + 2 * t;
-        if (ok0)
-            *(unsigned *)(out + ((size_t)(qs0 + qi0 + row0) * N_HEADS + hq) * HEAD_DIM + d) =
+        if (w_0)
+            *(unsigned *)(out + ((size_t)(qs0 + qi0 + w0 + g) * N_HEADS + hq) * HEAD_DIM + d) =
                 kiln_f2bf2(o[i][0] * inv0, o[i][1] * inv0);
-        if (ok1)
-            *(unsigned *)(out + ((size_t)(qs0 + qi0 + row1) * N_HEADS + hq) * HEAD_DIM + d) =
+        if (w_1)
+            *(unsigned *)(out + ((size_t)(qs0 + qi0 + w0 + g + 8) * N_HEADS + hq) * HEAD_DIM + d) =
                 kiln_f2bf2(o[i][2] * inv1, o[i][3] * inv1);
     }
 }

@@ -849,26 +849,36 @@ static void test_attn_decode(void) {
 static void test_attn_prefill(void) {
     NEED_GPU();
     static const attn_cfg cfgs[] = {
-        {4, 4, 64, 16, 0, 0},
-        {8, 2, 128, 16, 0, 0},
-        {8, 2, 128, 16, 50, 0}, /* sliding window */
-        {6, 2, 32, 8, 0, 0},
+        {4, 4, 64, 16, 0, 0},    /* MHA (group 1), head_dim 64 */
+        {8, 2, 128, 16, 0, 0},   /* group 4, head_dim 128 */
+        {8, 2, 128, 16, 50, 0},  /* sliding window shorter than a key tile */
+        {6, 2, 32, 8, 0, 0},     /* group 3, head_dim 32, block 8 */
+        {4, 1, 64, 16, 100, 0},  /* group 4, head_dim 64, window over a tile */
+        {2, 2, 128, 32, 200, 0}, /* group 1, head_dim 128, block 32, window */
     };
-    /* (q_len, context after the chunk): whole prompts and chunks after earlier context */
-    static const int qlen[] = {1, 7, 65, 130, 40};
-    static const int ctx[] = {1, 7, 100, 130, 300};
-    const int B = 5;
+    /* (q_len, context after the chunk): whole prompts (q_len = context) and chunks after earlier
+     * context; odd lengths and ones just past a 64- or 128-query tile; an empty (padding) row. */
+    static const int qlen[] = {1, 7, 65, 130, 40, 129, 300, 0, 1, 200};
+    static const int ctx[] = {1, 7, 100, 130, 300, 129, 1000, 0, 517, 200};
+    enum { B = sizeof qlen / sizeof qlen[0] };
+    /* variants: the fp32 FMA kernel, then the tensor-core kernel as the runtime compiles it
+     * (KILN_PF_MMA_WARPS) and with the other block size (4 or 8 warps) */
+    static const int mma_warps[] = {0, KILN_PF_MMA_WARPS, KILN_PF_MMA_WARPS == 4 ? 8 : 4};
     for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
         const attn_cfg *c = &cfgs[ci];
-        char d[7][40];
-        const char *defs[7];
-        kfn k;
-        KT_REQUIRE(kbuild(&k, "attn_prefill.cuh", "kiln_attn_prefill", defs, attn_defs(c, d, defs)));
+        char d[8][40];
+        const char *defs[8];
+        int nd = attn_defs(c, d, defs);
+        kfn k, k4;
+        KT_REQUIRE(kbuild(&k, "attn_prefill.cuh", "kiln_attn_prefill", defs, nd));
+        snprintf(d[nd], 40, "PF_MMA_WARPS=%d", mma_warps[2]);
+        defs[nd] = d[nd];
+        KT_REQUIRE(kbuild(&k4, "attn_prefill.cuh", "kiln_attn_prefill_mma", defs, nd + 1));
         CUfunction fmma;
         KT_REQUIRE(kfn_get(&k, "kiln_attn_prefill_mma", &fmma));
         paged pc;
         paged_make(&pc, c, B, ctx);
-        int starts[6] = {0}, max_q = 0;
+        int starts[B + 1] = {0}, max_q = 0;
         for (int b = 0; b < B; b++) {
             starts[b + 1] = starts[b] + qlen[b];
             if (qlen[b] > max_q) max_q = qlen[b];
@@ -887,18 +897,21 @@ static void test_attn_prefill(void) {
                     size_t at = ((size_t)(starts[b] + i) * c->nh + hq) * c->hd;
                     ref_attend(&pc, c, b, hq, ctx[b] - qlen[b] + i, qf + at, scale, ref + at);
                 }
-        for (int which = 0; which < 2; which++) { /* 0: fp32 FMA kernel, 1: tensor cores */
+        for (size_t vi = 0; vi < sizeof mma_warps / sizeof mma_warps[0]; vi++) {
+            const int w = mma_warps[vi];
+            char what[48];
+            snprintf(what, sizeof what, w ? "kiln_attn_prefill_mma (%d warps)" : "kiln_attn_prefill", w);
+            kiln_cuda_dims dm = w ? kiln_attn_prefill_mma_dims(w, c->nh, B, max_q, c->hd)
+                                  : dims((unsigned)((max_q + 63) / 64), (unsigned)c->nh, (unsigned)B, 128,
+                                         kiln_attn_prefill_smem(c->hd));
             dev_poison16(o, qn * 2);
-            KT_CHECK(klaunch(which ? fmma : k.fn, which ? "kiln_attn_prefill_mma" : "kiln_attn_prefill",
-                             dims((unsigned)((max_q + 63) / 64), (unsigned)c->nh, (unsigned)B, 128,
-                                  which ? kiln_attn_prefill_mma_smem(c->hd) : kiln_attn_prefill_smem(c->hd)),
-                             &p));
+            KT_CHECK(klaunch(vi == 0 ? k.fn : vi == 1 ? fmma : k4.fn, what, dm, &p));
             uint16_t *oh = host_from(o, qn * 2);
             for (int b = 0; b < B; b++) {
                 size_t off = (size_t)starts[b] * c->nh * c->hd, n = (size_t)qlen[b] * c->nh * c->hd;
                 double e = rel_err_bf16(oh + off, ref + off, n);
-                KT_CHECKF(e < TOL_BF16, "prefill attn%s cfg %zu (heads %d/%d hd %d window %d) q_len %d ctx %d: rel err %g",
-                          which ? " (mma)" : "", ci, c->nh, c->nkv, c->hd, c->window, qlen[b], ctx[b], e);
+                KT_CHECKF(e < TOL_BF16, "%s cfg %zu (heads %d/%d hd %d block %d window %d) q_len %d ctx %d: rel err %g",
+                          what, ci, c->nh, c->nkv, c->hd, c->bs, c->window, qlen[b], ctx[b], e);
             }
             free(oh);
         }
@@ -906,6 +919,7 @@ static void test_attn_prefill(void) {
         free(qh); free(qf); free(ref);
         paged_free(&pc);
         kfree(&k);
+        kfree(&k4);
     }
 }
 

@@ -866,10 +866,15 @@ static kiln_status run_program(cx *x, const cx_shape *sh, kiln_error *err) {
             } else {
                 kiln_attn_prefill_params pp = {x->q_tmp, kc, vc, inp(x, x->in.bt), inp(x, x->in.lens),
                                                inp(x, x->in.qstart), bufp(x, in->y), scale, B, x->kv.max_blocks, 0};
-                bool mma = a->prefill_mma != NULL;
-                st = launch(x, mma ? a->prefill_mma : a->prefill, (unsigned)((sh->max_q + 63) / 64),
-                            (unsigned)x->n_heads, (unsigned)B, 128, mma ? a->smem_prefill_mma : a->smem_prefill, &pp,
-                            mma ? "kiln_attn_prefill_mma" : "kiln_attn_prefill", err);
+                if (a->prefill_mma) {
+                    kiln_cuda_dims d =
+                        kiln_attn_prefill_mma_dims(KILN_PF_MMA_WARPS, x->n_heads, B, sh->max_q, x->head_dim);
+                    st = launch(x, a->prefill_mma, d.grid[0], d.grid[1], d.grid[2], d.block[0], d.smem, &pp,
+                                "kiln_attn_prefill_mma", err);
+                } else {
+                    st = launch(x, a->prefill, (unsigned)((sh->max_q + 63) / 64), (unsigned)x->n_heads, (unsigned)B,
+                                128, a->smem_prefill, &pp, "kiln_attn_prefill", err);
+                }
             }
             break;
         }

@@ -44,7 +44,15 @@ unsigned kiln_attn_prefill_smem(int head_dim) {
 }
 
 unsigned kiln_attn_prefill_mma_smem(int head_dim) {
-    return (unsigned)(2 * (64 * (head_dim + 8) + head_dim * 72));
+    return (unsigned)(2 * 2 * 64 * (head_dim + 8) * 2); /* 2 stages x (K, V) x 64 keys x padded row, bf16 */
+}
+
+kiln_cuda_dims kiln_attn_prefill_mma_dims(int warps, int n_heads, int B, int max_q, int head_dim) {
+    int rows = 16 * warps;
+    kiln_cuda_dims d = {{(unsigned)((max_q + rows - 1) / rows), (unsigned)n_heads, (unsigned)B},
+                        {(unsigned)(32 * warps), 1, 1},
+                        kiln_attn_prefill_mma_smem(head_dim)};
+    return d;
 }
 
 int kiln_attn_decode_splits(int len, int window, int partition) {
