@@ -29,15 +29,20 @@
  * of one group of 16 rows are neighbouring blocks; even so, at M = 16..64
  * cuBLASLt is faster, so the runtime stops at M = 8).
  *
- * RMSNorm prologue (p.norm_w != 0, both variants; the executor's opt-in
- * KILN_FUSE bit 1 folds the layer's norms into the QKV, gate/up and LM-head
- * GEMVs at decode — measured 1.4% / 19% slower per 7B step at batch 1 / 8:
- * every block pays the prologue, once per wave): x is the raw residual
- * stream; each warp first computes rsqrt(mean(x^2) + eps) of its x rows with
- * kiln_norm_inv (one round of loads from L2), and every x chunk is
- * normalised as it is loaded: bf16(norm_w * bf16(x * inv)), HF's roundings.
- * One kernel launch and its gap fewer per norm.
- *
+ * RMSNorm folded in (p.norm_w != 0, both variants; the executor's KILN_FUSE
+ * bit 1 folds the layer's norms into the QKV, gate/up and LM-head GEMVs at
+ * decode): x is the raw residual stream. Nothing is computed before the
+ * weights stream: every x chunk a lane loads anyway is multiplied by the
+ * norm weight (x * norm_w, fp32 on CUDA cores, rounded to bf16 once for the
+ * tensor cores) and its squares are summed on the way; after the K loop the
+ * sums of squares are reduced like the dot products (shuffles, and shared
+ * memory across the tensor-core variant's K-split warps) and each output is
+ * scaled by rsqrt(mean(x^2) + eps) before the epilogue (SwiGLU, residual).
+ * The same value as kiln_rmsnorm then the plain GEMV up to the roundings HF
+ * applies in between (bf16(norm_w * bf16(x * inv))), which this skips: one
+ * kernel launch and its gap fewer per norm. (An earlier version computed
+ * the scale in a prologue before the first weight load, paying an L2 round
+ * trip per wave: 1.4% / 19% slower per 7B step at batch 1 / 8.)
  * Constants (codegen fills them in; defaults suit M = 1 on an H100/H200):
  *   GEMV_WARPS   warps per block                    (4)
  *   GEMV_ROWS    rows of W per warp                 (2; even with GEMV_SWIGLU)
@@ -86,46 +91,24 @@
 
 KILN_DEV float kiln_silu(float g) { return g / (1.0f + __expf(-g)); }
 
-/* rsqrt(mean(row^2) + eps) over K values, computed by one warp (every lane
- * gets it): lane-strided 16-byte chunks, 8 loads in flight per lane, then a
- * shuffle tree. One round trip to L2 for a 4096-value row. (Reproducing
- * kiln_rmsnorm's summation order instead took 8 dependent rounds and made
- * the 7B decode step 10% slower than the separate kernel; this order gives
- * the same value to within a rounding of the sum.) */
-KILN_DEV float kiln_norm_inv(const kiln_elem *row, int K, float eps, int lane) {
-    float ss = 0.0f;
-    if (K % KILN_VEC == 0 && ((unsigned long long)row) % 16 == 0) {
-        const int nch = K / KILN_VEC;
-        for (int c0 = lane; c0 < nch; c0 += 32 * 8) {
-            uint4 v[8];
+/* Dot of a 16-byte chunk of W with KILN_VEC fp32 values of x, accumulated into acc. */
+KILN_DEV float kiln_dotvf(uint4 w, const float (&x)[KILN_VEC], float acc) {
+    float f[KILN_VEC];
+    kiln_unpackv(w, f);
 #pragma unroll
-            for (int u = 0; u < 8; u++) v[u] = c0 + 32 * u < nch ? kiln_ld16(row + (size_t)(c0 + 32 * u) * KILN_VEC) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                float a[KILN_VEC];
-                kiln_unpackv(v[u], a);
-#pragma unroll
-                for (int e = 0; e < KILN_VEC; e++) ss = fmaf(a[e], a[e], ss);
-            }
-        }
-    } else {
-        for (int i = lane; i < K; i += 32) {
-            const float a = kiln_e2f(row[i]);
-            ss = fmaf(a, a, ss);
-        }
-    }
-    ss = kiln_warp_sum(ss);
-    return rsqrtf(ss / (float)K + eps);
+    for (int e = 0; e < KILN_VEC; e++) acc = fmaf(f[e], x[e], acc);
+    return acc;
 }
 
-/* One 16-byte chunk of x normalised in place: v = bf16(nw * bf16(v * inv)). */
-KILN_DEV uint4 kiln_norm_chunk(uint4 v, uint4 nwv, float inv) {
-    float a[KILN_VEC], g[KILN_VEC];
-    kiln_unpackv(v, a);
+/* x chunk times the norm weight chunk (in place, fp32), its squares added to ss. */
+KILN_DEV void kiln_norm_scale(float (&x)[KILN_VEC], uint4 nwv, float &ss) {
+    float g[KILN_VEC];
     kiln_unpackv(nwv, g);
 #pragma unroll
-    for (int e = 0; e < KILN_VEC; e++) a[e] = g[e] * kiln_round(a[e] * inv);
-    return kiln_packv(a);
+    for (int e = 0; e < KILN_VEC; e++) {
+        ss = fmaf(x[e], x[e], ss);
+        x[e] *= g[e];
+    }
 }
 
 #if !GEMV_MMA
@@ -205,9 +188,9 @@ template <bool NORM> KILN_DEV void kiln_gemv_cc(const kiln_gemv_params &p) {
 #pragma unroll
     for (int m = 0; m < GEMV_MT; m++) xr[m] = x + (size_t)min(m0 + m, p.M - 1) * p.ldx;
     const kiln_elem *nw = (const kiln_elem *)p.norm_w;
-    float inv[GEMV_MT];
+    float ss[GEMV_MT]; /* NORM: this lane's part of each x row's sum of squares */
 #pragma unroll
-    for (int m = 0; m < GEMV_MT; m++) inv[m] = NORM ? kiln_norm_inv(xr[m], p.K, p.norm_eps, lane) : 1.0f;
+    for (int m = 0; m < GEMV_MT; m++) ss[m] = 0.0f;
 
     const bool vec = (p.K % KILN_VEC == 0) && (p.ldx % KILN_VEC == 0) && ((p.w | p.x | p.norm_w) % 16 == 0);
     if (vec) {
@@ -228,10 +211,17 @@ template <bool NORM> KILN_DEV void kiln_gemv_cc(const kiln_gemv_params &p) {
                     const uint4 nwv = NORM ? kiln_ld16(nw + (size_t)c * KILN_VEC) : make_uint4(0, 0, 0, 0);
 #pragma unroll
                     for (int m = 0; m < GEMV_MT; m++) {
-                        uint4 xv = kiln_ld16(xr[m] + (size_t)c * KILN_VEC);
-                        if (NORM) xv = kiln_norm_chunk(xv, nwv, inv[m]);
+                        const uint4 xv = kiln_ld16(xr[m] + (size_t)c * KILN_VEC);
+                        if (NORM) {
+                            float xf[KILN_VEC];
+                            kiln_unpackv(xv, xf);
+                            kiln_norm_scale(xf, nwv, ss[m]);
 #pragma unroll
-                        for (int r = 0; r < GEMV_ROWS; r++) acc[r][m] = kiln_dotv(wv[u][r], xv, acc[r][m]);
+                            for (int r = 0; r < GEMV_ROWS; r++) acc[r][m] = kiln_dotvf(wv[u][r], xf, acc[r][m]);
+                        } else {
+#pragma unroll
+                            for (int r = 0; r < GEMV_ROWS; r++) acc[r][m] = kiln_dotv(wv[u][r], xv, acc[r][m]);
+                        }
                     }
                 }
             }
@@ -241,7 +231,10 @@ template <bool NORM> KILN_DEV void kiln_gemv_cc(const kiln_gemv_params &p) {
 #pragma unroll
             for (int m = 0; m < GEMV_MT; m++) {
                 float xv = kiln_e2f(xr[m][k]);
-                if (NORM) xv = kiln_round(kiln_e2f(nw[k]) * kiln_round(xv * inv[m]));
+                if (NORM) {
+                    ss[m] = fmaf(xv, xv, ss[m]);
+                    xv *= kiln_e2f(nw[k]);
+                }
 #pragma unroll
                 for (int r = 0; r < GEMV_ROWS; r++) acc[r][m] = fmaf(kiln_e2f(wr[r][k]), xv, acc[r][m]);
             }
@@ -252,6 +245,13 @@ template <bool NORM> KILN_DEV void kiln_gemv_cc(const kiln_gemv_params &p) {
     for (int r = 0; r < GEMV_ROWS; r++)
 #pragma unroll
         for (int m = 0; m < GEMV_MT; m++) acc[r][m] = kiln_warp_sum(acc[r][m]);
+    if (NORM)
+#pragma unroll
+        for (int m = 0; m < GEMV_MT; m++) {
+            const float inv = rsqrtf(kiln_warp_sum(ss[m]) / (float)p.K + p.norm_eps);
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; r++) acc[r][m] *= inv;
+        }
     kiln_gemv_store(p, acc, row0, m0, lane);
 }
 
@@ -285,10 +285,18 @@ KILN_DEV uint4 kiln_ld8_scalar(const kiln_bf16 *row, int k, int K) {
                       v[6] | (unsigned)v[7] << 16);
 }
 
-/* red: per-warp C tiles [warp][row][m]; inv_s: with NORM, the 8 x rows' rsqrt(mean(x^2) + eps)
- * (shared memory declared once in the kernel, not per instantiation). */
+/* rsqrt(mean(x^2) + eps) of x row m of the tile from the warps' sums of squares (in warp order). */
+KILN_DEV float kiln_gemv_norm_inv(const kiln_gemv_params &p, const float (*ss_s)[8], int m) {
+    float s = 0.0f;
+#pragma unroll
+    for (int wi = 0; wi < GEMV_WARPS; wi++) s += ss_s[wi][m];
+    return rsqrtf(s / (float)p.K + p.norm_eps);
+}
+
+/* red: per-warp C tiles [warp][row][m]; ss_s: with NORM, each warp's part of the 8 x rows' sums of
+ * squares (shared memory declared once in the kernel, not per instantiation). */
 template <bool NORM>
-KILN_DEV void kiln_gemv_mma(const kiln_gemv_params &p, float (*red)[16][8 + 1], float *inv_s) {
+KILN_DEV void kiln_gemv_mma(const kiln_gemv_params &p, float (*red)[16][8 + 1], float (*ss_s)[8]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.y * 16, m0 = blockIdx.x * 8; /* x tiles of one row group side by side */
@@ -299,15 +307,7 @@ KILN_DEV void kiln_gemv_mma(const kiln_gemv_params &p, float (*red)[16][8 + 1], 
     const kiln_bf16 *wb = w + (size_t)min(n0 + g + 8, p.N - 1) * p.K; /* row g + 8 */
     const kiln_bf16 *xr = x + (size_t)min(m0 + g, p.M - 1) * p.ldx;   /* x row g (the mma's column g) */
     const kiln_bf16 *nw = (const kiln_bf16 *)p.norm_w;
-    float inv = 1.0f;
-    if (NORM) {
-        for (int r = warp; r < 8; r += GEMV_WARPS) {
-            const float v = kiln_norm_inv(x + (size_t)min(m0 + r, p.M - 1) * p.ldx, p.K, p.norm_eps, lane);
-            if (lane == 0) inv_s[r] = v;
-        }
-        __syncthreads();
-        inv = inv_s[g];
-    }
+    float ss = 0.0f; /* NORM: this lane's part of x row g's sum of squares */
     float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 
     /* K in steps of 32, dealt to the warps in contiguous ranges. */
@@ -317,7 +317,7 @@ KILN_DEV void kiln_gemv_mma(const kiln_gemv_params &p, float (*red)[16][8 + 1], 
     const bool vec = (p.K % 8 == 0) && (p.ldx % 8 == 0) && ((p.w | p.x | p.norm_w) % 16 == 0);
     if (vec) {
         for (int s0 = s_lo; s0 < s_hi; s0 += GEMV_UNROLL) {
-            uint4 va[GEMV_UNROLL], vb[GEMV_UNROLL], vx[GEMV_UNROLL];
+            uint4 va[GEMV_UNROLL], vb[GEMV_UNROLL], vx[GEMV_UNROLL], vn[GEMV_UNROLL];
 #pragma unroll
             for (int u = 0; u < GEMV_UNROLL; u++) {
                 const int k = (s0 + u) * 32 + 8 * t;
@@ -325,12 +325,15 @@ KILN_DEV void kiln_gemv_mma(const kiln_gemv_params &p, float (*red)[16][8 + 1], 
                 va[u] = ok ? kiln_ld_stream(wa + k) : make_uint4(0, 0, 0, 0);
                 vb[u] = ok ? kiln_ld_stream(wb + k) : make_uint4(0, 0, 0, 0);
                 vx[u] = ok ? kiln_ld16(xr + k) : make_uint4(0, 0, 0, 0);
+                vn[u] = NORM && ok ? kiln_ld16(nw + k) : make_uint4(0, 0, 0, 0); /* with x: no second round trip */
             }
             if (NORM) {
 #pragma unroll
                 for (int u = 0; u < GEMV_UNROLL; u++) {
-                    const int k = (s0 + u) * 32 + 8 * t;
-                    if (s0 + u < s_hi && k < p.K) vx[u] = kiln_norm_chunk(vx[u], kiln_ld16(nw + k), inv);
+                    float xf[8];
+                    kiln_unpack8(vx[u], xf);
+                    kiln_norm_scale(xf, vn[u], ss); /* zero past K stays zero */
+                    vx[u] = kiln_pack8(xf);
                 }
             }
 #pragma unroll
@@ -343,7 +346,12 @@ KILN_DEV void kiln_gemv_mma(const kiln_gemv_params &p, float (*red)[16][8 + 1], 
         for (int s = s_lo; s < s_hi; s++) {
             const int k = s * 32 + 8 * t;
             uint4 a = kiln_ld8_scalar(wa, k, p.K), b = kiln_ld8_scalar(wb, k, p.K), v = kiln_ld8_scalar(xr, k, p.K);
-            if (NORM) v = kiln_norm_chunk(v, kiln_ld8_scalar(nw, k, p.K), inv); /* zero past K stays zero */
+            if (NORM) { /* zero past K stays zero */
+                float xf[8];
+                kiln_unpack8(v, xf);
+                kiln_norm_scale(xf, kiln_ld8_scalar(nw, k, p.K), ss);
+                v = kiln_pack8(xf);
+            }
             kiln_mma_bf16(c, a.x, b.x, a.y, b.y, v.x, v.y);
             kiln_mma_bf16(c, a.z, b.z, a.w, b.w, v.z, v.w);
         }
@@ -354,6 +362,11 @@ KILN_DEV void kiln_gemv_mma(const kiln_gemv_params &p, float (*red)[16][8 + 1], 
     red[warp][g][2 * t + 1] = c[1];
     red[warp][g + 8][2 * t] = c[2];
     red[warp][g + 8][2 * t + 1] = c[3];
+    if (NORM) {
+        ss += __shfl_xor_sync(KILN_FULL_MASK, ss, 1);
+        ss += __shfl_xor_sync(KILN_FULL_MASK, ss, 2);
+        if (t == 0) ss_s[warp][g] = ss;
+    }
     __syncthreads();
 #if GEMV_SWIGLU
     /* rows (2f, 2f+1) = (gate_f, up_f): 8 pairs x 8 columns */
@@ -366,6 +379,11 @@ KILN_DEV void kiln_gemv_mma(const kiln_gemv_params &p, float (*red)[16][8 + 1], 
             gs += red[wi][2 * pr][m];
             us += red[wi][2 * pr + 1][m];
         }
+        if (NORM) {
+            const float inv = kiln_gemv_norm_inv(p, ss_s, m);
+            gs *= inv;
+            us *= inv;
+        }
         float v = kiln_silu(gs) * us;
         const size_t o = (size_t)(m0 + m) * p.ldy + row / 2;
 #else
@@ -375,6 +393,7 @@ KILN_DEV void kiln_gemv_mma(const kiln_gemv_params &p, float (*red)[16][8 + 1], 
         float v = 0.0f;
 #pragma unroll
         for (int wi = 0; wi < GEMV_WARPS; wi++) v += red[wi][r][m];
+        if (NORM) v *= kiln_gemv_norm_inv(p, ss_s, m);
         const size_t o = (size_t)(m0 + m) * p.ldy + row;
 #endif
         if (p.residual) v += kiln_bf2f(((const kiln_bf16 *)p.residual)[o]);
@@ -388,8 +407,8 @@ KILN_DEV void kiln_gemv_mma(const kiln_gemv_params &p, float (*red)[16][8 + 1], 
 
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) kiln_gemv(const kiln_gemv_params p) {
     __shared__ float red[GEMV_WARPS][16][8 + 1];
-    __shared__ float inv_s[8];
-    if (p.norm_w) kiln_gemv_mma<true>(p, red, inv_s);
-    else kiln_gemv_mma<false>(p, red, inv_s);
+    __shared__ float ss_s[GEMV_WARPS][8];
+    if (p.norm_w) kiln_gemv_mma<true>(p, red, ss_s);
+    else kiln_gemv_mma<false>(p, red, ss_s);
 }
 #endif /* GEMV_MMA */

@@ -326,19 +326,18 @@ static void test_gemv_norm(void) {
             kiln_gemv_params p2 = {xn, w, y2, 0, M, N, K, K, nout, 0, 0, 0.0f, 0};
             KT_CHECK(klaunch(k.fn, "kiln_gemv", kiln_gemv_dims(&v->cfg, M, N), &p2));
             void *want = host_from(y2, ysz);
-            /* reference: HF's roundings in double around the norm, then the product */
+            /* reference: the norm's arithmetic in double, without the bf16 roundings HF applies to the
+             * normalised x (the fold scales the sums instead of rounding x), then the product */
             double *ref = malloc(sizeof(double) * (size_t)M * nout), *row = malloc(sizeof(double) * (size_t)N);
-            float *xnf = malloc(sizeof(float) * (size_t)K);
+            double *xnf = malloc(sizeof(double) * (size_t)K);
             for (int m = 0; m < M; m++) {
                 double ss = 0;
                 for (int i = 0; i < K; i++) ss += (double)xf[(size_t)m * K + i] * xf[(size_t)m * K + i];
                 const double inv = 1.0 / sqrt(ss / K + 1e-5);
-                for (int i = 0; i < K; i++)
-                    xnf[i] = kiln_bf16_to_f32(kiln_f32_to_bf16(
-                        gf[i] * kiln_bf16_to_f32(kiln_f32_to_bf16((float)(xf[(size_t)m * K + i] * inv)))));
+                for (int i = 0; i < K; i++) xnf[i] = (double)gf[i] * xf[(size_t)m * K + i] * inv;
                 for (int n = 0; n < N; n++) {
                     double s2 = 0;
-                    for (int i = 0; i < K; i++) s2 += (double)xnf[i] * wf[(size_t)n * K + i];
+                    for (int i = 0; i < K; i++) s2 += xnf[i] * wf[(size_t)n * K + i];
                     row[n] = s2;
                 }
                 for (int n = 0; n < nout; n++)
@@ -349,23 +348,33 @@ static void test_gemv_norm(void) {
             for (int rep = 0; rep < 2; rep++) {
                 v->out_f32 ? dev_poison32(y, ysz) : dev_poison16(y, ysz);
                 kiln_gemv_params p = {x, w, y, 0, M, N, K, K, nout, 0, g, 1e-5f, 0};
-                KT_CHECK(klaunch(k.fn, "kiln_gemv (norm prologue)", kiln_gemv_dims(&v->cfg, M, N), &p));
+                KT_CHECK(klaunch(k.fn, "kiln_gemv (norm folded)", kiln_gemv_dims(&v->cfg, M, N), &p));
                 void *out = host_from(y, ysz);
                 double e = v->out_f32 ? rel_err_f32(out, ref, (size_t)M * nout) : rel_err_bf16(out, ref, (size_t)M * nout);
                 KT_CHECKF(e < (v->out_f32 ? 1e-3 : TOL_BF16),
                           "gemv+norm M=%d N=%d K=%d (warps %d mma %d f32 %d swiglu %d): rel err %g", M, N, K,
                           v->cfg.warps, v->cfg.mma, v->out_f32, v->swiglu, e);
-                /* the two-kernel way, as a reference with the GPU's own roundings: close, but the sum
-                 * of squares is added in another order, so a bf16 rounding may differ here and there */
+                /* the two-kernel way, as a reference with the GPU's own roundings: close, but the fold
+                 * skips the bf16 roundings of the normalised x (it scales the sums instead; the tensor-
+                 * core variant rounds x * norm_w once), so each output may differ by about one such
+                 * rounding of the output's scale, more through SwiGLU (at 1%, 1 of 520 SwiGLU outputs
+                 * of an M = 8 case was off on the H200): every output within 2% of itself plus 2% of
+                 * the outputs' RMS */
                 size_t nd = 0, nn = (size_t)M * nout;
+                double rms = 0;
+                for (size_t i = 0; i < nn; i++) {
+                    double b = v->out_f32 ? ((const float *)want)[i] : kiln_bf16_to_f32(((const uint16_t *)want)[i]);
+                    rms += b * b;
+                }
+                rms = sqrt(rms / (double)nn);
                 for (size_t i = 0; i < nn; i++) {
                     double a = v->out_f32 ? ((const float *)out)[i] : kiln_bf16_to_f32(((const uint16_t *)out)[i]);
                     double b = v->out_f32 ? ((const float *)want)[i] : kiln_bf16_to_f32(((const uint16_t *)want)[i]);
-                    if (fabs(a - b) > 1e-2 * (fabs(b) + 1e-2)) nd++;
+                    if (!(fabs(a - b) <= 2e-2 * (fabs(b) + rms))) nd++;
                 }
                 KT_CHECKF(nd == 0, "gemv+norm M=%d N=%d K=%d (warps %d mma %d f32 %d swiglu %d): %zu of %zu outputs "
-                          "differ by more than 1%% from rmsnorm then gemv", M, N, K, v->cfg.warps, v->cfg.mma,
-                          v->out_f32, v->swiglu, nd, nn);
+                          "differ by more than 2%% (of themselves + the RMS) from rmsnorm then gemv", M, N, K,
+                          v->cfg.warps, v->cfg.mma, v->out_f32, v->swiglu, nd, nn);
                 if (rep == 1) KT_CHECKF(memcmp(out, first, ysz) == 0, "gemv+norm M=%d N=%d K=%d: a second run differs", M, N, K);
                 if (rep == 0) memcpy(first, out, ysz);
                 free(out);

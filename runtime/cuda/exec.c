@@ -71,8 +71,9 @@
 #define CX_FUSE_ROPE 4   /* decode attention rotates q and k and writes the KV cache (no rope_kv kernel) */
 #define CX_FUSE_ALL 7
 /* The default: only the rope fusion paid on the H200 (Mistral-7B shapes, 2026-11-29, docs/kernels.md:
- * rope -6.8% / -6.0% per decode step at batch 1 / 8; the norm prologue +1.4% / +19%, the merge
- * +11% / +3.3%: both add latency that a separate kernel hid) */
+ * rope -6.8% / -6.0% per decode step at batch 1 / 8 (run 4); the merge +11% / +3.3% (run 4); the
+ * norm folded into the GEMV -0.45% / +8% (run 5): at one token it saves 19 us a step but drops HF's
+ * bf16 rounding of the normalised input, at 2-8 tokens the tensor-core GEMV loses more) */
 #define CX_FUSE_DEFAULT CX_FUSE_ROPE
 
 typedef enum { DW_PLAIN, DW_QKV, DW_GATE_UP } dw_kind;
