@@ -55,34 +55,48 @@ KILN_DEV float kiln_rope_inv_freq(int i) {
 }
 
 extern "C" __global__ void __launch_bounds__(ROPE_THREADS) kiln_rope_kv(const kiln_rope_kv_params p) {
-    kiln_pdl_wait();
     constexpr int HALF = HEAD_DIM / 2;
     constexpr int QKV = (N_HEADS + 2 * N_KV_HEADS) * HEAD_DIM;
+    __shared__ float cs_s[HALF], sn_s[HALF]; /* the token's rotation, one angle per pair index */
     const int t = blockIdx.x;
     if (t >= p.T) return;
-    const kiln_elem *row = (const kiln_elem *)p.qkv + (size_t)t * QKV;
+    /* the angles need only the position, a step input: computed before the wait */
     const int pos = ((const int *)p.positions)[t];
+    for (int i = threadIdx.x; i < HALF; i += ROPE_THREADS) sincosf((float)pos * kiln_rope_inv_freq(i), &sn_s[i], &cs_s[i]);
     const int slot = ((const int *)p.slots)[t];
+    __syncthreads();
+    kiln_pdl_wait();
+    const kiln_elem *row = (const kiln_elem *)p.qkv + (size_t)t * QKV;
     const int blk = slot / BLOCK_SIZE, off = slot % BLOCK_SIZE;
     kiln_elem *q_out = (kiln_elem *)p.q_out + (size_t)t * N_HEADS * HEAD_DIM;
     kiln_elem *kc = (kiln_elem *)p.k_cache, *vc = (kiln_elem *)p.v_cache;
 
-    /* Rotated pairs: (head, i) over the q heads then the k heads. */
-    for (int j = threadIdx.x; j < (N_HEADS + N_KV_HEADS) * HALF; j += ROPE_THREADS) {
-        const int head = j / HALF, i = j % HALF;
-        float s, c;
-        sincosf((float)pos * kiln_rope_inv_freq(i), &s, &c);
+    /* Rotated pairs (head, i), (head, i + HALF) over the q heads then the k heads; KILN_VEC pairs
+     * per step in 16-byte chunks when HALF allows, else one at a time. */
+    constexpr int VEC = HALF % KILN_VEC == 0 ? KILN_VEC : 1;
+    constexpr int CH = HALF / VEC; /* chunks per half head */
+    for (int j = threadIdx.x; j < (N_HEADS + N_KV_HEADS) * CH; j += ROPE_THREADS) {
+        const int head = j / CH, i0 = (j % CH) * VEC;
         const kiln_elem *src = row + head * HEAD_DIM;
-        const float a = kiln_e2f(src[i]), b = kiln_e2f(src[i + HALF]);
-        const kiln_elem ra = kiln_f2e(kiln_rope_rot(a, b, c, s, true)), rb = kiln_f2e(kiln_rope_rot(b, a, c, s, false));
-        if (head < N_HEADS) {
-            q_out[head * HEAD_DIM + i] = ra;
-            q_out[head * HEAD_DIM + i + HALF] = rb;
-        } else if (slot >= 0) {
-            const int kh = head - N_HEADS;
-            kiln_elem *dst = kc + (((size_t)blk * N_KV_HEADS + kh) * BLOCK_SIZE + off) * HEAD_DIM;
-            dst[i] = ra;
-            dst[i + HALF] = rb;
+        kiln_elem *dst = head < N_HEADS ? q_out + head * HEAD_DIM
+                                        : kc + (((size_t)blk * N_KV_HEADS + (head - N_HEADS)) * BLOCK_SIZE + off) * HEAD_DIM;
+        if (head >= N_HEADS && slot < 0) continue;
+        if (VEC == KILN_VEC) {
+            float a[KILN_VEC], b[KILN_VEC], ra[KILN_VEC], rb[KILN_VEC];
+            kiln_unpackv(*(const uint4 *)(src + i0), a);
+            kiln_unpackv(*(const uint4 *)(src + i0 + HALF), b);
+#pragma unroll
+            for (int e = 0; e < KILN_VEC; e++) {
+                const float c = cs_s[i0 + e], sn = sn_s[i0 + e];
+                ra[e] = kiln_round(kiln_rope_rot(a[e], b[e], c, sn, true));
+                rb[e] = kiln_round(kiln_rope_rot(b[e], a[e], c, sn, false));
+            }
+            *(uint4 *)(dst + i0) = kiln_packv(ra);
+            *(uint4 *)(dst + i0 + HALF) = kiln_packv(rb);
+        } else {
+            const float a = kiln_e2f(src[i0]), b = kiln_e2f(src[i0 + HALF]), c = cs_s[i0], sn = sn_s[i0];
+            dst[i0] = kiln_f2e(kiln_rope_rot(a, b, c, sn, true));
+            dst[i0 + HALF] = kiln_f2e(kiln_rope_rot(b, a, c, sn, false));
         }
     }
     /* v: a plain copy into the cache. */
