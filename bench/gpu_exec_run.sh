@@ -16,6 +16,11 @@
 #   mask 7 all, 0 none, 1 norm into GEMV, 2 split merge, 4 rope + KV write in
 #   attention), batch 64 at 512
 #   and 32-token prompts, prefill 2048 and TTFT 128
+#   ready7b: make the 7B checkpoint and compile it for sm_90 (for the steps after it)
+#   norm7b: RMSNorm folded into the GEMV (KILN_FUSE 5) against the default (4), batch 1 and 8
+#   lt7b: cuBLASLt tuning off / on (reported) at batch 16 and 64
+#   prof7b: ncu per-kernel time tables (bench/ncu_steps.py) of prefill 2048, prefill 512 and
+#   decode at batch 1, and decode at batch 64
 set -u
 BIN=${BIN:-build-dev}
 SHARED=${SHARED:-../shared}
@@ -106,6 +111,47 @@ for s in $steps; do
       --no-graph-compare >>"$OUT/fuse7b.jsonl" 2>>"$OUT/fuse7b.log"
     note "7B fusions rc=$?, $((SECONDS - t0)) s"
     grep -E "KILN_FUSE|decode|prefill|ttft" "$OUT/fuse7b.log" | tail -24;;
+  ready7b)
+    # the 7B checkpoint and engine (sm_90 only) for the steps below
+    { [ -f /tmp/m7b/config.json ] || timeout 200 python3 bench/make_checkpoint.py --arch mistral-7b --out /tmp/m7b; } \
+      >"$OUT/ready7b.log" 2>&1
+    timeout 150 "$BIN/kiln" compile /tmp/m7b -o /tmp/m7b.kiln --target sm_90 >>"$OUT/ready7b.log" 2>&1
+    note "7B ready rc=$? $((SECONDS - t0)) s"
+    sync; cat /tmp/m7b.kiln >/dev/null;; # page cache
+  norm7b)
+    # the RMSNorm folded into the next GEMV at decode (KILN_FUSE 5 = rope + norm) against the default (4),
+    # twice each, batch 1 and 8; then prefill 2048 and TTFT 128
+    for mask in 4 5 4 5; do
+      echo "KILN_FUSE=$mask" >>"$OUT/norm7b.log"
+      KILN_FUSE=$mask timeout 60 "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --batches 1,8 --steps 96 --reps 1 --prefill 0 \
+        --ttft 0 --no-graph-compare >>"$OUT/norm7b.jsonl" 2>>"$OUT/norm7b.log"
+    done
+    timeout 60 "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --batches 1 --steps 8 --reps 3 --prefill 2048 --ttft 128 \
+      --no-graph-compare >>"$OUT/norm7b.jsonl" 2>>"$OUT/norm7b.log"
+    note "7B norm fold rc=$?, $((SECONDS - t0)) s"
+    grep -E "KILN_FUSE|decode batch|prefill|ttft" "$OUT/norm7b.log" | tail -14;;
+  lt7b)
+    # cuBLASLt algorithm tuning per decode shape (KILN_LT_TUNE 0 off, 1 on, 2 on + report) at batch 16 and 64
+    for t in 0 2; do
+      echo "KILN_LT_TUNE=$t" >>"$OUT/lt7b.log"
+      KILN_LT_TUNE=$t timeout 150 "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --batches 16,64 --steps 64 --reps 1 \
+        --prefill 0 --ttft 0 --no-graph-compare >>"$OUT/lt7b.jsonl" 2>>"$OUT/lt7b.log"
+    done
+    note "7B cuBLASLt tuning rc=$?, $((SECONDS - t0)) s"
+    grep -E "KILN_LT_TUNE|decode batch|picked|shapes in|not tuned" "$OUT/lt7b.log" | tail -30;;
+  prof7b)
+    # per-kernel time of a 2048-token prefill, a 512-token prefill and decode steps at batch 1, then
+    # decode at batch 64 (ncu runs kernels one at a time: no launch gaps, no PDL overlap)
+    NCU="ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw"
+    timeout 240 $NCU --log-file "$OUT/prof_b1.csv" "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --batches 1 --steps 4 \
+      --reps 1 --prefill 2048 --ttft 0 --no-graph-compare >/dev/null 2>"$OUT/prof7b.log"
+    note "ncu batch 1 rc=$?, $((SECONDS - t0)) s"
+    timeout 200 $NCU --log-file "$OUT/prof_b64.csv" "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --batches 64 --steps 4 \
+      --reps 1 --prefill 0 --ttft 0 --no-graph-compare >/dev/null 2>>"$OUT/prof7b.log"
+    note "ncu batch 64 rc=$?, $((SECONDS - t0)) s"
+    python3 bench/ncu_steps.py "$OUT/prof_b1.csv" --steps 1,2,4 >"$OUT/prof_b1.txt" 2>&1
+    python3 bench/ncu_steps.py "$OUT/prof_b64.csv" --steps 9,11 >"$OUT/prof_b64.txt" 2>&1
+    head -c 6000 "$OUT/prof_b1.txt"; head -c 3000 "$OUT/prof_b64.txt";;
   esac
 done
 echo; echo "$summary"
