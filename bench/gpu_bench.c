@@ -13,7 +13,8 @@
  * so each launch reads HBM; CUDA events around ITERS back-to-back launches,
  * after warm-up; the median of REPS such timings. One JSON line per
  * measurement on stdout; a table on stderr at the end.
- * Usage: kiln_gpu_bench [--quick | --prefill]   (--prefill: prefill attention only)
+ * Usage: kiln_gpu_bench [--quick | --prefill | --decode-attn]   (--prefill: prefill attention only;
+ *        --decode-attn: decode attention only)
  */
 #include "codegen/kiln_nvrtc.h"
 #include "kernels/params.cuh"
@@ -249,15 +250,21 @@ static kiln_status attn_launch(bench *b, void *vctx, int i, kiln_error *err) {
     return st;
 }
 
-/* Decode attention, Mistral heads (32/8, 128), block 16: batch B, context L. */
+/* Decode attention, Mistral heads (32/8, 128), block 16: batch B, context L, with the K/V load depth
+ * the codegen uses (ATTN_UNROLL 4) and a deeper one (8). */
 static void bench_attn_decode(bench *b) {
     const int NH = 32, NKV = 8, HD = 128, BS = 16, PART = 512;
-    const char *defs[] = {"N_HEADS=32", "N_KV_HEADS=8", "HEAD_DIM=128", "BLOCK_SIZE=16", "WINDOW=0", "PARTITION=512"};
+    const char *defs[] = {"N_HEADS=32", "N_KV_HEADS=8", "HEAD_DIM=128", "BLOCK_SIZE=16", "WINDOW=0", "PARTITION=512", NULL};
+    static const int unrolls[] = {4, 8};
+    for (size_t ui = 0; ui < sizeof unrolls / sizeof unrolls[0]; ui++) {
+    char udef[32];
+    snprintf(udef, sizeof udef, "ATTN_UNROLL=%d", unrolls[ui]);
+    defs[6] = udef;
     CUmodule md;
-    CUfunction fd = build(b, "attn_decode.cuh", "kiln_attn_decode", defs, 6, &md), fc;
+    CUfunction fd = build(b, "attn_decode.cuh", "kiln_attn_decode", defs, 7, &md), fc;
     kiln_error err = {0};
     if (kiln_cuda_module_function(&b->cu, md, "kiln_attn_decode_combine", &fc, &err)) die("combine", &err);
-    static const int cases[][2] = {{1, 512}, {1, 4096}, {8, 1024}, {8, 4096}, {64, 1024}, {64, 4096}};
+    static const int cases[][2] = {{1, 512}, {1, 4096}, {8, 520}, {8, 1024}, {8, 4096}, {64, 520}, {64, 1024}, {64, 4096}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         int B = cases[ci][0], L = cases[ci][1], nbpS = (L + BS - 1) / BS, nblocks = B * nbpS;
         CUdeviceptr k = rand_dev(b, (size_t)nblocks * NKV * BS * HD, 1.0f), v = rand_dev(b, (size_t)nblocks * NKV * BS * HD, 1.0f);
@@ -279,7 +286,7 @@ static void bench_attn_decode(bench *b) {
         double sec = time_launches(b, attn_launch, &a, 20);
         double bytes = 2.0 * B * L * NKV * HD * 2;
         char vname[48];
-        snprintf(vname, sizeof vname, "partition %d", part);
+        snprintf(vname, sizeof vname, "unroll %d partition %d", unrolls[ui], part);
         report(b, "attn_decode", vname, B, L, splits, sec, bytes,
                4.0 * B * L * NH * HD);
         kiln_cuda_release(&b->cu, k); kiln_cuda_release(&b->cu, v); kiln_cuda_release(&b->cu, q); kiln_cuda_release(&b->cu, o);
@@ -287,6 +294,7 @@ static void bench_attn_decode(bench *b) {
         free(bt); free(lens);
     }
     kiln_cuda_module_unload(&b->cu, md);
+    }
 }
 
 /* Prefill attention, Mistral heads (32/8, 128), block 16: one sequence of T tokens, all in the
@@ -345,6 +353,7 @@ static void bench_attn_prefill(bench *b) {
 int main(int argc, char **argv) {
     bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     bool prefill_only = argc > 1 && strcmp(argv[1], "--prefill") == 0;
+    bool decode_attn_only = argc > 1 && strcmp(argv[1], "--decode-attn") == 0;
     static bench b;
     kiln_error err = {0};
     b.commit = getenv("KILN_COMMIT") ? getenv("KILN_COMMIT") : "unknown";
@@ -357,7 +366,9 @@ int main(int argc, char **argv) {
         die("events", &err);
     if (kiln_cublaslt_create(&b.cu, 32u << 20, &b.lt, &err)) die("cuBLASLt", &err);
 
-    if (!prefill_only) {
+    if (decode_attn_only) {
+        bench_attn_decode(&b);
+    } else if (!prefill_only) {
         copy_ctx c = {0, 0, (size_t)1 << 30};
         if (kiln_cuda_alloc(&b.cu, c.n, &c.a, &err) || kiln_cuda_alloc(&b.cu, c.n, &c.b, &err)) die("copy alloc", &err);
         kiln_cuda_fill32(&b.cu, c.a, 0x3f803f80u, c.n, &err);
@@ -370,7 +381,7 @@ int main(int argc, char **argv) {
         bench_gemv(&b, quick);
         bench_attn_decode(&b);
     }
-    bench_attn_prefill(&b);
+    if (!decode_attn_only) bench_attn_prefill(&b);
 
     fprintf(stderr, "\n%-18s %-22s %5s %6s %6s %9s %8s %7s\n%s", "kernel", "variant", "M", "N", "K", "us", "GB/s",
             "of4.2TB", b.table);
