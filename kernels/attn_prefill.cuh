@@ -258,9 +258,13 @@ KILN_DEV void kiln_pf_ldsm4t(unsigned (&r)[4], unsigned addr) {
                  : "r"(addr));
 }
 
-extern "C" __global__ void __launch_bounds__(PF_MMA_WARPS * 32) kiln_attn_prefill_mma(const kiln_attn_prefill_params p) {
+extern __shared__ uint4 smem_pf[];
+
+/* The kernel body, for MT m16 tiles (16 * MT query rows) per warp; see the comment above. */
+template <int MT> KILN_DEV void kiln_pf_mma_body(const kiln_attn_prefill_params &p) {
     constexpr int G = N_HEADS / N_KV_HEADS;
-    constexpr int THREADS = 32 * PF_MMA_WARPS, BQ = 16 * PF_MMA_WARPS, BK = PF_MMA_BK;
+    constexpr int THREADS = 32 * PF_MMA_WARPS, WR = 16 * MT, BQ = WR * PF_MMA_WARPS, BK = PF_MMA_BK;
+    constexpr bool QREG = MT == 1;           /* q A fragments in registers, else ldmatrix from q_s */
     constexpr int RS = HEAD_DIM + 8;         /* staged row stride (bf16): 16 bytes of padding */
     constexpr int CH = HEAD_DIM / 8;         /* 16-byte chunks per row */
     constexpr int TILE = BK * RS;            /* bf16 per staged tile */
@@ -268,9 +272,9 @@ extern "C" __global__ void __launch_bounds__(PF_MMA_WARPS * 32) kiln_attn_prefil
     constexpr int DK = HEAD_DIM / 16;        /* mma k-steps over the head dim */
     constexpr int NT = BK / 8;               /* key n-tiles of S */
     constexpr int DT = HEAD_DIM / 8;         /* output n-tiles (even: HEAD_DIM % 16 == 0) */
-    extern __shared__ uint4 smem_pf[];
     kiln_bf16 *k_s = (kiln_bf16 *)smem_pf;  /* [2][BK][RS] */
     kiln_bf16 *v_s = k_s + 2 * TILE;         /* [2][BK][RS] */
+    kiln_bf16 *q_s = v_s + 2 * TILE;         /* [BQ][RS] q * scale * log2(e), only when !QREG */
     kiln_pdl_wait();
 
     const int hq = blockIdx.y, b = blockIdx.z, h = hq / G;
@@ -331,41 +335,63 @@ extern "C" __global__ void __launch_bounds__(PF_MMA_WARPS * 32) kiln_attn_prefil
     stage(kt0, 0, block_ids(kt0));
     int ids_next = n_tiles > 1 ? block_ids(kt0 + BK) : 0; /* for the tile staged in iteration 0 */
 
-    /* This warp's rows (clamped to the last query, see above) and their positions. */
-    const int w0 = warp * 16;
+    /* This warp's rows: m-tile mt holds rows w0 + 16 mt + g and + 8 (clamped to the last query,
+     * see above), at positions qpos[mt][0], qpos[mt][1]. */
+    const int w0 = warp * WR;
     const bool live = w0 < nq;
-    const int row0 = min(w0 + g, nq - 1), row1 = min(w0 + g + 8, nq - 1);
-    const int qpos0 = p_first + row0, qpos1 = p_first + row1;
-    const int wq_first = p_first + min(w0, nq - 1), wq_last = p_first + min(w0 + 15, nq - 1);
+    int qpos[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        qpos[mt][0] = p_first + min(w0 + 16 * mt + g, nq - 1);
+        qpos[mt][1] = p_first + min(w0 + 16 * mt + g + 8, nq - 1);
+    }
+    const int wq_first = p_first + min(w0, nq - 1), wq_last = p_first + min(w0 + WR - 1, nq - 1);
 
-    /* q as A fragments, pre-scaled by scale*log2(e) (rounded to bf16 once). */
-    unsigned qa[DK][4];
-    {
-        const float qs = p.scale * PF_LOG2E;
-        const kiln_bf16 *q = (const kiln_bf16 *)p.q;
-        const kiln_bf16 *q0 = q + ((size_t)(qs0 + qi0 + row0) * N_HEADS + hq) * HEAD_DIM;
-        const kiln_bf16 *q1 = q + ((size_t)(qs0 + qi0 + row1) * N_HEADS + hq) * HEAD_DIM;
+    /* q pre-scaled by scale*log2(e), rounded to bf16 once: as A fragments in registers (MT 1), or
+     * staged in q_s (row r: query min(r, nq - 1)) and read by ldmatrix at each k-step (MT 2:
+     * 32 rows x HEAD_DIM would take 64 registers). */
+    const float qsc = p.scale * PF_LOG2E;
+    const kiln_bf16 *qg = (const kiln_bf16 *)p.q;
+    unsigned qa[QREG ? DK : 1][4];
+    if constexpr (QREG) {
+        const kiln_bf16 *q0 = qg + ((size_t)(qs0 + qpos[0][0] - p_first + qi0) * N_HEADS + hq) * HEAD_DIM;
+        const kiln_bf16 *q1 = qg + ((size_t)(qs0 + qpos[0][1] - p_first + qi0) * N_HEADS + hq) * HEAD_DIM;
 #pragma unroll
         for (int kk = 0; kk < DK; kk++) {
             const int d = kk * 16 + 2 * t;
             const unsigned w00 = *(const unsigned *)(q0 + d), w10 = *(const unsigned *)(q1 + d);
             const unsigned w01 = *(const unsigned *)(q0 + d + 8), w11 = *(const unsigned *)(q1 + d + 8);
-            qa[kk][0] = kiln_f2bf2(kiln_lo(w00) * qs, kiln_hi(w00) * qs);
-            qa[kk][1] = kiln_f2bf2(kiln_lo(w10) * qs, kiln_hi(w10) * qs);
-            qa[kk][2] = kiln_f2bf2(kiln_lo(w01) * qs, kiln_hi(w01) * qs);
-            qa[kk][3] = kiln_f2bf2(kiln_lo(w11) * qs, kiln_hi(w11) * qs);
+            qa[kk][0] = kiln_f2bf2(kiln_lo(w00) * qsc, kiln_hi(w00) * qsc);
+            qa[kk][1] = kiln_f2bf2(kiln_lo(w10) * qsc, kiln_hi(w10) * qsc);
+            qa[kk][2] = kiln_f2bf2(kiln_lo(w01) * qsc, kiln_hi(w01) * qsc);
+            qa[kk][3] = kiln_f2bf2(kiln_lo(w11) * qsc, kiln_hi(w11) * qsc);
+        }
+    } else {
+        /* visible to ldmatrix after the first iteration's barrier */
+        for (int i = tid; i < BQ * CH; i += THREADS) {
+            const int r = i / CH, c = i % CH;
+            float f[8];
+            kiln_unpack8(kiln_ld16(qg + ((size_t)(qs0 + qi0 + min(r, nq - 1)) * N_HEADS + hq) * HEAD_DIM + c * 8), f);
+#pragma unroll
+            for (int e = 0; e < 8; e++) f[e] *= qsc;
+            *(uint4 *)(q_s + r * RS + c * 8) = kiln_pack8(f);
         }
     }
-    float o[DT][4];
+    float o[MT][DT][4], m[MT][2], l[MT][2];
 #pragma unroll
-    for (int i = 0; i < DT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-    float m0 = KILN_NEG_INF, m1 = KILN_NEG_INF, l0 = 0.0f, l1 = 0.0f;
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int i = 0; i < DT; i++) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.0f;
+        m[mt][0] = m[mt][1] = KILN_NEG_INF;
+        l[mt][0] = l[mt][1] = 0.0f;
+    }
 
     /* Per-lane byte offsets of the ldmatrix row addresses. Matrix j = lane / 8 of an x4:
      * K: n-tile +j/2, dims +8*(j%2) (b0, b1 of two n-tiles); V (.trans): keys +8*(j%2),
-     * dims +8*(j/2) (b0, b1 of two output n-tiles). */
+     * dims +8*(j/2) (b0, b1 of two output n-tiles); q: rows +8*(j%2), dims +8*(j/2) (a0..a3). */
     const unsigned k_lane = (unsigned)((((lane >> 4) * 8 + (lane & 7)) * RS + ((lane >> 3) & 1) * 8) * 2);
     const unsigned v_lane = (unsigned)(((((lane >> 3) & 1) * 8 + (lane & 7)) * RS + (lane >> 4) * 8) * 2);
+    const unsigned qw_addr = kiln_pf_saddr(q_s) + (unsigned)(w0 * RS * 2) + v_lane;
 
     for (int it = 0; it < n_tiles; it++) {
         const int kt = kt0 + it * BK, st = it & 1;
@@ -382,107 +408,149 @@ extern "C" __global__ void __launch_bounds__(PF_MMA_WARPS * 32) kiln_attn_prefil
         const bool skip = !live || kt > wq_last || (WINDOW > 0 && kt + BK - 1 <= wq_first - WINDOW);
         const bool mask = kt + BK - 1 > wq_first || (WINDOW > 0 && kt <= wq_last - WINDOW);
 
-        float s[NT][4];
+        float s[MT][NT][4];
+        unsigned pa[MT][BK / 16][4]; /* P as bf16 A fragments of O += P v, 16 keys per k-step */
         if (!skip) {
-            /* S = q k^T: NT n-tiles of 8 keys; one ldmatrix.x4 feeds two n-tiles of one k-step */
+            /* S = q k^T: NT n-tiles of 8 keys per m-tile; one ldmatrix.x4 of K feeds two n-tiles
+             * of every m-tile at one k-step */
 #pragma unroll
-            for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int n = 0; n < NT; n++) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
             const unsigned kb = ks_addr + (unsigned)(st * TILE * 2) + k_lane;
 #pragma unroll
-            for (int kk = 0; kk < DK; kk++)
+            for (int kk = 0; kk < DK; kk++) {
+                unsigned a[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    if constexpr (QREG) {
+#pragma unroll
+                        for (int e = 0; e < 4; e++) a[mt][e] = qa[kk][e];
+                    } else {
+                        kiln_pf_ldsm4(a[mt], qw_addr + (unsigned)((mt * 16 * RS + kk * 16) * 2));
+                    }
+                }
 #pragma unroll
                 for (int n = 0; n < NT; n += 2) {
                     unsigned bf[4];
                     kiln_pf_ldsm4(bf, kb + (unsigned)((n * 8 * RS + kk * 16) * 2));
-                    kiln_pf_mma(s[n], qa[kk], bf[0], bf[1]);
-                    kiln_pf_mma(s[n + 1], qa[kk], bf[2], bf[3]);
-                }
-            if (mask) {
 #pragma unroll
-                for (int n = 0; n < NT; n++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const int key = kt + n * 8 + 2 * t + e;
-                        if (key > qpos0 || (WINDOW > 0 && qpos0 - key >= WINDOW)) s[n][e] = KILN_NEG_INF;
-                        if (key > qpos1 || (WINDOW > 0 && qpos1 - key >= WINDOW)) s[n][2 + e] = KILN_NEG_INF;
+                    for (int mt = 0; mt < MT; mt++) {
+                        kiln_pf_mma(s[mt][n], a[mt], bf[0], bf[1]);
+                        kiln_pf_mma(s[mt][n + 1], a[mt], bf[2], bf[3]);
                     }
+                }
             }
-            /* online softmax; a row is spread over the 4 lanes of a quad */
-            float tm0 = KILN_NEG_INF, tm1 = KILN_NEG_INF;
 #pragma unroll
-            for (int n = 0; n < NT; n++) {
-                tm0 = fmaxf(tm0, fmaxf(s[n][0], s[n][1]));
-                tm1 = fmaxf(tm1, fmaxf(s[n][2], s[n][3]));
-            }
-            tm0 = fmaxf(tm0, __shfl_xor_sync(KILN_FULL_MASK, tm0, 1));
-            tm0 = fmaxf(tm0, __shfl_xor_sync(KILN_FULL_MASK, tm0, 2));
-            tm1 = fmaxf(tm1, __shfl_xor_sync(KILN_FULL_MASK, tm1, 1));
-            tm1 = fmaxf(tm1, __shfl_xor_sync(KILN_FULL_MASK, tm1, 2));
-            const float mn0 = fmaxf(m0, tm0), mn1 = fmaxf(m1, tm1);
-            /* reference point: the new max, or 0 for a row that has seen nothing (exp2(-inf) = 0) */
-            const float r0 = mn0 == KILN_NEG_INF ? 0.0f : mn0, r1 = mn1 == KILN_NEG_INF ? 0.0f : mn1;
-            const float al0 = kiln_pf_exp2(m0 - r0), al1 = kiln_pf_exp2(m1 - r1);
-            float rs0 = 0.0f, rs1 = 0.0f;
+            for (int mt = 0; mt < MT; mt++) {
+                if (mask) {
 #pragma unroll
-            for (int n = 0; n < NT; n++) {
-                s[n][0] = kiln_pf_exp2(s[n][0] - r0);
-                s[n][1] = kiln_pf_exp2(s[n][1] - r0);
-                s[n][2] = kiln_pf_exp2(s[n][2] - r1);
-                s[n][3] = kiln_pf_exp2(s[n][3] - r1);
-                rs0 += s[n][0] + s[n][1];
-                rs1 += s[n][2] + s[n][3];
-            }
-            rs0 += __shfl_xor_sync(KILN_FULL_MASK, rs0, 1);
-            rs0 += __shfl_xor_sync(KILN_FULL_MASK, rs0, 2);
-            rs1 += __shfl_xor_sync(KILN_FULL_MASK, rs1, 1);
-            rs1 += __shfl_xor_sync(KILN_FULL_MASK, rs1, 2);
-            l0 = l0 * al0 + rs0;
-            l1 = l1 * al1 + rs1;
-            m0 = mn0;
-            m1 = mn1;
+                    for (int n = 0; n < NT; n++)
 #pragma unroll
-            for (int i = 0; i < DT; i++) {
-                o[i][0] *= al0;
-                o[i][1] *= al0;
-                o[i][2] *= al1;
-                o[i][3] *= al1;
+                        for (int e = 0; e < 2; e++) {
+                            const int key = kt + n * 8 + 2 * t + e;
+                            const int q0 = qpos[mt][0], q1 = qpos[mt][1];
+                            if (key > q0 || (WINDOW > 0 && q0 - key >= WINDOW)) s[mt][n][e] = KILN_NEG_INF;
+                            if (key > q1 || (WINDOW > 0 && q1 - key >= WINDOW)) s[mt][n][2 + e] = KILN_NEG_INF;
+                        }
+                }
+                /* online softmax; a row is spread over the 4 lanes of a quad */
+                float tm0 = KILN_NEG_INF, tm1 = KILN_NEG_INF;
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    tm0 = fmaxf(tm0, fmaxf(s[mt][n][0], s[mt][n][1]));
+                    tm1 = fmaxf(tm1, fmaxf(s[mt][n][2], s[mt][n][3]));
+                }
+                tm0 = fmaxf(tm0, __shfl_xor_sync(KILN_FULL_MASK, tm0, 1));
+                tm0 = fmaxf(tm0, __shfl_xor_sync(KILN_FULL_MASK, tm0, 2));
+                tm1 = fmaxf(tm1, __shfl_xor_sync(KILN_FULL_MASK, tm1, 1));
+                tm1 = fmaxf(tm1, __shfl_xor_sync(KILN_FULL_MASK, tm1, 2));
+                const float mn0 = fmaxf(m[mt][0], tm0), mn1 = fmaxf(m[mt][1], tm1);
+                /* reference point: the new max, or 0 for a row that has seen nothing (exp2(-inf) = 0) */
+                const float r0 = mn0 == KILN_NEG_INF ? 0.0f : mn0, r1 = mn1 == KILN_NEG_INF ? 0.0f : mn1;
+                const float al0 = kiln_pf_exp2(m[mt][0] - r0), al1 = kiln_pf_exp2(m[mt][1] - r1);
+                float rs0 = 0.0f, rs1 = 0.0f;
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    s[mt][n][0] = kiln_pf_exp2(s[mt][n][0] - r0);
+                    s[mt][n][1] = kiln_pf_exp2(s[mt][n][1] - r0);
+                    s[mt][n][2] = kiln_pf_exp2(s[mt][n][2] - r1);
+                    s[mt][n][3] = kiln_pf_exp2(s[mt][n][3] - r1);
+                    rs0 += s[mt][n][0] + s[mt][n][1];
+                    rs1 += s[mt][n][2] + s[mt][n][3];
+                }
+                rs0 += __shfl_xor_sync(KILN_FULL_MASK, rs0, 1);
+                rs0 += __shfl_xor_sync(KILN_FULL_MASK, rs0, 2);
+                rs1 += __shfl_xor_sync(KILN_FULL_MASK, rs1, 1);
+                rs1 += __shfl_xor_sync(KILN_FULL_MASK, rs1, 2);
+                l[mt][0] = l[mt][0] * al0 + rs0;
+                l[mt][1] = l[mt][1] * al1 + rs1;
+                m[mt][0] = mn0;
+                m[mt][1] = mn1;
+#pragma unroll
+                for (int i = 0; i < DT; i++) {
+                    o[mt][i][0] *= al0;
+                    o[mt][i][1] *= al0;
+                    o[mt][i][2] *= al1;
+                    o[mt][i][3] *= al1;
+                }
+                /* packed before the barrier: half the registers of s across it */
+#pragma unroll
+                for (int kk = 0; kk < BK / 16; kk++) {
+                    pa[mt][kk][0] = kiln_f2bf2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                    pa[mt][kk][1] = kiln_f2bf2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                    pa[mt][kk][2] = kiln_f2bf2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                    pa[mt][kk][3] = kiln_f2bf2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+                }
             }
         }
         kiln_pf_wait<2>(); /* this thread's V chunks of tile `it` have landed (the next tile's may not) */
         __syncthreads();
         if (!skip) {
-            /* O += P v: P re-packed as A fragments, 16 keys per k-step; one ldmatrix.x4.trans
-             * feeds two output n-tiles */
+            /* O += P v, 16 keys per k-step; one ldmatrix.x4.trans feeds two output n-tiles of
+             * every m-tile */
             const unsigned vb = vs_addr + (unsigned)(st * TILE * 2) + v_lane;
 #pragma unroll
             for (int kk = 0; kk < BK / 16; kk++) {
-                const unsigned pa[4] = {kiln_f2bf2(s[2 * kk][0], s[2 * kk][1]), kiln_f2bf2(s[2 * kk][2], s[2 * kk][3]),
-                                        kiln_f2bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                        kiln_f2bf2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
                 for (int i = 0; i < DT; i += 2) {
                     unsigned bf[4];
                     kiln_pf_ldsm4t(bf, vb + (unsigned)((kk * 16 * RS + i * 8) * 2));
-                    kiln_pf_mma(o[i], pa, bf[0], bf[1]);
-                    kiln_pf_mma(o[i + 1], pa, bf[2], bf[3]);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        kiln_pf_mma(o[mt][i], pa[mt][kk], bf[0], bf[1]);
+                        kiln_pf_mma(o[mt][i + 1], pa[mt][kk], bf[2], bf[3]);
+                    }
                 }
             }
         }
     }
     kiln_pf_wait<0>(); /* nothing may be in flight when the block exits */
     if (!live) return;
-    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
     kiln_bf16 *out = (kiln_bf16 *)p.out;
-    const bool w_0 = w0 + g < nq, w_1 = w0 + g + 8 < nq;
 #pragma unroll
-    for (int i = 0; i < DT; i++) {
-        const int d = i * 8 + 2 * t;
-        if (w_0)
-            *(unsigned *)(out + ((size_t)(qs0 + qi0 + w0 + g) * N_HEADS + hq) * HEAD_DIM + d) =
-                kiln_f2bf2(o[i][0] * inv0, o[i][1] * inv0);
-        if (w_1)
-            *(unsigned *)(out + ((size_t)(qs0 + qi0 + w0 + g + 8) * N_HEADS + hq) * HEAD_DIM + d) =
-                kiln_f2bf2(o[i][2] * inv1, o[i][3] * inv1);
+    for (int mt = 0; mt < MT; mt++) {
+        const float inv0 = l[mt][0] > 0.0f ? 1.0f / l[mt][0] : 0.0f, inv1 = l[mt][1] > 0.0f ? 1.0f / l[mt][1] : 0.0f;
+        const int r0 = w0 + 16 * mt + g, r1 = r0 + 8;
+#pragma unroll
+        for (int i = 0; i < DT; i++) {
+            const int d = i * 8 + 2 * t;
+            if (r0 < nq)
+                *(unsigned *)(out + ((size_t)(qs0 + qi0 + r0) * N_HEADS + hq) * HEAD_DIM + d) =
+                    kiln_f2bf2(o[mt][i][0] * inv0, o[mt][i][1] * inv0);
+            if (r1 < nq)
+                *(unsigned *)(out + ((size_t)(qs0 + qi0 + r1) * N_HEADS + hq) * HEAD_DIM + d) =
+                    kiln_f2bf2(o[mt][i][2] * inv1, o[mt][i][3] * inv1);
+        }
     }
+}
+
+/* 32 query rows per warp (the runtime's choice where its shared memory fits, kiln_cuda.h
+ * kiln_attn_prefill_mma_smem), and 16 (the previous kernel: q in registers, no q_s). */
+extern "C" __global__ void __launch_bounds__(PF_MMA_WARPS * 32) kiln_attn_prefill_mma(const kiln_attn_prefill_params p) {
+    kiln_pf_mma_body<2>(p);
+}
+extern "C" __global__ void __launch_bounds__(PF_MMA_WARPS * 32) kiln_attn_prefill_mma16(const kiln_attn_prefill_params p) {
+    kiln_pf_mma_body<1>(p);
 }
 #endif /* HEAD_DIM % 16 == 0 && !KILN_F32 */

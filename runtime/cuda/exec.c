@@ -100,8 +100,8 @@ typedef struct cx_gemm {
 
 typedef struct cx_attn {
     int window;
-    CUfunction decode, combine, prefill, prefill_mma;
-    int partition, warps;
+    CUfunction decode, combine, prefill, prefill_mma; /* prefill_mma: kiln_attn_prefill_mma or _mma16 */
+    int partition, warps, prefill_mt;                 /* prefill_mt: prefill_mma's m16 tiles per warp */
     unsigned smem_decode, smem_prefill, smem_prefill_mma;
 } cx_attn;
 
@@ -449,9 +449,17 @@ static int attn_get(cx *x, int window, kiln_error *err) {
         kiln_attn_decode_smem(x->n_heads, x->n_kv, x->head_dim, x->block_size, a->partition, a->warps);
     snprintf(name, sizeof name, "attn_prefill.w%d", window);
     if (fn_get(x, name, "kiln_attn_prefill", &a->prefill, &km, err)) return -1;
-    if (km->cfg[0] && fn_get(x, name, "kiln_attn_prefill_mma", &a->prefill_mma, NULL, err)) return -1;
+    /* the tensor-core kernel with 32 query rows per warp where its shared memory fits (not on
+     * sm_86/89 at head_dim 128), else the one with 16; both are looked up, so that an engine from
+     * before _mma16 existed (whose _mma had 16 rows per warp) fails here instead of running wrong */
+    a->prefill_mt = kiln_attn_prefill_mma_smem(x->head_dim, KILN_PF_MMA_WARPS, 2) <= (unsigned)x->cu.smem_optin ? 2 : 1;
+    CUfunction mma16 = NULL;
+    if (km->cfg[0] && (fn_get(x, name, "kiln_attn_prefill_mma", &a->prefill_mma, NULL, err) ||
+                       fn_get(x, name, "kiln_attn_prefill_mma16", &mma16, NULL, err)))
+        return -1;
+    if (a->prefill_mt == 1) a->prefill_mma = mma16;
     a->smem_prefill = kiln_attn_prefill_smem(x->head_dim);
-    a->smem_prefill_mma = kiln_attn_prefill_mma_smem(x->head_dim);
+    a->smem_prefill_mma = kiln_attn_prefill_mma_smem(x->head_dim, KILN_PF_MMA_WARPS, a->prefill_mt);
     /* raise the shared-memory limits once, outside any graph capture */
     unsigned need[3] = {a->smem_decode, a->smem_prefill, a->prefill_mma ? a->smem_prefill_mma : 0};
     CUfunction fs[3] = {a->decode, a->prefill, a->prefill_mma};
@@ -868,10 +876,10 @@ static kiln_status run_program(cx *x, const cx_shape *sh, kiln_error *err) {
                 kiln_attn_prefill_params pp = {x->q_tmp, kc, vc, inp(x, x->in.bt), inp(x, x->in.lens),
                                                inp(x, x->in.qstart), bufp(x, in->y), scale, B, x->kv.max_blocks, 0};
                 if (a->prefill_mma) {
-                    kiln_cuda_dims d =
-                        kiln_attn_prefill_mma_dims(KILN_PF_MMA_WARPS, x->n_heads, B, sh->max_q, x->head_dim);
+                    kiln_cuda_dims d = kiln_attn_prefill_mma_dims(KILN_PF_MMA_WARPS, a->prefill_mt, x->n_heads, B,
+                                                                  sh->max_q, x->head_dim);
                     st = launch(x, a->prefill_mma, d.grid[0], d.grid[1], d.grid[2], d.block[0], d.smem, &pp,
-                                "kiln_attn_prefill_mma", err);
+                                a->prefill_mt == 2 ? "kiln_attn_prefill_mma" : "kiln_attn_prefill_mma16", err);
                 } else {
                     st = launch(x, a->prefill, (unsigned)((sh->max_q + 63) / 64), (unsigned)x->n_heads, (unsigned)B,
                                 128, a->smem_prefill, &pp, "kiln_attn_prefill", err);
