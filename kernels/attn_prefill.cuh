@@ -172,15 +172,22 @@ extern "C" __global__ void __launch_bounds__(128) kiln_attn_prefill(const kiln_a
 }
 
 /* ------------------------------------------------------------------------
- * kiln_attn_prefill_mma — the same contract on tensor cores (mma.sync
- * m16n8k16, bf16 in, fp32 accumulate), FlashAttention-2 style.
+ * kiln_attn_prefill_mma, kiln_attn_prefill_mma16 — the same contract on
+ * tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate),
+ * FlashAttention-2 style; one body, kiln_pf_mma_body<MT>.
  *
- * A block of PF_MMA_WARPS warps takes 16 * PF_MMA_WARPS queries of one head
- * (each warp 16 of them) and walks key tiles of PF_MMA_BK = 64. Per warp:
- * q stays in registers as A fragments (pre-scaled by scale*log2(e), rounded
- * to bf16 once); S = q k^T for a tile is 8 n-tiles of C fragments; the
- * online softmax runs on those registers (a row lives in the 4 lanes of one
- * quad); P is re-packed in registers as the A operand of O += P v.
+ * A block of PF_MMA_WARPS warps takes 16 * MT * PF_MMA_WARPS queries of one
+ * head (each warp 16 * MT of them: MT = 2 in _mma, 1 in _mma16) and walks
+ * key tiles of PF_MMA_BK = 64. Per warp: q is pre-scaled by scale*log2(e)
+ * and rounded to bf16 once; with MT 1 it stays in registers as A fragments,
+ * with MT 2 (64 registers) the block stages it in shared memory and each
+ * k-step reads the A fragments by ldmatrix.x4, so every K and V B fragment
+ * feeds the mmas of both m-tiles (half the B loads per mma, and half the
+ * staged K/V per query). S = q k^T for a tile is 8 n-tiles of C fragments
+ * per m-tile; the online softmax runs on those registers (a row lives in the
+ * 4 lanes of one quad); P is packed to bf16 A fragments of O += P v before
+ * the barrier that waits for V (half of S's registers across it: MT 2
+ * spilled without this).
  *
  * K and V tiles are staged in shared memory as [key][d] (the cache's own
  * layout: a KV block of one head is BLOCK_SIZE contiguous rows), by 16-byte
@@ -205,10 +212,12 @@ extern "C" __global__ void __launch_bounds__(128) kiln_attn_prefill(const kiln_a
  * (BLOCK_SIZE 1 and 2, where a tile spans over 32 blocks, load per chunk).
  *
  * Needs HEAD_DIM % 16 == 0 and bf16 (not KILN_F32). Launch (kernels.c,
- * kiln_attn_prefill_mma_dims): grid (ceil(max_q_len / (16 * PF_MMA_WARPS)),
- * N_HEADS, B), block 32 * PF_MMA_WARPS, dynamic shared memory
- * kiln_attn_prefill_mma_smem = 2 stages x (K + V) x 64 x (HEAD_DIM + 8) x 2
- * bytes (69,632 for HEAD_DIM 128: over 48 KiB, so the launch opts in).
+ * kiln_attn_prefill_mma_dims): grid (ceil(max_q_len / (16 * MT *
+ * PF_MMA_WARPS)), N_HEADS, B), block 32 * PF_MMA_WARPS, dynamic shared
+ * memory kiln_attn_prefill_mma_smem = 2 stages x (K + V) x 64 x
+ * (HEAD_DIM + 8) x 2 bytes, plus with MT 2 the q rows, 32 * PF_MMA_WARPS x
+ * (HEAD_DIM + 8) x 2 (69,632 and 104,448 for HEAD_DIM 128 and 4 warps: over
+ * 48 KiB, so the launch opts in).
  * ---------------------------------------------------------------------- */
 #if HEAD_DIM % 16 == 0 && !KILN_F32
 
