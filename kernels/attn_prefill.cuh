@@ -225,6 +225,12 @@ extern "C" __global__ void __launch_bounds__(128) kiln_attn_prefill(const kiln_a
 #define PF_MMA_WARPS 4 /* must match KILN_PF_MMA_WARPS in runtime/cuda/kernels.c */
 #endif
 #define PF_MMA_BK 64
+/* Block barriers per key tile: 1 waits for the tile's K and V together at its start (they were
+ * issued a whole tile earlier); 2, the previous scheme, lets S = q k^T start before V has landed
+ * at the cost of a second barrier before O += P v. Kept selectable for the benchmark. */
+#ifndef PF_MMA_SYNCS
+#define PF_MMA_SYNCS 1
+#endif
 
 KILN_DEV void kiln_pf_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
@@ -309,37 +315,56 @@ template <int MT> KILN_DEV void kiln_pf_mma_body(const kiln_attn_prefill_params 
         const int i = kt / BLOCK_SIZE + lane;
         return NBT <= 32 && lane < NBT && i <= b_last ? bt[i] : 0;
     };
-    /* Stage the K and V tile starting at key kt (its block ids in `ids`) into buffer `st`, as two
-     * cp.async groups. Chunk i = tid + j * THREADS of a tile is row i / CH, 16 bytes at dim
+    /* Stage the K and V tile starting at key kt (its block ids in `ids`) into buffer `st`, as one
+     * cp.async group (PF_MMA_SYNCS 1) or two, K then V (2). Chunk i = tid + j * THREADS of a tile is row i / CH, 16 bytes at dim
      * 8 * (i % CH): the lanes of a warp read whole 256-byte rows. */
     const unsigned ks_addr = kiln_pf_saddr(k_s), vs_addr = kiln_pf_saddr(v_s);
     const kiln_bf16 *kh = kc + (size_t)h * BLOCK_SIZE * HEAD_DIM, *vh = vc + (size_t)h * BLOCK_SIZE * HEAD_DIM;
     auto stage = [&](int kt, int st, int ids) {
-        size_t off[LOADS];
-        bool in[LOADS];
-        unsigned dst[LOADS];
-#pragma unroll
-        for (int j = 0; j < LOADS; j++) {
+        /* chunk j of this thread: the global offset (0 past the last query: zero-filled) and the
+         * byte offset in shared memory; false past the last key or the tile */
+        auto chunk = [&](int j, size_t &off, unsigned &dst) {
             const int i = tid + j * THREADS;
             const unsigned r = (unsigned)i / CH, c = (unsigned)i % CH, key = (unsigned)kt + r;
-            in[j] = (BK * CH % THREADS == 0 || i < BK * CH) && (int)key <= p_last;
+            const bool in = (BK * CH % THREADS == 0 || i < BK * CH) && (int)key <= p_last;
             int blk;
             if constexpr (NBT <= 32)
                 blk = __shfl_sync(KILN_FULL_MASK, ids, (int)(key / BLOCK_SIZE - (unsigned)kt / BLOCK_SIZE));
             else
-                blk = in[j] ? bt[key / BLOCK_SIZE] : 0;
-            off[j] = (size_t)(unsigned)blk * (N_KV_HEADS * BLOCK_SIZE * HEAD_DIM) + (key % BLOCK_SIZE) * HEAD_DIM + c * 8;
-            if (!in[j]) off[j] = 0;
-            dst[j] = (unsigned)((st * TILE + r * RS + c * 8) * 2);
+                blk = in ? bt[key / BLOCK_SIZE] : 0;
+            off = (size_t)(unsigned)blk * (N_KV_HEADS * BLOCK_SIZE * HEAD_DIM) + (key % BLOCK_SIZE) * HEAD_DIM + c * 8;
+            if (!in) off = 0;
+            dst = (unsigned)((st * TILE + r * RS + c * 8) * 2);
+            return in;
+        };
+        if constexpr (PF_MMA_SYNCS == 1) {
+            /* one group: K and V of a chunk from the same offsets, nothing held across */
+#pragma unroll
+            for (int j = 0; j < LOADS; j++) {
+                size_t off;
+                unsigned dst;
+                const bool in = chunk(j, off, dst);
+                if (BK * CH % THREADS == 0 || tid + j * THREADS < BK * CH) {
+                    kiln_pf_cp16(ks_addr + dst, kh + off, in ? 16 : 0);
+                    kiln_pf_cp16(vs_addr + dst, vh + off, in ? 16 : 0);
+                }
+            }
+            kiln_pf_commit();
+        } else {
+            size_t off[LOADS];
+            bool in[LOADS];
+            unsigned dst[LOADS];
+#pragma unroll
+            for (int j = 0; j < LOADS; j++) in[j] = chunk(j, off[j], dst[j]);
+#pragma unroll
+            for (int j = 0; j < LOADS; j++)
+                if (BK * CH % THREADS == 0 || tid + j * THREADS < BK * CH) kiln_pf_cp16(ks_addr + dst[j], kh + off[j], in[j] ? 16 : 0);
+            kiln_pf_commit();
+#pragma unroll
+            for (int j = 0; j < LOADS; j++)
+                if (BK * CH % THREADS == 0 || tid + j * THREADS < BK * CH) kiln_pf_cp16(vs_addr + dst[j], vh + off[j], in[j] ? 16 : 0);
+            kiln_pf_commit();
         }
-#pragma unroll
-        for (int j = 0; j < LOADS; j++)
-            if (BK * CH % THREADS == 0 || tid + j * THREADS < BK * CH) kiln_pf_cp16(ks_addr + dst[j], kh + off[j], in[j] ? 16 : 0);
-        kiln_pf_commit();
-#pragma unroll
-        for (int j = 0; j < LOADS; j++)
-            if (BK * CH % THREADS == 0 || tid + j * THREADS < BK * CH) kiln_pf_cp16(vs_addr + dst[j], vh + off[j], in[j] ? 16 : 0);
-        kiln_pf_commit();
     };
     stage(kt0, 0, block_ids(kt0));
     int ids_next = n_tiles > 1 ? block_ids(kt0 + BK) : 0; /* for the tile staged in iteration 0 */
@@ -404,8 +429,13 @@ template <int MT> KILN_DEV void kiln_pf_mma_body(const kiln_attn_prefill_params 
 
     for (int it = 0; it < n_tiles; it++) {
         const int kt = kt0 + it * BK, st = it & 1;
-        kiln_pf_wait<1>(); /* this thread's K chunks of tile `it` have landed */
-        __syncthreads();   /* everyone's have; and tile it-1 is fully read, so its buffer is free */
+        /* this thread's K (and with one barrier V) chunks of tile `it` have landed; after the
+         * barrier everyone's have, and tile it-1 is fully read, so its buffer is free */
+        if constexpr (PF_MMA_SYNCS == 1)
+            kiln_pf_wait<0>();
+        else
+            kiln_pf_wait<1>();
+        __syncthreads();
         if (it + 1 < n_tiles) {
             stage(kt + BK, st ^ 1, ids_next);
             if (it + 2 < n_tiles) ids_next = block_ids(kt + 2 * BK);
@@ -513,8 +543,12 @@ template <int MT> KILN_DEV void kiln_pf_mma_body(const kiln_attn_prefill_params 
                 }
             }
         }
-        kiln_pf_wait<2>(); /* this thread's V chunks of tile `it` have landed (the next tile's may not) */
-        __syncthreads();
+        if constexpr (PF_MMA_SYNCS == 2) {
+            kiln_pf_wait<2>(); /* this thread's V chunks of tile `it` have landed (the next tile's may not) */
+            __syncthreads();
+        } else {
+            __syncwarp(); /* keeps ptxas from hoisting V's ldmatrix into the softmax: 255 registers and spills without */
+        }
         if (!skip) {
             /* O += P v, 16 keys per k-step; one ldmatrix.x4.trans feeds two output n-tiles of
              * every m-tile */

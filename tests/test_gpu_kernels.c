@@ -872,19 +872,22 @@ static void test_attn_prefill(void) {
     enum { B = sizeof qlen / sizeof qlen[0] };
     /* variants: the fp32 FMA kernel, then the tensor-core kernels (mt 2: kiln_attn_prefill_mma,
      * 32 rows per warp; mt 1: kiln_attn_prefill_mma16) as the runtime compiles them
-     * (KILN_PF_MMA_WARPS) and with the other block size (4 or 8 warps) */
+     * (KILN_PF_MMA_WARPS, one barrier per key tile) and with the other block size (4 or 8 warps)
+     * and the two-barrier pipeline (PF_MMA_SYNCS=2) */
     const int alt = KILN_PF_MMA_WARPS == 4 ? 8 : 4;
     static const struct { int warps_alt, mt; } vs[] = {{0, 0}, {0, 2}, {0, 1}, {1, 2}, {1, 1}};
     for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
         const attn_cfg *c = &cfgs[ci];
-        char d[8][40];
-        const char *defs[8];
+        char d[9][40];
+        const char *defs[9];
         int nd = attn_defs(c, d, defs);
         kfn k, k4;
         KT_REQUIRE(kbuild(&k, "attn_prefill.cuh", "kiln_attn_prefill", defs, nd));
         snprintf(d[nd], 40, "PF_MMA_WARPS=%d", alt);
+        snprintf(d[nd + 1], 40, "PF_MMA_SYNCS=2");
         defs[nd] = d[nd];
-        KT_REQUIRE(kbuild(&k4, "attn_prefill.cuh", "kiln_attn_prefill_mma", defs, nd + 1));
+        defs[nd + 1] = d[nd + 1];
+        KT_REQUIRE(kbuild(&k4, "attn_prefill.cuh", "kiln_attn_prefill_mma", defs, nd + 2));
         CUfunction fmma[2][3]; /* [other block size][mt] */
         KT_REQUIRE(kfn_get(&k, "kiln_attn_prefill_mma", &fmma[0][2]) && kfn_get(&k, "kiln_attn_prefill_mma16", &fmma[0][1]) &&
                    kfn_get(&k4, "kiln_attn_prefill_mma16", &fmma[1][1]));
@@ -914,7 +917,8 @@ static void test_attn_prefill(void) {
             const int mt = vs[vi].mt, w = vs[vi].warps_alt ? alt : KILN_PF_MMA_WARPS;
             char what[64];
             if (mt)
-                snprintf(what, sizeof what, "kiln_attn_prefill_mma%s (%d warps)", mt == 1 ? "16" : "", w);
+                snprintf(what, sizeof what, "kiln_attn_prefill_mma%s (%d warps, %d barriers)", mt == 1 ? "16" : "",
+                         w, vs[vi].warps_alt ? 2 : 1);
             else
                 snprintf(what, sizeof what, "kiln_attn_prefill");
             kiln_cuda_dims dm = mt ? kiln_attn_prefill_mma_dims(w, mt, c->nh, B, max_q, c->hd)
