@@ -588,11 +588,14 @@ template <int MT> KILN_DEV void kiln_pf_mma_body(const kiln_attn_prefill_params 
     }
 }
 
-/* 32 query rows per warp (the runtime's choice where its shared memory fits, kiln_cuda.h
- * kiln_attn_prefill_mma_smem), and 16 (the previous kernel: q in registers, no q_s). */
+/* 32 query rows per warp (the runtime's choice where it exists and its shared memory fits; not
+ * above HEAD_DIM 128, where O alone would take 256 registers), and 16 (the previous kernel: q in
+ * registers, no q_s). */
+#if HEAD_DIM <= 128
 extern "C" __global__ void __launch_bounds__(PF_MMA_WARPS * 32) kiln_attn_prefill_mma(const kiln_attn_prefill_params p) {
     kiln_pf_mma_body<2>(p);
 }
+#endif
 extern "C" __global__ void __launch_bounds__(PF_MMA_WARPS * 32) kiln_attn_prefill_mma16(const kiln_attn_prefill_params p) {
     kiln_pf_mma_body<1>(p);
 }

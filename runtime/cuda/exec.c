@@ -450,16 +450,17 @@ static int attn_get(cx *x, int window, kiln_error *err) {
         kiln_attn_decode_smem(x->n_heads, x->n_kv, x->head_dim, x->block_size, a->partition, a->warps);
     snprintf(name, sizeof name, "attn_prefill.w%d", window);
     if (fn_get(x, name, "kiln_attn_prefill", &a->prefill, &km, err)) return -1;
-    /* Both tensor-core kernels are looked up, so that an engine from before _mma16 existed (whose
-     * _mma had 16 rows per warp) fails here instead of running wrong; the 32-row one is dropped
-     * where its shared memory does not fit (sm_86/89 at head_dim 128). */
+    /* The tensor-core kernels: _mma16 always (so an engine from before it existed, whose _mma had
+     * 16 rows per warp, fails here instead of running wrong), _mma (32 rows per warp) where the
+     * kernel has it (head_dim <= 128: above, O alone would take 256 registers a thread) and its
+     * shared memory fits (not on sm_86/89 at head_dim 128). */
     a->smem_prefill = kiln_attn_prefill_smem(x->head_dim);
     a->smem_prefill_mma = kiln_attn_prefill_mma_smem(x->head_dim, KILN_PF_MMA_WARPS, 2);
     a->smem_prefill_mma16 = kiln_attn_prefill_mma_smem(x->head_dim, KILN_PF_MMA_WARPS, 1);
-    if (km->cfg[0] && (fn_get(x, name, "kiln_attn_prefill_mma", &a->prefill_mma, NULL, err) ||
-                       fn_get(x, name, "kiln_attn_prefill_mma16", &a->prefill_mma16, NULL, err)))
+    if (km->cfg[0] && fn_get(x, name, "kiln_attn_prefill_mma16", &a->prefill_mma16, NULL, err)) return -1;
+    if (km->cfg[0] && x->head_dim <= 128 && a->smem_prefill_mma <= (unsigned)x->cu.smem_optin &&
+        fn_get(x, name, "kiln_attn_prefill_mma", &a->prefill_mma, NULL, err))
         return -1;
-    if (a->smem_prefill_mma > (unsigned)x->cu.smem_optin) a->prefill_mma = NULL;
     /* raise the shared-memory limits once, outside any graph capture */
     unsigned need[4] = {a->smem_decode, a->smem_prefill, a->smem_prefill_mma, a->smem_prefill_mma16};
     CUfunction fs[4] = {a->decode, a->prefill, a->prefill_mma, a->prefill_mma16};
