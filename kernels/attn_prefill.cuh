@@ -191,9 +191,12 @@ extern "C" __global__ void __launch_bounds__(128) kiln_attn_prefill(const kiln_a
  *
  * K and V tiles are staged in shared memory as [key][d] (the cache's own
  * layout: a KV block of one head is BLOCK_SIZE contiguous rows), by 16-byte
- * cp.async.cg, two stages: the next tile's K and V are in flight while the
- * current one is computed, K and V in separate groups so S = q k^T starts
- * before V has landed. Keys past the last query are zero-filled (a masked
+ * cp.async.cg, two stages: the next tile's K and V are issued right after
+ * the one barrier per tile (which frees their buffer) and are in flight
+ * while the current one is computed; the tile's own K and V, issued a whole
+ * tile earlier, are waited for together before that barrier (PF_MMA_SYNCS 2:
+ * K and V in separate groups, so S = q k^T starts before V has landed, and a
+ * second barrier before O += P v). Keys past the last query are zero-filled (a masked
  * p of 0 times garbage could be NaN). Rows are padded by 8 bf16 (16 bytes),
  * so the 8 rows an ldmatrix phase reads start 4 banks apart: no conflicts
  * for any HEAD_DIM % 16 == 0. B fragments come from ldmatrix.x4 (K) and
