@@ -299,20 +299,37 @@ static void bench_attn_decode(bench *b) {
 
 /* Prefill attention, Mistral heads (32/8, 128), block 16: one sequence of T tokens, all in the
  * cache (a whole prompt), causal. FLOPs = 4 * 32 * 128 * T(T+1)/2 (QK^T and PV over the lower
- * triangle). The fp32 FMA kernel is timed up to 2048 tokens; the tensor-core kernel as the
- * runtime compiles it (KILN_PF_MMA_WARPS) and with the other block size (4 or 8 warps). */
+ * triangle). The fp32 FMA kernel is timed up to 2048 tokens; then the tensor-core kernels,
+ * named "mma.sync bf16 w<warps> r<query rows per warp> s<barriers per key tile>": as the
+ * runtime compiles them (KILN_PF_MMA_WARPS, one barrier) kiln_attn_prefill_mma (r32) and
+ * kiln_attn_prefill_mma16 (r16); both with the two-barrier pipeline (PF_MMA_SYNCS=2; r16 s2 is
+ * the previous kernel); r32 with the other block size (4 or 8 warps). */
 static void bench_attn_prefill(bench *b) {
     const int NH = 32, NKV = 8, HD = 128, BS = 16;
     const char *defs[] = {"N_HEADS=32", "N_KV_HEADS=8", "HEAD_DIM=128", "BLOCK_SIZE=16", "WINDOW=0", NULL};
     const int alt = KILN_PF_MMA_WARPS == 4 ? 8 : 4; /* the other block size, for comparison */
     char altdef[32];
     snprintf(altdef, sizeof altdef, "PF_MMA_WARPS=%d", alt);
-    defs[5] = altdef;
     kiln_error err = {0};
-    CUmodule mp, mp4;
-    CUfunction fp = build(b, "attn_prefill.cuh", "kiln_attn_prefill", defs, 5, &mp), fpm;
-    if (kiln_cuda_module_function(&b->cu, mp, "kiln_attn_prefill_mma", &fpm, &err)) die("prefill mma", &err);
+    CUmodule mp, mp2, mp4;
+    CUfunction fp = build(b, "attn_prefill.cuh", "kiln_attn_prefill", defs, 5, &mp), fpm, fpm16, fpm16s2;
+    defs[5] = "PF_MMA_SYNCS=2";
+    CUfunction fpms2 = build(b, "attn_prefill.cuh", "kiln_attn_prefill_mma", defs, 6, &mp2);
+    defs[5] = altdef;
     CUfunction fpm4 = build(b, "attn_prefill.cuh", "kiln_attn_prefill_mma", defs, 6, &mp4);
+    if (kiln_cuda_module_function(&b->cu, mp, "kiln_attn_prefill_mma", &fpm, &err) ||
+        kiln_cuda_module_function(&b->cu, mp, "kiln_attn_prefill_mma16", &fpm16, &err) ||
+        kiln_cuda_module_function(&b->cu, mp2, "kiln_attn_prefill_mma16", &fpm16s2, &err))
+        die("prefill mma", &err);
+    const struct {
+        CUfunction f;
+        int warps, mt, syncs; /* mt 0: the fp32 kernel */
+    } vs[] = {{fp, 4, 0, 0},
+              {fpm, KILN_PF_MMA_WARPS, 2, 1},
+              {fpm16, KILN_PF_MMA_WARPS, 1, 1},
+              {fpms2, KILN_PF_MMA_WARPS, 2, 2},
+              {fpm16s2, KILN_PF_MMA_WARPS, 1, 2},
+              {fpm4, alt, 2, 1}};
     static const int Ts[] = {512, 2048, 4096};
     for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
         int T = Ts[ti], nb = (T + BS - 1) / BS;
@@ -327,17 +344,20 @@ static void bench_attn_prefill(bench *b) {
             die("prefill alloc", &err);
         kiln_attn_prefill_params p = {q, k, v, dbt, dl, ds, o, 0.0883883f, 1, nb, 0};
         double flops = 4.0 * NH * HD * ((double)T * (T + 1) / 2);
-        for (int which = 0; which < 3; which++) {
-            if (which == 0 && T > 2048) continue; /* ~10 ms a launch: not worth the wait */
-            int warps = which == 1 ? KILN_PF_MMA_WARPS : alt;
-            attn_ctx a = {which == 0 ? fp : which == 1 ? fpm : fpm4, NULL,
-                          which ? kiln_attn_prefill_mma_dims(warps, NH, 1, T, HD)
-                                : (kiln_cuda_dims){{(unsigned)((T + 63) / 64), NH, 1}, {128, 1, 1},
-                                                   kiln_attn_prefill_smem(HD)},
+        for (size_t vi = 0; vi < sizeof vs / sizeof vs[0]; vi++) {
+            const int mt = vs[vi].mt;
+            if (mt == 0 && T > 2048) continue; /* ~10 ms a launch: not worth the wait */
+            attn_ctx a = {vs[vi].f, NULL,
+                          mt ? kiln_attn_prefill_mma_dims(vs[vi].warps, mt, NH, 1, T, HD)
+                             : (kiln_cuda_dims){{(unsigned)((T + 63) / 64), NH, 1}, {128, 1, 1},
+                                                kiln_attn_prefill_smem(HD)},
                           {{0}, {0}, 0}, &p, 0};
-            double sec = time_launches(b, attn_launch, &a, which ? 10 : 3);
+            double sec = time_launches(b, attn_launch, &a, mt ? 10 : 3);
             char vname[48];
-            snprintf(vname, sizeof vname, which ? "mma.sync bf16 w%d" : "fp32 fma", warps);
+            if (mt)
+                snprintf(vname, sizeof vname, "mma.sync bf16 w%d r%d s%d", vs[vi].warps, 16 * mt, vs[vi].syncs);
+            else
+                snprintf(vname, sizeof vname, "fp32 fma");
             report(b, "attn_prefill", vname, 1, T, T, sec, 2.0 * T * (NH + 2 * NKV) * HD * 2, flops);
             fprintf(stderr, "prefill attention %s T=%d (one layer, 32 heads): %.1f us, %.1f TFLOP/s\n", vname, T,
                     sec * 1e6, flops / sec / 1e12);
@@ -347,6 +367,7 @@ static void bench_attn_prefill(bench *b) {
         free(bt);
     }
     kiln_cuda_module_unload(&b->cu, mp);
+    kiln_cuda_module_unload(&b->cu, mp2);
     kiln_cuda_module_unload(&b->cu, mp4);
 }
 

@@ -172,21 +172,31 @@ extern "C" __global__ void __launch_bounds__(128) kiln_attn_prefill(const kiln_a
 }
 
 /* ------------------------------------------------------------------------
- * kiln_attn_prefill_mma — the same contract on tensor cores (mma.sync
- * m16n8k16, bf16 in, fp32 accumulate), FlashAttention-2 style.
+ * kiln_attn_prefill_mma, kiln_attn_prefill_mma16 — the same contract on
+ * tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate),
+ * FlashAttention-2 style; one body, kiln_pf_mma_body<MT>.
  *
- * A block of PF_MMA_WARPS warps takes 16 * PF_MMA_WARPS queries of one head
- * (each warp 16 of them) and walks key tiles of PF_MMA_BK = 64. Per warp:
- * q stays in registers as A fragments (pre-scaled by scale*log2(e), rounded
- * to bf16 once); S = q k^T for a tile is 8 n-tiles of C fragments; the
- * online softmax runs on those registers (a row lives in the 4 lanes of one
- * quad); P is re-packed in registers as the A operand of O += P v.
+ * A block of PF_MMA_WARPS warps takes 16 * MT * PF_MMA_WARPS queries of one
+ * head (each warp 16 * MT of them: MT = 2 in _mma, 1 in _mma16) and walks
+ * key tiles of PF_MMA_BK = 64. Per warp: q is pre-scaled by scale*log2(e)
+ * and rounded to bf16 once; with MT 1 it stays in registers as A fragments,
+ * with MT 2 (64 registers) the block stages it in shared memory and each
+ * k-step reads the A fragments by ldmatrix.x4, so every K and V B fragment
+ * feeds the mmas of both m-tiles (half the B loads per mma, and half the
+ * staged K/V per query). S = q k^T for a tile is 8 n-tiles of C fragments
+ * per m-tile; the online softmax runs on those registers (a row lives in the
+ * 4 lanes of one quad); P is packed to bf16 A fragments of O += P v before
+ * the barrier that waits for V (half of S's registers across it: MT 2
+ * spilled without this).
  *
  * K and V tiles are staged in shared memory as [key][d] (the cache's own
  * layout: a KV block of one head is BLOCK_SIZE contiguous rows), by 16-byte
- * cp.async.cg, two stages: the next tile's K and V are in flight while the
- * current one is computed, K and V in separate groups so S = q k^T starts
- * before V has landed. Keys past the last query are zero-filled (a masked
+ * cp.async.cg, two stages: the next tile's K and V are issued right after
+ * the one barrier per tile (which frees their buffer) and are in flight
+ * while the current one is computed; the tile's own K and V, issued a whole
+ * tile earlier, are waited for together before that barrier (PF_MMA_SYNCS 2:
+ * K and V in separate groups, so S = q k^T starts before V has landed, and a
+ * second barrier before O += P v). Keys past the last query are zero-filled (a masked
  * p of 0 times garbage could be NaN). Rows are padded by 8 bf16 (16 bytes),
  * so the 8 rows an ldmatrix phase reads start 4 banks apart: no conflicts
  * for any HEAD_DIM % 16 == 0. B fragments come from ldmatrix.x4 (K) and
@@ -205,10 +215,12 @@ extern "C" __global__ void __launch_bounds__(128) kiln_attn_prefill(const kiln_a
  * (BLOCK_SIZE 1 and 2, where a tile spans over 32 blocks, load per chunk).
  *
  * Needs HEAD_DIM % 16 == 0 and bf16 (not KILN_F32). Launch (kernels.c,
- * kiln_attn_prefill_mma_dims): grid (ceil(max_q_len / (16 * PF_MMA_WARPS)),
- * N_HEADS, B), block 32 * PF_MMA_WARPS, dynamic shared memory
- * kiln_attn_prefill_mma_smem = 2 stages x (K + V) x 64 x (HEAD_DIM + 8) x 2
- * bytes (69,632 for HEAD_DIM 128: over 48 KiB, so the launch opts in).
+ * kiln_attn_prefill_mma_dims): grid (ceil(max_q_len / (16 * MT *
+ * PF_MMA_WARPS)), N_HEADS, B), block 32 * PF_MMA_WARPS, dynamic shared
+ * memory kiln_attn_prefill_mma_smem = 2 stages x (K + V) x 64 x
+ * (HEAD_DIM + 8) x 2 bytes, plus with MT 2 the q rows, 32 * PF_MMA_WARPS x
+ * (HEAD_DIM + 8) x 2 (69,632 and 104,448 for HEAD_DIM 128 and 4 warps: over
+ * 48 KiB, so the launch opts in).
  * ---------------------------------------------------------------------- */
 #if HEAD_DIM % 16 == 0 && !KILN_F32
 
@@ -216,6 +228,12 @@ extern "C" __global__ void __launch_bounds__(128) kiln_attn_prefill(const kiln_a
 #define PF_MMA_WARPS 4 /* must match KILN_PF_MMA_WARPS in runtime/cuda/kernels.c */
 #endif
 #define PF_MMA_BK 64
+/* Block barriers per key tile: 1 waits for the tile's K and V together at its start (they were
+ * issued a whole tile earlier); 2, the previous scheme, lets S = q k^T start before V has landed
+ * at the cost of a second barrier before O += P v. Kept selectable for the benchmark. */
+#ifndef PF_MMA_SYNCS
+#define PF_MMA_SYNCS 1
+#endif
 
 KILN_DEV void kiln_pf_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
@@ -258,9 +276,13 @@ KILN_DEV void kiln_pf_ldsm4t(unsigned (&r)[4], unsigned addr) {
                  : "r"(addr));
 }
 
-extern "C" __global__ void __launch_bounds__(PF_MMA_WARPS * 32) kiln_attn_prefill_mma(const kiln_attn_prefill_params p) {
+extern __shared__ uint4 smem_pf[];
+
+/* The kernel body, for MT m16 tiles (16 * MT query rows) per warp; see the comment above. */
+template <int MT> KILN_DEV void kiln_pf_mma_body(const kiln_attn_prefill_params &p) {
     constexpr int G = N_HEADS / N_KV_HEADS;
-    constexpr int THREADS = 32 * PF_MMA_WARPS, BQ = 16 * PF_MMA_WARPS, BK = PF_MMA_BK;
+    constexpr int THREADS = 32 * PF_MMA_WARPS, WR = 16 * MT, BQ = WR * PF_MMA_WARPS, BK = PF_MMA_BK;
+    constexpr bool QREG = MT == 1;           /* q A fragments in registers, else ldmatrix from q_s */
     constexpr int RS = HEAD_DIM + 8;         /* staged row stride (bf16): 16 bytes of padding */
     constexpr int CH = HEAD_DIM / 8;         /* 16-byte chunks per row */
     constexpr int TILE = BK * RS;            /* bf16 per staged tile */
@@ -268,9 +290,9 @@ extern "C" __global__ void __launch_bounds__(PF_MMA_WARPS * 32) kiln_attn_prefil
     constexpr int DK = HEAD_DIM / 16;        /* mma k-steps over the head dim */
     constexpr int NT = BK / 8;               /* key n-tiles of S */
     constexpr int DT = HEAD_DIM / 8;         /* output n-tiles (even: HEAD_DIM % 16 == 0) */
-    extern __shared__ uint4 smem_pf[];
     kiln_bf16 *k_s = (kiln_bf16 *)smem_pf;  /* [2][BK][RS] */
     kiln_bf16 *v_s = k_s + 2 * TILE;         /* [2][BK][RS] */
+    kiln_bf16 *q_s = v_s + 2 * TILE;         /* [BQ][RS] q * scale * log2(e), only when !QREG */
     kiln_pdl_wait();
 
     const int hq = blockIdx.y, b = blockIdx.z, h = hq / G;
@@ -296,81 +318,127 @@ extern "C" __global__ void __launch_bounds__(PF_MMA_WARPS * 32) kiln_attn_prefil
         const int i = kt / BLOCK_SIZE + lane;
         return NBT <= 32 && lane < NBT && i <= b_last ? bt[i] : 0;
     };
-    /* Stage the K and V tile starting at key kt (its block ids in `ids`) into buffer `st`, as two
-     * cp.async groups. Chunk i = tid + j * THREADS of a tile is row i / CH, 16 bytes at dim
+    /* Stage the K and V tile starting at key kt (its block ids in `ids`) into buffer `st`, as one
+     * cp.async group (PF_MMA_SYNCS 1) or two, K then V (2). Chunk i = tid + j * THREADS of a tile is row i / CH, 16 bytes at dim
      * 8 * (i % CH): the lanes of a warp read whole 256-byte rows. */
     const unsigned ks_addr = kiln_pf_saddr(k_s), vs_addr = kiln_pf_saddr(v_s);
     const kiln_bf16 *kh = kc + (size_t)h * BLOCK_SIZE * HEAD_DIM, *vh = vc + (size_t)h * BLOCK_SIZE * HEAD_DIM;
     auto stage = [&](int kt, int st, int ids) {
-        size_t off[LOADS];
-        bool in[LOADS];
-        unsigned dst[LOADS];
-#pragma unroll
-        for (int j = 0; j < LOADS; j++) {
+        /* chunk j of this thread: the global offset (0 past the last query: zero-filled) and the
+         * byte offset in shared memory; false past the last key or the tile */
+        auto chunk = [&](int j, size_t &off, unsigned &dst) {
             const int i = tid + j * THREADS;
             const unsigned r = (unsigned)i / CH, c = (unsigned)i % CH, key = (unsigned)kt + r;
-            in[j] = (BK * CH % THREADS == 0 || i < BK * CH) && (int)key <= p_last;
+            const bool in = (BK * CH % THREADS == 0 || i < BK * CH) && (int)key <= p_last;
             int blk;
             if constexpr (NBT <= 32)
                 blk = __shfl_sync(KILN_FULL_MASK, ids, (int)(key / BLOCK_SIZE - (unsigned)kt / BLOCK_SIZE));
             else
-                blk = in[j] ? bt[key / BLOCK_SIZE] : 0;
-            off[j] = (size_t)(unsigned)blk * (N_KV_HEADS * BLOCK_SIZE * HEAD_DIM) + (key % BLOCK_SIZE) * HEAD_DIM + c * 8;
-            if (!in[j]) off[j] = 0;
-            dst[j] = (unsigned)((st * TILE + r * RS + c * 8) * 2);
+                blk = in ? bt[key / BLOCK_SIZE] : 0;
+            off = (size_t)(unsigned)blk * (N_KV_HEADS * BLOCK_SIZE * HEAD_DIM) + (key % BLOCK_SIZE) * HEAD_DIM + c * 8;
+            if (!in) off = 0;
+            dst = (unsigned)((st * TILE + r * RS + c * 8) * 2);
+            return in;
+        };
+        if constexpr (PF_MMA_SYNCS == 1) {
+            /* one group: K and V of a chunk from the same offsets, nothing held across */
+#pragma unroll
+            for (int j = 0; j < LOADS; j++) {
+                size_t off;
+                unsigned dst;
+                const bool in = chunk(j, off, dst);
+                if (BK * CH % THREADS == 0 || tid + j * THREADS < BK * CH) {
+                    kiln_pf_cp16(ks_addr + dst, kh + off, in ? 16 : 0);
+                    kiln_pf_cp16(vs_addr + dst, vh + off, in ? 16 : 0);
+                }
+            }
+            kiln_pf_commit();
+        } else {
+            size_t off[LOADS];
+            bool in[LOADS];
+            unsigned dst[LOADS];
+#pragma unroll
+            for (int j = 0; j < LOADS; j++) in[j] = chunk(j, off[j], dst[j]);
+#pragma unroll
+            for (int j = 0; j < LOADS; j++)
+                if (BK * CH % THREADS == 0 || tid + j * THREADS < BK * CH) kiln_pf_cp16(ks_addr + dst[j], kh + off[j], in[j] ? 16 : 0);
+            kiln_pf_commit();
+#pragma unroll
+            for (int j = 0; j < LOADS; j++)
+                if (BK * CH % THREADS == 0 || tid + j * THREADS < BK * CH) kiln_pf_cp16(vs_addr + dst[j], vh + off[j], in[j] ? 16 : 0);
+            kiln_pf_commit();
         }
-#pragma unroll
-        for (int j = 0; j < LOADS; j++)
-            if (BK * CH % THREADS == 0 || tid + j * THREADS < BK * CH) kiln_pf_cp16(ks_addr + dst[j], kh + off[j], in[j] ? 16 : 0);
-        kiln_pf_commit();
-#pragma unroll
-        for (int j = 0; j < LOADS; j++)
-            if (BK * CH % THREADS == 0 || tid + j * THREADS < BK * CH) kiln_pf_cp16(vs_addr + dst[j], vh + off[j], in[j] ? 16 : 0);
-        kiln_pf_commit();
     };
     stage(kt0, 0, block_ids(kt0));
     int ids_next = n_tiles > 1 ? block_ids(kt0 + BK) : 0; /* for the tile staged in iteration 0 */
 
-    /* This warp's rows (clamped to the last query, see above) and their positions. */
-    const int w0 = warp * 16;
+    /* This warp's rows: m-tile mt holds rows w0 + 16 mt + g and + 8 (clamped to the last query,
+     * see above), at positions qpos[mt][0], qpos[mt][1]. */
+    const int w0 = warp * WR;
     const bool live = w0 < nq;
-    const int row0 = min(w0 + g, nq - 1), row1 = min(w0 + g + 8, nq - 1);
-    const int qpos0 = p_first + row0, qpos1 = p_first + row1;
-    const int wq_first = p_first + min(w0, nq - 1), wq_last = p_first + min(w0 + 15, nq - 1);
+    int qpos[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        qpos[mt][0] = p_first + min(w0 + 16 * mt + g, nq - 1);
+        qpos[mt][1] = p_first + min(w0 + 16 * mt + g + 8, nq - 1);
+    }
+    const int wq_first = p_first + min(w0, nq - 1), wq_last = p_first + min(w0 + WR - 1, nq - 1);
 
-    /* q as A fragments, pre-scaled by scale*log2(e) (rounded to bf16 once). */
-    unsigned qa[DK][4];
-    {
-        const float qs = p.scale * PF_LOG2E;
-        const kiln_bf16 *q = (const kiln_bf16 *)p.q;
-        const kiln_bf16 *q0 = q + ((size_t)(qs0 + qi0 + row0) * N_HEADS + hq) * HEAD_DIM;
-        const kiln_bf16 *q1 = q + ((size_t)(qs0 + qi0 + row1) * N_HEADS + hq) * HEAD_DIM;
+    /* q pre-scaled by scale*log2(e), rounded to bf16 once: as A fragments in registers (MT 1), or
+     * staged in q_s (row r: query min(r, nq - 1)) and read by ldmatrix at each k-step (MT 2:
+     * 32 rows x HEAD_DIM would take 64 registers). */
+    const float qsc = p.scale * PF_LOG2E;
+    const kiln_bf16 *qg = (const kiln_bf16 *)p.q;
+    unsigned qa[QREG ? DK : 1][4];
+    if constexpr (QREG) {
+        const kiln_bf16 *q0 = qg + ((size_t)(qs0 + qpos[0][0] - p_first + qi0) * N_HEADS + hq) * HEAD_DIM;
+        const kiln_bf16 *q1 = qg + ((size_t)(qs0 + qpos[0][1] - p_first + qi0) * N_HEADS + hq) * HEAD_DIM;
 #pragma unroll
         for (int kk = 0; kk < DK; kk++) {
             const int d = kk * 16 + 2 * t;
             const unsigned w00 = *(const unsigned *)(q0 + d), w10 = *(const unsigned *)(q1 + d);
             const unsigned w01 = *(const unsigned *)(q0 + d + 8), w11 = *(const unsigned *)(q1 + d + 8);
-            qa[kk][0] = kiln_f2bf2(kiln_lo(w00) * qs, kiln_hi(w00) * qs);
-            qa[kk][1] = kiln_f2bf2(kiln_lo(w10) * qs, kiln_hi(w10) * qs);
-            qa[kk][2] = kiln_f2bf2(kiln_lo(w01) * qs, kiln_hi(w01) * qs);
-            qa[kk][3] = kiln_f2bf2(kiln_lo(w11) * qs, kiln_hi(w11) * qs);
+            qa[kk][0] = kiln_f2bf2(kiln_lo(w00) * qsc, kiln_hi(w00) * qsc);
+            qa[kk][1] = kiln_f2bf2(kiln_lo(w10) * qsc, kiln_hi(w10) * qsc);
+            qa[kk][2] = kiln_f2bf2(kiln_lo(w01) * qsc, kiln_hi(w01) * qsc);
+            qa[kk][3] = kiln_f2bf2(kiln_lo(w11) * qsc, kiln_hi(w11) * qsc);
+        }
+    } else {
+        /* visible to ldmatrix after the first iteration's barrier */
+        for (int i = tid; i < BQ * CH; i += THREADS) {
+            const int r = i / CH, c = i % CH;
+            float f[8];
+            kiln_unpack8(kiln_ld16(qg + ((size_t)(qs0 + qi0 + min(r, nq - 1)) * N_HEADS + hq) * HEAD_DIM + c * 8), f);
+#pragma unroll
+            for (int e = 0; e < 8; e++) f[e] *= qsc;
+            *(uint4 *)(q_s + r * RS + c * 8) = kiln_pack8(f);
         }
     }
-    float o[DT][4];
+    float o[MT][DT][4], m[MT][2], l[MT][2];
 #pragma unroll
-    for (int i = 0; i < DT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-    float m0 = KILN_NEG_INF, m1 = KILN_NEG_INF, l0 = 0.0f, l1 = 0.0f;
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int i = 0; i < DT; i++) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.0f;
+        m[mt][0] = m[mt][1] = KILN_NEG_INF;
+        l[mt][0] = l[mt][1] = 0.0f;
+    }
 
     /* Per-lane byte offsets of the ldmatrix row addresses. Matrix j = lane / 8 of an x4:
      * K: n-tile +j/2, dims +8*(j%2) (b0, b1 of two n-tiles); V (.trans): keys +8*(j%2),
-     * dims +8*(j/2) (b0, b1 of two output n-tiles). */
+     * dims +8*(j/2) (b0, b1 of two output n-tiles); q: rows +8*(j%2), dims +8*(j/2) (a0..a3). */
     const unsigned k_lane = (unsigned)((((lane >> 4) * 8 + (lane & 7)) * RS + ((lane >> 3) & 1) * 8) * 2);
     const unsigned v_lane = (unsigned)(((((lane >> 3) & 1) * 8 + (lane & 7)) * RS + (lane >> 4) * 8) * 2);
+    const unsigned qw_addr = kiln_pf_saddr(q_s) + (unsigned)(w0 * RS * 2) + v_lane;
 
     for (int it = 0; it < n_tiles; it++) {
         const int kt = kt0 + it * BK, st = it & 1;
-        kiln_pf_wait<1>(); /* this thread's K chunks of tile `it` have landed */
-        __syncthreads();   /* everyone's have; and tile it-1 is fully read, so its buffer is free */
+        /* this thread's K (and with one barrier V) chunks of tile `it` have landed; after the
+         * barrier everyone's have, and tile it-1 is fully read, so its buffer is free */
+        if constexpr (PF_MMA_SYNCS == 1)
+            kiln_pf_wait<0>();
+        else
+            kiln_pf_wait<1>();
+        __syncthreads();
         if (it + 1 < n_tiles) {
             stage(kt + BK, st ^ 1, ids_next);
             if (it + 2 < n_tiles) ids_next = block_ids(kt + 2 * BK);
@@ -382,107 +450,156 @@ extern "C" __global__ void __launch_bounds__(PF_MMA_WARPS * 32) kiln_attn_prefil
         const bool skip = !live || kt > wq_last || (WINDOW > 0 && kt + BK - 1 <= wq_first - WINDOW);
         const bool mask = kt + BK - 1 > wq_first || (WINDOW > 0 && kt <= wq_last - WINDOW);
 
-        float s[NT][4];
+        float s[MT][NT][4];
+        unsigned pa[MT][BK / 16][4]; /* P as bf16 A fragments of O += P v, 16 keys per k-step */
         if (!skip) {
-            /* S = q k^T: NT n-tiles of 8 keys; one ldmatrix.x4 feeds two n-tiles of one k-step */
+            /* S = q k^T: NT n-tiles of 8 keys per m-tile; one ldmatrix.x4 of K feeds two n-tiles
+             * of every m-tile at one k-step */
 #pragma unroll
-            for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int n = 0; n < NT; n++) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
             const unsigned kb = ks_addr + (unsigned)(st * TILE * 2) + k_lane;
 #pragma unroll
-            for (int kk = 0; kk < DK; kk++)
+            for (int kk = 0; kk < DK; kk++) {
+                unsigned a[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    if constexpr (QREG) {
+#pragma unroll
+                        for (int e = 0; e < 4; e++) a[mt][e] = qa[kk][e];
+                    } else {
+                        kiln_pf_ldsm4(a[mt], qw_addr + (unsigned)((mt * 16 * RS + kk * 16) * 2));
+                    }
+                }
 #pragma unroll
                 for (int n = 0; n < NT; n += 2) {
                     unsigned bf[4];
                     kiln_pf_ldsm4(bf, kb + (unsigned)((n * 8 * RS + kk * 16) * 2));
-                    kiln_pf_mma(s[n], qa[kk], bf[0], bf[1]);
-                    kiln_pf_mma(s[n + 1], qa[kk], bf[2], bf[3]);
-                }
-            if (mask) {
 #pragma unroll
-                for (int n = 0; n < NT; n++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const int key = kt + n * 8 + 2 * t + e;
-                        if (key > qpos0 || (WINDOW > 0 && qpos0 - key >= WINDOW)) s[n][e] = KILN_NEG_INF;
-                        if (key > qpos1 || (WINDOW > 0 && qpos1 - key >= WINDOW)) s[n][2 + e] = KILN_NEG_INF;
+                    for (int mt = 0; mt < MT; mt++) {
+                        kiln_pf_mma(s[mt][n], a[mt], bf[0], bf[1]);
+                        kiln_pf_mma(s[mt][n + 1], a[mt], bf[2], bf[3]);
                     }
+                }
             }
-            /* online softmax; a row is spread over the 4 lanes of a quad */
-            float tm0 = KILN_NEG_INF, tm1 = KILN_NEG_INF;
 #pragma unroll
-            for (int n = 0; n < NT; n++) {
-                tm0 = fmaxf(tm0, fmaxf(s[n][0], s[n][1]));
-                tm1 = fmaxf(tm1, fmaxf(s[n][2], s[n][3]));
-            }
-            tm0 = fmaxf(tm0, __shfl_xor_sync(KILN_FULL_MASK, tm0, 1));
-            tm0 = fmaxf(tm0, __shfl_xor_sync(KILN_FULL_MASK, tm0, 2));
-            tm1 = fmaxf(tm1, __shfl_xor_sync(KILN_FULL_MASK, tm1, 1));
-            tm1 = fmaxf(tm1, __shfl_xor_sync(KILN_FULL_MASK, tm1, 2));
-            const float mn0 = fmaxf(m0, tm0), mn1 = fmaxf(m1, tm1);
-            /* reference point: the new max, or 0 for a row that has seen nothing (exp2(-inf) = 0) */
-            const float r0 = mn0 == KILN_NEG_INF ? 0.0f : mn0, r1 = mn1 == KILN_NEG_INF ? 0.0f : mn1;
-            const float al0 = kiln_pf_exp2(m0 - r0), al1 = kiln_pf_exp2(m1 - r1);
-            float rs0 = 0.0f, rs1 = 0.0f;
+            for (int mt = 0; mt < MT; mt++) {
+                if (mask) {
 #pragma unroll
-            for (int n = 0; n < NT; n++) {
-                s[n][0] = kiln_pf_exp2(s[n][0] - r0);
-                s[n][1] = kiln_pf_exp2(s[n][1] - r0);
-                s[n][2] = kiln_pf_exp2(s[n][2] - r1);
-                s[n][3] = kiln_pf_exp2(s[n][3] - r1);
-                rs0 += s[n][0] + s[n][1];
-                rs1 += s[n][2] + s[n][3];
-            }
-            rs0 += __shfl_xor_sync(KILN_FULL_MASK, rs0, 1);
-            rs0 += __shfl_xor_sync(KILN_FULL_MASK, rs0, 2);
-            rs1 += __shfl_xor_sync(KILN_FULL_MASK, rs1, 1);
-            rs1 += __shfl_xor_sync(KILN_FULL_MASK, rs1, 2);
-            l0 = l0 * al0 + rs0;
-            l1 = l1 * al1 + rs1;
-            m0 = mn0;
-            m1 = mn1;
+                    for (int n = 0; n < NT; n++)
 #pragma unroll
-            for (int i = 0; i < DT; i++) {
-                o[i][0] *= al0;
-                o[i][1] *= al0;
-                o[i][2] *= al1;
-                o[i][3] *= al1;
+                        for (int e = 0; e < 2; e++) {
+                            const int key = kt + n * 8 + 2 * t + e;
+                            const int q0 = qpos[mt][0], q1 = qpos[mt][1];
+                            if (key > q0 || (WINDOW > 0 && q0 - key >= WINDOW)) s[mt][n][e] = KILN_NEG_INF;
+                            if (key > q1 || (WINDOW > 0 && q1 - key >= WINDOW)) s[mt][n][2 + e] = KILN_NEG_INF;
+                        }
+                }
+                /* online softmax; a row is spread over the 4 lanes of a quad */
+                float tm0 = KILN_NEG_INF, tm1 = KILN_NEG_INF;
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    tm0 = fmaxf(tm0, fmaxf(s[mt][n][0], s[mt][n][1]));
+                    tm1 = fmaxf(tm1, fmaxf(s[mt][n][2], s[mt][n][3]));
+                }
+                tm0 = fmaxf(tm0, __shfl_xor_sync(KILN_FULL_MASK, tm0, 1));
+                tm0 = fmaxf(tm0, __shfl_xor_sync(KILN_FULL_MASK, tm0, 2));
+                tm1 = fmaxf(tm1, __shfl_xor_sync(KILN_FULL_MASK, tm1, 1));
+                tm1 = fmaxf(tm1, __shfl_xor_sync(KILN_FULL_MASK, tm1, 2));
+                const float mn0 = fmaxf(m[mt][0], tm0), mn1 = fmaxf(m[mt][1], tm1);
+                /* reference point: the new max, or 0 for a row that has seen nothing (exp2(-inf) = 0) */
+                const float r0 = mn0 == KILN_NEG_INF ? 0.0f : mn0, r1 = mn1 == KILN_NEG_INF ? 0.0f : mn1;
+                const float al0 = kiln_pf_exp2(m[mt][0] - r0), al1 = kiln_pf_exp2(m[mt][1] - r1);
+                float rs0 = 0.0f, rs1 = 0.0f;
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    s[mt][n][0] = kiln_pf_exp2(s[mt][n][0] - r0);
+                    s[mt][n][1] = kiln_pf_exp2(s[mt][n][1] - r0);
+                    s[mt][n][2] = kiln_pf_exp2(s[mt][n][2] - r1);
+                    s[mt][n][3] = kiln_pf_exp2(s[mt][n][3] - r1);
+                    rs0 += s[mt][n][0] + s[mt][n][1];
+                    rs1 += s[mt][n][2] + s[mt][n][3];
+                }
+                rs0 += __shfl_xor_sync(KILN_FULL_MASK, rs0, 1);
+                rs0 += __shfl_xor_sync(KILN_FULL_MASK, rs0, 2);
+                rs1 += __shfl_xor_sync(KILN_FULL_MASK, rs1, 1);
+                rs1 += __shfl_xor_sync(KILN_FULL_MASK, rs1, 2);
+                l[mt][0] = l[mt][0] * al0 + rs0;
+                l[mt][1] = l[mt][1] * al1 + rs1;
+                m[mt][0] = mn0;
+                m[mt][1] = mn1;
+#pragma unroll
+                for (int i = 0; i < DT; i++) {
+                    o[mt][i][0] *= al0;
+                    o[mt][i][1] *= al0;
+                    o[mt][i][2] *= al1;
+                    o[mt][i][3] *= al1;
+                }
+                /* packed before the barrier: half the registers of s across it */
+#pragma unroll
+                for (int kk = 0; kk < BK / 16; kk++) {
+                    pa[mt][kk][0] = kiln_f2bf2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                    pa[mt][kk][1] = kiln_f2bf2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                    pa[mt][kk][2] = kiln_f2bf2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                    pa[mt][kk][3] = kiln_f2bf2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+                }
             }
         }
-        kiln_pf_wait<2>(); /* this thread's V chunks of tile `it` have landed (the next tile's may not) */
-        __syncthreads();
+        if constexpr (PF_MMA_SYNCS == 2) {
+            kiln_pf_wait<2>(); /* this thread's V chunks of tile `it` have landed (the next tile's may not) */
+            __syncthreads();
+        } else {
+            __syncwarp(); /* keeps ptxas from hoisting V's ldmatrix into the softmax: 255 registers and spills without */
+        }
         if (!skip) {
-            /* O += P v: P re-packed as A fragments, 16 keys per k-step; one ldmatrix.x4.trans
-             * feeds two output n-tiles */
+            /* O += P v, 16 keys per k-step; one ldmatrix.x4.trans feeds two output n-tiles of
+             * every m-tile */
             const unsigned vb = vs_addr + (unsigned)(st * TILE * 2) + v_lane;
 #pragma unroll
             for (int kk = 0; kk < BK / 16; kk++) {
-                const unsigned pa[4] = {kiln_f2bf2(s[2 * kk][0], s[2 * kk][1]), kiln_f2bf2(s[2 * kk][2], s[2 * kk][3]),
-                                        kiln_f2bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                        kiln_f2bf2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
                 for (int i = 0; i < DT; i += 2) {
                     unsigned bf[4];
                     kiln_pf_ldsm4t(bf, vb + (unsigned)((kk * 16 * RS + i * 8) * 2));
-                    kiln_pf_mma(o[i], pa, bf[0], bf[1]);
-                    kiln_pf_mma(o[i + 1], pa, bf[2], bf[3]);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        kiln_pf_mma(o[mt][i], pa[mt][kk], bf[0], bf[1]);
+                        kiln_pf_mma(o[mt][i + 1], pa[mt][kk], bf[2], bf[3]);
+                    }
                 }
             }
         }
     }
     kiln_pf_wait<0>(); /* nothing may be in flight when the block exits */
     if (!live) return;
-    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
     kiln_bf16 *out = (kiln_bf16 *)p.out;
-    const bool w_0 = w0 + g < nq, w_1 = w0 + g + 8 < nq;
 #pragma unroll
-    for (int i = 0; i < DT; i++) {
-        const int d = i * 8 + 2 * t;
-        if (w_0)
-            *(unsigned *)(out + ((size_t)(qs0 + qi0 + w0 + g) * N_HEADS + hq) * HEAD_DIM + d) =
-                kiln_f2bf2(o[i][0] * inv0, o[i][1] * inv0);
-        if (w_1)
-            *(unsigned *)(out + ((size_t)(qs0 + qi0 + w0 + g + 8) * N_HEADS + hq) * HEAD_DIM + d) =
-                kiln_f2bf2(o[i][2] * inv1, o[i][3] * inv1);
+    for (int mt = 0; mt < MT; mt++) {
+        const float inv0 = l[mt][0] > 0.0f ? 1.0f / l[mt][0] : 0.0f, inv1 = l[mt][1] > 0.0f ? 1.0f / l[mt][1] : 0.0f;
+        const int r0 = w0 + 16 * mt + g, r1 = r0 + 8;
+#pragma unroll
+        for (int i = 0; i < DT; i++) {
+            const int d = i * 8 + 2 * t;
+            if (r0 < nq)
+                *(unsigned *)(out + ((size_t)(qs0 + qi0 + r0) * N_HEADS + hq) * HEAD_DIM + d) =
+                    kiln_f2bf2(o[mt][i][0] * inv0, o[mt][i][1] * inv0);
+            if (r1 < nq)
+                *(unsigned *)(out + ((size_t)(qs0 + qi0 + r1) * N_HEADS + hq) * HEAD_DIM + d) =
+                    kiln_f2bf2(o[mt][i][2] * inv1, o[mt][i][3] * inv1);
+        }
     }
+}
+
+/* 32 query rows per warp (the runtime's choice where it exists and its shared memory fits; not
+ * above HEAD_DIM 128, where O alone would take 256 registers), and 16 (the previous kernel: q in
+ * registers, no q_s). */
+#if HEAD_DIM <= 128
+extern "C" __global__ void __launch_bounds__(PF_MMA_WARPS * 32) kiln_attn_prefill_mma(const kiln_attn_prefill_params p) {
+    kiln_pf_mma_body<2>(p);
+}
+#endif
+extern "C" __global__ void __launch_bounds__(PF_MMA_WARPS * 32) kiln_attn_prefill_mma16(const kiln_attn_prefill_params p) {
+    kiln_pf_mma_body<1>(p);
 }
 #endif /* HEAD_DIM % 16 == 0 && !KILN_F32 */

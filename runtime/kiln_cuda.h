@@ -148,13 +148,16 @@ kiln_cuda_dims kiln_gemv_dims(const kiln_gemv_cfg *c, int M, int N);
 /* Dynamic shared memory of kiln_attn_decode and kiln_attn_prefill. */
 unsigned kiln_attn_decode_smem(int n_heads, int n_kv_heads, int head_dim, int block_size, int partition_max, int warps);
 unsigned kiln_attn_prefill_smem(int head_dim);
-unsigned kiln_attn_prefill_mma_smem(int head_dim); /* kiln_attn_prefill_mma (tensor cores) */
-/* kiln_attn_prefill_mma's warps per block (its PF_MMA_WARPS; 16 queries per warp) as compiled by
- * codegen, which leaves the kernel's default. */
+/* kiln_attn_prefill_mma (tensor cores) comes as two kernels: kiln_attn_prefill_mma with mt = 2
+ * m16 tiles (32 query rows) per warp, its q staged in shared memory, and kiln_attn_prefill_mma16
+ * with mt = 1 (16 rows, q in registers), for devices whose shared memory the first does not fit.
+ * KILN_PF_MMA_WARPS is their warps per block (PF_MMA_WARPS) as compiled by codegen, which leaves
+ * the kernel's default. */
 #define KILN_PF_MMA_WARPS 4
-/* Grid, block and shared memory of kiln_attn_prefill_mma compiled with PF_MMA_WARPS = warps, for a
- * batch of B sequences whose longest chunk has max_q queries. */
-kiln_cuda_dims kiln_attn_prefill_mma_dims(int warps, int n_heads, int B, int max_q, int head_dim);
+unsigned kiln_attn_prefill_mma_smem(int head_dim, int warps, int mt);
+/* Grid, block and shared memory of kiln_attn_prefill_mma (mt 2) or _mma16 (mt 1) compiled with
+ * PF_MMA_WARPS = warps, for a batch of B sequences whose longest chunk has max_q queries. */
+kiln_cuda_dims kiln_attn_prefill_mma_dims(int warps, int mt, int n_heads, int B, int max_q, int head_dim);
 /* Splits kiln_attn_decode needs for a context of `len` tokens. */
 int kiln_attn_decode_splits(int len, int window, int partition);
 /* The split size for a decode step: short enough that batch x kv heads x

@@ -870,21 +870,28 @@ static void test_attn_prefill(void) {
     static const int qlen[] = {1, 7, 65, 130, 40, 129, 300, 0, 1, 200};
     static const int ctx[] = {1, 7, 100, 130, 300, 129, 1000, 0, 517, 200};
     enum { B = sizeof qlen / sizeof qlen[0] };
-    /* variants: the fp32 FMA kernel, then the tensor-core kernel as the runtime compiles it
-     * (KILN_PF_MMA_WARPS) and with the other block size (4 or 8 warps) */
-    static const int mma_warps[] = {0, KILN_PF_MMA_WARPS, KILN_PF_MMA_WARPS == 4 ? 8 : 4};
+    /* variants: the fp32 FMA kernel, then the tensor-core kernels (mt 2: kiln_attn_prefill_mma,
+     * 32 rows per warp; mt 1: kiln_attn_prefill_mma16) as the runtime compiles them
+     * (KILN_PF_MMA_WARPS, one barrier per key tile) and with the other block size (4 or 8 warps)
+     * and the two-barrier pipeline (PF_MMA_SYNCS=2) */
+    const int alt = KILN_PF_MMA_WARPS == 4 ? 8 : 4;
+    static const struct { int warps_alt, mt; } vs[] = {{0, 0}, {0, 2}, {0, 1}, {1, 2}, {1, 1}};
     for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
         const attn_cfg *c = &cfgs[ci];
-        char d[8][40];
-        const char *defs[8];
+        char d[9][40];
+        const char *defs[9];
         int nd = attn_defs(c, d, defs);
         kfn k, k4;
         KT_REQUIRE(kbuild(&k, "attn_prefill.cuh", "kiln_attn_prefill", defs, nd));
-        snprintf(d[nd], 40, "PF_MMA_WARPS=%d", mma_warps[2]);
+        snprintf(d[nd], 40, "PF_MMA_WARPS=%d", alt);
+        snprintf(d[nd + 1], 40, "PF_MMA_SYNCS=2");
         defs[nd] = d[nd];
-        KT_REQUIRE(kbuild(&k4, "attn_prefill.cuh", "kiln_attn_prefill_mma", defs, nd + 1));
-        CUfunction fmma;
-        KT_REQUIRE(kfn_get(&k, "kiln_attn_prefill_mma", &fmma));
+        defs[nd + 1] = d[nd + 1];
+        KT_REQUIRE(kbuild(&k4, "attn_prefill.cuh", "kiln_attn_prefill_mma", defs, nd + 2));
+        CUfunction fmma[2][3]; /* [other block size][mt] */
+        KT_REQUIRE(kfn_get(&k, "kiln_attn_prefill_mma", &fmma[0][2]) && kfn_get(&k, "kiln_attn_prefill_mma16", &fmma[0][1]) &&
+                   kfn_get(&k4, "kiln_attn_prefill_mma16", &fmma[1][1]));
+        fmma[1][2] = k4.fn;
         paged pc;
         paged_make(&pc, c, B, ctx);
         int starts[B + 1] = {0}, max_q = 0;
@@ -906,15 +913,19 @@ static void test_attn_prefill(void) {
                     size_t at = ((size_t)(starts[b] + i) * c->nh + hq) * c->hd;
                     ref_attend(&pc, c, b, hq, ctx[b] - qlen[b] + i, qf + at, scale, ref + at);
                 }
-        for (size_t vi = 0; vi < sizeof mma_warps / sizeof mma_warps[0]; vi++) {
-            const int w = mma_warps[vi];
-            char what[48];
-            snprintf(what, sizeof what, w ? "kiln_attn_prefill_mma (%d warps)" : "kiln_attn_prefill", w);
-            kiln_cuda_dims dm = w ? kiln_attn_prefill_mma_dims(w, c->nh, B, max_q, c->hd)
-                                  : dims((unsigned)((max_q + 63) / 64), (unsigned)c->nh, (unsigned)B, 128,
-                                         kiln_attn_prefill_smem(c->hd));
+        for (size_t vi = 0; vi < sizeof vs / sizeof vs[0]; vi++) {
+            const int mt = vs[vi].mt, w = vs[vi].warps_alt ? alt : KILN_PF_MMA_WARPS;
+            char what[64];
+            if (mt)
+                snprintf(what, sizeof what, "kiln_attn_prefill_mma%s (%d warps, %d barriers)", mt == 1 ? "16" : "",
+                         w, vs[vi].warps_alt ? 2 : 1);
+            else
+                snprintf(what, sizeof what, "kiln_attn_prefill");
+            kiln_cuda_dims dm = mt ? kiln_attn_prefill_mma_dims(w, mt, c->nh, B, max_q, c->hd)
+                                   : dims((unsigned)((max_q + 63) / 64), (unsigned)c->nh, (unsigned)B, 128,
+                                          kiln_attn_prefill_smem(c->hd));
             dev_poison16(o, qn * 2);
-            KT_CHECK(klaunch(vi == 0 ? k.fn : vi == 1 ? fmma : k4.fn, what, dm, &p));
+            KT_CHECK(klaunch(mt ? fmma[vs[vi].warps_alt][mt] : k.fn, what, dm, &p));
             uint16_t *oh = host_from(o, qn * 2);
             for (int b = 0; b < B; b++) {
                 size_t off = (size_t)starts[b] * c->nh * c->hd, n = (size_t)qlen[b] * c->nh * c->hd;

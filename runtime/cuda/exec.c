@@ -100,9 +100,10 @@ typedef struct cx_gemm {
 
 typedef struct cx_attn {
     int window;
-    CUfunction decode, combine, prefill, prefill_mma;
+    CUfunction decode, combine, prefill;
+    CUfunction prefill_mma, prefill_mma16; /* tensor cores, 32 and 16 query rows per warp (NULL: none) */
     int partition, warps;
-    unsigned smem_decode, smem_prefill, smem_prefill_mma;
+    unsigned smem_decode, smem_prefill, smem_prefill_mma, smem_prefill_mma16;
 } cx_attn;
 
 typedef enum { I_EMBED, I_NORM, I_COPY, I_QKV, I_ATTN, I_GEMM, I_LMHEAD } cx_ikind;
@@ -449,13 +450,21 @@ static int attn_get(cx *x, int window, kiln_error *err) {
         kiln_attn_decode_smem(x->n_heads, x->n_kv, x->head_dim, x->block_size, a->partition, a->warps);
     snprintf(name, sizeof name, "attn_prefill.w%d", window);
     if (fn_get(x, name, "kiln_attn_prefill", &a->prefill, &km, err)) return -1;
-    if (km->cfg[0] && fn_get(x, name, "kiln_attn_prefill_mma", &a->prefill_mma, NULL, err)) return -1;
+    /* The tensor-core kernels: _mma16 always (so an engine from before it existed, whose _mma had
+     * 16 rows per warp, fails here instead of running wrong), _mma (32 rows per warp) where the
+     * kernel has it (head_dim <= 128: above, O alone would take 256 registers a thread) and its
+     * shared memory fits (not on sm_86/89 at head_dim 128). */
     a->smem_prefill = kiln_attn_prefill_smem(x->head_dim);
-    a->smem_prefill_mma = kiln_attn_prefill_mma_smem(x->head_dim);
+    a->smem_prefill_mma = kiln_attn_prefill_mma_smem(x->head_dim, KILN_PF_MMA_WARPS, 2);
+    a->smem_prefill_mma16 = kiln_attn_prefill_mma_smem(x->head_dim, KILN_PF_MMA_WARPS, 1);
+    if (km->cfg[0] && fn_get(x, name, "kiln_attn_prefill_mma16", &a->prefill_mma16, NULL, err)) return -1;
+    if (km->cfg[0] && x->head_dim <= 128 && a->smem_prefill_mma <= (unsigned)x->cu.smem_optin &&
+        fn_get(x, name, "kiln_attn_prefill_mma", &a->prefill_mma, NULL, err))
+        return -1;
     /* raise the shared-memory limits once, outside any graph capture */
-    unsigned need[3] = {a->smem_decode, a->smem_prefill, a->prefill_mma ? a->smem_prefill_mma : 0};
-    CUfunction fs[3] = {a->decode, a->prefill, a->prefill_mma};
-    for (int i = 0; i < 3; i++) {
+    unsigned need[4] = {a->smem_decode, a->smem_prefill, a->smem_prefill_mma, a->smem_prefill_mma16};
+    CUfunction fs[4] = {a->decode, a->prefill, a->prefill_mma, a->prefill_mma16};
+    for (int i = 0; i < 4; i++) {
         if (!fs[i] || need[i] <= 48 * 1024) continue;
         if (need[i] > (unsigned)x->cu.smem_optin) {
             kiln_err(err, KILN_ERR_UNSUPPORTED, "cuda executor: attention needs %u bytes of shared memory, %s allows %d",
@@ -867,11 +876,17 @@ static kiln_status run_program(cx *x, const cx_shape *sh, kiln_error *err) {
             } else {
                 kiln_attn_prefill_params pp = {x->q_tmp, kc, vc, inp(x, x->in.bt), inp(x, x->in.lens),
                                                inp(x, x->in.qstart), bufp(x, in->y), scale, B, x->kv.max_blocks, 0};
-                if (a->prefill_mma) {
-                    kiln_cuda_dims d =
-                        kiln_attn_prefill_mma_dims(KILN_PF_MMA_WARPS, x->n_heads, B, sh->max_q, x->head_dim);
-                    st = launch(x, a->prefill_mma, d.grid[0], d.grid[1], d.grid[2], d.block[0], d.smem, &pp,
-                                "kiln_attn_prefill_mma", err);
+                if (a->prefill_mma16) {
+                    /* 32 query rows per warp, unless that grid would not give every SM a block (short
+                     * prompts): the 16-row kernel has twice the blocks */
+                    kiln_cuda_dims d = kiln_attn_prefill_mma_dims(KILN_PF_MMA_WARPS, 2, x->n_heads, B, sh->max_q,
+                                                                  x->head_dim);
+                    bool r32 = a->prefill_mma && (int64_t)d.grid[0] * d.grid[1] * d.grid[2] >= x->cu.n_sm;
+                    if (!r32)
+                        d = kiln_attn_prefill_mma_dims(KILN_PF_MMA_WARPS, 1, x->n_heads, B, sh->max_q, x->head_dim);
+                    st = launch(x, r32 ? a->prefill_mma : a->prefill_mma16, d.grid[0], d.grid[1], d.grid[2],
+                                d.block[0], d.smem, &pp, r32 ? "kiln_attn_prefill_mma" : "kiln_attn_prefill_mma16",
+                                err);
                 } else {
                     st = launch(x, a->prefill, (unsigned)((sh->max_q + 63) / 64), (unsigned)x->n_heads, (unsigned)B,
                                 128, a->smem_prefill, &pp, "kiln_attn_prefill", err);
