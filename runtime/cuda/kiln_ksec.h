@@ -27,7 +27,7 @@
  *   "rope_kv"                       kiln_rope_kv; cfg[0] = ROPE_THREADS
  *   "attn_decode.w<window>"         kiln_attn_decode, kiln_attn_decode_combine;
  *                                   cfg[0] = PARTITION, cfg[1] = ATTN_WARPS
- *   "attn_prefill.w<window>"        kiln_attn_prefill (+ kiln_attn_prefill_mma when cfg[0] = 1)
+ *   "attn_prefill.w<window>"        kiln_attn_prefill (+ kiln_attn_prefill_mma and kiln_attn_prefill_mma16 when cfg[0] = 1)
  *   "swiglu.f<ffn>"                 kiln_swiglu, gate/up interleaved; cfg[0] = SWIGLU_THREADS
  *   "sample"                        kiln_sample; cfg[0] = SAMPLE_THREADS
  *   "gemv.<epi>.<N>x<K>.<variant>"  kiln_gemv; epi: plain, swiglu (N = 2 FFN,
