@@ -45,9 +45,11 @@
  * BLOCK_SIZE, WINDOW (0 = full attention), PARTITION (the largest split the
  * shared memory is sized for, default 512), ATTN_WARPS (default 4),
  * ATTN_UNROLL (tokens whose K or V loads a lane group issues together,
- * default 8: at batch 64 the kernel is bound by the bytes each SM keeps in
- * flight, and 8 took 64 x 1024 tokens from 147 to 111 us, 8 x 4096 from 75
- * to 60 us, against 4; 1 had stopped at ~65% of bandwidth). The
+ * default 4; 1 had stopped at ~65% of bandwidth at batch 64. Alone, 8 was
+ * 17-24% faster at batch 64 (kiln_gpu_bench --decode-attn: 64 x 1024 tokens
+ * 147 -> 111 us), but in the 7B decode step, with the fused RoPE and the
+ * early loads, 8 was 2.5% slower at batch 64 and 0.5% at batch 1 and 8:
+ * docs/kernels.md run 5). The
  * split size itself is a run-time parameter (p.partition <= PARTITION): small
  * batches take short splits so that the grid fills the GPU
  * (kiln_attn_decode_partition in runtime/cuda/kernels.c). With p.partition
@@ -82,7 +84,7 @@
 #define ATTN_WARPS 4
 #endif
 #ifndef ATTN_UNROLL
-#define ATTN_UNROLL 8 /* K or V tokens loaded per lane group before their first use */
+#define ATTN_UNROLL 4 /* K or V tokens loaded per lane group before their first use */
 #endif
 #if HEAD_DIM % KILN_VEC || HEAD_DIM / KILN_VEC > 32 || (32 % (HEAD_DIM / KILN_VEC)) != 0
 #error "HEAD_DIM must be a power of two from 8 to 256 (bf16) or 4 to 128 (KILN_F32)"
