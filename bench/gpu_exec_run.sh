@@ -32,6 +32,26 @@ export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/kiln-cache}
 export KILN_TEST_SOURCE_DIR=$PWD KILN_TEST_SHARED_DIR=$PWD/$SHARED PYTHONUNBUFFERED=1
 summary=""
 note() { summary+="$1"$'\n'; echo "== $1"; }
+# engine7b LOG [compile args]: the random-weight Mistral-7B in /tmp/m7b (made once) compiled afresh
+# into /tmp/m7b.kiln (an engine left by an earlier call holds that call's kernels), in the page cache
+engine7b() {
+  local log=$1 c0; shift
+  { [ -f /tmp/m7b/config.json ] || timeout 200 python3 bench/make_checkpoint.py --arch mistral-7b --out /tmp/m7b; } \
+    >>"$OUT/$log.log" 2>&1
+  c0=$SECONDS
+  timeout 150 "$BIN/kiln" compile /tmp/m7b -o /tmp/m7b.kiln "$@" >>"$OUT/$log.log" 2>&1
+  note "7B compile rc=$? $((SECONDS - c0)) s"
+  sync; cat /tmp/m7b.kiln >/dev/null
+}
+# fuse_runs LOG MASK...: decode at batch 1 and 8 with each KILN_FUSE mask in turn
+fuse_runs() {
+  local log=$1 mask; shift
+  for mask in "$@"; do
+    echo "KILN_FUSE=$mask" >>"$OUT/$log.log"
+    KILN_FUSE=$mask timeout 60 "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --batches 1,8 --steps 96 --reps 1 --prefill 0 \
+      --ttft 0 --no-graph-compare >>"$OUT/$log.jsonl" 2>>"$OUT/$log.log"
+  done
+}
 
 for s in $steps; do
   t0=$SECONDS
@@ -61,12 +81,7 @@ for s in $steps; do
     note "$s rc=$r ($(grep -E 'ERROR SUMMARY|passed' "$OUT/$s.log" | tr '\n' ' ')), $((SECONDS - t0)) s"
     grep -E "=========|FAIL" "$OUT/$s.log" | head -20;;
   bench7b)
-    { [ -f /tmp/m7b/config.json ] || timeout 200 python3 bench/make_checkpoint.py --arch mistral-7b --out /tmp/m7b; } \
-      >"$OUT/bench7b.log" 2>&1
-    c0=$SECONDS
-    timeout 150 "$BIN/kiln" compile /tmp/m7b -o /tmp/m7b.kiln >>"$OUT/bench7b.log" 2>&1
-    note "7B compile rc=$? $((SECONDS - c0)) s"
-    sync; cat /tmp/m7b.kiln >/dev/null # page cache
+    engine7b bench7b # default targets
     timeout 200 "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --batches 1,8,16,64 --steps 64 --reps 5 >"$OUT/bench7b.jsonl" 2>>"$OUT/bench7b.log"
     note "7B bench rc=$?, $((SECONDS - t0)) s"
     # the same batches with the tensor-core GEMV up to 64 tokens instead of cuBLASLt above 8
@@ -79,12 +94,7 @@ for s in $steps; do
     note "kiln bench --device gpu rc=$?"
     cut -c1-200 "$OUT/kiln_bench.jsonl" | head -12;;
   perf7b)
-    { [ -f /tmp/m7b/config.json ] || timeout 200 python3 bench/make_checkpoint.py --arch mistral-7b --out /tmp/m7b; } \
-      >"$OUT/perf7b.log" 2>&1
-    c0=$SECONDS
-    timeout 150 "$BIN/kiln" compile /tmp/m7b -o /tmp/m7b.kiln --target sm_90 >>"$OUT/perf7b.log" 2>&1
-    note "7B ready rc=$? $((SECONDS - c0)) s"
-    sync; cat /tmp/m7b.kiln >/dev/null # page cache
+    engine7b perf7b --target sm_90
     timeout 150 "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --batches 1,8,64 --steps 64 --reps 3 --prefill 2048 --ttft 128 \
       >"$OUT/perf7b.jsonl" 2>>"$OUT/perf7b.log"
     note "7B decode rc=$?, $((SECONDS - t0)) s"
@@ -93,18 +103,8 @@ for s in $steps; do
     note "7B batch 64 prompt 32 rc=$?"
     grep -E "decode|prefill|ttft|load" "$OUT/perf7b.log" | tail -20;;
   fuse7b)
-    { [ -f /tmp/m7b/config.json ] || timeout 200 python3 bench/make_checkpoint.py --arch mistral-7b --out /tmp/m7b; } \
-      >"$OUT/fuse7b.log" 2>&1
-    c0=$SECONDS
-    # always recompile: an engine left by an earlier call holds that call's kernels
-    timeout 150 "$BIN/kiln" compile /tmp/m7b -o /tmp/m7b.kiln --target sm_90 >>"$OUT/fuse7b.log" 2>&1
-    note "7B ready rc=$? $((SECONDS - c0)) s"
-    sync; cat /tmp/m7b.kiln >/dev/null # page cache
-    for mask in 7 0 1 2 4 7; do
-      echo "KILN_FUSE=$mask" >>"$OUT/fuse7b.log"
-      KILN_FUSE=$mask timeout 60 "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --batches 1,8 --steps 96 --reps 1 --prefill 0 \
-        --ttft 0 --no-graph-compare >>"$OUT/fuse7b.jsonl" 2>>"$OUT/fuse7b.log"
-    done
+    engine7b fuse7b --target sm_90
+    fuse_runs fuse7b 7 0 1 2 4 7
     timeout 90 "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --batches 64 --steps 64 --reps 3 --prefill 2048 --ttft 128 \
       --no-graph-compare >>"$OUT/fuse7b.jsonl" 2>>"$OUT/fuse7b.log"
     timeout 60 "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --batches 64 --prompt 32 --steps 32 --reps 1 --prefill 0 --ttft 0 \
@@ -113,19 +113,11 @@ for s in $steps; do
     grep -E "KILN_FUSE|decode|prefill|ttft" "$OUT/fuse7b.log" | tail -24;;
   ready7b)
     # the 7B checkpoint and engine (sm_90 only) for the steps below
-    { [ -f /tmp/m7b/config.json ] || timeout 200 python3 bench/make_checkpoint.py --arch mistral-7b --out /tmp/m7b; } \
-      >"$OUT/ready7b.log" 2>&1
-    timeout 150 "$BIN/kiln" compile /tmp/m7b -o /tmp/m7b.kiln --target sm_90 >>"$OUT/ready7b.log" 2>&1
-    note "7B ready rc=$? $((SECONDS - t0)) s"
-    sync; cat /tmp/m7b.kiln >/dev/null;; # page cache
+    engine7b ready7b --target sm_90;;
   norm7b)
     # the RMSNorm folded into the next GEMV at decode (KILN_FUSE 5 = rope + norm) against the default (4),
     # twice each, batch 1 and 8; then prefill 2048 and TTFT 128
-    for mask in 4 5 4 5; do
-      echo "KILN_FUSE=$mask" >>"$OUT/norm7b.log"
-      KILN_FUSE=$mask timeout 60 "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --batches 1,8 --steps 96 --reps 1 --prefill 0 \
-        --ttft 0 --no-graph-compare >>"$OUT/norm7b.jsonl" 2>>"$OUT/norm7b.log"
-    done
+    fuse_runs norm7b 4 5 4 5
     timeout 60 "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --batches 1 --steps 8 --reps 3 --prefill 2048 --ttft 128 \
       --no-graph-compare >>"$OUT/norm7b.jsonl" 2>>"$OUT/norm7b.log"
     note "7B norm fold rc=$?, $((SECONDS - t0)) s"
