@@ -77,6 +77,20 @@ static uint16_t *rand_bf16(size_t n, float scale, float **as_f) {
     return h;
 }
 
+/* n random values (normal x scale) as host data of either element type: fp32 (the values
+ * themselves, *as_f = the same array) or bf16 (rand_bf16). Free with rand_host_free. */
+static void *rand_host(size_t n, bool f32, float scale, float **as_f) {
+    if (!f32) return rand_bf16(n, scale, as_f);
+    float *f = malloc(n * sizeof *f + 16);
+    for (size_t i = 0; i < n; i++) f[i] = rnd_normal() * scale;
+    *as_f = f;
+    return f;
+}
+static void rand_host_free(void *h, float *as_f) {
+    if (h != (void *)as_f) free(h);
+    free(as_f);
+}
+
 /* ---- device helpers (fail the test through KT on error) ---- */
 
 static CUdeviceptr dev_alloc(size_t bytes) {
@@ -1015,31 +1029,13 @@ static void test_cublaslt_tune(void) {
         void *wh[3], *xh, *rh;
         CUdeviceptr w[3];
         for (int i = 0; i < 3; i++) {
-            if (cs[ci].in_f32) {
-                wf[i] = malloc(sizeof(float) * (size_t)N * K);
-                for (size_t j = 0; j < (size_t)N * K; j++) wf[i][j] = rnd_normal() * 0.02f;
-                wh[i] = NULL;
-            } else {
-                wh[i] = rand_bf16((size_t)N * K, 0.02f, &wf[i]);
-            }
-            w[i] = dev_from(wh[i] ? wh[i] : (void *)wf[i], (size_t)N * K * ein);
+            wh[i] = rand_host((size_t)N * K, cs[ci].in_f32, 0.02f, &wf[i]);
+            w[i] = dev_from(wh[i], (size_t)N * K * ein);
         }
-        if (cs[ci].in_f32) {
-            xf = malloc(sizeof(float) * (size_t)M * K);
-            for (size_t j = 0; j < (size_t)M * K; j++) xf[j] = rnd_normal();
-            xh = NULL;
-        } else {
-            xh = rand_bf16((size_t)M * K, 1.0f, &xf);
-        }
-        if (cs[ci].out_f32) {
-            rf = malloc(sizeof(float) * (size_t)M * N);
-            for (size_t j = 0; j < (size_t)M * N; j++) rf[j] = rnd_normal();
-            rh = NULL;
-        } else {
-            rh = rand_bf16((size_t)M * N, 1.0f, &rf);
-        }
+        xh = rand_host((size_t)M * K, cs[ci].in_f32, 1.0f, &xf);
+        rh = rand_host((size_t)M * N, cs[ci].out_f32, 1.0f, &rf);
         CUdeviceptr sx = dev_alloc((size_t)M * K * ein), sy = dev_alloc((size_t)M * N * eout);
-        CUdeviceptr x = dev_from(xh ? xh : (void *)xf, (size_t)M * K * ein), y = dev_alloc((size_t)M * N * eout);
+        CUdeviceptr x = dev_from(xh, (size_t)M * K * ein), y = dev_alloc((size_t)M * N * eout);
         KT_CHECK(g_cu.api.cuMemsetD8(sx, 0x3c, (size_t)M * K * ein) == CUDA_SUCCESS &&
                  g_cu.api.cuMemsetD8(sy, 0x3c, (size_t)M * N * eout) == CUDA_SUCCESS);
         KT_CHECK(g_cu.api.cuCtxSynchronize() == CUDA_SUCCESS); /* the copies above are on the legacy stream */
@@ -1052,7 +1048,7 @@ static void test_cublaslt_tune(void) {
                                             &err) == KILN_OK,
                       "GEMM M=%d N=64 K=64: %s", m, err.msg);
         if (cs[ci].acc) {
-            CUdeviceptr tmp = dev_from(rh ? rh : (void *)rf, (size_t)M * N * eout);
+            CUdeviceptr tmp = dev_from(rh, (size_t)M * N * eout);
             KT_CHECK(g_cu.api.cuMemcpyDtoD(y, tmp, (size_t)M * N * eout) == CUDA_SUCCESS);
             kiln_cuda_release(&g_cu, tmp);
         } else if (cs[ci].out_f32) {
@@ -1081,8 +1077,9 @@ static void test_cublaslt_tune(void) {
         free(ref);
         CUdeviceptr all[] = {w[0], w[1], w[2], sx, sy, x, y};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kiln_cuda_release(&g_cu, all[i]);
-        for (int i = 0; i < 3; i++) free(wf[i]), free(wh[i]);
-        free(xf), free(xh), free(rf), free(rh);
+        for (int i = 0; i < 3; i++) rand_host_free(wh[i], wf[i]);
+        rand_host_free(xh, xf);
+        rand_host_free(rh, rf);
     }
     g_cu.api.cuStreamSynchronize(stream);
     kiln_cuda_release(&g_cu, cx);
