@@ -246,7 +246,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) kiln_attn_decode(c
         const int t = t0 + grp + u * NG;
         k0[u] = make_uint4(0, 0, 0, 0);
         if (t < t1 && !(rope && t == L - 1)) {
-            const size_t at = (((size_t)blocks[t / BLOCK_SIZE - fb] * N_KV_HEADS + h) * BLOCK_SIZE + t % BLOCK_SIZE) * HEAD_DIM + j * KILN_VEC;
+            const size_t at = kiln_kv_at(blocks[t / BLOCK_SIZE - fb], h, t % BLOCK_SIZE, j * KILN_VEC);
             k0[u] = kiln_ld16(kc + at);
             kiln_prefetch_l2(vc + at);
         }
@@ -263,7 +263,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) kiln_attn_decode(c
             knew[d] = kv;
             vnew[d] = vx[d];
             if (slot >= 0) {
-                const size_t at = (((size_t)(slot / BLOCK_SIZE) * N_KV_HEADS + h) * BLOCK_SIZE + slot % BLOCK_SIZE) * HEAD_DIM + d;
+                const size_t at = kiln_kv_at(slot / BLOCK_SIZE, h, slot % BLOCK_SIZE, d);
                 ((kiln_elem *)p.k_cache)[at] = kv;
                 ((kiln_elem *)p.v_cache)[at] = vx[d];
             }
@@ -319,7 +319,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) kiln_attn_decode(c
             } else if (rope && t == L - 1) {
                 kr[u] = *(const uint4 *)(knew + j * KILN_VEC);
             } else if (t < t1) {
-                const size_t at = (((size_t)blocks[t / BLOCK_SIZE - fb] * N_KV_HEADS + h) * BLOCK_SIZE + t % BLOCK_SIZE) * HEAD_DIM + j * KILN_VEC;
+                const size_t at = kiln_kv_at(blocks[t / BLOCK_SIZE - fb], h, t % BLOCK_SIZE, j * KILN_VEC);
                 kr[u] = kiln_ld16(kc + at);
                 kiln_prefetch_l2(vc + at);
             } else {
@@ -377,8 +377,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) kiln_attn_decode(c
             if (rope && t == L - 1) {
                 vr[u] = *(const uint4 *)(vnew + j * KILN_VEC);
             } else if (t < t1) {
-                const int blk = blocks[t / BLOCK_SIZE - fb];
-                vr[u] = kiln_ld16(vc + (((size_t)blk * N_KV_HEADS + h) * BLOCK_SIZE + t % BLOCK_SIZE) * HEAD_DIM + j * KILN_VEC);
+                vr[u] = kiln_ld16(vc + kiln_kv_at(blocks[t / BLOCK_SIZE - fb], h, t % BLOCK_SIZE, j * KILN_VEC));
             }
         }
 #pragma unroll

@@ -89,7 +89,7 @@ extern "C" __global__ void __launch_bounds__(128) kiln_attn_prefill(const kiln_a
             const int c = i / HEAD_DIM, d = i % HEAD_DIM, t = kt + c;
             float kv = 0.0f, vv = 0.0f;
             if (t <= p_last) {
-                const size_t at = (((size_t)bt[t / BLOCK_SIZE] * N_KV_HEADS + h) * BLOCK_SIZE + t % BLOCK_SIZE) * HEAD_DIM + d;
+                const size_t at = kiln_kv_at(bt[t / BLOCK_SIZE], h, t % BLOCK_SIZE, d);
                 kv = kiln_e2f(kc[at]);
                 vv = kiln_e2f(vc[at]);
             }

@@ -177,6 +177,14 @@ KILN_DEV float kiln_rope_rot(float x, float partner, float c, float s, bool firs
     return first ? __fsub_rn(__fmul_rn(x, c), __fmul_rn(partner, s)) : __fadd_rn(__fmul_rn(x, c), __fmul_rn(partner, s));
 }
 
+#if defined(N_KV_HEADS) && defined(BLOCK_SIZE) && defined(HEAD_DIM)
+/* The paged KV cache layout (params.cuh: [block][kv head][BLOCK_SIZE][HEAD_DIM]): the element offset
+ * of dim d of kv head h at offset o of KV block blk. For the kernels compiled with the cache constants. */
+KILN_DEV size_t kiln_kv_at(int blk, int h, int o, int d) {
+    return (((size_t)blk * N_KV_HEADS + h) * BLOCK_SIZE + o) * HEAD_DIM + d;
+}
+#endif
+
 KILN_DEV float kiln_warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(KILN_FULL_MASK, v, o);

@@ -79,7 +79,7 @@ extern "C" __global__ void __launch_bounds__(ROPE_THREADS) kiln_rope_kv(const ki
         const int head = j / CH, i0 = (j % CH) * VEC;
         const kiln_elem *src = row + head * HEAD_DIM;
         kiln_elem *dst = head < N_HEADS ? q_out + head * HEAD_DIM
-                                        : kc + (((size_t)blk * N_KV_HEADS + (head - N_HEADS)) * BLOCK_SIZE + off) * HEAD_DIM;
+                                        : kc + kiln_kv_at(blk, head - N_HEADS, off, 0);
         if (head >= N_HEADS && slot < 0) continue;
         if (VEC == KILN_VEC) {
             float a[KILN_VEC], b[KILN_VEC], ra[KILN_VEC], rb[KILN_VEC];
@@ -104,7 +104,7 @@ extern "C" __global__ void __launch_bounds__(ROPE_THREADS) kiln_rope_kv(const ki
         const kiln_elem *v = row + (N_HEADS + N_KV_HEADS) * HEAD_DIM;
         for (int j = threadIdx.x; j < N_KV_HEADS * HEAD_DIM; j += ROPE_THREADS) {
             const int kh = j / HEAD_DIM, d = j % HEAD_DIM;
-            vc[(((size_t)blk * N_KV_HEADS + kh) * BLOCK_SIZE + off) * HEAD_DIM + d] = v[j];
+            vc[kiln_kv_at(blk, kh, off, d)] = v[j];
         }
     }
 }
