@@ -111,6 +111,16 @@ KILN_DEV void kiln_norm_scale(float (&x)[KILN_VEC], uint4 nwv, float &ss) {
     }
 }
 
+/* y[o] = v (+ residual[o]) in y's type: fp32 with GEMV_OUT_F32, else the element type. */
+KILN_DEV void kiln_gemv_put(const kiln_gemv_params &p, size_t o, float v) {
+    if (p.residual) v += kiln_e2f(((const kiln_elem *)p.residual)[o]);
+#if GEMV_OUT_F32
+    ((float *)p.y)[o] = v;
+#else
+    ((kiln_elem *)p.y)[o] = kiln_f2e(v);
+#endif
+}
+
 #if !GEMV_MMA
 
 /* Write the R x MT sums held by every lane (after the warp reduction). */
@@ -124,14 +134,7 @@ KILN_DEV void kiln_gemv_store(const kiln_gemv_params &p, float (&acc)[GEMV_ROWS]
         for (int m = 0; m < GEMV_MT; m++) {
             int idx = (r / 2) * GEMV_MT + m, f = (row0 + r) / 2;
             if (lane == (idx & 31) && row0 + r + 1 < p.N && m0 + m < p.M) {
-                float v = kiln_silu(acc[r][m]) * acc[r + 1][m];
-                size_t o = (size_t)(m0 + m) * p.ldy + f;
-                if (p.residual) v += kiln_e2f(((const kiln_elem *)p.residual)[o]);
-#if GEMV_OUT_F32
-                ((float *)p.y)[o] = v;
-#else
-                ((kiln_elem *)p.y)[o] = kiln_f2e(v);
-#endif
+                kiln_gemv_put(p, (size_t)(m0 + m) * p.ldy + f, kiln_silu(acc[r][m]) * acc[r + 1][m]);
             }
         }
 #else
@@ -141,14 +144,7 @@ KILN_DEV void kiln_gemv_store(const kiln_gemv_params &p, float (&acc)[GEMV_ROWS]
         for (int m = 0; m < GEMV_MT; m++) {
             int idx = r * GEMV_MT + m;
             if (lane == (idx & 31) && row0 + r < p.N && m0 + m < p.M) {
-                float v = acc[r][m];
-                size_t o = (size_t)(m0 + m) * p.ldy + row0 + r;
-                if (p.residual) v += kiln_e2f(((const kiln_elem *)p.residual)[o]);
-#if GEMV_OUT_F32
-                ((float *)p.y)[o] = v;
-#else
-                ((kiln_elem *)p.y)[o] = kiln_f2e(v);
-#endif
+                kiln_gemv_put(p, (size_t)(m0 + m) * p.ldy + row0 + r, acc[r][m]);
             }
         }
 #endif
@@ -396,12 +392,7 @@ KILN_DEV void kiln_gemv_mma(const kiln_gemv_params &p, float (*red)[16][8 + 1], 
         if (NORM) v *= kiln_gemv_norm_inv(p, ss_s, m);
         const size_t o = (size_t)(m0 + m) * p.ldy + row;
 #endif
-        if (p.residual) v += kiln_bf2f(((const kiln_bf16 *)p.residual)[o]);
-#if GEMV_OUT_F32
-        ((float *)p.y)[o] = v;
-#else
-        ((kiln_bf16 *)p.y)[o] = kiln_f2bf(v);
-#endif
+        kiln_gemv_put(p, o, v);
     }
 }
 
