@@ -189,8 +189,6 @@ typedef struct cx {
     CUdeviceptr attn_cnt; /* int32 [max_seqs, n_kv]: decode attention's split counters, zero between launches */
     int gemv_max_m; /* most tokens per step the tensor-core GEMV takes (else cuBLASLt) */
     int lt_tune;    /* KILN_LT_TUNE: cuBLASLt algorithms at decode: 0 heuristic's, 1 timed (default), 2 timed + reported */
-    int lt_tuned[CX_MAX_GRAPHS]; /* decode batches whose GEMM shapes were tuned */
-    int n_lt_tuned;
     int64_t bytes_now, bytes_peak;
     kiln_cuda_exec_stats stats;
 } cx;
@@ -932,8 +930,8 @@ static int bucket(const cx *x, int n) {
  * Time cuBLASLt's candidate algorithms for every GEMM shape the decode
  * graph of batch B runs through cuBLASLt (M = B above the GEMV's limit;
  * kiln_cublaslt_tune), so the graph captures the fastest rather than the
- * heuristic's first. Runs once per batch, before its graph is captured
- * (timing cannot happen inside a capture). Scratch x and y come from a
+ * heuristic's first. Runs before a batch's graph is captured (timing
+ * cannot happen inside a capture); each shape is timed once. Scratch x and y come from a
  * temporary allocation of B x (largest K) and B x (largest N) elements:
  * the executor's own buffers hold nothing live between steps, but one of
  * their own keeps that an invariant nobody has to remember. Every failure
@@ -941,11 +939,7 @@ static int bucket(const cx *x, int n) {
  * stderr, with each shape's candidates and times.
  */
 static void tune_decode(cx *x, int B) {
-    if (!x->lt_tune) return;
-    for (int i = 0; i < x->n_lt_tuned; i++)
-        if (x->lt_tuned[i] == B) return;
-    if (x->n_lt_tuned == CX_MAX_GRAPHS) return;
-    x->lt_tuned[x->n_lt_tuned++] = B;
+    if (!x->lt_tune) return; /* a shape already tuned returns at once (kiln_cublaslt_tune keeps its plan) */
     FILE *log = x->lt_tune >= 2 ? stderr : NULL;
     struct {
         int n, k;
