@@ -400,20 +400,46 @@ static kiln_status parse_pattern(cc *c, json_t *o, const char *path, bool *is_re
     return KILN_OK;
 }
 
+/* What a normalizer, pre-tokenizer, decoder and post-processor share: an object with a "type"; a
+ * "Sequence" holds its parts in the array `parts_key`. Sets *type, and *parts to that array for a
+ * Sequence (NULL otherwise). */
+static kiln_status component(cc *c, json_t *n, const char *path, const char *parts_key, str *type, json_t **parts) {
+    *parts = NULL;
+    if (!json_is_object(n)) return perr(c, KILN_ERR_PARSE, "%s is %s, expected an object", path, jtype(n));
+    kiln_status st = get_str(c, n, "type", path, true, type);
+    if (st != KILN_OK || !str_is(*type, "Sequence")) return st;
+    *parts = json_object_get(n, parts_key);
+    if (!json_is_array(*parts)) return perr(c, KILN_ERR_PARSE, "%s.%s must be an array", path, parts_key);
+    return KILN_OK;
+}
+
+/* The path of part i of a Sequence, in buf. */
+static const char *part_path(char *buf, size_t n, const char *path, const char *parts_key, size_t i) {
+    snprintf(buf, n, "%s.%s[%zu]", path, parts_key, i);
+    return buf;
+}
+
+/* A Replace (normalizer or decoder): a non-empty String pattern (no Regex) into s->a, "content" into s->b. */
+static kiln_status parse_replace(cc *c, json_t *n, const char *path, step *s) {
+    bool rx;
+    kiln_status st = parse_pattern(c, n, path, &rx, &s->a);
+    if (st != KILN_OK) return st;
+    if (rx) return perr(c, KILN_ERR_UNSUPPORTED, "%s: Replace with a Regex pattern is not supported (only String)", path);
+    if (s->a.n == 0) return perr(c, KILN_ERR_UNSUPPORTED, "%s: Replace with an empty pattern is not supported", path);
+    return get_str(c, n, "content", path, true, &s->b);
+}
+
 static kiln_status parse_normalizer(cc *c, json_t *n, const char *path) {
     if (is_null(n)) return KILN_OK;
-    if (!json_is_object(n)) return perr(c, KILN_ERR_PARSE, "%s is %s, expected an object", path, jtype(n));
     str type;
-    kiln_status st = get_str(c, n, "type", path, true, &type);
+    json_t *parts;
+    kiln_status st = component(c, n, path, "normalizers", &type, &parts);
     if (st != KILN_OK) return st;
     char sub[128], b[64];
-    if (str_is(type, "Sequence")) {
-        json_t *arr = json_object_get(n, "normalizers");
-        if (!json_is_array(arr)) return perr(c, KILN_ERR_PARSE, "%s.normalizers must be an array", path);
-        for (size_t i = 0; i < json_array_size(arr); i++) {
-            snprintf(sub, sizeof sub, "%s.normalizers[%zu]", path, i);
-            if ((st = parse_normalizer(c, json_array_get(arr, i), sub)) != KILN_OK) return st;
-        }
+    if (parts) {
+        for (size_t i = 0; i < json_array_size(parts); i++)
+            if ((st = parse_normalizer(c, json_array_get(parts, i), part_path(sub, sizeof sub, path, "normalizers", i))) != KILN_OK)
+                return st;
         return KILN_OK;
     }
     step s = {0};
@@ -421,12 +447,8 @@ static kiln_status parse_normalizer(cc *c, json_t *n, const char *path) {
         s.kind = KILN_TOK_NORM_PREPEND;
         if ((st = get_str(c, n, "prepend", path, true, &s.a)) != KILN_OK) return st;
     } else if (str_is(type, "Replace")) {
-        bool rx;
         s.kind = KILN_TOK_NORM_REPLACE;
-        if ((st = parse_pattern(c, n, path, &rx, &s.a)) != KILN_OK) return st;
-        if (rx) return perr(c, KILN_ERR_UNSUPPORTED, "%s: Replace with a Regex pattern is not supported (only String)", path);
-        if (s.a.n == 0) return perr(c, KILN_ERR_UNSUPPORTED, "%s: Replace with an empty pattern is not supported", path);
-        if ((st = get_str(c, n, "content", path, true, &s.b)) != KILN_OK) return st;
+        if ((st = parse_replace(c, n, path, &s)) != KILN_OK) return st;
     } else if (str_is(type, "NFC")) {
         s.kind = KILN_TOK_NORM_NFC;
     } else {
@@ -452,18 +474,15 @@ static char *regex_escape(str s) {
 
 static kiln_status parse_pretok(cc *c, json_t *p, const char *path) {
     if (is_null(p)) return KILN_OK;
-    if (!json_is_object(p)) return perr(c, KILN_ERR_PARSE, "%s is %s, expected an object", path, jtype(p));
     str type;
-    kiln_status st = get_str(c, p, "type", path, true, &type);
+    json_t *parts;
+    kiln_status st = component(c, p, path, "pretokenizers", &type, &parts);
     if (st != KILN_OK) return st;
     char sub[128], b[64];
-    if (str_is(type, "Sequence")) {
-        json_t *arr = json_object_get(p, "pretokenizers");
-        if (!json_is_array(arr)) return perr(c, KILN_ERR_PARSE, "%s.pretokenizers must be an array", path);
-        for (size_t i = 0; i < json_array_size(arr); i++) {
-            snprintf(sub, sizeof sub, "%s.pretokenizers[%zu]", path, i);
-            if ((st = parse_pretok(c, json_array_get(arr, i), sub)) != KILN_OK) return st;
-        }
+    if (parts) {
+        for (size_t i = 0; i < json_array_size(parts); i++)
+            if ((st = parse_pretok(c, json_array_get(parts, i), part_path(sub, sizeof sub, path, "pretokenizers", i))) != KILN_OK)
+                return st;
         return KILN_OK;
     }
     if (c->n_pre > 0 && c->pre[c->n_pre - 1].kind == KILN_TOK_PRE_BYTELEVEL)
@@ -517,30 +536,23 @@ static kiln_status parse_decoder(cc *c, json_t *d, const char *path, bool top) {
         if (top) return perr(c, KILN_ERR_UNSUPPORTED, "decoder is null; kiln needs a ByteLevel or a ByteFallback/Replace decoder");
         return KILN_OK;
     }
-    if (!json_is_object(d)) return perr(c, KILN_ERR_PARSE, "%s is %s, expected an object", path, jtype(d));
     str type;
-    kiln_status st = get_str(c, d, "type", path, true, &type);
+    json_t *parts;
+    kiln_status st = component(c, d, path, "decoders", &type, &parts);
     if (st != KILN_OK) return st;
     char sub[128], b[64];
-    if (str_is(type, "Sequence")) {
-        json_t *arr = json_object_get(d, "decoders");
-        if (!json_is_array(arr)) return perr(c, KILN_ERR_PARSE, "%s.decoders must be an array", path);
-        for (size_t i = 0; i < json_array_size(arr); i++) {
-            snprintf(sub, sizeof sub, "%s.decoders[%zu]", path, i);
-            if ((st = parse_decoder(c, json_array_get(arr, i), sub, false)) != KILN_OK) return st;
-        }
+    if (parts) {
+        for (size_t i = 0; i < json_array_size(parts); i++)
+            if ((st = parse_decoder(c, json_array_get(parts, i), part_path(sub, sizeof sub, path, "decoders", i), false)) != KILN_OK)
+                return st;
         return KILN_OK;
     }
     step s = {0};
     if (str_is(type, "ByteLevel")) {
         s.kind = KILN_TOK_DEC_BYTELEVEL;
     } else if (str_is(type, "Replace")) {
-        bool rx;
         s.kind = KILN_TOK_DEC_REPLACE;
-        if ((st = parse_pattern(c, d, path, &rx, &s.a)) != KILN_OK) return st;
-        if (rx) return perr(c, KILN_ERR_UNSUPPORTED, "%s: Replace with a Regex pattern is not supported (only String)", path);
-        if (s.a.n == 0) return perr(c, KILN_ERR_UNSUPPORTED, "%s: Replace with an empty pattern is not supported", path);
-        if ((st = get_str(c, d, "content", path, true, &s.b)) != KILN_OK) return st;
+        if ((st = parse_replace(c, d, path, &s)) != KILN_OK) return st;
     } else if (str_is(type, "ByteFallback")) {
         s.kind = KILN_TOK_DEC_BYTEFALLBACK;
     } else if (str_is(type, "Fuse")) {
@@ -603,18 +615,15 @@ static kiln_status template_ids(cc *c, json_t *tp, const char *path) {
 
 static kiln_status parse_post(cc *c, json_t *p, const char *path, int *n_templates) {
     if (is_null(p)) return KILN_OK;
-    if (!json_is_object(p)) return perr(c, KILN_ERR_PARSE, "%s is %s, expected an object", path, jtype(p));
     str type;
-    kiln_status st = get_str(c, p, "type", path, true, &type);
+    json_t *parts;
+    kiln_status st = component(c, p, path, "processors", &type, &parts);
     if (st != KILN_OK) return st;
     char sub[128], b[64];
-    if (str_is(type, "Sequence")) {
-        json_t *arr = json_object_get(p, "processors");
-        if (!json_is_array(arr)) return perr(c, KILN_ERR_PARSE, "%s.processors must be an array", path);
-        for (size_t i = 0; i < json_array_size(arr); i++) {
-            snprintf(sub, sizeof sub, "%s.processors[%zu]", path, i);
-            if ((st = parse_post(c, json_array_get(arr, i), sub, n_templates)) != KILN_OK) return st;
-        }
+    if (parts) {
+        for (size_t i = 0; i < json_array_size(parts); i++)
+            if ((st = parse_post(c, json_array_get(parts, i), part_path(sub, sizeof sub, path, "processors", i), n_templates)) != KILN_OK)
+                return st;
         return KILN_OK;
     }
     if (str_is(type, "ByteLevel")) return KILN_OK; /* only adjusts offsets */
