@@ -15,6 +15,7 @@
 
 #include "compiler/kiln_compiler.h"
 #include "kt.h"
+#include "kt_fixture.h"
 #include "runtime/kiln.h"
 
 static char tmpdir[256], engine[512], tok_engine[512];
@@ -665,14 +666,10 @@ static void test_tokenizer(void) {
  * beside it (a checkpoint directory of links). */
 static int make_engines(void) {
     char ckpt[1024];
-    kiln_error err = {0};
     snprintf(ckpt, sizeof ckpt, "%s/models/stories260k", KILN_SOURCE_DIR);
     snprintf(engine, sizeof engine, "%s/stories.kiln", tmpdir);
     kiln_compile_options opt = {.output_path = engine, .weight_dtype = KILN_DTYPE_COUNT_};
-    if (kiln_compile(ckpt, &opt, &err) != KILN_OK) {
-        fprintf(stderr, "compile: %s\n", err.msg);
-        return -1;
-    }
+    if (kt_compile(ckpt, &opt) != KILN_OK) return -1;
     char tokjson[1024], dir[600], link[700], target[1100];
     snprintf(tokjson, sizeof tokjson, "%s/tokenizers/llama2/tokenizer.json", KILN_SHARED_DIR);
     if (access(tokjson, R_OK) != 0) return 0;
@@ -688,10 +685,7 @@ static int make_engines(void) {
     if (symlink(tokjson, link) != 0) return -1;
     snprintf(tok_engine, sizeof tok_engine, "%s/stories-tok.kiln", tmpdir);
     opt.output_path = tok_engine;
-    if (kiln_compile(dir, &opt, &err) != KILN_OK) {
-        fprintf(stderr, "compile with tokenizer: %s\n", err.msg);
-        tok_engine[0] = 0;
-    }
+    if (kt_compile(dir, &opt) != KILN_OK) tok_engine[0] = 0;
     return 0;
 }
 
@@ -710,8 +704,7 @@ static void remove_fixtures(void) {
 }
 
 int main(void) {
-    snprintf(tmpdir, sizeof tmpdir, "%s/kiln-api-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    if (!mkdtemp(tmpdir)) return 1;
+    if (!kt_tmpdir(tmpdir, sizeof tmpdir, "api")) return 1;
     n_gc = load_golden();
     if (n_gc != 3 || make_engines() != 0) {
         fprintf(stderr, "fixtures failed\n");

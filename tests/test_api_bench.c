@@ -12,6 +12,7 @@
 
 #include "compiler/kiln_compiler.h"
 #include "kt.h"
+#include "kt_fixture.h"
 
 int kiln_cmd_bench(int argc, char **argv);
 
@@ -167,19 +168,14 @@ static void test_bench_errors(void) {
 }
 
 int main(void) {
-    snprintf(tmpdir, sizeof tmpdir, "%s/kiln-bench-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    if (!mkdtemp(tmpdir)) return 1;
+    if (!kt_tmpdir(tmpdir, sizeof tmpdir, "bench")) return 1;
     snprintf(engine, sizeof engine, "%s/stories.kiln", tmpdir);
     snprintf(out_path, sizeof out_path, "%s/out.txt", tmpdir);
     snprintf(err_path, sizeof err_path, "%s/err.txt", tmpdir);
     char ckpt[1024];
     snprintf(ckpt, sizeof ckpt, "%s/models/stories260k", KILN_SOURCE_DIR);
     kiln_compile_options opt = {.output_path = engine, .weight_dtype = KILN_DTYPE_COUNT_};
-    kiln_error e = {0};
-    if (kiln_compile(ckpt, &opt, &e) != KILN_OK) {
-        fprintf(stderr, "compile: %s\n", e.msg);
-        return 1;
-    }
+    if (kt_compile(ckpt, &opt) != KILN_OK) return 1;
     KT_RUN(test_bench_json);
     KT_RUN(test_bench_table);
     KT_RUN(test_bench_errors);

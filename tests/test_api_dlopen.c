@@ -12,6 +12,7 @@
 
 #include "compiler/kiln_compiler.h"
 #include "kt.h"
+#include "kt_fixture.h"
 #include "runtime/kiln.h"
 
 static char tmpdir[256], engine[512];
@@ -105,17 +106,12 @@ static void test_generate_through_dlopen(void) {
 }
 
 int main(void) {
-    snprintf(tmpdir, sizeof tmpdir, "%s/kiln-dl-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    if (!mkdtemp(tmpdir)) return 1;
+    if (!kt_tmpdir(tmpdir, sizeof tmpdir, "dl")) return 1;
     snprintf(engine, sizeof engine, "%s/stories.kiln", tmpdir);
     char ckpt[1024];
     snprintf(ckpt, sizeof ckpt, "%s/models/stories260k", KILN_SOURCE_DIR);
     kiln_compile_options opt = {.output_path = engine, .weight_dtype = KILN_DTYPE_COUNT_};
-    kiln_error e = {0};
-    if (kiln_compile(ckpt, &opt, &e) != KILN_OK) {
-        fprintf(stderr, "compile: %s\n", e.msg);
-        return 1;
-    }
+    if (kt_compile(ckpt, &opt) != KILN_OK) return 1;
     KT_RUN(test_generate_through_dlopen);
     unlink(engine);
     rmdir(tmpdir);

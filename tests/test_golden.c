@@ -19,6 +19,7 @@
 #include "compiler/kiln_compiler.h"
 #include "golden_io.h"
 #include "kt.h"
+#include "kt_fixture.h"
 #include "runtime/kiln_rt.h"
 #include "runtime/kiln_tokenizer.h"
 
@@ -34,10 +35,7 @@ static char *src_path(const char *rel) {
 
 static int compile_to(const char *ckpt, const char *passes, const char *out, kiln_dtype dt) {
     kiln_compile_options opt = {.output_path = out, .weight_dtype = dt, .passes = passes};
-    kiln_error err = {0};
-    kiln_status st = kiln_compile(ckpt, &opt, &err);
-    if (st != KILN_OK) fprintf(stderr, "  compile %s: %s\n", ckpt, err.msg);
-    return st;
+    return kt_compile(ckpt, &opt);
 }
 
 
@@ -217,8 +215,7 @@ static void test_pycode_text(void) {
 }
 
 int main(void) {
-    snprintf(tmpdir, sizeof tmpdir, "%s/kiln-golden-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    if (!mkdtemp(tmpdir)) return 1;
+    if (!kt_tmpdir(tmpdir, sizeof tmpdir, "golden")) return 1;
     KT_RUN(test_stories260k);
     KT_RUN(test_tiny_mistral_sliding_window);
     KT_RUN(test_tiny_llama3_rope_scaling_tied);

@@ -35,6 +35,7 @@
 #include "runtime/kiln_rt.h"
 #include "tests/golden_io.h"
 #include "tests/kt.h"
+#include "tests/kt_fixture.h"
 
 #ifdef KILN_HAVE_CUDA
 #include "runtime/cuda/kiln_cuda_exec.h"
@@ -87,10 +88,7 @@ static int compile_engine(const char *ckpt, kiln_dtype dt, const char *passes, c
                           const char *out) {
     kiln_compile_options opt = {.output_path = out, .weight_dtype = dt, .passes = passes, .targets = targets,
                                 .kv_block_size = block};
-    kiln_error err = {0};
-    kiln_status st = kiln_compile(ckpt, &opt, &err);
-    if (st != KILN_OK) fprintf(stderr, "  compile %s: %s\n", ckpt, err.msg);
-    return st;
+    return kt_compile(ckpt, &opt);
 }
 
 /* ---- goldens ---- */

@@ -17,6 +17,7 @@
 
 #include "compiler/kiln_compiler.h"
 #include "kt.h"
+#include "kt_fixture.h"
 #include "runtime/kiln_exec.h"
 #include "runtime/kiln_rt.h"
 #include "runtime/kiln_sched.h"
@@ -31,11 +32,8 @@ static kiln_model *compile_and_open(const char *ckpt_rel, const char *name) {
     snprintf(ckpt, sizeof ckpt, "%s/%s", KILN_SOURCE_DIR, ckpt_rel);
     snprintf(out, sizeof out, "%s/%s.kiln", tmpdir, name);
     kiln_compile_options opt = {.output_path = out, .weight_dtype = KILN_DTYPE_COUNT_};
+    if (kt_compile(ckpt, &opt) != KILN_OK) return NULL;
     kiln_error err = {0};
-    if (kiln_compile(ckpt, &opt, &err) != KILN_OK) {
-        fprintf(stderr, "  compile %s: %s\n", ckpt, err.msg);
-        return NULL;
-    }
     kiln_model *m = NULL;
     if (kiln_model_open(out, 1, &m, &err) != KILN_OK) fprintf(stderr, "  open %s: %s\n", out, err.msg);
     unlink(out);
@@ -838,8 +836,7 @@ static void test_sched_options(void) {
 }
 
 int main(void) {
-    snprintf(tmpdir, sizeof tmpdir, "%s/kiln-sched-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    if (!mkdtemp(tmpdir)) return 1;
+    if (!kt_tmpdir(tmpdir, sizeof tmpdir, "sched")) return 1;
     stories = compile_and_open("models/stories260k", "stories");
     mistral = compile_and_open("tests/data/tiny-mistral", "mistral");
     llama3 = compile_and_open("tests/data/tiny-llama3", "llama3");

@@ -1,0 +1,30 @@
+/*
+ * kt_fixture.h — what several test programs set up the same way: a private
+ * temporary folder, and engines compiled from checkpoints. Header-only, like
+ * kt.h: each test file is its own program.
+ */
+#ifndef KT_FIXTURE_H
+#define KT_FIXTURE_H
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "compiler/kiln_compiler.h"
+
+/* dir = $TMPDIR (or /tmp)/kiln-TAG-XXXXXX, created; false if it could not be. */
+static inline bool kt_tmpdir(char *dir, size_t n, const char *tag) {
+    const char *t = getenv("TMPDIR");
+    snprintf(dir, (size_t)n, "%s/kiln-%s-XXXXXX", t ? t : "/tmp", tag);
+    return mkdtemp(dir) != NULL;
+}
+
+/* kiln_compile of the checkpoint folder ckpt with opt; a failure is reported on stderr. */
+static inline kiln_status kt_compile(const char *ckpt, const kiln_compile_options *opt) {
+    kiln_error err = {0};
+    kiln_status st = kiln_compile(ckpt, opt, &err);
+    if (st != KILN_OK) fprintf(stderr, "  compile %s: %s\n", ckpt, err.msg);
+    return st;
+}
+
+#endif
