@@ -53,16 +53,14 @@ static void check_engine(const char *engine, const char *golden_dir) {
     size_t ci;
     json_t *c;
     json_array_foreach(cases, ci, c) {
-        int np, ng;
-        int32_t *prompt = golden_json_ids(json_object_get(c, "prompt"), &np);
-        int32_t *greedy = golden_json_ids(json_object_get(c, "greedy"), &ng);
-        int positions = (int)json_integer_value(json_object_get(c, "positions"));
-        int vocab = (int)json_integer_value(json_object_get(c, "vocab"));
-        double range = json_real_value(json_object_get(c, "logit_range"));
+        golden_case gc;
+        golden_case_read(c, golden_dir, &gc);
+        const int np = gc.np, ng = gc.ng, positions = gc.positions, vocab = gc.vocab;
+        const int32_t *prompt = gc.prompt, *greedy = gc.greedy;
+        const float *want = gc.logits;
+        const double range = gc.range;
         KT_EQ_INT(positions, np + ng);
         KT_EQ_INT(vocab, m->plan->vocab_size);
-        snprintf(path, sizeof path, "%s/%s", golden_dir, json_string_value(json_object_get(c, "logits")));
-        float *want = golden_read_f32(path, (size_t)positions * (size_t)vocab);
         KT_CHECK(want != NULL);
 
         /* 1. one forward over the whole sequence, all logits */
@@ -103,9 +101,7 @@ static void check_engine(const char *engine, const char *golden_dir) {
         kiln_cpu_ctx_free(ctx);
         free(got);
         free(seq);
-        free(want);
-        free(prompt);
-        free(greedy);
+        golden_case_free(&gc);
     }
     kiln_model_close(m);
     json_decref(g);

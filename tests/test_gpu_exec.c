@@ -420,15 +420,13 @@ static void check_golden(const char *eng, const char *golden_dir, const kiln_cud
     size_t ci;
     json_t *c;
     json_array_foreach(cases, ci, c) {
-        int np, ng;
-        int32_t *prompt = golden_json_ids(json_object_get(c, "prompt"), &np);
-        int32_t *greedy = golden_json_ids(json_object_get(c, "greedy"), &ng);
-        int positions = (int)json_integer_value(json_object_get(c, "positions"));
-        int V = (int)json_integer_value(json_object_get(c, "vocab"));
-        double range = json_real_value(json_object_get(c, "logit_range"));
+        golden_case gc;
+        golden_case_read(c, golden_dir, &gc);
+        const int np = gc.np, ng = gc.ng, V = gc.vocab;
+        const int32_t *prompt = gc.prompt, *greedy = gc.greedy;
+        const float *want = gc.logits;
+        const double range = gc.range;
         KT_EQ_INT(V, G.vocab);
-        float *want = golden_read_f32(pathf("%s/%s", golden_dir, json_string_value(json_object_get(c, "logits"))),
-                               (size_t)positions * (size_t)V);
         KT_CHECK(want != NULL);
         int32_t *ids = calloc((size_t)ng, sizeof *ids);
         float *got = malloc(sizeof(float) * (size_t)ng * (size_t)V);
@@ -466,9 +464,7 @@ static void check_golden(const char *eng, const char *golden_dir, const kiln_cud
             KT_CHECKF(pw <= 1e-3, "%s case %zu: prompt logits (one token per step) rel err %.3g", golden_dir, ci, pw);
             KT_EQ_INT(one, greedy[0]);
         }
-        free(prompt);
-        free(greedy);
-        free(want);
+        golden_case_free(&gc);
         free(ids);
         free(got);
         free(pl);
