@@ -421,7 +421,7 @@ static const char *part_path(char *buf, size_t n, const char *path, const char *
 
 /* A Replace (normalizer or decoder): a non-empty String pattern (no Regex) into s->a, "content" into s->b. */
 static kiln_status parse_replace(cc *c, json_t *n, const char *path, step *s) {
-    bool rx;
+    bool rx = false;
     kiln_status st = parse_pattern(c, n, path, &rx, &s->a);
     if (st != KILN_OK) return st;
     if (rx) return perr(c, KILN_ERR_UNSUPPORTED, "%s: Replace with a Regex pattern is not supported (only String)", path);
