@@ -862,12 +862,12 @@ static void test_tiny_bf16(void) {
     size_t ci;
     json_t *c;
     json_array_foreach(json_object_get(g, "cases"), ci, c) {
-        int np, ng;
-        int32_t *prompt = golden_json_ids(json_object_get(c, "prompt"), &np);
-        int32_t *greedy = golden_json_ids(json_object_get(c, "greedy"), &ng);
-        int positions = (int)json_integer_value(json_object_get(c, "positions"));
-        float *want = golden_read_f32(pathf("%s/%s", gdir, json_string_value(json_object_get(c, "logits"))),
-                               (size_t)positions * (size_t)V);
+        golden_case gc;
+        golden_case_read(c, gdir, &gc);
+        KT_EQ_INT(gc.vocab, V);
+        const int np = gc.np, ng = gc.ng;
+        const int32_t *prompt = gc.prompt, *greedy = gc.greedy;
+        const float *want = gc.logits;
         int32_t *ids = calloc((size_t)ng, sizeof *ids);
         float *lg = malloc(sizeof(float) * (size_t)ng * (size_t)V);
         KT_CHECK(gen_one(&G, 1, prompt, np, ng, 64, ids, lg, NULL));
@@ -886,9 +886,7 @@ static void test_tiny_bf16(void) {
                 d < 0 ? "identical" : "differ", d < 0 ? "" : " from", d, ours, worst);
         KT_CHECKF(worst < 3e-2, "tiny-mistral bf16 case %zu: logits rel err %.3g", ci, worst);
         KT_CHECKF(d < 0 || ours < 0.5, "tiny-mistral bf16 case %zu: ids differ at step %d, margin %.3f", ci, d, ours);
-        free(prompt);
-        free(greedy);
-        free(want);
+        golden_case_free(&gc);
         free(ids);
         free(lg);
     }
