@@ -278,8 +278,10 @@ static kiln_status plan_modules(const kiln_plan *p, int block_size, kset *s, kil
                 def_i(m, "BLOCK_SIZE", block_size);
                 def_i(m, "WINDOW", a->window);
                 if (kind == 0) {
-                    m->cfg[0] = 512, m->cfg[1] = 4;
-                    def_i(m, "PARTITION", 512);
+                    /* splits of up to 1024 tokens: at batch 64 and contexts up to 1024 one block per
+                     * (sequence, kv head) fills the H200 in one wave, with no combine step */
+                    m->cfg[0] = 1024, m->cfg[1] = 4;
+                    def_i(m, "PARTITION", 1024);
                     def_i(m, "ATTN_WARPS", 4);
                     include(m, "attn_decode.cuh");
                 } else {

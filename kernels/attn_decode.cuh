@@ -5,17 +5,25 @@
  *
  * Block (kv head h, sequence b, split s) handles the G = N_HEADS/N_KV_HEADS
  * query heads that share kv head h, so each K/V byte is read once, over the
- * tokens [start + s*P, start + (s+1)*P) (P = p.partition) of the attended
+ * tokens [start + s*P, start + (s+1)*P) (P = the split size) of the attended
  * range [start, L): L = seq_lens[b], start = max(0, L - WINDOW) with a
  * window (HF Mistral's rule: key j is seen from query i iff i - j < WINDOW).
- *   1. scores: a group of HEAD_DIM/KILN_VEC lanes takes one token (16 bytes
- *      of K per lane: 8 bf16, or 4 fp32 with KILN_F32), dots it with the G
- *      queries held in registers (pre-scaled by scale*log2(e), so softmax
- *      uses exp2), reduces within the group;
- *      scores go to shared memory [G][PARTITION].
- *   2. per head: max and sum of exp2 over the split (one warp per head).
- *   3. o = P·V: the same lane groups stream V, each lane owning KILN_VEC dims
- *      of G accumulators; groups are summed through shuffles and shared memory.
+ * One pass with an online softmax: a group of LPT = HEAD_DIM/KILN_VEC lanes
+ * takes one token at a time (16 bytes of K and of V per lane: 8 bf16, or 4
+ * fp32 with KILN_F32), ATTN_UNROLL tokens per step with all their K and V
+ * loads in flight together. Per step the group
+ *   - dots each token's K with the G queries held in registers (pre-scaled
+ *     by scale*log2(e), so the softmax uses exp2) and sums the U*G partial
+ *     dots over its lanes by a reduce-scatter (each shuffle level sends half
+ *     of the values a lane still holds; U*G - 1 shuffles in all when U*G is
+ *     a multiple of LPT, against LPT's log2 per value) and a broadcast;
+ *   - raises its running max m per head, rescales its sum l and its o (each
+ *     lane owns KILN_VEC dims of the G heads' o) by 2^(m_old - m_new), and
+ *     adds 2^(s - m) and 2^(s - m) * V.
+ * No scores are stored, so a split has no length limit of its own and K and
+ * V stream from HBM side by side. At the end the groups of a warp merge
+ * through shuffles and the warps through shared memory, each part weighted
+ * by 2^(its max - the larger max).
  * With one split the block writes the normalised output; otherwise it
  * writes unnormalised o with its (max, sum) and the splits are merged:
  * o = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s. With p.counters the
@@ -32,39 +40,38 @@
  * Latency (decode at small batch is a chain of dependent loads, not a
  * bandwidth problem): with p.qkv nothing the kernel reads from the cache was
  * written by the kernels before it in the stream, so the block ids, the
- * rope angles and the first ATTN_UNROLL tokens' K (into registers; their V
- * toward L2) are fetched before kiln_pdl_wait, under the QKV projection's
- * tail; later score steps pull their tokens' V toward L2 as they load K, so
- * phase 3 reads V from L2. The merge (combine kernel or last block) stages
- * the split weights in shared memory and loads 8 splits ahead, summing in
- * split order, so both give the same bits (kiln_attn_merge). Measured on the
- * H200 (Mistral-7B, docs/kernels.md run 5): -3% per decode step at batch 1.
+ * rope angles and the first step's K and V (into registers) are fetched
+ * before kiln_pdl_wait, under the QKV projection's tail. The merge (combine
+ * kernel or last block) stages the split weights in shared memory and loads
+ * 8 splits ahead, summing in split order, so both give the same bits
+ * (kiln_attn_merge).
  *
  * Constants: N_HEADS, N_KV_HEADS, HEAD_DIM (8..256 a power of two; 4..128
- * with KILN_F32),
- * BLOCK_SIZE, WINDOW (0 = full attention), PARTITION (the largest split the
- * shared memory is sized for, default 512), ATTN_WARPS (default 4),
- * ATTN_UNROLL (tokens whose K or V loads a lane group issues together,
- * default 4; 1 had stopped at ~65% of bandwidth at batch 64. Alone, 8 was
- * 17-24% faster at batch 64 (kiln_gpu_bench --decode-attn: 64 x 1024 tokens
- * 147 -> 111 us), but in the 7B decode step, with the fused RoPE and the
- * early loads, 8 was 2.5% slower at batch 64 and 0.5% at batch 1 and 8:
- * docs/kernels.md run 5). The
- * split size itself is a run-time parameter (p.partition <= PARTITION): small
+ * with KILN_F32), BLOCK_SIZE, WINDOW (0 = full attention), PARTITION (the
+ * longest split; it sizes only the block-id list in shared memory; default
+ * 512, the executor's engines use 1024), ATTN_WARPS (default 4),
+ * ATTN_UNROLL (tokens per lane group and step, default 2), ATTN_MINB (blocks
+ * per SM the register allocation must allow, default 0: the compiler's
+ * choice). What sets the speed at batch 64 is blocks per SM, i.e.
+ * registers: at Mistral's shapes depth 2 takes 125 registers (4 blocks of 4
+ * warps per SM, 512 blocks in one wave), depth 4 takes 157 (3 blocks; 9%
+ * slower per 7B step than the two-pass kernel it replaced) unless ATTN_MINB
+ * 4 caps it at 128 with spills (as fast as depth 2). docs/kernels.md run 6.
+ * The split size itself is a run-time parameter (p.partition <= PARTITION): small
  * batches take short splits so that the grid fills the GPU
  * (kiln_attn_decode_partition in runtime/cuda/kernels.c). With p.partition
  * = 0 each sequence picks its own split size from its length n (the tokens
  * it attends to): the smallest multiple of 32 >= ceil(n / p.splits_want),
- * at least ceil(n / max_splits), clamped to [one step of the block's lane
- * groups (ATTN_WARPS * 32 / (HEAD_DIM / KILN_VEC) * ATTN_UNROLL tokens,
- * rounded up to 32), PARTITION]; so a launch
- * whose grid was fixed in advance (a CUDA graph) still splits short and
- * long contexts well. The block ids a
+ * at least ceil(n / max_splits), no shorter than one step of the block's
+ * lane groups (ATTN_WARPS * 32 / LPT * ATTN_UNROLL tokens, rounded up to
+ * 32); one longer than PARTITION becomes ceil(n / PARTITION) splits of even
+ * length (multiples of 32). So a launch whose grid was fixed in advance (a
+ * CUDA graph) still splits short and long contexts well. The block ids a
  * split needs are read into shared memory first, so the K/V loads do not
  * wait on a block-table load each.
  * Launch: kiln_attn_decode grid (N_KV_HEADS, B, max_splits), block
  * ATTN_WARPS*32, dynamic shared memory kiln_attn_decode_smem bytes:
- * 4*(G*PARTITION + ATTN_WARPS*G*HEAD_DIM + 2*G + PARTITION/BLOCK_SIZE + 2);
+ * 4*(ATTN_WARPS*G*HEAD_DIM + 2*ATTN_WARPS*G + 2*G + PARTITION/BLOCK_SIZE + 2);
  * kiln_attn_decode_combine grid (N_HEADS, B), block HEAD_DIM rounded up to 32.
  * max_splits must be >= ceil(min(L, WINDOW or L) / partition) for every b
  * (with p.partition = 0: >= ceil(min(L, WINDOW or L) / PARTITION)).
@@ -84,7 +91,10 @@
 #define ATTN_WARPS 4
 #endif
 #ifndef ATTN_UNROLL
-#define ATTN_UNROLL 4 /* K or V tokens loaded per lane group before their first use */
+#define ATTN_UNROLL 2 /* tokens whose K and V a lane group loads together, per step */
+#endif
+#ifndef ATTN_MINB
+#define ATTN_MINB 0 /* blocks per SM the register allocation must allow (0: the compiler's choice) */
 #endif
 #if HEAD_DIM % KILN_VEC || HEAD_DIM / KILN_VEC > 32 || (32 % (HEAD_DIM / KILN_VEC)) != 0
 #error "HEAD_DIM must be a power of two from 8 to 256 (bf16) or 4 to 128 (KILN_F32)"
@@ -94,6 +104,10 @@
 #endif
 
 #define KILN_LOG2E 1.4426950408889634f
+
+/* log2 of a power of two; how many times n halves evenly, at most `most` times */
+static constexpr __host__ __device__ int kiln_log2i(int n) { return n > 1 ? 1 + kiln_log2i(n / 2) : 0; }
+static constexpr __host__ __device__ int kiln_halvings(int n, int most) { return most > 0 && n % 2 == 0 ? 1 + kiln_halvings(n / 2, most - 1) : 0; }
 
 /* The attended range [start, L) of a sequence of L tokens, and its split count. */
 KILN_DEV int kiln_attn_start(int L) { return (WINDOW > 0 && L > WINDOW) ? L - WINDOW : 0; }
@@ -110,6 +124,10 @@ KILN_DEV int kiln_attn_part(const kiln_attn_decode_params &p, int L) {
     constexpr int STEP = ((ATTN_WARPS * 32 / (HEAD_DIM / KILN_VEC)) * ATTN_UNROLL + 31) / 32 * 32;
     int part = max((n + want - 1) / want, (n + most - 1) / most);
     part = (part + 31) / 32 * 32;
+    if (part > PARTITION) { /* as many splits as PARTITION needs, of even length */
+        const int k = (n + PARTITION - 1) / PARTITION;
+        part = ((n + k - 1) / k + 31) / 32 * 32;
+    }
     return min(max(part, STEP), PARTITION);
 }
 
@@ -184,21 +202,43 @@ KILN_DEV void kiln_attn_merge(const kiln_attn_decode_params &p, int b, int hq0, 
     }
 }
 
-extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) kiln_attn_decode(const kiln_attn_decode_params p) {
+/* K and V (16 bytes each, the lane's KILN_VEC dims) of token t for a lane: zeros past t1 (their
+ * scores are masked, and a zero V keeps 0 * V finite); the new token (t == tnew, fused RoPE) from
+ * shared memory, once its k and v are there. */
+KILN_DEV void kiln_attn_kv(const kiln_elem *kc, const kiln_elem *vc, const int *blocks, int fb, int h, int j, int t,
+                           int t1, int tnew, const kiln_elem *knew, const kiln_elem *vnew, uint4 &k, uint4 &v) {
+    if (t == tnew) {
+        k = *(const uint4 *)(knew + j * KILN_VEC);
+        v = *(const uint4 *)(vnew + j * KILN_VEC);
+    } else if (t < t1) {
+        const size_t at = kiln_kv_at(blocks[t / BLOCK_SIZE - fb], h, t % BLOCK_SIZE, j * KILN_VEC);
+        k = kiln_ld16(kc + at);
+        v = kiln_ld16(vc + at);
+    } else {
+        k = v = make_uint4(0, 0, 0, 0);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MINB) kiln_attn_decode(const kiln_attn_decode_params p) {
     constexpr int G = N_HEADS / N_KV_HEADS;
     constexpr int LPT = HEAD_DIM / KILN_VEC; /* lanes per token */
-    constexpr int TPW = 32 / LPT;       /* tokens per warp step */
-    constexpr int NG = ATTN_WARPS * TPW; /* token groups in the block */
+    constexpr int TPW = 32 / LPT;            /* tokens per warp step */
+    constexpr int NG = ATTN_WARPS * TPW;     /* token groups in the block */
     constexpr int NT = ATTN_WARPS * 32;
+    constexpr int U = ATTN_UNROLL;
+    constexpr int NV = U * G;                        /* scores per lane group and step */
+    constexpr int LB = kiln_log2i(LPT);              /* shuffle levels of a group */
+    constexpr int RS = kiln_halvings(NV, LB);        /* levels that halve the values each lane keeps */
+    constexpr int CF = NV >> RS;                     /* values each lane ends with */
     extern __shared__ float smem[];
-    float *sc = smem;                            /* [G][PARTITION] scores, then probabilities */
-    float *red = sc + G * PARTITION;             /* [ATTN_WARPS][G][HEAD_DIM] partial o */
-    float *ml = red + ATTN_WARPS * G * HEAD_DIM; /* [G][2] max, sum */
-    int *blocks = (int *)(ml + 2 * G);           /* [PARTITION/BLOCK_SIZE + 2] block ids of this split */
+    float *red = smem;                             /* [ATTN_WARPS][G][HEAD_DIM] each warp's o */
+    float *wml = red + ATTN_WARPS * G * HEAD_DIM;  /* [ATTN_WARPS][G][2] each warp's max, sum */
+    float *ml = wml + ATTN_WARPS * G * 2;          /* [G][2] the block's max, sum */
+    int *blocks = (int *)(ml + 2 * G);             /* [PARTITION/BLOCK_SIZE + 2] block ids of this split */
 
     /* With p.qkv (fused RoPE) nothing this kernel reads from the cache was written by the kernels before it
      * in the stream (the new token's k and v are written here), and seq_lens, block tables, positions and
-     * slots are step inputs: the first chunk's K/V loads and the rope angles are issued before
+     * slots are step inputs: the first step's K/V loads and the rope angles are issued before
      * kiln_pdl_wait, overlapping the QKV projection's tail. Only q and the new token's k, v (the QKV
      * output) are read after it. Without p.qkv the rope kernel has just written the cache: wait first. */
     const bool rope = p.qkv != 0;
@@ -207,18 +247,16 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) kiln_attn_decode(c
     const int h = blockIdx.x, b = blockIdx.y, split = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int j = lane % LPT;                 /* which KILN_VEC dims this lane owns */
-    const int grp = warp * TPW + lane / LPT;  /* token group */
     const int L = ((const int *)p.seq_lens)[b];
     const int part = kiln_attn_part(p, L);
     const int nsplit = kiln_attn_nsplits(L, part);
     if (split >= nsplit && !(split == 0 && nsplit == 0)) return;
     const int t0 = kiln_attn_start(L) + split * part;
     const int t1 = min(L, t0 + part);
-    const int n = max(0, t1 - t0);
     const int fb = t0 / BLOCK_SIZE; /* first KV block of the split */
     {
         const int *bt = (const int *)p.block_tables + (size_t)b * p.max_blocks;
-        const int nb = n > 0 ? (t1 - 1) / BLOCK_SIZE - fb + 1 : 0;
+        const int nb = t1 > t0 ? (t1 - 1) / BLOCK_SIZE - fb + 1 : 0;
         for (int i = threadIdx.x; i < nb; i += NT) blocks[i] = bt[fb + i];
     }
     const kiln_elem *kc = (const kiln_elem *)p.k_cache, *vc = (const kiln_elem *)p.v_cache;
@@ -229,6 +267,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) kiln_attn_decode(c
     __shared__ __align__(16) kiln_elem knew[HEAD_DIM], vnew[HEAD_DIM];
     __shared__ float rcs[HEAD_DIM], rsn[HEAD_DIM];
     const int pos = rope ? ((const int *)p.positions)[b] : 0;
+    const int tnew = rope ? L - 1 : -1; /* the token whose k and v come from the QKV output */
     const bool last_split = rope && split == nsplit - 1;
     if (rope)
         for (int d = threadIdx.x; d < HEAD_DIM; d += NT)
@@ -237,20 +276,15 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) kiln_attn_decode(c
                     &rsn[d], &rcs[d]);
     __syncthreads(); /* blocks[], rcs/rsn ready */
 
-    /* K of the first ATTN_UNROLL tokens of each lane group (the first step of the score loop) in
-     * registers, their V pulled toward L2; the new token's k (p.qkv) is taken from shared memory
-     * after the wait. */
-    uint4 k0[ATTN_UNROLL];
+    /* Lane groups of LPT lanes take one token each, U tokens per step: group (warp, g) of the block
+     * takes tokens tw + u*NG + (the steps before) * NG*U with tw = t0 + warp*TPW + g. The first step's
+     * K and V are loaded here, before the wait; the new token's are patched in after it. */
+    const int tw = t0 + warp * TPW + lane / LPT;
+    uint4 kr[U], vr[U];
 #pragma unroll
-    for (int u = 0; u < ATTN_UNROLL; u++) {
-        const int t = t0 + grp + u * NG;
-        k0[u] = make_uint4(0, 0, 0, 0);
-        if (t < t1 && !(rope && t == L - 1)) {
-            const size_t at = kiln_kv_at(blocks[t / BLOCK_SIZE - fb], h, t % BLOCK_SIZE, j * KILN_VEC);
-            k0[u] = kiln_ld16(kc + at);
-            kiln_prefetch_l2(vc + at);
-        }
-    }
+    for (int u = 0; u < U; u++)
+        kiln_attn_kv(kc, vc, blocks, fb, h, j, tw + u * NG == tnew ? t1 : tw + u * NG, t1, -1, knew, vnew, kr[u],
+                     vr[u]);
     if (rope) kiln_pdl_wait();
 
     const kiln_elem *qrow = rope ? (const kiln_elem *)p.qkv + (size_t)b * QKVW : (const kiln_elem *)0;
@@ -296,141 +330,155 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) kiln_attn_decode(c
             }
         }
     }
-
     if (rope) {
         __syncthreads(); /* knew, vnew ready */
 #pragma unroll
-        for (int u = 0; u < ATTN_UNROLL; u++)
-            if (t0 + grp + u * NG == L - 1) k0[u] = *(const uint4 *)(knew + j * KILN_VEC);
+        for (int u = 0; u < U; u++)
+            if (tw + u * NG == tnew) kiln_attn_kv(kc, vc, blocks, fb, h, j, tnew, t1, tnew, knew, vnew, kr[u], vr[u]);
     }
 
-    /* 1. scores, ATTN_UNROLL tokens per lane group per step (their K loads in flight together; the
-     * first step's are k0). Each step pulls its tokens' V toward L2 (the first step's were pulled
-     * with k0), so V streams from HBM while the scores are computed and phase 3 reads it from L2.
-     * The loop bound is warp-uniform so every shuffle has all lanes. */
-    for (int tb = t0 + warp * TPW; tb < t1; tb += NG * ATTN_UNROLL) {
-        const bool first = tb == t0 + warp * TPW;
-        uint4 kr[ATTN_UNROLL];
+    /* One pass with an online softmax: each step loads U tokens' K and V together (2*U 16-byte loads
+     * in flight per lane), scores them, raises the group's running max m (rescaling its sum l and
+     * o by 2^(m_old - m_new)) and adds 2^(s - m) * V. No scores are kept: the split has no length
+     * limit of its own, and K and V stream from HBM once, side by side. The loop bound is
+     * warp-uniform so every shuffle has all lanes. */
+    float m[G], l[G], o[G][KILN_VEC];
 #pragma unroll
-        for (int u = 0; u < ATTN_UNROLL; u++) {
-            const int t = tb + u * NG + lane / LPT;
-            if (first) {
-                kr[u] = k0[u];
-            } else if (rope && t == L - 1) {
-                kr[u] = *(const uint4 *)(knew + j * KILN_VEC);
-            } else if (t < t1) {
-                const size_t at = kiln_kv_at(blocks[t / BLOCK_SIZE - fb], h, t % BLOCK_SIZE, j * KILN_VEC);
-                kr[u] = kiln_ld16(kc + at);
-                kiln_prefetch_l2(vc + at);
-            } else {
-                kr[u] = make_uint4(0, 0, 0, 0);
-            }
-        }
+    for (int g = 0; g < G; g++) {
+        m[g] = KILN_NEG_INF;
+        l[g] = 0.0f;
 #pragma unroll
-        for (int u = 0; u < ATTN_UNROLL; u++) {
-            const int t = tb + u * NG + lane / LPT;
+        for (int e = 0; e < KILN_VEC; e++) o[g][e] = 0.0f;
+    }
+    for (int tb = t0 + warp * TPW; tb < t1; tb += NG * U) {
+        const int t = tb + lane / LPT;
+        if (tb != t0 + warp * TPW)
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                kiln_attn_kv(kc, vc, blocks, fb, h, j, t + u * NG, t1, tnew, knew, vnew, kr[u], vr[u]);
+        /* scores x[u*G + g] = q_g . k_u, summed over the group's LPT lanes by a reduce-scatter (each
+         * level sends half the values, keeps the other half: NV/2 + NV/4 + ... shuffles, not NV per
+         * level), then broadcast to the whole group */
+        float x[NV];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
             float k[KILN_VEC];
             kiln_unpackv(kr[u], k);
 #pragma unroll
             for (int g = 0; g < G; g++) {
-                float s = 0.0f;
+                float a = 0.0f;
 #pragma unroll
-                for (int e = 0; e < KILN_VEC; e++) s = fmaf(q[g][e], k[e], s);
+                for (int e = 0; e < KILN_VEC; e++) a = fmaf(q[g][e], k[e], a);
+                x[u * G + g] = a;
+            }
+        }
 #pragma unroll
-                for (int o = LPT / 2; o > 0; o >>= 1) s += __shfl_xor_sync(KILN_FULL_MASK, s, o);
-                if (t < t1 && j == 0) sc[g * PARTITION + (t - t0)] = s;
+        for (int lv = 0; lv < LB; lv++) {
+            const int off = LPT >> (lv + 1);
+            if (lv < RS) {
+                const int half = NV >> (lv + 1);
+                const bool up = (lane & off) != 0; /* keeps the upper half */
+#pragma unroll
+                for (int i = 0; i < NV / 2; i++) /* a constant trip count, so it unrolls (i < half) */
+                    if (i < half) {
+                        const float send = up ? x[i] : x[i + half], keep = up ? x[i + half] : x[i];
+                        x[i] = keep + __shfl_xor_sync(KILN_FULL_MASK, send, off);
+                    }
+            } else {
+#pragma unroll
+                for (int i = 0; i < CF; i++) x[i] += __shfl_xor_sync(KILN_FULL_MASK, x[i], off);
+            }
+        }
+        /* x[i] (i < CF) is the full sum of index (j >> (LB - RS)) * CF + i */
+        float s[U][G];
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+            const float v = __shfl_sync(KILN_FULL_MASK, x[i % CF], (lane & ~(LPT - 1)) + ((i / CF) << (LB - RS)));
+            s[i / G][i % G] = t + (i / G) * NG < t1 ? v : KILN_NEG_INF;
+        }
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            float mx = m[g];
+#pragma unroll
+            for (int u = 0; u < U; u++) mx = fmaxf(mx, s[u][g]);
+            const float base = mx == KILN_NEG_INF ? 0.0f : mx; /* nothing seen yet: all weights 0 */
+            const float f = exp2f(m[g] - base);
+            m[g] = mx;
+            l[g] *= f;
+#pragma unroll
+            for (int e = 0; e < KILN_VEC; e++) o[g][e] *= f;
+#pragma unroll
+            for (int u = 0; u < U; u++) s[u][g] = exp2f(s[u][g] - base);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) { /* tokens in order within the group */
+            float v[KILN_VEC];
+            kiln_unpackv(vr[u], v);
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                l[g] += s[u][g];
+#pragma unroll
+                for (int e = 0; e < KILN_VEC; e++) o[g][e] = fmaf(s[u][g], v[e], o[g][e]);
             }
         }
     }
-    __syncthreads();
 
-    /* 2. softmax statistics, one warp per head. */
-    for (int g = warp; g < G; g += ATTN_WARPS) {
-        float m = KILN_NEG_INF;
-        for (int i = lane; i < n; i += 32) m = fmaxf(m, sc[g * PARTITION + i]);
-        m = kiln_warp_max(m);
-        float l = 0.0f;
-        for (int i = lane; i < n; i += 32) {
-            float e = exp2f(sc[g * PARTITION + i] - m);
-            sc[g * PARTITION + i] = e;
-            l += e;
+    /* Merge the TPW groups of each warp (lanes with the same j) through shuffles, then the warps
+     * through shared memory, each part weighted by 2^(its max - the larger max). */
+#pragma unroll
+    for (int off = LPT; off < 32; off <<= 1)
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            const float mo = __shfl_xor_sync(KILN_FULL_MASK, m[g], off);
+            const float lo = __shfl_xor_sync(KILN_FULL_MASK, l[g], off);
+            const float mx = fmaxf(m[g], mo), base = mx == KILN_NEG_INF ? 0.0f : mx;
+            const float fa = exp2f(m[g] - base), fo = exp2f(mo - base);
+            m[g] = mx;
+            l[g] = l[g] * fa + lo * fo;
+#pragma unroll
+            for (int e = 0; e < KILN_VEC; e++) o[g][e] = o[g][e] * fa + __shfl_xor_sync(KILN_FULL_MASK, o[g][e], off) * fo;
         }
-        l = kiln_warp_sum(l);
-        if (lane == 0) {
-            ml[2 * g] = m;
-            ml[2 * g + 1] = l;
-        }
-    }
-    __syncthreads();
-
-    /* 3. o = P·V over this block's tokens. */
-    float o[G][KILN_VEC];
-#pragma unroll
-    for (int g = 0; g < G; g++)
-#pragma unroll
-        for (int e = 0; e < KILN_VEC; e++) o[g][e] = 0.0f;
-    for (int tb = t0 + grp; tb < t1; tb += NG * ATTN_UNROLL) {
-        uint4 vr[ATTN_UNROLL];
-#pragma unroll
-        for (int u = 0; u < ATTN_UNROLL; u++) {
-            const int t = tb + u * NG;
-            if (rope && t == L - 1) {
-                vr[u] = *(const uint4 *)(vnew + j * KILN_VEC);
-            } else if (t < t1) {
-                vr[u] = kiln_ld16(vc + kiln_kv_at(blocks[t / BLOCK_SIZE - fb], h, t % BLOCK_SIZE, j * KILN_VEC));
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < ATTN_UNROLL; u++) { /* tokens in the same order as one at a time: same sums */
-            const int t = tb + u * NG;
-            if (t < t1) {
-                float v[KILN_VEC];
-                kiln_unpackv(vr[u], v);
-#pragma unroll
-                for (int g = 0; g < G; g++) {
-                    const float pr = sc[g * PARTITION + (t - t0)];
-#pragma unroll
-                    for (int e = 0; e < KILN_VEC; e++) o[g][e] = fmaf(pr, v[e], o[g][e]);
-                }
-            }
-        }
-    }
-    /* Sum the TPW groups of each warp (lanes with the same j), then the warps. */
-#pragma unroll
-    for (int g = 0; g < G; g++)
-#pragma unroll
-        for (int e = 0; e < KILN_VEC; e++)
-#pragma unroll
-            for (int off = LPT; off < 32; off <<= 1) o[g][e] += __shfl_xor_sync(KILN_FULL_MASK, o[g][e], off);
     if (lane < LPT)
 #pragma unroll
-        for (int g = 0; g < G; g++)
+        for (int g = 0; g < G; g++) {
 #pragma unroll
             for (int e = 0; e < KILN_VEC; e++) red[(warp * G + g) * HEAD_DIM + j * KILN_VEC + e] = o[g][e];
+            if (lane == 0) {
+                wml[(warp * G + g) * 2] = m[g];
+                wml[(warp * G + g) * 2 + 1] = l[g];
+            }
+        }
     __syncthreads();
 
     __shared__ int is_last;
-    for (int i = threadIdx.x; i < G * HEAD_DIM; i += ATTN_WARPS * 32) {
+    for (int i = threadIdx.x; i < G * HEAD_DIM; i += NT) {
         const int g = i / HEAD_DIM, d = i % HEAD_DIM;
-        float acc = 0.0f;
+        float mx = KILN_NEG_INF;
 #pragma unroll
-        for (int w = 0; w < ATTN_WARPS; w++) acc += red[(w * G + g) * HEAD_DIM + d];
+        for (int w = 0; w < ATTN_WARPS; w++) mx = fmaxf(mx, wml[(w * G + g) * 2]);
+        const float base = mx == KILN_NEG_INF ? 0.0f : mx;
+        float acc = 0.0f, sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < ATTN_WARPS; w++) {
+            const float f = exp2f(wml[(w * G + g) * 2] - base);
+            acc = fmaf(f, red[(w * G + g) * HEAD_DIM + d], acc);
+            sum = fmaf(f, wml[(w * G + g) * 2 + 1], sum);
+        }
         const int hq = h * G + g;
         if (nsplit <= 1) {
-            const float l = ml[2 * g + 1];
-            ((kiln_elem *)p.out)[((size_t)b * N_HEADS + hq) * HEAD_DIM + d] = kiln_f2e(l > 0.0f ? acc / l : 0.0f);
+            ((kiln_elem *)p.out)[((size_t)b * N_HEADS + hq) * HEAD_DIM + d] = kiln_f2e(sum > 0.0f ? acc / sum : 0.0f);
         } else {
             const size_t ps = ((size_t)b * N_HEADS + hq) * p.max_splits + split;
             ((float *)p.part_o)[ps * HEAD_DIM + d] = acc;
             if (d == 0) {
-                ((float *)p.part_ml)[ps * 2] = ml[2 * g];
-                ((float *)p.part_ml)[ps * 2 + 1] = ml[2 * g + 1];
+                ((float *)p.part_ml)[ps * 2] = mx;
+                ((float *)p.part_ml)[ps * 2 + 1] = sum;
             }
         }
     }
     if (nsplit <= 1 || !p.counters) return;
 
-    /* 4. the last split block of (b, h) to get here merges the G heads' splits */
+    /* the last split block of (b, h) to get here merges the G heads' splits */
     __threadfence(); /* this block's partials are visible device-wide before it counts */
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -442,8 +490,9 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) kiln_attn_decode(c
     __syncthreads();
     if (!is_last) return;
     __threadfence();
-    /* sc (scores) and red (partial o) are free now: they hold the splits' weights and sums */
-    kiln_attn_merge<G, NT>(p, b, h * G, nsplit, sc, red, min(PARTITION, ATTN_WARPS * HEAD_DIM), ml);
+    /* red (the warps' o) is free now: it holds the splits' weights and sums */
+    constexpr int CAP = ATTN_WARPS * HEAD_DIM / 2;
+    kiln_attn_merge<G, NT>(p, b, h * G, nsplit, red, red + G * CAP, CAP, ml);
 }
 
 #define KILN_COMBINE_THREADS ((HEAD_DIM + 31) / 32 * 32)

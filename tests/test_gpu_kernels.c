@@ -591,6 +591,7 @@ static void test_rope_kv(void) {
 
 typedef struct attn_cfg {
     int nh, nkv, hd, bs, window, partition;
+    int unroll; /* decode: ATTN_UNROLL (0 = the kernel's default) */
 } attn_cfg;
 
 /* A random paged cache holding B sequences of lens[b] tokens, in shuffled blocks. */
@@ -663,7 +664,7 @@ static void ref_attend(const paged *pc, const attn_cfg *c, int b, int hq, int qp
     free(s);
 }
 
-static int attn_defs(const attn_cfg *c, char d[7][40], const char *defs[7]) {
+static int attn_defs(const attn_cfg *c, char d[8][40], const char *defs[8]) {
     snprintf(d[0], 40, "N_HEADS=%d", c->nh);
     snprintf(d[1], 40, "N_KV_HEADS=%d", c->nkv);
     snprintf(d[2], 40, "HEAD_DIM=%d", c->hd);
@@ -671,8 +672,10 @@ static int attn_defs(const attn_cfg *c, char d[7][40], const char *defs[7]) {
     snprintf(d[4], 40, "WINDOW=%d", c->window);
     snprintf(d[5], 40, "PARTITION=512"); /* the largest split; the tests pick smaller ones at run time */
     snprintf(d[6], 40, "ATTN_WARPS=4");
-    for (int i = 0; i < 7; i++) defs[i] = d[i];
-    return 7;
+    int n = 7;
+    if (c->unroll > 0) snprintf(d[n++], 40, "ATTN_UNROLL=%d", c->unroll);
+    for (int i = 0; i < n; i++) defs[i] = d[i];
+    return n;
 }
 
 /* =================================================================== */
@@ -682,19 +685,24 @@ static int attn_defs(const attn_cfg *c, char d[7][40], const char *defs[7]) {
 static void test_attn_decode(void) {
     NEED_GPU();
     static const attn_cfg cfgs[] = {
-        {4, 4, 64, 16, 0, 64},      /* MHA, small partition: many splits */
-        {32, 8, 128, 16, 0, 512},   /* Mistral heads, default partition */
-        {8, 2, 128, 16, 100, 64},   /* sliding window smaller than the context */
-        {6, 2, 32, 8, 0, 32},       /* GQA 3, odd group */
-        {32, 8, 128, 16, 0, 0},     /* Mistral heads, split size from kiln_attn_decode_partition */
-        {32, 8, 128, 16, 4096, 0},  /* Mistral: window 4096 < context 4097 */
+        {4, 4, 64, 16, 0, 64, 0},      /* MHA, small partition: many splits */
+        {32, 8, 128, 16, 0, 512, 0},   /* Mistral heads, default partition */
+        {8, 2, 128, 16, 100, 64, 0},   /* sliding window smaller than the context */
+        {6, 2, 32, 8, 0, 32, 0},       /* GQA 3, odd group */
+        {32, 8, 128, 16, 0, 0, 0},     /* Mistral heads, split size from kiln_attn_decode_partition */
+        {32, 8, 128, 16, 4096, 0, 0},  /* Mistral: window 4096 < context 4097 */
+        /* load depths other than the default: the score reduce-scatter halving every level (4 x 4
+         * scores over 16 lanes; 8 x 1 over 8), and none (3 scores, odd) */
+        {32, 8, 128, 16, 0, 0, 4},
+        {4, 4, 64, 16, 0, 64, 8},
+        {6, 2, 32, 8, 0, 32, 1},
     };
     static const int lens[] = {1, 7, 63, 64, 65, 300, 1000, 4097};
     const int B = (int)(sizeof lens / sizeof lens[0]);
     for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
         const attn_cfg *c = &cfgs[ci];
-        char d[7][40];
-        const char *defs[7];
+        char d[8][40];
+        const char *defs[8];
         kfn k;
         KT_REQUIRE(kbuild(&k, "attn_decode.cuh", "kiln_attn_decode", defs, attn_defs(c, d, defs)));
         CUfunction comb;
@@ -872,12 +880,12 @@ static void test_attn_decode(void) {
 static void test_attn_prefill(void) {
     NEED_GPU();
     static const attn_cfg cfgs[] = {
-        {4, 4, 64, 16, 0, 0},    /* MHA (group 1), head_dim 64 */
-        {8, 2, 128, 16, 0, 0},   /* group 4, head_dim 128 */
-        {8, 2, 128, 16, 50, 0},  /* sliding window shorter than a key tile */
-        {6, 2, 32, 8, 0, 0},     /* group 3, head_dim 32, block 8 */
-        {4, 1, 64, 16, 100, 0},  /* group 4, head_dim 64, window over a tile */
-        {2, 2, 128, 32, 200, 0}, /* group 1, head_dim 128, block 32, window */
+        {4, 4, 64, 16, 0, 0, 0},    /* MHA (group 1), head_dim 64 */
+        {8, 2, 128, 16, 0, 0, 0},   /* group 4, head_dim 128 */
+        {8, 2, 128, 16, 50, 0, 0},  /* sliding window shorter than a key tile */
+        {6, 2, 32, 8, 0, 0, 0},     /* group 3, head_dim 32, block 8 */
+        {4, 1, 64, 16, 100, 0, 0},  /* group 4, head_dim 64, window over a tile */
+        {2, 2, 128, 32, 200, 0, 0}, /* group 1, head_dim 128, block 32, window */
     };
     /* (q_len, context after the chunk): whole prompts (q_len = context) and chunks after earlier
      * context; odd lengths and ones just past a 64- or 128-query tile; an empty (padding) row. */

@@ -35,8 +35,9 @@ kiln_cuda_dims kiln_gemv_dims(const kiln_gemv_cfg *c, int M, int N) {
 
 unsigned kiln_attn_decode_smem(int n_heads, int n_kv_heads, int head_dim, int block_size, int partition_max,
                                int warps) {
+    /* [warps][g][head_dim] partial o, [warps][g][2] and [g][2] max and sum, the split's block ids */
     int g = n_heads / n_kv_heads;
-    return (unsigned)(4 * (g * partition_max + warps * g * head_dim + 2 * g + partition_max / block_size + 2));
+    return (unsigned)(4 * (warps * g * head_dim + 2 * warps * g + 2 * g + partition_max / block_size + 2));
 }
 
 unsigned kiln_attn_prefill_smem(int head_dim) {
@@ -71,6 +72,9 @@ int kiln_attn_decode_partition(int batch, int n_kv_heads, int max_len, int windo
     int part = (len + want_splits - 1) / want_splits;
     part = (part + 31) / 32 * 32;
     if (part < 32) part = 32;
-    if (part > partition_max) part = partition_max;
+    if (part > partition_max) { /* as many splits as partition_max needs, of even length */
+        int n = (len + partition_max - 1) / partition_max;
+        part = ((len + n - 1) / n + 31) / 32 * 32;
+    }
     return part;
 }

@@ -5,9 +5,12 @@
  * C, no CUDA header: the compiler includes it in every build.
  * docs/engine-format.md ("kernels section") is the byte-level spec.
  *
- * Layout, version 1, little-endian:
+ * Layout, version 2, little-endian (the version also stands for the launch
+ * contract between the runtime and the kernels: 2 = one-pass attn_decode,
+ * whose shared memory kiln_attn_decode_smem sizes; a runtime reads only its
+ * own version):
  *   header, 32 bytes:
- *      0 u8[4] "KKRN"   4 u32 version (1)   8 u32 n_modules   12 u32 n_images
+ *      0 u8[4] "KKRN"   4 u32 version (2)   8 u32 n_modules   12 u32 n_images
  *     16 u32 elem (0 = bf16, 1 = f32: the element type every module was built for)
  *     20 u32 KV block size (tokens)   24 u32 reserved (0)   28 u32 reserved (0)
  *   modules: n_modules × 96 bytes:
@@ -42,7 +45,7 @@
 #include <stdio.h>
 
 #define KILN_KSEC_MAGIC "KKRN"
-#define KILN_KSEC_VERSION 1
+#define KILN_KSEC_VERSION 2
 #define KILN_KSEC_HEADER_SIZE 32
 #define KILN_KSEC_MODULE_SIZE 96
 #define KILN_KSEC_IMAGE_SIZE 32
