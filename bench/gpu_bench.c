@@ -250,21 +250,21 @@ static kiln_status attn_launch(bench *b, void *vctx, int i, kiln_error *err) {
     return st;
 }
 
-/* Decode attention, Mistral heads (32/8, 128), block 16: batch B, context L, with the K/V load depth
- * the codegen uses (ATTN_UNROLL 4) and a deeper one (8). */
+/* Decode attention, Mistral heads (32/8, 128), block 16: batch B, context L, at the kernel's default
+ * K/V load depth (ATTN_UNROLL 2) and at depth 4 with and without 4 blocks per SM forced (ATTN_MINB 4). */
 static void bench_attn_decode(bench *b) {
     const int NH = 32, NKV = 8, HD = 128, BS = 16, PART = 512;
-    const char *defs[] = {"N_HEADS=32", "N_KV_HEADS=8", "HEAD_DIM=128", "BLOCK_SIZE=16", "WINDOW=0", "PARTITION=512", NULL};
-    static const int unrolls[] = {4, 8};
-    for (size_t ui = 0; ui < sizeof unrolls / sizeof unrolls[0]; ui++) {
-    char udef[32];
-    snprintf(udef, sizeof udef, "ATTN_UNROLL=%d", unrolls[ui]);
-    defs[6] = udef;
+    const char *defs[] = {"N_HEADS=32", "N_KV_HEADS=8", "HEAD_DIM=128", "BLOCK_SIZE=16", "WINDOW=0", "PARTITION=512", NULL, NULL};
+    static const char *const variants[][2] = {{"ATTN_UNROLL=2", "ATTN_MINB=0"}, {"ATTN_UNROLL=4", "ATTN_MINB=4"},
+                                              {"ATTN_UNROLL=4", "ATTN_MINB=0"}};
+    for (size_t ui = 0; ui < sizeof variants / sizeof variants[0]; ui++) {
+    defs[6] = variants[ui][0];
+    defs[7] = variants[ui][1];
     CUmodule md;
-    CUfunction fd = build(b, "attn_decode.cuh", "kiln_attn_decode", defs, 7, &md), fc;
+    CUfunction fd = build(b, "attn_decode.cuh", "kiln_attn_decode", defs, 8, &md), fc;
     kiln_error err = {0};
     if (kiln_cuda_module_function(&b->cu, md, "kiln_attn_decode_combine", &fc, &err)) die("combine", &err);
-    static const int cases[][2] = {{1, 512}, {1, 4096}, {8, 520}, {8, 1024}, {8, 4096}, {64, 520}, {64, 1024}, {64, 4096}};
+    static const int cases[][2] = {{1, 512}, {1, 4096}, {8, 520}, {8, 1024}, {8, 4096}, {64, 520}, {64, 576}, {64, 1024}, {64, 4096}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         int B = cases[ci][0], L = cases[ci][1], nbpS = (L + BS - 1) / BS, nblocks = B * nbpS;
         CUdeviceptr k = rand_dev(b, (size_t)nblocks * NKV * BS * HD, 1.0f), v = rand_dev(b, (size_t)nblocks * NKV * BS * HD, 1.0f);
@@ -286,7 +286,7 @@ static void bench_attn_decode(bench *b) {
         double sec = time_launches(b, attn_launch, &a, 20);
         double bytes = 2.0 * B * L * NKV * HD * 2;
         char vname[48];
-        snprintf(vname, sizeof vname, "unroll %d partition %d", unrolls[ui], part);
+        snprintf(vname, sizeof vname, "%s %s partition %d", variants[ui][0], variants[ui][1], part);
         report(b, "attn_decode", vname, B, L, splits, sec, bytes,
                4.0 * B * L * NH * HD);
         kiln_cuda_release(&b->cu, k); kiln_cuda_release(&b->cu, v); kiln_cuda_release(&b->cu, q); kiln_cuda_release(&b->cu, o);
