@@ -44,7 +44,9 @@
  * graph serves every step of its bucket. Before a bucket's graph is
  * captured, the cuBLASLt algorithms of its GEMMs (buckets above the GEMV's
  * 8 rows) are chosen by timing (tune_decode; KILN_LT_TUNE=0 keeps the
- * heuristic's first answer, 2 reports).
+ * heuristic's first answer, 2 reports). Decode attention splits each
+ * sequence so that the grid fills about two waves of the GPU
+ * (KILN_ATTN_WAVES=w, for measuring, aims for w instead).
  */
 #include "kiln_cuda_exec.h"
 
@@ -188,6 +190,7 @@ typedef struct cx {
     int fuse;       /* CX_FUSE_* bits: decode fusions in use (KILN_FUSE=mask at creation; default CX_FUSE_DEFAULT) */
     CUdeviceptr attn_cnt; /* int32 [max_seqs, n_kv]: decode attention's split counters, zero between launches */
     int gemv_max_m; /* most tokens per step the tensor-core GEMV takes (else cuBLASLt) */
+    double attn_waves; /* KILN_ATTN_WAVES: decode attention splits aim for this many waves of the GPU (2) */
     int lt_tune;    /* KILN_LT_TUNE: cuBLASLt algorithms at decode: 0 heuristic's, 1 timed (default), 2 timed + reported */
     int64_t bytes_now, bytes_peak;
     kiln_cuda_exec_stats stats;
@@ -793,7 +796,7 @@ static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUde
 /* Splits a decode batch of B aims for (about two waves of the GPU), and the grid's split count. */
 static int splits_want(const cx *x, int B) {
     int units = B * x->n_kv;
-    int s = (2 * x->cu.n_sm + units - 1) / units;
+    int s = (int)ceil(x->attn_waves * x->cu.n_sm / units);
     return s < 1 ? 1 : s;
 }
 static int splits_grid(const cx *x, const cx_attn *a, int B) {
@@ -1340,6 +1343,8 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
         x->fuse = env && *env ? atoi(env) & CX_FUSE_ALL : CX_FUSE_DEFAULT;
         env = getenv("KILN_LT_TUNE"); /* 0: decode GEMMs keep cuBLASLt's heuristic choice; 2: report the tuning */
         x->lt_tune = env && *env ? (atoi(env) > 0 ? atoi(env) : 0) : 1;
+        env = getenv("KILN_ATTN_WAVES"); /* for measuring decode attention's split count: waves of the GPU */
+        x->attn_waves = env && atof(env) > 0.0 && atof(env) <= 64.0 ? atof(env) : 2.0;
     }
 
     /* the kernels section */
