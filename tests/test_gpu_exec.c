@@ -261,6 +261,13 @@ static void test_kernels_section(void) {
     kiln_wr_u64(bad + KILN_KSEC_HEADER_SIZE + (size_t)ks.n_modules * KILN_KSEC_MODULE_SIZE + 24, 1ull << 40);
     KT_EQ_INT(kiln_ksec_parse(bad, s->stored_size, &k2, &err), KILN_ERR_FORMAT);
     KT_CONTAINS(err.msg, "lies outside the data");
+    /* a kernels section of another version (an engine from an older kiln: its kernels' launch
+     * contract differs) is refused with the way out */
+    memcpy(bad, d, s->stored_size);
+    kiln_wr_u32(bad + 4, KILN_KSEC_VERSION - 1);
+    KT_EQ_INT(kiln_ksec_parse(bad, s->stored_size, &k2, &err), KILN_ERR_VERSION);
+    KT_CONTAINS(err.msg, "this runtime reads");
+    KT_CONTAINS(err.msg, "rebuild the engine with this kiln");
     free(bad);
     kiln_ksec_free(&ks);
     kiln_model_close(m);
