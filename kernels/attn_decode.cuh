@@ -10,8 +10,11 @@
  * window (HF Mistral's rule: key j is seen from query i iff i - j < WINDOW).
  * One pass with an online softmax: a group of LPT = HEAD_DIM/KILN_VEC lanes
  * takes one token at a time (16 bytes of K and of V per lane: 8 bf16, or 4
- * fp32 with KILN_F32), ATTN_UNROLL tokens per step with all their K and V
- * loads in flight together. Per step the group
+ * fp32 with KILN_F32), ATTN_UNROLL tokens per step. Each thread streams its
+ * own K and V chunks through a ring of ATTN_STAGES steps in shared memory
+ * with cp.async (it reads back only what it copied, so no barrier is
+ * needed), so the next ATTN_STAGES - 1 steps' loads are in flight while one
+ * is computed without holding registers. Per step the group
  *   - dots each token's K with the G queries held in registers (pre-scaled
  *     by scale*log2(e), so the softmax uses exp2) and sums the U*G partial
  *     dots over its lanes by a reduce-scatter (each shuffle level sends half
@@ -40,8 +43,8 @@
  * Latency (decode at small batch is a chain of dependent loads, not a
  * bandwidth problem): with p.qkv nothing the kernel reads from the cache was
  * written by the kernels before it in the stream, so the block ids, the
- * rope angles and the first step's K and V (into registers) are fetched
- * before kiln_pdl_wait, under the QKV projection's tail. The merge (combine
+ * rope angles and the first ATTN_STAGES - 1 steps' K and V (into the ring)
+ * are fetched before kiln_pdl_wait, under the QKV projection's tail. The merge (combine
  * kernel or last block) stages the split weights in shared memory and loads
  * 8 splits ahead, summing in split order, so both give the same bits
  * (kiln_attn_merge).
@@ -50,13 +53,16 @@
  * with KILN_F32), BLOCK_SIZE, WINDOW (0 = full attention), PARTITION (the
  * longest split; it sizes only the block-id list in shared memory; default
  * 512, the executor's engines use 1024), ATTN_WARPS (default 4),
- * ATTN_UNROLL (tokens per lane group and step, default 2), ATTN_MINB (blocks
- * per SM the register allocation must allow, default 0: the compiler's
- * choice). What sets the speed at batch 64 is blocks per SM, i.e.
- * registers: at Mistral's shapes depth 2 takes 125 registers (4 blocks of 4
- * warps per SM, 512 blocks in one wave), depth 4 takes 157 (3 blocks; 9%
- * slower per 7B step than the two-pass kernel it replaced) unless ATTN_MINB
- * 4 caps it at 128 with spills (as fast as depth 2). docs/kernels.md run 6.
+ * ATTN_UNROLL (tokens per lane group and step, default 2), ATTN_STAGES
+ * (steps in each thread's cp.async ring, default 4; fewer when the block's
+ * shared memory would pass 48 KB: 32 KB of ring for Mistral's shapes),
+ * ATTN_MINB (blocks per SM the register allocation must allow, default 0:
+ * the compiler's choice). What sets the speed at batch 64 is blocks per SM
+ * and the bytes each keeps in flight: at Mistral's shapes 128 registers, 4
+ * blocks of 4 warps per SM (512 blocks in one wave), 3 steps of K and V in
+ * flight per thread. (Before the ring, with loads into registers, depth 4
+ * took 157 registers and 3 blocks per SM, and was 9% slower per 7B step than
+ * the two-pass kernel before it.) docs/kernels.md run 6.
  * The split size itself is a run-time parameter (p.partition <= PARTITION): small
  * batches take short splits so that the grid fills the GPU
  * (kiln_attn_decode_partition in runtime/cuda/kernels.c). With p.partition
@@ -92,6 +98,9 @@
 #endif
 #ifndef ATTN_UNROLL
 #define ATTN_UNROLL 2 /* tokens whose K and V a lane group loads together, per step */
+#endif
+#ifndef ATTN_STAGES
+#define ATTN_STAGES 4 /* steps of K and V each thread keeps in its cp.async ring (KS - 1 in flight) */
 #endif
 #ifndef ATTN_MINB
 #define ATTN_MINB 0 /* blocks per SM the register allocation must allow (0: the compiler's choice) */
@@ -202,20 +211,43 @@ KILN_DEV void kiln_attn_merge(const kiln_attn_decode_params &p, int b, int hq0, 
     }
 }
 
-/* K and V (16 bytes each, the lane's KILN_VEC dims) of token t for a lane: zeros past t1 (their
- * scores are masked, and a zero V keeps 0 * V finite); the new token (t == tnew, fused RoPE) from
- * shared memory, once its k and v are there. */
-KILN_DEV void kiln_attn_kv(const kiln_elem *kc, const kiln_elem *vc, const int *blocks, int fb, int h, int j, int t,
-                           int t1, int tnew, const kiln_elem *knew, const kiln_elem *vnew, uint4 &k, uint4 &v) {
-    if (t == tnew) {
-        k = *(const uint4 *)(knew + j * KILN_VEC);
-        v = *(const uint4 *)(vnew + j * KILN_VEC);
-    } else if (t < t1) {
-        const size_t at = kiln_kv_at(blocks[t / BLOCK_SIZE - fb], h, t % BLOCK_SIZE, j * KILN_VEC);
-        k = kiln_ld16(kc + at);
-        v = kiln_ld16(vc + at);
-    } else {
-        k = v = make_uint4(0, 0, 0, 0);
+/* Each thread streams its own K and V chunks (16 bytes each: the lane's KILN_VEC dims of a token)
+ * through a ring of KS stages in shared memory with cp.async, so the loads of KS - 1 steps are in
+ * flight while one is computed, without holding registers; a thread reads back only what it copied
+ * itself, so no barrier is needed, only its own cp.async.wait_group. kvb: [KS][U][2 (K, V)][threads]. */
+template <int KS, int U, int NT>
+KILN_DEV void kiln_attn_issue(uint4 (*kvb)[U][2][NT], int step, int tw, int t1, int tnew, const kiln_elem *kc,
+                              const kiln_elem *vc, const int *blocks, int fb, int h, int j) {
+    constexpr int NG = NT / (HEAD_DIM / KILN_VEC);
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int t = tw + (step * U + u) * NG;
+        if (t < t1 && t != tnew) { /* the rest is never read from the ring */
+            const size_t at = kiln_kv_at(blocks[t / BLOCK_SIZE - fb], h, t % BLOCK_SIZE, j * KILN_VEC);
+            kiln_cp16(kiln_saddr(&kvb[step % KS][u][0][threadIdx.x]), kc + at, 16);
+            kiln_cp16(kiln_saddr(&kvb[step % KS][u][1][threadIdx.x]), vc + at, 16);
+        }
+    }
+    kiln_cp_commit(); /* one group per step, empty past the end, so the counting stays uniform */
+}
+/* K and V of the step's tokens for a thread: from its ring stage; zeros past t1 (their scores are
+ * masked, and a zero V keeps 0 * V finite); the new token (t == tnew, fused RoPE) from knew/vnew. */
+template <int KS, int U, int NT>
+KILN_DEV void kiln_attn_take(const uint4 (*kvb)[U][2][NT], int step, int tw, int t1, int tnew, const kiln_elem *knew,
+                             const kiln_elem *vnew, int j, uint4 (&kr)[U], uint4 (&vr)[U]) {
+    constexpr int NG = NT / (HEAD_DIM / KILN_VEC);
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int t = tw + (step * U + u) * NG;
+        if (t == tnew) {
+            kr[u] = *(const uint4 *)(knew + j * KILN_VEC);
+            vr[u] = *(const uint4 *)(vnew + j * KILN_VEC);
+        } else if (t < t1) {
+            kr[u] = kvb[step % KS][u][0][threadIdx.x];
+            vr[u] = kvb[step % KS][u][1][threadIdx.x];
+        } else {
+            kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
+        }
     }
 }
 
@@ -230,6 +262,11 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MINB) kiln_at
     constexpr int LB = kiln_log2i(LPT);              /* shuffle levels of a group */
     constexpr int RS = kiln_halvings(NV, LB);        /* levels that halve the values each lane keeps */
     constexpr int CF = NV >> RS;                     /* values each lane ends with */
+    /* ring stages: ATTN_STAGES, fewer when the block's shared memory would pass 48 KB (the dynamic
+     * part as kiln_attn_decode_smem sizes it, knew/vnew and the rope angles, the ring) */
+    constexpr int DYN = 4 * (ATTN_WARPS * G * HEAD_DIM + 2 * ATTN_WARPS * G + 2 * G + PARTITION / BLOCK_SIZE + 2);
+    constexpr int STAGE = U * 2 * NT * 16, ROOM = 48 * 1024 - DYN - HEAD_DIM * (2 * (int)sizeof(kiln_elem) + 8) - 64;
+    constexpr int KS = ROOM / STAGE >= ATTN_STAGES ? ATTN_STAGES : (ROOM / STAGE > 1 ? ROOM / STAGE : 1);
     extern __shared__ float smem[];
     float *red = smem;                             /* [ATTN_WARPS][G][HEAD_DIM] each warp's o */
     float *wml = red + ATTN_WARPS * G * HEAD_DIM;  /* [ATTN_WARPS][G][2] each warp's max, sum */
@@ -277,14 +314,13 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MINB) kiln_at
     __syncthreads(); /* blocks[], rcs/rsn ready */
 
     /* Lane groups of LPT lanes take one token each, U tokens per step: group (warp, g) of the block
-     * takes tokens tw + u*NG + (the steps before) * NG*U with tw = t0 + warp*TPW + g. The first step's
-     * K and V are loaded here, before the wait; the new token's are patched in after it. */
+     * takes tokens tw + u*NG + (the steps before) * NG*U with tw = t0 + warp*TPW + g. The first KS - 1
+     * steps' K and V are issued here, before the wait (the new token's come from knew/vnew). */
     const int tw = t0 + warp * TPW + lane / LPT;
-    uint4 kr[U], vr[U];
+    const int nsteps = t0 + warp * TPW < t1 ? (t1 - t0 - warp * TPW + NG * U - 1) / (NG * U) : 0; /* warp-uniform */
+    __shared__ __align__(16) uint4 kvb[KS][U][2][NT];
 #pragma unroll
-    for (int u = 0; u < U; u++)
-        kiln_attn_kv(kc, vc, blocks, fb, h, j, tw + u * NG == tnew ? t1 : tw + u * NG, t1, -1, knew, vnew, kr[u],
-                     vr[u]);
+    for (int i = 0; i < KS - 1; i++) kiln_attn_issue<KS, U, NT>(kvb, i, tw, t1, tnew, kc, vc, blocks, fb, h, j);
     if (rope) kiln_pdl_wait();
 
     const kiln_elem *qrow = rope ? (const kiln_elem *)p.qkv + (size_t)b * QKVW : (const kiln_elem *)0;
@@ -330,17 +366,12 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MINB) kiln_at
             }
         }
     }
-    if (rope) {
-        __syncthreads(); /* knew, vnew ready */
-#pragma unroll
-        for (int u = 0; u < U; u++)
-            if (tw + u * NG == tnew) kiln_attn_kv(kc, vc, blocks, fb, h, j, tnew, t1, tnew, knew, vnew, kr[u], vr[u]);
-    }
+    if (rope) __syncthreads(); /* knew, vnew ready */
 
-    /* One pass with an online softmax: each step loads U tokens' K and V together (2*U 16-byte loads
-     * in flight per lane), scores them, raises the group's running max m (rescaling its sum l and
-     * o by 2^(m_old - m_new)) and adds 2^(s - m) * V. No scores are kept: the split has no length
-     * limit of its own, and K and V stream from HBM once, side by side. The loop bound is
+    /* One pass with an online softmax: each step issues the K and V copies of step i + KS - 1, takes
+     * step i's U tokens from the ring, scores them, raises the group's running max m (rescaling its
+     * sum l and o by 2^(m_old - m_new)) and adds 2^(s - m) * V. No scores are kept: the split has no
+     * length limit of its own, and K and V stream from HBM once, side by side. The loop bound is
      * warp-uniform so every shuffle has all lanes. */
     float m[G], l[G], o[G][KILN_VEC];
 #pragma unroll
@@ -350,12 +381,12 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MINB) kiln_at
 #pragma unroll
         for (int e = 0; e < KILN_VEC; e++) o[g][e] = 0.0f;
     }
-    for (int tb = t0 + warp * TPW; tb < t1; tb += NG * U) {
-        const int t = tb + lane / LPT;
-        if (tb != t0 + warp * TPW)
-#pragma unroll
-            for (int u = 0; u < U; u++)
-                kiln_attn_kv(kc, vc, blocks, fb, h, j, t + u * NG, t1, tnew, knew, vnew, kr[u], vr[u]);
+    for (int i = 0; i < nsteps; i++) {
+        const int t = tw + i * NG * U;
+        kiln_attn_issue<KS, U, NT>(kvb, i + KS - 1, tw, t1, tnew, kc, vc, blocks, fb, h, j);
+        kiln_cp_wait<KS - 1>(); /* step i has landed */
+        uint4 kr[U], vr[U];
+        kiln_attn_take<KS, U, NT>(kvb, i, tw, t1, tnew, knew, vnew, j, kr, vr);
         /* scores x[u*G + g] = q_g . k_u, summed over the group's LPT lanes by a reduce-scatter (each
          * level sends half the values, keeps the other half: NV/2 + NV/4 + ... shuffles, not NV per
          * level), then broadcast to the whole group */

@@ -242,20 +242,6 @@ KILN_DEV void kiln_pf_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, un
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* The shared-window address of a generic pointer into shared memory. */
-KILN_DEV unsigned kiln_pf_saddr(const void *p) {
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
-/* 16 bytes global -> shared, bypassing L1; src_bytes 0 writes 16 zeros and reads nothing. */
-KILN_DEV void kiln_pf_cp16(unsigned dst, const void *src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-KILN_DEV void kiln_pf_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
-/* Wait until at most N of this thread's latest groups are in flight. */
-template <int N> KILN_DEV void kiln_pf_wait(void) { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 /* 2^x by the MUFU unit directly; results below 2^-126 flush to 0 (exp2f adds a denormal fix-up,
  * three more instructions per element, for probabilities that small). */
@@ -321,7 +307,7 @@ template <int MT> KILN_DEV void kiln_pf_mma_body(const kiln_attn_prefill_params 
     /* Stage the K and V tile starting at key kt (its block ids in `ids`) into buffer `st`, as one
      * cp.async group (PF_MMA_SYNCS 1) or two, K then V (2). Chunk i = tid + j * THREADS of a tile is row i / CH, 16 bytes at dim
      * 8 * (i % CH): the lanes of a warp read whole 256-byte rows. */
-    const unsigned ks_addr = kiln_pf_saddr(k_s), vs_addr = kiln_pf_saddr(v_s);
+    const unsigned ks_addr = kiln_saddr(k_s), vs_addr = kiln_saddr(v_s);
     const kiln_bf16 *kh = kc + (size_t)h * BLOCK_SIZE * HEAD_DIM, *vh = vc + (size_t)h * BLOCK_SIZE * HEAD_DIM;
     auto stage = [&](int kt, int st, int ids) {
         /* chunk j of this thread: the global offset (0 past the last query: zero-filled) and the
@@ -348,11 +334,11 @@ template <int MT> KILN_DEV void kiln_pf_mma_body(const kiln_attn_prefill_params 
                 unsigned dst;
                 const bool in = chunk(j, off, dst);
                 if (BK * CH % THREADS == 0 || tid + j * THREADS < BK * CH) {
-                    kiln_pf_cp16(ks_addr + dst, kh + off, in ? 16 : 0);
-                    kiln_pf_cp16(vs_addr + dst, vh + off, in ? 16 : 0);
+                    kiln_cp16(ks_addr + dst, kh + off, in ? 16 : 0);
+                    kiln_cp16(vs_addr + dst, vh + off, in ? 16 : 0);
                 }
             }
-            kiln_pf_commit();
+            kiln_cp_commit();
         } else {
             size_t off[LOADS];
             bool in[LOADS];
@@ -361,12 +347,12 @@ template <int MT> KILN_DEV void kiln_pf_mma_body(const kiln_attn_prefill_params 
             for (int j = 0; j < LOADS; j++) in[j] = chunk(j, off[j], dst[j]);
 #pragma unroll
             for (int j = 0; j < LOADS; j++)
-                if (BK * CH % THREADS == 0 || tid + j * THREADS < BK * CH) kiln_pf_cp16(ks_addr + dst[j], kh + off[j], in[j] ? 16 : 0);
-            kiln_pf_commit();
+                if (BK * CH % THREADS == 0 || tid + j * THREADS < BK * CH) kiln_cp16(ks_addr + dst[j], kh + off[j], in[j] ? 16 : 0);
+            kiln_cp_commit();
 #pragma unroll
             for (int j = 0; j < LOADS; j++)
-                if (BK * CH % THREADS == 0 || tid + j * THREADS < BK * CH) kiln_pf_cp16(vs_addr + dst[j], vh + off[j], in[j] ? 16 : 0);
-            kiln_pf_commit();
+                if (BK * CH % THREADS == 0 || tid + j * THREADS < BK * CH) kiln_cp16(vs_addr + dst[j], vh + off[j], in[j] ? 16 : 0);
+            kiln_cp_commit();
         }
     };
     stage(kt0, 0, block_ids(kt0));
@@ -428,23 +414,23 @@ template <int MT> KILN_DEV void kiln_pf_mma_body(const kiln_attn_prefill_params 
      * dims +8*(j/2) (b0, b1 of two output n-tiles); q: rows +8*(j%2), dims +8*(j/2) (a0..a3). */
     const unsigned k_lane = (unsigned)((((lane >> 4) * 8 + (lane & 7)) * RS + ((lane >> 3) & 1) * 8) * 2);
     const unsigned v_lane = (unsigned)(((((lane >> 3) & 1) * 8 + (lane & 7)) * RS + (lane >> 4) * 8) * 2);
-    const unsigned qw_addr = kiln_pf_saddr(q_s) + (unsigned)(w0 * RS * 2) + v_lane;
+    const unsigned qw_addr = kiln_saddr(q_s) + (unsigned)(w0 * RS * 2) + v_lane;
 
     for (int it = 0; it < n_tiles; it++) {
         const int kt = kt0 + it * BK, st = it & 1;
         /* this thread's K (and with one barrier V) chunks of tile `it` have landed; after the
          * barrier everyone's have, and tile it-1 is fully read, so its buffer is free */
         if constexpr (PF_MMA_SYNCS == 1)
-            kiln_pf_wait<0>();
+            kiln_cp_wait<0>();
         else
-            kiln_pf_wait<1>();
+            kiln_cp_wait<1>();
         __syncthreads();
         if (it + 1 < n_tiles) {
             stage(kt + BK, st ^ 1, ids_next);
             if (it + 2 < n_tiles) ids_next = block_ids(kt + 2 * BK);
         } else {
-            kiln_pf_commit(); /* empty groups keep the wait counts below the same */
-            kiln_pf_commit();
+            kiln_cp_commit(); /* empty groups keep the wait counts below the same */
+            kiln_cp_commit();
         }
         /* warp-uniform: does any row of this warp see a key of the tile, and all of them? */
         const bool skip = !live || kt > wq_last || (WINDOW > 0 && kt + BK - 1 <= wq_first - WINDOW);
@@ -547,7 +533,7 @@ template <int MT> KILN_DEV void kiln_pf_mma_body(const kiln_attn_prefill_params 
             }
         }
         if constexpr (PF_MMA_SYNCS == 2) {
-            kiln_pf_wait<2>(); /* this thread's V chunks of tile `it` have landed (the next tile's may not) */
+            kiln_cp_wait<2>(); /* this thread's V chunks of tile `it` have landed (the next tile's may not) */
             __syncthreads();
         } else {
             __syncwarp(); /* keeps ptxas from hoisting V's ldmatrix into the softmax: 255 registers and spills without */
@@ -571,7 +557,7 @@ template <int MT> KILN_DEV void kiln_pf_mma_body(const kiln_attn_prefill_params 
             }
         }
     }
-    kiln_pf_wait<0>(); /* nothing may be in flight when the block exits */
+    kiln_cp_wait<0>(); /* nothing may be in flight when the block exits */
     if (!live) return;
     kiln_bf16 *out = (kiln_bf16 *)p.out;
 #pragma unroll

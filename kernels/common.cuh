@@ -150,6 +150,35 @@ KILN_DEV void kiln_pdl_launch(void) {
 /* Pull 16 bytes of a weight toward L2 (no earlier result needed: before kiln_pdl_wait). */
 KILN_DEV void kiln_prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
+/* The shared-window address of a generic pointer into shared memory. */
+KILN_DEV unsigned kiln_saddr(const void *p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+/* cp.async: 16 bytes global -> shared, bypassing L1; src_bytes 0 writes 16 zeros and reads nothing.
+ * Before sm_80 (f32 engines may target older GPUs) a plain load and store: done at once. */
+KILN_DEV void kiln_cp16(unsigned dst, const void *src, int src_bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+#else
+    const uint4 v = src_bytes ? *(const uint4 *)src : make_uint4(0, 0, 0, 0);
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+#endif
+}
+KILN_DEV void kiln_cp_commit(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+/* Wait until at most N of this thread's latest groups are in flight. */
+template <int N> KILN_DEV void kiln_cp_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
 /* ---- RoPE, shared by rope_kv.cuh and decode attention's fused path ----
  * inv_freq[i] (i < head_dim/2) as HF's default / llama3 rope init computes it
  * in fp32, and the rotate_half rotation of one element; every operation is

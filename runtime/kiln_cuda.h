@@ -131,6 +131,9 @@ kiln_status kiln_cuda_launch(kiln_cuda *cu, CUfunction f, const kiln_cuda_dims *
 /* The same; with `pdl` (sm_90+) the launch may start before the previous
  * kernel in the stream ends (programmatic stream serialization): the
  * kernel must begin with kiln_pdl_wait() (kernels/common.cuh). */
+/* Lets f take `dynamic` bytes of dynamic shared memory beside its static ones (the opt-in past 48 KB
+ * in all); an error naming the kernel when the device has less. */
+kiln_status kiln_cuda_func_smem(kiln_cuda *cu, CUfunction f, unsigned dynamic, const char *what, kiln_error *err);
 kiln_status kiln_cuda_launch_ex(kiln_cuda *cu, CUfunction f, const kiln_cuda_dims *d, CUstream stream, void **args,
                                 bool pdl, const char *what, kiln_error *err);
 

@@ -145,18 +145,23 @@ kiln_status kiln_cuda_launch(kiln_cuda *cu, CUfunction f, const kiln_cuda_dims *
     return kiln_cuda_launch_ex(cu, f, d, stream, args, false, what, err);
 }
 
+kiln_status kiln_cuda_func_smem(kiln_cuda *cu, CUfunction f, unsigned dynamic, const char *what, kiln_error *err) {
+    int fixed = 0; /* the kernel's static shared memory: with the dynamic part, past 48 KB needs the opt-in */
+    kiln_status st = KILN_CU_CALL(cu, err, cu->api.cuFuncGetAttribute(&fixed, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, f));
+    if (st) return kiln_err_prefix(err, "kernel '%s': ", what);
+    if ((size_t)dynamic + (size_t)fixed <= 48 * 1024) return KILN_OK;
+    if ((size_t)dynamic + (size_t)fixed > (size_t)cu->smem_optin)
+        return kiln_err(err, KILN_ERR_DEVICE, "kernel '%s': needs %u + %d bytes of shared memory, %s allows %d", what,
+                        dynamic, fixed, cu->name, cu->smem_optin);
+    st = KILN_CU_CALL(cu, err, cu->api.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)dynamic));
+    return st ? kiln_err_prefix(err, "kernel '%s': ", what) : KILN_OK;
+}
+
 kiln_status kiln_cuda_launch_ex(kiln_cuda *cu, CUfunction f, const kiln_cuda_dims *d, CUstream stream, void **args,
                                 bool pdl, const char *what, kiln_error *err) {
     kiln_status st;
     if (!what) what = "kernel";
-    if (d->smem > 48 * 1024) {
-        if (d->smem > (unsigned)cu->smem_optin)
-            return kiln_err(err, KILN_ERR_DEVICE, "kernel '%s': needs %u bytes of shared memory, %s allows %d", what,
-                            d->smem, cu->name, cu->smem_optin);
-        st = KILN_CU_CALL(cu, err, cu->api.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                                               (int)d->smem));
-        if (st) return kiln_err_prefix(err, "kernel '%s': ", what);
-    }
+    if (d->smem > 0 && (st = kiln_cuda_func_smem(cu, f, d->smem, what, err))) return st;
     if (pdl) {
         CUlaunchAttribute at[1];
         memset(at, 0, sizeof at);

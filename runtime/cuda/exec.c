@@ -465,17 +465,12 @@ static int attn_get(cx *x, int window, kiln_error *err) {
     /* raise the shared-memory limits once, outside any graph capture */
     unsigned need[4] = {a->smem_decode, a->smem_prefill, a->smem_prefill_mma, a->smem_prefill_mma16};
     CUfunction fs[4] = {a->decode, a->prefill, a->prefill_mma, a->prefill_mma16};
-    for (int i = 0; i < 4; i++) {
-        if (!fs[i] || need[i] <= 48 * 1024) continue;
-        if (need[i] > (unsigned)x->cu.smem_optin) {
-            kiln_err(err, KILN_ERR_UNSUPPORTED, "cuda executor: attention needs %u bytes of shared memory, %s allows %d",
-                     need[i], x->cu.name, x->cu.smem_optin);
+    for (int i = 0; i < 4; i++)
+        if (fs[i] && kiln_cuda_func_smem(&x->cu, fs[i], need[i], "attention", err)) {
+            if (err->code == KILN_ERR_DEVICE) err->code = KILN_ERR_UNSUPPORTED;
+            kiln_err_prefix(err, "cuda executor: ");
             return -1;
         }
-        if (KILN_CU_CALL(&x->cu, err, x->cu.api.cuFuncSetAttribute(fs[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                                                   (int)need[i])))
-            return -1;
-    }
     return x->n_attn++;
 }
 
