@@ -118,6 +118,10 @@
 static constexpr __host__ __device__ int kiln_log2i(int n) { return n > 1 ? 1 + kiln_log2i(n / 2) : 0; }
 static constexpr __host__ __device__ int kiln_halvings(int n, int most) { return most > 0 && n % 2 == 0 ? 1 + kiln_halvings(n / 2, most - 1) : 0; }
 
+/* What exp2 weights are taken against for a running max m: m itself, or 0 while nothing has been
+ * seen (m = -inf), so that every weight 2^(-inf - base) is 0 rather than NaN. */
+KILN_DEV float kiln_attn_base(float m) { return m == KILN_NEG_INF ? 0.0f : m; }
+
 /* The attended range [start, L) of a sequence of L tokens, and its split count. */
 KILN_DEV int kiln_attn_start(int L) { return (WINDOW > 0 && L > WINDOW) ? L - WINDOW : 0; }
 KILN_DEV int kiln_attn_nsplits(int L, int part) {
@@ -263,8 +267,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MINB) kiln_at
     constexpr int RS = kiln_halvings(NV, LB);        /* levels that halve the values each lane keeps */
     constexpr int CF = NV >> RS;                     /* values each lane ends with */
     /* ring stages: ATTN_STAGES, fewer when the block's shared memory would pass 48 KB (the dynamic
-     * part as kiln_attn_decode_smem sizes it, knew/vnew and the rope angles, the ring) */
-    constexpr int DYN = 4 * (ATTN_WARPS * G * HEAD_DIM + 2 * ATTN_WARPS * G + 2 * G + PARTITION / BLOCK_SIZE + 2);
+     * part as the host sizes it, knew/vnew and the rope angles, the ring) */
+    constexpr int DYN = KILN_ATTN_DECODE_SMEM(G, HEAD_DIM, BLOCK_SIZE, PARTITION, ATTN_WARPS);
     constexpr int STAGE = U * 2 * NT * 16, ROOM = 48 * 1024 - DYN - HEAD_DIM * (2 * (int)sizeof(kiln_elem) + 8) - 64;
     constexpr int KS = ROOM / STAGE >= ATTN_STAGES ? ATTN_STAGES : (ROOM / STAGE > 1 ? ROOM / STAGE : 1);
     extern __shared__ float smem[];
@@ -275,8 +279,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MINB) kiln_at
 
     /* With p.qkv (fused RoPE) nothing this kernel reads from the cache was written by the kernels before it
      * in the stream (the new token's k and v are written here), and seq_lens, block tables, positions and
-     * slots are step inputs: the first step's K/V loads and the rope angles are issued before
-     * kiln_pdl_wait, overlapping the QKV projection's tail. Only q and the new token's k, v (the QKV
+     * slots are step inputs: the first KS - 1 steps' K/V copies and the rope angles are issued
+     * before kiln_pdl_wait, overlapping the QKV projection's tail. Only q and the new token's k, v (the QKV
      * output) are read after it. Without p.qkv the rope kernel has just written the cache: wait first. */
     const bool rope = p.qkv != 0;
     if (!rope) kiln_pdl_wait();
@@ -432,7 +436,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MINB) kiln_at
             float mx = m[g];
 #pragma unroll
             for (int u = 0; u < U; u++) mx = fmaxf(mx, s[u][g]);
-            const float base = mx == KILN_NEG_INF ? 0.0f : mx; /* nothing seen yet: all weights 0 */
+            const float base = kiln_attn_base(mx);
             const float f = exp2f(m[g] - base);
             m[g] = mx;
             l[g] *= f;
@@ -462,7 +466,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MINB) kiln_at
         for (int g = 0; g < G; g++) {
             const float mo = __shfl_xor_sync(KILN_FULL_MASK, m[g], off);
             const float lo = __shfl_xor_sync(KILN_FULL_MASK, l[g], off);
-            const float mx = fmaxf(m[g], mo), base = mx == KILN_NEG_INF ? 0.0f : mx;
+            const float mx = fmaxf(m[g], mo), base = kiln_attn_base(mx);
             const float fa = exp2f(m[g] - base), fo = exp2f(mo - base);
             m[g] = mx;
             l[g] = l[g] * fa + lo * fo;
@@ -487,7 +491,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MINB) kiln_at
         float mx = KILN_NEG_INF;
 #pragma unroll
         for (int w = 0; w < ATTN_WARPS; w++) mx = fmaxf(mx, wml[(w * G + g) * 2]);
-        const float base = mx == KILN_NEG_INF ? 0.0f : mx;
+        const float base = kiln_attn_base(mx);
         float acc = 0.0f, sum = 0.0f;
 #pragma unroll
         for (int w = 0; w < ATTN_WARPS; w++) {

@@ -242,7 +242,6 @@ KILN_DEV void kiln_pf_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, un
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-
 /* 2^x by the MUFU unit directly; results below 2^-126 flush to 0 (exp2f adds a denormal fix-up,
  * three more instructions per element, for probabilities that small). */
 KILN_DEV float kiln_pf_exp2(float x) {

@@ -103,6 +103,13 @@ typedef struct kiln_attn_decode_params {
     int rope_llama3;
 } kiln_attn_decode_params;
 
+/* kiln_attn_decode's dynamic shared memory, bytes, for G = N_HEADS / N_KV_HEADS query heads per kv
+ * head: [warps][G][head_dim] partial o, [warps][G][2] and [G][2] max and sum, and the split's block
+ * ids (partition_max / block_size + 2). One formula for the host (kiln_attn_decode_smem) and the
+ * kernel (which sizes its cp.async ring so the block stays within 48 KB). */
+#define KILN_ATTN_DECODE_SMEM(g, head_dim, block_size, partition_max, warps) \
+    (4 * ((warps) * (g) * (head_dim) + 2 * (warps) * (g) + 2 * (g) + (partition_max) / (block_size) + 2))
+
 /* Prefill attention (flash style, causal, GQA, sliding window) for a batch
  * of query chunks whose k and v are already in the paged cache. Query i of
  * sequence b sits at position seq_lens[b] - q_len(b) + i. Grid:

@@ -4,6 +4,7 @@
  * (the numbers each kernel's header comment gives, in one place).
  */
 #include "runtime/kiln_cuda.h"
+#include "kernels/params.cuh"
 
 int kiln_cuda_pick_image(const kiln_cuda_image *images, int n_images, int device_sm) {
     int cubin = -1, ptx = -1;
@@ -35,9 +36,7 @@ kiln_cuda_dims kiln_gemv_dims(const kiln_gemv_cfg *c, int M, int N) {
 
 unsigned kiln_attn_decode_smem(int n_heads, int n_kv_heads, int head_dim, int block_size, int partition_max,
                                int warps) {
-    /* [warps][g][head_dim] partial o, [warps][g][2] and [g][2] max and sum, the split's block ids */
-    int g = n_heads / n_kv_heads;
-    return (unsigned)(4 * (warps * g * head_dim + 2 * warps * g + 2 * g + partition_max / block_size + 2));
+    return (unsigned)KILN_ATTN_DECODE_SMEM(n_heads / n_kv_heads, head_dim, block_size, partition_max, warps);
 }
 
 unsigned kiln_attn_prefill_smem(int head_dim) {
