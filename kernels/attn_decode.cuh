@@ -136,11 +136,7 @@ KILN_DEV int kiln_attn_part(const kiln_attn_decode_params &p, int L) {
     /* no shorter than what the block's lane groups load in one step (shorter leaves lanes idle) */
     constexpr int STEP = ((ATTN_WARPS * 32 / (HEAD_DIM / KILN_VEC)) * ATTN_UNROLL + 31) / 32 * 32;
     int part = max((n + want - 1) / want, (n + most - 1) / most);
-    part = (part + 31) / 32 * 32;
-    if (part > PARTITION) { /* as many splits as PARTITION needs, of even length */
-        const int k = (n + PARTITION - 1) / PARTITION;
-        part = ((n + k - 1) / k + 31) / 32 * 32;
-    }
+    part = kiln_attn_even_split(n, (part + 31) / 32 * 32, PARTITION);
     return min(max(part, STEP), PARTITION);
 }
 

@@ -103,6 +103,22 @@ typedef struct kiln_attn_decode_params {
     int rope_llama3;
 } kiln_attn_decode_params;
 
+#if defined(__CUDACC__)
+#define KILN_HOST_DEVICE static __host__ __device__ __forceinline__
+#else
+#define KILN_HOST_DEVICE static inline
+#endif
+
+/* Decode attention's split size for n attended tokens when `part` (a multiple of 32) is wanted but
+ * splits may be at most `most` long: `part` itself, or else as many splits as `most` needs, of even
+ * length (multiples of 32). The same rule for the host's fixed split (kiln_attn_decode_partition)
+ * and the kernel's per-sequence one (kiln_attn_part). */
+KILN_HOST_DEVICE int kiln_attn_even_split(int n, int part, int most) {
+    if (part <= most) return part;
+    const int k = (n + most - 1) / most;
+    return ((n + k - 1) / k + 31) / 32 * 32;
+}
+
 /* kiln_attn_decode's dynamic shared memory, bytes, for G = N_HEADS / N_KV_HEADS query heads per kv
  * head: [warps][G][head_dim] partial o, [warps][G][2] and [G][2] max and sum, and the split's block
  * ids (partition_max / block_size + 2). One formula for the host (kiln_attn_decode_smem) and the

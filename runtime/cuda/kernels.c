@@ -71,9 +71,5 @@ int kiln_attn_decode_partition(int batch, int n_kv_heads, int max_len, int windo
     int part = (len + want_splits - 1) / want_splits;
     part = (part + 31) / 32 * 32;
     if (part < 32) part = 32;
-    if (part > partition_max) { /* as many splits as partition_max needs, of even length */
-        int n = (len + partition_max - 1) / partition_max;
-        part = ((len + n - 1) / n + 31) / 32 * 32;
-    }
-    return part;
+    return kiln_attn_even_split(len, part, partition_max);
 }
