@@ -9,68 +9,7 @@ KILN=$1
 SRC=$2
 T=$(mktemp -d "${TMPDIR:-/tmp}/kiln-cli-XXXXXX")
 trap 'rm -rf "$T"' EXIT
-pass=0
-fail=0
-
-# expect CODE PATTERN -- command...: exit code CODE, stderr matching PATTERN (grep -E)
-expect() {
-    local code=$1 pattern=$2
-    shift 3
-    "$@" >"$T/out" 2>"$T/err"
-    local rc=$?
-    if [ "$rc" -ne "$code" ] || ! grep -Eq -- "$pattern" "$T/err"; then
-        echo "FAIL: $* -> exit $rc (want $code), stderr:" >&2
-        sed 's/^/    /' "$T/err" >&2
-        echo "    (wanted /$pattern/)" >&2
-        fail=$((fail + 1))
-    else
-        pass=$((pass + 1))
-    fi
-}
-
-# no_file PATH: nothing at PATH and no temporary file beside it
-no_file() {
-    if [ -e "$1" ] || ls "$1".tmp.* >/dev/null 2>&1; then
-        echo "FAIL: $1 (or a temporary file beside it) was left behind" >&2
-        fail=$((fail + 1))
-    else
-        pass=$((pass + 1))
-    fi
-}
-
-# mkckpt NAME: a copy of the tiny Mistral checkpoint to break
-mkckpt() {
-    rm -rf "$T/$1"
-    cp -r "$SRC/tests/data/tiny-mistral" "$T/$1"
-    chmod -R u+w "$T/$1"
-    echo "$T/$1"
-}
-
-# compile_fails CODE PATTERN DIR: compiling DIR fails as said and leaves no engine
-compile_fails() {
-    expect "$1" "$2" -- "$KILN" compile "$3" -o "$T/out.kiln"
-    no_file "$T/out.kiln"
-}
-
-# edit_json FILE PYTHON-EXPR-ON-d: rewrite a JSON file
-edit_json() {
-    python3 - "$1" "$2" <<'EOF'
-import json, sys
-path, expr = sys.argv[1], sys.argv[2]
-d = json.load(open(path))
-exec(expr)
-json.dump(d, open(path, "w"))
-EOF
-}
-
-# st_write DIR HEADER-JSON DATA-BYTES: a model.safetensors with this header and N data bytes
-st_write() {
-    python3 - "$1/model.safetensors" "$2" "$3" <<'EOF'
-import struct, sys
-path, header, n = sys.argv[1], sys.argv[2].encode(), int(sys.argv[3])
-open(path, "wb").write(struct.pack("<Q", len(header)) + header + b"\0" * n)
-EOF
-}
+. "$SRC/tests/lib_cli.sh"
 
 # ---- usage errors: exit 2 ----
 expect 2 "unknown command" -- "$KILN" frobnicate
@@ -174,5 +113,4 @@ else
     echo "FAIL: --json error object" >&2; fail=$((fail + 1))
 fi
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+cli_summary
