@@ -780,10 +780,9 @@ static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUde
         kiln_status st = kiln_cublaslt_gemm_ex(x->lt, x->f32, lt_out_f32(x, g), M, g->n, g->k, in, w, x->gu_tmp,
                                                false, x->stream, err);
         if (st) return st;
-        const int f = g->n / 2, vec = x->f32 ? 4 : 8, th = g->swiglu_threads;
-        unsigned gx = f % vec == 0 ? (unsigned)((f / vec + th - 1) / th) : (unsigned)((f + th - 1) / th);
+        kiln_cuda_dims d = kiln_swiglu_dims(g->n / 2, M, g->swiglu_threads, x->f32 ? 4 : 8);
         kiln_swiglu_params sp = {x->gu_tmp, out, M, 0};
-        return launch(x, g->swiglu, gx, (unsigned)M, 1, (unsigned)th, 0, &sp, "kiln_swiglu", err);
+        return launch(x, g->swiglu, d.grid[0], d.grid[1], 1, d.block[0], 0, &sp, "kiln_swiglu", err);
     }
     return kiln_cublaslt_gemm_ex(x->lt, x->f32, lt_out_f32(x, g), M, g->n, g->k, in, w, out, res, x->stream, err);
 }
