@@ -247,7 +247,7 @@ static kiln_status measure(kiln_ctx_t *ctx, int32_t vocab, int32_t bos, const be
         if (tty)
             fprintf(stderr, "\rkiln bench: batch %d, %d requests, %s %d/%d ", sh->batch, R, warm ? "warmup" : "run",
                     warm ? i + 1 : i - sh->warmup + 1, warm ? sh->warmup : reps);
-        run_result r;
+        run_result r = {{0}};
         if ((st = run_once(ctx, prompts, R, sh->batch, sh->in_len, sh->out_len, &r, err)) != KILN_OK) goto out;
         if (!warm)
             for (int m = 0; m < RM_COUNT; m++) v[(size_t)m * reps + (size_t)(i - sh->warmup)] = r.v[m];
@@ -509,7 +509,7 @@ int kiln_cmd_bench(int argc, char **argv) {
     int32_t vocab = kiln_vocab_size(k), bos = kiln_bos_id(k);
     bench_shape one = {1, 1, (int)a.in_len, (int)a.out_len, (int)a.warmup, (int)a.reps};
     bench_shape many = {(int)a.batch, (int)a.requests, (int)a.in_len, (int)a.out_len, (int)a.warmup, (int)a.reps};
-    run_result r1, rb;
+    run_result r1 = {{0}}, rb = {{0}};
     emit(&rp, many.batch, many.requests, "load_ms", load_ms, "ms");
     if (a.batch > 1 || a.requests > 1) {
         if ((st = measure(ctx, vocab, bos, &one, &r1, &err)) != KILN_OK) goto fail;
