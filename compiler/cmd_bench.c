@@ -1,27 +1,48 @@
 /*
- * cmd_bench.c — `kiln bench ENGINE [--batch B] [--input-len I] [--output-len O] ...`
+ * cmd_bench.c — `kiln bench ENGINE [--batch B] [--requests R] [--input-len I] [--output-len O] ...`
  *
  * Measures an engine through the public C API (runtime/kiln.h), the way an
- * embedding program would use it: B requests of I random prompt ids (fixed
- * seed, so every run feeds the same ids), O new tokens each with ignore_eos,
- * submitted together and stepped to the end. Per run it takes, from the
- * token callbacks' clock readings:
+ * embedding program would use it: a context of B slots (max_batch), R
+ * requests (default B) of I random prompt ids (fixed seed, so every run
+ * feeds the same ids), O new tokens each with ignore_eos, all submitted at
+ * once and stepped to the end. With R > B, or a KV pool too small for all of
+ * them, requests queue: the scheduler admits each when a slot and its KV
+ * memory are free. Per run, from the token callbacks' clock readings
+ * (submit = the moment kiln_submit returned for that request):
  *
- *   ttft_ms              submit → a request's first token, mean over requests
- *   prefill_ms           submit → the last request's first token: all B
- *                        prompts read (chunked prefill may take several steps)
- *   decode_ms_per_token  (last token − last first token) / (O − 1): one
- *                        decode step of the whole batch
- *   decode_tokens_per_s  B × (O − 1) over that same span
+ *   e2e_s                    first submit → last token of all requests
+ *   e2e_output_tokens_per_s  R × O / e2e_s
+ *   e2e_total_tokens_per_s   R × (I + O) / e2e_s
+ *   ttft_ms, ttft_p50/p90/p99_ms   submit → first token; mean and percentiles
+ *   tpot_p50/p90/p99_ms      (last − first token) / (O − 1) per request (O > 1)
  *
- * and reports the median of --reps runs after --warmup unmeasured ones, at
- * batch 1 and at batch B (prefill and ttft at both, decode at B). Once per
- * invocation: load_ms (kiln_open + kiln_ctx_new: open to ready) and the peak
- * memory: host RSS, and device memory when the executor reports it.
+ * and, only when the run had no queueing (R = B and every request had its
+ * first token before any request finished, so all B ran together):
+ *
+ *   prefill_ms               first submit → the last request's first token:
+ *                            every prompt read (chunked prefill may take
+ *                            several steps of the step budget)
+ *   decode_ms_per_token      (last token − last first token) / (O − 1): the
+ *                            time of one decode step of the batch, taken
+ *                            over the last-admitted request's decode span
+ *   decode_tokens_per_s      B × (O − 1) over that span (exact when every
+ *                            prompt is read in one step; when chunked
+ *                            prefill staggers the batch, early requests
+ *                            finish inside the span and this is an upper
+ *                            bound: use e2e_output_tokens_per_s)
+ *
+ * Percentiles are nearest-rank over the requests of a run (p50 ≤ p90 ≤
+ * p99). Every metric is the median over --reps runs after --warmup
+ * unmeasured ones, at batch 1 (prefill and ttft, when B > 1) and at batch B.
+ * Once per invocation: load_ms (kiln_open + kiln_ctx_new: open to ready),
+ * max_step_tokens and kv_capacity_tokens of the context, max_running (most
+ * requests that ran in one step), peak host memory, and on a GPU the peak
+ * device memory with its parts (weights, KV pool, step scratch: peak ≤ their
+ * sum, docs/benchmarks.md).
  *
  * Output: a table, or with --json one JSON object per line per measurement:
- *   {"model", "dtype", "batch", "input_len", "output_len", "metric", "value",
- *    "unit", "device", "gpu", "commit"}
+ *   {"model", "dtype", "batch", "requests", "input_len", "output_len",
+ *    "metric", "value", "unit", "device", "gpu", "commit"}
  * commit comes from the KILN_COMMIT environment variable, else the
  * KILN_COMMIT compile definition, else "unknown"; gpu is "none" on the CPU.
  */
@@ -37,16 +58,20 @@
 #include "cli.h"
 
 #define BENCH_SEED 0x6b696c6eull /* "kiln" */
+#define MAX_REQUESTS 1000000
 
 /* The command's entry point (main.c dispatches to it; cli.h should declare it). */
 
 static void help(FILE *f) {
     fprintf(f,
             "usage: kiln bench ENGINE.kiln [options]\n\n"
-            "Measure prefill, time to first token, decode speed, load time and peak memory\n"
-            "through the C API: BATCH requests of INPUT_LEN random prompt ids (fixed seed),\n"
-            "OUTPUT_LEN new tokens each (end-of-sequence ignored), medians over --reps runs.\n\n"
-            "  --batch B            requests run together (default 1)\n"
+            "Measure end-to-end throughput, time to first token (TTFT) and time per output token\n"
+            "(TPOT) percentiles, prefill and decode speed, load time and peak memory through the\n"
+            "C API: REQUESTS requests of INPUT_LEN random prompt ids (fixed seed), OUTPUT_LEN new\n"
+            "tokens each (end-of-sequence ignored), submitted at once to a context of BATCH slots;\n"
+            "requests that do not fit (slots or KV memory) wait. Medians over --reps runs.\n\n"
+            "  --batch B            sequences that run together: the context's slots (default 1)\n"
+            "  --requests R         requests per run (default B; more than B queue)\n"
             "  --input-len I        prompt tokens per request (default 128)\n"
             "  --output-len O       new tokens per request (default 128)\n"
             "  --device DEV         cpu, gpu or auto (default auto)\n"
@@ -54,12 +79,14 @@ static void help(FILE *f) {
             "  --reps N             measured runs; medians are reported (default 3)\n"
             "  --threads N          CPU threads (default: one per core)\n"
             "  --max-context N      context to allocate (default: input + output, at most the model's)\n"
-            "  --max-step-tokens N  new tokens per scheduler step (default: batch x input, so a\n"
-            "                       prefill takes one step where the device allows it)\n"
+            "  --max-step-tokens N  new tokens per scheduler step, all sequences together (default\n"
+            "                       8192, fewer on a GPU short of memory; at least B): the chunked-\n"
+            "                       prefill budget, which sizes the GPU's activations and scratch\n"
             "  --kv-memory X        KV memory: bytes (suffix K, M, G) or a fraction of free GPU\n"
             "                       memory in (0, 1] (default: the context's default)\n"
             "  --json               one JSON object per line per measurement: model, dtype, batch,\n"
-            "                       input_len, output_len, metric, value, unit, device, gpu, commit\n"
+            "                       requests, input_len, output_len, metric, value, unit, device,\n"
+            "                       gpu, commit\n"
             "  -h, --help           this help\n\n"
             "Exit codes: 0 success, 1 failure, 2 usage error.\n");
 }
@@ -67,12 +94,13 @@ static void help(FILE *f) {
 /* ---- one run ---- */
 
 typedef struct req_clock {
-    double first, last; /* kiln_now() at the first and the last token */
+    double submit, first, last; /* kiln_now() at submit, at the first and at the last token */
     int n;
     int32_t finished, reason;
 } req_clock;
 
 static int32_t on_token(void *user, int64_t id, int32_t token, int32_t finished, int32_t reason) {
+    (void)id;
     req_clock *c = user;
     double now = kiln_now();
     if (token >= 0) {
@@ -87,8 +115,13 @@ static int32_t on_token(void *user, int64_t id, int32_t token, int32_t finished,
     return 0;
 }
 
+/* The measurements of one run; NAN = not measured (not emitted). */
+enum {
+    RM_E2E_S, RM_OUT_TPS, RM_TOTAL_TPS, RM_TTFT, RM_TTFT_P50, RM_TTFT_P90, RM_TTFT_P99,
+    RM_TPOT_P50, RM_TPOT_P90, RM_TPOT_P99, RM_PREFILL, RM_DECODE_MS, RM_DECODE_TPS, RM_COUNT
+};
 typedef struct run_result {
-    double ttft_ms, prefill_ms, decode_ms_per_token, decode_tokens_per_s;
+    double v[RM_COUNT];
 } run_result;
 
 /* Deterministic prompt ids: request r, position t. */
@@ -101,51 +134,87 @@ static int32_t prompt_id(int r, int t, int32_t vocab, int32_t bos) {
     return (int32_t)(z % (uint64_t)vocab);
 }
 
-static kiln_status run_once(kiln_ctx_t *ctx, const int32_t *prompts, int batch, int in_len, int out_len,
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Nearest-rank percentile p (0 < p <= 100) of v[n], sorted in place; NAN when n is 0. */
+static double percentile(double *v, int n, double p) {
+    if (n <= 0) return NAN;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    int k = (int)ceil(p / 100.0 * n);
+    return v[k < 1 ? 0 : k > n ? n - 1 : k - 1];
+}
+
+/* The run's metrics from its clocks (every request finished with out_len tokens). */
+static void summarize(const req_clock *clk, int n_req, int batch, int in_len, int out_len, double *tmp,
+                      run_result *res) {
+    double t0 = clk[0].submit, all_first = 0, end = 0, first_end = INFINITY, ttft = 0;
+    for (int r = 0; r < n_req; r++) {
+        ttft += clk[r].first - clk[r].submit;
+        if (clk[r].first > all_first) all_first = clk[r].first;
+        if (clk[r].last > end) end = clk[r].last;
+        if (clk[r].last < first_end) first_end = clk[r].last;
+    }
+    double *v = res->v, wall = end - t0;
+    v[RM_E2E_S] = wall;
+    v[RM_OUT_TPS] = wall > 0 ? (double)n_req * out_len / wall : NAN;
+    v[RM_TOTAL_TPS] = wall > 0 ? (double)n_req * (in_len + out_len) / wall : NAN;
+    v[RM_TTFT] = ttft / n_req * 1e3;
+    for (int r = 0; r < n_req; r++) tmp[r] = (clk[r].first - clk[r].submit) * 1e3;
+    v[RM_TTFT_P50] = percentile(tmp, n_req, 50);
+    v[RM_TTFT_P90] = percentile(tmp, n_req, 90);
+    v[RM_TTFT_P99] = percentile(tmp, n_req, 99);
+    int nt = 0;
+    for (int r = 0; r < n_req && out_len > 1; r++) tmp[nt++] = (clk[r].last - clk[r].first) / (out_len - 1) * 1e3;
+    v[RM_TPOT_P50] = percentile(tmp, nt, 50);
+    v[RM_TPOT_P90] = percentile(tmp, nt, 90);
+    v[RM_TPOT_P99] = percentile(tmp, nt, 99);
+    /* all B together: every first token before any request finished (with O = 1 a request finishes
+     * at its first token, so only the single-request case counts) */
+    bool together = n_req == batch && (out_len > 1 ? all_first < first_end : n_req == 1);
+    v[RM_PREFILL] = together ? (all_first - t0) * 1e3 : NAN;
+    v[RM_DECODE_MS] = together && out_len > 1 ? (end - all_first) / (out_len - 1) * 1e3 : NAN;
+    v[RM_DECODE_TPS] = together && out_len > 1 && end > all_first ? batch * (out_len - 1) / (end - all_first) : NAN;
+}
+
+static kiln_status run_once(kiln_ctx_t *ctx, const int32_t *prompts, int n_req, int batch, int in_len, int out_len,
                             run_result *res, kiln_error *err) {
-    req_clock *clk = calloc((size_t)batch, sizeof *clk);
-    if (!clk) return kiln_err(err, KILN_ERR_NOMEM, "out of memory");
+    req_clock *clk = calloc((size_t)n_req, sizeof *clk);
+    double *tmp = malloc((size_t)n_req * sizeof *tmp);
+    kiln_status st = KILN_OK;
+    if (!clk || !tmp) {
+        st = kiln_err(err, KILN_ERR_NOMEM, "out of memory for %d requests", n_req);
+        goto out;
+    }
     kiln_request_options ro;
     kiln_request_options_init(&ro);
     ro.max_tokens = out_len;
     ro.ignore_eos = 1;
     ro.on_token = on_token;
-    kiln_status st = KILN_OK;
-    double t0 = kiln_now();
-    for (int r = 0; r < batch && st == KILN_OK; r++) {
+    for (int r = 0; r < n_req && st == KILN_OK; r++) {
         int64_t id;
         ro.user = &clk[r];
+        clk[r].submit = kiln_now();
         st = kiln_submit(ctx, prompts + (size_t)r * (size_t)in_len, in_len, &ro, &id);
     }
     if (st == KILN_OK) st = kiln_run(ctx);
     if (st != KILN_OK) {
         kiln_err(err, st, "%s", kiln_last_error(ctx));
-        free(clk);
-        return st;
+        goto out;
     }
-    double ttft = 0, all_first = 0, end = 0;
-    for (int r = 0; r < batch; r++) {
+    for (int r = 0; r < n_req; r++)
         if (!clk[r].finished || clk[r].n != out_len) {
             st = kiln_err(err, KILN_ERR_INTERNAL, "request %d produced %d of %d tokens (stop: %s)", r, clk[r].n,
                           out_len, kiln_stop_reason_str((kiln_stop_reason)clk[r].reason));
-            free(clk);
-            return st;
+            goto out;
         }
-        ttft += clk[r].first - t0;
-        if (clk[r].first > all_first) all_first = clk[r].first;
-        if (clk[r].last > end) end = clk[r].last;
-    }
-    res->ttft_ms = ttft / batch * 1e3;
-    res->prefill_ms = (all_first - t0) * 1e3;
-    res->decode_ms_per_token = out_len > 1 ? (end - all_first) / (out_len - 1) * 1e3 : NAN;
-    res->decode_tokens_per_s = out_len > 1 && end > all_first ? batch * (out_len - 1) / (end - all_first) : NAN;
+    summarize(clk, n_req, batch, in_len, out_len, tmp, res);
+out:
     free(clk);
-    return KILN_OK;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
+    free(tmp);
+    return st;
 }
 
 static double median(double *v, int n) {
@@ -153,39 +222,46 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-/* Medians over reps runs at one batch size. */
-static kiln_status measure(kiln_ctx_t *ctx, int32_t vocab, int32_t bos, int batch, int in_len, int out_len,
-                           int warmup, int reps, run_result *med, kiln_error *err) {
-    int32_t *prompts = malloc((size_t)batch * (size_t)in_len * sizeof *prompts);
-    double *v[4];
-    for (int i = 0; i < 4; i++) v[i] = malloc((size_t)reps * sizeof(double));
+/* The shape of one measurement. */
+typedef struct bench_shape {
+    int batch, requests, in_len, out_len, warmup, reps;
+} bench_shape;
+
+/* Medians over reps runs of one shape (NAN where any run did not measure it). */
+static kiln_status measure(kiln_ctx_t *ctx, int32_t vocab, int32_t bos, const bench_shape *sh, run_result *med,
+                           kiln_error *err) {
+    const int R = sh->requests, reps = sh->reps;
+    int32_t *prompts = malloc((size_t)R * (size_t)sh->in_len * sizeof *prompts);
+    double *v = malloc((size_t)reps * RM_COUNT * sizeof *v);
     kiln_status st = KILN_OK;
-    if (!prompts || !v[0] || !v[1] || !v[2] || !v[3]) {
-        st = kiln_err(err, KILN_ERR_NOMEM, "out of memory for %d prompts of %d tokens", batch, in_len);
+    if (!prompts || !v) {
+        st = kiln_err(err, KILN_ERR_NOMEM, "out of memory for %d prompts of %d tokens", R, sh->in_len);
         goto out;
     }
-    for (int r = 0; r < batch; r++)
-        for (int t = 0; t < in_len; t++) prompts[(size_t)r * (size_t)in_len + (size_t)t] = prompt_id(r, t, vocab, bos);
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < sh->in_len; t++)
+            prompts[(size_t)r * (size_t)sh->in_len + (size_t)t] = prompt_id(r, t, vocab, bos);
     bool tty = isatty(2);
-    for (int i = 0; i < warmup + reps; i++) {
-        if (tty) fprintf(stderr, "\rkiln bench: batch %d, %s %d/%d ", batch, i < warmup ? "warmup" : "run",
-                         i < warmup ? i + 1 : i - warmup + 1, i < warmup ? warmup : reps);
-        run_result r = {0};
-        if ((st = run_once(ctx, prompts, batch, in_len, out_len, &r, err)) != KILN_OK) goto out;
-        if (i < warmup) continue;
-        v[0][i - warmup] = r.ttft_ms;
-        v[1][i - warmup] = r.prefill_ms;
-        v[2][i - warmup] = r.decode_ms_per_token;
-        v[3][i - warmup] = r.decode_tokens_per_s;
+    for (int i = 0; i < sh->warmup + reps; i++) {
+        bool warm = i < sh->warmup;
+        if (tty)
+            fprintf(stderr, "\rkiln bench: batch %d, %d requests, %s %d/%d ", sh->batch, R, warm ? "warmup" : "run",
+                    warm ? i + 1 : i - sh->warmup + 1, warm ? sh->warmup : reps);
+        run_result r = {{0}};
+        if ((st = run_once(ctx, prompts, R, sh->batch, sh->in_len, sh->out_len, &r, err)) != KILN_OK) goto out;
+        if (!warm)
+            for (int m = 0; m < RM_COUNT; m++) v[(size_t)m * reps + (size_t)(i - sh->warmup)] = r.v[m];
     }
-    if (tty) fprintf(stderr, "\r%60s\r", "");
-    med->ttft_ms = median(v[0], reps);
-    med->prefill_ms = median(v[1], reps);
-    med->decode_ms_per_token = median(v[2], reps);
-    med->decode_tokens_per_s = median(v[3], reps);
+    if (tty) fprintf(stderr, "\r%70s\r", "");
+    for (int m = 0; m < RM_COUNT; m++) {
+        double *col = v + (size_t)m * reps;
+        bool all = true;
+        for (int i = 0; i < reps; i++) all &= !isnan(col[i]);
+        med->v[m] = all ? median(col, reps) : NAN;
+    }
 out:
     free(prompts);
-    for (int i = 0; i < 4; i++) free(v[i]);
+    free(v);
     return st;
 }
 
@@ -197,22 +273,60 @@ typedef struct report {
     int input_len, output_len;
 } report;
 
-static void emit(const report *rp, int batch, const char *metric, double value, const char *unit) {
+static void emit(const report *rp, int batch, int requests, const char *metric, double value, const char *unit) {
     if (isnan(value)) return;
     if (rp->json) {
-        json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:i, s:s, s:f, s:s, s:s, s:s, s:s}", "model", rp->model, "dtype",
-                              rp->dtype, "batch", batch, "input_len", rp->input_len, "output_len", rp->output_len,
-                              "metric", metric, "value", value, "unit", unit, "device", rp->device, "gpu", rp->gpu,
-                              "commit", rp->commit);
+        json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:s, s:f, s:s, s:s, s:s, s:s}", "model", rp->model,
+                              "dtype", rp->dtype, "batch", batch, "requests", requests, "input_len", rp->input_len,
+                              "output_len", rp->output_len, "metric", metric, "value", value, "unit", unit, "device",
+                              rp->device, "gpu", rp->gpu, "commit", rp->commit);
         char *s = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6)) : NULL;
         if (s) printf("%s\n", s);
         free(s);
         json_decref(j);
     } else {
-        printf("  %-22s batch %-4d %12.3f %s\n", metric, batch, value, unit);
+        printf("  %-24s batch %-4d requests %-6d %12.3f %s\n", metric, batch, requests, value, unit);
     }
 }
 
+/* Every measurement of one shape, in a fixed order. */
+static void emit_run(const report *rp, const bench_shape *sh, const run_result *r) {
+    static const struct {
+        int m;
+        const char *name, *unit;
+    } rows[] = {
+        {RM_PREFILL, "prefill_ms", "ms"},
+        {RM_TTFT, "ttft_ms", "ms"},
+        {RM_DECODE_MS, "decode_ms_per_token", "ms"},
+        {RM_DECODE_TPS, "decode_tokens_per_s", "tokens/s"},
+        {RM_E2E_S, "e2e_s", "s"},
+        {RM_OUT_TPS, "e2e_output_tokens_per_s", "tokens/s"},
+        {RM_TOTAL_TPS, "e2e_total_tokens_per_s", "tokens/s"},
+        {RM_TTFT_P50, "ttft_p50_ms", "ms"},
+        {RM_TTFT_P90, "ttft_p90_ms", "ms"},
+        {RM_TTFT_P99, "ttft_p99_ms", "ms"},
+        {RM_TPOT_P50, "tpot_p50_ms", "ms"},
+        {RM_TPOT_P90, "tpot_p90_ms", "ms"},
+        {RM_TPOT_P99, "tpot_p99_ms", "ms"},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+        emit(rp, sh->batch, sh->requests, rows[i].name, r->v[rows[i].m], rows[i].unit);
+}
+
+/* What the context holds once every run is done: limits, peak memory and its parts. */
+static void emit_context(const report *rp, const bench_shape *sh, const kiln_ctx_info *in, bool on_gpu) {
+    const double mib = 1024.0 * 1024.0;
+    emit(rp, sh->batch, sh->requests, "max_step_tokens", in->max_step_tokens, "tokens");
+    if (in->kv_capacity_tokens > 0)
+        emit(rp, sh->batch, sh->requests, "kv_capacity_tokens", (double)in->kv_capacity_tokens, "tokens");
+    emit(rp, sh->batch, sh->requests, "max_running", in->max_running, "requests");
+    emit(rp, sh->batch, sh->requests, "peak_host_memory", (double)in->host_peak_bytes / mib, "MiB");
+    if (!on_gpu && in->device_peak_bytes <= 0) return;
+    emit(rp, sh->batch, sh->requests, "peak_device_memory", (double)in->device_peak_bytes / mib, "MiB");
+    emit(rp, sh->batch, sh->requests, "weights_memory", (double)in->weight_bytes / mib, "MiB");
+    emit(rp, sh->batch, sh->requests, "kv_memory", (double)in->kv_bytes / mib, "MiB");
+    emit(rp, sh->batch, sh->requests, "scratch_memory", (double)in->scratch_bytes / mib, "MiB");
+}
 
 static const char *commit_id(void) {
     const char *e = getenv("KILN_COMMIT");
@@ -246,109 +360,135 @@ static char *weights_dtype(const char *meta) {
     return out;
 }
 
-int kiln_cmd_bench(int argc, char **argv) {
-    enum { O_BATCH = 256, O_IN, O_OUT, O_DEV, O_WARM, O_REPS, O_THR, O_CTX, O_STEP, O_KV, O_JSON };
+/* The command line. */
+typedef struct bench_args {
+    long long batch, requests, in_len, out_len, warmup, reps, threads, max_ctx, max_step;
+    const char *device, *path;
+    int64_t kv_bytes;
+    double kv_fraction;
+    bool json;
+} bench_args;
+
+/* Parse argv into *a; KILN_EXIT_OK to go on, else the exit code (help printed, or a usage error). */
+static int parse_args(int argc, char **argv, bench_args *a, bool *done) {
+    enum { O_BATCH = 256, O_REQ, O_IN, O_OUT, O_DEV, O_WARM, O_REPS, O_THR, O_CTX, O_STEP, O_KV, O_JSON };
     static const struct option longopts[] = {
-        {"batch", required_argument, 0, O_BATCH},   {"input-len", required_argument, 0, O_IN},
-        {"output-len", required_argument, 0, O_OUT}, {"device", required_argument, 0, O_DEV},
-        {"warmup", required_argument, 0, O_WARM},   {"reps", required_argument, 0, O_REPS},
-        {"threads", required_argument, 0, O_THR},   {"max-context", required_argument, 0, O_CTX},
-        {"max-step-tokens", required_argument, 0, O_STEP}, {"kv-memory", required_argument, 0, O_KV},
-        {"json", no_argument, 0, O_JSON},            {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
-    long long batch = 1, in_len = 128, out_len = 128, warmup = 1, reps = 3, threads = 0, max_ctx = 0, max_step = 0;
-    const char *device = "auto";
-    int64_t kv_bytes = 0;
-    double kv_fraction = 0;
-    bool json = false;
+        {"batch", required_argument, 0, O_BATCH},   {"requests", required_argument, 0, O_REQ},
+        {"input-len", required_argument, 0, O_IN},  {"output-len", required_argument, 0, O_OUT},
+        {"device", required_argument, 0, O_DEV},    {"warmup", required_argument, 0, O_WARM},
+        {"reps", required_argument, 0, O_REPS},     {"threads", required_argument, 0, O_THR},
+        {"max-context", required_argument, 0, O_CTX}, {"max-step-tokens", required_argument, 0, O_STEP},
+        {"kv-memory", required_argument, 0, O_KV},  {"json", no_argument, 0, O_JSON},
+        {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
+    *a = (bench_args){.batch = 1, .in_len = 128, .out_len = 128, .warmup = 1, .reps = 3, .device = "auto"};
+    *done = false;
     int c;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
         case O_BATCH:
-            if (!kiln_cli_parse_int(optarg, 1, 1024, &batch))
+            if (!kiln_cli_parse_int(optarg, 1, 1024, &a->batch))
                 return kiln_cli_usage_error("bench", "--batch '%s' is not a number in 1..1024", optarg);
             break;
+        case O_REQ:
+            if (!kiln_cli_parse_int(optarg, 1, MAX_REQUESTS, &a->requests))
+                return kiln_cli_usage_error("bench", "--requests '%s' is not a number in 1..%d", optarg, MAX_REQUESTS);
+            break;
         case O_IN:
-            if (!kiln_cli_parse_int(optarg, 1, 1 << 24, &in_len))
+            if (!kiln_cli_parse_int(optarg, 1, 1 << 24, &a->in_len))
                 return kiln_cli_usage_error("bench", "--input-len '%s' is not a positive number", optarg);
             break;
         case O_OUT:
-            if (!kiln_cli_parse_int(optarg, 1, 1 << 24, &out_len))
+            if (!kiln_cli_parse_int(optarg, 1, 1 << 24, &a->out_len))
                 return kiln_cli_usage_error("bench", "--output-len '%s' is not a positive number", optarg);
             break;
         case O_DEV:
             if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "gpu") != 0 && strcmp(optarg, "auto") != 0)
                 return kiln_cli_usage_error("bench", "unknown device '%s' (cpu, gpu, auto)", optarg);
-            device = optarg;
+            a->device = optarg;
             break;
         case O_WARM:
-            if (!kiln_cli_parse_int(optarg, 0, 1000, &warmup))
+            if (!kiln_cli_parse_int(optarg, 0, 1000, &a->warmup))
                 return kiln_cli_usage_error("bench", "--warmup '%s' is not a number in 0..1000", optarg);
             break;
         case O_REPS:
-            if (!kiln_cli_parse_int(optarg, 1, 1000, &reps))
+            if (!kiln_cli_parse_int(optarg, 1, 1000, &a->reps))
                 return kiln_cli_usage_error("bench", "--reps '%s' is not a number in 1..1000", optarg);
             break;
         case O_THR:
-            if (!kiln_cli_parse_int(optarg, 1, 1024, &threads))
+            if (!kiln_cli_parse_int(optarg, 1, 1024, &a->threads))
                 return kiln_cli_usage_error("bench", "--threads '%s' is not a number in 1..1024", optarg);
             break;
         case O_CTX:
-            if (!kiln_cli_parse_int(optarg, 1, 1 << 24, &max_ctx))
+            if (!kiln_cli_parse_int(optarg, 1, 1 << 24, &a->max_ctx))
                 return kiln_cli_usage_error("bench", "--max-context '%s' is not a positive number", optarg);
             break;
         case O_STEP:
-            if (!kiln_cli_parse_int(optarg, 1, 1 << 24, &max_step))
+            if (!kiln_cli_parse_int(optarg, 1, 1 << 24, &a->max_step))
                 return kiln_cli_usage_error("bench", "--max-step-tokens '%s' is not a positive number", optarg);
             break;
         case O_KV:
-            if (!kiln_cli_parse_memory(optarg, &kv_bytes, &kv_fraction))
+            if (!kiln_cli_parse_memory(optarg, &a->kv_bytes, &a->kv_fraction))
                 return kiln_cli_usage_error("bench", "--kv-memory '%s' is neither bytes (e.g. 4G) nor a fraction in "
                                                      "(0, 1]",
                                             optarg);
             break;
-        case O_JSON: json = true; break;
-        case 'h': help(stdout); return KILN_EXIT_OK;
+        case O_JSON: a->json = true; break;
+        case 'h':
+            help(stdout);
+            *done = true;
+            return KILN_EXIT_OK;
         default: return kiln_cli_usage_error("bench", "unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
     if (optind != argc - 1) return kiln_cli_usage_error("bench", "expected one engine file");
-    const char *path = argv[optind];
+    if (a->max_step && a->max_step < a->batch)
+        return kiln_cli_usage_error("bench", "--max-step-tokens %lld is below --batch %lld (each running sequence "
+                                             "decodes one token a step)",
+                                    a->max_step, a->batch);
+    if (!a->requests) a->requests = a->batch;
+    a->path = argv[optind];
+    return KILN_EXIT_OK;
+}
 
-    kiln_error err = {0};
-    int rc = KILN_EXIT_FAIL;
-    kiln_t *k = NULL;
-    kiln_ctx_t *ctx = NULL;
-    char *name = model_name(path), *dtype = NULL;
-    double t0 = kiln_now();
-    kiln_status st = kiln_open(path, (int32_t)threads, &k);
-    if (st != KILN_OK) {
-        kiln_err(&err, st, "%s", kiln_error_message(k));
-        goto fail;
-    }
-    int32_t model_ctx = kiln_max_context(k);
-    if (in_len + out_len - 1 > (max_ctx ? max_ctx : model_ctx)) {
-        kiln_err(&err, KILN_ERR_CONTEXT, "input %lld + output %lld tokens do not fit the %lld-token context", in_len,
-                 out_len, max_ctx ? max_ctx : (long long)model_ctx);
-        kiln_err_hint(&err, "lower --input-len or --output-len%s", max_ctx ? ", or raise --max-context" : "");
-        goto fail;
+/* Open the engine and a context for the arguments. */
+static kiln_status open_ctx(const bench_args *a, kiln_t **k, kiln_ctx_t **ctx, kiln_error *err) {
+    kiln_status st = kiln_open(a->path, (int32_t)a->threads, k);
+    if (st != KILN_OK) return kiln_err(err, st, "%s", kiln_error_message(*k));
+    long long model_ctx = kiln_max_context(*k), ctx_len = a->max_ctx ? a->max_ctx : model_ctx;
+    if (a->in_len + a->out_len - 1 > ctx_len) {
+        kiln_err(err, KILN_ERR_CONTEXT, "input %lld + output %lld tokens do not fit the %lld-token context", a->in_len,
+                 a->out_len, ctx_len);
+        return kiln_err_hint(err, "lower --input-len or --output-len%s", a->max_ctx ? ", or raise --max-context" : "");
     }
     kiln_ctx_options o;
     kiln_ctx_options_init(&o);
-    o.device = device;
-    o.max_batch = (int32_t)batch;
-    o.max_context = (int32_t)(max_ctx ? max_ctx : (in_len + out_len < model_ctx ? in_len + out_len : model_ctx));
-    long long step = max_step ? max_step : batch * in_len;
-    o.max_step_tokens = (int32_t)(step < batch ? batch : step > (1 << 24) ? (1 << 24) : step);
-    o.threads = (int32_t)threads;
-    o.kv_bytes = kv_bytes;
-    if (kv_fraction > 0) o.kv_fraction = kv_fraction;
-    if ((st = kiln_ctx_new(k, &o, &ctx)) != KILN_OK) {
-        kiln_err(&err, st, "%s", kiln_last_error(ctx));
-        goto fail;
-    }
+    o.device = a->device;
+    o.max_batch = (int32_t)a->batch;
+    o.max_context = (int32_t)(a->max_ctx ? a->max_ctx : (a->in_len + a->out_len < model_ctx ? a->in_len + a->out_len
+                                                                                            : model_ctx));
+    o.max_step_tokens = (int32_t)a->max_step; /* 0: the context's default budget */
+    o.threads = (int32_t)a->threads;
+    o.kv_bytes = a->kv_bytes;
+    if (a->kv_fraction > 0) o.kv_fraction = a->kv_fraction;
+    if ((st = kiln_ctx_new(*k, &o, ctx)) != KILN_OK) return kiln_err(err, st, "%s", kiln_last_error(*ctx));
+    return KILN_OK;
+}
+
+int kiln_cmd_bench(int argc, char **argv) {
+    bench_args a;
+    bool done;
+    int rc = parse_args(argc, argv, &a, &done);
+    if (rc != KILN_EXIT_OK || done) return rc;
+    kiln_error err = {0};
+    rc = KILN_EXIT_FAIL;
+    kiln_t *k = NULL;
+    kiln_ctx_t *ctx = NULL;
+    char *name = model_name(a.path), *dtype = NULL;
+    double t0 = kiln_now();
+    kiln_status st = open_ctx(&a, &k, &ctx, &err);
+    if (st != KILN_OK) goto fail;
     double load_ms = (kiln_now() - t0) * 1e3;
     kiln_ctx_info info = {.struct_size = sizeof info};
     if ((st = kiln_ctx_info_get(ctx, &info)) != KILN_OK) {
@@ -357,41 +497,36 @@ int kiln_cmd_bench(int argc, char **argv) {
     }
     dtype = weights_dtype(kiln_meta_json(k));
     bool on_gpu = strcmp(info.device, "gpu") == 0;
-    report rp = {.json = json, .model = name, .dtype = dtype, .device = info.device,
+    report rp = {.json = a.json, .model = name, .dtype = dtype, .device = info.device,
                  .gpu = on_gpu ? info.device_name : "none", .commit = commit_id(),
-                 .input_len = (int)in_len, .output_len = (int)out_len};
-    if (!json)
-        printf("kiln bench %s: %s weights on %s (%s), input %lld, output %lld, median of %lld\n", name, dtype,
-               info.device, rp.gpu, in_len, out_len, reps);
+                 .input_len = (int)a.in_len, .output_len = (int)a.out_len};
+    if (!a.json)
+        printf("kiln bench %s: %s weights on %s (%s), batch %lld, %lld requests, input %lld, output %lld, "
+               "%d tokens a step, median of %lld\n",
+               name, dtype, info.device, rp.gpu, a.batch, a.requests, a.in_len, a.out_len, info.max_step_tokens,
+               a.reps);
 
     int32_t vocab = kiln_vocab_size(k), bos = kiln_bos_id(k);
-    run_result one = {0}, many = {0};
-    emit(&rp, (int)batch, "load_ms", load_ms, "ms");
-    if (batch > 1) {
-        if ((st = measure(ctx, vocab, bos, 1, (int)in_len, (int)out_len, (int)warmup, (int)reps, &one, &err)) !=
-            KILN_OK)
-            goto fail;
-        emit(&rp, 1, "prefill_ms", one.prefill_ms, "ms");
-        emit(&rp, 1, "ttft_ms", one.ttft_ms, "ms");
+    bench_shape one = {1, 1, (int)a.in_len, (int)a.out_len, (int)a.warmup, (int)a.reps};
+    bench_shape many = {(int)a.batch, (int)a.requests, (int)a.in_len, (int)a.out_len, (int)a.warmup, (int)a.reps};
+    run_result r1 = {{0}}, rb = {{0}};
+    emit(&rp, many.batch, many.requests, "load_ms", load_ms, "ms");
+    if (a.batch > 1 || a.requests > 1) {
+        if ((st = measure(ctx, vocab, bos, &one, &r1, &err)) != KILN_OK) goto fail;
+        emit(&rp, 1, 1, "prefill_ms", r1.v[RM_PREFILL], "ms");
+        emit(&rp, 1, 1, "ttft_ms", r1.v[RM_TTFT], "ms");
     }
-    if ((st = measure(ctx, vocab, bos, (int)batch, (int)in_len, (int)out_len, (int)warmup, (int)reps, &many, &err)) !=
-        KILN_OK)
-        goto fail;
-    emit(&rp, (int)batch, "prefill_ms", many.prefill_ms, "ms");
-    emit(&rp, (int)batch, "ttft_ms", many.ttft_ms, "ms");
-    emit(&rp, (int)batch, "decode_ms_per_token", many.decode_ms_per_token, "ms");
-    emit(&rp, (int)batch, "decode_tokens_per_s", many.decode_tokens_per_s, "tokens/s");
+    if ((st = measure(ctx, vocab, bos, &many, &rb, &err)) != KILN_OK) goto fail;
+    emit_run(&rp, &many, &rb);
     if ((st = kiln_ctx_info_get(ctx, &info)) != KILN_OK) {
         kiln_err(&err, st, "%s", kiln_last_error(ctx));
         goto fail;
     }
-    emit(&rp, (int)batch, "peak_host_memory", (double)info.host_peak_bytes / (1024.0 * 1024.0), "MiB");
-    if (on_gpu || info.device_peak_bytes > 0)
-        emit(&rp, (int)batch, "peak_device_memory", (double)info.device_peak_bytes / (1024.0 * 1024.0), "MiB");
+    emit_context(&rp, &many, &info, on_gpu);
     rc = KILN_EXIT_OK;
     goto out;
 fail:
-    rc = kiln_cli_fail("bench", &err, json);
+    rc = kiln_cli_fail("bench", &err, a.json);
 out:
     kiln_ctx_free(ctx);
     kiln_close(k);

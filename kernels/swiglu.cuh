@@ -12,9 +12,11 @@
  * Elements are kiln_elem (bf16, or fp32 with KILN_F32; common.cuh).
  *
  * Constants: FFN; SWIGLU_INTERLEAVED (0); SWIGLU_THREADS (default 256).
- * Launch: grid (ceil(FFN / (KILN_VEC*SWIGLU_THREADS)), M) when FFN %
- * KILN_VEC == 0 (16-byte path), else (ceil(FFN / SWIGLU_THREADS), M); block
- * SWIGLU_THREADS.
+ * Launch (kiln_swiglu_dims): grid (ceil(FFN / (KILN_VEC*SWIGLU_THREADS)),
+ * min(M, 65535)) when FFN % KILN_VEC == 0 (16-byte path), else
+ * (ceil(FFN / SWIGLU_THREADS), min(M, 65535)); block SWIGLU_THREADS. Rows
+ * are grid-strided along y (row blockIdx.y, then + gridDim.y...), so any M
+ * runs within CUDA's 65,535 limit on grid y (a 100,000-token prefill step).
  */
 #include "common.cuh"
 
@@ -30,15 +32,11 @@
 
 KILN_DEV float kiln_silu_f(float g) { return g / (1.0f + expf(-g)); }
 
-extern "C" __global__ void __launch_bounds__(SWIGLU_THREADS) kiln_swiglu(const kiln_swiglu_params p) {
-    kiln_pdl_wait();
-    const size_t m = blockIdx.y;
-    if ((int)m >= p.M) return;
+/* One row m: the 16-byte path's chunk c, or the scalar path's element c. */
+KILN_DEV void kiln_swiglu_row(const kiln_swiglu_params &p, size_t m, int c) {
     const kiln_elem *row = (const kiln_elem *)p.gu + m * 2 * FFN;
     kiln_elem *out = (kiln_elem *)p.out + m * FFN;
 #if FFN % KILN_VEC == 0
-    const int c = blockIdx.x * SWIGLU_THREADS + threadIdx.x; /* 16-byte chunk of the output */
-    if (c >= FFN / KILN_VEC) return;
     float g[KILN_VEC], u[KILN_VEC], o[KILN_VEC];
 #if SWIGLU_INTERLEAVED
     /* 2*KILN_VEC inputs: pairs (gate, up) for KILN_VEC outputs */
@@ -60,12 +58,22 @@ extern "C" __global__ void __launch_bounds__(SWIGLU_THREADS) kiln_swiglu(const k
     for (int e = 0; e < KILN_VEC; e++) o[e] = kiln_silu_f(g[e]) * u[e];
     *(uint4 *)(out + (size_t)c * KILN_VEC) = kiln_packv(o);
 #else
-    const int f = blockIdx.x * SWIGLU_THREADS + threadIdx.x;
-    if (f >= FFN) return;
 #if SWIGLU_INTERLEAVED
-    out[f] = kiln_f2e(kiln_silu_f(kiln_e2f(row[2 * f])) * kiln_e2f(row[2 * f + 1]));
+    out[c] = kiln_f2e(kiln_silu_f(kiln_e2f(row[2 * c])) * kiln_e2f(row[2 * c + 1]));
 #else
-    out[f] = kiln_f2e(kiln_silu_f(kiln_e2f(row[f])) * kiln_e2f(row[FFN + f]));
+    out[c] = kiln_f2e(kiln_silu_f(kiln_e2f(row[c])) * kiln_e2f(row[FFN + c]));
 #endif
 #endif
+}
+
+extern "C" __global__ void __launch_bounds__(SWIGLU_THREADS) kiln_swiglu(const kiln_swiglu_params p) {
+    kiln_pdl_wait();
+#if FFN % KILN_VEC == 0
+    const int n = FFN / KILN_VEC; /* 16-byte chunks of an output row */
+#else
+    const int n = FFN;
+#endif
+    const int c = blockIdx.x * SWIGLU_THREADS + threadIdx.x;
+    if (c >= n) return;
+    for (size_t m = blockIdx.y; m < (size_t)p.M; m += gridDim.y) kiln_swiglu_row(p, m, c);
 }

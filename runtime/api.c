@@ -52,7 +52,7 @@ struct kiln_ctx_t {
 };
 
 #define DEFAULT_MAX_BATCH 8
-#define DEFAULT_MAX_STEP_TOKENS 512
+#define DEFAULT_MAX_STEP_TOKENS 8192 /* as the CUDA executor's default (fewer there when memory is tight) */
 #define DEFAULT_KV_FRACTION 0.9
 #define DEFAULT_MAX_TOKENS 128
 #define MAX_BATCH_LIMIT 1024
@@ -162,7 +162,7 @@ static kiln_status new_gpu_executor(const kiln_model *m, const kiln_ctx_options 
 #ifdef KILN_HAVE_CUDA
     kiln_cuda_exec_opts co = {.max_seqs = o->max_batch,
                               .max_context = o->max_context,
-                              .max_step_tokens = o->max_step_tokens ? o->max_step_tokens : DEFAULT_MAX_STEP_TOKENS,
+                              .max_step_tokens = o->max_step_tokens, /* 0: the executor sizes it from free memory */
                               .kv_bytes = o->kv_bytes,
                               .kv_fraction = o->kv_fraction,
                               .threads = o->threads};
@@ -323,6 +323,9 @@ kiln_status kiln_ctx_info_get(kiln_ctx_t *c, kiln_ctx_info *info) {
     info->kv_capacity_tokens = xi.kv_capacity_tokens;
     info->device_bytes = xi.device_bytes;
     info->device_peak_bytes = xi.device_peak_bytes;
+    info->weight_bytes = xi.weight_bytes;
+    info->kv_bytes = xi.kv_bytes;
+    info->scratch_bytes = xi.scratch_bytes;
     struct rusage ru;
     if (getrusage(RUSAGE_SELF, &ru) == 0) info->host_peak_bytes = (int64_t)ru.ru_maxrss * 1024; /* Linux: kB */
     info->steps = ss.steps;

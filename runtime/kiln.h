@@ -153,8 +153,12 @@ typedef struct kiln_ctx_options {
                                 GPU, enough for max_batch full contexts on the CPU (default 0) */
     double kv_fraction;      /* GPU only, when kv_bytes is 0: fraction of the free device memory
                                 (after weights) for the KV pool, in (0, 1]; default 0.9 */
-    int32_t max_step_tokens; /* new tokens per step, all sequences together (chunked prefill);
-                                0 = 512 (default); at least max_batch */
+    int32_t max_step_tokens; /* new tokens per step, all sequences together (chunked prefill): the GPU's
+                                activations and scratch are sized for it; 0 = 8192 (default; on a GPU
+                                fewer when its scratch would take more than a quarter of the memory
+                                left after the weights and KV); at least max_batch. A GPU context
+                                whose weights + kv_bytes + scratch exceed the free memory is refused
+                                (KILN_ERR_NOMEM naming each part) */
     int32_t threads;         /* CPU threads; 0 = one per core (default) */
 } kiln_ctx_options;
 
@@ -183,6 +187,10 @@ typedef struct kiln_ctx_info {
     int64_t host_peak_bytes;    /* the process's peak resident memory (VmHWM) */
     int64_t steps;              /* scheduler steps that ran the model */
     int32_t max_running;        /* the most sequences that ran in one step so far */
+    /* Device memory by part (0 on the CPU): peak device memory <= weight_bytes + kv_bytes +
+     * scratch_bytes (scratch: activations and buffers for max_step_tokens rows and max_batch
+     * sequences, the cuBLASLt workspace; CUDA graphs and the driver's context come on top) */
+    int64_t weight_bytes, kv_bytes, scratch_bytes;
 } kiln_ctx_info;
 
 /* Describe the context. */

@@ -139,6 +139,19 @@ kiln_status kiln_cuda_launch_ex(kiln_cuda *cu, CUfunction f, const kiln_cuda_dim
 
 /* ---- launch geometry of the kernel families in kernels/ ---- */
 
+/* CUDA's grid limits: x up to 2^31 - 1, y and z up to 65,535 blocks. */
+#define KILN_CUDA_GRID_X_MAX 2147483647u
+#define KILN_CUDA_GRID_YZ_MAX 65535u
+/* KILN_OK when d's grid is within CUDA's limits and not empty, else
+ * KILN_ERR_INVALID_ARG naming the kernel `what` and the dims (every launch
+ * passes through this before the driver, which would only say
+ * CUDA_ERROR_INVALID_VALUE). */
+kiln_status kiln_cuda_dims_check(const kiln_cuda_dims *d, const char *what, kiln_error *err);
+/* Grid and block of kiln_swiglu (swiglu.cuh) for M rows of ffn outputs with `threads` threads a
+ * block and `vec` elements per 16-byte chunk (8 bf16, 4 fp32): grid y is min(M, 65535), the kernel
+ * strides over the rows. */
+kiln_cuda_dims kiln_swiglu_dims(int ffn, int M, int threads, int vec);
+
 /* The GEMV's compile-time shape (gemv.cuh's GEMV_* constants). */
 typedef struct kiln_gemv_cfg {
     int warps, rows, unroll, mt;

@@ -54,6 +54,10 @@ typedef struct kiln_executor_info {
     int64_t kv_capacity_tokens; /* most KV tokens all slots together can hold (0 = unknown) */
     int64_t device_bytes;       /* device memory in use now (0 on the CPU) */
     int64_t device_peak_bytes;  /* the most device memory in use since creation (0 on the CPU) */
+    /* Device memory by part (0 on the CPU): peak device memory <= weights + KV pool + scratch, where
+     * scratch is what the step budget (max_step_tokens) and max_seqs cost, the cuBLASLt workspace
+     * included (CUDA graphs and the driver's context are outside these counts). */
+    int64_t weight_bytes, kv_bytes, scratch_bytes;
 } kiln_executor_info;
 
 typedef struct kiln_executor_ops {

@@ -241,7 +241,7 @@ static void test_ctx_options(void) {
     KT_EQ_STR(info.device, "cpu");
     KT_EQ_STR(info.device_name, "cpu");
     KT_EQ_INT(info.max_batch, 3);
-    KT_EQ_INT(info.max_step_tokens, 512);
+    KT_EQ_INT(info.max_step_tokens, 3 * 512); /* the default 8192, capped at 3 full contexts */
     KT_EQ_INT(info.kv_capacity_tokens, 3 * 512);
     KT_EQ_INT(info.device_bytes, 0);
     KT_CHECK(info.host_peak_bytes > 0);

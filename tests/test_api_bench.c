@@ -1,10 +1,13 @@
 /*
  * test_api_bench.c — `kiln bench` (compiler/cmd_bench.c, which drives the
- * public API) on an engine compiled from models/stories260k: the JSON lines
- * it prints (fields, metrics, units, plausible values), the table, and its
+ * public API) on engines compiled from models/stories260k and
+ * tests/data/tiny-mistral: the JSON lines it prints (fields, metrics, units,
+ * plausible values), queued requests over a small KV pool (they complete,
+ * percentiles ordered, no full-batch decode figures), the table, and its
  * exit codes for usage errors (2) and failures (1).
  */
 #include <jansson.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +19,7 @@
 
 int kiln_cmd_bench(int argc, char **argv);
 
-static char tmpdir[256], engine[512], out_path[512], err_path[512];
+static char tmpdir[256], engine[512], tiny[512], out_path[512], err_path[512];
 
 /* Run kiln_cmd_bench with stdout and stderr captured; returns its exit code. */
 static int bench(char **out, char **errtext, int argc, ...) {
@@ -59,7 +62,7 @@ static void test_bench_json(void) {
     unsetenv("KILN_COMMIT");
     KT_EQ_INT(rc, 0);
     KT_REQUIRE(out);
-    const char *fields[] = {"model", "dtype", "batch", "input_len", "output_len", "metric",
+    const char *fields[] = {"model", "dtype", "batch", "requests", "input_len", "output_len", "metric",
                             "value", "unit", "device", "gpu", "commit"};
     int seen_b1 = 0, seen_b3 = 0, lines = 0;
     bool load = false, tps = false, mspt = false, mem = false;
@@ -68,7 +71,7 @@ static void test_bench_json(void) {
         json_error_t je;
         json_t *j = json_loads(line, 0, &je);
         KT_REQUIRE(json_is_object(j));
-        KT_EQ_INT(json_object_size(j), 11);
+        KT_EQ_INT(json_object_size(j), 12);
         for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++)
             KT_CHECKF(json_object_get(j, fields[f]) != NULL, "line %d lacks \"%s\"", lines, fields[f]);
         KT_EQ_STR(json_string_value(json_object_get(j, "model")), "stories");
@@ -81,6 +84,7 @@ static void test_bench_json(void) {
         int b = (int)json_integer_value(json_object_get(j, "batch"));
         seen_b1 += b == 1;
         seen_b3 += b == 3;
+        KT_EQ_INT(json_integer_value(json_object_get(j, "requests")), b);
         const char *metric = json_string_value(json_object_get(j, "metric"));
         const char *unit = json_string_value(json_object_get(j, "unit"));
         double v = json_number_value(json_object_get(j, "value"));
@@ -100,11 +104,64 @@ static void test_bench_json(void) {
         }
         json_decref(j);
     }
-    /* load, prefill+ttft at batch 1, prefill+ttft+decode×2 at batch 3, peak host memory */
-    KT_EQ_INT(lines, 8);
+    /* prefill+ttft at batch 1; at batch 3: load, prefill, ttft, decode x2, e2e x3, ttft and tpot
+     * percentiles x6, max_step_tokens, kv_capacity_tokens, max_running, peak host memory */
+    KT_EQ_INT(lines, 20);
     KT_EQ_INT(seen_b1, 2);
-    KT_EQ_INT(seen_b3, 6);
+    KT_EQ_INT(seen_b3, 18);
     KT_CHECK(load && tps && mspt && mem);
+    free(out);
+    free(err);
+}
+
+/* The value of `metric` at batch `batch` in JSON lines `out` (NAN when absent). */
+static double metric_of(const char *out, const char *metric, int batch) {
+    char *copy = strdup(out), *save = NULL;
+    double v = NAN;
+    for (char *line = strtok_r(copy, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        json_error_t je;
+        json_t *j = json_loads(line, 0, &je);
+        const char *m = json_string_value(json_object_get(j, "metric"));
+        if (m && strcmp(m, metric) == 0 && json_integer_value(json_object_get(j, "batch")) == batch)
+            v = json_number_value(json_object_get(j, "value"));
+        json_decref(j);
+    }
+    free(copy);
+    return v;
+}
+
+/* 50 requests over a KV pool that holds 4 at a time (tiny-mistral on the CPU: 512 bytes of K and
+ * V a token, 64 KiB = 128 tokens, a request needs 16 + 16 - 1): they wait for KV memory, every one
+ * completes, and the queued run reports end-to-end figures and ordered percentiles, not the
+ * full-batch decode figures. A request the pool can never hold is refused, not waited for. */
+static void test_bench_queued(void) {
+    char *out, *err;
+    int rc = bench(&out, &err, 19, "--batch", "8", "--requests", "50", "--input-len", "16", "--output-len", "16",
+                   "--kv-memory", "64K", "--device", "cpu", "--threads", "1", "--reps", "1", "--json", tiny);
+    KT_EQ_INT(rc, 0);
+    KT_REQUIRE(out);
+    KT_EQ_INT((int)metric_of(out, "kv_capacity_tokens", 8), 128);
+    KT_EQ_INT((int)metric_of(out, "max_running", 8), 4);
+    double e2e = metric_of(out, "e2e_output_tokens_per_s", 8), tot = metric_of(out, "e2e_total_tokens_per_s", 8);
+    KT_CHECKF(e2e > 0 && tot > e2e, "e2e output %g, total %g tokens/s", e2e, tot);
+    KT_CHECKF(fabs(tot / e2e - 2.0) < 1e-3, "total/output %g, want (16+16)/16", tot / e2e);
+    const char *pct[2][3] = {{"ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms"}, {"tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms"}};
+    for (int i = 0; i < 2; i++) {
+        double p50 = metric_of(out, pct[i][0], 8), p90 = metric_of(out, pct[i][1], 8), p99 = metric_of(out, pct[i][2], 8);
+        KT_CHECKF(p50 > 0 && p50 <= p90 && p90 <= p99, "%s %g, %s %g, %s %g", pct[i][0], p50, pct[i][1], p90, pct[i][2],
+                  p99);
+    }
+    /* queueing: the last requests wait for about 12 rounds of 4 requests of 16 tokens */
+    KT_CHECKF(metric_of(out, "ttft_p99_ms", 8) > 10 * metric_of(out, "tpot_p50_ms", 8), "ttft p99 %g, tpot p50 %g",
+              metric_of(out, "ttft_p99_ms", 8), metric_of(out, "tpot_p50_ms", 8));
+    KT_CHECK(isnan(metric_of(out, "decode_tokens_per_s", 8)) && isnan(metric_of(out, "prefill_ms", 8)));
+    free(out);
+    free(err);
+    /* 16 + 16 - 1 KV tokens can never fit a pool of 16: refused at once */
+    rc = bench(&out, &err, 18, "--batch", "2", "--requests", "5", "--input-len", "16", "--output-len", "16",
+               "--kv-memory", "8K", "--device", "cpu", "--reps", "1", "--warmup", "0", tiny);
+    KT_EQ_INT(rc, 1);
+    KT_CONTAINS(err, "KV memory holds 16");
     free(out);
     free(err);
 }
@@ -139,6 +196,8 @@ static void test_bench_errors(void) {
         {2, "unknown or incomplete option '--frobnicate'", 3, {"--frobnicate", engine}},
         {2, "expected one engine file", 1, {0}},
         {2, "--kv-memory '5X'", 4, {"--kv-memory", "5X", engine}},
+        {2, "--requests '0'", 4, {"--requests", "0", engine}},
+        {2, "--max-step-tokens 2 is below --batch 4", 6, {"--batch", "4", "--max-step-tokens", "2", engine}},
         {1, "no-such.kiln", 2, {"/nonexistent/no-such.kiln"}},
         {1, "do not fit the 512-token context", 6, {"--input-len", "500", "--output-len", "50", engine}},
         {1, "holds no token", 6, {"--device", "cpu", "--kv-memory", "10", engine}},
@@ -176,10 +235,16 @@ int main(void) {
     snprintf(ckpt, sizeof ckpt, "%s/models/stories260k", KILN_SOURCE_DIR);
     kiln_compile_options opt = {.output_path = engine, .weight_dtype = KILN_DTYPE_COUNT_};
     if (kt_compile(ckpt, &opt) != KILN_OK) return 1;
+    snprintf(tiny, sizeof tiny, "%s/tiny.kiln", tmpdir);
+    snprintf(ckpt, sizeof ckpt, "%s/tests/data/tiny-mistral", KILN_SOURCE_DIR);
+    kiln_compile_options topt = {.output_path = tiny, .weight_dtype = KILN_DTYPE_COUNT_};
+    if (kt_compile(ckpt, &topt) != KILN_OK) return 1;
     KT_RUN(test_bench_json);
+    KT_RUN(test_bench_queued);
     KT_RUN(test_bench_table);
     KT_RUN(test_bench_errors);
     unlink(engine);
+    unlink(tiny);
     unlink(out_path);
     unlink(err_path);
     rmdir(tmpdir);

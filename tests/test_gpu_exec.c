@@ -686,6 +686,12 @@ static void test_limits(void) {
     G.x->ops->info(G.x, &info);
     KT_EQ_INT(info.kv_capacity_tokens, 160);
     KT_CHECK(info.device_bytes > 0 && info.device_peak_bytes >= info.device_bytes);
+    /* the step budget: 8192 by default, capped at 2 full contexts; peak memory within its parts */
+    KT_EQ_INT(G.x->max_step_tokens, 2 * 512);
+    KT_CHECK(info.weight_bytes > 0 && info.kv_bytes == 10 * block_bytes && info.scratch_bytes > 0);
+    KT_CHECKF(info.device_peak_bytes <= info.weight_bytes + info.kv_bytes + info.scratch_bytes,
+              "peak %lld > weights %lld + KV %lld + scratch %lld", (long long)info.device_peak_bytes,
+              (long long)info.weight_bytes, (long long)info.kv_bytes, (long long)info.scratch_bytes);
     kiln_error err = {0};
     bool fits = false;
     KT_CHECK(G.x->ops->reserve(G.x, 0, 100, &fits, &err) == KILN_OK && fits);
@@ -721,7 +727,10 @@ static void test_limits(void) {
     kiln_cuda_exec_opts big = {.max_seqs = 4096, .max_context = 512, .kv_bytes = 1LL << 30};
     kiln_status st = kiln_cuda_executor_new(m, &big, &x, &err);
     KT_EQ_INT(st, KILN_ERR_NOMEM);
-    KT_CONTAINS(err.msg, "does not fit");
+    KT_CONTAINS(err.msg, "do not fit"); /* refused before allocating, naming each part */
+    KT_CONTAINS(err.msg, "weights");
+    KT_CONTAINS(err.msg, "KV pool 1.00 GiB");
+    KT_CONTAINS(err.msg, "step scratch");
     KT_CHECK(x == NULL);
     fprintf(stderr, "  %s\n", err.msg);
     if (hog) cu.api.cuMemFree(hog);

@@ -971,8 +971,10 @@ static void test_attn_prefill(void) {
 
 static void test_swiglu(void) {
     NEED_GPU();
+    /* rows past grid y's 65,535 (a 100,000-token prefill step) with the small FFNs only: the CPU
+     * reference of 70,000 rows of 14,336 would take minutes */
     static const int ffns[] = {8, 7, 14336};
-    static const int ms[] = {1, 3};
+    static const int ms[] = {1, 3, 70001};
     for (size_t fi = 0; fi < sizeof ffns / sizeof ffns[0]; fi++) {
         int F = ffns[fi];
         char d0[32];
@@ -980,15 +982,17 @@ static void test_swiglu(void) {
         const char *defs[] = {d0};
         kfn k;
         KT_REQUIRE(kbuild(&k, "swiglu.cuh", "kiln_swiglu", defs, 1));
-        for (size_t mi = 0; mi < 2; mi++) {
+        for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
             int M = ms[mi];
+            if (M > 65535 && F > 64) continue;
             float *gf;
             uint16_t *gh = rand_bf16((size_t)M * 2 * F, 2.0f, &gf);
             CUdeviceptr gu = dev_from(gh, (size_t)M * 2 * F * 2), o = dev_alloc((size_t)M * F * 2);
             dev_poison16(o, (size_t)M * F * 2);
             kiln_swiglu_params p = {gu, o, M, 0};
-            unsigned per = F % 8 == 0 ? 8 * 256 : 256;
-            KT_CHECK(klaunch(k.fn, "kiln_swiglu", dims((unsigned)((F + per - 1) / per), (unsigned)M, 1, 256, 0), &p));
+            kiln_cuda_dims sd = kiln_swiglu_dims(F, M, 256, 8);
+            KT_CHECK(sd.grid[1] <= KILN_CUDA_GRID_YZ_MAX);
+            KT_CHECK(klaunch(k.fn, "kiln_swiglu", sd, &p));
             uint16_t *oh = host_from(o, (size_t)M * F * 2);
             double *ref = malloc(sizeof(double) * M * F);
             for (int m = 0; m < M; m++)
@@ -1003,6 +1007,35 @@ static void test_swiglu(void) {
         }
         kfree(&k);
     }
+}
+
+/* Launch geometry within CUDA's grid limits (no GPU needed): every family's dims at the largest
+ * legal step (rows up to 2^20 tokens, 1,024 sequences, 128 heads), and the launch check's refusal. */
+static void test_grid_limits(void) {
+    const int rows[] = {1, 65535, 65536, 100000, 1 << 20};
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        kiln_error err = {0};
+        kiln_cuda_dims d = kiln_swiglu_dims(14336, rows[i], 256, 8);
+        KT_CHECKF(kiln_cuda_dims_check(&d, "kiln_swiglu", &err) == KILN_OK, "swiglu M=%d: %s", rows[i], err.msg);
+        d = kiln_swiglu_dims(7, rows[i], 256, 8);
+        KT_CHECKF(kiln_cuda_dims_check(&d, "kiln_swiglu", &err) == KILN_OK, "swiglu F=7 M=%d: %s", rows[i], err.msg);
+        d = kiln_attn_prefill_mma_dims(KILN_PF_MMA_WARPS, 1, 128, 1024, rows[i], 128);
+        KT_CHECKF(kiln_cuda_dims_check(&d, "kiln_attn_prefill_mma16", &err) == KILN_OK, "prefill max_q=%d: %s",
+                  rows[i], err.msg);
+    }
+    kiln_gemv_cfg mma = {4, 1, 1, 1, 1}, plain = {4, 2, 1, 4, 0};
+    kiln_cuda_dims d = kiln_gemv_dims(&mma, 64, 152064); /* a large vocabulary's LM head */
+    kiln_error err = {0};
+    KT_EQ_INT(kiln_cuda_dims_check(&d, "kiln_gemv", &err), KILN_OK);
+    d = kiln_gemv_dims(&plain, 64, 152064);
+    KT_EQ_INT(kiln_cuda_dims_check(&d, "kiln_gemv", &err), KILN_OK);
+    /* the refusal names the kernel and the grid */
+    kiln_cuda_dims bad = {{14, 65536, 1}, {256, 1, 1}, 0};
+    KT_EQ_INT(kiln_cuda_dims_check(&bad, "kiln_swiglu", &err), KILN_ERR_INVALID_ARG);
+    KT_CHECKF(strstr(err.msg, "kiln_swiglu") && strstr(err.msg, "14x65536x1") && strstr(err.msg, "hint:"), "%s",
+              err.msg);
+    kiln_cuda_dims zero = {{0, 1, 1}, {256, 1, 1}, 0};
+    KT_EQ_INT(kiln_cuda_dims_check(&zero, "k", &err), KILN_ERR_INVALID_ARG);
 }
 
 /* =================================================================== */
@@ -1245,6 +1278,7 @@ int main(void) {
     g_rng = env ? strtoull(env, NULL, 10) : ((uint64_t)time(NULL) * 2654435761u) ^ (uint64_t)getpid();
     if (!g_rng) g_rng = 1;
     fprintf(stderr, "test_gpu_kernels: seed %llu (KILN_TEST_SEED to repeat)\n", (unsigned long long)g_rng);
+    KT_RUN(test_grid_limits);
     KT_RUN(test_gemv);
     KT_RUN(test_gemv_norm);
     KT_RUN(test_rmsnorm);

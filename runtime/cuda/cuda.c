@@ -161,6 +161,7 @@ kiln_status kiln_cuda_launch_ex(kiln_cuda *cu, CUfunction f, const kiln_cuda_dim
                                 bool pdl, const char *what, kiln_error *err) {
     kiln_status st;
     if (!what) what = "kernel";
+    if ((st = kiln_cuda_dims_check(d, what, err))) return st;
     if (d->smem > 0 && (st = kiln_cuda_func_smem(cu, f, d->smem, what, err))) return st;
     if (pdl) {
         CUlaunchAttribute at[1];

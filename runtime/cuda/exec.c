@@ -67,7 +67,13 @@
 #define CX_UPLOAD_PIECE (8u << 20)
 #define CX_LT_WORKSPACE (32u << 20)
 #define CX_DEFAULT_SEQS 8
-#define CX_DEFAULT_STEP 512
+/* The default step budget (new tokens per step, all sequences together), as vLLM's
+ * max_num_batched_tokens: prefill GEMMs of 8,192 rows run at the GPU's peak, so chunking a long
+ * prompt (or a large batch of prompts) into steps of 8,192 costs little, while the activations and
+ * scratch, sized for one step, stay about 1.1 GB for Llama-3.1-8B shapes whatever the batch or
+ * prompt length. Halved (not below max_seqs) while its scratch would take more than a quarter of
+ * the memory left after the weights and an explicit KV pool (choose_step). */
+#define CX_DEFAULT_STEP 8192
 #define CX_FUSE_NORM 1   /* RMSNorm folded into the next GEMV's prologue */
 #define CX_FUSE_MERGE 2  /* decode attention's last split block merges the splits (no combine kernel) */
 #define CX_FUSE_ROPE 4   /* decode attention rotates q and k and writes the KV cache (no rope_kv kernel) */
@@ -127,7 +133,7 @@ typedef struct cx_inst {
 } cx_inst;
 
 typedef struct cx_buf {
-    size_t bytes;
+    size_t bytes;   /* per token row: the buffer holds max_rows rows */
     CUdeviceptr p;
     bool busy;      /* during program building */
 } cx_buf;
@@ -156,7 +162,7 @@ typedef struct cx {
     bool f32;
     int es; /* device element size */
     int hidden, n_heads, n_kv, head_dim, vocab, n_layers, block_size, ffn_max;
-    int max_rows; /* token rows of every activation buffer */
+    int max_rows; /* token rows of every activation buffer: the step budget */
     int free_window; /* window that lets KV blocks go (0 = keep all) */
     CUfunction f_gather, f_sample, f_rope;
     int rope_threads;
@@ -193,6 +199,7 @@ typedef struct cx {
     double attn_waves; /* KILN_ATTN_WAVES: decode attention splits aim for this many waves of the GPU (2) */
     int lt_tune;    /* KILN_LT_TUNE: cuBLASLt algorithms at decode: 0 heuristic's, 1 timed (default), 2 timed + reported */
     int64_t bytes_now, bytes_peak;
+    int64_t scratch_bytes; /* what the step budget costs: everything but weights and the KV pool (scratch_bytes()) */
     kiln_cuda_exec_stats stats;
 } cx;
 
@@ -505,7 +512,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
     int qkv_op = -1; /* the QKV instruction whose q, k, v await their attention */
 #define OUTBUF(v)                                                                                     \
     do {                                                                                              \
-        if ((vb[v] = buf_get(x, (size_t)x->max_rows * (size_t)vwidth(p, v) * es, err)) < 0) {        \
+        if ((vb[v] = buf_get(x, (size_t)vwidth(p, v) * es, err)) < 0) {                            \
             st = KILN_ERR_NOMEM;                                                                      \
             goto out;                                                                                 \
         }                                                                                             \
@@ -780,10 +787,9 @@ static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUde
         kiln_status st = kiln_cublaslt_gemm_ex(x->lt, x->f32, lt_out_f32(x, g), M, g->n, g->k, in, w, x->gu_tmp,
                                                false, x->stream, err);
         if (st) return st;
-        const int f = g->n / 2, vec = x->f32 ? 4 : 8, th = g->swiglu_threads;
-        unsigned gx = f % vec == 0 ? (unsigned)((f / vec + th - 1) / th) : (unsigned)((f + th - 1) / th);
+        kiln_cuda_dims d = kiln_swiglu_dims(g->n / 2, M, g->swiglu_threads, x->f32 ? 4 : 8);
         kiln_swiglu_params sp = {x->gu_tmp, out, M, 0};
-        return launch(x, g->swiglu, gx, (unsigned)M, 1, (unsigned)th, 0, &sp, "kiln_swiglu", err);
+        return launch(x, g->swiglu, d.grid[0], d.grid[1], 1, d.block[0], 0, &sp, "kiln_swiglu", err);
     }
     return kiln_cublaslt_gemm_ex(x->lt, x->f32, lt_out_f32(x, g), M, g->n, g->k, in, w, out, res, x->stream, err);
 }
@@ -1170,6 +1176,9 @@ static void cx_info(kiln_executor *e, kiln_executor_info *info) {
     info->kv_capacity_tokens = (int64_t)x->kv.n_blocks * x->kv.block_size;
     info->device_bytes = x->bytes_now;
     info->device_peak_bytes = x->bytes_peak;
+    info->weight_bytes = (int64_t)x->dweights_bytes;
+    info->kv_bytes = x->stats.kv_pool_bytes;
+    info->scratch_bytes = x->scratch_bytes;
 }
 
 static void cx_destroy(kiln_executor *e) {
@@ -1272,6 +1281,86 @@ static void layout_inputs(cx_inputs *in, int rows, int seqs, int max_blocks) {
     in->bytes = o;
 }
 
+/* ---- the step budget and what it costs ---- */
+
+/* Decode attention's most splits (the partials' size), at batch 1, the widest grid. */
+static int zmax_of(const cx *x) {
+    int zmax = 1;
+    for (int i = 0; i < x->n_attn; i++) {
+        int z = splits_grid(x, &x->attn[i], 1);
+        if (z > zmax) zmax = z;
+    }
+    return zmax;
+}
+
+/* An upper bound of tune_decode's temporary x and y for batches up to max_seqs. */
+static size_t tune_bytes(const cx *x) {
+    size_t k = 0, n = 0;
+    for (int i = 0; i < x->n_prog; i++) {
+        const cx_inst *in = &x->prog[i];
+        if (in->kind != I_QKV && in->kind != I_GEMM && in->kind != I_LMHEAD) continue;
+        if (gemv_path(x, &in->g, x->base.max_seqs)) continue;
+        if ((size_t)in->g.k > k) k = (size_t)in->g.k;
+        if ((size_t)in->g.n > n) n = (size_t)in->g.n;
+    }
+    const size_t S = (size_t)x->base.max_seqs;
+    return k ? align256(S * k * (size_t)x->es) + S * n * 4 : 0;
+}
+
+/* Device bytes of everything but the weights, the KV pool and the cuBLASLt workspace for steps of
+ * `rows` tokens: the activation buffers, QKV, q and gate/up scratch (rows x width), the LM head's
+ * input, logits, attention partials and sampled ids (max_seqs x width), the step inputs, and the
+ * decode GEMM tuning's temporary buffers. The same sizes the creation allocates. */
+static size_t scratch_bytes(const cx *x, int rows, int max_blocks) {
+    const size_t R = (size_t)rows, es = (size_t)x->es, S = (size_t)x->base.max_seqs, z = (size_t)x->zmax;
+    const size_t nh = (size_t)x->n_heads, hd = (size_t)x->head_dim;
+    size_t b = 0;
+    for (int i = 0; i < x->n_bufs; i++) b += R * x->bufs[i].bytes;
+    b += R * (nh + 2 * (size_t)x->n_kv) * hd * es + R * nh * hd * es;
+    if (R > (size_t)KILN_GEMV_MAX_M && x->ffn_max > 0) b += R * 2 * (size_t)x->ffn_max * es;
+    b += S * (size_t)x->hidden * es + S * (size_t)x->vocab * 4 + S * nh * z * hd * 4 + S * nh * z * 2 * 4 +
+         S * (size_t)x->n_kv * 4 + S * 4;
+    cx_inputs in;
+    layout_inputs(&in, rows, x->base.max_seqs, max_blocks);
+    return b + in.bytes + tune_bytes(x);
+}
+
+static double gib(size_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
+
+/*
+ * The step budget: `asked` tokens (0 = CX_DEFAULT_STEP, halved while its scratch would take more
+ * than a quarter of what the weights and an explicit KV pool leave of `free_b`), at least
+ * max_seqs, at most max_seqs x max_context. Then the whole: weights + KV (explicit only; a
+ * fraction takes what is left) + scratch must fit `free_b`, else the refusal names each part,
+ * before anything large is allocated.
+ */
+static kiln_status choose_step(cx *x, int64_t asked, int64_t kv_bytes, size_t weights, size_t free_b,
+                               int max_blocks, kiln_error *err) {
+    const int64_t lo = x->base.max_seqs, hi = (int64_t)x->base.max_seqs * x->base.max_context;
+    int64_t step = asked ? asked : CX_DEFAULT_STEP;
+    if (step < lo) step = lo;
+    if (step > hi) step = hi;
+    if (step > (1 << 20)) step = 1 << 20;
+    const size_t kv = (size_t)kv_bytes, fixed = weights + kv;
+    if (!asked && fixed < free_b)
+        while (step > lo && scratch_bytes(x, (int)step, max_blocks) > (free_b - fixed) / 4)
+            step = step / 2 > lo ? step / 2 : lo;
+    const size_t sc = scratch_bytes(x, (int)step, max_blocks);
+    if (fixed + sc > free_b || (kv_bytes == 0 && fixed + sc >= free_b)) {
+        kiln_err(err, KILN_ERR_NOMEM,
+                 "cuda executor: weights %.2f GiB + KV pool %s%.2f GiB + step scratch %.2f GiB (%lld tokens a step, "
+                 "%d sequences) = %.2f GiB do not fit the %.2f GiB free on %s",
+                 gib(weights), kv_bytes ? "" : "(a fraction of what is left) ", gib(kv), gib(sc), (long long)step,
+                 x->base.max_seqs, gib(fixed + sc), gib(free_b), x->cu.name);
+        return kiln_err_hint(err, "give less KV memory (--kv-memory), fewer tokens a step (--max-step-tokens) or "
+                                  "a smaller batch, or a GPU with more memory");
+    }
+    x->base.max_step_tokens = (int)step;
+    x->max_rows = (int)step;
+    x->scratch_bytes = (int64_t)(sc + CX_LT_WORKSPACE);
+    return KILN_OK;
+}
+
 kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opts *o, kiln_executor **out,
                                    kiln_error *err) {
     *out = NULL;
@@ -1295,17 +1384,16 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
     if (o->kv_bytes < 0 || o->kv_fraction < 0 || o->kv_fraction > 1)
         return kiln_err(err, KILN_ERR_INVALID_ARG, "cuda executor: KV memory %lld bytes / fraction %g is not valid",
                         (long long)o->kv_bytes, o->kv_fraction);
-    int64_t step = o->max_step_tokens ? o->max_step_tokens : CX_DEFAULT_STEP;
-    if (step < max_seqs) step = max_seqs;
-    if (step > (int64_t)max_seqs * max_ctx) step = (int64_t)max_seqs * max_ctx;
-    if (step > (1 << 20)) step = 1 << 20;
+    if (o->max_step_tokens < 0)
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "cuda executor: max step tokens %d is negative (0 = %d)",
+                        o->max_step_tokens, CX_DEFAULT_STEP);
 
     cx *x = calloc(1, sizeof *x);
     if (!x) return kiln_err(err, KILN_ERR_NOMEM, "cuda executor: out of memory");
     x->base = (kiln_executor){.ops = &cx_ops,
                               .max_seqs = max_seqs,
                               .max_context = max_ctx,
-                              .max_step_tokens = (int)step,
+                              .max_step_tokens = 0, /* choose_step, once the weights' size is known */
                               .vocab = p->vocab_size};
     x->m = m;
     x->p = p;
@@ -1315,7 +1403,6 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
         const char *env = getenv("KILN_GEMV_MAX_M"); /* for measuring the GEMV / cuBLASLt crossover */
         if (env && atoi(env) >= 1) x->gemv_max_m = atoi(env);
     }
-    x->max_rows = (int)step;
     x->hidden = p->hidden_size;
     x->n_kv = p->n_kv_heads;
     x->head_dim = p->head_dim;
@@ -1387,7 +1474,7 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
     if ((st = build_program(x, err))) goto fail;
     x->stats.init_seconds = kiln_now() - t0;
 
-    /* weights: lay out, allocate, upload */
+    /* weights: lay out; the step budget against the free memory; allocate, upload */
     {
         size_t off = 0;
         for (int i = 0; i < x->n_dw; i++) {
@@ -1395,6 +1482,12 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
             off = align256(off + (size_t)dw_bytes(x, &x->dw[i]));
         }
         x->dweights_bytes = off;
+        x->zmax = zmax_of(x);
+        size_t fr = 0, tot = 0;
+        if ((st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuMemGetInfo(&fr, &tot)))) goto fail;
+        if ((st = choose_step(x, o->max_step_tokens, o->kv_bytes, off, fr, (max_ctx + x->block_size - 1) / x->block_size,
+                              err)))
+            goto fail;
         if ((st = cx_alloc(x, off, "the weights", &x->dweights, err))) goto fail;
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         int threads = o->threads > 0 ? o->threads : cores > 16 ? 16 : cores > 0 ? (int)cores : 1;
@@ -1408,14 +1501,9 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
         for (int i = 0; i < x->n_bufs; i++) {
             char what[64];
             snprintf(what, sizeof what, "activation buffer %d", i);
-            if ((st = cx_alloc(x, x->bufs[i].bytes, what, &x->bufs[i].p, err))) goto fail;
+            if ((st = cx_alloc(x, R * x->bufs[i].bytes, what, &x->bufs[i].p, err))) goto fail;
         }
-        int zmax = 1;
-        for (int i = 0; i < x->n_attn; i++) {
-            int z = splits_grid(x, &x->attn[i], 1);
-            if (z > zmax) zmax = z;
-        }
-        x->zmax = zmax;
+        const size_t zmax = (size_t)x->zmax;
         const size_t qkvw = (size_t)(x->n_heads + 2 * x->n_kv) * (size_t)x->head_dim;
         if ((st = cx_alloc(x, R * qkvw * es, "the QKV scratch", &x->qkv_tmp, err)) ||
             (st = cx_alloc(x, R * (size_t)x->n_heads * (size_t)x->head_dim * es, "the q scratch", &x->q_tmp, err)) ||

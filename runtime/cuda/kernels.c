@@ -20,6 +20,27 @@ int kiln_cuda_pick_image(const kiln_cuda_image *images, int n_images, int device
     return cubin >= 0 ? cubin : ptx;
 }
 
+kiln_status kiln_cuda_dims_check(const kiln_cuda_dims *d, const char *what, kiln_error *err) {
+    const unsigned *g = d->grid;
+    if (g[0] >= 1 && g[1] >= 1 && g[2] >= 1 && g[0] <= KILN_CUDA_GRID_X_MAX && g[1] <= KILN_CUDA_GRID_YZ_MAX &&
+        g[2] <= KILN_CUDA_GRID_YZ_MAX)
+        return KILN_OK;
+    kiln_err(err, KILN_ERR_INVALID_ARG,
+             "kernel '%s': grid %ux%ux%u is outside CUDA's limits (x 1..%u, y and z 1..%u)", what ? what : "kernel",
+             g[0], g[1], g[2], KILN_CUDA_GRID_X_MAX, KILN_CUDA_GRID_YZ_MAX);
+    return kiln_err_hint(err, "a kiln bug: this kernel's launch must stride over its rows; as a workaround give "
+                              "fewer tokens per step (max_step_tokens) or sequences (max_batch)");
+}
+
+kiln_cuda_dims kiln_swiglu_dims(int ffn, int M, int threads, int vec) {
+    const int per = ffn % vec == 0 ? ffn / vec : ffn; /* 16-byte chunks, else elements, of one row */
+    kiln_cuda_dims d = {{(unsigned)((per + threads - 1) / threads),
+                         (unsigned)(M < (int)KILN_CUDA_GRID_YZ_MAX ? (M > 0 ? M : 1) : (int)KILN_CUDA_GRID_YZ_MAX), 1},
+                        {(unsigned)threads, 1, 1},
+                        0};
+    return d;
+}
+
 kiln_cuda_dims kiln_gemv_dims(const kiln_gemv_cfg *c, int M, int N) {
     kiln_cuda_dims d = {{1, 1, 1}, {1, 1, 1}, 0};
     if (c->mma) { /* x tiles first, so the blocks reading the same 16 rows of W run together */

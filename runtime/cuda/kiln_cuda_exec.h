@@ -25,6 +25,10 @@
  *               4, 8, 16, ...) as CUDA graphs and replayed; inputs are
  *               staged into fixed device buffers first.
  *
+ * Memory: peak device memory = weights + KV pool + step scratch (activations
+ * and scratch for max_step_tokens token rows, per-sequence buffers for
+ * max_seqs, the cuBLASLt workspace); kiln_executor_info reports each part.
+ *
  * Failures never abort: a device allocation that does not fit gives
  * KILN_ERR_NOMEM (or KILN_ERR_DEVICE) naming what did not fit and the free
  * memory; a plan op with no GPU kernel gives KILN_ERR_UNSUPPORTED naming it;
@@ -42,7 +46,11 @@
 typedef struct kiln_cuda_exec_opts {
     int max_seqs;        /* sequences at once (slots); 0 = 8 */
     int max_context;     /* tokens per sequence; 0 = the model's context */
-    int max_step_tokens; /* new tokens per step, all sequences together; 0 = 512 (at least max_seqs) */
+    int max_step_tokens; /* new tokens per step, all sequences together (the activations and scratch are
+                            sized for it); 0 = 8192, halved while its scratch would take more than a
+                            quarter of the memory the weights and an explicit KV pool leave; at least
+                            max_seqs. Weights + kv_bytes + scratch larger than the free memory is
+                            refused (KILN_ERR_NOMEM naming each part) before any large allocation */
     int64_t kv_bytes;    /* KV pool in bytes; 0 = kv_fraction of the free device memory */
     double kv_fraction;  /* of the free device memory after weights and buffers; 0 = 0.9 */
     int block_size;      /* tokens per KV block; 0 = the engine's (its kernels are built for one size) */

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# cli_bench.sh — `kiln bench` through the binary on tests/data/tiny-mistral
+# (CPU): queued requests over a KV pool that holds 4 at a time complete with
+# end-to-end throughput and ordered TTFT/TPOT percentiles; a request the pool
+# can never hold is refused (exit 1), not waited for; bad options exit 2.
+#
+# usage: bash tests/cli_bench.sh KILN_EXE SOURCE_DIR [SHARED_DIR]
+set -u
+KILN=$1
+SRC=$2
+T=$(mktemp -d "${TMPDIR:-/tmp}/kiln-cli-bench-XXXXXX")
+trap 'rm -rf "$T"' EXIT
+. "$SRC/tests/lib_cli.sh"
+
+"$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/tiny.kiln" --target none >/dev/null 2>&1 || bad "compile tiny-mistral"
+
+# 30 requests, 8 slots, 64 KiB of CPU KV = 128 tokens = 4 requests of 16 + 16 - 1 at a time
+if timeout 300 "$KILN" bench "$T/tiny.kiln" --device cpu --threads 1 --batch 8 --requests 30 --input-len 16 \
+    --output-len 16 --kv-memory 64K --reps 1 --warmup 0 --json >"$T/out" 2>"$T/err"; then ok; else
+    bad "queued bench exited $?: $(cat "$T/err")"; fi
+if python3 - "$T/out" <<'PY'; then ok; else bad "queued bench JSON lines (see above)"; fi
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+m = {r["metric"]: r["value"] for r in rows if r["batch"] == 8}
+assert all(r["requests"] == (30 if r["batch"] == 8 else 1) for r in rows), rows
+assert m["e2e_output_tokens_per_s"] > 0 and m["e2e_total_tokens_per_s"] > m["e2e_output_tokens_per_s"], m
+for k in ("ttft", "tpot"):
+    assert 0 < m[k + "_p50_ms"] <= m[k + "_p90_ms"] <= m[k + "_p99_ms"], (k, m)
+assert m["max_running"] == 4 and m["kv_capacity_tokens"] == 128, m
+assert "decode_tokens_per_s" not in m and "prefill_ms" not in m, m  # queued: no full-batch figures
+PY
+# 31 KV tokens a request, a pool of 16: refused at submit
+expect 1 "needs 31 KV tokens.*holds 16" -- timeout 60 "$KILN" bench "$T/tiny.kiln" --device cpu --batch 2 \
+    --requests 5 --input-len 16 --output-len 16 --kv-memory 8K --reps 1 --warmup 0
+expect 2 "--requests '0'" -- "$KILN" bench "$T/tiny.kiln" --requests 0
+expect 2 "below --batch" -- "$KILN" bench "$T/tiny.kiln" --batch 8 --max-step-tokens 4
+"$KILN" bench --help | grep -q -- "--requests R" && ok || bad "bench --help lacks --requests"
+cli_summary
