@@ -128,6 +128,27 @@ kiln_status kiln_import(const kiln_checkpoint *ck, kiln_graph **out, kiln_error 
  * keep each tensor's own dtype). Norm weights stay f32. */
 kiln_status kiln_import_dtype(const kiln_checkpoint *ck, kiln_dtype weight_dtype, kiln_graph **out, kiln_error *err);
 
+/* Checkpoint tensors that may stay unused without being allowed by the
+ * caller: HF's rotary_emb.inv_freq buffers (transformers skips them when
+ * loading a Llama/Mistral and recomputes them from config.json). An fnmatch
+ * pattern. */
+#define KILN_IMPORT_DEFAULT_ALLOW "*rotary_emb.inv_freq"
+
+typedef struct kiln_import_options {
+    kiln_dtype weight_dtype;         /* KILN_DTYPE_COUNT_ = keep each tensor's dtype */
+    const char *const *allow_unused; /* fnmatch patterns of tensors that may stay unused */
+    int n_allow_unused;
+} kiln_import_options;
+
+/* The general form: every checkpoint tensor must be consumed by the graph or
+ * match KILN_IMPORT_DEFAULT_ALLOW or one of o->allow_unused, else the first
+ * is refused by name (KILN_ERR_UNSUPPORTED) with the count of the others.
+ * With tie_word_embeddings, an lm_head.weight equal to the embedding is
+ * consumed and a differing one refused. kiln_import and kiln_import_dtype
+ * are this with no extra patterns. `o` may be NULL. */
+kiln_status kiln_import_ex(const kiln_checkpoint *ck, const kiln_import_options *o, kiln_graph **out,
+                           kiln_error *err);
+
 typedef struct kiln_compile_options {
     const char *output_path;
     kiln_dtype weight_dtype;   /* KILN_DTYPE_COUNT_ = keep the checkpoint's dtype */
@@ -140,6 +161,8 @@ typedef struct kiln_compile_options {
                                   "sm_80,sm_90,compute_90"...; NULL or "none" = no kernels section */
     int kv_block_size;         /* tokens per KV-cache block the kernels are built for (0 = 16) */
     int threads;               /* threads for NVRTC (0 = one per core) */
+    const char *const *allow_unused; /* fnmatch patterns of checkpoint tensors that may stay unused */
+    int n_allow_unused;
 } kiln_compile_options;
 
 kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, kiln_error *err);
