@@ -97,4 +97,33 @@ d=$(mkckpt tied_shape); edit_json "$d/config.json" 'd["tie_word_embeddings"] = T
 st_edit "$d/$ST" 'add("lm_head.weight", "BF16", [2, 64], [0.0] * 128)'
 compile_fails 1 "lm_head.weight.*shape \[2,64\]" "$d"
 
+# ---- 3. weight values checked while converting ----
+Q=model.layers.1.self_attn.q_proj.weight   # [64,64] bf16 in tiny-mistral
+d=$(mkckpt nan); st_edit "$d/$ST" 'setbits("'$Q'", 64 * 5 + 7, 0x7fc0)'
+compile_fails 1 "weight '$Q' \(bf16\): element 327 \[5,7\] is NaN" "$d"
+expect 1 "element 327 \[5,7\] is NaN" -- "$KILN" compile "$d" -o "$T/out.kiln" --dtype f32 --compress
+no_file "$T/out.kiln"
+d=$(mkckpt inf); st_edit "$d/$ST" 'setbits("'$Q'", 0, 0xff80)'
+compile_fails 1 "element 0 \[0,0\] is -Inf" "$d"
+expect 1 "element 0 \[0,0\] is -Inf" -- "$KILN" compile "$d" -o "$T/out.kiln" --dtype f16
+no_file "$T/out.kiln"
+# a norm weight (always converted to f32)
+d=$(mkckpt norminf); st_edit "$d/$ST" 'setbits("model.norm.weight", 63, 0x7f80)'
+compile_fails 1 "weight 'model.norm.weight' \(bf16\): element 63 \[63\] is \+Inf" "$d"
+# f32 and f16 checkpoints too
+d=$(mkckpt f32nan)
+st_edit "$d/$ST" 'import struct; e = t["'$EMB'"]; vals = [struct.unpack("<f", bytes(e[2][i:i + 2]) + b"\0\0")[0] for i in range(0, len(e[2]), 2)]; add("'$EMB'", "F32", e[1], vals); setv("'$EMB'", 1000, float("nan"))'
+compile_fails 1 "weight '$EMB' \(f32\): element 1000 \[15,40\] is NaN" "$d"
+d=$(mkckpt f16inf)
+st_edit "$d/$ST" 'import struct; e = t["'$EMB'"]; vals = [struct.unpack("<f", bytes(e[2][i:i + 2]) + b"\0\0")[0] for i in range(0, len(e[2]), 2)]; add("'$EMB'", "F16", e[1], vals); setbits("'$EMB'", 70, 0x7c00)'
+compile_fails 1 "weight '$EMB' \(f16\): element 70 \[1,6\] is \+Inf" "$d"
+# f16 overflow: 70000 fits bf16 and f32 but not f16
+d=$(mkckpt big); st_edit "$d/$ST" 'setv("'$Q'", 100, 70000.0)'
+expect 0 "" -- "$KILN" compile "$d" -o "$T/big.kiln"
+expect 0 "" -- "$KILN" compile "$d" -o "$T/big.kiln" --dtype f32
+expect 1 "weight '$Q': element 100 \[1,36\] is 69632, beyond the range of f16 \(max 65504\)" -- \
+    "$KILN" compile "$d" -o "$T/out.kiln" --dtype f16
+no_file "$T/out.kiln"
+grep -q "^hint: .*--dtype" "$T/err" && ok || bad "no --dtype hint for an f16 overflow"
+
 cli_summary
