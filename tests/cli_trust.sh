@@ -126,4 +126,90 @@ expect 1 "weight '$Q': element 100 \[1,36\] is 69632, beyond the range of f16 \(
 no_file "$T/out.kiln"
 grep -q "^hint: .*--dtype" "$T/err" && ok || bad "no --dtype hint for an f16 overflow"
 
+# ---- 5. generation_config.json: eos ids and sampling defaults reach `kiln run` ----
+# mkstories NAME: a copy of stories260k (a trained model: its greedy output is not a loop of one id)
+mkstories() {
+    rm -rf "$T/$1"
+    cp -r "$SRC/models/stories260k" "$T/$1"
+    chmod -R u+w "$T/$1"
+    echo "$T/$1"
+}
+# ids_of FILE: the "ids" of a `kiln run --json` output, comma-separated
+ids_of() { python3 -c 'import json, sys; print(",".join(map(str, json.load(open(sys.argv[1]))["ids"])))' "$1"; }
+field_of() { python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$1" "$2"; }
+RUN="--device cpu --prompt-ids 1 --max-tokens 24 --json"
+ROUND='[round(d["sampling"][k], 6) for k in ("temperature", "top_k", "top_p")]'  # the f32 sampling options
+
+d=$(mkstories s_ref)
+"$KILN" compile "$d" -o "$T/s_ref.kiln" 2>/dev/null || bad "stories260k does not compile"
+"$KILN" run "$T/s_ref.kiln" $RUN --ignore-eos >"$T/greedy.json" 2>/dev/null || bad "stories260k does not run"
+greedy=$(ids_of "$T/greedy.json")
+stop=$(echo "$greedy" | cut -d, -f6)   # the 6th greedy token becomes an eos id
+# eos only in generation_config.json (config.json has none): generation stops there
+d=$(mkstories s_eos)
+edit_json "$d/config.json" 'd.pop("eos_token_id", None)'
+edit_json "$d/generation_config.json" 'd["eos_token_id"] = [500, '"$stop"']'
+expect 0 "" -- "$KILN" compile "$d" -o "$T/s_eos.kiln"
+"$KILN" inspect "$T/s_eos.kiln" --json >"$T/meta.json"
+[ "$(field_of "$T/meta.json" 'd["generation"]["eos_token_ids"]')" = "[500, $stop]" ] && ok || bad "eos ids not in meta"
+[ "$(field_of "$T/meta.json" 'd["generation"]["sources"]["eos_token_ids"]')" = "generation_config.json" ] && ok ||
+    bad "eos source not recorded"
+"$KILN" run "$T/s_eos.kiln" $RUN >"$T/eos.json" 2>/dev/null || bad "run failed"
+want=$(echo "$greedy" | tr , '\n' | awk -v s="$stop" '{print} $0 == s {exit}' | paste -sd,)
+[ "$(ids_of "$T/eos.json")" = "$want" ] && ok || bad "generation did not stop at the eos of generation_config.json: $(ids_of "$T/eos.json") vs $want"
+[ "$(field_of "$T/eos.json" 'd["stop_reason"]')" = "eos" ] && ok || bad "stop_reason is not eos"
+# the file replaces config.json's ids (as generate() does): config.json's eos alone no longer stops
+d=$(mkstories s_cfg_eos)
+edit_json "$d/config.json" 'd["eos_token_id"] = '"$stop"
+edit_json "$d/generation_config.json" 'd["eos_token_id"] = 500'
+"$KILN" compile "$d" -o "$T/s_cfg.kiln" 2>/dev/null && "$KILN" run "$T/s_cfg.kiln" $RUN >"$T/cfg.json" 2>/dev/null
+[ "$(ids_of "$T/cfg.json")" = "$greedy" ] && ok || bad "config.json's eos was used although generation_config.json has one"
+
+# sampling defaults: applied by `kiln run`, and each option overrides its own
+d=$(mkstories s_samp)
+edit_json "$d/generation_config.json" 'd.update(do_sample=True, temperature=0.9, top_k=40, top_p=0.95)'
+expect 0 "" -- "$KILN" compile "$d" -o "$T/s_samp.kiln"
+"$KILN" inspect "$T/s_samp.kiln" --json >"$T/meta.json"
+[ "$(field_of "$T/meta.json" '[d["generation"][k] for k in ("do_sample", "temperature", "top_k", "top_p")]')" = \
+  "[True, 0.9, 40, 0.95]" ] && ok || bad "sampling defaults not in meta"
+[ "$(field_of "$T/meta.json" 'd["format_version"]["minor"]')" -ge 1 ] && ok || bad "engine minor not bumped"
+"$KILN" run "$T/s_samp.kiln" $RUN --seed 7 >"$T/samp.json" 2>/dev/null
+[ "$(field_of "$T/samp.json" "$ROUND")" = "[0.9, 40, 0.95]" ] && ok ||
+    bad "run did not apply the engine's sampling defaults: $(field_of "$T/samp.json" "$ROUND")"
+"$KILN" run "$T/s_ref.kiln" $RUN --seed 7 --temperature 0.9 --top-k 40 --top-p 0.95 >"$T/explicit.json" 2>/dev/null
+[ "$(ids_of "$T/samp.json")" = "$(ids_of "$T/explicit.json")" ] && ok || bad "defaults differ from the same options given"
+[ "$(ids_of "$T/samp.json")" != "$greedy" ] && ok || bad "sampling defaults gave the greedy output"
+"$KILN" run "$T/s_samp.kiln" $RUN --temperature 0 >"$T/over.json" 2>/dev/null
+[ "$(ids_of "$T/over.json")" = "$greedy" ] && ok || bad "--temperature 0 did not override the engine's default"
+"$KILN" run "$T/s_samp.kiln" $RUN --top-k 3 --seed 7 >"$T/over.json" 2>/dev/null
+[ "$(field_of "$T/over.json" "$ROUND")" = "[0.9, 3, 0.95]" ] && ok ||
+    bad "--top-k did not override only top_k"
+# do_sample false: greedy whatever temperature says (as generate())
+d=$(mkstories s_nosamp)
+edit_json "$d/generation_config.json" 'd.update(do_sample=False, temperature=0.6, top_p=0.9)'
+"$KILN" compile "$d" -o "$T/s_nosamp.kiln" 2>/dev/null && "$KILN" run "$T/s_nosamp.kiln" $RUN >"$T/ns.json" 2>/dev/null
+[ "$(ids_of "$T/ns.json")" = "$greedy" ] && ok || bad "do_sample false was not greedy"
+
+# malformed generation_config.json: refused by name, never a hang, no engine left
+d=$(mkstories g_json); echo '{"eos_token_id": 2,' >"$d/generation_config.json"
+compile_fails 1 "generation_config.json: not valid JSON" "$d"
+d=$(mkstories g_vocab); edit_json "$d/generation_config.json" 'd["eos_token_id"] = [2, 512]'
+compile_fails 1 "generation_config.json: field \"eos_token_id\[1\]\" is 512, outside the model's vocabulary \[0, 512\)" "$d"
+d=$(mkstories g_bos); edit_json "$d/generation_config.json" 'd["bos_token_id"] = -3'
+compile_fails 1 "\"bos_token_id\" is -3" "$d"
+d=$(mkstories g_type); edit_json "$d/generation_config.json" 'd["do_sample"] = "yes"'
+compile_fails 1 "\"do_sample\" is \"yes\"; it must be true or false" "$d"
+d=$(mkstories g_temp); edit_json "$d/generation_config.json" 'd.update(do_sample=True, temperature=0)'
+compile_fails 1 "\"temperature\" is 0 with \"do_sample\": true" "$d"
+d=$(mkstories g_topp); edit_json "$d/generation_config.json" 'd["top_p"] = 2'
+compile_fails 1 "\"top_p\" is 2" "$d"
+d=$(mkstories g_dir); rm "$d/generation_config.json"; mkdir "$d/generation_config.json"
+compile_fails 1 "generation_config.json: not a regular file" "$d"
+d=$(mkstories g_fifo); rm "$d/generation_config.json"; mkfifo "$d/generation_config.json"
+expect 1 "generation_config.json: not a regular file" -- timeout 20 "$KILN" compile "$d" -o "$T/out.kiln"
+no_file "$T/out.kiln"
+# config.json's own bos/eos outside the vocabulary were refused before; still are
+d=$(mkstories c_eos); edit_json "$d/config.json" 'd["eos_token_id"] = 512'
+compile_fails 1 "config.json: field \"eos_token_id\" is 512, outside the vocabulary" "$d"
+
 cli_summary
