@@ -132,7 +132,8 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
         goto out;
     if ((st = kiln_plan_serialize(g, &plan, err)) != KILN_OK) goto out;
     if (ck.tokenizer_json_path) {
-        if ((st = kiln_tokjson_compile(ck.tokenizer_json_path, ck.tokenizer_config_path, &tok, err)) != KILN_OK)
+        if ((st = kiln_tokjson_compile_for_vocab(ck.tokenizer_json_path, ck.tokenizer_config_path,
+                                                 ck.config.vocab_size, &tok, err)) != KILN_OK)
             goto out;
         have_tok = true;
     }

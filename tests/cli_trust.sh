@@ -126,6 +126,25 @@ expect 1 "weight '$Q': element 100 \[1,36\] is 69632, beyond the range of f16 \(
 no_file "$T/out.kiln"
 grep -q "^hint: .*--dtype" "$T/err" && ok || bad "no --dtype hint for an f16 overflow"
 
+# ---- 4. tokenizer ids cross-checked against the model's vocab_size ----
+if [ -d "$SHARED/tokenizers/llama2" ] && [ -d "$SHARED/models/pycode-22m" ]; then
+    # a 32000-token tokenizer for a 256-row model
+    d=$(mkckpt tok_big); cp "$SHARED/tokenizers/llama2/"*.json "$d/"
+    compile_fails 1 "tokenizer.json: token \".*\" has id 256, outside the model's vocabulary: config.json's vocab_size is 256 \(31744 tokenizer ids are outside it, the highest 31999\)" "$d"
+    grep -q "^hint: .*not this model's" "$T/err" && ok || bad "no hint for a tokenizer of another model"
+    # an added special token past the model's rows, used as eos by tokenizer_config.json
+    d="$T/py_added"; cp -r "$SHARED/models/pycode-22m" "$d"; chmod -R u+w "$d"
+    edit_json "$d/tokenizer.json" 'd["added_tokens"].append(dict(id=32000, content="<|im_end|>", single_word=False, lstrip=False, rstrip=False, normalized=False, special=True))'
+    edit_json "$d/tokenizer_config.json" 'd["eos_token"] = "<|im_end|>"'
+    compile_fails 1 "token \"<\|im_end\|>\" \(an eos token\) has id 32000, outside the model's vocabulary: config.json's vocab_size is 32000 \(1 tokenizer ids" "$d"
+    # the same tokenizer for a model with more rows than tokens (padded vocab) is fine
+    edit_json "$d/tokenizer.json" 'd["added_tokens"].pop()'
+    edit_json "$d/tokenizer_config.json" 'd["eos_token"] = "</s>"'
+    expect 0 "" -- "$KILN" compile "$d" -o "$T/py.kiln"
+else
+    echo "SKIP: tokenizer checks need $SHARED/tokenizers/llama2 and $SHARED/models/pycode-22m"
+fi
+
 # ---- 5. generation_config.json: eos ids and sampling defaults reach `kiln run` ----
 # mkstories NAME: a copy of stories260k (a trained model: its greedy output is not a loop of one id)
 mkstories() {
