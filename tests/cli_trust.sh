@@ -75,6 +75,9 @@ cmp -s "$T/ref.kiln" "$T/inv.kiln" && ok || bad "an ignored inv_freq changed the
 d="$T/sharded"; cp -r "$SRC/tests/data/tiny-mistral-sharded" "$d"; chmod -R u+w "$d"
 st_edit "$d/model-00003-of-00004.safetensors" 'add("model.layers.1.mlp.gate_proj.bias", "BF16", [128], [0.0] * 128)'
 compile_fails 1 "model.layers.1.mlp.gate_proj.bias.*not used" "$d"
+# with every tensor used, sharded and single-file checkpoints still give the same bytes
+expect 0 "" -- "$KILN" compile "$SRC/tests/data/tiny-mistral-sharded" -o "$T/sharded.kiln"
+cmp -s "$T/ref.kiln" "$T/sharded.kiln" && ok || bad "sharded and single-file engines differ"
 
 # ---- 2. tie_word_embeddings with an lm_head.weight in the checkpoint ----
 # identical copy: consumed, the same engine as tying without it
