@@ -154,7 +154,6 @@ typedef struct weight_chunk {
 
 static bool f16_nonfinite(uint16_t h) { return (h & 0x7c00u) == 0x7c00u; }
 static bool bf16_nonfinite(uint16_t h) { return (h & 0x7f80u) == 0x7f80u; }
-static bool f32_nonfinite(uint32_t u) { return (u & 0x7f800000u) == 0x7f800000u; }
 
 static float load_f32(const uint8_t *src, kiln_dtype sd, size_t i) {
     float f;
@@ -207,23 +206,38 @@ static kiln_status overflow(const weight_chunk *c, size_t i, float f, kiln_error
                               "checkpoint to keep the checkpoint's own");
 }
 
-/* Index of the first NaN/Inf among `count` unchanged elements of dtype sd,
- * or count. Blocks are scanned without a branch per element (the loop
- * vectorises), and only a block that has one is searched again. */
-static size_t first_nonfinite(const uint8_t *src, kiln_dtype sd, size_t count) {
+/* Does this block of `nbytes` unchanged bytes possibly hold a NaN/Inf? Eight
+ * bytes at a time: each lane (2 or 4 bytes, little-endian) becomes zero
+ * exactly when its exponent bits are all ones, and a zero lane sets its high
+ * bit in (x - ones) & ~x (x's high bits are clear, so no lane borrows
+ * unless a lower one was zero). A tail shorter than 8 bytes says "maybe". */
+static bool block_maybe_nonfinite(const uint8_t *p, size_t nbytes, kiln_dtype dt) {
+    const uint64_t mask = dt == KILN_DTYPE_F32 ? 0x7f8000007f800000ull
+                          : dt == KILN_DTYPE_BF16 ? 0x7f807f807f807f80ull : 0x7c007c007c007c00ull;
+    const uint64_t ones = dt == KILN_DTYPE_F32 ? 0x0000000100000001ull : 0x0001000100010001ull;
+    const uint64_t highs = dt == KILN_DTYPE_F32 ? 0x8000000080000000ull : 0x8000800080008000ull;
+    uint64_t any = 0;
+    size_t j = 0;
+    for (; j + 8 <= nbytes; j += 8) {
+        uint64_t x = (kiln_rd_u64(p + j) & mask) ^ mask;
+        any |= (x - ones) & ~x & highs;
+    }
+    return any != 0 || j < nbytes;
+}
+
+/* Copy `count` unchanged elements of dtype sd; the index of the first
+ * NaN/Inf among them, or count. Blocks small enough for L1 are scanned and
+ * then copied, so the source is read from memory once; only a block that
+ * may hold one is searched element by element. */
+static size_t copy_checked(const uint8_t *src, kiln_dtype sd, uint8_t *dst, size_t count) {
     enum { BLOCK = 4096 };
+    size_t es = (size_t)kiln_dtype_size(sd);
     for (size_t b = 0; b < count; b += BLOCK) {
         size_t n = count - b < BLOCK ? count - b : BLOCK;
-        unsigned any = 0;
-        if (sd == KILN_DTYPE_F32) {
-            for (size_t i = b; i < b + n; i++) any |= f32_nonfinite(kiln_rd_u32(src + 4 * i));
-        } else {
-            uint16_t mask = sd == KILN_DTYPE_BF16 ? 0x7f80u : 0x7c00u;
-            for (size_t i = b; i < b + n; i++) any |= ((src[2 * i] | src[2 * i + 1] << 8) & mask) == mask;
-        }
-        if (!any) continue;
-        for (size_t i = b; i < b + n; i++)
-            if (!isfinite(load_f32(src, sd, i))) return i;
+        if (block_maybe_nonfinite(src + b * es, n * es, sd))
+            for (size_t i = b; i < b + n; i++)
+                if (!isfinite(load_f32(src, sd, i))) return i;
+        memcpy(dst + b * es, src + b * es, n * es);
     }
     return count;
 }
@@ -233,8 +247,7 @@ kiln_status kiln_weight_convert(const kiln_value *v, uint64_t first, const uint8
     const weight_chunk c = {v, first};
     kiln_dtype sd = v->src_dtype, dd = v->dtype;
     if (sd == dd) {
-        memcpy(dst, src, count * (size_t)kiln_dtype_size(sd));
-        size_t i = first_nonfinite(src, sd, count);
+        size_t i = copy_checked(src, sd, dst, count);
         return i < count ? bad_value(&c, i, load_f32(src, sd, i), err) : KILN_OK;
     }
     for (size_t i = 0; i < count; i++) {
