@@ -24,7 +24,6 @@ static const char *arch_name(kiln_arch a) {
     return a == KILN_ARCH_MISTRAL ? "MistralForCausalLM" : "LlamaForCausalLM";
 }
 
-/* The meta section: what the engine holds, for `kiln inspect` and the runtime. */
 /* meta.generation: bos/eos/pad ids and sampling defaults, each with its
  * source (kiln_generation_resolve; docs/engine-format.md). `gc` NULL = the
  * checkpoint has no generation_config.json. */
@@ -33,8 +32,9 @@ static json_t *make_generation(const kiln_model_config *c, const kiln_generation
     kiln_generation_resolve(c, gc, &r);
     json_t *eos = json_array();
     for (int i = 0; i < r.n_eos; i++) json_array_append_new(eos, json_integer(r.eos_token_ids[i]));
+    const char *pad_src = r.pad_token_id >= 0 ? r.ids_src : "none";
     json_t *sources = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s}", "bos_token_id", r.ids_src, "eos_token_ids",
-                                r.ids_src, "pad_token_id", r.pad_token_id >= 0 ? r.ids_src : "none", "do_sample", r.do_sample_src, "temperature",
+                                r.ids_src, "pad_token_id", pad_src, "do_sample", r.do_sample_src, "temperature",
                                 r.temperature_src, "top_k", r.top_k_src, "top_p", r.top_p_src);
     json_t *not_applied = json_array();
     for (const char *p = r.not_applied; p && *p;) {
@@ -49,6 +49,7 @@ static json_t *make_generation(const kiln_model_config *c, const kiln_generation
                      "not_applied", not_applied);
 }
 
+/* The meta section: what the engine holds, for `kiln inspect` and the runtime. */
 static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const kiln_compile_options *opt,
                          const kiln_generation_config *gen_cfg, uint64_t weights_bytes, const kiln_buf *tok_blob,
                          const kiln_kernel_targets *targets) {

@@ -141,7 +141,8 @@ static kiln_status gc_sampling(gc_ctx *c, json_t *root, kiln_generation_config *
     }
     if (g->has_top_p && g->top_p == 0)
         return kiln_err(c->err, KILN_ERR_UNSUPPORTED,
-                        "%s: field \"top_p\" is 0 with \"do_sample\": true; kiln samples with top_p in (0, 1]", c->path);
+                        "%s: field \"top_p\" is 0 with \"do_sample\": true; kiln samples with top_p in (0, 1]",
+                        c->path);
     return KILN_OK;
 }
 

@@ -164,9 +164,10 @@ static kiln_status tied_head_check(importer *im) {
                  "%s: config.json says tie_word_embeddings: true, but the checkpoint's 'lm_head.weight' differs from "
                  "'model.embed_tokens.weight' (first at element %zu = [%zu,%zu]: %.9g vs %.9g)",
                  im->ck->dir, i, i / (size_t)c->hidden_size, i % (size_t)c->hidden_size, (double)a, (double)b);
-        return kiln_err_hint(im->err, "transformers 5 would use lm_head.weight untied, transformers 4 would overwrite it "
-                                      "with the embedding; say which model this is: set \"tie_word_embeddings\": false "
-                                      "in config.json to use lm_head.weight, or remove lm_head.weight to tie");
+        return kiln_err_hint(im->err, "transformers 5 would use lm_head.weight untied, transformers 4 would "
+                                      "overwrite it with the embedding; say which model this is: set "
+                                      "\"tie_word_embeddings\": false in config.json to use lm_head.weight, or "
+                                      "remove lm_head.weight to tie");
     }
     return KILN_OK;
 }
