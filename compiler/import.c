@@ -29,6 +29,8 @@
  * transformers 4 always overwrote lm_head with the embedding. So an equal
  * copy is consumed (the engine is the same as without it) and a differing
  * one is refused: either choice would silently differ from one of them.
+ * Allowing lm_head.weight to stay unused (--allow-unused) says "tie", as
+ * transformers 4 did.
  */
 #include "kiln_compiler.h"
 
@@ -42,8 +44,11 @@ typedef struct importer {
     kiln_graph *g;
     kiln_dtype weight_dtype; /* KILN_DTYPE_COUNT_ = keep each tensor's dtype */
     bool *used;              /* [ck->n_index]: consumed by the graph */
+    const kiln_import_options *opt; /* may be NULL */
     kiln_error *err;
 } importer;
+
+static bool unused_allowed(const kiln_import_options *o, const char *name);
 
 /* Index of tensor `name` in ck->index, or -1. */
 static ptrdiff_t find_index(const kiln_checkpoint *ck, const char *name) {
@@ -152,7 +157,8 @@ static float elem_f32(const uint8_t *p, kiln_dtype dt, size_t i) {
  * consumed when equal to the embedding element for element, else refused. */
 static kiln_status tied_head_check(importer *im) {
     const kiln_model_config *c = &im->ck->config;
-    if (find_index(im->ck, "lm_head.weight") < 0) return KILN_OK;
+    /* absent, or explicitly allowed to stay unused (--allow-unused lm_head.weight: tie as transformers 4) */
+    if (find_index(im->ck, "lm_head.weight") < 0 || unused_allowed(im->opt, "lm_head.weight")) return KILN_OK;
     const kiln_st_tensor *head = checked_tensor(im, "lm_head.weight", 2, c->vocab_size, c->hidden_size);
     const kiln_st_tensor *emb = kiln_checkpoint_find(im->ck, "model.embed_tokens.weight");
     if (!head) return im->err ? im->err->code : KILN_ERR_INTERNAL;
@@ -167,7 +173,7 @@ static kiln_status tied_head_check(importer *im) {
         return kiln_err_hint(im->err, "transformers 5 would use lm_head.weight untied, transformers 4 would "
                                       "overwrite it with the embedding; say which model this is: set "
                                       "\"tie_word_embeddings\": false in config.json to use lm_head.weight, or "
-                                      "remove lm_head.weight to tie");
+                                      "compile with --allow-unused lm_head.weight to tie");
     }
     return KILN_OK;
 }
@@ -288,7 +294,7 @@ kiln_status kiln_import_ex(const kiln_checkpoint *ck, const kiln_import_options 
         free(used);
         return kiln_err(err, KILN_ERR_NOMEM, "out of memory creating the graph");
     }
-    importer im = {.ck = ck, .g = g, .used = used, .err = err};
+    importer im = {.ck = ck, .g = g, .used = used, .opt = o, .err = err};
     kiln_status st = import_with(&im, o ? o->weight_dtype : KILN_DTYPE_COUNT_);
     if (st == KILN_OK) st = check_all_used(&im, o);
     free(used);
