@@ -112,6 +112,31 @@ static kiln_status load_generation_config(const kiln_checkpoint *ck, kiln_genera
     return st;
 }
 
+/* The bos/eos/pad ids the engine will carry must be tokens of its tokenizer
+ * (when it has one): an id inside a padded model vocabulary but outside the
+ * tokenizer would stop generation on a token nothing can decode. */
+static kiln_status check_gen_ids_in_tokenizer(const kiln_checkpoint *ck, const kiln_generation_config *gc,
+                                              const kiln_buf *blob, kiln_error *err) {
+    kiln_generation r;
+    kiln_generation_resolve(&ck->config, gc, &r);
+    kiln_tokenizer *tok = NULL;
+    kiln_status st = kiln_tokenizer_load(blob->data, blob->len, &tok, err);
+    if (st != KILN_OK) return st;
+    int64_t ids[KILN_MAX_EOS + 2] = {r.bos_token_id, r.pad_token_id};
+    const char *names[KILN_MAX_EOS + 2] = {"bos_token_id", "pad_token_id"};
+    for (int i = 0; i < r.n_eos; i++) ids[2 + i] = r.eos_token_ids[i], names[2 + i] = "eos_token_id";
+    for (int i = 0; i < 2 + r.n_eos && st == KILN_OK; i++) {
+        if (ids[i] < 0 || kiln_tokenizer_token(tok, (int32_t)ids[i], NULL)) continue;
+        st = kiln_err(err, KILN_ERR_PARSE, "%s/%s: %s %lld is not a token of %s (its ids: 0..%u)", ck->dir,
+                      r.ids_src, names[i], (long long)ids[i], ck->tokenizer_json_path,
+                      kiln_tokenizer_vocab_size(tok) - 1);
+        kiln_err_hint(err, "the model would stop on, or start from, a token its tokenizer cannot decode; "
+                           "is this the model's tokenizer.json?");
+    }
+    kiln_tokenizer_free(tok);
+    return st;
+}
+
 kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, kiln_error *err) {
     kiln_checkpoint ck;
     kiln_graph *g = NULL;
@@ -134,7 +159,8 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
     if ((st = kiln_plan_serialize(g, &plan, err)) != KILN_OK) goto out;
     if (ck.tokenizer_json_path) {
         if ((st = kiln_tokjson_compile_for_vocab(ck.tokenizer_json_path, ck.tokenizer_config_path,
-                                                 ck.config.vocab_size, &tok, err)) != KILN_OK)
+                                                 ck.config.vocab_size, &tok, err)) != KILN_OK ||
+            (st = check_gen_ids_in_tokenizer(&ck, have_gen ? &gen : NULL, &tok, err)) != KILN_OK)
             goto out;
         have_tok = true;
     }

@@ -147,6 +147,22 @@ if [ -d "$SHARED/tokenizers/llama2" ] && [ -d "$SHARED/models/pycode-22m" ]; the
     edit_json "$d/tokenizer.json" 'd["added_tokens"].pop()'
     edit_json "$d/tokenizer_config.json" 'd["eos_token"] = "</s>"'
     expect 0 "" -- "$KILN" compile "$d" -o "$T/py.kiln"
+    # ... but an eos id in the padding (a row of the model, no token of the tokenizer) is refused
+    python3 - "$d" <<'PY'
+import json, struct, sys
+d = sys.argv[1]
+c = json.load(open(d + "/config.json")); c["vocab_size"] = 32064; json.dump(c, open(d + "/config.json", "w"))
+g = json.load(open(d + "/generation_config.json")); g["eos_token_id"] = [2, 32010]
+json.dump(g, open(d + "/generation_config.json", "w"))
+# pad the embedding (shard 1 holds only it) to 32064 rows
+p = d + "/model-00001-of-00002.safetensors"; raw = open(p, "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]; h = json.loads(raw[8:8 + n]); e = h["model.embed_tokens.weight"]
+row = e["shape"][1] * 2; e["shape"][0] = 32064; e["data_offsets"][1] += 64 * row
+hb = json.dumps(h).encode(); open(p, "wb").write(struct.pack("<Q", len(hb)) + hb + raw[8 + n:] + b"\0" * 64 * row)
+PY
+    compile_fails 1 "generation_config.json: eos_token_id 32010 is not a token of .*tokenizer.json \(its ids: 0..31999\)" "$d"
+    edit_json "$d/generation_config.json" 'd["eos_token_id"] = 2'
+    expect 0 "" -- "$KILN" compile "$d" -o "$T/py.kiln"
 else
     echo "SKIP: tokenizer checks need $SHARED/tokenizers/llama2 and $SHARED/models/pycode-22m"
 fi
