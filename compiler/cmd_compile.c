@@ -32,6 +32,8 @@ static void help(FILE *f) {
                "                        'none'); 'none' = no kernels (the engine runs on the CPU only)\n"
                "  --kv-block-size N     tokens per KV-cache block the kernels are built for (default 16)\n"
                "  --threads N           parallel NVRTC jobs (default: one per core)\n"
+               "  --allow-unused PAT    let checkpoint tensors matching the glob PAT stay unused (repeatable;\n"
+               "                        by default every tensor must be used, except *rotary_emb.inv_freq)\n"
                "  --compress            zstd-compress the weights section\n"
                "  --dump-ir             print the graph after each pass to stdout\n"
                "  --json                print a JSON summary on stdout\n"
@@ -45,8 +47,10 @@ int kiln_cmd_compile(int argc, char **argv) {
         {"dump-ir", no_argument, 0, 'D'},      {"json", no_argument, 0, 'j'},
         {"help", no_argument, 0, 'h'},         {"quant", required_argument, 0, 'q'},
         {"target", required_argument, 0, 't'}, {"kv-block-size", required_argument, 0, 'b'},
-        {"threads", required_argument, 0, 'T'}, {0, 0, 0, 0}};
+        {"threads", required_argument, 0, 'T'}, {"allow-unused", required_argument, 0, 'U'}, {0, 0, 0, 0}};
     kiln_compile_options opt = {.weight_dtype = KILN_DTYPE_COUNT_, .dump_stream = stdout};
+    const char *allow_unused[64]; /* --allow-unused patterns (pointing into argv) */
+    opt.allow_unused = allow_unused;
     bool json = false;
     int c;
     optind = 1;
@@ -79,6 +83,13 @@ int kiln_cmd_compile(int argc, char **argv) {
             else opt.threads = (int)v;
             break;
         }
+        case 'U':
+            if (!*optarg) return kiln_cli_usage_error("compile", "--allow-unused needs a tensor name or glob pattern");
+            if (opt.n_allow_unused == (int)(sizeof allow_unused / sizeof *allow_unused))
+                return kiln_cli_usage_error("compile", "more than %zu --allow-unused patterns",
+                                            sizeof allow_unused / sizeof *allow_unused);
+            allow_unused[opt.n_allow_unused++] = optarg;
+            break;
         case 'z': opt.compress = true; break;
         case 'D': opt.dump_ir = true; break;
         case 'j': json = true; break;

@@ -31,9 +31,9 @@ static void help(FILE *f) {
             "  --no-special          treat special-token strings in the text as plain text\n"
             "sampling:\n"
             "  --max-tokens N        tokens to generate at most (default 128)\n"
-            "  --temperature T       0 = greedy (default 0)\n"
-            "  --top-k K             sample from the K most likely tokens (0 = off, default)\n"
-            "  --top-p P             nucleus sampling threshold in (0, 1] (default 1 = off)\n"
+            "  --temperature T       0 = greedy (default: the engine's, from generation_config.json; else 0)\n"
+            "  --top-k K             sample from the K most likely tokens (0 = off; default: the engine's)\n"
+            "  --top-p P             nucleus sampling threshold in (0, 1] (1 = off; default: the engine's)\n"
             "  --seed S              random seed (default: from the clock; printed with --json)\n"
             "  --ignore-eos          keep generating after an end-of-sequence token\n"
             "execution:\n"
@@ -121,6 +121,7 @@ int kiln_cmd_run(int argc, char **argv) {
     long long max_tokens = 128, top_k = 0, threads = 0, max_ctx = 0, seed = -1;
     double temperature = 0, top_p = 1;
     bool json = false, no_bos = false, no_special = false, ignore_eos = false;
+    bool temp_set = false, top_k_set = false, top_p_set = false; /* else the engine's defaults */
     int64_t kv_bytes = 0;
     double kv_fraction = 0;
     int c;
@@ -138,14 +139,17 @@ int kiln_cmd_run(int argc, char **argv) {
         case O_TEMP:
             if (!kiln_cli_parse_float(optarg, 0, 1e6, &temperature))
                 return kiln_cli_usage_error("run", "--temperature '%s' is not a number >= 0", optarg);
+            temp_set = true;
             break;
         case O_TOPK:
             if (!kiln_cli_parse_int(optarg, 0, 1 << 24, &top_k))
                 return kiln_cli_usage_error("run", "--top-k '%s' is not a whole number >= 0", optarg);
+            top_k_set = true;
             break;
         case O_TOPP:
             if (!kiln_cli_parse_float(optarg, 1e-9, 1, &top_p))
                 return kiln_cli_usage_error("run", "--top-p '%s' is not a number in (0, 1]", optarg);
+            top_p_set = true;
             break;
         case O_SEED:
             if (!kiln_cli_parse_int(optarg, 0, INT64_MAX, &seed))
@@ -256,11 +260,11 @@ int kiln_cmd_run(int argc, char **argv) {
     kiln_ctx_info info = {.struct_size = sizeof info};
     const char *dev_used = kiln_ctx_info_get(ctx, &info) == KILN_OK ? info.device : device;
     kiln_request_options ro;
-    kiln_request_options_init(&ro);
+    kiln_request_options_init_from_engine(k, &ro); /* generation_config.json's sampling, unless given */
     ro.max_tokens = (int32_t)max_tokens;
-    ro.temperature = (float)temperature;
-    ro.top_k = (int32_t)top_k;
-    ro.top_p = (float)top_p;
+    if (temp_set) ro.temperature = (float)temperature;
+    if (top_k_set) ro.top_k = (int32_t)top_k;
+    if (top_p_set) ro.top_p = (float)top_p;
     ro.seed = (uint64_t)seed;
     ro.ignore_eos = ignore_eos;
     ro.on_token = on_token;
@@ -289,6 +293,8 @@ int kiln_cmd_run(int argc, char **argv) {
                               "seed", (json_int_t)seed, "timings", "load_s", kiln_open_seconds(k), "prefill_s",
                               prefill_s, "decode_s", decode_s, "prefill_tokens_per_s",
                               prefill_s > 0 ? n_prompt / prefill_s : 0.0, "decode_tokens_per_s", decode_tps);
+        json_object_set_new(j, "sampling", json_pack("{s:f, s:i, s:f}", "temperature", (double)ro.temperature,
+                                                     "top_k", (int)ro.top_k, "top_p", (double)ro.top_p));
         if (m->tokenizer) {
             char *gen = NULL;
             size_t glen = 0;

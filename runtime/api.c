@@ -340,6 +340,16 @@ void kiln_request_options_init(kiln_request_options *o) {
     *o = (kiln_request_options){.struct_size = sizeof *o, .max_tokens = DEFAULT_MAX_TOKENS, .top_p = 1.0f};
 }
 
+kiln_status kiln_request_options_init_from_engine(const kiln_t *k, kiln_request_options *o) {
+    if (!o) return KILN_ERR_INVALID_ARG;
+    kiln_request_options_init(o);
+    if (!k || !k->m) return KILN_ERR_INVALID_ARG;
+    o->temperature = k->m->gen_temperature;
+    o->top_k = k->m->gen_top_k;
+    o->top_p = k->m->gen_top_p;
+    return KILN_OK;
+}
+
 kiln_status kiln_submit(kiln_ctx_t *c, const int32_t *prompt, int32_t n_prompt, const kiln_request_options *opts,
                         int64_t *id) {
     kiln_status st = usable(c, "kiln_submit");

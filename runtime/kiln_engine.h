@@ -43,7 +43,7 @@
 
 #define KILN_ENGINE_MAGIC "KILNENG"  /* 8 bytes with the NUL */
 #define KILN_ENGINE_MAJOR 2       /* 2: piecewise section checksums; 1 (XXH64) is still read */
-#define KILN_ENGINE_MINOR 0
+#define KILN_ENGINE_MINOR 1       /* 1: meta.generation has sampling defaults (do_sample, temperature, top_k, top_p) */
 #define KILN_ENGINE_HASH_PIECE (16u << 20) /* bytes per checksum piece (format 2) */
 #define KILN_ENGINE_HEADER_SIZE 64
 #define KILN_ENGINE_ENTRY_SIZE 64
