@@ -206,9 +206,18 @@ int kiln_cmd_run(int argc, char **argv) {
             len = strlen(prompt);
         } else {
             FILE *f = stdin;
-            if (prompt_file && strcmp(prompt_file, "-") != 0 && !(f = fopen(prompt_file, "rb"))) {
-                kiln_err(&err, KILN_ERR_IO, "%s: cannot open the prompt file", prompt_file);
-                goto fail;
+            if (prompt_file && strcmp(prompt_file, "-") != 0) {
+                /* a regular file only ('-' is the way to read a pipe): a FIFO would block */
+                int fd;
+                if (kiln_file_open_regular(prompt_file, &fd, NULL, &err) != KILN_OK) {
+                    kiln_err_prefix(&err, "--prompt-file: ");
+                    goto fail;
+                }
+                if (!(f = fdopen(fd, "rb"))) {
+                    close(fd);
+                    kiln_err(&err, KILN_ERR_NOMEM, "%s: out of memory opening the prompt file", prompt_file);
+                    goto fail;
+                }
             }
             if (!prompt_file && isatty(0)) {
                 rc = kiln_cli_usage_error("run", "no prompt: give --prompt, --prompt-file or --prompt-ids");
