@@ -85,7 +85,9 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
     kiln_kernel_targets targets;
     kiln_status st = kiln_kernel_targets_parse(opt->targets ? opt->targets : "none", &targets, err);
     if (st != KILN_OK) return st;
+    if ((st = kiln_output_precheck(opt->output_path, err)) != KILN_OK) return st;
     if ((st = kiln_checkpoint_open(ckpt_dir, &ck, err)) != KILN_OK) return st;
+    if ((st = kiln_output_check(opt->output_path, &ck, opt->force, err)) != KILN_OK) goto out;
     if ((st = kiln_import_dtype(&ck, opt->weight_dtype, &g, err)) != KILN_OK) goto out;
     if ((st = kiln_passes_run(g, opt->passes, opt->dump_ir ? (FILE *)opt->dump_stream : NULL, err)) != KILN_OK)
         goto out;
