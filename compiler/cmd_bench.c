@@ -315,6 +315,9 @@ int kiln_cmd_bench(int argc, char **argv) {
         }
     }
     if (optind != argc - 1) return kiln_cli_usage_error("bench", "expected one engine file");
+    if (kv_fraction > 0 && strcmp(device, "cpu") == 0)
+        return kiln_cli_usage_error("bench", "--kv-memory %g is a fraction of GPU memory, which does not apply to "
+                                             "--device cpu; give bytes (e.g. 512M)", kv_fraction);
     const char *path = argv[optind];
 
     kiln_error err = {0};

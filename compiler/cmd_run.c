@@ -178,6 +178,16 @@ int kiln_cmd_run(int argc, char **argv) {
         return kiln_cli_usage_error("run", "give only one of --prompt, --prompt-file, --prompt-ids");
     if (strcmp(device, "cpu") != 0 && strcmp(device, "auto") != 0 && strcmp(device, "gpu") != 0)
         return kiln_cli_usage_error("run", "unknown device '%s' (gpu, cpu, auto)", device);
+    /* options that would be silently ignored are refused */
+    if (temperature == 0 && (top_k > 0 || top_p < 1))
+        return kiln_cli_usage_error("run", "--%s applies to sampling, and --temperature 0 (the default) decodes "
+                                           "greedily; give --temperature T > 0", top_k > 0 ? "top-k" : "top-p");
+    if (ids_arg && (no_bos || no_special))
+        return kiln_cli_usage_error("run", "--%s applies to a text prompt, and --prompt-ids is not tokenized",
+                                    no_bos ? "no-bos" : "no-special");
+    if (kv_fraction > 0 && strcmp(device, "cpu") == 0)
+        return kiln_cli_usage_error("run", "--gpu-memory %g is a fraction of GPU memory, which does not apply to "
+                                           "--device cpu; give bytes (e.g. 512M)", kv_fraction);
     int32_t *prompt_ids = NULL;
     int n_prompt = 0;
     if (ids_arg && !kiln_cli_parse_ids(ids_arg, &prompt_ids, &n_prompt))

@@ -19,7 +19,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "../codegen/kiln_codegen.h"
 #include "../common/kiln_util.h"
+#include "../compiler/kiln_compiler.h"
 #include "../runtime/kiln_engine.h"
 #include "kt.h"
 
@@ -200,6 +202,36 @@ static void test_shrunk_mapping(void) {
     KT_CHECK(!kiln_guard_fault(NULL));
 }
 
+/* The real weight copy (kiln_weights_write) over a checkpoint whose shard is
+ * truncated after it was opened and imported: an error naming the shard. */
+static void test_shrunk_checkpoint(void) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "cp -r '%s/tests/data/tiny-mistral' '%s/ck' && chmod -R u+w '%s/ck'", KILN_SOURCE_DIR,
+             g_dir, g_dir);
+    KT_REQUIRE(system(cmd) == 0);
+    kiln_error err = {0};
+    KT_REQUIRE(kiln_guard_install(&err) == KILN_OK);
+    kiln_guard_fault_reset();
+    kiln_checkpoint ck;
+    KT_REQUIRE(kiln_checkpoint_open(in_dir("ck"), &ck, &err) == KILN_OK);
+    kiln_graph *g = NULL;
+    kiln_engine_writer *w = NULL;
+    KT_REQUIRE(kiln_import(&ck, &g, &err) == KILN_OK);
+    const char *shard = in_dir("ck/model.safetensors");
+    KT_REQUIRE(truncate(shard, 0) == 0);
+    KT_REQUIRE(kiln_engine_writer_open(in_dir("ck.kiln"), &w, &err) == KILN_OK);
+    KT_CHECK(kiln_engine_writer_begin(w, KILN_SECTION_WEIGHTS, KILN_CODEC_NONE, &err) == KILN_OK);
+    uint64_t size = 0;
+    KT_CHECK(kiln_weights_write(g, w, &size, &err) != KILN_OK);
+    KT_CONTAINS(err.msg, shard);
+    KT_CONTAINS(err.msg, "the file shrank while kiln read it (SIGBUS at offset");
+    kiln_engine_writer_abort(w);
+    KT_EQ_INT(count_prefixed("ck.kiln"), 0);
+    kiln_graph_free(g);
+    kiln_checkpoint_close(&ck);
+    kiln_guard_fault_reset();
+}
+
 static void rm_dir(void) {
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
@@ -224,6 +256,7 @@ int main(void) {
     KT_RUN(test_unreadable);
     KT_RUN(test_regular);
     KT_RUN(test_shrunk_mapping);
+    KT_RUN(test_shrunk_checkpoint);
     rm_dir();
     return KT_END();
 }
