@@ -41,6 +41,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/kiln_progress.h"
+
 #include <xxhash.h>
 #include <zstd.h>
 
@@ -56,6 +58,7 @@ struct kiln_engine_writer {
     size_t out_len;
     kiln_status failed;         /* first failure; KILN_OK while healthy */
     kiln_error failure;         /* its message, repeated by later calls */
+    kiln_progress *progress;    /* raw bytes of the open section, when set */
 
     kiln_engine_section sections[KILN_ENGINE_MAX_SECTIONS];
     uint32_t n_sections;
@@ -299,6 +302,7 @@ kiln_status kiln_engine_writer_write(kiln_engine_writer *w, const void *p, size_
     if (n && !p) return w_fail(w, err, KILN_ERR_INVALID_ARG, "NULL data for %zu bytes", n);
     if (!kiln_add_u64(w->cur.raw_size, n, &w->cur.raw_size))
         return w_fail(w, err, KILN_ERR_INVALID_ARG, "section '%s' is too large", kiln_section_kind_name(w->cur.kind));
+    kiln_progress_update(w->progress, w->cur.raw_size);
     if (w->cur.codec == KILN_CODEC_NONE) return w_put(w, p, n, err);
     const uint8_t *src = p;
     while (n > 0) {
@@ -436,6 +440,10 @@ kiln_status kiln_engine_writer_finish(kiln_engine_writer *w, kiln_error *err) {
 out_free:
     w_free(w);
     return st;
+}
+
+void kiln_engine_writer_set_progress(kiln_engine_writer *w, kiln_progress *p) {
+    if (w) w->progress = p;
 }
 
 void kiln_engine_writer_abort(kiln_engine_writer *w) {

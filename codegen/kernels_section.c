@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "../runtime/cuda/kiln_ksec.h"
+#include "../common/kiln_progress.h"
 #include "kiln_nvrtc.h"
 
 /* ---- targets ---- */
@@ -368,16 +369,18 @@ typedef struct kjob {
 
 typedef struct kpool {
     kjob *jobs;
-    int n, next;
+    int n, next, done;
     bool no_cache;
+    kiln_progress *progress; /* updated under `lock` as jobs finish */
     pthread_mutex_t lock;
 } kpool;
 
 static void *pool_run(void *arg) {
     kpool *pl = arg;
-    for (;;) {
+    for (int i = -1;;) {
         pthread_mutex_lock(&pl->lock);
-        int i = pl->next < pl->n ? pl->next++ : -1;
+        if (i >= 0) kiln_progress_update(pl->progress, (uint64_t)++pl->done); /* job i finished */
+        i = pl->next < pl->n ? pl->next++ : -1;
         pthread_mutex_unlock(&pl->lock);
         if (i < 0) return NULL;
         kjob *j = &pl->jobs[i];
@@ -427,7 +430,8 @@ kiln_status kiln_kernels_build(const kiln_plan *p, const kiln_kernel_targets *t,
             for (int c = 0; c < t->n_ptx; c++) j->ptx |= t->ptx_sm[c] == sms[k];
         }
     {
-        kpool pl = {.jobs = jobs, .n = n_jobs, .no_cache = o->no_cache};
+        kpool pl = {.jobs = jobs, .n = n_jobs, .no_cache = o->no_cache, .progress = o->progress};
+        kiln_progress_phase(o->progress, "kernels", (uint64_t)n_jobs, "NVRTC builds", 1);
         pthread_mutex_init(&pl.lock, NULL);
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         int threads = o->threads > 0 ? o->threads : cores > 0 ? (int)cores : 1;

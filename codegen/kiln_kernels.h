@@ -49,6 +49,7 @@ typedef struct kiln_kernels_opts {
     int threads;        /* NVRTC jobs at once (0 = one per core) */
     int kv_block_size;  /* tokens per KV block (0 = 16) */
     bool no_cache;      /* bypass the NVRTC cache */
+    struct kiln_progress *progress; /* NVRTC builds done / to do (common/kiln_progress.h); NULL = none */
 } kiln_kernels_opts;
 
 /* Build the kernels section for a checked plan. Needs NVRTC

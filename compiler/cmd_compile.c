@@ -7,9 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "../codegen/kiln_kernels.h"
 #include "../codegen/kiln_nvrtc.h"
+#include "../common/kiln_progress.h"
 #include "../passes/kiln_passes.h"
 #include "cli.h"
 #include "kiln_compiler.h"
@@ -151,8 +153,14 @@ int kiln_cmd_compile(int argc, char **argv) {
     kiln_error err = {0};
     /* a signal or a shrinking input must not leave a temporary engine behind (common/guard.c) */
     if (kiln_guard_install(&err) != KILN_OK) return kiln_cli_fail("compile", &err, json);
+    /* a progress line on stderr when it is a terminal; silent otherwise */
+    kiln_progress progress;
+    kiln_progress_init(&progress, isatty(STDERR_FILENO) ? stderr : NULL, "kiln compile");
+    opt.progress = &progress;
     double t0 = kiln_now();
-    if (kiln_compile(dir, &opt, &err) != KILN_OK) return kiln_cli_fail("compile", &err, json);
+    kiln_status st = kiln_compile(dir, &opt, &err);
+    kiln_progress_clear(&progress);
+    if (st != KILN_OK) return kiln_cli_fail("compile", &err, json);
     report(dir, &opt, kiln_now() - t0, json);
     return KILN_EXIT_OK;
 }

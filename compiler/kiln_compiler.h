@@ -141,6 +141,7 @@ typedef struct kiln_compile_options {
     int kv_block_size;         /* tokens per KV-cache block the kernels are built for (0 = 16) */
     int threads;               /* threads for NVRTC (0 = one per core) */
     bool force;                /* allow an output inside the checkpoint directory (never over an input file) */
+    struct kiln_progress *progress; /* phase and counts of long work (common/kiln_progress.h); NULL = none */
 } kiln_compile_options;
 
 kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, kiln_error *err);

@@ -197,4 +197,31 @@ fi
 "$KILN" compile "$S" -o "$T/ir.kiln" --target none --dump-ir >"$T/out" 2>/dev/null
 grep -q ';; after plan-memory' "$T/out" && ok || bad "--dump-ir without --json prints the IR on stdout"
 
+# ---- 6. progress: on a terminal only ----
+if command -v script >/dev/null 2>&1; then
+    # a pseudo-terminal for stderr (script, util-linux); stdout goes to a file
+    TGT="--target none"
+    [ -f "$T/probe.kiln" ] && TGT="--target sm_90" # NVRTC: the kernels phase too (cached by the probe above)
+    script -qec "\"$KILN\" compile \"$TINY\" -o \"$T/tty.kiln\" $TGT --json >\"$T/tty.json\"" /dev/null \
+        >"$T/tty.out" 2>&1 </dev/null
+    rc=$?
+    [ "$rc" -eq 0 ] && ok || bad "compile under a pseudo-terminal: exit $rc"
+    for phase in import "weights .*MB .*100%" write; do
+        grep -Eq "kiln compile: $phase" "$T/tty.out" && ok || bad "no progress line for '$phase' on a terminal"
+    done
+    if [ "$TGT" = "--target sm_90" ]; then
+        grep -Eq "kiln compile: kernels .*NVRTC builds .*100%" "$T/tty.out" && ok || bad "no kernels progress"
+    fi
+    python3 -c "import json,sys; json.loads(open(sys.argv[1]).read())" "$T/tty.json" && ok ||
+        bad "--json stdout is not one JSON object when stderr is a terminal"
+else
+    echo "SKIP: progress on a terminal (no 'script' command)"
+fi
+"$KILN" compile "$TINY" -o "$T/notty.kiln" --target none 2>"$T/err" >/dev/null
+if grep -q 'wrote' "$T/err" && ! grep -q $'\r' "$T/err" && ! grep -Eq 'import|weights' "$T/err"; then
+    ok
+else
+    bad "progress text on a stderr that is not a terminal"; sed 's/^/    /' "$T/err" >&2
+fi
+
 cli_summary
