@@ -34,6 +34,8 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <libgen.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,9 +85,9 @@ struct kiln_engine_writer {
 
 /* Unlink the temporary file (once). */
 static void w_drop_tmp(kiln_engine_writer *w) {
+    if (w->tmp_path) unlink(w->tmp_path); /* before unregistering: a signal in between finds nothing left */
     kiln_guard_temp_remove(w->tmp_slot);
     w->tmp_slot = -1;
-    if (w->tmp_path) unlink(w->tmp_path);
     free(w->tmp_path);
     w->tmp_path = NULL;
 }
@@ -230,7 +232,16 @@ kiln_status kiln_engine_writer_open(const char *path, kiln_engine_writer **out, 
     }
     memcpy(w->tmp_path, path, n);
     memcpy(w->tmp_path + n, ".tmp.XXXXXX", sizeof ".tmp.XXXXXX");
+    /* no signal between creating the file and registering it for the handler to unlink */
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &block, &old);
     w->fd = mkostemp(w->tmp_path, O_CLOEXEC);
+    if (w->fd >= 0) w->tmp_slot = kiln_guard_temp_add(w->tmp_path);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (w->fd < 0) {
         int e = errno;
         free(w->tmp_path);
@@ -240,7 +251,6 @@ kiln_status kiln_engine_writer_open(const char *path, kiln_engine_writer **out, 
         w_free(w);
         return KILN_ERR_IO;
     }
-    w->tmp_slot = kiln_guard_temp_add(w->tmp_path);
     /* the header placeholder; the real header is written by finish */
     if (w_put(w, NULL, KILN_ENGINE_HEADER_SIZE, err) != KILN_OK) {
         w_free(w);
