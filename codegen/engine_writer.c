@@ -34,8 +34,6 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <libgen.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -232,16 +230,8 @@ kiln_status kiln_engine_writer_open(const char *path, kiln_engine_writer **out, 
     }
     memcpy(w->tmp_path, path, n);
     memcpy(w->tmp_path + n, ".tmp.XXXXXX", sizeof ".tmp.XXXXXX");
-    /* no signal between creating the file and registering it for the handler to unlink */
-    sigset_t block, old;
-    sigemptyset(&block);
-    sigaddset(&block, SIGINT);
-    sigaddset(&block, SIGTERM);
-    sigaddset(&block, SIGHUP);
-    pthread_sigmask(SIG_BLOCK, &block, &old);
     w->fd = mkostemp(w->tmp_path, O_CLOEXEC);
-    if (w->fd >= 0) w->tmp_slot = kiln_guard_temp_add(w->tmp_path);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (w->fd >= 0) w->tmp_slot = kiln_guard_temp_add(w->tmp_path); /* right away: the signal watcher unlinks it */
     if (w->fd < 0) {
         int e = errno;
         free(w->tmp_path);

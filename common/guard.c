@@ -2,10 +2,18 @@
  * guard.c — what happens to kiln's files when a signal arrives.
  *
  * - Temporary files. The engine writer registers its "<out>.tmp.XXXXXX"
- *   (kiln_guard_temp_add) while it exists. The handler of SIGINT, SIGTERM
- *   and SIGHUP unlinks every registered path, restores the default action
- *   and re-raises the signal, so the process still ends "killed by SIGINT"
- *   (exit status 130 in a shell) and leaves nothing behind.
+ *   (kiln_guard_temp_add) while it exists. SIGINT, SIGTERM and SIGHUP are
+ *   blocked in every thread and taken by one watcher thread (sigwait),
+ *   which unlinks every registered path, restores the default action and
+ *   re-raises the signal, so the process still ends "killed by SIGINT"
+ *   (exit status 130 in a shell) and leaves nothing behind. Why a thread and
+ *   not a handler: NVRTC installs handlers of its own while it compiles (one
+ *   that ends the process with status 4 on SIGTERM was seen), replacing
+ *   ours at exactly the moment a long compile is interrupted. A blocked
+ *   signal never reaches any handler; sigwait takes it whatever the
+ *   disposition is. Threads started later (the NVRTC pool, NVRTC's own)
+ *   inherit the blocked mask, which is why kiln_guard_install must run
+ *   before any thread is started.
  * - SIGXFSZ (a write past `ulimit -f`) is ignored: the write then fails with
  *   EFBIG and the writer reports an ordinary error naming the file and
  *   removes its temporary file.
@@ -38,6 +46,7 @@
 #include "kiln_util.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -137,7 +146,29 @@ static void die_by(int sig) {
     errno = saved;
 }
 
-static void on_fatal(int sig) { die_by(sig); }
+/* The watcher thread: every SIGINT, SIGTERM, SIGHUP (blocked everywhere) comes here. */
+static sigset_t g_watched;
+static atomic_int g_installed;
+
+static void *watch_signals(void *arg) {
+    (void)arg;
+    for (;;) {
+        int sig = 0;
+        if (sigwait(&g_watched, &sig) != 0) continue;
+        unlink_temps();
+        struct sigaction dfl = {0};
+        dfl.sa_handler = SIG_DFL;
+        sigemptyset(&dfl.sa_mask);
+        sigaction(sig, &dfl, NULL);
+        sigset_t one;
+        sigemptyset(&one);
+        sigaddset(&one, sig);
+        pthread_sigmask(SIG_UNBLOCK, &one, NULL);
+        raise(sig); /* the default action ends the process, "killed by" sig */
+        _exit(128 + sig);
+    }
+    return NULL;
+}
 
 /* A fault in a registered mapping: zeros over the rest of it, and a record. */
 static bool absorb_fault(const uint8_t *addr) {
@@ -176,16 +207,23 @@ static void on_bus(int sig, siginfo_t *si, void *uc) {
 }
 
 kiln_status kiln_guard_install(kiln_error *err) {
+    if (atomic_exchange(&g_installed, 1)) return KILN_OK; /* once per process */
     long ps = sysconf(_SC_PAGESIZE);
     if (ps > 0) g_page_size = (size_t)ps;
     static const int fatal[] = {SIGINT, SIGTERM, SIGHUP};
+    sigemptyset(&g_watched);
     for (size_t i = 0; i < sizeof fatal / sizeof fatal[0]; i++) {
-        struct sigaction old, sa = {0};
+        struct sigaction old;
         if (sigaction(fatal[i], NULL, &old) != 0) goto fail;
-        if (old.sa_handler == SIG_IGN) continue; /* nohup, or a background job: keep ignoring */
-        sa.sa_handler = on_fatal;
-        sigemptyset(&sa.sa_mask);
-        if (sigaction(fatal[i], &sa, NULL) != 0) goto fail;
+        if (old.sa_handler != SIG_IGN) sigaddset(&g_watched, fatal[i]); /* nohup, a background job: keep ignoring */
+    }
+    int e = pthread_sigmask(SIG_BLOCK, &g_watched, NULL);
+    pthread_t tid;
+    if (e == 0) e = pthread_create(&tid, NULL, watch_signals, NULL);
+    if (e == 0) e = pthread_detach(tid);
+    if (e != 0) {
+        errno = e;
+        goto fail;
     }
     struct sigaction bus = {0};
     bus.sa_sigaction = on_bus;

@@ -76,10 +76,13 @@ char *kiln_path_join(const char *dir, const char *name);
 
 /* ---- signals (common/guard.c) ---- */
 
-/* Install kiln's handlers: SIGINT, SIGTERM, SIGHUP unlink the registered
- * temporary files and re-raise (an ignored one stays ignored); SIGXFSZ is
- * ignored (writes fail with EFBIG instead); SIGBUS in a mapped input file is
- * recorded for kiln_guard_fault. For programs (the `kiln` CLI), not libraries. */
+/* Install kiln's handlers: SIGINT, SIGTERM, SIGHUP are blocked and taken by
+ * a watcher thread that unlinks the registered temporary files and
+ * re-raises (an ignored one stays ignored); SIGXFSZ is ignored (writes fail
+ * with EFBIG instead); SIGBUS in a mapped input file is recorded for
+ * kiln_guard_fault. For programs (the `kiln` CLI), not libraries; call it
+ * before starting any thread (threads inherit the blocked signals). Once
+ * per process; later calls do nothing. */
 kiln_status kiln_guard_install(kiln_error *err);
 /* Register a temporary file to unlink on a fatal signal; returns a slot for
  * kiln_guard_temp_remove, or -1 when the registry is full. */
