@@ -145,14 +145,15 @@ int kiln_cmd_compile(int argc, char **argv) {
                                                               : "expected one checkpoint directory");
     if (!opt.output_path) return kiln_cli_usage_error("compile", "missing -o OUTPUT.kiln");
     if (!*opt.output_path) return kiln_cli_usage_error("compile", "-o: empty output path");
+    kiln_error err = {0};
+    /* a signal or a shrinking input must not leave a temporary engine behind (common/guard.c);
+     * installed before anything (NVRTC included) can start a thread */
+    if (kiln_guard_install(&err) != KILN_OK) return kiln_cli_fail("compile", &err, json);
     int rc = check_options(&opt, json, block_given, threads_given);
     if (rc != KILN_EXIT_OK) return rc;
     /* with --json, stdout holds exactly the one JSON object: the IR dump goes to stderr */
     if (json) opt.dump_stream = stderr;
     const char *dir = argv[optind];
-    kiln_error err = {0};
-    /* a signal or a shrinking input must not leave a temporary engine behind (common/guard.c) */
-    if (kiln_guard_install(&err) != KILN_OK) return kiln_cli_fail("compile", &err, json);
     /* a progress line on stderr when it is a terminal; silent otherwise */
     kiln_progress progress;
     kiln_progress_init(&progress, isatty(STDERR_FILENO) ? stderr : NULL, "kiln compile");
