@@ -35,8 +35,8 @@
  *   A SIGBUS anywhere else is fatal as before (after unlinking temporaries).
  *
  * Global state: a signal handler receives no context pointer, so the
- * registries it reads (temporary paths, mapped ranges) and the fault record
- * it writes are file-scope. They are fixed-size arrays of lock-free atomics
+ * registries it reads (temporary paths, mapped ranges), the fault record
+ * it writes and the watched signal set are file-scope. They are fixed-size arrays of lock-free atomics
  * and plain bytes: nothing in the handler allocates or takes a lock.
  * Registration is thread-safe (NVRTC cache reads map files on worker
  * threads). The handlers are installed only by kiln_guard_install, which
@@ -146,7 +146,8 @@ static void die_by(int sig) {
     errno = saved;
 }
 
-/* The watcher thread: every SIGINT, SIGTERM, SIGHUP (blocked everywhere) comes here. */
+/* The watcher thread (normal context, not a handler): every SIGINT, SIGTERM,
+ * SIGHUP, blocked everywhere, comes here. */
 static sigset_t g_watched;
 static atomic_int g_installed;
 
@@ -219,8 +220,9 @@ kiln_status kiln_guard_install(kiln_error *err) {
     }
     int e = pthread_sigmask(SIG_BLOCK, &g_watched, NULL);
     pthread_t tid;
-    if (e == 0) e = pthread_create(&tid, NULL, watch_signals, NULL);
-    if (e == 0) e = pthread_detach(tid);
+    if (e == 0 && (e = pthread_create(&tid, NULL, watch_signals, NULL)) != 0)
+        pthread_sigmask(SIG_UNBLOCK, &g_watched, NULL); /* no watcher: the signals must still end kiln */
+    if (e == 0) pthread_detach(tid);
     if (e != 0) {
         errno = e;
         goto fail;
