@@ -267,6 +267,16 @@ kiln_status kiln_weight_convert(const kiln_value *v, uint64_t first, const uint8
     return KILN_OK;
 }
 
+uint64_t kiln_weights_size(const kiln_graph *g) {
+    uint64_t offset = 0;
+    for (int v = 0; v < g->n_values; v++) {
+        const kiln_value *val = &g->values[v];
+        if (!val->dead && val->kind == KILN_VALUE_WEIGHT)
+            offset = kiln_align_up(offset, KILN_PLAN_WEIGHT_ALIGN) + weight_bytes(val);
+    }
+    return offset;
+}
+
 kiln_status kiln_weights_write(const kiln_graph *g, kiln_engine_writer *w, uint64_t *size, kiln_error *err) {
     enum { CHUNK = 1 << 20 }; /* elements converted per write */
     uint8_t *buf = malloc((size_t)CHUNK * 4);

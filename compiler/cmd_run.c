@@ -182,6 +182,16 @@ int kiln_cmd_run(int argc, char **argv) {
         return kiln_cli_usage_error("run", "give only one of --prompt, --prompt-file, --prompt-ids");
     if (strcmp(device, "cpu") != 0 && strcmp(device, "auto") != 0 && strcmp(device, "gpu") != 0)
         return kiln_cli_usage_error("run", "unknown device '%s' (gpu, cpu, auto)", device);
+    /* options that would be silently ignored are refused */
+    if (temperature == 0 && (top_k > 0 || top_p < 1))
+        return kiln_cli_usage_error("run", "--%s applies to sampling, and --temperature 0 (the default) decodes "
+                                           "greedily; give --temperature T > 0", top_k > 0 ? "top-k" : "top-p");
+    if (ids_arg && (no_bos || no_special))
+        return kiln_cli_usage_error("run", "--%s applies to a text prompt, and --prompt-ids is not tokenized",
+                                    no_bos ? "no-bos" : "no-special");
+    if (kv_fraction > 0 && strcmp(device, "cpu") == 0)
+        return kiln_cli_usage_error("run", "--gpu-memory %g is a fraction of GPU memory, which does not apply to "
+                                           "--device cpu; give bytes (e.g. 512M)", kv_fraction);
     int32_t *prompt_ids = NULL;
     int n_prompt = 0;
     if (ids_arg && !kiln_cli_parse_ids(ids_arg, &prompt_ids, &n_prompt))
@@ -210,9 +220,18 @@ int kiln_cmd_run(int argc, char **argv) {
             len = strlen(prompt);
         } else {
             FILE *f = stdin;
-            if (prompt_file && strcmp(prompt_file, "-") != 0 && !(f = fopen(prompt_file, "rb"))) {
-                kiln_err(&err, KILN_ERR_IO, "%s: cannot open the prompt file", prompt_file);
-                goto fail;
+            if (prompt_file && strcmp(prompt_file, "-") != 0) {
+                /* a regular file only ('-' is the way to read a pipe): a FIFO would block */
+                int fd;
+                if (kiln_file_open_regular(prompt_file, &fd, NULL, &err) != KILN_OK) {
+                    kiln_err_prefix(&err, "--prompt-file: ");
+                    goto fail;
+                }
+                if (!(f = fdopen(fd, "rb"))) {
+                    close(fd);
+                    kiln_err(&err, KILN_ERR_NOMEM, "%s: out of memory opening the prompt file", prompt_file);
+                    goto fail;
+                }
             }
             if (!prompt_file && isatty(0)) {
                 rc = kiln_cli_usage_error("run", "no prompt: give --prompt, --prompt-file or --prompt-ids");

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../runtime/kiln_engine.h"
 #include "kiln_tokjson.h"
@@ -50,13 +51,15 @@ static char *read_stdin(size_t *len) {
     return (char *)b.data;
 }
 
-/* An engine file starts with "KILNENG\0". */
+/* An engine file starts with "KILNENG\0". Anything else, including what is
+ * not a regular file (a FIFO is never opened), goes to the tokenizer.json
+ * loader, whose error says what is wrong with it. */
 static bool is_engine(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return false;
+    int fd;
+    if (kiln_file_open_regular(path, &fd, NULL, NULL) != KILN_OK) return false;
     char magic[8] = {0};
-    size_t n = fread(magic, 1, 8, f);
-    fclose(f);
+    ssize_t n = read(fd, magic, 8);
+    close(fd);
     return n == 8 && memcmp(magic, KILN_ENGINE_MAGIC, 8) == 0;
 }
 

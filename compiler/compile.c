@@ -17,6 +17,7 @@
 
 #include "../codegen/kiln_codegen.h"
 #include "../codegen/kiln_kernels.h"
+#include "../common/kiln_progress.h"
 #include "../passes/kiln_passes.h"
 #include "kiln_tokjson.h"
 
@@ -149,7 +150,10 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
     kiln_kernel_targets targets;
     kiln_status st = kiln_kernel_targets_parse(opt->targets ? opt->targets : "none", &targets, err);
     if (st != KILN_OK) return st;
+    if ((st = kiln_output_precheck(opt->output_path, err)) != KILN_OK) return st;
+    kiln_progress_phase(opt->progress, "import", 0, NULL, 0);
     if ((st = kiln_checkpoint_open(ckpt_dir, &ck, err)) != KILN_OK) return st;
+    if ((st = kiln_output_check(opt->output_path, &ck, opt->force, err)) != KILN_OK) goto out;
     if ((st = load_generation_config(&ck, &gen, &have_gen, err)) != KILN_OK) goto out;
     kiln_import_options io = {.weight_dtype = opt->weight_dtype, .allow_unused = opt->allow_unused,
                               .n_allow_unused = opt->n_allow_unused};
@@ -169,19 +173,24 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
     uint32_t codec = opt->compress ? KILN_CODEC_ZSTD_CHUNKED : KILN_CODEC_NONE;
     uint64_t wbytes = 0;
     if ((st = kiln_engine_writer_begin(w, KILN_SECTION_WEIGHTS, codec, err)) != KILN_OK) goto out;
+    kiln_progress_phase(opt->progress, "weights", kiln_weights_size(g), "MB", 1e-6);
+    kiln_engine_writer_set_progress(w, opt->progress);
     if ((st = kiln_weights_write(g, w, &wbytes, err)) != KILN_OK) goto out;
+    kiln_engine_writer_set_progress(w, NULL);
     if ((st = kiln_engine_writer_end(w, err)) != KILN_OK) goto out;
     if ((st = kiln_engine_writer_section(w, KILN_SECTION_PLAN, KILN_CODEC_NONE, plan.data, plan.len, err)) != KILN_OK)
         goto out;
     if (targets.n_cubin + targets.n_ptx > 0) {
         /* the kernels are built from the plan exactly as the runtime will read it */
-        kiln_kernels_opts ko = {.threads = opt->threads, .kv_block_size = opt->kv_block_size};
+        kiln_kernels_opts ko = {.threads = opt->threads, .kv_block_size = opt->kv_block_size,
+                                .progress = opt->progress};
         if ((st = kiln_plan_parse(plan.data, plan.len, wbytes, &parsed, err)) != KILN_OK ||
             (st = kiln_kernels_build(parsed, &targets, &ko, &kernels, err)) != KILN_OK ||
             (st = kiln_engine_writer_section(w, KILN_SECTION_KERNELS, KILN_CODEC_NONE, kernels.data, kernels.len,
                                              err)) != KILN_OK)
             goto out;
     }
+    kiln_progress_phase(opt->progress, "write", 0, NULL, 0);
     if (have_tok &&
         (st = kiln_engine_writer_section(w, KILN_SECTION_TOKENIZER, KILN_CODEC_NONE, tok.data, tok.len, err)) !=
             KILN_OK)

@@ -212,8 +212,18 @@ typedef struct kiln_compile_options {
     int threads;               /* threads for NVRTC (0 = one per core) */
     const char *const *allow_unused; /* fnmatch patterns of checkpoint tensors that may stay unused */
     int n_allow_unused;
+    bool force;                /* allow an output inside the checkpoint directory (never over an input file) */
+    struct kiln_progress *progress; /* phase and counts of long work (common/kiln_progress.h); NULL = none */
 } kiln_compile_options;
 
 kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, kiln_error *err);
+
+/* compiler/output_check.c. The output path alone: refused when it is a
+ * directory or another non-regular file, or its folder does not exist. */
+kiln_status kiln_output_precheck(const char *out, kiln_error *err);
+/* The output against the opened checkpoint: never one of its input files
+ * (same device and inode, through any link); not inside its directory
+ * unless `force`. Includes kiln_output_precheck. */
+kiln_status kiln_output_check(const char *out, const kiln_checkpoint *ck, bool force, kiln_error *err);
 
 #endif /* KILN_COMPILER_H */

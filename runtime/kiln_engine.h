@@ -133,5 +133,10 @@ kiln_status kiln_engine_writer_section(kiln_engine_writer *w, uint32_t kind, uin
 kiln_status kiln_engine_writer_finish(kiln_engine_writer *w, kiln_error *err);
 /* Remove the temporary file and free `w` (safe on NULL). */
 void kiln_engine_writer_abort(kiln_engine_writer *w);
+/* Report the raw bytes of the open section to `p` as they are written
+ * (common/kiln_progress.h; the caller sets the phase and its total); NULL
+ * stops reporting. */
+struct kiln_progress;
+void kiln_engine_writer_set_progress(kiln_engine_writer *w, struct kiln_progress *p);
 
 #endif /* KILN_ENGINE_H */

@@ -52,6 +52,19 @@ kiln_status kiln_nvrtc_version(int *out, kiln_error *err) {
     return KILN_OK;
 }
 
+kiln_status kiln_nvrtc_archs(int *archs, int cap, int *n, kiln_error *err) {
+    *n = 0;
+    int count = 0;
+    kiln_status st = KILN_NVRTC_CALL(err, nvrtcGetNumSupportedArchs(&count));
+    if (st) return st;
+    int *all = calloc(count > 0 ? (size_t)count : 1, sizeof *all);
+    if (!all) return kiln_err(err, KILN_ERR_NOMEM, "nvrtc: out of memory");
+    if ((st = KILN_NVRTC_CALL(err, nvrtcGetSupportedArchs(all))) == KILN_OK)
+        for (int i = 0; i < count && *n < cap; i++) archs[(*n)++] = all[i];
+    free(all);
+    return st;
+}
+
 /* A define is NAME or NAME=VALUE, NAME a C identifier, VALUE on one line. */
 static bool define_ok(const char *d) {
     if (!d || !(*d == '_' || (*d >= 'A' && *d <= 'Z') || (*d >= 'a' && *d <= 'z'))) return false;
