@@ -20,7 +20,7 @@ enum { KILN_EXIT_OK = 0, KILN_EXIT_FAIL = 1, KILN_EXIT_USAGE = 2 };
 /* Print "kiln CMD: error: MSG" (and the hint lines) to stderr; with json, also
  * print {"error": {...}} on stdout. Returns KILN_EXIT_FAIL. */
 int kiln_cli_fail(const char *cmd, const kiln_error *err, bool json);
-/* Print a usage error and a pointer to --help. Returns KILN_EXIT_USAGE. */
+/* Print "kiln CMD: error: MSG" and a pointer to --help. Returns KILN_EXIT_USAGE. */
 int kiln_cli_usage_error(const char *cmd, const char *fmt, ...) KILN_PRINTF(2, 3);
 
 /* Strict number parsing: the whole string must be a number in range. */

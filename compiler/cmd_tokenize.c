@@ -5,34 +5,49 @@
  *
  * TOKENIZER is a tokenizer.json, a checkpoint directory holding one (its
  * tokenizer_config.json is used when present), or an engine file (its
- * tokenizer section). Exit status: 0 on success, 1 on an error (message on
+ * tokenizer section). Encoding adds the special tokens the tokenizer's config
+ * asks for (HF add_special_tokens=True), as `kiln run --prompt` does;
+ * --no-bos leaves them out. Exit status: 0 on success, 1 on an error (message on
  * stderr naming the file and what is wrong), 2 on a usage error.
  */
+#include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../runtime/kiln_engine.h"
+#include "cli.h"
 #include "kiln_tokjson.h"
 
 #define TOKENIZE_MAX_INPUT (1ull << 31) /* 2 GiB of stdin */
 
 static const char kUsage[] =
-    "usage: kiln tokenize TOKENIZER [--special] [--no-special] [--decode] [--skip-special] [--json]\n"
+    "usage: kiln tokenize TOKENIZER [--bos | --no-bos] [--no-special] [--decode] [--skip-special] [--json]\n"
     "\n"
     "Encode UTF-8 text read from stdin into token ids (a JSON array on stdout),\n"
     "or with --decode, read a JSON array of ids and print the text.\n"
     "\n"
     "TOKENIZER       a tokenizer.json file, a checkpoint directory holding one,\n"
     "                or an engine file made by `kiln compile`\n"
-    "--special       add bos/eos as HF add_special_tokens=True does\n"
+    "--bos           add the special tokens the tokenizer's config asks for (its\n"
+    "                add_bos_token / add_eos_token, else the template), as HF\n"
+    "                add_special_tokens=True and `kiln run --prompt` do (default;\n"
+    "                --special is the same)\n"
+    "--no-bos        add none (HF add_special_tokens=False; `kiln run --no-bos`)\n"
     "--no-special    read special-token strings in the text (\"<s>\", \"<|im_start|>\")\n"
     "                as plain text (HF encode_special_tokens=True)\n"
     "--decode        ids in, text out\n"
     "--skip-special  with --decode: leave special tokens out of the text\n"
     "--json          encode: {\"ids\": [...], \"tokens\": [...]}; decode: {\"text\": \"...\"}\n"
     "--help          this text\n";
+
+/* What the command line asked for. */
+typedef struct tok_args {
+    const char *path;
+    int bos;  /* 1 = --bos/--special, 0 = --no-bos, -1 = not given (the default: add) */
+    bool no_special, decode, skip_special, json;
+} tok_args;
 
 static char *read_stdin(size_t *len) {
     kiln_buf b = {0};
@@ -86,7 +101,7 @@ static int do_encode(const kiln_tokenizer *tok, unsigned flags, bool json) {
     size_t len;
     char *text = read_stdin(&len);
     if (!text) {
-        fprintf(stderr, "kiln tokenize: cannot read stdin (read error, out of memory, or more than 2 GiB)\n");
+        fprintf(stderr, "kiln tokenize: error: cannot read stdin (read error, out of memory, or more than 2 GiB)\n");
         return 1;
     }
     kiln_error err = {0};
@@ -95,7 +110,7 @@ static int do_encode(const kiln_tokenizer *tok, unsigned flags, bool json) {
     kiln_status st = kiln_tokenizer_encode(tok, text, len, flags, &ids, &n, &err);
     free(text);
     if (st != KILN_OK) {
-        fprintf(stderr, "kiln tokenize: stdin: %s\n", err.msg);
+        fprintf(stderr, "kiln tokenize: error: stdin: %s\n", err.msg);
         return 1;
     }
     kiln_buf out = {0};
@@ -123,7 +138,7 @@ static int do_encode(const kiln_tokenizer *tok, unsigned flags, bool json) {
     free(ids);
     int rc = 0;
     if (out.failed || fwrite(out.data, 1, out.len, stdout) != out.len || fflush(stdout) != 0) {
-        fprintf(stderr, "kiln tokenize: cannot write the ids to stdout\n");
+        fprintf(stderr, "kiln tokenize: error: cannot write the ids to stdout\n");
         rc = 1;
     }
     kiln_buf_free(&out);
@@ -134,15 +149,15 @@ static int do_decode(const kiln_tokenizer *tok, bool skip_special, bool json) {
     size_t len;
     char *text = read_stdin(&len);
     if (!text) {
-        fprintf(stderr, "kiln tokenize: cannot read stdin (read error, out of memory, or more than 2 GiB)\n");
+        fprintf(stderr, "kiln tokenize: error: cannot read stdin (read error, out of memory, or more than 2 GiB)\n");
         return 1;
     }
     json_error_t je;
     json_t *arr = json_loadb(text, len, JSON_DECODE_ANY, &je);
     free(text);
     if (!arr || !json_is_array(arr)) {
-        if (arr) fprintf(stderr, "kiln tokenize --decode: stdin: expected a JSON array of ids\n");
-        else fprintf(stderr, "kiln tokenize --decode: stdin:%d:%d: %s\n", je.line, je.column, je.text);
+        if (arr) fprintf(stderr, "kiln tokenize: error: --decode: stdin: expected a JSON array of ids\n");
+        else fprintf(stderr, "kiln tokenize: error: --decode: stdin:%d:%d: %s\n", je.line, je.column, je.text);
         json_decref(arr);
         return 1;
     }
@@ -150,13 +165,13 @@ static int do_decode(const kiln_tokenizer *tok, bool skip_special, bool json) {
     int32_t *ids = malloc((n + 1) * sizeof *ids);
     if (!ids) {
         json_decref(arr);
-        fprintf(stderr, "kiln tokenize --decode: out of memory for %zu ids\n", n);
+        fprintf(stderr, "kiln tokenize: error: --decode: out of memory for %zu ids\n", n);
         return 1;
     }
     for (size_t i = 0; i < n; i++) {
         json_t *v = json_array_get(arr, i);
         if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX) {
-            fprintf(stderr, "kiln tokenize --decode: stdin: element %zu is not a token id (a non-negative integer)\n", i);
+            fprintf(stderr, "kiln tokenize: error: --decode: stdin: element %zu is not a token id (a non-negative integer)\n", i);
             free(ids);
             json_decref(arr);
             return 1;
@@ -170,7 +185,7 @@ static int do_decode(const kiln_tokenizer *tok, bool skip_special, bool json) {
     kiln_status st = kiln_tokenizer_decode(tok, ids, n, skip_special, &out, &out_len, &err);
     free(ids);
     if (st != KILN_OK) {
-        fprintf(stderr, "kiln tokenize --decode: %s\n", err.msg);
+        fprintf(stderr, "kiln tokenize: error: --decode: %s\n", err.msg);
         return 1;
     }
     int rc = 0;
@@ -184,65 +199,66 @@ static int do_decode(const kiln_tokenizer *tok, bool skip_special, bool json) {
         rc = 1;
     }
     if (fflush(stdout) != 0) rc = 1;
-    if (rc) fprintf(stderr, "kiln tokenize --decode: cannot write the text to stdout\n");
+    if (rc) fprintf(stderr, "kiln tokenize: error: --decode: cannot write the text to stdout\n");
     free(out);
     return rc;
 }
 
-int kiln_cmd_tokenize(int argc, char **argv) {
-    const char *path = NULL;
-    bool special = false, no_special = false, decode = false, skip_special = false, json = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(kUsage, stdout);
-            return 0;
-        } else if (!strcmp(a, "--special")) {
-            special = true;
-        } else if (!strcmp(a, "--no-special")) {
-            no_special = true;
-        } else if (!strcmp(a, "--decode")) {
-            decode = true;
-        } else if (!strcmp(a, "--skip-special")) {
-            skip_special = true;
-        } else if (!strcmp(a, "--json")) {
-            json = true;
-        } else if (a[0] == '-' && a[1]) {
-            fprintf(stderr, "kiln tokenize: unknown option %s\n%s", a, kUsage);
-            return 2;
-        } else if (!path) {
-            path = a;
-        } else {
-            fprintf(stderr, "kiln tokenize: more than one TOKENIZER given (%s and %s)\n", path, a);
-            return 2;
+/* Parse the command line into *a. Returns -1 to go on, else the exit code
+ * (0 after --help, 2 after a usage error, already reported). */
+static int parse_args(int argc, char **argv, tok_args *a) {
+    enum { O_BOS = 256, O_NOBOS, O_NOSPECIAL, O_DECODE, O_SKIP, O_JSON };
+    static const struct option longopts[] = {
+        {"bos", no_argument, 0, O_BOS},           {"special", no_argument, 0, O_BOS},
+        {"no-bos", no_argument, 0, O_NOBOS},      {"no-special", no_argument, 0, O_NOSPECIAL},
+        {"decode", no_argument, 0, O_DECODE},     {"skip-special", no_argument, 0, O_SKIP},
+        {"json", no_argument, 0, O_JSON},         {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    *a = (tok_args){.bos = -1};
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        switch (c) {
+        case O_BOS:
+        case O_NOBOS:
+            if (a->bos == (c == O_NOBOS)) return kiln_cli_usage_error("tokenize", "--bos and --no-bos contradict each other");
+            a->bos = c == O_BOS;
+            break;
+        case O_NOSPECIAL: a->no_special = true; break;
+        case O_DECODE: a->decode = true; break;
+        case O_SKIP: a->skip_special = true; break;
+        case O_JSON: a->json = true; break;
+        case 'h': fputs(kUsage, stdout); return KILN_EXIT_OK;
+        default: return kiln_cli_usage_error("tokenize", "unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
-    if (!path) {
-        fprintf(stderr, "kiln tokenize: no TOKENIZER given\n%s", kUsage);
-        return 2;
-    }
-    if (decode && (special || no_special)) {
-        fprintf(stderr, "kiln tokenize: --special and --no-special apply to encoding, not to --decode\n");
-        return 2;
-    }
-    if (!decode && skip_special) {
-        fprintf(stderr, "kiln tokenize: --skip-special applies to --decode only\n");
-        return 2;
-    }
-    if (!kiln_path_exists(path)) {
-        fprintf(stderr, "kiln tokenize: %s: no such file or directory\n", path);
-        return 1;
-    }
+    if (optind == argc) return kiln_cli_usage_error("tokenize", "no TOKENIZER given");
+    if (optind < argc - 1)
+        return kiln_cli_usage_error("tokenize", "more than one TOKENIZER given (%s and %s)", argv[optind],
+                                    argv[optind + 1]);
+    a->path = argv[optind];
+    if (a->decode && (a->bos >= 0 || a->no_special))
+        return kiln_cli_usage_error("tokenize", "--bos, --no-bos and --no-special apply to encoding, not to --decode");
+    if (!a->decode && a->skip_special) return kiln_cli_usage_error("tokenize", "--skip-special applies to --decode only");
+    return -1;
+}
+
+int kiln_cmd_tokenize(int argc, char **argv) {
+    tok_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc >= 0) return rc;
     kiln_error err = {0};
-    kiln_tokenizer *tok = NULL;
-    kiln_status st = !kiln_path_is_dir(path) && is_engine(path) ? load_engine_tokenizer(path, &tok, &err)
-                                                                 : kiln_tokenizer_load_json(path, &tok, &err);
-    if (st != KILN_OK) {
-        fprintf(stderr, "kiln tokenize: %s\n", err.msg);
-        return 1;
+    if (!kiln_path_exists(a.path)) {
+        kiln_err(&err, KILN_ERR_IO, "%s: no such file or directory", a.path);
+        return kiln_cli_fail("tokenize", &err, false);
     }
-    int rc = decode ? do_decode(tok, skip_special, json)
-                    : do_encode(tok, (special ? KILN_TOK_ADD_SPECIAL : 0) | (no_special ? KILN_TOK_NO_SPECIAL : 0), json);
+    kiln_tokenizer *tok = NULL;
+    kiln_status st = !kiln_path_is_dir(a.path) && is_engine(a.path) ? load_engine_tokenizer(a.path, &tok, &err)
+                                                                     : kiln_tokenizer_load_json(a.path, &tok, &err);
+    if (st != KILN_OK) return kiln_cli_fail("tokenize", &err, false);
+    unsigned flags = (a.bos != 0 ? KILN_TOK_ADD_SPECIAL : 0) | (a.no_special ? KILN_TOK_NO_SPECIAL : 0);
+    rc = a.decode ? do_decode(tok, a.skip_special, a.json) : do_encode(tok, flags, a.json);
     kiln_tokenizer_free(tok);
     return rc;
 }
