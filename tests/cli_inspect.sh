@@ -112,4 +112,44 @@ else
     echo "SKIP: tokenizer and text-prompt cases ($PY not present)"
 fi
 
+# ---- inspect: what the text output shows, from the engine's own values ----
+"$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/tm.kiln" --target none 2>/dev/null || bad "compile tiny-mistral"
+cfg="$SRC/tests/data/tiny-mistral/config.json"
+cval() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$cfg" "$1"; }
+"$KILN" inspect "$T/tm.kiln" >"$T/insp" 2>"$T/err" && ok || bad "inspect tiny-mistral: $(cat "$T/err")"
+has() { if grep -Eq -- "$1" "$T/insp"; then ok; else bad "inspect output lacks /$1/: $(cat "$T/insp")"; fi; }
+[ "$(cval dtype)" = bfloat16 ] && has "^weights: .*dtype bf16 \(matrices\), f32 \(norms\)"
+has "^targets: none \(CPU only\)"
+has "^kernels: none"
+has "^generation: bos $(cval bos_token_id); eos $(cval eos_token_id); max_context $(cval max_position_embeddings)"
+has "vocab $(cval vocab_size), context $(cval max_position_embeddings)"
+"$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/tmf.kiln" --target none --dtype f32 2>/dev/null
+"$KILN" inspect "$T/tmf.kiln" >"$T/insp" 2>&1
+has "^weights: .*dtype f32, codec"
+"$KILN" inspect "$T/tm.kiln" --json >"$T/insp.json"
+python3 - "$T/insp.json" <<'PY' && ok || bad "inspect --json lacks weights_dtype/kernels"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["weights_dtype"] == "bf16 (matrices), f32 (norms)" and d["kernels"] is None, d
+PY
+# with GPU kernels (needs NVRTC): targets and the KV block size the kernels are built for
+if "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/tmk.kiln" --target sm_80,compute_90 --kv-block-size 32 \
+    >/dev/null 2>&1; then
+    "$KILN" inspect "$T/tmk.kiln" >"$T/insp" 2>&1
+    has "^targets: sm_80, compute_90$"
+    has "^kernels: [0-9]+ modules, [0-9]+ images, element bf16, KV block size 32 tokens"
+else
+    echo "SKIP: inspect of an engine with kernels (this kiln has no NVRTC)"
+fi
+# an engine with a tokenizer names the bos/eos tokens
+if [ -f "$T/py.kiln" ]; then
+    "$KILN" inspect "$T/py.kiln" >"$T/insp" 2>&1
+    has "^generation: bos 1 \(<s>\); eos 2 \(</s>\)"
+    has "^tokenizer: 32000 ids"
+fi
+# a truncated engine, and a file that is no engine, are refused
+head -c 100000 "$T/tm.kiln" >"$T/trunc.kiln"
+expect 1 "^kiln inspect: error: .*trunc.kiln" -- "$KILN" inspect "$T/trunc.kiln"
+expect 1 "^kiln inspect: error: " -- "$KILN" inspect "$cfg"
+
 cli_summary
