@@ -145,6 +145,38 @@ static int do_encode(const kiln_tokenizer *tok, unsigned flags, bool json) {
     return rc;
 }
 
+kiln_status kiln_tokenize_parse_ids(const char *text, size_t len, const char *label, int32_t **ids, size_t *n,
+                                    kiln_error *err) {
+    *ids = NULL;
+    *n = 0;
+    json_error_t je;
+    json_t *arr = json_loadb(text, len, JSON_DECODE_ANY, &je);
+    if (!arr || !json_is_array(arr)) {
+        json_decref(arr);
+        if (arr) return kiln_err(err, KILN_ERR_PARSE, "%s: expected a JSON array of ids", label);
+        return kiln_err(err, KILN_ERR_PARSE, "%s:%d:%d: %s", label, je.line, je.column, je.text);
+    }
+    size_t count = json_array_size(arr);
+    int32_t *v = malloc((count + 1) * sizeof *v);
+    if (!v) {
+        json_decref(arr);
+        return kiln_err(err, KILN_ERR_NOMEM, "%s: out of memory for %zu ids", label, count);
+    }
+    for (size_t i = 0; i < count; i++) {
+        json_t *x = json_array_get(arr, i);
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > INT32_MAX) {
+            free(v);
+            json_decref(arr);
+            return kiln_err(err, KILN_ERR_PARSE, "%s: element %zu is not a token id (a non-negative integer)", label, i);
+        }
+        v[i] = (int32_t)json_integer_value(x);
+    }
+    json_decref(arr);
+    *ids = v;
+    *n = count;
+    return KILN_OK;
+}
+
 static int do_decode(const kiln_tokenizer *tok, bool skip_special, bool json) {
     size_t len;
     char *text = read_stdin(&len);
@@ -152,37 +184,18 @@ static int do_decode(const kiln_tokenizer *tok, bool skip_special, bool json) {
         fprintf(stderr, "kiln tokenize: error: cannot read stdin (read error, out of memory, or more than 2 GiB)\n");
         return 1;
     }
-    json_error_t je;
-    json_t *arr = json_loadb(text, len, JSON_DECODE_ANY, &je);
-    free(text);
-    if (!arr || !json_is_array(arr)) {
-        if (arr) fprintf(stderr, "kiln tokenize: error: --decode: stdin: expected a JSON array of ids\n");
-        else fprintf(stderr, "kiln tokenize: error: --decode: stdin:%d:%d: %s\n", je.line, je.column, je.text);
-        json_decref(arr);
-        return 1;
-    }
-    size_t n = json_array_size(arr);
-    int32_t *ids = malloc((n + 1) * sizeof *ids);
-    if (!ids) {
-        json_decref(arr);
-        fprintf(stderr, "kiln tokenize: error: --decode: out of memory for %zu ids\n", n);
-        return 1;
-    }
-    for (size_t i = 0; i < n; i++) {
-        json_t *v = json_array_get(arr, i);
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX) {
-            fprintf(stderr, "kiln tokenize: error: --decode: stdin: element %zu is not a token id (a non-negative integer)\n", i);
-            free(ids);
-            json_decref(arr);
-            return 1;
-        }
-        ids[i] = (int32_t)json_integer_value(v);
-    }
-    json_decref(arr);
     kiln_error err = {0};
+    int32_t *ids;
+    size_t n;
+    kiln_status st = kiln_tokenize_parse_ids(text, len, "stdin", &ids, &n, &err);
+    free(text);
+    if (st != KILN_OK) {
+        fprintf(stderr, "kiln tokenize: error: --decode: %s\n", err.msg);
+        return 1;
+    }
     char *out;
     size_t out_len;
-    kiln_status st = kiln_tokenizer_decode(tok, ids, n, skip_special, &out, &out_len, &err);
+    st = kiln_tokenizer_decode(tok, ids, n, skip_special, &out, &out_len, &err);
     free(ids);
     if (st != KILN_OK) {
         fprintf(stderr, "kiln tokenize: error: --decode: %s\n", err.msg);
