@@ -10,11 +10,13 @@
  * --no-bos leaves them out. Exit status: 0 on success, 1 on an error (message on
  * stderr naming the file and what is wrong), 2 on a usage error.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "../runtime/kiln_engine.h"
 #include "cli.h"
@@ -49,7 +51,13 @@ typedef struct tok_args {
     bool no_special, decode, skip_special, json;
 } tok_args;
 
-static char *read_stdin(size_t *len) {
+/* All of stdin, NUL-terminated (malloc'd), or NULL with the reason in *err. */
+static char *read_stdin(size_t *len, kiln_error *err) {
+    struct stat sb;
+    if (fstat(0, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        kiln_err(err, KILN_ERR_IO, "stdin: cannot read: it is a directory");
+        return NULL;
+    }
     kiln_buf b = {0};
     for (;;) {
         if (!kiln_buf_reserve(&b, 1 << 16)) break;
@@ -57,7 +65,11 @@ static char *read_stdin(size_t *len) {
         b.len += n;
         if (n == 0 || b.len > TOKENIZE_MAX_INPUT) break;
     }
-    if (b.failed || ferror(stdin) || b.len > TOKENIZE_MAX_INPUT || !kiln_buf_append(&b, "", 1)) {
+    int e = ferror(stdin) ? errno : 0;
+    if (e || b.failed || b.len > TOKENIZE_MAX_INPUT || !kiln_buf_append(&b, "", 1)) {
+        if (e) kiln_err(err, KILN_ERR_IO, "stdin: cannot read: %s", strerror(e));
+        else if (b.len > TOKENIZE_MAX_INPUT) kiln_err(err, KILN_ERR_INVALID_ARG, "stdin: more than 2 GiB");
+        else kiln_err(err, KILN_ERR_NOMEM, "stdin: out of memory");
         kiln_buf_free(&b);
         return NULL;
     }
@@ -99,12 +111,9 @@ static kiln_status load_engine_tokenizer(const char *path, kiln_tokenizer **out,
 
 static int do_encode(const kiln_tokenizer *tok, unsigned flags, bool json) {
     size_t len;
-    char *text = read_stdin(&len);
-    if (!text) {
-        fprintf(stderr, "kiln tokenize: error: cannot read stdin (read error, out of memory, or more than 2 GiB)\n");
-        return 1;
-    }
     kiln_error err = {0};
+    char *text = read_stdin(&len, &err);
+    if (!text) return kiln_cli_fail("tokenize", &err, false);
     int32_t *ids;
     size_t n;
     kiln_status st = kiln_tokenizer_encode(tok, text, len, flags, &ids, &n, &err);
@@ -179,12 +188,9 @@ kiln_status kiln_tokenize_parse_ids(const char *text, size_t len, const char *la
 
 static int do_decode(const kiln_tokenizer *tok, bool skip_special, bool json) {
     size_t len;
-    char *text = read_stdin(&len);
-    if (!text) {
-        fprintf(stderr, "kiln tokenize: error: cannot read stdin (read error, out of memory, or more than 2 GiB)\n");
-        return 1;
-    }
     kiln_error err = {0};
+    char *text = read_stdin(&len, &err);
+    if (!text) return kiln_cli_fail("tokenize", &err, false);
     int32_t *ids;
     size_t n;
     kiln_status st = kiln_tokenize_parse_ids(text, len, "stdin", &ids, &n, &err);

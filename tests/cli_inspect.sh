@@ -51,6 +51,8 @@ expect 2 "^kiln tokenize: error: --skip-special applies to --decode" -- "$KILN" 
 expect 1 "^kiln tokenize: error: $T/nope: no such file" -- "$KILN" tokenize "$T/nope"
 expect 1 "^kiln tokenize: error: .*CMakeLists.txt" -- "$KILN" tokenize "$SRC/CMakeLists.txt"
 expect 1 "^kiln inspect: error: .*nope" -- "$KILN" inspect "$T/nope"
+expect 1 "^kiln tokenize: error: stdin: cannot read: it is a directory" -- "$KILN" tokenize "$SRC/fuzz/data/tiny_tokenizer.json" <"$T"
+expect 1 "^kiln tokenize: error: --decode: stdin: element 1" -- "$KILN" tokenize "$SRC/fuzz/data/tiny_tokenizer.json" --decode <<<'[1, -2]'
 
 # ---- run: prompts that cannot be read, or are empty, are refused ----
 run_ids() { "$KILN" run "$T/st.kiln" --device cpu --max-tokens 1 "$@"; }
