@@ -44,6 +44,7 @@ static void print_version(void) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
+        fprintf(stderr, "kiln: error: no command given\n\n");
         usage(stderr);
         return KILN_EXIT_USAGE;
     }

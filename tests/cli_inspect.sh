@@ -40,6 +40,7 @@ if [ -z "$commit" ] || echo "$ver" | grep -Eq "commit [0-9a-f]{12}"; then ok; el
 # ---- failure messages: "kiln CMD: error: ..." for usage errors and failures ----
 "$KILN" compile "$SRC/models/stories260k" -o "$T/st.kiln" 2>/dev/null || bad "compile stories260k"
 expect 2 "^kiln: error: unknown command" -- "$KILN" frobnicate
+expect 2 "^kiln: error: no command given" -- "$KILN"
 expect 2 "^kiln run: error: unknown or incomplete option" -- "$KILN" run "$T/st.kiln" --frob
 expect 2 "^kiln inspect: error: expected one engine file" -- "$KILN" inspect
 expect 2 "^kiln bench: error: " -- "$KILN" bench "$T/st.kiln" --batch x
