@@ -3,7 +3,8 @@
 # report what each did. Builds build-fuzz (clang, ASan + UBSan, no CUDA: what
 # CI fuzzes) when it is missing or stale, starts each target from its seed
 # corpus fuzz/corpus/<name>/ plus a work corpus that is kept between runs
-# (build-fuzz/work/<name>/, new inputs land there), and writes crashes to
+# (build-fuzz/work/<name>/, new inputs land there) and its dictionary
+# fuzz/<name>.dict when there is one, and writes crashes to
 # build-fuzz/crashes/. Targets run one after another.
 #
 # usage: scripts/fuzz.sh [--minutes N | --seconds N] [--only NAME[,NAME...]]
@@ -58,9 +59,11 @@ for src in fuzz/fuzz_*.c; do
     mkdir -p "$work/$name"
     seeds="fuzz/corpus/$name"
     [ -d "$seeds" ] || seeds=""
+    dict=""
+    [ -f "fuzz/$name.dict" ] && dict="-dict=fuzz/$name.dict"
     log="build-fuzz/fuzz_$name.log"
     t0=$(date +%s)
-    "$exe" -max_total_time="$secs" -print_final_stats=1 -artifact_prefix="build-fuzz/crashes/$name-" \
+    "$exe" -max_total_time="$secs" -print_final_stats=1 -artifact_prefix="build-fuzz/crashes/$name-" $dict \
         "$work/$name" $seeds >"$log" 2>&1
     rc=$?
     dt=$(($(date +%s) - t0))
