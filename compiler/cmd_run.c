@@ -263,17 +263,13 @@ static int read_prompt(const run_opts *o, char **text, size_t *len, bool *explic
     return st == KILN_OK ? -1 : kiln_cli_fail("run", &err, o->json);
 }
 
-/* The prompt as ids: --prompt-ids parsed, else the text read and encoded.
- * `--prompt ''` is the BOS token alone. On success *ids is malloc'd. */
+/* The prompt text as ids, encoded with the engine's tokenizer. `--prompt ''`
+ * is the BOS token alone, tokenizer or not. On success *ids is malloc'd. */
 static kiln_status prompt_ids(const run_opts *o, const kiln_model *m, const char *text, size_t len,
                               bool explicit_empty, int32_t **ids, int *n, kiln_error *err) {
     *ids = NULL;
     *n = 0;
-    if (!m->tokenizer) {
-        kiln_err(err, KILN_ERR_MISSING, "%s: the engine has no tokenizer, so it cannot take a text prompt", o->engine);
-        return kiln_err_hint(err, "give --prompt-ids, or compile from a checkpoint directory that has tokenizer.json");
-    }
-    if (explicit_empty) {
+    if (explicit_empty) { /* needs no tokenizer: the engine's bos id is in its meta */
         if (m->bos_id < 0 || o->no_bos) {
             kiln_err(err, KILN_ERR_INVALID_ARG, "--prompt '': an empty prompt starts from the BOS token alone, but %s",
                      o->no_bos ? "--no-bos leaves it out" : "the engine has no BOS token");
@@ -283,6 +279,10 @@ static kiln_status prompt_ids(const run_opts *o, const kiln_model *m, const char
         (*ids)[0] = m->bos_id;
         *n = 1;
         return KILN_OK;
+    }
+    if (!m->tokenizer) {
+        kiln_err(err, KILN_ERR_MISSING, "%s: the engine has no tokenizer, so it cannot take a text prompt", o->engine);
+        return kiln_err_hint(err, "give --prompt-ids, or compile from a checkpoint directory that has tokenizer.json");
     }
     size_t got = 0;
     unsigned flags = (o->no_bos ? 0 : KILN_TOK_ADD_SPECIAL) | (o->no_special ? KILN_TOK_NO_SPECIAL : 0);

@@ -69,8 +69,12 @@ expect 2 "--prompt-ids '' holds no token id" -- run_ids --prompt-ids ''
 expect 2 "--prompt-ids '\[ \]' holds no token id" -- run_ids --prompt-ids '[ ]'
 expect 2 "--bos and --no-bos" -- run_ids --prompt x --bos --no-bos
 expect 2 "apply to text prompts" -- run_ids --prompt-ids 1 --no-bos
-# no tokenizer: a text prompt, even an empty one, is refused
-expect 1 "no tokenizer" -- run_ids --prompt ''
+# no tokenizer: a text prompt is refused, but --prompt '' is the engine's bos alone
+expect 1 "no tokenizer" -- run_ids --prompt 'hello'
+stbos=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['bos_token_id'])" "$SRC/models/stories260k/config.json")
+got=$(run_ids --prompt '' --json 2>/dev/null | python3 -c "import json,sys; print(json.load(sys.stdin)['prompt_ids'])")
+if [ "$got" = "[$stbos]" ]; then ok; else bad "--prompt '' without a tokenizer: prompt_ids $got, want [$stbos]"; fi
+expect 1 "--no-bos leaves it out" -- run_ids --prompt '' --no-bos
 # an empty prompt is refused before the engine is even opened
 expect 1 "stdin: the prompt is empty" -- "$KILN" run "$T/nope.kiln" <"$T/empty"
 # ids still work
