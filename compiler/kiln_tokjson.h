@@ -50,6 +50,12 @@ kiln_status kiln_tokjson_compile_for_vocab_mem(const char *json, size_t len, con
  * present. For tests and `kiln tokenize`. */
 kiln_status kiln_tokenizer_load_json(const char *path, kiln_tokenizer **out, kiln_error *err);
 
+/* The ids text `kiln tokenize --decode` reads: a JSON array of integers in
+ * 0..INT32_MAX (whitespace around it allowed). On success *ids is malloc'd
+ * (the caller frees it, also when *n is 0). `label` names the input in messages. */
+kiln_status kiln_tokenize_parse_ids(const char *text, size_t len, const char *label, int32_t **ids, size_t *n,
+                                    kiln_error *err);
+
 /* `kiln tokenize` (compiler/cmd_tokenize.c); argv[0] is "tokenize". Returns the exit code. */
 int kiln_cmd_tokenize(int argc, char **argv);
 

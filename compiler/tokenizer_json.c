@@ -117,15 +117,18 @@ static kiln_status get_str(cc *c, const json_t *obj, const char *key, const char
 
 static bool str_is(str s, const char *lit) { return s.p && s.n == strlen(lit) && memcmp(s.p, lit, s.n) == 0; }
 
-/* A short printable excerpt of a string for messages. */
+/* A short printable excerpt of a string for messages (cap >= 8). Each step
+ * writes at most 4 bytes ("\xNN") and room always stays for "..." and the
+ * NUL: a long string used to end 1-2 bytes past buf (found by
+ * fuzz_tokenizer_config; seed fuzz/corpus/tokenizer_config/long_bos.json). */
 static const char *show(str s, char *buf, size_t cap) {
-    size_t k = 0;
-    for (size_t i = 0; i < s.n && k + 5 < cap; i++) {
+    size_t k = 0, i = 0;
+    for (; i < s.n && k + 8 <= cap; i++) {
         unsigned char ch = (unsigned char)s.p[i];
         if (ch < 0x20 || ch == 0x7F) k += (size_t)snprintf(buf + k, cap - k, "\\x%02X", ch);
         else buf[k++] = (char)ch;
     }
-    if (k + 5 >= cap) {
+    if (i < s.n) {
         while (k > 0 && ((unsigned char)buf[k - 1] & 0xC0) == 0x80) k--; /* do not cut a character */
         if (k > 0 && (unsigned char)buf[k - 1] >= 0xC0) k--;
         memcpy(buf + k, "...", 4);

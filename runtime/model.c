@@ -59,12 +59,17 @@ static kiln_status read_meta(kiln_model *m, const char *path, kiln_error *err) {
     }
     json_t *gen = json_object_get(root, "generation");
     json_t *bos = json_object_get(gen, "bos_token_id"), *eos = json_object_get(gen, "eos_token_ids");
-    m->bos_id = json_is_integer(bos) ? (int32_t)json_integer_value(bos) : -1;
+    /* a bos outside the vocabulary counts as none (`kiln inspect` reports it) */
+    json_int_t b = json_is_integer(bos) ? json_integer_value(bos) : -1;
+    m->bos_id = b >= 0 && b < m->plan->vocab_size ? (int32_t)b : -1;
     m->n_eos = 0;
     size_t i;
     json_t *e;
     json_array_foreach(eos, i, e) {
-        if (json_is_integer(e) && m->n_eos < KILN_MAX_EOS_IDS) m->eos_ids[m->n_eos++] = (int32_t)json_integer_value(e);
+        /* ids outside the vocabulary are dropped, like such a bos */
+        if (json_is_integer(e) && json_integer_value(e) >= 0 && json_integer_value(e) < m->plan->vocab_size &&
+            m->n_eos < KILN_MAX_EOS_IDS)
+            m->eos_ids[m->n_eos++] = (int32_t)json_integer_value(e);
     }
     if (m->bos_id >= m->plan->vocab_size) m->bos_id = -1;
     kiln_status st2 = read_sampling(m, gen, path, err);
