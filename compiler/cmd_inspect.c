@@ -354,36 +354,43 @@ static void print_id(const kiln_model *m, long long id) {
     else printf("%lld", id);
 }
 
+/* The meta's generation object in a fixed order: "generation: bos 1 (<s>);
+ * eos 2 (</s>); max_context 256; sampling greedy" (sampling from
+ * generation_config.json: "greedy" or "temperature T, top_k K, top_p P"),
+ * then the pad id and the file's keys kiln does not apply, when there are any. */
 static void print_generation(const kiln_model *m, const json_t *gen) {
     printf("generation:");
     if (!json_is_object(gen) || json_object_size(gen) == 0) {
         printf(" none\n");
         return;
     }
-    const char *k;
-    json_t *v;
-    bool first = true;
-    json_object_foreach((json_t *)gen, k, v) {
-        printf(first ? "" : ";");
-        first = false;
-        if (strcmp(k, "bos_token_id") == 0 && json_is_integer(v)) {
-            printf(" bos ");
-            print_id(m, (long long)json_integer_value(v));
-        } else if (strcmp(k, "eos_token_ids") == 0 && json_is_array(v)) {
-            size_t i;
-            json_t *e;
-            printf(" eos");
-            json_array_foreach(v, i, e) {
-                printf(i ? ", " : " ");
-                if (json_is_integer(e)) print_id(m, (long long)json_integer_value(e));
-            }
-            if (json_array_size(v) == 0) printf(" none");
-        } else {
-            char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
-            printf(" %s %s", k, s ? s : "?");
-            free(s);
-        }
+    json_t *bos = json_object_get(gen, "bos_token_id"), *eos = json_object_get(gen, "eos_token_ids"), *e;
+    printf(" bos ");
+    if (json_is_integer(bos) && json_integer_value(bos) >= 0) print_id(m, (long long)json_integer_value(bos));
+    else printf("none");
+    printf("; eos");
+    size_t i;
+    json_array_foreach(eos, i, e) {
+        printf(i ? ", " : " ");
+        if (json_is_integer(e)) print_id(m, (long long)json_integer_value(e));
     }
+    if (json_array_size(eos) == 0) printf(" none");
+    printf("; max_context %lld", (long long)json_integer_value(json_object_get(gen, "max_context")));
+    if (json_is_true(json_object_get(gen, "do_sample")))
+        printf("; sampling temperature %g, top_k %lld, top_p %g",
+               json_real_value(json_object_get(gen, "temperature")),
+               (long long)json_integer_value(json_object_get(gen, "top_k")),
+               json_real_value(json_object_get(gen, "top_p")));
+    else if (json_object_get(gen, "do_sample"))
+        printf("; sampling greedy");
+    json_t *pad = json_object_get(gen, "pad_token_id");
+    if (json_is_integer(pad) && json_integer_value(pad) >= 0) {
+        printf("; pad ");
+        print_id(m, (long long)json_integer_value(pad));
+    }
+    json_t *na = json_object_get(gen, "not_applied");
+    json_array_foreach(na, i, e) printf(i ? ", %s" : "; not applied from generation_config.json: %s",
+                                        json_is_string(e) ? json_string_value(e) : "?");
     printf("\n");
 }
 

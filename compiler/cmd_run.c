@@ -261,7 +261,7 @@ static int read_prompt(const run_opts *o, char **text, size_t *len, bool *explic
     if (!from_stdin) { /* a regular file: a FIFO or device is refused, never waited on (a pipe comes as stdin) */
         int fd = -1;
         if (kiln_file_open_regular(o->prompt_file, &fd, NULL, &err) != KILN_OK) {
-            kiln_err_prefix(&err, "cannot read the prompt: ");
+            kiln_err_prefix(&err, "--prompt-file: ");
             return kiln_cli_fail("run", &err, o->json);
         }
         if (!(f = fdopen(fd, "rb"))) {

@@ -57,8 +57,8 @@ expect 1 "^kiln tokenize: error: --decode: stdin: element 1" -- "$KILN" tokenize
 
 # ---- run: prompts that cannot be read, or are empty, are refused ----
 run_ids() { "$KILN" run "$T/st.kiln" --device cpu --max-tokens 1 "$@"; }
-expect 1 "$T: cannot read the prompt: it is a directory" -- run_ids --prompt-file "$T"
-expect 1 "$T/nope: cannot open the prompt file: No such file" -- run_ids --prompt-file "$T/nope"
+expect 1 "prompt-file: $T: not a regular file \\(a directory\\)" -- run_ids --prompt-file "$T"
+expect 1 "prompt-file: $T/nope: cannot open: No such file" -- run_ids --prompt-file "$T/nope"
 expect 1 "/proc/self/mem: cannot read the prompt: " -- run_ids --prompt-file /proc/self/mem
 : >"$T/empty"
 expect 1 "$T/empty: the prompt is empty" -- run_ids --prompt-file "$T/empty"

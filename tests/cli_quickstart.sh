@@ -41,14 +41,15 @@ def run(args, data):
         return None, r.stderr.decode(errors="replace").strip()
     return r.stdout, None
 # single verses: every third one, plain ids (each verse is also inside "heldout_all");
-# the other cases: file and directory, without and with --special, and decode
+# the other cases: file and directory, with --no-bos (HF add_special_tokens=False) and
+# --special (the default: add_special_tokens=True), and decode
 for i, c in enumerate(cases):
     text = c["text"].encode("utf-8")
     single = c["kind"] == "heldout"
     if single and i % 3:
         continue
-    variants = ((mdir + "/tokenizer.json", [], c["ids"]),
-                (mdir, [], c["ids"]),
+    variants = ((mdir + "/tokenizer.json", ["--no-bos"], c["ids"]),
+                (mdir, ["--no-bos"], c["ids"]),
                 (mdir + "/tokenizer.json", ["--special"], c.get("ids_special")),
                 (mdir, ["--special"], c.get("ids_special")))
     for tok, flag, want in variants[:1] if single else variants:

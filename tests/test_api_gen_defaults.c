@@ -36,7 +36,8 @@ static kiln_status defaults_for(const char *gen_config, kiln_request_options *ro
     snprintf(path, sizeof path, "%s/config.json", dir);
     ok = ok && symlink(MODEL "/config.json", path) == 0 && write_text(dir, "generation_config.json", gen_config);
     snprintf(engine, sizeof engine, "%s/e.kiln", dir);
-    kiln_compile_options opt = {.output_path = engine, .weight_dtype = KILN_DTYPE_COUNT_, .targets = "none"};
+    kiln_compile_options opt = {.output_path = engine, .weight_dtype = KILN_DTYPE_COUNT_, .targets = "none",
+                                .force = true /* the engine goes beside the checkpoint's files */};
     kiln_error err = {0};
     kiln_status st = ok ? kiln_compile(dir, &opt, &err) : KILN_ERR_IO;
     if (st != KILN_OK) fprintf(stderr, "  compile: %s\n", err.msg);
