@@ -7,8 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "../codegen/kiln_nvrtc.h"
+#include "../codegen/kiln_package.h"
 #include "../passes/kiln_passes.h"
 #include "cli.h"
 #include "kiln_compiler.h"
@@ -34,8 +36,43 @@ static void help(FILE *f) {
                "  --threads N           parallel NVRTC jobs (default: one per core)\n"
                "  --compress            zstd-compress the weights section\n"
                "  --dump-ir             print the graph after each pass to stdout\n"
+               "  --standalone          write an executable with the engine built in instead of an engine\n"
+               "                        file (as `kiln package`; needs LLVM and a C toolchain)\n"
                "  --json                print a JSON summary on stdout\n"
                "  -h, --help            this help\n");
+}
+
+/* --standalone: compile into a temporary engine beside the output, package
+ * it into the executable -o names, remove the engine. */
+static int compile_standalone(const char *dir, kiln_compile_options *opt, bool json) {
+    kiln_error err = {0};
+    if (!kiln_package_available()) {
+        kiln_package_result r;
+        kiln_package_options po = {.engine_path = "", .output_path = ""};
+        kiln_package(&po, &r, &err); /* the message that says why */
+        return kiln_cli_fail("compile", &err, json);
+    }
+    const char *exe = opt->output_path;
+    size_t n = strlen(exe) + 32;
+    char *engine = malloc(n);
+    if (!engine) return kiln_cli_fail("compile", &(kiln_error){KILN_ERR_NOMEM, "out of memory"}, json);
+    snprintf(engine, n, "%s.engine.XXXXXX", exe);
+    int fd = mkstemp(engine); /* reserves the name; kiln_compile renames over it */
+    if (fd < 0) {
+        kiln_err(&err, KILN_ERR_IO, "%s: cannot create a temporary engine beside it", exe);
+        free(engine);
+        return kiln_cli_fail("compile", &err, json);
+    }
+    close(fd);
+    opt->output_path = engine;
+    int rc = kiln_compile(dir, opt, &err) == KILN_OK ? KILN_EXIT_OK : kiln_cli_fail("compile", &err, json);
+    if (rc == KILN_EXIT_OK) {
+        kiln_package_options po = {.engine_path = engine, .output_path = exe, .payload = KILN_PACKAGE_AUTO};
+        rc = kiln_cli_package_run(&po, json, "compile");
+    }
+    unlink(engine);
+    free(engine);
+    return rc;
 }
 
 int kiln_cmd_compile(int argc, char **argv) {
@@ -45,9 +82,9 @@ int kiln_cmd_compile(int argc, char **argv) {
         {"dump-ir", no_argument, 0, 'D'},      {"json", no_argument, 0, 'j'},
         {"help", no_argument, 0, 'h'},         {"quant", required_argument, 0, 'q'},
         {"target", required_argument, 0, 't'}, {"kv-block-size", required_argument, 0, 'b'},
-        {"threads", required_argument, 0, 'T'}, {0, 0, 0, 0}};
+        {"threads", required_argument, 0, 'T'}, {"standalone", no_argument, 0, 'S'}, {0, 0, 0, 0}};
     kiln_compile_options opt = {.weight_dtype = KILN_DTYPE_COUNT_, .dump_stream = stdout};
-    bool json = false;
+    bool json = false, standalone = false;
     int c;
     optind = 1;
     opterr = 0;
@@ -80,6 +117,7 @@ int kiln_cmd_compile(int argc, char **argv) {
             break;
         }
         case 'z': opt.compress = true; break;
+        case 'S': standalone = true; break;
         case 'D': opt.dump_ir = true; break;
         case 'j': json = true; break;
         case 'h': help(stdout); return KILN_EXIT_OK;
@@ -102,6 +140,7 @@ int kiln_cmd_compile(int argc, char **argv) {
             fprintf(stderr, "kiln compile: note: this kiln has no NVRTC (built without CUDA); the engine gets no GPU "
                             "kernels and runs on the CPU only\n");
     }
+    if (standalone) return compile_standalone(dir, &opt, json);
     double t0 = kiln_now();
     if (kiln_compile(dir, &opt, &err) != KILN_OK) return kiln_cli_fail("compile", &err, json);
     double dt = kiln_now() - t0;

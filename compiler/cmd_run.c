@@ -103,7 +103,9 @@ static char *read_all(FILE *f, size_t *len) {
     return (char *)b.data;
 }
 
-int kiln_cmd_run(int argc, char **argv) {
+int kiln_cmd_run(int argc, char **argv) { return kiln_cmd_run_builtin(argc, argv, NULL); }
+
+int kiln_cmd_run_builtin(int argc, char **argv, const kiln_engine_src *builtin) {
     enum { O_PROMPT = 256, O_PFILE, O_IDS, O_MAX, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_DEV, O_THR, O_JSON, O_CTX,
            O_NOBOS, O_NOSPECIAL, O_IGNEOS, O_GPUMEM };
     static const struct option longopts[] = {
@@ -173,7 +175,8 @@ int kiln_cmd_run(int argc, char **argv) {
         default: return kiln_cli_usage_error("run", "unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
-    if (optind != argc - 1) return kiln_cli_usage_error("run", "expected one engine file");
+    if (optind != argc - !builtin)
+        return kiln_cli_usage_error("run", builtin ? "takes no engine file: the engine is built in" : "expected one engine file");
     if (!!prompt + !!prompt_file + !!ids_arg > 1)
         return kiln_cli_usage_error("run", "give only one of --prompt, --prompt-file, --prompt-ids");
     if (strcmp(device, "cpu") != 0 && strcmp(device, "auto") != 0 && strcmp(device, "gpu") != 0)
@@ -184,7 +187,7 @@ int kiln_cmd_run(int argc, char **argv) {
         return kiln_cli_usage_error("run", "--prompt-ids '%s' is not a list of token ids like 1,306,461", ids_arg);
     if (seed < 0) seed = (long long)time(NULL);
 
-    const char *path = argv[optind];
+    const char *path = builtin ? kiln_engine_src_label(builtin) : argv[optind];
     kiln_error err = {0};
     int rc = KILN_EXIT_FAIL;
     kiln_t *k = NULL;
@@ -192,7 +195,8 @@ int kiln_cmd_run(int argc, char **argv) {
     const kiln_model *m = NULL;
     char *text = NULL;
     run_out out = {.json = json, .first = true, .stop = KILN_STOP_ERROR};
-    kiln_status st = kiln_open(path, (int32_t)threads, &k);
+    kiln_engine_src src = builtin ? *builtin : (kiln_engine_src){.path = path};
+    kiln_status st = kiln_open_src(&src, (int32_t)threads, &k);
     if (st != KILN_OK) {
         kiln_err(&err, st, "%s", kiln_error_message(k));
         goto fail;
