@@ -176,7 +176,8 @@ int kiln_cmd_run_builtin(int argc, char **argv, const kiln_engine_src *builtin) 
         }
     }
     if (optind != argc - !builtin)
-        return kiln_cli_usage_error("run", builtin ? "takes no engine file: the engine is built in" : "expected one engine file");
+        return kiln_cli_usage_error("run", builtin ? "takes no engine file: the engine is built in"
+                                                   : "expected one engine file");
     if (!!prompt + !!prompt_file + !!ids_arg > 1)
         return kiln_cli_usage_error("run", "give only one of --prompt, --prompt-file, --prompt-ids");
     if (strcmp(device, "cpu") != 0 && strcmp(device, "auto") != 0 && strcmp(device, "gpu") != 0)
