@@ -37,6 +37,10 @@ typedef struct kiln_package_options {
     uint64_t embed_limit;      /* with KILN_PACKAGE_AUTO; 0 = KILN_PACKAGE_EMBED_LIMIT */
     const char *cc;            /* the C compiler driver; NULL = $CC, else "cc" */
     bool verbose;              /* print the link command on stderr */
+    bool template_only;        /* write a template (KILN_STANDALONE_TEMPLATE): appended payload, no
+                                  engine, engine_path unused; needs LLVM and a C toolchain */
+    const char *from_template; /* attach the engine to a copy of this template instead of emitting and
+                                  linking: needs neither LLVM nor a toolchain (payload appended) */
 } kiln_package_options;
 
 typedef struct kiln_package_result {
@@ -51,7 +55,8 @@ bool kiln_package_available(void);
 /* The LLVM version kiln_package uses ("16.0.6"), or "" without LLVM. */
 const char *kiln_package_llvm_version(void);
 
-/* Write the executable. Without LLVM: KILN_ERR_UNSUPPORTED with a hint.
+/* Write the executable. Without LLVM (and without from_template):
+ * KILN_ERR_UNSUPPORTED with a hint.
  * A damaged engine is refused as by the runtime; a missing C toolchain or a
  * failed link is KILN_ERR_IO naming the command. Nothing is left at
  * output_path on failure. */

@@ -16,6 +16,12 @@
  *      and write the trailer (runtime/kiln_engine.h);
  *   6. flush and rename into place.
  *
+ * Templates: `--template` writes an appended-payload executable for no
+ * engine in particular (kiln_standalone.h, KILN_STANDALONE_TEMPLATE), and
+ * `--from-template T` attaches an engine to a copy of T (steps 5 and 6 only),
+ * so a host without LLVM or a C toolchain can package: make the template
+ * where LLVM is, copy it over, attach there.
+ *
  * Non-obvious decisions: the object is emitted for the host (the build
  * machine's triple, generic CPU): a packaged executable runs where kiln's
  * runtime would. Embedding goes through one LLVM constant array, so LLVM
@@ -41,6 +47,10 @@
 
 #include "../runtime/kiln_engine.h"
 #include "../runtime/kiln_standalone.h"
+
+/* Step 5 and 6 (below the LLVM part: --from-template uses them without LLVM). */
+static kiln_status finish_exe(const char *path, const kiln_engine *e, int payload, uint64_t checksum,
+                              uint64_t *out_size, kiln_error *err);
 
 #ifdef KILN_HAVE_LLVM
 #include <llvm-c/Analysis.h>
@@ -293,6 +303,95 @@ static kiln_status link_exe(const char *cc, const char *obj, const char *out, bo
     return st;
 }
 
+static kiln_status package_llvm(const kiln_package_options *o, kiln_package_result *res, kiln_error *err) {
+    uint64_t limit = o->embed_limit ? o->embed_limit : KILN_PACKAGE_EMBED_LIMIT;
+    kiln_engine e = {0};
+    kiln_status st = KILN_OK;
+    uint64_t checksum = KILN_STANDALONE_TEMPLATE; /* a template: no engine, size 0 */
+    int payload = KILN_PAYLOAD_APPENDED;
+    if (!o->template_only) {
+        if ((st = kiln_engine_open(o->engine_path, &e, err)) != KILN_OK) return st;
+        checksum = kiln_rd_u64(e.data + 56);
+        payload = o->payload;
+        if (payload == KILN_PACKAGE_AUTO)
+            payload = e.size <= limit && e.size <= KILN_PACKAGE_EMBED_MAX ? KILN_PAYLOAD_EMBEDDED
+                                                                          : KILN_PAYLOAD_APPENDED;
+        if (payload == KILN_PAYLOAD_EMBEDDED && e.size > KILN_PACKAGE_EMBED_MAX) {
+            kiln_err(err, KILN_ERR_UNSUPPORTED, "%s: %zu bytes are too many to embed (at most %llu)",
+                     o->engine_path, e.size, (unsigned long long)KILN_PACKAGE_EMBED_MAX);
+            kiln_engine_close(&e);
+            return kiln_err_hint(err, "use --payload appended (the engine is mmapped from the executable's end)");
+        }
+    }
+
+    /* temporary folder for the object; temporary file beside the output */
+    const char *tmp = getenv("TMPDIR");
+    char dir[PATH_MAX], obj[PATH_MAX + 16] = "";
+    snprintf(dir, sizeof dir, "%s/kiln-package-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    size_t olen = strlen(o->output_path) + 16;
+    char *out_tmp = malloc(olen);
+    if (!out_tmp) {
+        kiln_engine_close(&e);
+        return kiln_err(err, KILN_ERR_NOMEM, "out of memory");
+    }
+    snprintf(out_tmp, olen, "%s.tmp.XXXXXX", o->output_path);
+    int fd = -1;
+    bool have_dir = false;
+    if (!mkdtemp(dir)) {
+        st = kiln_err(err, KILN_ERR_IO, "%s: cannot create a temporary folder: %s", dir, strerror(errno));
+        goto out;
+    }
+    have_dir = true;
+    snprintf(obj, sizeof obj, "%s/main.o", dir);
+    if ((fd = mkstemp(out_tmp)) < 0) {
+        st = kiln_err(err, KILN_ERR_IO, "%s: cannot create the output: %s", o->output_path, strerror(errno));
+        goto out;
+    }
+    close(fd);
+    if ((st = emit_object(obj, payload, e.data, e.size, checksum, err)) != KILN_OK) goto out;
+    const char *cc = o->cc ? o->cc : getenv("CC");
+    if (!cc || !*cc) cc = "cc";
+    if ((st = link_exe(cc, obj, out_tmp, o->verbose, err)) != KILN_OK) goto out;
+    /* a template gets no engine appended (KILN_PACKAGE_AUTO: nothing to append) */
+    if ((st = finish_exe(out_tmp, &e, o->template_only ? KILN_PACKAGE_AUTO : payload, checksum, &res->output_bytes,
+                         err)) != KILN_OK)
+        goto out;
+    if (rename(out_tmp, o->output_path) != 0) {
+        st = kiln_err(err, KILN_ERR_IO, "%s: cannot rename the executable into place: %s", o->output_path,
+                      strerror(errno));
+        goto out;
+    }
+    res->payload = payload;
+    res->engine_bytes = e.size;
+    res->engine_checksum = checksum;
+out:
+    if (st != KILN_OK && fd >= 0) unlink(out_tmp);
+    if (have_dir) {
+        unlink(obj);
+        rmdir(dir);
+    }
+    free(out_tmp);
+    kiln_engine_close(&e);
+    return st;
+}
+
+#else /* no LLVM */
+
+bool kiln_package_available(void) { return false; }
+const char *kiln_package_llvm_version(void) { return ""; }
+
+static kiln_status package_llvm(const kiln_package_options *o, kiln_package_result *res, kiln_error *err) {
+    (void)o;
+    (void)res;
+    kiln_err(err, KILN_ERR_UNSUPPORTED, "this kiln was built without LLVM, so it cannot write standalone "
+                                        "executables");
+    return kiln_err_hint(err, "install LLVM 14 or newer (Debian: apt-get install llvm-16-dev) and rebuild kiln with "
+                              "-DKILN_LLVM=ON; or attach the engine to a template made elsewhere "
+                              "(--from-template); or ship the engine file with kiln-run / libkiln");
+}
+
+#endif
+
 /* ---- the appended engine ---- */
 
 static kiln_status write_all(int fd, const void *p, size_t n, const char *path, kiln_error *err) {
@@ -336,85 +435,66 @@ static kiln_status finish_exe(const char *path, const kiln_engine *e, int payloa
     return st;
 }
 
-kiln_status kiln_package(const kiln_package_options *o, kiln_package_result *res, kiln_error *err) {
-    memset(res, 0, sizeof *res);
-    if (!o->engine_path || !o->output_path)
-        return kiln_err(err, KILN_ERR_INVALID_ARG, "kiln_package: the engine and output paths are required");
-    uint64_t limit = o->embed_limit ? o->embed_limit : KILN_PACKAGE_EMBED_LIMIT;
-    kiln_engine e;
-    kiln_status st = kiln_engine_open(o->engine_path, &e, err);
+/* --from-template: a copy of the template, then the engine and its trailer. */
+static kiln_status attach_template(const kiln_package_options *o, kiln_package_result *res, kiln_error *err) {
+    kiln_mapped_file t;
+    kiln_status st = kiln_file_map(o->from_template, &t, err);
     if (st != KILN_OK) return st;
-    uint64_t checksum = kiln_rd_u64(e.data + 56);
-    int payload = o->payload;
-    if (payload == KILN_PACKAGE_AUTO)
-        payload = e.size <= limit && e.size <= KILN_PACKAGE_EMBED_MAX ? KILN_PAYLOAD_EMBEDDED : KILN_PAYLOAD_APPENDED;
-    if (payload == KILN_PAYLOAD_EMBEDDED && e.size > KILN_PACKAGE_EMBED_MAX) {
-        kiln_engine_close(&e);
-        kiln_err(err, KILN_ERR_UNSUPPORTED, "%s: %zu bytes are too many to embed (at most %llu)", o->engine_path,
-                 e.size, (unsigned long long)KILN_PACKAGE_EMBED_MAX);
-        return kiln_err_hint(err, "use --payload appended (the engine is mmapped from the executable's end)");
+    uint8_t marker[16];
+    kiln_wr_u64(marker, 0);
+    kiln_wr_u64(marker + 8, KILN_STANDALONE_TEMPLATE);
+    if (!t.data || !memmem(t.data, t.size, marker, sizeof marker)) {
+        kiln_file_unmap(&t);
+        kiln_err(err, KILN_ERR_FORMAT, "%s: not a kiln executable template", o->from_template);
+        return kiln_err_hint(err, "make one with `kiln package --template -o TEMPLATE` (on a machine with LLVM and "
+                                  "a C toolchain)");
     }
-
-    /* temporary folder for the object; temporary file beside the output */
-    const char *tmp = getenv("TMPDIR");
-    char dir[PATH_MAX], obj[PATH_MAX + 16] = "";
-    snprintf(dir, sizeof dir, "%s/kiln-package-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (t.size >= KILN_PAYLOAD_TRAILER_SIZE &&
+        memcmp(t.data + t.size - KILN_PAYLOAD_TRAILER_SIZE, KILN_PAYLOAD_MAGIC, 8) == 0) {
+        kiln_file_unmap(&t);
+        return kiln_err(err, KILN_ERR_FORMAT, "%s: already has an engine appended; give the template itself",
+                        o->from_template);
+    }
+    kiln_engine e;
+    if ((st = kiln_engine_open(o->engine_path, &e, err)) != KILN_OK) {
+        kiln_file_unmap(&t);
+        return st;
+    }
+    uint64_t checksum = kiln_rd_u64(e.data + 56);
     size_t olen = strlen(o->output_path) + 16;
     char *out_tmp = malloc(olen);
-    if (!out_tmp) {
-        kiln_engine_close(&e);
-        return kiln_err(err, KILN_ERR_NOMEM, "out of memory");
-    }
-    snprintf(out_tmp, olen, "%s.tmp.XXXXXX", o->output_path);
     int fd = -1;
-    bool have_dir = false;
-    if (!mkdtemp(dir)) {
-        st = kiln_err(err, KILN_ERR_IO, "%s: cannot create a temporary folder: %s", dir, strerror(errno));
+    if (!out_tmp) {
+        st = kiln_err(err, KILN_ERR_NOMEM, "out of memory");
         goto out;
     }
-    have_dir = true;
-    snprintf(obj, sizeof obj, "%s/main.o", dir);
+    snprintf(out_tmp, olen, "%s.tmp.XXXXXX", o->output_path);
     if ((fd = mkstemp(out_tmp)) < 0) {
         st = kiln_err(err, KILN_ERR_IO, "%s: cannot create the output: %s", o->output_path, strerror(errno));
         goto out;
     }
+    st = write_all(fd, t.data, t.size, out_tmp, err);
     close(fd);
-    if ((st = emit_object(obj, payload, e.data, e.size, checksum, err)) != KILN_OK) goto out;
-    const char *cc = o->cc ? o->cc : getenv("CC");
-    if (!cc || !*cc) cc = "cc";
-    if ((st = link_exe(cc, obj, out_tmp, o->verbose, err)) != KILN_OK) goto out;
-    if ((st = finish_exe(out_tmp, &e, payload, checksum, &res->output_bytes, err)) != KILN_OK) goto out;
-    if (rename(out_tmp, o->output_path) != 0) {
+    if (st == KILN_OK)
+        st = finish_exe(out_tmp, &e, KILN_PAYLOAD_APPENDED, checksum, &res->output_bytes, err);
+    if (st == KILN_OK && rename(out_tmp, o->output_path) != 0)
         st = kiln_err(err, KILN_ERR_IO, "%s: cannot rename the executable into place: %s", o->output_path,
                       strerror(errno));
-        goto out;
-    }
-    res->payload = payload;
+    if (st != KILN_OK) unlink(out_tmp);
+    res->payload = KILN_PAYLOAD_APPENDED;
     res->engine_bytes = e.size;
     res->engine_checksum = checksum;
 out:
-    if (st != KILN_OK && fd >= 0) unlink(out_tmp);
-    if (have_dir) {
-        unlink(obj);
-        rmdir(dir);
-    }
     free(out_tmp);
     kiln_engine_close(&e);
+    kiln_file_unmap(&t);
     return st;
 }
 
-#else /* no LLVM */
-
-bool kiln_package_available(void) { return false; }
-const char *kiln_package_llvm_version(void) { return ""; }
-
 kiln_status kiln_package(const kiln_package_options *o, kiln_package_result *res, kiln_error *err) {
-    (void)o;
     memset(res, 0, sizeof *res);
-    kiln_err(err, KILN_ERR_UNSUPPORTED, "this kiln was built without LLVM, so it cannot write standalone "
-                                        "executables");
-    return kiln_err_hint(err, "install LLVM 14 or newer (Debian: apt-get install llvm-16-dev) and rebuild kiln with "
-                              "-DKILN_LLVM=ON; or ship the engine file with kiln-run / libkiln");
+    if (!o->output_path || (!o->engine_path && !o->template_only))
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "kiln_package: the engine and output paths are required");
+    if (o->from_template) return attach_template(o, res, err);
+    return package_llvm(o, res, err);
 }
-
-#endif

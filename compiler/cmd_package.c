@@ -26,17 +26,22 @@ static void help(FILE *f) {
             "  --embed-limit SIZE    largest engine auto embeds: bytes, or with K, M, G (default 256M,\n"
             "                        at most 1G)\n"
             "  --cc DRIVER           C compiler driver that links (default: $CC, else cc)\n"
+            "  --template            write a template instead (no ENGINE): an executable for an appended\n"
+            "                        engine not chosen yet\n"
+            "  --from-template T     attach ENGINE (appended) to a copy of the template T: needs neither\n"
+            "                        LLVM nor a C toolchain\n"
             "  --verbose             print the link command\n"
             "  --json                print a JSON summary on stdout\n"
             "  -h, --help            this help\n");
 }
 
 int kiln_cmd_package(int argc, char **argv) {
-    enum { O_PAYLOAD = 256, O_LIMIT, O_CC, O_VERBOSE, O_JSON };
+    enum { O_PAYLOAD = 256, O_LIMIT, O_CC, O_VERBOSE, O_JSON, O_TEMPLATE, O_FROM };
     static const struct option longopts[] = {
         {"output", required_argument, 0, 'o'},        {"payload", required_argument, 0, O_PAYLOAD},
         {"embed-limit", required_argument, 0, O_LIMIT}, {"cc", required_argument, 0, O_CC},
         {"verbose", no_argument, 0, O_VERBOSE},       {"json", no_argument, 0, O_JSON},
+        {"template", no_argument, 0, O_TEMPLATE},     {"from-template", required_argument, 0, O_FROM},
         {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
     kiln_package_options o = {.payload = KILN_PACKAGE_AUTO};
     bool json = false;
@@ -63,15 +68,23 @@ int kiln_cmd_package(int argc, char **argv) {
         }
         case O_CC: o.cc = optarg; break;
         case O_VERBOSE: o.verbose = true; break;
+        case O_TEMPLATE: o.template_only = true; break;
+        case O_FROM: o.from_template = optarg; break;
         case O_JSON: json = true; break;
         case 'h': help(stdout); return KILN_EXIT_OK;
         default: return kiln_cli_usage_error("package", "unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
-    if (optind != argc - 1)
+    if (o.template_only && o.from_template)
+        return kiln_cli_usage_error("package", "give only one of --template and --from-template");
+    if (o.template_only && optind != argc)
+        return kiln_cli_usage_error("package", "--template takes no engine file");
+    if (!o.template_only && optind != argc - 1)
         return kiln_cli_usage_error("package", optind >= argc ? "missing the engine file" : "expected one engine file");
+    if (o.from_template && o.payload == KILN_PACKAGE_EMBEDDED)
+        return kiln_cli_usage_error("package", "--from-template attaches an appended engine, not an embedded one");
     if (!o.output_path) return kiln_cli_usage_error("package", "missing -o NAME");
-    o.engine_path = argv[optind];
+    o.engine_path = o.template_only ? NULL : argv[optind];
     return kiln_cli_package_run(&o, json, "package");
 }
 
@@ -81,9 +94,9 @@ int kiln_cli_package_run(const kiln_package_options *o, bool json, const char *c
     double t0 = kiln_now();
     if (kiln_package(o, &r, &err) != KILN_OK) return kiln_cli_fail(cmd, &err, json);
     double dt = kiln_now() - t0;
-    const char *payload = r.payload == KILN_PACKAGE_EMBEDDED ? "embedded" : "appended";
+    const char *payload = o->template_only ? "template" : r.payload == KILN_PACKAGE_EMBEDDED ? "embedded" : "appended";
     if (json) {
-        json_t *j = json_pack("{s:s, s:s, s:s, s:I, s:I, s:s, s:f}", "engine", o->engine_path, "output",
+        json_t *j = json_pack("{s:s?, s:s, s:s, s:I, s:I, s:s, s:f}", "engine", o->engine_path, "output",
                               o->output_path, "payload", payload, "engine_bytes", (json_int_t)r.engine_bytes,
                               "bytes", (json_int_t)r.output_bytes, "llvm", kiln_package_llvm_version(), "seconds",
                               dt);

@@ -52,6 +52,14 @@ int kiln_standalone_main(int argc, char **argv, const kiln_standalone_desc *d) {
         usage(stdout, self, d);
         return KILN_EXIT_OK;
     }
+    if (strcmp(argv[1], "--version") == 0 && d->engine_size == 0 && d->engine_checksum == KILN_STANDALONE_TEMPLATE) {
+        printf("%s: kiln executable template by kiln %s (commit %s): takes the engine appended to it, %s\n", self,
+               d->kiln_version, d->commit && d->commit[0] ? d->commit : "unknown",
+               kiln_payload_trailer_read("/proc/self/exe", self, &(kiln_payload_trailer){0}, &(kiln_error){0}) == KILN_OK
+                   ? "appended"
+                   : "none yet");
+        return KILN_EXIT_OK;
+    }
     if (strcmp(argv[1], "--version") == 0) {
         printf("%s: kiln engine packaged by kiln %s (commit %s), engine %llu bytes, checksum %016llx, %s\n", self,
                d->kiln_version, d->commit && d->commit[0] ? d->commit : "unknown",

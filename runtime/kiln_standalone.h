@@ -30,6 +30,13 @@ typedef enum kiln_payload {
     KILN_PAYLOAD_APPENDED = 1, /* the engine is appended to the executable file and mmapped */
 } kiln_payload;
 
+/* An appended-payload executable built for no engine in particular (`kiln
+ * package --template`) has engine_size 0 and this engine_checksum ("KILNTPL1"
+ * little-endian): it takes the engine its trailer names (still fully
+ * verified), so `kiln package --from-template` can attach an engine on a
+ * host without LLVM or a C toolchain, by copying it and appending. */
+#define KILN_STANDALONE_TEMPLATE 0x314C50544E4C494Bull
+
 typedef struct kiln_standalone_desc {
     uint32_t struct_size;     /* sizeof(kiln_standalone_desc) as the packager laid it out (48 on LP64) */
     uint32_t payload;         /* kiln_payload */

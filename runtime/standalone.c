@@ -50,10 +50,14 @@ kiln_status kiln_standalone_engine(const kiln_standalone_desc *d, const char *ex
     }
     if (d->payload != KILN_PAYLOAD_APPENDED)
         return kiln_err(err, KILN_ERR_INTERNAL, "%s: unknown payload kind %u", label, d->payload);
+    bool any = d->engine_size == 0 && d->engine_checksum == KILN_STANDALONE_TEMPLATE;
     kiln_payload_trailer t;
     kiln_status st = kiln_payload_trailer_read(exe, label, &t, err);
+    if (st != KILN_OK && any)
+        return kiln_err_hint(err, "this is a template: attach an engine with `kiln package ENGINE -o NAME "
+                                  "--from-template %s`", label);
     if (st != KILN_OK) return st;
-    if (t.size != d->engine_size || t.engine_checksum != d->engine_checksum) {
+    if (!any && (t.size != d->engine_size || t.engine_checksum != d->engine_checksum)) {
         kiln_err(err, KILN_ERR_FORMAT, "%s: the appended engine (%llu bytes, checksum %016llx) is not the one this "
                  "executable was built with (%llu bytes, checksum %016llx)", label, (unsigned long long)t.size,
                  (unsigned long long)t.engine_checksum, (unsigned long long)d->engine_size,
@@ -64,7 +68,7 @@ kiln_status kiln_standalone_engine(const kiln_standalone_desc *d, const char *ex
     int fd = open(exe, O_RDONLY | O_CLOEXEC);
     bool got = fd >= 0 && pread(fd, h, sizeof h, (off_t)t.offset) == (ssize_t)sizeof h;
     if (fd >= 0) close(fd);
-    if (got && (st = check_identity(h, d, label, err)) != KILN_OK) return st;
+    if (got && !any && (st = check_identity(h, d, label, err)) != KILN_OK) return st;
     *out = (kiln_engine_src){.path = exe, .offset = t.offset, .size = t.size, .range = true, .label = label};
     return KILN_OK;
 }

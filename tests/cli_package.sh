@@ -39,6 +39,10 @@ if ! "$KILN" package "$T/st.kiln" -o "$T/probe" >/dev/null 2>"$T/probe.err"; the
         no_file "$T/x"
         expect 1 "built without LLVM" -- "$KILN" compile "$SRC/models/stories260k" --standalone -o "$T/x" --target none
         no_file "$T/x"
+        expect 1 "built without LLVM" -- "$KILN" package --template -o "$T/x"
+        no_file "$T/x"
+        expect 1 "not a kiln executable template" -- "$KILN" package "$T/st.kiln" -o "$T/x" --from-template "$T/st.kiln"
+        no_file "$T/x"
         echo "skipped: this kiln has no LLVM (KILN_LLVM=OFF or not found), so the packaging tests did not run"
         cli_summary
         exit
@@ -127,6 +131,26 @@ expect 1 "trailer checksum does not match" -- "$T/app-tr" inspect --json
 python3 -c 'import sys; a = open(sys.argv[1], "rb").read(); b = open(sys.argv[2], "rb").read(); o = int(sys.argv[4]); open(sys.argv[3], "wb").write(a[:o] + b[o:])' "$T/app" "$T/app-f16" "$T/app-other" "$off"
 chmod +x "$T/app-other"
 expect 1 "appended engine .* is not the one this executable was built with" -- "$T/app-other" inspect
+
+# ---- templates: made with LLVM, an engine attached without it ----
+expect 2 "takes no engine file" -- "$KILN" package --template "$T/st.kiln" -o "$T/x"
+expect 2 "only one of" -- "$KILN" package --template --from-template "$T/app" -o "$T/x"
+"$KILN" package --template -o "$T/tpl" 2>"$T/err" || bad "package --template: $(cat "$T/err")"
+"$T/tpl" --version | grep -q "template.*none yet" && ok || bad "template --version: $("$T/tpl" --version)"
+expect 1 "trailer is missing.*|hint: this is a template" -- "$T/tpl" run --prompt-ids 1 --device cpu
+cp "$T/st.kiln" "$T/copy.kiln"
+"$KILN" package "$T/copy.kiln" -o "$T/from" --from-template "$T/tpl" 2>"$T/err" || bad "--from-template: $(cat "$T/err")"
+rm -f "$T/copy.kiln"
+got=$(cd "$T/elsewhere" && run_ids "$T/from" run)
+[ "$got" = "$want" ] && ok || bad "--from-template: run gave '$got'"
+"$T/from" --version | grep -q "template.*appended" && ok || bad "from-template --version: $("$T/from" --version)"
+expect 1 "already has an engine appended" -- "$KILN" package "$T/st.kiln" -o "$T/x" --from-template "$T/from"
+expect 1 "not a kiln executable template" -- "$KILN" package "$T/st.kiln" -o "$T/x" --from-template "$T/emb"
+expect 1 "checksum mismatch" -- "$KILN" package "$T/bad.kiln" -o "$T/x" --from-template "$T/tpl"
+no_file "$T/x"
+fsize=$(stat -c %s "$T/from")
+cp "$T/from" "$T/from-flip"; flip "$T/from-flip" $((fsize - 64 - 5000))
+expect 1 "checksum mismatch" -- "$T/from-flip" inspect
 
 # ---- kiln compile --standalone ----
 "$KILN" compile "$SRC/models/stories260k" --standalone -o "$T/sc" --target none 2>"$T/err" || bad "compile --standalone: $(cat "$T/err")"
