@@ -3,7 +3,8 @@
  * opened from a range of a file (aligned or not, cut short, damaged), from
  * memory, through the public kiln_open_range / kiln_open_memory (the same
  * greedy ids as kiln_open on the file), the appended engine's trailer (every
- * rule), and kiln_standalone_engine (embedded, appended, another engine).
+ * rule), and kiln_standalone_engine (embedded, appended, another engine,
+ * a template).
  * The LLVM side is tests/cli_package.sh.
  */
 #include <stdint.h>
@@ -233,6 +234,16 @@ static void test_standalone_engine(void) {
     KT_CHECKF(strstr(err.msg, "appended engine") != NULL, "%s", err.msg);
     d.engine_size--;
     KT_EQ_INT(kiln_standalone_engine(&d, g_engine, "exe", &src, &err), KILN_ERR_FORMAT); /* no trailer */
+
+    /* a template takes whichever engine its trailer names */
+    d.engine_size = 0;
+    d.engine_checksum = KILN_STANDALONE_TEMPLATE;
+    KT_CHECKF(kiln_standalone_engine(&d, path, "exe", &src, &err) == KILN_OK, "%s", err.msg);
+    KT_CHECK(src.range && src.offset == 8192 && src.size == g_size);
+    KT_EQ_INT(kiln_standalone_engine(&d, g_engine, "exe", &src, &err), KILN_ERR_FORMAT);
+    KT_CHECKF(strstr(err.msg, "this is a template") != NULL, "%s", err.msg);
+    d.engine_checksum = 1; /* size 0 alone is not a template */
+    KT_EQ_INT(kiln_standalone_engine(&d, path, "exe", &src, &err), KILN_ERR_FORMAT);
 }
 
 int main(void) {
