@@ -406,7 +406,7 @@ static kiln_status write_all(int fd, const void *p, size_t n, const char *path, 
     return KILN_OK;
 }
 
-/* Step 5 (appended) and the flush of step 6; sets the mode to 0777 & ~umask. */
+/* Step 5 (appended) and the flush of step 6; mode 0755 (mkstemp made it 0600). */
 static kiln_status finish_exe(const char *path, const kiln_engine *e, int payload, uint64_t checksum,
                               uint64_t *out_size, kiln_error *err) {
     int fd = open(path, O_WRONLY | O_CLOEXEC);
@@ -425,9 +425,7 @@ static kiln_status finish_exe(const char *path, const kiln_engine *e, int payloa
             st = write_all(fd, trailer, sizeof trailer, path, err);
         end = (off_t)(offset + e->size + KILN_PAYLOAD_TRAILER_SIZE);
     }
-    mode_t mask = umask(0);
-    umask(mask);
-    if (st == KILN_OK && fchmod(fd, 0777 & ~mask) != 0)
+    if (st == KILN_OK && fchmod(fd, 0755) != 0)
         st = kiln_err(err, KILN_ERR_IO, "%s: cannot make it executable: %s", path, strerror(errno));
     if (st == KILN_OK && fsync(fd) != 0) st = kiln_err(err, KILN_ERR_IO, "%s: cannot flush: %s", path, strerror(errno));
     if (close(fd) != 0 && st == KILN_OK) st = kiln_err(err, KILN_ERR_IO, "%s: cannot close: %s", path, strerror(errno));
