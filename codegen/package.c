@@ -209,12 +209,13 @@ static kiln_status find_archives(char *dir, size_t cap, bool *build, kiln_error 
         size_t i = 0;
         for (; i < n; i++) {
             char p[PATH_MAX + 256];
-            snprintf(p, sizeof p, "%s/%s", cand[k], names[i]);
-            if (access(p, R_OK) != 0) break;
+            int w = snprintf(p, sizeof p, "%s/%s", cand[k], names[i]);
+            if (w < 0 || (size_t)w >= sizeof p || access(p, R_OK) != 0) break;
         }
         if (i == n) {
-            snprintf(dir, cap, "%s", cand[k]);
-            return KILN_OK;
+            int w = snprintf(dir, cap, "%s", cand[k]);
+            if (w >= 0 && (size_t)w < cap) return KILN_OK;
+            continue; /* a folder name too long to hand back: try the next place */
         }
         if (k == 0)
             return kiln_err(err, KILN_ERR_MISSING, "KILN_PACKAGE_LIBDIR=%s has no %s", env, names[i]);
