@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "../common/kiln_util.h"
+#include "../runtime/kiln_engine.h"
 
 enum { KILN_EXIT_OK = 0, KILN_EXIT_FAIL = 1, KILN_EXIT_USAGE = 2 };
 
@@ -49,5 +50,17 @@ int kiln_cmd_inspect(int argc, char **argv);
 int kiln_cmd_run(int argc, char **argv);
 int kiln_cmd_tokenize(int argc, char **argv);
 int kiln_cmd_bench(int argc, char **argv);
+int kiln_cmd_package(int argc, char **argv);
+/* Package (codegen/kiln_package.h) and report as `kiln CMD` does; the exit code.
+ * Shared by `kiln package` and `kiln compile --standalone`. */
+struct kiln_package_options;
+int kiln_cli_package_run(const struct kiln_package_options *o, bool json, const char *cmd);
+
+/* run, bench and inspect with an engine that is not named on the command
+ * line (no ENGINE argument): the one built into a packaged executable
+ * (compiler/standalone.c). NULL = the plain commands above. */
+int kiln_cmd_run_builtin(int argc, char **argv, const kiln_engine_src *builtin);
+int kiln_cmd_bench_builtin(int argc, char **argv, const kiln_engine_src *builtin);
+int kiln_cmd_inspect_builtin(int argc, char **argv, const kiln_engine_src *builtin);
 
 #endif /* KILN_CLI_H */

@@ -55,6 +55,7 @@
 #include <unistd.h>
 
 #include "../runtime/kiln.h"
+#include "../runtime/kiln_rt.h"
 #include "cli.h"
 
 #define BENCH_SEED 0x6b696c6eull /* "kiln" */
@@ -364,13 +365,14 @@ static char *weights_dtype(const char *meta) {
 typedef struct bench_args {
     long long batch, requests, in_len, out_len, warmup, reps, threads, max_ctx, max_step;
     const char *device, *path;
+    const kiln_engine_src *builtin; /* the engine of a packaged executable, else NULL */
     int64_t kv_bytes;
     double kv_fraction;
     bool json;
 } bench_args;
 
 /* Parse argv into *a; KILN_EXIT_OK to go on, else the exit code (help printed, or a usage error). */
-static int parse_args(int argc, char **argv, bench_args *a, bool *done) {
+static int parse_args(int argc, char **argv, const kiln_engine_src *builtin, bench_args *a, bool *done) {
     enum { O_BATCH = 256, O_REQ, O_IN, O_OUT, O_DEV, O_WARM, O_REPS, O_THR, O_CTX, O_STEP, O_KV, O_JSON };
     static const struct option longopts[] = {
         {"batch", required_argument, 0, O_BATCH},   {"requests", required_argument, 0, O_REQ},
@@ -380,7 +382,8 @@ static int parse_args(int argc, char **argv, bench_args *a, bool *done) {
         {"max-context", required_argument, 0, O_CTX}, {"max-step-tokens", required_argument, 0, O_STEP},
         {"kv-memory", required_argument, 0, O_KV},  {"json", no_argument, 0, O_JSON},
         {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
-    *a = (bench_args){.batch = 1, .in_len = 128, .out_len = 128, .warmup = 1, .reps = 3, .device = "auto"};
+    *a = (bench_args){.batch = 1, .in_len = 128, .out_len = 128, .warmup = 1, .reps = 3, .device = "auto",
+                     .builtin = builtin};
     *done = false;
     int c;
     optind = 1;
@@ -442,7 +445,9 @@ static int parse_args(int argc, char **argv, bench_args *a, bool *done) {
         default: return kiln_cli_usage_error("bench", "unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
-    if (optind != argc - 1) return kiln_cli_usage_error("bench", "expected one engine file");
+    if (optind != argc - !builtin)
+        return kiln_cli_usage_error("bench", builtin ? "takes no engine file: the engine is built in"
+                                                     : "expected one engine file");
     if (a->max_step && a->max_step < a->batch)
         return kiln_cli_usage_error("bench", "--max-step-tokens %lld is below --batch %lld (each running sequence "
                                              "decodes one token a step)",
@@ -451,13 +456,14 @@ static int parse_args(int argc, char **argv, bench_args *a, bool *done) {
         return kiln_cli_usage_error("bench", "--kv-memory %g is a fraction of GPU memory, which does not apply to "
                                              "--device cpu; give bytes (e.g. 512M)", a->kv_fraction);
     if (!a->requests) a->requests = a->batch;
-    a->path = argv[optind];
+    a->path = builtin ? kiln_engine_src_label(builtin) : argv[optind];
     return KILN_EXIT_OK;
 }
 
 /* Open the engine and a context for the arguments. */
 static kiln_status open_ctx(const bench_args *a, kiln_t **k, kiln_ctx_t **ctx, kiln_error *err) {
-    kiln_status st = kiln_open(a->path, (int32_t)a->threads, k);
+    kiln_engine_src src = a->builtin ? *a->builtin : (kiln_engine_src){.path = a->path};
+    kiln_status st = kiln_open_src(&src, (int32_t)a->threads, k);
     if (st != KILN_OK) return kiln_err(err, st, "%s", kiln_error_message(*k));
     long long model_ctx = kiln_max_context(*k), ctx_len = a->max_ctx ? a->max_ctx : model_ctx;
     if (a->in_len + a->out_len - 1 > ctx_len) {
@@ -479,10 +485,12 @@ static kiln_status open_ctx(const bench_args *a, kiln_t **k, kiln_ctx_t **ctx, k
     return KILN_OK;
 }
 
-int kiln_cmd_bench(int argc, char **argv) {
+int kiln_cmd_bench(int argc, char **argv) { return kiln_cmd_bench_builtin(argc, argv, NULL); }
+
+int kiln_cmd_bench_builtin(int argc, char **argv, const kiln_engine_src *builtin) {
     bench_args a;
     bool done;
-    int rc = parse_args(argc, argv, &a, &done);
+    int rc = parse_args(argc, argv, builtin, &a, &done);
     if (rc != KILN_EXIT_OK || done) return rc;
     kiln_error err = {0};
     rc = KILN_EXIT_FAIL;

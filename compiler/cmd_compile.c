@@ -12,6 +12,7 @@
 #include "../codegen/kiln_kernels.h"
 #include "../codegen/kiln_nvrtc.h"
 #include "../common/kiln_progress.h"
+#include "../codegen/kiln_package.h"
 #include "../passes/kiln_passes.h"
 #include "cli.h"
 #include "kiln_compiler.h"
@@ -42,6 +43,8 @@ static void help(FILE *f) {
                "  --force               allow an output inside the checkpoint directory (never over\n"
                "                        one of the files the compile reads)\n"
                "  --dump-ir             print the graph after each pass to stdout (stderr with --json)\n"
+               "  --standalone          write an executable with the engine built in instead of an engine\n"
+               "                        file (as `kiln package`; needs LLVM and a C toolchain)\n"
                "  --json                print a JSON summary on stdout\n"
                "  -h, --help            this help\n");
 }
@@ -92,6 +95,41 @@ static void report(const char *dir, const kiln_compile_options *opt, double dt, 
     }
 }
 
+/* --standalone: compile into a temporary engine beside the output, package
+ * it into the executable -o names, remove the engine. */
+static int compile_standalone(const char *dir, kiln_compile_options *opt, bool json) {
+    kiln_error err = {0};
+    if (!kiln_package_available()) {
+        kiln_package_result r;
+        kiln_package_options po = {.engine_path = "", .output_path = ""};
+        kiln_package(&po, &r, &err); /* the message that says why */
+        return kiln_cli_fail("compile", &err, json);
+    }
+    const char *exe = opt->output_path;
+    size_t n = strlen(exe) + 32;
+    char *engine = malloc(n);
+    if (!engine) return kiln_cli_fail("compile", &(kiln_error){KILN_ERR_NOMEM, "out of memory"}, json);
+    snprintf(engine, n, "%s.engine.XXXXXX", exe);
+    int fd = mkstemp(engine); /* reserves the name; kiln_compile renames over it */
+    if (fd < 0) {
+        kiln_err(&err, KILN_ERR_IO, "%s: cannot create a temporary engine beside it", exe);
+        free(engine);
+        return kiln_cli_fail("compile", &err, json);
+    }
+    close(fd);
+    opt->output_path = engine;
+    kiln_status st = kiln_compile(dir, opt, &err);
+    kiln_progress_clear(opt->progress);
+    int rc = st == KILN_OK ? KILN_EXIT_OK : kiln_cli_fail("compile", &err, json);
+    if (rc == KILN_EXIT_OK) {
+        kiln_package_options po = {.engine_path = engine, .output_path = exe, .payload = KILN_PACKAGE_AUTO};
+        rc = kiln_cli_package_run(&po, json, "compile");
+    }
+    unlink(engine);
+    free(engine);
+    return rc;
+}
+
 int kiln_cmd_compile(int argc, char **argv) {
     enum { O_FORCE = 256 };
     static const struct option longopts[] = {
@@ -101,11 +139,12 @@ int kiln_cmd_compile(int argc, char **argv) {
         {"help", no_argument, 0, 'h'},         {"quant", required_argument, 0, 'q'},
         {"target", required_argument, 0, 't'}, {"kv-block-size", required_argument, 0, 'b'},
         {"threads", required_argument, 0, 'T'}, {"force", no_argument, 0, O_FORCE},
-        {"allow-unused", required_argument, 0, 'U'}, {0, 0, 0, 0}};
+        {"allow-unused", required_argument, 0, 'U'}, {"standalone", no_argument, 0, 'S'},
+        {0, 0, 0, 0}};
     kiln_compile_options opt = {.weight_dtype = KILN_DTYPE_COUNT_, .dump_stream = stdout};
     const char *allow_unused[64]; /* --allow-unused patterns (pointing into argv) */
     opt.allow_unused = allow_unused;
-    bool json = false, block_given = false, threads_given = false;
+    bool json = false, standalone = false, block_given = false, threads_given = false;
     int c;
     optind = 1;
     opterr = 0;
@@ -145,6 +184,7 @@ int kiln_cmd_compile(int argc, char **argv) {
             allow_unused[opt.n_allow_unused++] = optarg;
             break;
         case 'z': opt.compress = true; break;
+        case 'S': standalone = true; break;
         case 'D': opt.dump_ir = true; break;
         case 'j': json = true; break;
         case O_FORCE: opt.force = true; break;
@@ -170,6 +210,7 @@ int kiln_cmd_compile(int argc, char **argv) {
     kiln_progress progress;
     kiln_progress_init(&progress, isatty(STDERR_FILENO) ? stderr : NULL, "kiln compile");
     opt.progress = &progress;
+    if (standalone) return compile_standalone(dir, &opt, json);
     double t0 = kiln_now();
     kiln_status st = kiln_compile(dir, &opt, &err);
     kiln_progress_clear(&progress);

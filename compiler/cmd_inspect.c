@@ -455,7 +455,9 @@ static void add_json_extras(json_t *meta, const char *path, const kiln_model *m,
                                                     : json_null());
 }
 
-int kiln_cmd_inspect(int argc, char **argv) {
+int kiln_cmd_inspect(int argc, char **argv) { return kiln_cmd_inspect_builtin(argc, argv, NULL); }
+
+int kiln_cmd_inspect_builtin(int argc, char **argv, const kiln_engine_src *builtin) {
     static const struct option longopts[] = {
         {"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     bool json = false;
@@ -471,11 +473,14 @@ int kiln_cmd_inspect(int argc, char **argv) {
         } else
             return kiln_cli_usage_error("inspect", "unknown option '%s'", argv[optind - 1]);
     }
-    if (optind != argc - 1) return kiln_cli_usage_error("inspect", "expected one engine file");
-    const char *path = argv[optind];
+    if (optind != argc - !builtin)
+        return kiln_cli_usage_error("inspect", builtin ? "takes no engine file: the engine is built in"
+                                                       : "expected one engine file");
+    const char *path = builtin ? kiln_engine_src_label(builtin) : argv[optind];
+    kiln_engine_src src = builtin ? *builtin : (kiln_engine_src){.path = path};
     kiln_error err = {0};
     kiln_model *m;
-    if (kiln_model_open_ex(path, 1, KILN_MODEL_NO_F32, &m, &err) != KILN_OK) return kiln_cli_fail("inspect", &err, json);
+    if (kiln_model_open_src(&src, 1, KILN_MODEL_NO_F32, &m, &err) != KILN_OK) return kiln_cli_fail("inspect", &err, json);
     kiln_inspect_kernels k;
     if (kiln_inspect_verify(m, &k, &err) != KILN_OK) {
         kiln_err_prefix(&err, "%s: ", path);

@@ -117,7 +117,7 @@ typedef struct run_opts {
 
 /* Parse the command line into *o. Returns -1 to go on, else the exit code
  * (0 after --help, 2 after a usage error, already reported). */
-static int run_parse(int argc, char **argv, run_opts *o) {
+static int run_parse(int argc, char **argv, const kiln_engine_src *builtin, run_opts *o) {
     enum { O_PROMPT = 256, O_PFILE, O_IDS, O_MAX, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_DEV, O_THR, O_JSON, O_CTX,
            O_NOBOS, O_NOSPECIAL, O_IGNEOS, O_GPUMEM, O_BOS };
     static const struct option longopts[] = {
@@ -187,8 +187,10 @@ static int run_parse(int argc, char **argv, run_opts *o) {
         default: return kiln_cli_usage_error("run", "unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
-    if (optind != argc - 1) return kiln_cli_usage_error("run", "expected one engine file");
-    o->engine = argv[optind];
+    if (optind != argc - !builtin)
+        return kiln_cli_usage_error("run", builtin ? "takes no engine file: the engine is built in"
+                                                   : "expected one engine file");
+    o->engine = builtin ? kiln_engine_src_label(builtin) : argv[optind];
     if (!!o->prompt + !!o->prompt_file + !!o->ids_arg > 1)
         return kiln_cli_usage_error("run", "give only one of --prompt, --prompt-file, --prompt-ids");
     if (bos && o->no_bos) return kiln_cli_usage_error("run", "--bos and --no-bos contradict each other");
@@ -417,9 +419,11 @@ static void print_text_end(run_out *out, const char *dev_used) {
             decode_s > 0 ? (out->n_ids - 1) / decode_s : 0.0);
 }
 
-int kiln_cmd_run(int argc, char **argv) {
+int kiln_cmd_run(int argc, char **argv) { return kiln_cmd_run_builtin(argc, argv, NULL); }
+
+int kiln_cmd_run_builtin(int argc, char **argv, const kiln_engine_src *builtin) {
     run_opts o;
-    int rc = run_parse(argc, argv, &o);
+    int rc = run_parse(argc, argv, builtin, &o);
     if (rc >= 0) return rc;
     int32_t *ids = NULL;
     int n_ids = 0;
@@ -440,7 +444,8 @@ int kiln_cmd_run(int argc, char **argv) {
     run_out out = {.json = o.json, .first = true, .stop = KILN_STOP_ERROR};
     char dev_used[16] = "";
     const kiln_model *m = NULL;
-    kiln_status st = kiln_open(o.engine, (int32_t)o.threads, &k);
+    kiln_engine_src src = builtin ? *builtin : (kiln_engine_src){.path = o.engine};
+    kiln_status st = kiln_open_src(&src, (int32_t)o.threads, &k);
     if (st != KILN_OK) {
         kiln_err(&err, st, "%s", kiln_error_message(k));
         goto out_fail;

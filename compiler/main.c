@@ -20,6 +20,7 @@ static const struct {
     {"run", kiln_cmd_run, "generate tokens from an engine"},
     {"bench", kiln_cmd_bench, "measure load, prefill, time to first token and decode speed"},
     {"tokenize", kiln_cmd_tokenize, "text on stdin → token ids (or --decode ids → text)"},
+    {"package", kiln_cmd_package, "write one executable with an engine built in (run/bench/inspect)"},
 };
 
 static void usage(FILE *f) {

@@ -67,7 +67,8 @@ static int cores(void) {
 
 /* ---- engines ---- */
 
-kiln_status kiln_open(const char *path, int32_t threads, kiln_t **out) {
+/* kiln_open, kiln_open_range and kiln_open_memory: the engine in `src`. */
+kiln_status kiln_open_src(const kiln_engine_src *src, int32_t threads, kiln_t **out) {
     if (!out) return KILN_ERR_INVALID_ARG;
     *out = NULL;
     kiln_t *k = calloc(1, sizeof *k);
@@ -77,18 +78,33 @@ kiln_status kiln_open(const char *path, int32_t threads, kiln_t **out) {
         return KILN_ERR_NOMEM;
     }
     *out = k;
-    if (!path) return kiln_err(&k->err, KILN_ERR_INVALID_ARG, "kiln_open: path is NULL");
+    if (!src->path && !src->data) return kiln_err(&k->err, KILN_ERR_INVALID_ARG, "kiln_open: path is NULL");
     if (threads < 0 || threads > MAX_THREADS)
         return kiln_err(&k->err, KILN_ERR_INVALID_ARG, "kiln_open: threads %d is outside 0..%d (0 = one per core)",
                         threads, MAX_THREADS);
     double t0 = kiln_now();
-    kiln_status st = kiln_model_open_ex(path, threads ? threads : cores(), KILN_MODEL_NO_F32, &k->m, &k->err);
+    kiln_status st = kiln_model_open_src(src, threads ? threads : cores(), KILN_MODEL_NO_F32, &k->m, &k->err);
     if (st != KILN_OK) {
         k->m = NULL;
         return st;
     }
     k->open_seconds = kiln_now() - t0;
     return KILN_OK;
+}
+
+kiln_status kiln_open(const char *path, int32_t threads, kiln_t **out) {
+    kiln_engine_src src = {.path = path};
+    return kiln_open_src(&src, threads, out);
+}
+
+kiln_status kiln_open_range(const char *path, uint64_t offset, uint64_t size, int32_t threads, kiln_t **out) {
+    kiln_engine_src src = {.path = path, .offset = offset, .size = size, .range = true};
+    return kiln_open_src(&src, threads, out);
+}
+
+kiln_status kiln_open_memory(const void *data, uint64_t size, const char *label, int32_t threads, kiln_t **out) {
+    kiln_engine_src src = {.data = data, .size = size, .label = label ? label : "(memory)"};
+    return kiln_open_src(&src, threads, out);
 }
 
 void kiln_close(kiln_t *k) {

@@ -37,10 +37,13 @@
 #include "kiln_engine.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <xxhash.h>
@@ -445,6 +448,145 @@ kiln_status kiln_engine_open(const char *path, kiln_engine *out, kiln_error *err
         return st;
     }
     out->map = map;
+    return KILN_OK;
+}
+
+/* Map [offset, offset + size) of `path`: the mapping starts at the page
+ * below `offset` (an appended engine is 4096-aligned, a page may be larger),
+ * `*data` points at `offset` inside it, and `map` records the whole mapping
+ * so kiln_file_unmap releases it. */
+static kiln_status map_range(const char *path, uint64_t offset, uint64_t size, const char *label,
+                             kiln_mapped_file *map, const uint8_t **data, kiln_error *err) {
+    memset(map, 0, sizeof *map);
+    *data = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return kiln_err(err, KILN_ERR_IO, "%s: cannot open %s: %s", label, path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return kiln_err(err, KILN_ERR_IO, "%s: %s is not a regular file", label, path);
+    }
+    uint64_t end, file_size = (uint64_t)st.st_size;
+    if (!kiln_add_u64(offset, size, &end) || end > file_size) {
+        close(fd);
+        kiln_err(err, KILN_ERR_FORMAT, "%s: truncated: the engine at offset %llu (%llu bytes) runs past the end of "
+                 "%s (%llu bytes)", label, (unsigned long long)offset, (unsigned long long)size, path,
+                 (unsigned long long)file_size);
+        return kiln_err_hint(err, "the copy was interrupted; copy it again or rebuild it");
+    }
+    long page = sysconf(_SC_PAGESIZE);
+    uint64_t pg = page > 0 ? (uint64_t)page : 4096, start = offset / pg * pg, len = end - start;
+    if (len > SIZE_MAX) {
+        close(fd);
+        return kiln_err(err, KILN_ERR_NOMEM, "%s: %llu bytes do not fit in the address space", label,
+                        (unsigned long long)len);
+    }
+    map->path = strdup(label);
+    if (!map->path) {
+        close(fd);
+        return kiln_err(err, KILN_ERR_NOMEM, "%s: out of memory", label);
+    }
+    if (len > 0) {
+        void *p = mmap(NULL, (size_t)len, PROT_READ, MAP_PRIVATE, fd, (off_t)start);
+        if (p == MAP_FAILED) {
+            int e = errno;
+            close(fd);
+            free(map->path);
+            map->path = NULL;
+            return kiln_err(err, KILN_ERR_IO, "%s: cannot mmap %s: %s", label, path, strerror(e));
+        }
+        map->data = p;
+        map->size = (size_t)len;
+    }
+    close(fd);
+    *data = map->data ? map->data + (offset - start) : (const uint8_t *)"";
+    return KILN_OK;
+}
+
+kiln_status kiln_engine_open_range(const char *path, uint64_t offset, uint64_t size, const char *label,
+                                   kiln_engine *out, kiln_error *err) {
+    memset(out, 0, sizeof *out);
+    if (!label) label = path;
+    kiln_mapped_file map;
+    const uint8_t *data;
+    kiln_status st = map_range(path, offset, size, label, &map, &data, err);
+    if (st != KILN_OK) return st;
+    st = engine_verify(data, (size_t)size, label, out, err);
+    if (st != KILN_OK) {
+        kiln_file_unmap(&map);
+        return st;
+    }
+    out->map = map;
+    return KILN_OK;
+}
+
+const char *kiln_engine_src_label(const kiln_engine_src *src) {
+    return src->label ? src->label : src->path ? src->path : "(memory)";
+}
+
+kiln_status kiln_engine_open_src(const kiln_engine_src *src, kiln_engine *out, kiln_error *err) {
+    const char *label = kiln_engine_src_label(src);
+    if (!src->path) {
+        memset(out, 0, sizeof *out);
+        if (!src->data || src->size > SIZE_MAX)
+            return kiln_err(err, KILN_ERR_INVALID_ARG, "%s: no engine bytes given", label);
+        return kiln_engine_open_mem(src->data, (size_t)src->size, label, out, err);
+    }
+    if (src->range) return kiln_engine_open_range(src->path, src->offset, src->size, label, out, err);
+    return kiln_engine_open(src->path, out, err);
+}
+
+/* ---- the trailer of a packaged executable's appended engine ---- */
+
+void kiln_payload_trailer_write(uint8_t out[KILN_PAYLOAD_TRAILER_SIZE], const kiln_payload_trailer *t) {
+    memset(out, 0, KILN_PAYLOAD_TRAILER_SIZE);
+    memcpy(out, KILN_PAYLOAD_MAGIC, 8);
+    kiln_wr_u32(out + 8, KILN_PAYLOAD_VERSION);
+    kiln_wr_u64(out + 16, t->offset);
+    kiln_wr_u64(out + 24, t->size);
+    kiln_wr_u64(out + 32, t->engine_checksum);
+    kiln_wr_u64(out + 56, XXH64(out, 56, 0));
+}
+
+kiln_status kiln_payload_trailer_read(const char *path, const char *label, kiln_payload_trailer *out,
+                                      kiln_error *err) {
+    memset(out, 0, sizeof *out);
+    if (!label) label = path;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return kiln_err(err, KILN_ERR_IO, "%s: cannot open %s: %s", label, path, strerror(errno));
+    struct stat st;
+    uint8_t t[KILN_PAYLOAD_TRAILER_SIZE];
+    ssize_t got = -1;
+    if (fstat(fd, &st) == 0 && st.st_size >= KILN_PAYLOAD_TRAILER_SIZE)
+        got = pread(fd, t, sizeof t, st.st_size - KILN_PAYLOAD_TRAILER_SIZE);
+    int e = errno;
+    close(fd);
+    if (got != (ssize_t)sizeof t || memcmp(t, KILN_PAYLOAD_MAGIC, 8) != 0) {
+        if (got < 0 && st.st_size >= KILN_PAYLOAD_TRAILER_SIZE)
+            return kiln_err(err, KILN_ERR_IO, "%s: cannot read %s: %s", label, path, strerror(e));
+        kiln_err(err, KILN_ERR_FORMAT, "%s: the appended engine's trailer is missing (the last %d bytes of %s do "
+                 "not start with \"KILNPAY\\0\"): the executable is truncated, or was stripped or edited",
+                 label, KILN_PAYLOAD_TRAILER_SIZE, path);
+        return kiln_err_hint(err, "copy the executable again, or rebuild it with `kiln package`");
+    }
+    uint32_t version = kiln_rd_u32(t + 8);
+    if (version == 0 || version > KILN_PAYLOAD_VERSION)
+        return kiln_err(err, KILN_ERR_VERSION, "%s: appended-engine trailer version %u is not one this runtime "
+                        "reads (%d)", label, version, KILN_PAYLOAD_VERSION);
+    if (XXH64(t, 56, 0) != kiln_rd_u64(t + 56)) {
+        kiln_err(err, KILN_ERR_CHECKSUM, "%s: the appended engine's trailer checksum does not match: the "
+                 "executable is corrupted", label);
+        return kiln_err_hint(err, "copy the executable again, or rebuild it with `kiln package`");
+    }
+    out->offset = kiln_rd_u64(t + 16);
+    out->size = kiln_rd_u64(t + 24);
+    out->engine_checksum = kiln_rd_u64(t + 32);
+    uint64_t end, body = (uint64_t)st.st_size - KILN_PAYLOAD_TRAILER_SIZE;
+    if (out->offset % KILN_ENGINE_ALIGN != 0 || !kiln_add_u64(out->offset, out->size, &end) || end != body)
+        return kiln_err(err, KILN_ERR_FORMAT, "%s: the appended engine (offset %llu, %llu bytes) does not end where "
+                        "the trailer starts (byte %llu) or is not %d-aligned: the executable is corrupted",
+                        label, (unsigned long long)out->offset, (unsigned long long)out->size,
+                        (unsigned long long)body, KILN_ENGINE_ALIGN);
     return KILN_OK;
 }
 

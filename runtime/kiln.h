@@ -121,6 +121,17 @@ typedef struct kiln_ctx_t kiln_ctx_t;
  * its weights (with `threads` threads when compressed; 0 = one per core)
  * and load its tokenizer when it has one. See the error rules above. */
 kiln_status kiln_open(const char *path, int32_t threads, kiln_t **out);
+/* kiln_open for an engine stored as `size` bytes at byte `offset` of the
+ * file `path` (for example appended to an executable; any offset, though a
+ * multiple of 4096 keeps its sections page-aligned). The range is mmapped
+ * like an engine file. A range that runs past the end of the file is
+ * KILN_ERR_FORMAT. */
+kiln_status kiln_open_range(const char *path, uint64_t offset, uint64_t size, int32_t threads, kiln_t **out);
+/* kiln_open for an engine image of `size` bytes in memory (say, a section
+ * of the program). The bytes are not copied: they must stay valid and
+ * unchanged until kiln_close. Best 4096-aligned. `label` names the engine
+ * in messages (NULL = "(memory)"). */
+kiln_status kiln_open_memory(const void *data, uint64_t size, const char *label, int32_t threads, kiln_t **out);
 /* Close an engine. Every context made from it must be freed first. NULL is a no-op. */
 void kiln_close(kiln_t *k);
 /* The message of the failure that made this handle (kiln_open) or "" when

@@ -82,7 +82,8 @@ typedef struct kiln_engine_section {
 } kiln_engine_section;
 
 typedef struct kiln_engine {
-    kiln_mapped_file map;       /* from memory: only map.path, a copy of the label for messages */
+    kiln_mapped_file map;       /* the mapping (for a range: from the page below it); from memory: only
+                                   map.path; map.path is the label for messages */
     const uint8_t *data;        /* the whole file */
     size_t size;
     uint16_t major, minor;
@@ -96,7 +97,64 @@ kiln_status kiln_engine_open(const char *path, kiln_engine *out, kiln_error *err
  * `label` names it in messages; close it with kiln_engine_close too. */
 kiln_status kiln_engine_open_mem(const uint8_t *data, size_t size, const char *label,
                                  kiln_engine *out, kiln_error *err);
+/* The same over `size` bytes of the file `path` starting at `offset` (a
+ * packaged executable's appended engine): the range is mmapped (from the
+ * page below `offset`), so loading is as fast as from an engine file.
+ * `label` (NULL = path) names it in messages. A range that runs past the
+ * end of the file is KILN_ERR_FORMAT (truncated). */
+kiln_status kiln_engine_open_range(const char *path, uint64_t offset, uint64_t size, const char *label,
+                                   kiln_engine *out, kiln_error *err);
 void kiln_engine_close(kiln_engine *e);
+
+/* Where an engine's bytes are: a whole file (path), a range of a file
+ * (path, offset, size), or bytes in memory (data, size). */
+typedef struct kiln_engine_src {
+    const char *path;     /* the engine file, or the file holding the range; NULL for memory */
+    uint64_t offset;      /* range start in `path` (with range = true) */
+    uint64_t size;        /* bytes: of the range, or of `data` */
+    bool range;           /* open [offset, offset + size) of `path`, not the whole file */
+    const uint8_t *data;  /* bytes in memory (path NULL); must outlive the engine */
+    const char *label;    /* names the engine in messages; NULL = path or "(memory)" */
+} kiln_engine_src;
+
+/* Open any of the three (dispatches to the functions above). */
+kiln_status kiln_engine_open_src(const kiln_engine_src *src, kiln_engine *out, kiln_error *err);
+/* The label messages use for `src`. */
+const char *kiln_engine_src_label(const kiln_engine_src *src);
+
+/* ---- the engine appended to a packaged executable (`kiln package`) ----
+ *
+ * `kiln package --payload appended` writes the linked executable, zero
+ * padding up to a multiple of KILN_ENGINE_ALIGN, the engine file's bytes
+ * unchanged, and this trailer as the file's last 64 bytes:
+ *
+ *       0  u8[8]  magic "KILNPAY\0"
+ *       8  u32    trailer version (1)
+ *      12  u32    reserved, zero
+ *      16  u64    engine offset in the executable (a multiple of 4096)
+ *      24  u64    engine size in bytes
+ *      32  u64    the engine's header checksum (its u64 at 56): which engine
+ *      40  u8[16] reserved, zero
+ *      56  u64    XXH64 (seed 0) of trailer bytes 0..55
+ *
+ * The engine must end where the trailer starts. The engine itself is then
+ * verified like an engine file (every check, every checksum). */
+#define KILN_PAYLOAD_MAGIC "KILNPAY" /* 8 bytes with the NUL */
+#define KILN_PAYLOAD_VERSION 1
+#define KILN_PAYLOAD_TRAILER_SIZE 64
+
+typedef struct kiln_payload_trailer {
+    uint64_t offset, size, engine_checksum;
+} kiln_payload_trailer;
+
+/* Fill the 64 bytes of a trailer. */
+void kiln_payload_trailer_write(uint8_t out[KILN_PAYLOAD_TRAILER_SIZE], const kiln_payload_trailer *t);
+/* Read and check the trailer at the end of `path` (`label` names it in
+ * messages): magic, version, checksum, and that the engine lies right
+ * before it. KILN_ERR_FORMAT (no trailer: truncated or stripped; bad
+ * range), KILN_ERR_VERSION, KILN_ERR_CHECKSUM, KILN_ERR_IO. */
+kiln_status kiln_payload_trailer_read(const char *path, const char *label, kiln_payload_trailer *out,
+                                      kiln_error *err);
 
 /* The checksum of a section's stored bytes as format `major` defines it
  * (see the layout above); `threads` > 1 hashes pieces in parallel. */

@@ -49,6 +49,10 @@ kiln_status kiln_model_open(const char *path, int threads, kiln_model **out, kil
  * itself. The CPU executor needs wf32: kiln_model_load_f32 makes it later. */
 #define KILN_MODEL_NO_F32 1u
 kiln_status kiln_model_open_ex(const char *path, int threads, unsigned flags, kiln_model **out, kiln_error *err);
+/* kiln_model_open_ex over any engine source: a file, a range of a file (a
+ * packaged executable's appended engine) or bytes in memory (kiln_engine.h). */
+kiln_status kiln_model_open_src(const kiln_engine_src *src, int threads, unsigned flags, kiln_model **out,
+                                kiln_error *err);
 /* Convert the weights to f32 now (a no-op when done already). */
 kiln_status kiln_model_load_f32(kiln_model *m, kiln_error *err);
 void kiln_model_close(kiln_model *m);
@@ -126,5 +130,9 @@ kiln_status kiln_generate(kiln_cpu_ctx *c, const int32_t *prompt, int n_prompt, 
  * (streaming text through the tokenizer). NULL for a failed handle. */
 struct kiln_t;
 const kiln_model *kiln_api_model(const struct kiln_t *k);
+/* kiln_open over any engine source (file, range of a file, memory), with
+ * the source's label in messages; the public kiln_open_range and
+ * kiln_open_memory are this. */
+kiln_status kiln_open_src(const kiln_engine_src *src, int32_t threads, struct kiln_t **out);
 
 #endif /* KILN_RT_H */

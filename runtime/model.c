@@ -151,11 +151,18 @@ kiln_status kiln_model_load_f32(kiln_model *m, kiln_error *err) {
 }
 
 kiln_status kiln_model_open_ex(const char *path, int threads, unsigned flags, kiln_model **out, kiln_error *err) {
+    kiln_engine_src src = {.path = path};
+    return kiln_model_open_src(&src, threads, flags, out, err);
+}
+
+kiln_status kiln_model_open_src(const kiln_engine_src *src, int threads, unsigned flags, kiln_model **out,
+                                kiln_error *err) {
     *out = NULL;
     double t0 = kiln_now();
+    const char *path = kiln_engine_src_label(src);
     kiln_model *m = calloc(1, sizeof *m);
     if (!m) return kiln_err(err, KILN_ERR_NOMEM, "out of memory");
-    kiln_status st = kiln_engine_open(path, &m->engine, err);
+    kiln_status st = kiln_engine_open_src(src, &m->engine, err);
     if (st != KILN_OK) {
         free(m);
         return st;

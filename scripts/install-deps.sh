@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # install-deps.sh — the packages kiln builds and tests with, from Debian/Ubuntu.
-#   build:  cmake, a C17 compiler, pkg-config, jansson, zstd, xxhash, pcre2
+#   build:  cmake, a C17 compiler, pkg-config, jansson, zstd, xxhash, pcre2,
+#           LLVM 16 (its C API: `kiln package` writes standalone executables)
 #   tests:  python3 (standard library only, for the CLI tests), clang + its
 #           runtime (libFuzzer targets), nothing else
 # The CUDA toolkit is optional: when present the GPU parts are built too.
 set -euo pipefail
-pkgs=(cmake make gcc pkg-config libjansson-dev libzstd-dev libxxhash-dev libpcre2-dev python3 clang libclang-rt-dev)
+pkgs=(cmake make gcc pkg-config libjansson-dev libzstd-dev libxxhash-dev libpcre2-dev llvm-16-dev python3 clang libclang-rt-dev)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
