@@ -78,7 +78,7 @@ target_link_libraries(kiln_standalone PUBLIC kiln_rt)
 
 # ---- the ONE list: static libraries + flags of a packaged executable ----
 # (At the merge with the runtime split: kiln_standalone + libkiln.a.)
-set(KILN_PACKAGE_LIBS kiln_standalone kiln_rt kiln_common)
+set(KILN_PACKAGE_LIBS kiln_standalone kiln_rt kiln_ksec kiln_common)
 if(KILN_HAVE_CUDA)
   list(APPEND KILN_PACKAGE_LIBS kiln_cuda)
 endif()
