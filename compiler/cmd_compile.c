@@ -33,6 +33,8 @@ static void help(FILE *f) {
                "  --kv-block-size N     tokens per KV-cache block the kernels are built for (default 16)\n"
                "  --threads N           parallel NVRTC jobs (default: one per core)\n"
                "  --compress            zstd-compress the weights section\n"
+               "  --no-chat-template    leave the checkpoint's chat template out (kiln refuses a template\n"
+               "                        its Jinja subset cannot render; docs/chat.md)\n"
                "  --dump-ir             print the graph after each pass to stdout\n"
                "  --json                print a JSON summary on stdout\n"
                "  -h, --help            this help\n");
@@ -45,7 +47,8 @@ int kiln_cmd_compile(int argc, char **argv) {
         {"dump-ir", no_argument, 0, 'D'},      {"json", no_argument, 0, 'j'},
         {"help", no_argument, 0, 'h'},         {"quant", required_argument, 0, 'q'},
         {"target", required_argument, 0, 't'}, {"kv-block-size", required_argument, 0, 'b'},
-        {"threads", required_argument, 0, 'T'}, {0, 0, 0, 0}};
+        {"threads", required_argument, 0, 'T'}, {"no-chat-template", no_argument, 0, 'C'},
+        {0, 0, 0, 0}};
     kiln_compile_options opt = {.weight_dtype = KILN_DTYPE_COUNT_, .dump_stream = stdout};
     bool json = false;
     int c;
@@ -67,6 +70,7 @@ int kiln_cmd_compile(int argc, char **argv) {
             }
             break;
         case 'p': opt.passes = optarg; break;
+        case 'C': opt.no_chat_template = true; break;
         case 't': opt.targets = optarg; break;
         case 'b':
         case 'T': {

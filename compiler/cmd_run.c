@@ -17,6 +17,7 @@
 #include "../runtime/kiln.h"
 #include "../runtime/kiln_rt.h"
 #include "../runtime/kiln_tokenizer.h"
+#include "chat_cli.h"
 #include "cli.h"
 
 static void help(FILE *f) {
@@ -29,6 +30,9 @@ static void help(FILE *f) {
             "  --prompt-ids IDS      token ids, e.g. 1,306,461 or [1, 306, 461]\n"
             "  --no-bos              do not add the beginning-of-sequence token to a text prompt\n"
             "  --no-special          treat special-token strings in the text as plain text\n"
+            "  --chat                the prompt is a user message: render it with the engine's chat\n"
+            "                        template (as HF apply_chat_template, add_generation_prompt=True)\n"
+            "  --system TEXT         with --chat: a system message before it\n"
             "sampling:\n"
             "  --max-tokens N        tokens to generate at most (default 128)\n"
             "  --temperature T       0 = greedy (default 0)\n"
@@ -105,7 +109,7 @@ static char *read_all(FILE *f, size_t *len) {
 
 int kiln_cmd_run(int argc, char **argv) {
     enum { O_PROMPT = 256, O_PFILE, O_IDS, O_MAX, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_DEV, O_THR, O_JSON, O_CTX,
-           O_NOBOS, O_NOSPECIAL, O_IGNEOS, O_GPUMEM };
+           O_NOBOS, O_NOSPECIAL, O_IGNEOS, O_GPUMEM, O_CHAT, O_SYSTEM };
     static const struct option longopts[] = {
         {"prompt", required_argument, 0, O_PROMPT},     {"prompt-file", required_argument, 0, O_PFILE},
         {"prompt-ids", required_argument, 0, O_IDS},    {"max-tokens", required_argument, 0, O_MAX},
@@ -115,12 +119,13 @@ int kiln_cmd_run(int argc, char **argv) {
         {"max-context", required_argument, 0, O_CTX},   {"json", no_argument, 0, O_JSON},
         {"no-bos", no_argument, 0, O_NOBOS},            {"no-special", no_argument, 0, O_NOSPECIAL},
         {"ignore-eos", no_argument, 0, O_IGNEOS},       {"gpu-memory", required_argument, 0, O_GPUMEM},
+        {"chat", no_argument, 0, O_CHAT},               {"system", required_argument, 0, O_SYSTEM},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
-    const char *prompt = NULL, *prompt_file = NULL, *ids_arg = NULL, *device = "auto";
+    const char *prompt = NULL, *prompt_file = NULL, *ids_arg = NULL, *device = "auto", *system = NULL;
     long long max_tokens = 128, top_k = 0, threads = 0, max_ctx = 0, seed = -1;
     double temperature = 0, top_p = 1;
-    bool json = false, no_bos = false, no_special = false, ignore_eos = false;
+    bool json = false, no_bos = false, no_special = false, ignore_eos = false, chat = false;
     int64_t kv_bytes = 0;
     double kv_fraction = 0;
     int c;
@@ -169,6 +174,8 @@ int kiln_cmd_run(int argc, char **argv) {
         case O_NOBOS: no_bos = true; break;
         case O_NOSPECIAL: no_special = true; break;
         case O_IGNEOS: ignore_eos = true; break;
+        case O_CHAT: chat = true; break;
+        case O_SYSTEM: system = optarg; break;
         case 'h': help(stdout); return KILN_EXIT_OK;
         default: return kiln_cli_usage_error("run", "unknown or incomplete option '%s'", argv[optind - 1]);
         }
@@ -176,6 +183,11 @@ int kiln_cmd_run(int argc, char **argv) {
     if (optind != argc - 1) return kiln_cli_usage_error("run", "expected one engine file");
     if (!!prompt + !!prompt_file + !!ids_arg > 1)
         return kiln_cli_usage_error("run", "give only one of --prompt, --prompt-file, --prompt-ids");
+    if ((system && !chat) || (chat && (ids_arg || no_special)))
+        return kiln_cli_usage_error("run", system && !chat ? "--system needs --chat"
+                                           : ids_arg       ? "--chat takes a text prompt, not --prompt-ids"
+                                                           : "--no-special cannot go with --chat: the template's "
+                                                             "special tokens must stay special");
     if (strcmp(device, "cpu") != 0 && strcmp(device, "auto") != 0 && strcmp(device, "gpu") != 0)
         return kiln_cli_usage_error("run", "unknown device '%s' (gpu, cpu, auto)", device);
     int32_t *prompt_ids = NULL;
@@ -226,8 +238,10 @@ int kiln_cmd_run(int argc, char **argv) {
             kiln_err_hint(&err, "give --prompt-ids, or compile from a checkpoint directory that has tokenizer.json");
             goto fail;
         }
+        /* --chat: HF apply_chat_template + encode(add_special_tokens=False) */
+        if (chat && kiln_cli_chat_prompt(k, system, &text, &len, &err) != KILN_OK) goto fail;
         size_t n = 0;
-        unsigned flags = (no_bos ? 0 : KILN_TOK_ADD_SPECIAL) | (no_special ? KILN_TOK_NO_SPECIAL : 0);
+        unsigned flags = (no_bos || chat ? 0 : KILN_TOK_ADD_SPECIAL) | (no_special ? KILN_TOK_NO_SPECIAL : 0);
         if (kiln_tokenizer_encode(m->tokenizer, text, len, flags, &prompt_ids, &n, &err) != KILN_OK) goto fail;
         n_prompt = (int)n;
         if (n_prompt == 0) {

@@ -18,6 +18,7 @@
 #include "../codegen/kiln_codegen.h"
 #include "../codegen/kiln_kernels.h"
 #include "../passes/kiln_passes.h"
+#include "kiln_chat_compile.h"
 #include "kiln_tokjson.h"
 
 static const char *arch_name(kiln_arch a) {
@@ -77,11 +78,11 @@ static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const k
 kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, kiln_error *err) {
     kiln_checkpoint ck;
     kiln_graph *g = NULL;
-    kiln_buf plan = {0}, tok = {0}, kernels = {0};
+    kiln_buf plan = {0}, tok = {0}, kernels = {0}, chat = {0};
     kiln_engine_writer *w = NULL;
     kiln_plan *parsed = NULL;
     char *meta_text = NULL;
-    bool have_tok = false;
+    bool have_tok = false, have_chat = false;
     kiln_kernel_targets targets;
     kiln_status st = kiln_kernel_targets_parse(opt->targets ? opt->targets : "none", &targets, err);
     if (st != KILN_OK) return st;
@@ -95,6 +96,10 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
             goto out;
         have_tok = true;
     }
+    /* the chat template, checked now so the runtime never meets one it cannot render */
+    if (!opt->no_chat_template && ck.tokenizer_json_path &&
+        (st = kiln_chat_compile(ckpt_dir, ck.tokenizer_config_path, &chat, &have_chat, err)) != KILN_OK)
+        goto out;
     if ((st = kiln_engine_writer_open(opt->output_path, &w, err)) != KILN_OK) goto out;
     /* weights first: their size goes into the meta section */
     uint32_t codec = opt->compress ? KILN_CODEC_ZSTD_CHUNKED : KILN_CODEC_NONE;
@@ -117,6 +122,9 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
         (st = kiln_engine_writer_section(w, KILN_SECTION_TOKENIZER, KILN_CODEC_NONE, tok.data, tok.len, err)) !=
             KILN_OK)
         goto out;
+    if (have_chat &&
+        (st = kiln_engine_writer_section(w, KILN_SECTION_CHAT, KILN_CODEC_NONE, chat.data, chat.len, err)) != KILN_OK)
+        goto out;
     json_t *meta = make_meta(&ck, g, opt, wbytes, have_tok ? &tok : NULL, &targets);
     meta_text = meta ? json_dumps(meta, JSON_SORT_KEYS | JSON_INDENT(1)) : NULL;
     json_decref(meta);
@@ -134,6 +142,7 @@ out:
     free(meta_text);
     kiln_buf_free(&plan);
     kiln_buf_free(&tok);
+    kiln_buf_free(&chat);
     kiln_buf_free(&kernels);
     kiln_plan_free(parsed);
     kiln_graph_free(g);

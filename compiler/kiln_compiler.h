@@ -140,6 +140,7 @@ typedef struct kiln_compile_options {
                                   "sm_80,sm_90,compute_90"...; NULL or "none" = no kernels section */
     int kv_block_size;         /* tokens per KV-cache block the kernels are built for (0 = 16) */
     int threads;               /* threads for NVRTC (0 = one per core) */
+    bool no_chat_template;     /* leave the checkpoint's chat template out of the engine */
 } kiln_compile_options;
 
 kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, kiln_error *err);

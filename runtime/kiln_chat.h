@@ -84,4 +84,11 @@ void kiln_chat_section_free(kiln_chat_section *c);
 kiln_status kiln_chat_section_render(const kiln_chat_section *c, const kiln_chat_message *msgs, size_t n, bool add_generation_prompt,
                                   kiln_buf *out, kiln_error *err);
 
+/* The engine's chat section (KILN_SECTION_CHAT), or *out = NULL when it has
+ * none (an engine from before format 2.1, or compiled with --no-chat-template). */
+struct kiln_engine;
+kiln_status kiln_chat_from_engine(const struct kiln_engine *e, const char *path, kiln_chat_section **out, kiln_error *err);
+/* The chat section of an open engine handle (runtime/api.c), or NULL. */
+const kiln_chat_section *kiln_api_chat(const kiln_t *k);
+
 #endif /* KILN_CHAT_H */

@@ -11,6 +11,8 @@ script. Templates:
   chatml          chatml.jinja: the ChatML template as HF's chat-template docs give it
   features        features.jinja: kiln's own template using each supported feature
 A case whose template raises records the error text instead of the output.
+"encode" holds apply_chat_template(tokenize=True) ids for tests/cli_chat.sh:
+SHARED/models/pycode-22m's tokenizer with mistral.jinja as its chat_template.jinja.
 
 usage: python3 tests/golden/chat/make_golden.py [SHARED_DIR]   (default ../shared)
 Needs transformers and jinja2 (no torch). Deterministic.
@@ -58,6 +60,24 @@ def tokenizer_for(name):
     return PreTrainedTokenizerFast.from_pretrained(os.path.join(SHARED, "tokenizers", fam))
 
 
+def encode_cases():
+    import shutil
+    import tempfile
+    src = os.path.join(SHARED, "models", "pycode-22m")
+    with tempfile.TemporaryDirectory() as d:
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(os.path.join(src, f), d)
+        shutil.copy(os.path.join(HERE, "mistral.jinja"), os.path.join(d, "chat_template.jinja"))
+        tok = PreTrainedTokenizerFast.from_pretrained(d)
+        cases = []
+        for prompt in ("def fib(n):", "Grüße {{ x }} </s>"):
+            msgs = [U(prompt)]
+            ids = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)
+            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+            cases.append({"model": "pycode-22m", "template": "mistral", "prompt": prompt, "ids": list(ids)})
+        return cases
+
+
 def main():
     out = {"transformers": transformers.__version__, "jinja2": jinja2.__version__, "cases": []}
     for name, convs in CASES:
@@ -76,6 +96,7 @@ def main():
                 except jinja2.exceptions.TemplateError as e:
                     case["error"] = str(e)
                 out["cases"].append(case)
+    out["encode"] = encode_cases()
     path = os.path.join(HERE, "golden.json")
     with open(path, "w", encoding="utf-8") as f:
         json.dump(out, f, ensure_ascii=False, indent=1)
