@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "chat_internal.h"
 
@@ -407,6 +408,17 @@ static bool eval_call(ct_render *r, const ct_expr *e, jv *out) {
     }
     if (!strcmp(e->name, "namespace") || !strcmp(e->name, "dict")) return call_namespace(r, e, v, out);
     if (!strcmp(e->name, "range")) return call_range(r, e, v, out);
+    if (!strcmp(e->name, "strftime_now")) { /* transformers: datetime.now().strftime(format), local time */
+        char fmt[128], buf[256];
+        if (e->n_args != 1 || v[0].k != V_STR || v[0].n >= sizeof fmt)
+            return ct_fail(r, e->line, KILN_ERR_PARSE, "strftime_now() takes one format string (under 128 bytes)");
+        memcpy(fmt, v[0].s, v[0].n);
+        fmt[v[0].n] = 0;
+        time_t now = time(NULL);
+        struct tm tm;
+        size_t k = localtime_r(&now, &tm) ? strftime(buf, sizeof buf, fmt, &tm) : 0;
+        return ct_str_new(r, e->line, buf, k, out);
+    }
     return ct_fail(r, e->line, KILN_ERR_UNSUPPORTED, "function '%s' is not supported", e->name);
 }
 

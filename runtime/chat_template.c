@@ -84,7 +84,8 @@ static bool in_list(const char *name, const char *const *list) {
 bool ct_known_filter(const char *n) {
     static const char *const l[] = {"length", "count", "trim", "tojson", "string", "upper", "lower", "capitalize",
                                     "first", "last", "join", "default", "d", "list", "reverse", "int", "float",
-                                    "abs", "items", "safe", "replace", "escape", "e", NULL};
+                                    "abs", "items", "safe", "replace", "escape", "e", "select", "reject",
+                                    "selectattr", "rejectattr", "map", NULL};
     return in_list(n, l);
 }
 bool ct_known_test(const char *n) {
@@ -95,7 +96,7 @@ bool ct_known_test(const char *n) {
     return in_list(n, l);
 }
 bool ct_known_function(const char *n) {
-    static const char *const l[] = {"raise_exception", "namespace", "range", "dict", NULL};
+    static const char *const l[] = {"raise_exception", "namespace", "range", "dict", "strftime_now", NULL};
     return in_list(n, l);
 }
 bool ct_known_method(const char *n) {
@@ -630,6 +631,15 @@ static ct_expr *parse_filter(parser *P, ct_expr *v) {
     e->name = t->p;
     e->a = v;
     if (accept_op(P, "(") && !parse_args(P, e)) return NULL;
+    /* select('test'), selectattr('x', 'test'), map('filter'): check a literal name now */
+    bool sel = !strcmp(e->name, "select") || !strcmp(e->name, "reject");
+    bool attr = !strcmp(e->name, "selectattr") || !strcmp(e->name, "rejectattr");
+    int at = sel ? 0 : attr ? 1 : !strcmp(e->name, "map") ? 0 : -1;
+    if (at >= 0 && at < e->n_args && !e->kw[at] && e->args[at]->k == E_LIT && e->args[at]->lit.k == V_STR) {
+        const char *n = e->args[at]->lit.s;
+        if (at == 0 && !sel ? !ct_known_filter(n) : !ct_known_test(n))
+            return PERR(P, line, KILN_ERR_UNSUPPORTED, "%s '%s' is not supported", sel || attr ? "test" : "filter", n);
+    }
     return e;
 }
 

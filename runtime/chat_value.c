@@ -754,6 +754,75 @@ static bool filter_number(ct_render *r, const ct_expr *e, jv v, jv *dflt, bool w
     return true;
 }
 
+/* select / reject / selectattr / rejectattr: keep the items whose test (by
+ * name, truthiness when none is given) passes (select) or fails (reject). */
+static bool filter_select(ct_render *r, const ct_expr *e, jv v, jv *args, const char **kw, int n, jv *out) {
+    bool attr = strstr(e->name, "attr") != NULL, keep_if = e->name[0] == 's';
+    int first = attr ? 1 : 0;
+    jv l;
+    if (!to_list(r, e->line, v, &l)) return false;
+    if (attr && (n < 1 || args[0].k != V_STR)) return ct_fail(r, e->line, KILN_ERR_PARSE, "%s: the attribute must be a string", e->name);
+    for (int i = 0; i < n; i++)
+        if (kw[i]) return ct_fail(r, e->line, KILN_ERR_UNSUPPORTED, "%s: keyword arguments are not supported", e->name);
+    ct_expr test = *e;
+    char name[32] = "";
+    if (n > first) {
+        if (args[first].k != V_STR || args[first].n >= sizeof name)
+            return ct_fail(r, e->line, KILN_ERR_PARSE, "%s: the test must be named by a string", e->name);
+        memcpy(name, args[first].s, args[first].n);
+        name[args[first].n] = 0;
+        if (!ct_known_test(name)) return ct_fail(r, e->line, KILN_ERR_UNSUPPORTED, "test '%s' is not supported", name);
+        test.name = name;
+    }
+    *out = ct_new_list(r, 0);
+    if (out->k != V_LIST) return ct_oom(r, e->line);
+    for (size_t i = 0; i < l.l->n; i++) {
+        jv item = l.l->v[i], x = item;
+        if (attr) {
+            jv *f = item.k == V_DICT || item.k == V_NS ? ct_dict_get(item.d, args[0]) : NULL;
+            x = f ? *f : jv_undef(args[0].s, args[0].n);
+        }
+        bool pass;
+        if (!name[0]) pass = ct_truthy(x);
+        else if (!ct_call_test(r, &test, x, args + first + 1, n - first - 1, &pass)) return false;
+        if (pass == keep_if && !ct_list_push(r, e->line, out->l, item)) return false;
+    }
+    return true;
+}
+
+/* map(attribute='x', default=d) or map('filter', args...) over the items. */
+static bool filter_map(ct_render *r, const ct_expr *e, jv v, jv *args, const char **kw, int n, jv *out) {
+    jv l;
+    if (!to_list(r, e->line, v, &l)) return false;
+    jv *attr = arg_at(args, kw, n, 99, "attribute"), *dflt = arg_at(args, kw, n, 99, "default");
+    ct_expr f = *e;
+    char name[32];
+    if (!attr) {
+        if (n < 1 || kw[0] || args[0].k != V_STR || args[0].n >= sizeof name)
+            return ct_fail(r, e->line, KILN_ERR_PARSE, "map: give attribute='name' or a filter name");
+        memcpy(name, args[0].s, args[0].n);
+        name[args[0].n] = 0;
+        if (!ct_known_filter(name) || !strcmp(name, "map"))
+            return ct_fail(r, e->line, KILN_ERR_UNSUPPORTED, "filter '%s' is not supported", name);
+        f.name = name;
+    } else if (attr->k != V_STR) {
+        return ct_fail(r, e->line, KILN_ERR_PARSE, "map: attribute must be a string");
+    }
+    *out = ct_new_list(r, l.l->n);
+    if (out->k != V_LIST) return ct_oom(r, e->line);
+    for (size_t i = 0; i < l.l->n; i++) {
+        jv item = l.l->v[i], x;
+        if (attr) {
+            jv *got = item.k == V_DICT || item.k == V_NS ? ct_dict_get(item.d, *attr) : NULL;
+            x = got ? *got : dflt ? *dflt : jv_undef(attr->s, attr->n);
+        } else if (!ct_call_filter(r, &f, item, args + 1, kw + 1, n - 1, &x)) {
+            return false;
+        }
+        out->l->v[out->l->n++] = x;
+    }
+    return true;
+}
+
 bool ct_call_filter(ct_render *r, const ct_expr *e, jv v, jv *args, const char **kw, int n, jv *out) {
     const char *f = e->name;
     int line = e->line;
@@ -762,6 +831,9 @@ bool ct_call_filter(ct_render *r, const ct_expr *e, jv v, jv *args, const char *
     if (!strcmp(f, "length") || !strcmp(f, "count")) return filter_length(r, e, v, out);
     if (!strcmp(f, "string")) return ct_to_str(r, line, v, out);
     if (!strcmp(f, "safe")) return *out = v, true;
+    if (!strcmp(f, "select") || !strcmp(f, "reject") || !strcmp(f, "selectattr") || !strcmp(f, "rejectattr"))
+        return filter_select(r, e, v, args, kw, n, out);
+    if (!strcmp(f, "map")) return filter_map(r, e, v, args, kw, n, out);
     if (!strcmp(f, "tojson")) {
         jv *ind = arg_at(args, kw, n, 1, "indent"), *sk = arg_at(args, kw, n, 4, "sort_keys");
         if (arg_at(args, kw, n, 3, "separators") || (arg_at(args, kw, n, 0, "ensure_ascii") && ct_truthy(*arg_at(args, kw, n, 0, "ensure_ascii"))))

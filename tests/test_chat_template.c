@@ -165,6 +165,9 @@ static void test_semantics(void) {
     RENDERS("{% for a in messages %}{% for b in messages %}{{ loop.index }}{% endfor %}{{ loop.index }};{% endfor %}",
             "121;122;");
     RENDERS("{% for m in messages %}{{ loop.previtem is defined }}{{ (loop.nextitem or {}).role }}{% endfor %}", "FalseassistantTrue");
+    char year[16];
+    KT_EQ_INT(render("{{ strftime_now('%Y') }}", year, sizeof year, NULL), KILN_OK);
+    KT_CHECK(strlen(year) == 4 && year[0] == '2');
     RENDERS("{{ 'a' if false }}|{{ 1 and 'x' }}|{{ 0 or [] }}|{{ not none }}", "|x|[]|True");
     REFUSES("{{ nope.attr }}", KILN_ERR_PARSE, "'nope' is undefined");
     REFUSES("{{ nope + 1 }}", KILN_ERR_PARSE, "'nope' is undefined");
@@ -181,7 +184,9 @@ static void test_refusals(void) {
     REFUSES("{{ messages|groupby('role') }}", KILN_ERR_UNSUPPORTED, "line 1: filter 'groupby' is not supported");
     REFUSES("a\n{% macro f() %}{% endmacro %}", KILN_ERR_UNSUPPORTED, "line 2: tag 'macro' is not supported");
     REFUSES("{{ 'a'.format(1) }}", KILN_ERR_UNSUPPORTED, "method 'format' is not supported");
-    REFUSES("{{ strftime_now('%Y') }}", KILN_ERR_UNSUPPORTED, "function 'strftime_now' is not supported");
+    REFUSES("{{ cycler(1, 2) }}", KILN_ERR_UNSUPPORTED, "function 'cycler' is not supported");
+    REFUSES("{{ messages|selectattr('role', 'matching', 'x')|list }}", KILN_ERR_UNSUPPORTED, "test 'matching' is not supported");
+    REFUSES("{{ messages|map('wordcount')|list }}", KILN_ERR_UNSUPPORTED, "filter 'wordcount' is not supported");
     REFUSES("{% if x is callable %}{% endif %}", KILN_ERR_UNSUPPORTED, "test 'callable' is not supported");
     REFUSES("{% include 'x' %}", KILN_ERR_UNSUPPORTED, "tag 'include'");
     REFUSES("{{ '%s' % 1 }}", KILN_ERR_UNSUPPORTED, "string formatting");
@@ -271,15 +276,16 @@ static void test_section(void) {
     kiln_buf_free(&p);
     p = (kiln_buf){0};
     KT_EQ_INT(kiln_chat_compile_mem(cfg, strlen(cfg), "J{{ 1 }}", 8, "jinja", &p, &found, &err), KILN_OK);
+    kiln_buf_append(&p, "", 1);
     KT_CHECK(found && strstr((const char *)p.data, "J{{ 1 }}"));
     kiln_buf_free(&p);
     /* no template; an unsupported one refused at compile time with the hint */
     p = (kiln_buf){0};
     KT_EQ_INT(kiln_chat_compile_mem("{}", 2, NULL, 0, "cfg", &p, &found, &err), KILN_OK);
     KT_CHECK(!found && p.len == 0);
-    const char *bad = "{\"chat_template\": \"{% for m in messages %}{{ m|selectattr('x') }}{% endfor %}\"}";
+    const char *bad = "{\"chat_template\": \"{% for m in messages %}{{ m|groupby('x') }}{% endfor %}\"}";
     KT_EQ_INT(kiln_chat_compile_mem(bad, strlen(bad), NULL, 0, "cfg", &p, &found, &err), KILN_ERR_UNSUPPORTED);
-    KT_CONTAINS(err.msg, "filter 'selectattr' is not supported");
+    KT_CONTAINS(err.msg, "filter 'groupby' is not supported");
     KT_CONTAINS(err.msg, "--no-chat-template");
     const char *typ = "{\"chat_template\": \"{{ messages[0].content + 1 }}\"}";
     KT_EQ_INT(kiln_chat_compile_mem(typ, strlen(typ), NULL, 0, "cfg", &p, &found, &err), KILN_ERR_PARSE);
