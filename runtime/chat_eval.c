@@ -72,6 +72,9 @@ static jv lookup(ct_render *r, const char *name) {
         jv *v = ct_dict_get(&s->vars, key);
         if (v) return *v;
     }
+    /* the globals (raise_exception, strftime_now...) are defined and true, as
+     * `{% if strftime_now is defined %}` in Llama 3.x templates expects */
+    if (ct_known_function(name)) return jv_bool(true);
     return jv_undef(name, strlen(name));
 }
 
