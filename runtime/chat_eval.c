@@ -188,10 +188,8 @@ static bool get_slice(ct_render *r, const ct_expr *e, jv obj, jv *a, jv *b, jv *
     int64_t st = c && c->k == V_INT ? c->i : 1;
     if (st == 0) return ct_fail(r, e->line, KILN_ERR_PARSE, "slice step cannot be zero");
     if (st == INT64_MIN) st = -INT64_MAX;
-    if (obj.k != V_LIST && obj.k != V_STR) {
-        *out = jv_undef("slice", 5);
-        return true;
-    }
+    if (obj.k != V_LIST && obj.k != V_STR) /* Jinja slices with Python's [], not its forgiving getitem */
+        return ct_fail(r, e->line, KILN_ERR_PARSE, "'%s' object is not subscriptable", ct_type_name(obj));
     jv items;
     if (obj.k == V_LIST) items = obj;
     else if (!ct_to_list(r, e->line, obj, &items)) return false;
@@ -565,6 +563,8 @@ static bool exec_for(ct_render *r, const ct_node *n) {
     if (!lp) return ct_oom(r, n->line);
     lp->items = items.l;
     ct_scope *saved = r->scope;
+    bool iterated = false; /* as Jinja: set when a body ends normally, so a body cut by break or
+                              continue every time leaves the loop's else to run */
     r->in_loop++;
     for (size_t i = 0; i < items.l->n; i++) {
         if (++r->iters > r->lim.max_iters)
@@ -576,10 +576,11 @@ static bool exec_for(ct_render *r, const ct_node *n) {
         r->scope = saved;
         int ctl = r->loop_ctl;
         r->loop_ctl = 0;
+        iterated |= ctl == 0;
         if (ctl == 1) break;
     }
     r->in_loop--;
-    return items.l->n == 0 && n->orelse ? exec_body(r, n->orelse) : true;
+    return !iterated && n->orelse ? exec_body(r, n->orelse) : true;
 }
 
 static bool exec_set(ct_render *r, const ct_node *n) {

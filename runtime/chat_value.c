@@ -760,6 +760,7 @@ static bool filter_select(ct_render *r, const ct_expr *e, jv v, jv *args, const 
     bool attr = strstr(e->name, "attr") != NULL, keep_if = e->name[0] == 's';
     int first = attr ? 1 : 0;
     jv l;
+    if (!ct_truthy(v)) v = jv_undef("", 0); /* Jinja: `if value: for item in value` */
     if (!to_list(r, e->line, v, &l)) return false;
     if (attr && (n < 1 || args[0].k != V_STR)) return ct_fail(r, e->line, KILN_ERR_PARSE, "%s: the attribute must be a string", e->name);
     for (int i = 0; i < n; i++)
@@ -793,6 +794,7 @@ static bool filter_select(ct_render *r, const ct_expr *e, jv v, jv *args, const 
 /* map(attribute='x', default=d) or map('filter', args...) over the items. */
 static bool filter_map(ct_render *r, const ct_expr *e, jv v, jv *args, const char **kw, int n, jv *out) {
     jv l;
+    if (!ct_truthy(v)) v = jv_undef("", 0); /* Jinja: `if value: for item in value` */
     if (!to_list(r, e->line, v, &l)) return false;
     jv *attr = arg_at(args, kw, n, 99, "attribute"), *dflt = arg_at(args, kw, n, 99, "default");
     ct_expr f = *e;
