@@ -231,7 +231,12 @@ bool ct_contains(ct_render *r, int line, jv needle, jv hay, bool *out) {
     case V_LIST:
         for (size_t i = 0; i < hay.l->n && !*out; i++) *out = ct_equal(needle, hay.l->v[i]);
         return true;
-    case V_DICT: case V_NS: *out = ct_dict_get(hay.d, needle) != NULL; return true;
+    case V_DICT:
+    case V_NS:
+        if (needle.k == V_LIST || needle.k == V_DICT || needle.k == V_NS)
+            return ct_fail(r, line, KILN_ERR_PARSE, "unhashable type: '%s'", ct_type_name(needle));
+        *out = ct_dict_get(hay.d, needle) != NULL;
+        return true;
     default: return ct_fail(r, line, KILN_ERR_PARSE, "argument of type '%s' is not iterable", ct_type_name(hay));
     }
 }
@@ -580,7 +585,11 @@ static bool exec_for(ct_render *r, const ct_node *n) {
         if (ctl == 1) break;
     }
     r->in_loop--;
-    return !iterated && n->orelse ? exec_body(r, n->orelse) : true;
+    if (iterated || !n->orelse) return true;
+    if (!push_scope(r, n->line)) return false; /* the else block's `set`s stay in it, as in Jinja */
+    bool ok = exec_body(r, n->orelse);
+    r->scope = saved;
+    return ok;
 }
 
 static bool exec_set(ct_render *r, const ct_node *n) {

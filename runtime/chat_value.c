@@ -551,17 +551,70 @@ static bool str_split(ct_render *r, int line, jv s, const jv *sep, int64_t maxsp
     return ct_list_push(r, line, out->l, jv_str(s.s + i, s.n - i));
 }
 
-/* ASCII case mapping: 1 upper, 2 lower, 3 capitalize. */
+/* Python's simple case mapping for ASCII, Latin-1, Latin Extended-A, Greek
+ * and Cyrillic (the letters of European languages); other code points are
+ * left as they are. */
+static uint32_t to_upper(uint32_t c) {
+    if ((c >= 'a' && c <= 'z') || (c >= 0xE0 && c <= 0xFE && c != 0xF7)) return c - 32;
+    if (c == 0xFF) return 0x178;
+    if (c == 0xB5) return 0x39C;
+    if ((c >= 0x100 && c <= 0x137) || (c >= 0x14A && c <= 0x177)) return c & ~1u;
+    if ((c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17E)) return c % 2 ? c : c - 1;
+    if (c == 0x17F) return 'S';
+    if (c >= 0x3B1 && c <= 0x3C9 && c != 0x3C2) return c - 32;
+    if (c == 0x3C2) return 0x3A3;
+    if (c == 0x3AC) return 0x386;
+    if (c >= 0x3AD && c <= 0x3AF) return c - 37;
+    if (c == 0x3CC) return 0x38C;
+    if (c == 0x3CD || c == 0x3CE) return c - 63;
+    if (c >= 0x430 && c <= 0x44F) return c - 32;
+    if (c >= 0x450 && c <= 0x45F) return c - 80;
+    return c;
+}
+
+static uint32_t to_lower(uint32_t c) {
+    if ((c >= 'A' && c <= 'Z') || (c >= 0xC0 && c <= 0xDE && c != 0xD7)) return c + 32;
+    if (c == 0x178) return 0xFF;
+    if ((c >= 0x100 && c <= 0x137) || (c >= 0x14A && c <= 0x177)) return c | 1u;
+    if ((c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17E)) return c % 2 ? c + 1 : c;
+    if (c >= 0x391 && c <= 0x3A9 && c != 0x3A2) return c + 32; /* Σ → σ: no final-sigma rule */
+    if (c == 0x386) return 0x3AC;
+    if (c >= 0x388 && c <= 0x38A) return c + 37;
+    if (c == 0x38C) return 0x3CC;
+    if (c == 0x38E || c == 0x38F) return c + 63;
+    if (c >= 0x410 && c <= 0x42F) return c + 32;
+    if (c >= 0x400 && c <= 0x40F) return c + 80;
+    return c;
+}
+
+static size_t utf8_put(uint32_t c, char *o) {
+    if (c < 0x80) return o[0] = (char)c, 1;
+    if (c < 0x800) return o[0] = (char)(0xC0 | c >> 6), o[1] = (char)(0x80 | (c & 0x3F)), 2;
+    if (c < 0x10000)
+        return o[0] = (char)(0xE0 | c >> 12), o[1] = (char)(0x80 | ((c >> 6) & 0x3F)), o[2] = (char)(0x80 | (c & 0x3F)), 3;
+    o[0] = (char)(0xF0 | c >> 18), o[1] = (char)(0x80 | ((c >> 12) & 0x3F));
+    o[2] = (char)(0x80 | ((c >> 6) & 0x3F)), o[3] = (char)(0x80 | (c & 0x3F));
+    return 4;
+}
+
+/* Case mapping: 1 upper, 2 lower, 3 capitalize (first upper, rest lower). */
 static bool str_case(ct_render *r, int line, jv s, int how, jv *out) {
-    char *p = ct_strdup(&r->arena, s.s, s.n);
-    if (!p) return ct_oom(r, line);
-    for (size_t i = 0; i < s.n; i++) {
+    kiln_buf b = {0};
+    for (size_t i = 0; i < s.n;) {
+        size_t k;
+        uint32_t c = decode_at(s.s, s.n, i, &k);
         bool up = how == 1 || (how == 3 && i == 0);
-        if (up && p[i] >= 'a' && p[i] <= 'z') p[i] = (char)(p[i] - 32);
-        if (!up && p[i] >= 'A' && p[i] <= 'Z') p[i] = (char)(p[i] + 32);
+        char enc[8];
+        size_t m;
+        if (c == 0xDF && up) m = how == 1 ? (memcpy(enc, "SS", 2), 2) : (memcpy(enc, "Ss", 2), 2); /* ß */
+        else m = utf8_put(up ? to_upper(c) : to_lower(c), enc);
+        if (!sb_add(r, line, &b, enc, m)) {
+            kiln_buf_free(&b);
+            return false;
+        }
+        i += k;
     }
-    *out = jv_str(p, s.n);
-    return true;
+    return sb_done(r, line, &b, out);
 }
 
 static bool affix(ct_render *r, int line, jv s, jv x, bool end, bool *out) {
@@ -733,6 +786,7 @@ static bool filter_escape(ct_render *r, const ct_expr *e, jv s, jv *out) {
 static bool filter_number(ct_render *r, const ct_expr *e, jv v, jv *dflt, bool want_int, jv *out) {
     double f = 0;
     bool ok = true;
+    if (v.k == V_UNDEF) return ct_fail(r, e->line, KILN_ERR_PARSE, "'%.*s' is undefined (filter '%s')", (int)v.n, v.s, e->name);
     if (v.k == V_INT || v.k == V_BOOL || v.k == V_FLOAT) f = num(v);
     else if (v.k == V_STR) {
         char buf[64];
@@ -925,7 +979,7 @@ bool ct_call_test(ct_render *r, const ct_expr *e, jv v, jv *args, int n, bool *o
     else if (!strcmp(t, "false")) *out = v.k == V_BOOL && !v.b;
     else if (!strcmp(t, "mapping")) *out = v.k == V_DICT;
     else if (!strcmp(t, "iterable")) *out = v.k == V_STR || v.k == V_LIST || v.k == V_DICT || v.k == V_UNDEF;
-    else if (!strcmp(t, "sequence")) *out = v.k == V_STR || v.k == V_LIST || v.k == V_DICT;
+    else if (!strcmp(t, "sequence")) *out = v.k == V_STR || v.k == V_LIST || v.k == V_DICT || v.k == V_UNDEF;
     else if (!strcmp(t, "lower") || !strcmp(t, "upper")) {
         jv s, m;
         if (!ct_to_str(r, line, v, &s) || !str_case(r, line, s, t[0] == 'u' ? 1 : 2, &m)) return false;

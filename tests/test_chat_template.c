@@ -7,7 +7,7 @@
  *     (their tokenizer_config.json), Mistral-7B-Instruct-v0.1, ChatML and a
  *     template using every supported feature; kiln must match byte for byte,
  *     and name raise_exception's message where transformers raised;
- *   - differential goldens: 600 random templates of the supported subset
+ *   - differential goldens: 1,000 random templates of the supported subset
  *     rendered by jinja2 as transformers configures it (random.json, made by
  *     make_random_golden.py): same output, or an error where jinja2 raised;
  *   - whitespace control, scoping and Undefined rules one at a time;

@@ -11,7 +11,7 @@ random.json: the output, or "error" when jinja2 raised (kiln must then fail
 too, with any status). Documented differences (non-ASCII case mapping, tuple
 printing, chained comparisons, bignums) are kept out of the grammar.
 
-usage: python3 tests/golden/chat/make_random_golden.py [N]   (default 600)
+usage: python3 tests/golden/chat/make_random_golden.py [N]   (default 1000)
 """
 import json
 import os
@@ -127,7 +127,7 @@ class Gen:
 
 
 def main():
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 600
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
     g = Gen(random.Random(20261130))
     cases = []
     for _ in range(n):
