@@ -17,8 +17,11 @@
  */
 #include <jansson.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "../compiler/kiln_chat_compile.h"
+#include "../compiler/kiln_compiler.h"
 #include "../runtime/kiln_chat.h"
 #include "kt.h"
 
@@ -342,6 +345,67 @@ static void test_section(void) {
     }
 }
 
+/* The public API on real engines: pycode-22m with Mistral's template as
+ * chat_template.jinja, and the same compiled with --no-chat-template. */
+static void test_public_api(void) {
+    const char *src = KILN_SHARED_DIR "/models/pycode-22m";
+    if (!kiln_path_is_dir(src)) {
+        KT_SKIP("%s not present", src);
+        return;
+    }
+    const char *dir = KILN_BINARY_DIR "/chat_api_ckpt";
+    const char *files[] = {"config.json", "generation_config.json", "model-00001-of-00002.safetensors",
+                           "model-00002-of-00002.safetensors", "model.safetensors.index.json", "tokenizer.json",
+                           "tokenizer_config.json"};
+    mkdir(dir, 0755);
+    char a[1024], b[1024];
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        snprintf(a, sizeof a, "%s/%s", src, files[i]);
+        snprintf(b, sizeof b, "%s/%s", dir, files[i]);
+        unlink(b);
+        KT_CHECK(symlink(a, b) == 0);
+    }
+    size_t jl;
+    char *jinja = slurp(GOLDEN "mistral.jinja", &jl);
+    KT_REQUIRE(jinja);
+    snprintf(b, sizeof b, "%s/chat_template.jinja", dir);
+    FILE *f = fopen(b, "wb");
+    KT_REQUIRE(f);
+    fwrite(jinja, 1, jl, f);
+    fclose(f);
+    free(jinja);
+    for (int drop = 0; drop < 2; drop++) {
+        kiln_compile_options o = {.weight_dtype = KILN_DTYPE_COUNT_, .output_path = KILN_BINARY_DIR "/chat_api.kiln",
+                                  .no_chat_template = drop};
+        kiln_error err = {0};
+        KT_CHECKF(kiln_compile(dir, &o, &err) == KILN_OK, "%s", err.msg);
+        kiln_t *k = NULL;
+        KT_REQUIRE(kiln_open(o.output_path, 1, &k) == KILN_OK);
+        KT_EQ_INT(kiln_has_chat_template(k), !drop);
+        kiln_chat_message m[3] = {{"user", "Hi"}, {"assistant", "Hello"}, {"user", "Bye"}};
+        char *text = NULL, msg[256];
+        size_t len = 0;
+        kiln_status st = kiln_chat_render(k, m, 3, 1, &text, &len, msg, sizeof msg);
+        if (drop) {
+            KT_EQ_INT(st, KILN_ERR_MISSING);
+            KT_CONTAINS(msg, "has no chat template");
+            KT_CHECK(text == NULL);
+        } else {
+            KT_EQ_INT(st, KILN_OK);
+            KT_EQ_STR(text ? text : "", "<s>[INST] Hi [/INST]Hello</s> [INST] Bye [/INST]");
+            KT_CHECK(text && len == strlen(text));
+            kiln_chat_text_free(text);
+            m[1].role = "user"; /* two users in a row: the template's raise_exception */
+            KT_EQ_INT(kiln_chat_render(k, m, 3, 1, &text, NULL, msg, sizeof msg), KILN_ERR_INVALID_ARG);
+            KT_CONTAINS(msg, "raise_exception: Conversation roles must alternate");
+            KT_EQ_INT(kiln_chat_render(k, NULL, 1, 1, &text, NULL, msg, sizeof msg), KILN_ERR_INVALID_ARG);
+            KT_EQ_INT(kiln_chat_render(k, m, -1, 1, &text, NULL, NULL, 0), KILN_ERR_INVALID_ARG);
+        }
+        kiln_close(k);
+    }
+    KT_EQ_INT(kiln_has_chat_template(NULL), 0);
+}
+
 static void test_bad_messages(void) {
     kiln_chat_template *t = NULL;
     kiln_error err = {0};
@@ -365,5 +429,6 @@ int main(void) {
     KT_RUN(test_caps);
     KT_RUN(test_section);
     KT_RUN(test_bad_messages);
+    KT_RUN(test_public_api);
     KT_END();
 }
