@@ -432,8 +432,10 @@ static bool eval_seq(ct_render *r, const ct_expr *e, jv *out) {
     if (e->k == E_LIST) {
         *out = ct_new_list(r, (size_t)e->n_args);
         if (out->k != V_LIST) return ct_oom(r, e->line);
-        for (int i = 0; i < e->n_args; i++)
-            if (!eval(r, e->args[i], &out->l->v[out->l->n++])) return false;
+        for (int i = 0; i < e->n_args; i++) {
+            jv v;
+            if (!eval(r, e->args[i], &v) || !ct_list_push(r, e->line, out->l, v)) return false;
+        }
         return true;
     }
     *out = ct_new_dict(r, V_DICT);
@@ -652,7 +654,7 @@ static bool add_messages(ct_render *r, const kiln_chat_message *msgs, size_t n) 
         if (d.k != V_DICT || !ct_dict_set(r, 0, d.d, jv_str("role", 4), jv_str(msgs[i].role, strlen(msgs[i].role))) ||
             !ct_dict_set(r, 0, d.d, jv_str("content", 7), jv_str(msgs[i].content, strlen(msgs[i].content))))
             return ct_oom(r, 0);
-        list.l->v[list.l->n++] = d;
+        if (!ct_list_push(r, 0, list.l, d)) return false;
     }
     return assign(r, 0, "messages", list);
 }

@@ -52,13 +52,19 @@ typedef struct jv {
     };
 } jv;
 
+/* Containers record how deeply they nest (1 = holds no container), capped at
+ * CT_MAX_VALUE_DEPTH so that str(), ==, tojson... never recurse without bound
+ * on a value a template built in a loop ({% set x = [x] %}). */
+#define CT_MAX_VALUE_DEPTH 64
 struct ct_list {
     size_t n, cap;
     jv *v;
+    int depth;
 };
 struct ct_dict {
     size_t n, cap;
     jv *key, *val;
+    int depth;
 };
 struct ct_loop {
     const ct_list *items;
@@ -94,7 +100,10 @@ struct ct_expr {
     ct_expr **args;   /* E_LIST items, E_DICT keys/values interleaved, call/filter/test arguments */
     const char **kw;  /* per argument: keyword name or NULL */
     int n_args;
+    int depth;        /* levels of expressions below and with this one (capped: eval recurses that deep) */
 };
+
+#define CT_MAX_EXPR_DEPTH 256 /* a + b + c... and x|f|g... chains nest without parentheses */
 
 typedef enum ct_skind { S_TEXT, S_OUT, S_IF, S_FOR, S_SET, S_SETATTR, S_SETBLOCK, S_BREAK, S_CONTINUE, S_BLOCK } ct_skind;
 

@@ -498,6 +498,22 @@ static bool expect_op(parser *P, const char *op) {
     return false;
 }
 
+static int edepth(const ct_expr *e) { return e ? e->depth : 0; }
+
+/* Set e->depth from its operands; refuse chains too deep to evaluate. */
+static ct_expr *sized(parser *P, ct_expr *e) {
+    if (!e) return NULL;
+    int d = edepth(e->a);
+    if (edepth(e->b) > d) d = edepth(e->b);
+    if (edepth(e->c) > d) d = edepth(e->c);
+    for (int i = 0; i < e->n_args; i++)
+        if (edepth(e->args[i]) > d) d = edepth(e->args[i]);
+    e->depth = d + 1;
+    if (e->depth > CT_MAX_EXPR_DEPTH)
+        return PERR(P, e->line, KILN_ERR_UNSUPPORTED, "expression nested deeper than %d", CT_MAX_EXPR_DEPTH);
+    return e;
+}
+
 static ct_expr *new_expr(parser *P, ct_ekind k, int line) {
     ct_expr *e = ct_alloc(P->a, sizeof *e);
     if (!e) return PERR(P, line, KILN_ERR_NOMEM, "out of memory");
@@ -555,7 +571,7 @@ static ct_expr *parse_call(parser *P, ct_expr *callee) {
     } else {
         return PERR(P, line, KILN_ERR_UNSUPPORTED, "only named functions and methods can be called");
     }
-    return parse_args(P, e) ? e : NULL;
+    return parse_args(P, e) ? sized(P, e) : NULL;
 }
 
 /* [a], [a:b], [a:b:c], .name, .0 */
@@ -576,7 +592,7 @@ static ct_expr *parse_subscript(parser *P, ct_expr *obj) {
         }
         P->i++;
         e->a = obj;
-        return e;
+        return sized(P, e);
     }
     P->i++; /* '[' */
     ct_expr *parts[3] = {NULL, NULL, NULL};
@@ -599,7 +615,7 @@ static ct_expr *parse_subscript(parser *P, ct_expr *obj) {
     if (!slice) {
         if (!parts[0]) return PERR(P, line, KILN_ERR_PARSE, "empty subscript");
         e->b = parts[0];
-        return e;
+        return sized(P, e);
     }
     e->b = parts[0];
     e->c = parts[1];
@@ -607,7 +623,7 @@ static ct_expr *parse_subscript(parser *P, ct_expr *obj) {
     e->args = ct_alloc(P->a, sizeof *e->args);
     if (!e->args) return PERR(P, line, KILN_ERR_NOMEM, "out of memory");
     e->args[0] = parts[2];
-    return e;
+    return sized(P, e);
 }
 
 static ct_expr *parse_postfix(parser *P, ct_expr *e) {
@@ -640,7 +656,7 @@ static ct_expr *parse_filter(parser *P, ct_expr *v) {
         if (at == 0 && !sel ? !ct_known_filter(n) : !ct_known_test(n))
             return PERR(P, line, KILN_ERR_UNSUPPORTED, "%s '%s' is not supported", sel || attr ? "test" : "filter", n);
     }
-    return e;
+    return sized(P, e);
 }
 
 static ct_expr *parse_test(parser *P, ct_expr *v) {
@@ -670,7 +686,7 @@ static ct_expr *parse_test(parser *P, ct_expr *v) {
         e->args[0] = arg;
         e->n_args = 1;
     }
-    return e;
+    return sized(P, e);
 }
 
 static ct_expr *parse_filter_expr(parser *P, ct_expr *e) {
@@ -704,7 +720,7 @@ static ct_expr *parse_seq(parser *P, ct_ekind k, const char *close, int line) {
     }
     e->args = items;
     e->n_args = n;
-    return e;
+    return sized(P, e);
 }
 
 static ct_expr *parse_primary(parser *P) {
@@ -770,6 +786,7 @@ static ct_expr *parse_unary(parser *P, bool with_filter) {
         bool neg = is_op(cur(P), "-");
         P->i++;
         if ((e = new_expr(P, neg ? E_NEG : E_POS, line)) && !(e->a = parse_unary(P, false))) e = NULL;
+        e = sized(P, e);
     } else {
         e = parse_primary(P);
     }
@@ -786,7 +803,7 @@ static ct_expr *binary(parser *P, ct_ekind k, int op, ct_expr *a, ct_expr *b, in
     e->op = op;
     e->a = a;
     e->b = b;
-    return e;
+    return sized(P, e);
 }
 
 static ct_expr *parse_pow(parser *P) {
@@ -865,6 +882,7 @@ static ct_expr *parse_not(parser *P) {
             return PERR(P, line, KILN_ERR_UNSUPPORTED, "expression nested deeper than %d", KILN_CHAT_MAX_DEPTH);
         ct_expr *e = new_expr(P, E_NOT, line);
         if (e && !(e->a = parse_not(P))) e = NULL;
+        e = sized(P, e);
         P->depth--;
         return e;
     }
@@ -904,7 +922,7 @@ static ct_expr *parse_expr(parser *P) {
         if (!c || !(c->b = parse_or(P))) return NULL;
         c->a = e;
         if (accept_name(P, "else") && !(c->c = parse_expr(P))) return NULL;
-        e = c;
+        e = sized(P, c);
     }
     P->depth--;
     return e;

@@ -81,8 +81,19 @@ static jv *arg_at(jv *args, const char **kw, int n, int pos, const char *name) {
 
 /* ---- lists and dicts ---- */
 
+static int vdepth(jv v) { return v.k == V_LIST ? v.l->depth : v.k == V_DICT || v.k == V_NS ? v.d->depth : 0; }
+
+/* A container that gets `v` must stay within CT_MAX_VALUE_DEPTH. */
+static bool nest(ct_render *r, int line, int *depth, jv v) {
+    int d = vdepth(v) + 1;
+    if (d > CT_MAX_VALUE_DEPTH) return ct_fail(r, line, KILN_ERR_INVALID_ARG, "values nested deeper than %d", CT_MAX_VALUE_DEPTH);
+    if (d > *depth) *depth = d;
+    return true;
+}
+
 jv ct_new_list(ct_render *r, size_t cap) {
     ct_list *l = ct_alloc(&r->arena, sizeof *l);
+    if (l) l->depth = 1;
     if (l && cap) {
         l->v = ct_alloc(&r->arena, sizeof *l->v * cap);
         l->cap = l->v ? cap : 0;
@@ -92,10 +103,12 @@ jv ct_new_list(ct_render *r, size_t cap) {
 
 jv ct_new_dict(ct_render *r, ct_kind k) {
     ct_dict *d = ct_alloc(&r->arena, sizeof *d);
+    if (d) d->depth = 1;
     return d ? (jv){.k = k, .d = d} : jv_none();
 }
 
 bool ct_list_push(ct_render *r, int line, ct_list *l, jv v) {
+    if (!nest(r, line, &l->depth, v)) return false;
     if (l->n == l->cap) {
         size_t cap = l->cap ? l->cap * 2 : 8;
         if (cap > r->lim.max_memory / sizeof(jv)) return ct_fail(r, line, KILN_ERR_INVALID_ARG, "a list grows past the memory cap");
@@ -116,6 +129,7 @@ jv *ct_dict_get(const ct_dict *d, jv key) {
 }
 
 bool ct_dict_set(ct_render *r, int line, ct_dict *d, jv key, jv val) {
+    if (!nest(r, line, &d->depth, key) || !nest(r, line, &d->depth, val)) return false;
     jv *v = ct_dict_get(d, key);
     if (v) {
         *v = val;
@@ -701,11 +715,9 @@ static bool dict_method(ct_render *r, const ct_expr *e, jv d, jv *args, const ch
         if (items) {
             v = ct_new_list(r, 2);
             if (v.k != V_LIST) return ct_oom(r, e->line);
-            v.l->v[0] = d.d->key[i];
-            v.l->v[1] = d.d->val[i];
-            v.l->n = 2;
+            if (!ct_list_push(r, e->line, v.l, d.d->key[i]) || !ct_list_push(r, e->line, v.l, d.d->val[i])) return false;
         }
-        out->l->v[out->l->n++] = v;
+        if (!ct_list_push(r, e->line, out->l, v)) return false;
     }
     return true;
 }
@@ -735,12 +747,14 @@ static bool to_list(ct_render *r, int line, jv v, jv *out) {
         *out = ct_new_list(r, v.k == V_LIST ? v.l->n : 0);
         if (out->k != V_LIST) return ct_oom(r, line);
         if (v.k == V_LIST && v.l->n) memcpy(out->l->v, v.l->v, sizeof *v.l->v * v.l->n), out->l->n = v.l->n;
+        if (v.k == V_LIST) out->l->depth = v.l->depth;
         return true;
     }
     if (v.k == V_DICT) {
         *out = ct_new_list(r, v.d->n);
         if (out->k != V_LIST) return ct_oom(r, line);
-        for (size_t i = 0; i < v.d->n; i++) out->l->v[out->l->n++] = v.d->key[i];
+        for (size_t i = 0; i < v.d->n; i++)
+            if (!ct_list_push(r, line, out->l, v.d->key[i])) return false;
         return true;
     }
     if (v.k == V_STR) {
@@ -874,7 +888,7 @@ static bool filter_map(ct_render *r, const ct_expr *e, jv v, jv *args, const cha
         } else if (!ct_call_filter(r, &f, item, args + 1, kw + 1, n - 1, &x)) {
             return false;
         }
-        out->l->v[out->l->n++] = x;
+        if (!ct_list_push(r, e->line, out->l, x)) return false;
     }
     return true;
 }

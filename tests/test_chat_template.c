@@ -282,6 +282,22 @@ static void test_caps(void) {
     char blocks[4096] = "";
     for (int i = 0; i < 100; i++) strcat(blocks, "{% if 1 %}");
     KT_EQ_INT(render(blocks, got, sizeof got, NULL), KILN_ERR_UNSUPPORTED);
+    /* chains nest without parentheses: 1 + 1 + ... and x|trim|trim... */
+    static char chain[200000];
+    strcpy(chain, "{{ 1");
+    for (int i = 0; i < 30000; i++) strcat(chain + strlen(chain) - 2, " + 1");
+    strcat(chain, " }}");
+    KT_EQ_INT(render(chain, got, sizeof got, NULL), KILN_ERR_UNSUPPORTED);
+    KT_CONTAINS(got, "nested deeper than 256");
+    strcpy(chain, "{{ 'x'");
+    for (int i = 0; i < 300; i++) strcat(chain, "|trim");
+    strcat(chain, " }}");
+    KT_EQ_INT(render(chain, got, sizeof got, NULL), KILN_ERR_UNSUPPORTED);
+    /* values nested at run time */
+    KT_EQ_INT(render("{% set ns = namespace(x=[]) %}{% for i in range(100) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}",
+                     got, sizeof got, NULL), KILN_ERR_INVALID_ARG);
+    KT_CONTAINS(got, "values nested deeper than 64");
+    RENDERS("{% set ns = namespace(x=[]) %}{% for i in range(3) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}", "[[[[]]]]");
     char big_ok[512] = "{{ ";
     for (int i = 0; i < 30; i++) strcat(big_ok, "(");
     strcat(big_ok, "7");
