@@ -5,7 +5,9 @@
  *
  * An engine without a chat section (format 2.0, or compiled with
  * --no-chat-template) opens as before; kiln_chat_render then says so with
- * KILN_ERR_MISSING. A runtime older than format 2.1 ignores the section.
+ * KILN_ERR_MISSING. A runtime older than format 2.1 ignores the section; one
+ * whose interpreter cannot parse the template (from a newer kiln) opens the
+ * engine and refuses only kiln_chat_render, naming what it does not support.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,11 +27,24 @@ kiln_status kiln_chat_from_engine(const kiln_engine *e, const char *path, kiln_c
     if (st != KILN_OK) return st;
     st = kiln_chat_section_load(data, size, out, err);
     if (owned) free((void *)data);
+    if (st == KILN_ERR_PARSE || st == KILN_ERR_UNSUPPORTED) {
+        /* a template outside this runtime's subset: open anyway, refuse at render */
+        if (!(*out = calloc(1, sizeof **out)) || !((*out)->error = strdup(err->msg))) {
+            free(*out);
+            *out = NULL;
+            return kiln_err(err, KILN_ERR_NOMEM, "%s: chat section: out of memory", path);
+        }
+        kiln_err_clear(err);
+        return KILN_OK;
+    }
     if (st != KILN_OK) return kiln_err_prefix(err, "%s: chat section: ", path);
     return KILN_OK;
 }
 
-int32_t kiln_has_chat_template(const kiln_t *k) { return kiln_api_chat(k) ? 1 : 0; }
+int32_t kiln_has_chat_template(const kiln_t *k) {
+    const kiln_chat_section *c = kiln_api_chat(k);
+    return c && c->tmpl ? 1 : 0;
+}
 
 static kiln_status fail(char *errbuf, size_t errcap, const kiln_error *err) {
     if (errbuf && errcap) snprintf(errbuf, errcap, "%s", err->msg);

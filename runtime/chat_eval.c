@@ -762,10 +762,16 @@ void kiln_chat_section_free(kiln_chat_section *c) {
     if (!c) return;
     kiln_chat_template_free(c->tmpl);
     free(c->strings);
+    free(c->error);
     free(c);
 }
 
 kiln_status kiln_chat_section_render(const kiln_chat_section *c, const kiln_chat_message *msgs, size_t n,
                                      bool add_generation_prompt, kiln_buf *out, kiln_error *err) {
+    if (!c->tmpl) {
+        kiln_err(err, KILN_ERR_UNSUPPORTED, "this runtime cannot render the engine's chat template: %s",
+                 c->error ? c->error : "no template");
+        return kiln_err_hint(err, "upgrade the runtime, or recompile the engine with this kiln");
+    }
     return kiln_chat_template_render(c->tmpl, msgs, n, c->vars, c->n_vars, add_generation_prompt, NULL, out, err);
 }

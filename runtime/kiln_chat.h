@@ -74,6 +74,7 @@ typedef struct kiln_chat_section {
     kiln_chat_var vars[KILN_CHAT_MAX_SPECIAL];
     size_t n_vars;
     char *strings; /* owns the vars' names and values */
+    char *error;   /* kiln_chat_from_engine only: why this runtime cannot use the template (tmpl is NULL) */
 } kiln_chat_section;
 
 /* Parse a chat section's payload (hostile: sizes capped, UTF-8 checked, the
@@ -85,7 +86,10 @@ kiln_status kiln_chat_section_render(const kiln_chat_section *c, const kiln_chat
                                   kiln_buf *out, kiln_error *err);
 
 /* The engine's chat section (KILN_SECTION_CHAT), or *out = NULL when it has
- * none (an engine from before format 2.1, or compiled with --no-chat-template). */
+ * none (an engine from before format 2.1, or compiled with --no-chat-template).
+ * A template this runtime cannot parse (a newer kiln's, say) does not fail
+ * the open: the section comes back with tmpl NULL and `error` saying why,
+ * which kiln_chat_render reports. */
 struct kiln_engine;
 kiln_status kiln_chat_from_engine(const struct kiln_engine *e, const char *path, kiln_chat_section **out, kiln_error *err);
 /* The chat section of an open engine handle (runtime/api.c), or NULL. */

@@ -353,6 +353,12 @@ static void test_section(void) {
     KT_EQ_INT(kiln_chat_compile_mem(raises, strlen(raises), NULL, 0, "cfg", &p, &found, &err), KILN_ERR_INVALID_ARG);
     KT_CONTAINS(err.msg, "refuses every sample conversation");
     KT_CHECK(!found && p.len == 0);
+    /* a section this runtime cannot parse still opens through kiln_chat_from_engine's path: tmpl NULL */
+    kiln_chat_section lame = {.error = "chat template: line 1: tag 'macro' is not supported"};
+    kiln_buf lo = {0};
+    kiln_chat_message lm = {"user", "x"};
+    KT_EQ_INT(kiln_chat_section_render(&lame, &lm, 1, true, &lo, &err), KILN_ERR_UNSUPPORTED);
+    KT_CONTAINS(err.msg, "this runtime cannot render the engine's chat template: chat template: line 1: tag 'macro'");
     const char *junk[] = {"[]", "{\"template\": 1}", "{\"template\": \"x\", \"special_tokens\": []}",
                           "{\"template\": \"{% if %}\"}", "{\"template\": \"x\", \"special_tokens\": {\"a\": 1}}"};
     for (size_t i = 0; i < sizeof junk / sizeof *junk; i++) {
