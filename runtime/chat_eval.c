@@ -90,6 +90,17 @@ static bool push_scope(ct_render *r, int line) {
     return true;
 }
 
+bool ct_charge(ct_render *r, int line, uint64_t units) {
+    r->steps += units;
+    if (r->steps > r->lim.max_steps)
+        return ct_fail(r, line, KILN_ERR_INVALID_ARG, "rendering takes more than %llu steps", (unsigned long long)r->lim.max_steps);
+    return true;
+}
+
+static uint64_t size_of(jv v) {
+    return v.k == V_LIST ? v.l->n : v.k == V_DICT || v.k == V_NS ? v.d->n : v.k == V_STR ? v.n / 64 : 0;
+}
+
 static bool step(ct_render *r, int line) {
     if (++r->steps > r->lim.max_steps)
         return ct_fail(r, line, KILN_ERR_INVALID_ARG, "rendering takes more than %llu steps", (unsigned long long)r->lim.max_steps);
@@ -119,6 +130,7 @@ static bool get_attr(ct_render *r, int line, jv obj, const char *name, jv *out) 
         return ct_fail(r, line, KILN_ERR_PARSE, "'%.*s' is undefined (reading .%s)", (int)obj.n, obj.s, name);
     *out = jv_undef(name, strlen(name));
     if (obj.k == V_DICT || obj.k == V_NS) {
+        if (!ct_charge(r, line, obj.d->n)) return false;
         jv *v = ct_dict_get(obj.d, jv_str(name, strlen(name)));
         if (v) *out = *v;
     } else if (obj.k == V_LOOP) {
@@ -134,6 +146,7 @@ static bool get_item(ct_render *r, int line, jv obj, jv key, jv *out) {
     *out = jv_undef("item", 4);
     if ((obj.k == V_LIST || obj.k == V_STR) && (key.k == V_INT || key.k == V_BOOL)) {
         int64_t i = key.k == V_INT ? key.i : key.b;
+        if (obj.k == V_STR && !ct_charge(r, line, obj.n / 64)) return false;
         int64_t n = obj.k == V_LIST ? (int64_t)obj.l->n : (int64_t)ct_utf8_len(obj.s, obj.n);
         if (i < 0) i += n;
         if (i < 0 || i >= n) return true;
@@ -148,6 +161,7 @@ static bool get_item(ct_render *r, int line, jv obj, jv key, jv *out) {
         return true;
     }
     if (obj.k == V_DICT || obj.k == V_NS) {
+        if (!ct_charge(r, line, obj.d->n)) return false;
         jv *v = ct_dict_get(obj.d, key);
         if (v) *out = *v;
         return true;
@@ -220,6 +234,7 @@ static bool get_slice(ct_render *r, const ct_expr *e, jv obj, jv *a, jv *b, jv *
 
 bool ct_contains(ct_render *r, int line, jv needle, jv hay, bool *out) {
     *out = false;
+    if (!ct_charge(r, line, size_of(hay))) return false;
     switch (hay.k) {
     case V_UNDEF: return true;
     case V_STR:
@@ -253,6 +268,7 @@ static double fval(jv v) { return v.k == V_FLOAT ? v.f : (double)ival(v); }
 static bool repeat(ct_render *r, int line, jv seq, int64_t times, jv *out) {
     if (times < 0) times = 0;
     size_t unit = seq.k == V_STR ? seq.n : seq.l->n * sizeof(jv);
+    if (unit == 0) times = 0; /* '' * 10**18 is '' at once */
     if (unit && (uint64_t)times > r->lim.max_memory / unit)
         return ct_fail(r, line, KILN_ERR_INVALID_ARG, "a repetition grows past the %zu-byte memory cap", r->lim.max_memory);
     if (seq.k == V_STR) {
@@ -393,12 +409,17 @@ static bool call_range(ct_render *r, const ct_expr *e, jv *v, jv *out) {
     else a = ival(v[0]), b = ival(v[1]);
     if (n == 3) s = ival(v[2]);
     if (s == 0) return ct_fail(r, e->line, KILN_ERR_PARSE, "range() step must not be zero");
-    double count = s > 0 ? ceil(((double)b - (double)a) / (double)s) : ceil(((double)a - (double)b) / (double)-s);
+    /* exact count in unsigned arithmetic (b - a may not fit int64) */
+    uint64_t span = s > 0 ? (b > a ? (uint64_t)b - (uint64_t)a : 0) : (a > b ? (uint64_t)a - (uint64_t)b : 0);
+    uint64_t step_u = s > 0 ? (uint64_t)s : -(uint64_t)s;
+    uint64_t count = span / step_u + (span % step_u != 0);
     if (count > MAX_RANGE)
         return ct_fail(r, e->line, KILN_ERR_INVALID_ARG, "range() of more than %d items", MAX_RANGE);
-    *out = ct_new_list(r, count > 0 ? (size_t)count : 0);
+    size_t n_items = (size_t)count;
+    *out = ct_new_list(r, n_items);
     if (out->k != V_LIST) return ct_oom(r, e->line);
-    for (int64_t i = a; s > 0 ? i < b : i > b; i += s) out->l->v[out->l->n++] = jv_int(i);
+    /* by count: a + k*s stays between a and b, so nothing overflows */
+    for (size_t k = 0; k < n_items; k++) out->l->v[out->l->n++] = jv_int((int64_t)((uint64_t)a + (uint64_t)k * (uint64_t)s));
     return true;
 }
 
@@ -450,6 +471,7 @@ static bool eval_seq(ct_render *r, const ct_expr *e, jv *out) {
 static bool eval_cmp(ct_render *r, const ct_expr *e, jv a, jv b, jv *out) {
     bool res;
     int c;
+    if (!ct_charge(r, e->line, size_of(a) + size_of(b))) return false;
     switch (e->op) {
     case OP_EQ: res = ct_equal(a, b); break;
     case OP_NE: res = !ct_equal(a, b); break;

@@ -151,6 +151,9 @@ typedef struct ct_render {
 /* Record an error ("chat template: line N: ...") and return false. */
 bool ct_fail(ct_render *r, int line, kiln_status code, const char *fmt, ...) KILN_PRINTF(4, 5);
 bool ct_oom(ct_render *r, int line);
+/* Count `units` of work against max_steps: a builtin that scans a list, a
+ * dict or a long string charges its size, so a loop over it cannot hang. */
+bool ct_charge(ct_render *r, int line, uint64_t units);
 
 /* ---- values and builtins (chat_value.c) ---- */
 bool ct_truthy(jv v);

@@ -129,7 +129,7 @@ jv *ct_dict_get(const ct_dict *d, jv key) {
 }
 
 bool ct_dict_set(ct_render *r, int line, ct_dict *d, jv key, jv val) {
-    if (!nest(r, line, &d->depth, key) || !nest(r, line, &d->depth, val)) return false;
+    if (!nest(r, line, &d->depth, key) || !nest(r, line, &d->depth, val) || !ct_charge(r, line, d->n)) return false;
     jv *v = ct_dict_get(d, key);
     if (v) {
         *v = val;
@@ -652,6 +652,7 @@ static bool want_str(ct_render *r, const ct_expr *e, jv *a, const char *what) {
 static bool str_method(ct_render *r, const ct_expr *e, jv s, jv *args, const char **kw, int n, jv *out) {
     const char *m = e->name;
     int line = e->line;
+    if (!ct_charge(r, line, s.n / 64)) return false;
     jv *a0 = arg_at(args, kw, n, 0, "__0"), *a1 = arg_at(args, kw, n, 1, "__1");
     if (!strcmp(m, "startswith") || !strcmp(m, "endswith")) {
         bool b;
@@ -733,6 +734,7 @@ bool ct_call_method(ct_render *r, const ct_expr *e, jv self, jv *args, const cha
 /* ---- filters ---- */
 
 static bool filter_length(ct_render *r, const ct_expr *e, jv v, jv *out) {
+    if (v.k == V_STR && !ct_charge(r, e->line, v.n / 64)) return false;
     switch (v.k) {
     case V_UNDEF: *out = jv_int(0); return true;
     case V_STR: *out = jv_int((int64_t)ct_utf8_len(v.s, v.n)); return true;

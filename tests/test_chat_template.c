@@ -259,6 +259,14 @@ static void test_caps(void) {
     KT_EQ_INT(render("{% for i in range(100) %}{% for j in range(100) %}{% endfor %}{% endfor %}", got, sizeof got, &lim),
               KILN_ERR_INVALID_ARG);
     KT_CONTAINS(got, "loops run more than 5000 times");
+    RENDERS("{{ range(9223372036854775806, 9223372036854775807, 10) }}{{ range(5, -5, -4) }}{{ range(3, 1) }}",
+            "[9223372036854775806][5, 1, -3][]");
+    RENDERS("{{ ('' * 1000000000000000000)|length }}{{ ([] * 1000000000000000000)|length }}", "00");
+    kiln_chat_limits_default(&lim);
+    lim.max_steps = 100000;
+    KT_EQ_INT(render("{% set s = 'x' * 1000000 %}{% for i in range(100000) %}{% if 'y' in s %}{% endif %}{% endfor %}",
+                     got, sizeof got, &lim), KILN_ERR_INVALID_ARG);
+    KT_CONTAINS(got, "steps");
     KT_EQ_INT(render("{{ range(1000000) }}", got, sizeof got, NULL), KILN_ERR_INVALID_ARG);
     KT_CONTAINS(got, "range() of more than 100000 items");
     kiln_chat_limits_default(&lim);
