@@ -201,6 +201,58 @@ static kiln_status emit_data(lexer *L, size_t a, size_t b, int line) {
     return push_tok(L, (tok){.t = T_DATA, .line = line, .p = p, .n = b - a});
 }
 
+static void put_utf8(kiln_buf *b, uint32_t cp) {
+    unsigned char u[4];
+    size_t k = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+    if (k == 1) u[0] = (unsigned char)cp;
+    else if (k == 2) u[0] = (unsigned char)(0xC0 | cp >> 6), u[1] = (unsigned char)(0x80 | (cp & 0x3F));
+    else if (k == 3)
+        u[0] = (unsigned char)(0xE0 | cp >> 12), u[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F)),
+        u[2] = (unsigned char)(0x80 | (cp & 0x3F));
+    else
+        u[0] = (unsigned char)(0xF0 | cp >> 18), u[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F)),
+        u[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F)), u[3] = (unsigned char)(0x80 | (cp & 0x3F));
+    kiln_buf_append(b, u, k);
+}
+
+/* \xNN, \uNNNN, \UNNNNNNNN after the backslash at *i (s[*i + 1] = e). */
+static kiln_status lex_hex_escape(lexer *L, kiln_buf *b, size_t *i, char e, int line) {
+    int digits = e == 'x' ? 2 : e == 'u' ? 4 : 8;
+    uint32_t cp = 0;
+    for (int d = 0; d < digits; d++) {
+        size_t at = *i + 2 + (size_t)d;
+        char h = at < L->len ? L->s[at] : 0;
+        int v = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+        if (v < 0) return lex_err(L, line, KILN_ERR_PARSE, "truncated \\%c escape in a string literal", e);
+        cp = cp * 16 + (uint32_t)v;
+    }
+    if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+        return lex_err(L, line, KILN_ERR_UNSUPPORTED, "escape \\%c%0*X is not a Unicode scalar value", e, digits, cp);
+    put_utf8(b, cp);
+    *i += 1 + (size_t)digits;
+    return KILN_OK;
+}
+
+/* One escape after the backslash at *i; *i ends on its last character. */
+static kiln_status lex_escape(lexer *L, kiln_buf *b, size_t *i, int line) {
+    char e = L->s[*i + 1];
+    static const char from[] = "ntr\\'\"abfv0", to[] = "\n\t\r\\'\"\a\b\f\v";
+    const char *k = strchr(from, e);
+    if (e && k) {
+        kiln_buf_append(b, e == '0' ? "" : &to[k - from], 1);
+        *i += 1;
+        return KILN_OK;
+    }
+    if (e == '\n') { /* a backslash-newline continues the line */
+        L->line++;
+        *i += 1;
+        return KILN_OK;
+    }
+    if (e == 'x' || e == 'u' || e == 'U') return lex_hex_escape(L, b, i, e, line);
+    kiln_buf_append(b, "\\", 1); /* an unknown escape keeps its backslash, as in Python */
+    return KILN_OK;
+}
+
 /* Decode a string literal at L->pos (quote included) with Python's escapes. */
 static kiln_status lex_string(lexer *L) {
     char q = L->s[L->pos];
@@ -208,82 +260,23 @@ static kiln_status lex_string(lexer *L) {
     size_t i = L->pos + 1;
     kiln_buf b = {0};
     kiln_status st = KILN_OK;
-    for (;; i++) {
+    for (; st == KILN_OK; i++) {
         if (i >= L->len) {
             st = lex_err(L, line, KILN_ERR_PARSE, "unterminated string literal");
-            goto out;
+            break;
         }
         char c = L->s[i];
         if (c == q) break;
         if (c == '\n') L->line++;
-        if (c != '\\' || i + 1 >= L->len) {
-            kiln_buf_append(&b, &c, 1);
-            continue;
-        }
-        char e = L->s[++i];
-        const char *rep = NULL;
-        switch (e) {
-        case 'n': rep = "\n"; break;
-        case 't': rep = "\t"; break;
-        case 'r': rep = "\r"; break;
-        case '\\': rep = "\\"; break;
-        case '\'': rep = "'"; break;
-        case '"': rep = "\""; break;
-        case 'a': rep = "\a"; break;
-        case 'b': rep = "\b"; break;
-        case 'f': rep = "\f"; break;
-        case 'v': rep = "\v"; break;
-        case '0': rep = ""; kiln_buf_append(&b, "\0", 1); break;
-        case '\n': rep = ""; L->line++; break;
-        default: break;
-        }
-        if (rep) {
-            kiln_buf_append(&b, rep, strlen(rep));
-            continue;
-        }
-        int digits = e == 'x' ? 2 : e == 'u' ? 4 : e == 'U' ? 8 : 0;
-        if (!digits) { /* unknown escape: Python keeps the backslash */
-            kiln_buf_append(&b, "\\", 1);
-            i--;
-            continue;
-        }
-        uint32_t cp = 0;
-        for (int d = 0; d < digits; d++) {
-            char h = i + 1 + (size_t)d < L->len ? L->s[i + 1 + d] : 0;
-            int v = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
-            if (v < 0) {
-                st = lex_err(L, line, KILN_ERR_PARSE, "truncated \\%c escape in a string literal", e);
-                goto out;
-            }
-            cp = cp * 16 + (uint32_t)v;
-        }
-        i += (size_t)digits;
-        if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
-            st = lex_err(L, line, KILN_ERR_UNSUPPORTED, "escape \\%c%0*X is not a Unicode scalar value", e, digits, cp);
-            goto out;
-        }
-        unsigned char u[4];
-        size_t k = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
-        if (k == 1) u[0] = (unsigned char)cp;
-        else if (k == 2) u[0] = (unsigned char)(0xC0 | cp >> 6), u[1] = (unsigned char)(0x80 | (cp & 0x3F));
-        else if (k == 3)
-            u[0] = (unsigned char)(0xE0 | cp >> 12), u[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F)),
-            u[2] = (unsigned char)(0x80 | (cp & 0x3F));
-        else
-            u[0] = (unsigned char)(0xF0 | cp >> 18), u[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F)),
-            u[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F)), u[3] = (unsigned char)(0x80 | (cp & 0x3F));
-        kiln_buf_append(&b, u, k);
+        if (c == '\\' && i + 1 < L->len) st = lex_escape(L, &b, &i, line);
+        else kiln_buf_append(&b, &c, 1);
     }
-    {
+    if (st == KILN_OK) {
         char *p = ct_strdup(L->a, b.data ? (const char *)b.data : "", b.len);
-        if (!p) {
-            st = kiln_err(L->err, KILN_ERR_NOMEM, "chat template: out of memory");
-            goto out;
-        }
-        st = push_tok(L, (tok){.t = T_STR, .line = line, .p = p, .n = b.len});
+        if (!p) st = kiln_err(L->err, KILN_ERR_NOMEM, "chat template: out of memory");
+        else st = push_tok(L, (tok){.t = T_STR, .line = line, .p = p, .n = b.len});
         L->pos = i + 1;
     }
-out:
     kiln_buf_free(&b);
     return st;
 }

@@ -199,6 +199,18 @@ static void test_whitespace(void) {
     RENDERS("{{ '}}' }}{{ {'a': {'b': 1}}['a']['b'] }}", "}}1");          /* ends only outside brackets */
 }
 
+static void test_escapes(void) {
+    /* the outputs of jinja2 for the same literals */
+    char got[256];
+    KT_EQ_INT(render("{{ 'a\\qb\\x41\\u00e9\\U0001F600\\'\\\"\\\\\\n\\t|' }}", got, sizeof got, NULL), KILN_OK);
+    KT_EQ_STR(got, "a\\qbA\xc3\xa9\xf0\x9f\x98\x80'\"\\\n\t|");
+    KT_EQ_INT(render("{{ ('x\\0y'|length) ~ ('x\\0y'[1] == '\\x00') }}", got, sizeof got, NULL), KILN_OK);
+    KT_EQ_STR(got, "3True");
+    RENDERS("{{ 'line\\\ncont' }}", "linecont");
+    REFUSES("{{ 'bad\\x4' }}", KILN_ERR_PARSE, "truncated \\x escape");
+    REFUSES("{{ '\\ud800' }}", KILN_ERR_UNSUPPORTED, "not a Unicode scalar value");
+}
+
 static void test_semantics(void) {
     RENDERS("{% for i in [1,2] %}{% if i == 2 %}[{{ x }}]{% endif %}{% set x = i %}{% endfor %}", "[]");
     RENDERS("{% set x = 5 %}{% for i in [1,2] %}[{{ x }}]{% set x = i %}{% endfor %}{{ x }}", "[5][5]5");
@@ -454,6 +466,7 @@ int main(void) {
     KT_RUN(test_golden);
     KT_RUN(test_random);
     KT_RUN(test_whitespace);
+    KT_RUN(test_escapes);
     KT_RUN(test_semantics);
     KT_RUN(test_refusals);
     KT_RUN(test_caps);
