@@ -44,11 +44,13 @@ CONVERSATIONS = {
     "whitespace": [U("  padded  \n\n"), A("\n  answer\t \n")],
     "empty_content": [U(""), A("")],
     "two_users": [U("First."), U("Second.")],
+    "tool_results": [U("Weather?"), A("Checking."), {"role": "tool", "content": "{\"temp\": 21}"},
+                     {"role": "tool", "content": "<tool_response>sunny</tool_response>"}, U("Thanks")],
 }
 
 CASES = [
     ("llama3", ["user", "system_user", "multi_turn", "system_multi_turn", "non_ascii", "template_chars", "whitespace", "empty_content"]),
-    ("qwen3", ["user", "system_user", "multi_turn", "system_multi_turn", "think", "think_last", "non_ascii", "template_chars", "whitespace", "empty_content"]),
+    ("qwen3", ["user", "system_user", "multi_turn", "system_multi_turn", "think", "think_last", "non_ascii", "template_chars", "whitespace", "empty_content", "tool_results"]),
     ("mistral", ["user", "system_user", "multi_turn", "non_ascii", "template_chars", "two_users", "whitespace"]),
     ("chatml", ["user", "system_user", "multi_turn", "non_ascii", "template_chars", "whitespace"]),
     ("features", ["system_user", "multi_turn", "non_ascii", "template_chars"]),
