@@ -45,6 +45,8 @@ static void help(FILE *f) {
                "  --dump-ir             print the graph after each pass to stdout (stderr with --json)\n"
                "  --standalone          write an executable with the engine built in instead of an engine\n"
                "                        file (as `kiln package`; needs LLVM and a C toolchain)\n"
+               "  --no-chat-template    leave the checkpoint's chat template out (kiln refuses a template\n"
+               "                        its Jinja subset cannot render; docs/chat.md)\n"
                "  --json                print a JSON summary on stdout\n"
                "  -h, --help            this help\n");
 }
@@ -140,6 +142,7 @@ int kiln_cmd_compile(int argc, char **argv) {
         {"target", required_argument, 0, 't'}, {"kv-block-size", required_argument, 0, 'b'},
         {"threads", required_argument, 0, 'T'}, {"force", no_argument, 0, O_FORCE},
         {"allow-unused", required_argument, 0, 'U'}, {"standalone", no_argument, 0, 'S'},
+        {"no-chat-template", no_argument, 0, 'C'},
         {0, 0, 0, 0}};
     kiln_compile_options opt = {.weight_dtype = KILN_DTYPE_COUNT_, .dump_stream = stdout};
     const char *allow_unused[64]; /* --allow-unused patterns (pointing into argv) */
@@ -164,6 +167,7 @@ int kiln_cmd_compile(int argc, char **argv) {
             }
             break;
         case 'p': opt.passes = optarg; break;
+        case 'C': opt.no_chat_template = true; break;
         case 't': opt.targets = optarg; break;
         case 'b':
         case 'T': {

@@ -25,6 +25,7 @@
 #include "../runtime/kiln.h"
 #include "../runtime/kiln_rt.h"
 #include "../runtime/kiln_tokenizer.h"
+#include "chat_cli.h"
 #include "cli.h"
 
 static void help(FILE *f) {
@@ -39,6 +40,9 @@ static void help(FILE *f) {
             "  --bos                 add the special tokens the tokenizer's config asks for (default)\n"
             "  --no-bos              do not add the beginning-of-sequence token to a text prompt\n"
             "  --no-special          treat special-token strings in the text as plain text\n"
+            "  --chat                the prompt is a user message: render it with the engine's chat\n"
+            "                        template (as HF apply_chat_template, add_generation_prompt=True)\n"
+            "  --system TEXT         with --chat: a system message before it\n"
             "sampling:\n"
             "  --max-tokens N        tokens to generate at most (default 128)\n"
             "  --temperature T       0 = greedy (default: the engine's, from generation_config.json; else 0)\n"
@@ -107,9 +111,10 @@ typedef struct run_opts {
     const char *engine;
     const char *prompt, *prompt_file, *ids_arg; /* at most one is set */
     const char *device;
+    const char *system; /* --system, with --chat */
     long long max_tokens, top_k, threads, max_ctx, seed;
     double temperature, top_p;
-    bool json, no_bos, no_special, ignore_eos;
+    bool json, no_bos, no_special, ignore_eos, chat;
     bool temp_set, top_k_set, top_p_set; /* else the engine's defaults (generation_config.json) */
     int64_t kv_bytes;
     double kv_fraction;
@@ -119,7 +124,7 @@ typedef struct run_opts {
  * (0 after --help, 2 after a usage error, already reported). */
 static int run_parse(int argc, char **argv, const kiln_engine_src *builtin, run_opts *o) {
     enum { O_PROMPT = 256, O_PFILE, O_IDS, O_MAX, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_DEV, O_THR, O_JSON, O_CTX,
-           O_NOBOS, O_NOSPECIAL, O_IGNEOS, O_GPUMEM, O_BOS };
+           O_NOBOS, O_NOSPECIAL, O_IGNEOS, O_GPUMEM, O_BOS, O_CHAT, O_SYSTEM };
     static const struct option longopts[] = {
         {"prompt", required_argument, 0, O_PROMPT},     {"prompt-file", required_argument, 0, O_PFILE},
         {"prompt-ids", required_argument, 0, O_IDS},    {"max-tokens", required_argument, 0, O_MAX},
@@ -130,6 +135,7 @@ static int run_parse(int argc, char **argv, const kiln_engine_src *builtin, run_
         {"no-bos", no_argument, 0, O_NOBOS},            {"no-special", no_argument, 0, O_NOSPECIAL},
         {"ignore-eos", no_argument, 0, O_IGNEOS},       {"gpu-memory", required_argument, 0, O_GPUMEM},
         {"bos", no_argument, 0, O_BOS},                 {"help", no_argument, 0, 'h'},
+        {"chat", no_argument, 0, O_CHAT},               {"system", required_argument, 0, O_SYSTEM},
         {0, 0, 0, 0}};
     *o = (run_opts){.device = "auto", .max_tokens = 128, .seed = -1, .top_p = 1};
     bool bos = false;
@@ -183,6 +189,8 @@ static int run_parse(int argc, char **argv, const kiln_engine_src *builtin, run_
         case O_NOBOS: o->no_bos = true; break;
         case O_NOSPECIAL: o->no_special = true; break;
         case O_IGNEOS: o->ignore_eos = true; break;
+        case O_CHAT: o->chat = true; break;
+        case O_SYSTEM: o->system = optarg; break;
         case 'h': help(stdout); return KILN_EXIT_OK;
         default: return kiln_cli_usage_error("run", "unknown or incomplete option '%s'", argv[optind - 1]);
         }
@@ -193,6 +201,11 @@ static int run_parse(int argc, char **argv, const kiln_engine_src *builtin, run_
     o->engine = builtin ? kiln_engine_src_label(builtin) : argv[optind];
     if (!!o->prompt + !!o->prompt_file + !!o->ids_arg > 1)
         return kiln_cli_usage_error("run", "give only one of --prompt, --prompt-file, --prompt-ids");
+    if ((o->system && !o->chat) || (o->chat && (o->ids_arg || o->no_special)))
+        return kiln_cli_usage_error("run", o->system && !o->chat ? "--system needs --chat"
+                                           : o->ids_arg          ? "--chat takes a text prompt, not --prompt-ids"
+                                                                 : "--no-special cannot go with --chat: the template's "
+                                                                   "special tokens must stay special");
     if (bos && o->no_bos) return kiln_cli_usage_error("run", "--bos and --no-bos contradict each other");
     if (o->ids_arg && (bos || o->no_bos || o->no_special))
         return kiln_cli_usage_error("run", "--bos, --no-bos and --no-special apply to text prompts, not --prompt-ids");
@@ -306,7 +319,8 @@ static kiln_status prompt_ids(const run_opts *o, const kiln_model *m, const char
         return kiln_err_hint(err, "give --prompt-ids, or compile from a checkpoint directory that has tokenizer.json");
     }
     size_t got = 0;
-    unsigned flags = (o->no_bos ? 0 : KILN_TOK_ADD_SPECIAL) | (o->no_special ? KILN_TOK_NO_SPECIAL : 0);
+    /* --chat: HF apply_chat_template + encode(add_special_tokens=False): the template writes the specials */
+    unsigned flags = (o->no_bos || o->chat ? 0 : KILN_TOK_ADD_SPECIAL) | (o->no_special ? KILN_TOK_NO_SPECIAL : 0);
     kiln_status st = kiln_tokenizer_encode(m->tokenizer, text, len, flags, ids, &got, err);
     if (st != KILN_OK) return st;
     if (got == 0 || got > INT32_MAX) {
@@ -451,6 +465,10 @@ int kiln_cmd_run_builtin(int argc, char **argv, const kiln_engine_src *builtin) 
         goto out_fail;
     }
     m = kiln_api_model(k);
+    if (o.chat) { /* the prompt (even '') is the user's message, rendered with the engine's template */
+        explicit_empty = false;
+        if (kiln_cli_chat_prompt(k, o.system, &text, &len, &err) != KILN_OK) goto out_fail;
+    }
     if (!o.ids_arg && prompt_ids(&o, m, text, len, explicit_empty, &ids, &n_ids, &err) != KILN_OK) goto out_fail;
     if (m->tokenizer && !o.json) {
         kiln_tok_stream_init(&out.stream, m->tokenizer, true);

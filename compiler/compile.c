@@ -19,6 +19,7 @@
 #include "../codegen/kiln_kernels.h"
 #include "../common/kiln_progress.h"
 #include "../passes/kiln_passes.h"
+#include "kiln_chat_compile.h"
 #include "kiln_tokjson.h"
 
 static const char *arch_name(kiln_arch a) {
@@ -141,11 +142,11 @@ static kiln_status check_gen_ids_in_tokenizer(const kiln_checkpoint *ck, const k
 kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, kiln_error *err) {
     kiln_checkpoint ck;
     kiln_graph *g = NULL;
-    kiln_buf plan = {0}, tok = {0}, kernels = {0};
+    kiln_buf plan = {0}, tok = {0}, kernels = {0}, chat = {0};
     kiln_engine_writer *w = NULL;
     kiln_plan *parsed = NULL;
     char *meta_text = NULL;
-    bool have_tok = false, have_gen = false;
+    bool have_tok = false, have_gen = false, have_chat = false;
     kiln_generation_config gen;
     kiln_kernel_targets targets;
     kiln_status st = kiln_kernel_targets_parse(opt->targets ? opt->targets : "none", &targets, err);
@@ -168,6 +169,10 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
             goto out;
         have_tok = true;
     }
+    /* the chat template, checked now so the runtime never meets one it cannot render */
+    if (!opt->no_chat_template && ck.tokenizer_json_path &&
+        (st = kiln_chat_compile(ckpt_dir, ck.tokenizer_config_path, &chat, &have_chat, err)) != KILN_OK)
+        goto out;
     if ((st = kiln_engine_writer_open(opt->output_path, &w, err)) != KILN_OK) goto out;
     /* weights first: their size goes into the meta section */
     uint32_t codec = opt->compress ? KILN_CODEC_ZSTD_CHUNKED : KILN_CODEC_NONE;
@@ -195,6 +200,9 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
         (st = kiln_engine_writer_section(w, KILN_SECTION_TOKENIZER, KILN_CODEC_NONE, tok.data, tok.len, err)) !=
             KILN_OK)
         goto out;
+    if (have_chat &&
+        (st = kiln_engine_writer_section(w, KILN_SECTION_CHAT, KILN_CODEC_NONE, chat.data, chat.len, err)) != KILN_OK)
+        goto out;
     json_t *meta = make_meta(&ck, g, opt, have_gen ? &gen : NULL, wbytes, have_tok ? &tok : NULL, &targets);
     meta_text = meta ? json_dumps(meta, JSON_SORT_KEYS | JSON_INDENT(1)) : NULL;
     json_decref(meta);
@@ -212,6 +220,7 @@ out:
     free(meta_text);
     kiln_buf_free(&plan);
     kiln_buf_free(&tok);
+    kiln_buf_free(&chat);
     kiln_buf_free(&kernels);
     kiln_plan_free(parsed);
     kiln_graph_free(g);

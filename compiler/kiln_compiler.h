@@ -214,6 +214,7 @@ typedef struct kiln_compile_options {
     int n_allow_unused;
     bool force;                /* allow an output inside the checkpoint directory (never over an input file) */
     struct kiln_progress *progress; /* phase and counts of long work (common/kiln_progress.h); NULL = none */
+    bool no_chat_template;     /* leave the checkpoint's chat template out of the engine */
 } kiln_compile_options;
 
 kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, kiln_error *err);

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "kiln.h"
+#include "kiln_chat.h"
 #include "kiln_exec.h"
 #include "kiln_rt.h"
 #include "kiln_sched.h"
@@ -35,6 +36,7 @@
 
 struct kiln_t {
     kiln_model *m; /* NULL in a failed handle */
+    kiln_chat_section *chat; /* the chat template, NULL when the engine has none */
     kiln_error err;
     double open_seconds;
     /* The model opens without f32 weights (a GPU context reads the weights
@@ -88,6 +90,7 @@ kiln_status kiln_open_src(const kiln_engine_src *src, int32_t threads, kiln_t **
         k->m = NULL;
         return st;
     }
+    if ((st = kiln_chat_from_engine(&k->m->engine, kiln_engine_src_label(src), &k->chat, &k->err)) != KILN_OK) return st;
     k->open_seconds = kiln_now() - t0;
     return KILN_OK;
 }
@@ -109,12 +112,14 @@ kiln_status kiln_open_memory(const void *data, uint64_t size, const char *label,
 
 void kiln_close(kiln_t *k) {
     if (!k) return;
+    kiln_chat_section_free(k->chat);
     kiln_model_close(k->m);
     pthread_mutex_destroy(&k->f32_lock);
     free(k);
 }
 
 const kiln_model *kiln_api_model(const kiln_t *k) { return k ? k->m : NULL; }
+const kiln_chat_section *kiln_api_chat(const kiln_t *k) { return k && k->m ? k->chat : NULL; }
 
 const char *kiln_error_message(const kiln_t *k) { return k ? k->err.msg : "kiln_t is NULL"; }
 

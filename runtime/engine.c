@@ -65,6 +65,7 @@ const char *kiln_section_kind_name(uint32_t kind) {
     case KILN_SECTION_WEIGHTS: return "weights";
     case KILN_SECTION_KERNELS: return "kernels";
     case KILN_SECTION_TOKENIZER: return "tokenizer";
+    case KILN_SECTION_CHAT: return "chat";
     default: return "unknown";
     }
 }

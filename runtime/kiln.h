@@ -299,6 +299,33 @@ kiln_status kiln_tokenize(kiln_ctx_t *ctx, const char *text, size_t len, int32_t
 kiln_status kiln_detokenize(kiln_ctx_t *ctx, const int32_t *ids, int32_t n, int32_t skip_special, char *text,
                             size_t cap, size_t *len);
 
+/* ---- chat templates (engines compiled with one; docs/chat.md) ---- */
+
+/* One message of a conversation: role ("system", "user", "assistant"...) and
+ * content, NUL-terminated UTF-8. */
+typedef struct kiln_chat_message {
+    const char *role;
+    const char *content;
+} kiln_chat_message;
+
+/* 1 when the engine carries a chat template (kiln compile stores the
+ * checkpoint's), else 0. */
+int32_t kiln_has_chat_template(const kiln_t *k);
+/* Render `n` messages with the engine's chat template exactly as HF
+ * transformers' apply_chat_template(messages, tokenize=False,
+ * add_generation_prompt) does. On success *out is a malloc'd NUL-terminated
+ * string of *len bytes (len may be NULL), freed with kiln_chat_text_free.
+ * Encode it with kiln_tokenize(add_special = 0): the template writes the
+ * special tokens it wants (bos...). On failure *out is NULL and `errbuf`
+ * (may be NULL; at most errcap bytes with the NUL) receives the message: no
+ * template (KILN_ERR_MISSING), a message the template refuses through
+ * raise_exception, naming its text (KILN_ERR_INVALID_ARG), a bad argument
+ * (KILN_ERR_INVALID_ARG). Thread-safe: the engine is only read. */
+kiln_status kiln_chat_render(const kiln_t *k, const kiln_chat_message *msgs, int32_t n, int32_t add_generation_prompt,
+                             char **out, size_t *len, char *errbuf, size_t errcap);
+/* Free a string from kiln_chat_render. NULL is a no-op. */
+void kiln_chat_text_free(char *text);
+
 #ifdef __cplusplus
 }
 #endif

@@ -43,7 +43,8 @@
 
 #define KILN_ENGINE_MAGIC "KILNENG"  /* 8 bytes with the NUL */
 #define KILN_ENGINE_MAJOR 2       /* 2: piecewise section checksums; 1 (XXH64) is still read */
-#define KILN_ENGINE_MINOR 1       /* 1: meta.generation has sampling defaults (do_sample, temperature, top_k, top_p) */
+#define KILN_ENGINE_MINOR 1       /* 1: meta.generation has sampling defaults (do_sample, temperature, top_k,
+                                     top_p), and the chat section (kind 6) */
 #define KILN_ENGINE_HASH_PIECE (16u << 20) /* bytes per checksum piece (format 2) */
 #define KILN_ENGINE_HEADER_SIZE 64
 #define KILN_ENGINE_ENTRY_SIZE 64
@@ -58,6 +59,7 @@ typedef enum kiln_section_kind {
     KILN_SECTION_WEIGHTS = 3,   /* weight bytes; tensors at offsets given by the plan, 256-aligned */
     KILN_SECTION_KERNELS = 4,   /* cubins per SM + PTX (GPU issue) */
     KILN_SECTION_TOKENIZER = 5, /* compact binary tokenizer (runtime/kiln_tokenizer.h) */
+    KILN_SECTION_CHAT = 6,      /* JSON: chat template + its special tokens (runtime/kiln_chat.h); minor 1 */
 } kiln_section_kind;
 
 typedef enum kiln_codec {
