@@ -73,7 +73,7 @@ message(STATUS "kiln LLVM for `kiln package` (KILN_LLVM=${KILN_LLVM}): ${KILN_HA
 add_library(kiln_standalone STATIC
   ${CMAKE_SOURCE_DIR}/compiler/standalone.c ${CMAKE_SOURCE_DIR}/compiler/cli.c
   ${CMAKE_SOURCE_DIR}/compiler/cmd_run.c ${CMAKE_SOURCE_DIR}/compiler/cmd_bench.c
-  ${CMAKE_SOURCE_DIR}/compiler/cmd_inspect.c)
+  ${CMAKE_SOURCE_DIR}/compiler/cmd_inspect.c ${CMAKE_SOURCE_DIR}/compiler/chat_cli.c)
 target_link_libraries(kiln_standalone PUBLIC kiln_rt)
 
 # ---- the ONE list: static libraries + flags of a packaged executable ----

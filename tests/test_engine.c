@@ -418,9 +418,7 @@ static void test_versions(void) {
     c[10] = 0; /* minor 0 whatever KILN_ENGINE_MINOR is */
     reseal_header(c);
     KT_EQ_INT(kiln_engine_open_mem(c, g_size, "zero.kiln", &e, &err), KILN_ERR_VERSION);
-    char want[48];
-    snprintf(want, sizeof want, "0.%d is not a valid version", KILN_ENGINE_MINOR);
-    KT_CONTAINS(err.msg, want);
+    KT_CONTAINS(err.msg, "0.0 is not a valid version");
     /* a newer minor is read */
     c[8] = KILN_ENGINE_MAJOR;
     c[10] = 7;
