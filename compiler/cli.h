@@ -32,6 +32,16 @@ bool kiln_cli_parse_memory(const char *s, int64_t *bytes, double *fraction);
 /* "1,306,461" or "[1, 306, 461]" → ids (malloc'd). */
 bool kiln_cli_parse_ids(const char *s, int32_t **ids, int *n);
 
+/* `tokenize` as kiln and kiln-run share it (cmd_tokenize.c): engines are read
+ * here; any other TOKENIZER (a tokenizer.json, a checkpoint directory) goes to
+ * `load_json`, the front end's loader, which only the full kiln links
+ * (kiln_cmd_tokenize passes kiln_tokenizer_load_json); kiln-run passes NULL
+ * and refuses such paths with a hint. This keeps the front end out of the
+ * CLI library that kiln-run links. */
+struct kiln_tokenizer;
+typedef kiln_status (*kiln_cli_tokjson_loader)(const char *path, struct kiln_tokenizer **out, kiln_error *err);
+int kiln_cli_tokenize(int argc, char **argv, kiln_cli_tokjson_loader load_json);
+
 int kiln_cmd_compile(int argc, char **argv);
 int kiln_cmd_inspect(int argc, char **argv);
 int kiln_cmd_run(int argc, char **argv);

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "../runtime/kiln_engine.h"
+#include "cli.h"
 #include "kiln_tokjson.h"
 
 #define TOKENIZE_MAX_INPUT (1ull << 31) /* 2 GiB of stdin */
@@ -189,12 +190,14 @@ static int do_decode(const kiln_tokenizer *tok, bool skip_special, bool json) {
     return rc;
 }
 
-int kiln_cmd_tokenize(int argc, char **argv) {
+/* load_json: the front end's tokenizer.json loader (kiln), or NULL (kiln-run: engines only). */
+int kiln_cli_tokenize(int argc, char **argv, kiln_cli_tokjson_loader load_json) {
     const char *path = NULL;
     bool special = false, no_special = false, decode = false, skip_special = false, json = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            if (!load_json) fputs("kiln-run tokenize: TOKENIZER must be an engine file (tokenizer.json needs `kiln`)\n", stdout);
             fputs(kUsage, stdout);
             return 0;
         } else if (!strcmp(a, "--special")) {
@@ -235,8 +238,13 @@ int kiln_cmd_tokenize(int argc, char **argv) {
     }
     kiln_error err = {0};
     kiln_tokenizer *tok = NULL;
-    kiln_status st = !kiln_path_is_dir(path) && is_engine(path) ? load_engine_tokenizer(path, &tok, &err)
-                                                                 : kiln_tokenizer_load_json(path, &tok, &err);
+    bool engine = !kiln_path_is_dir(path) && is_engine(path);
+    if (!engine && !load_json) {
+        fprintf(stderr, "kiln-run tokenize: %s is not an engine file\nhint: kiln-run reads an engine's tokenizer; "
+                        "for a tokenizer.json or a checkpoint, use `kiln tokenize %s` on the build machine\n", path, path);
+        return 1;
+    }
+    kiln_status st = engine ? load_engine_tokenizer(path, &tok, &err) : load_json(path, &tok, &err);
     if (st != KILN_OK) {
         fprintf(stderr, "kiln tokenize: %s\n", err.msg);
         return 1;
