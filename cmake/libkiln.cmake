@@ -76,6 +76,7 @@ install(FILES ${CMAKE_SOURCE_DIR}/docs/man/kiln.1 ${CMAKE_SOURCE_DIR}/docs/man/k
 # kiln.pc: relocatable (prefix from the .pc file's own place), so an install
 # with `cmake --install --prefix DIR` works where it lands.
 file(RELATIVE_PATH kiln_pc_up /x/${CMAKE_INSTALL_LIBDIR}/pkgconfig /x)
+string(REGEX REPLACE "/$" "" kiln_pc_up "${kiln_pc_up}")
 if(CMAKE_DL_LIBS)
   set(kiln_pc_libs_private "-lm -lpthread -l${CMAKE_DL_LIBS}")
 else()

@@ -70,7 +70,8 @@ else
 fi
 
 # libkiln.so exports kiln.h's functions, nothing more, nothing less.
-api=$(grep -oE '^[a-z][a-z0-9_ ]*[ *]kiln_[a-z0-9_]+\(' "$src/runtime/kiln.h" | grep -oE 'kiln_[a-z0-9_]+' | sort -u)
+api=$(grep -oE '^[a-z][a-z0-9_ ]*[ *]kiln_[a-z0-9_]+\(' "$src/runtime/kiln.h" | sed -E 's/.*[ *](kiln_[a-z0-9_]+)\($/\1/' |
+      sort -u)
 exported=$(nm -D --defined-only "$libkiln" | awk '$2 ~ /[TW]/ {print $3}' | sed 's/@.*//' | sort -u)
 [ "$(wc -l <<<"$api")" -ge 20 ] || fail "read only $(wc -l <<<"$api") functions from kiln.h"
 diff_out=$(diff <(echo "$api") <(echo "$exported"))
@@ -84,7 +85,55 @@ for cmd in "$kiln --version" "$kiln_run --version"; do
     l=$(loads $cmd)
     [ -z "$l" ] && ok "'$(basename $cmd)' loads neither NVRTC nor cuBLASLt" || fail "'$cmd' loads $(echo $l)"
 done
+# With the toolkit's library folders hidden (a mount namespace with an empty
+# tmpfs over each folder holding libnvrtc or libcublasLt): kiln and kiln-run
+# start, inspect and run on the CPU; kiln compile with kernels fails with a
+# message that names libnvrtc and gives a hint. Skipped where unshare is not
+# allowed.
+hidden_toolkit_checks() {
+    local eng=$1 dirs
+    dirs=$( (ldconfig -p 2>/dev/null | grep -E 'lib(nvrtc|cublasLt)\.so' | sed 's/.*=> //'
+             ls /usr/local/cuda/lib*/lib{nvrtc,cublasLt}.so* 2>/dev/null) |
+           xargs -r -n1 readlink -f | xargs -r -n1 dirname | sort -u)
+    if [ -z "$dirs" ]; then echo "skip: no CUDA toolkit library folder to hide"; return; fi
+    local us=
+    for u in "unshare -rm" "unshare -m"; do
+        if $u true 2>/dev/null; then us=$u; break; fi
+    done
+    if [ -z "$us" ]; then echo "skip: unshare -m not allowed here (toolkit-hidden checks)"; return; fi
+    local out
+    out=$($us bash -s "$kiln" "$kiln_run" "$eng" $dirs <<'HIDDEN' 2>&1
+kiln=$1 kiln_run=$2 eng=$3; shift 3
+for d in "$@"; do mount -t tmpfs none "$d" || { echo "FAIL: cannot hide $d"; exit 0; }; done
+echo "hidden: $*"
+for cmd in "$kiln --version" "$kiln_run --version" "$kiln_run inspect $eng" "$kiln inspect $eng" \
+           "$kiln_run run $eng --device cpu --prompt-ids 1,300 --max-tokens 2" \
+           "$kiln run $eng --device cpu --prompt-ids 1,300 --max-tokens 2"; do
+    set -- $cmd
+    if "$@" >/dev/null 2>/tmp/kiln-linkage-err.$$; then echo "ok: hidden toolkit: '${1##*/} $2' works"
+    else echo "FAIL: hidden toolkit: '$cmd': $(head -3 /tmp/kiln-linkage-err.$$)"; fi
+done
+rm -f /tmp/kiln-linkage-err.$$
+HIDDEN
+)
+    echo "$out" | grep -v '^FAIL' || true
+    while IFS= read -r line; do fail "${line#FAIL: }"; done < <(echo "$out" | grep '^FAIL')
+    # kernel compilation with the toolkit hidden: an error naming libnvrtc with a hint
+    if grep -q 'kiln_nvrtc_compile' <(nm "$kiln" 2>/dev/null) && [ -n "$ckpt" ]; then
+        local msg
+        msg=$($us bash -c 'for d in "${@:4}"; do mount -t tmpfs none "$d"; done; "$1" compile "$2" -o "$3" --target sm_90 2>&1' \
+              _ "$kiln" "$ckpt" "$(dirname "$eng")/k.kiln" $dirs)
+        if grep -q 'libnvrtc' <<<"$msg" && grep -q 'hint:' <<<"$msg"; then
+            ok "hidden toolkit: kiln compile --target sm_90 says: $(grep -m1 libnvrtc <<<"$msg" | cut -c1-160)"
+        else
+            fail "hidden toolkit: kiln compile --target sm_90 did not name libnvrtc with a hint: $(echo $msg | cut -c1-300)"
+        fi
+    fi
+}
+
+ckpt=
 if [ -d "$shared/models/stories260k" ]; then
+    ckpt=$shared/models/stories260k
     eng=$(mktemp -d)/s.kiln
     if "$kiln" compile "$shared/models/stories260k" -o "$eng" --target none >/dev/null 2>&1; then
         for cmd in "$kiln_run run $eng --device cpu --prompt-ids 1,300 --max-tokens 2" "$kiln_run inspect $eng" \
@@ -92,8 +141,9 @@ if [ -d "$shared/models/stories260k" ]; then
             set -- $cmd
             if ! "$@" >/dev/null 2>&1; then fail "'$cmd' failed"; continue; fi
             l=$(loads "$@")
-            [ -z "$l" ] && ok "'$(basename $1) $2 --device cpu' loads neither NVRTC nor cuBLASLt" || fail "'$cmd' loads $(echo $l)"
+            [ -z "$l" ] && ok "'$(basename $1) $2' on the CPU loads neither NVRTC nor cuBLASLt" || fail "'$cmd' loads $(echo $l)"
         done
+        hidden_toolkit_checks "$eng"
     else
         fail "kiln compile of stories260k failed"
     fi
