@@ -37,8 +37,10 @@ set_target_properties(kiln_shared PROPERTIES
   VERSION ${PROJECT_VERSION} SOVERSION ${PROJECT_VERSION_MAJOR}
   BUILD_RPATH "\$ORIGIN" INSTALL_RPATH "\$ORIGIN"
   LINK_DEPENDS ${CMAKE_SOURCE_DIR}/cmake/libkiln.map)
-target_link_options(kiln_shared PRIVATE -Wl,--version-script=${CMAKE_SOURCE_DIR}/cmake/libkiln.map
-                    -Wl,--no-undefined)
+target_link_options(kiln_shared PRIVATE -Wl,--version-script=${CMAKE_SOURCE_DIR}/cmake/libkiln.map)
+if(NOT KILN_SANITIZE AND NOT KILN_FUZZ)  # clang leaves the sanitizer runtime to the program
+  target_link_options(kiln_shared PRIVATE -Wl,--no-undefined)
+endif()
 target_link_libraries(kiln_shared PRIVATE ${kiln_lib_deps})
 target_include_directories(kiln_shared INTERFACE $<BUILD_INTERFACE:${CMAKE_SOURCE_DIR}/runtime>
                            $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
