@@ -96,7 +96,10 @@ int kiln_cmd_compile(int argc, char **argv) {
         /* the default targets need NVRTC; a build without CUDA makes CPU-only engines */
         int ver = 0;
         kiln_error e2 = {0};
-        bool have_nvrtc = kiln_nvrtc_version(&ver, &e2) == KILN_OK;
+        kiln_status nst = kiln_nvrtc_version(&ver, &e2);
+        /* built with CUDA but libnvrtc not loadable: say so rather than quietly drop the GPU kernels */
+        if (nst != KILN_OK && nst != KILN_ERR_UNSUPPORTED) return kiln_cli_fail("compile", &e2, json);
+        bool have_nvrtc = nst == KILN_OK;
         opt.targets = have_nvrtc ? "default" : "none";
         if (!have_nvrtc && !json)
             fprintf(stderr, "kiln compile: note: this kiln has no NVRTC (built without CUDA); the engine gets no GPU "

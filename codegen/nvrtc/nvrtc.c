@@ -87,15 +87,16 @@ static void nvrtc_load_once(void) {
     a->why[0] = 0;
 }
 
-/* The NVRTC table, loading the library on the first call; NULL (and a
- * message naming the library, with a hint) when it cannot be loaded. */
+/* The NVRTC table, loading the library on the first call; NULL (and
+ * KILN_ERR_MISSING naming the library, with a hint) when it cannot be loaded. */
 static const kiln_nvrtc_api *nvrtc_api(kiln_error *err) {
     pthread_once(&g_nvrtc_once, nvrtc_load_once);
     if (g_nvrtc.lib) return &g_nvrtc;
-    kiln_err(err, KILN_ERR_DEVICE, "nvrtc: cannot load %s, which compiling kernels needs: %s", KILN_NVRTC_SONAME,
+    kiln_err(err, KILN_ERR_MISSING, "nvrtc: cannot load %s, which compiling kernels needs: %s", KILN_NVRTC_SONAME,
              g_nvrtc.why);
-    kiln_err_hint(err, "install the CUDA toolkit's NVRTC (%s) or put its folder on LD_LIBRARY_PATH; running an "
-                       "engine (kiln run, kiln-run) does not need it", KILN_NVRTC_SONAME);
+    kiln_err_hint(err, "install the CUDA toolkit's NVRTC (%s) or put its folder on LD_LIBRARY_PATH, or compile "
+                       "with --target none for an engine without GPU kernels; running an engine (kiln run, "
+                       "kiln-run) does not need NVRTC", KILN_NVRTC_SONAME);
     return NULL;
 }
 
@@ -113,7 +114,7 @@ const char *kiln_nvrtc_include_dir(void) {
 kiln_status kiln_nvrtc_version(int *out, kiln_error *err) {
     int major = 0, minor = 0;
     const kiln_nvrtc_api *nv = nvrtc_api(err);
-    if (!nv) return KILN_ERR_DEVICE;
+    if (!nv) return KILN_ERR_MISSING;
     kiln_status st = KILN_NVRTC_CALL(err, nv->nvrtcVersion(&major, &minor));
     if (st) return st;
     *out = major * 1000 + minor * 10;
@@ -257,7 +258,7 @@ static kiln_status compile_once(const char *src, const char *name, const char *c
                                 kiln_error *err) {
     kiln_status st = KILN_OK;
     const kiln_nvrtc_api *nv = nvrtc_api(err);
-    if (!nv) return KILN_ERR_DEVICE;
+    if (!nv) return KILN_ERR_MISSING;
     nvrtcProgram prog = NULL;
     size_t nh = kiln_kernel_src_count();
     const char **htext = calloc(nh ? nh : 1, sizeof *htext);

@@ -121,7 +121,8 @@ static kiln_status lt_load(kiln_lt_api *api, kiln_error *err) {
         api->lib = dlopen(KILN_CUBLASLT_BUILD_DIR "/" KILN_CUBLASLT_SONAME, RTLD_NOW | RTLD_LOCAL);
 #endif
         if (!api->lib) {
-            kiln_err(err, KILN_ERR_DEVICE, "cuBLASLt: cannot load %s, which the GPU executor needs: %s",
+            /* KILN_ERR_MISSING, not _DEVICE: device "auto" must not hide a missing library behind the CPU */
+            kiln_err(err, KILN_ERR_MISSING, "cuBLASLt: cannot load %s, which the GPU executor needs: %s",
                      KILN_CUBLASLT_SONAME, why);
             return kiln_err_hint(err, "copy %s (redistributable, from the CUDA toolkit) beside the program or "
                                       "libkiln.so, or put its folder on LD_LIBRARY_PATH; --device cpu needs none",
@@ -132,7 +133,7 @@ static kiln_status lt_load(kiln_lt_api *api, kiln_error *err) {
     if (!(*(void **)&api->fn = dlsym(api->lib, #fn))) {                                                          \
         dlclose(api->lib);                                                                                       \
         api->lib = NULL;                                                                                         \
-        return kiln_err(err, KILN_ERR_DEVICE, "cuBLASLt: %s has no symbol %s", KILN_CUBLASLT_SONAME, #fn);       \
+        return kiln_err(err, KILN_ERR_MISSING, "cuBLASLt: %s has no symbol %s", KILN_CUBLASLT_SONAME, #fn);      \
     }
     KILN_LT_FUNCS(KILN_LT_LOAD_)
 #undef KILN_LT_LOAD_
