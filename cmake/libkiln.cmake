@@ -56,8 +56,9 @@ if(TARGET test_api_dlopen)
   target_link_libraries(test_api_dlopen PRIVATE ${CMAKE_DL_LIBS})
 endif()
 
-# The programs find a libcublasLt copied beside them or in ../lib.
-set_target_properties(kiln kiln-run PROPERTIES INSTALL_RPATH "\$ORIGIN:\$ORIGIN/../lib")
+# The programs find a libcublasLt copied beside them (in the build folder
+# too, so a copied build behaves as an installed one) or in ../lib.
+set_target_properties(kiln kiln-run PROPERTIES BUILD_RPATH "\$ORIGIN" INSTALL_RPATH "\$ORIGIN:\$ORIGIN/../lib")
 
 # Linkage check: what kiln-run, libkiln.so and kiln NEED (tests/linkage.sh).
 if(KILN_TESTS)

@@ -46,6 +46,10 @@ bad=$(grep -E '^(libnvrtc|libcuda|libcublas)' <<<"$n")
 [ -z "$bad" ] && ok "kiln does not NEED libnvrtc, the driver or cuBLASLt" ||
     fail "kiln NEEDS $(echo $bad) (NVRTC and cuBLASLt are loaded with dlopen)"
 
+for f in "$kiln_run" "$libkiln"; do
+    readelf -d "$f" | grep -q 'RUNPATH.*\$ORIGIN' && ok "$(basename "$f") RUNPATH has \$ORIGIN (a libcublasLt beside it is found)" ||
+        fail "$(basename "$f") has no \$ORIGIN in its RUNPATH"
+done
 soname=$(readelf -d "$libkiln" | sed -n 's/.*(SONAME).*\[\(.*\)\].*/\1/p')
 [[ $soname =~ ^libkiln\.so\.[0-9]+$ ]] && ok "libkiln.so SONAME $soname" || fail "libkiln.so SONAME is '$soname'"
 
