@@ -197,7 +197,8 @@ int kiln_cli_tokenize(int argc, char **argv, kiln_cli_tokjson_loader load_json) 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            if (!load_json) fputs("kiln-run tokenize: TOKENIZER must be an engine file (tokenizer.json needs `kiln`)\n", stdout);
+            if (!load_json) /* kiln-run */
+                fputs("kiln-run tokenize: TOKENIZER must be an engine file (tokenizer.json needs `kiln`)\n", stdout);
             fputs(kUsage, stdout);
             return 0;
         } else if (!strcmp(a, "--special")) {
@@ -241,7 +242,8 @@ int kiln_cli_tokenize(int argc, char **argv, kiln_cli_tokjson_loader load_json) 
     bool engine = !kiln_path_is_dir(path) && is_engine(path);
     if (!engine && !load_json) {
         fprintf(stderr, "kiln-run tokenize: %s is not an engine file\nhint: kiln-run reads an engine's tokenizer; "
-                        "for a tokenizer.json or a checkpoint, use `kiln tokenize %s` on the build machine\n", path, path);
+                        "for a tokenizer.json or a checkpoint, use `kiln tokenize %s` on the build machine\n",
+                path, path);
         return 1;
     }
     kiln_status st = engine ? load_engine_tokenizer(path, &tok, &err) : load_json(path, &tok, &err);
