@@ -3,8 +3,8 @@
 #   libkiln.so.0 (SONAME) / libkiln.a   the public C API (runtime/kiln.h) with
 #       the CPU executor and, in builds with CUDA, the GPU executor. Both are
 #       made of the same objects as kiln_api + kiln_rt + kiln_cuda +
-#       kiln_common (compiled once, position-independent); they never contain
-#       NVRTC, LLVM or the front end. libkiln.so exports only kiln.h's
+#       kiln_ksec + kiln_common (compiled once, position-independent); they
+#       never contain NVRTC, LLVM or the front end. libkiln.so exports only kiln.h's
 #       functions (cmake/libkiln.map).
 #   cmake --install   bin/kiln, bin/kiln-run, lib/libkiln.so*, lib/libkiln.a,
 #       include/kiln.h, lib/pkgconfig/kiln.pc, lib/cmake/kiln/ (find_package:
@@ -15,10 +15,7 @@
 # for the programs) lets a copy of libcublasLt sit beside the binary.
 include(GNUInstallDirs)
 
-set(kiln_lib_parts kiln_api kiln_rt kiln_common)
-if(TARGET kiln_ksec)  # the kernels-section reader, where it is its own library
-  list(APPEND kiln_lib_parts kiln_ksec)
-endif()
+set(kiln_lib_parts kiln_api kiln_rt kiln_ksec kiln_common)
 if(TARGET kiln_cuda)
   list(APPEND kiln_lib_parts kiln_cuda)
 endif()

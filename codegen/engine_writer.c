@@ -22,11 +22,17 @@
  * - Determinism. The output depends only on the sections given: no time,
  *   no path, no uninitialised bytes; zstd is single-threaded at a fixed level.
  * - The file is created 0600 by mkstemp and set to 0644 before the rename.
+ * - Signals. The temporary path is registered with common/guard.c while it
+ *   exists, so SIGINT/SIGTERM/SIGHUP unlink it too (when the program
+ *   installed kiln_guard_install). A mapped input that shrank (SIGBUS turned
+ *   into a record by the guard) fails the next write and the finish, so an
+ *   engine holding the zeros read in its place is never renamed into place.
  */
 #include "runtime/kiln_engine.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <libgen.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -34,6 +40,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "common/kiln_progress.h"
 
 #include <xxhash.h>
 #include <zstd.h>
@@ -43,12 +51,14 @@
 struct kiln_engine_writer {
     char *path;                 /* the target */
     char *tmp_path;             /* the temporary file beside it; NULL once unlinked or renamed */
+    int tmp_slot;               /* its kiln_guard_temp_add slot (-1: none) */
     int fd;
     uint64_t pos;               /* bytes emitted so far (file offset of the next byte) */
     uint8_t *out;               /* OUT_BUF_SIZE bytes waiting to be written */
     size_t out_len;
     kiln_status failed;         /* first failure; KILN_OK while healthy */
     kiln_error failure;         /* its message, repeated by later calls */
+    kiln_progress *progress;    /* raw bytes of the open section, when set */
 
     kiln_engine_section sections[KILN_ENGINE_MAX_SECTIONS];
     uint32_t n_sections;
@@ -71,6 +81,15 @@ struct kiln_engine_writer {
     uint32_t chunk_count;
 };
 
+/* Unlink the temporary file (once). */
+static void w_drop_tmp(kiln_engine_writer *w) {
+    if (w->tmp_path) unlink(w->tmp_path); /* before unregistering: a signal in between finds nothing left */
+    kiln_guard_temp_remove(w->tmp_slot);
+    w->tmp_slot = -1;
+    free(w->tmp_path);
+    w->tmp_path = NULL;
+}
+
 /* Record the first failure, unlink the temporary file, return the status. */
 static kiln_status w_fail(kiln_engine_writer *w, kiln_error *err, kiln_status code, const char *fmt, ...)
     KILN_PRINTF(4, 5);
@@ -84,11 +103,18 @@ static kiln_status w_fail(kiln_engine_writer *w, kiln_error *err, kiln_status co
         w->failed = code;
         kiln_err(&w->failure, code, "%s: %s", w->path, msg);
     }
-    if (w->tmp_path) {
-        unlink(w->tmp_path);
-        free(w->tmp_path);
-        w->tmp_path = NULL;
-    }
+    w_drop_tmp(w);
+    if (err) *err = w->failure;
+    return w->failed;
+}
+
+/* Fail with an input's fault (a mapped file shrank), which names that file. */
+static kiln_status w_check_inputs(kiln_engine_writer *w, kiln_error *err) {
+    kiln_error cause = {0};
+    if (w->failed != KILN_OK || !kiln_guard_fault(&cause)) return w->failed;
+    w->failed = cause.code;
+    w->failure = cause;
+    w_drop_tmp(w);
     if (err) *err = w->failure;
     return w->failed;
 }
@@ -104,8 +130,16 @@ static kiln_status w_flush(kiln_engine_writer *w, kiln_error *err) {
     while (done < w->out_len) {
         ssize_t n = write(w->fd, w->out + done, w->out_len - done);
         if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && errno == EFBIG) {
+            w_fail(w, NULL, KILN_ERR_IO, "cannot write %s: %s at %" PRIu64 " bytes", w->tmp_path, strerror(EFBIG),
+                   w->pos - w->out_len + done);
+            kiln_err_hint(&w->failure, "the file size limit (ulimit -f) or the file system's largest file is "
+                                       "smaller than the engine");
+            return w_check(w, err);
+        }
         if (n <= 0)
-            return w_fail(w, err, KILN_ERR_IO, "cannot write: %s", n < 0 ? strerror(errno) : "no progress");
+            return w_fail(w, err, KILN_ERR_IO, "cannot write %s: %s", w->tmp_path ? w->tmp_path : "",
+                          n < 0 ? strerror(errno) : "no progress");
         done += (size_t)n;
     }
     w->out_len = 0;
@@ -163,8 +197,7 @@ static kiln_status w_pad_to(kiln_engine_writer *w, uint64_t align, kiln_error *e
 
 static void w_free(kiln_engine_writer *w) {
     if (w->fd >= 0) close(w->fd);
-    if (w->tmp_path) unlink(w->tmp_path);
-    free(w->tmp_path);
+    w_drop_tmp(w);
     free(w->path);
     free(w->out);
     free(w->chunk);
@@ -183,6 +216,7 @@ kiln_status kiln_engine_writer_open(const char *path, kiln_engine_writer **out, 
     kiln_engine_writer *w = calloc(1, sizeof *w);
     if (!w) return kiln_err(err, KILN_ERR_NOMEM, "%s: out of memory", path);
     w->fd = -1;
+    w->tmp_slot = -1;
     size_t n = strlen(path);
     w->path = strdup(path);
     w->tmp_path = malloc(n + sizeof ".tmp.XXXXXX");
@@ -196,7 +230,8 @@ kiln_status kiln_engine_writer_open(const char *path, kiln_engine_writer **out, 
     }
     memcpy(w->tmp_path, path, n);
     memcpy(w->tmp_path + n, ".tmp.XXXXXX", sizeof ".tmp.XXXXXX");
-    w->fd = mkstemp(w->tmp_path);
+    w->fd = mkostemp(w->tmp_path, O_CLOEXEC);
+    if (w->fd >= 0) w->tmp_slot = kiln_guard_temp_add(w->tmp_path); /* right away: the signal watcher unlinks it */
     if (w->fd < 0) {
         int e = errno;
         free(w->tmp_path);
@@ -262,11 +297,12 @@ static kiln_status w_flush_chunk(kiln_engine_writer *w, kiln_error *err) {
 }
 
 kiln_status kiln_engine_writer_write(kiln_engine_writer *w, const void *p, size_t n, kiln_error *err) {
-    if (w_check(w, err) != KILN_OK) return w->failed;
+    if (w_check(w, err) != KILN_OK || w_check_inputs(w, err) != KILN_OK) return w->failed;
     if (!w->in_section) return w_fail(w, err, KILN_ERR_INTERNAL, "bytes written outside a section");
     if (n && !p) return w_fail(w, err, KILN_ERR_INVALID_ARG, "NULL data for %zu bytes", n);
     if (!kiln_add_u64(w->cur.raw_size, n, &w->cur.raw_size))
         return w_fail(w, err, KILN_ERR_INVALID_ARG, "section '%s' is too large", kiln_section_kind_name(w->cur.kind));
+    kiln_progress_update(w->progress, w->cur.raw_size);
     if (w->cur.codec == KILN_CODEC_NONE) return w_put(w, p, n, err);
     const uint8_t *src = p;
     while (n > 0) {
@@ -325,6 +361,7 @@ static void sync_parent_dir(const char *path) {
 
 kiln_status kiln_engine_writer_finish(kiln_engine_writer *w, kiln_error *err) {
     kiln_status st = w_check(w, err);
+    if (st == KILN_OK) st = w_check_inputs(w, err);
     if (st != KILN_OK) goto out_free;
     if (w->in_section) {
         st = w_fail(w, err, KILN_ERR_INTERNAL, "finished while section '%s' is still open",
@@ -394,6 +431,8 @@ kiln_status kiln_engine_writer_finish(kiln_engine_writer *w, kiln_error *err) {
         st = w_fail(w, err, KILN_ERR_IO, "cannot rename %s into place: %s", w->tmp_path, strerror(errno));
         goto out_free;
     }
+    kiln_guard_temp_remove(w->tmp_slot);
+    w->tmp_slot = -1;
     free(w->tmp_path);
     w->tmp_path = NULL; /* it is the engine now */
     sync_parent_dir(w->path);
@@ -401,6 +440,10 @@ kiln_status kiln_engine_writer_finish(kiln_engine_writer *w, kiln_error *err) {
 out_free:
     w_free(w);
     return st;
+}
+
+void kiln_engine_writer_set_progress(kiln_engine_writer *w, kiln_progress *p) {
+    if (w) w->progress = p;
 }
 
 void kiln_engine_writer_abort(kiln_engine_writer *w) {

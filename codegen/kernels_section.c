@@ -27,9 +27,12 @@
 #include <unistd.h>
 
 #include "../runtime/cuda/kiln_ksec.h"
+#include "../common/kiln_progress.h"
 #include "kiln_nvrtc.h"
 
 /* ---- targets ---- */
+
+static bool pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
 
 static void sort_unique(int *v, int *n) {
     for (int i = 1; i < *n; i++)
@@ -64,9 +67,14 @@ kiln_status kiln_kernel_targets_parse(const char *spec, kiln_kernel_targets *t, 
         const char *num = ptx ? item + 8 : strncmp(item, "sm_", 3) == 0 ? item + 3 : NULL;
         char *end = NULL;
         long sm = num && *num ? strtol(num, &end, 10) : -1;
-        if (!num || !end || *end || sm < 50 || sm > 999) {
-            kiln_err(err, KILN_ERR_INVALID_ARG, "--target: '%s' is not sm_NN or compute_NN (NN from 50 to 999)", item);
+        if (!num || !end || *end || sm < 1 || sm > 999) {
+            kiln_err(err, KILN_ERR_INVALID_ARG, "--target: '%s' is not sm_NN or compute_NN", item);
             return kiln_err_hint(err, "e.g. --target sm_80,sm_86,sm_89,sm_90,compute_90 (the default), or 'none'");
+        }
+        if (sm < KILN_KERNELS_MIN_SM) {
+            kiln_err(err, KILN_ERR_UNSUPPORTED, "--target: '%s': kiln's kernels need sm_%d or newer (cp.async, bf16 "
+                     "tensor cores)", item, KILN_KERNELS_MIN_SM);
+            return kiln_err_hint(err, "older GPUs can run the engine on the CPU only: --target none");
         }
         int *n = ptx ? &t->n_ptx : &t->n_cubin;
         int *v = ptx ? t->ptx_sm : t->cubin_sm;
@@ -80,6 +88,37 @@ kiln_status kiln_kernel_targets_parse(const char *spec, kiln_kernel_targets *t, 
     sort_unique(t->cubin_sm, &t->n_cubin);
     sort_unique(t->ptx_sm, &t->n_ptx);
     return KILN_OK;
+}
+
+kiln_status kiln_kernel_targets_check(const kiln_kernel_targets *t, kiln_error *err) {
+    if (t->n_cubin + t->n_ptx == 0) return KILN_OK;
+    int archs[128], n = 0;
+    kiln_error e = {0};
+    if (kiln_nvrtc_archs(archs, 128, &n, &e) != KILN_OK) {
+        kiln_err(err, KILN_ERR_UNSUPPORTED, "--target: this kiln cannot build GPU kernels: %s", e.msg);
+        return kiln_err_hint(err, "use --target none (a CPU-only engine), or a kiln built with the CUDA toolkit");
+    }
+    for (int i = 0; i < t->n_cubin + t->n_ptx; i++) {
+        int sm = i < t->n_cubin ? t->cubin_sm[i] : t->ptx_sm[i - t->n_cubin];
+        bool ok = false;
+        for (int k = 0; k < n; k++) ok |= archs[k] == sm;
+        if (ok) continue;
+        char name[32], list[512] = "";
+        kiln_kernel_target_name(t, i, name, sizeof name);
+        for (int k = 0; k < n; k++)
+            if (archs[k] >= KILN_KERNELS_MIN_SM)
+                snprintf(list + strlen(list), sizeof list - strlen(list), "%ssm_%d", list[0] ? ", " : "", archs[k]);
+        kiln_err(err, KILN_ERR_UNSUPPORTED, "--target: %s: this NVRTC cannot compile for SM %d", name, sm);
+        return kiln_err_hint(err, "it can for: %s", list);
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_kernels_check_block_size(int block_size, kiln_error *err) {
+    if (pow2(block_size) && block_size <= KILN_KERNELS_MAX_BLOCK) return KILN_OK;
+    kiln_err(err, KILN_ERR_INVALID_ARG, "--kv-block-size %d: the kernels take a power of two from 1 to %d",
+             block_size, KILN_KERNELS_MAX_BLOCK);
+    return kiln_err_hint(err, "e.g. --kv-block-size 16 (the default)");
 }
 
 void kiln_kernel_target_name(const kiln_kernel_targets *t, int i, char *buf, size_t cap) {
@@ -177,7 +216,6 @@ static int64_t wrows(const kiln_plan *p, int32_t v) { return p->values[v].shape[
 static int64_t wcols(const kiln_plan *p, int32_t v) { return p->values[v].shape[1]; }
 static int64_t width(const kiln_plan *p, int32_t v) { return p->values[v].shape[2]; }
 
-static bool pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
 
 #define UNSUP(...) kiln_err(err, KILN_ERR_UNSUPPORTED, "kernels: " __VA_ARGS__)
 
@@ -331,16 +369,18 @@ typedef struct kjob {
 
 typedef struct kpool {
     kjob *jobs;
-    int n, next;
+    int n, next, done;
     bool no_cache;
+    kiln_progress *progress; /* updated under `lock` as jobs finish */
     pthread_mutex_t lock;
 } kpool;
 
 static void *pool_run(void *arg) {
     kpool *pl = arg;
-    for (;;) {
+    for (int i = -1;;) {
         pthread_mutex_lock(&pl->lock);
-        int i = pl->next < pl->n ? pl->next++ : -1;
+        if (i >= 0) kiln_progress_update(pl->progress, (uint64_t)++pl->done); /* job i finished */
+        i = pl->next < pl->n ? pl->next++ : -1;
         pthread_mutex_unlock(&pl->lock);
         if (i < 0) return NULL;
         kjob *j = &pl->jobs[i];
@@ -360,9 +400,8 @@ kiln_status kiln_kernels_build(const kiln_plan *p, const kiln_kernel_targets *t,
     kiln_kernels_opts def = {0};
     if (!o) o = &def;
     int block_size = o->kv_block_size ? o->kv_block_size : 16;
-    if (!pow2(block_size) || block_size > 256)
-        return kiln_err(err, KILN_ERR_INVALID_ARG, "kernels: KV block size %d is not a power of two up to 256",
-                        block_size);
+    kiln_status bst = kiln_kernels_check_block_size(block_size, err);
+    if (bst != KILN_OK) return bst;
     if (t->n_cubin + t->n_ptx == 0)
         return kiln_err(err, KILN_ERR_INVALID_ARG, "kernels: no targets (--target none makes no kernels section)");
     kset *s = calloc(1, sizeof *s);
@@ -391,7 +430,8 @@ kiln_status kiln_kernels_build(const kiln_plan *p, const kiln_kernel_targets *t,
             for (int c = 0; c < t->n_ptx; c++) j->ptx |= t->ptx_sm[c] == sms[k];
         }
     {
-        kpool pl = {.jobs = jobs, .n = n_jobs, .no_cache = o->no_cache};
+        kpool pl = {.jobs = jobs, .n = n_jobs, .no_cache = o->no_cache, .progress = o->progress};
+        kiln_progress_phase(o->progress, "kernels", (uint64_t)n_jobs, "NVRTC builds", 1);
         pthread_mutex_init(&pl.lock, NULL);
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         int threads = o->threads > 0 ? o->threads : cores > 0 ? (int)cores : 1;

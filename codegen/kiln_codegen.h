@@ -20,5 +20,16 @@ kiln_status kiln_plan_serialize(const kiln_graph *g, kiln_buf *out, kiln_error *
  * source dtype) into `w`, which has a section begun. Returns the byte count
  * through `size` (may be NULL). */
 kiln_status kiln_weights_write(const kiln_graph *g, kiln_engine_writer *w, uint64_t *size, kiln_error *err);
+/* The byte count kiln_weights_write will write (for progress reports). */
+uint64_t kiln_weights_size(const kiln_graph *g);
+
+/* Convert `count` elements of weight `v` starting at flat element `first`
+ * from `src` (v->src_dtype bytes, little-endian, possibly unaligned) into
+ * `dst` (v->dtype), checking each value: NaN or ±Inf (KILN_ERR_PARSE) and
+ * a narrowing conversion that overflows to ±Inf (KILN_ERR_UNSUPPORTED) are
+ * refused naming the tensor, the element and the value. Used by
+ * kiln_weights_write; public for tests. */
+kiln_status kiln_weight_convert(const kiln_value *v, uint64_t first, const uint8_t *src, uint8_t *dst, size_t count,
+                                kiln_error *err);
 
 #endif /* KILN_CODEGEN_H */

@@ -23,6 +23,8 @@
 #include "../runtime/kiln_plan.h"
 
 #define KILN_MAX_TARGETS 16
+#define KILN_KERNELS_MIN_SM 80    /* cp.async, ldmatrix and bf16 mma.sync (kernels/) */
+#define KILN_KERNELS_MAX_BLOCK 256 /* the largest KV block size; runtime/cuda/ksec.c refuses more */
 
 typedef struct kiln_kernel_targets {
     int n_cubin, n_ptx;
@@ -31,8 +33,15 @@ typedef struct kiln_kernel_targets {
 } kiln_kernel_targets;
 
 /* Parse a target list: "default", "none", or comma-separated sm_NN /
- * compute_NN (NN 50..999). Errors name the item at fault. */
+ * compute_NN (NN from KILN_KERNELS_MIN_SM to 999). Errors name the item at
+ * fault. */
 kiln_status kiln_kernel_targets_parse(const char *spec, kiln_kernel_targets *t, kiln_error *err);
+/* Every target is one this kiln's NVRTC compiles for (KILN_ERR_UNSUPPORTED
+ * naming it, and listing those it can, when not; also when there is no NVRTC
+ * and t is not empty). */
+kiln_status kiln_kernel_targets_check(const kiln_kernel_targets *t, kiln_error *err);
+/* The KV block sizes the kernels take: powers of two from 1 to KILN_KERNELS_MAX_BLOCK. */
+kiln_status kiln_kernels_check_block_size(int block_size, kiln_error *err);
 /* The i-th target's name ("sm_90", "compute_90"), cubins first; i < n_cubin + n_ptx. */
 void kiln_kernel_target_name(const kiln_kernel_targets *t, int i, char *buf, size_t cap);
 
@@ -40,6 +49,7 @@ typedef struct kiln_kernels_opts {
     int threads;        /* NVRTC jobs at once (0 = one per core) */
     int kv_block_size;  /* tokens per KV block (0 = 16) */
     bool no_cache;      /* bypass the NVRTC cache */
+    struct kiln_progress *progress; /* NVRTC builds done / to do (common/kiln_progress.h); NULL = none */
 } kiln_kernels_opts;
 
 /* Build the kernels section for a checked plan. Needs NVRTC

@@ -72,6 +72,9 @@ kiln_status kiln_nvrtc_compile_ex(const char *src, const char *name, const char 
 /* NVRTC's version as major*1000 + minor*10 (e.g. 13000), or a status. */
 kiln_status kiln_nvrtc_version(int *out, kiln_error *err);
 
+/* The SMs this NVRTC can compile for (e.g. 75, 80, ... 120), at most `cap`. */
+kiln_status kiln_nvrtc_archs(int *archs, int cap, int *n, kiln_error *err);
+
 /* The include directory handed to NVRTC (env KILN_CUDA_INCLUDE, else the build's toolkit). */
 const char *kiln_nvrtc_include_dir(void);
 

@@ -1,9 +1,12 @@
 /*
  * plan_writer.c — writes the plan section and the weights section from a
- * graph (formats in runtime/kiln_plan.h and docs/engine-format.md).
+ * graph (formats in runtime/kiln_plan.h and docs/engine-format.md), checking
+ * every weight value on the way (see "weight values" below).
  */
 #include "kiln_codegen.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -133,31 +136,145 @@ out:
     return st;
 }
 
-/* Convert `count` elements from src (dtype sd, possibly unaligned) to dtype dd. */
-static void convert(const uint8_t *src, kiln_dtype sd, uint8_t *dst, kiln_dtype dd, size_t count) {
+/* ---- weight values: checked as they are converted ----
+ *
+ * Every element of every weight passes through convert() on its way into the
+ * engine, so this is where values are checked, at no extra pass over 14 GB:
+ * NaN or ±Inf at any dtype (also when the bytes are copied unchanged) and a
+ * narrowing conversion that overflows (f32/bf16 → f16 beyond ±65504, f32 →
+ * bf16 beyond ±3.39e38) are refused, naming the tensor, the element (flat
+ * and per dimension) and the value. The checks look at exponent bits only:
+ * all ones = Inf or NaN in every IEEE format here. */
+
+/* Where a chunk of elements comes from, for messages. */
+typedef struct weight_chunk {
+    const kiln_value *val;
+    uint64_t first; /* flat index of the chunk's first element in the tensor */
+} weight_chunk;
+
+static bool f16_nonfinite(uint16_t h) { return (h & 0x7c00u) == 0x7c00u; }
+static bool bf16_nonfinite(uint16_t h) { return (h & 0x7f80u) == 0x7f80u; }
+
+static float load_f32(const uint8_t *src, kiln_dtype sd, size_t i) {
+    float f;
+    if (sd == KILN_DTYPE_F32) {
+        uint32_t u = kiln_rd_u32(src + 4 * i);
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    uint16_t h = (uint16_t)(src[2 * i] | src[2 * i + 1] << 8);
+    return sd == KILN_DTYPE_BF16 ? kiln_bf16_to_f32(h) : kiln_f16_to_f32(h);
+}
+
+/* "[3,17]" for flat element `flat` of the value's shape. */
+static void multi_index(const kiln_value *v, uint64_t flat, char *buf, size_t n) {
+    uint64_t idx[KILN_MAX_DIMS] = {0};
+    for (int d = v->ndim - 1; d >= 0; d--) {
+        uint64_t dim = v->shape[d] > 0 ? (uint64_t)v->shape[d] : 1;
+        idx[d] = flat % dim;
+        flat /= dim;
+    }
+    size_t k = (size_t)snprintf(buf, n, "[");
+    for (int d = 0; d < v->ndim && k < n; d++)
+        k += (size_t)snprintf(buf + k, n - k, "%s%llu", d ? "," : "", (unsigned long long)idx[d]);
+    if (k < n) snprintf(buf + k, n - k, "]");
+}
+
+/* Element i of the chunk is NaN/Inf (value f, read from the source dtype). */
+static kiln_status bad_value(const weight_chunk *c, size_t i, float f, kiln_error *err) {
+    char at[96];
+    uint64_t flat = c->first + i;
+    multi_index(c->val, flat, at, sizeof at);
+    const char *what = f != f ? "NaN" : f > 0 ? "+Inf" : "-Inf";
+    kiln_err(err, KILN_ERR_PARSE, "weight '%s' (%s): element %llu %s is %s", c->val->name,
+             kiln_dtype_name(c->val->src_dtype), (unsigned long long)flat, at, what);
+    return kiln_err_hint(err, "a NaN or infinite weight makes the model's outputs NaN; the checkpoint is damaged "
+                              "(re-download or re-export it)");
+}
+
+/* Element i (finite value f) overflows the engine dtype. */
+static kiln_status overflow(const weight_chunk *c, size_t i, float f, kiln_error *err) {
+    char at[96];
+    uint64_t flat = c->first + i;
+    multi_index(c->val, flat, at, sizeof at);
+    const char *dd = kiln_dtype_name(c->val->dtype);
+    kiln_err(err, KILN_ERR_UNSUPPORTED,
+             "weight '%s': element %llu %s is %.9g, beyond the range of %s (max %s): converting it would make it %s",
+             c->val->name, (unsigned long long)flat, at, (double)f, dd,
+             c->val->dtype == KILN_DTYPE_F16 ? "65504" : "3.39e38", f > 0 ? "+Inf" : "-Inf");
+    return kiln_err_hint(err, "compile with a wider --dtype (bf16 or f32 for f16; f32 for bf16), or --dtype "
+                              "checkpoint to keep the checkpoint's own");
+}
+
+/* Does this block of `nbytes` unchanged bytes possibly hold a NaN/Inf? Eight
+ * bytes at a time: each lane (2 or 4 bytes, little-endian) becomes zero
+ * exactly when its exponent bits are all ones, and a zero lane sets its high
+ * bit in (x - ones) & ~x (x's high bits are clear, so no lane borrows
+ * unless a lower one was zero). A tail shorter than 8 bytes says "maybe". */
+static bool block_maybe_nonfinite(const uint8_t *p, size_t nbytes, kiln_dtype dt) {
+    const uint64_t mask = dt == KILN_DTYPE_F32 ? 0x7f8000007f800000ull
+                          : dt == KILN_DTYPE_BF16 ? 0x7f807f807f807f80ull : 0x7c007c007c007c00ull;
+    const uint64_t ones = dt == KILN_DTYPE_F32 ? 0x0000000100000001ull : 0x0001000100010001ull;
+    const uint64_t highs = dt == KILN_DTYPE_F32 ? 0x8000000080000000ull : 0x8000800080008000ull;
+    uint64_t any = 0;
+    size_t j = 0;
+    for (; j + 8 <= nbytes; j += 8) {
+        uint64_t x = (kiln_rd_u64(p + j) & mask) ^ mask;
+        any |= (x - ones) & ~x & highs;
+    }
+    return any != 0 || j < nbytes;
+}
+
+/* Copy `count` unchanged elements of dtype sd; the index of the first
+ * NaN/Inf among them, or count. Blocks small enough for L1 are scanned and
+ * then copied, so the source is read from memory once; only a block that
+ * may hold one is searched element by element. */
+static size_t copy_checked(const uint8_t *src, kiln_dtype sd, uint8_t *dst, size_t count) {
+    enum { BLOCK = 4096 };
+    size_t es = (size_t)kiln_dtype_size(sd);
+    for (size_t b = 0; b < count; b += BLOCK) {
+        size_t n = count - b < BLOCK ? count - b : BLOCK;
+        if (block_maybe_nonfinite(src + b * es, n * es, sd))
+            for (size_t i = b; i < b + n; i++)
+                if (!isfinite(load_f32(src, sd, i))) return i;
+        memcpy(dst + b * es, src + b * es, n * es);
+    }
+    return count;
+}
+
+kiln_status kiln_weight_convert(const kiln_value *v, uint64_t first, const uint8_t *src, uint8_t *dst, size_t count,
+                                kiln_error *err) {
+    const weight_chunk c = {v, first};
+    kiln_dtype sd = v->src_dtype, dd = v->dtype;
     if (sd == dd) {
-        memcpy(dst, src, count * (size_t)kiln_dtype_size(sd));
-        return;
+        size_t i = copy_checked(src, sd, dst, count);
+        return i < count ? bad_value(&c, i, load_f32(src, sd, i), err) : KILN_OK;
     }
     for (size_t i = 0; i < count; i++) {
-        float f;
-        if (sd == KILN_DTYPE_F32) {
-            uint32_t u = kiln_rd_u32(src + 4 * i);
-            memcpy(&f, &u, 4);
-        } else {
-            uint16_t h = (uint16_t)(src[2 * i] | src[2 * i + 1] << 8);
-            f = sd == KILN_DTYPE_BF16 ? kiln_bf16_to_f32(h) : kiln_f16_to_f32(h);
-        }
+        float f = load_f32(src, sd, i);
+        if (!isfinite(f)) return bad_value(&c, i, f, err);
         if (dd == KILN_DTYPE_F32) {
             uint32_t u;
             memcpy(&u, &f, 4);
             kiln_wr_u32(dst + 4 * i, u);
-        } else {
-            uint16_t h = dd == KILN_DTYPE_BF16 ? kiln_f32_to_bf16(f) : kiln_f32_to_f16(f);
-            dst[2 * i] = (uint8_t)h;
-            dst[2 * i + 1] = (uint8_t)(h >> 8);
+            continue;
         }
+        uint16_t h = dd == KILN_DTYPE_BF16 ? kiln_f32_to_bf16(f) : kiln_f32_to_f16(f);
+        if (dd == KILN_DTYPE_BF16 ? bf16_nonfinite(h) : f16_nonfinite(h)) return overflow(&c, i, f, err);
+        dst[2 * i] = (uint8_t)h;
+        dst[2 * i + 1] = (uint8_t)(h >> 8);
     }
+    return KILN_OK;
+}
+
+uint64_t kiln_weights_size(const kiln_graph *g) {
+    uint64_t offset = 0;
+    for (int v = 0; v < g->n_values; v++) {
+        const kiln_value *val = &g->values[v];
+        if (!val->dead && val->kind == KILN_VALUE_WEIGHT)
+            offset = kiln_align_up(offset, KILN_PLAN_WEIGHT_ALIGN) + weight_bytes(val);
+    }
+    return offset;
 }
 
 kiln_status kiln_weights_write(const kiln_graph *g, kiln_engine_writer *w, uint64_t *size, kiln_error *err) {
@@ -178,8 +295,8 @@ kiln_status kiln_weights_write(const kiln_graph *g, kiln_engine_writer *w, uint6
         size_t ss = (size_t)kiln_dtype_size(val->src_dtype), ds = (size_t)kiln_dtype_size(val->dtype);
         for (uint64_t i = 0; i < count && st == KILN_OK; i += CHUNK) {
             size_t m = (size_t)(count - i < CHUNK ? count - i : CHUNK);
-            convert(src + i * ss, val->src_dtype, buf, val->dtype, m);
-            st = kiln_engine_writer_write(w, buf, m * ds, err);
+            st = kiln_weight_convert(val, i, src + i * ss, buf, m, err);
+            if (st == KILN_OK) st = kiln_engine_writer_write(w, buf, m * ds, err);
         }
         offset += count * ds;
     }

@@ -48,14 +48,54 @@ typedef struct kiln_mapped_file {
     char *path; /* owned copy of the path, for messages */
 } kiln_mapped_file;
 
+/* Every function here that opens a path the user named refuses anything
+ * but a regular file ("X: not a regular file (a FIFO)") before opening it,
+ * so a FIFO or device never blocks kiln, and names the path and the real
+ * reason (strerror, a dangling symbolic link) when it cannot open it. */
+
+/* Open a regular file for reading (O_NONBLOCK, O_CLOEXEC; the type is checked
+ * before the open and again on the descriptor). *fd is -1 on failure. */
+kiln_status kiln_file_open_regular(const char *path, int *fd, uint64_t *size, kiln_error *err);
+/* KILN_OK when `path` is a directory (after following symbolic links); else
+ * an error naming the path and why: missing, a loop of links, a file... */
+kiln_status kiln_dir_check(const char *path, kiln_error *err);
+/* Map a regular file read-only. While mapped, the range is registered with
+ * the SIGBUS guard (kiln_guard_install), so a file that shrinks under kiln
+ * becomes an error naming it instead of a crash. */
 kiln_status kiln_file_map(const char *path, kiln_mapped_file *out, kiln_error *err);
 void kiln_file_unmap(kiln_mapped_file *f);
-/* Read a whole (small) file into a NUL-terminated malloc'd buffer, refusing files over max_size. */
+/* Read a whole (small) regular file into a NUL-terminated malloc'd buffer,
+ * refusing files over max_size. */
 kiln_status kiln_file_read(const char *path, size_t max_size, char **out, size_t *out_len, kiln_error *err);
 bool kiln_path_is_dir(const char *path);
+/* Something is at `path`: a file, a directory, or a symbolic link (even a
+ * dangling one, so that opening it reports what is wrong with it). */
 bool kiln_path_exists(const char *path);
 /* Join dir and name with '/' into a malloc'd string (NULL on allocation failure). */
 char *kiln_path_join(const char *dir, const char *name);
+
+/* ---- signals (common/guard.c) ---- */
+
+/* Install kiln's handlers: SIGINT, SIGTERM, SIGHUP are blocked and taken by
+ * a watcher thread that unlinks the registered temporary files and
+ * re-raises (an ignored one stays ignored); SIGXFSZ is ignored (writes fail
+ * with EFBIG instead); SIGBUS in a mapped input file is recorded for
+ * kiln_guard_fault. For programs (the `kiln` CLI), not libraries; call it
+ * before starting any thread (threads inherit the blocked signals). Once
+ * per process; later calls do nothing. */
+kiln_status kiln_guard_install(kiln_error *err);
+/* Register a temporary file to unlink on a fatal signal; returns a slot for
+ * kiln_guard_temp_remove, or -1 when the registry is full. */
+int kiln_guard_temp_add(const char *path);
+void kiln_guard_temp_remove(int slot);
+/* Mapped input ranges (kiln_file_map calls these; `path` must outlive the mapping). */
+void kiln_guard_map_add(const void *base, size_t size, const char *path);
+void kiln_guard_map_remove(const void *base);
+/* True (and a message naming the file and the offset in `err`) once a mapped
+ * input shrank under kiln; the bytes read from it since are zeros. */
+bool kiln_guard_fault(kiln_error *err);
+/* Forget a recorded fault (tests). */
+void kiln_guard_fault_reset(void);
 
 /* ---- checked arithmetic (return false on overflow) ---- */
 

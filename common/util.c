@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -89,26 +90,96 @@ void kiln_err_clear(kiln_error *err) {
 
 /* ---- files ---- */
 
-kiln_status kiln_file_map(const char *path, kiln_mapped_file *out, kiln_error *err) {
-    memset(out, 0, sizeof *out);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return kiln_err(err, KILN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+/* "a FIFO", "a directory"... for "not a regular file (...)" messages. */
+static const char *file_type_name(mode_t m) {
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISSOCK(m)) return "a socket";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISLNK(m)) return "a symbolic link";
+    return "not a file kiln can read";
+}
+
+/* The message for a failed stat/open of `path` with errno `e` (always
+ * KILN_ERR_IO, as before): a dangling symbolic link is named as such, every
+ * other reason by strerror. */
+static kiln_status path_error(const char *path, const char *what, int e, kiln_error *err) {
+    struct stat ls;
+    if (e == ENOENT && lstat(path, &ls) == 0 && S_ISLNK(ls.st_mode)) {
+        char target[512];
+        ssize_t n = readlink(path, target, sizeof target - 1);
+        target[n > 0 ? n : 0] = 0;
+        kiln_err(err, KILN_ERR_IO, "%s: a symbolic link to \"%s\", which does not exist", path, target);
+        return kiln_err_hint(err, "fix or remove the link");
+    }
+    kiln_err(err, KILN_ERR_IO, "%s: %s: %s", path, what, strerror(e));
+    if (e == EACCES) kiln_err_hint(err, "check the permissions of the file and of the folders above it");
+    if (e == ELOOP) kiln_err_hint(err, "a symbolic link in this path points, directly or not, to itself");
+    return KILN_ERR_IO;
+}
+
+static kiln_status not_regular(const char *path, mode_t m, kiln_error *err) {
+    return kiln_err(err, KILN_ERR_IO, "%s: not a regular file (%s)", path, file_type_name(m));
+}
+
+/* stat first so a FIFO or device is refused without being opened (opening a
+ * FIFO blocks until a writer comes); then open non-blocking and check the
+ * descriptor again, in case the path was replaced between the two calls. */
+kiln_status kiln_file_open_regular(const char *path, int *out_fd, uint64_t *out_size, kiln_error *err) {
+    *out_fd = -1;
     struct stat st;
+    if (stat(path, &st) != 0) return path_error(path, "cannot open", errno, err);
+    if (!S_ISREG(st.st_mode)) return not_regular(path, st.st_mode, err);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) return path_error(path, "cannot open", errno, err);
     if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
-        return kiln_err(err, KILN_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
+        return path_error(path, "cannot stat", e, err);
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return kiln_err(err, KILN_ERR_IO, "%s: not a regular file", path);
+        return not_regular(path, st.st_mode, err);
+    }
+    *out_fd = fd;
+    if (out_size) *out_size = (uint64_t)st.st_size;
+    return KILN_OK;
+}
+
+kiln_status kiln_dir_check(const char *path, kiln_error *err) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        int e = errno;
+        if (e == ENOENT) {
+            struct stat ls;
+            if (lstat(path, &ls) == 0) return path_error(path, "no such directory", e, err);
+            return kiln_err(err, KILN_ERR_MISSING, "%s: no such directory", path);
+        }
+        return path_error(path, "cannot open the directory", e, err);
+    }
+    if (!S_ISDIR(st.st_mode))
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "%s: not a directory (%s)", path,
+                        S_ISREG(st.st_mode) ? "a regular file" : file_type_name(st.st_mode));
+    return KILN_OK;
+}
+
+kiln_status kiln_file_map(const char *path, kiln_mapped_file *out, kiln_error *err) {
+    memset(out, 0, sizeof *out);
+    int fd;
+    uint64_t size;
+    kiln_status st = kiln_file_open_regular(path, &fd, &size, err);
+    if (st != KILN_OK) return st;
+    if (size > SIZE_MAX) {
+        close(fd);
+        return kiln_err(err, KILN_ERR_IO, "%s: %" PRIu64 " bytes do not fit in this process's memory", path, size);
     }
     out->path = strdup(path);
     if (!out->path) {
         close(fd);
         return kiln_err(err, KILN_ERR_NOMEM, "%s: out of memory", path);
     }
-    out->size = (size_t)st.st_size;
+    out->size = (size_t)size;
     if (out->size > 0) {
         void *p = mmap(NULL, out->size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (p == MAP_FAILED) {
@@ -119,13 +190,17 @@ kiln_status kiln_file_map(const char *path, kiln_mapped_file *out, kiln_error *e
             return kiln_err(err, KILN_ERR_IO, "%s: cannot mmap: %s", path, strerror(e));
         }
         out->data = p;
+        kiln_guard_map_add(out->data, out->size, out->path);
     }
     close(fd);
     return KILN_OK;
 }
 
 void kiln_file_unmap(kiln_mapped_file *f) {
-    if (f->data && f->size) munmap((void *)f->data, f->size);
+    if (f->data && f->size) {
+        kiln_guard_map_remove(f->data);
+        munmap((void *)f->data, f->size);
+    }
     free(f->path);
     memset(f, 0, sizeof *f);
 }
@@ -133,33 +208,42 @@ void kiln_file_unmap(kiln_mapped_file *f) {
 kiln_status kiln_file_read(const char *path, size_t max_size, char **out, size_t *out_len, kiln_error *err) {
     *out = NULL;
     if (out_len) *out_len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return kiln_err(err, KILN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    int fd;
+    uint64_t size;
+    kiln_status st = kiln_file_open_regular(path, &fd, &size, err);
+    if (st != KILN_OK) return st;
     kiln_buf b = {0};
     char chunk[65536];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
-        if (b.len + n > max_size) {
-            fclose(f);
-            kiln_buf_free(&b);
-            return kiln_err(err, KILN_ERR_PARSE, "%s: larger than the %zu-byte limit for this kind of file",
-                            path, max_size);
+    for (;;) {
+        ssize_t n = read(fd, chunk, sizeof chunk);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            st = kiln_err(err, KILN_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
+            goto out_free;
         }
-        if (!kiln_buf_append(&b, chunk, n)) {
-            fclose(f);
-            kiln_buf_free(&b);
-            return kiln_err(err, KILN_ERR_NOMEM, "%s: out of memory", path);
+        if (n == 0) break;
+        if (b.len + (size_t)n > max_size) {
+            st = kiln_err(err, KILN_ERR_PARSE, "%s: larger than the %zu-byte limit for this kind of file", path,
+                          max_size);
+            goto out_free;
+        }
+        if (!kiln_buf_append(&b, chunk, (size_t)n)) {
+            st = kiln_err(err, KILN_ERR_NOMEM, "%s: out of memory", path);
+            goto out_free;
         }
     }
-    bool bad = ferror(f);
-    fclose(f);
-    if (bad || !kiln_buf_append(&b, "", 1)) {
-        kiln_buf_free(&b);
-        return kiln_err(err, bad ? KILN_ERR_IO : KILN_ERR_NOMEM, "%s: cannot read", path);
+    if (!kiln_buf_append(&b, "", 1)) {
+        st = kiln_err(err, KILN_ERR_NOMEM, "%s: out of memory", path);
+        goto out_free;
     }
+    close(fd);
     *out = (char *)b.data;
     if (out_len) *out_len = b.len - 1;
     return KILN_OK;
+out_free:
+    close(fd);
+    kiln_buf_free(&b);
+    return st;
 }
 
 bool kiln_path_is_dir(const char *path) {
@@ -169,7 +253,7 @@ bool kiln_path_is_dir(const char *path) {
 
 bool kiln_path_exists(const char *path) {
     struct stat st;
-    return stat(path, &st) == 0;
+    return lstat(path, &st) == 0;
 }
 
 char *kiln_path_join(const char *dir, const char *name) {

@@ -236,7 +236,8 @@ static kiln_status ck_build_index(kiln_checkpoint *ck, kiln_error *err) {
     return KILN_OK;
 }
 
-/* Path of `name` in the dir when that file exists, else NULL (via *out). */
+/* Path of `name` in the dir when something is there (a file, or a link even
+ * a broken one, so that opening it reports what is wrong), else NULL. */
 static kiln_status ck_optional_file(const char *dir, const char *name, char **out, kiln_error *err) {
     *out = kiln_path_join(dir, name);
     if (!*out) return kiln_err(err, KILN_ERR_NOMEM, "%s: out of memory", dir);
@@ -251,13 +252,13 @@ kiln_status kiln_checkpoint_open(const char *dir, kiln_checkpoint *out, kiln_err
     memset(out, 0, sizeof *out);
     kiln_status st;
     char *cfg_path = NULL, *index_path = NULL, *single = NULL, *only = NULL;
-    if (!kiln_path_exists(dir)) {
-        kiln_err(err, KILN_ERR_MISSING, "%s: no such directory", dir);
-        return kiln_err_hint(err, "pass the checkpoint directory (the folder holding config.json and *.safetensors)");
-    }
-    if (!kiln_path_is_dir(dir)) {
-        kiln_err(err, KILN_ERR_INVALID_ARG, "%s: not a directory", dir);
-        return kiln_err_hint(err, "pass the folder holding config.json and the *.safetensors files, not a file in it");
+    if ((st = kiln_dir_check(dir, err)) != KILN_OK) {
+        if (st == KILN_ERR_INVALID_ARG)
+            return kiln_err_hint(err, "pass the folder holding config.json and the *.safetensors files, not a file "
+                                      "in it");
+        if (err && !strchr(err->msg, '\n'))
+            kiln_err_hint(err, "pass the checkpoint directory (the folder holding config.json and *.safetensors)");
+        return st;
     }
     out->dir = strdup(dir);
     if (!out->dir) return kiln_err(err, KILN_ERR_NOMEM, "%s: out of memory", dir);

@@ -29,7 +29,7 @@ int kiln_cli_fail(const char *cmd, const kiln_error *err, bool json) {
 int kiln_cli_usage_error(const char *cmd, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "kiln %s: ", cmd);
+    fprintf(stderr, "kiln %s: error: ", cmd);
     vfprintf(stderr, fmt, ap);
     va_end(ap);
     fprintf(stderr, "\nrun 'kiln %s --help' for usage\n", cmd);

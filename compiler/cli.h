@@ -20,7 +20,7 @@ enum { KILN_EXIT_OK = 0, KILN_EXIT_FAIL = 1, KILN_EXIT_USAGE = 2 };
 /* Print "kiln CMD: error: MSG" (and the hint lines) to stderr; with json, also
  * print {"error": {...}} on stdout. Returns KILN_EXIT_FAIL. */
 int kiln_cli_fail(const char *cmd, const kiln_error *err, bool json);
-/* Print a usage error and a pointer to --help. Returns KILN_EXIT_USAGE. */
+/* Print "kiln CMD: error: MSG" and a pointer to --help. Returns KILN_EXIT_USAGE. */
 int kiln_cli_usage_error(const char *cmd, const char *fmt, ...) KILN_PRINTF(2, 3);
 
 /* Strict number parsing: the whole string must be a number in range. */
@@ -31,6 +31,18 @@ bool kiln_cli_parse_float(const char *s, double lo, double hi, double *out);
 bool kiln_cli_parse_memory(const char *s, int64_t *bytes, double *fraction);
 /* "1,306,461" or "[1, 306, 461]" → ids (malloc'd). */
 bool kiln_cli_parse_ids(const char *s, int32_t **ids, int *n);
+
+/* What `kiln inspect` found in the kernels section (present = false: none). */
+typedef struct kiln_inspect_kernels {
+    bool present;
+    int n_modules, n_images, block_size, elem; /* elem: KILN_KSEC_ELEM_* */
+} kiln_inspect_kernels;
+struct kiln_model;
+/* inspect's cross-checks of an opened engine (compiler/cmd_inspect.c): the
+ * kernels section parsed, and meta against the plan, the weights, the
+ * tokenizer and the kernels section. A mismatch is KILN_ERR_FORMAT naming
+ * both values. *kernels is filled when the kernels section was read. */
+kiln_status kiln_inspect_verify(const struct kiln_model *m, kiln_inspect_kernels *kernels, kiln_error *err);
 
 /* `tokenize` as kiln and kiln-run share it (cmd_tokenize.c): engines are read
  * here; any other TOKENIZER (a tokenizer.json, a checkpoint directory) goes to

@@ -447,6 +447,9 @@ static int parse_args(int argc, char **argv, bench_args *a, bool *done) {
         return kiln_cli_usage_error("bench", "--max-step-tokens %lld is below --batch %lld (each running sequence "
                                              "decodes one token a step)",
                                     a->max_step, a->batch);
+    if (a->kv_fraction > 0 && strcmp(a->device, "cpu") == 0)
+        return kiln_cli_usage_error("bench", "--kv-memory %g is a fraction of GPU memory, which does not apply to "
+                                             "--device cpu; give bytes (e.g. 512M)", a->kv_fraction);
     if (!a->requests) a->requests = a->batch;
     a->path = argv[optind];
     return KILN_EXIT_OK;

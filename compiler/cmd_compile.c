@@ -7,8 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include "../codegen/kiln_kernels.h"
 #include "../codegen/kiln_nvrtc.h"
+#include "../common/kiln_progress.h"
 #include "../passes/kiln_passes.h"
 #include "cli.h"
 #include "kiln_compiler.h"
@@ -30,24 +33,82 @@ static void help(FILE *f) {
                "                        (PTX, JIT-compiled by newer GPUs), comma-separated; 'default' =\n"
                "                        sm_80,sm_86,sm_89,sm_90,compute_90 (when this kiln has NVRTC, else\n"
                "                        'none'); 'none' = no kernels (the engine runs on the CPU only)\n"
-               "  --kv-block-size N     tokens per KV-cache block the kernels are built for (default 16)\n"
-               "  --threads N           parallel NVRTC jobs (default: one per core)\n"
+               "  --kv-block-size N     tokens per KV-cache block the kernels are built for: a power of\n"
+               "                        two from 1 to 256 (default 16; only with GPU targets)\n"
+               "  --threads N           parallel NVRTC jobs (default: one per core; only with GPU targets)\n"
+               "  --allow-unused PAT    let checkpoint tensors matching the glob PAT stay unused (repeatable;\n"
+               "                        by default every tensor must be used, except *rotary_emb.inv_freq)\n"
                "  --compress            zstd-compress the weights section\n"
-               "  --dump-ir             print the graph after each pass to stdout\n"
+               "  --force               allow an output inside the checkpoint directory (never over\n"
+               "                        one of the files the compile reads)\n"
+               "  --dump-ir             print the graph after each pass to stdout (stderr with --json)\n"
                "  --json                print a JSON summary on stdout\n"
                "  -h, --help            this help\n");
 }
 
+/* Option values checked before any work: a malformed or unsupported value,
+ * or an option that does not apply to this compile, is a usage error (exit 2). */
+static int check_options(kiln_compile_options *opt, bool json, bool block_given, bool threads_given) {
+    kiln_error err = {0};
+    if (!opt->targets) {
+        /* the default targets need NVRTC; a build without CUDA makes CPU-only engines */
+        int ver = 0;
+        kiln_error e2 = {0};
+        kiln_status nst = kiln_nvrtc_version(&ver, &e2);
+        /* built with CUDA but libnvrtc not loadable: say so rather than quietly drop the GPU kernels */
+        if (nst != KILN_OK && nst != KILN_ERR_UNSUPPORTED) return kiln_cli_fail("compile", &e2, json);
+        bool have_nvrtc = nst == KILN_OK;
+        opt->targets = have_nvrtc ? "default" : "none";
+        if (!have_nvrtc && !json)
+            fprintf(stderr, "kiln compile: note: this kiln has no NVRTC (built without CUDA); the engine gets no GPU "
+                            "kernels and runs on the CPU only\n");
+    }
+    kiln_kernel_targets t;
+    if (kiln_kernel_targets_parse(opt->targets, &t, &err) != KILN_OK ||
+        kiln_kernel_targets_check(&t, &err) != KILN_OK)
+        return kiln_cli_usage_error("compile", "%s", err.msg);
+    bool kernels = t.n_cubin + t.n_ptx > 0;
+    if (block_given && !kernels)
+        return kiln_cli_usage_error("compile", "--kv-block-size applies to the GPU kernels, and --target %s makes "
+                                               "none", opt->targets);
+    if (threads_given && !kernels)
+        return kiln_cli_usage_error("compile", "--threads sets the parallel NVRTC jobs, and --target %s builds no "
+                                               "kernels", opt->targets);
+    if (block_given && kiln_kernels_check_block_size(opt->kv_block_size, &err) != KILN_OK)
+        return kiln_cli_usage_error("compile", "%s", err.msg);
+    if (kiln_passes_check(opt->passes, &err) != KILN_OK) return kiln_cli_usage_error("compile", "%s", err.msg);
+    return KILN_EXIT_OK;
+}
+
+static void report(const char *dir, const kiln_compile_options *opt, double dt, bool json) {
+    struct stat st;
+    long long size = stat(opt->output_path, &st) == 0 ? (long long)st.st_size : -1;
+    if (json) {
+        json_t *j = json_pack("{s:s, s:s, s:I, s:f}", "checkpoint", dir, "output", opt->output_path, "bytes",
+                              (json_int_t)size, "seconds", dt);
+        char *s = json_dumps(j, JSON_COMPACT);
+        printf("%s\n", s);
+        free(s);
+        json_decref(j);
+    } else {
+        fprintf(stderr, "kiln compile: wrote %s (%.1f MB) in %.2f s\n", opt->output_path, (double)size / 1e6, dt);
+    }
+}
+
 int kiln_cmd_compile(int argc, char **argv) {
+    enum { O_FORCE = 256 };
     static const struct option longopts[] = {
         {"output", required_argument, 0, 'o'}, {"dtype", required_argument, 0, 'd'},
         {"passes", required_argument, 0, 'p'}, {"compress", no_argument, 0, 'z'},
         {"dump-ir", no_argument, 0, 'D'},      {"json", no_argument, 0, 'j'},
         {"help", no_argument, 0, 'h'},         {"quant", required_argument, 0, 'q'},
         {"target", required_argument, 0, 't'}, {"kv-block-size", required_argument, 0, 'b'},
-        {"threads", required_argument, 0, 'T'}, {0, 0, 0, 0}};
+        {"threads", required_argument, 0, 'T'}, {"force", no_argument, 0, O_FORCE},
+        {"allow-unused", required_argument, 0, 'U'}, {0, 0, 0, 0}};
     kiln_compile_options opt = {.weight_dtype = KILN_DTYPE_COUNT_, .dump_stream = stdout};
-    bool json = false;
+    const char *allow_unused[64]; /* --allow-unused patterns (pointing into argv) */
+    opt.allow_unused = allow_unused;
+    bool json = false, block_given = false, threads_given = false;
     int c;
     optind = 1;
     opterr = 0;
@@ -75,13 +136,21 @@ int kiln_cmd_compile(int argc, char **argv) {
             if (!*optarg || *end || v < 1 || v > 4096)
                 return kiln_cli_usage_error("compile", "--%s '%s': expected a whole number from 1 to 4096",
                                             c == 'b' ? "kv-block-size" : "threads", optarg);
-            if (c == 'b') opt.kv_block_size = (int)v;
-            else opt.threads = (int)v;
+            if (c == 'b') opt.kv_block_size = (int)v, block_given = true;
+            else opt.threads = (int)v, threads_given = true;
             break;
         }
+        case 'U':
+            if (!*optarg) return kiln_cli_usage_error("compile", "--allow-unused needs a tensor name or glob pattern");
+            if (opt.n_allow_unused == (int)(sizeof allow_unused / sizeof *allow_unused))
+                return kiln_cli_usage_error("compile", "more than %zu --allow-unused patterns",
+                                            sizeof allow_unused / sizeof *allow_unused);
+            allow_unused[opt.n_allow_unused++] = optarg;
+            break;
         case 'z': opt.compress = true; break;
         case 'D': opt.dump_ir = true; break;
         case 'j': json = true; break;
+        case O_FORCE: opt.force = true; break;
         case 'h': help(stdout); return KILN_EXIT_OK;
         default: return kiln_cli_usage_error("compile", "unknown or incomplete option '%s'", argv[optind - 1]);
         }
@@ -90,35 +159,24 @@ int kiln_cmd_compile(int argc, char **argv) {
         return kiln_cli_usage_error("compile", optind >= argc ? "missing the checkpoint directory"
                                                               : "expected one checkpoint directory");
     if (!opt.output_path) return kiln_cli_usage_error("compile", "missing -o OUTPUT.kiln");
-    const char *dir = argv[optind];
+    if (!*opt.output_path) return kiln_cli_usage_error("compile", "-o: empty output path");
     kiln_error err = {0};
-    if (!opt.targets) {
-        /* the default targets need NVRTC; a build without CUDA makes CPU-only engines */
-        int ver = 0;
-        kiln_error e2 = {0};
-        kiln_status nst = kiln_nvrtc_version(&ver, &e2);
-        /* built with CUDA but libnvrtc not loadable: say so rather than quietly drop the GPU kernels */
-        if (nst != KILN_OK && nst != KILN_ERR_UNSUPPORTED) return kiln_cli_fail("compile", &e2, json);
-        bool have_nvrtc = nst == KILN_OK;
-        opt.targets = have_nvrtc ? "default" : "none";
-        if (!have_nvrtc && !json)
-            fprintf(stderr, "kiln compile: note: this kiln has no NVRTC (built without CUDA); the engine gets no GPU "
-                            "kernels and runs on the CPU only\n");
-    }
+    /* a signal or a shrinking input must not leave a temporary engine behind (common/guard.c);
+     * installed before anything (NVRTC included) can start a thread */
+    if (kiln_guard_install(&err) != KILN_OK) return kiln_cli_fail("compile", &err, json);
+    int rc = check_options(&opt, json, block_given, threads_given);
+    if (rc != KILN_EXIT_OK) return rc;
+    /* with --json, stdout holds exactly the one JSON object: the IR dump goes to stderr */
+    if (json) opt.dump_stream = stderr;
+    const char *dir = argv[optind];
+    /* a progress line on stderr when it is a terminal; silent otherwise */
+    kiln_progress progress;
+    kiln_progress_init(&progress, isatty(STDERR_FILENO) ? stderr : NULL, "kiln compile");
+    opt.progress = &progress;
     double t0 = kiln_now();
-    if (kiln_compile(dir, &opt, &err) != KILN_OK) return kiln_cli_fail("compile", &err, json);
-    double dt = kiln_now() - t0;
-    struct stat st;
-    long long size = stat(opt.output_path, &st) == 0 ? (long long)st.st_size : -1;
-    if (json) {
-        json_t *j = json_pack("{s:s, s:s, s:I, s:f}", "checkpoint", dir, "output", opt.output_path, "bytes",
-                              (json_int_t)size, "seconds", dt);
-        char *s = json_dumps(j, JSON_COMPACT);
-        printf("%s\n", s);
-        free(s);
-        json_decref(j);
-    } else {
-        fprintf(stderr, "kiln compile: wrote %s (%.1f MB) in %.2f s\n", opt.output_path, (double)size / 1e6, dt);
-    }
+    kiln_status st = kiln_compile(dir, &opt, &err);
+    kiln_progress_clear(&progress);
+    if (st != KILN_OK) return kiln_cli_fail("compile", &err, json);
+    report(dir, &opt, kiln_now() - t0, json);
     return KILN_EXIT_OK;
 }

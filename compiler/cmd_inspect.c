@@ -1,6 +1,16 @@
 /*
  * cmd_inspect.c — `kiln inspect model.kiln [--json]`: what an engine holds.
- * The engine is fully verified (checksums included) before anything is shown.
+ *
+ * Nothing is shown before the whole engine is verified: the loader checks
+ * the file (checksums, section table), the plan against the weights section
+ * and the tokenizer blob; kiln_inspect_verify then cross-checks what the
+ * loader does not: the kernels section (parsed by runtime/cuda/ksec.c, which
+ * builds without CUDA), the meta JSON against the plan (vocab, layers,
+ * hidden, heads, head_dim, max context), against the weights section (bytes,
+ * count, codec), against the kernels section (targets, KV block size) and
+ * against the tokenizer (ids inside the model's vocabulary, bos). Every
+ * mismatch is an error naming both values. The fuzz target
+ * fuzz/fuzz_engine_load.c runs the same checks on every engine that loads.
  */
 #include <getopt.h>
 #include <jansson.h>
@@ -8,15 +18,279 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../runtime/cuda/kiln_ksec_read.h"
 #include "../runtime/kiln_plan.h"
 #include "../runtime/kiln_rt.h"
+#include "../runtime/kiln_tokenizer.h"
 #include "cli.h"
+
+#define REBUILD_HINT "the engine's sections disagree: it is corrupted or was edited; rebuild it with `kiln compile`"
 
 static void help(FILE *f) {
     fprintf(f, "usage: kiln inspect ENGINE.kiln [--json]\n\n"
-               "Verify an engine file and show its format version, model, sections, weights, plan and\n"
-               "tokenizer. --json prints one JSON object: the meta section plus 'sections' and 'plan'.\n");
+               "Verify an engine file (every section, and that they agree with each other) and show its\n"
+               "format version, model, weights (dtypes), plan, GPU targets and kernels, generation\n"
+               "settings (bos, eos...), tokenizer and sections. A file that fails a check is an error\n"
+               "(exit 1) naming the values that disagree. --json prints one JSON object: the meta\n"
+               "section plus 'sections', 'plan', 'kernels' and 'weights_dtype'.\n");
 }
+
+/* ---- cross-checks ---- */
+
+/* meta.OBJ.KEY as an integer: *v, or an error naming the key. */
+static kiln_status meta_int(const json_t *obj, const char *objname, const char *key, long long *v, kiln_error *err) {
+    json_t *x = json_object_get(obj, key);
+    if (!json_is_integer(x)) {
+        kiln_err(err, KILN_ERR_FORMAT, "meta %s.%s is %s, not an integer", objname, key, x ? "of another type" : "missing");
+        return kiln_err_hint(err, REBUILD_HINT);
+    }
+    *v = (long long)json_integer_value(x);
+    return KILN_OK;
+}
+
+/* meta.OBJ.KEY must equal `want`, the value the section `what` holds. */
+static kiln_status meta_expect(const json_t *obj, const char *objname, const char *key, long long want,
+                               const char *what, kiln_error *err) {
+    long long v;
+    kiln_status st = meta_int(obj, objname, key, &v, err);
+    if (st != KILN_OK) return st;
+    if (v != want) {
+        kiln_err(err, KILN_ERR_FORMAT, "meta %s.%s is %lld but %s is %lld", objname, key, v, what, want);
+        return kiln_err_hint(err, REBUILD_HINT);
+    }
+    return KILN_OK;
+}
+
+/* The model object against the plan: shapes, and every attention op's heads. */
+static kiln_status check_model(const json_t *model, const kiln_plan *p, kiln_error *err) {
+    kiln_status st;
+    if (!json_is_object(model)) {
+        kiln_err(err, KILN_ERR_FORMAT, "meta has no 'model' object");
+        return kiln_err_hint(err, REBUILD_HINT);
+    }
+    if ((st = meta_expect(model, "model", "vocab_size", p->vocab_size, "the plan's vocabulary", err)) ||
+        (st = meta_expect(model, "model", "num_hidden_layers", p->n_layers, "the plan's layer count", err)) ||
+        (st = meta_expect(model, "model", "hidden_size", p->hidden_size, "the plan's hidden size", err)) ||
+        (st = meta_expect(model, "model", "num_key_value_heads", p->n_kv_heads, "the plan's KV head count", err)) ||
+        (st = meta_expect(model, "model", "head_dim", p->head_dim, "the plan's head_dim", err)))
+        return st;
+    long long heads, max_pos;
+    if ((st = meta_int(model, "model", "num_attention_heads", &heads, err)) ||
+        (st = meta_int(model, "model", "max_position_embeddings", &max_pos, err)))
+        return st;
+    if (max_pos < p->max_context) {
+        kiln_err(err, KILN_ERR_FORMAT, "meta model.max_position_embeddings is %lld but the plan's context is %d",
+                 max_pos, p->max_context);
+        return kiln_err_hint(err, REBUILD_HINT);
+    }
+    for (uint32_t i = 0; i < p->n_ops; i++) {
+        const kiln_plan_op *op = &p->ops[i];
+        if (op->kind != KILN_OP_ATTENTION && op->kind != KILN_OP_QKV_ROPE) continue;
+        if (op->attrs.n_heads != heads || op->attrs.n_kv_heads != p->n_kv_heads || op->attrs.head_dim != p->head_dim) {
+            kiln_err(err, KILN_ERR_FORMAT, "plan op %u (%s) has %d heads, %d KV heads, head_dim %d but meta model says "
+                     "%lld, %d, %d", i, kiln_op_name((kiln_op_kind)op->kind), op->attrs.n_heads, op->attrs.n_kv_heads,
+                     op->attrs.head_dim, heads, p->n_kv_heads, p->head_dim);
+            return kiln_err_hint(err, REBUILD_HINT);
+        }
+    }
+    return KILN_OK;
+}
+
+/* generation: max_context equals the plan's; bos and eos ids inside the vocabulary. */
+static kiln_status check_generation(const json_t *gen, const kiln_plan *p, kiln_error *err) {
+    if (!gen || json_is_null(gen)) return KILN_OK;
+    if (!json_is_object(gen)) {
+        kiln_err(err, KILN_ERR_FORMAT, "meta generation is not an object");
+        return kiln_err_hint(err, REBUILD_HINT);
+    }
+    kiln_status st;
+    if (json_object_get(gen, "max_context") &&
+        (st = meta_expect(gen, "generation", "max_context", p->max_context, "the plan's context", err)) != KILN_OK)
+        return st;
+    json_t *bos = json_object_get(gen, "bos_token_id");
+    if (bos && !json_is_null(bos)) {
+        long long b;
+        if ((st = meta_int(gen, "generation", "bos_token_id", &b, err)) != KILN_OK) return st;
+        if (b < -1 || b >= p->vocab_size) {
+            kiln_err(err, KILN_ERR_FORMAT, "meta generation.bos_token_id %lld is outside the model's vocabulary of %d "
+                     "(-1 = none)", b, p->vocab_size);
+            return kiln_err_hint(err, REBUILD_HINT);
+        }
+    }
+    json_t *eos = json_object_get(gen, "eos_token_ids"), *e;
+    size_t i;
+    if (eos && !json_is_array(eos)) {
+        kiln_err(err, KILN_ERR_FORMAT, "meta generation.eos_token_ids is not an array");
+        return kiln_err_hint(err, REBUILD_HINT);
+    }
+    json_array_foreach(eos, i, e) {
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) >= p->vocab_size) {
+            char *s = json_dumps(e, JSON_ENCODE_ANY);
+            kiln_err(err, KILN_ERR_FORMAT, "meta generation.eos_token_ids[%zu] = %.40s is not an id in the model's "
+                     "vocabulary of %d", i, s ? s : "?", p->vocab_size);
+            free(s);
+            return kiln_err_hint(err, REBUILD_HINT);
+        }
+    }
+    return KILN_OK;
+}
+
+/* weights: bytes, count and codec as the weights section and plan hold them. */
+static kiln_status check_weights(const json_t *w, const kiln_model *m, kiln_error *err) {
+    if (!json_is_object(w)) {
+        kiln_err(err, KILN_ERR_FORMAT, "meta has no 'weights' object");
+        return kiln_err_hint(err, REBUILD_HINT);
+    }
+    kiln_status st;
+    if ((st = meta_expect(w, "weights", "bytes", (long long)m->weights_size, "the weights section's size", err)) ||
+        (st = meta_expect(w, "weights", "count", m->plan->n_weights, "the plan's weight count", err)))
+        return st;
+    const kiln_engine_section *s = kiln_engine_find(&m->engine, KILN_SECTION_WEIGHTS);
+    const char *codec = json_string_value(json_object_get(w, "codec"));
+    if (s && codec && strcmp(codec, kiln_codec_name(s->codec)) != 0) {
+        kiln_err(err, KILN_ERR_FORMAT, "meta weights.codec is '%.40s' but the weights section is stored '%s'", codec,
+                 kiln_codec_name(s->codec));
+        return kiln_err_hint(err, REBUILD_HINT);
+    }
+    /* a dtype other than "checkpoint" is the matrices' dtype */
+    const char *dt = json_string_value(json_object_get(w, "dtype"));
+    for (uint32_t i = 0; dt && strcmp(dt, "checkpoint") != 0 && i < m->plan->n_weights; i++) {
+        const kiln_plan_weight *pw = &m->plan->weights[i];
+        if (pw->ndim >= 2 && strcmp(kiln_dtype_name((kiln_dtype)pw->dtype), dt) != 0) {
+            kiln_err(err, KILN_ERR_FORMAT, "meta weights.dtype is '%.40s' but weight '%s' is %s", dt, pw->name,
+                     kiln_dtype_name((kiln_dtype)pw->dtype));
+            return kiln_err_hint(err, REBUILD_HINT);
+        }
+    }
+    return KILN_OK;
+}
+
+/* The tokenizer: there iff meta says so, its blob size, its ids inside the model's vocabulary. */
+static kiln_status check_tokenizer(const json_t *meta, const kiln_model *m, kiln_error *err) {
+    const json_t *t = json_object_get(meta, "tokenizer");
+    const kiln_engine_section *s = kiln_engine_find(&m->engine, KILN_SECTION_TOKENIZER);
+    bool said = t && !json_is_null(t);
+    if (said != (s != NULL)) {
+        kiln_err(err, KILN_ERR_FORMAT, "meta tokenizer is %s but the engine has %s tokenizer section",
+                 said ? "set" : "null", s ? "a" : "no");
+        return kiln_err_hint(err, REBUILD_HINT);
+    }
+    if (!s) return KILN_OK;
+    kiln_status st = meta_expect(t, "tokenizer", "bytes", (long long)s->raw_size, "the tokenizer section's size", err);
+    if (st != KILN_OK) return st;
+    uint32_t tv = kiln_tokenizer_vocab_size(m->tokenizer);
+    if (tv > (uint32_t)m->plan->vocab_size) {
+        kiln_err(err, KILN_ERR_FORMAT, "the tokenizer's ids go up to %u but the model's vocabulary is %d", tv - 1,
+                 m->plan->vocab_size);
+        return kiln_err_hint(err, "compile with the tokenizer that belongs to this checkpoint");
+    }
+    long long b = -1;
+    json_t *gb = json_object_get(json_object_get(meta, "generation"), "bos_token_id");
+    if (json_is_integer(gb)) b = (long long)json_integer_value(gb);
+    int32_t tb = kiln_tokenizer_bos(m->tokenizer);
+    if (b >= 0 && tb >= 0 && b != tb) {
+        kiln_err(err, KILN_ERR_FORMAT, "meta generation.bos_token_id is %lld but the tokenizer's bos is %d", b, tb);
+        return kiln_err_hint(err, REBUILD_HINT);
+    }
+    return KILN_OK;
+}
+
+/* Is target "sm_NN" / "compute_NN" in the kernels section? */
+static bool ksec_has_target(const kiln_ksec *k, const char *target) {
+    int sm;
+    bool ptx = strncmp(target, "compute_", 8) == 0;
+    if (sscanf(target + (ptx ? 8 : 3), "%d", &sm) != 1 || (!ptx && strncmp(target, "sm_", 3) != 0)) return false;
+    for (int i = 0; i < k->n_images; i++)
+        if (k->images[i].sm == sm && k->images[i].is_ptx == ptx) return true;
+    return false;
+}
+
+/* meta.targets, meta.build.kv_block_size against the parsed kernels section. */
+static kiln_status check_targets(const json_t *meta, const kiln_ksec *k, kiln_error *err) {
+    const json_t *tg = json_object_get(meta, "targets"), *t;
+    size_t i;
+    if (tg && !json_is_array(tg)) {
+        kiln_err(err, KILN_ERR_FORMAT, "meta targets is not an array");
+        return kiln_err_hint(err, REBUILD_HINT);
+    }
+    json_array_foreach(tg, i, t) {
+        const char *name = json_string_value(t);
+        if (!name || !ksec_has_target(k, name)) {
+            kiln_err(err, KILN_ERR_FORMAT, "meta targets[%zu] '%.40s' has no image in the kernels section (%d images)",
+                     i, name ? name : "(not a string)", k->n_images);
+            return kiln_err_hint(err, REBUILD_HINT);
+        }
+    }
+    for (int j = 0; j < k->n_images; j++) {
+        char name[32];
+        snprintf(name, sizeof name, "%s_%d", k->images[j].is_ptx ? "compute" : "sm", k->images[j].sm);
+        bool listed = false;
+        json_array_foreach(tg, i, t) listed |= json_is_string(t) && strcmp(json_string_value(t), name) == 0;
+        if (!listed) {
+            kiln_err(err, KILN_ERR_FORMAT, "the kernels section has an image for %s (module '%s') that meta targets "
+                     "does not list", name, k->modules[k->images[j].module].name);
+            return kiln_err_hint(err, REBUILD_HINT);
+        }
+    }
+    json_t *bs = json_object_get(json_object_get(meta, "build"), "kv_block_size");
+    if (bs && (!json_is_integer(bs) || json_integer_value(bs) != k->block_size)) {
+        kiln_err(err, KILN_ERR_FORMAT, "meta build.kv_block_size is %lld but the kernels section is built for %d",
+                 json_is_integer(bs) ? (long long)json_integer_value(bs) : -1LL, k->block_size);
+        return kiln_err_hint(err, REBUILD_HINT);
+    }
+    return KILN_OK;
+}
+
+/* The kernels section: parsed, and as meta describes it. No section = no targets. */
+static kiln_status check_kernels(const json_t *meta, const kiln_model *m, kiln_inspect_kernels *out, kiln_error *err) {
+    const kiln_engine_section *s = kiln_engine_find(&m->engine, KILN_SECTION_KERNELS);
+    memset(out, 0, sizeof *out);
+    if (!s) {
+        size_t n = json_array_size(json_object_get(meta, "targets"));
+        if (n == 0) return KILN_OK;
+        kiln_err(err, KILN_ERR_FORMAT, "meta lists %zu GPU targets but the engine has no kernels section", n);
+        return kiln_err_hint(err, REBUILD_HINT);
+    }
+    const uint8_t *d;
+    size_t size;
+    bool owned;
+    kiln_status st = kiln_engine_section_bytes(&m->engine, s, 1, &d, &size, &owned, err);
+    if (st != KILN_OK) return st;
+    kiln_ksec k;
+    if ((st = kiln_ksec_parse(d, size, &k, err)) == KILN_OK) {
+        st = check_targets(meta, &k, err);
+        *out = (kiln_inspect_kernels){.present = true, .n_modules = k.n_modules, .n_images = k.n_images,
+                                      .block_size = k.block_size, .elem = k.elem};
+        kiln_ksec_free(&k);
+    }
+    if (owned) free((void *)d);
+    return st;
+}
+
+kiln_status kiln_inspect_verify(const kiln_model *m, kiln_inspect_kernels *kernels, kiln_error *err) {
+    json_error_t je;
+    json_t *meta = json_loads(m->meta_json, 0, &je);
+    kiln_status st = KILN_OK;
+    if (!json_is_object(meta)) {
+        kiln_err(err, KILN_ERR_FORMAT, "meta section is not a JSON object (%s)", je.text);
+        st = kiln_err_hint(err, REBUILD_HINT);
+        goto out_free_meta;
+    }
+    json_t *fv = json_object_get(meta, "format_version");
+    if ((st = meta_expect(fv, "format_version", "major", m->engine.major, "the file header's", err)) ||
+        (st = meta_expect(fv, "format_version", "minor", m->engine.minor, "the file header's", err)) ||
+        (st = check_model(json_object_get(meta, "model"), m->plan, err)) ||
+        (st = check_generation(json_object_get(meta, "generation"), m->plan, err)) ||
+        (st = check_weights(json_object_get(meta, "weights"), m, err)) ||
+        (st = check_tokenizer(meta, m, err)))
+        goto out_free_meta;
+    st = check_kernels(meta, m, kernels, err);
+out_free_meta:
+    json_decref(meta);
+    return st;
+}
+
+/* ---- output ---- */
 
 static json_t *sections_json(const kiln_engine *e) {
     json_t *a = json_array();
@@ -41,6 +315,139 @@ static json_t *plan_json(const kiln_plan *p) {
                      (int)p->n_weights, "buffer_slots", (int)p->n_slots, "ops", ops);
 }
 
+/* The dtype names in a bit set ("bf16", "f16+bf16"), appended to out. */
+static void dtype_names(unsigned set, char *out, size_t cap) {
+    bool first = true;
+    for (int d = 0; d < KILN_DTYPE_COUNT_; d++) {
+        if (!(set >> d & 1)) continue;
+        size_t n = strlen(out);
+        snprintf(out + n, cap - n, "%s%s", first ? "" : "+", kiln_dtype_name((kiln_dtype)d));
+        first = false;
+    }
+}
+
+/* The weights' real dtypes from the plan: "bf16 (matrices), f32 (norms)", or one name when all agree. */
+static void weights_dtype(const kiln_plan *p, char *out, size_t cap) {
+    unsigned mat = 0, vec = 0; /* a bit per dtype */
+    for (uint32_t i = 0; i < p->n_weights; i++) {
+        unsigned bit = p->weights[i].dtype < 32 ? 1u << p->weights[i].dtype : 0;
+        if (p->weights[i].ndim >= 2) mat |= bit;
+        else vec |= bit;
+    }
+    out[0] = 0;
+    if (!mat || !vec || mat == vec) {
+        dtype_names(mat | vec, out, cap);
+        if (!out[0]) snprintf(out, cap, "none");
+        return;
+    }
+    dtype_names(mat, out, cap);
+    snprintf(out + strlen(out), cap - strlen(out), " (matrices), ");
+    dtype_names(vec, out, cap);
+    snprintf(out + strlen(out), cap - strlen(out), " (norms)");
+}
+
+/* "1 (<s>)" for an id, with its token when there is a tokenizer. */
+static void print_id(const kiln_model *m, long long id) {
+    size_t len = 0;
+    const char *t = m->tokenizer && id >= 0 && id <= INT32_MAX ? kiln_tokenizer_token(m->tokenizer, (int32_t)id, &len) : NULL;
+    if (t && len < 64) printf("%lld (%.*s)", id, (int)len, t);
+    else printf("%lld", id);
+}
+
+static void print_generation(const kiln_model *m, const json_t *gen) {
+    printf("generation:");
+    if (!json_is_object(gen) || json_object_size(gen) == 0) {
+        printf(" none\n");
+        return;
+    }
+    const char *k;
+    json_t *v;
+    bool first = true;
+    json_object_foreach((json_t *)gen, k, v) {
+        printf(first ? "" : ";");
+        first = false;
+        if (strcmp(k, "bos_token_id") == 0 && json_is_integer(v)) {
+            printf(" bos ");
+            print_id(m, (long long)json_integer_value(v));
+        } else if (strcmp(k, "eos_token_ids") == 0 && json_is_array(v)) {
+            size_t i;
+            json_t *e;
+            printf(" eos");
+            json_array_foreach(v, i, e) {
+                printf(i ? ", " : " ");
+                if (json_is_integer(e)) print_id(m, (long long)json_integer_value(e));
+            }
+            if (json_array_size(v) == 0) printf(" none");
+        } else {
+            char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+            printf(" %s %s", k, s ? s : "?");
+            free(s);
+        }
+    }
+    printf("\n");
+}
+
+static void print_targets(const json_t *meta, const kiln_inspect_kernels *k) {
+    const json_t *tg = json_object_get(meta, "targets"), *t;
+    size_t i;
+    printf("targets:");
+    json_array_foreach(tg, i, t) printf("%s%s", i ? ", " : " ", json_string_value(t));
+    if (json_array_size(tg) == 0) printf(" none (CPU only)");
+    if (k->present)
+        printf("\nkernels: %d modules, %d images, element %s, KV block size %d tokens\n", k->n_modules, k->n_images,
+               k->elem == KILN_KSEC_ELEM_F32 ? "f32" : "bf16", k->block_size);
+    else
+        printf("\nkernels: none (so no GPU KV block size)\n");
+}
+
+static void print_text(const char *path, const kiln_model *m, json_t *meta, const kiln_inspect_kernels *k,
+                       const char *wdtype) {
+    json_t *model = json_object_get(meta, "model"), *w = json_object_get(meta, "weights");
+    const kiln_plan *p = m->plan;
+    printf("%s: kiln engine, format %u.%u, %zu bytes, built by kiln %s\n", path, m->engine.major, m->engine.minor,
+           m->engine.size, json_string_value(json_object_get(meta, "kiln_version")));
+    printf("model: %s, %d layers, hidden %d, heads %lld/%d (head_dim %d), ffn %lld, vocab %d, context %d",
+           json_string_value(json_object_get(model, "architecture")), p->n_layers, p->hidden_size,
+           (long long)json_integer_value(json_object_get(model, "num_attention_heads")), p->n_kv_heads, p->head_dim,
+           (long long)json_integer_value(json_object_get(model, "intermediate_size")), p->vocab_size, p->max_context);
+    long long win = (long long)json_integer_value(json_object_get(model, "sliding_window"));
+    if (win) printf(", sliding window %lld", win);
+    printf("\nweights: %u tensors, %.2f MB, dtype %s, codec %s\n", p->n_weights, (double)m->weights_size / 1e6, wdtype,
+           json_string_value(json_object_get(w, "codec")));
+    print_targets(meta, k);
+    print_generation(m, json_object_get(meta, "generation"));
+    printf("plan: %u ops, %u values, %u buffer slots:", p->n_ops, p->n_values, p->n_slots);
+    const char *key;
+    json_t *v;
+    json_object_foreach(json_object_get(json_object_get(meta, "plan"), "ops"), key, v) {
+        printf(" %s×%lld", key, (long long)json_integer_value(v));
+    }
+    if (m->tokenizer)
+        printf("\ntokenizer: %u ids\nsections:\n", kiln_tokenizer_vocab_size(m->tokenizer));
+    else
+        printf("\ntokenizer: none\nsections:\n");
+    for (uint32_t i = 0; i < m->engine.n_sections; i++) {
+        const kiln_engine_section *s = &m->engine.sections[i];
+        printf("  %-10s offset %-10llu %12llu bytes stored, %12llu raw, %s\n", kiln_section_kind_name(s->kind),
+               (unsigned long long)s->offset, (unsigned long long)s->stored_size, (unsigned long long)s->raw_size,
+               kiln_codec_name(s->codec));
+    }
+}
+
+static void add_json_extras(json_t *meta, const char *path, const kiln_model *m, const kiln_inspect_kernels *k,
+                            const char *wdtype) {
+    json_object_set_new(meta, "sections", sections_json(&m->engine));
+    json_object_set_new(meta, "plan", plan_json(m->plan));
+    json_object_set_new(meta, "file", json_string(path));
+    json_object_set_new(meta, "file_bytes", json_integer((json_int_t)m->engine.size));
+    json_object_set_new(meta, "weights_dtype", json_string(wdtype));
+    json_object_set_new(meta, "kernels", k->present ? json_pack("{s:i, s:i, s:s, s:i}", "modules", k->n_modules,
+                                                                "images", k->n_images, "element",
+                                                                k->elem == KILN_KSEC_ELEM_F32 ? "f32" : "bf16",
+                                                                "kv_block_size", k->block_size)
+                                                    : json_null());
+}
+
 int kiln_cmd_inspect(int argc, char **argv) {
     static const struct option longopts[] = {
         {"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
@@ -62,51 +469,22 @@ int kiln_cmd_inspect(int argc, char **argv) {
     kiln_error err = {0};
     kiln_model *m;
     if (kiln_model_open_ex(path, 1, KILN_MODEL_NO_F32, &m, &err) != KILN_OK) return kiln_cli_fail("inspect", &err, json);
-    json_error_t je;
-    json_t *meta = json_loads(m->meta_json, 0, &je);
-    if (!meta) meta = json_object();
-    json_object_set_new(meta, "sections", sections_json(&m->engine));
-    json_object_set_new(meta, "plan", plan_json(m->plan));
-    json_object_set_new(meta, "file", json_string(path));
-    json_object_set_new(meta, "file_bytes", json_integer((json_int_t)m->engine.size));
+    kiln_inspect_kernels k;
+    if (kiln_inspect_verify(m, &k, &err) != KILN_OK) {
+        kiln_err_prefix(&err, "%s: ", path);
+        kiln_model_close(m);
+        return kiln_cli_fail("inspect", &err, json);
+    }
+    char wdtype[96];
+    weights_dtype(m->plan, wdtype, sizeof wdtype);
+    json_t *meta = json_loads(m->meta_json, 0, NULL); /* verified: an object */
+    add_json_extras(meta, path, m, &k, wdtype);
     if (json) {
         char *s = json_dumps(meta, JSON_SORT_KEYS | JSON_INDENT(2));
         printf("%s\n", s);
         free(s);
     } else {
-        json_t *model = json_object_get(meta, "model"), *w = json_object_get(meta, "weights");
-        printf("%s: kiln engine, format %u.%u, %zu bytes, built by kiln %s\n", path, m->engine.major,
-               m->engine.minor, m->engine.size, json_string_value(json_object_get(meta, "kiln_version")));
-        printf("model: %s, %lld layers, hidden %lld, heads %lld/%lld (head_dim %lld), ffn %lld, vocab %lld, "
-               "context %lld",
-               json_string_value(json_object_get(model, "architecture")),
-               (long long)json_integer_value(json_object_get(model, "num_hidden_layers")),
-               (long long)json_integer_value(json_object_get(model, "hidden_size")),
-               (long long)json_integer_value(json_object_get(model, "num_attention_heads")),
-               (long long)json_integer_value(json_object_get(model, "num_key_value_heads")),
-               (long long)json_integer_value(json_object_get(model, "head_dim")),
-               (long long)json_integer_value(json_object_get(model, "intermediate_size")),
-               (long long)json_integer_value(json_object_get(model, "vocab_size")),
-               (long long)json_integer_value(json_object_get(model, "max_position_embeddings")));
-        long long win = (long long)json_integer_value(json_object_get(model, "sliding_window"));
-        if (win) printf(", sliding window %lld", win);
-        printf("\nweights: %lld tensors, %.2f MB, dtype %s, codec %s\n",
-               (long long)json_integer_value(json_object_get(w, "count")),
-               (double)json_integer_value(json_object_get(w, "bytes")) / 1e6,
-               json_string_value(json_object_get(w, "dtype")), json_string_value(json_object_get(w, "codec")));
-        printf("plan: %u ops, %u values, %u buffer slots:", m->plan->n_ops, m->plan->n_values, m->plan->n_slots);
-        const char *k;
-        json_t *v;
-        json_object_foreach(json_object_get(json_object_get(meta, "plan"), "ops"), k, v) {
-            printf(" %s×%lld", k, (long long)json_integer_value(v));
-        }
-        printf("\ntokenizer: %s\nsections:\n", m->tokenizer ? "yes" : "none");
-        for (uint32_t i = 0; i < m->engine.n_sections; i++) {
-            const kiln_engine_section *s = &m->engine.sections[i];
-            printf("  %-10s offset %-10llu %12llu bytes stored, %12llu raw, %s\n", kiln_section_kind_name(s->kind),
-                   (unsigned long long)s->offset, (unsigned long long)s->stored_size,
-                   (unsigned long long)s->raw_size, kiln_codec_name(s->codec));
-        }
+        print_text(path, m, meta, &k, wdtype);
     }
     json_decref(meta);
     kiln_model_close(m);

@@ -1,16 +1,24 @@
 /*
  * cmd_run.c — `kiln run model.kiln --prompt-ids 1,306,461 | --prompt TEXT ...`
  *
- * Loads the engine through the public API (runtime/kiln.h), encodes the
- * prompt (text needs the engine's tokenizer), generates on the chosen device
- * and prints the result: text (or ids) as it is produced, or with --json one
- * object with prompt_ids, ids, text, stop_reason and timings.
+ * Five steps, one function each: parse the options (run_parse), read the
+ * prompt text (read_prompt), turn it into ids (prompt_ids), generate through
+ * the public API (generate: runtime/kiln.h) and print the result (print_json
+ * or the streamed text). Text needs the engine's tokenizer; without --json
+ * the text (or the ids) is printed as it is produced.
+ *
+ * Prompts are never silently empty: a prompt file or stdin that cannot be
+ * read is an error naming it and the reason, and an empty prompt file, an
+ * empty stdin or `--prompt-ids ''` is refused. Only `--prompt ''`, said
+ * explicitly, means "start from BOS alone" (an error if the engine has none).
  */
+#include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -22,18 +30,20 @@
 static void help(FILE *f) {
     fprintf(f,
             "usage: kiln run ENGINE.kiln (--prompt TEXT | --prompt-file FILE | --prompt-ids IDS) [options]\n\n"
-            "Generate tokens. With no prompt option and text on stdin, the prompt is read from stdin.\n\n"
+            "Generate tokens. With no prompt option and text on stdin, the prompt is read from stdin.\n"
+            "An empty prompt file or stdin is refused; --prompt '' starts from BOS alone.\n\n"
             "prompt:\n"
             "  --prompt TEXT         prompt text (needs an engine built with a tokenizer)\n"
             "  --prompt-file FILE    read the prompt text from FILE ('-' = stdin)\n"
             "  --prompt-ids IDS      token ids, e.g. 1,306,461 or [1, 306, 461]\n"
+            "  --bos                 add the special tokens the tokenizer's config asks for (default)\n"
             "  --no-bos              do not add the beginning-of-sequence token to a text prompt\n"
             "  --no-special          treat special-token strings in the text as plain text\n"
             "sampling:\n"
             "  --max-tokens N        tokens to generate at most (default 128)\n"
-            "  --temperature T       0 = greedy (default 0)\n"
-            "  --top-k K             sample from the K most likely tokens (0 = off, default)\n"
-            "  --top-p P             nucleus sampling threshold in (0, 1] (default 1 = off)\n"
+            "  --temperature T       0 = greedy (default: the engine's, from generation_config.json; else 0)\n"
+            "  --top-k K             sample from the K most likely tokens (0 = off; default: the engine's)\n"
+            "  --top-p P             nucleus sampling threshold in (0, 1] (default: the engine's, else 1 = off)\n"
             "  --seed S              random seed (default: from the clock; printed with --json)\n"
             "  --ignore-eos          keep generating after an end-of-sequence token\n"
             "execution:\n"
@@ -57,6 +67,7 @@ typedef struct run_out {
     bool has_stream;         /* else print ids */
     bool json;
     bool first;
+    kiln_request_options sampling; /* what the request ran with (for --json) */
 } run_out;
 
 static int32_t on_token(void *user, int64_t request, int32_t id, int32_t finished, int32_t stop_reason) {
@@ -89,23 +100,26 @@ static int32_t on_token(void *user, int64_t request, int32_t id, int32_t finishe
     return 0;
 }
 
-static char *read_all(FILE *f, size_t *len) {
-    kiln_buf b = {0};
-    char chunk[65536];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) kiln_buf_append(&b, chunk, n);
-    kiln_buf_append(&b, "", 1);
-    if (b.failed) {
-        kiln_buf_free(&b);
-        return NULL;
-    }
-    *len = b.len - 1;
-    return (char *)b.data;
-}
+#define PROMPT_MAX_BYTES (256u << 20) /* a prompt file or stdin larger than this is refused */
 
-int kiln_cmd_run(int argc, char **argv) {
+/* The command line, with its defaults. */
+typedef struct run_opts {
+    const char *engine;
+    const char *prompt, *prompt_file, *ids_arg; /* at most one is set */
+    const char *device;
+    long long max_tokens, top_k, threads, max_ctx, seed;
+    double temperature, top_p;
+    bool json, no_bos, no_special, ignore_eos;
+    bool temp_set, top_k_set, top_p_set; /* else the engine's defaults (generation_config.json) */
+    int64_t kv_bytes;
+    double kv_fraction;
+} run_opts;
+
+/* Parse the command line into *o. Returns -1 to go on, else the exit code
+ * (0 after --help, 2 after a usage error, already reported). */
+static int run_parse(int argc, char **argv, run_opts *o) {
     enum { O_PROMPT = 256, O_PFILE, O_IDS, O_MAX, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_DEV, O_THR, O_JSON, O_CTX,
-           O_NOBOS, O_NOSPECIAL, O_IGNEOS, O_GPUMEM };
+           O_NOBOS, O_NOSPECIAL, O_IGNEOS, O_GPUMEM, O_BOS };
     static const struct option longopts[] = {
         {"prompt", required_argument, 0, O_PROMPT},     {"prompt-file", required_argument, 0, O_PFILE},
         {"prompt-ids", required_argument, 0, O_IDS},    {"max-tokens", required_argument, 0, O_MAX},
@@ -115,212 +129,348 @@ int kiln_cmd_run(int argc, char **argv) {
         {"max-context", required_argument, 0, O_CTX},   {"json", no_argument, 0, O_JSON},
         {"no-bos", no_argument, 0, O_NOBOS},            {"no-special", no_argument, 0, O_NOSPECIAL},
         {"ignore-eos", no_argument, 0, O_IGNEOS},       {"gpu-memory", required_argument, 0, O_GPUMEM},
-        {"help", no_argument, 0, 'h'},
+        {"bos", no_argument, 0, O_BOS},                 {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
-    const char *prompt = NULL, *prompt_file = NULL, *ids_arg = NULL, *device = "auto";
-    long long max_tokens = 128, top_k = 0, threads = 0, max_ctx = 0, seed = -1;
-    double temperature = 0, top_p = 1;
-    bool json = false, no_bos = false, no_special = false, ignore_eos = false;
-    int64_t kv_bytes = 0;
-    double kv_fraction = 0;
+    *o = (run_opts){.device = "auto", .max_tokens = 128, .seed = -1, .top_p = 1};
+    bool bos = false;
     int c;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
-        case O_PROMPT: prompt = optarg; break;
-        case O_PFILE: prompt_file = optarg; break;
-        case O_IDS: ids_arg = optarg; break;
+        case O_PROMPT: o->prompt = optarg; break;
+        case O_PFILE: o->prompt_file = optarg; break;
+        case O_IDS: o->ids_arg = optarg; break;
         case O_MAX:
-            if (!kiln_cli_parse_int(optarg, 0, 1 << 24, &max_tokens))
+            if (!kiln_cli_parse_int(optarg, 0, 1 << 24, &o->max_tokens))
                 return kiln_cli_usage_error("run", "--max-tokens '%s' is not a whole number >= 0", optarg);
             break;
         case O_TEMP:
-            if (!kiln_cli_parse_float(optarg, 0, 1e6, &temperature))
+            if (!kiln_cli_parse_float(optarg, 0, 1e6, &o->temperature))
                 return kiln_cli_usage_error("run", "--temperature '%s' is not a number >= 0", optarg);
+            o->temp_set = true;
             break;
         case O_TOPK:
-            if (!kiln_cli_parse_int(optarg, 0, 1 << 24, &top_k))
+            if (!kiln_cli_parse_int(optarg, 0, 1 << 24, &o->top_k))
                 return kiln_cli_usage_error("run", "--top-k '%s' is not a whole number >= 0", optarg);
+            o->top_k_set = true;
             break;
         case O_TOPP:
-            if (!kiln_cli_parse_float(optarg, 1e-9, 1, &top_p))
+            if (!kiln_cli_parse_float(optarg, 1e-9, 1, &o->top_p))
                 return kiln_cli_usage_error("run", "--top-p '%s' is not a number in (0, 1]", optarg);
+            o->top_p_set = true;
             break;
         case O_SEED:
-            if (!kiln_cli_parse_int(optarg, 0, INT64_MAX, &seed))
+            if (!kiln_cli_parse_int(optarg, 0, INT64_MAX, &o->seed))
                 return kiln_cli_usage_error("run", "--seed '%s' is not a whole number >= 0", optarg);
             break;
-        case O_DEV: device = optarg; break;
+        case O_DEV: o->device = optarg; break;
         case O_THR:
-            if (!kiln_cli_parse_int(optarg, 1, 256, &threads))
+            if (!kiln_cli_parse_int(optarg, 1, 256, &o->threads))
                 return kiln_cli_usage_error("run", "--threads '%s' is not a number in 1..256", optarg);
             break;
         case O_CTX:
-            if (!kiln_cli_parse_int(optarg, 1, 1 << 24, &max_ctx))
+            if (!kiln_cli_parse_int(optarg, 1, 1 << 24, &o->max_ctx))
                 return kiln_cli_usage_error("run", "--max-context '%s' is not a positive number", optarg);
             break;
         case O_GPUMEM:
-            if (!kiln_cli_parse_memory(optarg, &kv_bytes, &kv_fraction))
+            if (!kiln_cli_parse_memory(optarg, &o->kv_bytes, &o->kv_fraction))
                 return kiln_cli_usage_error("run", "--gpu-memory '%s' is neither bytes (e.g. 4G) nor a fraction in "
                                                    "(0, 1]", optarg);
             break;
-        case O_JSON: json = true; break;
-        case O_NOBOS: no_bos = true; break;
-        case O_NOSPECIAL: no_special = true; break;
-        case O_IGNEOS: ignore_eos = true; break;
+        case O_JSON: o->json = true; break;
+        case O_BOS: bos = true; break;
+        case O_NOBOS: o->no_bos = true; break;
+        case O_NOSPECIAL: o->no_special = true; break;
+        case O_IGNEOS: o->ignore_eos = true; break;
         case 'h': help(stdout); return KILN_EXIT_OK;
         default: return kiln_cli_usage_error("run", "unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
     if (optind != argc - 1) return kiln_cli_usage_error("run", "expected one engine file");
-    if (!!prompt + !!prompt_file + !!ids_arg > 1)
+    o->engine = argv[optind];
+    if (!!o->prompt + !!o->prompt_file + !!o->ids_arg > 1)
         return kiln_cli_usage_error("run", "give only one of --prompt, --prompt-file, --prompt-ids");
-    if (strcmp(device, "cpu") != 0 && strcmp(device, "auto") != 0 && strcmp(device, "gpu") != 0)
-        return kiln_cli_usage_error("run", "unknown device '%s' (gpu, cpu, auto)", device);
-    int32_t *prompt_ids = NULL;
-    int n_prompt = 0;
-    if (ids_arg && !kiln_cli_parse_ids(ids_arg, &prompt_ids, &n_prompt))
-        return kiln_cli_usage_error("run", "--prompt-ids '%s' is not a list of token ids like 1,306,461", ids_arg);
-    if (seed < 0) seed = (long long)time(NULL);
+    if (bos && o->no_bos) return kiln_cli_usage_error("run", "--bos and --no-bos contradict each other");
+    if (o->ids_arg && (bos || o->no_bos || o->no_special))
+        return kiln_cli_usage_error("run", "--bos, --no-bos and --no-special apply to text prompts, not --prompt-ids");
+    if (strcmp(o->device, "cpu") != 0 && strcmp(o->device, "auto") != 0 && strcmp(o->device, "gpu") != 0)
+        return kiln_cli_usage_error("run", "unknown device '%s' (gpu, cpu, auto)", o->device);
+    if (o->kv_fraction > 0 && strcmp(o->device, "cpu") == 0)
+        return kiln_cli_usage_error("run", "--gpu-memory %g is a fraction of GPU memory, which does not apply to "
+                                           "--device cpu; give bytes (e.g. 512M)", o->kv_fraction);
+    if (o->temp_set && o->temperature == 0 && ((o->top_k_set && o->top_k > 0) || (o->top_p_set && o->top_p < 1)))
+        return kiln_cli_usage_error("run", "--%s applies to sampling, and --temperature 0 decodes greedily",
+                                    o->top_k_set && o->top_k > 0 ? "top-k" : "top-p");
+    if (o->seed < 0) o->seed = (long long)time(NULL);
+    return -1;
+}
 
-    const char *path = argv[optind];
+/* Read all of f (named `name` in messages) into a malloc'd NUL-terminated
+ * string. A directory, a read error or more than PROMPT_MAX_BYTES is an error
+ * naming the file and the reason; any stream (file, pipe, FIFO, terminal) is read. */
+static kiln_status read_stream(FILE *f, const char *name, char **text, size_t *len, kiln_error *err) {
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode))
+        return kiln_err(err, KILN_ERR_IO, "%s: cannot read the prompt: it is a directory", name);
+    kiln_buf b = {0};
+    char chunk[65536];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
+        if (b.len + n > PROMPT_MAX_BYTES) {
+            kiln_buf_free(&b);
+            kiln_err(err, KILN_ERR_INVALID_ARG, "%s: the prompt is larger than %u MiB", name, PROMPT_MAX_BYTES >> 20);
+            return kiln_err_hint(err, "give a shorter prompt");
+        }
+        kiln_buf_append(&b, chunk, n);
+    }
+    int e = ferror(f) ? errno : 0;
+    kiln_buf_append(&b, "", 1);
+    if (e || b.failed) {
+        kiln_buf_free(&b);
+        if (e) return kiln_err(err, KILN_ERR_IO, "%s: cannot read the prompt: %s", name, strerror(e));
+        return kiln_err(err, KILN_ERR_NOMEM, "%s: out of memory reading the prompt", name);
+    }
+    *len = b.len - 1;
+    *text = (char *)b.data;
+    return KILN_OK;
+}
+
+/* The prompt text of --prompt, --prompt-file or stdin: *text (malloc'd) and
+ * *len. *explicit_empty is set for `--prompt ''`, the one empty prompt allowed.
+ * Returns -1 with *text set, or an exit code (a failure or usage error, reported). */
+static int read_prompt(const run_opts *o, char **text, size_t *len, bool *explicit_empty) {
     kiln_error err = {0};
-    int rc = KILN_EXIT_FAIL;
+    *text = NULL;
+    *len = 0;
+    *explicit_empty = false;
+    if (o->prompt) {
+        *len = strlen(o->prompt);
+        *explicit_empty = *len == 0;
+        if (!(*text = strdup(o->prompt))) {
+            kiln_err(&err, KILN_ERR_NOMEM, "out of memory copying the prompt");
+            return kiln_cli_fail("run", &err, o->json);
+        }
+        return -1;
+    }
+    bool from_stdin = !o->prompt_file || strcmp(o->prompt_file, "-") == 0;
+    if (!o->prompt_file && isatty(0))
+        return kiln_cli_usage_error("run", "no prompt: give --prompt, --prompt-file or --prompt-ids");
+    const char *name = from_stdin ? "stdin" : o->prompt_file;
+    FILE *f = stdin;
+    if (!from_stdin) { /* a regular file: a FIFO or device is refused, never waited on (a pipe comes as stdin) */
+        int fd = -1;
+        if (kiln_file_open_regular(o->prompt_file, &fd, NULL, &err) != KILN_OK) {
+            kiln_err_prefix(&err, "cannot read the prompt: ");
+            return kiln_cli_fail("run", &err, o->json);
+        }
+        if (!(f = fdopen(fd, "rb"))) {
+            close(fd);
+            kiln_err(&err, KILN_ERR_NOMEM, "%s: out of memory opening the prompt file", o->prompt_file);
+            return kiln_cli_fail("run", &err, o->json);
+        }
+    }
+    kiln_status st = read_stream(f, name, text, len, &err);
+    if (f != stdin) fclose(f);
+    if (st == KILN_OK && *len == 0) {
+        free(*text);
+        *text = NULL;
+        kiln_err(&err, KILN_ERR_INVALID_ARG, "%s: the prompt is empty", name);
+        kiln_err_hint(&err, "write the prompt there, or give --prompt '' to start from the BOS token alone");
+        st = KILN_ERR_INVALID_ARG;
+    }
+    return st == KILN_OK ? -1 : kiln_cli_fail("run", &err, o->json);
+}
+
+/* The prompt text as ids, encoded with the engine's tokenizer. `--prompt ''`
+ * is the BOS token alone, tokenizer or not. On success *ids is malloc'd. */
+static kiln_status prompt_ids(const run_opts *o, const kiln_model *m, const char *text, size_t len,
+                              bool explicit_empty, int32_t **ids, int *n, kiln_error *err) {
+    *ids = NULL;
+    *n = 0;
+    if (explicit_empty) { /* needs no tokenizer: the engine's bos id is in its meta */
+        if (m->bos_id < 0 || o->no_bos) {
+            kiln_err(err, KILN_ERR_INVALID_ARG, "--prompt '': an empty prompt starts from the BOS token alone, but %s",
+                     o->no_bos ? "--no-bos leaves it out" : "the engine has no BOS token");
+            return kiln_err_hint(err, "give a non-empty prompt");
+        }
+        if (!(*ids = malloc(sizeof **ids))) return kiln_err(err, KILN_ERR_NOMEM, "out of memory");
+        (*ids)[0] = m->bos_id;
+        *n = 1;
+        return KILN_OK;
+    }
+    if (!m->tokenizer) {
+        kiln_err(err, KILN_ERR_MISSING, "%s: the engine has no tokenizer, so it cannot take a text prompt", o->engine);
+        return kiln_err_hint(err, "give --prompt-ids, or compile from a checkpoint directory that has tokenizer.json");
+    }
+    size_t got = 0;
+    unsigned flags = (o->no_bos ? 0 : KILN_TOK_ADD_SPECIAL) | (o->no_special ? KILN_TOK_NO_SPECIAL : 0);
+    kiln_status st = kiln_tokenizer_encode(m->tokenizer, text, len, flags, ids, &got, err);
+    if (st != KILN_OK) return st;
+    if (got == 0 || got > INT32_MAX) {
+        free(*ids);
+        *ids = NULL;
+        kiln_err(err, KILN_ERR_INVALID_ARG, "the prompt encodes to %zu tokens", got);
+        return kiln_err_hint(err, got ? "give a shorter prompt" : "give a non-empty prompt");
+    }
+    *n = (int)got;
+    return KILN_OK;
+}
+
+/* The request's sampling: generation_config.json's defaults stored in the
+ * engine, each replaced by the option when given. --top-k or --top-p that
+ * greedy decoding (temperature 0, given or the engine's) would ignore are
+ * refused rather than silently dropped. */
+static kiln_status sampling_options(const run_opts *o, const kiln_t *k, kiln_request_options *ro, kiln_error *err) {
+    kiln_request_options_init_from_engine(k, ro);
+    if (o->temp_set) ro->temperature = (float)o->temperature;
+    if (o->top_k_set) ro->top_k = (int32_t)o->top_k;
+    if (o->top_p_set) ro->top_p = (float)o->top_p;
+    if (ro->temperature == 0 && ((o->top_k_set && o->top_k > 0) || (o->top_p_set && o->top_p < 1))) {
+        kiln_err(err, KILN_ERR_INVALID_ARG, "--%s applies to sampling, and this engine decodes greedily by default "
+                 "(its generation_config.json has no do_sample)", o->top_k_set && o->top_k > 0 ? "top-k" : "top-p");
+        return kiln_err_hint(err, "give --temperature T > 0 as well");
+    }
+    return KILN_OK;
+}
+
+/* Create a context on the chosen device and run the one request to its end
+ * with the given sampling, streaming through on_token into *out. dev_used gets the device's name. */
+static kiln_status generate(const run_opts *o, kiln_t *k, const int32_t *ids, int n,
+                            const kiln_request_options *sampling, run_out *out, kiln_ctx_t **ctx, char dev_used[16],
+                            kiln_error *err) {
+    kiln_ctx_options co;
+    kiln_ctx_options_init(&co);
+    co.device = o->device;
+    co.max_batch = 1;
+    co.max_context = (int32_t)o->max_ctx;
+    co.threads = (int32_t)o->threads;
+    co.kv_bytes = o->kv_bytes;
+    if (o->kv_fraction > 0) co.kv_fraction = o->kv_fraction;
+    kiln_status st = kiln_ctx_new(k, &co, ctx);
+    if (st != KILN_OK) return kiln_err(err, st, "%s", kiln_last_error(*ctx));
+    kiln_ctx_info info = {.struct_size = sizeof info};
+    snprintf(dev_used, 16, "%s", kiln_ctx_info_get(*ctx, &info) == KILN_OK ? info.device : o->device);
+    kiln_request_options ro = *sampling;
+    ro.max_tokens = (int32_t)o->max_tokens;
+    ro.seed = (uint64_t)o->seed;
+    ro.ignore_eos = o->ignore_eos;
+    ro.on_token = on_token;
+    ro.user = out;
+    int64_t id;
+    out->sampling = ro;
+    out->t_submit = kiln_now();
+    if ((st = kiln_submit(*ctx, ids, n, &ro, &id)) != KILN_OK || (st = kiln_run(*ctx)) != KILN_OK)
+        return kiln_err(err, st, "%s", kiln_last_error(*ctx));
+    if (out->stop == KILN_STOP_ERROR) return kiln_err(err, KILN_ERR_DEVICE, "%s", kiln_last_error(*ctx));
+    return KILN_OK;
+}
+
+/* --json: one object with the prompt, the ids, the text and the timings. */
+static kiln_status print_json(const run_opts *o, const kiln_t *k, const int32_t *ids, int n, const run_out *out,
+                              const char *dev_used, kiln_error *err) {
+    const kiln_model *m = kiln_api_model(k);
+    double prefill_s = out->n_ids ? out->t_first - out->t_submit : 0;
+    double decode_s = out->n_ids > 1 ? out->t_last - out->t_first : 0;
+    json_t *pid = json_array(), *gid = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(pid, json_integer(ids[i]));
+    for (int i = 0; i < out->n_ids; i++) json_array_append_new(gid, json_integer(out->ids[i]));
+    json_t *j = json_pack("{s:o, s:o, s:s, s:s, s:I, s:{s:f, s:f, s:f, s:f, s:f}}", "prompt_ids", pid, "ids", gid,
+                          "stop_reason", kiln_stop_reason_str((kiln_stop_reason)out->stop), "device", dev_used,
+                          "seed", (json_int_t)o->seed, "timings", "load_s", kiln_open_seconds(k), "prefill_s",
+                          prefill_s, "decode_s", decode_s, "prefill_tokens_per_s", prefill_s > 0 ? n / prefill_s : 0.0,
+                          "decode_tokens_per_s", decode_s > 0 ? (out->n_ids - 1) / decode_s : 0.0);
+    if (!j) return kiln_err(err, KILN_ERR_NOMEM, "out of memory building the JSON output");
+    if (m->tokenizer) {
+        char *gen = NULL;
+        size_t glen = 0;
+        kiln_status st = kiln_tokenizer_decode(m->tokenizer, out->ids, (size_t)out->n_ids, true, &gen, &glen, err);
+        if (st != KILN_OK) {
+            json_decref(j);
+            return st;
+        }
+        json_object_set_new(j, "text", json_stringn(gen, glen));
+        free(gen);
+    }
+    json_object_set_new(j, "sampling", json_pack("{s:f, s:i, s:f}", "temperature", (double)out->sampling.temperature,
+                                                 "top_k", (int)out->sampling.top_k, "top_p", (double)out->sampling.top_p));
+    char *s = json_dumps(j, JSON_COMPACT);
+    if (s) printf("%s\n", s);
+    free(s);
+    json_decref(j);
+    return KILN_OK;
+}
+
+/* Text mode: the rest of the streamed text, a newline, and a summary on stderr. */
+static void print_text_end(run_out *out, const char *dev_used) {
+    double prefill_s = out->n_ids ? out->t_first - out->t_submit : 0;
+    double decode_s = out->n_ids > 1 ? out->t_last - out->t_first : 0;
+    if (out->has_stream) {
+        const char *tail;
+        size_t len;
+        kiln_error err = {0};
+        if (kiln_tok_stream_finish(&out->stream, &tail, &len, &err) == KILN_OK && len) fwrite(tail, 1, len, stdout);
+    }
+    printf("\n");
+    fprintf(stderr, "kiln run: %d tokens on %s, stop: %s, first token after %.1f ms, decode %.1f tok/s\n", out->n_ids,
+            dev_used, kiln_stop_reason_str((kiln_stop_reason)out->stop), prefill_s * 1e3,
+            decode_s > 0 ? (out->n_ids - 1) / decode_s : 0.0);
+}
+
+int kiln_cmd_run(int argc, char **argv) {
+    run_opts o;
+    int rc = run_parse(argc, argv, &o);
+    if (rc >= 0) return rc;
+    int32_t *ids = NULL;
+    int n_ids = 0;
+    char *text = NULL;
+    size_t len = 0;
+    bool explicit_empty = false;
+    if (o.ids_arg && !kiln_cli_parse_ids(o.ids_arg, &ids, &n_ids)) {
+        if (strspn(o.ids_arg, " []\n") == strlen(o.ids_arg))
+            return kiln_cli_usage_error("run", "--prompt-ids '%s' holds no token id: a prompt needs at least one",
+                                        o.ids_arg);
+        return kiln_cli_usage_error("run", "--prompt-ids '%s' is not a list of token ids like 1,306,461", o.ids_arg);
+    }
+    if (!o.ids_arg && (rc = read_prompt(&o, &text, &len, &explicit_empty)) >= 0) return rc;
+
+    kiln_error err = {0};
     kiln_t *k = NULL;
     kiln_ctx_t *ctx = NULL;
+    run_out out = {.json = o.json, .first = true, .stop = KILN_STOP_ERROR};
+    char dev_used[16] = "";
     const kiln_model *m = NULL;
-    char *text = NULL;
-    run_out out = {.json = json, .first = true, .stop = KILN_STOP_ERROR};
-    kiln_status st = kiln_open(path, (int32_t)threads, &k);
+    kiln_status st = kiln_open(o.engine, (int32_t)o.threads, &k);
     if (st != KILN_OK) {
         kiln_err(&err, st, "%s", kiln_error_message(k));
-        goto fail;
+        goto out_fail;
     }
     m = kiln_api_model(k);
-
-    if (!ids_arg) {
-        size_t len = 0;
-        if (prompt) {
-            text = strdup(prompt);
-            len = strlen(prompt);
-        } else {
-            FILE *f = stdin;
-            if (prompt_file && strcmp(prompt_file, "-") != 0 && !(f = fopen(prompt_file, "rb"))) {
-                kiln_err(&err, KILN_ERR_IO, "%s: cannot open the prompt file", prompt_file);
-                goto fail;
-            }
-            if (!prompt_file && isatty(0)) {
-                rc = kiln_cli_usage_error("run", "no prompt: give --prompt, --prompt-file or --prompt-ids");
-                goto out;
-            }
-            text = read_all(f, &len);
-            if (f != stdin) fclose(f);
-        }
-        if (!text) {
-            kiln_err(&err, KILN_ERR_NOMEM, "out of memory reading the prompt");
-            goto fail;
-        }
-        if (!m->tokenizer) {
-            kiln_err(&err, KILN_ERR_MISSING, "%s: the engine has no tokenizer, so it cannot take a text prompt", path);
-            kiln_err_hint(&err, "give --prompt-ids, or compile from a checkpoint directory that has tokenizer.json");
-            goto fail;
-        }
-        size_t n = 0;
-        unsigned flags = (no_bos ? 0 : KILN_TOK_ADD_SPECIAL) | (no_special ? KILN_TOK_NO_SPECIAL : 0);
-        if (kiln_tokenizer_encode(m->tokenizer, text, len, flags, &prompt_ids, &n, &err) != KILN_OK) goto fail;
-        n_prompt = (int)n;
-        if (n_prompt == 0) {
-            kiln_err(&err, KILN_ERR_INVALID_ARG, "the prompt encodes to no tokens");
-            kiln_err_hint(&err, "give a non-empty prompt");
-            goto fail;
-        }
-    }
-    if (m->tokenizer && !json) {
+    if (!o.ids_arg && prompt_ids(&o, m, text, len, explicit_empty, &ids, &n_ids, &err) != KILN_OK) goto out_fail;
+    if (m->tokenizer && !o.json) {
         kiln_tok_stream_init(&out.stream, m->tokenizer, true);
         out.has_stream = true;
     }
-    kiln_ctx_options co;
-    kiln_ctx_options_init(&co);
-    co.device = device;
-    co.max_batch = 1;
-    co.max_context = (int32_t)max_ctx;
-    co.threads = (int32_t)threads;
-    co.kv_bytes = kv_bytes;
-    if (kv_fraction > 0) co.kv_fraction = kv_fraction;
-    st = kiln_ctx_new(k, &co, &ctx);
-    if (st != KILN_OK) {
-        kiln_err(&err, st, "%s", kiln_last_error(ctx));
-        goto fail;
+    kiln_request_options sampling;
+    if (sampling_options(&o, k, &sampling, &err) != KILN_OK) { /* an option the engine's defaults make moot */
+        kiln_cli_fail("run", &err, o.json);
+        rc = KILN_EXIT_USAGE;
+        goto out_free;
     }
-    kiln_ctx_info info = {.struct_size = sizeof info};
-    const char *dev_used = kiln_ctx_info_get(ctx, &info) == KILN_OK ? info.device : device;
-    kiln_request_options ro;
-    kiln_request_options_init(&ro);
-    ro.max_tokens = (int32_t)max_tokens;
-    ro.temperature = (float)temperature;
-    ro.top_k = (int32_t)top_k;
-    ro.top_p = (float)top_p;
-    ro.seed = (uint64_t)seed;
-    ro.ignore_eos = ignore_eos;
-    ro.on_token = on_token;
-    ro.user = &out;
-    int64_t id;
-    out.t_submit = kiln_now();
-    if ((st = kiln_submit(ctx, prompt_ids, n_prompt, &ro, &id)) != KILN_OK ||
-        (st = kiln_run(ctx)) != KILN_OK) {
-        kiln_err(&err, st, "%s", kiln_last_error(ctx));
-        goto fail;
-    }
-    if (out.stop == KILN_STOP_ERROR) {
-        kiln_err(&err, KILN_ERR_DEVICE, "%s", kiln_last_error(ctx));
-        goto fail;
-    }
-    double prefill_s = out.n_ids ? out.t_first - out.t_submit : 0;
-    double decode_s = out.n_ids > 1 ? out.t_last - out.t_first : 0;
-    double decode_tps = decode_s > 0 ? (out.n_ids - 1) / decode_s : 0.0;
-
-    if (json) {
-        json_t *pid = json_array(), *gid = json_array();
-        for (int i = 0; i < n_prompt; i++) json_array_append_new(pid, json_integer(prompt_ids[i]));
-        for (int i = 0; i < out.n_ids; i++) json_array_append_new(gid, json_integer(out.ids[i]));
-        json_t *j = json_pack("{s:o, s:o, s:s, s:s, s:I, s:{s:f, s:f, s:f, s:f, s:f}}", "prompt_ids", pid, "ids", gid,
-                              "stop_reason", kiln_stop_reason_str((kiln_stop_reason)out.stop), "device", dev_used,
-                              "seed", (json_int_t)seed, "timings", "load_s", kiln_open_seconds(k), "prefill_s",
-                              prefill_s, "decode_s", decode_s, "prefill_tokens_per_s",
-                              prefill_s > 0 ? n_prompt / prefill_s : 0.0, "decode_tokens_per_s", decode_tps);
-        if (m->tokenizer) {
-            char *gen = NULL;
-            size_t glen = 0;
-            if (kiln_tokenizer_decode(m->tokenizer, out.ids, (size_t)out.n_ids, true, &gen, &glen, &err) != KILN_OK) {
-                json_decref(j);
-                goto fail;
-            }
-            json_object_set_new(j, "text", json_stringn(gen, glen));
-            free(gen);
-        }
-        char *s = json_dumps(j, JSON_COMPACT);
-        printf("%s\n", s);
-        free(s);
-        json_decref(j);
+    if (generate(&o, k, ids, n_ids, &sampling, &out, &ctx, dev_used, &err) != KILN_OK) goto out_fail;
+    if (o.json) {
+        if (print_json(&o, k, ids, n_ids, &out, dev_used, &err) != KILN_OK) goto out_fail;
     } else {
-        if (out.has_stream) {
-            const char *tail;
-            size_t len;
-            if (kiln_tok_stream_finish(&out.stream, &tail, &len, &err) == KILN_OK && len) fwrite(tail, 1, len, stdout);
-        }
-        printf("\n");
-        fprintf(stderr, "kiln run: %d tokens on %s, stop: %s, first token after %.1f ms, decode %.1f tok/s\n",
-                out.n_ids, dev_used, kiln_stop_reason_str((kiln_stop_reason)out.stop), prefill_s * 1e3, decode_tps);
+        print_text_end(&out, dev_used);
     }
     rc = KILN_EXIT_OK;
-    goto out;
-fail:
-    rc = kiln_cli_fail("run", &err, json);
-out:
+    goto out_free;
+out_fail:
+    rc = kiln_cli_fail("run", &err, o.json);
+out_free:
     free(out.ids);
     free(text);
-    free(prompt_ids);
+    free(ids);
     if (out.has_stream) kiln_tok_stream_free(&out.stream);
     kiln_ctx_free(ctx);
     kiln_close(k);

@@ -1,7 +1,7 @@
 /*
  * compile.c — the compile driver: checkpoint dir → engine file.
  *
- *   open checkpoint (config.json + safetensors) → import (IR) → passes
+ *   open checkpoint (config.json + safetensors, generation_config.json) → import (IR) → passes
  *   → meta JSON + plan + weights (+ tokenizer) → engine writer
  *
  * The engine is written to a temporary file and renamed into place at the
@@ -17,6 +17,7 @@
 
 #include "../codegen/kiln_codegen.h"
 #include "../codegen/kiln_kernels.h"
+#include "../common/kiln_progress.h"
 #include "../passes/kiln_passes.h"
 #include "kiln_tokjson.h"
 
@@ -24,9 +25,35 @@ static const char *arch_name(kiln_arch a) {
     return a == KILN_ARCH_MISTRAL ? "MistralForCausalLM" : "LlamaForCausalLM";
 }
 
+/* meta.generation: bos/eos/pad ids and sampling defaults, each with its
+ * source (kiln_generation_resolve; docs/engine-format.md). `gc` NULL = the
+ * checkpoint has no generation_config.json. */
+static json_t *make_generation(const kiln_model_config *c, const kiln_generation_config *gc) {
+    kiln_generation r;
+    kiln_generation_resolve(c, gc, &r);
+    json_t *eos = json_array();
+    for (int i = 0; i < r.n_eos; i++) json_array_append_new(eos, json_integer(r.eos_token_ids[i]));
+    const char *pad_src = r.pad_token_id >= 0 ? r.ids_src : "none";
+    json_t *sources = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s}", "bos_token_id", r.ids_src, "eos_token_ids",
+                                r.ids_src, "pad_token_id", pad_src, "do_sample", r.do_sample_src, "temperature",
+                                r.temperature_src, "top_k", r.top_k_src, "top_p", r.top_p_src);
+    json_t *not_applied = json_array();
+    for (const char *p = r.not_applied; p && *p;) {
+        size_t n = strcspn(p, ",");
+        json_array_append_new(not_applied, json_stringn(p, n));
+        p += n + (p[n] == ',');
+    }
+    return json_pack("{s:I, s:o, s:I, s:I, s:b, s:f, s:I, s:f, s:o, s:o}", "bos_token_id",
+                     (json_int_t)r.bos_token_id, "eos_token_ids", eos, "pad_token_id", (json_int_t)r.pad_token_id,
+                     "max_context", (json_int_t)c->max_position_embeddings, "do_sample", r.do_sample, "temperature",
+                     r.temperature, "top_k", (json_int_t)r.top_k, "top_p", r.top_p, "sources", sources,
+                     "not_applied", not_applied);
+}
+
 /* The meta section: what the engine holds, for `kiln inspect` and the runtime. */
 static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const kiln_compile_options *opt,
-                         uint64_t weights_bytes, const kiln_buf *tok_blob, const kiln_kernel_targets *targets) {
+                         const kiln_generation_config *gen_cfg, uint64_t weights_bytes, const kiln_buf *tok_blob,
+                         const kiln_kernel_targets *targets) {
     const kiln_model_config *c = &ck->config;
     json_t *model = json_pack(
         "{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:I, s:b, s:s}", "architecture", arch_name(c->arch),
@@ -42,10 +69,7 @@ static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const k
                                       "low_freq_factor", c->rope_low_freq_factor, "high_freq_factor",
                                       c->rope_high_freq_factor, "original_max_position_embeddings",
                                       (json_int_t)c->rope_original_max_pos));
-    json_t *eos = json_array();
-    for (int i = 0; i < c->n_eos; i++) json_array_append_new(eos, json_integer(c->eos_token_ids[i]));
-    json_t *gen = json_pack("{s:I, s:o, s:I}", "bos_token_id", (json_int_t)c->bos_token_id, "eos_token_ids", eos,
-                            "max_context", (json_int_t)c->max_position_embeddings);
+    json_t *gen = make_generation(c, gen_cfg);
     int n_weights = 0;
     for (int v = 0; v < g->n_values; v++) n_weights += !g->values[v].dead && g->values[v].kind == KILN_VALUE_WEIGHT;
     const char *wdt = opt->weight_dtype == KILN_DTYPE_COUNT_ ? "checkpoint" : kiln_dtype_name(opt->weight_dtype);
@@ -74,6 +98,46 @@ static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const k
                      "targets", tg, "tokenizer", tok);
 }
 
+/* CKPT_DIR/generation_config.json when there is something by that name. */
+static kiln_status load_generation_config(const kiln_checkpoint *ck, kiln_generation_config *gen, bool *have,
+                                          kiln_error *err) {
+    *have = false;
+    char *path = kiln_path_join(ck->dir, "generation_config.json");
+    if (!path) return kiln_err(err, KILN_ERR_NOMEM, "%s: out of memory", ck->dir);
+    kiln_status st = KILN_OK;
+    if (kiln_path_exists(path)) {
+        st = kiln_generation_config_load(path, ck->config.vocab_size, gen, err);
+        *have = st == KILN_OK;
+    }
+    free(path);
+    return st;
+}
+
+/* The bos/eos/pad ids the engine will carry must be tokens of its tokenizer
+ * (when it has one): an id inside a padded model vocabulary but outside the
+ * tokenizer would stop generation on a token nothing can decode. */
+static kiln_status check_gen_ids_in_tokenizer(const kiln_checkpoint *ck, const kiln_generation_config *gc,
+                                              const kiln_buf *blob, kiln_error *err) {
+    kiln_generation r;
+    kiln_generation_resolve(&ck->config, gc, &r);
+    kiln_tokenizer *tok = NULL;
+    kiln_status st = kiln_tokenizer_load(blob->data, blob->len, &tok, err);
+    if (st != KILN_OK) return st;
+    int64_t ids[KILN_MAX_EOS + 2] = {r.bos_token_id, r.pad_token_id};
+    const char *names[KILN_MAX_EOS + 2] = {"bos_token_id", "pad_token_id"};
+    for (int i = 0; i < r.n_eos; i++) ids[2 + i] = r.eos_token_ids[i], names[2 + i] = "eos_token_id";
+    for (int i = 0; i < 2 + r.n_eos && st == KILN_OK; i++) {
+        if (ids[i] < 0 || kiln_tokenizer_token(tok, (int32_t)ids[i], NULL)) continue;
+        st = kiln_err(err, KILN_ERR_PARSE, "%s/%s: %s %lld is not a token of %s (its ids: 0..%u)", ck->dir,
+                      r.ids_src, names[i], (long long)ids[i], ck->tokenizer_json_path,
+                      kiln_tokenizer_vocab_size(tok) - 1);
+        kiln_err_hint(err, "the model would stop on, or start from, a token its tokenizer cannot decode; "
+                           "is this the model's tokenizer.json?");
+    }
+    kiln_tokenizer_free(tok);
+    return st;
+}
+
 kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, kiln_error *err) {
     kiln_checkpoint ck;
     kiln_graph *g = NULL;
@@ -81,17 +145,26 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
     kiln_engine_writer *w = NULL;
     kiln_plan *parsed = NULL;
     char *meta_text = NULL;
-    bool have_tok = false;
+    bool have_tok = false, have_gen = false;
+    kiln_generation_config gen;
     kiln_kernel_targets targets;
     kiln_status st = kiln_kernel_targets_parse(opt->targets ? opt->targets : "none", &targets, err);
     if (st != KILN_OK) return st;
+    if ((st = kiln_output_precheck(opt->output_path, err)) != KILN_OK) return st;
+    kiln_progress_phase(opt->progress, "import", 0, NULL, 0);
     if ((st = kiln_checkpoint_open(ckpt_dir, &ck, err)) != KILN_OK) return st;
-    if ((st = kiln_import_dtype(&ck, opt->weight_dtype, &g, err)) != KILN_OK) goto out;
+    if ((st = kiln_output_check(opt->output_path, &ck, opt->force, err)) != KILN_OK) goto out;
+    if ((st = load_generation_config(&ck, &gen, &have_gen, err)) != KILN_OK) goto out;
+    kiln_import_options io = {.weight_dtype = opt->weight_dtype, .allow_unused = opt->allow_unused,
+                              .n_allow_unused = opt->n_allow_unused};
+    if ((st = kiln_import_ex(&ck, &io, &g, err)) != KILN_OK) goto out;
     if ((st = kiln_passes_run(g, opt->passes, opt->dump_ir ? (FILE *)opt->dump_stream : NULL, err)) != KILN_OK)
         goto out;
     if ((st = kiln_plan_serialize(g, &plan, err)) != KILN_OK) goto out;
     if (ck.tokenizer_json_path) {
-        if ((st = kiln_tokjson_compile(ck.tokenizer_json_path, ck.tokenizer_config_path, &tok, err)) != KILN_OK)
+        if ((st = kiln_tokjson_compile_for_vocab(ck.tokenizer_json_path, ck.tokenizer_config_path,
+                                                 ck.config.vocab_size, &tok, err)) != KILN_OK ||
+            (st = check_gen_ids_in_tokenizer(&ck, have_gen ? &gen : NULL, &tok, err)) != KILN_OK)
             goto out;
         have_tok = true;
     }
@@ -100,24 +173,29 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
     uint32_t codec = opt->compress ? KILN_CODEC_ZSTD_CHUNKED : KILN_CODEC_NONE;
     uint64_t wbytes = 0;
     if ((st = kiln_engine_writer_begin(w, KILN_SECTION_WEIGHTS, codec, err)) != KILN_OK) goto out;
+    kiln_progress_phase(opt->progress, "weights", kiln_weights_size(g), "MB", 1e-6);
+    kiln_engine_writer_set_progress(w, opt->progress);
     if ((st = kiln_weights_write(g, w, &wbytes, err)) != KILN_OK) goto out;
+    kiln_engine_writer_set_progress(w, NULL);
     if ((st = kiln_engine_writer_end(w, err)) != KILN_OK) goto out;
     if ((st = kiln_engine_writer_section(w, KILN_SECTION_PLAN, KILN_CODEC_NONE, plan.data, plan.len, err)) != KILN_OK)
         goto out;
     if (targets.n_cubin + targets.n_ptx > 0) {
         /* the kernels are built from the plan exactly as the runtime will read it */
-        kiln_kernels_opts ko = {.threads = opt->threads, .kv_block_size = opt->kv_block_size};
+        kiln_kernels_opts ko = {.threads = opt->threads, .kv_block_size = opt->kv_block_size,
+                                .progress = opt->progress};
         if ((st = kiln_plan_parse(plan.data, plan.len, wbytes, &parsed, err)) != KILN_OK ||
             (st = kiln_kernels_build(parsed, &targets, &ko, &kernels, err)) != KILN_OK ||
             (st = kiln_engine_writer_section(w, KILN_SECTION_KERNELS, KILN_CODEC_NONE, kernels.data, kernels.len,
                                              err)) != KILN_OK)
             goto out;
     }
+    kiln_progress_phase(opt->progress, "write", 0, NULL, 0);
     if (have_tok &&
         (st = kiln_engine_writer_section(w, KILN_SECTION_TOKENIZER, KILN_CODEC_NONE, tok.data, tok.len, err)) !=
             KILN_OK)
         goto out;
-    json_t *meta = make_meta(&ck, g, opt, wbytes, have_tok ? &tok : NULL, &targets);
+    json_t *meta = make_meta(&ck, g, opt, have_gen ? &gen : NULL, wbytes, have_tok ? &tok : NULL, &targets);
     meta_text = meta ? json_dumps(meta, JSON_SORT_KEYS | JSON_INDENT(1)) : NULL;
     json_decref(meta);
     if (!meta_text) {

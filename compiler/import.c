@@ -14,29 +14,66 @@
  *
  * Every weight is checked here: present, of the shape config.json implies,
  * of a supported dtype. Messages name the tensor and both shapes.
+ *
+ * Every tensor of the checkpoint is used or refused: a tensor the graph does
+ * not consume (a bias, a q_norm of another architecture relabelled as Llama)
+ * would otherwise be dropped silently and the engine would compute another
+ * model than the checkpoint's. Names matching KILN_IMPORT_DEFAULT_ALLOW
+ * (HF's rotary_emb.inv_freq buffers, which transformers itself skips when
+ * loading and recomputes from config.json) or a caller's fnmatch pattern
+ * (`kiln compile --allow-unused`) may stay unused.
+ *
+ * Tied embeddings with an lm_head.weight in the checkpoint: transformers 5
+ * ties them only when both tensors are equal (PreTrainedModel.tie_weights)
+ * and otherwise keeps lm_head.weight untied with a warning, while
+ * transformers 4 always overwrote lm_head with the embedding. So an equal
+ * copy is consumed (the engine is the same as without it) and a differing
+ * one is refused: either choice would silently differ from one of them.
+ * Allowing lm_head.weight to stay unused (--allow-unused) says "tie", as
+ * transformers 4 did.
  */
 #include "kiln_compiler.h"
 
+#include <fnmatch.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct importer {
     const kiln_checkpoint *ck;
     kiln_graph *g;
     kiln_dtype weight_dtype; /* KILN_DTYPE_COUNT_ = keep each tensor's dtype */
+    bool *used;              /* [ck->n_index]: consumed by the graph */
+    const kiln_import_options *opt; /* may be NULL */
     kiln_error *err;
 } importer;
 
-/* Look up tensor `name`, check its shape against the expected dims, and add
- * it to the graph as a weight. Returns the value id or -1. */
-static int weight(importer *im, const char *name, int ndim, int64_t d0, int64_t d1) {
-    const kiln_st_tensor *t = kiln_checkpoint_find(im->ck, name);
+static bool unused_allowed(const kiln_import_options *o, const char *name);
+
+/* Index of tensor `name` in ck->index, or -1. */
+static ptrdiff_t find_index(const kiln_checkpoint *ck, const char *name) {
+    size_t lo = 0, hi = ck->n_index;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(ck->index[mid]->name, name);
+        if (c == 0) return (ptrdiff_t)mid;
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return -1;
+}
+
+/* Look up tensor `name`, check that it is present, of shape [d0] or [d0,d1]
+ * and of a readable dtype, and mark it used. NULL (error set) otherwise. */
+static const kiln_st_tensor *checked_tensor(importer *im, const char *name, int ndim, int64_t d0, int64_t d1) {
+    ptrdiff_t at = find_index(im->ck, name);
+    const kiln_st_tensor *t = at >= 0 ? im->ck->index[at] : NULL;
     int64_t want[2] = {d0, d1};
     if (!t) {
         kiln_err(im->err, KILN_ERR_MISSING, "%s: tensor '%s' is missing from the checkpoint", im->ck->dir, name);
         kiln_err_hint(im->err, "the checkpoint's config.json describes a model whose weights are not all here; "
                                "check that every shard was downloaded");
-        return -1;
+        return NULL;
     }
     bool ok = t->ndim == ndim;
     for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == want[i];
@@ -50,13 +87,23 @@ static int weight(importer *im, const char *name, int ndim, int64_t d0, int64_t 
             k += (size_t)snprintf(exp + k, sizeof exp - k, "%s%lld", i ? "," : "", (long long)want[i]);
         kiln_err(im->err, KILN_ERR_SHAPE, "%s: tensor '%s' has shape [%s], expected [%s] from config.json",
                  im->ck->dir, name, got, exp);
-        return -1;
+        return NULL;
     }
     if (t->dtype != KILN_DTYPE_F32 && t->dtype != KILN_DTYPE_F16 && t->dtype != KILN_DTYPE_BF16) {
         kiln_err(im->err, KILN_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s; kiln reads F32, F16 and BF16",
                  im->ck->dir, name, kiln_dtype_name(t->dtype));
-        return -1;
+        return NULL;
     }
+    im->used[at] = true;
+    return t;
+}
+
+/* Look up tensor `name` (checked_tensor) and add it to the graph as a
+ * weight. Returns the value id or -1. */
+static int weight(importer *im, const char *name, int ndim, int64_t d0, int64_t d1) {
+    const kiln_st_tensor *t = checked_tensor(im, name, ndim, d0, d1);
+    int64_t want[2] = {d0, d1};
+    if (!t) return -1;
     kiln_dtype dt = im->weight_dtype == KILN_DTYPE_COUNT_ ? t->dtype : im->weight_dtype;
     /* Norm weights are tiny and sensitive: keep them in f32 whatever the target. */
     if (ndim == 1) dt = KILN_DTYPE_F32;
@@ -92,6 +139,71 @@ static kiln_op_attrs rope_attrs(const kiln_model_config *c, int32_t heads) {
         a.rope_original_max_pos = (float)c->rope_original_max_pos;
     }
     return a;
+}
+
+/* Element i of a F32/F16/BF16 tensor's little-endian bytes, as a float (exact). */
+static float elem_f32(const uint8_t *p, kiln_dtype dt, size_t i) {
+    if (dt == KILN_DTYPE_F32) {
+        uint32_t u = kiln_rd_u32(p + 4 * i);
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    uint16_t h = (uint16_t)(p[2 * i] | p[2 * i + 1] << 8);
+    return dt == KILN_DTYPE_BF16 ? kiln_bf16_to_f32(h) : kiln_f16_to_f32(h);
+}
+
+/* tie_word_embeddings with an lm_head.weight shipped too (file comment):
+ * consumed when equal to the embedding element for element, else refused. */
+static kiln_status tied_head_check(importer *im) {
+    const kiln_model_config *c = &im->ck->config;
+    /* absent, or explicitly allowed to stay unused (--allow-unused lm_head.weight: tie as transformers 4) */
+    if (find_index(im->ck, "lm_head.weight") < 0 || unused_allowed(im->opt, "lm_head.weight")) return KILN_OK;
+    const kiln_st_tensor *head = checked_tensor(im, "lm_head.weight", 2, c->vocab_size, c->hidden_size);
+    const kiln_st_tensor *emb = kiln_checkpoint_find(im->ck, "model.embed_tokens.weight");
+    if (!head) return im->err ? im->err->code : KILN_ERR_INTERNAL;
+    size_t n = (size_t)(c->vocab_size * c->hidden_size); /* both shapes were checked: [V,H] */
+    for (size_t i = 0; i < n; i++) {
+        float a = elem_f32(head->data, head->dtype, i), b = elem_f32(emb->data, emb->dtype, i);
+        if (a == b) continue;
+        kiln_err(im->err, KILN_ERR_UNSUPPORTED,
+                 "%s: config.json says tie_word_embeddings: true, but the checkpoint's 'lm_head.weight' differs from "
+                 "'model.embed_tokens.weight' (first at element %zu = [%zu,%zu]: %.9g vs %.9g)",
+                 im->ck->dir, i, i / (size_t)c->hidden_size, i % (size_t)c->hidden_size, (double)a, (double)b);
+        return kiln_err_hint(im->err, "transformers 5 would use lm_head.weight untied, transformers 4 would "
+                                      "overwrite it with the embedding; say which model this is: set "
+                                      "\"tie_word_embeddings\": false in config.json to use lm_head.weight, or "
+                                      "compile with --allow-unused lm_head.weight to tie");
+    }
+    return KILN_OK;
+}
+
+/* Is `name` allowed to stay unused (the default list or a caller's pattern)? */
+static bool unused_allowed(const kiln_import_options *o, const char *name) {
+    if (fnmatch(KILN_IMPORT_DEFAULT_ALLOW, name, 0) == 0) return true;
+    for (int i = 0; o && i < o->n_allow_unused; i++)
+        if (o->allow_unused[i] && fnmatch(o->allow_unused[i], name, 0) == 0) return true;
+    return false;
+}
+
+/* Refuse the first checkpoint tensor the graph did not consume (file comment). */
+static kiln_status check_all_used(importer *im, const kiln_import_options *o) {
+    const kiln_checkpoint *ck = im->ck;
+    size_t first = ck->n_index, n = 0;
+    for (size_t i = 0; i < ck->n_index; i++) {
+        if (im->used[i] || unused_allowed(o, ck->index[i]->name)) continue;
+        if (n++ == 0) first = i;
+    }
+    if (n == 0) return KILN_OK;
+    const char *name = ck->index[first]->name;
+    char more[64] = "";
+    if (n > 1) snprintf(more, sizeof more, " (and %zu other unused tensor%s)", n - 1, n > 2 ? "s" : "");
+    kiln_err(im->err, KILN_ERR_UNSUPPORTED,
+             "%s: tensor '%s' is in the checkpoint but not used by the %s graph kiln builds from config.json%s",
+             ck->dir, name, ck->config.arch == KILN_ARCH_MISTRAL ? "MistralForCausalLM" : "LlamaForCausalLM", more);
+    return kiln_err_hint(im->err, "a tensor kiln would drop (a bias, a q_norm...) usually means the checkpoint is of "
+                                  "another architecture than config.json says; if it is truly not part of the model, "
+                                  "compile with --allow-unused '%s' (a glob pattern; repeatable)", name);
 }
 
 #define TRY(x)                     \
@@ -156,6 +268,7 @@ static kiln_status import_with(importer *im, kiln_dtype weight_dtype) {
     TRY(h = kiln_ir_op1(g, KILN_OP_RMSNORM, (int[]){x, w1}, 2, &norm, "final_norm", err));
     int head = emb_w;
     if (!c->tie_word_embeddings) TRY(head = weight(im, "lm_head.weight", 2, V, H));
+    else if (tied_head_check(im) != KILN_OK) goto fail;
     TRY(g->logits = kiln_ir_op1(g, KILN_OP_LM_HEAD, (int[]){h, head}, 2, NULL, "logits", err));
 
     g->info = (kiln_graph_info){
@@ -171,18 +284,31 @@ fail:
     return err ? err->code : KILN_ERR_INTERNAL;
 }
 
-kiln_status kiln_import_dtype(const kiln_checkpoint *ck, kiln_dtype weight_dtype, kiln_graph **out, kiln_error *err) {
+kiln_status kiln_import_ex(const kiln_checkpoint *ck, const kiln_import_options *o, kiln_graph **out,
+                           kiln_error *err) {
     *out = NULL;
     kiln_graph *g = kiln_graph_new();
-    if (!g) return kiln_err(err, KILN_ERR_NOMEM, "out of memory creating the graph");
-    importer im = {.ck = ck, .g = g, .err = err};
-    kiln_status st = import_with(&im, weight_dtype);
+    bool *used = calloc(ck->n_index ? ck->n_index : 1, sizeof *used);
+    if (!g || !used) {
+        kiln_graph_free(g);
+        free(used);
+        return kiln_err(err, KILN_ERR_NOMEM, "out of memory creating the graph");
+    }
+    importer im = {.ck = ck, .g = g, .used = used, .opt = o, .err = err};
+    kiln_status st = import_with(&im, o ? o->weight_dtype : KILN_DTYPE_COUNT_);
+    if (st == KILN_OK) st = check_all_used(&im, o);
+    free(used);
     if (st != KILN_OK) {
         kiln_graph_free(g);
         return st;
     }
     *out = g;
     return KILN_OK;
+}
+
+kiln_status kiln_import_dtype(const kiln_checkpoint *ck, kiln_dtype weight_dtype, kiln_graph **out, kiln_error *err) {
+    kiln_import_options o = {.weight_dtype = weight_dtype};
+    return kiln_import_ex(ck, &o, out, err);
 }
 
 kiln_status kiln_import(const kiln_checkpoint *ck, kiln_graph **out, kiln_error *err) {

@@ -5,6 +5,7 @@
  *
  * Parts:
  *   config.c       config.json → kiln_model_config (Llama, Mistral)
+ *   generation_config.c  generation_config.json → bos/eos/pad ids and sampling defaults
  *   safetensors.c  one .safetensors file → table of tensors (mmapped, never copied)
  *   checkpoint.c   a checkpoint dir (single file or sharded with
  *                  model.safetensors.index.json) → name lookup over all shards
@@ -70,6 +71,54 @@ kiln_status kiln_config_parse(const char *json, size_t len, const char *path,
                               kiln_model_config *out, kiln_error *err);
 kiln_status kiln_config_load(const char *path, kiln_model_config *out, kiln_error *err);
 
+/* ---- generation_config.json (compiler/generation_config.c) ---- */
+
+/* What generation_config.json says, checked (types, ranges, ids inside the
+ * vocabulary). has_* says whether the field was given (absent and null are
+ * "not given", as in transformers). */
+typedef struct kiln_generation_config {
+    bool has_bos, has_eos, has_pad, has_do_sample, has_temperature, has_top_k, has_top_p;
+    int64_t bos_token_id, pad_token_id;
+    int64_t eos_token_ids[KILN_MAX_EOS]; /* eos_token_id: an int or a list */
+    int n_eos;
+    bool do_sample;
+    double temperature; /* >= 0; > 0 when do_sample */
+    int64_t top_k;      /* >= 0 (0 = off) */
+    double top_p;       /* [0, 1]; > 0 when do_sample */
+    char not_applied[512]; /* comma list of the other keys kiln does not apply ("" = none) */
+} kiln_generation_config;
+
+/* Parse generation_config.json text; ids are checked against `vocab_size`
+ * (config.json's). `path` is used in messages only. */
+kiln_status kiln_generation_config_parse(const char *json, size_t len, const char *path, int64_t vocab_size,
+                                         kiln_generation_config *out, kiln_error *err);
+/* Read and parse a file; a directory or other non-regular file is refused. */
+kiln_status kiln_generation_config_load(const char *path, int64_t vocab_size, kiln_generation_config *out,
+                                        kiln_error *err);
+
+/* The generation settings an engine carries, resolved as transformers'
+ * generate() resolves them: with a generation_config.json, bos/eos/pad come
+ * from it alone (GenerationMixin loads that file instead of deriving a
+ * config from config.json), else from config.json. Sampling: do_sample
+ * false (the default) is greedy whatever temperature/top_k/top_p say
+ * (kiln: temperature 0, top_k 0, top_p 1); do_sample true takes the given
+ * values, else transformers' defaults temperature 1, top_k 50, top_p 1.
+ * Each *_src names where the value came from ("config.json",
+ * "generation_config.json", "default", "greedy"). */
+typedef struct kiln_generation {
+    int64_t bos_token_id, pad_token_id; /* -1 = none */
+    int64_t eos_token_ids[KILN_MAX_EOS];
+    int n_eos;
+    bool do_sample;
+    double temperature, top_p;
+    int64_t top_k;
+    const char *ids_src, *do_sample_src, *temperature_src, *top_k_src, *top_p_src;
+    const char *not_applied; /* generation_config.json keys kiln does not apply; "" = none */
+} kiln_generation;
+
+/* `gc` NULL = no generation_config.json. The result points into `gc`. */
+void kiln_generation_resolve(const kiln_model_config *c, const kiln_generation_config *gc, kiln_generation *out);
+
 /* ---- safetensors ---- */
 
 typedef struct kiln_st_tensor {
@@ -128,6 +177,27 @@ kiln_status kiln_import(const kiln_checkpoint *ck, kiln_graph **out, kiln_error 
  * keep each tensor's own dtype). Norm weights stay f32. */
 kiln_status kiln_import_dtype(const kiln_checkpoint *ck, kiln_dtype weight_dtype, kiln_graph **out, kiln_error *err);
 
+/* Checkpoint tensors that may stay unused without being allowed by the
+ * caller: HF's rotary_emb.inv_freq buffers (transformers skips them when
+ * loading a Llama/Mistral and recomputes them from config.json). An fnmatch
+ * pattern. */
+#define KILN_IMPORT_DEFAULT_ALLOW "*rotary_emb.inv_freq"
+
+typedef struct kiln_import_options {
+    kiln_dtype weight_dtype;         /* KILN_DTYPE_COUNT_ = keep each tensor's dtype */
+    const char *const *allow_unused; /* fnmatch patterns of tensors that may stay unused */
+    int n_allow_unused;
+} kiln_import_options;
+
+/* The general form: every checkpoint tensor must be consumed by the graph or
+ * match KILN_IMPORT_DEFAULT_ALLOW or one of o->allow_unused, else the first
+ * is refused by name (KILN_ERR_UNSUPPORTED) with the count of the others.
+ * With tie_word_embeddings, an lm_head.weight equal to the embedding is
+ * consumed and a differing one refused. kiln_import and kiln_import_dtype
+ * are this with no extra patterns. `o` may be NULL. */
+kiln_status kiln_import_ex(const kiln_checkpoint *ck, const kiln_import_options *o, kiln_graph **out,
+                           kiln_error *err);
+
 typedef struct kiln_compile_options {
     const char *output_path;
     kiln_dtype weight_dtype;   /* KILN_DTYPE_COUNT_ = keep the checkpoint's dtype */
@@ -140,8 +210,20 @@ typedef struct kiln_compile_options {
                                   "sm_80,sm_90,compute_90"...; NULL or "none" = no kernels section */
     int kv_block_size;         /* tokens per KV-cache block the kernels are built for (0 = 16) */
     int threads;               /* threads for NVRTC (0 = one per core) */
+    const char *const *allow_unused; /* fnmatch patterns of checkpoint tensors that may stay unused */
+    int n_allow_unused;
+    bool force;                /* allow an output inside the checkpoint directory (never over an input file) */
+    struct kiln_progress *progress; /* phase and counts of long work (common/kiln_progress.h); NULL = none */
 } kiln_compile_options;
 
 kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, kiln_error *err);
+
+/* compiler/output_check.c. The output path alone: refused when it is a
+ * directory or another non-regular file, or its folder does not exist. */
+kiln_status kiln_output_precheck(const char *out, kiln_error *err);
+/* The output against the opened checkpoint: never one of its input files
+ * (same device and inode, through any link); not inside its directory
+ * unless `force`. Includes kiln_output_precheck. */
+kiln_status kiln_output_check(const char *out, const kiln_checkpoint *ck, bool force, kiln_error *err);
 
 #endif /* KILN_COMPILER_H */

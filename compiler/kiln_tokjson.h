@@ -19,6 +19,7 @@
 #define KILN_TOKJSON_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "../common/kiln_util.h"
 #include "../runtime/kiln_tokenizer.h"
@@ -34,10 +35,26 @@ kiln_status kiln_tokjson_compile(const char *tokenizer_json_path, const char *to
 kiln_status kiln_tokjson_compile_mem(const char *json, size_t len, const char *config_json, size_t config_len,
                                      const char *label, kiln_buf *out_blob, kiln_error *err);
 
+/* The same, for the model whose config.json has `model_vocab` ids (0 = no
+ * check): every id the tokenizer can produce (vocab, added tokens, bos/eos,
+ * template ids) must be below it, else KILN_ERR_PARSE naming the token, its
+ * id and vocab_size. The compile driver uses these. */
+kiln_status kiln_tokjson_compile_for_vocab(const char *tokenizer_json_path, const char *tokenizer_config_path,
+                                           int64_t model_vocab, kiln_buf *out_blob, kiln_error *err);
+kiln_status kiln_tokjson_compile_for_vocab_mem(const char *json, size_t len, const char *config_json,
+                                               size_t config_len, const char *label, int64_t model_vocab,
+                                               kiln_buf *out_blob, kiln_error *err);
+
 /* Compile and load in one step: `path` is a tokenizer.json file or a
  * directory holding one; a tokenizer_config.json beside it is used when
  * present. For tests and `kiln tokenize`. */
 kiln_status kiln_tokenizer_load_json(const char *path, kiln_tokenizer **out, kiln_error *err);
+
+/* The ids text `kiln tokenize --decode` reads: a JSON array of integers in
+ * 0..INT32_MAX (whitespace around it allowed). On success *ids is malloc'd
+ * (the caller frees it, also when *n is 0). `label` names the input in messages. */
+kiln_status kiln_tokenize_parse_ids(const char *text, size_t len, const char *label, int32_t **ids, size_t *n,
+                                    kiln_error *err);
 
 /* `kiln tokenize` (compiler/cmd_tokenize.c); argv[0] is "tokenize". Returns the exit code. */
 int kiln_cmd_tokenize(int argc, char **argv);

@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "../runtime/cuda/kiln_ksec.h"
+#include "../runtime/kiln_engine.h"
 #include "cli.h"
 
 static const struct {
@@ -29,8 +31,20 @@ static void usage(FILE *f) {
                "Exit codes: 0 success, 1 failure, 2 usage error.\n");
 }
 
+/* The version, the formats this build writes and reads (from the headers that
+ * define them), and the commit it was built from when CMake knew it. */
+static void print_version(void) {
+    printf("kiln %s (engine format %d.%d, kernels section version %d", KILN_VERSION, KILN_ENGINE_MAJOR,
+           KILN_ENGINE_MINOR, KILN_KSEC_VERSION);
+#ifdef KILN_COMMIT
+    printf(", commit %s", KILN_COMMIT);
+#endif
+    printf(")\n");
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
+        fprintf(stderr, "kiln: error: no command given\n\n");
         usage(stderr);
         return KILN_EXIT_USAGE;
     }
@@ -39,12 +53,12 @@ int main(int argc, char **argv) {
         return KILN_EXIT_OK;
     }
     if (strcmp(argv[1], "--version") == 0) {
-        printf("kiln %s (engine format %d.%d)\n", KILN_VERSION, 1, 0);
+        print_version();
         return KILN_EXIT_OK;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (strcmp(argv[1], commands[i].name) == 0) return commands[i].run(argc - 1, argv + 1);
-    fprintf(stderr, "kiln: unknown command '%s'\n\n", argv[1]);
+    fprintf(stderr, "kiln: error: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
     return KILN_EXIT_USAGE;
 }

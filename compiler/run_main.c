@@ -11,10 +11,16 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "../runtime/cuda/kiln_ksec.h"
 #include "../runtime/kiln_engine.h"
 #include "cli.h"
 
+/* tokenize without the front end: engines only (kiln_cli_tokenize refuses the rest with a hint). */
 static int cmd_tokenize_engine(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
+            puts("kiln-run tokenize: TOKENIZER must be an engine file (a tokenizer.json or a checkpoint needs "
+                 "`kiln tokenize`)");
     return kiln_cli_tokenize(argc, argv, NULL);
 }
 
@@ -50,7 +56,13 @@ int main(int argc, char **argv) {
         return KILN_EXIT_OK;
     }
     if (strcmp(argv[1], "--version") == 0) {
-        printf("kiln-run %s (engine format %d.%d)\n", KILN_VERSION, KILN_ENGINE_MAJOR, KILN_ENGINE_MINOR);
+        /* as `kiln --version`: the formats this build reads, and its commit */
+        printf("kiln-run %s (engine format %d.%d, kernels section version %d", KILN_VERSION, KILN_ENGINE_MAJOR,
+               KILN_ENGINE_MINOR, KILN_KSEC_VERSION);
+#ifdef KILN_COMMIT
+        printf(", commit %s", KILN_COMMIT);
+#endif
+        printf(")\n");
         return KILN_EXIT_OK;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
@@ -60,7 +72,7 @@ int main(int argc, char **argv) {
                         "hint: compile engines with `kiln compile` on a build machine, then copy the engine here\n");
         return KILN_EXIT_USAGE;
     }
-    fprintf(stderr, "kiln-run: unknown command '%s'\n\n", argv[1]);
+    fprintf(stderr, "kiln-run: error: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
     return KILN_EXIT_USAGE;
 }

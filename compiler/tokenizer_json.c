@@ -117,15 +117,18 @@ static kiln_status get_str(cc *c, const json_t *obj, const char *key, const char
 
 static bool str_is(str s, const char *lit) { return s.p && s.n == strlen(lit) && memcmp(s.p, lit, s.n) == 0; }
 
-/* A short printable excerpt of a string for messages. */
+/* A short printable excerpt of a string for messages (cap >= 8). Each step
+ * writes at most 4 bytes ("\xNN") and room always stays for "..." and the
+ * NUL: a long string used to end 1-2 bytes past buf (found by
+ * fuzz_tokenizer_config; seed fuzz/corpus/tokenizer_config/long_bos.json). */
 static const char *show(str s, char *buf, size_t cap) {
-    size_t k = 0;
-    for (size_t i = 0; i < s.n && k + 5 < cap; i++) {
+    size_t k = 0, i = 0;
+    for (; i < s.n && k + 8 <= cap; i++) {
         unsigned char ch = (unsigned char)s.p[i];
         if (ch < 0x20 || ch == 0x7F) k += (size_t)snprintf(buf + k, cap - k, "\\x%02X", ch);
         else buf[k++] = (char)ch;
     }
-    if (k + 5 >= cap) {
+    if (i < s.n) {
         while (k > 0 && ((unsigned char)buf[k - 1] & 0xC0) == 0x80) k--; /* do not cut a character */
         if (k > 0 && (unsigned char)buf[k - 1] >= 0xC0) k--;
         memcpy(buf + k, "...", 4);
@@ -816,6 +819,56 @@ static kiln_status check_ids(cc *c) {
     return KILN_OK;
 }
 
+/* ---- the model's vocabulary (compile time) ----
+ *
+ * Every id the tokenizer can produce must be an id the model has rows for:
+ * model.vocab ids (merge results are vocab ids), added tokens, and the bos,
+ * eos and template ids that tokenizer_config.json and the post-processor
+ * name. An id >= config.json's vocab_size would compile and then fail (or
+ * read past the embedding) at run time, so it is refused here, naming the
+ * token, its id and vocab_size. A model vocabulary larger than the
+ * tokenizer's (rows padded for alignment) is normal and accepted. */
+
+/* The role of id in the special lists, or NULL. */
+static const char *special_role(const cc *c, uint32_t id) {
+    if (c->bos >= 0 && (uint32_t)c->bos == id) return "the bos token";
+    for (uint32_t i = 0; i < c->n_eos; i++)
+        if ((uint32_t)c->eos[i] == id) return "an eos token";
+    for (uint32_t i = 0; i < c->n_prefix; i++)
+        if ((uint32_t)c->prefix[i] == id) return "a post_processor prefix token";
+    for (uint32_t i = 0; i < c->n_suffix; i++)
+        if ((uint32_t)c->suffix[i] == id) return "a post_processor suffix token";
+    return NULL;
+}
+
+static kiln_status check_model_vocab(cc *c, int64_t model_vocab) {
+    if (model_vocab <= 0) return KILN_OK;
+    uint64_t v = (uint64_t)model_vocab, n_out = 0, lowest = UINT64_MAX, highest = 0;
+    str name = {0};
+    for (uint64_t id = v; id < c->n_ids; id++) {
+        if (!c->present[id]) continue;
+        if (n_out++ == 0) lowest = id, name = c->id_str[id];
+        highest = id;
+    }
+    for (uint32_t k = 0; k < c->n_added; k++) {
+        uint64_t id = c->added[k].id;
+        if (id < v || (id < c->n_ids && c->present[id])) continue; /* counted above */
+        n_out++;
+        if (id < lowest) lowest = id, name = c->added[k].content;
+        if (id > highest) highest = id;
+    }
+    if (n_out == 0) return KILN_OK;
+    char b[96], role[64] = "";
+    const char *r = special_role(c, (uint32_t)lowest);
+    if (r) snprintf(role, sizeof role, " (%s)", r);
+    kiln_err(c->err, KILN_ERR_PARSE,
+             "%s: token \"%s\"%s has id %llu, outside the model's vocabulary: config.json's vocab_size is %lld "
+             "(%llu tokenizer ids are outside it, the highest %llu)",
+             c->label, show(name, b, sizeof b), role, (unsigned long long)lowest, (long long)model_vocab,
+             (unsigned long long)n_out, (unsigned long long)highest);
+    return kiln_err_hint(c->err, "this tokenizer.json is not this model's, or config.json's vocab_size is wrong");
+}
+
 static kiln_status load_json(const char *text, size_t len, const char *label, size_t flags, json_t **out, kiln_error *err) {
     json_error_t je;
     *out = json_loadb(text, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL | flags, &je);
@@ -830,7 +883,7 @@ static kiln_status load_json(const char *text, size_t len, const char *label, si
 }
 
 static kiln_status compile_impl(const char *json, size_t len, const char *label, const char *config_json, size_t config_len,
-                                const char *config_label, kiln_buf *out, kiln_error *err) {
+                                const char *config_label, int64_t model_vocab, kiln_buf *out, kiln_error *err) {
     cc c = {.label = label ? label : "tokenizer.json", .config_label = config_label, .err = err, .bos = -1};
     kiln_status st = load_json(json, len, c.label, 0, &c.root, err);
     if (st != KILN_OK) return st;
@@ -867,6 +920,7 @@ static kiln_status compile_impl(const char *json, size_t len, const char *label,
     if ((st = parse_added(&c)) != KILN_OK) goto out;
     if ((st = parse_config(&c)) != KILN_OK) goto out;
     if ((st = check_ids(&c)) != KILN_OK) goto out;
+    if ((st = check_model_vocab(&c, model_vocab)) != KILN_OK) goto out;
     st = write_blob(&c, out);
     /* the runtime's own checks (decoder order, regex, ...) run on the result, so a blob that
        compiles is a blob that loads */
@@ -890,11 +944,22 @@ out:
 
 kiln_status kiln_tokjson_compile_mem(const char *json, size_t len, const char *config_json, size_t config_len,
                                      const char *label, kiln_buf *out, kiln_error *err) {
-    return compile_impl(json, len, label, config_json, config_len, "tokenizer_config.json", out, err);
+    return compile_impl(json, len, label, config_json, config_len, "tokenizer_config.json", 0, out, err);
+}
+
+kiln_status kiln_tokjson_compile_for_vocab_mem(const char *json, size_t len, const char *config_json,
+                                               size_t config_len, const char *label, int64_t model_vocab,
+                                               kiln_buf *out, kiln_error *err) {
+    return compile_impl(json, len, label, config_json, config_len, "tokenizer_config.json", model_vocab, out, err);
 }
 
 kiln_status kiln_tokjson_compile(const char *tokenizer_json_path, const char *tokenizer_config_path, kiln_buf *out,
                                  kiln_error *err) {
+    return kiln_tokjson_compile_for_vocab(tokenizer_json_path, tokenizer_config_path, 0, out, err);
+}
+
+kiln_status kiln_tokjson_compile_for_vocab(const char *tokenizer_json_path, const char *tokenizer_config_path,
+                                           int64_t model_vocab, kiln_buf *out, kiln_error *err) {
     char *text = NULL, *conf = NULL;
     size_t len = 0, conf_len = 0;
     kiln_status st = kiln_file_read(tokenizer_json_path, TOKJSON_MAX_FILE, &text, &len, err);
@@ -903,7 +968,7 @@ kiln_status kiln_tokjson_compile(const char *tokenizer_json_path, const char *to
         free(text);
         return st;
     }
-    st = compile_impl(text, len, tokenizer_json_path, conf, conf_len, tokenizer_config_path, out, err);
+    st = compile_impl(text, len, tokenizer_json_path, conf, conf_len, tokenizer_config_path, model_vocab, out, err);
     free(text);
     free(conf);
     return st;

@@ -8,8 +8,9 @@
  * "resealed": this target rewrites the recorded file size and recomputes the
  * section, table and header checksums wherever the input's own table lets it,
  * so the fuzzer reaches the table and section validation, the zstd chunk
- * index and the decoder. Build with -DKILN_FUZZ_ENGINE_RESEAL=0 to fuzz only
- * the first pass. (The reseal lives here only; the reader never skips a check.)
+ * index and the decoder (fuzz_reseal.h). Build with -DKILN_FUZZ_ENGINE_RESEAL=0
+ * to fuzz only the first pass. fuzz_engine_load.c goes on from here: the
+ * whole model load (plan, weights, meta, tokenizer) and inspect's checks.
  *
  * Seeds: fuzz/corpus/engine/, written by tests/test_engine.c
  * (KILN_WRITE_FUZZ_CORPUS=fuzz/corpus/engine ./test_engine).
@@ -22,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <xxhash.h>
+#include "fuzz_reseal.h"
 
 #ifndef KILN_FUZZ_ENGINE_RESEAL
 #define KILN_FUZZ_ENGINE_RESEAL 1
@@ -57,26 +58,6 @@ static void open_and_decode(const uint8_t *data, size_t size) {
     kiln_engine_close(&e);
 }
 
-#if KILN_FUZZ_ENGINE_RESEAL
-/* Make the checksums and the recorded size agree with the bytes, as far as
- * the input's header and table can be followed without reading out of bounds. */
-static void reseal(uint8_t *f, size_t size) {
-    kiln_wr_u64(f + 24, size);
-    uint32_t count = kiln_rd_u32(f + 12);
-    uint64_t toff = kiln_rd_u64(f + 16);
-    if (count <= KILN_ENGINE_MAX_SECTIONS && toff >= KILN_ENGINE_HEADER_SIZE && toff <= size &&
-        (size - toff) / KILN_ENGINE_ENTRY_SIZE >= count) {
-        for (uint32_t i = 0; i < count; i++) {
-            uint8_t *t = f + toff + (size_t)i * KILN_ENGINE_ENTRY_SIZE;
-            uint64_t off = kiln_rd_u64(t + 8), n = kiln_rd_u64(t + 16);
-            uint16_t major = (uint16_t)(f[8] | f[9] << 8);
-            if (off <= size && n <= size - off) kiln_wr_u64(t + 32, kiln_engine_checksum(major, f + off, (size_t)n, 1));
-        }
-        kiln_wr_u64(f + 32, XXH64(f + toff, (size_t)count * KILN_ENGINE_ENTRY_SIZE, 0));
-    }
-    kiln_wr_u64(f + 56, XXH64(f, 56, 0));
-}
-#endif
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     open_and_decode(data, size);
@@ -85,7 +66,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         uint8_t *copy = malloc(size); /* exactly sized: ASan sees any overread */
         if (!copy) return 0;
         memcpy(copy, data, size);
-        reseal(copy, size);
+        kiln_fuzz_reseal(copy, size);
         open_and_decode(copy, size);
         free(copy);
     }

@@ -32,6 +32,9 @@ int kiln_pass_plan_memory(kiln_graph *g, kiln_error *err);
 const kiln_pass *kiln_passes_default(int *n);
 /* Look a pass up by name; NULL when unknown. */
 const kiln_pass *kiln_pass_find(const char *name);
+/* Check a --passes list before any work: every name known, no empty item
+ * ("a,,b", "a,"), not overlong. NULL, "" and "none" are fine. */
+kiln_status kiln_passes_check(const char *list, kiln_error *err);
 
 /* Run the passes named in `list` (comma-separated; NULL = the default
  * pipeline, "" or "none" = none) and then memory planning, which every plan

@@ -38,9 +38,46 @@ static kiln_status run_one(kiln_graph *g, const kiln_pass *p, FILE *dump, kiln_e
     return KILN_OK;
 }
 
+#define PASS_LIST_MAX 512
+
+/* "unknown pass" with the list of passes as the hint. */
+static kiln_status unknown_pass(const char *name, size_t len, kiln_error *err) {
+    kiln_err(err, KILN_ERR_INVALID_ARG, "--passes: unknown pass '%.*s'", (int)len, name);
+    char names[256] = "";
+    for (size_t i = 0; i < sizeof pipeline / sizeof pipeline[0]; i++) {
+        strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
+        strncat(names, pipeline[i].name, sizeof names - strlen(names) - 1);
+    }
+    return kiln_err_hint(err, "passes are: %s (or 'none')", names);
+}
+
+kiln_status kiln_passes_check(const char *list, kiln_error *err) {
+    if (!list || strcmp(list, "") == 0 || strcmp(list, "none") == 0) return KILN_OK;
+    if (strlen(list) >= PASS_LIST_MAX)
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "--passes: the list is longer than %d characters", PASS_LIST_MAX - 1);
+    for (const char *p = list; *p;) {
+        size_t len = strcspn(p, ",");
+        if (len == 0) {
+            kiln_err(err, KILN_ERR_INVALID_ARG, "--passes '%s': an empty item", list);
+            return kiln_err_hint(err, "give pass names separated by single commas, or 'none'");
+        }
+        char name[PASS_LIST_MAX];
+        memcpy(name, p, len);
+        name[len] = 0;
+        if (!kiln_pass_find(name)) return unknown_pass(p, len, err);
+        p += len;
+        if (*p == ',' && !*++p) {
+            kiln_err(err, KILN_ERR_INVALID_ARG, "--passes '%s': a trailing comma", list);
+            return kiln_err_hint(err, "give pass names separated by single commas, or 'none'");
+        }
+    }
+    return KILN_OK;
+}
+
 kiln_status kiln_passes_run(kiln_graph *g, const char *list, FILE *dump, kiln_error *err) {
-    kiln_status st = kiln_ir_verify(g, err);
-    if (st != KILN_OK) return kiln_err_prefix(err, "imported graph: ");
+    kiln_status st = kiln_passes_check(list, err);
+    if (st != KILN_OK) return st;
+    if ((st = kiln_ir_verify(g, err)) != KILN_OK) return kiln_err_prefix(err, "imported graph: ");
     if (dump) {
         fprintf(dump, ";; imported\n");
         kiln_ir_print(g, dump);
@@ -49,24 +86,11 @@ kiln_status kiln_passes_run(kiln_graph *g, const char *list, FILE *dump, kiln_er
         for (size_t i = 0; i < sizeof pipeline / sizeof pipeline[0]; i++)
             if ((st = run_one(g, &pipeline[i], dump, err)) != KILN_OK) return st;
     } else if (strcmp(list, "") != 0 && strcmp(list, "none") != 0) {
-        char buf[512];
-        snprintf(buf, sizeof buf, "%s", list);
+        char buf[PASS_LIST_MAX];
+        snprintf(buf, sizeof buf, "%s", list); /* fits: checked above */
         char *save = NULL;
-        for (char *name = strtok_r(buf, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
-            const kiln_pass *p = kiln_pass_find(name);
-            if (!p) {
-                kiln_err(err, KILN_ERR_INVALID_ARG, "unknown pass '%s'", name);
-                int n;
-                const kiln_pass *all = kiln_passes_default(&n);
-                char names[256] = "";
-                for (int i = 0; i < n; i++) {
-                    strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
-                    strncat(names, all[i].name, sizeof names - strlen(names) - 1);
-                }
-                return kiln_err_hint(err, "passes are: %s", names);
-            }
-            if ((st = run_one(g, p, dump, err)) != KILN_OK) return st;
-        }
+        for (char *name = strtok_r(buf, ",", &save); name; name = strtok_r(NULL, ",", &save))
+            if ((st = run_one(g, kiln_pass_find(name), dump, err)) != KILN_OK) return st;
     }
     return run_one(g, &memory_pass, dump, err);
 }

@@ -51,6 +51,8 @@ struct kiln_ctx_t {
     char device[16];  /* "cpu" or "gpu" */
     pthread_mutex_t err_lock;
     kiln_error last;  /* the last failure */
+    kiln_error cause; /* why kiln_ctx_new failed: later messages quote this,
+                         never `last`, so they do not nest into each other */
 };
 
 #define DEFAULT_MAX_BATCH 8
@@ -136,6 +138,12 @@ static kiln_status fail_ctx(kiln_ctx_t *c, kiln_error *e) {
     return e->code;
 }
 
+/* kiln_ctx_new's failure: kept as the cause that later calls quote. */
+static kiln_status fail_new(kiln_ctx_t *c, kiln_error *e) {
+    c->cause = *e;
+    return fail_ctx(c, e);
+}
+
 /* Bytes of K and V per token on the CPU executor (f32, every layer). */
 static int64_t cpu_kv_bytes_per_token(const kiln_model *m) {
     const kiln_plan *p = m->plan;
@@ -218,11 +226,11 @@ kiln_status kiln_ctx_new(const kiln_t *k, const kiln_ctx_options *opts, kiln_ctx
     kiln_status st;
     if (!k) {
         kiln_err(&e, KILN_ERR_INVALID_ARG, "kiln_ctx_new: the engine handle is NULL");
-        return fail_ctx(c, &e);
+        return fail_new(c, &e);
     }
     if (!k->m) {
         kiln_err(&e, KILN_ERR_INVALID_ARG, "kiln_ctx_new: the engine handle did not open: %s", k->err.msg);
-        return fail_ctx(c, &e);
+        return fail_new(c, &e);
     }
     /* options: defaults, then as much of the caller's struct as it has */
     kiln_ctx_options o;
@@ -231,7 +239,7 @@ kiln_status kiln_ctx_new(const kiln_t *k, const kiln_ctx_options *opts, kiln_ctx
         if (opts->struct_size < offsetof(kiln_ctx_options, device) + sizeof opts->device) {
             kiln_err(&e, KILN_ERR_INVALID_ARG, "kiln_ctx_new: options.struct_size is %u", opts->struct_size);
             kiln_err_hint(&e, "initialise the options with kiln_ctx_options_init()");
-            return fail_ctx(c, &e);
+            return fail_new(c, &e);
         }
         memcpy(&o, opts, opts->struct_size < sizeof o ? opts->struct_size : sizeof o);
         o.struct_size = sizeof o;
@@ -241,11 +249,11 @@ kiln_status kiln_ctx_new(const kiln_t *k, const kiln_ctx_options *opts, kiln_ctx
     if (!want_cpu && !want_gpu && !want_auto) {
         kiln_err(&e, KILN_ERR_INVALID_ARG, "kiln_ctx_new: unknown device \"%.40s\"", dev);
         kiln_err_hint(&e, "use \"cpu\", \"gpu\" or \"auto\"");
-        return fail_ctx(c, &e);
+        return fail_new(c, &e);
     }
     if ((st = check_ctx_options(k->m, &o, &e)) != KILN_OK) {
         kiln_err_prefix(&e, "kiln_ctx_new: ");
-        return fail_ctx(c, &e);
+        return fail_new(c, &e);
     }
     st = KILN_ERR_DEVICE;
     if (want_gpu || want_auto) {
@@ -262,7 +270,7 @@ kiln_status kiln_ctx_new(const kiln_t *k, const kiln_ctx_options *opts, kiln_ctx
     }
     if (st != KILN_OK) {
         kiln_err_prefix(&e, "kiln_ctx_new: ");
-        return fail_ctx(c, &e);
+        return fail_new(c, &e);
     }
     kiln_sched_opts so = {.max_seqs = o.max_batch,
                           .max_context = c->x->max_context,
@@ -275,7 +283,7 @@ kiln_status kiln_ctx_new(const kiln_t *k, const kiln_ctx_options *opts, kiln_ctx
         kiln_err_prefix(&e, "kiln_ctx_new: ");
         c->x->ops->destroy(c->x);
         c->x = NULL;
-        return fail_ctx(c, &e);
+        return fail_new(c, &e);
     }
     c->k = k;
     return KILN_OK;
@@ -296,7 +304,7 @@ static kiln_status usable(kiln_ctx_t *c, const char *fn) {
     if (!c) return KILN_ERR_INVALID_ARG;
     if (!c->s) {
         kiln_error e = {0};
-        kiln_err(&e, KILN_ERR_INVALID_ARG, "%s: this context failed to be created (%.900s)", fn, c->last.msg);
+        kiln_err(&e, KILN_ERR_INVALID_ARG, "%s: this context failed to be created (%.900s)", fn, c->cause.msg);
         return fail_ctx(c, &e);
     }
     return KILN_OK;
@@ -340,6 +348,16 @@ kiln_status kiln_ctx_info_get(kiln_ctx_t *c, kiln_ctx_info *info) {
 void kiln_request_options_init(kiln_request_options *o) {
     if (!o) return;
     *o = (kiln_request_options){.struct_size = sizeof *o, .max_tokens = DEFAULT_MAX_TOKENS, .top_p = 1.0f};
+}
+
+kiln_status kiln_request_options_init_from_engine(const kiln_t *k, kiln_request_options *o) {
+    if (!o) return KILN_ERR_INVALID_ARG;
+    kiln_request_options_init(o);
+    if (!k || !k->m) return KILN_ERR_INVALID_ARG;
+    o->temperature = k->m->gen_temperature;
+    o->top_k = k->m->gen_top_k;
+    o->top_p = k->m->gen_top_p;
+    return KILN_OK;
 }
 
 kiln_status kiln_submit(kiln_ctx_t *c, const int32_t *prompt, int32_t n_prompt, const kiln_request_options *opts,

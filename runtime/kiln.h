@@ -226,6 +226,13 @@ typedef struct kiln_request_options {
 
 /* Fill *o with the defaults above. */
 void kiln_request_options_init(kiln_request_options *o);
+/* Fill *o with the defaults above, then with the engine's own sampling
+ * defaults: temperature, top_k and top_p as the checkpoint's
+ * generation_config.json sets them (greedy when it has none or its
+ * do_sample is false; the meta section's "generation" object says where each
+ * came from). For programs that want the model's recommended sampling.
+ * KILN_ERR_INVALID_ARG (and the plain defaults) for a NULL or failed engine. */
+kiln_status kiln_request_options_init_from_engine(const kiln_t *k, kiln_request_options *o);
 
 /* Queue a request: `n_prompt` token ids (copied), options `o` (NULL =
  * defaults). *id receives its id (> 0, unique in the context). Refused at

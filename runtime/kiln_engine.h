@@ -43,7 +43,7 @@
 
 #define KILN_ENGINE_MAGIC "KILNENG"  /* 8 bytes with the NUL */
 #define KILN_ENGINE_MAJOR 2       /* 2: piecewise section checksums; 1 (XXH64) is still read */
-#define KILN_ENGINE_MINOR 0
+#define KILN_ENGINE_MINOR 1       /* 1: meta.generation has sampling defaults (do_sample, temperature, top_k, top_p) */
 #define KILN_ENGINE_HASH_PIECE (16u << 20) /* bytes per checksum piece (format 2) */
 #define KILN_ENGINE_HEADER_SIZE 64
 #define KILN_ENGINE_ENTRY_SIZE 64
@@ -133,5 +133,10 @@ kiln_status kiln_engine_writer_section(kiln_engine_writer *w, uint32_t kind, uin
 kiln_status kiln_engine_writer_finish(kiln_engine_writer *w, kiln_error *err);
 /* Remove the temporary file and free `w` (safe on NULL). */
 void kiln_engine_writer_abort(kiln_engine_writer *w);
+/* Report the raw bytes of the open section to `p` as they are written
+ * (common/kiln_progress.h; the caller sets the phase and its total); NULL
+ * stops reporting. */
+struct kiln_progress;
+void kiln_engine_writer_set_progress(kiln_engine_writer *w, struct kiln_progress *p);
 
 #endif /* KILN_ENGINE_H */

@@ -32,6 +32,10 @@ typedef struct kiln_model {
     int32_t bos_id;                /* -1 when none */
     int32_t eos_ids[KILN_MAX_EOS_IDS];
     int n_eos;
+    /* sampling defaults from meta.generation (generation_config.json); greedy: 0, 0, 1 */
+    float gen_temperature;
+    int32_t gen_top_k;
+    float gen_top_p;
     struct kiln_tokenizer *tokenizer; /* NULL when the engine has none */
     double load_seconds;
 } kiln_model;

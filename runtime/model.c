@@ -16,6 +16,24 @@
 #include "kiln_rt.h"
 #include "kiln_tokenizer.h"
 
+/* meta.generation's sampling defaults (engines before format 2.1 have none:
+ * greedy). Present but out of range is a corrupted meta section. */
+static kiln_status read_sampling(kiln_model *m, json_t *gen, const char *path, kiln_error *err) {
+    m->gen_temperature = 0, m->gen_top_k = 0, m->gen_top_p = 1;
+    json_t *t = json_object_get(gen, "temperature"), *k = json_object_get(gen, "top_k");
+    json_t *p = json_object_get(gen, "top_p");
+    if (t && (!json_is_number(t) || !(json_number_value(t) >= 0 && json_number_value(t) <= 1e6)))
+        return kiln_err(err, KILN_ERR_FORMAT, "%s: meta generation.temperature is not a number in [0, 1e6]", path);
+    if (k && (!json_is_integer(k) || json_integer_value(k) < 0 || json_integer_value(k) > m->plan->vocab_size))
+        return kiln_err(err, KILN_ERR_FORMAT, "%s: meta generation.top_k is not an integer in [0, vocab_size]", path);
+    if (p && (!json_is_number(p) || !(json_number_value(p) > 0 && json_number_value(p) <= 1)))
+        return kiln_err(err, KILN_ERR_FORMAT, "%s: meta generation.top_p is not a number in (0, 1]", path);
+    if (t) m->gen_temperature = (float)json_number_value(t);
+    if (k) m->gen_top_k = (int32_t)json_integer_value(k);
+    if (p) m->gen_top_p = (float)json_number_value(p);
+    return KILN_OK;
+}
+
 static kiln_status read_meta(kiln_model *m, const char *path, kiln_error *err) {
     const kiln_engine_section *s = kiln_engine_find(&m->engine, KILN_SECTION_META);
     if (!s) return kiln_err(err, KILN_ERR_FORMAT, "%s: engine has no meta section", path);
@@ -41,16 +59,22 @@ static kiln_status read_meta(kiln_model *m, const char *path, kiln_error *err) {
     }
     json_t *gen = json_object_get(root, "generation");
     json_t *bos = json_object_get(gen, "bos_token_id"), *eos = json_object_get(gen, "eos_token_ids");
-    m->bos_id = json_is_integer(bos) ? (int32_t)json_integer_value(bos) : -1;
+    /* a bos outside the vocabulary counts as none (`kiln inspect` reports it) */
+    json_int_t b = json_is_integer(bos) ? json_integer_value(bos) : -1;
+    m->bos_id = b >= 0 && b < m->plan->vocab_size ? (int32_t)b : -1;
     m->n_eos = 0;
     size_t i;
     json_t *e;
     json_array_foreach(eos, i, e) {
-        if (json_is_integer(e) && m->n_eos < KILN_MAX_EOS_IDS) m->eos_ids[m->n_eos++] = (int32_t)json_integer_value(e);
+        /* ids outside the vocabulary are dropped, like such a bos */
+        if (json_is_integer(e) && json_integer_value(e) >= 0 && json_integer_value(e) < m->plan->vocab_size &&
+            m->n_eos < KILN_MAX_EOS_IDS)
+            m->eos_ids[m->n_eos++] = (int32_t)json_integer_value(e);
     }
-    json_decref(root);
     if (m->bos_id >= m->plan->vocab_size) m->bos_id = -1;
-    return KILN_OK;
+    kiln_status st2 = read_sampling(m, gen, path, err);
+    json_decref(root);
+    return st2;
 }
 
 static kiln_status convert_f32(kiln_model *m, const char *path, kiln_error *err);

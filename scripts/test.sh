@@ -4,7 +4,8 @@
 # GPU), then install a Release build into a temporary prefix and build and
 # run docs/examples/generate.c against it with the commands of docs/c-api.md
 # (scripts/check-install.sh), then run each libFuzzer target for a bounded
-# time (KILN_FUZZ_SECONDS, default 30) when clang is available.
+# time (KILN_FUZZ_SECONDS, default 20, through scripts/fuzz.sh) when clang is
+# available.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -20,24 +21,15 @@ ctest --test-dir build-asan --output-on-failure -j"$jobs"
 (unset ASAN_OPTIONS UBSAN_OPTIONS; scripts/check-install.sh)
 
 if command -v clang >/dev/null 2>&1; then
-    CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DKILN_FUZZ=ON -DKILN_SANITIZE=ON \
-        -DKILN_TESTS=OFF -DKILN_CUDA=OFF >/dev/null
-    cmake --build build-fuzz -j"$jobs"
-    secs=${KILN_FUZZ_SECONDS:-30}
-    for f in build-fuzz/fuzz_*; do
-        [ -x "$f" ] || continue
-        name=$(basename "$f")
-        work=$(mktemp -d)
-        seeds="fuzz/corpus/${name#fuzz_}"
-        [ -d "$seeds" ] && cp -r "$seeds"/. "$work"/
-        echo "fuzzing $name for ${secs}s"
-        "$f" -max_total_time="$secs" -print_final_stats=0 "$work" >"$work.log" 2>&1 || {
-            tail -50 "$work.log"
-            echo "fuzz target $name failed" >&2
-            exit 1
-        }
-        rm -rf "$work" "$work.log"
-    done
+    # every target from its seeds for a short while, in a throw-away work
+    # corpus (scripts/fuzz.sh --minutes N runs the long campaigns)
+    work=$(mktemp -d)
+    scripts/fuzz.sh --seconds "${KILN_FUZZ_SECONDS:-20}" --work "$work" --jobs "$jobs" || {
+        rm -rf "$work"
+        echo "a fuzz target failed (see above; the input is in build-fuzz/crashes/)" >&2
+        exit 1
+    }
+    rm -rf "$work"
 else
     echo "clang not found: fuzz targets skipped"
 fi

@@ -48,10 +48,12 @@ if [ -f "$tok/tokenizer.json" ]; then
     "$RUN" tokenize "$T/py.kiln" <"$T/text" >"$T/t1" 2>"$T/err" || bad "kiln-run tokenize: $(cat "$T/err")"
     "$KILN" tokenize "$tok/tokenizer.json" <"$T/text" >"$T/t2" 2>&1
     cmp -s "$T/t1" "$T/t2" && [ -s "$T/t1" ] && ok || bad "kiln-run tokenize ENGINE differs from kiln tokenize tokenizer.json"
-    "$RUN" tokenize "$T/py.kiln" --decode <"$T/t1" >"$T/back" 2>&1 && cmp -s "$T/back" "$T/text" && ok ||
+    "$RUN" tokenize "$T/py.kiln" --no-bos <"$T/text" >"$T/t3" 2>&1
+    "$RUN" tokenize "$T/py.kiln" --decode <"$T/t3" >"$T/back" 2>&1 && cmp -s "$T/back" "$T/text" && ok ||
         bad "kiln-run tokenize --decode did not give the text back"
-    expect 1 "is not an engine file.*|hint: .*kiln tokenize" -- "$RUN" tokenize "$tok/tokenizer.json"
-    expect 1 "hint: kiln-run reads an engine's tokenizer" -- "$RUN" tokenize "$tok"
+    expect 1 "is not an engine file, and kiln-run reads engines' tokenizers only" -- "$RUN" tokenize "$tok/tokenizer.json"
+    grep -q "hint: for a tokenizer.json or a checkpoint, use .kiln tokenize" "$T/err" && ok || bad "tokenize hint"
+    expect 1 "is not an engine file" -- "$RUN" tokenize "$tok"
     "$RUN" tokenize --help | grep -q "TOKENIZER must be an engine file" && ok || bad "kiln-run tokenize --help"
 else
     echo "skip: $tok/tokenizer.json not found (tokenize checks)"

@@ -157,6 +157,22 @@ static void expect_ctx_error(kiln_t *k, const kiln_ctx_options *o, kiln_status w
     KT_CONTAINS(kiln_last_error(c), "failed to be created");
     KT_EQ_INT(kiln_run_step(c), KILN_ERR_INVALID_ARG);
     KT_EQ_INT(kiln_pending(c), 0);
+    /* repeated calls quote the original cause once: the message is stable,
+     * bounded, and does not nest ("kiln_submit: ... (kiln_submit: ...") */
+    char first[2048];
+    KT_EQ_INT(kiln_submit(c, p, 1, NULL, &id), KILN_ERR_INVALID_ARG);
+    snprintf(first, sizeof first, "%s", kiln_last_error(c));
+    for (int i = 0; i < 50; i++) {
+        KT_EQ_INT(kiln_run_step(c), KILN_ERR_INVALID_ARG);
+        KT_EQ_INT(kiln_run(c), KILN_ERR_INVALID_ARG);
+        KT_EQ_INT(kiln_submit(c, p, 1, NULL, &id), KILN_ERR_INVALID_ARG);
+    }
+    KT_EQ_STR(kiln_last_error(c), first);
+    KT_CONTAINS(kiln_last_error(c), msg);
+    const char *again = strstr(kiln_last_error(c), "failed to be created");
+    KT_CHECK(again && !strstr(again + 1, "failed to be created"));
+    KT_CHECK(strstr(kiln_last_error(c), "kiln_submit") == kiln_last_error(c) &&
+             !strstr(kiln_last_error(c) + 1, "kiln_submit"));
     kiln_ctx_free(c);
 }
 

@@ -417,7 +417,9 @@ static void test_versions(void) {
     c[8] = 0;
     reseal_header(c);
     KT_EQ_INT(kiln_engine_open_mem(c, g_size, "zero.kiln", &e, &err), KILN_ERR_VERSION);
-    KT_CONTAINS(err.msg, "0.0 is not a valid version");
+    char want[48];
+    snprintf(want, sizeof want, "0.%d is not a valid version", KILN_ENGINE_MINOR);
+    KT_CONTAINS(err.msg, want);
     /* a newer minor is read */
     c[8] = KILN_ENGINE_MAJOR;
     c[10] = 7;

@@ -793,9 +793,18 @@ static void test_cmd_tokenize(void) {
     static cmd_result r;
     char *dir = TOKDIR "llama2", *file = TOKDIR "llama2/tokenizer.json";
     char *a1[] = {"tokenize", dir};
+    /* the default follows tokenizer_config.json's add_bos_token (true here), as `kiln run --prompt` does */
     run_cmd(&r, "Hello world", 11, 2, a1);
     KT_EQ_INT(r.rc, 0);
+    KT_EQ_STR(r.out, "[1, 22557, 1526]\n");
+    char *a1n[] = {"tokenize", dir, "--no-bos"};
+    run_cmd(&r, "Hello world", 11, 3, a1n);
+    KT_EQ_INT(r.rc, 0);
     KT_EQ_STR(r.out, "[22557, 1526]\n");
+    char *a1c[] = {"tokenize", dir, "--bos", "--no-bos"};
+    run_cmd(&r, "Hello world", 11, 4, a1c);
+    KT_EQ_INT(r.rc, 2);
+    KT_CONTAINS(r.err, "kiln tokenize: error: --bos and --no-bos");
     char *a2[] = {"tokenize", file, "--special"};
     run_cmd(&r, "Hello world", 11, 3, a2);
     KT_EQ_STR(r.out, "[1, 22557, 1526]\n");
@@ -815,6 +824,7 @@ static void test_cmd_tokenize(void) {
     /* errors */
     run_cmd(&r, "ab\xFF", 3, 2, a1);
     KT_EQ_INT(r.rc, 1);
+    KT_CONTAINS(r.err, "kiln tokenize: error: ");
     KT_CONTAINS(r.err, "byte offset 2");
     KT_EQ_STR(r.out, "");
     char *b1[] = {"tokenize", "/nonexistent/dir"};

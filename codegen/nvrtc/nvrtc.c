@@ -52,7 +52,7 @@
 #define KILN_NVRTC_FUNCS(X)                                                                                     \
     X(nvrtcGetErrorString) X(nvrtcVersion) X(nvrtcCreateProgram) X(nvrtcCompileProgram) X(nvrtcDestroyProgram) \
     X(nvrtcGetProgramLogSize) X(nvrtcGetProgramLog) X(nvrtcGetCUBINSize) X(nvrtcGetCUBIN) X(nvrtcGetPTXSize)    \
-    X(nvrtcGetPTX)
+    X(nvrtcGetPTX) X(nvrtcGetNumSupportedArchs) X(nvrtcGetSupportedArchs)
 #define KILN_NVRTC_MEMBER_(fn) __typeof__(fn) *fn;
 
 typedef struct kiln_nvrtc_api {
@@ -119,6 +119,21 @@ kiln_status kiln_nvrtc_version(int *out, kiln_error *err) {
     if (st) return st;
     *out = major * 1000 + minor * 10;
     return KILN_OK;
+}
+
+kiln_status kiln_nvrtc_archs(int *archs, int cap, int *n, kiln_error *err) {
+    *n = 0;
+    int count = 0;
+    const kiln_nvrtc_api *nv = nvrtc_api(err);
+    if (!nv) return KILN_ERR_MISSING;
+    kiln_status st = KILN_NVRTC_CALL(err, nv->nvrtcGetNumSupportedArchs(&count));
+    if (st) return st;
+    int *all = calloc(count > 0 ? (size_t)count : 1, sizeof *all);
+    if (!all) return kiln_err(err, KILN_ERR_NOMEM, "nvrtc: out of memory");
+    if ((st = KILN_NVRTC_CALL(err, nv->nvrtcGetSupportedArchs(all))) == KILN_OK)
+        for (int i = 0; i < count && *n < cap; i++) archs[(*n)++] = all[i];
+    free(all);
+    return st;
 }
 
 /* A define is NAME or NAME=VALUE, NAME a C identifier, VALUE on one line. */

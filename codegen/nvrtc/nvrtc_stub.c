@@ -33,4 +33,10 @@ kiln_status kiln_nvrtc_version(int *out, kiln_error *err) {
     return no_cuda("(version)", err);
 }
 
+kiln_status kiln_nvrtc_archs(int *archs, int cap, int *n, kiln_error *err) {
+    (void)archs, (void)cap;
+    *n = 0;
+    return no_cuda("(supported architectures)", err);
+}
+
 const char *kiln_nvrtc_include_dir(void) { return ""; }

@@ -2,7 +2,9 @@
  * ksec.c — reads and checks an engine's kernels section (layout in
  * kiln_ksec.h). Hostile input like any section: counts capped, the tables
  * must fit, every source and image must lie inside the data, names must be
- * terminated and unique, PTX must end in its NUL.
+ * terminated and unique, PTX must end in its NUL. Plain C with no CUDA
+ * header: built in every configuration (CMake's kiln_ksec), so `kiln inspect`
+ * verifies the section and fuzz/fuzz_kernels_section.c fuzzes it anywhere.
  */
 #include "kiln_ksec_read.h"
 
@@ -57,9 +59,11 @@ kiln_status kiln_ksec_parse(const uint8_t *d, size_t size, kiln_ksec *out, kiln_
         memcpy(m->name, r, KILN_KSEC_NAME_MAX);
         for (int c = 0; c < KILN_KSEC_CFG_N; c++) m->cfg[c] = (int32_t)kiln_rd_u32(r + 48 + 4 * c);
         uint64_t off = kiln_rd_u64(r + 80), len = kiln_rd_u64(r + 88), end;
-        if (!kiln_add_u64(off, len, &end) || end > data_size)
+        if (!kiln_add_u64(off, len, &end) || end > data_size) {
             st = BAD("module '%s': source (%llu bytes at %llu) lies outside the data", m->name, (unsigned long long)len,
                      (unsigned long long)off);
+            break; /* before the pointer is formed: data + off may lie past the buffer */
+        }
         m->source = (const char *)data + off;
         m->source_len = (size_t)len;
         for (uint32_t j = 0; j < i && st == KILN_OK; j++)

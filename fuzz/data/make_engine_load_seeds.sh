@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# make_engine_load_seeds.sh — the seed engines of fuzz/corpus/engine_load:
+# tests/data/tiny-mistral compiled as bf16, f32 + compressed, with the tiny
+# fuzz tokenizer (fuzz/data/tiny_tokenizer*.json), and with a kernels
+# section for sm_80 when this kiln has NVRTC. (.seed, not .kiln: .gitignore
+# drops *.kiln.)
+# usage: bash fuzz/data/make_engine_load_seeds.sh KILN_EXE   (from the repository root)
+set -eu
+KILN=$1
+out=fuzz/corpus/engine_load
+mkdir -p "$out"
+t=$(mktemp -d)
+trap 'rm -rf "$t"' EXIT
+cp -r tests/data/tiny-mistral "$t/ck"
+"$KILN" compile "$t/ck" -o "$out/bf16.seed" --target none
+"$KILN" compile "$t/ck" -o "$out/f32_zstd.seed" --target none --dtype f32 --compress
+cp fuzz/data/tiny_tokenizer.json "$t/ck/tokenizer.json"
+cp fuzz/data/tiny_tokenizer_config.json "$t/ck/tokenizer_config.json"
+"$KILN" compile "$t/ck" -o "$out/tokenizer.seed" --target none
+"$KILN" compile "$t/ck" -o "$out/kernels.seed" --target sm_80 || echo "no NVRTC: no kernels seed"
+ls -la "$out"

@@ -1,0 +1,92 @@
+/*
+ * fuzz_cli_values.c — libFuzzer target for the command line's value parsers
+ * (compiler/cli.c): kiln_cli_parse_ids, _memory, _int and _float. Besides
+ * "no crash, no leak", it checks their promises:
+ *   ids     on success 1+ ids in 0..INT32_MAX; printing them back as
+ *           "a,b,c" and as "[a, b, c]" parses to the same ids; on failure
+ *           nothing is returned
+ *   memory  never both bytes and a fraction; on success exactly one, bytes
+ *           > 0 or a fraction in (0, 1]; on failure both 0
+ *   int     the value lies in [lo, hi]; printed back it parses to itself
+ *   float   finite and in [lo, hi]
+ * Input: byte 0 picks the parser (and, for int/float, bytes 1..2 the range);
+ * the rest is the argument text, cut at its first NUL like a real argv.
+ *   ./fuzz_cli_values -max_total_time=30 fuzz/corpus/cli_values
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../compiler/cli.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static void check_ids(const char *s) {
+    int32_t *ids = (int32_t *)1, *again = NULL;
+    int n = -1, n2 = 0;
+    if (!kiln_cli_parse_ids(s, &ids, &n)) {
+        if (ids || n) abort();
+        return;
+    }
+    if (n < 1 || !ids) abort();
+    for (int form = 0; form < 2; form++) {
+        kiln_buf b = {0};
+        kiln_buf_printf(&b, form ? "[" : "");
+        for (int i = 0; i < n; i++) {
+            if (ids[i] < 0) abort();
+            kiln_buf_printf(&b, i ? (form ? ", %d" : ",%d") : "%d", ids[i]);
+        }
+        kiln_buf_printf(&b, form ? "]" : "");
+        if (b.failed) abort();
+        if (!kiln_cli_parse_ids((const char *)b.data, &again, &n2) || n2 != n ||
+            memcmp(again, ids, (size_t)n * sizeof *ids) != 0)
+            abort();
+        free(again);
+        kiln_buf_free(&b);
+    }
+    free(ids);
+}
+
+static void check_memory(const char *s) {
+    int64_t bytes = -1;
+    double fraction = -1;
+    bool ok = kiln_cli_parse_memory(s, &bytes, &fraction);
+    if (bytes && fraction) abort(); /* never both */
+    if (!ok && (bytes || fraction)) abort();
+    if (ok && !(bytes > 0 || (fraction > 0 && fraction <= 1))) abort();
+}
+
+static void check_int(const char *s, uint8_t a, uint8_t b) {
+    static const long long edges[] = {INT64_MIN, -1000000, -1, 0, 1, 7, 256, 1 << 24, INT32_MAX, INT64_MAX};
+    long long lo = edges[a % 10], hi = edges[b % 10], v = 12345, w;
+    if (!kiln_cli_parse_int(s, lo, hi, &v)) return;
+    if (v < lo || v > hi) abort();
+    char back[32];
+    snprintf(back, sizeof back, "%lld", v);
+    if (!kiln_cli_parse_int(back, lo, hi, &w) || w != v) abort();
+}
+
+static void check_float(const char *s, uint8_t a, uint8_t b) {
+    static const double edges[] = {-1e300, -1, 0, 1e-9, 0.5, 1, 2, 1e6, 1e300, INFINITY};
+    double lo = edges[a % 10], hi = edges[b % 10], v;
+    if (!kiln_cli_parse_float(s, lo, hi, &v)) return;
+    if (!isfinite(v) || v < lo || v > hi) abort();
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size < 3) return 0;
+    char *s = malloc(size - 2);
+    if (!s) return 0;
+    memcpy(s, data + 3, size - 3);
+    s[size - 3] = 0;
+    switch (data[0] % 4) {
+    case 0: check_ids(s); break;
+    case 1: check_memory(s); break;
+    case 2: check_int(s, data[1], data[2]); break;
+    default: check_float(s, data[1], data[2]); break;
+    }
+    free(s);
+    return 0;
+}

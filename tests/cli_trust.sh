@@ -1,0 +1,256 @@
+#!/usr/bin/env bash
+# cli_trust.sh — the compiler refuses or uses every input and checks values
+# (issue 10, "never silently wrong"): unused checkpoint tensors, tied
+# embeddings shipped with an lm_head, NaN/Inf/overflowing weights, tokenizer
+# ids beyond the model's vocabulary, and generation_config.json (its eos ids
+# and sampling defaults reach `kiln run`).
+#
+# usage: bash tests/cli_trust.sh KILN_EXE SOURCE_DIR [SHARED_DIR]
+set -u
+KILN=$1
+SRC=$2
+SHARED=${3:-$SRC/../shared}
+T=$(mktemp -d "${TMPDIR:-/tmp}/kiln-trust-XXXXXX")
+trap 'rm -rf "$T"' EXIT
+. "$SRC/tests/lib_cli.sh"
+
+# st_edit FILE PYTHON: rewrite a safetensors file. The code sees `t`, a dict
+# name -> [dtype, shape, bytearray], and helpers add(name, dtype, shape,
+# values), setv(name, i, value) and setbits(name, i, bits) (element i).
+st_edit() {
+    python3 - "$1" "$2" <<'PY'
+import json, struct, sys
+path, code = sys.argv[1], sys.argv[2]
+raw = open(path, "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+hdr = json.loads(raw[8:8 + n])
+hdr.pop("__metadata__", None)
+t = {k: [v["dtype"], v["shape"], bytearray(raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])]
+     for k, v in hdr.items()}
+size = {"F32": 4, "F16": 2, "BF16": 2}
+def enc(dt, x):
+    if dt == "F32": return struct.pack("<f", x)
+    if dt == "F16": return struct.pack("<e", x)
+    return struct.pack("<f", x)[2:]
+def setv(name, i, x):
+    dt = t[name][0]; s = size[dt]; t[name][2][i * s:(i + 1) * s] = enc(dt, x)
+def setbits(name, i, bits):
+    dt = t[name][0]; s = size[dt]; t[name][2][i * s:(i + 1) * s] = bits.to_bytes(s, "little")
+def add(name, dt, shape, values):
+    t[name] = [dt, shape, bytearray(b"".join(enc(dt, v) for v in values))]
+exec(code)
+out, data = {}, bytearray()
+for k in sorted(t):
+    out[k] = {"dtype": t[k][0], "shape": t[k][1], "data_offsets": [len(data), len(data) + len(t[k][2])]}
+    data += t[k][2]
+h = json.dumps(out).encode()
+open(path, "wb").write(struct.pack("<Q", len(h)) + h + data)
+PY
+}
+
+ST=model.safetensors
+EMB=model.embed_tokens.weight
+
+# ---- 1. every checkpoint tensor is used or refused by name ----
+d=$(mkckpt bias); st_edit "$d/$ST" 'add("model.layers.0.self_attn.q_proj.bias", "BF16", [64], [0.0] * 64)'
+compile_fails 1 "model.layers.0.self_attn.q_proj.bias.*not used|hint: .*--allow-unused" "$d"
+grep -q "^hint: .*--allow-unused" "$T/err" && ok || bad "no --allow-unused hint"
+d=$(mkckpt qnorm)
+st_edit "$d/$ST" 'add("model.layers.0.self_attn.q_norm.weight", "BF16", [16], [1.0] * 16); add("model.layers.1.self_attn.q_norm.weight", "BF16", [16], [1.0] * 16); add("model.layers.1.self_attn.k_norm.weight", "BF16", [16], [1.0] * 16)'
+compile_fails 1 "model.layers.0.self_attn.q_norm.weight.*and 2 other unused tensors" "$d"
+# allowed by pattern: compiles, and the engine is the original's byte for byte
+"$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/ref.kiln" 2>/dev/null || bad "tiny-mistral does not compile"
+expect 0 "" -- "$KILN" compile "$d" -o "$T/allowed.kiln" --allow-unused '*.q_norm.weight' --allow-unused '*.k_norm.weight'
+cmp -s "$T/ref.kiln" "$T/allowed.kiln" && ok || bad "--allow-unused changed the engine"
+# one pattern of two is not enough
+expect 1 "model.layers.1.self_attn.k_norm.weight.*not used" -- \
+    "$KILN" compile "$d" -o "$T/x.kiln" --allow-unused '*.q_norm.weight'
+no_file "$T/x.kiln"
+expect 2 "allow-unused" -- "$KILN" compile "$d" -o "$T/x.kiln" --allow-unused ''
+# HF's rotary_emb.inv_freq buffers are allowed by default (transformers skips them too)
+d=$(mkckpt invfreq); st_edit "$d/$ST" 'add("model.layers.0.self_attn.rotary_emb.inv_freq", "F32", [8], [1.0] * 8)'
+expect 0 "" -- "$KILN" compile "$d" -o "$T/inv.kiln"
+cmp -s "$T/ref.kiln" "$T/inv.kiln" && ok || bad "an ignored inv_freq changed the engine"
+# sharded: the same rule across shards
+d="$T/sharded"; cp -r "$SRC/tests/data/tiny-mistral-sharded" "$d"; chmod -R u+w "$d"
+st_edit "$d/model-00003-of-00004.safetensors" 'add("model.layers.1.mlp.gate_proj.bias", "BF16", [128], [0.0] * 128)'
+compile_fails 1 "model.layers.1.mlp.gate_proj.bias.*not used" "$d"
+# with every tensor used, sharded and single-file checkpoints still give the same bytes
+expect 0 "" -- "$KILN" compile "$SRC/tests/data/tiny-mistral-sharded" -o "$T/sharded.kiln"
+cmp -s "$T/ref.kiln" "$T/sharded.kiln" && ok || bad "sharded and single-file engines differ"
+
+# ---- 2. tie_word_embeddings with an lm_head.weight in the checkpoint ----
+# identical copy: consumed, the same engine as tying without it
+d=$(mkckpt tied_same); edit_json "$d/config.json" 'd["tie_word_embeddings"] = True'
+st_edit "$d/$ST" 't["lm_head.weight"] = [t["'$EMB'"][0], t["'$EMB'"][1], bytearray(t["'$EMB'"][2])]'
+expect 0 "" -- "$KILN" compile "$d" -o "$T/tied_same.kiln"
+d2=$(mkckpt tied_none); edit_json "$d2/config.json" 'd["tie_word_embeddings"] = True'
+st_edit "$d2/$ST" 'del t["lm_head.weight"]'
+expect 0 "" -- "$KILN" compile "$d2" -o "$T/tied_none.kiln"
+cmp -s "$T/tied_same.kiln" "$T/tied_none.kiln" && ok || bad "an identical lm_head copy changed the tied engine"
+# differing copy (the shipped tiny-mistral's own lm_head): refused
+d=$(mkckpt tied_diff); edit_json "$d/config.json" 'd["tie_word_embeddings"] = True'
+compile_fails 1 "tie_word_embeddings.*'lm_head.weight' differs from 'model.embed_tokens.weight'.*element" "$d"
+# one element differs
+d=$(mkckpt tied_one); edit_json "$d/config.json" 'd["tie_word_embeddings"] = True'
+st_edit "$d/$ST" 't["lm_head.weight"] = [t["'$EMB'"][0], t["'$EMB'"][1], bytearray(t["'$EMB'"][2])]; setv("lm_head.weight", 64 * 200 + 3, 7.0)'
+compile_fails 1 "differs.*element 12803 = \[200,3\]: 7 vs" "$d"
+# explicitly allowing the shipped lm_head to stay unused ties, as transformers 4 did
+expect 0 "" -- "$KILN" compile "$d" -o "$T/tied_allowed.kiln" --allow-unused lm_head.weight
+cmp -s "$T/tied_allowed.kiln" "$T/tied_none.kiln" && ok || bad "--allow-unused lm_head.weight did not tie"
+# a tied lm_head of the wrong shape is refused by shape
+d=$(mkckpt tied_shape); edit_json "$d/config.json" 'd["tie_word_embeddings"] = True'
+st_edit "$d/$ST" 'add("lm_head.weight", "BF16", [2, 64], [0.0] * 128)'
+compile_fails 1 "lm_head.weight.*shape \[2,64\]" "$d"
+
+# ---- 3. weight values checked while converting ----
+Q=model.layers.1.self_attn.q_proj.weight   # [64,64] bf16 in tiny-mistral
+d=$(mkckpt nan); st_edit "$d/$ST" 'setbits("'$Q'", 64 * 5 + 7, 0x7fc0)'
+compile_fails 1 "weight '$Q' \(bf16\): element 327 \[5,7\] is NaN" "$d"
+expect 1 "element 327 \[5,7\] is NaN" -- "$KILN" compile "$d" -o "$T/out.kiln" --dtype f32 --compress
+no_file "$T/out.kiln"
+d=$(mkckpt inf); st_edit "$d/$ST" 'setbits("'$Q'", 0, 0xff80)'
+compile_fails 1 "element 0 \[0,0\] is -Inf" "$d"
+expect 1 "element 0 \[0,0\] is -Inf" -- "$KILN" compile "$d" -o "$T/out.kiln" --dtype f16
+no_file "$T/out.kiln"
+# a norm weight (always converted to f32)
+d=$(mkckpt norminf); st_edit "$d/$ST" 'setbits("model.norm.weight", 63, 0x7f80)'
+compile_fails 1 "weight 'model.norm.weight' \(bf16\): element 63 \[63\] is \+Inf" "$d"
+# f32 and f16 checkpoints too
+d=$(mkckpt f32nan)
+st_edit "$d/$ST" 'import struct; e = t["'$EMB'"]; vals = [struct.unpack("<f", bytes(e[2][i:i + 2]) + b"\0\0")[0] for i in range(0, len(e[2]), 2)]; add("'$EMB'", "F32", e[1], vals); setv("'$EMB'", 1000, float("nan"))'
+compile_fails 1 "weight '$EMB' \(f32\): element 1000 \[15,40\] is NaN" "$d"
+d=$(mkckpt f16inf)
+st_edit "$d/$ST" 'import struct; e = t["'$EMB'"]; vals = [struct.unpack("<f", bytes(e[2][i:i + 2]) + b"\0\0")[0] for i in range(0, len(e[2]), 2)]; add("'$EMB'", "F16", e[1], vals); setbits("'$EMB'", 70, 0x7c00)'
+compile_fails 1 "weight '$EMB' \(f16\): element 70 \[1,6\] is \+Inf" "$d"
+# f16 overflow: 70000 fits bf16 and f32 but not f16
+d=$(mkckpt big); st_edit "$d/$ST" 'setv("'$Q'", 100, 70000.0)'
+expect 0 "" -- "$KILN" compile "$d" -o "$T/big.kiln"
+expect 0 "" -- "$KILN" compile "$d" -o "$T/big.kiln" --dtype f32
+expect 1 "weight '$Q': element 100 \[1,36\] is 69632, beyond the range of f16 \(max 65504\)" -- \
+    "$KILN" compile "$d" -o "$T/out.kiln" --dtype f16
+no_file "$T/out.kiln"
+grep -q "^hint: .*--dtype" "$T/err" && ok || bad "no --dtype hint for an f16 overflow"
+
+# ---- 4. tokenizer ids cross-checked against the model's vocab_size ----
+if [ -d "$SHARED/tokenizers/llama2" ] && [ -d "$SHARED/models/pycode-22m" ]; then
+    # a 32000-token tokenizer for a 256-row model
+    d=$(mkckpt tok_big); cp "$SHARED/tokenizers/llama2/"*.json "$d/"
+    compile_fails 1 "tokenizer.json: token \".*\" has id 256, outside the model's vocabulary: config.json's vocab_size is 256 \(31744 tokenizer ids are outside it, the highest 31999\)" "$d"
+    grep -q "^hint: .*not this model's" "$T/err" && ok || bad "no hint for a tokenizer of another model"
+    # an added special token past the model's rows, used as eos by tokenizer_config.json
+    d="$T/py_added"; cp -r "$SHARED/models/pycode-22m" "$d"; chmod -R u+w "$d"
+    edit_json "$d/tokenizer.json" 'd["added_tokens"].append(dict(id=32000, content="<|im_end|>", single_word=False, lstrip=False, rstrip=False, normalized=False, special=True))'
+    edit_json "$d/tokenizer_config.json" 'd["eos_token"] = "<|im_end|>"'
+    compile_fails 1 "token \"<\|im_end\|>\" \(an eos token\) has id 32000, outside the model's vocabulary: config.json's vocab_size is 32000 \(1 tokenizer ids" "$d"
+    # the same tokenizer for a model with more rows than tokens (padded vocab) is fine
+    edit_json "$d/tokenizer.json" 'd["added_tokens"].pop()'
+    edit_json "$d/tokenizer_config.json" 'd["eos_token"] = "</s>"'
+    expect 0 "" -- "$KILN" compile "$d" -o "$T/py.kiln"
+    # ... but an eos id in the padding (a row of the model, no token of the tokenizer) is refused
+    python3 - "$d" <<'PY'
+import json, struct, sys
+d = sys.argv[1]
+c = json.load(open(d + "/config.json")); c["vocab_size"] = 32064; json.dump(c, open(d + "/config.json", "w"))
+g = json.load(open(d + "/generation_config.json")); g["eos_token_id"] = [2, 32010]
+json.dump(g, open(d + "/generation_config.json", "w"))
+# pad the embedding (shard 1 holds only it) to 32064 rows
+p = d + "/model-00001-of-00002.safetensors"; raw = open(p, "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]; h = json.loads(raw[8:8 + n]); e = h["model.embed_tokens.weight"]
+row = e["shape"][1] * 2; e["shape"][0] = 32064; e["data_offsets"][1] += 64 * row
+hb = json.dumps(h).encode(); open(p, "wb").write(struct.pack("<Q", len(hb)) + hb + raw[8 + n:] + b"\0" * 64 * row)
+PY
+    compile_fails 1 "generation_config.json: eos_token_id 32010 is not a token of .*tokenizer.json \(its ids: 0..31999\)" "$d"
+    edit_json "$d/generation_config.json" 'd["eos_token_id"] = 2'
+    expect 0 "" -- "$KILN" compile "$d" -o "$T/py.kiln"
+else
+    echo "SKIP: tokenizer checks need $SHARED/tokenizers/llama2 and $SHARED/models/pycode-22m"
+fi
+
+# ---- 5. generation_config.json: eos ids and sampling defaults reach `kiln run` ----
+# mkstories NAME: a copy of stories260k (a trained model: its greedy output is not a loop of one id)
+mkstories() {
+    rm -rf "$T/$1"
+    cp -r "$SRC/models/stories260k" "$T/$1"
+    chmod -R u+w "$T/$1"
+    echo "$T/$1"
+}
+# ids_of FILE: the "ids" of a `kiln run --json` output, comma-separated
+ids_of() { python3 -c 'import json, sys; print(",".join(map(str, json.load(open(sys.argv[1]))["ids"])))' "$1"; }
+field_of() { python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$1" "$2"; }
+RUN="--device cpu --prompt-ids 1 --max-tokens 24 --json"
+ROUND='[round(d["sampling"][k], 6) for k in ("temperature", "top_k", "top_p")]'  # the f32 sampling options
+
+d=$(mkstories s_ref)
+"$KILN" compile "$d" -o "$T/s_ref.kiln" 2>/dev/null || bad "stories260k does not compile"
+"$KILN" run "$T/s_ref.kiln" $RUN --ignore-eos >"$T/greedy.json" 2>/dev/null || bad "stories260k does not run"
+greedy=$(ids_of "$T/greedy.json")
+stop=$(echo "$greedy" | cut -d, -f6)   # the 6th greedy token becomes an eos id
+# eos only in generation_config.json (config.json has none): generation stops there
+d=$(mkstories s_eos)
+edit_json "$d/config.json" 'd.pop("eos_token_id", None)'
+edit_json "$d/generation_config.json" 'd["eos_token_id"] = [500, '"$stop"']'
+expect 0 "" -- "$KILN" compile "$d" -o "$T/s_eos.kiln"
+"$KILN" inspect "$T/s_eos.kiln" --json >"$T/meta.json"
+[ "$(field_of "$T/meta.json" 'd["generation"]["eos_token_ids"]')" = "[500, $stop]" ] && ok || bad "eos ids not in meta"
+[ "$(field_of "$T/meta.json" 'd["generation"]["sources"]["eos_token_ids"]')" = "generation_config.json" ] && ok ||
+    bad "eos source not recorded"
+"$KILN" run "$T/s_eos.kiln" $RUN >"$T/eos.json" 2>/dev/null || bad "run failed"
+want=$(echo "$greedy" | tr , '\n' | awk -v s="$stop" '{print} $0 == s {exit}' | paste -sd,)
+[ "$(ids_of "$T/eos.json")" = "$want" ] && ok || bad "generation did not stop at the eos of generation_config.json: $(ids_of "$T/eos.json") vs $want"
+[ "$(field_of "$T/eos.json" 'd["stop_reason"]')" = "eos" ] && ok || bad "stop_reason is not eos"
+# the file replaces config.json's ids (as generate() does): config.json's eos alone no longer stops
+d=$(mkstories s_cfg_eos)
+edit_json "$d/config.json" 'd["eos_token_id"] = '"$stop"
+edit_json "$d/generation_config.json" 'd["eos_token_id"] = 500'
+"$KILN" compile "$d" -o "$T/s_cfg.kiln" 2>/dev/null && "$KILN" run "$T/s_cfg.kiln" $RUN >"$T/cfg.json" 2>/dev/null
+[ "$(ids_of "$T/cfg.json")" = "$greedy" ] && ok || bad "config.json's eos was used although generation_config.json has one"
+
+# sampling defaults: applied by `kiln run`, and each option overrides its own
+d=$(mkstories s_samp)
+edit_json "$d/generation_config.json" 'd.update(do_sample=True, temperature=0.9, top_k=40, top_p=0.95)'
+expect 0 "" -- "$KILN" compile "$d" -o "$T/s_samp.kiln"
+"$KILN" inspect "$T/s_samp.kiln" --json >"$T/meta.json"
+[ "$(field_of "$T/meta.json" '[d["generation"][k] for k in ("do_sample", "temperature", "top_k", "top_p")]')" = \
+  "[True, 0.9, 40, 0.95]" ] && ok || bad "sampling defaults not in meta"
+[ "$(field_of "$T/meta.json" 'd["format_version"]["minor"]')" -ge 1 ] && ok || bad "engine minor not bumped"
+"$KILN" run "$T/s_samp.kiln" $RUN --seed 7 >"$T/samp.json" 2>/dev/null
+[ "$(field_of "$T/samp.json" "$ROUND")" = "[0.9, 40, 0.95]" ] && ok ||
+    bad "run did not apply the engine's sampling defaults: $(field_of "$T/samp.json" "$ROUND")"
+"$KILN" run "$T/s_ref.kiln" $RUN --seed 7 --temperature 0.9 --top-k 40 --top-p 0.95 >"$T/explicit.json" 2>/dev/null
+[ "$(ids_of "$T/samp.json")" = "$(ids_of "$T/explicit.json")" ] && ok || bad "defaults differ from the same options given"
+[ "$(ids_of "$T/samp.json")" != "$greedy" ] && ok || bad "sampling defaults gave the greedy output"
+"$KILN" run "$T/s_samp.kiln" $RUN --temperature 0 >"$T/over.json" 2>/dev/null
+[ "$(ids_of "$T/over.json")" = "$greedy" ] && ok || bad "--temperature 0 did not override the engine's default"
+"$KILN" run "$T/s_samp.kiln" $RUN --top-k 3 --seed 7 >"$T/over.json" 2>/dev/null
+[ "$(field_of "$T/over.json" "$ROUND")" = "[0.9, 3, 0.95]" ] && ok ||
+    bad "--top-k did not override only top_k"
+# do_sample false: greedy whatever temperature says (as generate())
+d=$(mkstories s_nosamp)
+edit_json "$d/generation_config.json" 'd.update(do_sample=False, temperature=0.6, top_p=0.9)'
+"$KILN" compile "$d" -o "$T/s_nosamp.kiln" 2>/dev/null && "$KILN" run "$T/s_nosamp.kiln" $RUN >"$T/ns.json" 2>/dev/null
+[ "$(ids_of "$T/ns.json")" = "$greedy" ] && ok || bad "do_sample false was not greedy"
+
+# malformed generation_config.json: refused by name, never a hang, no engine left
+d=$(mkstories g_json); echo '{"eos_token_id": 2,' >"$d/generation_config.json"
+compile_fails 1 "generation_config.json: not valid JSON" "$d"
+d=$(mkstories g_vocab); edit_json "$d/generation_config.json" 'd["eos_token_id"] = [2, 512]'
+compile_fails 1 "generation_config.json: field \"eos_token_id\[1\]\" is 512, outside the model's vocabulary \[0, 512\)" "$d"
+d=$(mkstories g_bos); edit_json "$d/generation_config.json" 'd["bos_token_id"] = -3'
+compile_fails 1 "\"bos_token_id\" is -3" "$d"
+d=$(mkstories g_type); edit_json "$d/generation_config.json" 'd["do_sample"] = "yes"'
+compile_fails 1 "\"do_sample\" is \"yes\"; it must be true or false" "$d"
+d=$(mkstories g_temp); edit_json "$d/generation_config.json" 'd.update(do_sample=True, temperature=0)'
+compile_fails 1 "\"temperature\" is 0 with \"do_sample\": true" "$d"
+d=$(mkstories g_topp); edit_json "$d/generation_config.json" 'd["top_p"] = 2'
+compile_fails 1 "\"top_p\" is 2" "$d"
+d=$(mkstories g_dir); rm "$d/generation_config.json"; mkdir "$d/generation_config.json"
+compile_fails 1 "generation_config.json: not a regular file" "$d"
+d=$(mkstories g_fifo); rm "$d/generation_config.json"; mkfifo "$d/generation_config.json"
+expect 1 "generation_config.json: not a regular file" -- timeout 20 "$KILN" compile "$d" -o "$T/out.kiln"
+no_file "$T/out.kiln"
+# config.json's own bos/eos outside the vocabulary were refused before; still are
+d=$(mkstories c_eos); edit_json "$d/config.json" 'd["eos_token_id"] = 512'
+compile_fails 1 "config.json: field \"eos_token_id\" is 512, outside the vocabulary" "$d"
+
+cli_summary
