@@ -10,8 +10,9 @@
 #     mkdir -p .carry/deploy/bin && cp -a build-rel/kiln build-rel/kiln-run build-rel/libkiln.so* \
 #         build-rel/kiln_example_generate .carry/deploy/bin/
 # On the GPU machine, from the repository root:
-#     BIN=.carry/deploy/bin SHARED=shared bash bench/gpu_deploy_run.sh
-# Steps: compile pycode-22m (bf16, tokenizer) and stories260k (f32) for sm_90
+#     BIN=.carry/deploy/bin bash bench/gpu_deploy_run.sh
+# Steps: compile models/kjv-tiny (bf16, tokenizer; TEXT_MODEL= another) and
+# models/stories260k (f32) for sm_90
 # with the toolkit visible (the build-machine step); make a production folder
 # with kiln-run, libkiln.so.0, generate and libcublasLt.so.13; then in a
 # mount namespace (unshare -m, else unshare -rm) mount an empty tmpfs over
@@ -19,20 +20,21 @@
 # line per claim (PASS/FAIL) and the logs sit beside it.
 set -u
 BIN=${BIN:-build-rel}
-SHARED=${SHARED:-../shared}
+TEXT_MODEL=${TEXT_MODEL:-models/kjv-tiny}
+PROMPT=${PROMPT:-And God said}
 OUT=${OUT:-out}
 W=${W:-/tmp/kiln-deploy}
 mkdir -p "$OUT" "$W"
-OUT=$(cd "$OUT" && pwd) BIN=$(cd "$BIN" && pwd) SHARED=$(cd "$SHARED" && pwd)
+OUT=$(cd "$OUT" && pwd) BIN=$(cd "$BIN" && pwd) TEXT_MODEL=$(cd "$TEXT_MODEL" && pwd) STORIES=$(cd models/stories260k && pwd)
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/kiln-cache}
 : >"$OUT/summary.txt"
 note() { echo "$1" | tee -a "$OUT/summary.txt"; }
 check() { if eval "$2"; then note "CHECK PASS: $1"; else note "CHECK FAIL: $1"; fi; }
 
 # 1. the build-machine step: engines, with NVRTC visible
-"$BIN/kiln" compile "$SHARED/models/pycode-22m" -o "$W/py.kiln" --target sm_90 >"$OUT/compile.log" 2>&1
-check "kiln compile pycode-22m --target sm_90 (toolkit visible)" '[ -s "$W/py.kiln" ]'
-"$BIN/kiln" compile "$SHARED/models/stories260k" -o "$W/stories.kiln" --target sm_90 >>"$OUT/compile.log" 2>&1
+"$BIN/kiln" compile "$TEXT_MODEL" -o "$W/text.kiln" --target sm_90 >"$OUT/compile.log" 2>&1
+check "kiln compile $(basename "$TEXT_MODEL") --target sm_90 (toolkit visible)" '[ -s "$W/text.kiln" ]'
+"$BIN/kiln" compile "$STORIES" -o "$W/stories.kiln" --target sm_90 >>"$OUT/compile.log" 2>&1
 check "kiln compile stories260k --target sm_90" '[ -s "$W/stories.kiln" ]'
 
 # 2. the production folder: kiln-run, libkiln, generate, libcublasLt (a copy)
@@ -60,8 +62,8 @@ hide=$( (ldconfig -p | grep -E 'lib(nvrtc|cublas|cublasLt|cudart)\.so' | sed 's/
 note "hiding: $(echo $hide)"
 us="unshare -m"
 $us true 2>/dev/null || us="unshare -rm"
-$us bash -s "$BIN" "$P" "$W" "$OUT" "$SHARED" $hide <<'INSIDE'
-BIN=$1 P=$2 W=$3 OUT=$4 SHARED=$5; shift 5
+$us bash -s "$BIN" "$P" "$W" "$OUT" "$STORIES" "$PROMPT" $hide <<'INSIDE'
+BIN=$1 P=$2 W=$3 OUT=$4 STORIES=$5 PROMPT=$6; shift 6
 for d in "$@"; do mount -t tmpfs none "$d"; done
 note() { echo "$1" | tee -a "$OUT/summary.txt"; }
 check() { if eval "$2"; then note "CHECK PASS: $1"; else note "CHECK FAIL: $1"; fi; }
@@ -73,35 +75,35 @@ rss() { [ -x /usr/bin/time ] || { echo n/a; return; }
 note "peak RSS kiln --version: $(rss "$BIN/kiln" --version) kB; kiln-run --version: $(rss "$P/kiln-run" --version) kB"
 check "kiln-run --version" '"$P/kiln-run" --version >>"$OUT/hidden.log" 2>&1'
 check "kiln --version" '"$BIN/kiln" --version >>"$OUT/hidden.log" 2>&1'
-check "kiln-run run pycode-22m on the GPU (text prompt)" \
-    '"$P/kiln-run" run "$W/py.kiln" --device gpu --prompt "def fibonacci(n):" --max-tokens 40 --temperature 0 --json \
-        >"$OUT/run_py.json" 2>"$OUT/run_py.err" && grep -q "\"device\":\"gpu\"" "$OUT/run_py.json"'
+check "kiln-run run the text model on the GPU (text prompt)" \
+    '"$P/kiln-run" run "$W/text.kiln" --device gpu --prompt "$PROMPT" --max-tokens 40 --temperature 0 --json \
+        >"$OUT/run_text.json" 2>"$OUT/run_text.err" && grep -q "\"device\":\"gpu\"" "$OUT/run_text.json"'
 check "kiln-run run stories260k on the GPU: HF greedy ids" \
     '"$P/kiln-run" run "$W/stories.kiln" --device gpu --prompt-ids 1 --max-tokens 10 --json >"$OUT/run_stories.json" \
         2>&1 && grep -q "\"ids\":\[461,461,401,401,401,461,378,455,473,456\]" "$OUT/run_stories.json"'
-LD_DEBUG=files "$P/kiln-run" run "$W/py.kiln" --device gpu --prompt-ids 1,2,3,4,5,6,7,8,9,10,11,12 --max-tokens 4 \
+LD_DEBUG=files "$P/kiln-run" run "$W/text.kiln" --device gpu --prompt-ids 1,2,3,4,5,6,7,8,9,10,11,12 --max-tokens 4 \
     2>&1 >/dev/null | grep -oE 'file=[^ ]*(libcuda|cublas|nvrtc|cudart)[^ ]*' | sort -u >"$OUT/loaded.txt"
 note "loaded by a GPU run: $(tr '\n' ' ' <"$OUT/loaded.txt")"
 check "a GPU run loads cuBLASLt from beside kiln-run and no NVRTC" \
     'grep -q "file=$P/libcublasLt.so.13" "$OUT/loaded.txt" && ! grep -q nvrtc "$OUT/loaded.txt"'
 check "kiln-run bench on the GPU (batch 8, 128/64; cuBLASLt prefill)" \
-    '"$P/kiln-run" bench "$W/py.kiln" --device gpu --batch 8 --input-len 128 --output-len 64 --reps 1 --json \
+    '"$P/kiln-run" bench "$W/text.kiln" --device gpu --batch 8 --input-len 128 --output-len 64 --reps 1 --json \
         >"$OUT/bench.jsonl" 2>"$OUT/bench.err"'
 check "libkiln.so (generate.c) on the GPU" \
     'LD_LIBRARY_PATH=$P "$P/kiln_example_generate" "$W/stories.kiln" --device gpu --max-tokens 10 1 \
         >"$OUT/generate.out" 2>&1 && grep -qx "\[1\] 461 461 401 401 401 461 378 455 473 456" "$OUT/generate.out"'
-"$W/nolt/kiln-run" run "$W/py.kiln" --device gpu --prompt-ids 1,2 --max-tokens 2 >"$OUT/nolt.log" 2>&1
+"$W/nolt/kiln-run" run "$W/text.kiln" --device gpu --prompt-ids 1,2 --max-tokens 2 >"$OUT/nolt.log" 2>&1
 check "without libcublasLt: --device gpu fails naming libcublasLt.so.13 with a hint" \
     'grep -q "libcublasLt.so.13" "$OUT/nolt.log" && grep -q "hint:" "$OUT/nolt.log"'
 check "without libcublasLt: --device auto fails too (no silent CPU fallback)" \
-    '! "$W/nolt/kiln-run" run "$W/py.kiln" --device auto --prompt-ids 1,2 --max-tokens 2 >>"$OUT/nolt.log" 2>&1'
+    '! "$W/nolt/kiln-run" run "$W/text.kiln" --device auto --prompt-ids 1,2 --max-tokens 2 >>"$OUT/nolt.log" 2>&1'
 check "without libcublasLt: --device cpu works" \
-    '"$W/nolt/kiln-run" run "$W/py.kiln" --device cpu --prompt-ids 1,2 --max-tokens 2 >>"$OUT/nolt.log" 2>&1'
-"$BIN/kiln" compile "$SHARED/models/stories260k" -o "$W/x.kiln" >"$OUT/compile_hidden.log" 2>&1
+    '"$W/nolt/kiln-run" run "$W/text.kiln" --device cpu --prompt-ids 1,2 --max-tokens 2 >>"$OUT/nolt.log" 2>&1'
+"$BIN/kiln" compile "$STORIES" -o "$W/x.kiln" >"$OUT/compile_hidden.log" 2>&1
 check "kiln compile with the toolkit hidden fails naming libnvrtc.so.13 with a hint" \
     'grep -q "libnvrtc.so.13" "$OUT/compile_hidden.log" && grep -q "hint:" "$OUT/compile_hidden.log"'
 check "kiln inspect and kiln run --device cpu with the toolkit hidden" \
-    '"$BIN/kiln" inspect "$W/py.kiln" >/dev/null 2>&1 && "$BIN/kiln" run "$W/stories.kiln" --device cpu --prompt-ids 1 \
+    '"$BIN/kiln" inspect "$W/text.kiln" >/dev/null 2>&1 && "$BIN/kiln" run "$W/stories.kiln" --device cpu --prompt-ids 1 \
         --max-tokens 4 >/dev/null 2>&1'
 INSIDE
 echo "$(grep -c "CHECK FAIL" "$OUT/summary.txt") check(s) failed (summary: $OUT/summary.txt)"
