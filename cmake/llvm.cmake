@@ -70,24 +70,15 @@ message(STATUS "kiln LLVM for `kiln package` (KILN_LLVM=${KILN_LLVM}): ${KILN_HA
 
 # The CLI a packaged executable runs: NAME run|bench|inspect (compiler/standalone.c)
 # over the commands' own sources; nothing of the front end, passes or codegen.
-add_library(kiln_standalone STATIC
-  ${CMAKE_SOURCE_DIR}/compiler/standalone.c ${CMAKE_SOURCE_DIR}/compiler/cli.c
-  ${CMAKE_SOURCE_DIR}/compiler/cmd_run.c ${CMAKE_SOURCE_DIR}/compiler/cmd_bench.c
-  ${CMAKE_SOURCE_DIR}/compiler/cmd_inspect.c ${CMAKE_SOURCE_DIR}/compiler/chat_cli.c)
-target_link_libraries(kiln_standalone PUBLIC kiln_rt)
+add_library(kiln_standalone STATIC ${CMAKE_SOURCE_DIR}/compiler/standalone.c)
+target_link_libraries(kiln_standalone PUBLIC kiln_cli)
 
 # ---- the ONE list: static libraries + flags of a packaged executable ----
-# (At the merge with the runtime split: kiln_standalone + libkiln.a.)
-set(KILN_PACKAGE_LIBS kiln_standalone kiln_rt kiln_ksec kiln_common)
-if(KILN_HAVE_CUDA)
-  list(APPEND KILN_PACKAGE_LIBS kiln_cuda)
-endif()
+# The packaged entry (standalone.c), the commands kiln-run has (kiln_cli) and libkiln.a (cmake/libkiln.cmake: the whole runtime, CPU
+# and GPU executors; NVRTC never, cuBLASLt and the driver through dlopen).
+set(KILN_PACKAGE_LIBS kiln_standalone kiln_cli kiln_static)
 set(KILN_PACKAGE_FLAGS ${JANSSON_LINK_LIBRARIES} ${ZSTD_LINK_LIBRARIES} ${XXHASH_LINK_LIBRARIES}
     ${PCRE2_LINK_LIBRARIES})
-if(KILN_HAVE_CUDA)
-  get_filename_component(kiln_cublaslt_dir ${CUDA_cublasLt_LIBRARY} DIRECTORY)
-  list(APPEND KILN_PACKAGE_FLAGS ${CUDA_cublasLt_LIBRARY} -Wl,-rpath,${kiln_cublaslt_dir})
-endif()
 list(APPEND KILN_PACKAGE_FLAGS -pthread -lm ${CMAKE_DL_LIBS})
 list(TRANSFORM KILN_PACKAGE_FLAGS REPLACE "^dl$" "-ldl")
 if(KILN_SANITIZE) # the archives are instrumented: the executable needs the sanitizer runtimes

@@ -338,16 +338,19 @@ static kiln_status package_llvm(const kiln_package_options *o, kiln_package_resu
     snprintf(out_tmp, olen, "%s.tmp.XXXXXX", o->output_path);
     int fd = -1;
     bool have_dir = false;
+    int obj_slot = -1, out_slot = -1;
     if (!mkdtemp(dir)) {
         st = kiln_err(err, KILN_ERR_IO, "%s: cannot create a temporary folder: %s", dir, strerror(errno));
         goto out;
     }
     have_dir = true;
     snprintf(obj, sizeof obj, "%s/main.o", dir);
+    obj_slot = kiln_guard_temp_add(obj); /* a signal (kiln_guard_install) unlinks these */
     if ((fd = mkstemp(out_tmp)) < 0) {
         st = kiln_err(err, KILN_ERR_IO, "%s: cannot create the output: %s", o->output_path, strerror(errno));
         goto out;
     }
+    out_slot = kiln_guard_temp_add(out_tmp);
     close(fd);
     if ((st = emit_object(obj, payload, e.data, e.size, checksum, err)) != KILN_OK) goto out;
     const char *cc = o->cc ? o->cc : getenv("CC");
@@ -367,8 +370,10 @@ static kiln_status package_llvm(const kiln_package_options *o, kiln_package_resu
     res->engine_checksum = checksum;
 out:
     if (st != KILN_OK && fd >= 0) unlink(out_tmp);
+    kiln_guard_temp_remove(out_slot);
     if (have_dir) {
         unlink(obj);
+        kiln_guard_temp_remove(obj_slot);
         rmdir(dir);
     }
     free(out_tmp);
@@ -472,6 +477,7 @@ static kiln_status attach_template(const kiln_package_options *o, kiln_package_r
         st = kiln_err(err, KILN_ERR_IO, "%s: cannot create the output: %s", o->output_path, strerror(errno));
         goto out;
     }
+    int out_slot = kiln_guard_temp_add(out_tmp); /* a signal (kiln_guard_install) unlinks it */
     st = write_all(fd, t.data, t.size, out_tmp, err);
     close(fd);
     if (st == KILN_OK)
@@ -480,6 +486,7 @@ static kiln_status attach_template(const kiln_package_options *o, kiln_package_r
         st = kiln_err(err, KILN_ERR_IO, "%s: cannot rename the executable into place: %s", o->output_path,
                       strerror(errno));
     if (st != KILN_OK) unlink(out_tmp);
+    kiln_guard_temp_remove(out_slot);
     res->payload = KILN_PAYLOAD_APPENDED;
     res->engine_bytes = e.size;
     res->engine_checksum = checksum;

@@ -45,6 +45,16 @@ struct kiln_model;
  * both values. *kernels is filled when the kernels section was read. */
 kiln_status kiln_inspect_verify(const struct kiln_model *m, kiln_inspect_kernels *kernels, kiln_error *err);
 
+/* `tokenize` as kiln and kiln-run share it (cmd_tokenize.c): engines are read
+ * here; any other TOKENIZER (a tokenizer.json, a checkpoint directory) goes to
+ * `load_json`, the front end's loader, which only the full kiln links
+ * (kiln_cmd_tokenize passes kiln_tokenizer_load_json); kiln-run passes NULL
+ * and refuses such paths with a hint. This keeps the front end out of the
+ * CLI library that kiln-run links. */
+struct kiln_tokenizer;
+typedef kiln_status (*kiln_cli_tokjson_loader)(const char *path, struct kiln_tokenizer **out, kiln_error *err);
+int kiln_cli_tokenize(int argc, char **argv, kiln_cli_tokjson_loader load_json);
+
 int kiln_cmd_compile(int argc, char **argv);
 int kiln_cmd_inspect(int argc, char **argv);
 int kiln_cmd_run(int argc, char **argv);

@@ -59,7 +59,10 @@ static int check_options(kiln_compile_options *opt, bool json, bool block_given,
         /* the default targets need NVRTC; a build without CUDA makes CPU-only engines */
         int ver = 0;
         kiln_error e2 = {0};
-        bool have_nvrtc = kiln_nvrtc_version(&ver, &e2) == KILN_OK;
+        kiln_status nst = kiln_nvrtc_version(&ver, &e2);
+        /* built with CUDA but libnvrtc not loadable: say so rather than quietly drop the GPU kernels */
+        if (nst != KILN_OK && nst != KILN_ERR_UNSUPPORTED) return kiln_cli_fail("compile", &e2, json);
+        bool have_nvrtc = nst == KILN_OK;
         opt->targets = have_nvrtc ? "default" : "none";
         if (!have_nvrtc && !json)
             fprintf(stderr, "kiln compile: note: this kiln has no NVRTC (built without CUDA); the engine gets no GPU "
@@ -119,6 +122,7 @@ static int compile_standalone(const char *dir, kiln_compile_options *opt, bool j
         return kiln_cli_fail("compile", &err, json);
     }
     close(fd);
+    int slot = kiln_guard_temp_add(engine); /* a signal unlinks it too (common/guard.c) */
     opt->output_path = engine;
     kiln_status st = kiln_compile(dir, opt, &err);
     kiln_progress_clear(opt->progress);
@@ -128,6 +132,7 @@ static int compile_standalone(const char *dir, kiln_compile_options *opt, bool j
         rc = kiln_cli_package_run(&po, json, "compile");
     }
     unlink(engine);
+    kiln_guard_temp_remove(slot);
     free(engine);
     return rc;
 }

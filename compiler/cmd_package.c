@@ -85,6 +85,9 @@ int kiln_cmd_package(int argc, char **argv) {
         return kiln_cli_usage_error("package", "--from-template attaches an appended engine, not an embedded one");
     if (!o.output_path) return kiln_cli_usage_error("package", "missing -o NAME");
     o.engine_path = o.template_only ? NULL : argv[optind];
+    /* a signal must not leave the half-written executable behind (common/guard.c) */
+    kiln_error err = {0};
+    if (kiln_guard_install(&err) != KILN_OK) return kiln_cli_fail("package", &err, json);
     return kiln_cli_package_run(&o, json, "package");
 }
 

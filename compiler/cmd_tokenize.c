@@ -266,7 +266,8 @@ static int parse_args(int argc, char **argv, tok_args *a) {
     return -1;
 }
 
-int kiln_cmd_tokenize(int argc, char **argv) {
+/* load_json: the front end's tokenizer.json loader (kiln), or NULL (kiln-run: engines only). */
+int kiln_cli_tokenize(int argc, char **argv, kiln_cli_tokjson_loader load_json) {
     tok_args a;
     int rc = parse_args(argc, argv, &a);
     if (rc >= 0) return rc;
@@ -276,8 +277,14 @@ int kiln_cmd_tokenize(int argc, char **argv) {
         return kiln_cli_fail("tokenize", &err, false);
     }
     kiln_tokenizer *tok = NULL;
-    kiln_status st = !kiln_path_is_dir(a.path) && is_engine(a.path) ? load_engine_tokenizer(a.path, &tok, &err)
-                                                                     : kiln_tokenizer_load_json(a.path, &tok, &err);
+    bool engine = !kiln_path_is_dir(a.path) && is_engine(a.path);
+    if (!engine && !load_json) {
+        kiln_err(&err, KILN_ERR_UNSUPPORTED, "%s is not an engine file, and kiln-run reads engines' tokenizers only",
+                 a.path);
+        kiln_err_hint(&err, "for a tokenizer.json or a checkpoint, use `kiln tokenize %s` on the build machine", a.path);
+        return kiln_cli_fail("tokenize", &err, false);
+    }
+    kiln_status st = engine ? load_engine_tokenizer(a.path, &tok, &err) : load_json(a.path, &tok, &err);
     if (st != KILN_OK) return kiln_cli_fail("tokenize", &err, false);
     unsigned flags = (a.bos != 0 ? KILN_TOK_ADD_SPECIAL : 0) | (a.no_special ? KILN_TOK_NO_SPECIAL : 0);
     rc = a.decode ? do_decode(tok, a.skip_special, a.json) : do_encode(tok, flags, a.json);

@@ -13,7 +13,9 @@
  * always read why.
  *
  * Device choice: "cpu" is the fp32 reference executor; "gpu" is the CUDA
- * executor (runtime/cuda/, compiled in when KILN_HAVE_CUDA is defined);
+ * executor (runtime/cuda/, compiled in when KILN_HAVE_CUDA is defined). This
+ * file is the only one that knows both, so it is a library of its own
+ * (kiln_api) above kiln_rt and kiln_cuda, and no link points back down;
  * "auto" tries the GPU and falls back to the CPU only when the GPU is
  * unavailable (KILN_ERR_DEVICE), never to hide another failure.
  */

@@ -178,7 +178,9 @@ void kiln_ctx_options_init(kiln_ctx_options *o);
 
 /* Create a context on the engine `k` with options `o` (NULL = defaults).
  * Bad options give KILN_ERR_INVALID_ARG, an unavailable device
- * KILN_ERR_DEVICE. See the error rules above. */
+ * KILN_ERR_DEVICE; a GPU whose libcublasLt cannot be loaded gives
+ * KILN_ERR_MISSING naming it (with "auto" too: no silent CPU fallback).
+ * See the error rules above. */
 kiln_status kiln_ctx_new(const kiln_t *k, const kiln_ctx_options *o, kiln_ctx_t **out);
 /* Free a context: running and queued requests are dropped without further
  * callbacks. NULL is a no-op. Not from a callback. */

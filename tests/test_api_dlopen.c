@@ -1,6 +1,6 @@
 /*
  * test_api_dlopen.c — the public API as an FFI caller sees it: load
- * libkiln_rt.so with dlopen, look every entry point up by name with dlsym,
+ * libkiln.so with dlopen, look every entry point up by name with dlsym,
  * and generate HF's greedy ids for a stories260k prompt through the
  * function pointers alone (no kiln symbol is called directly). Checks also
  * that a failed open reports its message through the loaded library.
@@ -35,7 +35,7 @@ typedef struct api {
 
 static bool load(api *a) {
     char path[1024];
-    snprintf(path, sizeof path, "%s/libkiln_rt.so", KILN_BINARY_DIR);
+    snprintf(path, sizeof path, "%s/libkiln.so", KILN_BINARY_DIR);
     a->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!a->lib) {
         fprintf(stderr, "  dlopen %s: %s\n", path, dlerror());

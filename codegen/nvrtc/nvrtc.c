@@ -10,11 +10,21 @@
  * - Cache entries are whole files written to a temporary name and renamed,
  *   so a concurrent reader sees either nothing or a complete entry; each
  *   entry carries its own length and checksum, and a bad one is a miss.
+ * - NVRTC is loaded with dlopen on first use (nvrtc_load), not linked: kiln
+ *   starts, runs and inspects engines on hosts without the toolkit, and only
+ *   compiling a kernel needs libnvrtc. Its entry points live in one table
+ *   filled once (pthread_once) and read-only afterwards: the library is
+ *   loaded once per process, like the driver's own state, so this is the one
+ *   piece of process-wide state here. The soname comes from the toolkit kiln
+ *   was built with (libnvrtc.so.13); the build's toolkit folder is tried
+ *   after the library path, so a build tree works without ldconfig.
  */
 #include "codegen/kiln_nvrtc.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <nvrtc.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,10 +43,67 @@
 #define KILN_NVRTC_CACHE_VERSION 1u
 #define KILN_NVRTC_CACHE_HDR 36 /* magic u32, version u32, cubin len u64, ptx len u64, xxh64 u64, pad u32 */
 
+#ifndef KILN_NVRTC_SONAME
+#define KILN_NVRTC_SONAME "libnvrtc.so"
+#endif
+
+/* ---- NVRTC, loaded on first use ---- */
+
+#define KILN_NVRTC_FUNCS(X)                                                                                     \
+    X(nvrtcGetErrorString) X(nvrtcVersion) X(nvrtcCreateProgram) X(nvrtcCompileProgram) X(nvrtcDestroyProgram) \
+    X(nvrtcGetProgramLogSize) X(nvrtcGetProgramLog) X(nvrtcGetCUBINSize) X(nvrtcGetCUBIN) X(nvrtcGetPTXSize)    \
+    X(nvrtcGetPTX) X(nvrtcGetNumSupportedArchs) X(nvrtcGetSupportedArchs)
+#define KILN_NVRTC_MEMBER_(fn) __typeof__(fn) *fn;
+
+typedef struct kiln_nvrtc_api {
+    void *lib;        /* dlopen handle; NULL when loading failed */
+    char why[600];    /* dlerror of the failed load, "" after success */
+    KILN_NVRTC_FUNCS(KILN_NVRTC_MEMBER_)
+} kiln_nvrtc_api;
+
+static kiln_nvrtc_api g_nvrtc; /* filled once by nvrtc_load_once, then read-only */
+static pthread_once_t g_nvrtc_once = PTHREAD_ONCE_INIT;
+
+static void nvrtc_load_once(void) {
+    kiln_nvrtc_api *a = &g_nvrtc;
+    a->lib = dlopen(KILN_NVRTC_SONAME, RTLD_NOW | RTLD_LOCAL);
+    if (!a->lib) {
+        const char *e = dlerror();
+        snprintf(a->why, sizeof a->why, "%s", e ? e : "?");
+#ifdef KILN_NVRTC_BUILD_DIR
+        a->lib = dlopen(KILN_NVRTC_BUILD_DIR "/" KILN_NVRTC_SONAME, RTLD_NOW | RTLD_LOCAL);
+#endif
+        if (!a->lib) return;
+    }
+#define KILN_NVRTC_LOAD_(fn)                                                            \
+    if (!(*(void **)&a->fn = dlsym(a->lib, #fn))) {                                     \
+        snprintf(a->why, sizeof a->why, "%s has no symbol %s", KILN_NVRTC_SONAME, #fn); \
+        dlclose(a->lib);                                                                \
+        a->lib = NULL;                                                                  \
+        return;                                                                         \
+    }
+    KILN_NVRTC_FUNCS(KILN_NVRTC_LOAD_)
+#undef KILN_NVRTC_LOAD_
+    a->why[0] = 0;
+}
+
+/* The NVRTC table, loading the library on the first call; NULL (and
+ * KILN_ERR_MISSING naming the library, with a hint) when it cannot be loaded. */
+static const kiln_nvrtc_api *nvrtc_api(kiln_error *err) {
+    pthread_once(&g_nvrtc_once, nvrtc_load_once);
+    if (g_nvrtc.lib) return &g_nvrtc;
+    kiln_err(err, KILN_ERR_MISSING, "nvrtc: cannot load %s, which compiling kernels needs: %s", KILN_NVRTC_SONAME,
+             g_nvrtc.why);
+    kiln_err_hint(err, "install the CUDA toolkit's NVRTC (%s) or put its folder on LD_LIBRARY_PATH, or compile "
+                       "with --target none for an engine without GPU kernels; running an engine (kiln run, "
+                       "kiln-run) does not need NVRTC", KILN_NVRTC_SONAME);
+    return NULL;
+}
+
 kiln_status kiln_nvrtc_check_(int result, const char *call, const char *file, int line, kiln_error *err) {
     if (result == NVRTC_SUCCESS) return KILN_OK;
-    return kiln_err(err, KILN_ERR_DEVICE, "%s:%d: %s failed: %s (nvrtcResult %d)", file, line, call,
-                    nvrtcGetErrorString((nvrtcResult)result), result);
+    const char *what = g_nvrtc.lib ? g_nvrtc.nvrtcGetErrorString((nvrtcResult)result) : "?";
+    return kiln_err(err, KILN_ERR_DEVICE, "%s:%d: %s failed: %s (nvrtcResult %d)", file, line, call, what, result);
 }
 
 const char *kiln_nvrtc_include_dir(void) {
@@ -46,7 +113,9 @@ const char *kiln_nvrtc_include_dir(void) {
 
 kiln_status kiln_nvrtc_version(int *out, kiln_error *err) {
     int major = 0, minor = 0;
-    kiln_status st = KILN_NVRTC_CALL(err, nvrtcVersion(&major, &minor));
+    const kiln_nvrtc_api *nv = nvrtc_api(err);
+    if (!nv) return KILN_ERR_MISSING;
+    kiln_status st = KILN_NVRTC_CALL(err, nv->nvrtcVersion(&major, &minor));
     if (st) return st;
     *out = major * 1000 + minor * 10;
     return KILN_OK;
@@ -55,11 +124,13 @@ kiln_status kiln_nvrtc_version(int *out, kiln_error *err) {
 kiln_status kiln_nvrtc_archs(int *archs, int cap, int *n, kiln_error *err) {
     *n = 0;
     int count = 0;
-    kiln_status st = KILN_NVRTC_CALL(err, nvrtcGetNumSupportedArchs(&count));
+    const kiln_nvrtc_api *nv = nvrtc_api(err);
+    if (!nv) return KILN_ERR_MISSING;
+    kiln_status st = KILN_NVRTC_CALL(err, nv->nvrtcGetNumSupportedArchs(&count));
     if (st) return st;
     int *all = calloc(count > 0 ? (size_t)count : 1, sizeof *all);
     if (!all) return kiln_err(err, KILN_ERR_NOMEM, "nvrtc: out of memory");
-    if ((st = KILN_NVRTC_CALL(err, nvrtcGetSupportedArchs(all))) == KILN_OK)
+    if ((st = KILN_NVRTC_CALL(err, nv->nvrtcGetSupportedArchs(all))) == KILN_OK)
         for (int i = 0; i < count && *n < cap; i++) archs[(*n)++] = all[i];
     free(all);
     return st;
@@ -201,6 +272,8 @@ static kiln_status compile_once(const char *src, const char *name, const char *c
                                 const char *arch, bool cubin, bool line_info, kiln_buf *code, kiln_buf *log_out,
                                 kiln_error *err) {
     kiln_status st = KILN_OK;
+    const kiln_nvrtc_api *nv = nvrtc_api(err);
+    if (!nv) return KILN_ERR_MISSING;
     nvrtcProgram prog = NULL;
     size_t nh = kiln_kernel_src_count();
     const char **htext = calloc(nh ? nh : 1, sizeof *htext);
@@ -239,29 +312,29 @@ static kiln_status compile_once(const char *src, const char *name, const char *c
             goto out;
         }
 
-    if ((st = KILN_NVRTC_CALL(err, nvrtcCreateProgram(&prog, src, name, (int)nh, htext, hname))) != KILN_OK) {
+    if ((st = KILN_NVRTC_CALL(err, nv->nvrtcCreateProgram(&prog, src, name, (int)nh, htext, hname))) != KILN_OK) {
         prog = NULL;
         kiln_err_prefix(err, "kernel '%s': ", name);
         goto out;
     }
-    nvrtcResult cr = nvrtcCompileProgram(prog, n_opts, opts);
+    nvrtcResult cr = nv->nvrtcCompileProgram(prog, n_opts, opts);
     size_t log_size = 0;
-    if (nvrtcGetProgramLogSize(prog, &log_size) == NVRTC_SUCCESS && log_size > 1) {
+    if (nv->nvrtcGetProgramLogSize(prog, &log_size) == NVRTC_SUCCESS && log_size > 1) {
         log = malloc(log_size);
-        if (log && nvrtcGetProgramLog(prog, log) != NVRTC_SUCCESS) log[0] = 0;
+        if (log && nv->nvrtcGetProgramLog(prog, log) != NVRTC_SUCCESS) log[0] = 0;
     }
     if (log_out && log) kiln_buf_append(log_out, log, strlen(log));
     if (cr != NVRTC_SUCCESS) {
         /* Keep the log's start: the first error is the one that explains the rest. */
         st = kiln_err(err, KILN_ERR_DEVICE, "nvrtc: compiling kernel '%s' for %s failed: %s\n%.*s", name, arch,
-                      nvrtcGetErrorString(cr), KILN_NVRTC_LOG_IN_MSG, log ? log : "(no log)");
+                      nv->nvrtcGetErrorString(cr), KILN_NVRTC_LOG_IN_MSG, log ? log : "(no log)");
         goto out;
     }
     size_t n = 0;
     if (cubin) {
-        if ((st = KILN_NVRTC_CALL(err, nvrtcGetCUBINSize(prog, &n))) != KILN_OK) goto out;
+        if ((st = KILN_NVRTC_CALL(err, nv->nvrtcGetCUBINSize(prog, &n))) != KILN_OK) goto out;
     } else {
-        if ((st = KILN_NVRTC_CALL(err, nvrtcGetPTXSize(prog, &n))) != KILN_OK) goto out;
+        if ((st = KILN_NVRTC_CALL(err, nv->nvrtcGetPTXSize(prog, &n))) != KILN_OK) goto out;
     }
     code->len = 0;
     if (!kiln_buf_reserve(code, n + 1)) {
@@ -269,15 +342,15 @@ static kiln_status compile_once(const char *src, const char *name, const char *c
         goto out;
     }
     if (cubin) {
-        if ((st = KILN_NVRTC_CALL(err, nvrtcGetCUBIN(prog, (char *)code->data))) != KILN_OK) goto out;
+        if ((st = KILN_NVRTC_CALL(err, nv->nvrtcGetCUBIN(prog, (char *)code->data))) != KILN_OK) goto out;
         code->len = n;
     } else {
-        if ((st = KILN_NVRTC_CALL(err, nvrtcGetPTX(prog, (char *)code->data))) != KILN_OK) goto out;
+        if ((st = KILN_NVRTC_CALL(err, nv->nvrtcGetPTX(prog, (char *)code->data))) != KILN_OK) goto out;
         code->data[n] = 0;
         code->len = strlen((char *)code->data); /* n counts the NUL */
     }
 out:
-    if (prog) nvrtcDestroyProgram(&prog);
+    if (prog) nv->nvrtcDestroyProgram(&prog);
     for (int i = 0; i < n_owned; i++) free(owned[i]);
     free(owned);
     free(opts);

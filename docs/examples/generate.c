@@ -13,13 +13,14 @@
  *   [1] 461 461 401 ...        (or its text, with a tokenizer)
  *
  * on stdout and a summary line on stderr. Build: see
- * CMakeLists.txt (target kiln_example_generate, linked with kiln_rt only).
+ * docs/c-api.md (installed kiln: pkg-config or find_package), or the target
+ * kiln_example_generate in CMakeLists.txt (linked with libkiln.so only).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/kiln.h"
+#include <kiln.h> /* runtime/kiln.h; installed as include/kiln.h */
 
 typedef struct request {
     int64_t id;

@@ -24,8 +24,30 @@
 #include "runtime/kiln_cuda.h"
 
 #include <cublasLt.h>
+#include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
+
+#ifndef KILN_CUBLASLT_SONAME
+#define KILN_CUBLASLT_SONAME "libcublasLt.so"
+#endif
+
+/* The cuBLASLt entry points kiln uses, resolved with dlsym when a handle is
+ * made (kiln_cublaslt_create): nothing links libcublasLt, so a binary starts
+ * without it and CPU runs and --version never map its few hundred MB; only a
+ * GPU context loads it. Search: the library path and the RUNPATH of the
+ * caller (kiln-run and libkiln.so carry $ORIGIN, so a copy beside them is
+ * found), then the build's toolkit folder. */
+#define KILN_LT_FUNCS(X)                                                                                           \
+    X(cublasLtCreate) X(cublasLtDestroy) X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescDestroy)                  \
+    X(cublasLtMatmulDescSetAttribute) X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy)                 \
+    X(cublasLtMatmulPreferenceCreate) X(cublasLtMatmulPreferenceDestroy) X(cublasLtMatmulPreferenceSetAttribute)   \
+    X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmul) X(cublasLtMatmulAlgoConfigGetAttribute)
+#define KILN_LT_MEMBER_(fn) __typeof__(fn) *fn;
+typedef struct kiln_lt_api {
+    void *lib; /* dlopen handle of libcublasLt */
+    KILN_LT_FUNCS(KILN_LT_MEMBER_)
+} kiln_lt_api;
 
 /* Plans (descriptors + the chosen algorithm) of recent shapes are kept, so
  * a repeated GEMM (every layer of a model has the same few shapes) skips
@@ -46,6 +68,7 @@ typedef struct kiln_lt_plan {
 } kiln_lt_plan;
 
 struct kiln_cublaslt {
+    kiln_lt_api api;
     kiln_cuda *cu;
     cublasLtHandle_t handle;
     CUdeviceptr workspace;
@@ -56,18 +79,65 @@ struct kiln_cublaslt {
     CUevent ev[2];    /* tuning's timing events, made on first use */
 };
 
-static void plan_free(kiln_lt_plan *p) {
-    if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
-    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
-    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
-    if (p->op) cublasLtMatmulDescDestroy(p->op);
+static void plan_free(const kiln_cublaslt *lt, kiln_lt_plan *p) {
+    if (p->lc) lt->api.cublasLtMatrixLayoutDestroy(p->lc);
+    if (p->lb) lt->api.cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->la) lt->api.cublasLtMatrixLayoutDestroy(p->la);
+    if (p->op) lt->api.cublasLtMatmulDescDestroy(p->op);
     memset(p, 0, sizeof *p);
+}
+
+/* cublasStatus_t's names (cublasLtGetStatusName needs the library loaded). */
+static const char *lt_status_name(int s) {
+    switch (s) {
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
+    default: return "unknown cublasStatus_t";
+    }
 }
 
 kiln_status kiln_cublaslt_check_(int result, const char *call, const char *file, int line, kiln_error *err) {
     if (result == CUBLAS_STATUS_SUCCESS) return KILN_OK;
     return kiln_err(err, KILN_ERR_DEVICE, "%s:%d: %s failed: %s (cublasStatus_t %d)", file, line, call,
-                    cublasLtGetStatusName((cublasStatus_t)result), result);
+                    lt_status_name(result), result);
+}
+
+/* dlopen cuBLASLt and resolve KILN_LT_FUNCS into *api. */
+static kiln_status lt_load(kiln_lt_api *api, kiln_error *err) {
+    memset(api, 0, sizeof *api);
+    api->lib = dlopen(KILN_CUBLASLT_SONAME, RTLD_NOW | RTLD_LOCAL);
+    if (!api->lib) {
+        char why[512];
+        const char *e = dlerror();
+        snprintf(why, sizeof why, "%s", e ? e : "?");
+#ifdef KILN_CUBLASLT_BUILD_DIR
+        api->lib = dlopen(KILN_CUBLASLT_BUILD_DIR "/" KILN_CUBLASLT_SONAME, RTLD_NOW | RTLD_LOCAL);
+#endif
+        if (!api->lib) {
+            /* KILN_ERR_MISSING, not _DEVICE: device "auto" must not hide a missing library behind the CPU */
+            kiln_err(err, KILN_ERR_MISSING, "cuBLASLt: cannot load %s, which the GPU executor needs: %s",
+                     KILN_CUBLASLT_SONAME, why);
+            return kiln_err_hint(err, "copy %s (redistributable, from the CUDA toolkit) beside the program or "
+                                      "libkiln.so, or put its folder on LD_LIBRARY_PATH; --device cpu needs none",
+                                 KILN_CUBLASLT_SONAME);
+        }
+    }
+#define KILN_LT_LOAD_(fn)                                                                                         \
+    if (!(*(void **)&api->fn = dlsym(api->lib, #fn))) {                                                          \
+        dlclose(api->lib);                                                                                       \
+        api->lib = NULL;                                                                                         \
+        return kiln_err(err, KILN_ERR_MISSING, "cuBLASLt: %s has no symbol %s", KILN_CUBLASLT_SONAME, #fn);      \
+    }
+    KILN_LT_FUNCS(KILN_LT_LOAD_)
+#undef KILN_LT_LOAD_
+    return KILN_OK;
 }
 
 kiln_status kiln_cublaslt_create(kiln_cuda *cu, size_t workspace_bytes, kiln_cublaslt **out, kiln_error *err) {
@@ -76,7 +146,8 @@ kiln_status kiln_cublaslt_create(kiln_cuda *cu, size_t workspace_bytes, kiln_cub
     kiln_cublaslt *lt = calloc(1, sizeof *lt);
     if (!lt) return kiln_err(err, KILN_ERR_NOMEM, "cuBLASLt: out of host memory");
     lt->cu = cu;
-    if ((st = KILN_CUBLASLT_CALL(err, cublasLtCreate(&lt->handle)))) goto fail;
+    if ((st = lt_load(&lt->api, err))) goto fail;
+    if ((st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtCreate(&lt->handle)))) goto fail;
     if (workspace_bytes && (st = kiln_cuda_alloc(cu, workspace_bytes, &lt->workspace, err))) goto fail;
     lt->workspace_bytes = workspace_bytes;
     *out = lt;
@@ -88,11 +159,12 @@ fail:
 
 void kiln_cublaslt_destroy(kiln_cublaslt *lt) {
     if (!lt) return;
-    for (int i = 0; i < KILN_LT_PLANS; i++) plan_free(&lt->plans[i]);
+    for (int i = 0; i < KILN_LT_PLANS; i++) plan_free(lt, &lt->plans[i]);
     for (int i = 0; i < 2; i++)
         if (lt->ev[i]) lt->cu->api.cuEventDestroy(lt->ev[i]);
     if (lt->workspace) kiln_cuda_release(lt->cu, lt->workspace);
-    if (lt->handle) cublasLtDestroy(lt->handle);
+    if (lt->handle) lt->api.cublasLtDestroy(lt->handle);
+    if (lt->api.lib) dlclose(lt->api.lib);
     free(lt);
 }
 
@@ -100,8 +172,8 @@ void kiln_cublaslt_destroy(kiln_cublaslt *lt) {
 static kiln_status pref_make(const kiln_cublaslt *lt, cublasLtMatmulPreference_t *pref, kiln_error *err) {
     kiln_status st;
     *pref = NULL;
-    if ((st = KILN_CUBLASLT_CALL(err, cublasLtMatmulPreferenceCreate(pref)))) return st;
-    return KILN_CUBLASLT_CALL(err, cublasLtMatmulPreferenceSetAttribute(*pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+    if ((st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatmulPreferenceCreate(pref)))) return st;
+    return KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatmulPreferenceSetAttribute(*pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                                         &lt->workspace_bytes,
                                                                         sizeof lt->workspace_bytes));
 }
@@ -129,23 +201,23 @@ static kiln_status plan_get(kiln_cublaslt *lt, bool in_f32, bool out_f32, int M,
         lt->next_victim = (lt->next_victim + 1) % KILN_LT_PLANS;
         if (!c->tuned) pl = c;
     }
-    plan_free(pl);
+    plan_free(lt, pl);
     kiln_status st;
     cublasLtMatmulPreference_t pref = NULL;
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     /* fp32 compute: strict fp32 for f32 data (no TF32), fp32 accumulation for bf16 */
     cudaDataType_t tin = in_f32 ? CUDA_R_32F : CUDA_R_16BF, tout = out_f32 ? CUDA_R_32F : CUDA_R_16BF;
-    if ((st = KILN_CUBLASLT_CALL(err, cublasLtMatmulDescCreate(&pl->op, CUBLAS_COMPUTE_32F, CUDA_R_32F))) ||
-        (st = KILN_CUBLASLT_CALL(err, cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta))) ||
-        (st = KILN_CUBLASLT_CALL(err, cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb))) ||
-        (st = KILN_CUBLASLT_CALL(err, cublasLtMatrixLayoutCreate(&pl->la, tin, (uint64_t)K, (uint64_t)N, K))) ||
-        (st = KILN_CUBLASLT_CALL(err, cublasLtMatrixLayoutCreate(&pl->lb, tin, (uint64_t)K, (uint64_t)M, K))) ||
-        (st = KILN_CUBLASLT_CALL(err, cublasLtMatrixLayoutCreate(&pl->lc, tout, (uint64_t)N, (uint64_t)M, N))) ||
+    if ((st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatmulDescCreate(&pl->op, CUBLAS_COMPUTE_32F, CUDA_R_32F))) ||
+        (st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta))) ||
+        (st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb))) ||
+        (st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatrixLayoutCreate(&pl->la, tin, (uint64_t)K, (uint64_t)N, K))) ||
+        (st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatrixLayoutCreate(&pl->lb, tin, (uint64_t)K, (uint64_t)M, K))) ||
+        (st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatrixLayoutCreate(&pl->lc, tout, (uint64_t)N, (uint64_t)M, N))) ||
         (st = pref_make(lt, &pref, err)))
         goto out;
     cublasLtMatmulHeuristicResult_t heur;
     int found = 0;
-    if ((st = KILN_CUBLASLT_CALL(err, cublasLtMatmulAlgoGetHeuristic(lt->handle, pl->op, pl->la, pl->lb, pl->lc, pl->lc,
+    if ((st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatmulAlgoGetHeuristic(lt->handle, pl->op, pl->la, pl->lb, pl->lc, pl->lc,
                                                                      pref, 1, &heur, &found))))
         goto out;
     if (found < 1) {
@@ -158,8 +230,8 @@ static kiln_status plan_get(kiln_cublaslt *lt, bool in_f32, bool out_f32, int M,
     pl->valid = 1;
     *out = pl;
 out:
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (st) plan_free(pl);
+    if (pref) lt->api.cublasLtMatmulPreferenceDestroy(pref);
+    if (st) plan_free(lt, pl);
     return st;
 }
 
@@ -167,7 +239,7 @@ out:
 static kiln_status plan_run(kiln_cublaslt *lt, const kiln_lt_plan *pl, const cublasLtMatmulAlgo_t *algo, CUdeviceptr x,
                             CUdeviceptr w, CUdeviceptr y, CUstream stream, kiln_error *err) {
     float alpha = 1.0f, beta = pl->accumulate ? 1.0f : 0.0f;
-    return KILN_CUBLASLT_CALL(err, cublasLtMatmul(lt->handle, pl->op, &alpha, (const void *)(uintptr_t)w, pl->la,
+    return KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatmul(lt->handle, pl->op, &alpha, (const void *)(uintptr_t)w, pl->la,
                                                   (const void *)(uintptr_t)x, pl->lb, &beta,
                                                   (const void *)(uintptr_t)y, pl->lc, (void *)(uintptr_t)y, pl->lc,
                                                   algo, (void *)(uintptr_t)lt->workspace, lt->workspace_bytes,
@@ -191,26 +263,28 @@ kiln_status kiln_cublaslt_gemm_bf16(kiln_cublaslt *lt, int M, int N, int K, CUde
 /* ---- tuning ---- */
 
 /* One algorithm configuration attribute (4 or 2 bytes wide), -1 when unreadable. */
-static long algo_cfg(const cublasLtMatmulAlgo_t *a, cublasLtMatmulAlgoConfigAttributes_t at, size_t size) {
+static long algo_cfg(const kiln_cublaslt *lt, const cublasLtMatmulAlgo_t *a, cublasLtMatmulAlgoConfigAttributes_t at,
+                     size_t size) {
     kiln_error ig = {0};
     size_t got = 0;
     if (size == 2) {
         uint16_t v = 0;
-        return KILN_CUBLASLT_CALL(&ig, cublasLtMatmulAlgoConfigGetAttribute(a, at, &v, sizeof v, &got)) ? -1 : (long)v;
+        return KILN_CUBLASLT_CALL(&ig, lt->api.cublasLtMatmulAlgoConfigGetAttribute(a, at, &v, sizeof v, &got)) ? -1 : (long)v;
     }
     int32_t v = 0;
-    return KILN_CUBLASLT_CALL(&ig, cublasLtMatmulAlgoConfigGetAttribute(a, at, &v, sizeof v, &got)) ? -1 : (long)v;
+    return KILN_CUBLASLT_CALL(&ig, lt->api.cublasLtMatmulAlgoConfigGetAttribute(a, at, &v, sizeof v, &got)) ? -1 : (long)v;
 }
 
 /* "algo 66 tile 20 stages 31 splitK 1 ...": the numbers are cublasLt.h's enums
  * (cublasLtMatmulTile_t, cublasLtMatmulStages_t, cublasLtReductionScheme_t, cublasLtClusterShape_t). */
-static void algo_str(const cublasLtMatmulAlgo_t *a, char *buf, size_t n) {
+static void algo_str(const kiln_cublaslt *lt, const cublasLtMatmulAlgo_t *a, char *buf, size_t n) {
     snprintf(buf, n, "algo %ld tile %ld stages %ld splitK %ld reduction %ld swizzle %ld custom %ld inner %ld cluster %ld",
-             algo_cfg(a, CUBLASLT_ALGO_CONFIG_ID, 4), algo_cfg(a, CUBLASLT_ALGO_CONFIG_TILE_ID, 4),
-             algo_cfg(a, CUBLASLT_ALGO_CONFIG_STAGES_ID, 4), algo_cfg(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, 4),
-             algo_cfg(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, 4), algo_cfg(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, 4),
-             algo_cfg(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, 4), algo_cfg(a, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, 2),
-             algo_cfg(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, 2));
+             algo_cfg(lt, a, CUBLASLT_ALGO_CONFIG_ID, 4), algo_cfg(lt, a, CUBLASLT_ALGO_CONFIG_TILE_ID, 4),
+             algo_cfg(lt, a, CUBLASLT_ALGO_CONFIG_STAGES_ID, 4), algo_cfg(lt, a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, 4),
+             algo_cfg(lt, a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, 4),
+             algo_cfg(lt, a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, 4), algo_cfg(lt, a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, 4),
+             algo_cfg(lt, a, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, 2),
+             algo_cfg(lt, a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, 2));
 }
 
 /* Microseconds per GEMM of `algo` on plan `pl` (protocol at the top of the file). */
@@ -272,12 +346,12 @@ kiln_status kiln_cublaslt_tune(kiln_cublaslt *lt, bool in_f32, bool out_f32, int
     int found = 0, best = -1;
     kiln_error why = {0}; /* a failure here is not the caller's: the heuristic's first answer stays */
     if (pref_make(lt, &pref, &why) ||
-        KILN_CUBLASLT_CALL(&why, cublasLtMatmulAlgoGetHeuristic(lt->handle, pl->op, pl->la, pl->lb, pl->lc, pl->lc, pref,
+        KILN_CUBLASLT_CALL(&why, lt->api.cublasLtMatmulAlgoGetHeuristic(lt->handle, pl->op, pl->la, pl->lb, pl->lc, pl->lc, pref,
                                                                 KILN_LT_CANDIDATES, cand, &found)))
         found = 0;
     else if (found == 0)
         kiln_err(&why, KILN_ERR_UNSUPPORTED, "the heuristic gave no algorithm");
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (pref) lt->api.cublasLtMatmulPreferenceDestroy(pref);
     for (int i = 0; i < 2 && found > 0; i++)
         if (!lt->ev[i] && KILN_CU_CALL(lt->cu, &why, lt->cu->api.cuEventCreate(&lt->ev[i], CU_EVENT_DEFAULT))) found = 0;
     if (found == 0) {
@@ -289,7 +363,7 @@ kiln_status kiln_cublaslt_tune(kiln_cublaslt *lt, bool in_f32, bool out_f32, int
     for (int i = 0; i < found; i++) {
         us[i] = -1;
         char desc[192] = "";
-        if (log) algo_str(&cand[i].algo, desc, sizeof desc);
+        if (log) algo_str(lt, &cand[i].algo, desc, sizeof desc);
         if (cand[i].state != CUBLAS_STATUS_SUCCESS || cand[i].workspaceSize > lt->workspace_bytes) {
             if (log) fprintf(log, "  #%-2d %s: skipped (state %d, workspace %zu bytes)\n", i, desc, (int)cand[i].state,
                              cand[i].workspaceSize);
