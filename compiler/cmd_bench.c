@@ -327,6 +327,8 @@ static void emit_context(const report *rp, const bench_shape *sh, const kiln_ctx
     emit(rp, sh->batch, sh->requests, "weights_memory", (double)in->weight_bytes / mib, "MiB");
     emit(rp, sh->batch, sh->requests, "kv_memory", (double)in->kv_bytes / mib, "MiB");
     emit(rp, sh->batch, sh->requests, "scratch_memory", (double)in->scratch_bytes / mib, "MiB");
+    emit(rp, sh->batch, sh->requests, "kernels_load_ms", in->kernels_load_seconds * 1e3, "ms");
+    emit(rp, sh->batch, sh->requests, "ptx_jit", in->kernels_jitted, "bool");
 }
 
 static const char *commit_id(void) {

@@ -72,6 +72,8 @@ typedef struct run_out {
     bool json;
     bool first;
     kiln_request_options sampling; /* what the request ran with (for --json) */
+    double ctx_s, kernels_s;       /* kiln_ctx_new, and the kernel modules' load in it (a PTX JIT included) */
+    bool jitted;                   /* the engine had no cubin for this GPU: its PTX was JIT-compiled */
 } run_out;
 
 static int32_t on_token(void *user, int64_t request, int32_t id, int32_t finished, int32_t stop_reason) {
@@ -363,10 +365,15 @@ static kiln_status generate(const run_opts *o, kiln_t *k, const int32_t *ids, in
     co.threads = (int32_t)o->threads;
     co.kv_bytes = o->kv_bytes;
     if (o->kv_fraction > 0) co.kv_fraction = o->kv_fraction;
+    double t0 = kiln_now();
     kiln_status st = kiln_ctx_new(k, &co, ctx);
     if (st != KILN_OK) return kiln_err(err, st, "%s", kiln_last_error(*ctx));
+    out->ctx_s = kiln_now() - t0;
     kiln_ctx_info info = {.struct_size = sizeof info};
-    snprintf(dev_used, 16, "%s", kiln_ctx_info_get(*ctx, &info) == KILN_OK ? info.device : o->device);
+    bool have_info = kiln_ctx_info_get(*ctx, &info) == KILN_OK;
+    snprintf(dev_used, 16, "%s", have_info ? info.device : o->device);
+    out->kernels_s = have_info ? info.kernels_load_seconds : 0;
+    out->jitted = have_info && info.kernels_jitted;
     kiln_request_options ro = *sampling;
     ro.max_tokens = (int32_t)o->max_tokens;
     ro.seed = (uint64_t)o->seed;
@@ -408,6 +415,10 @@ static kiln_status print_json(const run_opts *o, const kiln_t *k, const int32_t 
         json_object_set_new(j, "text", json_stringn(gen, glen));
         free(gen);
     }
+    json_t *tm = json_object_get(j, "timings");
+    json_object_set_new(tm, "context_s", json_real(out->ctx_s)); /* the device: weights, KV pool, kernels */
+    json_object_set_new(tm, "kernels_load_s", json_real(out->kernels_s));
+    json_object_set_new(j, "ptx_jit", json_boolean(out->jitted));
     json_object_set_new(j, "sampling", json_pack("{s:f, s:i, s:f}", "temperature", (double)out->sampling.temperature,
                                                  "top_k", (int)out->sampling.top_k, "top_p", (double)out->sampling.top_p));
     char *s = json_dumps(j, JSON_COMPACT);
@@ -431,6 +442,10 @@ static void print_text_end(run_out *out, const char *dev_used) {
     fprintf(stderr, "kiln run: %d tokens on %s, stop: %s, first token after %.1f ms, decode %.1f tok/s\n", out->n_ids,
             dev_used, kiln_stop_reason_str((kiln_stop_reason)out->stop), prefill_s * 1e3,
             decode_s > 0 ? (out->n_ids - 1) / decode_s : 0.0);
+    if (out->jitted)
+        fprintf(stderr, "kiln run: note: the engine has no cubin for this GPU, so the driver JIT-compiled its PTX in "
+                        "%.2f s (it caches the result for the next load; compile with --target sm_NN to skip it)\n",
+                out->kernels_s);
 }
 
 int kiln_cmd_run(int argc, char **argv) { return kiln_cmd_run_builtin(argc, argv, NULL); }

@@ -357,6 +357,8 @@ kiln_status kiln_ctx_info_get(kiln_ctx_t *c, kiln_ctx_info *info) {
     info->weight_bytes = xi.weight_bytes;
     info->kv_bytes = xi.kv_bytes;
     info->scratch_bytes = xi.scratch_bytes;
+    info->kernels_load_seconds = xi.kernels_load_seconds;
+    info->kernels_jitted = xi.kernels_jitted;
     struct rusage ru;
     if (getrusage(RUSAGE_SELF, &ru) == 0) info->host_peak_bytes = (int64_t)ru.ru_maxrss * 1024; /* Linux: kB */
     info->steps = ss.steps;

@@ -204,6 +204,9 @@ typedef struct kiln_ctx_info {
      * scratch_bytes (scratch: activations and buffers for max_step_tokens rows and max_batch
      * sequences, the cuBLASLt workspace; CUDA graphs and the driver's context come on top) */
     int64_t weight_bytes, kv_bytes, scratch_bytes;
+    double kernels_load_seconds; /* loading the engine's kernel modules, a PTX JIT included (0 on the CPU) */
+    int32_t kernels_jitted;      /* 1 when the engine has no cubin for this GPU and its PTX was JIT-compiled
+                                    (the driver caches the result, so the next load is fast) */
 } kiln_ctx_info;
 
 /* Describe the context. */

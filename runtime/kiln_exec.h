@@ -58,6 +58,8 @@ typedef struct kiln_executor_info {
      * scratch is what the step budget (max_step_tokens) and max_seqs cost, the cuBLASLt workspace
      * included (CUDA graphs and the driver's context are outside these counts). */
     int64_t weight_bytes, kv_bytes, scratch_bytes;
+    double kernels_load_seconds; /* loading kernel modules, a PTX JIT included (0 on the CPU) */
+    bool kernels_jitted;         /* some module was JIT-compiled from PTX */
 } kiln_executor_info;
 
 typedef struct kiln_executor_ops {

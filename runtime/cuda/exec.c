@@ -253,6 +253,7 @@ static kiln_status load_modules(cx *x, kiln_error *err) {
         return kiln_err(err, KILN_ERR_NOMEM, "cuda executor: out of memory");
     }
     kiln_status st = KILN_OK;
+    double t0 = kiln_now();
     for (int mi = 0; mi < x->ks.n_modules && st == KILN_OK; mi++) {
         int n = 0;
         for (int i = 0; i < x->ks.n_images; i++)
@@ -266,6 +267,7 @@ static kiln_status load_modules(cx *x, kiln_error *err) {
         x->n_mods = mi + 1;
         x->stats.jitted |= jit;
     }
+    x->stats.modules_seconds = kiln_now() - t0;
     free(ims);
     return st;
 }
@@ -1179,6 +1181,8 @@ static void cx_info(kiln_executor *e, kiln_executor_info *info) {
     info->weight_bytes = (int64_t)x->dweights_bytes;
     info->kv_bytes = x->stats.kv_pool_bytes;
     info->scratch_bytes = x->scratch_bytes;
+    info->kernels_load_seconds = x->stats.modules_seconds;
+    info->kernels_jitted = x->stats.jitted;
 }
 
 static void cx_destroy(kiln_executor *e) {

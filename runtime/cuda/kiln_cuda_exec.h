@@ -79,6 +79,7 @@ typedef struct kiln_cuda_exec_stats {
     int64_t graph_launches;   /* decode steps replayed from a graph */
     int64_t steps;            /* steps run */
     bool jitted;              /* some module was JIT-compiled from PTX */
+    double modules_seconds;   /* loading the kernel modules, the JIT included */
     bool f32;                 /* the fp32 path */
     bool pdl;                 /* kernels launched with programmatic dependent launch */
     int sm;                   /* the device's compute capability, e.g. 90 */
