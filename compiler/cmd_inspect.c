@@ -51,7 +51,7 @@ static kiln_status meta_int(const json_t *obj, const char *objname, const char *
 /* meta.OBJ.KEY must equal `want`, the value the section `what` holds. */
 static kiln_status meta_expect(const json_t *obj, const char *objname, const char *key, long long want,
                                const char *what, kiln_error *err) {
-    long long v;
+    long long v = 0;
     kiln_status st = meta_int(obj, objname, key, &v, err);
     if (st != KILN_OK) return st;
     if (v != want) {
@@ -74,7 +74,7 @@ static kiln_status check_model(const json_t *model, const kiln_plan *p, kiln_err
         (st = meta_expect(model, "model", "num_key_value_heads", p->n_kv_heads, "the plan's KV head count", err)) ||
         (st = meta_expect(model, "model", "head_dim", p->head_dim, "the plan's head_dim", err)))
         return st;
-    long long heads, max_pos;
+    long long heads = 0, max_pos = 0;
     if ((st = meta_int(model, "model", "num_attention_heads", &heads, err)) ||
         (st = meta_int(model, "model", "max_position_embeddings", &max_pos, err)))
         return st;
@@ -109,7 +109,7 @@ static kiln_status check_generation(const json_t *gen, const kiln_plan *p, kiln_
         return st;
     json_t *bos = json_object_get(gen, "bos_token_id");
     if (bos && !json_is_null(bos)) {
-        long long b;
+        long long b = 0;
         if ((st = meta_int(gen, "generation", "bos_token_id", &b, err)) != KILN_OK) return st;
         if (b < -1 || b >= p->vocab_size) {
             kiln_err(err, KILN_ERR_FORMAT, "meta generation.bos_token_id %lld is outside the model's vocabulary of %d "
