@@ -1,5 +1,6 @@
 /*
- * cli.c — error reporting and argument parsing shared by the subcommands.
+ * cli.c — error reporting and argument parsing shared by the subcommands,
+ * and the one main() of the tools made of them (kiln, kiln-run).
  */
 #include "cli.h"
 
@@ -10,6 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "../runtime/cuda/kiln_ksec.h"
+#include "../runtime/kiln_engine.h"
 
 int kiln_cli_fail(const char *cmd, const kiln_error *err, bool json) {
     const char *msg = err && err->msg[0] ? err->msg : "failed";
@@ -124,4 +128,44 @@ bool kiln_cli_parse_memory(const char *s, int64_t *bytes, double *fraction) {
     if (v > 9.0e18 || v != floor(v)) return false;
     *bytes = (int64_t)v;
     return true;
+}
+
+static void tool_usage(const kiln_cli_tool *t, FILE *f) {
+    fprintf(f, "usage: %s\ncommands:\n", t->usage);
+    for (size_t i = 0; i < t->n_commands; i++) fprintf(f, "  %-9s %s\n", t->commands[i].name, t->commands[i].help);
+    fprintf(f, "\n%s\nExit codes: 0 success, 1 failure, 2 usage error.\n", t->help_note);
+}
+
+void kiln_cli_print_version(const char *prog) {
+    printf("%s %s (engine format %d.%d, kernels section version %d", prog, KILN_VERSION, KILN_ENGINE_MAJOR,
+           KILN_ENGINE_MINOR, KILN_KSEC_VERSION);
+#ifdef KILN_COMMIT
+    printf(", commit %s", KILN_COMMIT);
+#endif
+    printf(")\n");
+}
+
+int kiln_cli_main(const kiln_cli_tool *t, int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "%s: error: no command given\n\n", t->prog);
+        tool_usage(t, stderr);
+        return KILN_EXIT_USAGE;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+        tool_usage(t, stdout);
+        return KILN_EXIT_OK;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        kiln_cli_print_version(t->prog);
+        return KILN_EXIT_OK;
+    }
+    for (size_t i = 0; i < t->n_commands; i++)
+        if (strcmp(argv[1], t->commands[i].name) == 0) return t->commands[i].run(argc - 1, argv + 1);
+    if (t->missing && strcmp(argv[1], t->missing) == 0) {
+        fprintf(stderr, "%s: error: '%s' is not in %s\nhint: %s\n", t->prog, t->missing, t->prog, t->missing_hint);
+        return KILN_EXIT_USAGE;
+    }
+    fprintf(stderr, "%s: error: unknown command '%s'\n\n", t->prog, argv[1]);
+    tool_usage(t, stderr);
+    return KILN_EXIT_USAGE;
 }

@@ -55,6 +55,30 @@ struct kiln_tokenizer;
 typedef kiln_status (*kiln_cli_tokjson_loader)(const char *path, struct kiln_tokenizer **out, kiln_error *err);
 int kiln_cli_tokenize(int argc, char **argv, kiln_cli_tokjson_loader load_json);
 
+/* A command-line tool made of subcommands: `kiln` (compiler/main.c) and
+ * `kiln-run` (compiler/run_main.c) are each one table of these. */
+typedef struct kiln_cli_command {
+    const char *name;
+    int (*run)(int argc, char **argv); /* argv[0] is the command's name; returns the exit code */
+    const char *help;                  /* one line for the usage text */
+} kiln_cli_command;
+
+typedef struct kiln_cli_tool {
+    const char *prog;                  /* "kiln", "kiln-run" */
+    const char *usage;                 /* the text after "usage: " and before the command list */
+    const char *help_note;             /* the line after the list ("'kiln <command> --help' describes...") */
+    const kiln_cli_command *commands;
+    size_t n_commands;
+    const char *missing, *missing_hint; /* a command of the full kiln this tool lacks (NULL = none), and why */
+} kiln_cli_tool;
+
+/* main() of a tool: --help, --version (kiln_cli_print_version), a command, or
+ * a usage error naming what is wrong. Returns the exit code. */
+int kiln_cli_main(const kiln_cli_tool *t, int argc, char **argv);
+/* "PROG VERSION (engine format M.N, kernels section version K, commit C)": the
+ * formats this build reads and writes, from the headers that define them. */
+void kiln_cli_print_version(const char *prog);
+
 int kiln_cmd_compile(int argc, char **argv);
 int kiln_cmd_inspect(int argc, char **argv);
 int kiln_cmd_run(int argc, char **argv);
