@@ -7,9 +7,17 @@
  * says where, and the engine is opened as a range of that file (mmapped from
  * a page boundary, like an engine file). In both cases the engine reader
  * then verifies everything it verifies for an engine file.
+ *
+ * An embedded engine is the last segment of the file (codegen/package.c
+ * places it there), so a copy cut short still starts; before a byte of it is
+ * read, the file's size is checked against where the engine's last byte lies
+ * (its address mapped back to a file offset through the program headers):
+ * reading pages past the end of a mapped file would be a SIGBUS.
  */
 #include <fcntl.h>
+#include <link.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -31,6 +39,44 @@ static kiln_status check_identity(const uint8_t h[KILN_ENGINE_HEADER_SIZE], cons
     return KILN_OK;
 }
 
+typedef struct seg_find {
+    uintptr_t addr;   /* the embedded engine's address */
+    uint64_t offset;  /* out: its offset in the executable's file */
+    bool found;
+} seg_find;
+
+/* dl_iterate_phdr callback: the main program (the first object) only. */
+static int find_offset(struct dl_phdr_info *info, size_t size, void *user) {
+    (void)size;
+    seg_find *f = user;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        uintptr_t start = info->dlpi_addr + ph->p_vaddr;
+        if (ph->p_type != PT_LOAD || f->addr < start || f->addr - start >= ph->p_filesz) continue;
+        f->offset = ph->p_offset + (f->addr - start);
+        f->found = true;
+    }
+    return 1; /* stop after the main program */
+}
+
+/* The embedded engine's bytes are all in the file (a copy cut short is refused
+ * here, before its pages are touched). */
+static kiln_status check_embedded_size(const kiln_standalone_desc *d, const char *exe, const char *label,
+                                       kiln_error *err) {
+    seg_find f = {.addr = (uintptr_t)d->engine};
+    dl_iterate_phdr(find_offset, &f);
+    struct stat st;
+    if (!f.found || stat(exe, &st) != 0)
+        return KILN_OK; /* cannot tell (no /proc): the engine reader's checks still apply */
+    uint64_t need = f.offset + d->engine_size;
+    if ((uint64_t)st.st_size < need) {
+        kiln_err(err, KILN_ERR_FORMAT, "%s: the executable is truncated: %llu bytes, but its built-in engine "
+                 "ends at byte %llu", label, (unsigned long long)st.st_size, (unsigned long long)need);
+        return kiln_err_hint(err, "copy the executable again, or rebuild it with `kiln package`");
+    }
+    return KILN_OK;
+}
+
 kiln_status kiln_standalone_engine(const kiln_standalone_desc *d, const char *exe, const char *label,
                                    kiln_engine_src *out, kiln_error *err) {
     memset(out, 0, sizeof *out);
@@ -43,7 +89,8 @@ kiln_status kiln_standalone_engine(const kiln_standalone_desc *d, const char *ex
         if (!d->engine || d->engine_size < KILN_ENGINE_HEADER_SIZE)
             return kiln_err(err, KILN_ERR_FORMAT, "%s: the embedded engine is missing (%llu bytes)", label,
                             (unsigned long long)d->engine_size);
-        kiln_status st = check_identity(d->engine, d, label, err);
+        kiln_status st = check_embedded_size(d, exe, label, err);
+        if (st == KILN_OK) st = check_identity(d->engine, d, label, err);
         if (st != KILN_OK) return st;
         *out = (kiln_engine_src){.data = d->engine, .size = d->engine_size, .label = label};
         return KILN_OK;

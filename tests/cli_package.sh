@@ -101,6 +101,13 @@ if command -v readelf >/dev/null; then
     expect 1 "emb-flip: section 'weights' checksum mismatch" -- "$T/emb-flip" run --prompt-ids 1 --device cpu
     cp "$T/emb" "$T/emb-hdr"; flip "$T/emb-hdr" $((0x$off + 20))
     expect 1 "header checksum mismatch" -- "$T/emb-hdr" inspect
+    # cut short inside the engine (the last segment of the file): refused before a byte of it is read
+    head -c $((0x$off + 100000)) "$T/emb" >"$T/emb-cut"; chmod +x "$T/emb-cut"
+    expect 1 "emb-cut: the executable is truncated: $((0x$off + 100000)) bytes" -- "$T/emb-cut" run --prompt-ids 1 --device cpu
+    expect 1 "executable is truncated" -- "$T/emb-cut" inspect
+    # the engine is the last loaded segment: nothing the loader needs comes after it
+    last=$(readelf -W -l "$T/emb" | awk '$1 == "LOAD" {o = $2} END {print o}')
+    [ "$((last))" -eq "$((0x$off))" ] && ok || bad "the .kiln_engine section (0x$off) is not the last LOAD segment ($last)"
 fi
 
 # ---- appended: forced, and chosen by a small --embed-limit ----
