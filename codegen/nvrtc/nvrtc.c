@@ -251,15 +251,18 @@ static void cache_write(const char *dir, const char *path, const kiln_buf *cubin
     char *tmp = malloc(tl);
     if (!tmp) goto out;
     snprintf(tmp, tl, "%s.tmp.%ld", path, (long)getpid());
+    int slot = kiln_guard_temp_add(tmp); /* a signal mid-write unlinks it (common/guard.c) */
     FILE *fp = fopen(tmp, "wb");
     if (fp) {
         bool wrote = fwrite(b.data, 1, b.len, fp) == b.len;
         if (fclose(fp) == 0 && wrote && rename(tmp, path) == 0) {
+            kiln_guard_temp_remove(slot);
             free(tmp);
             goto out;
         }
     }
     unlink(tmp);
+    kiln_guard_temp_remove(slot);
     free(tmp);
 out:
     kiln_buf_free(&b);
