@@ -8,6 +8,7 @@
 #     chat without a template), 401, 404, 405, 429 with Retry-After;
 #   - /v1/models, /tokenize + /detokenize, /metrics in Prometheus text;
 #   - a client that disconnects cancels its request; SIGTERM drains, exit 0;
+#   - the queue checks run on kiln-run (the runtime alone) when it is built;
 #   - through the `openai` Python package when it can be installed (else a
 #     SKIP line for that part).
 # Servers listen on 127.0.0.1 on a free port and are always stopped.

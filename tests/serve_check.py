@@ -7,6 +7,8 @@ Prints FAIL lines and "N passed, M failed"; exits non-zero on a failure.
 import http.client, json, os, re, signal, socket, subprocess, sys, threading, time
 
 KILN, T = sys.argv[1], sys.argv[2]
+# the queue checks run on kiln-run (the runtime-only tool) when it is built beside kiln
+KILN_RUN = os.path.join(os.path.dirname(os.path.abspath(KILN)), "kiln-run")
 passed = failed = 0
 procs = []
 
@@ -30,10 +32,10 @@ def free_port():
 
 
 class Server:
-    def __init__(self, engine, *args):
+    def __init__(self, engine, *args, exe=None):
         self.port = free_port()
         self.log = open(os.path.join(T, "serve-%d.log" % self.port), "w+")
-        self.p = subprocess.Popen([KILN, "serve", engine, "--device", "cpu", "--host", "127.0.0.1",
+        self.p = subprocess.Popen([exe or KILN, "serve", engine, "--device", "cpu", "--host", "127.0.0.1",
                                    "--port", str(self.port), *args], stdout=self.log, stderr=self.log)
         open(os.path.join(T, "%d.pid" % self.p.pid), "w").write(str(self.p.pid))
         procs.append(self.p)
@@ -302,7 +304,8 @@ def check_drain(s):
 
 
 def check_queue():
-    s = Server(os.path.join(T, "kjv.kiln"), "--max-batch", "1", "--max-queue", "1")
+    exe = KILN_RUN if os.access(KILN_RUN, os.X_OK) else KILN
+    s = Server(os.path.join(T, "kjv.kiln"), "--max-batch", "1", "--max-queue", "1", exe=exe)
     try:
         st, r, _ = s.post("/v1/chat/completions", {"model": "kjv", "messages": [{"role": "user", "content": "hi"}]})
         check(st == 400 and "chat template" in r["error"]["message"], "chat without a template: %d %r" % (st, r))
