@@ -435,7 +435,8 @@ static job *job_start(server *s, serve_request *r, int32_t *ids, int32_t n, serv
         j->next = s->jobs;
         if (s->jobs) s->jobs->prev = j;
         s->jobs = j;
-        snprintf(j->rid, sizeof j->rid, "cmpl-%llu", (unsigned long long)++s->serial);
+        snprintf(j->rid, sizeof j->rid, "%s-%llu", j->req.kind == SERVE_KIND_CHAT ? "chatcmpl" : "cmpl",
+                 (unsigned long long)++s->serial);
     } else if (full) {
         s->met.rejected_queue_full++;
     }

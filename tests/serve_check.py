@@ -281,7 +281,7 @@ def check_drain(s):
     res = {}
 
     def long_request():
-        res["r"] = s.post("/v1/completions", {"model": "kjv", "prompt": P, "max_tokens": 40, "ignore_eos": True}, KEY)
+        res["r"] = s.post("/v1/completions", {"model": "kjv", "prompt": P, "max_tokens": 300, "ignore_eos": True}, KEY)
 
     th = threading.Thread(target=long_request)
     th.start()
@@ -289,7 +289,7 @@ def check_drain(s):
     while time.time() - t0 < 20 and metrics(s).get("kiln_requests_running") != 1:
         time.sleep(0.05)
     s.p.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
+    time.sleep(0.1)
     try:
         st, _, _ = s.req("GET", "/health", timeout=5)
         st2, r2, _ = s.post("/v1/completions", {"model": "kjv", "prompt": P, "max_tokens": 1}, KEY, timeout=5)
@@ -298,7 +298,7 @@ def check_drain(s):
         check(False, "while draining the server did not answer: %s" % e)
     th.join(120)
     st, r, _ = res.get("r", (0, None, None))
-    check(st == 200 and r["usage"]["completion_tokens"] == 40, "the running request finished during the drain: %d" % st)
+    check(st == 200 and r["usage"]["completion_tokens"] == 300, "the running request finished during the drain: %d" % st)
     rc = s.p.wait(60)
     check(rc == 0, "exit status after SIGTERM: %s" % rc)
 
@@ -312,7 +312,7 @@ def check_queue():
         out = []
 
         def one():
-            st, r, hd = s.post("/v1/completions", {"model": "kjv", "prompt": P, "max_tokens": 30, "ignore_eos": True})
+            st, r, hd = s.post("/v1/completions", {"model": "kjv", "prompt": P, "max_tokens": 100, "ignore_eos": True})
             out.append((st, hd.get("Retry-After")))
 
         ths = [threading.Thread(target=one) for _ in range(5)]
@@ -329,7 +329,7 @@ def check_queue():
 
 
 def main():
-    s = Server(os.path.join(T, "chat.kiln"), "--api-key", KEY, "--model-name", "kjv", "--max-batch", "4")
+    s = Server(os.path.join(T, "chat.kiln"), "--api-key", KEY, "--model-name", "kjv", "--max-batch", "4", "--drain-seconds", "120")
     try:
         want, pieces = check_completions(s)
         check_stop(s, want, pieces)
