@@ -993,6 +993,8 @@ out_free:
     kiln_ctx_free(s.ctx);
     kiln_close(s.k);
     if (rc == KILN_EXIT_OK) fprintf(stderr, "kiln serve: stopped\n");
+    struct timespec now = {0, 0}; /* a second SIGTERM during the drain is taken here, not by the default action */
+    while (sigtimedwait(&sigs, NULL, &now) > 0) {}
     pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
     return rc;
 }

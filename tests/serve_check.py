@@ -305,7 +305,8 @@ def check_drain(s):
 
 def check_queue():
     exe = KILN_RUN if os.access(KILN_RUN, os.X_OK) else KILN
-    s = Server(os.path.join(T, "kjv.kiln"), "--max-batch", "1", "--max-queue", "1", exe=exe)
+    s = Server(os.path.join(T, "kjv.kiln"), "--max-batch", "1", "--max-queue", "1", "--drain-seconds", "0",
+               exe=exe)
     try:
         st, r, _ = s.post("/v1/chat/completions", {"model": "kjv", "messages": [{"role": "user", "content": "hi"}]})
         check(st == 400 and "chat template" in r["error"]["message"], "chat without a template: %d %r" % (st, r))
@@ -324,6 +325,18 @@ def check_queue():
         check(codes.count(429) >= 1 and codes.count(200) >= 2, "queue full: codes %r" % codes)
         check(all(ra == "1" for c, ra in out if c == 429), "429 without Retry-After")
         check(metrics(s).get("kiln_requests_rejected_total", 0) == codes.count(429), "rejected metric")
+        # --drain-seconds 0: SIGTERM cancels what is still running, answers it 503, exits 0
+        res = {}
+        th = threading.Thread(target=lambda: res.update(r=s.post("/v1/completions", {
+            "model": "kjv", "prompt": P, "max_tokens": 400, "ignore_eos": True})))
+        th.start()
+        t0 = time.time()
+        while time.time() - t0 < 20 and metrics(s).get("kiln_requests_running") != 1:
+            time.sleep(0.05)
+        s.p.send_signal(signal.SIGTERM)
+        th.join(60)
+        st = res.get("r", (0,))[0]
+        check(st == 503, "a request cancelled by the drain deadline gets 503: %d" % st)
     finally:
         check(s.stop() == 0, "queue server exit status")
 
