@@ -166,8 +166,9 @@ static kiln_status parse_stop(const json_t *s, serve_request *r, serve_error *er
     if (n > SERVE_MAX_STOPS) return bad(err, "stop", "holds more than 16 strings");
     for (size_t i = 0; i < n; i++) {
         json_t *v = json_is_string(s) ? (json_t *)s : json_array_get(s, i);
-        if (!json_is_string(v) || json_string_length(v) == 0 || json_string_length(v) > SERVE_MAX_STOP_BYTES)
-            return bad(err, "stop", "must hold non-empty strings of at most 256 bytes");
+        if (!json_is_string(v) || json_string_length(v) == 0 || json_string_length(v) > SERVE_MAX_STOP_BYTES ||
+            strlen(json_string_value(v)) != json_string_length(v)) /* "\u0000" would make an empty stop */
+            return bad(err, "stop", "must hold non-empty strings of at most 256 bytes, without NUL");
         if (!(r->stops[r->n_stops] = dupn(json_string_value(v), json_string_length(v)))) return oom(err);
         r->n_stops++;
     }

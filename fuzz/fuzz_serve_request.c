@@ -20,6 +20,7 @@ static void check_request(const serve_request *r) {
     if (r->n_stops < 0 || r->n_stops > SERVE_MAX_STOPS) abort();
     for (int i = 0; i < r->n_stops; i++)
         if (!r->stops[i] || !r->stops[i][0] || strlen(r->stops[i]) > SERVE_MAX_STOP_BYTES) abort();
+    /* the server's matcher needs every stop non-empty: a NUL inside would cut it to "" */
     if ((r->prompt_ids != NULL) != (r->n_prompt_ids > 0)) abort();
     for (int32_t i = 0; i < r->n_prompt_ids; i++)
         if (r->prompt_ids[i] < 0) abort();
