@@ -200,7 +200,7 @@ def check_errors(s):
     st, r, _ = s.post("/v1/completions", {"model": "kjv", "prompt": P, "presence_penalty": 0.5}, KEY)
     check(st == 400 and r["error"]["param"] == "presence_penalty", "unsupported field: %d %r" % (st, r))
     st, r, _ = s.post("/v1/completions", {"model": "kjv", "prompt": P, "stop": ["\u0000"]}, KEY)
-    check(st == 400 and r["error"]["param"] == "stop", "a NUL stop string: %d %r" % (st, r))
+    check(st == 400, "a NUL stop string: %d %r" % (st, r))  # jansson refuses \u0000 itself; the parser too
     st, r, _ = s.post("/v1/completions", {"model": "kjv", "prompt": P, "n": 2}, KEY)
     check(st == 400 and r["error"]["param"] == "n", "n=2: %d %r" % (st, r))
     st, r, _ = s.post("/v1/completions", {"model": "kjv", "prompt": P, "max_tokens": 1, "user": "x"}, KEY)
