@@ -343,7 +343,22 @@ def check_queue():
         check(s.stop() == 0, "queue server exit status")
 
 
+def check_usage():
+    def rc_err(*args):
+        p = subprocess.run([KILN, "serve", *args], capture_output=True, text=True, timeout=60)
+        return p.returncode, p.stderr
+    rc, err = rc_err()
+    check(rc == 2 and "expected one engine file" in err, "serve without an engine: %d %s" % (rc, err))
+    rc, err = rc_err(os.path.join(T, "kjv.kiln"), "--port", "70000")
+    check(rc == 2 and "--port" in err, "a bad --port: %d %s" % (rc, err))
+    rc, err = rc_err(os.path.join(T, "nothing.kiln"), "--device", "cpu", "--port", str(free_port()))
+    check(rc == 1 and "nothing.kiln" in err, "a missing engine: %d %s" % (rc, err))
+    rc, err = rc_err(os.path.join(T, "kjv.kiln"), "--host", "localhost")
+    check(rc == 1 and "hint:" in err, "a host that is not an address: %d %s" % (rc, err))
+
+
 def main():
+    check_usage()
     s = Server(os.path.join(T, "chat.kiln"), "--api-key", KEY, "--model-name", "kjv", "--max-batch", "4", "--drain-seconds", "120")
     try:
         want, pieces = check_completions(s)
