@@ -159,6 +159,21 @@ static void job_free(job *j) {
     free(j);
 }
 
+/* Link (mu held) or unlink the job in the server's active list. */
+static void job_link(server *s, job *j) {
+    s->active++;
+    j->next = s->jobs;
+    if (s->jobs) s->jobs->prev = j;
+    s->jobs = j;
+}
+
+static void job_unlink(server *s, job *j) {
+    s->active--;
+    if (j->prev) j->prev->next = j->next;
+    else s->jobs = j->next;
+    if (j->next) j->next->prev = j->prev;
+}
+
 /* ---- the token callback (scheduler thread) ---- */
 
 /* Longest suffix of text[0..len) that is a proper prefix of a stop string: held back from streaming. */
@@ -218,10 +233,7 @@ static job *job_finish(job *j, int32_t reason) {
     s->met.prompt_tokens += (uint64_t)j->n_prompt;
     s->met.generation_tokens += (uint64_t)j->n_gen;
     hist_add(&s->met.e2e, kiln_now() - j->t0);
-    s->active--;
-    if (j->prev) j->prev->next = j->next;
-    else s->jobs = j->next;
-    if (j->next) j->next->prev = j->prev;
+    job_unlink(s, j);
     pthread_cond_broadcast(&j->cv);
     return job_unref(j);
 }
@@ -407,15 +419,10 @@ static void request_options(server *s, job *j, kiln_request_options *ro) {
     ro->user = j;
 }
 
-/* Admit and submit a job (it takes over *r and ids). On failure *e is set and the job is gone. */
-static job *job_start(server *s, serve_request *r, int32_t *ids, int32_t n, serve_error *e) {
+/* A new job for the request *r (taken over) with n prompt tokens; NULL when out of memory. */
+static job *job_new(server *s, serve_request *r, int32_t n) {
     job *j = calloc(1, sizeof *j);
-    if (!j) {
-        free(ids);
-        serve_request_free(r);
-        serve_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
-        return NULL;
-    }
+    if (!j) return NULL;
     j->s = s;
     j->req = *r;
     memset(r, 0, sizeof *r);
@@ -428,25 +435,42 @@ static job *job_start(server *s, serve_request *r, int32_t *ids, int32_t n, serv
         kiln_tok_stream_init(&j->ts, s->tok, true);
         j->has_ts = true;
     }
+    return j;
+}
+
+/* Take a place for the job: 503 while draining, 429 when --max-queue requests already wait. */
+static kiln_status job_admit(server *s, job *j, serve_error *e) {
     pthread_mutex_lock(&s->mu);
     bool draining = s->draining, full = s->active >= s->o.max_batch + s->o.max_queue;
     if (!draining && !full) {
-        s->active++;
-        j->next = s->jobs;
-        if (s->jobs) s->jobs->prev = j;
-        s->jobs = j;
+        job_link(s, j);
         snprintf(j->rid, sizeof j->rid, "%s-%llu", j->req.kind == SERVE_KIND_CHAT ? "chatcmpl" : "cmpl",
                  (unsigned long long)++s->serial);
     } else if (full) {
         s->met.rejected_queue_full++;
     }
     pthread_mutex_unlock(&s->mu);
-    if (draining || full) {
+    if (draining)
+        return serve_error_set(e, 503, "server_error", NULL, NULL,
+                               "the server is shutting down; hint: retry on another instance");
+    if (full)
+        return serve_error_set(e, 429, "rate_limit_error", NULL, NULL,
+                               "too many requests are waiting (--max-queue); hint: retry after a second");
+    return KILN_OK;
+}
+
+/* Admit and submit a job (it takes over *r and ids). On failure *e is set and the job is gone. */
+static job *job_start(server *s, serve_request *r, int32_t *ids, int32_t n, serve_error *e) {
+    job *j = job_new(s, r, n);
+    if (!j) {
+        free(ids);
+        serve_request_free(r);
+        serve_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        return NULL;
+    }
+    if (job_admit(s, j, e) != KILN_OK) {
         free(ids);
         job_free(j);
-        serve_error_set(e, draining ? 503 : 429, draining ? "server_error" : "rate_limit_error", NULL, NULL,
-                        draining ? "the server is shutting down; hint: retry on another instance"
-                                 : "too many requests are waiting (--max-queue); hint: retry after a second");
         return NULL;
     }
     kiln_request_options ro;
@@ -461,11 +485,8 @@ static job *job_start(server *s, serve_request *r, int32_t *ids, int32_t n, serv
     if (st == KILN_OK) {
         j->id = id;
         pthread_cond_signal(&s->sched_cv);
-    } else { /* never submitted: no callback will come */
-        s->active--;
-        if (j->prev) j->prev->next = j->next;
-        else s->jobs = j->next;
-        if (j->next) j->next->prev = j->prev;
+    } else {
+        job_unlink(s, j); /* never submitted: no callback will come */
     }
     pthread_mutex_unlock(&s->mu);
     if (st != KILN_OK) {
