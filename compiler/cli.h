@@ -85,6 +85,7 @@ int kiln_cmd_run(int argc, char **argv);
 int kiln_cmd_tokenize(int argc, char **argv);
 int kiln_cmd_bench(int argc, char **argv);
 int kiln_cmd_package(int argc, char **argv);
+int kiln_cmd_serve(int argc, char **argv); /* cmd_serve.c: the OpenAI-compatible HTTP server */
 /* Package (codegen/kiln_package.h) and report as `kiln CMD` does; the exit code.
  * Shared by `kiln package` and `kiln compile --standalone`. */
 struct kiln_package_options;

@@ -13,6 +13,7 @@ static const kiln_cli_command commands[] = {
     {"bench", kiln_cmd_bench, "measure load, prefill, time to first token and decode speed"},
     {"tokenize", kiln_cmd_tokenize, "text on stdin → token ids (or --decode ids → text)"},
     {"package", kiln_cmd_package, "write one executable with an engine built in (run/bench/inspect)"},
+    {"serve", kiln_cmd_serve, "serve the engine over HTTP with OpenAI's API (docs/serving.md)"},
 };
 
 static const kiln_cli_tool kiln_tool = {

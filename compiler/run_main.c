@@ -27,6 +27,7 @@ static const kiln_cli_command commands[] = {
     {"bench", kiln_cmd_bench, "measure load, prefill, time to first token and decode speed"},
     {"inspect", kiln_cmd_inspect, "show what an engine file holds"},
     {"tokenize", cmd_tokenize_engine, "text on stdin → token ids with an engine's tokenizer (or --decode)"},
+    {"serve", kiln_cmd_serve, "serve the engine over HTTP with OpenAI's API (docs/serving.md)"},
 };
 
 static const kiln_cli_tool kiln_run_tool = {

@@ -29,7 +29,7 @@ needed() { readelf -d "$1" | sed -n 's/.*(NEEDED).*\[\(.*\)\].*/\1/p'; }
 
 # Sonames the runtime-only artifacts may need: libc and friends, the small C
 # libraries, and the sanitizer runtimes of a KILN_SANITIZE build.
-allowed='^(libc|libm|libpthread|libdl|librt|libgcc_s|libjansson|libzstd|libxxhash|libpcre2-8|libasan|libubsan|liblsan)\.so(\.[0-9]+)*$|^ld-linux'
+allowed='^(libc|libm|libpthread|libdl|librt|libgcc_s|libjansson|libzstd|libxxhash|libpcre2-8|libmicrohttpd|libasan|libubsan|liblsan)\.so(\.[0-9]+)*$|^ld-linux'
 forbidden_rt='^(libnvrtc|libLLVM|libcuda|libcublas|libcudart|libclang)'
 for f in "$kiln_run" "$libkiln"; do
     [ -f "$f" ] || { fail "$f does not exist"; continue; }

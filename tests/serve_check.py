@@ -1,0 +1,390 @@
+"""serve_check.py — the checks of tests/cli_serve.sh against `kiln serve`.
+
+usage: python3 tests/serve_check.py KILN TMPDIR   (TMPDIR holds kjv.kiln and chat.kiln)
+Standard library only; the `openai` part runs when that package imports.
+Prints FAIL lines and "N passed, M failed"; exits non-zero on a failure.
+"""
+import http.client, json, os, re, signal, socket, subprocess, sys, threading, time
+
+KILN, T = sys.argv[1], sys.argv[2]
+# the queue checks run on kiln-run (the runtime-only tool) when it is built beside kiln
+KILN_RUN = os.path.join(os.path.dirname(os.path.abspath(KILN)), "kiln-run")
+passed = failed = 0
+procs = []
+
+
+def check(cond, what):
+    global passed, failed
+    if cond:
+        passed += 1
+    else:
+        failed += 1
+        print("FAIL:", what, file=sys.stderr)
+    return cond
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+class Server:
+    def __init__(self, engine, *args, exe=None):
+        self.port = free_port()
+        self.log = open(os.path.join(T, "serve-%d.log" % self.port), "w+")
+        self.p = subprocess.Popen([exe or KILN, "serve", engine, "--device", "cpu", "--host", "127.0.0.1",
+                                   "--port", str(self.port), *args], stdout=self.log, stderr=self.log)
+        open(os.path.join(T, "%d.pid" % self.p.pid), "w").write(str(self.p.pid))
+        procs.append(self.p)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if self.p.poll() is not None:
+                break
+            try:
+                if self.req("GET", "/health")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("server did not become ready: " + self.logtext())
+
+    def logtext(self):
+        self.log.seek(0)
+        return self.log.read()
+
+    def req(self, method, path, body=None, headers=None, timeout=120):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        data = body if isinstance(body, (bytes, str)) or body is None else json.dumps(body)
+        c.request(method, path, body=data, headers=headers or {})
+        r = c.getresponse()
+        raw = r.read()
+        c.close()
+        return r.status, raw, dict(r.getheaders())
+
+    def post(self, path, body, key=None, timeout=120):
+        h = {"Content-Type": "application/json"}
+        if key:
+            h["Authorization"] = "Bearer " + key
+        st, raw, hd = self.req("POST", path, body, h, timeout)
+        try:
+            return st, json.loads(raw), hd
+        except ValueError:
+            return st, raw, hd
+
+    def stop(self, timeout=60):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+        try:
+            return self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            return -9
+
+
+def sse(raw):
+    """The data payloads of an SSE body: (list of JSON chunks, saw [DONE])."""
+    chunks, done = [], False
+    for ev in raw.decode().split("\n\n"):
+        if not ev.strip():
+            continue
+        assert ev.startswith("data: "), ev
+        d = ev[6:]
+        if d == "[DONE]":
+            done = True
+        else:
+            chunks.append(json.loads(d))
+    return chunks, done
+
+
+def kiln_run(engine, prompt, n, chat=False):
+    cmd = [KILN, "run", engine, "--prompt", prompt, "--max-tokens", str(n), "--temperature", "0",
+           "--device", "cpu", "--json"] + (["--chat"] if chat else [])
+    return json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout)
+
+
+def stream_text(chunks, chat=False):
+    if chat:
+        return "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    return "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+
+
+def metrics(s):
+    st, raw, hd = s.req("GET", "/metrics")
+    check(st == 200, "/metrics status %d" % st)
+    vals = {}
+    line_re = re.compile(r'^(kiln_[a-zA-Z0-9_]+)(\{[a-zA-Z_]+="[^"]*"(,[a-zA-Z_]+="[^"]*")*\})? (-?[0-9.e+-]+|\+Inf|NaN)$')
+    bad = []
+    for line in raw.decode().splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = line_re.match(line)
+        if not m:
+            bad.append(line)
+            continue
+        vals[m.group(1) + (m.group(2) or "")] = float(m.group(4))
+    check(not bad, "/metrics lines not in Prometheus text format: %r" % bad[:3])
+    return vals
+
+
+P = "In the beginning"
+N = 16
+KEY = "sekrit"
+
+
+def check_completions(s):
+    want = kiln_run(os.path.join(T, "chat.kiln"), P, N)
+    st, r, _ = s.post("/v1/completions", {"model": "kjv", "prompt": P, "max_tokens": N, "temperature": 0}, KEY)
+    check(st == 200, "completion status %d %r" % (st, r))
+    check(r["choices"][0]["text"] == want["text"], "completion text %r != kiln run %r" % (r["choices"][0]["text"], want["text"]))
+    u = r["usage"]
+    check(u == {"prompt_tokens": len(want["prompt_ids"]), "completion_tokens": len(want["ids"]),
+                "total_tokens": len(want["prompt_ids"]) + len(want["ids"])}, "usage %r" % u)
+    check(r["choices"][0]["finish_reason"] == ("length" if len(want["ids"]) == N else "stop"), "finish_reason")
+    st, raw, hd = s.req("POST", "/v1/completions", json.dumps({"model": "kjv", "prompt": P, "max_tokens": N,
+                        "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}),
+                        {"Authorization": "Bearer " + KEY})
+    chunks, done = sse(raw)
+    check(st == 200 and done and "text/event-stream" in hd.get("Content-Type", ""), "stream status/[DONE]/type")
+    check(stream_text(chunks) == want["text"], "streamed text %r != %r" % (stream_text(chunks), want["text"]))
+    check(chunks[-1]["choices"] == [] and chunks[-1]["usage"] == u, "stream usage chunk %r" % chunks[-1])
+    check(chunks[-2]["choices"][0]["finish_reason"] == r["choices"][0]["finish_reason"], "stream finish_reason")
+    return want, [c["choices"][0]["text"] for c in chunks if c["choices"] and c["choices"][0]["text"]]
+
+
+def check_stop(s, want, pieces):
+    # a stop string made of the end of one token's text and the start of the next
+    stop = None
+    for a, b in zip(pieces[2:], pieces[3:]):
+        if len(a) >= 2 and len(b) >= 2:
+            stop = a[-2:] + b[:2]
+            break
+    if not check(stop is not None, "no token boundary to put a stop string on: %r" % pieces):
+        return
+    text = want["text"]
+    expect = text[:text.find(stop)]
+    for stream in (False, True):
+        body = {"model": "kjv", "prompt": P, "max_tokens": N, "temperature": 0, "stop": ["zzzz", stop], "stream": stream}
+        if stream:
+            st, raw, _ = s.req("POST", "/v1/completions", json.dumps(body), {"Authorization": "Bearer " + KEY})
+            chunks, _ = sse(raw)
+            got, fin = stream_text(chunks), chunks[-1]["choices"][0]["finish_reason"]
+        else:
+            st, r, _ = s.post("/v1/completions", body, KEY)
+            got, fin = r["choices"][0]["text"], r["choices"][0]["finish_reason"]
+        check(st == 200 and got == expect and fin == "stop",
+              "stop %r (stream %s): got %r %r, want %r" % (stop, stream, got, fin, expect))
+
+
+def check_chat(s):
+    msg = "Who made the light?"
+    want = kiln_run(os.path.join(T, "chat.kiln"), msg, N, chat=True)
+    body = {"model": "kjv", "messages": [{"role": "user", "content": msg}], "max_tokens": N, "temperature": 0}
+    st, r, _ = s.post("/v1/chat/completions", body, KEY)
+    check(st == 200 and r["object"] == "chat.completion", "chat status %d %r" % (st, r))
+    check(r["choices"][0]["message"] == {"role": "assistant", "content": want["text"]}, "chat text %r != %r" % (r["choices"][0]["message"], want["text"]))
+    check(r["usage"]["prompt_tokens"] == len(want["prompt_ids"]), "chat prompt_tokens")
+    body["stream"] = True
+    st, raw, _ = s.req("POST", "/v1/chat/completions", json.dumps(body), {"Authorization": "Bearer " + KEY})
+    chunks, done = sse(raw)
+    check(done and chunks[0]["choices"][0]["delta"].get("role") == "assistant", "chat stream role")
+    check(stream_text(chunks, True) == want["text"], "chat stream text")
+    return want
+
+
+def check_errors(s):
+    st, r, _ = s.post("/v1/completions", b"{not json", KEY)
+    check(st == 400 and r["error"]["type"] == "invalid_request_error", "malformed JSON: %d %r" % (st, r))
+    st, r, _ = s.post("/v1/completions", {"model": "kjv", "prompt": P, "presence_penalty": 0.5}, KEY)
+    check(st == 400 and r["error"]["param"] == "presence_penalty", "unsupported field: %d %r" % (st, r))
+    st, r, _ = s.post("/v1/completions", {"model": "kjv", "prompt": P, "stop": ["\u0000"]}, KEY)
+    check(st == 400, "a NUL stop string: %d %r" % (st, r))  # jansson refuses \u0000 itself; the parser too
+    st, r, _ = s.post("/v1/completions", {"model": "kjv", "prompt": P, "n": 2}, KEY)
+    check(st == 400 and r["error"]["param"] == "n", "n=2: %d %r" % (st, r))
+    st, r, _ = s.post("/v1/completions", {"model": "kjv", "prompt": P, "max_tokens": 1, "user": "x"}, KEY)
+    check(st == 200, "a harmless unknown field is ignored: %d" % st)
+    st, r, _ = s.post("/v1/completions", {"model": "kjv", "prompt": [5] * 600, "max_tokens": 1}, KEY)
+    check(st == 400 and r["error"]["code"] == "context_length_exceeded", "over the context: %d %r" % (st, r))
+    st, r, _ = s.post("/v1/completions", {"model": "kjv", "prompt": "and the " * 400, "max_tokens": 1}, KEY)
+    check(st == 400 and r["error"]["code"] == "context_length_exceeded", "text over the context: %d %r" % (st, r))
+    st, r, _ = s.post("/v1/completions", {"model": "kjv", "prompt": P}, "wrong")
+    check(st == 401 and "error" in r, "wrong key: %d" % st)
+    st, r, _ = s.post("/v1/completions", {"model": "kjv", "prompt": P})
+    check(st == 401, "missing key: %d" % st)
+    st, r, _ = s.post("/v1/completions", {"model": "gpt-4", "prompt": P}, KEY)
+    check(st == 404 and r["error"]["code"] == "model_not_found", "unknown model: %d %r" % (st, r))
+    st, _, _ = s.req("GET", "/v1/nothing")
+    check(st == 404, "unknown path: %d" % st)
+    st, _, _ = s.req("GET", "/v1/completions")
+    check(st == 405, "GET on completions: %d" % st)
+    st, r, _ = s.post("/v1/completions", b" " * (17 << 20), KEY)
+    check(st == 413, "17 MiB body: %d" % st)
+
+
+def check_misc(s):
+    st, raw, _ = s.req("GET", "/v1/models", headers={"Authorization": "Bearer " + KEY})
+    check(st == 200 and json.loads(raw)["data"][0]["id"] == "kjv", "/v1/models %d %r" % (st, raw[:200]))
+    st, r, _ = s.post("/tokenize", {"prompt": P}, KEY)
+    check(st == 200 and r["count"] == len(r["tokens"]) > 0, "/tokenize %d %r" % (st, r))
+    st, d, _ = s.post("/detokenize", {"tokens": r["tokens"]}, KEY)
+    check(st == 200 and P in d["prompt"], "/detokenize %d %r" % (st, d))
+    m = metrics(s)
+    check(m.get("kiln_requests_running") == 0 and m.get("kiln_generation_tokens_total", 0) > 0, "metrics values %r" % m)
+    check(m.get('kiln_time_to_first_token_seconds_bucket{le="+Inf"}', 0) >= 1, "ttft histogram")
+
+
+def check_disconnect(s):
+    before = metrics(s).get('kiln_requests_finished_total{finish_reason="cancelled"}', 0)
+    c = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+    body = json.dumps({"model": "kjv", "prompt": P, "max_tokens": 400, "ignore_eos": True, "stream": True})
+    c.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"
+               "Content-Length: %d\r\n\r\n%s" % (KEY, len(body), body)).encode())
+    c.recv(100)  # the stream has started
+    c.close()
+    t0 = time.time()
+    after = before
+    while time.time() - t0 < 10 and after == before:
+        time.sleep(0.1)
+        after = metrics(s).get('kiln_requests_finished_total{finish_reason="cancelled"}', 0)
+    check(after == before + 1, "a disconnected stream is cancelled (cancelled %s -> %s)" % (before, after))
+    t0 = time.time()
+    st, r, _ = s.post("/v1/completions", {"model": "kjv", "prompt": P, "max_tokens": 2}, KEY, timeout=30)
+    check(st == 200 and time.time() - t0 < 5, "a request after the disconnect is served promptly")
+
+
+def check_openai(s, want, want_chat):
+    try:
+        import openai
+    except ImportError:
+        print("SKIP: the openai package is not installed (pip install failed): client checks skipped")
+        return
+    cl = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % s.port, api_key=KEY, max_retries=0, timeout=120)
+    r = cl.completions.create(model="kjv", prompt=P, max_tokens=N, temperature=0)
+    check(r.choices[0].text == want["text"] and r.usage.completion_tokens == len(want["ids"]), "openai completions")
+    text = "".join(c.choices[0].text for c in cl.completions.create(model="kjv", prompt=P, max_tokens=N, temperature=0,
+                                                                   stream=True) if c.choices)
+    check(text == want["text"], "openai completions stream")
+    msgs = [{"role": "user", "content": "Who made the light?"}]
+    r = cl.chat.completions.create(model="kjv", messages=msgs, max_tokens=N, temperature=0)
+    check(r.choices[0].message.content == want_chat["text"], "openai chat")
+    text = "".join(c.choices[0].delta.content or "" for c in cl.chat.completions.create(
+        model="kjv", messages=msgs, max_tokens=N, temperature=0, stream=True) if c.choices)
+    check(text == want_chat["text"], "openai chat stream")
+    try:
+        cl.completions.create(model="nope", prompt=P, max_tokens=1)
+        check(False, "openai: unknown model raised nothing")
+    except openai.NotFoundError:
+        check(True, "")
+
+
+def check_drain(s):
+    res = {}
+
+    def long_request():
+        res["r"] = s.post("/v1/completions", {"model": "kjv", "prompt": P, "max_tokens": 300, "ignore_eos": True}, KEY)
+
+    th = threading.Thread(target=long_request)
+    th.start()
+    t0 = time.time()
+    while time.time() - t0 < 20 and metrics(s).get("kiln_requests_running") != 1:
+        time.sleep(0.05)
+    s.p.send_signal(signal.SIGTERM)
+    time.sleep(0.1)
+    try:
+        st, _, _ = s.req("GET", "/health", timeout=5)
+        st2, r2, _ = s.post("/v1/completions", {"model": "kjv", "prompt": P, "max_tokens": 1}, KEY, timeout=5)
+        check(st == 503 and st2 == 503, "while draining: /health %d, a new request %d (want 503)" % (st, st2))
+    except OSError as e:
+        check(False, "while draining the server did not answer: %s" % e)
+    th.join(120)
+    st, r, _ = res.get("r", (0, None, None))
+    check(st == 200 and r["usage"]["completion_tokens"] == 300, "the running request finished during the drain: %d" % st)
+    rc = s.p.wait(60)
+    check(rc == 0, "exit status after SIGTERM: %s" % rc)
+
+
+def check_queue():
+    exe = KILN_RUN if os.access(KILN_RUN, os.X_OK) else KILN
+    s = Server(os.path.join(T, "kjv.kiln"), "--max-batch", "1", "--max-queue", "1", "--drain-seconds", "0",
+               exe=exe)
+    try:
+        st, r, _ = s.post("/v1/chat/completions", {"model": "kjv", "messages": [{"role": "user", "content": "hi"}]})
+        check(st == 400 and "chat template" in r["error"]["message"], "chat without a template: %d %r" % (st, r))
+        out = []
+
+        def one():
+            st, r, hd = s.post("/v1/completions", {"model": "kjv", "prompt": P, "max_tokens": 100, "ignore_eos": True})
+            out.append((st, hd.get("Retry-After")))
+
+        ths = [threading.Thread(target=one) for _ in range(5)]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join(300)
+        codes = sorted(c for c, _ in out)
+        check(codes.count(429) >= 1 and codes.count(200) >= 2, "queue full: codes %r" % codes)
+        check(all(ra == "1" for c, ra in out if c == 429), "429 without Retry-After")
+        check(metrics(s).get("kiln_requests_rejected_total", 0) == codes.count(429), "rejected metric")
+        # --drain-seconds 0: SIGTERM cancels what is still running, answers it 503, exits 0
+        res = {}
+        th = threading.Thread(target=lambda: res.update(r=s.post("/v1/completions", {
+            "model": "kjv", "prompt": P, "max_tokens": 400, "ignore_eos": True})))
+        th.start()
+        t0 = time.time()
+        while time.time() - t0 < 20 and metrics(s).get("kiln_requests_running") != 1:
+            time.sleep(0.05)
+        s.p.send_signal(signal.SIGTERM)
+        th.join(60)
+        st = res.get("r", (0,))[0]
+        check(st == 503, "a request cancelled by the drain deadline gets 503: %d" % st)
+    finally:
+        check(s.stop() == 0, "queue server exit status")
+
+
+def check_usage():
+    def rc_err(*args):
+        p = subprocess.run([KILN, "serve", *args], capture_output=True, text=True, timeout=60)
+        return p.returncode, p.stderr
+    rc, err = rc_err()
+    check(rc == 2 and "expected one engine file" in err, "serve without an engine: %d %s" % (rc, err))
+    rc, err = rc_err(os.path.join(T, "kjv.kiln"), "--port", "70000")
+    check(rc == 2 and "--port" in err, "a bad --port: %d %s" % (rc, err))
+    rc, err = rc_err(os.path.join(T, "nothing.kiln"), "--device", "cpu", "--port", str(free_port()))
+    check(rc == 1 and "nothing.kiln" in err, "a missing engine: %d %s" % (rc, err))
+    rc, err = rc_err(os.path.join(T, "kjv.kiln"), "--host", "localhost")
+    check(rc == 1 and "hint:" in err, "a host that is not an address: %d %s" % (rc, err))
+
+
+def main():
+    check_usage()
+    s = Server(os.path.join(T, "chat.kiln"), "--api-key", KEY, "--model-name", "kjv", "--max-batch", "4", "--drain-seconds", "120")
+    try:
+        want, pieces = check_completions(s)
+        check_stop(s, want, pieces)
+        want_chat = check_chat(s)
+        check_errors(s)
+        check_misc(s)
+        check_disconnect(s)
+        check_openai(s, want, want_chat)
+        check_drain(s)
+    finally:
+        s.stop()
+        if failed:
+            print(s.logtext()[-3000:], file=sys.stderr)
+    check_queue()
+
+
+try:
+    main()
+except Exception as e:  # a crash is a failure, with the servers stopped
+    import traceback
+    traceback.print_exc()
+    failed += 1
+finally:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+print("%d passed, %d failed" % (passed, failed))
+sys.exit(1 if failed else 0)
