@@ -96,7 +96,7 @@ static kiln_status check_model(const json_t *model, const kiln_plan *p, kiln_err
     return KILN_OK;
 }
 
-/* generation: max_context equals the plan's; bos and eos ids inside the vocabulary. */
+/* generation: max_context equals the plan's. */
 static kiln_status check_generation(const json_t *gen, const kiln_plan *p, kiln_error *err) {
     if (!gen || json_is_null(gen)) return KILN_OK;
     if (!json_is_object(gen)) {
@@ -107,31 +107,7 @@ static kiln_status check_generation(const json_t *gen, const kiln_plan *p, kiln_
     if (json_object_get(gen, "max_context") &&
         (st = meta_expect(gen, "generation", "max_context", p->max_context, "the plan's context", err)) != KILN_OK)
         return st;
-    json_t *bos = json_object_get(gen, "bos_token_id");
-    if (bos && !json_is_null(bos)) {
-        long long b = 0;
-        if ((st = meta_int(gen, "generation", "bos_token_id", &b, err)) != KILN_OK) return st;
-        if (b < -1 || b >= p->vocab_size) {
-            kiln_err(err, KILN_ERR_FORMAT, "meta generation.bos_token_id %lld is outside the model's vocabulary of %d "
-                     "(-1 = none)", b, p->vocab_size);
-            return kiln_err_hint(err, REBUILD_HINT);
-        }
-    }
-    json_t *eos = json_object_get(gen, "eos_token_ids"), *e;
-    size_t i;
-    if (eos && !json_is_array(eos)) {
-        kiln_err(err, KILN_ERR_FORMAT, "meta generation.eos_token_ids is not an array");
-        return kiln_err_hint(err, REBUILD_HINT);
-    }
-    json_array_foreach(eos, i, e) {
-        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) >= p->vocab_size) {
-            char *s = json_dumps(e, JSON_ENCODE_ANY);
-            kiln_err(err, KILN_ERR_FORMAT, "meta generation.eos_token_ids[%zu] = %.40s is not an id in the model's "
-                     "vocabulary of %d", i, s ? s : "?", p->vocab_size);
-            free(s);
-            return kiln_err_hint(err, REBUILD_HINT);
-        }
-    }
+    /* bos and eos ids were checked by the loader (runtime/model.c read_ids) */
     return KILN_OK;
 }
 

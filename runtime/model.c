@@ -16,6 +16,47 @@
 #include "kiln_rt.h"
 #include "kiln_tokenizer.h"
 
+/* bos and eos ids from meta.generation: each inside the plan's vocabulary
+ * (bos -1 or absent = none). The compiler writes no other; an engine that
+ * holds one is damaged or forged, and running it would stop at the wrong
+ * token or never, so it is refused rather than the id dropped. */
+static kiln_status read_ids(kiln_model *m, const json_t *gen, const char *path, kiln_error *err) {
+    const int32_t vocab = m->plan->vocab_size;
+    json_t *bos = json_object_get(gen, "bos_token_id"), *eos = json_object_get(gen, "eos_token_ids"), *e;
+    m->bos_id = -1;
+    m->n_eos = 0;
+    if (bos && !json_is_null(bos)) {
+        json_int_t b = json_is_integer(bos) ? json_integer_value(bos) : -2;
+        if (b < -1 || b >= vocab) {
+            char *v = json_dumps(bos, JSON_ENCODE_ANY);
+            kiln_err(err, KILN_ERR_FORMAT, "%s: meta generation.bos_token_id %.40s is outside the model's vocabulary "
+                     "of %d (-1 = none)", path, v ? v : "?", vocab);
+            free(v);
+            return kiln_err_hint(err, "the engine is damaged or was not written by kiln; rebuild it with kiln compile");
+        }
+        m->bos_id = (int32_t)b;
+    }
+    if (eos && !json_is_array(eos)) {
+        kiln_err(err, KILN_ERR_FORMAT, "%s: meta generation.eos_token_ids is not an array", path);
+        return kiln_err_hint(err, "the engine is damaged or was not written by kiln; rebuild it with kiln compile");
+    }
+    if (json_array_size(eos) > KILN_MAX_EOS_IDS)
+        return kiln_err(err, KILN_ERR_FORMAT, "%s: meta generation.eos_token_ids lists %zu ids; kiln reads at most %d",
+                        path, json_array_size(eos), KILN_MAX_EOS_IDS);
+    size_t i;
+    json_array_foreach(eos, i, e) {
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) >= vocab) {
+            char *v = json_dumps(e, JSON_ENCODE_ANY);
+            kiln_err(err, KILN_ERR_FORMAT, "%s: meta generation.eos_token_ids[%zu] = %.40s is not an id in the "
+                     "model's vocabulary of %d", path, i, v ? v : "?", vocab);
+            free(v);
+            return kiln_err_hint(err, "the engine is damaged or was not written by kiln; rebuild it with kiln compile");
+        }
+        m->eos_ids[m->n_eos++] = (int32_t)json_integer_value(e);
+    }
+    return KILN_OK;
+}
+
 /* meta.generation's sampling defaults (engines before format 2.1 have none:
  * greedy). Present but out of range is a corrupted meta section. */
 static kiln_status read_sampling(kiln_model *m, json_t *gen, const char *path, kiln_error *err) {
@@ -58,21 +99,8 @@ static kiln_status read_meta(kiln_model *m, const char *path, kiln_error *err) {
         return kiln_err(err, KILN_ERR_FORMAT, "%s: meta section is not a JSON object (%s)", path, je.text);
     }
     json_t *gen = json_object_get(root, "generation");
-    json_t *bos = json_object_get(gen, "bos_token_id"), *eos = json_object_get(gen, "eos_token_ids");
-    /* a bos outside the vocabulary counts as none (`kiln inspect` reports it) */
-    json_int_t b = json_is_integer(bos) ? json_integer_value(bos) : -1;
-    m->bos_id = b >= 0 && b < m->plan->vocab_size ? (int32_t)b : -1;
-    m->n_eos = 0;
-    size_t i;
-    json_t *e;
-    json_array_foreach(eos, i, e) {
-        /* ids outside the vocabulary are dropped, like such a bos */
-        if (json_is_integer(e) && json_integer_value(e) >= 0 && json_integer_value(e) < m->plan->vocab_size &&
-            m->n_eos < KILN_MAX_EOS_IDS)
-            m->eos_ids[m->n_eos++] = (int32_t)json_integer_value(e);
-    }
-    if (m->bos_id >= m->plan->vocab_size) m->bos_id = -1;
-    kiln_status st2 = read_sampling(m, gen, path, err);
+    kiln_status st2 = read_ids(m, gen, path, err);
+    if (st2 == KILN_OK) st2 = read_sampling(m, gen, path, err);
     json_decref(root);
     return st2;
 }
