@@ -22,10 +22,7 @@ if [ ! -d "$PY" ]; then
 fi
 T=$(mktemp -d "${TMPDIR:-/tmp}/kiln-chat-XXXXXX")
 trap 'rm -rf "$T"' EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*" >&2; fail=$((fail + 1)); }
+. "$SRC/tests/lib_cli.sh"
 GOLDEN="$SRC/tests/golden/chat/golden.json"
 
 mkdir "$T/ck"
@@ -63,5 +60,4 @@ for args in "--system x --prompt hi" "--chat --prompt-ids 1,2" "--chat --no-spec
     [ $? -eq 2 ] && ok || bad "usage error expected for: $args"
 done
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+cli_summary

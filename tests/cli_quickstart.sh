@@ -22,10 +22,7 @@ M="$SRC/models/kjv-tiny"
 G="$SRC/tests/golden/kjv-tiny"
 T=$(mktemp -d "${TMPDIR:-/tmp}/kiln-quickstart-XXXXXX")
 trap 'rm -rf "$T"' EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*" >&2; fail=$((fail + 1)); }
+. "$SRC/tests/lib_cli.sh"
 
 # ---- tokenizer: every golden case, file and directory, plain and --special, decode ----
 # one python process drives kiln per case; it prints "<passed> <failed>" last
@@ -123,5 +120,4 @@ EOF
     fi
 fi
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+cli_summary

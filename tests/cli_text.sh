@@ -21,10 +21,7 @@ if [ ! -d "$PY" ]; then
 fi
 T=$(mktemp -d "${TMPDIR:-/tmp}/kiln-text-XXXXXX")
 trap 'rm -rf "$T"' EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*" >&2; fail=$((fail + 1)); }
+. "$SRC/tests/lib_cli.sh"
 
 GOLDEN="$SRC/tests/golden/pycode-22m/golden.json"
 # the golden's prompt ids and float32 greedy ids for case 0 ("def fibonacci(n):")
@@ -70,5 +67,4 @@ else
     bad "streamed text differs: $(head -c 200 "$T/stream")"
 fi
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+cli_summary
