@@ -20,6 +20,7 @@
  * unavailable (KILN_ERR_DEVICE), never to hide another failure.
  */
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -331,15 +332,28 @@ static kiln_status usable(kiln_ctx_t *c, const char *fn) {
     return KILN_OK;
 }
 
+static void info_fill(kiln_ctx_t *c, kiln_ctx_info *info);
+
 kiln_status kiln_ctx_info_get(kiln_ctx_t *c, kiln_ctx_info *info) {
     kiln_status st = usable(c, "kiln_ctx_info_get");
     if (st != KILN_OK) return st;
     kiln_error e = {0};
-    if (!info || info->struct_size < sizeof *info) {
-        kiln_err(&e, KILN_ERR_INVALID_ARG, "kiln_ctx_info_get: info is NULL or its struct_size is not %zu",
-                 sizeof *info);
+    /* 0.1's struct ended at kernels_jitted; a caller built against it gets the fields it knows */
+    const size_t v01 = offsetof(kiln_ctx_info, kernels_jitted) + sizeof info->kernels_jitted;
+    if (!info || info->struct_size < v01) {
+        kiln_err(&e, KILN_ERR_INVALID_ARG, "kiln_ctx_info_get: info is NULL or its struct_size is below %zu", v01);
+        kiln_err_hint(&e, "set info.struct_size = sizeof(kiln_ctx_info) before the call");
         return fail_ctx(c, &e);
     }
+    const size_t caller_size = info->struct_size < sizeof *info ? info->struct_size : sizeof *info;
+    kiln_ctx_info all;
+    info_fill(c, &all);
+    memcpy(info, &all, caller_size);
+    info->struct_size = (uint32_t)caller_size;
+    return KILN_OK;
+}
+
+static void info_fill(kiln_ctx_t *c, kiln_ctx_info *info) {
     kiln_executor_info xi = {0};
     if (c->x->ops->info) c->x->ops->info(c->x, &xi);
     kiln_sched_stats ss;
@@ -363,14 +377,22 @@ kiln_status kiln_ctx_info_get(kiln_ctx_t *c, kiln_ctx_info *info) {
     if (getrusage(RUSAGE_SELF, &ru) == 0) info->host_peak_bytes = (int64_t)ru.ru_maxrss * 1024; /* Linux: kB */
     info->steps = ss.steps;
     info->max_running = ss.max_running;
-    return KILN_OK;
+    info->requests_running = ss.running;
+    info->requests_waiting = ss.queued;
+    info->kv_used_tokens = xi.kv_used_tokens;
+    info->preemptions = ss.preemptions;
+    info->tokens_recomputed = ss.tokens_recomputed;
 }
 
 /* ---- requests ---- */
 
 void kiln_request_options_init(kiln_request_options *o) {
     if (!o) return;
-    *o = (kiln_request_options){.struct_size = sizeof *o, .max_tokens = DEFAULT_MAX_TOKENS, .top_p = 1.0f};
+    *o = (kiln_request_options){.struct_size = sizeof *o,
+                                .max_tokens = DEFAULT_MAX_TOKENS,
+                                .top_p = 1.0f,
+                                .repetition_penalty = 1.0f,
+                                .logprobs = -1};
 }
 
 kiln_status kiln_request_options_init_from_engine(const kiln_t *k, kiln_request_options *o) {
@@ -407,12 +429,26 @@ kiln_status kiln_submit(kiln_ctx_t *c, const int32_t *prompt, int32_t n_prompt, 
         }
         memcpy(&o, opts, opts->struct_size < sizeof o ? opts->struct_size : sizeof o);
     }
+    if (o.repetition_penalty == 0) { /* the scheduler reads 0 as "off"; in this API 1 is */
+        kiln_err(&e, KILN_ERR_INVALID_ARG, "submit: repetition penalty 0 must be in (0, 10] (1 = off)");
+        return fail_ctx(c, &e);
+    }
     kiln_sched_request r = {.prompt = prompt,
                             .n_prompt = n_prompt,
-                            .samp = {.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p, .seed = o.seed},
+                            .samp = {.temperature = o.temperature,
+                                     .top_k = o.top_k,
+                                     .top_p = o.top_p,
+                                     .seed = o.seed,
+                                     .min_p = o.min_p},
+                            .pen = {.presence = o.presence_penalty,
+                                    .frequency = o.frequency_penalty,
+                                    .repetition = o.repetition_penalty},
+                            .logprobs = o.logprobs != -1,
+                            .top_logprobs = o.logprobs,
                             .max_tokens = o.max_tokens,
                             .ignore_eos = o.ignore_eos != 0,
                             .cb = o.on_token,
+                            .cb_info = o.on_token_info,
                             .user = o.user};
     if ((st = kiln_sched_submit(c->s, &r, id, &e)) != KILN_OK) return fail_ctx(c, &e);
     return KILN_OK;

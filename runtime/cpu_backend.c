@@ -113,6 +113,7 @@ static kiln_status cpu_step(kiln_executor *x, const kiln_step *s, kiln_error *er
 
     const int vocab = x->vocab;
     const int32_t *tokens = s->tokens;
+    int row = 0; /* next row of s->logits */
     for (int i = 0; i < s->n_seqs; i++) {
         kiln_cpu_ctx *ctx = c->ctx[s->slot[i]];
         int chunk = kiln_cpu_ctx_max_step(ctx);
@@ -123,7 +124,8 @@ static kiln_status cpu_step(kiln_executor *x, const kiln_step *s, kiln_error *er
             done += n;
         }
         tokens += s->n_new[i];
-        if (s->logits) memcpy(s->logits + (size_t)i * (size_t)vocab, c->logits, (size_t)vocab * sizeof(float));
+        if (s->logits && (!s->want_logits || s->want_logits[i]))
+            memcpy(s->logits + (size_t)row++ * (size_t)vocab, c->logits, (size_t)vocab * sizeof(float));
         s->next[i] = -1;
         if (s->want_token[i]) {
             int64_t pos = (int64_t)s->start[i] + s->n_new[i]; /* position of the token being produced */
@@ -138,6 +140,7 @@ static void cpu_info(kiln_executor *x, kiln_executor_info *info) {
     cpu_exec *c = (cpu_exec *)x;
     snprintf(info->device_name, sizeof info->device_name, "cpu");
     info->kv_capacity_tokens = c->kv_tokens;
+    info->kv_used_tokens = c->kv_used;
 }
 
 static void cpu_destroy(kiln_executor *x) {

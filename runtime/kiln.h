@@ -207,6 +207,12 @@ typedef struct kiln_ctx_info {
     double kernels_load_seconds; /* loading the engine's kernel modules, a PTX JIT included (0 on the CPU) */
     int32_t kernels_jitted;      /* 1 when the engine has no cubin for this GPU and its PTX was JIT-compiled
                                     (the driver caches the result, so the next load is fast) */
+    /* Since 0.2 (a caller built against 0.1 passes a smaller struct_size and gets the fields it knows) */
+    int32_t requests_running;    /* requests admitted now (in a slot) */
+    int32_t requests_waiting;    /* requests queued now, preempted ones included */
+    int64_t kv_used_tokens;      /* KV tokens promised to running requests now (<= kv_capacity_tokens) */
+    int64_t preemptions;         /* times a running request was preempted so far */
+    int64_t tokens_recomputed;   /* tokens fed again to resume preempted requests so far */
 } kiln_ctx_info;
 
 /* Describe the context. */
@@ -225,6 +231,24 @@ kiln_status kiln_ctx_info_get(kiln_ctx_t *ctx, kiln_ctx_info *info);
 typedef int32_t (*kiln_token_callback)(void *user, int64_t request, int32_t token, int32_t finished,
                                        int32_t stop_reason);
 
+/* The most alternatives a token can report (kiln_request_options.logprobs). */
+#define KILN_MAX_LOGPROBS 20
+
+/* One generated token with its log-probabilities, for kiln_token_info_callback. */
+typedef struct kiln_token_info {
+    int32_t token;   /* the token id */
+    float logprob;   /* its log-probability under the model: the log-softmax of the logits, before
+                        temperature, penalties and truncation (0 when the request's logprobs is -1) */
+    int32_t n_top;   /* entries below: the request's logprobs (0 when -1) */
+    int32_t top_token[KILN_MAX_LOGPROBS]; /* the most likely tokens, most likely first (ties: lower id) */
+    float top_logprob[KILN_MAX_LOGPROBS]; /* their log-probabilities */
+} kiln_token_info;
+
+/* As kiln_token_callback, with the token's log-probabilities: `t` is the
+ * token (NULL on a last call without a new token). */
+typedef int32_t (*kiln_token_info_callback)(void *user, int64_t request, const kiln_token_info *t, int32_t finished,
+                                            int32_t stop_reason);
+
 typedef struct kiln_request_options {
     uint32_t struct_size;         /* sizeof(kiln_request_options); set by kiln_request_options_init */
     int32_t max_tokens;           /* tokens to generate at most (default 128; 0 = finish at once) */
@@ -235,7 +259,24 @@ typedef struct kiln_request_options {
                                      alone or batched (default 0) */
     int32_t ignore_eos;           /* non-zero: do not stop at an end-of-sequence token */
     kiln_token_callback on_token; /* NULL: keep the tokens for kiln_poll (default) */
-    void *user;                   /* passed to on_token */
+    void *user;                   /* passed to on_token (or on_token_info) */
+    /* Since 0.2 (callers built against 0.1 pass a smaller struct_size and get the defaults). The
+     * scheduler applies these on the host to the logits the device returns for such requests
+     * (docs/c-api.md gives the cost), in vLLM's order: repetition, frequency and presence penalties,
+     * then temperature, top-k, top-p, min-p. */
+    float min_p;              /* keep tokens whose probability is at least min_p × the most likely one's,
+                                 0..1; 0 = off (default) */
+    float presence_penalty;   /* OpenAI's: subtracted from the logit of every token generated so far,
+                                 -2..2; 0 = off (default) */
+    float frequency_penalty;  /* OpenAI's: subtracted once per time a token was generated so far, -2..2;
+                                 0 = off (default) */
+    float repetition_penalty; /* HF's: the logit of a token in the prompt or generated so far is divided
+                                 by it when positive, multiplied when negative; (0, 10]; 1 = off (default) */
+    int32_t logprobs;         /* -1 = off (default); 0..KILN_MAX_LOGPROBS: report each token's
+                                 log-probability and this many most likely alternatives, through
+                                 on_token_info (required then) */
+    kiln_token_info_callback on_token_info; /* instead of on_token: tokens with their log-probabilities
+                                               (NULL = none, default; not both) */
 } kiln_request_options;
 
 /* Fill *o with the defaults above. */
@@ -250,11 +291,18 @@ kiln_status kiln_request_options_init_from_engine(const kiln_t *k, kiln_request_
 
 /* Queue a request: `n_prompt` token ids (copied), options `o` (NULL =
  * defaults). *id receives its id (> 0, unique in the context). Refused at
- * once: an empty prompt or an id outside the vocabulary
- * (KILN_ERR_INVALID_ARG), a prompt longer than the context or a request
- * the KV memory can never hold (KILN_ERR_CONTEXT). Otherwise the request
- * waits until a slot and its KV memory (prompt + max_tokens, capped at the
- * context) are free: requests are admitted in submission order. */
+ * once: an empty prompt, an id outside the vocabulary or an option out of
+ * its range (KILN_ERR_INVALID_ARG), a prompt longer than the context or a
+ * request the KV memory can never hold, prompt + max_tokens capped at the
+ * context (KILN_ERR_CONTEXT). Otherwise the request waits until a slot and
+ * the KV memory for its prompt are free (requests are admitted in
+ * submission order); its KV memory then grows as it generates. When the KV
+ * memory runs out, the most recently admitted running requests are
+ * preempted: their KV memory is freed and they go back to the front of the
+ * queue, to be resumed by recomputing prompt + tokens so far. A preempted
+ * request is never failed and its tokens are delivered once each; they are
+ * the tokens it would have produced otherwise (bit for bit on the CPU; on a
+ * GPU the recomputed logits can differ in the last bits). */
 kiln_status kiln_submit(kiln_ctx_t *ctx, const int32_t *prompt, int32_t n_prompt, const kiln_request_options *o,
                         int64_t *id);
 

@@ -32,7 +32,17 @@ typedef struct kiln_sampling {
     int32_t top_k;     /* 0 = off */
     float top_p;       /* 1 = off */
     uint64_t seed;
+    float min_p;       /* 0 = off; device samplers ignore it: the scheduler samples such rows on the host */
 } kiln_sampling;
+
+/* Penalties on tokens already seen (OpenAI's and HF's), applied to a row of
+ * logits before sampling by the scheduler, on the host. */
+typedef struct kiln_penalties {
+    float presence;   /* subtracted once from the logit of every token generated so far (0 = off) */
+    float frequency;  /* subtracted per occurrence among the tokens generated so far (0 = off) */
+    float repetition; /* HF/CTRL: a positive logit of a token in the prompt or output is divided by
+                         it, a negative one multiplied (1 = off) */
+} kiln_penalties;
 
 typedef struct kiln_step {
     int n_seqs;
@@ -43,7 +53,10 @@ typedef struct kiln_step {
     const bool *want_token;    /* [n_seqs] sample a next token after this step (prompt fully read) */
     const kiln_sampling *samp; /* [n_seqs] */
     int32_t *next;             /* [n_seqs] out: sampled token where want_token, else -1 */
-    float *logits;             /* optional out: [n_seqs, vocab], last new token of each sequence */
+    float *logits;             /* optional out: the logits of the last new token of sequences: with
+                                  want_logits NULL, every sequence's, row i for sequence i; else only
+                                  those flagged, packed in sequence order (row k for the k-th flagged) */
+    const bool *want_logits;   /* optional [n_seqs] (with logits): which rows to return */
 } kiln_step;
 
 typedef struct kiln_executor kiln_executor;
@@ -52,6 +65,7 @@ typedef struct kiln_executor kiln_executor;
 typedef struct kiln_executor_info {
     char device_name[128];      /* "cpu", "NVIDIA H200" */
     int64_t kv_capacity_tokens; /* most KV tokens all slots together can hold (0 = unknown) */
+    int64_t kv_used_tokens;     /* KV tokens promised to slots now (reserve()), in whole blocks */
     int64_t device_bytes;       /* device memory in use now (0 on the CPU) */
     int64_t device_peak_bytes;  /* the most device memory in use since creation (0 on the CPU) */
     /* Device memory by part (0 on the CPU): peak device memory <= weights + KV pool + scratch, where
@@ -91,5 +105,18 @@ double kiln_sample_uniform(uint64_t seed, int64_t position);
  * exact rule, which a device sampler must follow to give the same tokens,
  * opens runtime/sampler.c. */
 int32_t kiln_sample_logits(const float *logits, int vocab, const kiln_sampling *s, double u, float *scratch);
+/* Apply penalties `p` in place to one row of logits, for the sequence
+ * toks[0, n_total) whose first n_prompt tokens are its prompt: repetition
+ * over all of them, then frequency and presence over the generated ones
+ * (vLLM's order). `counts` is [vocab] zeros, left zeros. */
+void kiln_apply_penalties(float *logits, int vocab, const int32_t *toks, int n_prompt, int n_total,
+                          const kiln_penalties *p, int32_t *counts);
+/* log-softmax of one row of logits (the model's distribution: no
+ * temperature, no penalties): the log-probability of `token` into *lp and
+ * the n_top (≤ vocab) most likely tokens in rank order (logit descending, id
+ * ascending) into top_ids/top_lps. NaN logits count as probability 0
+ * (log-probability -inf). */
+void kiln_logprobs(const float *logits, int vocab, int32_t token, int n_top, float *lp, int32_t *top_ids,
+                   float *top_lps);
 
 #endif /* KILN_EXEC_H */

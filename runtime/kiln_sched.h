@@ -5,18 +5,29 @@
  *
  * Requests wait in a FIFO queue. Each step:
  *   1. finish cancelled requests (freeing their slots and KV memory);
- *   2. admit queued requests, in order, while a slot is free and the
- *      executor's reserve() says the whole request fits (prompt +
- *      max_tokens − 1 KV tokens, capped at the context); the first that does
- *      not fit waits, and so does everything behind it (no overtaking, so a
- *      large request is never starved);
- *   3. build one executor step: first one decode token for every running
+ *   2. grow: every running request that decodes this step needs KV room
+ *      for one more token; it is promised in runs of kv_lookahead tokens
+ *      (reserve()). When the KV memory cannot give it, the most recently
+ *      admitted running request is preempted (its slot and KV memory freed,
+ *      the request back at the front of the queue, keeping its tokens) until
+ *      it can. The oldest running request can always grow: a request whose
+ *      prompt + max_tokens − 1 (capped at the context) exceeds the whole KV
+ *      memory is refused at submit;
+ *   3. admit queued requests, in order, while a slot is free and the
+ *      executor's reserve() gives the KV room for the tokens it must read
+ *      (its prompt, or prompt + tokens so far when resumed) plus the
+ *      lookahead; the first that does not fit waits, and so does everything
+ *      behind it (no overtaking, so a large request is never starved);
+ *   4. build one executor step: first one decode token for every running
  *      sequence whose prompt is read, then prefill chunks of the others in
  *      admission order, at most max_step_tokens new tokens in all (a long
- *      prompt is split across steps: chunked prefill);
- *   4. run it, then deliver each sampled token (callback or poll buffer) and
- *      finish requests on eos (unless ignore_eos), max_tokens, a full
- *      context, or cancellation, releasing their slots.
+ *      prompt is split across steps: chunked prefill; a resumed request
+ *      prefills its prompt and the tokens it had generated);
+ *   5. run it; rows of requests with penalties, min-p or logprobs come back
+ *      as logits and are sampled here on the host (the device's token for
+ *      them is dropped); then deliver each sampled token (callback or poll
+ *      buffer) and finish requests on eos (unless ignore_eos), max_tokens, a
+ *      full context, or cancellation, releasing their slots.
  *
  * Positions and sampling: the token produced after a sequence's KV cache
  * holds p tokens has position p and is drawn with kiln_sample_uniform(seed,
@@ -56,15 +67,20 @@ typedef struct kiln_sched_opts {
                               larger), capped at the executor's */
     const int32_t *eos_ids; /* end-of-sequence ids (copied) */
     int n_eos;
+    int kv_lookahead;      /* KV tokens promised ahead of need, per request; 0 = 16 */
 } kiln_sched_opts;
 
 typedef struct kiln_sched_request {
     const int32_t *prompt; /* copied */
     int n_prompt;
     kiln_sampling samp;
+    kiln_penalties pen;      /* zeros = none (repetition 0 is taken as 1) */
+    bool logprobs;           /* deliver log-probabilities (needs cb_info)... */
+    int top_logprobs;        /* ...with this many alternatives, 0..KILN_MAX_LOGPROBS */
     int max_tokens;
     bool ignore_eos;
-    kiln_token_callback cb; /* NULL: tokens are kept for kiln_sched_poll */
+    kiln_token_callback cb;  /* NULL (and no cb_info): tokens are kept for kiln_sched_poll */
+    kiln_token_info_callback cb_info; /* tokens with log-probabilities (not with cb) */
     void *user;
 } kiln_sched_request;
 
@@ -75,6 +91,9 @@ typedef struct kiln_sched_stats {
     int max_running;         /* the most sequences in one step */
     int max_step_tokens_used; /* the most new tokens in one step */
     int queued, running;     /* now */
+    int64_t preemptions;     /* running requests preempted */
+    int64_t tokens_recomputed; /* tokens fed again to resume them */
+    int64_t host_sampled;    /* tokens sampled on the host (penalties, min-p, logprobs) */
 } kiln_sched_stats;
 
 /* The scheduler drives `x` (borrowed: the caller destroys it after

@@ -9,7 +9,8 @@
  *      top-k keeps the first k; top-p then keeps a candidate while the mass
  *      of the candidates ranked before it is below top_p × the mass of all
  *      candidates (HF's warper order: temperature, top-k, top-p; at least
- *      one is kept);
+ *      one is kept); min-p then drops candidates whose p is below min_p
+ *      (p of the best is 1, so this is HF's min_p × the top probability);
  *   4. draw: walk the kept ids in ascending id order, summing p in double,
  *      and return the first whose running sum exceeds u × the kept mass (the
  *      last kept id with p > 0 if rounding leaves none).
@@ -180,6 +181,8 @@ int32_t kiln_sample_logits(const float *logits, int vocab, const kiln_sampling *
                 before += prob[cand[i]];
             }
         }
+        if (s->min_p > 0)
+            while (n_kept > 1 && !(prob[cand[n_kept - 1]] >= s->min_p)) n_kept--;
     } else {
         double total = 0;
         for (int i = 0; i < vocab; i++) {
@@ -188,7 +191,14 @@ int32_t kiln_sample_logits(const float *logits, int vocab, const kiln_sampling *
             total += prob[i];
         }
         if (!nucleus) {
-            /* plain temperature sampling: every id, no ranking at all */
+            /* plain temperature sampling (min-p: only ids at or above it) */
+            if (s->min_p > 0) {
+                total = 0;
+                for (int i = 0; i < vocab; i++) {
+                    if (!(prob[i] >= s->min_p)) prob[i] = 0;
+                    total += prob[i];
+                }
+            }
             double r = u * total, cum = 0;
             int32_t last = best;
             for (int i = 0; i < vocab; i++) {
@@ -203,19 +213,68 @@ int32_t kiln_sample_logits(const float *logits, int vocab, const kiln_sampling *
         n_kept = nucleus_size(logits, prob, cand, vocab, (double)s->top_p * total);
     }
     /* draw: walk the ids in ascending order; kept = ranked no worse than
-     * the last kept candidate */
+     * the last kept candidate (and, after top-p alone, at or above min-p:
+     * both keep a prefix of the ranking, so kept is the shorter) */
     const int32_t worst = cand[n_kept - 1];
+    const float floor_p = s->min_p > 0 ? s->min_p : 0.0f;
     double kept_mass = 0;
     for (int32_t i = 0; i < vocab; i++)
-        if (i == worst || ranks_before(logits, i, worst)) kept_mass += prob[i];
+        if ((i == worst || ranks_before(logits, i, worst)) && prob[i] >= floor_p) kept_mass += prob[i];
     double r = u * kept_mass, cum = 0;
     int32_t last = best;
     for (int32_t i = 0; i < vocab; i++) {
         if (i != worst && !ranks_before(logits, i, worst)) continue;
-        if (prob[i] == 0) continue;
+        if (prob[i] == 0 || prob[i] < floor_p) continue;
         last = i;
         cum += prob[i];
         if (r < cum) return i;
     }
     return last; /* rounding at the top end */
+}
+
+/* ---- penalties and log-probabilities (the scheduler's host path) ---- */
+
+#define SEEN_BIT (1 << 30) /* counts[t]: this bit = t occurs at all; below it, occurrences among outputs */
+
+void kiln_apply_penalties(float *logits, int vocab, const int32_t *toks, int n_prompt, int n_total,
+                          const kiln_penalties *p, int32_t *counts) {
+    (void)vocab;
+    for (int i = 0; i < n_total; i++) {
+        int32_t t = toks[i];
+        if (i >= n_prompt) counts[t]++;
+        counts[t] |= SEEN_BIT;
+    }
+    const bool rep = p->repetition != 1.0f;
+    for (int i = 0; i < n_total; i++) {
+        int32_t t = toks[i], c = counts[t];
+        if (c == 0) continue; /* already done */
+        counts[t] = 0;
+        float v = logits[t];
+        if (rep) v = v > 0 ? v / p->repetition : v * p->repetition;
+        int32_t out = c & (SEEN_BIT - 1);
+        if (out > 0) v -= p->frequency * (float)out + p->presence;
+        logits[t] = v;
+    }
+}
+
+void kiln_logprobs(const float *logits, int vocab, int32_t token, int n_top, float *lp, int32_t *top_ids,
+                   float *top_lps) {
+    const int32_t best = kiln_argmax(logits, vocab);
+    const float mx = rank_key(logits, best);
+    double sum = 0;
+    if (isfinite(mx))
+        for (int i = 0; i < vocab; i++) {
+            float v = logits[i];
+            if (!isnan(v)) sum += exp((double)v - (double)mx);
+        }
+    /* log-sum-exp; with no finite maximum every token gets -inf or NaN's -inf */
+    const double lse = isfinite(mx) ? (double)mx + log(sum) : INFINITY;
+#define LOGPROB(id) (isnan(logits[id]) || !isfinite(lse) ? -INFINITY : (float)((double)logits[id] - lse))
+    *lp = LOGPROB(token);
+    if (n_top > vocab) n_top = vocab;
+    if (n_top > 0) {
+        select_top(logits, vocab, n_top, top_ids);
+        for (int i = 0; i < n_top; i++) top_lps[i] = LOGPROB(top_ids[i]);
+    }
+#undef LOGPROB
 }

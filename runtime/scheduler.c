@@ -11,10 +11,13 @@
  * A request's record is freed when it is forgotten: right after its final
  * callback (callback mode) or by the poll that reports it finished.
  *
- * Per running request: n_cached tokens are in its KV cache; while
- * n_cached < n_prompt it is prefilling; afterwards it decodes, and always
- * n_cached == n_prompt + n_gen − 1 (the last sampled token, `last`, is fed
- * in the next step).
+ * Per request: toks holds its prompt then the tokens generated so far,
+ * n_known = n_prompt + n_gen of them. While running, n_cached of them are in
+ * its KV cache: it prefills while n_known − n_cached > 1 (its prompt, or
+ * prompt + tokens so far when resumed after a preemption) and decodes when
+ * n_known − n_cached == 1 (the last sampled token is fed in the next step).
+ * `promised` is the KV room reserve() granted its slot; before a step it
+ * covers n_known.
  *
  * Re-entrancy: `busy` is set while a step runs or while cancellations are
  * being finished. Calls made meanwhile (from callbacks on this thread, or
@@ -33,29 +36,36 @@ typedef enum req_state { REQ_QUEUED, REQ_RUNNING, REQ_DONE } req_state;
 typedef struct sched_req {
     int64_t id;
     req_state state;
-    int32_t *prompt;       /* [n_prompt], owned */
+    int32_t *toks;         /* [cap_toks]: the prompt, then the generated tokens; owned */
+    int cap_toks;
     int n_prompt;
     kiln_sampling samp;
+    kiln_penalties pen;
+    int logprobs;          /* -1 = none */
+    bool host;             /* sampled on the host: penalties, min-p or logprobs */
     int max_tokens;
     bool ignore_eos;
     kiln_token_callback cb;
+    kiln_token_info_callback cb_info;
     void *user;
-    int need;              /* KV tokens to reserve: prompt + max_tokens − 1, capped at the context */
+    int need;              /* the most KV tokens it can use: prompt + max_tokens − 1, capped at the context */
+    int promised;          /* KV tokens its slot was granted (while running) */
     int slot;              /* while running */
-    int64_t admitted;      /* admission order, for prefill priority */
+    int64_t admitted;      /* first admission's order (kept when resumed): prefill priority, preemption order */
+    bool was_admitted;
     int n_cached, n_gen;
-    int32_t last;          /* last sampled token */
     bool cancel;           /* cancel requested, not yet finished */
     kiln_stop_reason stop; /* when done */
-    int32_t *out;          /* poll mode: tokens produced [n_out], n_read of them taken */
-    int n_out, cap_out, n_read;
+    int n_read;            /* poll mode: generated tokens taken */
     struct sched_req *next; /* queue or done list */
 } sched_req;
+
+static int n_known(const sched_req *r) { return r->n_prompt + r->n_gen; }
 
 struct kiln_sched {
     pthread_mutex_t lock; /* recursive: callbacks run with it held and may call back in */
     kiln_executor *x;
-    int max_seqs, max_context, max_step;
+    int max_seqs, max_context, max_step, lookahead;
     int32_t *eos;
     int n_eos;
     int64_t next_id, next_admit;
@@ -66,10 +76,15 @@ struct kiln_sched {
     bool busy;
     /* the step under construction */
     int32_t *st_slot, *st_n_new, *st_start, *st_next, *st_tokens;
-    bool *st_want;
+    bool *st_want, *st_host;
     kiln_sampling *st_samp;
     sched_req **st_req;
-    sched_req **prefill; /* [max_seqs] scratch: prefilling requests in admission order */
+    sched_req **order; /* [max_seqs] scratch: running requests in admission order */
+    /* host sampling, allocated at first use: logits rows [cap_rows × vocab], a working row
+     * [vocab], the sampler's scratch [2 × vocab], token counts [vocab] (kept zero) */
+    float *h_rows, *h_work, *h_scratch;
+    int32_t *h_counts;
+    int h_cap_rows;
     kiln_sched_stats stats;
 };
 
@@ -100,6 +115,8 @@ kiln_status kiln_sched_new(kiln_executor *x, const kiln_sched_opts *o, kiln_sche
     }
     if (o->n_eos < 0 || (o->n_eos > 0 && !o->eos_ids))
         return kiln_err(err, KILN_ERR_INVALID_ARG, "scheduler: bad eos list");
+    if (o->kv_lookahead < 0)
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "scheduler: KV lookahead %d must be >= 0", o->kv_lookahead);
     kiln_sched *s = calloc(1, sizeof *s);
     if (!s) return kiln_err(err, KILN_ERR_NOMEM, "scheduler: out of memory");
     pthread_mutexattr_t attr;
@@ -115,6 +132,7 @@ kiln_status kiln_sched_new(kiln_executor *x, const kiln_sched_opts *o, kiln_sche
     s->max_seqs = max_seqs;
     s->max_context = max_context;
     s->max_step = max_step;
+    s->lookahead = o->kv_lookahead ? o->kv_lookahead : 16;
     s->next_id = 1;
     size_t ns = (size_t)max_seqs;
     s->eos = malloc((size_t)(o->n_eos ? o->n_eos : 1) * sizeof *s->eos);
@@ -124,12 +142,13 @@ kiln_status kiln_sched_new(kiln_executor *x, const kiln_sched_opts *o, kiln_sche
     s->st_start = malloc(ns * sizeof *s->st_start);
     s->st_next = malloc(ns * sizeof *s->st_next);
     s->st_want = malloc(ns * sizeof *s->st_want);
+    s->st_host = malloc(ns * sizeof *s->st_host);
     s->st_samp = malloc(ns * sizeof *s->st_samp);
     s->st_req = malloc(ns * sizeof *s->st_req);
-    s->prefill = malloc(ns * sizeof *s->prefill);
+    s->order = malloc(ns * sizeof *s->order);
     s->st_tokens = malloc((size_t)max_step * sizeof *s->st_tokens);
     if (!s->eos || !s->running || !s->st_slot || !s->st_n_new || !s->st_start || !s->st_next || !s->st_want ||
-        !s->st_samp || !s->st_req || !s->prefill || !s->st_tokens) {
+        !s->st_host || !s->st_samp || !s->st_req || !s->order || !s->st_tokens) {
         kiln_sched_free(s);
         return kiln_err(err, KILN_ERR_NOMEM, "scheduler: out of memory for %d slots", max_seqs);
     }
@@ -141,8 +160,7 @@ kiln_status kiln_sched_new(kiln_executor *x, const kiln_sched_opts *o, kiln_sche
 
 static void req_free(sched_req *r) {
     if (!r) return;
-    free(r->prompt);
-    free(r->out);
+    free(r->toks);
     free(r);
 }
 
@@ -169,10 +187,15 @@ void kiln_sched_free(kiln_sched *s) {
     free(s->st_start);
     free(s->st_next);
     free(s->st_want);
+    free(s->st_host);
     free(s->st_samp);
     free(s->st_req);
-    free(s->prefill);
+    free(s->order);
     free(s->st_tokens);
+    free(s->h_rows);
+    free(s->h_work);
+    free(s->h_scratch);
+    free(s->h_counts);
     pthread_mutex_destroy(&s->lock);
     free(s);
 }
@@ -218,8 +241,13 @@ static void finish(kiln_sched *s, sched_req *r, kiln_stop_reason why, bool final
     r->state = REQ_DONE;
     r->stop = why;
     r->cancel = false;
-    if (r->cb) {
-        if (!final_sent) r->cb(r->user, r->id, -1, 1, (int32_t)why);
+    if (r->cb || r->cb_info) {
+        if (!final_sent) {
+            if (r->cb_info)
+                r->cb_info(r->user, r->id, NULL, 1, (int32_t)why);
+            else
+                r->cb(r->user, r->id, -1, 1, (int32_t)why);
+        }
         req_free(r);
         return;
     }
@@ -274,6 +302,30 @@ kiln_status kiln_sched_submit(kiln_sched *s, const kiln_sched_request *q, int64_
     if (sm->top_k < 0) return kiln_err(err, KILN_ERR_INVALID_ARG, "submit: top-k %d must be >= 0 (0 = off)", sm->top_k);
     if (!(sm->top_p > 0 && sm->top_p <= 1))
         return kiln_err(err, KILN_ERR_INVALID_ARG, "submit: top-p %g must be in (0, 1] (1 = off)", (double)sm->top_p);
+    if (!(sm->min_p >= 0 && sm->min_p <= 1))
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "submit: min-p %g must be in [0, 1] (0 = off)", (double)sm->min_p);
+    kiln_penalties pen_v = q->pen;
+    if (pen_v.repetition == 0) pen_v.repetition = 1;
+    const kiln_penalties *pen = &pen_v;
+    if (!(pen->presence >= -2 && pen->presence <= 2))
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "submit: presence penalty %g must be in [-2, 2] (0 = off)",
+                        (double)pen->presence);
+    if (!(pen->frequency >= -2 && pen->frequency <= 2))
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "submit: frequency penalty %g must be in [-2, 2] (0 = off)",
+                        (double)pen->frequency);
+    if (!(pen->repetition > 0 && pen->repetition <= 10))
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "submit: repetition penalty %g must be in (0, 10] (1 = off)",
+                        (double)pen->repetition);
+    if (q->logprobs && (q->top_logprobs < 0 || q->top_logprobs > KILN_MAX_LOGPROBS))
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "submit: logprobs %d must be -1 (off) or 0..%d", q->top_logprobs,
+                        KILN_MAX_LOGPROBS);
+    if (q->cb && q->cb_info)
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "submit: give on_token or on_token_info, not both");
+    if (q->logprobs && !q->cb_info) {
+        kiln_err(err, KILN_ERR_INVALID_ARG, "submit: logprobs %d need on_token_info to deliver them",
+                 q->top_logprobs);
+        return kiln_err_hint(err, "set the request's on_token_info callback, or logprobs -1");
+    }
 
     int64_t need = (int64_t)q->n_prompt + (q->max_tokens > 0 ? q->max_tokens - 1 : 0);
     if (need > s->max_context) need = s->max_context;
@@ -288,21 +340,27 @@ kiln_status kiln_sched_submit(kiln_sched *s, const kiln_sched_request *q, int64_
 
     sched_req *r = calloc(1, sizeof *r);
     if (!r) return kiln_err(err, KILN_ERR_NOMEM, "submit: out of memory");
-    r->prompt = malloc((size_t)q->n_prompt * sizeof *r->prompt);
-    if (!r->prompt) {
+    /* room for the prompt and the first tokens; grows as it generates */
+    int64_t cap = (int64_t)q->n_prompt + (q->max_tokens < 64 ? q->max_tokens : 64) + 1;
+    r->toks = malloc((size_t)cap * sizeof *r->toks);
+    if (!r->toks) {
         free(r);
         return kiln_err(err, KILN_ERR_NOMEM, "submit: out of memory for a %d-token prompt", q->n_prompt);
     }
-    memcpy(r->prompt, q->prompt, (size_t)q->n_prompt * sizeof *r->prompt);
+    memcpy(r->toks, q->prompt, (size_t)q->n_prompt * sizeof *r->toks);
+    r->cap_toks = (int)cap;
     r->n_prompt = q->n_prompt;
     r->samp = q->samp;
+    r->pen = *pen;
+    r->logprobs = q->logprobs ? q->top_logprobs : -1;
+    r->host = sm->min_p > 0 || pen->presence != 0 || pen->frequency != 0 || pen->repetition != 1 || q->logprobs;
     r->max_tokens = q->max_tokens;
     r->ignore_eos = q->ignore_eos;
     r->cb = q->cb;
+    r->cb_info = q->cb_info;
     r->user = q->user;
     r->need = (int)need;
     r->slot = -1;
-    r->last = -1;
     r->state = REQ_QUEUED;
 
     pthread_mutex_lock(&s->lock);
@@ -319,8 +377,95 @@ kiln_status kiln_sched_submit(kiln_sched *s, const kiln_sched_request *q, int64_
 
 /* ---- one step ---- */
 
-/* Admit queued requests in order while a slot is free and their KV fits.
- * Returns the first failure (the failing request finishes with an error). */
+/* Make r's slot hold `tokens` KV tokens: promised in runs of the lookahead
+ * (capped at what r can ever use), else exactly. *fits = false when the KV
+ * memory cannot give even that now. */
+static kiln_status promise(kiln_sched *s, sched_req *r, int slot, int tokens, bool *fits, kiln_error *err) {
+    *fits = true;
+    if (r->promised >= tokens) return KILN_OK;
+    int ahead = tokens + s->lookahead < r->need ? tokens + s->lookahead : r->need;
+    if (ahead < tokens) ahead = tokens;
+    kiln_status st = s->x->ops->reserve(s->x, slot, ahead, fits, err);
+    if (st == KILN_OK && !*fits && ahead > tokens) {
+        ahead = tokens;
+        st = s->x->ops->reserve(s->x, slot, ahead, fits, err);
+    }
+    if (st == KILN_OK && *fits) r->promised = ahead;
+    return st;
+}
+
+/* Running requests, oldest admission first, into s->order; returns their count. */
+static int running_in_order(kiln_sched *s) {
+    int n = 0;
+    for (int slot = 0; slot < s->max_seqs; slot++) {
+        sched_req *r = s->running[slot];
+        if (!r) continue;
+        int k = n++;
+        while (k > 0 && s->order[k - 1]->admitted > r->admitted) {
+            s->order[k] = s->order[k - 1];
+            k--;
+        }
+        s->order[k] = r;
+    }
+    return n;
+}
+
+/* Take r out of its slot, free its KV memory and put it at the front of the
+ * queue; it keeps its tokens and resumes by recomputing them. */
+static void preempt(kiln_sched *s, sched_req *r) {
+    s->x->ops->release(s->x, r->slot);
+    s->running[r->slot] = NULL;
+    s->n_running--;
+    s->stats.preemptions++;
+    s->stats.tokens_recomputed += r->n_cached;
+    r->state = REQ_QUEUED;
+    r->slot = -1;
+    r->n_cached = 0;
+    r->promised = 0;
+    r->next = s->queue_head;
+    s->queue_head = r;
+    if (!s->queue_tail) s->queue_tail = r;
+}
+
+/* Give every running request the KV room for the tokens it will have read
+ * after this step (n_known: its one decode token, or the rest of what it
+ * prefills, which admission promised already), oldest first; preempt the
+ * newest while one cannot grow. A request the executor refuses outright
+ * finishes with an error (the first such status is returned). */
+static kiln_status grow(kiln_sched *s, kiln_error *err) {
+    kiln_status first = KILN_OK;
+    for (;;) {
+        int n = running_in_order(s);
+        sched_req *short_of = NULL, *failed = NULL;
+        kiln_error e = {0};
+        kiln_status st = KILN_OK;
+        for (int i = 0; i < n && !short_of && !failed; i++) {
+            sched_req *r = s->order[i];
+            if (r->cancel) continue;
+            bool fits = true;
+            st = promise(s, r, r->slot, n_known(r), &fits, &e);
+            if (st != KILN_OK)
+                failed = r;
+            else if (!fits)
+                short_of = r;
+        }
+        if (failed) {
+            kiln_err_prefix(&e, "request %lld: ", (long long)failed->id);
+            if (first == KILN_OK) {
+                first = st;
+                if (err) *err = e;
+            }
+            finish(s, failed, KILN_STOP_ERROR, false);
+            continue;
+        }
+        if (!short_of) return first;
+        preempt(s, s->order[n - 1]); /* the newest; the oldest can always grow (submit's check) */
+    }
+}
+
+/* Admit queued requests in order while a slot is free and the KV room for
+ * what they must read fits. Returns the first failure (the failing request
+ * finishes with an error). */
 static kiln_status admit(kiln_sched *s, kiln_error *err) {
     kiln_status first = KILN_OK;
     while (s->queue_head && s->n_running < s->max_seqs) {
@@ -333,12 +478,12 @@ static kiln_status admit(kiln_sched *s, kiln_error *err) {
         while (s->running[slot]) slot++;
         bool fits = false;
         kiln_error e = {0};
-        kiln_status st = s->x->ops->reserve(s->x, slot, r->need, &fits, &e);
+        kiln_status st = promise(s, r, slot, n_known(r), &fits, &e);
         if (st == KILN_OK && !fits && s->n_running == 0) {
             /* nothing runs, so nothing will free memory: it never fits */
             st = kiln_err(&e, KILN_ERR_CONTEXT, "request %lld needs %d KV tokens, more than the %s executor's KV "
                                                 "memory can hold",
-                          (long long)r->id, r->need, s->x->ops->name);
+                          (long long)r->id, n_known(r), s->x->ops->name);
             kiln_err_hint(&e, "lower its max_tokens, or give the context more KV memory");
         }
         if (st != KILN_OK) {
@@ -354,12 +499,27 @@ static kiln_status admit(kiln_sched *s, kiln_error *err) {
         unlink_queued(s, r);
         r->state = REQ_RUNNING;
         r->slot = slot;
-        r->admitted = s->next_admit++;
+        if (!r->was_admitted) {
+            r->admitted = s->next_admit++;
+            r->was_admitted = true;
+        }
         s->running[slot] = r;
         s->n_running++;
     }
     if (s->n_running > s->stats.max_running) s->stats.max_running = s->n_running;
     return first;
+}
+
+/* Add sequence n of the step: `chunk` tokens of r from n_cached on. */
+static void step_add(kiln_sched *s, int n, sched_req *r, int chunk, int used) {
+    s->st_req[n] = r;
+    s->st_slot[n] = r->slot;
+    s->st_n_new[n] = chunk;
+    s->st_start[n] = r->n_cached;
+    s->st_want[n] = r->n_cached + chunk == n_known(r);
+    s->st_host[n] = s->st_want[n] && r->host;
+    s->st_samp[n] = r->samp;
+    memcpy(s->st_tokens + used, r->toks + r->n_cached, (size_t)chunk * sizeof *s->st_tokens);
 }
 
 /* Lay out the step: decode tokens first, then prefill chunks in admission
@@ -368,63 +528,88 @@ static int build_step(kiln_sched *s) {
     int n = 0, used = 0;
     for (int slot = 0; slot < s->max_seqs; slot++) {
         sched_req *r = s->running[slot];
-        if (!r || r->cancel || r->n_cached < r->n_prompt) continue;
-        s->st_req[n] = r;
-        s->st_slot[n] = slot;
-        s->st_n_new[n] = 1;
-        s->st_start[n] = r->n_cached;
-        s->st_want[n] = true;
-        s->st_samp[n] = r->samp;
-        s->st_tokens[used++] = r->last;
-        n++;
+        if (!r || r->cancel || n_known(r) - r->n_cached != 1) continue;
+        step_add(s, n++, r, 1, used++);
     }
-    int np = 0;
-    for (int slot = 0; slot < s->max_seqs; slot++) {
-        sched_req *r = s->running[slot];
-        if (!r || r->cancel || r->n_cached >= r->n_prompt) continue;
-        int k = np++;
-        while (k > 0 && s->prefill[k - 1]->admitted > r->admitted) {
-            s->prefill[k] = s->prefill[k - 1];
-            k--;
-        }
-        s->prefill[k] = r;
-    }
+    int np = running_in_order(s);
     for (int i = 0; i < np && used < s->max_step; i++) {
-        sched_req *r = s->prefill[i];
-        int chunk = r->n_prompt - r->n_cached;
+        sched_req *r = s->order[i];
+        if (r->cancel || n_known(r) - r->n_cached <= 1) continue;
+        int chunk = n_known(r) - r->n_cached;
         if (chunk > s->max_step - used) chunk = s->max_step - used;
-        s->st_req[n] = r;
-        s->st_slot[n] = r->slot;
-        s->st_n_new[n] = chunk;
-        s->st_start[n] = r->n_cached;
-        s->st_want[n] = r->n_cached + chunk == r->n_prompt;
-        s->st_samp[n] = r->samp;
-        memcpy(s->st_tokens + used, r->prompt + r->n_cached, (size_t)chunk * sizeof *s->st_tokens);
+        step_add(s, n++, r, chunk, used);
         used += chunk;
-        n++;
     }
     if (used > s->stats.max_step_tokens_used) s->stats.max_step_tokens_used = used;
     s->stats.tokens_in += used;
     return n;
 }
 
-/* Hand a token to its request; returns false when the callback asked to cancel. */
-static bool deliver(kiln_sched *s, sched_req *r, int32_t tok, bool finished, kiln_stop_reason why, kiln_status *st,
-                    kiln_error *err) {
-    s->stats.tokens_out++;
-    if (r->cb) return r->cb(r->user, r->id, tok, finished ? 1 : 0, finished ? (int32_t)why : -1) == 0;
-    if (r->n_out == r->cap_out) {
-        int cap = r->cap_out ? 2 * r->cap_out : 16;
-        int32_t *o = realloc(r->out, (size_t)cap * sizeof *o);
-        if (!o) {
+/* Room for the host path's buffers: `rows` logits rows and the working
+ * arrays. */
+static kiln_status host_buffers(kiln_sched *s, int rows, kiln_error *err) {
+    const size_t V = (size_t)s->x->vocab;
+    if (!s->h_work) {
+        s->h_work = malloc(V * sizeof *s->h_work);
+        s->h_scratch = malloc(2 * V * sizeof *s->h_scratch);
+        s->h_counts = calloc(V, sizeof *s->h_counts);
+        if (!s->h_work || !s->h_scratch || !s->h_counts) {
+            free(s->h_work);
+            free(s->h_scratch);
+            free(s->h_counts);
+            s->h_work = s->h_scratch = NULL;
+            s->h_counts = NULL;
+            return kiln_err(err, KILN_ERR_NOMEM, "step: out of memory for host sampling over %zu tokens", V);
+        }
+    }
+    if (rows > s->h_cap_rows) {
+        float *p = realloc(s->h_rows, (size_t)rows * V * sizeof *p);
+        if (!p) return kiln_err(err, KILN_ERR_NOMEM, "step: out of memory for %d rows of logits", rows);
+        s->h_rows = p;
+        s->h_cap_rows = rows;
+    }
+    return KILN_OK;
+}
+
+/* Sample r's next token (at `position`) from its row of logits on the host:
+ * penalties on a copy, the sampler, log-probabilities from the raw row. */
+static int32_t host_sample(kiln_sched *s, sched_req *r, const float *row, int64_t position, kiln_token_info *ti) {
+    const int V = s->x->vocab;
+    memcpy(s->h_work, row, (size_t)V * sizeof *s->h_work);
+    if (r->pen.presence != 0 || r->pen.frequency != 0 || r->pen.repetition != 1)
+        kiln_apply_penalties(s->h_work, V, r->toks, r->n_prompt, n_known(r), &r->pen, s->h_counts);
+    int32_t tok = kiln_sample_logits(s->h_work, V, &r->samp, kiln_sample_uniform(r->samp.seed, position),
+                                     s->h_scratch);
+    if (r->logprobs >= 0) {
+        kiln_logprobs(row, V, tok, r->logprobs, &ti->logprob, ti->top_token, ti->top_logprob);
+        ti->n_top = r->logprobs;
+    }
+    s->stats.host_sampled++;
+    return tok;
+}
+
+/* Record tok as r's next token and hand it over; returns false when the
+ * callback asked to cancel (or, with *st set, when memory ran out). */
+static bool deliver(kiln_sched *s, sched_req *r, kiln_token_info *ti, bool finished, kiln_stop_reason why,
+                    kiln_status *st, kiln_error *err) {
+    if (n_known(r) == r->cap_toks) {
+        int64_t cap = 2 * (int64_t)r->cap_toks;
+        if (cap > (int64_t)r->n_prompt + r->max_tokens) cap = (int64_t)r->n_prompt + r->max_tokens;
+        int32_t *t = cap > r->cap_toks ? realloc(r->toks, (size_t)cap * sizeof *t) : NULL;
+        if (!t) {
             if (*st == KILN_OK) *st = kiln_err(err, KILN_ERR_NOMEM, "request %lld: out of memory for its tokens",
                                                (long long)r->id);
             return false;
         }
-        r->out = o;
-        r->cap_out = cap;
+        r->toks = t;
+        r->cap_toks = (int)cap;
     }
-    r->out[r->n_out++] = tok;
+    r->toks[n_known(r)] = ti->token;
+    r->n_gen++;
+    s->stats.tokens_out++;
+    int32_t fin = finished ? 1 : 0, reason = finished ? (int32_t)why : -1;
+    if (r->cb_info) return r->cb_info(r->user, r->id, ti, fin, reason) == 0;
+    if (r->cb) return r->cb(r->user, r->id, ti->token, fin, reason) == 0;
     return true;
 }
 
@@ -438,8 +623,30 @@ kiln_status kiln_sched_step(kiln_sched *s, bool *ran, kiln_error *err) {
     }
     s->busy = true;
     reap(s);
-    kiln_status status = admit(s, err);
+    kiln_status status = grow(s, err);
+    kiln_error ae = {0};
+    kiln_status ast = admit(s, &ae);
+    if (status == KILN_OK && ast != KILN_OK) {
+        status = ast;
+        if (err) *err = ae;
+    }
     int n = build_step(s);
+    int n_host = 0;
+    for (int i = 0; i < n; i++) n_host += s->st_host[i];
+    if (n_host > 0) {
+        kiln_error he = {0};
+        kiln_status hst = host_buffers(s, n_host, &he);
+        if (hst != KILN_OK) {
+            for (int i = 0; i < n; i++)
+                if (s->st_host[i]) finish(s, s->st_req[i], KILN_STOP_ERROR, false);
+            if (status == KILN_OK) {
+                status = hst;
+                if (err) *err = he;
+            }
+            n = build_step(s);
+            n_host = 0;
+        }
+    }
     if (n == 0) {
         s->busy = false;
         pthread_mutex_unlock(&s->lock);
@@ -454,7 +661,8 @@ kiln_status kiln_sched_step(kiln_sched *s, bool *ran, kiln_error *err) {
                       .want_token = s->st_want,
                       .samp = s->st_samp,
                       .next = s->st_next,
-                      .logits = NULL};
+                      .logits = n_host ? s->h_rows : NULL,
+                      .want_logits = n_host ? s->st_host : NULL};
     /* The model runs without the lock: others may submit, flag cancels, poll. */
     pthread_mutex_unlock(&s->lock);
     kiln_error xe = {0};
@@ -471,11 +679,15 @@ kiln_status kiln_sched_step(kiln_sched *s, bool *ran, kiln_error *err) {
             if (err) *err = xe;
         }
     } else {
+        int row = 0;
         for (int i = 0; i < n; i++) {
             sched_req *r = s->st_req[i];
+            const float *logits = s->st_host[i] ? s->h_rows + (size_t)row++ * (size_t)s->x->vocab : NULL;
             r->n_cached += s->st_n_new[i];
             if (!s->st_want[i] || r->cancel) continue; /* prefill chunk, or cancelled meanwhile */
-            int32_t tok = s->st_next[i];
+            kiln_token_info ti = {.token = s->st_next[i]};
+            if (logits) ti.token = host_sample(s, r, logits, (int64_t)s->st_start[i] + s->st_n_new[i], &ti);
+            int32_t tok = ti.token;
             if (tok < 0 || tok >= s->x->vocab) {
                 if (status == KILN_OK)
                     status = kiln_err(err, KILN_ERR_INTERNAL, "step: the %s executor returned token %d for slot %d "
@@ -484,22 +696,20 @@ kiln_status kiln_sched_step(kiln_sched *s, bool *ran, kiln_error *err) {
                 finish(s, r, KILN_STOP_ERROR, false);
                 continue;
             }
-            r->n_gen++;
-            r->last = tok;
             int why = -1;
             if (!r->ignore_eos && is_eos(s, tok))
                 why = KILN_STOP_EOS;
-            else if (r->n_gen >= r->max_tokens)
+            else if (r->n_gen + 1 >= r->max_tokens)
                 why = KILN_STOP_MAX_TOKENS;
             else if (r->n_cached >= s->max_context)
                 why = KILN_STOP_CONTEXT;
             kiln_status dst = KILN_OK;
-            bool go_on = deliver(s, r, tok, why >= 0, why >= 0 ? (kiln_stop_reason)why : KILN_STOP_EOS, &dst, err);
+            bool go_on = deliver(s, r, &ti, why >= 0, why >= 0 ? (kiln_stop_reason)why : KILN_STOP_EOS, &dst, err);
             if (dst != KILN_OK) {
                 if (status == KILN_OK) status = dst;
                 finish(s, r, KILN_STOP_ERROR, false);
             } else if (why >= 0) {
-                finish(s, r, (kiln_stop_reason)why, r->cb != NULL);
+                finish(s, r, (kiln_stop_reason)why, r->cb != NULL || r->cb_info != NULL);
             } else if (!go_on) {
                 finish(s, r, KILN_STOP_CANCELLED, false);
             }
@@ -555,16 +765,16 @@ kiln_status kiln_sched_poll(kiln_sched *s, int64_t id, int32_t *buf, int cap, in
     if (!r) {
         st = kiln_err(err, KILN_ERR_INVALID_ARG, "poll: there is no request %lld%s", (long long)id,
                       id > 0 && id < s->next_id ? " (it finished and its end was already polled)" : "");
-    } else if (r->cb) {
+    } else if (r->cb || r->cb_info) {
         st = kiln_err(err, KILN_ERR_INVALID_ARG, "poll: request %lld delivers its tokens to its callback",
                       (long long)id);
     } else {
-        int k = r->n_out - r->n_read;
+        int k = r->n_gen - r->n_read;
         if (k > cap) k = cap;
-        if (k > 0) memcpy(buf, r->out + r->n_read, (size_t)k * sizeof *buf);
+        if (k > 0) memcpy(buf, r->toks + r->n_prompt + r->n_read, (size_t)k * sizeof *buf);
         r->n_read += k;
         *n = k;
-        if (r->state == REQ_DONE && r->n_read == r->n_out) {
+        if (r->state == REQ_DONE && r->n_read == r->n_gen) {
             *finished = true;
             if (reason) *reason = (int)r->stop;
             sched_req **pp = &s->done;

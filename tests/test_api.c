@@ -7,7 +7,9 @@
  * tests/golden/stories260k/golden.json.
  */
 #include <jansson.h>
+#include <math.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -442,6 +444,29 @@ static void test_submit_errors(void) {
     ro.struct_size = 2;
     KT_EQ_INT(kiln_submit(c, p, 3, &ro, &id), KILN_ERR_INVALID_ARG);
     KT_CONTAINS(kiln_last_error(c), "kiln_request_options_init");
+    struct { const char *field, *says; } bad[] = {{"min_p", "min-p 2"}, {"presence", "presence penalty 3"},
+                                                  {"frequency", "frequency penalty -2.5"}, {"repetition", "repetition penalty 0"},
+                                                  {"logprobs", "logprobs 21"}, {"needs_cb", "on_token_info"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        kiln_request_options_init(&ro);
+        if (!strcmp(bad[i].field, "min_p")) ro.min_p = 2;
+        if (!strcmp(bad[i].field, "presence")) ro.presence_penalty = 3;
+        if (!strcmp(bad[i].field, "frequency")) ro.frequency_penalty = -2.5f;
+        if (!strcmp(bad[i].field, "repetition")) ro.repetition_penalty = 0;
+        if (!strcmp(bad[i].field, "logprobs")) ro.logprobs = 21;
+        if (!strcmp(bad[i].field, "needs_cb")) ro.logprobs = 2;
+        KT_EQ_INT(kiln_submit(c, p, 3, &ro, &id), KILN_ERR_INVALID_ARG);
+        KT_CONTAINS(kiln_last_error(c), bad[i].says);
+    }
+    /* a caller built against 0.1 (options ending at `user`) gets the new fields' defaults */
+    kiln_request_options_init(&ro);
+    ro.repetition_penalty = 0; /* past the old struct: must not be read */
+    ro.logprobs = 7;
+    ro.struct_size = (uint32_t)(offsetof(kiln_request_options, user) + sizeof ro.user);
+    KT_EQ_INT(kiln_submit(c, p, 3, &ro, &id), KILN_OK);
+    KT_REQUIRE(kiln_run(c) == KILN_OK);
+    int32_t why0, buf0[200];
+    KT_CHECK(poll_all(c, id, buf0, 200, &why0) > 0);
     KT_EQ_INT(kiln_pending(c), 0);
 
     /* poll and cancel of ids that never were */
@@ -498,13 +523,88 @@ static void test_cancel_and_kv_bytes(void) {
         KT_CHECK(memcmp(buf, gc[2].greedy, 30 * sizeof *buf) == 0);
     }
     KT_REQUIRE(kiln_ctx_info_get(c, &info) == KILN_OK);
-    KT_EQ_INT(info.max_running, 2);
+    KT_EQ_INT(info.max_running, 3); /* KV grows as they generate: a third starts beside the first two */
+    KT_EQ_INT(info.requests_running, 0);
+    KT_EQ_INT(info.requests_waiting, 0);
+    KT_EQ_INT(info.kv_used_tokens, 0);
+    /* a caller built against 0.1 passes its smaller struct: only those fields are written */
+    kiln_ctx_info old;
+    memset(&old, 0x5a, sizeof old);
+    old.struct_size = (uint32_t)(offsetof(kiln_ctx_info, kernels_jitted) + sizeof old.kernels_jitted);
+    KT_REQUIRE(kiln_ctx_info_get(c, &old) == KILN_OK);
+    KT_EQ_INT(old.max_running, 3);
+    KT_EQ_INT(old.preemptions, 0x5a5a5a5a5a5a5a5all);
+    old.struct_size = 8;
+    KT_EQ_INT(kiln_ctx_info_get(c, &old), KILN_ERR_INVALID_ARG);
     /* more than the whole KV memory: refused at submit */
     ro.max_tokens = 200;
     int64_t big;
     KT_EQ_INT(kiln_submit(c, gc[2].prompt, gc[2].n_prompt, &ro, &big), KILN_ERR_CONTEXT);
     KT_CONTAINS(kiln_last_error(c), "KV memory holds 100");
     KT_EQ_INT(kiln_cancel(c, ids[1]), KILN_OK); /* finished and forgotten: a no-op */
+    kiln_ctx_free(c);
+    kiln_close(k);
+}
+
+
+/* Log-probabilities through on_token_info; penalties change greedy text. */
+typedef struct lp_run {
+    int32_t tok[64];
+    float lp[64], top0_lp[64];
+    int32_t top0[64];
+    int n, finished_calls, last_reason;
+} lp_run;
+
+static int32_t lp_cb(void *user, int64_t request, const kiln_token_info *t, int32_t finished, int32_t reason) {
+    (void)request;
+    lp_run *r = user;
+    if (t && r->n < 64) {
+        r->tok[r->n] = t->token;
+        r->lp[r->n] = t->logprob;
+        r->top0[r->n] = t->n_top > 0 ? t->top_token[0] : -1;
+        r->top0_lp[r->n] = t->n_top > 0 ? t->top_logprob[0] : 0;
+        r->n++;
+    }
+    if (finished) {
+        r->finished_calls++;
+        r->last_reason = reason;
+    }
+    return 0;
+}
+
+static void test_logprobs_and_penalties(void) {
+    kiln_t *k = NULL;
+    KT_REQUIRE(kiln_open(engine, 0, &k) == KILN_OK);
+    kiln_ctx_t *c = cpu_ctx(k, 2, 0, 0);
+    KT_REQUIRE(c);
+    kiln_request_options ro;
+    kiln_request_options_init(&ro);
+    ro.max_tokens = 30;
+    ro.ignore_eos = 1;
+    ro.logprobs = 3;
+    lp_run a = {0}, b = {0};
+    ro.on_token_info = lp_cb;
+    ro.user = &a;
+    int64_t ia, ib;
+    KT_REQUIRE(kiln_submit(c, gc[2].prompt, gc[2].n_prompt, &ro, &ia) == KILN_OK);
+    ro.user = &b;
+    ro.repetition_penalty = 1.5f;
+    ro.frequency_penalty = 1.0f;
+    KT_REQUIRE(kiln_submit(c, gc[2].prompt, gc[2].n_prompt, &ro, &ib) == KILN_OK);
+    KT_REQUIRE(kiln_run(c) == KILN_OK);
+    KT_EQ_INT(a.n, 30);
+    KT_EQ_INT(a.finished_calls, 1);
+    KT_EQ_INT(a.last_reason, KILN_STOP_MAX_TOKENS);
+    KT_CHECK(memcmp(a.tok, gc[2].greedy, 30 * sizeof(int32_t)) == 0); /* HF's greedy ids */
+    for (int i = 0; i < 30; i++) {
+        KT_EQ_INT(a.top0[i], a.tok[i]); /* greedy: its own token is the most likely */
+        KT_CHECK(a.lp[i] == a.top0_lp[i] && a.lp[i] <= 0 && isfinite(a.lp[i]));
+    }
+    KT_EQ_INT(b.n, 30);
+    KT_CHECK(memcmp(b.tok, a.tok, 30 * sizeof(int32_t)) != 0);
+    kiln_ctx_info info = {.struct_size = sizeof info};
+    KT_REQUIRE(kiln_ctx_info_get(c, &info) == KILN_OK);
+    KT_EQ_INT(info.preemptions, 0);
     kiln_ctx_free(c);
     kiln_close(k);
 }
@@ -735,6 +835,7 @@ int main(void) {
     KT_RUN(test_submit_errors);
     KT_RUN(test_cancel_and_kv_bytes);
     KT_RUN(test_callback_reentry);
+    KT_RUN(test_logprobs_and_penalties);
     KT_RUN(test_threads);
     KT_RUN(test_tokenizer);
     remove_fixtures();

@@ -359,12 +359,12 @@ static void gx_close(gx *g) {
     memset(g, 0, sizeof *g);
 }
 
-static const kiln_sampling GREEDY = {0.0f, 0, 1.0f, 0};
+static const kiln_sampling GREEDY = {0.0f, 0, 1.0f, 0, 0.0f};
 
 /* One step over n sequences; returns the status (messages to stderr). */
 static kiln_status step(kiln_executor *x, int n, const int32_t *slot, const int32_t *n_new, const int32_t *start,
                         const int32_t *toks, const bool *want, const kiln_sampling *samp, int32_t *next, float *logits) {
-    kiln_step s = {n, slot, n_new, start, toks, want, samp, next, logits};
+    kiln_step s = {n, slot, n_new, start, toks, want, samp, next, logits, NULL};
     kiln_error err = {0};
     kiln_status st = x->ops->step(x, &s, &err);
     if (st) fprintf(stderr, "  step: %s\n", err.msg);
@@ -647,7 +647,7 @@ static void test_sampler_agrees(void) {
         start[i] = 0;
         toks[i] = 1;
         want[i] = true;
-        samp[i] = (kiln_sampling){temps[i % 6], ks[i % 8], ps[i % 5], 1000u + (uint64_t)i * 7919u};
+        samp[i] = (kiln_sampling){temps[i % 6], ks[i % 8], ps[i % 5], 1000u + (uint64_t)i * 7919u, 0.0f};
         KT_CHECK(G.x->ops->reserve(G.x, i, 64, &fits, &err) == KILN_OK && fits);
     }
     float *lg = malloc(sizeof(float) * (size_t)B * (size_t)V), *scratch = malloc(sizeof(float) * 2 * (size_t)V);
@@ -703,7 +703,7 @@ static void test_limits(void) {
     int32_t toks[61];
     for (int i = 0; i < 61; i++) toks[i] = 1 + i;
     bool want = true;
-    kiln_step s = {1, &slot, &n, &start, toks, &want, &GREEDY, &next, NULL};
+    kiln_step s = {1, &slot, &n, &start, toks, &want, &GREEDY, &next, NULL, NULL};
     KT_EQ_INT(G.x->ops->step(G.x, &s, &err), KILN_ERR_INTERNAL);
     KT_CONTAINS(err.msg, "past its reserve");
     toks[3] = 512; /* outside the vocabulary */

@@ -1173,7 +1173,7 @@ static int sample_mismatches(const sample_run *s, const int *ids, const char *wh
     float *scratch = malloc(sizeof(float) * 2 * (size_t)s->V);
     int bad = 0;
     for (int b = 0; b < s->B; b++) {
-        kiln_sampling sa = {s->temp[b], s->top_k[b], s->top_p[b], s->seeds[b]};
+        kiln_sampling sa = {s->temp[b], s->top_k[b], s->top_p[b], s->seeds[b], 0.0f};
         int32_t want = kiln_sample_logits(s->logits + (size_t)b * s->V, s->V, &sa,
                                           kiln_sample_uniform(s->seeds[b], (int64_t)s->counters[b]), scratch);
         if (ids[b] != want) {

@@ -84,6 +84,10 @@ typedef struct job {
     int submit_step; /* submitted before this step */
     bool use_cb;     /* callback delivery, else polling */
     int cancel_after; /* callback mode: return non-zero after this many tokens (0 = never) */
+    kiln_penalties pen; /* zeros = none */
+    int logprobs;       /* > 0: this many alternatives through the info callback (use_cb) */
+    float lp[600];      /* the delivered log-probability of each token */
+    int32_t top0[600];  /* the most likely alternative of each token */
     /* results */
     int64_t id;
     kiln_status submit_status;
@@ -107,6 +111,19 @@ static int32_t job_cb(void *user, int64_t id, int32_t token, int32_t finished, i
     }
     return j->cancel_after > 0 && j->n_got >= j->cancel_after;
 }
+
+static int32_t job_info_cb(void *user, int64_t id, const kiln_token_info *t, int32_t finished, int32_t reason) {
+    job *j = user;
+    if (t && j->n_got < 600) {
+        j->lp[j->n_got] = t->logprob;
+        KT_EQ_INT(t->n_top, j->logprobs);
+        j->top0[j->n_got] = t->n_top > 0 ? t->top_token[0] : -1;
+        for (int i = 1; i < t->n_top; i++) KT_CHECK(t->top_logprob[i] <= t->top_logprob[i - 1]);
+    }
+    return job_cb(user, id, t ? t->token : -1, finished, reason);
+}
+
+static int g_lookahead; /* kv_lookahead of the schedulers run_jobs makes (0 = default) */
 
 static kiln_sampling greedy(void) { return (kiln_sampling){.temperature = 0, .top_p = 1}; }
 
@@ -134,7 +151,8 @@ static kiln_sched_stats run_jobs(const kiln_model *m, int max_seqs, int max_cont
         KT_CHECKF(0, "executor: %s", err.msg);
         return st;
     }
-    kiln_sched_opts so = {.max_step_tokens = max_step, .eos_ids = m->eos_ids, .n_eos = m->n_eos};
+    kiln_sched_opts so = {
+        .max_step_tokens = max_step, .eos_ids = m->eos_ids, .n_eos = m->n_eos, .kv_lookahead = g_lookahead};
     if (kiln_sched_new(x, &so, &s, &err) != KILN_OK) {
         KT_CHECKF(0, "scheduler: %s", err.msg);
         x->ops->destroy(x);
@@ -150,7 +168,11 @@ static kiln_sched_stats run_jobs(const kiln_model *m, int max_seqs, int max_cont
                                         .samp = j->samp,
                                         .max_tokens = j->max_tokens,
                                         .ignore_eos = j->ignore_eos,
-                                        .cb = j->use_cb ? job_cb : NULL,
+                                        .cb = j->use_cb && !j->logprobs ? job_cb : NULL,
+                                        .cb_info = j->use_cb && j->logprobs ? job_info_cb : NULL,
+                                        .pen = j->pen,
+                                        .logprobs = j->logprobs > 0,
+                                        .top_logprobs = j->logprobs,
                                         .user = j};
                 j->submit_status = kiln_sched_submit(s, &r, &j->id, &err);
                 if (j->submit_status != KILN_OK) j->done = true;
@@ -253,6 +275,8 @@ static int32_t ref_sample(const float *logits, int vocab, const kiln_sampling *s
         while (k < keep && (k == 0 || before < want)) before += p[k++];
         keep = k;
     }
+    if (s->min_p > 0)
+        while (keep > 1 && !(p[keep - 1] >= s->min_p)) keep--;
     /* the draw walks the kept ids in id order */
     double *pid = calloc((size_t)vocab, sizeof *pid);
     for (int i = 0; i < keep; i++) pid[ids[i]] = p[i];
@@ -321,6 +345,9 @@ static void test_sample_matches_reference(void) {
         {.temperature = 1, .top_k = 3, .top_p = 0.3f},   {.temperature = 2, .top_k = 5000, .top_p = 0.95f},
         {.temperature = 0.01f, .top_k = 0, .top_p = 1},   {.temperature = 3, .top_k = 0, .top_p = 0.99f},
         {.temperature = 0.7f, .top_k = 0, .top_p = 0.05f},
+        {.temperature = 1, .top_p = 1, .min_p = 0.1f},    {.temperature = 0.8f, .top_k = 40, .top_p = 0.9f, .min_p = 0.05f},
+        {.temperature = 1.3f, .top_p = 0.5f, .min_p = 0.3f}, {.temperature = 2, .top_p = 1, .min_p = 0.5f},
+        {.temperature = 1, .top_k = 5, .top_p = 1, .min_p = 0.9f}, {.temperature = 0.9f, .top_p = 0.99f, .min_p = 1},
     };
     uint64_t rng = 12345;
     int checked = 0, mismatches = 0;
@@ -634,7 +661,10 @@ static void test_kv_budget_queueing(void) {
                                                                    .seed = (uint64_t)i},
                         .max_tokens = 30, .ignore_eos = true, .submit_step = 0, .use_cb = i == 2};
     kiln_sched_stats st = run_jobs(stories, 4, 0, 100, 0, jobs, 5);
-    KT_EQ_INT(st.max_running, 2);
+    /* KV grows as they generate, so three start together, and the newest is
+     * preempted when the budget runs out */
+    KT_EQ_INT(st.max_running, 3);
+    KT_CHECK(st.preemptions > 0);
     for (int i = 0; i < 5; i++) {
         KT_EQ_INT(jobs[i].n_got, 30);
         job alone;
@@ -835,6 +865,222 @@ static void test_sched_options(void) {
     x->ops->destroy(x);
 }
 
+
+/* ---- penalties, min-p, log-probabilities, preemption ---- */
+
+/* Penalties the plain way: for every token id, its count among the outputs
+ * and whether it occurs at all. */
+static void ref_penalties(float *l, int vocab, const int32_t *toks, int n_prompt, int n_total,
+                          const kiln_penalties *p) {
+    for (int t = 0; t < vocab; t++) {
+        int out = 0, any = 0;
+        for (int i = 0; i < n_total; i++)
+            if (toks[i] == t) {
+                any = 1;
+                out += i >= n_prompt;
+            }
+        if (!any) continue;
+        float v = l[t];
+        if (p->repetition != 1) v = v > 0 ? v / p->repetition : v * p->repetition;
+        if (out) v -= p->frequency * (float)out + p->presence;
+        l[t] = v;
+    }
+}
+
+static void test_penalties_reference(void) {
+    const int V = 300;
+    float a[300], b[300];
+    int32_t counts[300] = {0}, toks[200];
+    const kiln_penalties ps[] = {{0.5f, 0.25f, 1.3f}, {-1, 2, 1}, {0, 0, 0.7f}, {2, 0, 1}, {0, -2, 5}};
+    uint64_t rng = 99;
+    for (size_t pi = 0; pi < sizeof ps / sizeof ps[0]; pi++)
+        for (int rep = 0; rep < 20; rep++) {
+            int n_total = 1 + rep * 9, n_prompt = rep * 4 < n_total ? rep * 4 : n_total;
+            for (int i = 0; i < V; i++) {
+                rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                a[i] = b[i] = (float)((int)(rng >> 40) % 400 - 200) / 37.0f;
+            }
+            for (int i = 0; i < n_total; i++) {
+                rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                toks[i] = (int32_t)((rng >> 33) % 40); /* few ids: many repeats */
+            }
+            kiln_apply_penalties(a, V, toks, n_prompt, n_total, &ps[pi], counts);
+            ref_penalties(b, V, toks, n_prompt, n_total, &ps[pi]);
+            KT_CHECKF(memcmp(a, b, sizeof a) == 0, "penalties %zu, case %d differ from the reference", pi, rep);
+            int dirty = 0;
+            for (int i = 0; i < V; i++) dirty += counts[i] != 0;
+            KT_EQ_INT(dirty, 0);
+        }
+}
+
+static void test_logprobs_reference(void) {
+    const int V = 1000;
+    float *l = malloc((size_t)V * sizeof *l);
+    for (int i = 0; i < V; i++) l[i] = (float)((i * 7919) % 1009) / 97.0f - 5;
+    l[17] = NAN;
+    l[18] = -INFINITY;
+    double mx = -INFINITY, sum = 0;
+    for (int i = 0; i < V; i++)
+        if (!isnan(l[i]) && l[i] > mx) mx = l[i];
+    for (int i = 0; i < V; i++)
+        if (!isnan(l[i])) sum += exp((double)l[i] - mx);
+    int32_t top[20];
+    float lp, tl[20];
+    kiln_logprobs(l, V, 5, 20, &lp, top, tl);
+    KT_CHECK(fabs(lp - ((double)l[5] - mx - log(sum))) < 1e-5);
+    for (int i = 0; i < 20; i++) {
+        KT_CHECK(fabs(tl[i] - ((double)l[top[i]] - mx - log(sum))) < 1e-5);
+        /* rank: no id outside the list has a larger logit */
+        for (int j = 0; j < V; j++) {
+            bool listed = false;
+            for (int k = 0; k <= i; k++) listed |= top[k] == j;
+            if (!listed && !isnan(l[j])) KT_CHECK(l[j] < l[top[i]] || (l[j] == l[top[i]] && j > top[i]));
+        }
+    }
+    kiln_logprobs(l, V, 17, 0, &lp, top, tl);
+    KT_CHECK(isinf(lp) && lp < 0); /* NaN: probability 0 */
+    kiln_logprobs(l, V, 18, 0, &lp, top, tl);
+    KT_CHECK(isinf(lp) && lp < 0);
+    free(l);
+}
+
+/* The oracle for host sampling: one sequence through a CPU context, greedy
+ * on logits penalised by ref_penalties, and the log-softmax of the raw
+ * logits. */
+static void run_penalised_oracle(const kiln_model *m, const job *j, int32_t *got, double *lp) {
+    kiln_cpu_ctx *c = NULL;
+    kiln_error err = {0};
+    KT_REQUIRE(kiln_cpu_ctx_new(m, 0, 64, 1, &c, &err) == KILN_OK);
+    const int V = m->plan->vocab_size;
+    float *l = malloc((size_t)V * sizeof *l);
+    int32_t toks[700];
+    memcpy(toks, j->prompt, (size_t)j->n_prompt * sizeof *toks);
+    int n = j->n_prompt;
+    KT_REQUIRE(kiln_cpu_forward(c, toks, n, false, l, &err) == KILN_OK);
+    for (int k = 0; k < j->max_tokens; k++) {
+        double mx = -INFINITY, sum = 0;
+        for (int i = 0; i < V; i++) mx = l[i] > mx ? l[i] : mx;
+        for (int i = 0; i < V; i++) sum += exp((double)l[i] - mx);
+        kiln_penalties pen = j->pen;
+        if (pen.repetition == 0) pen.repetition = 1;
+        float *w = malloc((size_t)V * sizeof *w);
+        memcpy(w, l, (size_t)V * sizeof *w);
+        ref_penalties(w, V, toks, j->n_prompt, n, &pen);
+        int32_t t = kiln_argmax(w, V);
+        free(w);
+        got[k] = t;
+        lp[k] = (double)l[t] - mx - log(sum);
+        toks[n++] = t;
+        if (k + 1 < j->max_tokens) KT_REQUIRE(kiln_cpu_forward(c, &t, 1, false, l, &err) == KILN_OK);
+    }
+    free(l);
+    kiln_cpu_ctx_free(c);
+}
+
+/* Greedy with penalties and logprobs through the scheduler, batched beside
+ * plain requests: the tokens of the oracle, the log-probabilities of the raw
+ * logits; and the penalties really change the text. */
+static void test_penalties_end_to_end(void) {
+    KT_REQUIRE(stories);
+    golden_case gc[3];
+    KT_REQUIRE(load_golden("stories260k", gc, 3) == 3);
+    const kiln_penalties pens[3] = {{1.5f, 0.5f, 1.3f}, {0, 0, 2.0f}, {0, 1.0f, 0}};
+    job jobs[6];
+    for (int i = 0; i < 6; i++)
+        jobs[i] = (job){.prompt = gc[i % 3].prompt, .n_prompt = gc[i % 3].n_prompt, .samp = greedy(),
+                        .max_tokens = 40, .ignore_eos = true, .submit_step = i, .use_cb = i < 3,
+                        .pen = i < 3 ? pens[i] : (kiln_penalties){0}, .logprobs = i < 3 ? 1 + 2 * i : 0};
+    kiln_sched_stats st = run_jobs(stories, 4, 0, 0, 0, jobs, 6);
+    KT_CHECK(st.host_sampled >= 3 * 40);
+    for (int i = 0; i < 3; i++) {
+        int32_t want[40];
+        double lp[40];
+        run_penalised_oracle(stories, &jobs[i], want, lp);
+        KT_EQ_INT(jobs[i].n_got, 40);
+        int same = 0;
+        while (same < 40 && jobs[i].got[same] == want[same]) same++;
+        KT_CHECKF(same == 40, "penalised job %d differs from the oracle at token %d", i, same);
+        for (int k = 0; k < 40; k++) KT_CHECKF(fabs(jobs[i].lp[k] - lp[k]) < 1e-4, "job %d token %d: logprob %g vs %g", i, k, (double)jobs[i].lp[k], lp[k]);
+        /* and they are not plain greedy's tokens */
+        KT_CHECKF(memcmp(jobs[i].got, jobs[i + 3].got, 40 * sizeof(int32_t)) != 0, "penalties %d changed nothing", i);
+    }
+    /* plain greedy's top alternative is its own token */
+    job g = {.prompt = gc[0].prompt, .n_prompt = gc[0].n_prompt, .samp = greedy(), .max_tokens = 20,
+             .ignore_eos = true, .use_cb = true, .logprobs = 3};
+    run_jobs(stories, 1, 0, 0, 0, &g, 1);
+    for (int k = 0; k < g.n_got; k++) KT_EQ_INT(g.top0[k], g.got[k]);
+    KT_CHECK(memcmp(g.got, gc[0].greedy, (size_t)g.n_got * sizeof(int32_t)) == 0);
+}
+
+/* Preemption under a tight KV budget: twelve requests of mixed lengths,
+ * sampling, penalties and delivery, with a one-token lookahead so the
+ * budget runs out mid-generation again and again; each gives exactly the
+ * tokens it gives alone. */
+static void test_preemption(void) {
+    KT_REQUIRE(stories);
+    golden_case gc[3];
+    KT_REQUIRE(load_golden("stories260k", gc, 3) == 3);
+    job jobs[12];
+    for (int i = 0; i < 12; i++) {
+        const golden_case *g = &gc[i % 3];
+        jobs[i] = (job){.prompt = g->prompt, .n_prompt = g->n_prompt, .max_tokens = 20 + 7 * (i % 5),
+                        .ignore_eos = true, .submit_step = i / 2, .use_cb = i % 2 == 1,
+                        .samp = i % 3 ? (kiln_sampling){.temperature = 0.9f, .top_k = 30, .top_p = 0.95f,
+                                                        .seed = 77 + (uint64_t)i, .min_p = i % 4 ? 0 : 0.05f}
+                                      : greedy(),
+                        .pen = i % 4 == 1 ? (kiln_penalties){0.3f, 0.2f, 1.1f} : (kiln_penalties){0}};
+    }
+    g_lookahead = 1;
+    /* the longest needs prompt + 47 tokens; 160 hold about three at a time */
+    kiln_sched_stats st = run_jobs(stories, 6, 0, 160, 8, jobs, 12);
+    g_lookahead = 0;
+    KT_CHECKF(st.preemptions >= 3, "only %lld preemptions", (long long)st.preemptions);
+    KT_CHECK(st.tokens_recomputed > 0);
+    for (int i = 0; i < 12; i++) {
+        KT_EQ_INT(jobs[i].stop, KILN_STOP_MAX_TOKENS);
+        KT_EQ_INT(jobs[i].n_got, jobs[i].max_tokens);
+        job alone = jobs[i];
+        alone.submit_step = 0;
+        alone.n_got = 0;
+        alone.done = false;
+        run_jobs(stories, 1, 0, 0, 0, &alone, 1);
+        expect_same_tokens(&jobs[i], &alone, "preempted", i);
+    }
+}
+
+/* Out-of-range options are refused at submit, naming them. */
+static void test_option_ranges(void) {
+    KT_REQUIRE(stories);
+    kiln_executor *x = NULL;
+    kiln_sched *s = NULL;
+    kiln_error err = {0};
+    KT_REQUIRE(kiln_cpu_executor_new(stories, 1, 64, 0, 1, &x, &err) == KILN_OK);
+    kiln_sched_opts so = {0};
+    KT_REQUIRE(kiln_sched_new(x, &so, &s, &err) == KILN_OK);
+    int32_t p[3] = {1, 2, 3};
+    int64_t id;
+    struct { kiln_sched_request r; const char *says; } bad[] = {
+        {{.samp = {.top_p = 1, .min_p = 1.5f}}, "min-p"},
+        {{.samp = {.top_p = 1, .min_p = NAN}}, "min-p"},
+        {{.samp = {.top_p = 1}, .pen = {.presence = 2.5f}}, "presence"},
+        {{.samp = {.top_p = 1}, .pen = {.frequency = -3}}, "frequency"},
+        {{.samp = {.top_p = 1}, .pen = {.repetition = -1}}, "repetition"},
+        {{.samp = {.top_p = 1}, .pen = {.repetition = 11}}, "repetition"},
+        {{.samp = {.top_p = 1}, .logprobs = true, .top_logprobs = 21, .cb_info = job_info_cb}, "logprobs"},
+        {{.samp = {.top_p = 1}, .logprobs = true, .top_logprobs = 2}, "on_token_info"},
+        {{.samp = {.top_p = 1}, .cb = job_cb, .cb_info = job_info_cb}, "not both"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        bad[i].r.prompt = p;
+        bad[i].r.n_prompt = 3;
+        bad[i].r.max_tokens = 2;
+        KT_EQ_INT(kiln_sched_submit(s, &bad[i].r, &id, &err), KILN_ERR_INVALID_ARG);
+        KT_CONTAINS(err.msg, bad[i].says);
+    }
+    kiln_sched_free(s);
+    x->ops->destroy(x);
+}
+
 int main(void) {
     if (!kt_tmpdir(tmpdir, sizeof tmpdir, "sched")) return 1;
     stories = compile_and_open("models/stories260k", "stories");
@@ -859,6 +1105,11 @@ int main(void) {
     KT_RUN(test_cancel);
     KT_RUN(test_stops);
     KT_RUN(test_sched_options);
+    KT_RUN(test_penalties_reference);
+    KT_RUN(test_logprobs_reference);
+    KT_RUN(test_penalties_end_to_end);
+    KT_RUN(test_preemption);
+    KT_RUN(test_option_ranges);
     kiln_model_close(stories);
     kiln_model_close(mistral);
     kiln_model_close(llama3);

@@ -1088,6 +1088,28 @@ static kiln_status check_step(cx *x, const kiln_step *s, int *T_out, int *max_q,
     return KILN_OK;
 }
 
+/* The rows of logits the step asked for (kiln_exec.h): all n, or the
+ * flagged ones packed, each run of consecutive flagged rows in one copy. */
+static kiln_status download_logits(cx *x, const kiln_step *s, kiln_error *err) {
+    const size_t row = (size_t)x->vocab * sizeof(float);
+    if (!s->want_logits) return kiln_cuda_download(&x->cu, s->logits, x->logits, (size_t)s->n_seqs * row, err);
+    size_t out = 0;
+    for (int i = 0; i < s->n_seqs;) {
+        if (!s->want_logits[i]) {
+            i++;
+            continue;
+        }
+        int j = i;
+        while (j < s->n_seqs && s->want_logits[j]) j++;
+        kiln_status st = kiln_cuda_download(&x->cu, (char *)s->logits + out * row, x->logits + (size_t)i * row,
+                                            (size_t)(j - i) * row, err);
+        if (st) return st;
+        out += (size_t)(j - i);
+        i = j;
+    }
+    return KILN_OK;
+}
+
 static kiln_status cx_step(kiln_executor *e, const kiln_step *s, kiln_error *err) {
     cx *x = (cx *)e;
     int T = 0, max_q = 0;
@@ -1161,9 +1183,7 @@ static kiln_status cx_step(kiln_executor *e, const kiln_step *s, kiln_error *err
     if ((st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuMemcpyDtoHAsync(x->ids_host, x->ids, (size_t)n * 4, x->stream))) ||
         (st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuStreamSynchronize(x->stream))))
         return kiln_err_prefix(err, "cuda executor: step of %d sequences, %d tokens: ", n, T);
-    if (s->logits &&
-        (st = kiln_cuda_download(&x->cu, s->logits, x->logits, (size_t)n * (size_t)x->vocab * sizeof(float), err)))
-        return kiln_err_prefix(err, "cuda executor: logits: ");
+    if (s->logits && (st = download_logits(x, s, err))) return kiln_err_prefix(err, "cuda executor: logits: ");
     for (int i = 0; i < n; i++) {
         kiln_kvpool_advance(&x->kv, s->slot[i], s->n_new[i]);
         s->next[i] = s->want_token[i] ? x->ids_host[i] : -1;
@@ -1176,6 +1196,7 @@ static void cx_info(kiln_executor *e, kiln_executor_info *info) {
     cx *x = (cx *)e;
     snprintf(info->device_name, sizeof info->device_name, "%.127s", x->cu.name);
     info->kv_capacity_tokens = (int64_t)x->kv.n_blocks * x->kv.block_size;
+    info->kv_used_tokens = (int64_t)x->kv.committed * x->kv.block_size;
     info->device_bytes = x->bytes_now;
     info->device_peak_bytes = x->bytes_peak;
     info->weight_bytes = (int64_t)x->dweights_bytes;
