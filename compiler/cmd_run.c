@@ -48,6 +48,11 @@ static void help(FILE *f) {
             "  --temperature T       0 = greedy (default: the engine's, from generation_config.json; else 0)\n"
             "  --top-k K             sample from the K most likely tokens (0 = off; default: the engine's)\n"
             "  --top-p P             nucleus sampling threshold in (0, 1] (default: the engine's, else 1 = off)\n"
+            "  --min-p P             drop tokens below P x the most likely one's probability (0..1; 0 = off)\n"
+            "  --presence-penalty X  subtract X from the logits of tokens already generated (-2..2; 0 = off)\n"
+            "  --frequency-penalty X subtract X per time a token was generated (-2..2; 0 = off)\n"
+            "  --repetition-penalty X  HF's: shrink the logits of tokens in the prompt or output by X\n"
+            "                        ((0, 10]; 1 = off)\n"
             "  --seed S              random seed (default: from the clock; printed with --json)\n"
             "  --ignore-eos          keep generating after an end-of-sequence token\n"
             "execution:\n"
@@ -115,7 +120,7 @@ typedef struct run_opts {
     const char *device;
     const char *system; /* --system, with --chat */
     long long max_tokens, top_k, threads, max_ctx, seed;
-    double temperature, top_p;
+    double temperature, top_p, min_p, presence, frequency, repetition;
     bool json, no_bos, no_special, ignore_eos, chat;
     bool temp_set, top_k_set, top_p_set; /* else the engine's defaults (generation_config.json) */
     int64_t kv_bytes;
@@ -126,7 +131,7 @@ typedef struct run_opts {
  * (0 after --help, 2 after a usage error, already reported). */
 static int run_parse(int argc, char **argv, const kiln_engine_src *builtin, run_opts *o) {
     enum { O_PROMPT = 256, O_PFILE, O_IDS, O_MAX, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_DEV, O_THR, O_JSON, O_CTX,
-           O_NOBOS, O_NOSPECIAL, O_IGNEOS, O_GPUMEM, O_BOS, O_CHAT, O_SYSTEM };
+           O_NOBOS, O_NOSPECIAL, O_IGNEOS, O_GPUMEM, O_BOS, O_CHAT, O_SYSTEM, O_MINP, O_PRES, O_FREQ, O_REP };
     static const struct option longopts[] = {
         {"prompt", required_argument, 0, O_PROMPT},     {"prompt-file", required_argument, 0, O_PFILE},
         {"prompt-ids", required_argument, 0, O_IDS},    {"max-tokens", required_argument, 0, O_MAX},
@@ -138,8 +143,10 @@ static int run_parse(int argc, char **argv, const kiln_engine_src *builtin, run_
         {"ignore-eos", no_argument, 0, O_IGNEOS},       {"gpu-memory", required_argument, 0, O_GPUMEM},
         {"bos", no_argument, 0, O_BOS},                 {"help", no_argument, 0, 'h'},
         {"chat", no_argument, 0, O_CHAT},               {"system", required_argument, 0, O_SYSTEM},
+        {"min-p", required_argument, 0, O_MINP},        {"presence-penalty", required_argument, 0, O_PRES},
+        {"frequency-penalty", required_argument, 0, O_FREQ}, {"repetition-penalty", required_argument, 0, O_REP},
         {0, 0, 0, 0}};
-    *o = (run_opts){.device = "auto", .max_tokens = 128, .seed = -1, .top_p = 1};
+    *o = (run_opts){.device = "auto", .max_tokens = 128, .seed = -1, .top_p = 1, .repetition = 1};
     bool bos = false;
     int c;
     optind = 1;
@@ -167,6 +174,20 @@ static int run_parse(int argc, char **argv, const kiln_engine_src *builtin, run_
             if (!kiln_cli_parse_float(optarg, 1e-9, 1, &o->top_p))
                 return kiln_cli_usage_error("run", "--top-p '%s' is not a number in (0, 1]", optarg);
             o->top_p_set = true;
+            break;
+        case O_MINP:
+            if (!kiln_cli_parse_float(optarg, 0, 1, &o->min_p))
+                return kiln_cli_usage_error("run", "--min-p '%s' is not a number in [0, 1]", optarg);
+            break;
+        case O_PRES:
+        case O_FREQ:
+            if (!kiln_cli_parse_float(optarg, -2, 2, c == O_PRES ? &o->presence : &o->frequency))
+                return kiln_cli_usage_error("run", "--%s-penalty '%s' is not a number in [-2, 2]",
+                                            c == O_PRES ? "presence" : "frequency", optarg);
+            break;
+        case O_REP:
+            if (!kiln_cli_parse_float(optarg, 1e-6, 10, &o->repetition))
+                return kiln_cli_usage_error("run", "--repetition-penalty '%s' is not a number in (0, 10]", optarg);
             break;
         case O_SEED:
             if (!kiln_cli_parse_int(optarg, 0, INT64_MAX, &o->seed))
@@ -344,6 +365,10 @@ static kiln_status sampling_options(const run_opts *o, const kiln_t *k, kiln_req
     if (o->temp_set) ro->temperature = (float)o->temperature;
     if (o->top_k_set) ro->top_k = (int32_t)o->top_k;
     if (o->top_p_set) ro->top_p = (float)o->top_p;
+    ro->min_p = (float)o->min_p;
+    ro->presence_penalty = (float)o->presence;
+    ro->frequency_penalty = (float)o->frequency;
+    ro->repetition_penalty = (float)o->repetition;
     if (ro->temperature == 0 && ((o->top_k_set && o->top_k > 0) || (o->top_p_set && o->top_p < 1))) {
         kiln_err(err, KILN_ERR_INVALID_ARG, "--%s applies to sampling, and this engine decodes greedily by default "
                  "(its generation_config.json has no do_sample)", o->top_k_set && o->top_k > 0 ? "top-k" : "top-p");
@@ -419,8 +444,13 @@ static kiln_status print_json(const run_opts *o, const kiln_t *k, const int32_t 
     json_object_set_new(tm, "context_s", json_real(out->ctx_s)); /* the device: weights, KV pool, kernels */
     json_object_set_new(tm, "kernels_load_s", json_real(out->kernels_s));
     json_object_set_new(j, "ptx_jit", json_boolean(out->jitted));
-    json_object_set_new(j, "sampling", json_pack("{s:f, s:i, s:f}", "temperature", (double)out->sampling.temperature,
-                                                 "top_k", (int)out->sampling.top_k, "top_p", (double)out->sampling.top_p));
+    const kiln_request_options *so = &out->sampling;
+    json_object_set_new(j, "sampling", json_pack("{s:f, s:i, s:f, s:f, s:f, s:f, s:f}", "temperature",
+                                                 (double)so->temperature, "top_k", (int)so->top_k, "top_p",
+                                                 (double)so->top_p, "min_p", (double)so->min_p, "presence_penalty",
+                                                 (double)so->presence_penalty, "frequency_penalty",
+                                                 (double)so->frequency_penalty, "repetition_penalty",
+                                                 (double)so->repetition_penalty));
     char *s = json_dumps(j, JSON_COMPACT);
     if (s) printf("%s\n", s);
     free(s);

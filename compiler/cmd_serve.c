@@ -57,6 +57,8 @@ static void help(FILE *f) {
             "  --max-batch N        requests that run together (default 8)\n"
             "  --max-queue N        requests that may wait beyond those; more get 429 (default 64)\n"
             "  --max-context N      tokens per request, prompt + output (default: the model's)\n"
+            "  --kv-memory X        KV-cache memory: bytes (suffix K, M, G) or, on a GPU, a fraction of\n"
+            "                       the free memory after the weights (default 0.9; CPU: max-batch full contexts)\n"
             "  --threads N          CPU threads (default: one per core)\n"
             "  --api-key KEY        require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize\n"
             "  --model-name NAME    the model's name in requests (default: the engine file's base name)\n"
@@ -67,11 +69,14 @@ static void help(FILE *f) {
 typedef struct serve_opts {
     const char *engine, *host, *device, *api_key, *model_name;
     long long port, max_batch, max_queue, max_ctx, threads, drain_s;
+    int64_t kv_bytes;
+    double kv_fraction;
 } serve_opts;
 
 /* ---- metrics (Prometheus text; guarded by server.mu) ---- */
-#define N_BUCKETS 13
-static const double hist_le[N_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+#define N_BUCKETS 16
+static const double hist_le[N_BUCKETS] = {0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1,
+                                          0.25,  0.5,    1,     2.5,    5,    10,    30,   60};
 typedef struct serve_hist {
     uint64_t counts[N_BUCKETS]; /* observations <= hist_le[i] (not cumulative) */
     uint64_t n;
@@ -84,7 +89,7 @@ static const char *const fin_names[FIN_COUNT] = {"stop", "length", "cancelled", 
 typedef struct serve_metrics {
     uint64_t finished[FIN_COUNT];
     uint64_t prompt_tokens, generation_tokens, rejected_queue_full;
-    serve_hist ttft, e2e;
+    serve_hist ttft, tpot, e2e, queue;
 } serve_metrics;
 
 static void hist_add(serve_hist *h, double v) {
@@ -108,20 +113,30 @@ typedef struct server {
     const kiln_tokenizer *tok; /* NULL when the engine has none */
     int32_t max_context, vocab;
     bool ready, draining, stop_sched;
-    int active;              /* requests submitted and not finished */
+    int active;              /* requests (choices) submitted and not finished */
     struct job *jobs;        /* those requests (for the drain) */
     uint64_t serial;         /* for response ids and default seeds */
     serve_metrics met;
 } server;
 
-/* One generation request, shared by its connection and the token callback (refs). */
+/* One HTTP request's shared part: its parsed body and the condition its
+ * waiter sleeps on, shared by its choices (jobs); freed with the last job. */
+typedef struct group {
+    serve_request req;
+    pthread_cond_t cv; /* signalled when any choice has text or finishes */
+    int refs;          /* jobs alive (mu held) */
+    char rid[40];
+    long long created;
+} group;
+
+/* One choice of a request (a kiln request), shared by its connection and the token callback (refs). */
 typedef struct job {
     server *s;
+    group *g;
     struct job *next, *prev;
-    pthread_cond_t cv;  /* signalled when text arrives or the request finishes */
     int refs;
+    int32_t index;      /* the choice's index */
     int64_t id;         /* kiln request id (0 until submitted) */
-    serve_request req;  /* the parsed body (stops, stream...) */
     kiln_tok_stream ts;
     bool has_ts;
     kiln_buf text;      /* decoded text so far, cut at a stop string */
@@ -129,33 +144,44 @@ typedef struct job {
     size_t sent;        /* bytes streamed so far */
     int32_t n_prompt, n_gen;
     int32_t reason;     /* kiln_stop_reason once done */
-    bool done, stop_hit, client_gone;
-    double t0;
-    char rid[40];
-    long long created;
+    bool done, stop_hit, client_gone, role_sent, fin_sent, free_group;
+    double t0, t_last;
+    kiln_token_info *lps; /* with logprobs: each generated token's */
+    int32_t n_lps, cap_lps, lps_sent;
+    size_t lp_text_off; /* completions: text_offset of the next token */
 } job;
 
-/* Per connection: the body being received, and the job and SSE buffer of a stream. */
+/* Per connection: the body being received, and the jobs and SSE buffer of a generation. */
 typedef struct conn {
     server *s;
     kiln_buf body;
     bool too_large;
-    job *j;
+    job *jobs[SERVE_MAX_N];
+    int n_jobs;
+    bool answered;
     int fd;
     kiln_buf out; /* SSE bytes not yet handed to MHD */
     size_t out_off;
-    bool chat, role_sent, stream_done;
+    bool chat, stream_done;
 } conn;
 
 /* Release one reference (mu held); returns the job when it must now be freed. */
-static job *job_unref(job *j) { return --j->refs == 0 ? j : NULL; }
+static job *job_unref(job *j) {
+    if (--j->refs > 0) return NULL;
+    j->free_group = --j->g->refs == 0;
+    return j;
+}
 
 static void job_free(job *j) {
     if (!j) return;
-    serve_request_free(&j->req);
+    if (j->free_group) {
+        serve_request_free(&j->g->req);
+        pthread_cond_destroy(&j->g->cv);
+        free(j->g);
+    }
     if (j->has_ts) kiln_tok_stream_free(&j->ts);
     kiln_buf_free(&j->text);
-    pthread_cond_destroy(&j->cv);
+    free(j->lps);
     free(j);
 }
 
@@ -179,10 +205,11 @@ static void job_unlink(server *s, job *j) {
 /* Longest suffix of text[0..len) that is a proper prefix of a stop string: held back from streaming. */
 static size_t stop_prefix_held(const job *j) {
     size_t held = 0;
-    for (int i = 0; i < j->req.n_stops; i++) {
-        size_t sl = strlen(j->req.stops[i]);
+    const serve_request *r = &j->g->req;
+    for (int i = 0; i < r->n_stops; i++) {
+        size_t sl = strlen(r->stops[i]);
         for (size_t k = sl - 1; k > held; k--)
-            if (k <= j->text.len && memcmp(j->text.data + j->text.len - k, j->req.stops[i], k) == 0) {
+            if (k <= j->text.len && memcmp(j->text.data + j->text.len - k, r->stops[i], k) == 0) {
                 held = k;
                 break;
             }
@@ -192,14 +219,15 @@ static size_t stop_prefix_held(const job *j) {
 
 /* Append decoded text; cut it at the first stop string (matched across token boundaries). */
 static void job_append(job *j, const char *t, size_t n) {
+    const serve_request *r = &j->g->req;
     size_t old = j->text.len;
     if (!kiln_buf_append(&j->text, t, n)) return;
     size_t cut = SIZE_MAX;
-    for (int i = 0; i < j->req.n_stops; i++) {
-        size_t sl = strlen(j->req.stops[i]);
+    for (int i = 0; i < r->n_stops; i++) {
+        size_t sl = strlen(r->stops[i]);
         size_t from = old > sl ? old - sl + 1 : 0;
         for (size_t p = from; p + sl <= j->text.len && p < cut; p++)
-            if (memcmp(j->text.data + p, j->req.stops[i], sl) == 0) {
+            if (memcmp(j->text.data + p, r->stops[i], sl) == 0) {
                 cut = p;
                 break;
             }
@@ -234,27 +262,49 @@ static job *job_finish(job *j, int32_t reason) {
     s->met.generation_tokens += (uint64_t)j->n_gen;
     hist_add(&s->met.e2e, kiln_now() - j->t0);
     job_unlink(s, j);
-    pthread_cond_broadcast(&j->cv);
+    pthread_cond_broadcast(&j->g->cv);
     return job_unref(j);
 }
 
-static int32_t on_token(void *user, int64_t request, int32_t tok, int32_t finished, int32_t stop_reason) {
+/* Keep a token's log-probabilities (mu held); dropped when memory runs out (the response then says so). */
+static void lp_push(job *j, const kiln_token_info *t) {
+    if (j->n_lps == j->cap_lps) {
+        int32_t cap = j->cap_lps ? 2 * j->cap_lps : 16;
+        kiln_token_info *p = realloc(j->lps, (size_t)cap * sizeof *p);
+        if (!p) return;
+        j->lps = p;
+        j->cap_lps = cap;
+    }
+    j->lps[j->n_lps++] = *t;
+}
+
+static int32_t on_token(void *user, int64_t request, const kiln_token_info *t, int32_t finished,
+                        int32_t stop_reason) {
     job *j = user;
     (void)request;
     int32_t ret = 0;
     job *dead = NULL;
-    pthread_mutex_lock(&j->s->mu);
-    if (tok >= 0 && !j->stop_hit) {
-        if (j->n_gen++ == 0) hist_add(&j->s->met.ttft, kiln_now() - j->t0);
-        const char *t;
+    server *s = j->s;
+    pthread_mutex_lock(&s->mu);
+    if (t && !j->stop_hit) {
+        double now = kiln_now();
+        if (j->n_gen++ == 0) {
+            hist_add(&s->met.ttft, now - j->t0);
+            hist_add(&s->met.queue, t->queue_seconds);
+        } else {
+            hist_add(&s->met.tpot, now - j->t_last);
+        }
+        j->t_last = now;
+        if (j->g->req.logprobs >= 0) lp_push(j, t);
+        const char *txt;
         size_t n;
         kiln_error e;
-        if (j->has_ts && kiln_tok_stream_push(&j->ts, tok, &t, &n, &e) == KILN_OK && n) job_append(j, t, n);
+        if (j->has_ts && kiln_tok_stream_push(&j->ts, t->token, &txt, &n, &e) == KILN_OK && n) job_append(j, txt, n);
         ret = j->stop_hit; /* a stop string: cancel the rest */
-        pthread_cond_broadcast(&j->cv);
+        pthread_cond_broadcast(&j->g->cv);
     }
     if (finished) dead = job_finish(j, stop_reason);
-    pthread_mutex_unlock(&j->s->mu);
+    pthread_mutex_unlock(&s->mu);
     job_free(dead);
     return ret;
 }
@@ -376,18 +426,33 @@ static bool client_gone(int fd) {
     return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
-/* Cancel a job that is not done (its client went away or the drain ran out); mu not held. */
-static void job_cancel(server *s, job *j) {
+/* Cancel the connection's jobs that are not done (its client went away or the drain ran out); mu not held. */
+static void conn_cancel(server *s, conn *c) {
+    int64_t ids[SERVE_MAX_N];
     pthread_mutex_lock(&s->mu);
-    int64_t id = j->done ? 0 : j->id;
-    j->client_gone = true;
+    for (int i = 0; i < c->n_jobs; i++) {
+        ids[i] = c->jobs[i]->done ? 0 : c->jobs[i]->id;
+        c->jobs[i]->client_gone = true;
+    }
     pthread_mutex_unlock(&s->mu);
-    if (id > 0) kiln_cancel(s->ctx, id);
+    for (int i = 0; i < c->n_jobs; i++)
+        if (ids[i] > 0) kiln_cancel(s->ctx, ids[i]);
 }
 
-/* Wait (mu held) until the job has text beyond `seen` or is done, checking the client's socket. */
-static void job_wait(server *s, job *j, size_t seen, int fd) {
-    while (!j->done && j->visible <= seen) {
+/* Something to send (mu held): new text, or a finish not yet sent (`whole`: only when all are done). */
+static bool conn_ready(const conn *c, bool whole) {
+    bool all_done = true;
+    for (int i = 0; i < c->n_jobs; i++) {
+        const job *j = c->jobs[i];
+        all_done &= j->done;
+        if (!whole && (j->visible > j->sent || (j->done && !j->fin_sent))) return true;
+    }
+    return all_done;
+}
+
+/* Wait (mu held) until conn_ready, checking the client's socket. */
+static void conn_wait(server *s, conn *c, bool whole) {
+    while (!conn_ready(c, whole)) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += SERVE_WAIT_MS * 1000000L;
@@ -395,10 +460,10 @@ static void job_wait(server *s, job *j, size_t seen, int fd) {
             ts.tv_sec++;
             ts.tv_nsec -= 1000000000L;
         }
-        pthread_cond_timedwait(&j->cv, &s->mu, &ts);
-        if (!j->done && !j->client_gone && client_gone(fd)) {
+        pthread_cond_timedwait(&c->jobs[0]->g->cv, &s->mu, &ts);
+        if (!c->jobs[0]->client_gone && client_gone(c->fd)) {
             pthread_mutex_unlock(&s->mu);
-            job_cancel(s, j);
+            conn_cancel(s, c);
             pthread_mutex_lock(&s->mu);
         }
     }
@@ -406,31 +471,35 @@ static void job_wait(server *s, job *j, size_t seen, int fd) {
 
 /* The request's sampling: the engine's defaults, each replaced by the field when given. */
 static void request_options(server *s, job *j, kiln_request_options *ro) {
-    const serve_request *r = &j->req;
+    const serve_request *r = &j->g->req;
     kiln_request_options_init_from_engine(s->k, ro);
     if (r->temperature >= 0) ro->temperature = (float)r->temperature;
     if (r->top_p >= 0) ro->top_p = (float)r->top_p;
     if (r->top_k_set) ro->top_k = r->top_k;
-    ro->seed = r->seed_set ? r->seed : (uint64_t)time(NULL) * 1000003u + s->serial;
+    /* choice i draws with seed + i, so the choices differ when sampling */
+    ro->seed = (r->seed_set ? r->seed : (uint64_t)time(NULL) * 1000003u + s->serial) + (uint64_t)j->index;
     ro->ignore_eos = r->ignore_eos;
+    ro->min_p = (float)r->min_p;
+    ro->presence_penalty = (float)r->presence_penalty;
+    ro->frequency_penalty = (float)r->frequency_penalty;
+    ro->repetition_penalty = (float)r->repetition_penalty;
+    ro->logprobs = r->logprobs;
     int32_t room = s->max_context - j->n_prompt;
     ro->max_tokens = r->max_tokens >= 0 ? r->max_tokens : r->kind == SERVE_KIND_COMPLETION ? 16 : room;
-    ro->on_token = on_token;
+    ro->on_token_info = on_token;
     ro->user = j;
 }
 
-/* A new job for the request *r (taken over) with n prompt tokens; NULL when out of memory. */
-static job *job_new(server *s, serve_request *r, int32_t n) {
+/* A new job: choice `index` of group g, with n prompt tokens; NULL when out of memory. */
+static job *job_new(server *s, group *g, int32_t index, int32_t n) {
     job *j = calloc(1, sizeof *j);
     if (!j) return NULL;
     j->s = s;
-    j->req = *r;
-    memset(r, 0, sizeof *r);
+    j->g = g;
+    j->index = index;
     j->n_prompt = n;
     j->refs = 2; /* the connection and the token callback */
     j->t0 = kiln_now();
-    j->created = (long long)time(NULL);
-    pthread_cond_init(&j->cv, NULL);
     if (s->tok) {
         kiln_tok_stream_init(&j->ts, s->tok, true);
         j->has_ts = true;
@@ -438,13 +507,14 @@ static job *job_new(server *s, serve_request *r, int32_t n) {
     return j;
 }
 
-/* Take a place for the job: 503 while draining, 429 when --max-queue requests already wait. */
-static kiln_status job_admit(server *s, job *j, serve_error *e) {
+/* Take places for the n choices: 503 while draining, 429 when --max-queue requests already wait. */
+static kiln_status conn_admit(server *s, conn *c, serve_error *e) {
     pthread_mutex_lock(&s->mu);
-    bool draining = s->draining, full = s->active >= s->o.max_batch + s->o.max_queue;
+    group *g = c->jobs[0]->g;
+    bool draining = s->draining, full = s->active + c->n_jobs > s->o.max_batch + s->o.max_queue;
     if (!draining && !full) {
-        job_link(s, j);
-        snprintf(j->rid, sizeof j->rid, "%s-%llu", j->req.kind == SERVE_KIND_CHAT ? "chatcmpl" : "cmpl",
+        for (int i = 0; i < c->n_jobs; i++) job_link(s, c->jobs[i]);
+        snprintf(g->rid, sizeof g->rid, "%s-%llu", g->req.kind == SERVE_KIND_CHAT ? "chatcmpl" : "cmpl",
                  (unsigned long long)++s->serial);
     } else if (full) {
         s->met.rejected_queue_full++;
@@ -459,69 +529,210 @@ static kiln_status job_admit(server *s, job *j, serve_error *e) {
     return KILN_OK;
 }
 
-/* Admit and submit a job (it takes over *r and ids). On failure *e is set and the job is gone. */
-static job *job_start(server *s, serve_request *r, int32_t *ids, int32_t n, serve_error *e) {
-    job *j = job_new(s, r, n);
-    if (!j) {
-        free(ids);
-        serve_request_free(r);
-        serve_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
-        return NULL;
-    }
-    if (job_admit(s, j, e) != KILN_OK) {
-        free(ids);
-        job_free(j);
-        return NULL;
-    }
-    kiln_request_options ro;
-    request_options(s, j, &ro);
-    int64_t id = 0;
-    kiln_status st = kiln_submit(s->ctx, ids, n, &ro, &id);
-    if (st != KILN_OK) serve_error_set(e, 400, "invalid_request_error", st == KILN_ERR_CONTEXT ?
-                                       "context_length_exceeded" : NULL, j->req.messages ? "messages" : "prompt",
-                                       "%s", kiln_last_error(s->ctx));
-    free(ids);
+/* Drop the connection's jobs that were never submitted (mu not held). */
+static void conn_drop_unsubmitted(server *s, conn *c, bool linked) {
     pthread_mutex_lock(&s->mu);
-    if (st == KILN_OK) {
-        j->id = id;
-        pthread_cond_signal(&s->sched_cv);
-    } else {
-        job_unlink(s, j); /* never submitted: no callback will come */
+    job *dead[SERVE_MAX_N];
+    int nd = 0;
+    for (int i = 0; i < c->n_jobs; i++) {
+        job *j = c->jobs[i];
+        if (j->id > 0) continue;
+        if (linked) job_unlink(s, j);
+        j->refs = 1; /* no callback will come */
+        dead[nd++] = job_unref(j);
+        c->jobs[i] = NULL;
     }
+    int k = 0; /* keep the submitted ones */
+    for (int i = 0; i < c->n_jobs; i++)
+        if (c->jobs[i]) c->jobs[k++] = c->jobs[i];
+    c->n_jobs = k;
     pthread_mutex_unlock(&s->mu);
-    if (st != KILN_OK) {
-        job_free(j);
-        return NULL;
-    }
-    return j;
+    for (int i = 0; i < nd; i++) job_free(dead[i]);
 }
 
-static json_t *usage_json(const job *j) {
-    return json_pack("{s:i, s:i, s:i}", "prompt_tokens", (int)j->n_prompt, "completion_tokens", (int)j->n_gen,
-                     "total_tokens", (int)(j->n_prompt + j->n_gen));
+/* Make the request's n choices, admit and submit them (*r and ids are taken over). On failure *e is
+ * set, nothing is left running and false is returned. */
+static bool conn_start(server *s, conn *c, serve_request *r, int32_t *ids, int32_t n, serve_error *e) {
+    group *g = calloc(1, sizeof *g);
+    int32_t want = r->n;
+    if (g) {
+        g->req = *r;
+        memset(r, 0, sizeof *r);
+        g->created = (long long)time(NULL);
+        pthread_cond_init(&g->cv, NULL);
+        for (int32_t i = 0; i < want; i++) {
+            job *j = job_new(s, g, i, n);
+            if (!j) break;
+            c->jobs[c->n_jobs++] = j;
+            g->refs++;
+        }
+    }
+    if (!g || c->n_jobs < want) {
+        if (!g) serve_request_free(r);
+        else if (c->n_jobs == 0) {
+            serve_request_free(&g->req);
+            pthread_cond_destroy(&g->cv);
+            free(g);
+        }
+        conn_drop_unsubmitted(s, c, false);
+        free(ids);
+        serve_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        return false;
+    }
+    if (conn_admit(s, c, e) != KILN_OK) {
+        conn_drop_unsubmitted(s, c, false);
+        free(ids);
+        return false;
+    }
+    kiln_status st = KILN_OK;
+    for (int i = 0; i < c->n_jobs && st == KILN_OK; i++) {
+        job *j = c->jobs[i];
+        kiln_request_options ro;
+        request_options(s, j, &ro);
+        int64_t id = 0;
+        st = kiln_submit(s->ctx, ids, n, &ro, &id);
+        if (st != KILN_OK) {
+            serve_error_set(e, 400, "invalid_request_error", st == KILN_ERR_CONTEXT ? "context_length_exceeded" : NULL,
+                            g->req.messages ? "messages" : "prompt", "%s", kiln_last_error(s->ctx));
+            break;
+        }
+        pthread_mutex_lock(&s->mu);
+        j->id = id;
+        pthread_cond_signal(&s->sched_cv);
+        pthread_mutex_unlock(&s->mu);
+    }
+    free(ids);
+    if (st != KILN_OK) {
+        conn_drop_unsubmitted(s, c, true);
+        conn_cancel(s, c); /* choices already submitted */
+        return false;
+    }
+    return true;
+}
+
+/* ---- response bodies ---- */
+
+static json_t *usage_json(const conn *c) {
+    int gen = 0;
+    for (int i = 0; i < c->n_jobs; i++) gen += c->jobs[i]->n_gen;
+    int prompt = c->n_jobs ? c->jobs[0]->n_prompt : 0;
+    return json_pack("{s:i, s:i, s:i}", "prompt_tokens", prompt, "completion_tokens", gen, "total_tokens",
+                     prompt + gen);
 }
 
 static const char *finish_reason(const job *j) { return fin_names[fin_index(j)]; }
 
-/* A whole (non-streamed) response (mu held, job done). */
-static json_t *final_json(const server *s, const job *j) {
-    json_t *text = json_stringn((const char *)j->text.data, j->text.len);
-    json_t *choice = j->req.kind == SERVE_KIND_CHAT
-                         ? json_pack("{s:i, s:{s:s, s:o}, s:n, s:s}", "index", 0, "message", "role", "assistant",
-                                     "content", text, "logprobs", "finish_reason", finish_reason(j))
-                         : json_pack("{s:i, s:o, s:n, s:s}", "index", 0, "text", text, "logprobs", "finish_reason",
-                                     finish_reason(j));
-    return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", j->rid, "object",
-                     j->req.kind == SERVE_KIND_CHAT ? "chat.completion" : "text_completion", "created",
-                     (json_int_t)j->created, "model", s->model, "choices", choice, "usage", usage_json(j));
+/* The text of one token (as it decodes alone); "token_id:N" without a tokenizer. */
+static json_t *token_text(const server *s, int32_t id) {
+    char *t = NULL;
+    size_t n = 0;
+    kiln_error e;
+    if (s->tok && kiln_tokenizer_decode(s->tok, &id, 1, false, &t, &n, &e) == KILN_OK) {
+        json_t *v = json_stringn(t, n);
+        if (!v) { /* not UTF-8 alone (a byte of a character): "bytes:\\xNN..." as OpenAI writes it */
+            kiln_buf b = {0};
+            kiln_buf_printf(&b, "bytes:");
+            for (size_t i = 0; i < n; i++) kiln_buf_printf(&b, "\\x%02x", (unsigned char)t[i]);
+            v = b.failed ? NULL : json_stringn((const char *)b.data, b.len);
+            kiln_buf_free(&b);
+        }
+        free(t);
+        return v;
+    }
+    char buf[32];
+    snprintf(buf, sizeof buf, "token_id:%d", id);
+    return json_string(buf);
 }
 
-static enum MHD_Result reply_whole(struct MHD_Connection *mc, conn *c, job *j) {
+static json_t *token_bytes(const server *s, int32_t id) {
+    json_t *a = json_array();
+    char *t = NULL;
+    size_t n = 0;
+    kiln_error e;
+    if (s->tok && kiln_tokenizer_decode(s->tok, &id, 1, false, &t, &n, &e) == KILN_OK)
+        for (size_t i = 0; i < n; i++) json_array_append_new(a, json_integer((unsigned char)t[i]));
+    free(t);
+    return a;
+}
+
+/* The log-probabilities of tokens [from, to) of job j in OpenAI's form: chat's {"content": [...]} or
+ * completions' {tokens, token_logprobs, top_logprobs, text_offset}. json null when not asked for. */
+static json_t *logprobs_json(const server *s, job *j, bool chat, int32_t from, int32_t to) {
+    if (j->g->req.logprobs < 0) return json_null();
+    if (chat) {
+        json_t *content = json_array();
+        for (int32_t i = from; i < to; i++) {
+            const kiln_token_info *t = &j->lps[i];
+            json_t *top = json_array();
+            for (int32_t k = 0; k < t->n_top; k++)
+                json_array_append_new(top, json_pack("{s:o, s:f, s:o}", "token", token_text(s, t->top_token[k]),
+                                                     "logprob", (double)t->top_logprob[k], "bytes",
+                                                     token_bytes(s, t->top_token[k])));
+            json_array_append_new(content, json_pack("{s:o, s:f, s:o, s:o}", "token", token_text(s, t->token),
+                                                     "logprob", (double)t->logprob, "bytes", token_bytes(s, t->token),
+                                                     "top_logprobs", top));
+        }
+        return json_pack("{s:o}", "content", content);
+    }
+    json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    for (int32_t i = from; i < to; i++) {
+        const kiln_token_info *t = &j->lps[i];
+        json_t *text = token_text(s, t->token);
+        json_array_append(toks, text);
+        json_array_append_new(lps, json_real((double)t->logprob));
+        json_t *top = json_object();
+        for (int32_t k = 0; k < t->n_top; k++) {
+            json_t *kt = token_text(s, t->top_token[k]);
+            if (kt && !json_object_get(top, json_string_value(kt)))
+                json_object_set_new(top, json_string_value(kt), json_real((double)t->top_logprob[k]));
+            json_decref(kt);
+        }
+        json_array_append_new(tops, top);
+        json_array_append_new(offs, json_integer((json_int_t)j->lp_text_off));
+        j->lp_text_off += text ? json_string_length(text) : 0;
+        json_decref(text);
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", toks, "token_logprobs", lps, "top_logprobs", tops,
+                     "text_offset", offs);
+}
+
+/* A whole (non-streamed) response (mu held, every job done). */
+static json_t *final_json(const server *s, conn *c) {
+    const group *g = c->jobs[0]->g;
+    bool chat = g->req.kind == SERVE_KIND_CHAT;
+    json_t *choices = json_array();
+    for (int i = 0; i < c->n_jobs; i++) {
+        job *j = c->jobs[i];
+        json_t *text = json_stringn((const char *)j->text.data, j->text.len);
+        json_t *lp = logprobs_json(s, j, chat, 0, j->n_lps);
+        json_array_append_new(choices, chat ? json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", j->index,
+                                                        "message", "role", "assistant", "content", text, "logprobs",
+                                                        lp, "finish_reason", finish_reason(j))
+                                            : json_pack("{s:i, s:o, s:o, s:s}", "index", j->index, "text", text,
+                                                        "logprobs", lp, "finish_reason", finish_reason(j)));
+    }
+    return json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", g->rid, "object",
+                     chat ? "chat.completion" : "text_completion", "created", (json_int_t)g->created, "model",
+                     s->model, "choices", choices, "usage", usage_json(c));
+}
+
+/* The worst outcome among the choices: FIN_ERROR, else FIN_CANCELLED, else fine (mu held). */
+static int conn_failure(const conn *c) {
+    int worst = FIN_STOP;
+    for (int i = 0; i < c->n_jobs; i++) {
+        int f = fin_index(c->jobs[i]);
+        if (f == FIN_ERROR) return FIN_ERROR;
+        if (f == FIN_CANCELLED) worst = FIN_CANCELLED;
+    }
+    return worst;
+}
+
+static enum MHD_Result reply_whole(struct MHD_Connection *mc, conn *c) {
     server *s = c->s;
     pthread_mutex_lock(&s->mu);
-    job_wait(s, j, SIZE_MAX, c->fd);
-    int fin = fin_index(j);
-    json_t *out = fin == FIN_STOP || fin == FIN_LENGTH ? final_json(s, j) : NULL;
+    conn_wait(s, c, true);
+    int fin = conn_failure(c);
+    json_t *out = fin == FIN_STOP ? final_json(s, c) : NULL;
     pthread_mutex_unlock(&s->mu);
     if (fin == FIN_CANCELLED)
         return fail(mc, 503, "server_error", NULL, NULL, "the request was cancelled (the server is shutting down)");
@@ -531,25 +742,33 @@ static enum MHD_Result reply_whole(struct MHD_Connection *mc, conn *c, job *j) {
 
 /* ---- streaming (Server-Sent Events) ---- */
 
-/* One SSE chunk of the stream: delta text (may be NULL), finish reason (NULL = none yet). */
-static void sse_chunk(conn *c, const job *j, const char *delta, size_t n, const char *finish, bool usage_only) {
-    json_t *choice;
-    if (c->chat) {
-        json_t *d = json_object();
-        if (!c->role_sent) json_object_set_new(d, "role", json_string("assistant"));
-        if (delta) json_object_set_new(d, "content", json_stringn(delta, n));
-        choice = json_pack("{s:i, s:o, s:n, s:o}", "index", 0, "delta", d, "logprobs", "finish_reason",
-                           finish ? json_string(finish) : json_null());
-        c->role_sent = true;
-    } else {
-        choice = json_pack("{s:i, s:s%, s:n, s:o}", "index", 0, "text", delta ? delta : "", delta ? n : 0,
-                           "logprobs", "finish_reason", finish ? json_string(finish) : json_null());
+/* One SSE chunk of choice j: delta text (may be NULL), its tokens' log-probabilities, finish reason
+ * (NULL = none yet); or, with j NULL, the usage chunk. */
+static void sse_chunk(conn *c, job *j, const char *delta, size_t n, const char *finish) {
+    const group *g = c->jobs[0]->g;
+    json_t *choices = json_array();
+    if (j) {
+        json_t *lp = logprobs_json(c->s, j, c->chat, j->lps_sent, j->n_lps);
+        j->lps_sent = j->n_lps;
+        json_t *choice;
+        if (c->chat) {
+            json_t *d = json_object();
+            if (!j->role_sent) json_object_set_new(d, "role", json_string("assistant"));
+            if (delta) json_object_set_new(d, "content", json_stringn(delta, n));
+            choice = json_pack("{s:i, s:o, s:o, s:o}", "index", j->index, "delta", d, "logprobs", lp,
+                               "finish_reason", finish ? json_string(finish) : json_null());
+            j->role_sent = true;
+        } else {
+            choice = json_pack("{s:i, s:s%, s:o, s:o}", "index", j->index, "text", delta ? delta : "",
+                               delta ? n : 0, "logprobs", lp, "finish_reason",
+                               finish ? json_string(finish) : json_null());
+        }
+        json_array_append_new(choices, choice);
     }
-    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:o}", "id", j->rid, "object",
-                          c->chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)j->created,
-                          "model", c->s->model, "choices", usage_only ? (json_decref(choice), json_array())
-                                                                         : json_pack("[o]", choice));
-    if (o && j->req.include_usage) json_object_set_new(o, "usage", usage_only ? usage_json(j) : json_null());
+    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:o}", "id", g->rid, "object",
+                          c->chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)g->created,
+                          "model", c->s->model, "choices", choices);
+    if (o && g->req.include_usage) json_object_set_new(o, "usage", j ? json_null() : usage_json(c));
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     if (s) kiln_buf_printf(&c->out, "data: %s\n\n", s);
@@ -559,17 +778,24 @@ static void sse_chunk(conn *c, const job *j, const char *delta, size_t n, const 
 /* Fill c->out with the next SSE events, waiting for text (mu not held). */
 static void sse_fill(conn *c) {
     server *s = c->s;
-    job *j = c->j;
     pthread_mutex_lock(&s->mu);
-    job_wait(s, j, j->sent, c->fd);
-    if (j->visible > j->sent || (c->chat && !c->role_sent))
-        sse_chunk(c, j, (const char *)j->text.data + j->sent, j->visible - j->sent, NULL, false);
-    j->sent = j->visible;
-    if (j->done) {
-        int fin = fin_index(j);
-        if (fin == FIN_STOP || fin == FIN_LENGTH) {
-            sse_chunk(c, j, NULL, 0, finish_reason(j), false);
-            if (j->req.include_usage) sse_chunk(c, j, NULL, 0, NULL, true);
+    conn_wait(s, c, false);
+    bool all_done = true;
+    for (int i = 0; i < c->n_jobs; i++) {
+        job *j = c->jobs[i];
+        if (j->visible > j->sent || (c->chat && !j->role_sent))
+            sse_chunk(c, j, (const char *)j->text.data + j->sent, j->visible - j->sent, NULL);
+        j->sent = j->visible;
+        if (j->done && !j->fin_sent && (fin_index(j) == FIN_STOP || fin_index(j) == FIN_LENGTH)) {
+            sse_chunk(c, j, NULL, 0, finish_reason(j));
+            j->fin_sent = true;
+        }
+        all_done &= j->done;
+    }
+    if (all_done) {
+        int fin = conn_failure(c);
+        if (fin == FIN_STOP) {
+            if (c->jobs[0]->g->req.include_usage) sse_chunk(c, NULL, NULL, 0, NULL);
         } else {
             serve_error e;
             serve_error_set(&e, fin == FIN_CANCELLED ? 503 : 500, "server_error", NULL, NULL, "%s",
@@ -593,7 +819,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
         c->out.len = c->out_off = 0;
         if (c->stream_done) return MHD_CONTENT_READER_END_OF_STREAM;
         sse_fill(c);
-        if (c->out.len == 0 && c->j->client_gone) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (c->out.len == 0 && c->jobs[0]->client_gone) return MHD_CONTENT_READER_END_WITH_ERROR;
     }
     size_t n = c->out.len - c->out_off < max ? c->out.len - c->out_off : max;
     memcpy(buf, c->out.data + c->out_off, n);
@@ -640,11 +866,9 @@ static enum MHD_Result handle_generate(struct MHD_Connection *mc, conn *c, serve
         return send_error(mc, &e);
     }
     bool stream = r.stream;
-    job *j = job_start(s, &r, ids, n, &e);
-    if (!j) return send_error(mc, &e);
-    c->j = j;
     c->chat = kind == SERVE_KIND_CHAT;
-    return stream ? reply_stream(mc, c) : reply_whole(mc, c, j);
+    if (!conn_start(s, c, &r, ids, n, &e)) return send_error(mc, &e);
+    return stream ? reply_stream(mc, c) : reply_whole(mc, c);
 }
 
 /* POST /tokenize {"prompt": TEXT | "messages": [...], "add_special_tokens": bool}. */
@@ -704,12 +928,26 @@ static void hist_print(kiln_buf *b, const char *name, const char *help, const se
 /* GET /metrics: Prometheus text format. */
 static enum MHD_Result handle_metrics(struct MHD_Connection *mc, server *s) {
     kiln_buf b = {0};
+    kiln_ctx_info ci = {.struct_size = sizeof ci};
     pthread_mutex_lock(&s->mu);
-    int running = s->active < s->o.max_batch ? s->active : (int)s->o.max_batch;
-    kiln_buf_printf(&b, "# HELP kiln_requests_running Requests generating now.\n# TYPE kiln_requests_running gauge\n"
-                        "kiln_requests_running %d\n", running);
-    kiln_buf_printf(&b, "# HELP kiln_requests_waiting Requests queued for a slot.\n# TYPE kiln_requests_waiting gauge\n"
-                        "kiln_requests_waiting %d\n", s->active - running);
+    bool ready = s->ready;
+    pthread_mutex_unlock(&s->mu);
+    if (ready) kiln_ctx_info_get(s->ctx, &ci); /* the scheduler's own counts, taken outside mu */
+    double kv_ratio = ci.kv_capacity_tokens > 0 ? (double)ci.kv_used_tokens / (double)ci.kv_capacity_tokens : 0;
+    pthread_mutex_lock(&s->mu);
+    kiln_buf_printf(&b, "# HELP kiln_requests_running Requests in the batch (admitted to a slot).\n"
+                        "# TYPE kiln_requests_running gauge\nkiln_requests_running %d\n", (int)ci.requests_running);
+    kiln_buf_printf(&b, "# HELP kiln_requests_waiting Requests queued for a slot or KV memory (preempted ones "
+                        "included).\n# TYPE kiln_requests_waiting gauge\nkiln_requests_waiting %d\n",
+                    (int)ci.requests_waiting);
+    kiln_buf_printf(&b, "# HELP kiln_kv_cache_usage_ratio KV memory promised to running requests, as a fraction.\n"
+                        "# TYPE kiln_kv_cache_usage_ratio gauge\nkiln_kv_cache_usage_ratio %.6f\n", kv_ratio);
+    kiln_buf_printf(&b, "# HELP kiln_preemptions_total Running requests preempted because KV memory ran out.\n"
+                        "# TYPE kiln_preemptions_total counter\nkiln_preemptions_total %lld\n",
+                    (long long)ci.preemptions);
+    kiln_buf_printf(&b, "# HELP kiln_recomputed_tokens_total Tokens computed again to resume preempted requests.\n"
+                        "# TYPE kiln_recomputed_tokens_total counter\nkiln_recomputed_tokens_total %lld\n",
+                    (long long)ci.tokens_recomputed);
     kiln_buf_printf(&b, "# HELP kiln_prompt_tokens_total Prompt tokens of finished requests.\n"
                         "# TYPE kiln_prompt_tokens_total counter\nkiln_prompt_tokens_total %llu\n",
                     (unsigned long long)s->met.prompt_tokens);
@@ -725,7 +963,10 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *mc, server *s) {
         kiln_buf_printf(&b, "kiln_requests_finished_total{finish_reason=\"%s\"} %llu\n", fin_names[i],
                         (unsigned long long)s->met.finished[i]);
     hist_print(&b, "kiln_time_to_first_token_seconds", "Time from submission to the first token.", &s->met.ttft);
+    hist_print(&b, "kiln_time_per_output_token_seconds", "Time between consecutive tokens of a request.",
+               &s->met.tpot);
     hist_print(&b, "kiln_e2e_request_latency_seconds", "Time from submission to the end of a request.", &s->met.e2e);
+    hist_print(&b, "kiln_request_queue_time_seconds", "Time from submission to the first slot.", &s->met.queue);
     pthread_mutex_unlock(&s->mu);
     if (b.failed || !kiln_buf_append(&b, "", 1)) {
         kiln_buf_free(&b);
@@ -760,6 +1001,7 @@ static bool key_ok(struct MHD_Connection *mc, const char *key) {
 
 static enum MHD_Result dispatch(struct MHD_Connection *mc, conn *c, const char *url, const char *method) {
     server *s = c->s;
+    c->answered = true;
     const route *rt = NULL;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
         if (strcmp(url, routes[i].path) == 0) rt = &routes[i];
@@ -808,7 +1050,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         *upload_size = 0;
         return MHD_YES;
     }
-    if (c->j) return MHD_YES; /* already answered */
+    if (c->answered) return MHD_YES;
     return dispatch(mc, c, url, method);
 }
 
@@ -820,12 +1062,13 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
     conn *c = *con_cls;
     if (!c) return;
     *con_cls = NULL;
-    if (c->j) {
-        job_cancel(s, c->j);
+    if (c->n_jobs) {
+        conn_cancel(s, c);
+        job *dead[SERVE_MAX_N];
         pthread_mutex_lock(&s->mu);
-        job *dead = job_unref(c->j);
+        for (int i = 0; i < c->n_jobs; i++) dead[i] = job_unref(c->jobs[i]);
         pthread_mutex_unlock(&s->mu);
-        job_free(dead);
+        for (int i = 0; i < c->n_jobs; i++) job_free(dead[i]);
     }
     kiln_buf_free(&c->body);
     kiln_buf_free(&c->out);
@@ -836,14 +1079,15 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
 
 /* Returns -1 to go on, else the exit code. */
 static int serve_parse(int argc, char **argv, serve_opts *o) {
-    enum { O_HOST = 256, O_PORT, O_DEV, O_BATCH, O_QUEUE, O_KEY, O_NAME, O_DRAIN, O_CTX, O_THR };
+    enum { O_HOST = 256, O_PORT, O_DEV, O_BATCH, O_QUEUE, O_KEY, O_NAME, O_DRAIN, O_CTX, O_THR, O_KVMEM };
     static const struct option longopts[] = {
         {"host", required_argument, 0, O_HOST},       {"port", required_argument, 0, O_PORT},
         {"device", required_argument, 0, O_DEV},      {"max-batch", required_argument, 0, O_BATCH},
         {"max-queue", required_argument, 0, O_QUEUE}, {"api-key", required_argument, 0, O_KEY},
         {"model-name", required_argument, 0, O_NAME}, {"drain-seconds", required_argument, 0, O_DRAIN},
         {"max-context", required_argument, 0, O_CTX}, {"threads", required_argument, 0, O_THR},
-        {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
+        {"kv-memory", required_argument, 0, O_KVMEM}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
     *o = (serve_opts){.host = "127.0.0.1", .device = "auto", .port = 8000, .max_batch = 8, .max_queue = 64,
                       .drain_s = 30};
     int c;
@@ -862,6 +1106,11 @@ static int serve_parse(int argc, char **argv, serve_opts *o) {
         case O_DRAIN: bad = kiln_cli_parse_int(optarg, 0, 86400, &o->drain_s) ? NULL : "--drain-seconds is in 0..86400"; break;
         case O_CTX: bad = kiln_cli_parse_int(optarg, 1, 1 << 24, &o->max_ctx) ? NULL : "--max-context is > 0"; break;
         case O_THR: bad = kiln_cli_parse_int(optarg, 1, 256, &o->threads) ? NULL : "--threads is in 1..256"; break;
+        case O_KVMEM:
+            bad = kiln_cli_parse_memory(optarg, &o->kv_bytes, &o->kv_fraction)
+                      ? NULL
+                      : "--kv-memory is bytes (e.g. 4G) or a fraction in (0, 1]";
+            break;
         case 'h': help(stdout); return KILN_EXIT_OK;
         default: return kiln_cli_usage_error("serve", "unknown or incomplete option '%s'", argv[optind - 1]);
         }
@@ -871,6 +1120,9 @@ static int serve_parse(int argc, char **argv, serve_opts *o) {
     o->engine = argv[optind];
     if (strcmp(o->device, "cpu") != 0 && strcmp(o->device, "auto") != 0 && strcmp(o->device, "gpu") != 0)
         return kiln_cli_usage_error("serve", "unknown device '%s' (gpu, cpu, auto)", o->device);
+    if (o->kv_fraction > 0 && strcmp(o->device, "cpu") == 0)
+        return kiln_cli_usage_error("serve", "--kv-memory %g is a fraction of GPU memory, which does not apply to "
+                                             "--device cpu; give bytes (e.g. 512M)", o->kv_fraction);
     if (o->model_name && (!*o->model_name || strlen(o->model_name) >= 256))
         return kiln_cli_usage_error("serve", "--model-name must be 1..255 bytes");
     return -1;
@@ -929,6 +1181,8 @@ static kiln_status load(server *s, kiln_error *err) {
     co.max_batch = (int32_t)s->o.max_batch;
     co.max_context = (int32_t)s->o.max_ctx;
     co.threads = (int32_t)s->o.threads;
+    co.kv_bytes = s->o.kv_bytes;
+    if (s->o.kv_fraction > 0) co.kv_fraction = s->o.kv_fraction;
     if ((st = kiln_ctx_new(s->k, &co, &s->ctx)) != KILN_OK) return kiln_err(err, st, "%s", kiln_last_error(s->ctx));
     kiln_ctx_info info = {.struct_size = sizeof info};
     if ((st = kiln_ctx_info_get(s->ctx, &info)) != KILN_OK) return kiln_err(err, st, "%s", kiln_last_error(s->ctx));

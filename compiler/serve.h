@@ -21,6 +21,7 @@
 #define SERVE_MAX_STOP_BYTES 256   /* bytes per stop string */
 #define SERVE_MAX_MESSAGES 4096    /* chat messages per request */
 #define SERVE_MAX_PROMPT_IDS (1 << 22)
+#define SERVE_MAX_N 16             /* choices per request (n) */
 
 typedef enum serve_kind {
     SERVE_KIND_COMPLETION = 0, /* POST /v1/completions */
@@ -56,6 +57,10 @@ typedef struct serve_request {
     char *stops[SERVE_MAX_STOPS];
     int n_stops;
     bool stream, include_usage, ignore_eos;
+    double min_p, presence_penalty, frequency_penalty, repetition_penalty; /* neutral when absent: 0, 0, 0, 1 */
+    int32_t n;                   /* choices, 1..SERVE_MAX_N */
+    int32_t logprobs;            /* -1 = none, else alternatives per token (completions: logprobs;
+                                    chat: top_logprobs with logprobs true) */
     bool add_special;            /* tokenize: add_special_tokens (default true); chat: add_generation_prompt */
 } serve_request;
 

@@ -38,19 +38,10 @@ static kiln_status unsupported(serve_error *err, const char *param, const char *
                            "'%s' is not supported by kiln serve yet (%s); hint: leave it out", param, why);
 }
 
-/* Fields that would change the result: absent, null or their neutral value, else refused. */
+/* Fields that would change the result but are not supported: absent, null or neutral, else refused. */
 static kiln_status refuse_unsupported(const json_t *o, serve_error *err) {
-    static const struct { const char *name; double neutral; } num[] = {
-        {"presence_penalty", 0}, {"frequency_penalty", 0}, {"repetition_penalty", 1}, {"min_p", 0},
-        {"n", 1}, {"best_of", 1}};
-    for (size_t i = 0; i < sizeof num / sizeof num[0]; i++) {
-        json_t *v = json_object_get(o, num[i].name);
-        if (!v || json_is_null(v)) continue;
-        if (!json_is_number(v)) return bad(err, num[i].name, "must be a number");
-        if (json_number_value(v) != num[i].neutral) return unsupported(err, num[i].name, "only its default works");
-    }
-    static const char *const present[] = {"logprobs", "top_logprobs", "tools", "functions", "logit_bias",
-                                          "suffix", "echo", "tool_choice", "function_call"};
+    static const char *const present[] = {"tools", "functions", "logit_bias", "suffix", "echo", "tool_choice",
+                                          "function_call"};
     for (size_t i = 0; i < sizeof present / sizeof present[0]; i++) {
         json_t *v = json_object_get(o, present[i]);
         if (!v || json_is_null(v) || json_is_false(v)) continue;
@@ -219,6 +210,33 @@ static kiln_status parse_sampling(const json_t *o, serve_request *r, serve_error
     } else if (sv && !json_is_null(sv)) {
         return bad(err, "seed", "must be an integer");
     }
+    double n = 1, best_of = -1, lp = -1;
+    if ((st = get_num(o, "min_p", 0, 1, &r->min_p, err)) ||
+        (st = get_num(o, "presence_penalty", -2, 2, &r->presence_penalty, err)) ||
+        (st = get_num(o, "frequency_penalty", -2, 2, &r->frequency_penalty, err)) ||
+        (st = get_num(o, "repetition_penalty", 1e-6, 10, &r->repetition_penalty, err)) ||
+        (st = get_num(o, "n", 1, SERVE_MAX_N, &n, err)) || (st = get_num(o, "best_of", 1, SERVE_MAX_N, &best_of, err)))
+        return st;
+    if (n != floor(n)) return bad(err, "n", "must be a whole number");
+    r->n = (int32_t)n;
+    if (best_of >= 0 && best_of != n)
+        return unsupported(err, "best_of", "only best_of = n works: kiln does not rank choices");
+    if (r->kind == SERVE_KIND_CHAT) {
+        bool want = false;
+        if ((st = get_bool(o, "logprobs", &want, err)) || (st = get_num(o, "top_logprobs", 0, KILN_MAX_LOGPROBS, &lp, err)))
+            return st;
+        if (lp >= 0 && !want) return bad(err, "top_logprobs", "needs 'logprobs': true");
+        if (want) r->logprobs = lp >= 0 ? (int32_t)lp : 0;
+        if (lp >= 0 && lp != floor(lp)) return bad(err, "top_logprobs", "must be a whole number");
+    } else {
+        json_t *v = json_object_get(o, "logprobs");
+        if (json_is_boolean(v)) return bad(err, "logprobs", "must be a number of alternatives (0..20) here");
+        if ((st = get_num(o, "logprobs", 0, KILN_MAX_LOGPROBS, &lp, err))) return st;
+        if (lp >= 0 && lp != floor(lp)) return bad(err, "logprobs", "must be a whole number");
+        if (lp >= 0) r->logprobs = (int32_t)lp;
+        if (json_object_get(o, "top_logprobs") && !json_is_null(json_object_get(o, "top_logprobs")))
+            return bad(err, "top_logprobs", "belongs to chat; completions take 'logprobs': N");
+    }
     json_t *so = json_object_get(o, "stream_options");
     if (so && !json_is_null(so)) {
         if (!json_is_object(so)) return bad(err, "stream_options", "must be an object");
@@ -269,6 +287,9 @@ kiln_status serve_request_parse(const char *body, size_t len, serve_kind kind, s
     out->temperature = -1;
     out->top_p = -1;
     out->top_k = -1;
+    out->repetition_penalty = 1;
+    out->n = 1;
+    out->logprobs = -1;
     json_error_t je;
     json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!o)

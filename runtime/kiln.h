@@ -242,6 +242,8 @@ typedef struct kiln_token_info {
     int32_t n_top;   /* entries below: the request's logprobs (0 when -1) */
     int32_t top_token[KILN_MAX_LOGPROBS]; /* the most likely tokens, most likely first (ties: lower id) */
     float top_logprob[KILN_MAX_LOGPROBS]; /* their log-probabilities */
+    double queue_seconds; /* how long the request waited from kiln_submit to its first slot (the same in
+                             every call) */
 } kiln_token_info;
 
 /* As kiln_token_callback, with the token's log-probabilities: `t` is the

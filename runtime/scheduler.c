@@ -53,6 +53,7 @@ typedef struct sched_req {
     int slot;              /* while running */
     int64_t admitted;      /* first admission's order (kept when resumed): prefill priority, preemption order */
     bool was_admitted;
+    double t_submit, queue_s; /* submission time (kiln_now), wait before the first admission */
     int n_cached, n_gen;
     bool cancel;           /* cancel requested, not yet finished */
     kiln_stop_reason stop; /* when done */
@@ -362,6 +363,7 @@ kiln_status kiln_sched_submit(kiln_sched *s, const kiln_sched_request *q, int64_
     r->need = (int)need;
     r->slot = -1;
     r->state = REQ_QUEUED;
+    r->t_submit = kiln_now();
 
     pthread_mutex_lock(&s->lock);
     r->id = s->next_id++;
@@ -502,6 +504,7 @@ static kiln_status admit(kiln_sched *s, kiln_error *err) {
         if (!r->was_admitted) {
             r->admitted = s->next_admit++;
             r->was_admitted = true;
+            r->queue_s = kiln_now() - r->t_submit;
         }
         s->running[slot] = r;
         s->n_running++;
@@ -605,6 +608,7 @@ static bool deliver(kiln_sched *s, sched_req *r, kiln_token_info *ti, bool finis
         r->cap_toks = (int)cap;
     }
     r->toks[n_known(r)] = ti->token;
+    ti->queue_seconds = r->queue_s;
     r->n_gen++;
     s->stats.tokens_out++;
     int32_t fin = finished ? 1 : 0, reason = finished ? (int32_t)why : -1;

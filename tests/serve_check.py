@@ -99,9 +99,9 @@ def sse(raw):
     return chunks, done
 
 
-def kiln_run(engine, prompt, n, chat=False):
-    cmd = [KILN, "run", engine, "--prompt", prompt, "--max-tokens", str(n), "--temperature", "0",
-           "--device", "cpu", "--json"] + (["--chat"] if chat else [])
+def kiln_run(engine, prompt, n, chat=False, extra=()):
+    cmd = [KILN, "run", engine, "--prompt", prompt, "--max-tokens", str(n), "--device", "cpu", "--json"] + \
+          (["--chat"] if chat else []) + (list(extra) if extra else ["--temperature", "0"])
     return json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout)
 
 
@@ -151,7 +151,10 @@ def check_completions(s):
     check(stream_text(chunks) == want["text"], "streamed text %r != %r" % (stream_text(chunks), want["text"]))
     check(chunks[-1]["choices"] == [] and chunks[-1]["usage"] == u, "stream usage chunk %r" % chunks[-1])
     check(chunks[-2]["choices"][0]["finish_reason"] == r["choices"][0]["finish_reason"], "stream finish_reason")
-    return want, [c["choices"][0]["text"] for c in chunks if c["choices"] and c["choices"][0]["text"]]
+    # the tokens' texts, for stop strings across token boundaries (stream chunks may merge tokens)
+    st, r, _ = s.post("/v1/completions", {"model": "kjv", "prompt": P, "max_tokens": N, "temperature": 0,
+                                          "logprobs": 0}, KEY)
+    return want, r["choices"][0]["logprobs"]["tokens"] if st == 200 else []
 
 
 def check_stop(s, want, pieces):
@@ -197,12 +200,19 @@ def check_chat(s):
 def check_errors(s):
     st, r, _ = s.post("/v1/completions", b"{not json", KEY)
     check(st == 400 and r["error"]["type"] == "invalid_request_error", "malformed JSON: %d %r" % (st, r))
-    st, r, _ = s.post("/v1/completions", {"model": "kjv", "prompt": P, "presence_penalty": 0.5}, KEY)
-    check(st == 400 and r["error"]["param"] == "presence_penalty", "unsupported field: %d %r" % (st, r))
+    st, r, _ = s.post("/v1/completions", {"model": "kjv", "prompt": P, "echo": True}, KEY)
+    check(st == 400 and r["error"]["param"] == "echo" and r["error"]["code"] == "unsupported_parameter",
+          "unsupported field: %d %r" % (st, r))
+    for body, param in (({"n": 17}, "n"), ({"n": 2, "best_of": 3}, "best_of"), ({"min_p": 2}, "min_p"),
+                        ({"presence_penalty": 2.5}, "presence_penalty"), ({"repetition_penalty": 0}, "repetition_penalty"),
+                        ({"logprobs": 21}, "logprobs"), ({"logprobs": True}, "logprobs"), ({"top_logprobs": 2}, "top_logprobs")):
+        st, r, _ = s.post("/v1/completions", dict({"model": "kjv", "prompt": P}, **body), KEY)
+        check(st == 400 and r["error"]["param"] == param, "%r: %d %r" % (body, st, r))
+    st, r, _ = s.post("/v1/chat/completions", {"model": "kjv", "messages": [{"role": "user", "content": "x"}],
+                                                "top_logprobs": 2}, KEY)
+    check(st == 400 and r["error"]["param"] == "top_logprobs", "chat top_logprobs without logprobs: %d %r" % (st, r))
     st, r, _ = s.post("/v1/completions", {"model": "kjv", "prompt": P, "stop": ["\u0000"]}, KEY)
     check(st == 400, "a NUL stop string: %d %r" % (st, r))  # jansson refuses \u0000 itself; the parser too
-    st, r, _ = s.post("/v1/completions", {"model": "kjv", "prompt": P, "n": 2}, KEY)
-    check(st == 400 and r["error"]["param"] == "n", "n=2: %d %r" % (st, r))
     st, r, _ = s.post("/v1/completions", {"model": "kjv", "prompt": P, "max_tokens": 1, "user": "x"}, KEY)
     check(st == 200, "a harmless unknown field is ignored: %d" % st)
     st, r, _ = s.post("/v1/completions", {"model": "kjv", "prompt": [5] * 600, "max_tokens": 1}, KEY)
@@ -252,6 +262,96 @@ def check_disconnect(s):
     t0 = time.time()
     st, r, _ = s.post("/v1/completions", {"model": "kjv", "prompt": P, "max_tokens": 2}, KEY, timeout=30)
     check(st == 200 and time.time() - t0 < 5, "a request after the disconnect is served promptly")
+
+
+def check_sampling_features(s):
+    """n, penalties, min_p and logprobs: the server against `kiln run` with the same options and seed."""
+    eng = os.path.join(T, "chat.kiln")
+    base = {"model": "kjv", "prompt": P, "max_tokens": 24, "ignore_eos": True}
+    # penalties (greedy): the text of kiln run with the same flags, and not plain greedy's
+    greedy = kiln_run(eng, P, 24)["text"]
+    pen = kiln_run(eng, P, 24, extra=["--temperature", "0", "--presence-penalty", "1", "--frequency-penalty", "0.5",
+                                      "--repetition-penalty", "1.3"])
+    st, r, _ = s.post("/v1/completions", dict(base, temperature=0, presence_penalty=1, frequency_penalty=0.5,
+                                               repetition_penalty=1.3), KEY)
+    check(st == 200 and r["choices"][0]["text"] == pen["text"], "penalties: %r vs kiln run %r" % (r, pen["text"]))
+    check(pen["text"] != greedy, "penalties change nothing: %r" % greedy)
+    # sampling with min_p and a seed: kiln run's text; n=3 gives seeds S, S+1, S+2
+    flags = ["--temperature", "1.2", "--top-p", "0.95", "--min-p", "0.05", "--seed", "41"]
+    runs = [kiln_run(eng, P, 24, extra=flags[:-1] + [str(41 + i)])["text"] for i in range(3)]
+    st, r, _ = s.post("/v1/completions", dict(base, temperature=1.2, top_p=0.95, min_p=0.05, seed=41, n=3), KEY)
+    got = [c["text"] for c in sorted(r.get("choices", []), key=lambda c: c["index"])] if st == 200 else r
+    check(got == runs, "n=3 sampled choices %r vs kiln run with seeds 41..43 %r" % (got, runs))
+    check(len(set(runs)) > 1, "three seeds gave one text")
+    check(st == 200 and r["usage"]["completion_tokens"] == 72 and r["usage"]["prompt_tokens"] > 0, "n=3 usage %r" % r.get("usage"))
+    # the same streamed: chunks carry their choice's index
+    st, raw, _ = s.req("POST", "/v1/completions", json.dumps(dict(base, temperature=1.2, top_p=0.95, min_p=0.05,
+                       seed=41, n=3, stream=True, stream_options={"include_usage": True})), {"Authorization": "Bearer " + KEY})
+    chunks, done = sse(raw)
+    texts = ["", "", ""]
+    fins = [None] * 3
+    for c in chunks:
+        for ch in c["choices"]:
+            texts[ch["index"]] += ch["text"]
+            fins[ch["index"]] = ch["finish_reason"] or fins[ch["index"]]
+    check(done and texts == runs and fins == ["length"] * 3, "n=3 streamed %r %r" % (texts, fins))
+    check(chunks and chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 72, "n=3 stream usage")
+    # logprobs (completions): greedy, so each token is its own top alternative
+    st, r, _ = s.post("/v1/completions", dict(base, temperature=0, logprobs=3), KEY)
+    lp = r["choices"][0]["logprobs"] if st == 200 else None
+    ok = lp is not None and len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 24
+    check(ok, "completions logprobs shape %r" % lp)
+    if ok:
+        check(all(x <= 0 for x in lp["token_logprobs"]), "logprobs <= 0")
+        check(all(len(t) <= 3 and abs(max(t.values()) - x) < 1e-6 for t, x in zip(lp["top_logprobs"], lp["token_logprobs"])),
+              "greedy token is the most likely: %r" % lp["top_logprobs"][:3])
+        check("".join(lp["tokens"]) == r["choices"][0]["text"] == greedy, "tokens join to the text: %r" % lp["tokens"])
+        check(lp["text_offset"] == [sum(len(t.encode()) for t in lp["tokens"][:i]) for i in range(24)], "text_offset")
+    # logprobs (chat), streamed and not: the same numbers
+    msgs = [{"role": "user", "content": "Who made the light?"}]
+    cb = {"model": "kjv", "messages": msgs, "max_tokens": 12, "temperature": 0, "logprobs": True, "top_logprobs": 2}
+    st, r, _ = s.post("/v1/chat/completions", cb, KEY)
+    content = r["choices"][0]["logprobs"]["content"] if st == 200 else []
+    check(len(content) == r.get("usage", {}).get("completion_tokens", -1) and
+          all(len(e["top_logprobs"]) == 2 and e["top_logprobs"][0]["token"] == e["token"] and
+              bytes(e["bytes"]).decode("utf-8", "replace") is not None for e in content), "chat logprobs %r" % content[:2])
+    st, raw, _ = s.req("POST", "/v1/chat/completions", json.dumps(dict(cb, stream=True)), {"Authorization": "Bearer " + KEY})
+    chunks, done = sse(raw)
+    streamed = [e for c in chunks for ch in c["choices"] if ch.get("logprobs") for e in ch["logprobs"]["content"]]
+    check(done and [(e["token"], e["logprob"]) for e in streamed] == [(e["token"], e["logprob"]) for e in content],
+          "chat logprobs streamed = not streamed")
+    m = metrics(s)
+    check(m.get("kiln_time_per_output_token_seconds_count", 0) > 0 and m.get("kiln_request_queue_time_seconds_count", 0) > 0
+          and "kiln_kv_cache_usage_ratio" in m and "kiln_preemptions_total" in m, "new metrics %r" % m)
+
+
+def check_preemption():
+    """A KV memory for about two requests and four slots: requests are preempted and resumed, and each
+    still gives exactly kiln run's text."""
+    # kjv-tiny on the CPU: 5 layers x (K + V) x 4 heads x 32 x 4 bytes = 5,120 bytes per token
+    s = Server(os.path.join(T, "kjv.kiln"), "--max-batch", "4", "--kv-memory", str(5120 * 420), "--max-context", "256")
+    try:
+        prompts = ["In the beginning", "And God said", "The LORD is my", "Blessed are the"]
+        want = {p: kiln_run(os.path.join(T, "kjv.kiln"), p, 180, extra=["--temperature", "0", "--ignore-eos"])["text"]
+                for p in prompts}
+        out = {}
+
+        def one(p):
+            out[p] = s.post("/v1/completions", {"model": "kjv", "prompt": p, "max_tokens": 180, "temperature": 0,
+                                                "ignore_eos": True})
+        ths = [threading.Thread(target=one, args=(p,)) for p in prompts]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join(300)
+        for p in prompts:
+            st, r, _ = out.get(p, (0, None, None))
+            check(st == 200 and r["choices"][0]["text"] == want[p], "preempted %r: %d %r" % (p, st, r))
+        m = metrics(s)
+        check(m.get("kiln_preemptions_total", 0) >= 1 and m.get("kiln_recomputed_tokens_total", 0) > 0,
+              "no preemption happened: %r" % {k: v for k, v in m.items() if "preempt" in k or "recomputed" in k})
+    finally:
+        check(s.stop() == 0, "preemption server exit status")
 
 
 def check_openai(s, want, want_chat):
@@ -366,6 +466,7 @@ def main():
         want_chat = check_chat(s)
         check_errors(s)
         check_misc(s)
+        check_sampling_features(s)
         check_disconnect(s)
         check_openai(s, want, want_chat)
         check_drain(s)
@@ -374,6 +475,7 @@ def main():
         if failed:
             print(s.logtext()[-3000:], file=sys.stderr)
     check_queue()
+    check_preemption()
 
 
 try:
