@@ -942,6 +942,9 @@ static enum MHD_Result handle_metrics(struct MHD_Connection *mc, server *s) {
                     (int)ci.requests_waiting);
     kiln_buf_printf(&b, "# HELP kiln_kv_cache_usage_ratio KV memory promised to running requests, as a fraction.\n"
                         "# TYPE kiln_kv_cache_usage_ratio gauge\nkiln_kv_cache_usage_ratio %.6f\n", kv_ratio);
+    kiln_buf_printf(&b, "# HELP kiln_kv_cache_capacity_tokens KV tokens the KV memory holds, all requests together.\n"
+                        "# TYPE kiln_kv_cache_capacity_tokens gauge\nkiln_kv_cache_capacity_tokens %lld\n",
+                    (long long)ci.kv_capacity_tokens);
     kiln_buf_printf(&b, "# HELP kiln_preemptions_total Running requests preempted because KV memory ran out.\n"
                         "# TYPE kiln_preemptions_total counter\nkiln_preemptions_total %lld\n",
                     (long long)ci.preemptions);

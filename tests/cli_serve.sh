@@ -12,6 +12,7 @@
 #   - through the `openai` Python package when it can be installed (else a
 #     SKIP line for that part).
 # Servers listen on 127.0.0.1 on a free port and are always stopped.
+# KILN_TEST_DEVICE=gpu KILN_TEST_TARGET=sm_90 runs the same checks on a GPU.
 #
 # usage: bash tests/cli_serve.sh KILN_EXE SOURCE_DIR [SHARED_DIR]
 set -u
@@ -20,7 +21,7 @@ SRC=$(cd "$2" && pwd)
 T=$(mktemp -d "${TMPDIR:-/tmp}/kiln-serve-XXXXXX")
 trap 'for p in "$T"/*.pid; do [ -f "$p" ] && kill -KILL "$(cat "$p")" 2>/dev/null; done; rm -rf "$T"' EXIT
 
-"$KILN" compile "$SRC/models/kjv-tiny" --target none -o "$T/kjv.kiln" >/dev/null 2>"$T/err" || {
+"$KILN" compile "$SRC/models/kjv-tiny" --target "${KILN_TEST_TARGET:-none}" -o "$T/kjv.kiln" >/dev/null 2>"$T/err" || {
     cat "$T/err" >&2
     echo "FAIL: compile kjv-tiny"
     echo "0 passed, 1 failed"
@@ -29,7 +30,7 @@ trap 'for p in "$T"/*.pid; do [ -f "$p" ] && kill -KILL "$(cat "$p")" 2>/dev/nul
 mkdir "$T/ck"
 for f in "$SRC/models/kjv-tiny"/*; do ln -s "$f" "$T/ck/"; done
 cp "$SRC/tests/golden/chat/chatml.jinja" "$T/ck/chat_template.jinja"
-"$KILN" compile "$T/ck" --target none -o "$T/chat.kiln" >/dev/null 2>&1 || echo "FAIL: compile with a chat template" >&2
+"$KILN" compile "$T/ck" --target "${KILN_TEST_TARGET:-none}" -o "$T/chat.kiln" >/dev/null 2>&1 || echo "FAIL: compile with a chat template" >&2
 
 # The openai package, for the client part (tests only): skip that part when it cannot be installed.
 if ! python3 -c "import openai" 2>/dev/null; then

@@ -7,6 +7,7 @@ Prints FAIL lines and "N passed, M failed"; exits non-zero on a failure.
 import http.client, json, os, re, signal, socket, subprocess, sys, threading, time
 
 KILN, T = sys.argv[1], sys.argv[2]
+DEVICE = os.environ.get("KILN_TEST_DEVICE", "cpu")  # gpu: bench/gpu_serve_smoke.sh runs these checks on a GPU
 # the queue checks run on kiln-run (the runtime-only tool) when it is built beside kiln
 KILN_RUN = os.path.join(os.path.dirname(os.path.abspath(KILN)), "kiln-run")
 passed = failed = 0
@@ -35,7 +36,7 @@ class Server:
     def __init__(self, engine, *args, exe=None):
         self.port = free_port()
         self.log = open(os.path.join(T, "serve-%d.log" % self.port), "w+")
-        self.p = subprocess.Popen([exe or KILN, "serve", engine, "--device", "cpu", "--host", "127.0.0.1",
+        self.p = subprocess.Popen([exe or KILN, "serve", engine, "--device", DEVICE, "--host", "127.0.0.1",
                                    "--port", str(self.port), *args], stdout=self.log, stderr=self.log)
         open(os.path.join(T, "%d.pid" % self.p.pid), "w").write(str(self.p.pid))
         procs.append(self.p)
@@ -100,7 +101,7 @@ def sse(raw):
 
 
 def kiln_run(engine, prompt, n, chat=False, extra=()):
-    cmd = [KILN, "run", engine, "--prompt", prompt, "--max-tokens", str(n), "--device", "cpu", "--json"] + \
+    cmd = [KILN, "run", engine, "--prompt", prompt, "--max-tokens", str(n), "--device", DEVICE, "--json"] + \
           (["--chat"] if chat else []) + (list(extra) if extra else ["--temperature", "0"])
     return json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout)
 
@@ -328,8 +329,13 @@ def check_sampling_features(s):
 def check_preemption():
     """A KV memory for about two requests and four slots: requests are preempted and resumed, and each
     still gives exactly kiln run's text."""
-    # kjv-tiny on the CPU: 5 layers x (K + V) x 4 heads x 32 x 4 bytes = 5,120 bytes per token
-    s = Server(os.path.join(T, "kjv.kiln"), "--max-batch", "4", "--kv-memory", str(5120 * 420), "--max-context", "256")
+    # bytes per KV token on this device: from the capacity a 4 MiB KV memory gives
+    s = Server(os.path.join(T, "kjv.kiln"), "--max-batch", "4", "--kv-memory", str(4 << 20), "--max-context", "256")
+    cap = metrics(s).get("kiln_kv_cache_capacity_tokens", 0)
+    check(s.stop() == 0 and cap > 0, "KV capacity %r" % cap)
+    per_token = (4 << 20) / max(cap, 1)
+    s = Server(os.path.join(T, "kjv.kiln"), "--max-batch", "4", "--kv-memory", str(int(per_token * 420)),
+               "--max-context", "256")
     try:
         prompts = ["In the beginning", "And God said", "The LORD is my", "Blessed are the"]
         want = {p: kiln_run(os.path.join(T, "kjv.kiln"), p, 180, extra=["--temperature", "0", "--ignore-eos"])["text"]

@@ -669,6 +669,34 @@ static void test_sampler_agrees(void) {
         }
     }
     KT_CHECKF(mismatch == 0, "%d of %d sampled tokens differ between the GPU and CPU samplers", mismatch, checked);
+    /* want_logits: only the flagged rows come back, packed, equal to the rows of a full download of the
+     * same step (the scheduler samples those rows on the host) */
+    float *packed = malloc(sizeof(float) * (size_t)B * (size_t)V);
+    bool wl[B];
+    int n_wl = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < B; i++) {
+            G.x->ops->release(G.x, i);
+            KT_CHECK(G.x->ops->reserve(G.x, i, 64, &fits, &err) == KILN_OK && fits);
+            start[i] = 0;
+            toks[i] = 1 + i;
+            wl[i] = i % 3 == 1 || i == B - 1;
+        }
+        if (pass == 0) {
+            KT_REQUIRE(step(G.x, B, slot, n_new, start, toks, want, samp, next, lg) == KILN_OK);
+            continue;
+        }
+        kiln_step ms = {B, slot, n_new, start, toks, want, samp, next, packed, wl};
+        KT_REQUIRE(G.x->ops->step(G.x, &ms, &err) == KILN_OK);
+    }
+    for (int i = 0; i < B; i++)
+        if (wl[i]) {
+            KT_CHECKF(memcmp(packed + (size_t)n_wl * V, lg + (size_t)i * V, sizeof(float) * (size_t)V) == 0,
+                      "want_logits row %d (sequence %d) differs from the full download", n_wl, i);
+            n_wl++;
+        }
+    KT_EQ_INT(n_wl, 5);
+    free(packed);
     free(lg);
     free(scratch);
     gx_close(&G);
