@@ -258,7 +258,8 @@ typedef struct kiln_request_options {
     int32_t top_k;                /* keep the k most likely tokens; 0 = off (default) */
     float top_p;                  /* keep the smallest set with this much probability; 1 = off (default) */
     uint64_t seed;                /* sampling seed: the same seed and prompt give the same tokens,
-                                     alone or batched (default 0) */
+                                     alone or batched on the CPU; on a GPU, batched logits can differ
+                                     in the last bits (docs/c-api.md) (default 0) */
     int32_t ignore_eos;           /* non-zero: do not stop at an end-of-sequence token */
     kiln_token_callback on_token; /* NULL: keep the tokens for kiln_poll (default) */
     void *user;                   /* passed to on_token (or on_token_info) */
