@@ -18,9 +18,11 @@
  *   ttft_ms           one step of --ttft prompt tokens, batch 1 (the first token)
  *   decode_ms_per_step, decode_tokens_per_s   at each batch after --prompt tokens each,
  *                     with CUDA graphs (and without, for batches <= 8)
- * Each line says "lt_tune": false when KILN_LT_TUNE=0 kept cuBLASLt's
+ * Each line says "lt_tune": false when --lt-tune 1 kept cuBLASLt's
  * heuristic algorithms for the decode GEMMs of batches above 8 (the first
- * step of a batch, the graph capture, pays the tuning; medians skip it).
+ * step of a batch, the graph capture, pays the tuning; medians skip it), and
+ * "fused": whether the engine's plan has the decode RoPE fusion (compare
+ * engines compiled with different --passes for the fusions' worth).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,7 +50,7 @@ static double median(double *v, int n) {
 
 static const char *g_model = "?", *g_gpu = "?", *g_commit = "unknown";
 static bool g_pdl = true, g_fused = true;
-static int g_lt_tune = 1; /* KILN_LT_TUNE as the executor reads it: 0 = cuBLASLt's heuristic algorithm at decode */
+static int g_lt_tune = 1; /* 0 = cuBLASLt's heuristic algorithm at decode (--lt-tune 1) */
 static void emit(const char *metric, double value, const char *unit, int batch, int in_len, int out_len, bool graphs) {
     printf("{\"model\": \"%s\", \"dtype\": \"bf16\", \"batch\": %d, \"input_len\": %d, \"output_len\": %d, "
            "\"metric\": \"%s\", \"value\": %.4f, \"unit\": \"%s\", \"graphs\": %s, \"pdl\": %s, \"fused\": %s, "
@@ -105,6 +107,7 @@ int main(int argc, char **argv) {
     const char *engine = argv[1];
     int batches[16] = {1, 8, 64}, nb = 3, prompt = 512, steps = 64, pf = 2048, ttft = 128, reps = 5;
     bool compare = true;
+    int lt_tune = 0; /* kiln_cuda_exec_opts.lt_tune: 0 default, 1 heuristic, 2 timed, 3 timed + reported */
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--batches") && i + 1 < argc) {
             nb = 0;
@@ -118,14 +121,14 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--ttft") && i + 1 < argc) ttft = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--no-graph-compare")) compare = false;
+        else if (!strcmp(argv[i], "--lt-tune") && i + 1 < argc) lt_tune = atoi(argv[++i]);
         else {
             fprintf(stderr, "unknown option %s\n", argv[i]);
             return 2;
         }
     }
     if (getenv("KILN_COMMIT")) g_commit = getenv("KILN_COMMIT");
-    if (getenv("KILN_FUSE") && *getenv("KILN_FUSE")) g_fused = atoi(getenv("KILN_FUSE")) != 0;
-    if (getenv("KILN_LT_TUNE") && *getenv("KILN_LT_TUNE")) g_lt_tune = atoi(getenv("KILN_LT_TUNE")) > 0;
+    g_lt_tune = lt_tune != 1;
     g_model = engine;
     int max_b = 1;
     for (int i = 0; i < nb; i++) max_b = batches[i] > max_b ? batches[i] : max_b;
@@ -142,7 +145,9 @@ int main(int argc, char **argv) {
     if (ttft + 8 > ctx) ctx = ttft + 8;
     if (ctx > m->plan->max_context) ctx = m->plan->max_context;
     int step_tokens = pf > 4096 ? pf : 4096;
-    kiln_cuda_exec_opts o = {.max_seqs = max_b, .max_context = ctx, .max_step_tokens = step_tokens};
+    kiln_cuda_exec_opts o = {.max_seqs = max_b, .max_context = ctx, .max_step_tokens = step_tokens, .lt_tune = lt_tune};
+    g_fused = false;
+    for (uint32_t i = 0; i < m->plan->n_ops; i++) g_fused |= (m->plan->ops[i].attrs.flags & KILN_FLAG_DECODE_ROPE) != 0;
     kiln_executor *x = NULL;
     if (kiln_cuda_executor_new(m, &o, &x, &err)) {
         fprintf(stderr, "executor: %s\n", err.msg);
@@ -192,17 +197,11 @@ int main(int argc, char **argv) {
     /* decode at each batch, graphs on (and off for small batches) */
     for (int bi = 0; bi < nb; bi++) {
         int B = batches[bi];
-        /* modes: 0 graphs + PDL + the default decode fusions, 1 no graphs (PDL), 2 graphs without PDL,
-         * 3 graphs + PDL without any decode fusion (kiln_cuda_exec_set_fuse) */
-        for (int g = 0; g < (compare ? (B <= 8 ? 4 : 2) : 1); g++) {
-            if (compare && B > 8 && g == 1) g = 3;
+        /* modes: 0 graphs + PDL, 1 no graphs (PDL), 2 graphs without PDL (batches above 8: mode 0 only) */
+        for (int g = 0; g < (compare && B <= 8 ? 3 : 1); g++) {
             kiln_executor *y = x;
             kiln_cuda_exec_set_graphs(x, g != 1);
             g_pdl = kiln_cuda_exec_set_pdl(x, g != 2) && g != 2;
-            if (compare) { /* else the fusions the environment picked (KILN_FUSE) stay */
-                kiln_cuda_exec_set_fuse(x, g != 3);
-                g_fused = g != 3;
-            }
             for (int i = 0; i < B; i++)
                 if (y->ops->reserve(y, i, prompt + steps + 2, &fits, &err) || !fits) {
                     fprintf(stderr, "reserve batch %d: %s\n", B, fits ? err.msg : "no room");
@@ -232,7 +231,7 @@ int main(int argc, char **argv) {
             emit("decode_ms_per_step", med, "ms", B, prompt, steps, g != 1);
             emit("decode_tokens_per_s", B * 1e3 / med, "tok/s", B, prompt, steps, g != 1);
             fprintf(stderr, "decode batch %d%s: %.3f ms/step, %.0f tok/s\n", B,
-                    g == 1 ? " (no graphs)" : g == 2 ? " (graphs, no PDL)" : g == 3 ? " (graphs + PDL, unfused)" : " (graphs + PDL)",
+                    g == 1 ? " (no graphs)" : g == 2 ? " (graphs, no PDL)" : " (graphs + PDL)",
                     med, B * 1e3 / med);
             for (int i = 0; i < B; i++) y->ops->release(y, i);
             free(dt);

@@ -330,6 +330,7 @@ static kiln_status plan_modules(const kiln_plan *p, int block_size, kset *s, kil
             break;
         }
         case KILN_OP_LINEAR:
+        case KILN_OP_LINEAR_ADD:
             st = add_gemv(s, "plain", (int)wrows(p, op->in[1]), (int)wcols(p, op->in[1]), err);
             break;
         case KILN_OP_GATE_UP_SWIGLU: {

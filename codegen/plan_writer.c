@@ -115,18 +115,18 @@ kiln_status kiln_plan_serialize(const kiln_graph *g, kiln_buf *b, kiln_error *er
     }
     for (int i = 0; i < g->n_ops; i++) {
         const kiln_op *op = &g->ops[i];
+        uint32_t keys[KILN_ATTR_COUNT_], vals[KILN_ATTR_COUNT_];
+        int n_attrs = kiln_op_attrs_encode(&op->attrs, keys, vals);
         kiln_buf_u32(b, (uint32_t)op->kind);
         kiln_buf_u32(b, (uint32_t)op->n_in);
         kiln_buf_u32(b, (uint32_t)op->n_out);
-        for (int k = 0; k < KILN_MAX_OP_IN; k++) kiln_buf_u32(b, (uint32_t)(k < op->n_in ? n.value[op->in[k]] : -1));
-        for (int k = 0; k < KILN_MAX_OP_OUT; k++)
-            kiln_buf_u32(b, (uint32_t)(k < op->n_out ? n.value[op->out[k]] : -1));
-        const kiln_op_attrs *a = &op->attrs;
-        const int32_t ia[6] = {a->layer, a->n_heads, a->n_kv_heads, a->head_dim, a->window, a->rope_scaling};
-        for (int k = 0; k < 6; k++) kiln_buf_u32(b, (uint32_t)ia[k]);
-        const float fa[6] = {a->eps, a->rope_theta, a->rope_factor, a->rope_low_freq_factor,
-                             a->rope_high_freq_factor, a->rope_original_max_pos};
-        for (int k = 0; k < 6; k++) kiln_buf_f32(b, fa[k]);
+        kiln_buf_u32(b, (uint32_t)n_attrs);
+        for (int k = 0; k < op->n_in; k++) kiln_buf_u32(b, (uint32_t)n.value[op->in[k]]);
+        for (int k = 0; k < op->n_out; k++) kiln_buf_u32(b, (uint32_t)n.value[op->out[k]]);
+        for (int k = 0; k < n_attrs; k++) {
+            kiln_buf_u32(b, keys[k]);
+            kiln_buf_u32(b, vals[k]);
+        }
     }
     if (b->failed) st = kiln_err(err, KILN_ERR_NOMEM, "out of memory writing the plan");
 out:

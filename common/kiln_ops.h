@@ -50,6 +50,8 @@ typedef enum kiln_op_kind {
     KILN_OP_ADD_RMSNORM = 9,    /* in: x, residual, w[H]     out: s = x+residual, y = rmsnorm(s)*w */
     KILN_OP_QKV_ROPE = 10,      /* in: x, Wq, Wk, Wv, positions   out: rope(xWq^T), rope(xWk^T), xWv^T */
     KILN_OP_GATE_UP_SWIGLU = 11,/* in: x, Wgate, Wup          out: silu(x Wgate^T) * (x Wup^T) */
+    KILN_OP_LINEAR_ADD = 12,    /* in: x[B,S,K], W[N,K], r[B,S,N]   out: r + x W^T (the residual add folded
+                                   into the projection: o_proj, down_proj) */
     KILN_OP_COUNT_
 } kiln_op_kind;
 
@@ -60,6 +62,22 @@ typedef enum kiln_rope_scaling {
     KILN_ROPE_SCALING_NONE = 0,
     KILN_ROPE_SCALING_LLAMA3 = 1,
 } kiln_rope_scaling;
+
+/* Lowering decisions passes record on an op (kiln_op_attrs.flags); the
+ * executor does what they say and decides nothing of the kind itself. */
+enum {
+    /* attention: when every sequence of a step adds one token, the attention
+     * kernel rotates q and the new k itself and writes k, v into the KV cache
+     * (its qkv_rope's rope kernel is skipped): pass decode-attention-rope */
+    KILN_FLAG_DECODE_ROPE = 1u << 0,
+    /* attention, at decode: the last split block of each head merges the
+     * splits (no combine kernel): pass decode-attention-merge */
+    KILN_FLAG_MERGE_SPLITS = 1u << 1,
+    /* rmsnorm whose output only the next projection reads: at decode, that
+     * projection's GEMV normalises its input itself: pass fold-norm-into-gemv */
+    KILN_FLAG_FOLD_INTO_GEMV = 1u << 2,
+    KILN_FLAG_ALL_ = (1u << 3) - 1
+};
 
 /* Attributes of an op; each kind reads the fields its comment above names. */
 typedef struct kiln_op_attrs {
@@ -75,7 +93,32 @@ typedef struct kiln_op_attrs {
     float rope_low_freq_factor;
     float rope_high_freq_factor;
     float rope_original_max_pos;
+    uint32_t flags;             /* KILN_FLAG_* lowering decisions (attention, rmsnorm) */
 } kiln_op_attrs;
+
+/* Attribute keys: how kiln_op_attrs are stored in a plan (append-only: stored in engine files). */
+enum {
+    KILN_ATTR_LAYER = 1,
+    KILN_ATTR_N_HEADS = 2,
+    KILN_ATTR_N_KV_HEADS = 3,
+    KILN_ATTR_HEAD_DIM = 4,
+    KILN_ATTR_WINDOW = 5,
+    KILN_ATTR_ROPE_SCALING = 6,
+    KILN_ATTR_EPS = 7,               /* f32 bits */
+    KILN_ATTR_ROPE_THETA = 8,        /* f32 bits */
+    KILN_ATTR_ROPE_FACTOR = 9,       /* f32 bits */
+    KILN_ATTR_ROPE_LOW_FREQ = 10,    /* f32 bits */
+    KILN_ATTR_ROPE_HIGH_FREQ = 11,   /* f32 bits */
+    KILN_ATTR_ROPE_ORIG_MAX_POS = 12, /* f32 bits */
+    KILN_ATTR_FLAGS = 13,            /* KILN_FLAG_* bits */
+    KILN_ATTR_COUNT_
+};
+
+/* The attributes of `a` as (key, value bits) pairs, keys ascending, zero values left out: the one
+ * encoding the plan writer and reader share. Returns the count (< KILN_ATTR_COUNT_). */
+int kiln_op_attrs_encode(const kiln_op_attrs *a, uint32_t keys[KILN_ATTR_COUNT_], uint32_t vals[KILN_ATTR_COUNT_]);
+/* Set attribute `key` of *a from its stored bits; 0 when the key is unknown, else 1. */
+int kiln_op_attr_set(kiln_op_attrs *a, uint32_t key, uint32_t val);
 
 /* Number of outputs an op kind has, and the input count it takes (-1: unknown kind). */
 int kiln_op_n_out(kiln_op_kind k);

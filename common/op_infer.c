@@ -28,7 +28,8 @@ int kiln_op_n_in(kiln_op_kind k) {
     case KILN_OP_MUL:
     case KILN_OP_LM_HEAD: return 2;
     case KILN_OP_ADD_RMSNORM:
-    case KILN_OP_GATE_UP_SWIGLU: return 3;
+    case KILN_OP_GATE_UP_SWIGLU:
+    case KILN_OP_LINEAR_ADD: return 3;
     case KILN_OP_ATTENTION: return 4;
     case KILN_OP_QKV_ROPE: return 5;
     default: return -1;
@@ -118,6 +119,12 @@ int kiln_op_infer(kiln_op_kind kind, const kiln_tensor_desc *in, int n_in, const
     const char *opn = kiln_op_name(kind);
     if (n_in != kiln_op_n_in(kind)) return BAD("%s: takes %d inputs, got %d", opn, kiln_op_n_in(kind), n_in);
     int64_t w0 = act_width(&in[0]);
+    const uint32_t allowed = kind == KILN_OP_ATTENTION ? KILN_FLAG_DECODE_ROPE | KILN_FLAG_MERGE_SPLITS
+                             : kind == KILN_OP_RMSNORM ? KILN_FLAG_FOLD_INTO_GEMV
+                                                       : 0;
+    if (a && (a->flags & ~(uint32_t)KILN_FLAG_ALL_))
+        return BAD("%s: unknown lowering flags 0x%x", opn, a->flags & ~(uint32_t)KILN_FLAG_ALL_);
+    if (a && (a->flags & ~allowed)) return BAD("%s: lowering flags 0x%x do not apply to it", opn, a->flags);
     switch (kind) {
     case KILN_OP_EMBEDDING:
         if (!is_tokens(&in[0])) return BAD("embedding: ids %%%d must be [B,S] i32", in[0].id);
@@ -143,6 +150,15 @@ int kiln_op_infer(kiln_op_kind kind, const kiln_tensor_desc *in, int n_in, const
     case KILN_OP_LM_HEAD: {
         int64_t n = check_matmul(opn, &in[0], &in[1], err);
         if (n < 0) return KILN_ERR_VERIFY;
+        make_act(&out[0], n);
+        return KILN_OK;
+    }
+    case KILN_OP_LINEAR_ADD: {
+        int64_t n = check_matmul(opn, &in[0], &in[1], err);
+        if (n < 0) return KILN_ERR_VERIFY;
+        if (act_width(&in[2]) != n)
+            return BAD("linear_add: residual %%%d is not an activation of the projection's width %lld", in[2].id,
+                       (long long)n);
         make_act(&out[0], n);
         return KILN_OK;
     }

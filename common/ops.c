@@ -33,6 +33,7 @@ static const char *const op_names[KILN_OP_COUNT_] = {
     [KILN_OP_ADD_RMSNORM] = "add_rmsnorm",
     [KILN_OP_QKV_ROPE] = "qkv_rope",
     [KILN_OP_GATE_UP_SWIGLU] = "gate_up_swiglu",
+    [KILN_OP_LINEAR_ADD] = "linear_add",
 };
 
 const char *kiln_op_name(kiln_op_kind k) { return (unsigned)k < KILN_OP_COUNT_ ? op_names[k] : "?"; }
@@ -41,4 +42,62 @@ int kiln_op_from_name(const char *name) {
     for (int i = 0; i < KILN_OP_COUNT_; i++)
         if (strcmp(name, op_names[i]) == 0) return i;
     return -1;
+}
+
+/* ---- attributes as stored in a plan ---- */
+
+static uint32_t fbits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static float bitsf(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+int kiln_op_attrs_encode(const kiln_op_attrs *a, uint32_t keys[KILN_ATTR_COUNT_], uint32_t vals[KILN_ATTR_COUNT_]) {
+    const uint32_t all[KILN_ATTR_COUNT_] = {
+        [KILN_ATTR_LAYER] = (uint32_t)a->layer,
+        [KILN_ATTR_N_HEADS] = (uint32_t)a->n_heads,
+        [KILN_ATTR_N_KV_HEADS] = (uint32_t)a->n_kv_heads,
+        [KILN_ATTR_HEAD_DIM] = (uint32_t)a->head_dim,
+        [KILN_ATTR_WINDOW] = (uint32_t)a->window,
+        [KILN_ATTR_ROPE_SCALING] = (uint32_t)a->rope_scaling,
+        [KILN_ATTR_EPS] = fbits(a->eps),
+        [KILN_ATTR_ROPE_THETA] = fbits(a->rope_theta),
+        [KILN_ATTR_ROPE_FACTOR] = fbits(a->rope_factor),
+        [KILN_ATTR_ROPE_LOW_FREQ] = fbits(a->rope_low_freq_factor),
+        [KILN_ATTR_ROPE_HIGH_FREQ] = fbits(a->rope_high_freq_factor),
+        [KILN_ATTR_ROPE_ORIG_MAX_POS] = fbits(a->rope_original_max_pos),
+        [KILN_ATTR_FLAGS] = a->flags,
+    };
+    int n = 0;
+    for (uint32_t k = 1; k < KILN_ATTR_COUNT_; k++)
+        if (all[k]) {
+            keys[n] = k;
+            vals[n++] = all[k];
+        }
+    return n;
+}
+
+int kiln_op_attr_set(kiln_op_attrs *a, uint32_t key, uint32_t val) {
+    switch (key) {
+    case KILN_ATTR_LAYER: a->layer = (int32_t)val; return 1;
+    case KILN_ATTR_N_HEADS: a->n_heads = (int32_t)val; return 1;
+    case KILN_ATTR_N_KV_HEADS: a->n_kv_heads = (int32_t)val; return 1;
+    case KILN_ATTR_HEAD_DIM: a->head_dim = (int32_t)val; return 1;
+    case KILN_ATTR_WINDOW: a->window = (int32_t)val; return 1;
+    case KILN_ATTR_ROPE_SCALING: a->rope_scaling = (int32_t)val; return 1;
+    case KILN_ATTR_EPS: a->eps = bitsf(val); return 1;
+    case KILN_ATTR_ROPE_THETA: a->rope_theta = bitsf(val); return 1;
+    case KILN_ATTR_ROPE_FACTOR: a->rope_factor = bitsf(val); return 1;
+    case KILN_ATTR_ROPE_LOW_FREQ: a->rope_low_freq_factor = bitsf(val); return 1;
+    case KILN_ATTR_ROPE_HIGH_FREQ: a->rope_high_freq_factor = bitsf(val); return 1;
+    case KILN_ATTR_ROPE_ORIG_MAX_POS: a->rope_original_max_pos = bitsf(val); return 1;
+    case KILN_ATTR_FLAGS: a->flags = val; return 1;
+    default: return 0;
+    }
 }

@@ -85,6 +85,11 @@ static void help(FILE *f) {
             "                       prefill budget, which sizes the GPU's activations and scratch\n"
             "  --kv-memory X        KV memory: bytes (suffix K, M, G) or a fraction of free GPU\n"
             "                       memory in (0, 1] (default: the context's default)\n"
+            "  --measure KNOBS      measurement knobs for the GPU, e.g. 'lt_tune=0,attn_waves=3':\n"
+            "                       gemv_max_m=1..64, attn_waves=(0,64], lt_tune=0|1|2, pdl=0|1,\n"
+            "                       graphs=0|1 (docs/c-api.md: kiln_ctx_options.measure); for A/B\n"
+            "                       comparisons of how one plan runs; fusions are compile options\n"
+            "                       (kiln compile --passes)\n"
             "  --json               one JSON object per line per measurement: model, dtype, batch,\n"
             "                       requests, input_len, output_len, metric, value, unit, device,\n"
             "                       gpu, commit\n"
@@ -366,7 +371,7 @@ static char *weights_dtype(const char *meta) {
 /* The command line. */
 typedef struct bench_args {
     long long batch, requests, in_len, out_len, warmup, reps, threads, max_ctx, max_step;
-    const char *device, *path;
+    const char *device, *path, *measure;
     const kiln_engine_src *builtin; /* the engine of a packaged executable, else NULL */
     int64_t kv_bytes;
     double kv_fraction;
@@ -375,7 +380,7 @@ typedef struct bench_args {
 
 /* Parse argv into *a; KILN_EXIT_OK to go on, else the exit code (help printed, or a usage error). */
 static int parse_args(int argc, char **argv, const kiln_engine_src *builtin, bench_args *a, bool *done) {
-    enum { O_BATCH = 256, O_REQ, O_IN, O_OUT, O_DEV, O_WARM, O_REPS, O_THR, O_CTX, O_STEP, O_KV, O_JSON };
+    enum { O_BATCH = 256, O_REQ, O_IN, O_OUT, O_DEV, O_WARM, O_REPS, O_THR, O_CTX, O_STEP, O_KV, O_JSON, O_MEASURE };
     static const struct option longopts[] = {
         {"batch", required_argument, 0, O_BATCH},   {"requests", required_argument, 0, O_REQ},
         {"input-len", required_argument, 0, O_IN},  {"output-len", required_argument, 0, O_OUT},
@@ -383,7 +388,8 @@ static int parse_args(int argc, char **argv, const kiln_engine_src *builtin, ben
         {"reps", required_argument, 0, O_REPS},     {"threads", required_argument, 0, O_THR},
         {"max-context", required_argument, 0, O_CTX}, {"max-step-tokens", required_argument, 0, O_STEP},
         {"kv-memory", required_argument, 0, O_KV},  {"json", no_argument, 0, O_JSON},
-        {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
+        {"measure", required_argument, 0, O_MEASURE}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
     *a = (bench_args){.batch = 1, .in_len = 128, .out_len = 128, .warmup = 1, .reps = 3, .device = "auto",
                      .builtin = builtin};
     *done = false;
@@ -440,6 +446,7 @@ static int parse_args(int argc, char **argv, const kiln_engine_src *builtin, ben
                                             optarg);
             break;
         case O_JSON: a->json = true; break;
+        case O_MEASURE: a->measure = optarg; break;
         case 'h':
             help(stdout);
             *done = true;
@@ -483,6 +490,7 @@ static kiln_status open_ctx(const bench_args *a, kiln_t **k, kiln_ctx_t **ctx, k
     o.threads = (int32_t)a->threads;
     o.kv_bytes = a->kv_bytes;
     if (a->kv_fraction > 0) o.kv_fraction = a->kv_fraction;
+    o.measure = a->measure;
     if ((st = kiln_ctx_new(*k, &o, ctx)) != KILN_OK) return kiln_err(err, st, "%s", kiln_last_error(*ctx));
     return KILN_OK;
 }

@@ -25,11 +25,13 @@ static void help(FILE *f) {
             "options:\n"
             "  -o, --output FILE     engine file to write (required); written atomically\n"
             "  --dtype DTYPE         weight dtype in the engine: f32, f16, bf16, or 'checkpoint' (default)\n"
-            "  --passes LIST         comma-separated passes to run instead of the default pipeline;\n"
-            "                        'none' runs none (memory planning always runs). Passes:\n");
+            "  --passes LIST         comma-separated passes to run, in that order, instead of the default\n"
+            "                        pipeline (marked *); 'none' runs none (memory planning always runs).\n"
+            "                        Every fusion the GPU runs is one of these, shown by --dump-ir:\n");
     int n;
     const kiln_pass *p = kiln_passes_default(&n);
-    for (int i = 0; i < n; i++) fprintf(f, "                          %-20s %s\n", p[i].name, p[i].contract);
+    for (int i = 0; i < n; i++)
+        fprintf(f, "                        %s %-22s %s\n", p[i].in_default ? "*" : " ", p[i].name, p[i].contract);
     fprintf(f, "  --target LIST         GPU targets of the kernels section: sm_NN (cubin) and compute_NN\n"
                "                        (PTX, JIT-compiled by newer GPUs), comma-separated; 'default' =\n"
                "                        sm_80,sm_86,sm_89,sm_90,compute_90 (when this kiln has NVRTC, else\n"

@@ -54,6 +54,10 @@ static void print_attrs(const kiln_op *op, FILE *f) {
         break;
     default: break;
     }
+    /* the lowering decisions passes recorded: what the GPU fuses at run time */
+    if (a->flags & KILN_FLAG_DECODE_ROPE) fprintf(f, " +decode_rope");
+    if (a->flags & KILN_FLAG_MERGE_SPLITS) fprintf(f, " +merge_splits");
+    if (a->flags & KILN_FLAG_FOLD_INTO_GEMV) fprintf(f, " +fold_into_gemv");
 }
 
 void kiln_ir_print(const kiln_graph *g, FILE *f) {

@@ -7,6 +7,7 @@
  */
 #include "kiln_passes.h"
 
+#include <stdio.h>
 #include <string.h>
 
 static const kiln_op *producer(const kiln_graph *g, int v, kiln_op_kind kind) {
@@ -109,6 +110,91 @@ int kiln_pass_fuse_gate_up_swiglu(kiln_graph *g, kiln_error *err) {
             n++;
             break;
         }
+    }
+    return n;
+}
+
+/* fuse-linear-residual: (s, y) = add_rmsnorm(linear(h, W), r, w) → s = linear_add(h, W, r); y = rmsnorm(s, w).
+ * The projection adds its product into the residual stream itself (o_proj and down_proj), so the norm
+ * after it has nothing to add. Runs dce first, so that ops earlier fusions replaced do not count as readers. */
+int kiln_pass_fuse_linear_residual(kiln_graph *g, kiln_error *err) {
+    kiln_ir_dce(g); /* fuse-add-rmsnorm leaves its old add reading the projection until dce */
+    int n = 0;
+    for (int i = 0; i < g->n_ops; i++) {
+        kiln_op an = g->ops[i];
+        if (an.dead || an.kind != KILN_OP_ADD_RMSNORM) continue;
+        for (int side = 0; side < 2; side++) {
+            const kiln_op *lin = producer(g, an.in[side], KILN_OP_LINEAR);
+            int r = an.in[1 - side];
+            if (!lin || kiln_ir_use_count(g, an.in[side]) != 1 || g->values[r].kind != KILN_VALUE_ACT) continue;
+            int la_in[3] = {lin->in[0], lin->in[1], r};
+            int sum = an.out[0], normed = an.out[1];
+            char label[KILN_NAME_MAX];
+            snprintf(label, sizeof label, "%s", g->values[sum].name);
+            int s_new = -1, y_new = -1;
+            if (kiln_ir_op_at(g, i, KILN_OP_LINEAR_ADD, la_in, 3, NULL, label, &s_new, err) < 0) return -1;
+            int rn_in[2] = {s_new, an.in[2]};
+            kiln_op_attrs na = {.eps = an.attrs.eps};
+            if (kiln_ir_op_at(g, i + 1, KILN_OP_RMSNORM, rn_in, 2, &na, g->values[normed].name, &y_new, err) < 0)
+                return -1;
+            kiln_ir_replace_uses(g, sum, s_new);
+            kiln_ir_replace_uses(g, normed, y_new);
+            g->ops[i + 2].dead = true; /* the add_rmsnorm; the linear has no reader left: dce drops it */
+            i += 2;
+            n++;
+            break;
+        }
+    }
+    return n;
+}
+
+/* decode-attention-rope: attention over a qkv_rope's q, k, v rotates them and writes the KV cache
+ * itself when a step decodes (KILN_FLAG_DECODE_ROPE). */
+int kiln_pass_decode_attention_rope(kiln_graph *g, kiln_error *err) {
+    (void)err;
+    int n = 0;
+    for (int i = 0; i < g->n_ops; i++) {
+        kiln_op *at = &g->ops[i];
+        if (at->dead || at->kind != KILN_OP_ATTENTION || (at->attrs.flags & KILN_FLAG_DECODE_ROPE)) continue;
+        const kiln_op *q = producer(g, at->in[0], KILN_OP_QKV_ROPE);
+        if (!q || q->out[0] != at->in[0] || q->out[1] != at->in[1] || q->out[2] != at->in[2]) continue;
+        at->attrs.flags |= KILN_FLAG_DECODE_ROPE;
+        n++;
+    }
+    return n;
+}
+
+/* decode-attention-merge: at decode the last split block of each head merges the splits
+ * (KILN_FLAG_MERGE_SPLITS; measured slower on the H200, so not in the default pipeline). */
+int kiln_pass_decode_attention_merge(kiln_graph *g, kiln_error *err) {
+    (void)err;
+    int n = 0;
+    for (int i = 0; i < g->n_ops; i++)
+        if (!g->ops[i].dead && g->ops[i].kind == KILN_OP_ATTENTION && !(g->ops[i].attrs.flags & KILN_FLAG_MERGE_SPLITS)) {
+            g->ops[i].attrs.flags |= KILN_FLAG_MERGE_SPLITS;
+            n++;
+        }
+    return n;
+}
+
+/* fold-norm-into-gemv: an rmsnorm whose one reader is the next op, a projection reading it as its
+ * input, is folded into that projection's GEMV prologue at decode (KILN_FLAG_FOLD_INTO_GEMV;
+ * not in the default pipeline: it drops HF's bf16 rounding of the normalised input). */
+int kiln_pass_fold_norm_into_gemv(kiln_graph *g, kiln_error *err) {
+    (void)err;
+    int n = 0;
+    for (int i = 0; i + 1 < g->n_ops; i++) {
+        kiln_op *rn = &g->ops[i];
+        if (rn->dead || rn->kind != KILN_OP_RMSNORM || (rn->attrs.flags & KILN_FLAG_FOLD_INTO_GEMV)) continue;
+        int j = i + 1;
+        while (j < g->n_ops && g->ops[j].dead) j++;
+        if (j == g->n_ops) continue;
+        const kiln_op *nx = &g->ops[j];
+        bool proj = nx->kind == KILN_OP_LINEAR || nx->kind == KILN_OP_LINEAR_ADD || nx->kind == KILN_OP_QKV_ROPE ||
+                    nx->kind == KILN_OP_GATE_UP_SWIGLU || nx->kind == KILN_OP_LM_HEAD;
+        if (!proj || nx->in[0] != rn->out[0] || kiln_ir_use_count(g, rn->out[0]) != 1) continue;
+        rn->attrs.flags |= KILN_FLAG_FOLD_INTO_GEMV;
+        n++;
     }
     return n;
 }

@@ -9,6 +9,7 @@
 #ifndef KILN_PASSES_H
 #define KILN_PASSES_H
 
+#include <stdbool.h>
 #include <stdio.h>
 
 #include "../ir/kiln_ir.h"
@@ -20,15 +21,20 @@ typedef struct kiln_pass {
     const char *name;
     const char *contract; /* one line: what it does */
     kiln_pass_fn run;
+    bool in_default;      /* part of the default pipeline (else only by name in --passes) */
 } kiln_pass;
 
 int kiln_pass_fuse_add_rmsnorm(kiln_graph *g, kiln_error *err);
 int kiln_pass_fuse_qkv_rope(kiln_graph *g, kiln_error *err);
 int kiln_pass_fuse_gate_up_swiglu(kiln_graph *g, kiln_error *err);
+int kiln_pass_fuse_linear_residual(kiln_graph *g, kiln_error *err);
+int kiln_pass_decode_attention_rope(kiln_graph *g, kiln_error *err);
+int kiln_pass_decode_attention_merge(kiln_graph *g, kiln_error *err);
+int kiln_pass_fold_norm_into_gemv(kiln_graph *g, kiln_error *err);
 int kiln_pass_dce(kiln_graph *g, kiln_error *err);
 int kiln_pass_plan_memory(kiln_graph *g, kiln_error *err);
 
-/* The default pipeline, in order. */
+/* Every pass, in pipeline order (those with in_default make the default pipeline). */
 const kiln_pass *kiln_passes_default(int *n);
 /* Look a pass up by name; NULL when unknown. */
 const kiln_pass *kiln_pass_find(const char *name);

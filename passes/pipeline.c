@@ -6,14 +6,29 @@
 
 #include <string.h>
 
+/* Every pass, in the default pipeline's order; `--passes` runs the ones it names in the order given. */
 static const kiln_pass pipeline[] = {
-    {"fuse-add-rmsnorm", "residual add followed by RMSNorm → add_rmsnorm (both results)", kiln_pass_fuse_add_rmsnorm},
-    {"fuse-qkv-rope", "q/k/v projections of one input + RoPE on q and k → qkv_rope", kiln_pass_fuse_qkv_rope},
-    {"fuse-gate-up-swiglu", "silu(gate(x)) * up(x) → gate_up_swiglu", kiln_pass_fuse_gate_up_swiglu},
-    {"dce", "drop ops and weights nothing uses", kiln_pass_dce},
+    {"fuse-add-rmsnorm", "residual add followed by RMSNorm → add_rmsnorm (both results)", kiln_pass_fuse_add_rmsnorm,
+     true},
+    {"fuse-qkv-rope", "q/k/v projections of one input + RoPE on q and k → qkv_rope", kiln_pass_fuse_qkv_rope, true},
+    {"fuse-gate-up-swiglu", "silu(gate(x)) * up(x) → gate_up_swiglu", kiln_pass_fuse_gate_up_swiglu, true},
+    {"fuse-linear-residual", "add_rmsnorm(linear(h), r) → rmsnorm(linear_add(h, W, r)): the projection adds into "
+                             "the residual stream",
+     kiln_pass_fuse_linear_residual, true},
+    {"decode-attention-rope", "attention after qkv_rope rotates q, k and writes the KV cache itself at decode "
+                              "(+decode_rope)",
+     kiln_pass_decode_attention_rope, true},
+    {"decode-attention-merge", "attention's last split block merges the splits at decode (+merge_splits; measured "
+                               "slower on the H200)",
+     kiln_pass_decode_attention_merge, false},
+    {"fold-norm-into-gemv", "an RMSNorm read only by the next projection is done in its GEMV prologue at decode "
+                            "(+fold_into_gemv; drops HF's bf16 rounding of the normed input)",
+     kiln_pass_fold_norm_into_gemv, false},
+    {"dce", "drop ops and weights nothing uses", kiln_pass_dce, true},
 };
 
-static const kiln_pass memory_pass = {"plan-memory", "assign activation buffers by lifetime", kiln_pass_plan_memory};
+static const kiln_pass memory_pass = {"plan-memory", "assign activation buffers by lifetime", kiln_pass_plan_memory,
+                                      true};
 
 const kiln_pass *kiln_passes_default(int *n) {
     *n = (int)(sizeof pipeline / sizeof pipeline[0]);
@@ -43,7 +58,7 @@ static kiln_status run_one(kiln_graph *g, const kiln_pass *p, FILE *dump, kiln_e
 /* "unknown pass" with the list of passes as the hint. */
 static kiln_status unknown_pass(const char *name, size_t len, kiln_error *err) {
     kiln_err(err, KILN_ERR_INVALID_ARG, "--passes: unknown pass '%.*s'", (int)len, name);
-    char names[256] = "";
+    char names[512] = "";
     for (size_t i = 0; i < sizeof pipeline / sizeof pipeline[0]; i++) {
         strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
         strncat(names, pipeline[i].name, sizeof names - strlen(names) - 1);
@@ -84,7 +99,7 @@ kiln_status kiln_passes_run(kiln_graph *g, const char *list, FILE *dump, kiln_er
     }
     if (!list) {
         for (size_t i = 0; i < sizeof pipeline / sizeof pipeline[0]; i++)
-            if ((st = run_one(g, &pipeline[i], dump, err)) != KILN_OK) return st;
+            if (pipeline[i].in_default && (st = run_one(g, &pipeline[i], dump, err)) != KILN_OK) return st;
     } else if (strcmp(list, "") != 0 && strcmp(list, "none") != 0) {
         char buf[PASS_LIST_MAX];
         snprintf(buf, sizeof buf, "%s", list); /* fits: checked above */

@@ -188,16 +188,67 @@ static kiln_status new_cpu_executor(const kiln_model *m, const kiln_ctx_options 
                                  err);
 }
 
+/* The measurement knobs of kiln_ctx_options.measure ("key=value,..."), parsed and range-checked. */
+typedef struct measure_knobs {
+    int gemv_max_m;    /* 0 = default */
+    double attn_waves; /* 0 = default */
+    int lt_tune;       /* -1 = default, else 0..2 */
+    int pdl, graphs;   /* -1 = default, else 0/1 */
+    bool any;
+} measure_knobs;
+
+static kiln_status parse_measure(const char *spec, measure_knobs *k, kiln_error *err) {
+    *k = (measure_knobs){.lt_tune = -1, .pdl = -1, .graphs = -1};
+    if (!spec || !*spec) return KILN_OK;
+    if (strlen(spec) > 256) return kiln_err(err, KILN_ERR_INVALID_ARG, "measure: longer than 256 characters");
+    char buf[260];
+    snprintf(buf, sizeof buf, "%s", spec);
+    char *save = NULL;
+    for (char *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        char shown[64];
+        snprintf(shown, sizeof shown, "%s", item);
+        char *eq = strchr(item, '=');
+        char *end = NULL;
+        if (!eq || eq == item || !eq[1]) goto bad;
+        *eq = 0;
+        const char *key = item, *val = eq + 1;
+        double d = strtod(val, &end);
+        if (*end) goto bad;
+        bool whole = d == (double)(long)d;
+        if (!strcmp(key, "gemv_max_m") && whole && d >= 1 && d <= 64) k->gemv_max_m = (int)d;
+        else if (!strcmp(key, "attn_waves") && d > 0 && d <= 64) k->attn_waves = d;
+        else if (!strcmp(key, "lt_tune") && whole && d >= 0 && d <= 2) k->lt_tune = (int)d;
+        else if (!strcmp(key, "pdl") && whole && (d == 0 || d == 1)) k->pdl = (int)d;
+        else if (!strcmp(key, "graphs") && whole && (d == 0 || d == 1)) k->graphs = (int)d;
+        else
+            goto bad;
+        k->any = true;
+        continue;
+    bad:
+        kiln_err(err, KILN_ERR_INVALID_ARG, "measure: '%s' is not a known knob with a value in its range", shown);
+        return kiln_err_hint(err, "knobs: gemv_max_m=1..64, attn_waves=(0,64], lt_tune=0|1|2, pdl=0|1, graphs=0|1");
+    }
+    return KILN_OK;
+}
+
 /* The GPU executor: the one place that knows whether this build has one. */
 static kiln_status new_gpu_executor(const kiln_model *m, const kiln_ctx_options *o, kiln_executor **x,
                                     kiln_error *err) {
 #ifdef KILN_HAVE_CUDA
+    measure_knobs mk;
+    kiln_status st = parse_measure(o->measure, &mk, err);
+    if (st != KILN_OK) return st;
     kiln_cuda_exec_opts co = {.max_seqs = o->max_batch,
                               .max_context = o->max_context,
                               .max_step_tokens = o->max_step_tokens, /* 0: the executor sizes it from free memory */
                               .kv_bytes = o->kv_bytes,
                               .kv_fraction = o->kv_fraction,
-                              .threads = o->threads};
+                              .threads = o->threads,
+                              .gemv_max_m = mk.gemv_max_m,
+                              .attn_waves = mk.attn_waves,
+                              .lt_tune = mk.lt_tune < 0 ? 0 : mk.lt_tune + 1,
+                              .no_pdl = mk.pdl == 0,
+                              .no_graphs = mk.graphs == 0};
     return kiln_cuda_executor_new(m, &co, x, err);
 #else
     (void)m;
@@ -277,12 +328,21 @@ kiln_status kiln_ctx_new(const kiln_t *k, const kiln_ctx_options *opts, kiln_ctx
         kiln_err_prefix(&e, "kiln_ctx_new: ");
         return fail_new(c, &e);
     }
+    measure_knobs mk;
+    if ((st = parse_measure(o.measure, &mk, &e)) != KILN_OK || (want_cpu && mk.any)) {
+        if (st == KILN_OK) {
+            st = kiln_err(&e, KILN_ERR_INVALID_ARG, "measure knobs '%s' apply to the GPU executor, not device \"cpu\"",
+                          o.measure);
+        }
+        kiln_err_prefix(&e, "kiln_ctx_new: ");
+        return fail_new(c, &e);
+    }
     st = KILN_ERR_DEVICE;
     if (want_gpu || want_auto) {
         st = new_gpu_executor(k->m, &o, &c->x, &e);
         if (st == KILN_OK) snprintf(c->device, sizeof c->device, "gpu");
     }
-    if (st == KILN_ERR_DEVICE && (want_cpu || want_auto)) {
+    if (st == KILN_ERR_DEVICE && (want_cpu || (want_auto && !mk.any))) { /* knobs never fall back to the CPU */
         e = (kiln_error){0};
         pthread_mutex_lock((pthread_mutex_t *)&k->f32_lock);
         st = kiln_model_load_f32(k->m, &e);

@@ -281,6 +281,13 @@ kiln_status kiln_cpu_forward(kiln_cpu_ctx *c, const int32_t *tokens, int n, bool
         case KILN_OP_LINEAR:
             matmul(c, act(c, in[0]), wt(c, in[1]), act(c, o[0]), n, width(c, in[0]), width(c, o[0]));
             break;
+        case KILN_OP_LINEAR_ADD: { /* the product, then the residual added: the rounding of linear + add */
+            float *y = act(c, o[0]);
+            const float *r = act(c, in[2]);
+            matmul(c, act(c, in[0]), wt(c, in[1]), y, n, width(c, in[0]), width(c, o[0]));
+            for (int64_t k = 0; k < n * width(c, o[0]); k++) y[k] = y[k] + r[k];
+            break;
+        }
         case KILN_OP_LM_HEAD: {
             /* only the rows the caller wants */
             int64_t k = width(c, in[0]), v = width(c, o[0]);

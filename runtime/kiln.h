@@ -171,6 +171,14 @@ typedef struct kiln_ctx_options {
                                 whose weights + kv_bytes + scratch exceed the free memory is refused
                                 (KILN_ERR_NOMEM naming each part) */
     int32_t threads;         /* CPU threads; 0 = one per core (default) */
+    /* Since 0.2. Measurement knobs, for benchmarking only (`kiln bench --measure`): comma-separated
+     * key=value pairs that change how the GPU runs the same plan, never what it computes beyond
+     * rounding: gemv_max_m=N (1..64: most tokens per step the tensor-core GEMV takes before
+     * cuBLASLt), attn_waves=W (decode attention's splits aim for W waves of the GPU, 0 < W <= 64;
+     * default 2), lt_tune=0|1|2 (cuBLASLt algorithms at decode: the heuristic's, timed (default),
+     * timed and reported on stderr), pdl=0|1, graphs=0|1. NULL or "" = none. An unknown key or
+     * a bad value is KILN_ERR_INVALID_ARG, and any knob with device "cpu" too. */
+    const char *measure;
 } kiln_ctx_options;
 
 /* Fill *o with the defaults above. */

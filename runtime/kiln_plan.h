@@ -8,9 +8,9 @@
  * runtime/plan.c reads it and checks every op with kiln_op_infer, so an
  * executor can trust shapes and indices once a plan has loaded.
  *
- * Binary layout, version 1, little-endian (docs/engine-format.md):
+ * Binary layout, version 2, little-endian (docs/engine-format.md):
  *   header, 64 bytes:
- *      0 u8[4] "KPLN"   4 u32 version (1)
+ *      0 u8[4] "KPLN"   4 u32 version (2)
  *      8 u32 n_values  12 u32 n_ops  16 u32 n_weights  20 u32 n_slots
  *     24 i32 tokens value  28 i32 positions value  32 i32 logits value
  *     36 i32 n_layers  40 i32 n_kv_heads  44 i32 head_dim  48 i32 hidden_size
@@ -20,11 +20,16 @@
  *                            i64 shape[4] (negative = symbolic: -1 batch, -2 seq)
  *   weights: n_weights × 184: char name[128] (NUL-terminated), u32 dtype, u32 ndim, i64 shape[4],
  *                            u64 offset (in the decoded weights section, 256-aligned), u64 nbytes
- *   ops:     n_ops × 96:     u32 kind, u32 n_in, u32 n_out, i32 in[6], i32 out[3],
- *                            attrs: i32 layer, n_heads, n_kv_heads, head_dim, window, rope_scaling,
- *                                   f32 eps, rope_theta, rope_factor, rope_low_freq_factor,
- *                                   rope_high_freq_factor, rope_original_max_pos
+ *   ops:     n_ops records of 16 + 4 × (n_in + n_out) + 8 × n_attrs bytes:
+ *            u32 kind, u32 n_in, u32 n_out, u32 n_attrs, i32 in[n_in], i32 out[n_out],
+ *            then n_attrs attributes of 8 bytes: u32 key (KILN_ATTR_*), u32 value (i32, or an
+ *            f32's bits, or flag bits); keys ascending, each at most once, absent = 0. A key this
+ *            reader does not know is refused (it would change what the op does).
  * The section's size must be exactly the sum of these parts.
+ *
+ * Version 2 (kiln 0.2): ops of any input count with keyed attributes, which
+ * carry the lowering decisions passes make (KILN_FLAG_*); version 1's ops
+ * were fixed 96-byte records. A version 1 plan is refused: recompile.
  */
 #ifndef KILN_PLAN_H
 #define KILN_PLAN_H
@@ -36,12 +41,15 @@
 #include "../common/kiln_util.h"
 
 #define KILN_PLAN_MAGIC "KPLN"
-#define KILN_PLAN_VERSION 1
+#define KILN_PLAN_VERSION 2
 #define KILN_PLAN_HEADER_SIZE 64
 #define KILN_PLAN_SLOT_SIZE 8
 #define KILN_PLAN_VALUE_SIZE 56
 #define KILN_PLAN_WEIGHT_SIZE 184
-#define KILN_PLAN_OP_SIZE 96
+#define KILN_PLAN_OP_HEADER_SIZE 16
+#define KILN_PLAN_ATTR_SIZE 8
+
+/* Attribute keys: KILN_ATTR_* and kiln_op_attrs_encode in common/kiln_ops.h. */
 #define KILN_PLAN_NAME_MAX 128
 #define KILN_PLAN_WEIGHT_ALIGN 256
 #define KILN_PLAN_MAX_ITEMS (1u << 20)

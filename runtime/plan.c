@@ -15,12 +15,6 @@
 #define BAD(...) kiln_err(err, KILN_ERR_FORMAT, "plan: " __VA_ARGS__)
 
 static int32_t rd_i32(const uint8_t *p) { return (int32_t)kiln_rd_u32(p); }
-static float rd_f32(const uint8_t *p) {
-    uint32_t u = kiln_rd_u32(p);
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 void kiln_plan_free(kiln_plan *p) {
     if (!p) return;
@@ -161,9 +155,10 @@ kiln_status kiln_plan_parse(const uint8_t *d, size_t size, uint64_t weights_size
     if (size < KILN_PLAN_HEADER_SIZE) return BAD("section is %zu bytes, shorter than its header", size);
     if (memcmp(d, KILN_PLAN_MAGIC, 4) != 0) return BAD("bad magic");
     uint32_t version = kiln_rd_u32(d + 4);
-    if (version != KILN_PLAN_VERSION)
-        return kiln_err(err, KILN_ERR_VERSION, "plan: version %u, this runtime reads version %d", version,
-                        KILN_PLAN_VERSION);
+    if (version != KILN_PLAN_VERSION) {
+        kiln_err(err, KILN_ERR_VERSION, "plan: version %u, this runtime reads version %d", version, KILN_PLAN_VERSION);
+        return kiln_err_hint(err, "recompile the engine from its checkpoint with this kiln (kiln compile)");
+    }
     kiln_plan *p = calloc(1, sizeof *p);
     if (!p) return kiln_err(err, KILN_ERR_NOMEM, "plan: out of memory");
     kiln_status st = KILN_OK;
@@ -186,11 +181,11 @@ kiln_status kiln_plan_parse(const uint8_t *d, size_t size, uint64_t weights_size
                  p->n_slots);
         goto fail;
     }
-    uint64_t need = KILN_PLAN_HEADER_SIZE + (uint64_t)p->n_slots * KILN_PLAN_SLOT_SIZE +
-                    (uint64_t)p->n_values * KILN_PLAN_VALUE_SIZE + (uint64_t)p->n_weights * KILN_PLAN_WEIGHT_SIZE +
-                    (uint64_t)p->n_ops * KILN_PLAN_OP_SIZE;
-    if (need != size) {
-        st = BAD("section is %zu bytes, its counts need %llu", size, (unsigned long long)need);
+    /* the fixed-size tables; the ops (variable records) must fill the rest exactly */
+    uint64_t fixed = KILN_PLAN_HEADER_SIZE + (uint64_t)p->n_slots * KILN_PLAN_SLOT_SIZE +
+                     (uint64_t)p->n_values * KILN_PLAN_VALUE_SIZE + (uint64_t)p->n_weights * KILN_PLAN_WEIGHT_SIZE;
+    if (fixed + (uint64_t)p->n_ops * KILN_PLAN_OP_HEADER_SIZE > size) {
+        st = BAD("section is %zu bytes, too short for its counts", size);
         goto fail;
     }
     if (p->n_layers <= 0 || p->n_layers > 4096 || p->n_kv_heads <= 0 || p->n_kv_heads > 4096 || p->head_dim <= 0 ||
@@ -235,30 +230,52 @@ kiln_status kiln_plan_parse(const uint8_t *d, size_t size, uint64_t weights_size
         w->nbytes = kiln_rd_u64(c + 176);
         if ((st = check_weight(w, i, weights_size, err)) != KILN_OK) goto fail;
     }
-    for (uint32_t i = 0; i < p->n_ops; i++, c += KILN_PLAN_OP_SIZE) {
+    const uint8_t *end = d + size;
+    for (uint32_t i = 0; i < p->n_ops; i++) {
         kiln_plan_op *op = &p->ops[i];
+        if ((size_t)(end - c) < KILN_PLAN_OP_HEADER_SIZE) {
+            st = BAD("op %u lies past the end of the section", i);
+            goto fail;
+        }
         op->kind = kiln_rd_u32(c);
         op->n_in = kiln_rd_u32(c + 4);
         op->n_out = kiln_rd_u32(c + 8);
-        if (op->n_in > KILN_MAX_OP_IN || op->n_out > KILN_MAX_OP_OUT) {
-            st = BAD("op %u has %u inputs / %u outputs", i, op->n_in, op->n_out);
+        uint32_t n_attrs = kiln_rd_u32(c + 12);
+        if (op->n_in > KILN_MAX_OP_IN || op->n_out > KILN_MAX_OP_OUT || n_attrs >= KILN_ATTR_COUNT_ + 64u) {
+            st = BAD("op %u has %u inputs / %u outputs / %u attributes", i, op->n_in, op->n_out, n_attrs);
             goto fail;
         }
-        for (int k = 0; k < KILN_MAX_OP_IN; k++) op->in[k] = rd_i32(c + 12 + 4 * k);
-        for (int k = 0; k < KILN_MAX_OP_OUT; k++) op->out[k] = rd_i32(c + 36 + 4 * k);
-        const uint8_t *a = c + 48;
-        op->attrs.layer = rd_i32(a);
-        op->attrs.n_heads = rd_i32(a + 4);
-        op->attrs.n_kv_heads = rd_i32(a + 8);
-        op->attrs.head_dim = rd_i32(a + 12);
-        op->attrs.window = rd_i32(a + 16);
-        op->attrs.rope_scaling = rd_i32(a + 20);
-        op->attrs.eps = rd_f32(a + 24);
-        op->attrs.rope_theta = rd_f32(a + 28);
-        op->attrs.rope_factor = rd_f32(a + 32);
-        op->attrs.rope_low_freq_factor = rd_f32(a + 36);
-        op->attrs.rope_high_freq_factor = rd_f32(a + 40);
-        op->attrs.rope_original_max_pos = rd_f32(a + 44);
+        uint64_t rec = KILN_PLAN_OP_HEADER_SIZE + 4ull * (op->n_in + op->n_out) + (uint64_t)KILN_PLAN_ATTR_SIZE * n_attrs;
+        if (rec > (uint64_t)(end - c)) {
+            st = BAD("op %u (%u inputs, %u outputs, %u attributes) lies past the end of the section", i, op->n_in,
+                     op->n_out, n_attrs);
+            goto fail;
+        }
+        const uint8_t *q = c + KILN_PLAN_OP_HEADER_SIZE;
+        for (uint32_t k = 0; k < KILN_MAX_OP_IN; k++) op->in[k] = k < op->n_in ? rd_i32(q + 4 * k) : -1;
+        q += 4 * op->n_in;
+        for (uint32_t k = 0; k < KILN_MAX_OP_OUT; k++) op->out[k] = k < op->n_out ? rd_i32(q + 4 * k) : -1;
+        q += 4 * op->n_out;
+        uint32_t prev = 0;
+        for (uint32_t k = 0; k < n_attrs; k++, q += KILN_PLAN_ATTR_SIZE) {
+            uint32_t key = kiln_rd_u32(q), val = kiln_rd_u32(q + 4);
+            if (key <= prev) {
+                st = BAD("op %u: attribute keys out of order or repeated (%u after %u)", i, key, prev);
+                goto fail;
+            }
+            if (!kiln_op_attr_set(&op->attrs, key, val)) {
+                kiln_err(err, KILN_ERR_FORMAT, "plan: op %u (%s) has attribute key %u, unknown to this runtime", i,
+                         kiln_op_name((kiln_op_kind)op->kind), key);
+                st = kiln_err_hint(err, "the engine was made by a newer kiln; recompile it with this one");
+                goto fail;
+            }
+            prev = key;
+        }
+        c += rec;
+    }
+    if (c != end) {
+        st = BAD("section is %zu bytes, its contents end at %zu", size, (size_t)(c - d));
+        goto fail;
     }
     for (uint32_t i = 0; i < p->n_values; i++)
         if ((st = check_value(p, i, err)) != KILN_OK) goto fail;

@@ -130,6 +130,36 @@ static void test_fusion_passes_on_stories260k(void) {
     KT_EQ_INT(kiln_ir_count_ops(g, KILN_OP_GATE_UP_SWIGLU), layers);
     KT_EQ_INT(kiln_ir_count_ops(g, KILN_OP_ADD_RMSNORM), 2 * layers);
     KT_EQ_INT(kiln_ir_count_ops(g, KILN_OP_RMSNORM), 1); /* the first layer's input norm */
+    /* the residual adds into o_proj and down_proj: every add_rmsnorm after a projection becomes
+     * linear_add + rmsnorm (all 2 x layers of them here) */
+    KT_EQ_INT(kiln_pass_fuse_linear_residual(g, &err), 2 * layers);
+    KT_EQ_INT(kiln_ir_verify(g, &err), KILN_OK);
+    KT_CHECK(kiln_pass_dce(g, &err) > 0);
+    KT_EQ_INT(kiln_ir_count_ops(g, KILN_OP_LINEAR), 0);
+    KT_EQ_INT(kiln_ir_count_ops(g, KILN_OP_LINEAR_ADD), 2 * layers);
+    KT_EQ_INT(kiln_ir_count_ops(g, KILN_OP_ADD_RMSNORM), 0);
+    KT_EQ_INT(kiln_ir_count_ops(g, KILN_OP_RMSNORM), 2 * layers + 1);
+    /* the decode fusions are flags on the ops, recorded once */
+    KT_EQ_INT(kiln_pass_decode_attention_rope(g, &err), layers);
+    KT_EQ_INT(kiln_pass_decode_attention_rope(g, &err), 0);
+    KT_EQ_INT(kiln_pass_decode_attention_merge(g, &err), layers);
+    /* every rmsnorm feeds the projection right after it: the input norms, the post-attention norms
+     * and the final norm before the LM head */
+    KT_EQ_INT(kiln_pass_fold_norm_into_gemv(g, &err), 2 * layers + 1);
+    KT_EQ_INT(kiln_ir_verify(g, &err), KILN_OK);
+    int flagged = 0;
+    for (int i = 0; i < g->n_ops; i++)
+        if (!g->ops[i].dead && g->ops[i].kind == KILN_OP_ATTENTION)
+            flagged += g->ops[i].attrs.flags == (KILN_FLAG_DECODE_ROPE | KILN_FLAG_MERGE_SPLITS);
+    KT_EQ_INT(flagged, layers);
+    /* a flag on an op it does not apply to fails the verifier */
+    for (int i = 0; i < g->n_ops; i++)
+        if (!g->ops[i].dead && g->ops[i].kind == KILN_OP_LINEAR_ADD) {
+            g->ops[i].attrs.flags = KILN_FLAG_DECODE_ROPE;
+            break;
+        }
+    KT_EQ_INT(kiln_ir_verify(g, &err), KILN_ERR_VERIFY);
+    KT_CONTAINS(err.msg, "do not apply");
     kiln_graph_free(g);
 }
 
@@ -231,30 +261,57 @@ static void test_plan_round_trip_and_checks(void) {
     memcpy(copy, b.data, b.len);
     copy[b.len] = 0;
     KT_EQ_INT(kiln_plan_parse(copy, b.len + 1, wsize, &p, &err), KILN_ERR_FORMAT);
+    /* the ops: variable records after the fixed tables (kiln_plan.h) */
+    size_t ops_at = KILN_PLAN_HEADER_SIZE + (size_t)kiln_rd_u32(b.data + 20) * KILN_PLAN_SLOT_SIZE +
+                    (size_t)kiln_rd_u32(b.data + 8) * KILN_PLAN_VALUE_SIZE +
+                    (size_t)kiln_rd_u32(b.data + 16) * KILN_PLAN_WEIGHT_SIZE;
+    size_t first_attn = 0;
+    for (size_t at = ops_at, i = 0; i < (size_t)g->n_ops; i++) {
+        if (kiln_rd_u32(b.data + at) == KILN_OP_ATTENTION && !first_attn) first_attn = at;
+        at += KILN_PLAN_OP_HEADER_SIZE +
+              4 * (kiln_rd_u32(b.data + at + 4) + kiln_rd_u32(b.data + at + 8)) +
+              KILN_PLAN_ATTR_SIZE * kiln_rd_u32(b.data + at + 12);
+    }
+    KT_REQUIRE(first_attn > 0);
     /* an op reading a value out of range */
-    size_t ops_at = b.len - (size_t)g->n_ops * KILN_PLAN_OP_SIZE;
     memcpy(copy, b.data, b.len);
-    kiln_wr_u32(copy + ops_at + 12, 0x7fffffff);
+    kiln_wr_u32(copy + ops_at + KILN_PLAN_OP_HEADER_SIZE, 0x7fffffff);
     KT_EQ_INT(kiln_plan_parse(copy, b.len, wsize, &p, &err), KILN_ERR_FORMAT);
     /* an unknown op kind */
     memcpy(copy, b.data, b.len);
     kiln_wr_u32(copy + ops_at, 999);
     KT_EQ_INT(kiln_plan_parse(copy, b.len, wsize, &p, &err), KILN_ERR_FORMAT);
     KT_CONTAINS(err.msg, "unknown kind");
-    /* a newer plan version */
+    /* another plan version (the last format, 1, is refused with a rebuild hint) */
     memcpy(copy, b.data, b.len);
-    kiln_wr_u32(copy + 4, 2);
+    kiln_wr_u32(copy + 4, 1);
     KT_EQ_INT(kiln_plan_parse(copy, b.len, wsize, &p, &err), KILN_ERR_VERSION);
+    KT_CONTAINS(err.msg, "recompile");
+    /* an op whose input count runs past the section */
+    memcpy(copy, b.data, b.len);
+    kiln_wr_u32(copy + first_attn + 4, 1000000);
+    KT_EQ_INT(kiln_plan_parse(copy, b.len, wsize, &p, &err), KILN_ERR_FORMAT);
+    /* the attention op's attributes: layer (key 1), n_heads (2), ... in order */
+    const size_t attrs = first_attn + KILN_PLAN_OP_HEADER_SIZE +
+                         4 * (kiln_rd_u32(b.data + first_attn + 4) + kiln_rd_u32(b.data + first_attn + 8));
+    size_t heads_at = 0;
+    for (uint32_t k = 0; k < kiln_rd_u32(b.data + first_attn + 12); k++)
+        if (kiln_rd_u32(b.data + attrs + 8 * k) == KILN_ATTR_N_HEADS) heads_at = attrs + 8 * k;
+    KT_REQUIRE(heads_at > 0);
     /* a head count the op cannot have: shape checking re-runs at load */
     memcpy(copy, b.data, b.len);
-    size_t first_attn = 0;
-    for (int i = 0; i < g->n_ops; i++)
-        if (g->ops[i].kind == KILN_OP_ATTENTION) {
-            first_attn = ops_at + (size_t)i * KILN_PLAN_OP_SIZE;
-            break;
-        }
-    kiln_wr_u32(copy + first_attn + 48 + 4, 3); /* n_heads 8 → 3 */
+    kiln_wr_u32(copy + heads_at + 4, 3); /* n_heads 8 → 3 */
     KT_EQ_INT(kiln_plan_parse(copy, b.len, wsize, &p, &err), KILN_ERR_FORMAT);
+    /* an attribute key this reader does not know (a newer kiln's) */
+    memcpy(copy, b.data, b.len);
+    kiln_wr_u32(copy + heads_at + 8, 999); /* the next key (n_kv_heads): still ascending, but unknown */
+    KT_EQ_INT(kiln_plan_parse(copy, b.len, wsize, &p, &err), KILN_ERR_FORMAT);
+    KT_CONTAINS(err.msg, "unknown to this runtime");
+    /* keys out of order: n_heads twice */
+    memcpy(copy, b.data, b.len);
+    kiln_wr_u32(copy + heads_at + 8, KILN_ATTR_N_HEADS);
+    KT_EQ_INT(kiln_plan_parse(copy, b.len, wsize, &p, &err), KILN_ERR_FORMAT);
+    KT_CONTAINS(err.msg, "out of order");
     free(copy);
     kiln_buf_free(&b);
     kiln_graph_free(g);
@@ -273,6 +330,9 @@ static void test_dump_ir_prints_each_pass(void) {
     KT_CONTAINS(text, ";; after fuse-add-rmsnorm");
     KT_CONTAINS(text, ";; after dce");
     KT_CONTAINS(text, "qkv_rope(");
+    KT_CONTAINS(text, ";; after fuse-linear-residual");
+    KT_CONTAINS(text, "linear_add(");
+    KT_CONTAINS(text, "+decode_rope");
     KT_CONTAINS(text, "@model.layers.4.mlp.down_proj.weight");
     free(text);
     kiln_graph_free(g);

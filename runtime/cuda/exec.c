@@ -8,25 +8,28 @@
  * program of device instructions (below), lay the weights out on the device
  * and upload them, allocate activations, scratch and the KV pool.
  *
- * The program. The plan's ops map to instructions over device buffers:
+ * The program. Each plan op maps to one instruction over device buffers;
+ * every fusion across ops was decided by a pass (passes/, shown by
+ * `kiln compile --dump-ir`) and is read from the plan, never inferred here:
  *   embedding            EMBED   gather rows of the table
- *   rmsnorm              NORM    rmsnorm kernel, x = 0 (opt-in, KILN_FUSE
- *                                bit 1: at decode folded into the next
- *                                GEMV's prologue; measured slower)
+ *   rmsnorm              NORM    rmsnorm kernel, x = 0; with +fold_into_gemv
+ *                                (pass fold-norm-into-gemv) done at decode by
+ *                                the next GEMV's prologue instead
  *   add_rmsnorm(a, b)    NORM    rmsnorm kernel adding x into the residual
  *                                in place (the sum takes the buffer of the
  *                                input that dies here)
- *   linear → add_rmsnorm GEMM    with the residual as the output: y = r + xW^T
- *                        NORM    (o_proj and down_proj: the add is fused)
+ *   linear_add(h, W, r)  GEMM    with the residual as the output: y = r + hW^T
+ *                                in r's buffer when r dies here (pass
+ *                                fuse-linear-residual: o_proj, down_proj)
  *   qkv_rope + attention QKV     one GEMM over [Wq; Wk; Wv], then rope_kv
  *                                (rotated q out, k and v into the KV cache)
- *                                except at decode, where
+ *                                except at decode with +decode_rope (pass
+ *                                decode-attention-rope), where
  *                        ATTN    the decode kernel rotates q and the new k
  *                                itself and stores k, v (+ combine kernel;
- *                                opt-in KILN_FUSE bit 2: the last split
- *                                block merges instead, measured slower)
- *                                when every sequence adds one token, else
- *                                the prefill kernel
+ *                                with +merge_splits the last split block
+ *                                merges instead) when every sequence adds one
+ *                                token, else the prefill kernel
  *   gate_up_swiglu       GEMM    over the interleaved [gate; up] rows: the
  *                                GEMV's fused epilogue, or cuBLASLt + swiglu
  *   linear               GEMM
@@ -44,9 +47,9 @@
  * graph serves every step of its bucket. Before a bucket's graph is
  * captured, the cuBLASLt algorithms of its GEMMs (buckets above the GEMV's
  * 8 rows) are chosen by timing (tune_decode; KILN_LT_TUNE=0 keeps the
- * heuristic's first answer, 2 reports). Decode attention splits each
- * sequence so that the grid fills about two waves of the GPU
- * (KILN_ATTN_WAVES=w, for measuring, aims for w instead).
+ * heuristic's first answer, 2 reports: kiln_cuda_exec_opts.lt_tune, `kiln
+ * bench --measure lt_tune=N`). Decode attention splits each sequence so that
+ * the grid fills about two waves of the GPU (attn_waves, for measuring).
  */
 #include "kiln_cuda_exec.h"
 
@@ -74,15 +77,6 @@
  * prompt length. Halved (not below max_seqs) while its scratch would take more than a quarter of
  * the memory left after the weights and an explicit KV pool (choose_step). */
 #define CX_DEFAULT_STEP 8192
-#define CX_FUSE_NORM 1   /* RMSNorm folded into the next GEMV's prologue */
-#define CX_FUSE_MERGE 2  /* decode attention's last split block merges the splits (no combine kernel) */
-#define CX_FUSE_ROPE 4   /* decode attention rotates q and k and writes the KV cache (no rope_kv kernel) */
-#define CX_FUSE_ALL 7
-/* The default: only the rope fusion paid on the H200 (Mistral-7B shapes, 2026-11-29, docs/kernels.md:
- * rope -6.8% / -6.0% per decode step at batch 1 / 8 (run 4); the merge +11% / +3.3% (run 4); the
- * norm folded into the GEMV -0.45% / +8% (run 5): at one token it saves 19 us a step but drops HF's
- * bf16 rounding of the normalised input, at 2-8 tokens the tensor-core GEMV loses more) */
-#define CX_FUSE_DEFAULT CX_FUSE_ROPE
 
 typedef enum { DW_PLAIN, DW_QKV, DW_GATE_UP } dw_kind;
 
@@ -125,7 +119,9 @@ typedef struct cx_inst {
     int attn;       /* ATTN: index into attn[] */
     CUfunction fn;  /* NORM: the rmsnorm kernel */
     int threads;    /* NORM block size */
-    bool fold;      /* NORM: plain norm (no add) whose output only the next GEMM/QKV/LMHEAD reads */
+    bool fold;      /* NORM: +fold_into_gemv, and the next GEMM/QKV/LMHEAD reads its output as its input */
+    bool rope_in_attn; /* QKV and ATTN: +decode_rope on the attention: at decode it rotates and stores */
+    bool merge;     /* ATTN: +merge_splits */
     float eps;      /* NORM */
     kiln_op_attrs rope; /* ATTN: its qkv_rope op's attributes (the rope constants, for the fused path) */
     int width;      /* COPY: elements per row */
@@ -193,7 +189,6 @@ typedef struct cx {
     int n_graphs;
     bool no_graphs;
     bool pdl;
-    int fuse;       /* CX_FUSE_* bits: decode fusions in use (KILN_FUSE=mask at creation; default CX_FUSE_DEFAULT) */
     CUdeviceptr attn_cnt; /* int32 [max_seqs, n_kv]: decode attention's split counters, zero between launches */
     int gemv_max_m; /* most tokens per step the tensor-core GEMV takes (else cuBLASLt) */
     double attn_waves; /* KILN_ATTN_WAVES: decode attention splits aim for this many waves of the GPU (2) */
@@ -497,13 +492,11 @@ static kiln_status build_program(cx *x, kiln_error *err) {
     kiln_status st = KILN_OK;
     int32_t *last = malloc(nv * sizeof *last), *uses = calloc(nv, sizeof *uses), *vb = malloc(nv * sizeof *vb);
     uint8_t *virt = calloc(nv, 1);
-    int32_t *fused = malloc((p->n_ops + 1) * sizeof *fused);
-    if (!last || !uses || !vb || !virt || !fused) {
+    if (!last || !uses || !vb || !virt) {
         st = kiln_err(err, KILN_ERR_NOMEM, "cuda executor: out of memory");
         goto out;
     }
     for (uint32_t v = 0; v < nv; v++) last[v] = -1, vb[v] = -1;
-    for (uint32_t i = 0; i <= p->n_ops; i++) fused[i] = -1;
     for (uint32_t i = 0; i < p->n_ops; i++)
         for (uint32_t j = 0; j < p->ops[i].n_in; j++) {
             int32_t v = p->ops[i].in[j];
@@ -511,7 +504,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             uses[v]++;
         }
     const size_t es = (size_t)x->es;
-    int qkv_op = -1; /* the QKV instruction whose q, k, v await their attention */
+    int qkv_op = -1, qkv_inst = -1; /* the qkv_rope op (and its instruction) whose q, k, v await their attention */
 #define OUTBUF(v)                                                                                     \
     do {                                                                                              \
         if ((vb[v] = buf_get(x, (size_t)vwidth(p, v) * es, err)) < 0) {                            \
@@ -556,15 +549,11 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             if ((st = fn_get(x, name, "kiln_rmsnorm", &ins->fn, &km, err))) goto out;
             ins->threads = km->cfg[0];
             ins->eps = a->eps;
-            ins->fold = uses[yv] == 1; /* confirmed against the next instruction below */
+            ins->fold = (a->flags & KILN_FLAG_FOLD_INTO_GEMV) && uses[yv] == 1; /* checked against the next
+                                                                                   instruction below */
             WDW(ins->dw, DW_PLAIN, 1, p->values[wv].weight, -1, -1);
             if (!add) {
                 ins->res = vb[in[0]];
-            } else if (fused[i] >= 0) {
-                /* the linear before already added its product into the residual */
-                ins->res = vb[fused[i]];
-                vb[o[0]] = vb[fused[i]];
-                vb[fused[i]] = -1; /* ownership moves to the sum */
             } else if (last[in[0]] == (int32_t)i && vb[in[0]] >= 0 && p->values[in[0]].kind == KILN_PV_ACT) {
                 ins->res = vb[in[0]];
                 ins->x = vb[in[1]];
@@ -602,21 +591,34 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             if (!(ins = emit(x, I_GEMM, (int)i, err))) goto nomem;
             ins->x = vb[in[0]];
             if ((st = gemm_setup(x, &ins->g, dw, EPI_PLAIN, err))) goto out;
-            /* o_proj / down_proj: fold the residual add of the next add_rmsnorm */
-            const kiln_plan_op *nx = i + 1 < p->n_ops ? &p->ops[i + 1] : NULL;
-            int32_t r = -1;
-            if (nx && nx->kind == KILN_OP_ADD_RMSNORM && uses[o[0]] == 1) {
-                if (nx->in[1] == o[0]) r = nx->in[0];
-                else if (nx->in[0] == o[0]) r = nx->in[1];
+            OUTBUF(o[0]);
+            ins->y = vb[o[0]];
+            break;
+        }
+        case KILN_OP_LINEAR_ADD: {
+            /* y = r + hW^T: the GEMM accumulates into r's buffer, which the sum takes over when r dies
+             * here; else r is copied into y's own buffer first */
+            int dw;
+            WDW(dw, DW_PLAIN, 1, p->values[in[1]].weight, -1, -1);
+            const int32_t r = in[2];
+            if (vb[r] < 0) {
+                st = unsupported_op(x, i, "its residual is not an activation this executor holds", err);
+                goto out;
             }
-            if (r >= 0 && r != o[0] && p->values[r].kind == KILN_PV_ACT && last[r] == (int32_t)i + 1 && vb[r] >= 0 &&
-                vwidth(p, r) == vwidth(p, o[0])) {
-                ins->y = ins->res = vb[r];
-                fused[i + 1] = r;
-            } else {
+            if (last[r] != (int32_t)i || r == in[0]) {
                 OUTBUF(o[0]);
+                if (!(ins = emit(x, I_COPY, (int)i, err))) goto nomem;
+                ins->x = vb[r];
                 ins->y = vb[o[0]];
+                ins->width = (int)vwidth(p, o[0]);
+            } else {
+                vb[o[0]] = vb[r];
+                vb[r] = -1; /* ownership moves to the sum */
             }
+            if (!(ins = emit(x, I_GEMM, (int)i, err))) goto nomem;
+            ins->x = vb[in[0]];
+            ins->y = ins->res = vb[o[0]];
+            if ((st = gemm_setup(x, &ins->g, dw, EPI_PLAIN, err))) goto out;
             break;
         }
         case KILN_OP_QKV_ROPE: {
@@ -642,6 +644,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             if ((st = gemm_setup(x, &ins->g, dw, EPI_PLAIN, err))) goto out;
             for (int j = 0; j < 3; j++) virt[o[j]] = 1;
             qkv_op = (int)i;
+            qkv_inst = x->n_prog - 1;
             break;
         }
         case KILN_OP_ATTENTION: {
@@ -661,6 +664,8 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             if (!(ins = emit(x, I_ATTN, (int)i, err))) goto nomem;
             ins->layer = a->layer;
             ins->rope = p->ops[qkv_op].attrs;
+            ins->rope_in_attn = x->prog[qkv_inst].rope_in_attn = (a->flags & KILN_FLAG_DECODE_ROPE) != 0;
+            ins->merge = (a->flags & KILN_FLAG_MERGE_SPLITS) != 0;
             if ((ins->attn = attn_get(x, a->window, err)) < 0) {
                 st = err->code;
                 goto out;
@@ -669,7 +674,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             else if (x->free_window >= 0 && a->window > x->free_window) x->free_window = a->window;
             OUTBUF(o[0]);
             ins->y = vb[o[0]];
-            qkv_op = -1;
+            qkv_op = qkv_inst = -1;
             break;
         }
         case KILN_OP_GATE_UP_SWIGLU: {
@@ -699,8 +704,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             st = unsupported_op(x, i, "no GPU kernel for this op", err);
             goto out;
         }
-        if (ins && ((ins->kind == I_NORM && (ins->res < 0 || (op->kind == KILN_OP_ADD_RMSNORM && fused[i] < 0 &&
-                                                                 ins->x < 0))) ||
+        if (ins && ((ins->kind == I_NORM && (ins->res < 0 || (op->kind == KILN_OP_ADD_RMSNORM && ins->x < 0))) ||
                     ((ins->kind == I_GEMM || ins->kind == I_QKV || ins->kind == I_LMHEAD) && ins->x < 0))) {
             st = unsupported_op(x, i, "its input is not an activation this executor holds", err);
             goto out;
@@ -734,7 +738,6 @@ out:
     free(uses);
     free(vb);
     free(virt);
-    free(fused);
     return st;
 }
 
@@ -758,7 +761,7 @@ static bool gemv_path(const cx *x, const cx_gemm *g, int M) { return M <= (g->mm
 /* Whether NORM instruction i is folded into the GEMV after it in a step of this shape. */
 static bool norm_folds(const cx *x, int i, const cx_shape *sh) {
     const cx_inst *n = &x->prog[i];
-    if (!(x->fuse & CX_FUSE_NORM) || n->kind != I_NORM || !n->fold) return false;
+    if (n->kind != I_NORM || !n->fold) return false;
     const cx_inst *g = &x->prog[i + 1]; /* exists: fold was set only then */
     if (g->kind == I_LMHEAD) return sh->decode && gemv_path(x, &g->g, sh->B); /* prefill gathers the normed rows */
     return gemv_path(x, &g->g, sh->T);
@@ -836,7 +839,7 @@ static kiln_status run_program(cx *x, const cx_shape *sh, kiln_error *err) {
             break;
         case I_QKV: {
             if ((st = run_gemm(x, &in->g, T, bufp(x, in->x), x->qkv_tmp, false, norm, err))) break;
-            if (sh->decode && (x->fuse & CX_FUSE_ROPE)) break; /* decode attention rotates and stores */
+            if (sh->decode && in->rope_in_attn) break; /* decode attention rotates and stores */
             kiln_rope_kv_params rp = {x->qkv_tmp,
                                       x->q_tmp,
                                       x->kcache + (size_t)in->layer * x->kv_layer_bytes,
@@ -859,8 +862,8 @@ static kiln_status run_program(cx *x, const cx_shape *sh, kiln_error *err) {
                                               .out = bufp(x, in->y), .part_o = x->part_o, .part_ml = x->part_ml,
                                               .scale = scale, .B = B, .max_blocks = x->kv.max_blocks,
                                               .max_splits = z, .partition = 0, .splits_want = splits_want(x, B),
-                                              .counters = (x->fuse & CX_FUSE_MERGE) ? x->attn_cnt : 0};
-                if (x->fuse & CX_FUSE_ROPE) {
+                                              .counters = in->merge ? x->attn_cnt : 0};
+                if (in->rope_in_attn) {
                     const kiln_op_attrs *r = &in->rope;
                     dp.qkv = x->qkv_tmp;
                     dp.positions = inp(x, x->in.pos);
@@ -1255,18 +1258,6 @@ bool kiln_cuda_exec_set_graphs(kiln_executor *e, bool on) {
     return true;
 }
 
-bool kiln_cuda_exec_set_fuse(kiln_executor *e, bool on) {
-    if (!e || e->ops != &cx_ops) return false;
-    cx *x = (cx *)e;
-    kiln_error ig = {0};
-    kiln_cuda_make_current(&x->cu, &ig);
-    x->cu.api.cuStreamSynchronize(x->stream);
-    for (int i = 0; i < x->n_graphs; i++) x->cu.api.cuGraphExecDestroy(x->graphs[i].exec);
-    x->n_graphs = 0;
-    x->fuse = on ? CX_FUSE_DEFAULT : 0;
-    return true;
-}
-
 bool kiln_cuda_exec_set_pdl(kiln_executor *e, bool on) {
     if (!e || e->ops != &cx_ops) return false;
     cx *x = (cx *)e;
@@ -1423,11 +1414,7 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
     x->m = m;
     x->p = p;
     x->no_graphs = o->no_graphs;
-    x->gemv_max_m = KILN_GEMV_MAX_M;
-    {
-        const char *env = getenv("KILN_GEMV_MAX_M"); /* for measuring the GEMV / cuBLASLt crossover */
-        if (env && atoi(env) >= 1) x->gemv_max_m = atoi(env);
-    }
+    x->gemv_max_m = o->gemv_max_m > 0 ? o->gemv_max_m : KILN_GEMV_MAX_M;
     x->hidden = p->hidden_size;
     x->n_kv = p->n_kv_heads;
     x->head_dim = p->head_dim;
@@ -1443,16 +1430,9 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
     }
     x->cu_ok = true;
     x->stats.sm = x->cu.sm;
-    {
-        const char *env = getenv("KILN_NO_PDL");
-        x->pdl = x->stats.pdl = x->cu.sm >= 90 && !o->no_pdl && !(env && strcmp(env, "1") == 0);
-        env = getenv("KILN_FUSE"); /* for measuring each fusion: a mask of CX_FUSE_* bits */
-        x->fuse = env && *env ? atoi(env) & CX_FUSE_ALL : CX_FUSE_DEFAULT;
-        env = getenv("KILN_LT_TUNE"); /* 0: decode GEMMs keep cuBLASLt's heuristic choice; 2: report the tuning */
-        x->lt_tune = env && *env ? (atoi(env) > 0 ? atoi(env) : 0) : 1;
-        env = getenv("KILN_ATTN_WAVES"); /* for measuring decode attention's split count: waves of the GPU */
-        x->attn_waves = env && atof(env) > 0.0 && atof(env) <= 64.0 ? atof(env) : 2.0;
-    }
+    x->pdl = x->stats.pdl = x->cu.sm >= 90 && !o->no_pdl;
+    x->lt_tune = o->lt_tune > 0 ? o->lt_tune - 1 : 1;
+    x->attn_waves = o->attn_waves > 0 ? o->attn_waves : 2.0;
 
     /* the kernels section */
     if (!ksec) {

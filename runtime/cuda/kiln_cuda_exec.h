@@ -57,8 +57,13 @@ typedef struct kiln_cuda_exec_opts {
     int device;          /* CUDA device ordinal */
     bool no_graphs;      /* run decode steps without CUDA graphs (for measuring their gain) */
     bool no_pdl;         /* launch kernels the ordinary way instead of with programmatic dependent
-                            launch (which is used on sm_90+ unless this or KILN_NO_PDL=1 is set) */
+                            launch (which is used on sm_90+ unless this is set) */
     int threads;         /* host threads for the weight upload; 0 = one per core (at most 16) */
+    /* Measurement knobs (`kiln bench --measure`, kiln_ctx_options.measure); 0 = the default */
+    int gemv_max_m;      /* most tokens per step the tensor-core GEMV takes before cuBLASLt (KILN_GEMV_MAX_M) */
+    double attn_waves;   /* decode attention's splits aim for this many waves of the GPU (2) */
+    int lt_tune;         /* cuBLASLt algorithms at decode: 1 = the heuristic's, 2 = timed (default), 3 = timed
+                            and reported on stderr */
 } kiln_cuda_exec_opts;
 
 /* Create the executor for `m` (the model must outlive it). `m` may have been
@@ -93,13 +98,7 @@ bool kiln_cuda_exec_set_graphs(kiln_executor *x, bool on);
 /* Turn programmatic dependent launch on or off (captured graphs are dropped
  * and recaptured); false for another executor or a GPU before sm_90. */
 bool kiln_cuda_exec_set_pdl(kiln_executor *x, bool on);
-/* Decode fusions: on = the default set (RoPE and the KV write done by the
- * decode attention kernel instead of rope_kv), off = none. The environment's
- * KILN_FUSE=mask picks them at creation: 4 rope (the default), 1 RMSNorm
- * folded into the next GEMV's prologue, 2 attention splits merged by the
- * decode kernel's last block instead of a combine kernel (1 and 2 measured
- * slower on the H200; docs/kernels.md), 0 none. Captured graphs are
- * dropped. false for another executor. For measuring. */
-bool kiln_cuda_exec_set_fuse(kiln_executor *x, bool on);
+/* The decode fusions are the plan's (passes decode-attention-rope, decode-attention-merge,
+ * fold-norm-into-gemv): compare them with engines compiled with different --passes. */
 
 #endif /* KILN_CUDA_EXEC_H */
