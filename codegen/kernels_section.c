@@ -265,7 +265,8 @@ static kiln_status plan_modules(const kiln_plan *p, int block_size, kset *s, kil
             }
             break;
         }
-        case KILN_OP_QKV_ROPE: {
+        case KILN_OP_QKV_ROPE:
+        case KILN_OP_QKV_ROPE_PACKED: {
             if ((st = check_attn(a, s->f32, err)) != KILN_OK) break;
             if (rope && (rope->n_heads != a->n_heads || rope->n_kv_heads != a->n_kv_heads ||
                          rope->head_dim != a->head_dim || rope->rope_scaling != a->rope_scaling ||
@@ -297,7 +298,8 @@ static kiln_status plan_modules(const kiln_plan *p, int block_size, kset *s, kil
                 def_i(m, "ROPE_THREADS", 128);
                 include(m, "rope_kv.cuh");
             }
-            int64_t n = wrows(p, op->in[1]) + wrows(p, op->in[2]) + wrows(p, op->in[3]);
+            int64_t n = op->kind == KILN_OP_QKV_ROPE_PACKED ? wrows(p, op->in[1])
+                                                             : wrows(p, op->in[1]) + wrows(p, op->in[2]) + wrows(p, op->in[3]);
             st = add_gemv(s, "plain", (int)n, (int)width(p, op->in[0]), err);
             break;
         }
@@ -333,8 +335,9 @@ static kiln_status plan_modules(const kiln_plan *p, int block_size, kset *s, kil
         case KILN_OP_LINEAR_ADD:
             st = add_gemv(s, "plain", (int)wrows(p, op->in[1]), (int)wcols(p, op->in[1]), err);
             break;
-        case KILN_OP_GATE_UP_SWIGLU: {
-            int f = (int)wrows(p, op->in[1]);
+        case KILN_OP_GATE_UP_SWIGLU:
+        case KILN_OP_GATE_UP_SWIGLU_PACKED: {
+            int f = (int)(op->kind == KILN_OP_GATE_UP_SWIGLU_PACKED ? wrows(p, op->in[1]) / 2 : wrows(p, op->in[1]));
             st = add_gemv(s, "swiglu", 2 * f, (int)wcols(p, op->in[1]), err);
             snprintf(name, sizeof name, "swiglu.f%d", f);
             if (st == KILN_OK && (m = new_mod(s, name, err, &st)) != NULL) {

@@ -277,6 +277,39 @@ uint64_t kiln_weights_size(const kiln_graph *g) {
     return offset;
 }
 
+/* Convert and write `count` elements of weight `val` from element `first` on, CHUNK at a time. */
+static kiln_status write_elements(const kiln_value *val, uint64_t first, uint64_t count, uint8_t *buf, size_t chunk,
+                                  kiln_engine_writer *w, kiln_error *err) {
+    const uint8_t *src = val->src;
+    size_t ss = (size_t)kiln_dtype_size(val->src_dtype), ds = (size_t)kiln_dtype_size(val->dtype);
+    kiln_status st = KILN_OK;
+    for (uint64_t i = 0; i < count && st == KILN_OK; i += chunk) {
+        size_t m = (size_t)(count - i < chunk ? count - i : chunk);
+        st = kiln_weight_convert(val, first + i, src + (first + i) * ss, buf, m, err);
+        if (st == KILN_OK) st = kiln_engine_writer_write(w, buf, m * ds, err);
+    }
+    return st;
+}
+
+/* A packed weight (pack-weights): its parts' rows, concatenated or interleaved; each element is
+ * checked and converted as its part's (messages name the part). */
+static kiln_status write_packed(const kiln_graph *g, const kiln_value *val, uint8_t *buf, size_t chunk,
+                                kiln_engine_writer *w, kiln_error *err) {
+    kiln_status st = KILN_OK;
+    if (val->pack == KILN_PACK_CONCAT_ROWS) {
+        for (int p = 0; p < val->n_parts && st == KILN_OK; p++) {
+            const kiln_value *part = &g->values[val->parts[p]];
+            st = write_elements(part, 0, (uint64_t)part->shape[0] * (uint64_t)part->shape[1], buf, chunk, w, err);
+        }
+        return st;
+    }
+    const uint64_t cols = (uint64_t)val->shape[1], rows = (uint64_t)g->values[val->parts[0]].shape[0];
+    for (uint64_t r = 0; r < rows && st == KILN_OK; r++)
+        for (int p = 0; p < val->n_parts && st == KILN_OK; p++)
+            st = write_elements(&g->values[val->parts[p]], r * cols, cols, buf, chunk, w, err);
+    return st;
+}
+
 kiln_status kiln_weights_write(const kiln_graph *g, kiln_engine_writer *w, uint64_t *size, kiln_error *err) {
     enum { CHUNK = 1 << 20 }; /* elements converted per write */
     uint8_t *buf = malloc((size_t)CHUNK * 4);
@@ -291,14 +324,9 @@ kiln_status kiln_weights_write(const kiln_graph *g, kiln_engine_writer *w, uint6
         if (pad && (st = kiln_engine_writer_write(w, zeros, pad, err)) != KILN_OK) break;
         offset += pad;
         uint64_t count = weight_bytes(val) / (uint64_t)kiln_dtype_size(val->dtype);
-        const uint8_t *src = val->src;
-        size_t ss = (size_t)kiln_dtype_size(val->src_dtype), ds = (size_t)kiln_dtype_size(val->dtype);
-        for (uint64_t i = 0; i < count && st == KILN_OK; i += CHUNK) {
-            size_t m = (size_t)(count - i < CHUNK ? count - i : CHUNK);
-            st = kiln_weight_convert(val, i, src + i * ss, buf, m, err);
-            if (st == KILN_OK) st = kiln_engine_writer_write(w, buf, m * ds, err);
-        }
-        offset += count * ds;
+        st = val->pack != KILN_PACK_NONE ? write_packed(g, val, buf, CHUNK, w, err)
+                                         : write_elements(val, 0, count, buf, CHUNK, w, err);
+        offset += weight_bytes(val);
     }
     free(buf);
     if (size) *size = offset;

@@ -52,6 +52,11 @@ typedef enum kiln_op_kind {
     KILN_OP_GATE_UP_SWIGLU = 11,/* in: x, Wgate, Wup          out: silu(x Wgate^T) * (x Wup^T) */
     KILN_OP_LINEAR_ADD = 12,    /* in: x[B,S,K], W[N,K], r[B,S,N]   out: r + x W^T (the residual add folded
                                    into the projection: o_proj, down_proj) */
+    /* ops over weights a pass packed into their final layout (pack-weights) */
+    KILN_OP_QKV_ROPE_PACKED = 13,     /* in: x, Wqkv [(Hq+2Hkv)*hd, K] = [Wq; Wk; Wv], positions
+                                         out: as qkv_rope */
+    KILN_OP_GATE_UP_SWIGLU_PACKED = 14, /* in: x, Wgu [2F, K], row 2f = gate_f, row 2f+1 = up_f
+                                           out: as gate_up_swiglu */
     KILN_OP_COUNT_
 } kiln_op_kind;
 

@@ -12,7 +12,8 @@
 int kiln_op_n_out(kiln_op_kind k) {
     switch (k) {
     case KILN_OP_ADD_RMSNORM: return 2;
-    case KILN_OP_QKV_ROPE: return 3;
+    case KILN_OP_QKV_ROPE:
+    case KILN_OP_QKV_ROPE_PACKED: return 3;
     default: return 1;
     }
 }
@@ -26,10 +27,12 @@ int kiln_op_n_in(kiln_op_kind k) {
     case KILN_OP_LINEAR:
     case KILN_OP_ROPE:
     case KILN_OP_MUL:
-    case KILN_OP_LM_HEAD: return 2;
+    case KILN_OP_LM_HEAD:
+    case KILN_OP_GATE_UP_SWIGLU_PACKED: return 2;
     case KILN_OP_ADD_RMSNORM:
     case KILN_OP_GATE_UP_SWIGLU:
-    case KILN_OP_LINEAR_ADD: return 3;
+    case KILN_OP_LINEAR_ADD:
+    case KILN_OP_QKV_ROPE_PACKED: return 3;
     case KILN_OP_ATTENTION: return 4;
     case KILN_OP_QKV_ROPE: return 5;
     default: return -1;
@@ -201,6 +204,28 @@ int kiln_op_infer(kiln_op_kind kind, const kiln_tensor_desc *in, int n_in, const
         make_act(&out[0], nq);
         make_act(&out[1], nk);
         make_act(&out[2], nv);
+        return KILN_OK;
+    }
+    case KILN_OP_QKV_ROPE_PACKED: {
+        int64_t n = check_matmul(opn, &in[0], &in[1], err);
+        if (n < 0) return KILN_ERR_VERIFY;
+        if (!is_tokens(&in[2])) return BAD("qkv_rope_packed: positions %%%d must be [B,S] i32", in[2].id);
+        if (!check_heads(opn, a, err)) return KILN_ERR_VERIFY;
+        if (!(a->rope_theta > 0)) return BAD("qkv_rope_packed: theta must be > 0");
+        int64_t nq = (int64_t)a->n_heads * a->head_dim, nk = (int64_t)a->n_kv_heads * a->head_dim;
+        if (n != nq + 2 * nk)
+            return BAD("qkv_rope_packed: weight %s has %lld rows, heads %d + 2 x %d of %d need %lld", nm(&in[1]),
+                       (long long)n, a->n_heads, a->n_kv_heads, a->head_dim, (long long)(nq + 2 * nk));
+        make_act(&out[0], nq);
+        make_act(&out[1], nk);
+        make_act(&out[2], nk);
+        return KILN_OK;
+    }
+    case KILN_OP_GATE_UP_SWIGLU_PACKED: {
+        int64_t n = check_matmul(opn, &in[0], &in[1], err);
+        if (n < 0) return KILN_ERR_VERIFY;
+        if (n % 2) return BAD("gate_up_swiglu_packed: weight %s has an odd row count %lld", nm(&in[1]), (long long)n);
+        make_act(&out[0], n / 2);
         return KILN_OK;
     }
     case KILN_OP_GATE_UP_SWIGLU: {

@@ -85,7 +85,8 @@ static kiln_status check_model(const json_t *model, const kiln_plan *p, kiln_err
     }
     for (uint32_t i = 0; i < p->n_ops; i++) {
         const kiln_plan_op *op = &p->ops[i];
-        if (op->kind != KILN_OP_ATTENTION && op->kind != KILN_OP_QKV_ROPE) continue;
+        if (op->kind != KILN_OP_ATTENTION && op->kind != KILN_OP_QKV_ROPE && op->kind != KILN_OP_QKV_ROPE_PACKED)
+            continue;
         if (op->attrs.n_heads != heads || op->attrs.n_kv_heads != p->n_kv_heads || op->attrs.head_dim != p->head_dim) {
             kiln_err(err, KILN_ERR_FORMAT, "plan op %u (%s) has %d heads, %d KV heads, head_dim %d but meta model says "
                      "%lld, %d, %d", i, kiln_op_name((kiln_op_kind)op->kind), op->attrs.n_heads, op->attrs.n_kv_heads,

@@ -59,6 +59,31 @@ int kiln_ir_weight(kiln_graph *g, const char *name, kiln_dtype dt, int ndim, con
     return add_value(g, &v, err);
 }
 
+int kiln_ir_weight_packed(kiln_graph *g, const char *name, kiln_pack pack, const int *parts, int n_parts,
+                          kiln_error *err) {
+    if (n_parts < 2 || n_parts > KILN_MAX_PACK || (pack != KILN_PACK_CONCAT_ROWS && pack != KILN_PACK_INTERLEAVE_ROWS) ||
+        (pack == KILN_PACK_INTERLEAVE_ROWS && n_parts != 2)) {
+        kiln_err(err, KILN_ERR_VERIFY, "packed weight %s: %d parts, pack %d", name, n_parts, (int)pack);
+        return -1;
+    }
+    const kiln_value *p0 = &g->values[parts[0]];
+    kiln_value v = {.kind = KILN_VALUE_WEIGHT, .dtype = p0->dtype, .ndim = 2, .producer = -1, .slot = -1,
+                    .pack = pack, .n_parts = n_parts};
+    v.shape[1] = p0->shape[1];
+    for (int i = 0; i < n_parts; i++) {
+        const kiln_value *p = &g->values[parts[i]];
+        if (p->kind != KILN_VALUE_WEIGHT || p->ndim != 2 || p->shape[1] != p0->shape[1] || p->dtype != p0->dtype ||
+            p->pack != KILN_PACK_NONE || (pack == KILN_PACK_INTERLEAVE_ROWS && p->shape[0] != p0->shape[0])) {
+            kiln_err(err, KILN_ERR_VERIFY, "packed weight %s: part %s does not match %s", name, p->name, p0->name);
+            return -1;
+        }
+        v.parts[i] = parts[i];
+        v.shape[0] += p->shape[0];
+    }
+    set_name(&v, name);
+    return add_value(g, &v, err);
+}
+
 /* ---- shape inference: see common/op_infer.c ---- */
 
 kiln_status kiln_ir_infer(const kiln_graph *g, kiln_op_kind kind, const int *in, int n_in,

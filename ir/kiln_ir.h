@@ -33,6 +33,13 @@ typedef enum kiln_value_kind {
 
 #define KILN_NAME_MAX 128
 
+typedef enum kiln_pack {
+    KILN_PACK_NONE = 0,
+    KILN_PACK_CONCAT_ROWS = 1,     /* [part 0; part 1; ...] */
+    KILN_PACK_INTERLEAVE_ROWS = 2, /* row r of every part in turn: 2 parts of R rows → row 2r, 2r + 1 */
+} kiln_pack;
+#define KILN_MAX_PACK 3
+
 typedef struct kiln_value {
     kiln_value_kind kind;
     kiln_dtype dtype;
@@ -45,6 +52,11 @@ typedef struct kiln_value {
     /* weights only: where the bytes come from (owned by the front end) */
     const void *src;
     kiln_dtype src_dtype;
+    /* weights a pass packed from others (pack-weights): rows of the parts, concatenated or interleaved;
+     * src is NULL, the parts (live or not) keep theirs */
+    kiln_pack pack;
+    int n_parts;
+    int parts[KILN_MAX_PACK];
 } kiln_value;
 
 typedef struct kiln_op {
@@ -81,6 +93,10 @@ void kiln_graph_free(kiln_graph *g);
 int kiln_ir_input(kiln_graph *g, const char *name, kiln_dtype dt, int ndim, const int64_t *shape, kiln_error *err);
 int kiln_ir_weight(kiln_graph *g, const char *name, kiln_dtype dt, int ndim, const int64_t *shape,
                    const void *src, kiln_dtype src_dt, kiln_error *err);
+/* A weight packed from the 2-D weights `parts` (same columns and dtype; the same rows to interleave),
+ * named `name`; returns its id or -1. */
+int kiln_ir_weight_packed(kiln_graph *g, const char *name, kiln_pack pack, const int *parts, int n_parts,
+                          kiln_error *err);
 /* Append an op; output shapes and dtypes are inferred from the kind and the
  * inputs (kiln_ir_infer). `out_ids` receives the n_out new value ids.
  * Returns the op index, or -1. */

@@ -42,7 +42,8 @@ static void print_attrs(const kiln_op *op, FILE *f) {
     case KILN_OP_ADD_RMSNORM: fprintf(f, " eps=%g", a->eps); break;
     case KILN_OP_ROPE:
     case KILN_OP_QKV_ROPE:
-        if (op->kind == KILN_OP_QKV_ROPE) fprintf(f, " kv_heads=%d", a->n_kv_heads);
+    case KILN_OP_QKV_ROPE_PACKED:
+        if (op->kind != KILN_OP_ROPE) fprintf(f, " kv_heads=%d", a->n_kv_heads);
         fprintf(f, " heads=%d head_dim=%d theta=%g", a->n_heads, a->head_dim, a->rope_theta);
         if (a->rope_scaling == KILN_ROPE_SCALING_LLAMA3)
             fprintf(f, " llama3(factor=%g,low=%g,high=%g,orig=%g)", a->rope_factor, a->rope_low_freq_factor,

@@ -148,6 +148,43 @@ int kiln_pass_fuse_linear_residual(kiln_graph *g, kiln_error *err) {
     return n;
 }
 
+/* The packed weight's name: `from` with `part` (e.g. "q_proj") replaced by `with` ("qkv_proj"), else
+ * `from` + "+packed". */
+static void packed_name(char out[KILN_NAME_MAX], const char *from, const char *part, const char *with) {
+    const char *at = strstr(from, part);
+    if (at && strlen(from) - strlen(part) + strlen(with) < KILN_NAME_MAX)
+        snprintf(out, KILN_NAME_MAX, "%.*s%s%s", (int)(at - from), from, with, at + strlen(part));
+    else
+        snprintf(out, KILN_NAME_MAX, "%.*s+packed", KILN_NAME_MAX - 8, from);
+}
+
+/* pack-weights: the weights of qkv_rope and gate_up_swiglu into the layout their GPU kernels read,
+ * once, at compile time: [Wq; Wk; Wv] rows (qkv_rope_packed) and gate/up rows interleaved
+ * (gate_up_swiglu_packed), so that loading weights is a copy. */
+int kiln_pass_pack_weights(kiln_graph *g, kiln_error *err) {
+    int n = 0;
+    for (int i = 0; i < g->n_ops; i++) {
+        kiln_op op = g->ops[i];
+        if (op.dead || (op.kind != KILN_OP_QKV_ROPE && op.kind != KILN_OP_GATE_UP_SWIGLU)) continue;
+        const bool qkv = op.kind == KILN_OP_QKV_ROPE;
+        char name[KILN_NAME_MAX];
+        packed_name(name, g->values[op.in[1]].name, qkv ? "q_proj" : "gate_proj", qkv ? "qkv_proj" : "gate_up_proj");
+        int w = kiln_ir_weight_packed(g, name, qkv ? KILN_PACK_CONCAT_ROWS : KILN_PACK_INTERLEAVE_ROWS, op.in + 1,
+                                      qkv ? 3 : 2, err);
+        if (w < 0) return -1;
+        int in[3] = {op.in[0], w, qkv ? op.in[4] : -1};
+        int outs[3];
+        if (kiln_ir_op_at(g, i, qkv ? KILN_OP_QKV_ROPE_PACKED : KILN_OP_GATE_UP_SWIGLU_PACKED, in, qkv ? 3 : 2,
+                          &op.attrs, g->values[op.out[0]].name, outs, err) < 0)
+            return -1;
+        for (int k = 0; k < op.n_out; k++) kiln_ir_replace_uses(g, op.out[k], outs[k]);
+        g->ops[i + 1].dead = true;
+        i++;
+        n++;
+    }
+    return n;
+}
+
 /* decode-attention-rope: attention over a qkv_rope's q, k, v rotates them and writes the KV cache
  * itself when a step decodes (KILN_FLAG_DECODE_ROPE). */
 int kiln_pass_decode_attention_rope(kiln_graph *g, kiln_error *err) {
@@ -157,6 +194,7 @@ int kiln_pass_decode_attention_rope(kiln_graph *g, kiln_error *err) {
         kiln_op *at = &g->ops[i];
         if (at->dead || at->kind != KILN_OP_ATTENTION || (at->attrs.flags & KILN_FLAG_DECODE_ROPE)) continue;
         const kiln_op *q = producer(g, at->in[0], KILN_OP_QKV_ROPE);
+        if (!q) q = producer(g, at->in[0], KILN_OP_QKV_ROPE_PACKED);
         if (!q || q->out[0] != at->in[0] || q->out[1] != at->in[1] || q->out[2] != at->in[2]) continue;
         at->attrs.flags |= KILN_FLAG_DECODE_ROPE;
         n++;
@@ -191,7 +229,8 @@ int kiln_pass_fold_norm_into_gemv(kiln_graph *g, kiln_error *err) {
         if (j == g->n_ops) continue;
         const kiln_op *nx = &g->ops[j];
         bool proj = nx->kind == KILN_OP_LINEAR || nx->kind == KILN_OP_LINEAR_ADD || nx->kind == KILN_OP_QKV_ROPE ||
-                    nx->kind == KILN_OP_GATE_UP_SWIGLU || nx->kind == KILN_OP_LM_HEAD;
+                    nx->kind == KILN_OP_GATE_UP_SWIGLU || nx->kind == KILN_OP_LM_HEAD ||
+                    nx->kind == KILN_OP_QKV_ROPE_PACKED || nx->kind == KILN_OP_GATE_UP_SWIGLU_PACKED;
         if (!proj || nx->in[0] != rn->out[0] || kiln_ir_use_count(g, rn->out[0]) != 1) continue;
         rn->attrs.flags |= KILN_FLAG_FOLD_INTO_GEMV;
         n++;

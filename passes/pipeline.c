@@ -15,6 +15,9 @@ static const kiln_pass pipeline[] = {
     {"fuse-linear-residual", "add_rmsnorm(linear(h), r) → rmsnorm(linear_add(h, W, r)): the projection adds into "
                              "the residual stream",
      kiln_pass_fuse_linear_residual, true},
+    {"pack-weights", "qkv_rope and gate_up_swiglu weights into the GPU's layout at compile time: [Wq; Wk; Wv] and "
+                     "gate/up rows interleaved (the _packed ops)",
+     kiln_pass_pack_weights, true},
     {"decode-attention-rope", "attention after qkv_rope rotates q, k and writes the KV cache itself at decode "
                               "(+decode_rope)",
      kiln_pass_decode_attention_rope, true},

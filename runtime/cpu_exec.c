@@ -324,6 +324,30 @@ kiln_status kiln_cpu_forward(kiln_cpu_ctx *c, const int32_t *tokens, int n, bool
             rope(act(c, o[1]), c->positions, n, a->n_kv_heads, a->head_dim, inv);
             break;
         }
+        case KILN_OP_QKV_ROPE_PACKED: {
+            /* W = [Wq; Wk; Wv]: each output from its rows of W, the same products as unpacked */
+            int64_t k = width(c, in[0]), nq = width(c, o[0]), nk = width(c, o[1]);
+            const float *x = act(c, in[0]), *w = wt(c, in[1]);
+            matmul(c, x, w, act(c, o[0]), n, k, nq);
+            matmul(c, x, w + nq * k, act(c, o[1]), n, k, nk);
+            matmul(c, x, w + (nq + nk) * k, act(c, o[2]), n, k, nk);
+            rope_inv_freq(a, inv);
+            rope(act(c, o[0]), c->positions, n, a->n_heads, a->head_dim, inv);
+            rope(act(c, o[1]), c->positions, n, a->n_kv_heads, a->head_dim, inv);
+            break;
+        }
+        case KILN_OP_GATE_UP_SWIGLU_PACKED: {
+            /* rows interleaved (gate_f, up_f): all 2F products, then silu(gate) * up */
+            int64_t k = width(c, in[0]), f = width(c, o[0]);
+            float *g = act(c, o[0]);
+            float *t = malloc((size_t)(n * 2 * f) * sizeof *t);
+            if (!t) return kiln_err(err, KILN_ERR_NOMEM, "forward: out of memory");
+            matmul(c, act(c, in[0]), wt(c, in[1]), t, n, k, 2 * f);
+            for (int64_t r = 0; r < n; r++)
+                for (int64_t e = 0; e < f; e++) g[r * f + e] = silu(t[r * 2 * f + 2 * e]) * t[r * 2 * f + 2 * e + 1];
+            free(t);
+            break;
+        }
         case KILN_OP_GATE_UP_SWIGLU: {
             /* gate into the output, up into a scratch row block, then combine */
             int64_t k = width(c, in[0]), f = width(c, o[0]);

@@ -108,7 +108,7 @@ static kiln_status check_ops(const kiln_plan *p, kiln_error *err) {
             err->code = st = KILN_ERR_FORMAT;
             break;
         }
-        if ((op->kind == KILN_OP_ATTENTION || op->kind == KILN_OP_QKV_ROPE) &&
+        if ((op->kind == KILN_OP_ATTENTION || op->kind == KILN_OP_QKV_ROPE || op->kind == KILN_OP_QKV_ROPE_PACKED) &&
             (op->attrs.n_kv_heads != p->n_kv_heads || op->attrs.head_dim != p->head_dim ||
              (op->kind == KILN_OP_ATTENTION && op->attrs.layer >= p->n_layers))) {
             st = BAD("op %u (%s) does not match the model's KV cache (layer %d, kv heads %d, head_dim %d)", i,

@@ -78,13 +78,11 @@
  * the memory left after the weights and an explicit KV pool (choose_step). */
 #define CX_DEFAULT_STEP 8192
 
-typedef enum { DW_PLAIN, DW_QKV, DW_GATE_UP } dw_kind;
-
-/* A weight tensor on the device: one plan weight, or a fused group. */
+/* A weight tensor on the device: one plan weight, in the layout the compiler gave it (pack-weights
+ * packed QKV and gate/up), converted to the device's element type on the way up. */
 typedef struct cx_dw {
-    dw_kind kind;
-    int src[3];          /* plan weight indices (1 for plain, 3 for qkv, 2 for gate/up) */
-    int64_t rows, cols;  /* device shape */
+    int src;             /* plan weight index */
+    int64_t rows, cols;  /* device shape (a vector is one row) */
     uint64_t offset;     /* in the device weights buffer, 256-aligned */
 } cx_dw;
 
@@ -276,13 +274,9 @@ static kiln_status launch(cx *x, CUfunction f, unsigned gx, unsigned gy, unsigne
 
 /* ---- the device weight layout ---- */
 
-static int dw_add(cx *x, dw_kind kind, const int *src, int n_src, kiln_error *err) {
-    for (int i = 0; i < x->n_dw; i++) {
-        const cx_dw *d = &x->dw[i];
-        if (d->kind == kind && d->src[0] == src[0] && (n_src < 2 || d->src[1] == src[1]) &&
-            (n_src < 3 || d->src[2] == src[2]))
-            return i;
-    }
+static int dw_add(cx *x, int src, kiln_error *err) {
+    for (int i = 0; i < x->n_dw; i++)
+        if (x->dw[i].src == src) return i;
     if (x->n_dw == x->cap_dw) {
         int cap = x->cap_dw ? 2 * x->cap_dw : 64;
         cx_dw *n = realloc(x->dw, (size_t)cap * sizeof *n);
@@ -293,29 +287,17 @@ static int dw_add(cx *x, dw_kind kind, const int *src, int n_src, kiln_error *er
         x->dw = n;
         x->cap_dw = cap;
     }
-    cx_dw *d = &x->dw[x->n_dw];
-    memset(d, 0, sizeof *d);
-    d->kind = kind;
-    d->src[0] = d->src[1] = d->src[2] = -1;
-    const kiln_plan_weight *w0 = &x->p->weights[src[0]];
-    d->cols = w0->ndim == 2 ? w0->shape[1] : w0->shape[0];
-    for (int i = 0; i < n_src; i++) {
-        const kiln_plan_weight *w = &x->p->weights[src[i]];
-        int64_t rows = w->ndim == 2 ? w->shape[0] : 1, cols = w->ndim == 2 ? w->shape[1] : w->shape[0];
-        if (cols != d->cols) {
-            kiln_err(err, KILN_ERR_FORMAT, "cuda executor: weights '%s' and '%s' have %lld and %lld columns", w0->name,
-                     w->name, (long long)d->cols, (long long)cols);
-            return -1;
-        }
-        d->src[i] = src[i];
-        d->rows += rows;
-    }
+    const kiln_plan_weight *w = &x->p->weights[src];
+    x->dw[x->n_dw] = (cx_dw){.src = src,
+                             .rows = w->ndim == 2 ? w->shape[0] : 1,
+                             .cols = w->ndim == 2 ? w->shape[1] : w->shape[0]};
     return x->n_dw++;
 }
 
 static int64_t dw_bytes(const cx *x, const cx_dw *d) { return d->rows * d->cols * x->es; }
 
-/* The upload pieces of every device weight, rows chunked to CX_UPLOAD_PIECE. */
+/* The upload pieces of every device weight, rows chunked to CX_UPLOAD_PIECE: a copy, with the
+ * element type converted where the engine's is not the device's. */
 static kiln_status upload_weights(cx *x, int threads, kiln_error *err) {
     kiln_upload_piece *pc = NULL;
     int n = 0, cap = 0;
@@ -323,37 +305,28 @@ static kiln_status upload_weights(cx *x, int threads, kiln_error *err) {
     kiln_status st = KILN_OK;
     for (int i = 0; i < x->n_dw; i++) {
         const cx_dw *d = &x->dw[i];
-        const int mult = d->kind == DW_GATE_UP ? 2 : 1;
-        const int n_src = d->kind == DW_PLAIN ? 1 : d->kind == DW_QKV ? 3 : 1; /* gate/up: one pass over pairs */
-        int64_t dst_row = 0;
-        for (int s = 0; s < n_src; s++) {
-            const kiln_plan_weight *w = &x->p->weights[d->src[s]];
-            const kiln_plan_weight *wb = d->kind == DW_GATE_UP ? &x->p->weights[d->src[1]] : NULL;
-            int64_t rows = w->ndim == 2 ? w->shape[0] : 1;
-            int64_t row_dst = d->cols * x->es * mult, row_src = d->cols * kiln_dtype_size((kiln_dtype)w->dtype);
-            if ((size_t)row_dst > buf) buf = (size_t)row_dst;
-            int64_t per = (int64_t)CX_UPLOAD_PIECE / row_dst;
-            if (per < 1) per = 1;
-            for (int64_t r0 = 0; r0 < rows; r0 += per) {
-                if (n == cap) {
-                    cap = cap ? 2 * cap : 1024;
-                    kiln_upload_piece *np = realloc(pc, (size_t)cap * sizeof *np);
-                    if (!np) {
-                        free(pc);
-                        return kiln_err(err, KILN_ERR_NOMEM, "cuda executor: out of memory");
-                    }
-                    pc = np;
+        const kiln_plan_weight *w = &x->p->weights[d->src];
+        int64_t row_dst = d->cols * x->es, row_src = d->cols * kiln_dtype_size((kiln_dtype)w->dtype);
+        if ((size_t)row_dst > buf) buf = (size_t)row_dst;
+        int64_t per = (int64_t)CX_UPLOAD_PIECE / row_dst;
+        if (per < 1) per = 1;
+        for (int64_t r0 = 0; r0 < d->rows; r0 += per) {
+            if (n == cap) {
+                cap = cap ? 2 * cap : 1024;
+                kiln_upload_piece *np = realloc(pc, (size_t)cap * sizeof *np);
+                if (!np) {
+                    free(pc);
+                    return kiln_err(err, KILN_ERR_NOMEM, "cuda executor: out of memory");
                 }
-                int64_t nr = rows - r0 < per ? rows - r0 : per;
-                pc[n++] = (kiln_upload_piece){
-                    .dst = x->dweights + d->offset + (uint64_t)((dst_row + r0 * mult) * d->cols * x->es),
-                    .a = x->m->weights + w->offset + r0 * row_src,
-                    .b = wb ? x->m->weights + wb->offset + r0 * row_src : NULL,
-                    .rows = nr,
-                    .cols = d->cols,
-                    .src_dtype = w->dtype};
+                pc = np;
             }
-            dst_row += rows * mult;
+            int64_t nr = d->rows - r0 < per ? d->rows - r0 : per;
+            pc[n++] = (kiln_upload_piece){.dst = x->dweights + d->offset + (uint64_t)(r0 * row_dst),
+                                          .a = x->m->weights + w->offset + r0 * row_src,
+                                          .b = NULL,
+                                          .rows = nr,
+                                          .cols = d->cols,
+                                          .src_dtype = w->dtype};
         }
     }
     double t0 = kiln_now();
@@ -512,10 +485,9 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             goto out;                                                                                 \
         }                                                                                             \
     } while (0)
-#define WDW(var, kind, n, w0, w1, w2)                                                                 \
+#define WDW(var, value)                                                                               \
     do {                                                                                              \
-        int src_[3] = {w0, w1, w2};                                                                   \
-        if ((var = dw_add(x, kind, src_, n, err)) < 0) {                                              \
+        if ((var = dw_add(x, p->values[value].weight, err)) < 0) {                                    \
             st = err->code;                                                                           \
             goto out;                                                                                 \
         }                                                                                             \
@@ -532,7 +504,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
                 goto out;
             }
             if (!(ins = emit(x, I_EMBED, (int)i, err))) goto nomem;
-            WDW(ins->dw, DW_PLAIN, 1, p->values[in[1]].weight, -1, -1);
+            WDW(ins->dw, in[1]);
             OUTBUF(o[0]);
             ins->y = vb[o[0]];
             break;
@@ -551,7 +523,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             ins->eps = a->eps;
             ins->fold = (a->flags & KILN_FLAG_FOLD_INTO_GEMV) && uses[yv] == 1; /* checked against the next
                                                                                    instruction below */
-            WDW(ins->dw, DW_PLAIN, 1, p->values[wv].weight, -1, -1);
+            WDW(ins->dw, wv);
             if (!add) {
                 ins->res = vb[in[0]];
             } else if (last[in[0]] == (int32_t)i && vb[in[0]] >= 0 && p->values[in[0]].kind == KILN_PV_ACT) {
@@ -587,7 +559,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
         }
         case KILN_OP_LINEAR: {
             int dw;
-            WDW(dw, DW_PLAIN, 1, p->values[in[1]].weight, -1, -1);
+            WDW(dw, in[1]);
             if (!(ins = emit(x, I_GEMM, (int)i, err))) goto nomem;
             ins->x = vb[in[0]];
             if ((st = gemm_setup(x, &ins->g, dw, EPI_PLAIN, err))) goto out;
@@ -599,7 +571,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             /* y = r + hW^T: the GEMM accumulates into r's buffer, which the sum takes over when r dies
              * here; else r is copied into y's own buffer first */
             int dw;
-            WDW(dw, DW_PLAIN, 1, p->values[in[1]].weight, -1, -1);
+            WDW(dw, in[1]);
             const int32_t r = in[2];
             if (vb[r] < 0) {
                 st = unsupported_op(x, i, "its residual is not an activation this executor holds", err);
@@ -621,18 +593,19 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             if ((st = gemm_setup(x, &ins->g, dw, EPI_PLAIN, err))) goto out;
             break;
         }
-        case KILN_OP_QKV_ROPE: {
+        case KILN_OP_QKV_ROPE:
+        case KILN_OP_GATE_UP_SWIGLU:
+            st = unsupported_op(x, i, "its weights are not packed into the GPU's layout", err);
+            kiln_err_hint(err, "compile the engine with the default passes (pass pack-weights packs them)");
+            goto out;
+        case KILN_OP_QKV_ROPE_PACKED: {
             for (int j = 0; j < 3; j++)
                 if (uses[o[j]] != 1) {
                     st = unsupported_op(x, i, "its q, k and v must feed exactly one attention op", err);
                     goto out;
                 }
             int dw;
-            WDW(dw, DW_QKV, 3, p->values[in[1]].weight, p->values[in[2]].weight, p->values[in[3]].weight);
-            if (x->dw[dw].rows != (int64_t)(a->n_heads + 2 * a->n_kv_heads) * a->head_dim) {
-                st = unsupported_op(x, i, "Wq, Wk, Wv do not have heads x head_dim rows", err);
-                goto out;
-            }
+            WDW(dw, in[1]); /* [Wq; Wk; Wv], packed by the compiler */
             if (!x->f_rope) {
                 const kiln_ksec_module *km = NULL;
                 if ((st = fn_get(x, "rope_kv", "kiln_rope_kv", &x->f_rope, &km, err))) goto out;
@@ -677,9 +650,9 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             qkv_op = qkv_inst = -1;
             break;
         }
-        case KILN_OP_GATE_UP_SWIGLU: {
+        case KILN_OP_GATE_UP_SWIGLU_PACKED: {
             int dw;
-            WDW(dw, DW_GATE_UP, 2, p->values[in[1]].weight, p->values[in[2]].weight, -1);
+            WDW(dw, in[1]); /* gate/up rows interleaved by the compiler */
             if (!(ins = emit(x, I_GEMM, (int)i, err))) goto nomem;
             ins->x = vb[in[0]];
             if ((st = gemm_setup(x, &ins->g, dw, EPI_SWIGLU, err))) goto out;
@@ -693,7 +666,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
                 goto out;
             }
             int dw;
-            WDW(dw, DW_PLAIN, 1, p->values[in[1]].weight, -1, -1);
+            WDW(dw, in[1]);
             if (!(ins = emit(x, I_LMHEAD, (int)i, err))) goto nomem;
             ins->x = vb[in[0]];
             if ((st = gemm_setup(x, &ins->g, dw, EPI_F32OUT, err))) goto out;
