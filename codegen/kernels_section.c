@@ -9,6 +9,11 @@
  *   exactly what was compiled, and the NVRTC cache key covers it). The
  *   runtime finds modules by name and launches them with the cfg numbers
  *   stored beside them; it never recomputes codegen's choices.
+ * - The source does not name its module, so modules whose #defines agree
+ *   have byte-identical text (a model's GEMVs: the defines are the launch
+ *   shape, not N and K; pycode-22m has 17 modules and 10 sources). The first
+ *   such module owns the source and its images; the later ones share it
+ *   (kiln_ksec.h). NVRTC compiles each distinct source once per SM.
  * - GEMV variants per weight shape follow docs/kernels.md's H200
  *   measurements: one token: tensor cores for 4096x4096-sized matrices,
  *   CUDA cores with 8 warps x 1 row x 4 in flight up to 8192 rows and
@@ -16,8 +21,8 @@
  *   LM head); 2..8 tokens: tensor cores, 16 warps,
  *   2 steps in flight for K >= 8192. f32 engines use the CUDA-core kernel
  *   (the tensor-core one is bf16 only).
- * - Jobs (module x target SM) go to a pool of threads; results land in
- *   fixed slots, so the section's bytes do not depend on timing.
+ * - Jobs (distinct source x target SM) go to a pool of threads; results land
+ *   in fixed slots, so the section's bytes do not depend on timing.
  */
 #include "kiln_kernels.h"
 
@@ -132,17 +137,8 @@ void kiln_kernel_target_name(const kiln_kernel_targets *t, int i, char *buf, siz
 
 #define MAX_MODULES 256
 
-typedef struct kmod {
-    char name[KILN_KSEC_NAME_MAX];
-    int32_t cfg[KILN_KSEC_CFG_N];
-    kiln_buf src;
-} kmod;
-
-typedef struct kset {
-    kmod mods[MAX_MODULES];
-    int n;
-    bool f32;
-} kset;
+typedef kiln_kernel_module kmod;
+typedef kiln_kernel_modules kset; /* mods: room for MAX_MODULES */
 
 static kmod *find_mod(kset *s, const char *name) {
     for (int i = 0; i < s->n; i++)
@@ -161,7 +157,7 @@ static kmod *new_mod(kset *s, const char *name, kiln_error *err, kiln_status *st
     kmod *m = &s->mods[s->n++];
     memset(m, 0, sizeof *m);
     snprintf(m->name, sizeof m->name, "%s", name);
-    kiln_buf_printf(&m->src, "/* kiln GPU module '%s' (codegen/kernels_section.c) */\n", name);
+    kiln_buf_printf(&m->src, "/* kiln GPU module (codegen/kernels_section.c) */\n");
     if (s->f32) kiln_buf_printf(&m->src, "#define KILN_F32 1\n");
     return m;
 }
@@ -360,6 +356,42 @@ static kiln_status plan_modules(const kiln_plan *p, int block_size, kset *s, kil
     return st;
 }
 
+/* Each module's owner: the first module with the same source text. */
+static void share_sources(kset *s) {
+    s->n_sources = 0;
+    for (int i = 0; i < s->n; i++) {
+        kmod *m = &s->mods[i];
+        m->owner = i;
+        for (int j = 0; j < i && m->owner == i; j++) {
+            const kmod *o = &s->mods[j];
+            if (o->owner == j && o->src.len == m->src.len && memcmp(o->src.data, m->src.data, m->src.len) == 0)
+                m->owner = j;
+        }
+        s->n_sources += m->owner == i;
+    }
+}
+
+void kiln_kernel_modules_free(kiln_kernel_modules *s) {
+    if (!s) return;
+    for (int i = 0; s->mods && i < s->n; i++) kiln_buf_free(&s->mods[i].src);
+    free(s->mods);
+    memset(s, 0, sizeof *s);
+}
+
+kiln_status kiln_kernels_modules(const kiln_plan *p, int kv_block_size, kiln_kernel_modules *s, kiln_error *err) {
+    memset(s, 0, sizeof *s);
+    int block_size = kv_block_size ? kv_block_size : 16;
+    kiln_status st = kiln_kernels_check_block_size(block_size, err);
+    if (st != KILN_OK) return st;
+    if (!(s->mods = calloc(MAX_MODULES, sizeof *s->mods))) return kiln_err(err, KILN_ERR_NOMEM, "kernels: out of memory");
+    if ((st = plan_modules(p, block_size, s, err)) != KILN_OK) {
+        kiln_kernel_modules_free(s);
+        return st;
+    }
+    share_sources(s);
+    return KILN_OK;
+}
+
 /* ---- NVRTC jobs ---- */
 
 typedef struct kjob {
@@ -404,29 +436,27 @@ kiln_status kiln_kernels_build(const kiln_plan *p, const kiln_kernel_targets *t,
     kiln_kernels_opts def = {0};
     if (!o) o = &def;
     int block_size = o->kv_block_size ? o->kv_block_size : 16;
-    kiln_status bst = kiln_kernels_check_block_size(block_size, err);
-    if (bst != KILN_OK) return bst;
+    kiln_status st = kiln_kernels_check_block_size(block_size, err);
+    if (st != KILN_OK) return st;
     if (t->n_cubin + t->n_ptx == 0)
         return kiln_err(err, KILN_ERR_INVALID_ARG, "kernels: no targets (--target none makes no kernels section)");
-    kset *s = calloc(1, sizeof *s);
+    kset ks, *s = &ks;
     kjob *jobs = NULL;
     int n_jobs = 0;
-    kiln_status st = KILN_OK;
-    if (!s) return kiln_err(err, KILN_ERR_NOMEM, "kernels: out of memory");
-    if ((st = plan_modules(p, block_size, s, err)) != KILN_OK) goto out;
+    if ((st = kiln_kernels_modules(p, block_size, s, err)) != KILN_OK) return st;
 
-    /* one job per (module, SM): the cubin when sm_SM is a target, PTX when compute_SM is */
+    /* one job per (distinct source, SM): the cubin when sm_SM is a target, PTX when compute_SM is */
     int sms[2 * KILN_MAX_TARGETS], n_sms = 0;
     for (int i = 0; i < t->n_cubin; i++) sms[n_sms++] = t->cubin_sm[i];
     for (int i = 0; i < t->n_ptx; i++) sms[n_sms++] = t->ptx_sm[i];
     sort_unique(sms, &n_sms);
-    jobs = calloc((size_t)s->n * (size_t)n_sms, sizeof *jobs);
+    jobs = calloc((size_t)s->n_sources * (size_t)n_sms, sizeof *jobs);
     if (!jobs) {
         st = kiln_err(err, KILN_ERR_NOMEM, "kernels: out of memory");
         goto out;
     }
     for (int mi = 0; mi < s->n; mi++)
-        for (int k = 0; k < n_sms; k++) {
+        for (int k = 0; k < n_sms && s->mods[mi].owner == mi; k++) {
             kjob *j = &jobs[n_jobs++];
             j->m = &s->mods[mi];
             j->sm = sms[k];
@@ -456,7 +486,7 @@ kiln_status kiln_kernels_build(const kiln_plan *p, const kiln_kernel_targets *t,
             goto out;
         }
 
-    /* the section: header, module table, image table, data (sources, then images) */
+    /* the section: header, module table, image table, data (owned sources, then images) */
     int n_images = 0;
     for (int i = 0; i < n_jobs; i++) n_images += jobs[i].cubin + jobs[i].ptx;
     size_t tables = KILN_KSEC_HEADER_SIZE + (size_t)s->n * KILN_KSEC_MODULE_SIZE + (size_t)n_images * KILN_KSEC_IMAGE_SIZE;
@@ -477,8 +507,13 @@ kiln_status kiln_kernels_build(const kiln_plan *p, const kiln_kernel_targets *t,
         uint8_t *r = out->data + KILN_KSEC_HEADER_SIZE + (size_t)mi * KILN_KSEC_MODULE_SIZE;
         put_name(r, s->mods[mi].name, KILN_KSEC_NAME_MAX);
         for (int c = 0; c < KILN_KSEC_CFG_N; c++) kiln_wr_u32(r + 48 + 4 * c, (uint32_t)s->mods[mi].cfg[c]);
+        if (s->mods[mi].owner != mi) { /* offset and length stay 0 */
+            kiln_wr_u32(r + 96, (uint32_t)s->mods[mi].owner);
+            continue;
+        }
         kiln_wr_u64(r + 80, data.len);
         kiln_wr_u64(r + 88, s->mods[mi].src.len);
+        kiln_wr_u32(r + 96, KILN_KSEC_OWN);
         kiln_buf_append(&data, s->mods[mi].src.data, s->mods[mi].src.len);
     }
     int im = 0;
@@ -509,8 +544,6 @@ out:
         kiln_buf_free(&jobs[i].ptx_out);
     }
     free(jobs);
-    if (s)
-        for (int i = 0; i < s->n; i++) kiln_buf_free(&s->mods[i].src);
-    free(s);
+    kiln_kernel_modules_free(s);
     return st;
 }

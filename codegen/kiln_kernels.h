@@ -9,10 +9,12 @@
  * "default" = sm_80,sm_86,sm_89,sm_90,compute_90; "none" = no kernels (the
  * engine still runs on the CPU executor).
  *
- * Compilation runs NVRTC jobs (module x target) on a pool of threads; the
- * NVRTC cache (codegen/kiln_nvrtc.h) makes a second compile of the same
- * model nearly free. The result is deterministic: the same plan and
- * targets give the same bytes.
+ * Modules whose source text is identical (a model's GEMVs often differ
+ * only in name) share one stored source and one set of images, so
+ * compilation runs one NVRTC job per (distinct source x target SM) on a
+ * pool of threads; the NVRTC cache (codegen/kiln_nvrtc.h) makes a second
+ * compile of the same model nearly free. The result is deterministic: the
+ * same plan and targets give the same bytes.
  */
 #ifndef KILN_KERNELS_H
 #define KILN_KERNELS_H
@@ -21,6 +23,7 @@
 
 #include "../common/kiln_util.h"
 #include "../runtime/kiln_plan.h"
+#include "../runtime/cuda/kiln_ksec.h"
 
 #define KILN_MAX_TARGETS 16
 #define KILN_KERNELS_MIN_SM 80    /* cp.async, ldmatrix and bf16 mma.sync (kernels/) */
@@ -45,6 +48,27 @@ kiln_status kiln_kernels_check_block_size(int block_size, kiln_error *err);
 /* The i-th target's name ("sm_90", "compute_90"), cubins first; i < n_cubin + n_ptx. */
 void kiln_kernel_target_name(const kiln_kernel_targets *t, int i, char *buf, size_t cap);
 
+/* One GPU module a plan needs, as codegen writes it for NVRTC. */
+typedef struct kiln_kernel_module {
+    char name[KILN_KSEC_NAME_MAX]; /* what the runtime finds it by */
+    int32_t cfg[KILN_KSEC_CFG_N];  /* its launch parameters (kiln_ksec.h) */
+    kiln_buf src;                  /* its CUDA C: #defines, then the template's #include */
+    int owner; /* the first module with byte-identical src (whose source and images it shares); its own index if none */
+} kiln_kernel_module;
+
+typedef struct kiln_kernel_modules {
+    kiln_kernel_module *mods; /* in the section's order */
+    int n;
+    int n_sources; /* modules that own their source: what NVRTC compiles, per target SM */
+    bool f32;      /* built for f32 (every weight is f32), else bf16 */
+} kiln_kernel_modules;
+
+/* The modules a checked plan needs with a KV block size (0 = 16), their
+ * sources and who shares whose. Needs no NVRTC. Errors as kiln_kernels_build's
+ * for the plan's constants. Free with kiln_kernel_modules_free. */
+kiln_status kiln_kernels_modules(const kiln_plan *p, int kv_block_size, kiln_kernel_modules *out, kiln_error *err);
+void kiln_kernel_modules_free(kiln_kernel_modules *m);
+
 typedef struct kiln_kernels_opts {
     int threads;        /* NVRTC jobs at once (0 = one per core) */
     int kv_block_size;  /* tokens per KV block (0 = 16) */
@@ -56,7 +80,7 @@ typedef struct kiln_kernels_opts {
  * (KILN_ERR_UNSUPPORTED in builds without CUDA); a plan whose constants the
  * kernels cannot take (e.g. a head_dim they do not support) gives
  * KILN_ERR_UNSUPPORTED naming the constant. NVRTC errors carry the module
- * name, the target and NVRTC's log. */
+ * name (the first of those sharing the source), the target and NVRTC's log. */
 kiln_status kiln_kernels_build(const kiln_plan *p, const kiln_kernel_targets *t, const kiln_kernels_opts *o,
                                kiln_buf *out, kiln_error *err);
 

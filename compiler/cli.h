@@ -36,7 +36,8 @@ bool kiln_cli_parse_ids(const char *s, int32_t **ids, int *n);
 /* What `kiln inspect` found in the kernels section (present = false: none). */
 typedef struct kiln_inspect_kernels {
     bool present;
-    int n_modules, n_images, block_size, elem; /* elem: KILN_KSEC_ELEM_* */
+    int n_modules, n_sources, n_images, block_size, elem; /* n_sources: distinct (modules owning theirs);
+                                                           * elem: KILN_KSEC_ELEM_* */
 } kiln_inspect_kernels;
 struct kiln_model;
 /* inspect's cross-checks of an opened engine (compiler/cmd_inspect.c): the

@@ -236,7 +236,8 @@ static kiln_status check_kernels(const json_t *meta, const kiln_model *m, kiln_i
     kiln_ksec k;
     if ((st = kiln_ksec_parse(d, size, &k, err)) == KILN_OK) {
         st = check_targets(meta, &k, err);
-        *out = (kiln_inspect_kernels){.present = true, .n_modules = k.n_modules, .n_images = k.n_images,
+        *out = (kiln_inspect_kernels){.present = true, .n_modules = k.n_modules, .n_sources = k.n_sources,
+                                      .n_images = k.n_images,
                                       .block_size = k.block_size, .elem = k.elem};
         kiln_ksec_free(&k);
     }
@@ -378,7 +379,8 @@ static void print_targets(const json_t *meta, const kiln_inspect_kernels *k) {
     json_array_foreach(tg, i, t) printf("%s%s", i ? ", " : " ", json_string_value(t));
     if (json_array_size(tg) == 0) printf(" none (CPU only)");
     if (k->present)
-        printf("\nkernels: %d modules, %d images, element %s, KV block size %d tokens\n", k->n_modules, k->n_images,
+        printf("\nkernels: %d modules (%d distinct source%s), %d images, element %s, KV block size %d tokens\n",
+               k->n_modules, k->n_sources, k->n_sources == 1 ? "" : "s", k->n_images,
                k->elem == KILN_KSEC_ELEM_F32 ? "f32" : "bf16", k->block_size);
     else
         printf("\nkernels: none (so no GPU KV block size)\n");
@@ -425,8 +427,8 @@ static void add_json_extras(json_t *meta, const char *path, const kiln_model *m,
     json_object_set_new(meta, "file", json_string(path));
     json_object_set_new(meta, "file_bytes", json_integer((json_int_t)m->engine.size));
     json_object_set_new(meta, "weights_dtype", json_string(wdtype));
-    json_object_set_new(meta, "kernels", k->present ? json_pack("{s:i, s:i, s:s, s:i}", "modules", k->n_modules,
-                                                                "images", k->n_images, "element",
+    json_object_set_new(meta, "kernels", k->present ? json_pack("{s:i, s:i, s:i, s:s, s:i}", "modules", k->n_modules,
+                                                                "sources", k->n_sources, "images", k->n_images, "element",
                                                                 k->elem == KILN_KSEC_ELEM_F32 ? "f32" : "bf16",
                                                                 "kv_block_size", k->block_size)
                                                     : json_null());

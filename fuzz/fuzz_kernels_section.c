@@ -5,7 +5,9 @@
  * -DKILN_CUDA=OFF. Checks: OK or an error with a message; on OK every
  * module's source and every image lies inside the input (touched at both
  * ends, so ASan sees an overread), PTX ends in its NUL, every module is
- * found by its name, and the image counts add up.
+ * found by its name, a sharing module's owner is an earlier owner whose
+ * source and images it has, images belong to owners, and the image and
+ * source counts add up.
  * Seeds: fuzz/corpus/kernels_section/ (fuzz/data/make_ksec_seeds.py).
  *   ./fuzz_kernels_section -max_total_time=30 fuzz/corpus/kernels_section
  */
@@ -36,17 +38,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         free(copy);
         return 0;
     }
-    int images = 0;
+    int images = 0, sources = 0;
     for (int i = 0; i < k.n_modules; i++) {
         const kiln_ksec_module *m = &k.modules[i];
         if (!m->name[0] || kiln_ksec_find(&k, m->name) != m) abort();
         touch(m->source, m->source_len, copy, size);
-        images += m->n_images;
+        if (m->owner < 0 || m->owner > i) abort();
+        const kiln_ksec_module *o = &k.modules[m->owner];
+        if (o->owner != m->owner || o->source != m->source || o->source_len != m->source_len ||
+            o->n_images != m->n_images)
+            abort();
+        if (m->owner == i) images += m->n_images, sources++;
     }
-    if (images != k.n_images) abort();
+    if (images != k.n_images || sources != k.n_sources) abort();
     for (int i = 0; i < k.n_images; i++) {
         const kiln_ksec_image *im = &k.images[i];
         if (im->module < 0 || im->module >= k.n_modules || im->len == 0) abort();
+        if (k.modules[im->module].owner != im->module) abort();
         touch(im->data, im->len, copy, size);
         if (im->is_ptx && ((const uint8_t *)im->data)[im->len - 1] != 0) abort();
     }

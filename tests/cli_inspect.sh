@@ -144,7 +144,13 @@ if "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/tmk.kiln" --target sm_8
     >/dev/null 2>&1; then
     "$KILN" inspect "$T/tmk.kiln" >"$T/insp" 2>&1
     has "^targets: sm_80, compute_90$"
-    has "^kernels: [0-9]+ modules, [0-9]+ images, element bf16, KV block size 32 tokens"
+    has "^kernels: [0-9]+ modules \([0-9]+ distinct sources?\), [0-9]+ images, element bf16, KV block size 32 tokens"
+    "$KILN" inspect "$T/tmk.kiln" --json >"$T/insp.json"
+    python3 - "$T/insp.json" <<'PY' && ok || bad "inspect --json: kernels sources/images do not add up"
+import json, sys
+k = json.load(open(sys.argv[1]))["kernels"]
+assert 1 <= k["sources"] < k["modules"] and k["images"] == 2 * k["sources"], k  # GEMVs share; 2 targets
+PY
 else
     echo "SKIP: inspect of an engine with kernels (this kiln has no NVRTC)"
 fi

@@ -244,8 +244,29 @@ static void test_kernels_section(void) {
             KT_EQ_INT(ks.images[i].sm, 80);
         }
     }
-    KT_EQ_INT(cubins, ks.n_modules);
-    KT_EQ_INT(ptx, ks.n_modules);
+    /* one image per distinct source and target: the plain GEMVs (QKV 128x64, o 64x64, down 64x172) differ
+     * only in name, so they share one source and its images */
+    KT_EQ_INT(cubins, ks.n_sources);
+    KT_EQ_INT(ptx, ks.n_sources);
+    KT_CHECK(ks.n_sources < ks.n_modules && ks.n_images < 2 * ks.n_modules);
+    const kiln_ksec_module *qkv = kiln_ksec_find(&ks, "gemv.plain.128x64.m1"),
+                           *o_proj = kiln_ksec_find(&ks, "gemv.plain.64x64.m1");
+    KT_REQUIRE(qkv && o_proj);
+    KT_CHECK(o_proj->owner == qkv - ks.modules && o_proj->source == qkv->source && o_proj->n_images == 2);
+    /* every module name resolves to the source codegen made for it, with its own cfg */
+    kiln_kernel_modules km;
+    KT_REQUIRE(kiln_kernels_modules(m->plan, 16, &km, &err) == KILN_OK);
+    KT_EQ_INT(km.n, ks.n_modules);
+    KT_EQ_INT(km.n_sources, ks.n_sources);
+    for (int i = 0; i < km.n; i++) {
+        const kiln_ksec_module *e = kiln_ksec_find(&ks, km.mods[i].name);
+        KT_CHECKF(e && e->source_len == km.mods[i].src.len && memcmp(e->source, km.mods[i].src.data, e->source_len) == 0,
+                  "module '%s': the engine's source is not codegen's", km.mods[i].name);
+        KT_CHECKF(e && memcmp(e->cfg, km.mods[i].cfg, sizeof e->cfg) == 0, "module '%s': cfg differs", km.mods[i].name);
+        KT_CHECKF(e && strcmp(ks.modules[e->owner].name, km.mods[km.mods[i].owner].name) == 0,
+                  "module '%s': owner differs", km.mods[i].name);
+    }
+    kiln_kernel_modules_free(&km);
     /* damaged copies are refused with a message, never read out of bounds */
     uint8_t *bad = malloc(s->stored_size);
     memcpy(bad, d, s->stored_size);
@@ -266,8 +287,24 @@ static void test_kernels_section(void) {
     memcpy(bad, d, s->stored_size);
     kiln_wr_u32(bad + 4, KILN_KSEC_VERSION - 1);
     KT_EQ_INT(kiln_ksec_parse(bad, s->stored_size, &k2, &err), KILN_ERR_VERSION);
-    KT_CONTAINS(err.msg, "this runtime reads");
-    KT_CONTAINS(err.msg, "rebuild the engine with this kiln");
+    char want[96];
+    snprintf(want, sizeof want, "version %d, this runtime reads version %d only", KILN_KSEC_VERSION - 1,
+             KILN_KSEC_VERSION);
+    KT_CONTAINS(err.msg, want);
+    KT_CONTAINS(err.msg, "recompile the engine with this kiln");
+    /* a sharing module pointing out of range, at itself or forward is refused, naming it */
+    int o_at = (int)(o_proj - ks.modules);
+    size_t shares_at = KILN_KSEC_HEADER_SIZE + (size_t)o_at * KILN_KSEC_MODULE_SIZE + 96;
+    const uint32_t to[3] = {(uint32_t)ks.n_modules, (uint32_t)o_at, (uint32_t)ks.n_modules - 1};
+    const char *says[3] = {"out of range", "shares itself", "a later one"};
+    KT_REQUIRE(o_at < ks.n_modules - 1);
+    for (int c = 0; c < 3; c++) {
+        memcpy(bad, d, s->stored_size);
+        kiln_wr_u32(bad + shares_at, to[c]);
+        KT_EQ_INT(kiln_ksec_parse(bad, s->stored_size, &k2, &err), KILN_ERR_FORMAT);
+        KT_CONTAINS(err.msg, "'gemv.plain.64x64.m1' shares");
+        KT_CONTAINS(err.msg, says[c]);
+    }
     free(bad);
     kiln_ksec_free(&ks);
     kiln_model_close(m);
@@ -289,6 +326,81 @@ static void test_kernels_section(void) {
         KT_CONTAINS(err.msg, "no CUDA");
     }
     KT_CHECK(x == NULL);
+    kiln_model_close(m);
+}
+
+/* A section made by hand (no NVRTC): "a" owns its source and image, "b" shares
+ * it; each broken share is refused with a message naming the module. */
+static void put_module(uint8_t *r, const char *name, uint64_t off, uint64_t len, uint32_t shares) {
+    memcpy(r, name, strlen(name) + 1);
+    kiln_wr_u64(r + 80, off);
+    kiln_wr_u64(r + 88, len);
+    kiln_wr_u32(r + 96, shares);
+}
+
+static void test_ksec_shares(void) {
+    enum { NM = 3, NI = 1, TABLES = KILN_KSEC_HEADER_SIZE + NM * KILN_KSEC_MODULE_SIZE + NI * KILN_KSEC_IMAGE_SIZE };
+    uint8_t sec[TABLES + 32] = {0}, bad[sizeof sec];
+    memcpy(sec, KILN_KSEC_MAGIC, 4);
+    kiln_wr_u32(sec + 4, KILN_KSEC_VERSION);
+    kiln_wr_u32(sec + 8, NM);
+    kiln_wr_u32(sec + 12, NI);
+    kiln_wr_u32(sec + 20, 16);
+    uint8_t *mods = sec + KILN_KSEC_HEADER_SIZE, *img = mods + NM * KILN_KSEC_MODULE_SIZE;
+    memcpy(sec + TABLES, "// src", 6);                                  /* data 0..6: the source */
+    memcpy(sec + TABLES + 16, "\x7f" "ELF", 4);                         /* data 16..32: a cubin */
+    put_module(mods, "a", 0, 6, KILN_KSEC_OWN);
+    put_module(mods + KILN_KSEC_MODULE_SIZE, "b", 0, 0, 0);
+    put_module(mods + 2 * KILN_KSEC_MODULE_SIZE, "c", 0, 6, KILN_KSEC_OWN);
+    kiln_wr_u32(img + 4, 90);
+    kiln_wr_u64(img + 16, 16);
+    kiln_wr_u64(img + 24, 16);
+    kiln_ksec k;
+    kiln_error err = {0};
+    KT_REQUIRE(kiln_ksec_parse(sec, sizeof sec, &k, &err) == KILN_OK);
+    KT_EQ_INT(k.n_sources, 2);
+    const kiln_ksec_module *b = kiln_ksec_find(&k, "b");
+    KT_CHECK(b && b->owner == 0 && b->source == k.modules[0].source && b->source_len == 6 && b->n_images == 1);
+    KT_EQ_INT(k.modules[2].n_images, 0);
+    kiln_ksec_free(&k);
+
+    struct { int mod; uint32_t shares; uint64_t len; int img_mod; const char *says; } cases[] = {
+        {1, 3, 0, 0, "module 1 'b' shares module 3, out of range (3 modules)"},
+        {1, 1, 0, 0, "module 1 'b' shares itself"},
+        {1, 2, 0, 0, "module 1 'b' shares module 2, a later one"},
+        {2, 1, 0, 0, "module 2 'c' shares module 1 'b', which shares module 0 itself (no chains)"},
+        {1, 0, 6, 0, "module 1 'b' shares module 0 'a' but has a source of its own"},
+        {1, 0, 0, 1, "image 0 names module 'b', which owns no images (it shares module 'a')"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        memcpy(bad, sec, sizeof sec);
+        uint8_t *r = bad + KILN_KSEC_HEADER_SIZE + (size_t)cases[c].mod * KILN_KSEC_MODULE_SIZE;
+        kiln_wr_u32(r + 96, cases[c].shares);
+        kiln_wr_u64(r + 88, cases[c].len);
+        kiln_wr_u32(bad + (img - sec), (uint32_t)cases[c].img_mod);
+        KT_EQ_INT(kiln_ksec_parse(bad, sizeof bad, &k, &err), KILN_ERR_FORMAT);
+        KT_CONTAINS(err.msg, cases[c].says);
+        KT_CHECK(k.modules == NULL);
+    }
+}
+
+/* pycode-22m: 17 modules, and their GEMVs differ only in name (10 sources). */
+static void test_pycode_sources(void) {
+    const char *ck = pathf("%s/models/pycode-22m", shared_dir());
+    if (access(pathf("%s/config.json", ck), R_OK) != 0) KT_SKIP("no %s", ck);
+    const char *eng = pathf("%s/pycode_none.kiln", g_tmp);
+    KT_REQUIRE(compile_engine(ck, KILN_DTYPE_COUNT_, NULL, "none", 0, eng) == KILN_OK);
+    kiln_model *m = NULL;
+    kiln_error err = {0};
+    KT_REQUIRE(kiln_model_open_ex(eng, 1, KILN_MODEL_NO_F32, &m, &err) == KILN_OK);
+    kiln_kernel_modules km;
+    KT_REQUIRE(kiln_kernels_modules(m->plan, 0, &km, &err) == KILN_OK);
+    KT_EQ_INT(km.n, 17);
+    KT_EQ_INT(km.n_sources, 10);
+    int gemv_owners = 0;
+    for (int i = 0; i < km.n; i++) gemv_owners += strncmp(km.mods[i].name, "gemv.", 5) == 0 && km.mods[i].owner == i;
+    KT_EQ_INT(gemv_owners, 3); /* plain, swiglu, f32out: m1 and mma alike at these sizes */
+    kiln_kernel_modules_free(&km);
     kiln_model_close(m);
 }
 
@@ -953,6 +1065,8 @@ int main(void) {
     make_tmp();
     RUN(test_kvpool);
     RUN(test_kernels_section);
+    RUN(test_ksec_shares);
+    RUN(test_pycode_sources);
     RUN(test_stories_f32);
     RUN(test_tiny_goldens);
     RUN(test_window_recycling);

@@ -151,8 +151,8 @@ typedef struct cx {
     CUstream stream;
     kiln_cublaslt *lt;
     kiln_ksec ks;
-    CUmodule *mods;
-    int n_mods;
+    CUmodule *mods; /* [ks.n_modules]: a module sharing another's source has its owner's CUmodule */
+    int n_mods;     /* entries of mods set; those with ks.modules[i].owner == i are loaded and unloaded */
     bool f32;
     int es; /* device element size */
     int hidden, n_heads, n_kv, head_dim, vocab, n_layers, block_size, ffn_max;
@@ -238,6 +238,8 @@ static kiln_status fn_get(cx *x, const char *module, const char *entry, CUfuncti
     return kiln_cuda_module_function(&x->cu, x->mods[km - x->ks.modules], entry, out, err);
 }
 
+/* One cuModuleLoadData per distinct source (per owning module); a sharing
+ * module resolves to its owner's CUmodule. */
 static kiln_status load_modules(cx *x, kiln_error *err) {
     x->mods = calloc((size_t)x->ks.n_modules, sizeof *x->mods);
     kiln_cuda_image *ims = calloc((size_t)(x->ks.n_images ? x->ks.n_images : 1), sizeof *ims);
@@ -248,6 +250,12 @@ static kiln_status load_modules(cx *x, kiln_error *err) {
     kiln_status st = KILN_OK;
     double t0 = kiln_now();
     for (int mi = 0; mi < x->ks.n_modules && st == KILN_OK; mi++) {
+        int owner = x->ks.modules[mi].owner; /* earlier than mi, or mi itself (ksec.c checked) */
+        if (owner != mi) {
+            x->mods[mi] = x->mods[owner];
+            x->n_mods = mi + 1;
+            continue;
+        }
         int n = 0;
         for (int i = 0; i < x->ks.n_images; i++)
             if (x->ks.images[i].module == mi)
@@ -1198,7 +1206,8 @@ static void cx_destroy(kiln_executor *e) {
         if (x->in_host) x->cu.api.cuMemFreeHost(x->in_host);
         if (x->ids_host) x->cu.api.cuMemFreeHost(x->ids_host);
         if (x->stream) x->cu.api.cuStreamDestroy(x->stream);
-        for (int i = 0; i < x->n_mods; i++) kiln_cuda_module_unload(&x->cu, x->mods[i]);
+        for (int i = 0; i < x->n_mods; i++)
+            if (x->ks.modules[i].owner == i) kiln_cuda_module_unload(&x->cu, x->mods[i]);
         kiln_cuda_free(&x->cu);
     }
     free(x->mods);

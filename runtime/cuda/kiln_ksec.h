@@ -1,28 +1,38 @@
 /*
  * kiln_ksec.h — the engine's kernels section: the GPU modules codegen
- * compiled for one model, each as a cubin per target SM and/or PTX.
+ * compiled for one model, each as a cubin per target SM and/or PTX; modules
+ * whose source text is identical share one stored source and one set of
+ * images.
  * codegen/kernels_section.c writes it; runtime/cuda/ksec.c reads it. Plain
  * C, no CUDA header: the compiler includes it in every build.
  * docs/engine-format.md ("kernels section") is the byte-level spec.
  *
- * Layout, version 2, little-endian (the version also stands for the launch
+ * Layout, version 3, little-endian (the version also stands for the launch
  * contract between the runtime and the kernels: 2 = one-pass attn_decode,
- * whose shared memory kiln_attn_decode_smem sizes; a runtime reads only its
+ * whose shared memory kiln_attn_decode_smem sizes; 3 = that, plus modules
+ * sharing an earlier module's source and images; a runtime reads only its
  * own version):
  *   header, 32 bytes:
- *      0 u8[4] "KKRN"   4 u32 version (2)   8 u32 n_modules   12 u32 n_images
+ *      0 u8[4] "KKRN"   4 u32 version (3)   8 u32 n_modules   12 u32 n_images
  *     16 u32 elem (0 = bf16, 1 = f32: the element type every module was built for)
  *     20 u32 KV block size (tokens)   24 u32 reserved (0)   28 u32 reserved (0)
- *   modules: n_modules × 96 bytes:
+ *   modules: n_modules × 104 bytes:
  *      0 char name[48] (NUL-terminated, unique)
  *     48 i32 cfg[8]    (what the runtime needs to launch it: see below)
  *     80 u64 source offset   88 u64 source length   (the generated CUDA C, in data)
+ *     96 u32 shares: KILN_KSEC_OWN, or the index of an earlier module that
+ *        owns its source and images (codegen writes one source per distinct
+ *        text: the GEMVs of one model often differ only in name). A sharing
+ *        module has source offset and length 0 and no images of its own; the
+ *        module it names shares nothing itself.
+ *    100 u32 reserved (0)
  *   images: n_images × 32 bytes:
- *      0 u32 module index   4 u32 sm (80 = sm_80 / compute_80)
+ *      0 u32 module index (a module that owns its source)
+ *      4 u32 sm (80 = sm_80 / compute_80)
  *      8 u32 kind (0 = cubin for sm_<sm>, 1 = PTX for compute_<sm>, NUL-terminated)
  *     12 u32 reserved (0)   16 u64 offset   24 u64 size   (in data; 16-aligned)
  *   data: the rest of the section; offsets are relative to its start
- *         (32 + 96 n_modules + 32 n_images).
+ *         (32 + 104 n_modules + 32 n_images).
  *
  * Module names and cfg (the runtime finds modules by name):
  *   "util"                          kiln_gather_rows
@@ -45,14 +55,15 @@
 #include <stdio.h>
 
 #define KILN_KSEC_MAGIC "KKRN"
-#define KILN_KSEC_VERSION 2
+#define KILN_KSEC_VERSION 3
 #define KILN_KSEC_HEADER_SIZE 32
-#define KILN_KSEC_MODULE_SIZE 96
+#define KILN_KSEC_MODULE_SIZE 104
 #define KILN_KSEC_IMAGE_SIZE 32
 #define KILN_KSEC_NAME_MAX 48
 #define KILN_KSEC_CFG_N 8
 #define KILN_KSEC_MAX_ITEMS 4096
 #define KILN_KSEC_ALIGN 16
+#define KILN_KSEC_OWN 0xFFFFFFFFu /* a module's "shares" field: it owns its source and images */
 
 enum { KILN_KSEC_ELEM_BF16 = 0, KILN_KSEC_ELEM_F32 = 1 };
 enum { KILN_KSEC_CUBIN = 0, KILN_KSEC_PTX = 1 };

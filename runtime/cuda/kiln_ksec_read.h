@@ -15,13 +15,14 @@
 typedef struct kiln_ksec_module {
     char name[KILN_KSEC_NAME_MAX];
     int32_t cfg[KILN_KSEC_CFG_N];
-    const char *source; /* the generated CUDA C (not NUL-terminated) */
+    const char *source; /* the generated CUDA C (not NUL-terminated); a sharing module's is its owner's */
     size_t source_len;
-    int n_images;
+    int owner;    /* index of the module whose source and images this one uses: itself, or the one it shares */
+    int n_images; /* its owner's images */
 } kiln_ksec_module;
 
 typedef struct kiln_ksec_image {
-    int module, sm;
+    int module, sm; /* module: an owner (modules[module].owner == module) */
     bool is_ptx;
     const void *data;
     size_t len;
@@ -31,6 +32,7 @@ typedef struct kiln_ksec {
     int elem;       /* KILN_KSEC_ELEM_* */
     int block_size; /* KV block size the kernels were built for */
     int n_modules, n_images;
+    int n_sources;  /* distinct sources: the modules that own theirs */
     kiln_ksec_module *modules;
     kiln_ksec_image *images;
 } kiln_ksec;
