@@ -71,9 +71,6 @@ extern char **environ;
 bool kiln_package_available(void) { return true; }
 const char *kiln_package_llvm_version(void) { return KILN_LLVM_VERSION; }
 
-#ifndef KILN_COMMIT
-#define KILN_COMMIT ""
-#endif
 
 /* ---- the object file ---- */
 
@@ -122,7 +119,7 @@ static kiln_status build_module(LLVMContextRef c, LLVMModuleRef mod, LLVMTargetD
         LLVMConstInt(i32, desc_size, 0),
         LLVMConstInt(i32, (unsigned long long)payload, 0),
         const_cstring(c, mod, "kiln_version", KILN_VERSION),
-        const_cstring(c, mod, "kiln_commit", KILN_COMMIT),
+        const_cstring(c, mod, "kiln_commit", kiln_build_commit()),
         LLVMConstInt(i64, size, 0),
         LLVMConstInt(i64, checksum, 0),
         engine_ptr,

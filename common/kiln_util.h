@@ -149,5 +149,8 @@ bool kiln_buf_printf(kiln_buf *b, const char *fmt, ...) KILN_PRINTF(2, 3);
 
 /* Monotonic clock in seconds. */
 double kiln_now(void);
+/* The source commit this build was made from ("abc123def456", "-dirty" appended when the tree had
+ * changes, "unknown" outside git): found at build time (cmake/commit.cmake). */
+const char *kiln_build_commit(void);
 
 #endif /* KILN_UTIL_H */

@@ -139,10 +139,7 @@ static void tool_usage(const kiln_cli_tool *t, FILE *f) {
 void kiln_cli_print_version(const char *prog) {
     printf("%s %s (engine format %d.%d, kernels section version %d", prog, KILN_VERSION, KILN_ENGINE_MAJOR,
            KILN_ENGINE_MINOR, KILN_KSEC_VERSION);
-#ifdef KILN_COMMIT
-    printf(", commit %s", KILN_COMMIT);
-#endif
-    printf(")\n");
+    printf(", commit %s)\n", kiln_build_commit());
 }
 
 int kiln_cli_main(const kiln_cli_tool *t, int argc, char **argv) {

@@ -43,8 +43,8 @@
  * Output: a table, or with --json one JSON object per line per measurement:
  *   {"model", "dtype", "batch", "requests", "input_len", "output_len",
  *    "metric", "value", "unit", "device", "gpu", "commit"}
- * commit comes from the KILN_COMMIT environment variable, else the
- * KILN_COMMIT compile definition, else "unknown"; gpu is "none" on the CPU.
+ * commit comes from the KILN_COMMIT environment variable, else the commit
+ * the build was made from (kiln_build_commit); gpu is "none" on the CPU.
  */
 #include <getopt.h>
 #include <jansson.h>
@@ -339,11 +339,7 @@ static void emit_context(const report *rp, const bench_shape *sh, const kiln_ctx
 static const char *commit_id(void) {
     const char *e = getenv("KILN_COMMIT");
     if (e && *e) return e;
-#ifdef KILN_COMMIT
-    return KILN_COMMIT;
-#else
-    return "unknown";
-#endif
+    return kiln_build_commit();
 }
 
 /* The engine file's name without folders and ".kiln". */
