@@ -55,6 +55,7 @@
 #include <unistd.h>
 
 #include "../runtime/kiln.h"
+#include "../runtime/kiln_exec.h"
 #include "../runtime/kiln_rt.h"
 #include "cli.h"
 
@@ -90,6 +91,13 @@ static void help(FILE *f) {
             "                       graphs=0|1 (docs/c-api.md: kiln_ctx_options.measure); for A/B\n"
             "                       comparisons of how one plan runs; fusions are compile options\n"
             "                       (kiln compile --passes)\n"
+            "  --profile            time every kernel of the GPU program (no CUDA graphs, so steps run\n"
+            "                       slower than without it) and print, per step kind (decode, prefill),\n"
+            "                       one row per plan op kind and shape: time per step, share, bytes and\n"
+            "                       FLOPs, and achieved bandwidth or TFLOP/s as a fraction of the GPU's\n"
+            "                       ceiling (the H200's measured ones; --ceilings for another GPU)\n"
+            "  --ceilings BW,TF     the ceilings --profile compares with: read bandwidth in TB/s and\n"
+            "                       dense bf16 TFLOP/s (default on an H200: 4.2,785)\n"
             "  --json               one JSON object per line per measurement: model, dtype, batch,\n"
             "                       requests, input_len, output_len, metric, value, unit, device,\n"
             "                       gpu, commit\n"
@@ -368,6 +376,8 @@ static char *weights_dtype(const char *meta) {
 typedef struct bench_args {
     long long batch, requests, in_len, out_len, warmup, reps, threads, max_ctx, max_step;
     const char *device, *path, *measure;
+    bool profile;
+    double ceil_tbps, ceil_tflops; /* --ceilings; 0 = the device's known ones */
     const kiln_engine_src *builtin; /* the engine of a packaged executable, else NULL */
     int64_t kv_bytes;
     double kv_fraction;
@@ -376,7 +386,7 @@ typedef struct bench_args {
 
 /* Parse argv into *a; KILN_EXIT_OK to go on, else the exit code (help printed, or a usage error). */
 static int parse_args(int argc, char **argv, const kiln_engine_src *builtin, bench_args *a, bool *done) {
-    enum { O_BATCH = 256, O_REQ, O_IN, O_OUT, O_DEV, O_WARM, O_REPS, O_THR, O_CTX, O_STEP, O_KV, O_JSON, O_MEASURE };
+    enum { O_BATCH = 256, O_REQ, O_IN, O_OUT, O_DEV, O_WARM, O_REPS, O_THR, O_CTX, O_STEP, O_KV, O_JSON, O_MEASURE, O_PROFILE, O_CEIL };
     static const struct option longopts[] = {
         {"batch", required_argument, 0, O_BATCH},   {"requests", required_argument, 0, O_REQ},
         {"input-len", required_argument, 0, O_IN},  {"output-len", required_argument, 0, O_OUT},
@@ -384,7 +394,8 @@ static int parse_args(int argc, char **argv, const kiln_engine_src *builtin, ben
         {"reps", required_argument, 0, O_REPS},     {"threads", required_argument, 0, O_THR},
         {"max-context", required_argument, 0, O_CTX}, {"max-step-tokens", required_argument, 0, O_STEP},
         {"kv-memory", required_argument, 0, O_KV},  {"json", no_argument, 0, O_JSON},
-        {"measure", required_argument, 0, O_MEASURE}, {"help", no_argument, 0, 'h'},
+        {"measure", required_argument, 0, O_MEASURE}, {"profile", no_argument, 0, O_PROFILE},
+        {"ceilings", required_argument, 0, O_CEIL},   {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     *a = (bench_args){.batch = 1, .in_len = 128, .out_len = 128, .warmup = 1, .reps = 3, .device = "auto",
                      .builtin = builtin};
@@ -443,6 +454,16 @@ static int parse_args(int argc, char **argv, const kiln_engine_src *builtin, ben
             break;
         case O_JSON: a->json = true; break;
         case O_MEASURE: a->measure = optarg; break;
+        case O_PROFILE: a->profile = true; break;
+        case O_CEIL: {
+            char *end = NULL;
+            a->ceil_tbps = strtod(optarg, &end);
+            if (end && *end == ',') a->ceil_tflops = strtod(end + 1, &end);
+            if (!end || *end || !(a->ceil_tbps > 0 && a->ceil_tbps < 1000) || !(a->ceil_tflops > 0 && a->ceil_tflops < 1e5))
+                return kiln_cli_usage_error("bench", "--ceilings '%s' is not BW,TF (TB/s and TFLOP/s, e.g. 4.2,785)",
+                                            optarg);
+            break;
+        }
         case 'h':
             help(stdout);
             *done = true;
@@ -460,9 +481,96 @@ static int parse_args(int argc, char **argv, const kiln_engine_src *builtin, ben
     if (a->kv_fraction > 0 && strcmp(a->device, "cpu") == 0)
         return kiln_cli_usage_error("bench", "--kv-memory %g is a fraction of GPU memory, which does not apply to "
                                              "--device cpu; give bytes (e.g. 512M)", a->kv_fraction);
+    if ((a->profile || a->ceil_tbps > 0) && strcmp(a->device, "cpu") == 0)
+        return kiln_cli_usage_error("bench", "--profile and --ceilings time the GPU program; they do not apply to "
+                                             "--device cpu");
+    if (a->ceil_tbps > 0 && !a->profile) return kiln_cli_usage_error("bench", "--ceilings goes with --profile");
     if (!a->requests) a->requests = a->batch;
     a->path = builtin ? kiln_engine_src_label(builtin) : argv[optind];
     return KILN_EXIT_OK;
+}
+
+/* ---- --profile ---- */
+
+#define PROFILE_ROWS 4096
+
+typedef struct prof_group {
+    char what[96];
+    int decode, count;
+    int64_t steps;
+    double ms, bytes, flops;
+} prof_group;
+
+/* The executor's rows grouped by (step kind, what) — a model's 32 layers make one row per op kind and
+ * shape — and printed or emitted: per step, share of the GPU time of that step kind, traffic and work,
+ * achieved rates and the fraction of the ceiling the op's arithmetic intensity makes it bound by. */
+static void emit_profile(kiln_ctx_t *ctx, const report *rp, const bench_args *a, const char *gpu) {
+    kiln_profile_row *rows = calloc(PROFILE_ROWS, sizeof *rows);
+    prof_group *g = calloc(PROFILE_ROWS, sizeof *g);
+    if (!rows || !g) {
+        free(rows);
+        free(g);
+        return;
+    }
+    int n = kiln_ctx_profile_rows(ctx, rows, PROFILE_ROWS), ng = 0;
+    if (n > PROFILE_ROWS) n = PROFILE_ROWS;
+    for (int i = 0; i < n; i++) {
+        int j = 0;
+        while (j < ng && !(g[j].decode == rows[i].decode && strcmp(g[j].what, rows[i].what) == 0)) j++;
+        if (j == ng) {
+            snprintf(g[ng].what, sizeof g[ng].what, "%s", rows[i].what);
+            g[ng].decode = rows[i].decode;
+            g[ng].steps = rows[i].steps;
+            ng++;
+        }
+        g[j].count++;
+        g[j].ms += rows[i].ms;
+        g[j].bytes += rows[i].bytes;
+        g[j].flops += rows[i].flops;
+    }
+    double tbps = a->ceil_tbps, tflops = a->ceil_tflops;
+    if (!(tbps > 0) && strstr(gpu, "H200")) tbps = 4.2, tflops = 785; /* ../shared/BENCHMARKS.md's ceilings */
+    for (int d = 1; d >= 0; d--) {
+        double total = 0;
+        int64_t steps = 0;
+        for (int j = 0; j < ng; j++)
+            if (g[j].decode == d) total += g[j].ms, steps = g[j].steps;
+        if (steps == 0 || !(total > 0)) continue;
+        if (!rp->json)
+            printf("\nprofile, %s steps (%lld profiled, warm-up included; GPU time %.3f ms a step%s):\n"
+                   "  %-34s %5s %10s %6s %10s %10s %9s %9s %s\n",
+                   d ? "decode" : "prefill", (long long)steps, total / (double)steps,
+                   tbps > 0 ? "" : "; no ceilings known for this GPU: --ceilings", "op", "count", "ms/step", "share",
+                   "MB/step", "GFLOP/step", "GB/s", "TFLOP/s", tbps > 0 ? "of ceiling" : "");
+        for (int j = 0; j < ng; j++) {
+            if (g[j].decode != d) continue;
+            const double ms = g[j].ms / (double)steps, sec = g[j].ms / 1e3;
+            const double gbps = sec > 0 ? g[j].bytes / sec / 1e9 : 0, tf = sec > 0 ? g[j].flops / sec / 1e12 : 0;
+            const bool compute = tbps > 0 && g[j].bytes > 0 && g[j].flops / g[j].bytes > tflops / tbps;
+            const double frac = !(tbps > 0) ? NAN : compute ? tf / tflops : gbps / (tbps * 1e3);
+            if (rp->json) {
+                json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:s, s:o, s:s, s:s}", "metric",
+                                      "profile", "step", d ? "decode" : "prefill", "op", g[j].what, "count", g[j].count,
+                                      "ms_per_step", ms, "share", g[j].ms / total, "bytes_per_step",
+                                      g[j].bytes / (double)steps, "flops_per_step", g[j].flops / (double)steps, "gbps",
+                                      gbps, "tflops", tf, "bound", compute ? "compute" : "memory",
+                                      "fraction_of_ceiling", isnan(frac) ? json_null() : json_real(frac), "gpu", gpu,
+                                      "commit", rp->commit);
+                char *txt = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6)) : NULL;
+                if (txt) printf("%s\n", txt);
+                free(txt);
+                json_decref(o);
+            } else {
+                char fr[32] = "";
+                if (!isnan(frac)) snprintf(fr, sizeof fr, "%5.1f%% %s", 100 * frac, compute ? "compute" : "memory");
+                printf("  %-34.34s %5d %10.4f %5.1f%% %10.2f %10.2f %9.0f %9.1f %s\n", g[j].what, g[j].count, ms,
+                       100 * g[j].ms / total, g[j].bytes / (double)steps / 1e6, g[j].flops / (double)steps / 1e9,
+                       gbps, tf, fr);
+            }
+        }
+    }
+    free(rows);
+    free(g);
 }
 
 /* Open the engine and a context for the arguments. */
@@ -486,7 +594,11 @@ static kiln_status open_ctx(const bench_args *a, kiln_t **k, kiln_ctx_t **ctx, k
     o.threads = (int32_t)a->threads;
     o.kv_bytes = a->kv_bytes;
     if (a->kv_fraction > 0) o.kv_fraction = a->kv_fraction;
-    o.measure = a->measure;
+    /* --profile adds the profile knob to the others */
+    char knobs[300];
+    snprintf(knobs, sizeof knobs, "%s%s%s", a->measure ? a->measure : "", a->measure && *a->measure && a->profile ? "," : "",
+             a->profile ? "profile=1" : "");
+    o.measure = knobs[0] ? knobs : NULL;
     if ((st = kiln_ctx_new(*k, &o, ctx)) != KILN_OK) return kiln_err(err, st, "%s", kiln_last_error(*ctx));
     return KILN_OK;
 }
@@ -528,7 +640,7 @@ int kiln_cmd_bench_builtin(int argc, char **argv, const kiln_engine_src *builtin
     bench_shape many = {(int)a.batch, (int)a.requests, (int)a.in_len, (int)a.out_len, (int)a.warmup, (int)a.reps};
     run_result r1 = {{0}}, rb = {{0}};
     emit(&rp, many.batch, many.requests, "load_ms", load_ms, "ms");
-    if (a.batch > 1 || a.requests > 1) {
+    if ((a.batch > 1 || a.requests > 1) && !a.profile) { /* a profile covers one shape */
         if ((st = measure(ctx, vocab, bos, &one, &r1, &err)) != KILN_OK) goto fail;
         emit(&rp, 1, 1, "prefill_ms", r1.v[RM_PREFILL], "ms");
         emit(&rp, 1, 1, "ttft_ms", r1.v[RM_TTFT], "ms");
@@ -540,6 +652,7 @@ int kiln_cmd_bench_builtin(int argc, char **argv, const kiln_engine_src *builtin
         goto fail;
     }
     emit_context(&rp, &many, &info, on_gpu);
+    if (a.profile) emit_profile(ctx, &rp, &a, rp.gpu);
     rc = KILN_EXIT_OK;
     goto out;
 fail:

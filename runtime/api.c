@@ -194,6 +194,7 @@ typedef struct measure_knobs {
     double attn_waves; /* 0 = default */
     int lt_tune;       /* -1 = default, else 0..2 */
     int pdl, graphs;   /* -1 = default, else 0/1 */
+    bool profile;
     bool any;
 } measure_knobs;
 
@@ -220,13 +221,15 @@ static kiln_status parse_measure(const char *spec, measure_knobs *k, kiln_error 
         else if (!strcmp(key, "lt_tune") && whole && d >= 0 && d <= 2) k->lt_tune = (int)d;
         else if (!strcmp(key, "pdl") && whole && (d == 0 || d == 1)) k->pdl = (int)d;
         else if (!strcmp(key, "graphs") && whole && (d == 0 || d == 1)) k->graphs = (int)d;
+        else if (!strcmp(key, "profile") && whole && (d == 0 || d == 1)) k->profile = d == 1;
         else
             goto bad;
         k->any = true;
         continue;
     bad:
         kiln_err(err, KILN_ERR_INVALID_ARG, "measure: '%s' is not a known knob with a value in its range", shown);
-        return kiln_err_hint(err, "knobs: gemv_max_m=1..64, attn_waves=(0,64], lt_tune=0|1|2, pdl=0|1, graphs=0|1");
+        return kiln_err_hint(err, "knobs: gemv_max_m=1..64, attn_waves=(0,64], lt_tune=0|1|2, pdl=0|1, graphs=0|1, "
+                                  "profile=0|1");
     }
     return KILN_OK;
 }
@@ -248,7 +251,8 @@ static kiln_status new_gpu_executor(const kiln_model *m, const kiln_ctx_options 
                               .attn_waves = mk.attn_waves,
                               .lt_tune = mk.lt_tune < 0 ? 0 : mk.lt_tune + 1,
                               .no_pdl = mk.pdl == 0,
-                              .no_graphs = mk.graphs == 0};
+                              .no_graphs = mk.graphs == 0,
+                              .profile = mk.profile};
     return kiln_cuda_executor_new(m, &co, x, err);
 #else
     (void)m;
@@ -642,4 +646,9 @@ kiln_status kiln_detokenize(kiln_ctx_t *c, const int32_t *ids, int32_t n, int32_
     memcpy(text, s, got + 1);
     free(s);
     return KILN_OK;
+}
+
+int kiln_ctx_profile_rows(kiln_ctx_t *c, kiln_profile_row *rows, int cap) {
+    if (!c || !c->x || !c->x->ops->profile) return 0;
+    return c->x->ops->profile(c->x, rows, cap);
 }

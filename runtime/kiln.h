@@ -176,7 +176,8 @@ typedef struct kiln_ctx_options {
      * rounding: gemv_max_m=N (1..64: most tokens per step the tensor-core GEMV takes before
      * cuBLASLt), attn_waves=W (decode attention's splits aim for W waves of the GPU, 0 < W <= 64;
      * default 2), lt_tune=0|1|2 (cuBLASLt algorithms at decode: the heuristic's, timed (default),
-     * timed and reported on stderr), pdl=0|1, graphs=0|1. NULL or "" = none. An unknown key or
+     * timed and reported on stderr), pdl=0|1, graphs=0|1, profile=0|1 (time every kernel, without
+     * graphs: `kiln bench --profile`). NULL or "" = none. An unknown key or
      * a bad value is KILN_ERR_INVALID_ARG, and any knob with device "cpu" too. */
     const char *measure;
 } kiln_ctx_options;

@@ -76,6 +76,18 @@ typedef struct kiln_executor_info {
     bool kernels_jitted;         /* some module was JIT-compiled from PTX */
 } kiln_executor_info;
 
+/* One row of an executor's profile (kiln_executor_ops.profile): one instruction of the program
+ * (a plan op's kernels) in one kind of step, summed over the steps profiled so far. */
+typedef struct kiln_profile_row {
+    char what[96];        /* "linear_add 4096x14336", "attention", "sample"... */
+    int op;               /* plan op index, -1 for the sampler */
+    int decode;           /* 1: decode steps (one new token per sequence), 0: steps with prefill */
+    int64_t steps;        /* steps of that kind profiled */
+    double ms;            /* GPU time, summed over those steps */
+    double bytes, flops;  /* device memory traffic and floating-point work, summed (estimates: the
+                             operands read and written once) */
+} kiln_profile_row;
+
 typedef struct kiln_executor_ops {
     const char *name; /* "cpu", "cuda" */
     kiln_status (*step)(kiln_executor *x, const kiln_step *s, kiln_error *err);
@@ -88,6 +100,9 @@ typedef struct kiln_executor_ops {
     void (*destroy)(kiln_executor *x);
     /* Optional (NULL = nothing to report): fill *info (zeroed by the caller). */
     void (*info)(kiln_executor *x, kiln_executor_info *info);
+    /* Optional: the profile so far, when the executor was made to profile (GPU: measure knob
+     * profile=1): up to `cap` rows into rows; returns how many there are (NULL = never profiles). */
+    int (*profile)(kiln_executor *x, kiln_profile_row *rows, int cap);
 } kiln_executor_ops;
 
 struct kiln_executor {

@@ -130,6 +130,11 @@ kiln_status kiln_generate(kiln_cpu_ctx *c, const int32_t *prompt, int n_prompt, 
  * (streaming text through the tokenizer). NULL for a failed handle. */
 struct kiln_t;
 const kiln_model *kiln_api_model(const struct kiln_t *k);
+/* The executor's profile of a context made with the measure knob profile=1 (kiln bench --profile):
+ * up to cap rows; returns how many there are (0: no profile). */
+struct kiln_ctx_t;
+struct kiln_profile_row;
+int kiln_ctx_profile_rows(struct kiln_ctx_t *c, struct kiln_profile_row *rows, int cap);
 /* kiln_open over any engine source (file, range of a file, memory), with
  * the source's label in messages; the public kiln_open_range and
  * kiln_open_memory are this. */

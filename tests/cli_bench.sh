@@ -34,5 +34,11 @@ expect 1 "needs 31 KV tokens.*holds 16" -- timeout 60 "$KILN" bench "$T/tiny.kil
     --requests 5 --input-len 16 --output-len 16 --kv-memory 8K --reps 1 --warmup 0
 expect 2 "--requests '0'" -- "$KILN" bench "$T/tiny.kiln" --requests 0
 expect 2 "below --batch" -- "$KILN" bench "$T/tiny.kiln" --batch 8 --max-step-tokens 4
+# measurement knobs and the profile are the GPU's: refused by name on the CPU, checked on any device
+expect 1 "measure: 'attn_waves=99' is not a known knob" -- "$KILN" bench "$T/tiny.kiln" --measure attn_waves=99
+expect 1 "apply to the GPU executor, not device \"cpu\"" -- "$KILN" bench "$T/tiny.kiln" --device cpu --measure lt_tune=0
+expect 2 "do not apply to --device cpu" -- "$KILN" bench "$T/tiny.kiln" --device cpu --profile
+expect 2 "--ceilings '4' is not BW,TF" -- "$KILN" bench "$T/tiny.kiln" --profile --ceilings 4
+expect 2 "--ceilings goes with --profile" -- "$KILN" bench "$T/tiny.kiln" --ceilings 4,785
 "$KILN" bench --help | grep -q -- "--requests R" && ok || bad "bench --help lacks --requests"
 cli_summary

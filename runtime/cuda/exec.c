@@ -191,6 +191,11 @@ typedef struct cx {
     int gemv_max_m; /* most tokens per step the tensor-core GEMV takes (else cuBLASLt) */
     double attn_waves; /* KILN_ATTN_WAVES: decode attention splits aim for this many waves of the GPU (2) */
     int lt_tune;    /* KILN_LT_TUNE: cuBLASLt algorithms at decode: 0 heuristic's, 1 timed (default), 2 timed + reported */
+    /* profiling (opts.profile): events around each instruction and the sampler, sums per kind of step */
+    bool profile;
+    CUevent *pev;          /* [2 × (n_prog + 1)] */
+    kiln_profile_row *prof; /* [2 × (n_prog + 1)]: prefill steps, then decode steps */
+    int64_t prof_steps[2];
     int64_t bytes_now, bytes_peak;
     int64_t scratch_bytes; /* what the step budget costs: everything but weights and the KV pool (scratch_bytes()) */
     kiln_cuda_exec_stats stats;
@@ -800,6 +805,7 @@ static kiln_status run_program(cx *x, const cx_shape *sh, kiln_error *err) {
     for (int i = 0; i < x->n_prog && st == KILN_OK; i++) {
         const cx_inst *in = &x->prog[i];
         const cx_inst *norm = i > 0 && norm_folds(x, i - 1, sh) ? &x->prog[i - 1] : NULL;
+        if (x->profile) x->cu.api.cuEventRecord(x->pev[2 * i], x->stream);
         switch (in->kind) {
         case I_EMBED: {
             kiln_gather_params gp = {dwp(x, in->dw), inp(x, x->in.tokens), bufp(x, in->y), T,
@@ -896,13 +902,114 @@ static kiln_status run_program(cx *x, const cx_shape *sh, kiln_error *err) {
             break;
         }
         }
+        if (x->profile) x->cu.api.cuEventRecord(x->pev[2 * i + 1], x->stream);
     }
     if (st) return kiln_err_prefix(err, "cuda executor: ");
+    if (x->profile) x->cu.api.cuEventRecord(x->pev[2 * x->n_prog], x->stream);
     kiln_sample_params sp = {x->logits,         inp(x, x->in.temp),  inp(x, x->in.topk), inp(x, x->in.topp),
                              inp(x, x->in.seeds), inp(x, x->in.ctr), x->ids,             B,
                              x->vocab};
     st = launch(x, x->f_sample, (unsigned)B, 1, 1, 1024, 0, &sp, "kiln_sample", err);
+    if (x->profile) x->cu.api.cuEventRecord(x->pev[2 * x->n_prog + 1], x->stream);
     return st ? kiln_err_prefix(err, "cuda executor: ") : KILN_OK;
+}
+
+/* ---- profiling ---- */
+
+/* The traffic and work of instruction i in a step of this shape (estimates: every operand read and
+ * written once; `ctx` is the sum over sequences of the KV tokens attention reads, `qctx` the sum over
+ * new tokens of the tokens each attends to). */
+static void prof_cost(const cx *x, int i, const cx_shape *sh, double ctx, double qctx, double *bytes, double *flops) {
+    const double es = x->es, T = sh->T, B = sh->B, H = x->hidden;
+    *bytes = *flops = 0;
+    if (i == x->n_prog) { /* the sampler */
+        *bytes = B * x->vocab * 4.0;
+        return;
+    }
+    const cx_inst *in = &x->prog[i];
+    switch (in->kind) {
+    case I_EMBED: *bytes = 2 * T * H * es; break;
+    case I_NORM: *bytes = (in->x >= 0 ? 3 : 2) * T * H * es + H * es; *flops = 4 * T * H; break;
+    case I_COPY: *bytes = 2 * T * in->width * es; break;
+    case I_QKV:
+    case I_GEMM:
+    case I_LMHEAD: {
+        const double M = in->kind == I_LMHEAD ? B : T, N = in->g.n, K = in->g.k;
+        const double out_es = in->g.epi == EPI_F32OUT ? 4 : es;
+        *bytes = N * K * es + M * K * es + M * (in->g.epi == EPI_SWIGLU ? N / 2 : N) * out_es;
+        if (in->res >= 0) *bytes += M * N * es;
+        *flops = 2 * M * N * K;
+        break;
+    }
+    case I_ATTN: {
+        const double kv_row = (double)x->n_kv * x->head_dim * es;
+        *bytes = ctx * 2 * kv_row + 2 * T * x->n_heads * x->head_dim * es;
+        *flops = 4.0 * qctx * x->n_heads * x->head_dim;
+        break;
+    }
+    }
+}
+
+/* After a profiled step has finished: add each instruction's time and cost to its row. */
+static void prof_add(cx *x, const kiln_step *s, const cx_shape *sh) {
+    const int d = sh->decode ? 1 : 0;
+    double ctx = 0, qctx = 0;
+    for (int i = 0; i < s->n_seqs; i++) {
+        const double len = s->start[i] + s->n_new[i], q = s->n_new[i];
+        ctx += len;
+        qctx += q * (len - (q - 1) / 2.0); /* token j of q attends to start + j + 1 keys */
+    }
+    x->prof_steps[d]++;
+    for (int i = 0; i <= x->n_prog; i++) {
+        float ms = 0;
+        kiln_profile_row *r = &x->prof[d * (x->n_prog + 1) + i];
+        if (x->cu.api.cuEventElapsedTime(&ms, x->pev[2 * i], x->pev[2 * i + 1]) == CUDA_SUCCESS) r->ms += ms;
+        double b, f;
+        prof_cost(x, i, sh, ctx, qctx, &b, &f);
+        r->bytes += b;
+        r->flops += f;
+        r->steps = x->prof_steps[d];
+    }
+}
+
+static const char *const ikind_names[] = {"embed", "norm", "copy", "qkv", "attn", "gemm", "lm_head"};
+
+/* Name the rows once the program exists. */
+static void prof_name(cx *x) {
+    for (int d = 0; d < 2; d++)
+        for (int i = 0; i <= x->n_prog; i++) {
+            kiln_profile_row *r = &x->prof[d * (x->n_prog + 1) + i];
+            r->decode = d;
+            if (i == x->n_prog) {
+                r->op = -1;
+                snprintf(r->what, sizeof r->what, "sample");
+                continue;
+            }
+            const cx_inst *in = &x->prog[i];
+            r->op = in->op;
+            const char *opn = kiln_op_name((kiln_op_kind)x->p->ops[in->op].kind);
+            if (in->kind == I_QKV || in->kind == I_GEMM || in->kind == I_LMHEAD)
+                snprintf(r->what, sizeof r->what, "%s %dx%d", opn, in->g.n, in->g.k);
+            else if (in->kind == I_COPY)
+                snprintf(r->what, sizeof r->what, "%s (copy)", opn);
+            else
+                snprintf(r->what, sizeof r->what, "%s", in->kind == I_EMBED || in->kind == I_ATTN || in->kind == I_NORM
+                                                             ? opn : ikind_names[in->kind]);
+        }
+}
+
+static int cx_profile(kiln_executor *e, kiln_profile_row *rows, int cap) {
+    cx *x = (cx *)e;
+    if (!x->profile) return 0;
+    int n = 0;
+    for (int d = 0; d < 2; d++)
+        for (int i = 0; i <= x->n_prog; i++) {
+            const kiln_profile_row *r = &x->prof[d * (x->n_prog + 1) + i];
+            if (r->steps == 0) continue;
+            if (n < cap) rows[n] = *r;
+            n++;
+        }
+    return n;
 }
 
 /* ---- graphs ---- */
@@ -1104,7 +1211,7 @@ static kiln_status cx_step(kiln_executor *e, const kiln_step *s, kiln_error *err
     const int n = s->n_seqs;
     for (int i = 0; i < n; i++)
         if ((st = kiln_kvpool_append(&x->kv, s->slot[i], s->n_new[i], err))) return st;
-    const bool graph = decode && !x->no_graphs;
+    const bool graph = decode && !x->no_graphs && !x->profile; /* profiling times each kernel: no graphs */
     const int B = graph ? bucket(x, n) : n, rows = decode ? B : T;
 
     /* the step's inputs, staged */
@@ -1160,13 +1267,13 @@ static kiln_status cx_step(kiln_executor *e, const kiln_step *s, kiln_error *err
         if ((st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuGraphLaunch(ge, x->stream))))
             return kiln_err_prefix(err, "cuda executor: decode graph of batch %d: ", B);
         x->stats.graph_launches++;
-    } else {
-        cx_shape sh = {rows, B, decode, max_q};
-        if ((st = run_program(x, &sh, err))) return st;
     }
+    const cx_shape sh = {rows, B, decode, max_q};
+    if (!ge && (st = run_program(x, &sh, err))) return st;
     if ((st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuMemcpyDtoHAsync(x->ids_host, x->ids, (size_t)n * 4, x->stream))) ||
         (st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuStreamSynchronize(x->stream))))
         return kiln_err_prefix(err, "cuda executor: step of %d sequences, %d tokens: ", n, T);
+    if (x->profile) prof_add(x, s, &sh);
     if (s->logits && (st = download_logits(x, s, err))) return kiln_err_prefix(err, "cuda executor: logits: ");
     for (int i = 0; i < n; i++) {
         kiln_kvpool_advance(&x->kv, s->slot[i], s->n_new[i]);
@@ -1206,6 +1313,8 @@ static void cx_destroy(kiln_executor *e) {
         if (x->in_host) x->cu.api.cuMemFreeHost(x->in_host);
         if (x->ids_host) x->cu.api.cuMemFreeHost(x->ids_host);
         if (x->stream) x->cu.api.cuStreamDestroy(x->stream);
+        for (int i = 0; x->pev && i < 2 * (x->n_prog + 1); i++)
+            if (x->pev[i]) x->cu.api.cuEventDestroy(x->pev[i]);
         for (int i = 0; i < x->n_mods; i++)
             if (x->ks.modules[i].owner == i) kiln_cuda_module_unload(&x->cu, x->mods[i]);
         kiln_cuda_free(&x->cu);
@@ -1216,6 +1325,8 @@ static void cx_destroy(kiln_executor *e) {
     free(x->dw);
     free(x->prog);
     free(x->bufs);
+    free(x->pev);
+    free(x->prof);
     free(x);
 }
 
@@ -1226,6 +1337,7 @@ static const kiln_executor_ops cx_ops = {
     .release = cx_release_slot,
     .destroy = cx_destroy,
     .info = cx_info,
+    .profile = cx_profile,
 };
 
 bool kiln_cuda_exec_get_stats(kiln_executor *e, kiln_cuda_exec_stats *st) {
@@ -1459,6 +1571,19 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
 
     /* the program (host side) */
     if ((st = build_program(x, err))) goto fail;
+    if (o->profile) {
+        const int ne = 2 * (x->n_prog + 1);
+        x->pev = calloc((size_t)ne, sizeof *x->pev);
+        x->prof = calloc((size_t)ne, sizeof *x->prof);
+        if (!x->pev || !x->prof) {
+            st = kiln_err(err, KILN_ERR_NOMEM, "cuda executor: out of memory for the profile");
+            goto fail;
+        }
+        for (int i = 0; i < ne; i++)
+            if ((st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuEventCreate(&x->pev[i], CU_EVENT_DEFAULT)))) goto fail;
+        x->profile = true;
+        prof_name(x);
+    }
     x->stats.init_seconds = kiln_now() - t0;
 
     /* weights: lay out; the step budget against the free memory; allocate, upload */

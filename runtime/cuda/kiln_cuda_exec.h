@@ -64,6 +64,7 @@ typedef struct kiln_cuda_exec_opts {
     double attn_waves;   /* decode attention's splits aim for this many waves of the GPU (2) */
     int lt_tune;         /* cuBLASLt algorithms at decode: 1 = the heuristic's, 2 = timed (default), 3 = timed
                             and reported on stderr */
+    bool profile;        /* time every instruction with CUDA events (no graphs): ops->profile reports */
 } kiln_cuda_exec_opts;
 
 /* Create the executor for `m` (the model must outlive it). `m` may have been
