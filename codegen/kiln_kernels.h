@@ -9,7 +9,8 @@
  * "default" = sm_80,sm_86,sm_89,sm_90,compute_90; "none" = no kernels (the
  * engine still runs on the CPU executor).
  *
- * Compilation runs NVRTC jobs (module x target) on a pool of threads; the
+ * Compilation runs NVRTC jobs (module x target) as tasks on the process-wide
+ * thread pool (common/kiln_pool.h), at most `threads` at once; the
  * NVRTC cache (codegen/kiln_nvrtc.h) makes a second compile of the same
  * model nearly free. The result is deterministic: the same plan and
  * targets give the same bytes.
