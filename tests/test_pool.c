@@ -5,10 +5,14 @@
  * the task's thread, four threads calling at once each get complete
  * results, a 1-way pool (or max_ways 1, or no pool) runs inline in order,
  * a forked child runs inline, and pools are made and freed repeatedly (the
- * sanitizer build checks for leaks and races on memory).
+ * sanitizer build checks for leaks and races on memory). Then the CPU
+ * executor on the pool: stories260k's logits are bit-identical for 1..16
+ * threads, and two contexts stepping on two threads at once each get them.
  */
 #include "../common/kiln_pool.h"
 #include "kt.h"
+#include "kt_fixture.h"
+#include "runtime/kiln_rt.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -246,6 +250,72 @@ static void test_new_free_repeatedly(void) {
     kiln_pool_free(NULL);
 }
 
+/* ---- the CPU executor on the pool ---- */
+
+enum { CPU_PROMPT = 64 }; /* 64 rows: the LM head (64 x 64 x 512) is split over threads */
+
+/* Logits of CPU_PROMPT tokens (all rows), then of one more: [CPU_PROMPT + 1][vocab]. */
+static bool cpu_logits(const kiln_model *m, int threads, float *out, int vocab) {
+    kiln_cpu_ctx *c = NULL;
+    kiln_error err = {0};
+    if (kiln_cpu_ctx_new(m, 0, CPU_PROMPT, threads, &c, &err) != KILN_OK) return false;
+    int32_t ids[CPU_PROMPT];
+    for (int i = 0; i < CPU_PROMPT; i++) ids[i] = 1 + (i * 37) % (vocab - 1);
+    bool ok = kiln_cpu_forward(c, ids, CPU_PROMPT, true, out, &err) == KILN_OK &&
+              kiln_cpu_forward(c, ids, 1, false, out + (size_t)CPU_PROMPT * vocab, &err) == KILN_OK;
+    kiln_cpu_ctx_free(c);
+    return ok;
+}
+
+typedef struct stepper {
+    const kiln_model *m;
+    const float *want;
+    int vocab, mismatches;
+} stepper;
+
+static void *stepper_main(void *arg) {
+    stepper *s = arg;
+    size_t n = (size_t)(CPU_PROMPT + 1) * s->vocab;
+    float *got = malloc(n * sizeof *got);
+    for (int it = 0; it < 10; it++)
+        if (!got || !cpu_logits(s->m, 2, got, s->vocab) || memcmp(got, s->want, n * sizeof *got) != 0) s->mismatches++;
+    free(got);
+    return NULL;
+}
+
+static void test_cpu_exec_threads(void) {
+    char dir[256], out[512];
+    KT_REQUIRE(kt_tmpdir(dir, sizeof dir, "pool"));
+    snprintf(out, sizeof out, "%s/s260k.kiln", dir);
+    kiln_compile_options opt = {.output_path = out, .weight_dtype = KILN_DTYPE_COUNT_};
+    KT_REQUIRE(kt_compile(KILN_SOURCE_DIR "/models/stories260k", &opt) == KILN_OK);
+    kiln_model *m = NULL;
+    kiln_error err = {0};
+    KT_REQUIRE(kiln_model_open(out, 4, &m, &err) == KILN_OK);
+    const int vocab = (int)m->plan->vocab_size;
+    size_t n = (size_t)(CPU_PROMPT + 1) * (size_t)vocab;
+    float *want = malloc(n * sizeof *want), *got = malloc(n * sizeof *got);
+    KT_REQUIRE(want && got);
+    KT_REQUIRE(cpu_logits(m, 1, want, vocab));
+    const int threads[] = {2, 3, 4, 16};
+    for (size_t i = 0; i < sizeof threads / sizeof *threads; i++) {
+        KT_REQUIRE(cpu_logits(m, threads[i], got, vocab));
+        KT_CHECKF(memcmp(got, want, n * sizeof *got) == 0, "%d threads: logits differ from 1 thread's", threads[i]);
+    }
+    stepper s[2] = {{m, want, vocab, 0}, {m, want, vocab, 0}};
+    pthread_t th[2];
+    for (int k = 0; k < 2; k++) KT_REQUIRE(pthread_create(&th[k], NULL, stepper_main, &s[k]) == 0);
+    for (int k = 0; k < 2; k++) {
+        pthread_join(th[k], NULL);
+        KT_EQ_INT(s[k].mismatches, 0);
+    }
+    free(want);
+    free(got);
+    kiln_model_close(m);
+    unlink(out);
+    rmdir(dir);
+}
+
 int main(void) {
     KT_RUN(test_every_task_once);
     KT_RUN(test_shared);
@@ -254,5 +324,6 @@ int main(void) {
     KT_RUN(test_one_way_inline);
     KT_RUN(test_fork_child_inline);
     KT_RUN(test_new_free_repeatedly);
+    KT_RUN(test_cpu_exec_threads);
     return KT_END();
 }
