@@ -34,11 +34,11 @@
  */
 #include <errno.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/kiln_pool.h"
 #include "runtime/cuda/kiln_cuda_exec.h"
 #include "runtime/kiln_rt.h"
 
@@ -177,8 +177,9 @@ static double log_prob(const float *row, int V, int target) {
     return (double)row[target] - (double)mx - log(s);
 }
 
-/* Score rows [lo, hi) of a step on one host thread: 32000-wide log-softmax
- * rows cost ~0.1 ms each, so a batch of 32 is split over threads. */
+/* Score rows [lo, hi) of a step as one task of the process-wide pool:
+ * 32000-wide log-softmax rows cost ~0.1 ms each, so a batch of 32 is split
+ * over threads. */
 typedef struct ppl_job {
     const float *logits;  /* [k, V] */
     const int32_t *win;   /* [k] piece of each row */
@@ -188,8 +189,9 @@ typedef struct ppl_job {
     int V, piece, t, lo, hi;
 } ppl_job;
 
-static void *ppl_rows(void *arg) {
-    ppl_job *j = arg;
+/* Pool task `part` of the array of jobs `arg`. */
+static void ppl_rows(void *arg, int part) {
+    ppl_job *j = (ppl_job *)arg + part;
     j->sum = 0.0;
     for (int r = j->lo; r < j->hi; r++) {
         const int idx = j->win[r] * j->piece + j->t; /* the target x_{t+1} */
@@ -197,7 +199,6 @@ static void *ppl_rows(void *arg) {
         j->nll[idx] = (float)-lp;
         j->sum += -lp;
     }
-    return NULL;
 }
 
 #define GL_THREADS 8
@@ -248,19 +249,11 @@ static int run_ppl(kiln_executor *x, const gl_opts *o, const int32_t *text, int 
             }
             steps++;
             ppl_job jobs[GL_THREADS];
-            pthread_t th[GL_THREADS];
-            bool started[GL_THREADS] = {false};
             const int nt = k < GL_THREADS ? k : GL_THREADS;
-            for (int j = 0; j < nt; j++) {
+            for (int j = 0; j < nt; j++)
                 jobs[j] = (ppl_job){logits, win, text, nll, 0.0, V, piece, t, k * j / nt, k * (j + 1) / nt};
-                started[j] = j > 0 && pthread_create(&th[j], NULL, ppl_rows, &jobs[j]) == 0;
-                if (j > 0 && !started[j]) ppl_rows(&jobs[j]); /* no thread: score here */
-            }
-            ppl_rows(&jobs[0]);
-            for (int j = 0; j < nt; j++) {
-                if (started[j]) pthread_join(th[j], NULL);
-                sum += jobs[j].sum;
-            }
+            kiln_pool_for(kiln_pool_shared(), nt, nt, ppl_rows, jobs);
+            for (int j = 0; j < nt; j++) sum += jobs[j].sum; /* in order: the sum does not depend on timing */
         }
         for (int i = 0; i < G; i++) x->ops->release(x, i);
     }

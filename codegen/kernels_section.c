@@ -21,17 +21,18 @@
  *   LM head); 2..8 tokens: tensor cores, 16 warps,
  *   2 steps in flight for K >= 8192. f32 engines use the CUDA-core kernel
  *   (the tensor-core one is bf16 only).
- * - Jobs (distinct source x target SM) go to a pool of threads; results land
- *   in fixed slots, so the section's bytes do not depend on timing.
+ * - Jobs (distinct source x target SM) are tasks on the process-wide thread
+ *   pool (common/kiln_pool.h), at most `threads` at once; results land in
+ *   fixed slots, so the section's bytes do not depend on timing.
  */
 #include "kiln_kernels.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "../runtime/cuda/kiln_ksec.h"
+#include "../common/kiln_pool.h"
 #include "../common/kiln_progress.h"
 #include "kiln_nvrtc.h"
 
@@ -403,27 +404,24 @@ typedef struct kjob {
     kiln_error err;
 } kjob;
 
-typedef struct kpool {
+typedef struct kbatch {
     kjob *jobs;
-    int n, next, done;
+    int done;
     bool no_cache;
     kiln_progress *progress; /* updated under `lock` as jobs finish */
     pthread_mutex_t lock;
-} kpool;
+} kbatch;
 
-static void *pool_run(void *arg) {
-    kpool *pl = arg;
-    for (int i = -1;;) {
-        pthread_mutex_lock(&pl->lock);
-        if (i >= 0) kiln_progress_update(pl->progress, (uint64_t)++pl->done); /* job i finished */
-        i = pl->next < pl->n ? pl->next++ : -1;
-        pthread_mutex_unlock(&pl->lock);
-        if (i < 0) return NULL;
-        kjob *j = &pl->jobs[i];
-        kiln_nvrtc_opts o = {.no_cache = pl->no_cache};
-        j->st = kiln_nvrtc_compile_ex((const char *)j->m->src.data, j->m->name, NULL, 0, j->sm, j->ptx, &j->cubin_out,
-                                      &j->ptx_out, &o, &j->err);
-    }
+/* Pool task i: compile job i. */
+static void kjob_run(void *arg, int i) {
+    kbatch *b = arg;
+    kjob *j = &b->jobs[i];
+    kiln_nvrtc_opts o = {.no_cache = b->no_cache};
+    j->st = kiln_nvrtc_compile_ex((const char *)j->m->src.data, j->m->name, NULL, 0, j->sm, j->ptx, &j->cubin_out,
+                                  &j->ptx_out, &o, &j->err);
+    pthread_mutex_lock(&b->lock);
+    kiln_progress_update(b->progress, (uint64_t)++b->done);
+    pthread_mutex_unlock(&b->lock);
 }
 
 static void put_name(uint8_t *p, const char *s, size_t cap) {
@@ -464,20 +462,13 @@ kiln_status kiln_kernels_build(const kiln_plan *p, const kiln_kernel_targets *t,
             for (int c = 0; c < t->n_ptx; c++) j->ptx |= t->ptx_sm[c] == sms[k];
         }
     {
-        kpool pl = {.jobs = jobs, .n = n_jobs, .no_cache = o->no_cache, .progress = o->progress};
+        kbatch b = {.jobs = jobs, .no_cache = o->no_cache, .progress = o->progress};
         kiln_progress_phase(o->progress, "kernels", (uint64_t)n_jobs, "NVRTC builds", 1);
-        pthread_mutex_init(&pl.lock, NULL);
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        int threads = o->threads > 0 ? o->threads : cores > 0 ? (int)cores : 1;
-        if (threads > n_jobs) threads = n_jobs;
-        if (threads > 64) threads = 64;
-        pthread_t tid[64];
-        bool started[64] = {0};
-        for (int i = 1; i < threads; i++) started[i] = pthread_create(&tid[i], NULL, pool_run, &pl) == 0;
-        pool_run(&pl);
-        for (int i = 1; i < threads; i++)
-            if (started[i]) pthread_join(tid[i], NULL);
-        pthread_mutex_destroy(&pl.lock);
+        pthread_mutex_init(&b.lock, NULL);
+        kiln_pool *pool = kiln_pool_shared();
+        int threads = o->threads > 0 ? o->threads : kiln_pool_ways(pool); /* 0: one per core */
+        kiln_pool_for(pool, n_jobs, threads, kjob_run, &b);
+        pthread_mutex_destroy(&b.lock);
     }
     for (int i = 0; i < n_jobs; i++)
         if (jobs[i].st != KILN_OK) {

@@ -11,8 +11,9 @@
  *
  * Modules whose source text is identical (a model's GEMVs often differ
  * only in name) share one stored source and one set of images, so
- * compilation runs one NVRTC job per (distinct source x target SM) on a
- * pool of threads; the NVRTC cache (codegen/kiln_nvrtc.h) makes a second
+ * compilation runs one NVRTC job per (distinct source x target SM), as
+ * tasks on the process-wide thread pool (common/kiln_pool.h), at most
+ * `threads` at once; the NVRTC cache (codegen/kiln_nvrtc.h) makes a second
  * compile of the same model nearly free. The result is deterministic: the
  * same plan and targets give the same bytes.
  */

@@ -11,18 +11,24 @@
  * KV cache per layer: max_context × n_kv_heads × head_dim floats for K and V.
  * The plan was fully checked at load (runtime/plan.c), so shapes and indices
  * are trusted here; token ids and lengths are not.
+ *
+ * Threads: matmuls split their output columns over the process-wide pool
+ * (common/kiln_pool.h), at most `threads` ways; each output element is one
+ * dot product whatever the split, so results do not depend on `threads`.
+ * Everything else runs on the calling thread.
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../common/kiln_pool.h"
 #include "kiln_rt.h"
 
 struct kiln_cpu_ctx {
     const kiln_model *m;
     const kiln_plan *p;
-    int max_context, max_step, threads;
+    int max_context, max_step, threads; /* threads: ways of parallelism a matmul may use */
+    kiln_pool *pool;  /* the process-wide pool (NULL: inline) */
     int pos;          /* tokens in the cache */
     float **slots;    /* per slot: max_step × width */
     float *kcache;    /* [layers][max_context][kv_width] */
@@ -47,6 +53,7 @@ kiln_status kiln_cpu_ctx_new(const kiln_model *m, int max_context, int max_step_
     c->max_context = max_context;
     c->max_step = max_step_tokens;
     c->threads = threads;
+    c->pool = threads > 1 ? kiln_pool_shared() : NULL;
     c->kv_width = (size_t)p->n_kv_heads * (size_t)p->head_dim;
     size_t kv = (size_t)p->n_layers * (size_t)max_context * c->kv_width;
     c->kcache = malloc(kv * sizeof(float));
@@ -99,38 +106,31 @@ typedef struct matmul_job {
     const float *x;    /* [rows, k] */
     const float *w;    /* [n, k] */
     float *y;          /* [rows, n] */
-    int64_t rows, k, n, n0, n1;
+    int64_t rows, k, n;
+    int parts;         /* output columns split in this many ranges, one task each */
 } matmul_job;
 
-static void *matmul_range(void *arg) {
-    matmul_job *j = arg;
-    for (int64_t o = j->n0; o < j->n1; o++) {
+/* Task `part`: output columns n*part/parts .. n*(part+1)/parts - 1, every row. */
+static void matmul_range(void *arg, int part) {
+    const matmul_job *j = arg;
+    int64_t n0 = j->n * part / j->parts, n1 = j->n * (part + 1) / j->parts;
+    for (int64_t o = n0; o < n1; o++) {
         const float *wr = j->w + o * j->k;
         for (int64_t t = 0; t < j->rows; t++) j->y[t * j->n + o] = dot(j->x + t * j->k, wr, j->k);
     }
-    return NULL;
 }
 
-/* y[rows, n] = x[rows, k] · w[n, k]^T, split over output columns across threads. */
+/* y[rows, n] = x[rows, k] · w[n, k]^T, split over output columns on the
+ * process-wide pool, at most c->threads ways. Each y element is one dot()
+ * whatever the split, so results do not depend on the number of threads. */
 static void matmul(const kiln_cpu_ctx *c, const float *x, const float *w, float *y, int64_t rows, int64_t k,
                    int64_t n) {
-    int threads = c->threads;
-    if ((double)rows * (double)k * (double)n < 2e6) threads = 1;
-    if (threads > 16) threads = 16;
-    matmul_job jobs[16];
-    pthread_t tid[16];
-    int started = 0;
-    for (int t = 0; t < threads; t++) {
-        jobs[t] = (matmul_job){x, w, y, rows, k, n, n * t / threads, n * (t + 1) / threads};
-        if (t > 0 && pthread_create(&tid[t], NULL, matmul_range, &jobs[t]) == 0) {
-            started |= 1 << t;
-            continue;
-        }
-        if (t > 0) matmul_range(&jobs[t]); /* could not start a thread: do it here */
-    }
-    matmul_range(&jobs[0]);
-    for (int t = 1; t < threads; t++)
-        if (started & (1 << t)) pthread_join(tid[t], NULL);
+    int ways = c->threads;
+    if ((double)rows * (double)k * (double)n < 2e6) ways = 1;
+    if (ways > 16) ways = 16;
+    if (ways > n) ways = n > 0 ? (int)n : 1;
+    matmul_job j = {x, w, y, rows, k, n, ways};
+    kiln_pool_for(c->pool, ways, ways, matmul_range, &j);
 }
 
 static void rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) {

@@ -20,8 +20,8 @@
  *      aligned, inside the file, no overlap with the header, the table or
  *      another section                            KILN_ERR_FORMAT
  *  10. per section: checksum of the stored bytes  KILN_ERR_CHECKSUM
- *      (format 2: 16 MiB pieces hashed by up to 16 threads, then their
- *      digests; format 1: one XXH64 pass)
+ *      (format 2: 16 MiB pieces hashed on up to 16 ways of the process-wide
+ *      thread pool, then their digests; format 1: one XXH64 pass)
  *  11. per zstd section: the chunk index is consistent with the section's
  *      sizes                                      KILN_ERR_FORMAT
  *
@@ -31,14 +31,14 @@
  *
  * Decoding a KILN_CODEC_ZSTD_CHUNKED section fills one 4096-aligned buffer;
  * each chunk decodes into its own slice, so chunks are independent and are
- * spread over `threads` pthreads. Every frame must decode to exactly its
- * chunk's share of the raw size.
+ * spread over up to `threads` ways (at most 64) of the process-wide thread
+ * pool (common/kiln_pool.h), as interleaved lanes of chunks. Every frame
+ * must decode to exactly its chunk's share of the raw size.
  */
 #include "kiln_engine.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +48,8 @@
 
 #include <xxhash.h>
 #include <zstd.h>
+
+#include "../common/kiln_pool.h"
 
 /* Per RFC 8878 a zstd block holds at most 128 KiB of raw bytes and costs at
  * least 4 stored bytes (3-byte block header + 1 byte of an RLE block), so a
@@ -94,21 +96,22 @@ typedef struct hash_job {
     const uint8_t *data;
     size_t n;
     uint64_t *digests; /* one per piece */
-    size_t first, stride, pieces;
+    size_t lanes, pieces;
 } hash_job;
 
-static void *hash_run(void *arg) {
-    hash_job *j = arg;
-    for (size_t i = j->first; i < j->pieces; i += j->stride) {
+/* Pool task `lane`: pieces lane, lane + lanes, ... */
+static void hash_run(void *arg, int lane) {
+    const hash_job *j = arg;
+    for (size_t i = (size_t)lane; i < j->pieces; i += j->lanes) {
         size_t off = i * (size_t)KILN_ENGINE_HASH_PIECE;
         size_t len = j->n - off < KILN_ENGINE_HASH_PIECE ? j->n - off : KILN_ENGINE_HASH_PIECE;
         j->digests[i] = XXH3_64bits(j->data + off, len);
     }
-    return NULL;
 }
 
 /* Format 2: XXH3-64 over the pieces' XXH3-64 digests, each as 8 little-endian
- * bytes. The digests are computed by up to `threads` threads; if the list
+ * bytes. The digests are computed on up to `threads` ways (at most 16) of the
+ * process-wide pool, as interleaved lanes of pieces; if the list
  * cannot be allocated they are streamed into the outer hash one by one. */
 uint64_t kiln_engine_checksum(uint16_t major, const uint8_t *data, size_t n, int threads) {
     if (major < 2) return XXH64(data, n, 0);
@@ -136,20 +139,8 @@ uint64_t kiln_engine_checksum(uint16_t major, const uint8_t *data, size_t n, int
     size_t nt = threads > 1 ? (size_t)threads : 1;
     if (nt > pieces) nt = pieces;
     if (nt > 16) nt = 16;
-    hash_job jobs[16];
-    pthread_t tids[16];
-    bool started[16] = {0};
-    for (size_t t = 0; t < nt; t++) {
-        jobs[t] = (hash_job){data, n, dig, t, nt, pieces};
-        if (t > 0) started[t] = pthread_create(&tids[t], NULL, hash_run, &jobs[t]) == 0;
-    }
-    hash_run(&jobs[0]);
-    for (size_t t = 1; t < nt; t++) {
-        if (started[t])
-            pthread_join(tids[t], NULL);
-        else
-            hash_run(&jobs[t]); /* no thread: its share here */
-    }
+    hash_job job = {data, n, dig, nt, pieces};
+    kiln_pool_for(nt > 1 ? kiln_pool_shared() : NULL, (int)nt, (int)nt, hash_run, &job);
     uint8_t *list = (uint8_t *)dig; /* rewritten in place as little-endian bytes */
     for (size_t i = 0; i < pieces; i++) {
         uint64_t v = dig[i];
@@ -605,7 +596,7 @@ const kiln_engine_section *kiln_engine_find(const kiln_engine *e, uint32_t kind)
 
 /* ---- decoding ---- */
 
-/* One decoding thread's share: chunks first, first+stride, ... */
+/* One decoding lane's share: chunks first, first+stride, ... */
 typedef struct decode_job {
     const zstd_index *ix;
     uint8_t *dst;           /* the whole raw buffer */
@@ -615,15 +606,16 @@ typedef struct decode_job {
     char why[160];
 } decode_job;
 
-static void *decode_run(void *arg) {
-    decode_job *j = arg;
+/* Pool task `lane` of the array of lanes `arg`. */
+static void decode_run(void *arg, int lane) {
+    decode_job *j = (decode_job *)arg + lane;
     j->bad_chunk = UINT32_MAX;
     const zstd_index *ix = j->ix;
     ZSTD_DCtx *dctx = ZSTD_createDCtx();
     if (!dctx) {
         j->bad_chunk = j->first;
         snprintf(j->why, sizeof j->why, "cannot create a zstd decoder (out of memory)");
-        return NULL;
+        return;
     }
     /* where chunk `first` starts among the frames */
     uint64_t src_off = 0;
@@ -648,7 +640,6 @@ static void *decode_run(void *arg) {
             src_off += kiln_rd_u64(ix->sizes + (size_t)k * 8);
     }
     ZSTD_freeDCtx(dctx);
-    return NULL;
 }
 
 kiln_status kiln_engine_section_bytes(const kiln_engine *e, const kiln_engine_section *s, int threads,
@@ -694,19 +685,9 @@ kiln_status kiln_engine_section_bytes(const kiln_engine *e, const kiln_engine_se
     if (n_threads > ix.chunk_count) n_threads = ix.chunk_count;
     if (n_threads > 64) n_threads = 64;
     decode_job jobs[64];
-    pthread_t tids[64];
-    bool started[64] = {0};
-    for (uint32_t t = 0; t < n_threads; t++) {
+    for (uint32_t t = 0; t < n_threads; t++)
         jobs[t] = (decode_job){.ix = &ix, .dst = dst, .first = t, .stride = n_threads, .bad_chunk = UINT32_MAX};
-        if (t > 0) started[t] = pthread_create(&tids[t], NULL, decode_run, &jobs[t]) == 0;
-    }
-    decode_run(&jobs[0]);
-    for (uint32_t t = 1; t < n_threads; t++) {
-        if (started[t])
-            pthread_join(tids[t], NULL);
-        else
-            decode_run(&jobs[t]); /* no thread: do its share here */
-    }
+    kiln_pool_for(n_threads > 1 ? kiln_pool_shared() : NULL, (int)n_threads, (int)n_threads, decode_run, jobs);
     const decode_job *bad = NULL;
     for (uint32_t t = 0; t < n_threads; t++)
         if (jobs[t].bad_chunk != UINT32_MAX && (!bad || jobs[t].bad_chunk < bad->bad_chunk)) bad = &jobs[t];

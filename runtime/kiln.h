@@ -118,7 +118,7 @@ typedef struct kiln_ctx_t kiln_ctx_t;
 /* ---- engines ---- */
 
 /* Open an engine file: verify it (format, checksums), read its plan, decode
- * its weights (with `threads` threads when compressed; 0 = one per core)
+ * its weights (with up to `threads` threads when compressed; 0 = one per core)
  * and load its tokenizer when it has one. See the error rules above. */
 kiln_status kiln_open(const char *path, int32_t threads, kiln_t **out);
 /* kiln_open for an engine stored as `size` bytes at byte `offset` of the
@@ -170,7 +170,7 @@ typedef struct kiln_ctx_options {
                                 left after the weights and KV); at least max_batch. A GPU context
                                 whose weights + kv_bytes + scratch exceed the free memory is refused
                                 (KILN_ERR_NOMEM naming each part) */
-    int32_t threads;         /* CPU threads; 0 = one per core (default) */
+    int32_t threads;         /* most CPU threads at once (of a pool of one per core); 0 = one per core */
     /* Since 0.2. Measurement knobs, for benchmarking only (`kiln bench --measure`): comma-separated
      * key=value pairs that change how the GPU runs the same plan, never what it computes beyond
      * rounding: gemv_max_m=N (1..64: most tokens per step the tensor-core GEMV takes before

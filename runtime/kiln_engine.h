@@ -160,7 +160,8 @@ kiln_status kiln_payload_trailer_read(const char *path, const char *label, kiln_
                                       kiln_error *err);
 
 /* The checksum of a section's stored bytes as format `major` defines it
- * (see the layout above); `threads` > 1 hashes pieces in parallel. */
+ * (see the layout above); `threads` > 1 hashes pieces on up to that many
+ * ways of the process-wide thread pool (common/kiln_pool.h). */
 uint64_t kiln_engine_checksum(uint16_t major, const uint8_t *data, size_t n, int threads);
 
 /* The first section of a kind, or NULL. */
@@ -168,7 +169,8 @@ const kiln_engine_section *kiln_engine_find(const kiln_engine *e, uint32_t kind)
 
 /* A section's decoded bytes. For codec none, `*data` points into the mapped
  * file and `*owned` is false; otherwise a malloc'd buffer (aligned to 4096)
- * the caller frees with free(). `threads` > 1 decodes chunks in parallel. */
+ * the caller frees with free(). `threads` > 1 decodes chunks on up to that
+ * many ways of the process-wide thread pool. */
 kiln_status kiln_engine_section_bytes(const kiln_engine *e, const kiln_engine_section *s, int threads,
                                       const uint8_t **data, size_t *size, bool *owned, kiln_error *err);
 

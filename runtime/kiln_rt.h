@@ -41,8 +41,8 @@ typedef struct kiln_model {
 } kiln_model;
 
 /* Open an engine: verify the file, parse meta and plan, decode the weights
- * (with `threads` threads when compressed) and convert them to f32 for the
- * CPU executor. */
+ * (at most `threads` ways of the process-wide pool when compressed) and
+ * convert them to f32 for the CPU executor. */
 kiln_status kiln_model_open(const char *path, int threads, kiln_model **out, kiln_error *err);
 /* kiln_model_open with flags: KILN_MODEL_NO_F32 skips the f32 conversion
  * (m->wf32 stays NULL): for a GPU executor, which reads the weights section
@@ -62,7 +62,8 @@ void kiln_model_close(kiln_model *m);
 typedef struct kiln_cpu_ctx kiln_cpu_ctx;
 
 /* State for one sequence of up to `max_context` tokens (0 = the model's),
- * processing up to `max_step_tokens` tokens per forward call. */
+ * processing up to `max_step_tokens` tokens per forward call. Its matmuls
+ * use at most `threads` ways of the process-wide pool (common/kiln_pool.h). */
 kiln_status kiln_cpu_ctx_new(const kiln_model *m, int max_context, int max_step_tokens, int threads,
                              kiln_cpu_ctx **out, kiln_error *err);
 void kiln_cpu_ctx_free(kiln_cpu_ctx *c);

@@ -5,7 +5,11 @@
  * Why threads: a 14.5 GB model read from the page cache is bound by host
  * memory copies (page cache → pinned buffer) and page faults on the mapping,
  * each about 5-10 GB/s per core, while PCIe moves 25-50 GB/s; a handful of
- * threads, each with its own stream, keeps the link busy.
+ * lanes, each with its own stream and two pinned buffers, keeps the link
+ * busy. The lanes are tasks on the process-wide thread pool
+ * (common/kiln_pool.h), as many as `threads` and the pool's ways allow; each
+ * pulls pieces from a shared counter, sets the context current for itself
+ * and leaves no context current on the pool's thread when it is done.
  */
 #include "kiln_cuda_upload.h"
 
@@ -14,6 +18,7 @@
 #include <string.h>
 
 #include "../../common/kiln_ops.h"
+#include "../../common/kiln_pool.h"
 
 typedef struct up_pool {
     kiln_cuda *cu;
@@ -21,8 +26,7 @@ typedef struct up_pool {
     int n, next, n_threads;
     bool dst_f32;
     size_t buf_bytes;
-    uint8_t *arena;     /* pinned: 2 buffers of buf_bytes per thread, one allocation */
-    int next_thread;
+    uint8_t *arena;     /* pinned: 2 buffers of buf_bytes per lane, one allocation */
     pthread_mutex_t lock;
     /* the first failure, by piece index */
     int bad;
@@ -72,7 +76,8 @@ static void convert_row(uint8_t *dst, const uint8_t *src, int64_t cols, uint32_t
     }
 }
 
-static void *up_run(void *arg) {
+/* Pool task `me`: one lane, with its own stream and buffers. */
+static void up_run(void *arg, int me) {
     up_pool *pl = arg;
     kiln_cuda *cu = pl->cu;
     kiln_error e = {0};
@@ -80,9 +85,6 @@ static void *up_run(void *arg) {
     CUevent ev[2] = {NULL, NULL};
     void *buf[2] = {NULL, NULL};
     bool used[2] = {false, false};
-    pthread_mutex_lock(&pl->lock);
-    int me = pl->next_thread++;
-    pthread_mutex_unlock(&pl->lock);
     buf[0] = pl->arena + (size_t)me * 2 * pl->buf_bytes;
     buf[1] = (uint8_t *)buf[0] + pl->buf_bytes;
     kiln_status st = KILN_CU_CALL(cu, &e, cu->api.cuCtxSetCurrent(cu->ctx));
@@ -130,7 +132,7 @@ out:
     for (int i = 0; i < 2; i++)
         if (ev[i]) cu->api.cuEventDestroy(ev[i]);
     if (stream) cu->api.cuStreamDestroy(stream);
-    return NULL;
+    cu->api.cuCtxSetCurrent(NULL); /* the pool's thread outlives this upload and maybe the context */
 }
 
 kiln_status kiln_upload_pieces(kiln_cuda *cu, const kiln_upload_piece *pieces, int n, bool dst_f32, int threads,
@@ -138,22 +140,19 @@ kiln_status kiln_upload_pieces(kiln_cuda *cu, const kiln_upload_piece *pieces, i
     *bytes = 0;
     if (n <= 0) return KILN_OK;
     up_pool pl = {.cu = cu, .pieces = pieces, .n = n, .dst_f32 = dst_f32, .buf_bytes = buf_bytes, .bad = n};
+    kiln_pool *pool = kiln_pool_shared();
     if (threads < 1) threads = 1;
     if (threads > 32) threads = 32;
     if (threads > n) threads = n;
-    /* one pinned allocation for every thread's two buffers: pinning is paid once */
+    if (threads > kiln_pool_ways(pool)) threads = kiln_pool_ways(pool); /* lanes beyond it would only wait */
+    /* one pinned allocation for every lane's two buffers: pinning is paid once */
     kiln_status st = KILN_CU_CALL(cu, err, cu->api.cuMemAllocHost((void **)&pl.arena, (size_t)threads * 2 * buf_bytes));
     if (st) return kiln_err_prefix(err, "weight upload: %d pinned staging buffers of %zu bytes: ", 2 * threads, buf_bytes);
     if (pthread_mutex_init(&pl.lock, NULL)) {
         cu->api.cuMemFreeHost(pl.arena);
         return kiln_err(err, KILN_ERR_NOMEM, "weight upload: cannot create a mutex");
     }
-    pthread_t tid[32];
-    bool started[32] = {0};
-    for (int t = 1; t < threads; t++) started[t] = pthread_create(&tid[t], NULL, up_run, &pl) == 0;
-    up_run(&pl);
-    for (int t = 1; t < threads; t++)
-        if (started[t]) pthread_join(tid[t], NULL);
+    kiln_pool_for(pool, threads, threads, up_run, &pl);
     pthread_mutex_destroy(&pl.lock);
     cu->api.cuMemFreeHost(pl.arena);
     /* the caller's thread: the context must stay current there */
