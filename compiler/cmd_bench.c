@@ -262,6 +262,7 @@ static kiln_status measure(kiln_ctx_t *ctx, int32_t vocab, int32_t bos, const be
             fprintf(stderr, "\rkiln bench: batch %d, %d requests, %s %d/%d ", sh->batch, R, warm ? "warmup" : "run",
                     warm ? i + 1 : i - sh->warmup + 1, warm ? sh->warmup : reps);
         run_result r = {{0}};
+        if (i == sh->warmup) kiln_ctx_profile_rows(ctx, NULL, -1); /* a profile counts the measured runs only */
         if ((st = run_once(ctx, prompts, R, sh->batch, sh->in_len, sh->out_len, &r, err)) != KILN_OK) goto out;
         if (!warm)
             for (int m = 0; m < RM_COUNT; m++) v[(size_t)m * reps + (size_t)(i - sh->warmup)] = r.v[m];
@@ -537,7 +538,7 @@ static void emit_profile(kiln_ctx_t *ctx, const report *rp, const bench_args *a,
             if (g[j].decode == d) total += g[j].ms, steps = g[j].steps;
         if (steps == 0 || !(total > 0)) continue;
         if (!rp->json)
-            printf("\nprofile, %s steps (%lld profiled, warm-up included; GPU time %.3f ms a step%s):\n"
+            printf("\nprofile, %s steps (%lld profiled, warm-up excluded; GPU time %.3f ms a step%s):\n"
                    "  %-34s %5s %10s %6s %10s %10s %9s %9s %s\n",
                    d ? "decode" : "prefill", (long long)steps, total / (double)steps,
                    tbps > 0 ? "" : "; no ceilings known for this GPU: --ceilings", "op", "count", "ms/step", "share",

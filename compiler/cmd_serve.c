@@ -657,12 +657,13 @@ static json_t *token_bytes(const server *s, int32_t id) {
 
 /* The log-probabilities of tokens [from, to) of job j in OpenAI's form: chat's {"content": [...]} or
  * completions' {tokens, token_logprobs, top_logprobs, text_offset}. json null when not asked for. */
-static json_t *logprobs_json(const server *s, job *j, bool chat, int32_t from, int32_t to) {
-    if (j->g->req.logprobs < 0) return json_null();
+static json_t *logprobs_json(const server *s, bool want, bool chat, const kiln_token_info *lps, int32_t n,
+                             size_t *text_off) {
+    if (!want) return json_null();
     if (chat) {
         json_t *content = json_array();
-        for (int32_t i = from; i < to; i++) {
-            const kiln_token_info *t = &j->lps[i];
+        for (int32_t i = 0; i < n; i++) {
+            const kiln_token_info *t = &lps[i];
             json_t *top = json_array();
             for (int32_t k = 0; k < t->n_top; k++)
                 json_array_append_new(top, json_pack("{s:o, s:f, s:o}", "token", token_text(s, t->top_token[k]),
@@ -674,12 +675,12 @@ static json_t *logprobs_json(const server *s, job *j, bool chat, int32_t from, i
         }
         return json_pack("{s:o}", "content", content);
     }
-    json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
-    for (int32_t i = from; i < to; i++) {
-        const kiln_token_info *t = &j->lps[i];
+    json_t *toks = json_array(), *lpv = json_array(), *tops = json_array(), *offs = json_array();
+    for (int32_t i = 0; i < n; i++) {
+        const kiln_token_info *t = &lps[i];
         json_t *text = token_text(s, t->token);
         json_array_append(toks, text);
-        json_array_append_new(lps, json_real((double)t->logprob));
+        json_array_append_new(lpv, json_real((double)t->logprob));
         json_t *top = json_object();
         for (int32_t k = 0; k < t->n_top; k++) {
             json_t *kt = token_text(s, t->top_token[k]);
@@ -688,11 +689,11 @@ static json_t *logprobs_json(const server *s, job *j, bool chat, int32_t from, i
             json_decref(kt);
         }
         json_array_append_new(tops, top);
-        json_array_append_new(offs, json_integer((json_int_t)j->lp_text_off));
-        j->lp_text_off += text ? json_string_length(text) : 0;
+        json_array_append_new(offs, json_integer((json_int_t)*text_off));
+        *text_off += text ? json_string_length(text) : 0;
         json_decref(text);
     }
-    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", toks, "token_logprobs", lps, "top_logprobs", tops,
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", toks, "token_logprobs", lpv, "top_logprobs", tops,
                      "text_offset", offs);
 }
 
@@ -704,7 +705,7 @@ static json_t *final_json(const server *s, conn *c) {
     for (int i = 0; i < c->n_jobs; i++) {
         job *j = c->jobs[i];
         json_t *text = json_stringn((const char *)j->text.data, j->text.len);
-        json_t *lp = logprobs_json(s, j, chat, 0, j->n_lps);
+        json_t *lp = logprobs_json(s, g->req.logprobs >= 0, chat, j->lps, j->n_lps, &j->lp_text_off);
         json_array_append_new(choices, chat ? json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", j->index,
                                                         "message", "role", "assistant", "content", text, "logprobs",
                                                         lp, "finish_reason", finish_reason(j))
@@ -732,8 +733,9 @@ static enum MHD_Result reply_whole(struct MHD_Connection *mc, conn *c) {
     pthread_mutex_lock(&s->mu);
     conn_wait(s, c, true);
     int fin = conn_failure(c);
-    json_t *out = fin == FIN_STOP ? final_json(s, c) : NULL;
     pthread_mutex_unlock(&s->mu);
+    /* every choice is done: nothing else writes their text or log-probabilities any more */
+    json_t *out = fin == FIN_STOP ? final_json(s, c) : NULL;
     if (fin == FIN_CANCELLED)
         return fail(mc, 503, "server_error", NULL, NULL, "the request was cancelled (the server is shutting down)");
     if (!out) return fail(mc, 500, "server_error", NULL, NULL, "generation failed: see the server's log");
@@ -742,60 +744,114 @@ static enum MHD_Result reply_whole(struct MHD_Connection *mc, conn *c) {
 
 /* ---- streaming (Server-Sent Events) ---- */
 
-/* One SSE chunk of choice j: delta text (may be NULL), its tokens' log-probabilities, finish reason
- * (NULL = none yet); or, with j NULL, the usage chunk. */
-static void sse_chunk(conn *c, job *j, const char *delta, size_t n, const char *finish) {
+/* What one choice has to send, copied under the server's lock so that the JSON is built without it
+ * (the scheduler thread's token callbacks take that lock: they must not wait for JSON encoding). */
+typedef struct sse_part {
+    job *j;                /* for its index and lp_text_off (this connection's own) */
+    char *delta;           /* malloc'd copy of the new visible text; NULL when none */
+    size_t n;
+    kiln_token_info *lps;  /* malloc'd copy of the new tokens' log-probabilities */
+    int32_t n_lps;
+    bool role;             /* chat: the first chunk, which names the role */
+    const char *finish;    /* finish reason, or NULL */
+} sse_part;
+
+/* One SSE chunk of a choice (p), or, with p NULL, the usage chunk with these totals. */
+static void sse_chunk(conn *c, const sse_part *p, int prompt_tokens, int gen_tokens) {
     const group *g = c->jobs[0]->g;
     json_t *choices = json_array();
-    if (j) {
-        json_t *lp = logprobs_json(c->s, j, c->chat, j->lps_sent, j->n_lps);
-        j->lps_sent = j->n_lps;
+    if (p) {
+        json_t *lp = logprobs_json(c->s, g->req.logprobs >= 0, c->chat, p->lps, p->n_lps, &p->j->lp_text_off);
         json_t *choice;
         if (c->chat) {
             json_t *d = json_object();
-            if (!j->role_sent) json_object_set_new(d, "role", json_string("assistant"));
-            if (delta) json_object_set_new(d, "content", json_stringn(delta, n));
-            choice = json_pack("{s:i, s:o, s:o, s:o}", "index", j->index, "delta", d, "logprobs", lp,
-                               "finish_reason", finish ? json_string(finish) : json_null());
-            j->role_sent = true;
+            if (p->role) json_object_set_new(d, "role", json_string("assistant"));
+            if (p->delta) json_object_set_new(d, "content", json_stringn(p->delta, p->n));
+            choice = json_pack("{s:i, s:o, s:o, s:o}", "index", p->j->index, "delta", d, "logprobs", lp,
+                               "finish_reason", p->finish ? json_string(p->finish) : json_null());
         } else {
-            choice = json_pack("{s:i, s:s%, s:o, s:o}", "index", j->index, "text", delta ? delta : "",
-                               delta ? n : 0, "logprobs", lp, "finish_reason",
-                               finish ? json_string(finish) : json_null());
+            choice = json_pack("{s:i, s:s%, s:o, s:o}", "index", p->j->index, "text", p->delta ? p->delta : "",
+                               p->delta ? p->n : 0, "logprobs", lp, "finish_reason",
+                               p->finish ? json_string(p->finish) : json_null());
         }
         json_array_append_new(choices, choice);
     }
     json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:o}", "id", g->rid, "object",
                           c->chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)g->created,
                           "model", c->s->model, "choices", choices);
-    if (o && g->req.include_usage) json_object_set_new(o, "usage", j ? json_null() : usage_json(c));
+    if (o && g->req.include_usage)
+        json_object_set_new(o, "usage", p ? json_null()
+                                          : json_pack("{s:i, s:i, s:i}", "prompt_tokens", prompt_tokens,
+                                                      "completion_tokens", gen_tokens, "total_tokens",
+                                                      prompt_tokens + gen_tokens));
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     if (s) kiln_buf_printf(&c->out, "data: %s\n\n", s);
     free(s);
 }
 
+/* Copy what job j has to send into *p (mu held) and mark it sent; false when nothing. */
+static bool sse_take(conn *c, job *j, sse_part *p) {
+    memset(p, 0, sizeof *p);
+    p->j = j;
+    if (j->visible > j->sent || (c->chat && !j->role_sent)) {
+        p->role = c->chat && !j->role_sent;
+        j->role_sent = true;
+        if (j->visible > j->sent && (p->delta = malloc(j->visible - j->sent))) {
+            memcpy(p->delta, j->text.data + j->sent, j->visible - j->sent);
+            p->n = j->visible - j->sent;
+        }
+        if (!p->delta && c->chat && !p->role) return false; /* out of memory: try again next time */
+        if (p->delta || p->role) j->sent = j->visible;
+        if (j->n_lps > j->lps_sent && (p->lps = malloc((size_t)(j->n_lps - j->lps_sent) * sizeof *p->lps))) {
+            memcpy(p->lps, j->lps + j->lps_sent, (size_t)(j->n_lps - j->lps_sent) * sizeof *p->lps);
+            p->n_lps = j->n_lps - j->lps_sent;
+            j->lps_sent = j->n_lps;
+        }
+        return true;
+    }
+    return false;
+}
+
 /* Fill c->out with the next SSE events, waiting for text (mu not held). */
 static void sse_fill(conn *c) {
     server *s = c->s;
+    sse_part parts[2 * SERVE_MAX_N];
+    int np = 0, fin = FIN_STOP, prompt_tokens = 0, gen_tokens = 0;
+    bool all_done = true;
     pthread_mutex_lock(&s->mu);
     conn_wait(s, c, false);
-    bool all_done = true;
     for (int i = 0; i < c->n_jobs; i++) {
         job *j = c->jobs[i];
-        if (j->visible > j->sent || (c->chat && !j->role_sent))
-            sse_chunk(c, j, (const char *)j->text.data + j->sent, j->visible - j->sent, NULL);
-        j->sent = j->visible;
+        if (sse_take(c, j, &parts[np])) np++;
         if (j->done && !j->fin_sent && (fin_index(j) == FIN_STOP || fin_index(j) == FIN_LENGTH)) {
-            sse_chunk(c, j, NULL, 0, finish_reason(j));
+            sse_part *p = &parts[np++];
+            memset(p, 0, sizeof *p);
+            p->j = j;
+            if (j->n_lps > j->lps_sent && (p->lps = malloc((size_t)(j->n_lps - j->lps_sent) * sizeof *p->lps))) {
+                memcpy(p->lps, j->lps + j->lps_sent, (size_t)(j->n_lps - j->lps_sent) * sizeof *p->lps);
+                p->n_lps = j->n_lps - j->lps_sent;
+                j->lps_sent = j->n_lps;
+            }
+            p->finish = finish_reason(j);
             j->fin_sent = true;
         }
         all_done &= j->done;
+        gen_tokens += j->n_gen;
     }
     if (all_done) {
-        int fin = conn_failure(c);
+        fin = conn_failure(c);
+        prompt_tokens = c->n_jobs ? c->jobs[0]->n_prompt : 0;
+    }
+    pthread_mutex_unlock(&s->mu);
+    for (int i = 0; i < np; i++) {
+        sse_chunk(c, &parts[i], 0, 0);
+        free(parts[i].delta);
+        free(parts[i].lps);
+    }
+    if (all_done) {
         if (fin == FIN_STOP) {
-            if (c->jobs[0]->g->req.include_usage) sse_chunk(c, NULL, NULL, 0, NULL);
+            if (c->jobs[0]->g->req.include_usage) sse_chunk(c, NULL, prompt_tokens, gen_tokens);
         } else {
             serve_error e;
             serve_error_set(&e, fin == FIN_CANCELLED ? 503 : 500, "server_error", NULL, NULL, "%s",
@@ -809,7 +865,6 @@ static void sse_fill(conn *c) {
         kiln_buf_printf(&c->out, "data: [DONE]\n\n");
         c->stream_done = true;
     }
-    pthread_mutex_unlock(&s->mu);
 }
 
 static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {

@@ -101,7 +101,8 @@ typedef struct kiln_executor_ops {
     /* Optional (NULL = nothing to report): fill *info (zeroed by the caller). */
     void (*info)(kiln_executor *x, kiln_executor_info *info);
     /* Optional: the profile so far, when the executor was made to profile (GPU: measure knob
-     * profile=1): up to `cap` rows into rows; returns how many there are (NULL = never profiles). */
+     * profile=1): up to `cap` rows into rows; returns how many there are (NULL = never profiles).
+     * cap < 0: clear the sums (rows unused). */
     int (*profile)(kiln_executor *x, kiln_profile_row *rows, int cap);
 } kiln_executor_ops;
 

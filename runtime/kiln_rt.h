@@ -132,7 +132,7 @@ kiln_status kiln_generate(kiln_cpu_ctx *c, const int32_t *prompt, int n_prompt, 
 struct kiln_t;
 const kiln_model *kiln_api_model(const struct kiln_t *k);
 /* The executor's profile of a context made with the measure knob profile=1 (kiln bench --profile):
- * up to cap rows; returns how many there are (0: no profile). */
+ * up to cap rows; returns how many there are (0: no profile). cap < 0 clears the sums instead. */
 struct kiln_ctx_t;
 struct kiln_profile_row;
 int kiln_ctx_profile_rows(struct kiln_ctx_t *c, struct kiln_profile_row *rows, int cap);

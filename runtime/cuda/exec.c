@@ -193,8 +193,10 @@ typedef struct cx {
     int lt_tune;    /* KILN_LT_TUNE: cuBLASLt algorithms at decode: 0 heuristic's, 1 timed (default), 2 timed + reported */
     /* profiling (opts.profile): events around each instruction and the sampler, sums per kind of step */
     bool profile;
-    CUevent *pev;          /* [2 × (n_prog + 1)] */
-    kiln_profile_row *prof; /* [2 × (n_prog + 1)]: prefill steps, then decode steps */
+    CUevent *pev;          /* [2 × (n_prog + 1)]: before and after each instruction (and the sampler) */
+    CUevent *pev_mid;      /* [n_prog]: QKV: between its GEMM and its rope_kv kernel */
+    kiln_profile_row *prof; /* [2 × (2 n_prog + 1)]: prefill steps, then decode steps; each: the
+                              instructions, the sampler, then the instructions' second parts (rope_kv) */
     int64_t prof_steps[2];
     int64_t bytes_now, bytes_peak;
     int64_t scratch_bytes; /* what the step budget costs: everything but weights and the KV pool (scratch_bytes()) */
@@ -826,6 +828,7 @@ static kiln_status run_program(cx *x, const cx_shape *sh, kiln_error *err) {
             break;
         case I_QKV: {
             if ((st = run_gemm(x, &in->g, T, bufp(x, in->x), x->qkv_tmp, false, norm, err))) break;
+            if (x->profile) x->cu.api.cuEventRecord(x->pev_mid[i], x->stream);
             if (sh->decode && in->rope_in_attn) break; /* decode attention rotates and stores */
             kiln_rope_kv_params rp = {x->qkv_tmp,
                                       x->q_tmp,
@@ -931,7 +934,7 @@ static void prof_cost(const cx *x, int i, const cx_shape *sh, double ctx, double
     case I_EMBED: *bytes = 2 * T * H * es; break;
     case I_NORM: *bytes = (in->x >= 0 ? 3 : 2) * T * H * es + H * es; *flops = 4 * T * H; break;
     case I_COPY: *bytes = 2 * T * in->width * es; break;
-    case I_QKV:
+    case I_QKV: /* the GEMM; the rope_kv part is counted in prof_add */
     case I_GEMM:
     case I_LMHEAD: {
         const double M = in->kind == I_LMHEAD ? B : T, N = in->g.n, K = in->g.k;
@@ -960,15 +963,26 @@ static void prof_add(cx *x, const kiln_step *s, const cx_shape *sh) {
         qctx += q * (len - (q - 1) / 2.0); /* token j of q attends to start + j + 1 keys */
     }
     x->prof_steps[d]++;
+    const int per = 2 * x->n_prog + 1;
     for (int i = 0; i <= x->n_prog; i++) {
         float ms = 0;
-        kiln_profile_row *r = &x->prof[d * (x->n_prog + 1) + i];
-        if (x->cu.api.cuEventElapsedTime(&ms, x->pev[2 * i], x->pev[2 * i + 1]) == CUDA_SUCCESS) r->ms += ms;
+        kiln_profile_row *r = &x->prof[d * per + i];
+        const bool qkv = i < x->n_prog && x->prog[i].kind == I_QKV;
+        CUevent end = qkv ? x->pev_mid[i] : x->pev[2 * i + 1];
+        if (x->cu.api.cuEventElapsedTime(&ms, x->pev[2 * i], end) == CUDA_SUCCESS) r->ms += ms;
         double b, f;
         prof_cost(x, i, sh, ctx, qctx, &b, &f);
         r->bytes += b;
         r->flops += f;
         r->steps = x->prof_steps[d];
+        if (!qkv) continue;
+        /* rope_kv: rotate q and k, write k and v into the KV cache (skipped at decode with +decode_rope) */
+        kiln_profile_row *rr = &x->prof[d * per + x->n_prog + 1 + i];
+        ms = 0;
+        if (x->cu.api.cuEventElapsedTime(&ms, x->pev_mid[i], x->pev[2 * i + 1]) == CUDA_SUCCESS) rr->ms += ms;
+        if (!(sh->decode && x->prog[i].rope_in_attn))
+            rr->bytes += (double)sh->T * (x->n_heads + 2 * x->n_kv) * x->head_dim * x->es * 2;
+        rr->steps = x->prof_steps[d];
     }
 }
 
@@ -976,9 +990,16 @@ static const char *const ikind_names[] = {"embed", "norm", "copy", "qkv", "attn"
 
 /* Name the rows once the program exists. */
 static void prof_name(cx *x) {
-    for (int d = 0; d < 2; d++)
+    const int per = 2 * x->n_prog + 1;
+    for (int d = 0; d < 2; d++) {
+        for (int i = 0; i < x->n_prog; i++) {
+            kiln_profile_row *r = &x->prof[d * per + x->n_prog + 1 + i];
+            r->decode = d;
+            r->op = x->prog[i].op;
+            snprintf(r->what, sizeof r->what, "rope_kv (%s)", kiln_op_name((kiln_op_kind)x->p->ops[x->prog[i].op].kind));
+        }
         for (int i = 0; i <= x->n_prog; i++) {
-            kiln_profile_row *r = &x->prof[d * (x->n_prog + 1) + i];
+            kiln_profile_row *r = &x->prof[d * per + i];
             r->decode = d;
             if (i == x->n_prog) {
                 r->op = -1;
@@ -996,15 +1017,22 @@ static void prof_name(cx *x) {
                 snprintf(r->what, sizeof r->what, "%s", in->kind == I_EMBED || in->kind == I_ATTN || in->kind == I_NORM
                                                              ? opn : ikind_names[in->kind]);
         }
+    }
 }
 
 static int cx_profile(kiln_executor *e, kiln_profile_row *rows, int cap) {
     cx *x = (cx *)e;
     if (!x->profile) return 0;
+    const int per = 2 * x->n_prog + 1;
+    if (cap < 0) {
+        for (int i = 0; i < 2 * per; i++) x->prof[i].steps = 0, x->prof[i].ms = x->prof[i].bytes = x->prof[i].flops = 0;
+        x->prof_steps[0] = x->prof_steps[1] = 0;
+        return 0;
+    }
     int n = 0;
     for (int d = 0; d < 2; d++)
-        for (int i = 0; i <= x->n_prog; i++) {
-            const kiln_profile_row *r = &x->prof[d * (x->n_prog + 1) + i];
+        for (int i = 0; i < per; i++) {
+            const kiln_profile_row *r = &x->prof[d * per + i];
             if (r->steps == 0) continue;
             if (n < cap) rows[n] = *r;
             n++;
@@ -1315,6 +1343,8 @@ static void cx_destroy(kiln_executor *e) {
         if (x->stream) x->cu.api.cuStreamDestroy(x->stream);
         for (int i = 0; x->pev && i < 2 * (x->n_prog + 1); i++)
             if (x->pev[i]) x->cu.api.cuEventDestroy(x->pev[i]);
+        for (int i = 0; x->pev_mid && i < x->n_prog; i++)
+            if (x->pev_mid[i]) x->cu.api.cuEventDestroy(x->pev_mid[i]);
         for (int i = 0; i < x->n_mods; i++)
             if (x->ks.modules[i].owner == i) kiln_cuda_module_unload(&x->cu, x->mods[i]);
         kiln_cuda_free(&x->cu);
@@ -1326,6 +1356,7 @@ static void cx_destroy(kiln_executor *e) {
     free(x->prog);
     free(x->bufs);
     free(x->pev);
+    free(x->pev_mid);
     free(x->prof);
     free(x);
 }
@@ -1574,13 +1605,18 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
     if (o->profile) {
         const int ne = 2 * (x->n_prog + 1);
         x->pev = calloc((size_t)ne, sizeof *x->pev);
-        x->prof = calloc((size_t)ne, sizeof *x->prof);
-        if (!x->pev || !x->prof) {
+        x->pev_mid = calloc((size_t)x->n_prog + 1, sizeof *x->pev_mid);
+        x->prof = calloc(2 * (2 * (size_t)x->n_prog + 1), sizeof *x->prof);
+        if (!x->pev || !x->pev_mid || !x->prof) {
             st = kiln_err(err, KILN_ERR_NOMEM, "cuda executor: out of memory for the profile");
             goto fail;
         }
         for (int i = 0; i < ne; i++)
             if ((st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuEventCreate(&x->pev[i], CU_EVENT_DEFAULT)))) goto fail;
+        for (int i = 0; i < x->n_prog; i++)
+            if (x->prog[i].kind == I_QKV &&
+                (st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuEventCreate(&x->pev_mid[i], CU_EVENT_DEFAULT))))
+                goto fail;
         x->profile = true;
         prof_name(x);
     }
