@@ -30,6 +30,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1198,6 +1199,21 @@ static void model_name(const serve_opts *o, char out[256]) {
     if (n > 5 && strcmp(out + n - 5, ".kiln") == 0) out[n - 5] = 0;
 }
 
+/* libmicrohttpd's own messages, prefixed; a client that goes away mid-stream is expected (its
+ * request is cancelled and counted in kiln_requests_finished_total{finish_reason="cancelled"}), so
+ * those are not logged. */
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    if (strstr(msg, "forcibly closed by remote peer") || strstr(msg, "Connection reset by peer") ||
+        strstr(msg, "Broken pipe"))
+        return;
+    size_t n = strlen(msg);
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r')) msg[--n] = 0;
+    fprintf(stderr, "kiln serve: libmicrohttpd: %s\n", msg);
+}
+
 static struct MHD_Daemon *start_http(server *s, kiln_error *err) {
     struct sockaddr_storage ss = {0};
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG;
@@ -1217,7 +1233,8 @@ static struct MHD_Daemon *start_http(server *s, kiln_error *err) {
                                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
                                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                                             MHD_OPTION_CONNECTION_LIMIT, 1024u,
-                                            MHD_OPTION_CONNECTION_TIMEOUT, 600u, MHD_OPTION_END);
+                                            MHD_OPTION_CONNECTION_TIMEOUT, 600u,
+                                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
     if (!d) {
         kiln_err(err, KILN_ERR_IO, "cannot listen on %s port %lld", s->o.host, s->o.port);
         kiln_err_hint(err, "is the port in use? choose another with --port");
