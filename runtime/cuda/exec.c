@@ -1545,8 +1545,20 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
     x->head_dim = p->head_dim;
     x->vocab = p->vocab_size;
     x->n_layers = p->n_layers;
-    for (uint32_t i = 0; i < p->n_ops; i++)
-        if (p->ops[i].kind == KILN_OP_QKV_ROPE || p->ops[i].kind == KILN_OP_ATTENTION) x->n_heads = p->ops[i].attrs.n_heads;
+    /* the query heads every attention op has (its kernels and scratch are built for one count: a plan
+     * whose layers differ is refused, not run with the last layer's) */
+    for (uint32_t i = 0; i < p->n_ops; i++) {
+        const kiln_plan_op *op = &p->ops[i];
+        if (op->kind != KILN_OP_ATTENTION) continue;
+        if (x->n_heads && op->attrs.n_heads != x->n_heads) {
+            st = kiln_err(err, KILN_ERR_UNSUPPORTED, "cuda executor: plan op %u (attention) has %d query heads, an "
+                          "earlier layer %d: layers with different head counts are not supported on the GPU",
+                          i, op->attrs.n_heads, x->n_heads);
+            kiln_err_hint(err, "run this engine on the CPU");
+            goto fail;
+        }
+        x->n_heads = op->attrs.n_heads;
+    }
 
     /* the device first: without one, that is the answer (KILN_ERR_DEVICE) whatever the engine holds */
     if ((st = kiln_cuda_init(&x->cu, o->device, err))) {
