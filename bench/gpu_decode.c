@@ -101,13 +101,14 @@ static kiln_status prefill(kiln_executor *x, int n, int len, int step_tokens, ki
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s ENGINE [--batches 1,8,64] [--prompt 512] [--steps 64] [--prefill 2048] "
-                        "[--ttft 128] [--reps 5] [--no-graph-compare]\n", argv[0]);
+                        "[--ttft 128] [--reps 5] [--no-graph-compare] [--lt-tune 1|2|3] [--gemv-max-m N]\n", argv[0]);
         return 2;
     }
     const char *engine = argv[1];
     int batches[16] = {1, 8, 64}, nb = 3, prompt = 512, steps = 64, pf = 2048, ttft = 128, reps = 5;
     bool compare = true;
     int lt_tune = 0; /* kiln_cuda_exec_opts.lt_tune: 0 default, 1 heuristic, 2 timed, 3 timed + reported */
+    int gemv_max_m = 0; /* kiln_cuda_exec_opts.gemv_max_m: 0 default */
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--batches") && i + 1 < argc) {
             nb = 0;
@@ -122,6 +123,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--no-graph-compare")) compare = false;
         else if (!strcmp(argv[i], "--lt-tune") && i + 1 < argc) lt_tune = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--gemv-max-m") && i + 1 < argc) gemv_max_m = atoi(argv[++i]);
         else {
             fprintf(stderr, "unknown option %s\n", argv[i]);
             return 2;
@@ -145,7 +147,8 @@ int main(int argc, char **argv) {
     if (ttft + 8 > ctx) ctx = ttft + 8;
     if (ctx > m->plan->max_context) ctx = m->plan->max_context;
     int step_tokens = pf > 4096 ? pf : 4096;
-    kiln_cuda_exec_opts o = {.max_seqs = max_b, .max_context = ctx, .max_step_tokens = step_tokens, .lt_tune = lt_tune};
+    kiln_cuda_exec_opts o = {.max_seqs = max_b, .max_context = ctx, .max_step_tokens = step_tokens, .lt_tune = lt_tune,
+                             .gemv_max_m = gemv_max_m};
     g_fused = false;
     for (uint32_t i = 0; i < m->plan->n_ops; i++) g_fused |= (m->plan->ops[i].attrs.flags & KILN_FLAG_DECODE_ROPE) != 0;
     kiln_executor *x = NULL;
@@ -197,6 +200,7 @@ int main(int argc, char **argv) {
     /* decode at each batch, graphs on (and off for small batches) */
     for (int bi = 0; bi < nb; bi++) {
         int B = batches[bi];
+        if (B < 1 || B > max_b) continue; /* --batches takes positive counts (and max_b is their largest) */
         /* modes: 0 graphs + PDL, 1 no graphs (PDL), 2 graphs without PDL (batches above 8: mode 0 only) */
         for (int g = 0; g < (compare && B <= 8 ? 3 : 1); g++) {
             kiln_executor *y = x;

@@ -12,12 +12,12 @@
 #   perf7b: decode on the 7B with and without the decode fusions (norm into
 #   GEMV, split merge in attention) at batch 1/8/64, and batch 64 at a short
 #   prompt (what the KV read at 512 tokens costs)
-#   fuse7b: decode at batch 1 and 8 with each decode fusion alone (KILN_FUSE
+#   fuse7b: decode at batch 1 and 8 with each decode fusion alone (engines compiled with --passes
 #   mask 7 all, 0 none, 1 norm into GEMV, 2 split merge, 4 rope + KV write in
 #   attention), batch 64 at 512
 #   and 32-token prompts, prefill 2048 and TTFT 128
 #   ready7b: make the 7B checkpoint and compile it for sm_90 (for the steps after it)
-#   norm7b: RMSNorm folded into the GEMV (KILN_FUSE 5) against the default (4), batch 1 and 8
+#   norm7b: RMSNorm folded into the GEMV (pass fold-norm-into-gemv) against the default, batch 1 and 8
 #   lt7b: cuBLASLt tuning off / on (reported) at batch 16 and 64
 #   prof7b: ncu per-kernel time tables (bench/ncu_steps.py) of prefill 2048, prefill 512 and
 #   decode at batch 1, and decode at batch 64
@@ -43,12 +43,27 @@ engine7b() {
   note "7B compile rc=$? $((SECONDS - c0)) s"
   sync; cat /tmp/m7b.kiln >/dev/null
 }
-# fuse_runs LOG MASK...: decode at batch 1 and 8 with each KILN_FUSE mask in turn
+# The decode fusions are passes (kiln compile --passes; they used to be the KILN_FUSE mask):
+#   none  = no decode fusion, rope = decode-attention-rope (the default), norm = + fold-norm-into-gemv,
+#   merge = + decode-attention-merge, all = the three
+passes_for() {
+  local base="fuse-add-rmsnorm,fuse-qkv-rope,fuse-gate-up-swiglu,fuse-linear-residual,pack-weights"
+  case $1 in
+  none) echo "$base,dce" ;;
+  rope) echo "$base,decode-attention-rope,dce" ;;
+  norm) echo "$base,decode-attention-rope,fold-norm-into-gemv,dce" ;;
+  merge) echo "$base,decode-attention-rope,decode-attention-merge,dce" ;;
+  all) echo "$base,decode-attention-rope,decode-attention-merge,fold-norm-into-gemv,dce" ;;
+  esac
+}
+# fuse_runs LOG VARIANT...: decode at batch 1 and 8 with an engine compiled for each variant in turn
 fuse_runs() {
-  local log=$1 mask; shift
-  for mask in "$@"; do
-    echo "KILN_FUSE=$mask" >>"$OUT/$log.log"
-    KILN_FUSE=$mask timeout 60 "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --batches 1,8 --steps 96 --reps 1 --prefill 0 \
+  local log=$1 v; shift
+  for v in "$@"; do
+    echo "passes $v: $(passes_for "$v")" >>"$OUT/$log.log"
+    [ -f "/tmp/m7b-$v.kiln" ] || timeout 150 "$BIN/kiln" compile /tmp/m7b -o "/tmp/m7b-$v.kiln" --target sm_90 \
+      --passes "$(passes_for "$v")" >>"$OUT/$log.log" 2>&1
+    timeout 60 "$BIN/kiln_gpu_decode" "/tmp/m7b-$v.kiln" --batches 1,8 --steps 96 --reps 1 --prefill 0 \
       --ttft 0 --no-graph-compare >>"$OUT/$log.jsonl" 2>>"$OUT/$log.log"
   done
 }
@@ -85,7 +100,7 @@ for s in $steps; do
     timeout 200 "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --batches 1,8,16,64 --steps 64 --reps 5 >"$OUT/bench7b.jsonl" 2>>"$OUT/bench7b.log"
     note "7B bench rc=$?, $((SECONDS - t0)) s"
     # the same batches with the tensor-core GEMV up to 64 tokens instead of cuBLASLt above 8
-    KILN_GEMV_MAX_M=64 timeout 120 "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --batches 16,64 --steps 32 --reps 3 \
+    timeout 120 "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --gemv-max-m 64 --batches 16,64 --steps 32 --reps 3 \
       --prefill 0 --ttft 0 --no-graph-compare >"$OUT/bench7b_lt.jsonl" 2>>"$OUT/bench7b.log"
     tail -22 "$OUT/bench7b.log"
     # the same engine through the public API and scheduler (kiln bench)
@@ -104,33 +119,33 @@ for s in $steps; do
     grep -E "decode|prefill|ttft|load" "$OUT/perf7b.log" | tail -20;;
   fuse7b)
     engine7b fuse7b --target sm_90
-    fuse_runs fuse7b 7 0 1 2 4 7
+    fuse_runs fuse7b all none norm merge rope all
     timeout 90 "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --batches 64 --steps 64 --reps 3 --prefill 2048 --ttft 128 \
       --no-graph-compare >>"$OUT/fuse7b.jsonl" 2>>"$OUT/fuse7b.log"
     timeout 60 "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --batches 64 --prompt 32 --steps 32 --reps 1 --prefill 0 --ttft 0 \
       --no-graph-compare >>"$OUT/fuse7b.jsonl" 2>>"$OUT/fuse7b.log"
     note "7B fusions rc=$?, $((SECONDS - t0)) s"
-    grep -E "KILN_FUSE|decode|prefill|ttft" "$OUT/fuse7b.log" | tail -24;;
+    grep -E "^passes|decode|prefill|ttft" "$OUT/fuse7b.log" | tail -24;;
   ready7b)
     # the 7B checkpoint and engine (sm_90 only) for the steps below
     engine7b ready7b --target sm_90;;
   norm7b)
-    # the RMSNorm folded into the next GEMV at decode (KILN_FUSE 5 = rope + norm) against the default (4),
+    # the RMSNorm folded into the next GEMV at decode (pass fold-norm-into-gemv) against the default,
     # twice each, batch 1 and 8; then prefill 2048 and TTFT 128
-    fuse_runs norm7b 4 5 4 5
+    fuse_runs norm7b rope norm rope norm
     timeout 60 "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --batches 1 --steps 8 --reps 3 --prefill 2048 --ttft 128 \
       --no-graph-compare >>"$OUT/norm7b.jsonl" 2>>"$OUT/norm7b.log"
     note "7B norm fold rc=$?, $((SECONDS - t0)) s"
-    grep -E "KILN_FUSE|decode batch|prefill|ttft" "$OUT/norm7b.log" | tail -14;;
+    grep -E "^passes|decode batch|prefill|ttft" "$OUT/norm7b.log" | tail -14;;
   lt7b)
-    # cuBLASLt algorithm tuning per decode shape (KILN_LT_TUNE 0 off, 1 on, 2 on + report) at batch 16 and 64
-    for t in 0 2; do
-      echo "KILN_LT_TUNE=$t" >>"$OUT/lt7b.log"
-      KILN_LT_TUNE=$t timeout 150 "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --batches 16,64 --steps 64 --reps 1 \
+    # cuBLASLt algorithm tuning per decode shape (--lt-tune 1 the heuristic's, 3 timed + reported) at batch 16 and 64
+    for t in 1 3; do
+      echo "lt-tune $t" >>"$OUT/lt7b.log"
+      timeout 150 "$BIN/kiln_gpu_decode" /tmp/m7b.kiln --lt-tune $t --batches 16,64 --steps 64 --reps 1 \
         --prefill 0 --ttft 0 --no-graph-compare >>"$OUT/lt7b.jsonl" 2>>"$OUT/lt7b.log"
     done
     note "7B cuBLASLt tuning rc=$?, $((SECONDS - t0)) s"
-    grep -E "KILN_LT_TUNE|decode batch|picked|shapes in|not tuned" "$OUT/lt7b.log" | tail -30;;
+    grep -E "lt-tune|decode batch|picked|shapes in|not tuned" "$OUT/lt7b.log" | tail -30;;
   prof7b)
     # per-kernel time of a 2048-token prefill, a 512-token prefill and decode steps at batch 1, then
     # decode at batch 64 (ncu runs kernels one at a time: no launch gaps, no PDL overlap)
