@@ -57,6 +57,8 @@ typedef enum kiln_op_kind {
                                          out: as qkv_rope */
     KILN_OP_GATE_UP_SWIGLU_PACKED = 14, /* in: x, Wgu [2F, K], row 2f = gate_f, row 2f+1 = up_f
                                            out: as gate_up_swiglu */
+    KILN_OP_HEAD_RMSNORM = 15,  /* in: x[B,S,heads*hd], w[hd]   out: each head's hd values RMS-normalised and
+                                   scaled by w (attrs n_heads, head_dim, eps): Qwen3's q_norm / k_norm */
     KILN_OP_COUNT_
 } kiln_op_kind;
 

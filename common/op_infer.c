@@ -28,7 +28,8 @@ int kiln_op_n_in(kiln_op_kind k) {
     case KILN_OP_ROPE:
     case KILN_OP_MUL:
     case KILN_OP_LM_HEAD:
-    case KILN_OP_GATE_UP_SWIGLU_PACKED: return 2;
+    case KILN_OP_GATE_UP_SWIGLU_PACKED:
+    case KILN_OP_HEAD_RMSNORM: return 2;
     case KILN_OP_ADD_RMSNORM:
     case KILN_OP_GATE_UP_SWIGLU:
     case KILN_OP_LINEAR_ADD:
@@ -137,6 +138,13 @@ int kiln_op_infer(kiln_op_kind kind, const kiln_tensor_desc *in, int n_in, const
     case KILN_OP_RMSNORM:
         if (w0 < 0) return BAD("rmsnorm: input %%%d is not an activation", in[0].id);
         if (!check_norm_weight(opn, &in[1], w0, a->eps, err)) return KILN_ERR_VERIFY;
+        make_act(&out[0], w0);
+        return KILN_OK;
+    case KILN_OP_HEAD_RMSNORM:
+        if (a->n_heads <= 0 || a->head_dim <= 0 || w0 != (int64_t)a->n_heads * a->head_dim)
+            return BAD("head_rmsnorm: width %lld is not n_heads %d x head_dim %d", (long long)w0, a->n_heads,
+                       a->head_dim);
+        if (!check_norm_weight(opn, &in[1], a->head_dim, a->eps, err)) return KILN_ERR_VERIFY;
         make_act(&out[0], w0);
         return KILN_OK;
     case KILN_OP_ADD:

@@ -36,6 +36,7 @@ static const char *const op_names[KILN_OP_COUNT_] = {
     [KILN_OP_LINEAR_ADD] = "linear_add",
     [KILN_OP_QKV_ROPE_PACKED] = "qkv_rope_packed",
     [KILN_OP_GATE_UP_SWIGLU_PACKED] = "gate_up_swiglu_packed",
+    [KILN_OP_HEAD_RMSNORM] = "head_rmsnorm",
 };
 
 const char *kiln_op_name(kiln_op_kind k) { return (unsigned)k < KILN_OP_COUNT_ ? op_names[k] : "?"; }

@@ -22,9 +22,7 @@
 #include "kiln_chat_compile.h"
 #include "kiln_tokjson.h"
 
-static const char *arch_name(kiln_arch a) {
-    return a == KILN_ARCH_MISTRAL ? "MistralForCausalLM" : "LlamaForCausalLM";
-}
+static const char *arch_name(kiln_arch a) { return kiln_arch_name(a); }
 
 /* meta.generation: bos/eos/pad ids and sampling defaults, each with its
  * source (kiln_generation_resolve; docs/engine-format.md). `gc` NULL = the

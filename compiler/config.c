@@ -178,7 +178,15 @@ static kiln_status cfg_token_id(cfg_ctx *c, const json_t *v, const char *field, 
 
 /* ---- the parts of a config ---- */
 
-static const char *const supported_archs = "LlamaForCausalLM, MistralForCausalLM";
+static const char *const supported_archs = "LlamaForCausalLM, MistralForCausalLM, Qwen3ForCausalLM";
+
+const char *kiln_arch_name(kiln_arch a) {
+    switch (a) {
+    case KILN_ARCH_MISTRAL: return "MistralForCausalLM";
+    case KILN_ARCH_QWEN3: return "Qwen3ForCausalLM";
+    default: return "LlamaForCausalLM";
+    }
+}
 
 static kiln_status cfg_arch(cfg_ctx *c, json_t *root, kiln_arch *out) {
     json_t *a = cfg_get(root, "architectures");
@@ -189,6 +197,7 @@ static kiln_status cfg_arch(cfg_ctx *c, json_t *root, kiln_arch *out) {
         if (st) return st;
         if (mt && strcmp(mt, "llama") == 0) { *out = KILN_ARCH_LLAMA; return KILN_OK; }
         if (mt && strcmp(mt, "mistral") == 0) { *out = KILN_ARCH_MISTRAL; return KILN_OK; }
+        if (mt && strcmp(mt, "qwen3") == 0) { *out = KILN_ARCH_QWEN3; return KILN_OK; }
         if (mt)
             return kiln_err(c->err, KILN_ERR_UNSUPPORTED,
                             "%s: no \"architectures\" and model_type \"%s\" is not supported (supported: %s)",
@@ -206,6 +215,7 @@ static kiln_status cfg_arch(cfg_ctx *c, json_t *root, kiln_arch *out) {
         const char *s = json_string_value(e);
         if (strcmp(s, "LlamaForCausalLM") == 0) { *out = KILN_ARCH_LLAMA; return KILN_OK; }
         if (strcmp(s, "MistralForCausalLM") == 0) { *out = KILN_ARCH_MISTRAL; return KILN_OK; }
+        if (strcmp(s, "Qwen3ForCausalLM") == 0) { *out = KILN_ARCH_QWEN3; return KILN_OK; }
     }
     char shown[128];
     return kiln_err(c->err, KILN_ERR_UNSUPPORTED, "%s: architecture %s is not supported (supported: %s)", c->path,
@@ -338,6 +348,25 @@ static kiln_status cfg_rest(cfg_ctx *c, json_t *root, kiln_model_config *m) {
     int64_t window;
     if ((st = cfg_int(c, root, "sliding_window", "sliding_window", false, 0, 1, CFG_MAX_CONTEXT, &window))) return st;
     m->sliding_window = m->arch == KILN_ARCH_MISTRAL ? window : 0; /* Llama ignores it (file comment) */
+    if (m->arch == KILN_ARCH_QWEN3) {
+        /* Qwen3 windows some layers only when use_sliding_window is set (then by layer_types /
+         * max_window_layers): kiln has no per-layer windows yet, so that is refused, not ignored */
+        bool sw = false;
+        if ((st = cfg_bool(c, root, "use_sliding_window", false, &sw))) return st;
+        if (sw)
+            return kiln_err(c->err, KILN_ERR_UNSUPPORTED, "%s: field \"use_sliding_window\" is true; kiln does not "
+                                                          "support Qwen's per-layer sliding windows yet", c->path);
+        json_t *lt = cfg_get(root, "layer_types");
+        size_t i;
+        json_t *e;
+        if (lt && json_is_array(lt))
+            json_array_foreach(lt, i, e) {
+                if (!json_is_string(e) || strcmp(json_string_value(e), "full_attention") != 0)
+                    return kiln_err(c->err, KILN_ERR_UNSUPPORTED, "%s: field \"layer_types\"[%zu] is not "
+                                                                  "\"full_attention\"; kiln supports only full "
+                                                                  "attention layers for Qwen3", c->path, i);
+            }
+    }
 
     if ((st = cfg_bool(c, root, "tie_word_embeddings", false, &m->tie_word_embeddings))) return st;
 

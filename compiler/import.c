@@ -1,5 +1,5 @@
 /*
- * import.c — checkpoint → IR: builds the forward graph of a Llama/Mistral
+ * import.c — checkpoint → IR: builds the forward graph of a Llama/Mistral/Qwen3
  * decoder exactly as the HuggingFace modeling code computes it, from coarse
  * ops (embedding, rmsnorm, linear, rope, attention, silu, mul, add,
  * lm_head). Fusion is left to passes/.
@@ -7,6 +7,7 @@
  * Per layer l (x is the residual stream, [B,S,H]):
  *   h = rmsnorm(x, input_layernorm)
  *   q = rope(linear(h, q_proj)); k = rope(linear(h, k_proj)); v = linear(h, v_proj)
+ *   (Qwen3: q = rope(head_rmsnorm(linear(h, q_proj), q_norm)), k likewise with k_norm)
  *   x = x + linear(attention(q, k, v), o_proj)
  *   h = rmsnorm(x, post_attention_layernorm)
  *   x = x + linear(silu(linear(h, gate_proj)) * linear(h, up_proj), down_proj)
@@ -200,7 +201,7 @@ static kiln_status check_all_used(importer *im, const kiln_import_options *o) {
     if (n > 1) snprintf(more, sizeof more, " (and %zu other unused tensor%s)", n - 1, n > 2 ? "s" : "");
     kiln_err(im->err, KILN_ERR_UNSUPPORTED,
              "%s: tensor '%s' is in the checkpoint but not used by the %s graph kiln builds from config.json%s",
-             ck->dir, name, ck->config.arch == KILN_ARCH_MISTRAL ? "MistralForCausalLM" : "LlamaForCausalLM", more);
+             ck->dir, name, kiln_arch_name(ck->config.arch), more);
     return kiln_err_hint(im->err, "a tensor kiln would drop (a bias, a q_norm...) usually means the checkpoint is of "
                                   "another architecture than config.json says; if it is truly not part of the model, "
                                   "compile with --allow-unused '%s' (a glob pattern; repeatable)", name);
@@ -243,6 +244,15 @@ static kiln_status import_with(importer *im, kiln_dtype weight_dtype) {
         TRY(q = layer_op(im, l, "q", KILN_OP_LINEAR, (int[]){h, w1}, 2, NULL));
         TRY(k = layer_op(im, l, "k", KILN_OP_LINEAR, (int[]){h, w2}, 2, NULL));
         TRY(v = layer_op(im, l, "v", KILN_OP_LINEAR, (int[]){h, w3}, 2, NULL));
+        if (c->arch == KILN_ARCH_QWEN3) { /* Qwen3: each head of q and k RMS-normalised before RoPE */
+            kiln_op_attrs hq = {.n_heads = (int32_t)c->n_heads, .head_dim = (int32_t)hd, .eps = (float)c->rms_norm_eps};
+            kiln_op_attrs hk = hq;
+            hk.n_heads = (int32_t)c->n_kv_heads;
+            TRY(w1 = layer_weight(im, l, "self_attn.q_norm.weight", 1, hd, 0));
+            TRY(w2 = layer_weight(im, l, "self_attn.k_norm.weight", 1, hd, 0));
+            TRY(q = layer_op(im, l, "q_norm", KILN_OP_HEAD_RMSNORM, (int[]){q, w1}, 2, &hq));
+            TRY(k = layer_op(im, l, "k_norm", KILN_OP_HEAD_RMSNORM, (int[]){k, w2}, 2, &hk));
+        }
         TRY(q = layer_op(im, l, "q_rope", KILN_OP_ROPE, (int[]){q, g->positions}, 2, &rq));
         TRY(k = layer_op(im, l, "k_rope", KILN_OP_ROPE, (int[]){k, g->positions}, 2, &rk));
         TRY(a = layer_op(im, l, "attn", KILN_OP_ATTENTION, (int[]){q, k, v, g->positions}, 4, &att));

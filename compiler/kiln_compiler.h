@@ -29,7 +29,11 @@
 typedef enum kiln_arch {
     KILN_ARCH_LLAMA = 0,   /* LlamaForCausalLM */
     KILN_ARCH_MISTRAL = 1, /* MistralForCausalLM */
+    KILN_ARCH_QWEN3 = 2,   /* Qwen3ForCausalLM: per-head RMSNorm of q and k before RoPE */
 } kiln_arch;
+
+/* "LlamaForCausalLM"... */
+const char *kiln_arch_name(kiln_arch a);
 
 typedef enum kiln_rope_type {
     KILN_ROPE_DEFAULT = 0,

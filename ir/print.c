@@ -40,6 +40,7 @@ static void print_attrs(const kiln_op *op, FILE *f) {
     switch (op->kind) {
     case KILN_OP_RMSNORM:
     case KILN_OP_ADD_RMSNORM: fprintf(f, " eps=%g", a->eps); break;
+    case KILN_OP_HEAD_RMSNORM: fprintf(f, " heads=%d head_dim=%d eps=%g", a->n_heads, a->head_dim, a->eps); break;
     case KILN_OP_ROPE:
     case KILN_OP_QKV_ROPE:
     case KILN_OP_QKV_ROPE_PACKED:

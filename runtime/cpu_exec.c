@@ -261,6 +261,9 @@ kiln_status kiln_cpu_forward(kiln_cpu_ctx *c, const int32_t *tokens, int n, bool
             break;
         }
         case KILN_OP_RMSNORM: rmsnorm(act(c, in[0]), wt(c, in[1]), act(c, o[0]), n, width(c, o[0]), a->eps); break;
+        case KILN_OP_HEAD_RMSNORM: /* each head's vector alone: n x heads rows of head_dim */
+            rmsnorm(act(c, in[0]), wt(c, in[1]), act(c, o[0]), n * a->n_heads, a->head_dim, a->eps);
+            break;
         case KILN_OP_ADD:
         case KILN_OP_MUL: {
             const float *x = act(c, in[0]), *y = act(c, in[1]);

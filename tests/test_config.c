@@ -284,6 +284,39 @@ static void test_sliding_window(void) {
     expect_fail("sliding_window", "4096.0", KILN_ERR_PARSE, "field \"sliding_window\" is 4096.0 (a real number)");
 }
 
+/* Qwen3: its own architecture; its per-layer sliding windows are refused, not ignored */
+static void test_qwen3(void) {
+    kiln_model_config m;
+    kiln_error e = {0};
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tests/data/tiny-qwen3/config.json", KILN_SOURCE_DIR);
+    KT_REQUIRE(kiln_config_load(path, &m, &e) == KILN_OK);
+    KT_EQ_INT(m.arch, KILN_ARCH_QWEN3);
+    KT_EQ_INT(m.head_dim, 24); /* explicit: hidden / heads would be 16 */
+    KT_EQ_INT(m.sliding_window, 0);
+    KT_CHECK(m.rope_theta == 1e6);
+    const char *q = "{\"architectures\":[\"Qwen3ForCausalLM\"],\"hidden_size\":64,\"num_hidden_layers\":2,"
+                    "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":24,\"intermediate_size\":160,"
+                    "\"vocab_size\":256,\"max_position_embeddings\":256,\"rms_norm_eps\":1e-6,\"rope_theta\":1e6,%s}";
+    char buf[1024];
+    snprintf(buf, sizeof buf, q, "\"use_sliding_window\":true,\"sliding_window\":64");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_ERR_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "use_sliding_window");
+    snprintf(buf, sizeof buf, q, "\"layer_types\":[\"full_attention\",\"sliding_attention\"]");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_ERR_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "layer_types\"[1]");
+    snprintf(buf, sizeof buf, q, "\"attention_bias\":true");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_ERR_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "attention_bias");
+    snprintf(buf, sizeof buf, q, "\"sliding_window\":64");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_OK); /* a window without use_sliding_window is not used, as in HF */
+    KT_EQ_INT(m.sliding_window, 0);
+    KT_EQ_INT(parse_str("{\"model_type\":\"qwen3\",\"hidden_size\":64,\"num_hidden_layers\":1,"
+                        "\"num_attention_heads\":4,\"intermediate_size\":8,\"vocab_size\":16,"
+                        "\"max_position_embeddings\":8,\"rms_norm_eps\":1e-6}", &m, &e), KILN_OK);
+    KT_EQ_INT(m.arch, KILN_ARCH_QWEN3);
+}
+
 /* ---- refusals: input ---- */
 
 static void test_not_json(void) {
@@ -321,7 +354,8 @@ static void test_load_missing_file(void) {
 
 static void test_architecture(void) {
     expect_fail("architectures", "[\"GPT2LMHeadModel\"]", KILN_ERR_UNSUPPORTED,
-                "architecture [\"GPT2LMHeadModel\"] is not supported (supported: LlamaForCausalLM, MistralForCausalLM)");
+                "architecture [\"GPT2LMHeadModel\"] is not supported (supported: LlamaForCausalLM, MistralForCausalLM, "
+                "Qwen3ForCausalLM)");
     expect_fail("architectures", "[]", KILN_ERR_PARSE, "field \"architectures\" is []");
     expect_fail("architectures", "\"LlamaForCausalLM\"", KILN_ERR_PARSE, "field \"architectures\" is \"LlamaForCausalLM\"");
     expect_fail("architectures", "[7]", KILN_ERR_PARSE, "field \"architectures\" is [7]");
@@ -487,6 +521,7 @@ static void test_out_untouched_fields_on_error(void) {
 
 int main(void) {
     KT_RUN(test_stories260k);
+    KT_RUN(test_qwen3);
     KT_RUN(test_pycode_transformers5);
     KT_RUN(test_base_values);
     KT_RUN(test_llama3_rope_v4);

@@ -129,6 +129,10 @@ static void test_tiny_mistral_sliding_window(void) {
 static void test_tiny_llama3_rope_scaling_tied(void) {
     check_model("tests/data/tiny-llama3", "tests/golden/tiny-llama3", KILN_DTYPE_COUNT_);
 }
+/* Qwen3: per-head q/k RMSNorm before RoPE, head_dim 24 while hidden / heads is 16 */
+static void test_tiny_qwen3_qk_norm(void) {
+    check_model("tests/data/tiny-qwen3", "tests/golden/tiny-qwen3", KILN_DTYPE_COUNT_);
+}
 /* bf16 → f32 conversion at compile time is exact, so the goldens still hold */
 static void test_tiny_mistral_as_f32(void) {
     check_model("tests/data/tiny-mistral", "tests/golden/tiny-mistral", KILN_DTYPE_F32);
@@ -219,6 +223,7 @@ int main(void) {
     KT_RUN(test_stories260k);
     KT_RUN(test_tiny_mistral_sliding_window);
     KT_RUN(test_tiny_llama3_rope_scaling_tied);
+    KT_RUN(test_tiny_qwen3_qk_norm);
     KT_RUN(test_tiny_mistral_as_f32);
     KT_RUN(test_sharded_equals_single);
     KT_RUN(test_pycode_text);

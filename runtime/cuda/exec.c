@@ -688,6 +688,11 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             x->has_lm_head = true;
             break;
         }
+        case KILN_OP_HEAD_RMSNORM: /* Qwen3's q/k norms: CPU only so far */
+            kiln_err(err, KILN_ERR_UNSUPPORTED, "cuda executor: plan op %u (head_rmsnorm): this model's per-head "
+                     "q/k RMSNorm (Qwen3) has no GPU kernel yet", i);
+            st = kiln_err_hint(err, "run this engine on the CPU (--device cpu)");
+            goto out;
         default:
             st = unsupported_op(x, i, "no GPU kernel for this op", err);
             goto out;
