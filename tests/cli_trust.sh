@@ -113,6 +113,10 @@ d=$(mkckpt inf); st_edit "$d/$ST" 'setbits("'$Q'", 0, 0xff80)'
 compile_fails 1 "element 0 \[0,0\] is -Inf" "$d"
 expect 1 "element 0 \[0,0\] is -Inf" -- "$KILN" compile "$d" -o "$T/out.kiln" --dtype f16
 no_file "$T/out.kiln"
+# in up_proj, which the engine stores interleaved with gate_proj (pass pack-weights): still named by its own tensor
+U=model.layers.0.mlp.up_proj.weight   # [128,64] bf16 in tiny-mistral
+d=$(mkckpt upnan); st_edit "$d/$ST" 'setbits("'$U'", 64 * 3 + 5, 0x7fc0)'
+compile_fails 1 "weight '$U' \(bf16\): element 197 \[3,5\] is NaN" "$d"
 # a norm weight (always converted to f32)
 d=$(mkckpt norminf); st_edit "$d/$ST" 'setbits("model.norm.weight", 63, 0x7f80)'
 compile_fails 1 "weight 'model.norm.weight' \(bf16\): element 63 \[63\] is \+Inf" "$d"
