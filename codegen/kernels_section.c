@@ -429,6 +429,23 @@ static void put_name(uint8_t *p, const char *s, size_t cap) {
     memcpy(p, s, strnlen(s, cap - 1));
 }
 
+int kiln_kernels_unsupported_op(const kiln_plan *p) {
+    for (uint32_t i = 0; i < p->n_ops; i++)
+        switch ((kiln_op_kind)p->ops[i].kind) {
+        case KILN_OP_EMBEDDING:
+        case KILN_OP_RMSNORM:
+        case KILN_OP_ADD_RMSNORM:
+        case KILN_OP_LINEAR:
+        case KILN_OP_LINEAR_ADD:
+        case KILN_OP_QKV_ROPE_PACKED:
+        case KILN_OP_ATTENTION:
+        case KILN_OP_GATE_UP_SWIGLU_PACKED:
+        case KILN_OP_LM_HEAD: break;
+        default: return (int)i;
+        }
+    return -1;
+}
+
 kiln_status kiln_kernels_build(const kiln_plan *p, const kiln_kernel_targets *t, const kiln_kernels_opts *o,
                                kiln_buf *out, kiln_error *err) {
     kiln_kernels_opts def = {0};

@@ -85,4 +85,8 @@ typedef struct kiln_kernels_opts {
 kiln_status kiln_kernels_build(const kiln_plan *p, const kiln_kernel_targets *t, const kiln_kernels_opts *o,
                                kiln_buf *out, kiln_error *err);
 
+/* The first op of `p` the CUDA executor cannot run (no GPU kernel or lowering yet: unfused ops,
+ * unpacked projections, head_rmsnorm), or -1 when it runs all of them. */
+int kiln_kernels_unsupported_op(const kiln_plan *p);
+
 #endif /* KILN_KERNELS_H */

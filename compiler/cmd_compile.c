@@ -66,6 +66,7 @@ static int check_options(kiln_compile_options *opt, bool json, bool block_given,
         if (nst != KILN_OK && nst != KILN_ERR_UNSUPPORTED) return kiln_cli_fail("compile", &e2, json);
         bool have_nvrtc = nst == KILN_OK;
         opt->targets = have_nvrtc ? "default" : "none";
+        opt->gpu_if_possible = true;
         if (!have_nvrtc && !json)
             fprintf(stderr, "kiln compile: note: this kiln has no NVRTC (built without CUDA); the engine gets no GPU "
                             "kernels and runs on the CPU only\n");

@@ -185,10 +185,26 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
         goto out;
     if (targets.n_cubin + targets.n_ptx > 0) {
         /* the kernels are built from the plan exactly as the runtime will read it */
+        if ((st = kiln_plan_parse(plan.data, plan.len, wbytes, &parsed, err)) != KILN_OK) goto out;
+        int bad = kiln_kernels_unsupported_op(parsed);
+        if (bad >= 0) {
+            const char *opn = kiln_op_name((kiln_op_kind)parsed->ops[bad].kind);
+            if (!opt->gpu_if_possible) {
+                kiln_err(err, KILN_ERR_UNSUPPORTED, "plan op %d (%s) has no GPU kernel yet, so --target %s cannot "
+                         "make a kernels section for this model", bad, opn, opt->targets);
+                st = kiln_err_hint(err, "compile with --target none: the engine runs on the CPU executor%s",
+                                   opt->passes ? " (or with the default --passes, which fuse what the GPU runs)" : "");
+                goto out;
+            }
+            fprintf(stderr, "kiln compile: note: plan op %d (%s) has no GPU kernel yet; the engine gets no GPU "
+                            "kernels and runs on the CPU only\n", bad, opn);
+            targets.n_cubin = targets.n_ptx = 0;
+        }
+    }
+    if (targets.n_cubin + targets.n_ptx > 0) {
         kiln_kernels_opts ko = {.threads = opt->threads, .kv_block_size = opt->kv_block_size,
                                 .progress = opt->progress};
-        if ((st = kiln_plan_parse(plan.data, plan.len, wbytes, &parsed, err)) != KILN_OK ||
-            (st = kiln_kernels_build(parsed, &targets, &ko, &kernels, err)) != KILN_OK ||
+        if ((st = kiln_kernels_build(parsed, &targets, &ko, &kernels, err)) != KILN_OK ||
             (st = kiln_engine_writer_section(w, KILN_SECTION_KERNELS, KILN_CODEC_NONE, kernels.data, kernels.len,
                                              err)) != KILN_OK)
             goto out;

@@ -113,4 +113,20 @@ else
     echo "FAIL: --json error object" >&2; fail=$((fail + 1))
 fi
 
+# a plan the GPU cannot run (ops without GPU kernels): refused when GPU targets are asked for, naming the
+# op, and a CPU-only engine (with a note) when the targets are only the default
+HAVE_NVRTC=false
+"$KILN" compile "$SRC/models/stories260k" -o "$T/probe.kiln" --target sm_90 --passes no-such-pass 2>&1 |
+    grep -q "unknown pass" && HAVE_NVRTC=true
+if $HAVE_NVRTC; then
+    expect 1 "plan op [0-9]+ \(rope\) has no GPU kernel yet.*|hint: compile with --target none" -- \
+        "$KILN" compile "$SRC/models/stories260k" -o "$T/np.kiln" --target sm_90 --passes none
+    [ -e "$T/np.kiln" ] && bad "a refused compile left $T/np.kiln" || ok
+    expect 0 "note: plan op [0-9]+ \(head_rmsnorm\) has no GPU kernel yet; the engine gets no GPU kernels" -- \
+        "$KILN" compile "$SRC/tests/data/tiny-qwen3" -o "$T/q3.kiln"
+    "$KILN" inspect "$T/q3.kiln" | grep -q "^targets: none" && ok || bad "tiny-qwen3 engine has GPU targets"
+else
+    echo "SKIP: GPU-target refusals (this kiln has no NVRTC for sm_90)"
+fi
+
 cli_summary
