@@ -1230,11 +1230,11 @@ static struct MHD_Daemon *start_http(server *s, kiln_error *err) {
         if (inet_pton(AF_INET, s->o.host, &a->sin_addr) != 1) goto bad_host;
     }
     struct MHD_Daemon *d = MHD_start_daemon(flags, (uint16_t)s->o.port, NULL, NULL, on_request, s,
+                                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, /* first, as MHD wants */
                                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
                                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                                             MHD_OPTION_CONNECTION_LIMIT, 1024u,
-                                            MHD_OPTION_CONNECTION_TIMEOUT, 600u,
-                                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+                                            MHD_OPTION_CONNECTION_TIMEOUT, 600u, MHD_OPTION_END);
     if (!d) {
         kiln_err(err, KILN_ERR_IO, "cannot listen on %s port %lld", s->o.host, s->o.port);
         kiln_err_hint(err, "is the port in use? choose another with --port");
