@@ -90,6 +90,8 @@ include(CMakePackageConfigHelpers)
 install(EXPORT kiln FILE kilnTargets.cmake NAMESPACE kiln:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/kiln)
 configure_package_config_file(${CMAKE_SOURCE_DIR}/cmake/kilnConfig.cmake.in ${CMAKE_BINARY_DIR}/kilnConfig.cmake
                               INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/kiln)
-write_basic_package_version_file(${CMAKE_BINARY_DIR}/kilnConfigVersion.cmake COMPATIBILITY SameMinorVersion)
+# A newer 0.x satisfies an older request (find_package(kiln 0.1) takes 0.2): the library keeps ABI 0,
+# adding only struct_size-versioned fields and new functions (docs/c-api.md, "Ownership and ABI").
+write_basic_package_version_file(${CMAKE_BINARY_DIR}/kilnConfigVersion.cmake COMPATIBILITY SameMajorVersion)
 install(FILES ${CMAKE_BINARY_DIR}/kilnConfig.cmake ${CMAKE_BINARY_DIR}/kilnConfigVersion.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/kiln)
