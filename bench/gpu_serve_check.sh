@@ -12,19 +12,7 @@
 set -u
 BIN=${BIN:-.carry/bin}
 OUT=${OUT:-out}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$PWD/$BIN/extra:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/kiln-cache} KILN_TEST_SOURCE_DIR=$PWD
-S=$OUT/summary.txt
-: >"$S"
-part() { # part NAME SECONDS command...: run, log, one summary line
-    local name=$1 secs=$2 t0=$SECONDS
-    shift 2
-    timeout "$secs" "$@" >"$OUT/$name.log" 2>&1
-    local rc=$?
-    echo "$name: rc $rc, $((SECONDS - t0)) s, $(grep -E 'passed|failed' "$OUT/$name.log" | tail -1)" | tee -a "$S"
-}
-{ date -u; nvidia-smi -L; } >"$OUT/env.txt" 2>&1
+. bench/gpu_lib.sh # part, S, LD_LIBRARY_PATH, $OUT/env.txt
 part test_gpu_nvrtc 120 "$BIN/test_gpu_nvrtc"
 part test_gpu_exec 300 "$BIN/test_gpu_exec"
 part test_gpu_kernels 300 "$BIN/test_gpu_kernels"

@@ -1,0 +1,21 @@
+# gpu_lib.sh — what the device scripts (bench/gpu_*_check.sh) share; sourced, not run.
+# The sourcing script sets BIN (its carried binaries) and OUT before sourcing it.
+# It makes $OUT, puts the carried libraries and CUDA on LD_LIBRARY_PATH, points the tests at this
+# source tree, empties $OUT/summary.txt (S) and writes $OUT/env.txt.
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH=$PWD/$BIN/extra:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/kiln-cache} KILN_TEST_SOURCE_DIR=$PWD
+S=$OUT/summary.txt
+: >"$S"
+{ date -u; nvidia-smi -L; } >"$OUT/env.txt" 2>&1
+
+# part NAME SECONDS command...: run it under a timeout into $OUT/NAME.log, add one line (exit status,
+# seconds, the log's last passed/failed count) to the summary; returns the command's status
+part() {
+    local name=$1 secs=$2 t0=$SECONDS
+    shift 2
+    timeout "$secs" "$@" >"$OUT/$name.log" 2>&1
+    local rc=$?
+    echo "$name: rc $rc, $((SECONDS - t0)) s, $(grep -E 'passed|failed' "$OUT/$name.log" | tail -1)" | tee -a "$S"
+    return $rc
+}
