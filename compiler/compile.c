@@ -62,6 +62,10 @@ static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const k
         (json_int_t)c->vocab_size, "max_position_embeddings", (json_int_t)c->max_position_embeddings, "rms_norm_eps",
         c->rms_norm_eps, "rope_theta", c->rope_theta, "sliding_window", (json_int_t)c->sliding_window,
         "tie_word_embeddings", c->tie_word_embeddings, "checkpoint_dtype", kiln_dtype_name(c->torch_dtype));
+    if (c->n_experts) {
+        json_object_set_new(model, "num_local_experts", json_integer(c->n_experts));
+        json_object_set_new(model, "num_experts_per_tok", json_integer(c->n_experts_per_tok));
+    }
     if (c->rope_type == KILN_ROPE_LLAMA3)
         json_object_set_new(model, "rope_scaling",
                             json_pack("{s:s, s:f, s:f, s:f, s:I}", "rope_type", "llama3", "factor", c->rope_factor,
