@@ -125,6 +125,13 @@ if $HAVE_NVRTC; then
     expect 0 "note: plan op [0-9]+ \(head_rmsnorm\) has no GPU kernel yet; the engine gets no GPU kernels" -- \
         "$KILN" compile "$SRC/tests/data/tiny-qwen3" -o "$T/q3.kiln"
     "$KILN" inspect "$T/q3.kiln" | grep -q "^targets: none" && ok || bad "tiny-qwen3 engine has GPU targets"
+    # Mixtral's experts (moe) likewise: no GPU kernel yet
+    expect 0 "note: plan op [0-9]+ \(moe\) has no GPU kernel yet; the engine gets no GPU kernels" -- \
+        "$KILN" compile "$SRC/tests/data/tiny-mixtral" -o "$T/mx.kiln"
+    "$KILN" inspect "$T/mx.kiln" | grep -q "^targets: none" && ok || bad "tiny-mixtral engine has GPU targets"
+    expect 1 "plan op [0-9]+ \(moe\) has no GPU kernel yet, so --target sm_90" -- \
+        "$KILN" compile "$SRC/tests/data/tiny-mixtral" -o "$T/mx90.kiln" --target sm_90
+    [ -e "$T/mx90.kiln" ] && bad "a refused compile left $T/mx90.kiln" || ok
 else
     echo "SKIP: GPU-target refusals (this kiln has no NVRTC for sm_90)"
 fi
