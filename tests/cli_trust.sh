@@ -278,6 +278,13 @@ compile_fails 1 "tensor '$MX.gate.weight' has shape \[4,64\], expected \[8,64\]"
 # a NaN in an expert, stored stacked with the others: named by its own tensor and coordinates
 d=$(mkmix mx_nan); st_edit "$d/$ST" 'setbits("'$MX'.experts.5.w3.weight", 64 * 2 + 9, 0x7fc0)'
 compile_fails 1 "weight '$MX.experts.5.w3.weight' \(bf16\): element 137 \[2,9\] is NaN" "$d"
+# one expert stored in f32 in a bf16 checkpoint: the stack takes the first part's dtype, and its values are
+# bf16 ones, so the engine is the original's byte for byte
+d=$(mkmix mx_f32part)
+st_edit "$d/$ST" 'import struct; e = t["'$MX'.experts.4.w1.weight"]; vals = [struct.unpack("<f", b"\0\0" + bytes(e[2][i:i + 2]))[0] for i in range(0, len(e[2]), 2)]; add("'$MX'.experts.4.w1.weight", "F32", e[1], vals)'
+expect 0 "" -- "$KILN" compile "$d" -o "$T/mx_f32part.kiln"
+expect 0 "" -- "$KILN" compile "$SRC/tests/data/tiny-mixtral" -o "$T/mx_ref.kiln"
+cmp -s "$T/mx_ref.kiln" "$T/mx_f32part.kiln" && ok || bad "an f32 expert in a bf16 checkpoint changed the engine"
 # transformers 5's in-memory (fused) form: mlp.gate.weight, mlp.experts.gate_up_proj [E,2F,H] (each
 # expert's gate rows, then its up rows), mlp.experts.down_proj [E,H,F]
 FUSE='

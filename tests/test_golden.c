@@ -143,6 +143,11 @@ static void test_tiny_mixtral_moe(void) {
     check_model("tests/data/tiny-mixtral", "tests/golden/tiny-mixtral", KILN_DTYPE_COUNT_);
 }
 
+/* the expert stacks converted bf16 → f32 part by part (exact) */
+static void test_tiny_mixtral_as_f32(void) {
+    check_model("tests/data/tiny-mixtral", "tests/golden/tiny-mixtral", KILN_DTYPE_F32);
+}
+
 /* ---- Mixtral routing against HF's ---- */
 
 typedef struct route_log {
@@ -378,6 +383,7 @@ int main(void) {
     KT_RUN(test_tiny_llama3_rope_scaling_tied);
     KT_RUN(test_tiny_qwen3_qk_norm);
     KT_RUN(test_tiny_mixtral_moe);
+    KT_RUN(test_tiny_mixtral_as_f32);
     KT_RUN(test_tiny_mixtral_routing);
     KT_RUN(test_topk_ties);
     KT_RUN(test_tiny_mistral_as_f32);
