@@ -299,7 +299,8 @@ static kiln_status write_packed(const kiln_graph *g, const kiln_value *val, uint
     if (val->pack == KILN_PACK_CONCAT_ROWS) {
         for (int p = 0; p < val->n_parts && st == KILN_OK; p++) {
             const kiln_value *part = &g->values[val->parts[p]];
-            st = write_elements(part, 0, (uint64_t)part->shape[0] * (uint64_t)part->shape[1], buf, chunk, w, err);
+            const uint64_t count = (uint64_t)part->shape[0] * (uint64_t)(part->ndim == 2 ? part->shape[1] : 1);
+            st = write_elements(part, 0, count, buf, chunk, w, err);
         }
         return st;
     }

@@ -397,7 +397,11 @@ static void print_text(const char *path, const kiln_model *m, json_t *meta, cons
            (long long)json_integer_value(json_object_get(model, "num_attention_heads")), p->n_kv_heads, p->head_dim,
            (long long)json_integer_value(json_object_get(model, "intermediate_size")), p->vocab_size, p->max_context);
     long long win = (long long)json_integer_value(json_object_get(model, "sliding_window"));
-    if (win) printf(", sliding window %lld", win);
+    json_t *wl = json_object_get(model, "sliding_window_layers");
+    if (win && json_is_array(wl))
+        printf(", sliding window %lld on %zu of %d layers", win, json_array_size(wl), p->n_layers);
+    else if (win)
+        printf(", sliding window %lld", win);
     json_t *ne = json_object_get(model, "num_local_experts");
     if (ne)
         printf(", %lld experts (top %lld)", (long long)json_integer_value(ne),

@@ -138,6 +138,10 @@ static void test_tiny_llama3_rope_scaling_tied(void) {
 static void test_tiny_qwen3_qk_norm(void) {
     check_model("tests/data/tiny-qwen3", "tests/golden/tiny-qwen3", KILN_DTYPE_COUNT_);
 }
+/* Qwen2: q/k/v biases, a window on layer 1 only (max_window_layers, 4.x config), tied */
+static void test_tiny_qwen2_bias_layer_window(void) {
+    check_model("tests/data/tiny-qwen2", "tests/golden/tiny-qwen2", KILN_DTYPE_COUNT_);
+}
 /* Mixtral: 8 experts, top-2 routing, GQA (its experts stacked into [E,2F,H] and [E,H,F] weights) */
 static void test_tiny_mixtral_moe(void) {
     check_model("tests/data/tiny-mixtral", "tests/golden/tiny-mixtral", KILN_DTYPE_COUNT_);
@@ -382,6 +386,7 @@ int main(void) {
     KT_RUN(test_tiny_mistral_sliding_window);
     KT_RUN(test_tiny_llama3_rope_scaling_tied);
     KT_RUN(test_tiny_qwen3_qk_norm);
+    KT_RUN(test_tiny_qwen2_bias_layer_window);
     KT_RUN(test_tiny_mixtral_moe);
     KT_RUN(test_tiny_mixtral_as_f32);
     KT_RUN(test_tiny_mixtral_routing);

@@ -12,6 +12,9 @@ What it writes (all paths relative to the repository root):
                                     config.json rewritten to the transformers 4.x form
   tests/data/tiny-qwen3/            Qwen3ForCausalLM: per-head RMSNorm on q and k before RoPE,
                                     explicit head_dim (not hidden / heads), untied, bf16
+  tests/data/tiny-qwen2/            Qwen2ForCausalLM: biases on q, k and v, a sliding window on
+                                    layer 1 only (max_window_layers 1), tied, bf16, config.json
+                                    rewritten to the transformers 4.x form (no layer_types)
   tests/data/tiny-mixtral/          MixtralForCausalLM: 8 experts, top-2, GQA, untied, bf16; layer 1's
                                     router rows of experts 2 and 5 equal, so their probabilities tie
   tests/golden/tiny-mixtral/        its golden, plus the experts HF routes each token to in each layer
@@ -22,8 +25,8 @@ What it writes (all paths relative to the repository root):
 
 Usage (from anywhere):
   python3 tests/golden/make_goldens.py [--shared-dir DIR] [--only NAME]
-(--only tiny-qwen3 or --only tiny-mixtral makes that checkpoint and golden alone, leaving the others as
-they are; tiny-mixtral's also remakes topk-ties.)
+(--only tiny-qwen3, tiny-qwen2 or tiny-mixtral makes that checkpoint and golden alone, leaving
+the others as they are; tiny-mixtral's also remakes topk-ties.)
 
 Every run rebuilds everything from fixed seeds; on the same machine and
 library versions the output is byte-identical. The script checks its own
@@ -54,6 +57,8 @@ from transformers import (
     MistralForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
 )
@@ -94,6 +99,10 @@ MISTRAL_INIT = dict(seed=45, matrix_std=0.15, embed_std=1.0, norm_noise=0.1)
 LLAMA3_INIT = dict(seed=95, matrix_std=0.3, embed_std=1.0, norm_noise=0.1)
 # tiny-qwen3: the seed with the largest smallest greedy margin over ID_PROMPTS among 0..9 (0.0215).
 QWEN3_INIT = dict(seed=1, matrix_std=0.15, embed_std=1.0, norm_noise=0.1)
+# tiny-qwen2: tied like tiny-llama3, so its matrices use std 0.3 too (with 0.15 it repeats its input);
+# the seed with the largest smallest greedy margin over ID_PROMPTS among 0..9 (0.0148; seeds 4 and 5
+# fail the variety check).
+QWEN2_INIT = dict(seed=1, matrix_std=0.3, embed_std=1.0, norm_noise=0.1)
 # tiny-mixtral: the seed with the largest smallest greedy margin over ID_PROMPTS among 0..9 (0.0266) whose
 # continuations are varied (seeds 3 and 4: 0.0286 and 0.0375, but 10 and 6 distinct ids in one case).
 MIXTRAL_INIT = dict(seed=0, matrix_std=0.15, embed_std=1.0, norm_noise=0.1)
@@ -271,6 +280,30 @@ def qwen3_config():
     return c
 
 
+def qwen2_config():
+    # a window of 8 on layer 1 only (max_window_layers 1), so the golden prompts of 8 and 20 tokens
+    # cross it there and not in layer 0; tied, as the small Qwen2.5 models are
+    c = Qwen2Config(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        use_sliding_window=True,
+        sliding_window=8,
+        max_window_layers=1,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    c.architectures = ["Qwen2ForCausalLM"]
+    return c
+
+
 def mixtral_config():
     # 8 experts of width 16, top-2; no sliding window (Mixtral-8x7B's config has null)
     c = MixtralConfig(
@@ -392,6 +425,44 @@ def make_tiny_qwen3():
     return d
 
 
+def to_4x_qwen2_config(path):
+    """Rewrite a transformers-5 Qwen2 config.json the way 4.x Qwen2.5 checkpoints look: top-level
+    rope_theta, "torch_dtype", no layer_types (the windowed layers follow from max_window_layers)."""
+    with open(path) as f:
+        c = json.load(f)
+    rp = c.pop("rope_parameters")
+    check(rp.get("rope_type", "default") == "default", "tiny-qwen2 rope type")
+    c["rope_theta"] = rp["rope_theta"]
+    c["torch_dtype"] = c.pop("dtype")
+    check(c.pop("layer_types") == ["full_attention", "sliding_attention"], "tiny-qwen2 layer_types")
+    c["transformers_version"] = "4.45.2"
+    with open(path, "w") as f:
+        f.write(json.dumps(c, indent=2, sort_keys=True) + "\n")
+
+
+def make_tiny_qwen2():
+    d = os.path.join(REPO, "tests/data/tiny-qwen2")
+    cfg = qwen2_config()
+    model = build_model(Qwen2ForCausalLM, cfg, QWEN2_INIT, torch.bfloat16).to(torch.bfloat16)
+    fresh_dir(d)
+    model.save_pretrained(d)
+    with open(os.path.join(d, "config.json")) as f:
+        c5 = json.load(f)
+    to_4x_qwen2_config(os.path.join(d, "config.json"))
+    back = Qwen2Config.from_pretrained(d).to_dict()
+    orig = Qwen2Config.from_dict(c5).to_dict()
+    for k in sorted(set(back) | set(orig)):
+        if k in ("transformers_version",):
+            continue
+        check(back.get(k) == orig.get(k), "4.x config loads %s=%r, 5.x form has %r" % (k, back.get(k), orig.get(k)))
+    t = state_tensors(d)
+    check("model.layers.0.self_attn.q_proj.bias" in t and "lm_head.weight" not in t,
+          "tiny-qwen2 lacks the q bias or stores a tied lm_head")
+    check("model.layers.0.self_attn.o_proj.bias" not in t, "tiny-qwen2 has an o_proj bias")
+    print("tiny-qwen2: %d tensors, bf16, tied, q/k/v biases, window 8 on layer 1, 4.x config form" % len(t))
+    return d
+
+
 def make_tiny_mixtral():
     d = os.path.join(REPO, "tests/data/tiny-mixtral")
     model = build_model(MixtralForCausalLM, mixtral_config(), MIXTRAL_INIT, torch.bfloat16).to(torch.bfloat16)
@@ -479,6 +550,24 @@ def np_rope_inv_freq(cfg, head_dim):
     return out                                                           # high frequencies: kept
 
 
+def np_layer_window(cfg, layer):
+    """The sliding window of one layer as transformers decides it from config.json in either form:
+    every layer for Mistral; for Qwen2/Qwen3 only with use_sliding_window, then by layer_types, else
+    from max_window_layers on."""
+    window = cfg.get("sliding_window")
+    arch = cfg["architectures"][0]
+    if window is None or arch.startswith("Llama"):
+        return None
+    if not arch.startswith("Qwen"):
+        return window
+    if not cfg.get("use_sliding_window", False):
+        return None
+    types = cfg.get("layer_types")
+    if types is not None:
+        return window if types[layer] == "sliding_attention" else None
+    return window if layer >= cfg.get("max_window_layers", 28) else None
+
+
 def np_moe(w, p, h, k):
     """Mixtral's sparse MoE block in float64: softmax over the router logits, the top k (torch.topk on the
     float64 probabilities, for its order on ties), renormalised, the weighted sum of the experts' SwiGLU."""
@@ -504,7 +593,6 @@ def np_forward(model_dir, ids):
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim") or cfg["hidden_size"] // nh
     eps = cfg["rms_norm_eps"]
-    window = cfg.get("sliding_window")
     t = len(ids)
 
     inv = np_rope_inv_freq(cfg, hd)
@@ -520,20 +608,24 @@ def np_forward(model_dir, ids):
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g
 
     i, j = np.arange(t)[:, None], np.arange(t)[None, :]
-    allowed = j <= i
-    if window is not None:
-        allowed &= j > i - window                                        # the last `window` keys, self included
     x = w["model.embed_tokens.weight"][ids]
     for layer in range(cfg["num_hidden_layers"]):
+        allowed = j <= i
+        window = np_layer_window(cfg, layer)
+        if window is not None:
+            allowed &= j > i - window                                    # the last `window` keys, self included
         p = "model.layers.%d." % layer
         h = rms(x, w[p + "input_layernorm.weight"])
-        q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(t, nh, hd)
-        k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(t, nkv, hd)
+
+        def proj(name, heads):                                          # Qwen2: q, k, v carry biases
+            y = h @ w[p + "self_attn.%s.weight" % name].T + w.get(p + "self_attn.%s.bias" % name, 0.0)
+            return y.reshape(t, heads, hd)
+        q, k = proj("q_proj", nh), proj("k_proj", nkv)
         if p + "self_attn.q_norm.weight" in w:                           # Qwen3: RMSNorm per head, before RoPE
             q = rms(q, w[p + "self_attn.q_norm.weight"])
             k = rms(k, w[p + "self_attn.k_norm.weight"])
         q, k = rope(q), rope(k)
-        v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(t, nkv, hd)
+        v = proj("v_proj", nkv)
         o = np.empty((t, nh, hd))
         for head in range(nh):
             kv = head // (nh // nkv)
@@ -934,7 +1026,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shared-dir", default=os.path.join(os.path.dirname(REPO), "shared"),
                     help="kiln's shared test-data dir (holds models/pycode-22m); default: ../shared")
-    ap.add_argument("--only", choices=["tiny-qwen3", "tiny-mixtral"], help="make this checkpoint and golden alone")
+    ap.add_argument("--only", choices=["tiny-qwen3", "tiny-qwen2", "tiny-mixtral"],
+                    help="make this checkpoint and golden alone")
     args = ap.parse_args()
 
     torch.set_num_threads(1)  # fixed reduction order: reruns are byte-identical
@@ -945,6 +1038,10 @@ def main():
     if args.only == "tiny-qwen3":
         make_id_golden("tiny-qwen3", make_tiny_qwen3(), ID_PROMPTS, synthetic=True)
         print("make_goldens: all checks passed (tiny-qwen3 only)")
+        return
+    if args.only == "tiny-qwen2":
+        make_id_golden("tiny-qwen2", make_tiny_qwen2(), ID_PROMPTS, synthetic=True)
+        print("make_goldens: all checks passed (tiny-qwen2 only)")
         return
     if args.only == "tiny-mixtral":
         make_mixtral_goldens()
@@ -958,6 +1055,7 @@ def main():
                    same_weights=[os.path.join(REPO, "tests/data/tiny-mistral-sharded")])
     make_id_golden("tiny-llama3", llama3, LLAMA3_PROMPTS, synthetic=True)
     make_id_golden("tiny-qwen3", make_tiny_qwen3(), ID_PROMPTS, synthetic=True)
+    make_id_golden("tiny-qwen2", make_tiny_qwen2(), ID_PROMPTS, synthetic=True)
     make_mixtral_goldens()
     make_pycode_golden(args.shared_dir)
     print("make_goldens: all checks passed")
