@@ -64,6 +64,12 @@ typedef enum kiln_op_kind {
     KILN_OP_HEAD_RMSNORM = 15,  /* in: x[B,S,heads*hd], w[hd]   out: each head's hd values RMS-normalised and
                                    scaled by w (attrs n_heads, head_dim, eps): Qwen3's q_norm / k_norm */
     KILN_OP_BIAS_ADD = 16,      /* in: x[B,S,N], b[N]          out: x + b on every row (Qwen2's q/k/v biases) */
+    KILN_OP_MOE = 17,           /* in: x[B,S,H], router[E,H], Wgu[E,2F,H] (expert e: F gate rows, then F up
+                                   rows), Wdown[E,H,F]   out: y[B,S,H]; per token: p = softmax(x router^T) in
+                                   f32, the top_k experts by p (ties in torch.topk's order), their p
+                                   renormalised to sum 1, y = sum over them (in expert order) of
+                                   p_e * Wdown_e (silu(Wgate_e x) * (Wup_e x)) (attrs n_experts, top_k,
+                                   layer): Mixtral's sparse MoE block */
     KILN_OP_COUNT_
 } kiln_op_kind;
 
@@ -97,7 +103,7 @@ enum {
 
 /* Attributes of an op; each kind reads the fields its comment above names. */
 typedef struct kiln_op_attrs {
-    int32_t layer;          /* attention, qkv_rope: which layer's KV cache */
+    int32_t layer;          /* attention, qkv_rope: which layer's KV cache; moe: its layer (for traces) */
     int32_t n_heads;        /* rope (heads of x), attention, qkv_rope (query heads) */
     int32_t n_kv_heads;     /* attention, qkv_rope */
     int32_t head_dim;       /* rope, attention, qkv_rope */
@@ -110,6 +116,8 @@ typedef struct kiln_op_attrs {
     float rope_high_freq_factor;
     float rope_original_max_pos;
     uint32_t flags;             /* KILN_FLAG_* lowering decisions (attention, rmsnorm) */
+    int32_t n_experts;          /* moe: experts of the layer (E) */
+    int32_t top_k;              /* moe: experts each token is routed to */
 } kiln_op_attrs;
 
 /* Attribute keys: how kiln_op_attrs are stored in a plan (append-only: stored in engine files). */
@@ -127,6 +135,8 @@ enum {
     KILN_ATTR_ROPE_HIGH_FREQ = 11,   /* f32 bits */
     KILN_ATTR_ROPE_ORIG_MAX_POS = 12, /* f32 bits */
     KILN_ATTR_FLAGS = 13,            /* KILN_FLAG_* bits */
+    KILN_ATTR_N_EXPERTS = 14,
+    KILN_ATTR_TOP_K = 15,
     KILN_ATTR_COUNT_
 };
 

@@ -69,6 +69,10 @@ static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const k
         if (json_array_size(wl) < (size_t)c->n_layers) json_object_set_new(model, "sliding_window_layers", wl);
         else json_decref(wl);
     }
+    if (c->n_experts) {
+        json_object_set_new(model, "num_local_experts", json_integer(c->n_experts));
+        json_object_set_new(model, "num_experts_per_tok", json_integer(c->n_experts_per_tok));
+    }
     if (c->rope_type == KILN_ROPE_LLAMA3)
         json_object_set_new(model, "rope_scaling",
                             json_pack("{s:s, s:f, s:f, s:f, s:I}", "rope_type", "llama3", "factor", c->rope_factor,
