@@ -13,6 +13,7 @@
 #define KILN_MAX_DIMS 4
 #define KILN_MAX_OP_IN 6
 #define KILN_MAX_OP_OUT 3
+#define KILN_MAX_RANKS 64 /* tensor-parallel ranks an engine may have */
 
 /* Symbolic dimensions (negative values in a shape). */
 #define KILN_DIM_BATCH (-1)
@@ -59,6 +60,12 @@ typedef enum kiln_op_kind {
                                            out: as gate_up_swiglu */
     KILN_OP_HEAD_RMSNORM = 15,  /* in: x[B,S,heads*hd], w[hd]   out: each head's hd values RMS-normalised and
                                    scaled by w (attrs n_heads, head_dim, eps): Qwen3's q_norm / k_norm */
+    /* 16 and 17 are taken by ops of other branches (bias_add, moe); the name table tolerates gaps */
+    /* tensor parallelism (pass tensor-parallel, --tp N): one plan that every rank runs on its own shards */
+    KILN_OP_ALL_REDUCE = 18,    /* in: x[B,S,W] (this rank's partial sum)   out: the sum of x over all `ranks` ranks,
+                                   the same on every rank (after o_proj, down_proj and the vocab-parallel embedding) */
+    KILN_OP_ALL_GATHER = 19,    /* in: x[B,S,W]   out: [B,S,W*ranks], rank r's x at columns r*W .. (r+1)*W-1, the
+                                   same on every rank (the vocab-parallel LM head's logits) */
     KILN_OP_COUNT_
 } kiln_op_kind;
 
@@ -101,6 +108,9 @@ typedef struct kiln_op_attrs {
     float rope_high_freq_factor;
     float rope_original_max_pos;
     uint32_t flags;             /* KILN_FLAG_* lowering decisions (attention, rmsnorm) */
+    int32_t ranks;              /* tensor parallelism, 0 = none: all_reduce, all_gather (ranks taking part);
+                                   embedding (vocab-parallel: the table holds rank r's vocab_size/ranks rows,
+                                   ids r*rows .. (r+1)*rows-1; ids outside give zero rows) */
 } kiln_op_attrs;
 
 /* Attribute keys: how kiln_op_attrs are stored in a plan (append-only: stored in engine files). */
@@ -118,6 +128,8 @@ enum {
     KILN_ATTR_ROPE_HIGH_FREQ = 11,   /* f32 bits */
     KILN_ATTR_ROPE_ORIG_MAX_POS = 12, /* f32 bits */
     KILN_ATTR_FLAGS = 13,            /* KILN_FLAG_* bits */
+    /* 14 and 15 are taken by attributes of other branches */
+    KILN_ATTR_RANKS = 16,            /* tensor-parallel ranks (all_reduce, all_gather, embedding) */
     KILN_ATTR_COUNT_
 };
 
