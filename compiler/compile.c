@@ -230,7 +230,10 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
                 kiln_err(err, KILN_ERR_UNSUPPORTED, "plan op %d (%s) has no GPU kernel yet, so --target %s cannot "
                          "make a kernels section for this model", bad, opn, opt->targets);
                 st = kiln_err_hint(err, "compile with --target none: the engine runs on the CPU executor%s",
-                                   opt->passes ? " (or with the default --passes, which fuse what the GPU runs)" : "");
+                                   g->n_ranks > 1 ? " (tensor-parallel engines have no GPU kernels yet: "
+                                                    "docs/parallelism.md)"
+                                   : opt->passes ? " (or with the default --passes, which fuse what the GPU runs)"
+                                                 : "");
                 goto out;
             }
             fprintf(stderr, "kiln compile: note: plan op %d (%s) has no GPU kernel yet; the engine gets no GPU "

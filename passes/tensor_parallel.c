@@ -104,6 +104,7 @@ static int div_heads(kiln_graph *g, int i, int32_t *heads, int n, const char *wh
 int kiln_pass_tensor_parallel(kiln_graph *g, kiln_error *err) {
     const int n = g->tp_request;
     if (n <= 1) return 0;
+    if (g->n_ranks == n) return 0; /* split already */
     if (g->n_ranks > 1) {
         kiln_err(err, KILN_ERR_VERIFY, "tensor-parallel: the graph is split over %d ranks already", g->n_ranks);
         return -1;
@@ -111,6 +112,14 @@ int kiln_pass_tensor_parallel(kiln_graph *g, kiln_error *err) {
     if (n > KILN_MAX_RANKS) {
         kiln_err(err, KILN_ERR_INVALID_ARG, "--tp %d: at most %d ranks", n, KILN_MAX_RANKS);
         return -1;
+    }
+    /* heads first, so that a KV-head count that does not divide is named as such (not by the k RoPE) */
+    for (int i = 0; i < g->n_ops; i++) {
+        kiln_op_attrs a = g->ops[i].attrs;
+        if (!g->ops[i].dead && g->ops[i].kind == KILN_OP_ATTENTION &&
+            (div_heads(g, i, &a.n_heads, n, "attention heads (num_attention_heads)", err) < 0 ||
+             div_heads(g, i, &a.n_kv_heads, n, "KV heads (num_key_value_heads)", err) < 0))
+            return -1;
     }
     char *state = calloc((size_t)g->n_values + (size_t)g->n_ops + 8, 1); /* room for the collectives' outputs */
     if (!state) {
