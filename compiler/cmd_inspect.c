@@ -30,8 +30,9 @@ static void help(FILE *f) {
     fprintf(f, "usage: kiln inspect ENGINE.kiln [--json]\n\n"
                "Verify an engine file (every section, and that they agree with each other) and show its\n"
                "format version, model, weights (dtypes), plan, GPU targets and kernels, generation\n"
-               "settings (bos, eos...), tokenizer and sections. A file that fails a check is an error\n"
-               "(exit 1) naming the values that disagree. --json prints one JSON object: the meta\n"
+               "settings (bos, eos...), tokenizer and sections; for a tensor-parallel engine (compile\n"
+               "--tp N) its ranks and each rank's range of the weights. A file that fails a check is an\n"
+               "error (exit 1) naming the values that disagree. --json prints one JSON object: the meta\n"
                "section plus 'sections', 'plan', 'kernels' and 'weights_dtype'.\n");
 }
 

@@ -250,6 +250,49 @@ static void test_tp1_same_bytes(void) {
     unlink(b);
 }
 
+/* The plan reader refuses a version 3 plan whose rank count, weight table or collectives disagree. */
+static void test_plan_reader_refusals(void) {
+    char e2[512];
+    snprintf(e2, sizeof e2, "%s/reader.kiln", tmpdir);
+    KT_REQUIRE(compile(src_path("tests/data/tiny-mistral"), NULL, 2, e2) == KILN_OK);
+    kiln_model *m = NULL;
+    kiln_error err = {0};
+    KT_REQUIRE(kiln_model_open_ex(e2, 1, KILN_MODEL_NO_F32, &m, &err) == KILN_OK);
+    const kiln_engine_section *s = kiln_engine_find(&m->engine, KILN_SECTION_PLAN);
+    const uint8_t *d = NULL;
+    size_t n = 0;
+    bool owned = false;
+    KT_REQUIRE(s && kiln_engine_section_bytes(&m->engine, s, 1, &d, &n, &owned, &err) == KILN_OK);
+    uint8_t *b = malloc(n);
+    KT_REQUIRE(b != NULL);
+    const uint64_t wsize = m->weights_size;
+    kiln_plan *p = NULL;
+    memcpy(b, d, n);
+    KT_CHECK(kiln_plan_parse(b, n, wsize, &p, &err) == KILN_OK && p && p->n_ranks == 2);
+    const uint32_t n_values = p ? p->n_values : 0, n_slots = p ? p->n_slots : 0, n_weights = p ? p->n_weights : 0;
+    kiln_plan_free(p);
+    kiln_wr_u32(b + 60, 3); /* 3 ranks: the weight table no longer fits the section */
+    KT_EQ_INT(kiln_plan_parse(b, n, wsize, &p, &err), KILN_ERR_FORMAT);
+    kiln_wr_u32(b + 60, 1); /* version 3 of one rank */
+    KT_EQ_INT(kiln_plan_parse(b, n, wsize, &p, &err), KILN_ERR_FORMAT);
+    KT_CHECKF(strstr(err.msg, "ranks") != NULL, "%s", err.msg);
+    memcpy(b, d, n);
+    kiln_wr_u32(b + 4, 2); /* the tp plan labelled version 2: one weight table, and collectives for 2 ranks */
+    kiln_wr_u32(b + 60, 0);
+    KT_EQ_INT(kiln_plan_parse(b, n, wsize, &p, &err), KILN_ERR_FORMAT);
+    memcpy(b, d, n);
+    /* rank 1's record of weight 0 renamed */
+    size_t rec1 = KILN_PLAN_HEADER_SIZE + (size_t)n_slots * KILN_PLAN_SLOT_SIZE +
+                  (size_t)n_values * KILN_PLAN_VALUE_SIZE + (size_t)n_weights * KILN_PLAN_WEIGHT_SIZE;
+    b[rec1] ^= 1;
+    KT_EQ_INT(kiln_plan_parse(b, n, wsize, &p, &err), KILN_ERR_FORMAT);
+    KT_CHECKF(strstr(err.msg, "does not match rank 0") != NULL, "%s", err.msg);
+    free(b);
+    if (owned) free((void *)d);
+    kiln_model_close(m);
+    unlink(e2);
+}
+
 static double max_logit_diff_seen; /* over every model and pipeline: the report's number */
 
 /* Compile ckpt at tp=1 and tp=n with `passes`; compare all logits of one forward over `len` tokens
@@ -334,6 +377,7 @@ int main(void) {
     KT_RUN(test_refuses_indivisible);
     KT_RUN(test_engine_layout);
     KT_RUN(test_tp1_same_bytes);
+    KT_RUN(test_plan_reader_refusals);
     KT_RUN(test_logits_tiny_mistral);
     KT_RUN(test_logits_tiny_llama3);
     KT_RUN(test_logits_tiny_qwen3);
