@@ -102,10 +102,11 @@ kiln_status kiln_cpu_ctx_new(const kiln_model *m, int max_context, int max_step_
     use_rank(c, 0);
     *out = c;
     return KILN_OK;
-nomem:
+nomem:;
+    const size_t kv_mb = kv * 2 * sizeof(float) * p->n_ranks >> 20; /* every rank's cache */
     kiln_cpu_ctx_free(c);
     return kiln_err(err, KILN_ERR_NOMEM, "out of memory for a %d-token context (KV cache %zu MB)", max_context,
-                    kv * 2 * sizeof(float) * (size_t)c->n_ranks >> 20);
+                    kv_mb);
 }
 
 void kiln_cpu_ctx_free(kiln_cpu_ctx *c) {
@@ -269,10 +270,13 @@ static void attention(kiln_cpu_ctx *c, const kiln_op_attrs *a, const float *q, c
 
 static float *act(const kiln_cpu_ctx *c, int32_t v) { return c->slots[c->p->values[v].slot]; }
 static const float *wt(const kiln_cpu_ctx *c, int32_t v) { return c->w[c->p->values[v].weight]; }
+static int64_t width(const kiln_cpu_ctx *c, int32_t v) { return c->p->values[v].shape[2]; }
+static int64_t wrows(const kiln_cpu_ctx *c, int32_t v) { return c->p->values[v].shape[0]; }
 
 /* all_reduce and all_gather, in memory, once the last rank has run op `op`: every rank's input is
- * ready. The sum adds the ranks in rank order (the same on every rank, as NCCL's is not bound to be);
- * the gather puts rank r's row block at columns r × width. Only rows first..n-1 are touched. */
+ * ready. The sum adds the ranks in rank order (NCCL's ring adds in another order, so GPU sums may
+ * differ from these in the last bits); the gather puts rank r's row block at columns r × width.
+ * Only rows first..n-1 are touched. */
 static void collective(kiln_cpu_ctx *c, const kiln_plan_op *op, int first, int n) {
     const kiln_plan *p = c->p;
     const int s_in = p->values[op->in[0]].slot, s_out = p->values[op->out[0]].slot;
@@ -292,8 +296,6 @@ static void collective(kiln_cpu_ctx *c, const kiln_plan_op *op, int first, int n
     for (int r = 1; r < c->n_ranks; r++)
         memcpy(c->ranks[r].slots[s_out] + first * wo, z0 + first * wo, (size_t)((n - first) * wo) * sizeof(float));
 }
-static int64_t width(const kiln_cpu_ctx *c, int32_t v) { return c->p->values[v].shape[2]; }
-static int64_t wrows(const kiln_cpu_ctx *c, int32_t v) { return c->p->values[v].shape[0]; }
 
 kiln_status kiln_cpu_forward(kiln_cpu_ctx *c, const int32_t *tokens, int n, bool all_logits, float *logits,
                              kiln_error *err) {
