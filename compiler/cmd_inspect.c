@@ -436,8 +436,8 @@ static void print_text(const char *path, const kiln_model *m, json_t *meta, cons
            (long long)json_integer_value(json_object_get(model, "intermediate_size")), p->vocab_size, p->max_context);
     long long win = (long long)json_integer_value(json_object_get(model, "sliding_window"));
     if (win) printf(", sliding window %lld", win);
-    printf("\nweights: %u tensors, %.2f MB, dtype %s, codec %s\n", p->n_weights, (double)m->weights_size / 1e6, wdtype,
-           json_string_value(json_object_get(w, "codec")));
+    printf("\nweights: %u tensors%s, %.2f MB, dtype %s, codec %s\n", p->n_weights, p->n_ranks > 1 ? " per rank" : "",
+           (double)m->weights_size / 1e6, wdtype, json_string_value(json_object_get(w, "codec")));
     if (p->n_ranks > 1) { /* tensor parallelism: what each rank maps and runs */
         printf("tensor parallel: %u ranks, each with %d heads / %d KV heads; weights per rank (%u tensors each):",
                p->n_ranks, (int)(json_integer_value(json_object_get(model, "num_attention_heads")) / p->n_ranks),

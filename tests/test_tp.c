@@ -141,6 +141,7 @@ static void test_pass_runs_with_tp_only(void) {
     KT_EQ_INT(kiln_ir_count_ops(g, KILN_OP_ALL_REDUCE), 0);
     KT_EQ_INT(g->n_ranks, 0);
     kiln_graph_free(g);
+    kiln_checkpoint_close(&ck);
     g = import("tests/data/tiny-mistral", &ck);
     KT_REQUIRE(g != NULL);
     g->tp_request = 2;
