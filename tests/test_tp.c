@@ -12,7 +12,8 @@
  *     all-reduce done in memory) gives the tp=1 logits to fp32 rounding at
  *     every position, and the same greedy tokens through the KV cache, for
  *     every reference model (GQA, sliding window, llama3 RoPE, tied
- *     embeddings, Qwen3's head norms), with the default passes and none.
+ *     embeddings, Qwen3's head norms, and the shared pycode-22m when present),
+ *     with the default passes and none.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -371,6 +372,13 @@ static void test_logits_stories260k(void) { /* a trained model: 8/4 heads, ffn 1
     check_tp_logits(src_path("models/stories260k"), "none", 4, 32);
 }
 
+static void test_logits_pycode(void) { /* the shared 22M-parameter model: 6/2 heads, vocab 32000 */
+    char ckpt[1024];
+    snprintf(ckpt, sizeof ckpt, "%s/models/pycode-22m", KILN_SHARED_DIR);
+    if (!kiln_path_is_dir(ckpt)) KT_SKIP("%s not present (the shared test models)", ckpt);
+    check_tp_logits(ckpt, NULL, 2, 16);
+}
+
 int main(void) {
     if (!kt_tmpdir(tmpdir, sizeof tmpdir, "tp")) return 1;
     KT_RUN(test_pass_splits);
@@ -383,6 +391,7 @@ int main(void) {
     KT_RUN(test_logits_tiny_llama3);
     KT_RUN(test_logits_tiny_qwen3);
     KT_RUN(test_logits_stories260k);
+    KT_RUN(test_logits_pycode);
     fprintf(stderr, "  max |tpN - tp1| logit over all models: %.3g\n", max_logit_diff_seen);
     rmdir(tmpdir);
     return KT_END();
