@@ -234,6 +234,48 @@ static void test_engine_layout(void) {
     unlink(e2);
 }
 
+/* Each rank can read its own range of the weights section alone: a pointer into the file when the
+ * engine is uncompressed, only the zstd chunks that hold it otherwise. The chunks are 4 MiB, so
+ * tiny-mistral has one; the shared pycode-22m (44 MB), when present, has eleven and rank 1's range
+ * starts inside one of them. */
+static void test_rank_reads_its_range(void) {
+    char pycode[1024];
+    snprintf(pycode, sizeof pycode, "%s/models/pycode-22m", KILN_SHARED_DIR);
+    const struct { const char *ck; bool compress; } cases[] = {
+        {src_path("tests/data/tiny-mistral"), false}, {src_path("tests/data/tiny-mistral"), true},
+        {pycode, true}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        if (!kiln_path_is_dir(cases[c].ck)) {
+            fprintf(stderr, "  (%s not present: no many-chunk case)\n", cases[c].ck);
+            continue;
+        }
+        char e[512];
+        snprintf(e, sizeof e, "%s/range.kiln", tmpdir);
+        kiln_compile_options opt = {.output_path = e, .weight_dtype = KILN_DTYPE_COUNT_, .tp = 2,
+                                    .compress = cases[c].compress};
+        KT_REQUIRE(kt_compile(cases[c].ck, &opt) == KILN_OK);
+        kiln_model *m = NULL;
+        kiln_error err = {0};
+        KT_REQUIRE(kiln_model_open_ex(e, 2, KILN_MODEL_NO_F32, &m, &err) == KILN_OK);
+        const kiln_engine_section *s = kiln_engine_find(&m->engine, KILN_SECTION_WEIGHTS);
+        KT_REQUIRE(s != NULL);
+        for (uint32_t r = 0; r < m->plan->n_ranks; r++) {
+            uint64_t b, end;
+            kiln_plan_rank_range(m->plan, r, &b, &end);
+            const uint8_t *d = NULL, *base = NULL;
+            KT_CHECK(kiln_engine_section_range(&m->engine, s, b, end, 2, &d, &base, &err) == KILN_OK);
+            KT_CHECK(d && memcmp(d, m->weights + b, (size_t)(end - b)) == 0);
+            KT_CHECK(cases[c].compress ? base != NULL : (base == NULL && d == m->weights + b));
+            free((void *)base);
+        }
+        const uint8_t *d = NULL, *base = NULL;
+        KT_EQ_INT(kiln_engine_section_range(&m->engine, s, 1, s->raw_size + 1, 1, &d, &base, &err),
+                  KILN_ERR_INVALID_ARG);
+        kiln_model_close(m);
+        unlink(e);
+    }
+}
+
 /* --tp 1 and no --tp write the same bytes (a tp=1 engine is what kiln wrote before tensor parallelism). */
 static void test_tp1_same_bytes(void) {
     char a[512], b[512];
@@ -387,6 +429,7 @@ int main(void) {
     KT_RUN(test_engine_layout);
     KT_RUN(test_tp1_same_bytes);
     KT_RUN(test_plan_reader_refusals);
+    KT_RUN(test_rank_reads_its_range);
     KT_RUN(test_logits_tiny_mistral);
     KT_RUN(test_logits_tiny_llama3);
     KT_RUN(test_logits_tiny_qwen3);
