@@ -47,8 +47,8 @@ import torch
 from safetensors.torch import save_file
 
 # The model shapes. Values are those of the published config.json files
-# (mistralai/Mistral-7B-v0.1, meta-llama/Llama-3.1-8B); "tiny" and
-# "tiny-llama3" are for tests (a few hundred KB).
+# (mistralai/Mistral-7B-v0.1, meta-llama/Llama-3.1-8B, Qwen/Qwen3-8B, Qwen/Qwen2.5-7B); "tiny", "tiny-llama3",
+# "tiny-qwen3" and "tiny-qwen2" are for tests (a few hundred KB).
 ARCHS = {
     "mistral-7b": dict(
         architectures=["MistralForCausalLM"], model_type="mistral",
@@ -80,6 +80,35 @@ ARCHS = {
                           original_max_position_embeddings=128, rope_type="llama3"),
         rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
         attention_bias=False, mlp_bias=False),
+    # Qwen/Qwen3-8B: per-head q/k RMSNorm, explicit head_dim
+    "qwen3-8b": dict(
+        architectures=["Qwen3ForCausalLM"], model_type="qwen3",
+        hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+        intermediate_size=12288, vocab_size=151936, max_position_embeddings=40960,
+        rope_theta=1000000.0, rms_norm_eps=1e-6, attention_bias=False, use_sliding_window=False,
+        sliding_window=None, max_window_layers=36,
+        bos_token_id=151643, eos_token_id=151645, tie_word_embeddings=False),
+    # Qwen/Qwen2.5-7B: biases on q, k, v
+    "qwen2.5-7b": dict(
+        architectures=["Qwen2ForCausalLM"], model_type="qwen2",
+        hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+        intermediate_size=18944, vocab_size=152064, max_position_embeddings=131072,
+        rope_theta=1000000.0, rms_norm_eps=1e-6, use_sliding_window=False, sliding_window=131072,
+        max_window_layers=28, bos_token_id=151643, eos_token_id=151643, tie_word_embeddings=False),
+    # GPU tests of the Qwen paths: head_dim 32 (a power of two the GPU kernels take, not hidden / heads),
+    # and Qwen2 with a window on layer 1 only
+    "tiny-qwen3": dict(
+        architectures=["Qwen3ForCausalLM"], model_type="qwen3",
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        intermediate_size=160, vocab_size=256, max_position_embeddings=1024,
+        rope_theta=1000000.0, rms_norm_eps=1e-6, attention_bias=False, use_sliding_window=False,
+        sliding_window=None, max_window_layers=2, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False),
+    "tiny-qwen2": dict(
+        architectures=["Qwen2ForCausalLM"], model_type="qwen2",
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=160, vocab_size=256, max_position_embeddings=1024,
+        rope_theta=1000000.0, rms_norm_eps=1e-6, use_sliding_window=True, sliding_window=64,
+        max_window_layers=1, bos_token_id=1, eos_token_id=2, tie_word_embeddings=True),
 }
 
 DTYPES = {"bf16": (torch.bfloat16, "bfloat16"), "f16": (torch.float16, "float16"),
@@ -105,8 +134,10 @@ def make_config(arch, layers, dtype_name):
 def tensor_plan(cfg):
     """(name, shape, kind) in HF state-dict order; kind is "matrix" or "norm"."""
     d, f, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    hd = d // cfg["num_attention_heads"]
+    hd = cfg.get("head_dim") or d // cfg["num_attention_heads"]
     q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+    qwen2 = cfg["architectures"][0] == "Qwen2ForCausalLM"
+    qwen3 = cfg["architectures"][0] == "Qwen3ForCausalLM"
     plan = [("model.embed_tokens.weight", (v, d), "matrix")]
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
@@ -114,6 +145,13 @@ def tensor_plan(cfg):
             (p + "self_attn.q_proj.weight", (q, d), "matrix"),
             (p + "self_attn.k_proj.weight", (kv, d), "matrix"),
             (p + "self_attn.v_proj.weight", (kv, d), "matrix"),
+        ]
+        if qwen2:  # biases ~ normal(0, 0.02) like the matrices
+            plan += [(p + "self_attn.q_proj.bias", (q,), "matrix"), (p + "self_attn.k_proj.bias", (kv,), "matrix"),
+                     (p + "self_attn.v_proj.bias", (kv,), "matrix")]
+        if qwen3:
+            plan += [(p + "self_attn.q_norm.weight", (hd,), "norm"), (p + "self_attn.k_norm.weight", (hd,), "norm")]
+        plan += [
             (p + "self_attn.o_proj.weight", (d, q), "matrix"),
             (p + "mlp.gate_proj.weight", (f, d), "matrix"),
             (p + "mlp.up_proj.weight", (f, d), "matrix"),

@@ -270,8 +270,10 @@ static kiln_status plan_modules(const kiln_plan *p, int block_size, kset *s, kil
                          rope->rope_theta != a->rope_theta || rope->rope_factor != a->rope_factor ||
                          rope->rope_low_freq_factor != a->rope_low_freq_factor ||
                          rope->rope_high_freq_factor != a->rope_high_freq_factor ||
-                         rope->rope_original_max_pos != a->rope_original_max_pos)) {
-                st = UNSUP("layer %d: heads or RoPE settings differ from layer %d's (one rope_kv module per model)",
+                         rope->rope_original_max_pos != a->rope_original_max_pos || rope->flags != a->flags ||
+                         ((a->flags & KILN_FLAG_QK_NORM) && rope->eps != a->eps))) {
+                st = UNSUP("layer %d: heads, RoPE settings, biases or q/k norms differ from layer %d's (one rope_kv "
+                           "module per model)",
                            a->layer, rope->layer);
                 break;
             }
@@ -293,6 +295,11 @@ static kiln_status plan_modules(const kiln_plan *p, int block_size, kset *s, kil
                     def_f(m, "ROPE_ORIG_MAX_POS", a->rope_original_max_pos);
                 }
                 def_i(m, "ROPE_THREADS", 128);
+                if (a->flags & KILN_FLAG_QKV_BIAS) def_i(m, "QKV_BIAS", 1);
+                if (a->flags & KILN_FLAG_QK_NORM) {
+                    def_i(m, "QK_NORM", 1);
+                    def_f(m, "QK_NORM_EPS", a->eps);
+                }
                 include(m, "rope_kv.cuh");
             }
             int64_t n = op->kind == KILN_OP_QKV_ROPE_PACKED ? wrows(p, op->in[1])

@@ -321,10 +321,13 @@ static kiln_status write_elements(const kiln_value *val, uint64_t first, uint64_
     return st;
 }
 
-/* The flat source index of row `row` of rank `rank`'s shard of the plain 2-D weight `val` (of
- * n_ranks); each shard row is shape[1] contiguous source elements. */
+/* Columns of a plain weight: a 1-D weight (a norm, a bias) is one column of shape[0] rows. */
+static uint64_t cols_of(const kiln_value *val) { return val->ndim == 2 ? (uint64_t)val->shape[1] : 1; }
+
+/* The flat source index of row `row` of rank `rank`'s shard of the plain weight `val` (of
+ * n_ranks); each shard row is cols_of(val) contiguous source elements. */
 static uint64_t shard_row_start(const kiln_value *val, int rank, int n_ranks, uint64_t row) {
-    const uint64_t rows = (uint64_t)val->shape[0], cols = (uint64_t)val->shape[1];
+    const uint64_t rows = (uint64_t)val->shape[0], cols = cols_of(val);
     switch (val->shard) {
     case KILN_SHARD_ROWS: return ((uint64_t)rank * rows + row) * cols;
     case KILN_SHARD_COLS: return row * cols * (uint64_t)n_ranks + (uint64_t)rank * cols;
@@ -338,7 +341,7 @@ static kiln_status write_shard(const kiln_value *val, int rank, int n_ranks, uin
                                kiln_engine_writer *w, kiln_error *err) {
     if (val->shard == KILN_SHARD_NONE)
         return write_elements(val, 0, weight_bytes(val) / (uint64_t)kiln_dtype_size(val->dtype), buf, chunk, w, err);
-    const uint64_t rows = (uint64_t)val->shape[0], cols = (uint64_t)val->shape[1];
+    const uint64_t rows = (uint64_t)val->shape[0], cols = cols_of(val);
     if (val->shard == KILN_SHARD_ROWS)
         return write_elements(val, shard_row_start(val, rank, n_ranks, 0), rows * cols, buf, chunk, w, err);
     kiln_status st = KILN_OK;
@@ -355,7 +358,7 @@ static kiln_status write_packed(const kiln_graph *g, const kiln_value *val, int 
     const int n_ranks = ranks_of(g);
     kiln_status st = KILN_OK;
     if (val->pack == KILN_PACK_CONCAT_ROWS) {
-        for (int p = 0; p < val->n_parts && st == KILN_OK; p++)
+        for (int p = 0; p < val->n_parts && st == KILN_OK; p++) /* 2-D parts, or 1-D ones (biases) */
             st = write_shard(&g->values[val->parts[p]], rank, n_ranks, buf, chunk, w, err);
         return st;
     }

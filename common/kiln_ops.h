@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 #define KILN_MAX_DIMS 4
-#define KILN_MAX_OP_IN 6
+#define KILN_MAX_OP_IN 10
 #define KILN_MAX_OP_OUT 3
 #define KILN_MAX_RANKS 64 /* tensor-parallel ranks an engine may have */
 
@@ -49,18 +49,23 @@ typedef enum kiln_op_kind {
     KILN_OP_LM_HEAD = 8,    /* in: x[B,S,H], W[V,H]                       out: logits[B,S,V] f32 */
     /* fused ops, made by passes */
     KILN_OP_ADD_RMSNORM = 9,    /* in: x, residual, w[H]     out: s = x+residual, y = rmsnorm(s)*w */
-    KILN_OP_QKV_ROPE = 10,      /* in: x, Wq, Wk, Wv, positions   out: rope(xWq^T), rope(xWk^T), xWv^T */
+    KILN_OP_QKV_ROPE = 10,      /* in: x, Wq, Wk, Wv, positions [, bq, bk, bv] [, q_norm, k_norm]
+                                   out: rope(xWq^T), rope(xWk^T), xWv^T; with +qkv_bias each projection adds
+                                   its bias, with +qk_norm each head of q and k is RMS-normalised (eps) and
+                                   scaled by q_norm / k_norm [hd] before RoPE (Qwen2, Qwen3) */
     KILN_OP_GATE_UP_SWIGLU = 11,/* in: x, Wgate, Wup          out: silu(x Wgate^T) * (x Wup^T) */
     KILN_OP_LINEAR_ADD = 12,    /* in: x[B,S,K], W[N,K], r[B,S,N]   out: r + x W^T (the residual add folded
                                    into the projection: o_proj, down_proj) */
     /* ops over weights a pass packed into their final layout (pack-weights) */
     KILN_OP_QKV_ROPE_PACKED = 13,     /* in: x, Wqkv [(Hq+2Hkv)*hd, K] = [Wq; Wk; Wv], positions
+                                         [, bqkv [(Hq+2Hkv)*hd] = [bq; bk; bv]] [, q_norm, k_norm]
                                          out: as qkv_rope */
     KILN_OP_GATE_UP_SWIGLU_PACKED = 14, /* in: x, Wgu [2F, K], row 2f = gate_f, row 2f+1 = up_f
                                            out: as gate_up_swiglu */
     KILN_OP_HEAD_RMSNORM = 15,  /* in: x[B,S,heads*hd], w[hd]   out: each head's hd values RMS-normalised and
                                    scaled by w (attrs n_heads, head_dim, eps): Qwen3's q_norm / k_norm */
-    /* 16 and 17 are taken by ops of other branches (bias_add, moe); the name table tolerates gaps */
+    KILN_OP_BIAS_ADD = 16,      /* in: x[B,S,N], b[N]          out: x + b on every row (Qwen2's q/k/v biases) */
+    /* 17 is taken by an op of another branch (moe); the name table tolerates gaps */
     /* tensor parallelism (pass tensor-parallel, --tp N): one plan that every rank runs on its own shards */
     KILN_OP_ALL_REDUCE = 18,    /* in: x[B,S,W] (this rank's partial sum)   out: the sum of x over all `ranks` ranks,
                                    the same on every rank (after o_proj, down_proj and the vocab-parallel embedding) */
@@ -90,7 +95,11 @@ enum {
     /* rmsnorm whose output only the next projection reads: at decode, that
      * projection's GEMV normalises its input itself: pass fold-norm-into-gemv */
     KILN_FLAG_FOLD_INTO_GEMV = 1u << 2,
-    KILN_FLAG_ALL_ = (1u << 3) - 1
+    /* qkv_rope, qkv_rope_packed: which optional inputs the op carries (its structure, not a
+     * lowering choice): the q/k/v biases, and the per-head q/k RMSNorm weights (eps in attrs.eps) */
+    KILN_FLAG_QKV_BIAS = 1u << 3,
+    KILN_FLAG_QK_NORM = 1u << 4,
+    KILN_FLAG_ALL_ = (1u << 5) - 1
 };
 
 /* Attributes of an op; each kind reads the fields its comment above names. */
@@ -139,9 +148,11 @@ int kiln_op_attrs_encode(const kiln_op_attrs *a, uint32_t keys[KILN_ATTR_COUNT_]
 /* Set attribute `key` of *a from its stored bits; 0 when the key is unknown, else 1. */
 int kiln_op_attr_set(kiln_op_attrs *a, uint32_t key, uint32_t val);
 
-/* Number of outputs an op kind has, and the input count it takes (-1: unknown kind). */
+/* Number of outputs an op kind has, and the input count it takes (-1: unknown kind); an op of
+ * that kind with attributes `a` takes kiln_op_n_in_with (the optional inputs its flags name). */
 int kiln_op_n_out(kiln_op_kind k);
 int kiln_op_n_in(kiln_op_kind k);
+int kiln_op_n_in_with(kiln_op_kind k, const kiln_op_attrs *a);
 
 /* What shape inference needs to know of a tensor: the IR's values and the
  * plan's values are both described this way. */

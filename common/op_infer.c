@@ -24,6 +24,7 @@ int kiln_op_n_in(kiln_op_kind k) {
     case KILN_OP_SILU:
     case KILN_OP_ALL_REDUCE:
     case KILN_OP_ALL_GATHER: return 1;
+    case KILN_OP_BIAS_ADD:
     case KILN_OP_EMBEDDING:
     case KILN_OP_RMSNORM:
     case KILN_OP_ADD:
@@ -41,6 +42,14 @@ int kiln_op_n_in(kiln_op_kind k) {
     case KILN_OP_QKV_ROPE: return 5;
     default: return -1;
     }
+}
+
+int kiln_op_n_in_with(kiln_op_kind k, const kiln_op_attrs *a) {
+    int n = kiln_op_n_in(k);
+    if (n < 0 || !a || (k != KILN_OP_QKV_ROPE && k != KILN_OP_QKV_ROPE_PACKED)) return n;
+    if (a->flags & KILN_FLAG_QKV_BIAS) n += k == KILN_OP_QKV_ROPE ? 3 : 1;
+    if (a->flags & KILN_FLAG_QK_NORM) n += 2;
+    return n;
 }
 
 #define BAD(...) kiln_err(err, KILN_ERR_VERIFY, __VA_ARGS__)
@@ -120,14 +129,38 @@ static int check_heads(const char *opn, const kiln_op_attrs *a, kiln_error *err)
     return 1;
 }
 
+static int is_vector_weight(const kiln_tensor_desc *d, int64_t n) {
+    return d->is_weight && d->ndim == 1 && d->shape[0] == n &&
+           (d->dtype == KILN_DTYPE_F32 || d->dtype == KILN_DTYPE_F16 || d->dtype == KILN_DTYPE_BF16);
+}
+
+/* The optional inputs of qkv_rope (from `ex`: bq, bk, bv or the packed bqkv, then q_norm, k_norm), as
+ * the op's flags say it carries them. */
+static int check_qkv_extras(const char *opn, const kiln_tensor_desc *ex, const kiln_op_attrs *a, int64_t nq,
+                            int64_t nk, kiln_error *err) {
+    if (a->flags & KILN_FLAG_QKV_BIAS) {
+        const bool packed = strcmp(opn, "qkv_rope_packed") == 0;
+        const int64_t want[3] = {packed ? nq + 2 * nk : nq, nk, nk};
+        for (int j = 0; j < (packed ? 1 : 3); j++, ex++)
+            if (!is_vector_weight(ex, want[j])) {
+                BAD("%s: bias %s must be a float vector of %lld", opn, nm(ex), (long long)want[j]);
+                return 0;
+            }
+    }
+    if (a->flags & KILN_FLAG_QK_NORM)
+        for (int j = 0; j < 2; j++)
+            if (!check_norm_weight(opn, &ex[j], a->head_dim, a->eps, err)) return 0;
+    return 1;
+}
+
 int kiln_op_infer(kiln_op_kind kind, const kiln_tensor_desc *in, int n_in, const kiln_op_attrs *a,
                   kiln_tensor_desc *out, kiln_error *err) {
     if ((unsigned)kind >= KILN_OP_COUNT_ || kiln_op_n_in(kind) < 0) return BAD("unknown op kind %d", (int)kind);
     const char *opn = kiln_op_name(kind);
-    if (n_in != kiln_op_n_in(kind)) return BAD("%s: takes %d inputs, got %d", opn, kiln_op_n_in(kind), n_in);
-    int64_t w0 = act_width(&in[0]);
+    const bool qkv = kind == KILN_OP_QKV_ROPE || kind == KILN_OP_QKV_ROPE_PACKED;
     const uint32_t allowed = kind == KILN_OP_ATTENTION ? KILN_FLAG_DECODE_ROPE | KILN_FLAG_MERGE_SPLITS
                              : kind == KILN_OP_RMSNORM ? KILN_FLAG_FOLD_INTO_GEMV
+                             : qkv                     ? KILN_FLAG_QKV_BIAS | KILN_FLAG_QK_NORM
                                                        : 0;
     if (a && (a->flags & ~(uint32_t)KILN_FLAG_ALL_))
         return BAD("%s: unknown lowering flags 0x%x", opn, a->flags & ~(uint32_t)KILN_FLAG_ALL_);
@@ -138,6 +171,9 @@ int kiln_op_infer(kiln_op_kind kind, const kiln_tensor_desc *in, int n_in, const
     if ((ranks || collective) && (ranks < 2 || ranks > KILN_MAX_RANKS))
         return BAD("%s: ranks %d (tensor parallelism takes 2..%d ranks)", opn, ranks, KILN_MAX_RANKS);
     if (ranks && !collective && kind != KILN_OP_EMBEDDING) return BAD("%s: ranks do not apply to it", opn);
+    if (n_in != kiln_op_n_in_with(kind, a))
+        return BAD("%s: takes %d inputs, got %d", opn, kiln_op_n_in_with(kind, a), n_in);
+    int64_t w0 = act_width(&in[0]);
     switch (kind) {
     case KILN_OP_EMBEDDING:
         if (!is_tokens(&in[0])) return BAD("embedding: ids %%%d must be [B,S] i32", in[0].id);
@@ -161,6 +197,12 @@ int kiln_op_infer(kiln_op_kind kind, const kiln_tensor_desc *in, int n_in, const
             return BAD("head_rmsnorm: width %lld is not n_heads %d x head_dim %d", (long long)w0, a->n_heads,
                        a->head_dim);
         if (!check_norm_weight(opn, &in[1], a->head_dim, a->eps, err)) return KILN_ERR_VERIFY;
+        make_act(&out[0], w0);
+        return KILN_OK;
+    case KILN_OP_BIAS_ADD:
+        if (w0 < 0) return BAD("bias_add: input %%%d is not an activation", in[0].id);
+        if (!is_vector_weight(&in[1], w0)) return BAD("bias_add: bias %s must be a float vector of %lld", nm(&in[1]),
+                                                      (long long)w0);
         make_act(&out[0], w0);
         return KILN_OK;
     case KILN_OP_ADD:
@@ -225,6 +267,7 @@ int kiln_op_infer(kiln_op_kind kind, const kiln_tensor_desc *in, int n_in, const
         if (nq != (int64_t)a->n_heads * a->head_dim || nk != (int64_t)a->n_kv_heads * a->head_dim || nv != nk)
             return BAD("qkv_rope: projection widths %lld/%lld/%lld do not match heads %d/%d x %d", (long long)nq,
                        (long long)nk, (long long)nv, a->n_heads, a->n_kv_heads, a->head_dim);
+        if (!check_qkv_extras(opn, in + 5, a, nq, nk, err)) return KILN_ERR_VERIFY;
         make_act(&out[0], nq);
         make_act(&out[1], nk);
         make_act(&out[2], nv);
@@ -240,6 +283,7 @@ int kiln_op_infer(kiln_op_kind kind, const kiln_tensor_desc *in, int n_in, const
         if (n != nq + 2 * nk)
             return BAD("qkv_rope_packed: weight %s has %lld rows, heads %d + 2 x %d of %d need %lld", nm(&in[1]),
                        (long long)n, a->n_heads, a->n_kv_heads, a->head_dim, (long long)(nq + 2 * nk));
+        if (!check_qkv_extras(opn, in + 3, a, nq, nk, err)) return KILN_ERR_VERIFY;
         make_act(&out[0], nq);
         make_act(&out[1], nk);
         make_act(&out[2], nk);

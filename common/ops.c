@@ -37,6 +37,7 @@ static const char *const op_names[KILN_OP_COUNT_] = {
     [KILN_OP_QKV_ROPE_PACKED] = "qkv_rope_packed",
     [KILN_OP_GATE_UP_SWIGLU_PACKED] = "gate_up_swiglu_packed",
     [KILN_OP_HEAD_RMSNORM] = "head_rmsnorm",
+    [KILN_OP_BIAS_ADD] = "bias_add",
     [KILN_OP_ALL_REDUCE] = "all_reduce",
     [KILN_OP_ALL_GATHER] = "all_gather",
 };

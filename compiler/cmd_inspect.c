@@ -435,7 +435,11 @@ static void print_text(const char *path, const kiln_model *m, json_t *meta, cons
            p->n_kv_heads * (int)p->n_ranks, p->head_dim,
            (long long)json_integer_value(json_object_get(model, "intermediate_size")), p->vocab_size, p->max_context);
     long long win = (long long)json_integer_value(json_object_get(model, "sliding_window"));
-    if (win) printf(", sliding window %lld", win);
+    json_t *wl = json_object_get(model, "sliding_window_layers");
+    if (win && json_is_array(wl))
+        printf(", sliding window %lld on %zu of %d layers", win, json_array_size(wl), p->n_layers);
+    else if (win)
+        printf(", sliding window %lld", win);
     printf("\nweights: %u tensors%s, %.2f MB, dtype %s, codec %s\n", p->n_weights, p->n_ranks > 1 ? " per rank" : "",
            (double)m->weights_size / 1e6, wdtype, json_string_value(json_object_get(w, "codec")));
     if (p->n_ranks > 1) { /* tensor parallelism: what each rank maps and runs */

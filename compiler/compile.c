@@ -94,6 +94,13 @@ static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const k
         (json_int_t)c->vocab_size, "max_position_embeddings", (json_int_t)c->max_position_embeddings, "rms_norm_eps",
         c->rms_norm_eps, "rope_theta", c->rope_theta, "sliding_window", (json_int_t)c->sliding_window,
         "tie_word_embeddings", c->tie_word_embeddings, "checkpoint_dtype", kiln_dtype_name(c->torch_dtype));
+    if (c->sliding_window > 0) { /* which layers attend over the window (Qwen: not all of them) */
+        json_t *wl = json_array();
+        for (int64_t l = 0; l < c->n_layers; l++)
+            if (c->layer_windowed[l]) json_array_append_new(wl, json_integer((json_int_t)l));
+        if (json_array_size(wl) < (size_t)c->n_layers) json_object_set_new(model, "sliding_window_layers", wl);
+        else json_decref(wl);
+    }
     if (c->rope_type == KILN_ROPE_LLAMA3)
         json_object_set_new(model, "rope_scaling",
                             json_pack("{s:s, s:f, s:f, s:f, s:I}", "rope_type", "llama3", "factor", c->rope_factor,
@@ -239,6 +246,17 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
             fprintf(stderr, "kiln compile: note: plan op %d (%s) has no GPU kernel yet; the engine gets no GPU "
                             "kernels and runs on the CPU only\n", bad, opn);
             targets.n_cubin = targets.n_ptx = 0;
+        } else if (opt->gpu_if_possible) {
+            /* the default targets: a model whose constants the kernels do not take (a head_dim...) gets a
+             * CPU-only engine too, with the reason; asked-for targets give the error below */
+            kiln_kernel_modules mods;
+            kiln_error why = {0};
+            if (kiln_kernels_modules(parsed, opt->kv_block_size, &mods, &why) == KILN_ERR_UNSUPPORTED) {
+                fprintf(stderr, "kiln compile: note: %s; the engine gets no GPU kernels and runs on the CPU only\n",
+                        why.msg);
+                targets.n_cubin = targets.n_ptx = 0;
+            }
+            kiln_kernel_modules_free(&mods);
         }
     }
     if (targets.n_cubin + targets.n_ptx > 0) {

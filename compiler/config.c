@@ -1,5 +1,5 @@
 /*
- * config.c — HuggingFace config.json → kiln_model_config (Llama, Mistral).
+ * config.c — HuggingFace config.json → kiln_model_config (Llama, Mistral, Qwen2, Qwen3).
  *
  * The file is hostile input: every field is checked for its JSON type (an
  * integer field holding 4096.0 is refused, not rounded), for range (sizes are
@@ -19,8 +19,11 @@
  * Defaults the header documents (absent or null): num_key_value_heads = heads,
  * head_dim = hidden / heads, sliding_window = 0, bos = -1, no eos,
  * tie_word_embeddings = false, dtype = F32.
- * sliding_window is honoured for Mistral only: transformers' Llama attention
- * ignores it, so a Llama config's value is checked and then dropped.
+ * sliding_window is honoured for Mistral (every layer) and Qwen2/Qwen3 (the
+ * layers layer_types names "sliding_attention", or without layer_types those
+ * from max_window_layers on, and only with use_sliding_window: transformers
+ * drops the window otherwise); transformers' Llama attention ignores it, so a
+ * Llama config's value is checked and then dropped.
  */
 #include "kiln_compiler.h"
 
@@ -34,7 +37,7 @@
 /* Caps on sizes: far above any real model, low enough that products of two
  * or three of them fit comfortably in 64 bits. */
 #define CFG_MAX_HIDDEN 65536
-#define CFG_MAX_LAYERS 1024
+#define CFG_MAX_LAYERS KILN_MAX_LAYERS
 #define CFG_MAX_HEADS 1024
 #define CFG_MAX_HEAD_DIM 1024
 #define CFG_MAX_FFN (1 << 20)
@@ -178,12 +181,13 @@ static kiln_status cfg_token_id(cfg_ctx *c, const json_t *v, const char *field, 
 
 /* ---- the parts of a config ---- */
 
-static const char *const supported_archs = "LlamaForCausalLM, MistralForCausalLM, Qwen3ForCausalLM";
+static const char *const supported_archs = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM";
 
 const char *kiln_arch_name(kiln_arch a) {
     switch (a) {
     case KILN_ARCH_MISTRAL: return "MistralForCausalLM";
     case KILN_ARCH_QWEN3: return "Qwen3ForCausalLM";
+    case KILN_ARCH_QWEN2: return "Qwen2ForCausalLM";
     default: return "LlamaForCausalLM";
     }
 }
@@ -198,6 +202,7 @@ static kiln_status cfg_arch(cfg_ctx *c, json_t *root, kiln_arch *out) {
         if (mt && strcmp(mt, "llama") == 0) { *out = KILN_ARCH_LLAMA; return KILN_OK; }
         if (mt && strcmp(mt, "mistral") == 0) { *out = KILN_ARCH_MISTRAL; return KILN_OK; }
         if (mt && strcmp(mt, "qwen3") == 0) { *out = KILN_ARCH_QWEN3; return KILN_OK; }
+        if (mt && strcmp(mt, "qwen2") == 0) { *out = KILN_ARCH_QWEN2; return KILN_OK; }
         if (mt)
             return kiln_err(c->err, KILN_ERR_UNSUPPORTED,
                             "%s: no \"architectures\" and model_type \"%s\" is not supported (supported: %s)",
@@ -216,6 +221,7 @@ static kiln_status cfg_arch(cfg_ctx *c, json_t *root, kiln_arch *out) {
         if (strcmp(s, "LlamaForCausalLM") == 0) { *out = KILN_ARCH_LLAMA; return KILN_OK; }
         if (strcmp(s, "MistralForCausalLM") == 0) { *out = KILN_ARCH_MISTRAL; return KILN_OK; }
         if (strcmp(s, "Qwen3ForCausalLM") == 0) { *out = KILN_ARCH_QWEN3; return KILN_OK; }
+        if (strcmp(s, "Qwen2ForCausalLM") == 0) { *out = KILN_ARCH_QWEN2; return KILN_OK; }
     }
     char shown[128];
     return kiln_err(c->err, KILN_ERR_UNSUPPORTED, "%s: architecture %s is not supported (supported: %s)", c->path,
@@ -340,6 +346,41 @@ static kiln_status cfg_rope(cfg_ctx *c, json_t *root, kiln_model_config *m) {
                    CFG_MAX_CONTEXT, &m->rope_original_max_pos);
 }
 
+/* Which layers attend over a sliding window of `window` tokens (0: none), as transformers decides
+ * (file comment): every layer for Mistral; for Qwen2/Qwen3 only with use_sliding_window, then the
+ * layers layer_types names "sliding_attention" (transformers 5 writes it), else layers from
+ * max_window_layers on (transformers 4's rule, and 5's default). */
+static kiln_status cfg_layer_windows(cfg_ctx *c, json_t *root, kiln_model_config *m, int64_t window) {
+    memset(m->layer_windowed, 0, sizeof m->layer_windowed);
+    m->sliding_window = 0;
+    if (m->arch == KILN_ARCH_LLAMA) return KILN_OK; /* checked, then ignored (file comment) */
+    kiln_status st;
+    bool qwen = m->arch == KILN_ARCH_QWEN2 || m->arch == KILN_ARCH_QWEN3, use = !qwen;
+    if (qwen && (st = cfg_bool(c, root, "use_sliding_window", false, &use))) return st;
+    int64_t from = 0;
+    if (qwen && (st = cfg_int(c, root, "max_window_layers", "max_window_layers", false, 28, 0, CFG_MAX_LAYERS, &from)))
+        return st;
+    json_t *lt = qwen ? cfg_get(root, "layer_types") : NULL;
+    if (lt && (!json_is_array(lt) || json_array_size(lt) != (size_t)m->n_layers))
+        return kiln_err(c->err, KILN_ERR_PARSE, "%s: field \"layer_types\" must be a list of %lld strings, one per "
+                                                "layer", c->path, (long long)m->n_layers);
+    for (int64_t l = 0; l < m->n_layers; l++) {
+        bool windowed = l >= from;
+        if (lt) {
+            json_t *e = json_array_get(lt, (size_t)l);
+            const char *s = json_is_string(e) ? json_string_value(e) : "";
+            if (strcmp(s, "sliding_attention") != 0 && strcmp(s, "full_attention") != 0)
+                return kiln_err(c->err, KILN_ERR_UNSUPPORTED, "%s: field \"layer_types\"[%lld] is not "
+                                                              "\"full_attention\" or \"sliding_attention\"",
+                                c->path, (long long)l);
+            windowed = strcmp(s, "sliding_attention") == 0;
+        }
+        m->layer_windowed[l] = use && window > 0 && windowed;
+        if (m->layer_windowed[l]) m->sliding_window = window;
+    }
+    return KILN_OK;
+}
+
 /* sliding_window, tie_word_embeddings, token ids, dtype. */
 static kiln_status cfg_rest(cfg_ctx *c, json_t *root, kiln_model_config *m) {
     kiln_status st;
@@ -347,26 +388,7 @@ static kiln_status cfg_rest(cfg_ctx *c, json_t *root, kiln_model_config *m) {
 
     int64_t window;
     if ((st = cfg_int(c, root, "sliding_window", "sliding_window", false, 0, 1, CFG_MAX_CONTEXT, &window))) return st;
-    m->sliding_window = m->arch == KILN_ARCH_MISTRAL ? window : 0; /* Llama ignores it (file comment) */
-    if (m->arch == KILN_ARCH_QWEN3) {
-        /* Qwen3 windows some layers only when use_sliding_window is set (then by layer_types /
-         * max_window_layers): kiln has no per-layer windows yet, so that is refused, not ignored */
-        bool sw = false;
-        if ((st = cfg_bool(c, root, "use_sliding_window", false, &sw))) return st;
-        if (sw)
-            return kiln_err(c->err, KILN_ERR_UNSUPPORTED, "%s: field \"use_sliding_window\" is true; kiln does not "
-                                                          "support Qwen's per-layer sliding windows yet", c->path);
-        json_t *lt = cfg_get(root, "layer_types");
-        size_t i;
-        json_t *e;
-        if (lt && json_is_array(lt))
-            json_array_foreach(lt, i, e) {
-                if (!json_is_string(e) || strcmp(json_string_value(e), "full_attention") != 0)
-                    return kiln_err(c->err, KILN_ERR_UNSUPPORTED, "%s: field \"layer_types\"[%zu] is not "
-                                                                  "\"full_attention\"; kiln supports only full "
-                                                                  "attention layers for Qwen3", c->path, i);
-            }
-    }
+    if ((st = cfg_layer_windows(c, root, m, window))) return st;
 
     if ((st = cfg_bool(c, root, "tie_word_embeddings", false, &m->tie_word_embeddings))) return st;
 

@@ -1,12 +1,13 @@
 /*
- * import.c — checkpoint → IR: builds the forward graph of a Llama/Mistral/Qwen3
+ * import.c — checkpoint → IR: builds the forward graph of a Llama/Mistral/Qwen2/Qwen3
  * decoder exactly as the HuggingFace modeling code computes it, from coarse
  * ops (embedding, rmsnorm, linear, rope, attention, silu, mul, add,
- * lm_head). Fusion is left to passes/.
+ * lm_head; bias_add and head_rmsnorm for Qwen). Fusion is left to passes/.
  *
  * Per layer l (x is the residual stream, [B,S,H]):
  *   h = rmsnorm(x, input_layernorm)
  *   q = rope(linear(h, q_proj)); k = rope(linear(h, k_proj)); v = linear(h, v_proj)
+ *   (Qwen2: q = rope(bias_add(linear(h, q_proj), q_proj.bias)), k and v likewise with their biases)
  *   (Qwen3: q = rope(head_rmsnorm(linear(h, q_proj), q_norm)), k likewise with k_norm)
  *   x = x + linear(attention(q, k, v), o_proj)
  *   h = rmsnorm(x, post_attention_layernorm)
@@ -232,7 +233,7 @@ static kiln_status import_with(importer *im, kiln_dtype weight_dtype) {
         kiln_op_attrs rq = rope_attrs(c, (int32_t)c->n_heads), rk = rope_attrs(c, (int32_t)c->n_kv_heads);
         kiln_op_attrs att = rope_attrs(c, (int32_t)c->n_heads);
         att.layer = (int32_t)l;
-        att.window = (int32_t)c->sliding_window;
+        att.window = c->layer_windowed[l] ? (int32_t)c->sliding_window : 0;
 
         TRY(w1 = layer_weight(im, l, "input_layernorm.weight", 1, H, 0));
         TRY(h = layer_op(im, l, "attn_norm", KILN_OP_RMSNORM, (int[]){x, w1}, 2, &norm));
@@ -244,6 +245,14 @@ static kiln_status import_with(importer *im, kiln_dtype weight_dtype) {
         TRY(q = layer_op(im, l, "q", KILN_OP_LINEAR, (int[]){h, w1}, 2, NULL));
         TRY(k = layer_op(im, l, "k", KILN_OP_LINEAR, (int[]){h, w2}, 2, NULL));
         TRY(v = layer_op(im, l, "v", KILN_OP_LINEAR, (int[]){h, w3}, 2, NULL));
+        if (c->arch == KILN_ARCH_QWEN2) { /* Qwen2: q, k and v projections carry biases (o_proj does not) */
+            TRY(w1 = layer_weight(im, l, "self_attn.q_proj.bias", 1, q_out, 0));
+            TRY(w2 = layer_weight(im, l, "self_attn.k_proj.bias", 1, kv_out, 0));
+            TRY(w3 = layer_weight(im, l, "self_attn.v_proj.bias", 1, kv_out, 0));
+            TRY(q = layer_op(im, l, "q_bias", KILN_OP_BIAS_ADD, (int[]){q, w1}, 2, NULL));
+            TRY(k = layer_op(im, l, "k_bias", KILN_OP_BIAS_ADD, (int[]){k, w2}, 2, NULL));
+            TRY(v = layer_op(im, l, "v_bias", KILN_OP_BIAS_ADD, (int[]){v, w3}, 2, NULL));
+        }
         if (c->arch == KILN_ARCH_QWEN3) { /* Qwen3: each head of q and k RMS-normalised before RoPE */
             kiln_op_attrs hq = {.n_heads = (int32_t)c->n_heads, .head_dim = (int32_t)hd, .eps = (float)c->rms_norm_eps};
             kiln_op_attrs hk = hq;

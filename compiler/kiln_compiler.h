@@ -30,6 +30,7 @@ typedef enum kiln_arch {
     KILN_ARCH_LLAMA = 0,   /* LlamaForCausalLM */
     KILN_ARCH_MISTRAL = 1, /* MistralForCausalLM */
     KILN_ARCH_QWEN3 = 2,   /* Qwen3ForCausalLM: per-head RMSNorm of q and k before RoPE */
+    KILN_ARCH_QWEN2 = 3,   /* Qwen2ForCausalLM (Qwen2, Qwen2.5): biases on q, k and v */
 } kiln_arch;
 
 /* "LlamaForCausalLM"... */
@@ -41,6 +42,7 @@ typedef enum kiln_rope_type {
 } kiln_rope_type;
 
 #define KILN_MAX_EOS 8
+#define KILN_MAX_LAYERS 1024 /* num_hidden_layers' cap */
 
 typedef struct kiln_model_config {
     kiln_arch arch;
@@ -59,7 +61,9 @@ typedef struct kiln_model_config {
     double rope_low_freq_factor;  /* llama3 only */
     double rope_high_freq_factor; /* llama3 only */
     int64_t rope_original_max_pos;/* llama3 only */
-    int64_t sliding_window;       /* 0 = none (null or absent) */
+    int64_t sliding_window;       /* 0 = none (null or absent, or Qwen's use_sliding_window false) */
+    bool layer_windowed[KILN_MAX_LAYERS]; /* layer l attends over sliding_window tokens (all layers for
+                                             Mistral; Qwen's layer_types / max_window_layers) */
     bool tie_word_embeddings;
     int64_t bos_token_id;         /* -1 when absent */
     int64_t eos_token_ids[KILN_MAX_EOS]; /* eos_token_id may be an int or a list */

@@ -67,12 +67,15 @@ int kiln_ir_weight_packed(kiln_graph *g, const char *name, kiln_pack pack, const
         return -1;
     }
     const kiln_value *p0 = &g->values[parts[0]];
-    kiln_value v = {.kind = KILN_VALUE_WEIGHT, .dtype = p0->dtype, .ndim = 2, .producer = -1, .slot = -1,
+    /* 2-D parts (matrices: rows packed), or 1-D parts concatenated (their biases) */
+    const int nd = p0->ndim;
+    kiln_value v = {.kind = KILN_VALUE_WEIGHT, .dtype = p0->dtype, .ndim = nd, .producer = -1, .slot = -1,
                     .pack = pack, .n_parts = n_parts};
-    v.shape[1] = p0->shape[1];
+    v.shape[1] = nd == 2 ? p0->shape[1] : 0;
     for (int i = 0; i < n_parts; i++) {
         const kiln_value *p = &g->values[parts[i]];
-        if (p->kind != KILN_VALUE_WEIGHT || p->ndim != 2 || p->shape[1] != p0->shape[1] || p->dtype != p0->dtype ||
+        if (p->kind != KILN_VALUE_WEIGHT || (nd != 2 && !(nd == 1 && pack == KILN_PACK_CONCAT_ROWS)) ||
+            p->ndim != nd || (nd == 2 && p->shape[1] != p0->shape[1]) || p->dtype != p0->dtype ||
             p->pack != KILN_PACK_NONE || (pack == KILN_PACK_INTERLEAVE_ROWS && p->shape[0] != p0->shape[0])) {
             kiln_err(err, KILN_ERR_VERIFY, "packed weight %s: part %s does not match %s", name, p->name, p0->name);
             return -1;

@@ -110,7 +110,7 @@ int kiln_ir_input(kiln_graph *g, const char *name, kiln_dtype dt, int ndim, cons
 int kiln_ir_weight(kiln_graph *g, const char *name, kiln_dtype dt, int ndim, const int64_t *shape,
                    const void *src, kiln_dtype src_dt, kiln_error *err);
 /* A weight packed from the 2-D weights `parts` (same columns and dtype; the same rows to interleave),
- * named `name`; returns its id or -1. */
+ * or concatenated from 1-D ones (KILN_PACK_CONCAT_ROWS: biases), named `name`; returns its id or -1. */
 int kiln_ir_weight_packed(kiln_graph *g, const char *name, kiln_pack pack, const int *parts, int n_parts,
                           kiln_error *err);
 /* Append an op; output shapes and dtypes are inferred from the kind and the

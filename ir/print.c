@@ -62,6 +62,9 @@ static void print_attrs(const kiln_op *op, FILE *f) {
     if (a->flags & KILN_FLAG_DECODE_ROPE) fprintf(f, " +decode_rope");
     if (a->flags & KILN_FLAG_MERGE_SPLITS) fprintf(f, " +merge_splits");
     if (a->flags & KILN_FLAG_FOLD_INTO_GEMV) fprintf(f, " +fold_into_gemv");
+    /* the optional inputs a qkv_rope carries */
+    if (a->flags & KILN_FLAG_QKV_BIAS) fprintf(f, " +qkv_bias");
+    if (a->flags & KILN_FLAG_QK_NORM) fprintf(f, " +qk_norm(eps=%g)", a->eps);
 }
 
 void kiln_ir_print(const kiln_graph *g, FILE *f) {

@@ -62,6 +62,9 @@ typedef struct kiln_rope_kv_params {
     kiln_dptr v_cache;
     kiln_dptr positions; /* int32 [T]: each token's position in its sequence */
     kiln_dptr slots;     /* int32 [T]: block_id * BLOCK_SIZE + offset; -1 = do not store (padding) */
+    kiln_dptr bias;      /* QKV_BIAS: bf16 [(N_HEADS + 2*N_KV_HEADS) * HEAD_DIM] = [bq; bk; bv], else 0 */
+    kiln_dptr q_norm;    /* QK_NORM: bf16 [HEAD_DIM] each, else 0 */
+    kiln_dptr k_norm;
     int T;
     int pad_;
 } kiln_rope_kv_params;

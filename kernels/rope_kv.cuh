@@ -12,9 +12,18 @@
  * each product to bf16; fp32 is closer to the fp32 reference). Elements are
  * kiln_elem (bf16, or fp32 with KILN_F32; common.cuh), the cache's too.
  *
+ * Qwen's extras (the qkv_rope op's +qkv_bias and +qk_norm), in HF's order:
+ *   QKV_BIAS 1: p.bias [(N_HEADS + 2*N_KV_HEADS) * HEAD_DIM] is added to q, k
+ *     and v first (rounded to the element type, as HF's biased projection
+ *     output is; the GEMM's output was rounded once already);
+ *   QK_NORM 1: then each head of q and k is RMS-normalised over HEAD_DIM in
+ *     fp32 (eps QK_NORM_EPS), rounded, and scaled by p.q_norm / p.k_norm
+ *     [HEAD_DIM], rounded again (Qwen3RMSNorm), before the rotation.
+ *
  * Constants: N_HEADS, N_KV_HEADS, HEAD_DIM (even), BLOCK_SIZE, ROPE_THETA
  * (float), ROPE_LLAMA3 (0/1) with ROPE_FACTOR, ROPE_LOW_FREQ_FACTOR,
- * ROPE_HIGH_FREQ_FACTOR, ROPE_ORIG_MAX_POS; ROPE_THREADS (default 128).
+ * ROPE_HIGH_FREQ_FACTOR, ROPE_ORIG_MAX_POS; ROPE_THREADS (default 128);
+ * QKV_BIAS, QK_NORM (0/1, default 0), QK_NORM_EPS.
  * Launch: grid (T), block ROPE_THREADS.
  */
 #include "common.cuh"
@@ -33,6 +42,16 @@
 #endif
 #if HEAD_DIM % 2
 #error "HEAD_DIM must be even"
+#endif
+
+#ifndef QKV_BIAS
+#define QKV_BIAS 0
+#endif
+#ifndef QK_NORM
+#define QK_NORM 0
+#endif
+#ifndef QK_NORM_EPS
+#define QK_NORM_EPS 1e-6f
 #endif
 
 #ifndef ROPE_FACTOR
@@ -54,6 +73,16 @@ KILN_DEV float kiln_rope_inv_freq(int i) {
                           (float)ROPE_ORIG_MAX_POS);
 }
 
+/* Element i of the token's projection row with its bias (QKV_BIAS), as HF's biased projection gives it. */
+KILN_DEV float kiln_qkv_at(const kiln_elem *row, const kiln_elem *bias, int i) {
+#if QKV_BIAS
+    return kiln_round(kiln_e2f(row[i]) + kiln_e2f(bias[i]));
+#else
+    (void)bias;
+    return kiln_e2f(row[i]);
+#endif
+}
+
 extern "C" __global__ void __launch_bounds__(ROPE_THREADS) kiln_rope_kv(const kiln_rope_kv_params p) {
     constexpr int HALF = HEAD_DIM / 2;
     constexpr int QKV = (N_HEADS + 2 * N_KV_HEADS) * HEAD_DIM;
@@ -64,9 +93,23 @@ extern "C" __global__ void __launch_bounds__(ROPE_THREADS) kiln_rope_kv(const ki
     const int pos = ((const int *)p.positions)[t];
     for (int i = threadIdx.x; i < HALF; i += ROPE_THREADS) sincosf((float)pos * kiln_rope_inv_freq(i), &sn_s[i], &cs_s[i]);
     const int slot = ((const int *)p.slots)[t];
-    __syncthreads();
     kiln_pdl_wait();
     const kiln_elem *row = (const kiln_elem *)p.qkv + (size_t)t * QKV;
+    const kiln_elem *bias = (const kiln_elem *)p.bias;
+#if QK_NORM
+    /* each q and k head's 1 / rms, one warp per head at a time */
+    __shared__ float inv_s[N_HEADS + N_KV_HEADS];
+    for (int head = threadIdx.x / 32; head < N_HEADS + N_KV_HEADS; head += ROPE_THREADS / 32) {
+        float ss = 0.0f;
+        for (int d = threadIdx.x % 32; d < HEAD_DIM; d += 32) {
+            const float x = kiln_qkv_at(row, bias, head * HEAD_DIM + d);
+            ss = fmaf(x, x, ss);
+        }
+        ss = kiln_warp_sum(ss);
+        if (threadIdx.x % 32 == 0) inv_s[head] = rsqrtf(ss / (float)HEAD_DIM + QK_NORM_EPS);
+    }
+#endif
+    __syncthreads();
     const int blk = slot / BLOCK_SIZE, off = slot % BLOCK_SIZE;
     kiln_elem *q_out = (kiln_elem *)p.q_out + (size_t)t * N_HEADS * HEAD_DIM;
     kiln_elem *kc = (kiln_elem *)p.k_cache, *vc = (kiln_elem *)p.v_cache;
@@ -81,10 +124,37 @@ extern "C" __global__ void __launch_bounds__(ROPE_THREADS) kiln_rope_kv(const ki
         kiln_elem *dst = head < N_HEADS ? q_out + head * HEAD_DIM
                                         : kc + kiln_kv_at(blk, head - N_HEADS, off, 0);
         if (head >= N_HEADS && slot < 0) continue;
+        float a[KILN_VEC], b[KILN_VEC];
         if (VEC == KILN_VEC) {
-            float a[KILN_VEC], b[KILN_VEC], ra[KILN_VEC], rb[KILN_VEC];
             kiln_unpackv(*(const uint4 *)(src + i0), a);
             kiln_unpackv(*(const uint4 *)(src + i0 + HALF), b);
+#if QKV_BIAS
+            float ba[KILN_VEC], bb[KILN_VEC];
+            kiln_unpackv(*(const uint4 *)(bias + head * HEAD_DIM + i0), ba);
+            kiln_unpackv(*(const uint4 *)(bias + head * HEAD_DIM + i0 + HALF), bb);
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                a[e] = kiln_round(a[e] + ba[e]);
+                b[e] = kiln_round(b[e] + bb[e]);
+            }
+#endif
+        } else {
+            a[0] = kiln_qkv_at(row, bias, head * HEAD_DIM + i0);
+            b[0] = kiln_qkv_at(row, bias, head * HEAD_DIM + i0 + HALF);
+        }
+#if QK_NORM
+        {
+            const kiln_elem *w = (const kiln_elem *)(head < N_HEADS ? p.q_norm : p.k_norm);
+            const float inv = inv_s[head];
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                a[e] = kiln_round(kiln_e2f(w[i0 + e]) * kiln_round(a[e] * inv));
+                b[e] = kiln_round(kiln_e2f(w[i0 + e + HALF]) * kiln_round(b[e] * inv));
+            }
+        }
+#endif
+        if (VEC == KILN_VEC) {
+            float ra[KILN_VEC], rb[KILN_VEC];
 #pragma unroll
             for (int e = 0; e < KILN_VEC; e++) {
                 const float c = cs_s[i0 + e], sn = sn_s[i0 + e];
@@ -94,17 +164,23 @@ extern "C" __global__ void __launch_bounds__(ROPE_THREADS) kiln_rope_kv(const ki
             *(uint4 *)(dst + i0) = kiln_packv(ra);
             *(uint4 *)(dst + i0 + HALF) = kiln_packv(rb);
         } else {
-            const float a = kiln_e2f(src[i0]), b = kiln_e2f(src[i0 + HALF]), c = cs_s[i0], sn = sn_s[i0];
-            dst[i0] = kiln_f2e(kiln_rope_rot(a, b, c, sn, true));
-            dst[i0 + HALF] = kiln_f2e(kiln_rope_rot(b, a, c, sn, false));
+            const float c = cs_s[i0], sn = sn_s[i0];
+            dst[i0] = kiln_f2e(kiln_rope_rot(a[0], b[0], c, sn, true));
+            dst[i0 + HALF] = kiln_f2e(kiln_rope_rot(b[0], a[0], c, sn, false));
         }
     }
-    /* v: a plain copy into the cache. */
+    /* v: copied into the cache (with its bias) */
     if (slot >= 0) {
-        const kiln_elem *v = row + (N_HEADS + N_KV_HEADS) * HEAD_DIM;
+        constexpr int V0 = (N_HEADS + N_KV_HEADS) * HEAD_DIM;
+        const kiln_elem *v = row + V0;
         for (int j = threadIdx.x; j < N_KV_HEADS * HEAD_DIM; j += ROPE_THREADS) {
             const int kh = j / HEAD_DIM, d = j % HEAD_DIM;
+#if QKV_BIAS
+            (void)v;
+            vc[kiln_kv_at(blk, kh, off, d)] = kiln_f2e(kiln_qkv_at(row, bias, V0 + j));
+#else
             vc[kiln_kv_at(blk, kh, off, d)] = v[j];
+#endif
         }
     }
 }

@@ -7,6 +7,7 @@
  */
 #include "kiln_passes.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -44,22 +45,62 @@ int kiln_pass_fuse_add_rmsnorm(kiln_graph *g, kiln_error *err) {
     return n;
 }
 
+/* One of attention's inputs traced back to its projection: [rope(] [head_rmsnorm(] [bias_add(] linear(h, W)
+ * [, b)] [, norm)] [, pos)], each intermediate read once. 0 when the value is not of that form. */
+typedef struct qkv_branch {
+    const kiln_op *rope, *norm, *lin;
+    int bias; /* the bias weight, or -1 */
+} qkv_branch;
+
+static int trace_qkv(const kiln_graph *g, int v, bool rotated, qkv_branch *b) {
+    *b = (qkv_branch){.bias = -1};
+    if (kiln_ir_use_count(g, v) != 1) return 0;
+    if (rotated) {
+        if (!(b->rope = producer(g, v, KILN_OP_ROPE))) return 0;
+        v = b->rope->in[0];
+        if ((b->norm = producer(g, v, KILN_OP_HEAD_RMSNORM))) {
+            if (kiln_ir_use_count(g, v) != 1) return 0;
+            v = b->norm->in[0];
+        }
+    }
+    const kiln_op *ba = producer(g, v, KILN_OP_BIAS_ADD);
+    if (ba) {
+        if (kiln_ir_use_count(g, v) != 1) return 0;
+        b->bias = ba->in[1];
+        v = ba->in[0];
+    }
+    if (!(b->lin = producer(g, v, KILN_OP_LINEAR)) || kiln_ir_use_count(g, v) != 1) return 0;
+    return 1;
+}
+
+static int first_op(const kiln_graph *g, const qkv_branch *b, int n) {
+    int at = g->n_ops;
+    for (int i = 0; i < n; i++) {
+        int j = op_index(g, b[i].lin);
+        if (j < at) at = j;
+    }
+    return at;
+}
+
 /* fuse-qkv-rope: attention(rope(linear(h,Wq)), rope(linear(h,Wk)), linear(h,Wv), pos)
- * → attention(qkv_rope(h, Wq, Wk, Wv, pos)...). */
+ * → attention(qkv_rope(h, Wq, Wk, Wv, pos)...). Qwen's forms fuse too: biases after the three
+ * projections (bias_add: +qkv_bias, inputs bq, bk, bv) and a per-head RMSNorm of q and k before RoPE
+ * (head_rmsnorm: +qk_norm, inputs q_norm, k_norm, its eps in the op's attrs). */
 int kiln_pass_fuse_qkv_rope(kiln_graph *g, kiln_error *err) {
     int n = 0;
     for (int i = 0; i < g->n_ops; i++) {
         if (g->ops[i].dead || g->ops[i].kind != KILN_OP_ATTENTION) continue;
         int qi = g->ops[i].in[0], ki = g->ops[i].in[1], vi = g->ops[i].in[2];
-        const kiln_op *rq = producer(g, qi, KILN_OP_ROPE), *rk = producer(g, ki, KILN_OP_ROPE);
-        const kiln_op *lv = producer(g, vi, KILN_OP_LINEAR);
-        if (!rq || !rk || !lv) continue;
-        const kiln_op *lq = producer(g, rq->in[0], KILN_OP_LINEAR), *lk = producer(g, rk->in[0], KILN_OP_LINEAR);
-        if (!lq || !lk) continue;
-        int h = lq->in[0];
-        if (lk->in[0] != h || lv->in[0] != h || rq->in[1] != rk->in[1]) continue;
-        if (kiln_ir_use_count(g, lq->out[0]) != 1 || kiln_ir_use_count(g, lk->out[0]) != 1 ||
-            kiln_ir_use_count(g, qi) != 1 || kiln_ir_use_count(g, ki) != 1 || kiln_ir_use_count(g, vi) != 1)
+        qkv_branch b[3];
+        if (!trace_qkv(g, qi, true, &b[0]) || !trace_qkv(g, ki, true, &b[1]) || !trace_qkv(g, vi, false, &b[2]))
+            continue;
+        const kiln_op *rq = b[0].rope, *rk = b[1].rope;
+        int h = b[0].lin->in[0];
+        if (b[1].lin->in[0] != h || b[2].lin->in[0] != h || rq->in[1] != rk->in[1]) continue;
+        const bool bias = b[0].bias >= 0, norm = b[0].norm != NULL;
+        if ((b[1].bias >= 0) != bias || (b[2].bias >= 0) != bias || (b[1].norm != NULL) != norm) continue;
+        if (norm && (b[0].norm->attrs.eps != b[1].norm->attrs.eps || b[0].norm->attrs.head_dim != rq->attrs.head_dim ||
+                     b[1].norm->attrs.head_dim != rk->attrs.head_dim))
             continue;
         kiln_op_attrs a = rq->attrs;
         a.n_kv_heads = rk->attrs.n_heads;
@@ -69,12 +110,21 @@ int kiln_pass_fuse_qkv_rope(kiln_graph *g, kiln_error *err) {
         ak.n_kv_heads = a.n_kv_heads;
         ak.layer = a.layer;
         if (memcmp(&a, &ak, sizeof a) != 0) continue; /* q and k rotated differently: leave them */
-        int at = min3(op_index(g, lq), op_index(g, lk), op_index(g, lv));
-        int in[5] = {h, lq->in[1], lk->in[1], lv->in[1], rq->in[1]};
+        int in[10] = {h, b[0].lin->in[1], b[1].lin->in[1], b[2].lin->in[1], rq->in[1]}, n_in = 5;
+        if (bias) {
+            a.flags |= KILN_FLAG_QKV_BIAS;
+            for (int j = 0; j < 3; j++) in[n_in++] = b[j].bias;
+        }
+        if (norm) {
+            a.flags |= KILN_FLAG_QK_NORM;
+            a.eps = b[0].norm->attrs.eps;
+            in[n_in++] = b[0].norm->in[1];
+            in[n_in++] = b[1].norm->in[1];
+        }
         int outs[3];
         char label[KILN_NAME_MAX];
         snprintf(label, sizeof label, "l%d.qkv", a.layer);
-        if (kiln_ir_op_at(g, at, KILN_OP_QKV_ROPE, in, 5, &a, label, outs, err) < 0) return -1;
+        if (kiln_ir_op_at(g, first_op(g, b, 3), KILN_OP_QKV_ROPE, in, n_in, &a, label, outs, err) < 0) return -1;
         kiln_ir_replace_uses(g, qi, outs[0]);
         kiln_ir_replace_uses(g, ki, outs[1]);
         kiln_ir_replace_uses(g, vi, outs[2]);
@@ -172,10 +222,20 @@ int kiln_pass_pack_weights(kiln_graph *g, kiln_error *err) {
         int w = kiln_ir_weight_packed(g, name, qkv ? KILN_PACK_CONCAT_ROWS : KILN_PACK_INTERLEAVE_ROWS, op.in + 1,
                                       qkv ? 3 : 2, err);
         if (w < 0) return -1;
-        int in[3] = {op.in[0], w, qkv ? op.in[4] : -1};
+        int in[KILN_MAX_OP_IN] = {op.in[0], w, qkv ? op.in[4] : -1}, n_in = qkv ? 3 : 2;
+        const int *rest = op.in + 5; /* qkv_rope's optional inputs */
+        if (qkv && (op.attrs.flags & KILN_FLAG_QKV_BIAS)) { /* [bq; bk; bv] */
+            packed_name(name, g->values[rest[0]].name, "q_proj", "qkv_proj");
+            if ((in[n_in++] = kiln_ir_weight_packed(g, name, KILN_PACK_CONCAT_ROWS, rest, 3, err)) < 0) return -1;
+            rest += 3;
+        }
+        if (qkv && (op.attrs.flags & KILN_FLAG_QK_NORM)) {
+            in[n_in++] = rest[0];
+            in[n_in++] = rest[1];
+        }
         int outs[3];
-        if (kiln_ir_op_at(g, i, qkv ? KILN_OP_QKV_ROPE_PACKED : KILN_OP_GATE_UP_SWIGLU_PACKED, in, qkv ? 3 : 2,
-                          &op.attrs, g->values[op.out[0]].name, outs, err) < 0)
+        if (kiln_ir_op_at(g, i, qkv ? KILN_OP_QKV_ROPE_PACKED : KILN_OP_GATE_UP_SWIGLU_PACKED, in, n_in, &op.attrs,
+                          g->values[op.out[0]].name, outs, err) < 0)
             return -1;
         for (int k = 0; k < op.n_out; k++) kiln_ir_replace_uses(g, op.out[k], outs[k]);
         g->ops[i + 1].dead = true;
@@ -196,6 +256,8 @@ int kiln_pass_decode_attention_rope(kiln_graph *g, kiln_error *err) {
         const kiln_op *q = producer(g, at->in[0], KILN_OP_QKV_ROPE);
         if (!q) q = producer(g, at->in[0], KILN_OP_QKV_ROPE_PACKED);
         if (!q || q->out[0] != at->in[0] || q->out[1] != at->in[1] || q->out[2] != at->in[2]) continue;
+        /* the attention kernel's own rotation knows no biases or q/k norms: rope_kv does those */
+        if (q->attrs.flags & (KILN_FLAG_QKV_BIAS | KILN_FLAG_QK_NORM)) continue;
         at->attrs.flags |= KILN_FLAG_DECODE_ROPE;
         n++;
     }

@@ -5,7 +5,7 @@
  *
  * Contract: the coarse graph as imported → the graph of one rank: q/k/v and
  * gate/up column-parallel (weight rows split: whole heads, KV heads among
- * the ranks), o_proj and down_proj row-parallel (weight columns split) and
+ * the ranks; their biases split alike), o_proj and down_proj row-parallel (weight columns split) and
  * each followed by an all_reduce, the embedding and LM head vocabulary-
  * parallel (table rows split; the embedding's partial rows all-reduced, the
  * logits all-gathered). Norms and the residual stream stay whole on every
@@ -39,8 +39,11 @@ enum { WHOLE = 0, SPLIT = 1, PARTIAL = 2 };
  * tied to the LM head, is left as it is). */
 static int shard_weight(kiln_graph *g, int v, kiln_shard how, int n, const char *role, kiln_error *err) {
     kiln_value *w = &g->values[v];
-    if (w->kind != KILN_VALUE_WEIGHT || w->ndim != 2 || w->pack != KILN_PACK_NONE) {
-        kiln_err(err, KILN_ERR_VERIFY, "tensor-parallel: %s weight %s is not a plain 2-D weight", role, w->name);
+    /* matrices by rows or columns; vectors (biases) by rows */
+    if (w->kind != KILN_VALUE_WEIGHT || w->pack != KILN_PACK_NONE ||
+        !(w->ndim == 2 || (w->ndim == 1 && how == KILN_SHARD_ROWS))) {
+        kiln_err(err, KILN_ERR_VERIFY, "tensor-parallel: %s weight %s is not a plain weight of its kind", role,
+                 w->name);
         return -1;
     }
     if (w->shard == how) return 0;
@@ -183,6 +186,14 @@ int kiln_pass_tensor_parallel(kiln_graph *g, kiln_error *err) {
                 div_heads(g, i, &op->attrs.n_kv_heads, n, "KV heads (num_key_value_heads)", err) < 0)
                 goto out;
             out = SPLIT;
+            break;
+        case KILN_OP_BIAS_ADD: /* Qwen2's q/k/v biases: split like the rows of their projection */
+            if (s0 == PARTIAL) {
+                bad_state(g, i, "adds a bias to a partial sum", err);
+                goto out;
+            }
+            if (s0 == SPLIT && shard_weight(g, op->in[1], KILN_SHARD_ROWS, n, "bias", err) < 0) goto out;
+            out = s0;
             break;
         case KILN_OP_SILU:
         case KILN_OP_MUL:

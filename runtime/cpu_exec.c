@@ -297,6 +297,27 @@ static void collective(kiln_cpu_ctx *c, const kiln_plan_op *op, int first, int n
         memcpy(c->ranks[r].slots[s_out] + first * wo, z0 + first * wo, (size_t)((n - first) * wo) * sizeof(float));
 }
 
+/* After a qkv_rope's projections into its outputs q, k, v: the biases (when given), the per-head q/k
+ * RMSNorm (+qk_norm: weights at norm[0], norm[1]), then RoPE on q and k: the order of the unfused ops. */
+static void qkv_finish(const kiln_cpu_ctx *c, const kiln_plan_op *op, const float *const bias[3],
+                       const int32_t *norm, int n, float *inv) {
+    const kiln_op_attrs *a = &op->attrs;
+    for (int j = 0; j < 3; j++) {
+        if (!bias[j]) continue;
+        float *y = act(c, op->out[j]);
+        int64_t w = width(c, op->out[j]);
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t k = 0; k < w; k++) y[t * w + k] += bias[j][k];
+    }
+    if (a->flags & KILN_FLAG_QK_NORM) {
+        rmsnorm(act(c, op->out[0]), wt(c, norm[0]), act(c, op->out[0]), n * a->n_heads, a->head_dim, a->eps);
+        rmsnorm(act(c, op->out[1]), wt(c, norm[1]), act(c, op->out[1]), n * a->n_kv_heads, a->head_dim, a->eps);
+    }
+    rope_inv_freq(a, inv);
+    rope(act(c, op->out[0]), c->positions, n, a->n_heads, a->head_dim, inv);
+    rope(act(c, op->out[1]), c->positions, n, a->n_kv_heads, a->head_dim, inv);
+}
+
 kiln_status kiln_cpu_forward(kiln_cpu_ctx *c, const int32_t *tokens, int n, bool all_logits, float *logits,
                              kiln_error *err) {
     const kiln_plan *p = c->p;
@@ -343,6 +364,14 @@ kiln_status kiln_cpu_forward(kiln_cpu_ctx *c, const int32_t *tokens, int n, bool
         case KILN_OP_HEAD_RMSNORM: /* each head's vector alone: n x heads rows of head_dim */
             rmsnorm(act(c, in[0]), wt(c, in[1]), act(c, o[0]), n * a->n_heads, a->head_dim, a->eps);
             break;
+        case KILN_OP_BIAS_ADD: {
+            const float *x = act(c, in[0]), *b = wt(c, in[1]);
+            float *z = act(c, o[0]);
+            int64_t w = width(c, o[0]);
+            for (int64_t t = 0; t < n; t++)
+                for (int64_t k = 0; k < w; k++) z[t * w + k] = x[t * w + k] + b[k];
+            break;
+        }
         case KILN_OP_ADD:
         case KILN_OP_MUL: {
             const float *x = act(c, in[0]), *y = act(c, in[1]);
@@ -401,9 +430,10 @@ kiln_status kiln_cpu_forward(kiln_cpu_ctx *c, const int32_t *tokens, int n, bool
             matmul(c, x, wt(c, in[1]), act(c, o[0]), n, k, wrows(c, in[1]));
             matmul(c, x, wt(c, in[2]), act(c, o[1]), n, k, wrows(c, in[2]));
             matmul(c, x, wt(c, in[3]), act(c, o[2]), n, k, wrows(c, in[3]));
-            rope_inv_freq(a, inv);
-            rope(act(c, o[0]), c->positions, n, a->n_heads, a->head_dim, inv);
-            rope(act(c, o[1]), c->positions, n, a->n_kv_heads, a->head_dim, inv);
+            const float *bias[3] = {NULL, NULL, NULL};
+            if (a->flags & KILN_FLAG_QKV_BIAS)
+                for (int j = 0; j < 3; j++) bias[j] = wt(c, in[5 + j]);
+            qkv_finish(c, op, bias, in + ((a->flags & KILN_FLAG_QKV_BIAS) ? 8 : 5), n, inv);
             break;
         }
         case KILN_OP_QKV_ROPE_PACKED: {
@@ -413,9 +443,13 @@ kiln_status kiln_cpu_forward(kiln_cpu_ctx *c, const int32_t *tokens, int n, bool
             matmul(c, x, w, act(c, o[0]), n, k, nq);
             matmul(c, x, w + nq * k, act(c, o[1]), n, k, nk);
             matmul(c, x, w + (nq + nk) * k, act(c, o[2]), n, k, nk);
-            rope_inv_freq(a, inv);
-            rope(act(c, o[0]), c->positions, n, a->n_heads, a->head_dim, inv);
-            rope(act(c, o[1]), c->positions, n, a->n_kv_heads, a->head_dim, inv);
+            const float *bias[3] = {NULL, NULL, NULL};
+            if (a->flags & KILN_FLAG_QKV_BIAS) { /* [bq; bk; bv] */
+                bias[0] = wt(c, in[3]);
+                bias[1] = bias[0] + nq;
+                bias[2] = bias[1] + nk;
+            }
+            qkv_finish(c, op, bias, in + ((a->flags & KILN_FLAG_QKV_BIAS) ? 4 : 3), n, inv);
             break;
         }
         case KILN_OP_GATE_UP_SWIGLU_PACKED: {

@@ -85,7 +85,7 @@ static kiln_status check_ops(const kiln_plan *p, kiln_error *err) {
             st = BAD("op %u has unknown kind %u", i, op->kind);
             break;
         }
-        if ((int)op->n_in != kiln_op_n_in(op->kind) || (int)op->n_out != kiln_op_n_out(op->kind)) {
+        if ((int)op->n_in != kiln_op_n_in_with(op->kind, &op->attrs) || (int)op->n_out != kiln_op_n_out(op->kind)) {
             st = BAD("op %u (%s) has %u inputs and %u outputs", i, kiln_op_name(op->kind), op->n_in, op->n_out);
             break;
         }

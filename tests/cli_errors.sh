@@ -122,9 +122,18 @@ if $HAVE_NVRTC; then
     expect 1 "plan op [0-9]+ \(rope\) has no GPU kernel yet.*|hint: compile with --target none" -- \
         "$KILN" compile "$SRC/models/stories260k" -o "$T/np.kiln" --target sm_90 --passes none
     [ -e "$T/np.kiln" ] && bad "a refused compile left $T/np.kiln" || ok
-    expect 0 "note: plan op [0-9]+ \(head_rmsnorm\) has no GPU kernel yet; the engine gets no GPU kernels" -- \
+    # an unfused plan: Qwen3's q/k norms run on the GPU only inside qkv_rope
+    expect 1 "plan op [0-9]+ \(head_rmsnorm\) has no GPU kernel yet" -- \
+        "$KILN" compile "$SRC/tests/data/tiny-qwen3" -o "$T/q3n.kiln" --target sm_90 --passes none
+    # constants the kernels do not take (tiny-qwen3's head_dim 24): a note and a CPU-only engine by
+    # default, an error naming the constant when GPU targets are asked for
+    expect 0 "note: kernels: layer 0: head_dim 24: .*; the engine gets no GPU kernels and runs on the CPU only" -- \
         "$KILN" compile "$SRC/tests/data/tiny-qwen3" -o "$T/q3.kiln"
     "$KILN" inspect "$T/q3.kiln" | grep -q "^targets: none" && ok || bad "tiny-qwen3 engine has GPU targets"
+    expect 1 "head_dim 24" -- "$KILN" compile "$SRC/tests/data/tiny-qwen3" -o "$T/q3g.kiln" --target sm_90
+    # Qwen2's biases fuse into qkv_rope: its engine gets GPU kernels
+    expect 0 "wrote" -- "$KILN" compile "$SRC/tests/data/tiny-qwen2" -o "$T/q2.kiln"
+    "$KILN" inspect "$T/q2.kiln" | grep -q "^targets: sm_" && ok || bad "tiny-qwen2 engine has no GPU targets"
 else
     echo "SKIP: GPU-target refusals (this kiln has no NVRTC for sm_90)"
 fi

@@ -7,6 +7,8 @@
  * prints "N passed, N failed" and returns non-zero on any failure.
  * A test that cannot run here (no GPU, missing shared data) calls
  * KT_SKIP("why"), which prints the reason and counts as skipped.
+ * KILN_TEST_ONLY=test_a,test_b runs only the tests it names (the others are
+ * neither run nor counted).
  */
 #ifndef KILN_KT_H
 #define KILN_KT_H
@@ -87,8 +89,23 @@ static int kt_skip_flag_;
         return;                                                                      \
     } while (0)
 
+/* Is test `name` selected by KILN_TEST_ONLY (a comma-separated list; unset or empty: all)? */
+static int kt_selected_(const char *name) {
+    const char *only = getenv("KILN_TEST_ONLY");
+    if (!only || !*only) return 1;
+    size_t n = strlen(name);
+    for (const char *p = only; *p;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0) return 1;
+        p += len + (e ? 1 : 0);
+    }
+    return 0;
+}
+
 #define KT_RUN(fn)                                                                   \
     do {                                                                             \
+        if (!kt_selected_(#fn)) break;                                               \
         int kt_before_ = kt_failed_checks_;                                          \
         kt_skip_flag_ = 0;                                                           \
         fprintf(stderr, "[ RUN  ] %s\n", #fn);                                       \

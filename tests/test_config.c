@@ -284,7 +284,25 @@ static void test_sliding_window(void) {
     expect_fail("sliding_window", "4096.0", KILN_ERR_PARSE, "field \"sliding_window\" is 4096.0 (a real number)");
 }
 
-/* Qwen3: its own architecture; its per-layer sliding windows are refused, not ignored */
+/* Qwen2 in the transformers 4.x form (no layer_types): the window on layers from max_window_layers on */
+static void test_qwen2(void) {
+    kiln_model_config m;
+    kiln_error e = {0};
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tests/data/tiny-qwen2/config.json", KILN_SOURCE_DIR);
+    KT_REQUIRE(kiln_config_load(path, &m, &e) == KILN_OK);
+    KT_EQ_INT(m.arch, KILN_ARCH_QWEN2);
+    KT_EQ_INT(m.sliding_window, 8);
+    KT_CHECK(!m.layer_windowed[0] && m.layer_windowed[1]);
+    KT_CHECK(m.tie_word_embeddings);
+    KT_CHECK(m.rope_theta == 1e6);
+    KT_EQ_INT(parse_str("{\"model_type\":\"qwen2\",\"hidden_size\":64,\"num_hidden_layers\":1,"
+                        "\"num_attention_heads\":4,\"intermediate_size\":8,\"vocab_size\":16,"
+                        "\"max_position_embeddings\":32,\"rms_norm_eps\":1e-6}", &m, &e), KILN_OK);
+    KT_EQ_INT(m.arch, KILN_ARCH_QWEN2);
+}
+
+/* Qwen3: its own architecture; its per-layer sliding windows */
 static void test_qwen3(void) {
     kiln_model_config m;
     kiln_error e = {0};
@@ -299,12 +317,29 @@ static void test_qwen3(void) {
                     "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":24,\"intermediate_size\":160,"
                     "\"vocab_size\":256,\"max_position_embeddings\":256,\"rms_norm_eps\":1e-6,\"rope_theta\":1e6,%s}";
     char buf[1024];
-    snprintf(buf, sizeof buf, q, "\"use_sliding_window\":true,\"sliding_window\":64");
-    KT_EQ_INT(parse_str(buf, &m, &e), KILN_ERR_UNSUPPORTED);
-    KT_CONTAINS(e.msg, "use_sliding_window");
-    snprintf(buf, sizeof buf, q, "\"layer_types\":[\"full_attention\",\"sliding_attention\"]");
+    /* per-layer windows as transformers decides them: max_window_layers without layer_types... */
+    snprintf(buf, sizeof buf, q, "\"use_sliding_window\":true,\"sliding_window\":64,\"max_window_layers\":1");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_OK);
+    KT_EQ_INT(m.sliding_window, 64);
+    KT_CHECK(!m.layer_windowed[0] && m.layer_windowed[1]);
+    snprintf(buf, sizeof buf, q, "\"use_sliding_window\":true,\"sliding_window\":64"); /* default 28: none */
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_OK);
+    KT_CHECK(!m.layer_windowed[0] && !m.layer_windowed[1]);
+    KT_EQ_INT(m.sliding_window, 0);
+    /* ...layer_types when given (transformers 5), and no window at all without use_sliding_window */
+    snprintf(buf, sizeof buf, q, "\"use_sliding_window\":true,\"sliding_window\":64,"
+                                 "\"layer_types\":[\"sliding_attention\",\"full_attention\"]");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_OK);
+    KT_CHECK(m.layer_windowed[0] && !m.layer_windowed[1]);
+    snprintf(buf, sizeof buf, q, "\"sliding_window\":64,\"layer_types\":[\"sliding_attention\",\"full_attention\"]");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_OK);
+    KT_CHECK(!m.layer_windowed[0] && !m.layer_windowed[1]);
+    snprintf(buf, sizeof buf, q, "\"layer_types\":[\"full_attention\",\"chunked_attention\"]");
     KT_EQ_INT(parse_str(buf, &m, &e), KILN_ERR_UNSUPPORTED);
     KT_CONTAINS(e.msg, "layer_types\"[1]");
+    snprintf(buf, sizeof buf, q, "\"layer_types\":[\"full_attention\"]");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_ERR_PARSE);
+    KT_CONTAINS(e.msg, "one per layer");
     snprintf(buf, sizeof buf, q, "\"attention_bias\":true");
     KT_EQ_INT(parse_str(buf, &m, &e), KILN_ERR_UNSUPPORTED);
     KT_CONTAINS(e.msg, "attention_bias");
@@ -355,7 +390,7 @@ static void test_load_missing_file(void) {
 static void test_architecture(void) {
     expect_fail("architectures", "[\"GPT2LMHeadModel\"]", KILN_ERR_UNSUPPORTED,
                 "architecture [\"GPT2LMHeadModel\"] is not supported (supported: LlamaForCausalLM, MistralForCausalLM, "
-                "Qwen3ForCausalLM)");
+                "Qwen2ForCausalLM, Qwen3ForCausalLM)");
     expect_fail("architectures", "[]", KILN_ERR_PARSE, "field \"architectures\" is []");
     expect_fail("architectures", "\"LlamaForCausalLM\"", KILN_ERR_PARSE, "field \"architectures\" is \"LlamaForCausalLM\"");
     expect_fail("architectures", "[7]", KILN_ERR_PARSE, "field \"architectures\" is [7]");
@@ -522,6 +557,7 @@ static void test_out_untouched_fields_on_error(void) {
 int main(void) {
     KT_RUN(test_stories260k);
     KT_RUN(test_qwen3);
+    KT_RUN(test_qwen2);
     KT_RUN(test_pycode_transformers5);
     KT_RUN(test_base_values);
     KT_RUN(test_llama3_rope_v4);

@@ -133,6 +133,10 @@ static void test_tiny_llama3_rope_scaling_tied(void) {
 static void test_tiny_qwen3_qk_norm(void) {
     check_model("tests/data/tiny-qwen3", "tests/golden/tiny-qwen3", KILN_DTYPE_COUNT_);
 }
+/* Qwen2: q/k/v biases, a window on layer 1 only (max_window_layers, 4.x config), tied */
+static void test_tiny_qwen2_bias_layer_window(void) {
+    check_model("tests/data/tiny-qwen2", "tests/golden/tiny-qwen2", KILN_DTYPE_COUNT_);
+}
 /* bf16 → f32 conversion at compile time is exact, so the goldens still hold */
 static void test_tiny_mistral_as_f32(void) {
     check_model("tests/data/tiny-mistral", "tests/golden/tiny-mistral", KILN_DTYPE_F32);
@@ -224,6 +228,7 @@ int main(void) {
     KT_RUN(test_tiny_mistral_sliding_window);
     KT_RUN(test_tiny_llama3_rope_scaling_tied);
     KT_RUN(test_tiny_qwen3_qk_norm);
+    KT_RUN(test_tiny_qwen2_bias_layer_window);
     KT_RUN(test_tiny_mistral_as_f32);
     KT_RUN(test_sharded_equals_single);
     KT_RUN(test_pycode_text);

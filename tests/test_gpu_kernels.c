@@ -465,6 +465,7 @@ typedef struct rope_cfg {
     int nh, nkv, hd, bs;
     double theta;
     int llama3;
+    int bias, norm; /* QKV_BIAS, QK_NORM (Qwen2's biases, Qwen3's per-head q/k RMSNorm) */
 } rope_cfg;
 
 /* HF's inv_freq in fp32 (default or llama3 with factor 8, 1, 4, 8192). */
@@ -485,10 +486,14 @@ static double ref_inv_freq(const rope_cfg *c, int i) {
 static void test_rope_kv(void) {
     NEED_GPU();
     static const rope_cfg cfgs[] = {
-        {4, 2, 64, 16, 10000.0, 0},
-        {32, 8, 128, 16, 1000000.0, 0}, /* Mistral-7B */
-        {32, 8, 128, 16, 500000.0, 1},  /* Llama-3.1-8B */
-        {3, 1, 6, 4, 10000.0, 0},       /* odd everything */
+        {4, 2, 64, 16, 10000.0, 0, 0, 0},
+        {32, 8, 128, 16, 1000000.0, 0, 0, 0}, /* Mistral-7B */
+        {32, 8, 128, 16, 500000.0, 1, 0, 0},  /* Llama-3.1-8B */
+        {3, 1, 6, 4, 10000.0, 0, 0, 0},       /* odd everything */
+        {4, 2, 64, 16, 1000000.0, 0, 1, 0},  /* Qwen2: q/k/v biases */
+        {32, 8, 128, 16, 1000000.0, 0, 0, 1}, /* Qwen3-8B: per-head q/k norms */
+        {8, 2, 128, 16, 1000000.0, 0, 1, 1},
+        {3, 1, 6, 4, 10000.0, 0, 1, 1},      /* both, one element at a time */
     };
     static const int Ts[] = {1, 7, 37};
     for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
@@ -504,12 +509,27 @@ static void test_rope_kv(void) {
         snprintf(d[7], 48, "ROPE_LOW_FREQ_FACTOR=1.0f");
         snprintf(d[8], 48, "ROPE_HIGH_FREQ_FACTOR=4.0f");
         snprintf(d[9], 48, "ROPE_ORIG_MAX_POS=8192");
-        const char *defs[10];
+        char dx[3][48];
+        snprintf(dx[0], 48, "QKV_BIAS=%d", c->bias);
+        snprintf(dx[1], 48, "QK_NORM=%d", c->norm);
+        snprintf(dx[2], 48, "QK_NORM_EPS=1e-6f");
+        const char *defs[13];
         for (int i = 0; i < 10; i++) defs[i] = d[i];
+        for (int i = 0; i < 3; i++) defs[10 + i] = dx[i];
         kfn k;
-        KT_REQUIRE(kbuild(&k, "rope_kv.cuh", "kiln_rope_kv", defs, 10));
+        KT_REQUIRE(kbuild(&k, "rope_kv.cuh", "kiln_rope_kv", defs, 13));
         for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
             int T = Ts[ti], H = c->hd, half = H / 2, row = (c->nh + 2 * c->nkv) * H;
+            /* the extras: a bias per projection column, q/k norm weights around 1 */
+            float *biasf, *qnf, *knf;
+            uint16_t *biash = rand_bf16((size_t)row, 0.5f, &biasf), *qnh = rand_bf16((size_t)H, 0.3f, &qnf),
+                     *knh = rand_bf16((size_t)H, 0.3f, &knf);
+            for (int i = 0; i < H; i++) {
+                qnh[i] = kiln_f32_to_bf16(qnf[i] + 1.0f), qnf[i] = kiln_bf16_to_f32(qnh[i]);
+                knh[i] = kiln_f32_to_bf16(knf[i] + 1.0f), knf[i] = kiln_bf16_to_f32(knh[i]);
+            }
+            CUdeviceptr dbias = dev_from(biash, (size_t)row * 2), dqn = dev_from(qnh, (size_t)H * 2),
+                        dkn = dev_from(knh, (size_t)H * 2);
             int nblocks = (T + c->bs - 1) / c->bs + 3, nslots = nblocks * c->bs;
             size_t cache_n = (size_t)nblocks * c->nkv * c->bs * H;
             float *qkvf;
@@ -527,7 +547,8 @@ static void test_rope_kv(void) {
             dev_poison16(qo, (size_t)T * c->nh * H * 2);
             dev_poison16(kc, cache_n * 2);
             dev_poison16(vc, cache_n * 2);
-            kiln_rope_kv_params p = {qkv, qo, kc, vc, dpos, dslot, T, 0};
+            kiln_rope_kv_params p = {qkv, qo, kc, vc, dpos, dslot, c->bias ? dbias : 0, c->norm ? dqn : 0,
+                                     c->norm ? dkn : 0, T, 0};
             KT_CHECK(klaunch(k.fn, "kiln_rope_kv", dims((unsigned)T, 1, 1, 128, 0), &p));
             uint16_t *qh = host_from(qo, (size_t)T * c->nh * H * 2), *kh = host_from(kc, cache_n * 2),
                      *vh = host_from(vc, cache_n * 2);
@@ -537,9 +558,21 @@ static void test_rope_kv(void) {
             double *kref = malloc(sizeof(double) * T * c->nkv * H);
             uint16_t *kgot = malloc(2 * (size_t)T * c->nkv * H);
             int v_bad = 0, untouched_bad = 0;
+            double *src = malloc(sizeof(double) * (size_t)H);
             for (int t = 0; t < T; t++)
                 for (int hh = 0; hh < c->nh + c->nkv; hh++) {
-                    const float *src = qkvf + (size_t)t * row + hh * H;
+                    /* the head as HF has it before the rotation: the biased projection (rounded to bf16),
+                     * then Qwen3RMSNorm (normalised in fp32, rounded, times the weight) */
+                    double ss = 0;
+                    for (int i = 0; i < H; i++) {
+                        float x = qkvf[(size_t)t * row + hh * H + i];
+                        if (c->bias) x = kiln_bf16_to_f32(kiln_f32_to_bf16(x + biasf[hh * H + i]));
+                        src[i] = x;
+                        ss += (double)x * x;
+                    }
+                    if (c->norm)
+                        for (int i = 0; i < H; i++)
+                            src[i] = src[i] / sqrt(ss / H + 1e-6) * (hh < c->nh ? qnf[i] : knf[i]);
                     for (int i = 0; i < half; i++) {
                         double a = (float)pos[t] * (float)ref_inv_freq(c, i); /* fp32 product, as HF */
                         double cs = cos(a), sn = sin(a);
@@ -558,8 +591,12 @@ static void test_rope_kv(void) {
                     if (hh >= c->nh && slot[t] >= 0) {
                         int kvh = hh - c->nh;
                         size_t at = (((size_t)(slot[t] / c->bs) * c->nkv + kvh) * c->bs + slot[t] % c->bs) * H;
-                        for (int i = 0; i < H; i++)
-                            if (vh[at + i] != qkvh[(size_t)t * row + (c->nh + c->nkv + kvh) * H + i]) v_bad++;
+                        for (int i = 0; i < H; i++) {
+                            const size_t j = (size_t)(c->nh + c->nkv + kvh) * H + i;
+                            uint16_t want = c->bias ? kiln_f32_to_bf16(qkvf[(size_t)t * row + j] + biasf[j])
+                                                    : qkvh[(size_t)t * row + j];
+                            if (vh[at + i] != want) v_bad++;
+                        }
                     }
                 }
             /* Slots nobody wrote must still hold the poison. */
@@ -576,9 +613,10 @@ static void test_rope_kv(void) {
             KT_CHECKF(eq < TOL_BF16 && ek < TOL_BF16, "rope cfg %zu T=%d: q rel err %g, k rel err %g", ci, T, eq, ek);
             KT_CHECKF(v_bad == 0, "rope cfg %zu T=%d: %d v values not copied exactly", ci, T, v_bad);
             KT_CHECKF(untouched_bad == 0, "rope cfg %zu T=%d: %d cache values written at unused slots", ci, T, untouched_bad);
-            CUdeviceptr all[] = {qkv, qo, kc, vc, dpos, dslot};
-            for (int i = 0; i < 6; i++) kiln_cuda_release(&g_cu, all[i]);
+            CUdeviceptr all[] = {qkv, qo, kc, vc, dpos, dslot, dbias, dqn, dkn};
+            for (int i = 0; i < 9; i++) kiln_cuda_release(&g_cu, all[i]);
             free(qkvh); free(qkvf); free(pos); free(slot); free(perm); free(qh); free(kh); free(vh);
+            free(src); free(biash); free(biasf); free(qnh); free(qnf); free(knh); free(knf);
             free(qref); free(kref); free(kgot);
         }
         kfree(&k);
@@ -833,7 +871,7 @@ static void test_attn_decode(void) {
             const size_t cn = (size_t)pc.nblocks * c->nkv * c->bs * c->hd * 2;
             uint16_t *k0 = host_from(pc.k, cn), *v0 = host_from(pc.v, cn);
             /* the two-kernel way */
-            kiln_rope_kv_params rp = {dqkv, qrot, pc.k, pc.v, dpos, dslot, B, 0};
+            kiln_rope_kv_params rp = {dqkv, qrot, pc.k, pc.v, dpos, dslot, 0, 0, 0, B, 0};
             KT_CHECK(klaunch(kr.fn, "kiln_rope_kv", dims((unsigned)B, 1, 1, 128, 0), &rp));
             dev_poison16(o, qn * 2);
             kiln_attn_decode_params pr = {qrot, pc.k, pc.v, pc.dbt, pc.dlens, o, po, pml, scale, B, pc.max_blocks,

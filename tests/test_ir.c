@@ -163,6 +163,55 @@ static void test_fusion_passes_on_stories260k(void) {
     kiln_graph_free(g);
 }
 
+/* Qwen's extras fuse into qkv_rope (+qkv_bias, +qk_norm) and pack with it; the decode attention keeps
+ * its own rotation off them (rope_kv does the biases and norms) */
+static void check_qwen_fusion(const char *dir_rel, uint32_t want_flags, int bias_ops, int norm_ops) {
+    kiln_error err = {0};
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/%s", KILN_SOURCE_DIR, dir_rel);
+    kiln_checkpoint c;
+    KT_REQUIRE(kiln_checkpoint_open(dir, &c, &err) == KILN_OK);
+    kiln_graph *g = NULL;
+    KT_REQUIRE(kiln_import(&c, &g, &err) == KILN_OK);
+    const int layers = 2;
+    KT_EQ_INT(kiln_ir_count_ops(g, KILN_OP_BIAS_ADD), bias_ops * layers);
+    KT_EQ_INT(kiln_ir_count_ops(g, KILN_OP_HEAD_RMSNORM), norm_ops * layers);
+    KT_EQ_INT(kiln_passes_run(g, NULL, NULL, &err), KILN_OK);
+    KT_EQ_INT(kiln_ir_count_ops(g, KILN_OP_BIAS_ADD), 0);
+    KT_EQ_INT(kiln_ir_count_ops(g, KILN_OP_HEAD_RMSNORM), 0);
+    KT_EQ_INT(kiln_ir_count_ops(g, KILN_OP_QKV_ROPE_PACKED), layers);
+    for (int i = 0; i < g->n_ops; i++) {
+        const kiln_op *op = &g->ops[i];
+        if (op->dead) continue;
+        if (op->kind == KILN_OP_QKV_ROPE_PACKED) {
+            KT_EQ_INT(op->attrs.flags, want_flags);
+            KT_EQ_INT(op->n_in, 3 + ((want_flags & KILN_FLAG_QKV_BIAS) ? 1 : 0) + ((want_flags & KILN_FLAG_QK_NORM) ? 2 : 0));
+            if (want_flags & KILN_FLAG_QKV_BIAS) { /* [bq; bk; bv]: (4 + 2 x 2) heads of head_dim */
+                const kiln_value *b = &g->values[op->in[3]];
+                KT_EQ_INT(b->ndim, 1);
+                KT_EQ_INT(b->shape[0], 8 * c.config.head_dim);
+                KT_CHECK(strstr(b->name, "qkv_proj.bias") != NULL);
+            }
+        }
+        if (op->kind == KILN_OP_ATTENTION) KT_EQ_INT(op->attrs.flags & KILN_FLAG_DECODE_ROPE, 0);
+    }
+    /* an op carrying the bias flag without its inputs fails the verifier */
+    for (int i = 0; i < g->n_ops; i++)
+        if (!g->ops[i].dead && g->ops[i].kind == KILN_OP_QKV_ROPE_PACKED) {
+            g->ops[i].attrs.flags ^= KILN_FLAG_QKV_BIAS;
+            break;
+        }
+    KT_EQ_INT(kiln_ir_verify(g, &err), KILN_ERR_VERIFY);
+    KT_CONTAINS(err.msg, "inputs");
+    kiln_graph_free(g);
+    kiln_checkpoint_close(&c);
+}
+
+static void test_qwen_extras_fuse_into_qkv_rope(void) {
+    check_qwen_fusion("tests/data/tiny-qwen2", KILN_FLAG_QKV_BIAS, 3, 0);
+    check_qwen_fusion("tests/data/tiny-qwen3", KILN_FLAG_QK_NORM, 0, 2);
+}
+
 static void test_dce_removes_unused_and_keeps_output(void) {
     kiln_error err = {0};
     kiln_graph *g = small_graph();
@@ -343,6 +392,7 @@ int main(void) {
     KT_RUN(test_builder_infers_and_rejects_shapes);
     KT_RUN(test_verifier_catches_broken_graphs);
     KT_RUN(test_fusion_passes_on_stories260k);
+    KT_RUN(test_qwen_extras_fuse_into_qkv_rope);
     KT_RUN(test_dce_removes_unused_and_keeps_output);
     KT_RUN(test_memory_planning_never_aliases_live_values);
     KT_RUN(test_unknown_pass_is_refused);

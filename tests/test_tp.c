@@ -12,7 +12,7 @@
  *     all-reduce done in memory) gives the tp=1 logits to fp32 rounding at
  *     every position, and the same greedy tokens through the KV cache, for
  *     every reference model (GQA, sliding window, llama3 RoPE, tied
- *     embeddings, Qwen3's head norms, and the shared pycode-22m when present),
+ *     embeddings, Qwen3's head norms, Qwen2's q/k/v biases, and the shared pycode-22m when present),
  *     with the default passes and none.
  */
 #include <math.h>
@@ -408,6 +408,11 @@ static void test_logits_tiny_qwen3(void) { /* per-head q/k RMSNorm on each rank'
     check_tp_logits(src_path("tests/data/tiny-qwen3"), NULL, 2, 16);
 }
 
+static void test_logits_tiny_qwen2(void) { /* q/k/v biases split with their rows, a window on one layer, tied */
+    check_tp_logits(src_path("tests/data/tiny-qwen2"), NULL, 2, 16);
+    check_tp_logits(src_path("tests/data/tiny-qwen2"), "none", 2, 16);
+}
+
 static void test_logits_stories260k(void) { /* a trained model: 8/4 heads, ffn 172, vocab 512: tp 2 and 4 */
     check_tp_logits(src_path("models/stories260k"), NULL, 2, 32);
     check_tp_logits(src_path("models/stories260k"), NULL, 4, 32);
@@ -433,6 +438,7 @@ int main(void) {
     KT_RUN(test_logits_tiny_mistral);
     KT_RUN(test_logits_tiny_llama3);
     KT_RUN(test_logits_tiny_qwen3);
+    KT_RUN(test_logits_tiny_qwen2);
     KT_RUN(test_logits_stories260k);
     KT_RUN(test_logits_pycode);
     fprintf(stderr, "  max |tpN - tp1| logit over all models: %.3g\n", max_logit_diff_seen);

@@ -113,6 +113,7 @@ typedef struct cx_inst {
     int op;         /* plan op, for messages */
     int x, y, res;  /* buffer ids (-1 = none) */
     int dw;         /* EMBED table, NORM weight */
+    int dw_bias, dw_qn, dw_kn; /* QKV: its packed bias and q/k norm weights (+qkv_bias, +qk_norm), -1 = none */
     int layer;      /* QKV, ATTN */
     int attn;       /* ATTN: index into attn[] */
     CUfunction fn;  /* NORM: the rmsnorm kernel */
@@ -636,6 +637,13 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             if (!(ins = emit(x, I_QKV, (int)i, err))) goto nomem;
             ins->x = vb[in[0]];
             ins->layer = a->layer;
+            ins->dw_bias = ins->dw_qn = ins->dw_kn = -1; /* the optional inputs after positions */
+            uint32_t extra = 3;
+            if (a->flags & KILN_FLAG_QKV_BIAS) WDW(ins->dw_bias, in[extra++]);
+            if (a->flags & KILN_FLAG_QK_NORM) {
+                WDW(ins->dw_qn, in[extra++]);
+                WDW(ins->dw_kn, in[extra++]);
+            }
             if ((st = gemm_setup(x, &ins->g, dw, EPI_PLAIN, err))) goto out;
             for (int j = 0; j < 3; j++) virt[o[j]] = 1;
             qkv_op = (int)i;
@@ -654,6 +662,12 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             }
             if (a->layer < 0 || a->layer >= x->n_layers) {
                 st = unsupported_op(x, i, "layer index outside the model's layers", err);
+                goto out;
+            }
+            if ((a->flags & KILN_FLAG_DECODE_ROPE) &&
+                (p->ops[qkv_op].attrs.flags & (KILN_FLAG_QKV_BIAS | KILN_FLAG_QK_NORM))) {
+                st = unsupported_op(x, i, "+decode_rope over a qkv_rope with biases or q/k norms (the attention "
+                                          "kernel's rotation has neither)", err);
                 goto out;
             }
             if (!(ins = emit(x, I_ATTN, (int)i, err))) goto nomem;
@@ -695,10 +709,11 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             x->has_lm_head = true;
             break;
         }
-        case KILN_OP_HEAD_RMSNORM: /* Qwen3's q/k norms: CPU only so far */
-            kiln_err(err, KILN_ERR_UNSUPPORTED, "cuda executor: plan op %u (head_rmsnorm): this model's per-head "
-                     "q/k RMSNorm (Qwen3) has no GPU kernel yet", i);
-            st = kiln_err_hint(err, "run this engine on the CPU (--device cpu)");
+        case KILN_OP_HEAD_RMSNORM: /* Qwen's q/k norms and biases run inside qkv_rope (pass fuse-qkv-rope) */
+        case KILN_OP_BIAS_ADD:
+            st = unsupported_op(x, i, "Qwen's q/k norms and q/k/v biases run on the GPU only fused into qkv_rope", err);
+            kiln_err_hint(err, "compile the engine with the default passes (fuse-qkv-rope), or run it on the CPU "
+                               "(--device cpu)");
             goto out;
         default:
             st = unsupported_op(x, i, "no GPU kernel for this op", err);
@@ -848,6 +863,9 @@ static kiln_status run_program(cx *x, const cx_shape *sh, kiln_error *err) {
                                       x->vcache + (size_t)in->layer * x->kv_layer_bytes,
                                       inp(x, x->in.pos),
                                       inp(x, x->in.kvslot),
+                                      in->dw_bias >= 0 ? dwp(x, in->dw_bias) : 0,
+                                      in->dw_qn >= 0 ? dwp(x, in->dw_qn) : 0,
+                                      in->dw_kn >= 0 ? dwp(x, in->dw_kn) : 0,
                                       T,
                                       0};
             st = launch(x, x->f_rope, (unsigned)T, 1, 1, (unsigned)x->rope_threads, 0, &rp, "kiln_rope_kv", err);

@@ -12,13 +12,17 @@ What it writes (all paths relative to the repository root):
                                     config.json rewritten to the transformers 4.x form
   tests/data/tiny-qwen3/            Qwen3ForCausalLM: per-head RMSNorm on q and k before RoPE,
                                     explicit head_dim (not hidden / heads), untied, bf16
+  tests/data/tiny-qwen2/            Qwen2ForCausalLM: biases on q, k and v, a sliding window on
+                                    layer 1 only (max_window_layers 1), tied, bf16, config.json
+                                    rewritten to the transformers 4.x form (no layer_types)
   tests/golden/<name>/golden.json   greedy ids + metadata, for stories260k, tiny-mistral,
   tests/golden/<name>/case<i>.f32   tiny-llama3: full-forward logits, raw little-endian f32
   tests/golden/pycode-22m/...       text end-to-end golden for ../shared/models/pycode-22m
 
 Usage (from anywhere):
   python3 tests/golden/make_goldens.py [--shared-dir DIR] [--only NAME]
-(--only tiny-qwen3 makes that checkpoint and golden alone, leaving the others as they are.)
+(--only tiny-qwen3 or --only tiny-qwen2 makes that checkpoint and golden alone, leaving the others
+as they are.)
 
 Every run rebuilds everything from fixed seeds; on the same machine and
 library versions the output is byte-identical. The script checks its own
@@ -47,6 +51,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
 )
@@ -87,6 +93,10 @@ MISTRAL_INIT = dict(seed=45, matrix_std=0.15, embed_std=1.0, norm_noise=0.1)
 LLAMA3_INIT = dict(seed=95, matrix_std=0.3, embed_std=1.0, norm_noise=0.1)
 # tiny-qwen3: the seed with the largest smallest greedy margin over ID_PROMPTS among 0..9 (0.0215).
 QWEN3_INIT = dict(seed=1, matrix_std=0.15, embed_std=1.0, norm_noise=0.1)
+# tiny-qwen2: tied like tiny-llama3, so its matrices use std 0.3 too (with 0.15 it repeats its input);
+# the seed with the largest smallest greedy margin over ID_PROMPTS among 0..9 (0.0148; seeds 4 and 5
+# fail the variety check).
+QWEN2_INIT = dict(seed=1, matrix_std=0.3, embed_std=1.0, norm_noise=0.1)
 
 # Checks the script enforces on what it writes.
 # KV-cache (generate) logits vs one full forward, and the float32 full forward
@@ -257,6 +267,30 @@ def qwen3_config():
     return c
 
 
+def qwen2_config():
+    # a window of 8 on layer 1 only (max_window_layers 1), so the golden prompts of 8 and 20 tokens
+    # cross it there and not in layer 0; tied, as the small Qwen2.5 models are
+    c = Qwen2Config(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        use_sliding_window=True,
+        sliding_window=8,
+        max_window_layers=1,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    c.architectures = ["Qwen2ForCausalLM"]
+    return c
+
+
 def build_model(cls, config, init, dtype):
     config._attn_implementation = "eager"
     torch.manual_seed(0)  # every parameter is overwritten below; this only pins HF's own init
@@ -350,6 +384,44 @@ def make_tiny_qwen3():
     return d
 
 
+def to_4x_qwen2_config(path):
+    """Rewrite a transformers-5 Qwen2 config.json the way 4.x Qwen2.5 checkpoints look: top-level
+    rope_theta, "torch_dtype", no layer_types (the windowed layers follow from max_window_layers)."""
+    with open(path) as f:
+        c = json.load(f)
+    rp = c.pop("rope_parameters")
+    check(rp.get("rope_type", "default") == "default", "tiny-qwen2 rope type")
+    c["rope_theta"] = rp["rope_theta"]
+    c["torch_dtype"] = c.pop("dtype")
+    check(c.pop("layer_types") == ["full_attention", "sliding_attention"], "tiny-qwen2 layer_types")
+    c["transformers_version"] = "4.45.2"
+    with open(path, "w") as f:
+        f.write(json.dumps(c, indent=2, sort_keys=True) + "\n")
+
+
+def make_tiny_qwen2():
+    d = os.path.join(REPO, "tests/data/tiny-qwen2")
+    cfg = qwen2_config()
+    model = build_model(Qwen2ForCausalLM, cfg, QWEN2_INIT, torch.bfloat16).to(torch.bfloat16)
+    fresh_dir(d)
+    model.save_pretrained(d)
+    with open(os.path.join(d, "config.json")) as f:
+        c5 = json.load(f)
+    to_4x_qwen2_config(os.path.join(d, "config.json"))
+    back = Qwen2Config.from_pretrained(d).to_dict()
+    orig = Qwen2Config.from_dict(c5).to_dict()
+    for k in sorted(set(back) | set(orig)):
+        if k in ("transformers_version",):
+            continue
+        check(back.get(k) == orig.get(k), "4.x config loads %s=%r, 5.x form has %r" % (k, back.get(k), orig.get(k)))
+    t = state_tensors(d)
+    check("model.layers.0.self_attn.q_proj.bias" in t and "lm_head.weight" not in t,
+          "tiny-qwen2 lacks the q bias or stores a tied lm_head")
+    check("model.layers.0.self_attn.o_proj.bias" not in t, "tiny-qwen2 has an o_proj bias")
+    print("tiny-qwen2: %d tensors, bf16, tied, q/k/v biases, window 8 on layer 1, 4.x config form" % len(t))
+    return d
+
+
 def make_tiny_llama3():
     d = os.path.join(REPO, "tests/data/tiny-llama3")
     cfg = llama3_config()
@@ -414,6 +486,24 @@ def np_rope_inv_freq(cfg, head_dim):
     return out                                                           # high frequencies: kept
 
 
+def np_layer_window(cfg, layer):
+    """The sliding window of one layer as transformers decides it from config.json in either form:
+    every layer for Mistral; for Qwen2/Qwen3 only with use_sliding_window, then by layer_types, else
+    from max_window_layers on."""
+    window = cfg.get("sliding_window")
+    arch = cfg["architectures"][0]
+    if window is None or arch.startswith("Llama"):
+        return None
+    if not arch.startswith("Qwen"):
+        return window
+    if not cfg.get("use_sliding_window", False):
+        return None
+    types = cfg.get("layer_types")
+    if types is not None:
+        return window if types[layer] == "sliding_attention" else None
+    return window if layer >= cfg.get("max_window_layers", 28) else None
+
+
 def np_forward(model_dir, ids):
     """Logits [len(ids), vocab] of a Llama/Mistral checkpoint, float64, straight from the files."""
     with open(os.path.join(model_dir, "config.json")) as f:
@@ -422,7 +512,6 @@ def np_forward(model_dir, ids):
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim") or cfg["hidden_size"] // nh
     eps = cfg["rms_norm_eps"]
-    window = cfg.get("sliding_window")
     t = len(ids)
 
     inv = np_rope_inv_freq(cfg, hd)
@@ -438,20 +527,24 @@ def np_forward(model_dir, ids):
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g
 
     i, j = np.arange(t)[:, None], np.arange(t)[None, :]
-    allowed = j <= i
-    if window is not None:
-        allowed &= j > i - window                                        # the last `window` keys, self included
     x = w["model.embed_tokens.weight"][ids]
     for layer in range(cfg["num_hidden_layers"]):
+        allowed = j <= i
+        window = np_layer_window(cfg, layer)
+        if window is not None:
+            allowed &= j > i - window                                    # the last `window` keys, self included
         p = "model.layers.%d." % layer
         h = rms(x, w[p + "input_layernorm.weight"])
-        q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(t, nh, hd)
-        k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(t, nkv, hd)
+
+        def proj(name, heads):                                          # Qwen2: q, k, v carry biases
+            y = h @ w[p + "self_attn.%s.weight" % name].T + w.get(p + "self_attn.%s.bias" % name, 0.0)
+            return y.reshape(t, heads, hd)
+        q, k = proj("q_proj", nh), proj("k_proj", nkv)
         if p + "self_attn.q_norm.weight" in w:                           # Qwen3: RMSNorm per head, before RoPE
             q = rms(q, w[p + "self_attn.q_norm.weight"])
             k = rms(k, w[p + "self_attn.k_norm.weight"])
         q, k = rope(q), rope(k)
-        v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(t, nkv, hd)
+        v = proj("v_proj", nkv)
         o = np.empty((t, nh, hd))
         for head in range(nh):
             kv = head // (nh // nkv)
@@ -758,7 +851,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shared-dir", default=os.path.join(os.path.dirname(REPO), "shared"),
                     help="kiln's shared test-data dir (holds models/pycode-22m); default: ../shared")
-    ap.add_argument("--only", choices=["tiny-qwen3"], help="make this checkpoint and golden alone")
+    ap.add_argument("--only", choices=["tiny-qwen3", "tiny-qwen2"], help="make this checkpoint and golden alone")
     args = ap.parse_args()
 
     torch.set_num_threads(1)  # fixed reduction order: reruns are byte-identical
@@ -770,6 +863,10 @@ def main():
         make_id_golden("tiny-qwen3", make_tiny_qwen3(), ID_PROMPTS, synthetic=True)
         print("make_goldens: all checks passed (tiny-qwen3 only)")
         return
+    if args.only == "tiny-qwen2":
+        make_id_golden("tiny-qwen2", make_tiny_qwen2(), ID_PROMPTS, synthetic=True)
+        print("make_goldens: all checks passed (tiny-qwen2 only)")
+        return
     mistral = make_tiny_mistral()
     llama3 = make_tiny_llama3()
     negative_controls(mistral, llama3)
@@ -778,6 +875,7 @@ def main():
                    same_weights=[os.path.join(REPO, "tests/data/tiny-mistral-sharded")])
     make_id_golden("tiny-llama3", llama3, LLAMA3_PROMPTS, synthetic=True)
     make_id_golden("tiny-qwen3", make_tiny_qwen3(), ID_PROMPTS, synthetic=True)
+    make_id_golden("tiny-qwen2", make_tiny_qwen2(), ID_PROMPTS, synthetic=True)
     make_pycode_golden(args.shared_dir)
     print("make_goldens: all checks passed")
 
