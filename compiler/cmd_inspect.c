@@ -414,7 +414,8 @@ static void print_targets(const json_t *meta, const kiln_inspect_kernels *k) {
     size_t i;
     printf("targets:");
     json_array_foreach(tg, i, t) printf("%s%s", i ? ", " : " ", json_string_value(t));
-    if (json_array_size(tg) == 0) printf(" none (CPU only)");
+    const char *why = json_string_value(json_object_get(json_object_get(meta, "build"), "no_gpu_kernels"));
+    if (json_array_size(tg) == 0) printf(" none (CPU only%s%s)", why ? ": " : "", why ? why : "");
     if (k->present)
         printf("\nkernels: %d modules (%d distinct source%s), %d images, element %s, KV block size %d tokens\n",
                k->n_modules, k->n_sources, k->n_sources == 1 ? "" : "s", k->n_images,

@@ -84,7 +84,7 @@ static kiln_status check_tp(const kiln_checkpoint *ck, int n, kiln_error *err) {
 /* The meta section: what the engine holds, for `kiln inspect` and the runtime. */
 static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const kiln_compile_options *opt,
                          const kiln_generation_config *gen_cfg, uint64_t weights_bytes, const kiln_buf *tok_blob,
-                         const kiln_kernel_targets *targets) {
+                         const kiln_kernel_targets *targets, const char *no_gpu) {
     const kiln_model_config *c = &ck->config;
     json_t *model = json_pack(
         "{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:I, s:b, s:s}", "architecture", arch_name(c->arch),
@@ -130,6 +130,8 @@ static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const k
     }
     if (targets->n_cubin + targets->n_ptx)
         json_object_set_new(build, "kv_block_size", json_integer(opt->kv_block_size ? opt->kv_block_size : 16));
+    else /* why the engine runs on the CPU only: the GPU executor says it when asked to run it */
+        json_object_set_new(build, "no_gpu_kernels", json_string(no_gpu));
     json_t *meta = json_pack("{s:s, s:s, s:{s:i, s:i}, s:o, s:o, s:o, s:o, s:o, s:o}", "format", "kiln-engine",
                              "kiln_version", KILN_VERSION, "format_version", "major", KILN_ENGINE_MAJOR, "minor",
                              KILN_ENGINE_MINOR, "model", model, "generation", gen, "weights", weights, "build",
@@ -191,6 +193,10 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
     kiln_kernel_targets targets;
     kiln_status st = kiln_kernel_targets_parse(opt->targets ? opt->targets : "none", &targets, err);
     if (st != KILN_OK) return st;
+    /* why the engine would get no GPU kernels (meta build.no_gpu_kernels) */
+    char no_gpu[KILN_ERR_MSG_MAX];
+    snprintf(no_gpu, sizeof no_gpu, "%s", opt->gpu_if_possible ? "the kiln that compiled it had no NVRTC"
+                                                               : "it was compiled with --target none");
     if ((st = kiln_output_precheck(opt->output_path, err)) != KILN_OK) return st;
     kiln_progress_phase(opt->progress, "import", 0, NULL, 0);
     if ((st = kiln_checkpoint_open(ckpt_dir, &ck, err)) != KILN_OK) return st;
@@ -243,8 +249,13 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
                                                  : "");
                 goto out;
             }
-            fprintf(stderr, "kiln compile: note: plan op %d (%s) has no GPU kernel yet; the engine gets no GPU "
-                            "kernels and runs on the CPU only\n", bad, opn);
+            if (g->n_ranks > 1)
+                snprintf(no_gpu, sizeof no_gpu, "the engine is split over %d tensor-parallel ranks (--tp %d), and "
+                         "running that on GPUs is not built yet (docs/parallelism.md)", g->n_ranks, g->n_ranks);
+            else
+                snprintf(no_gpu, sizeof no_gpu, "plan op %d (%s) has no GPU kernel yet", bad, opn);
+            fprintf(stderr, "kiln compile: note: %s; the engine gets no GPU kernels and runs on the CPU only\n",
+                    no_gpu);
             targets.n_cubin = targets.n_ptx = 0;
         } else if (opt->gpu_if_possible) {
             /* the default targets: a model whose constants the kernels do not take (a head_dim...) gets a
@@ -252,8 +263,9 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
             kiln_kernel_modules mods;
             kiln_error why = {0};
             if (kiln_kernels_modules(parsed, opt->kv_block_size, &mods, &why) == KILN_ERR_UNSUPPORTED) {
+                snprintf(no_gpu, sizeof no_gpu, "%s", why.msg);
                 fprintf(stderr, "kiln compile: note: %s; the engine gets no GPU kernels and runs on the CPU only\n",
-                        why.msg);
+                        no_gpu);
                 targets.n_cubin = targets.n_ptx = 0;
             }
             kiln_kernel_modules_free(&mods);
@@ -275,7 +287,7 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
     if (have_chat &&
         (st = kiln_engine_writer_section(w, KILN_SECTION_CHAT, KILN_CODEC_NONE, chat.data, chat.len, err)) != KILN_OK)
         goto out;
-    json_t *meta = make_meta(&ck, g, opt, have_gen ? &gen : NULL, wbytes, have_tok ? &tok : NULL, &targets);
+    json_t *meta = make_meta(&ck, g, opt, have_gen ? &gen : NULL, wbytes, have_tok ? &tok : NULL, &targets, no_gpu);
     meta_text = meta ? json_dumps(meta, JSON_SORT_KEYS | JSON_INDENT(1)) : NULL;
     json_decref(meta);
     if (!meta_text) {

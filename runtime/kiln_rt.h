@@ -39,6 +39,7 @@ typedef struct kiln_model {
     int32_t gen_top_k;
     float gen_top_p;
     struct kiln_tokenizer *tokenizer; /* NULL when the engine has none */
+    char no_gpu_kernels[256];      /* meta build.no_gpu_kernels: why the engine has no GPU kernels ("" = unknown) */
     double load_seconds;
 } kiln_model;
 

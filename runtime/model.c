@@ -99,6 +99,8 @@ static kiln_status read_meta(kiln_model *m, const char *path, kiln_error *err) {
         return kiln_err(err, KILN_ERR_FORMAT, "%s: meta section is not a JSON object (%s)", path, je.text);
     }
     json_t *gen = json_object_get(root, "generation");
+    const char *why = json_string_value(json_object_get(json_object_get(root, "build"), "no_gpu_kernels"));
+    snprintf(m->no_gpu_kernels, sizeof m->no_gpu_kernels, "%s", why ? why : "");
     kiln_status st2 = read_ids(m, gen, path, err);
     if (st2 == KILN_OK) st2 = read_sampling(m, gen, path, err);
     json_decref(root);

@@ -126,7 +126,7 @@ cval() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.arg
 "$KILN" inspect "$T/tm.kiln" >"$T/insp" 2>"$T/err" && ok || bad "inspect tiny-mistral: $(cat "$T/err")"
 has() { if grep -Eq -- "$1" "$T/insp"; then ok; else bad "inspect output lacks /$1/: $(cat "$T/insp")"; fi; }
 [ "$(cval dtype)" = bfloat16 ] && has "^weights: .*dtype bf16 \(matrices\), f32 \(norms\)"
-has "^targets: none \(CPU only\)"
+has "^targets: none \(CPU only: it was compiled with --target none\)"
 has "^kernels: none"
 has "^generation: bos $(cval bos_token_id); eos $(cval eos_token_id); max_context $(cval max_position_embeddings)"
 has "vocab $(cval vocab_size), context $(cval max_position_embeddings)"

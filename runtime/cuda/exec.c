@@ -1603,10 +1603,14 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
 
     /* the kernels section */
     if (!ksec) {
-        st = kiln_err(err, KILN_ERR_UNSUPPORTED, "%s: the engine has no GPU kernels (it was compiled with --target none)",
-                      path);
-        kiln_err_hint(err, "recompile it with `kiln compile --target default` (or sm_%d for this GPU), or run it on the "
-                           "CPU", x->cu.sm);
+        /* why, as the compiler recorded it: --target none, no NVRTC, or a plan the GPU cannot run */
+        const char *why = m->no_gpu_kernels[0] ? m->no_gpu_kernels : "it was compiled with --target none";
+        st = kiln_err(err, KILN_ERR_UNSUPPORTED, "%s: the engine has no GPU kernels: %s", path, why);
+        if (strstr(why, "--target none") || strstr(why, "NVRTC"))
+            kiln_err_hint(err, "recompile it with `kiln compile --target default` (or sm_%d for this GPU) with a kiln "
+                               "that has NVRTC, or run it on the CPU (--device cpu)", x->cu.sm);
+        else
+            kiln_err_hint(err, "run it on the CPU (--device cpu): the GPU kernels do not take this model yet");
         goto fail;
     }
     const uint8_t *kd;
