@@ -65,7 +65,12 @@ typedef enum kiln_op_kind {
     KILN_OP_HEAD_RMSNORM = 15,  /* in: x[B,S,heads*hd], w[hd]   out: each head's hd values RMS-normalised and
                                    scaled by w (attrs n_heads, head_dim, eps): Qwen3's q_norm / k_norm */
     KILN_OP_BIAS_ADD = 16,      /* in: x[B,S,N], b[N]          out: x + b on every row (Qwen2's q/k/v biases) */
-    /* 17 is taken by an op of another branch (moe); the name table tolerates gaps */
+    KILN_OP_MOE = 17,           /* in: x[B,S,H], router[E,H], Wgu[E,2F,H] (expert e: F gate rows, then F up
+                                   rows), Wdown[E,H,F]   out: y[B,S,H]; per token: p = softmax(x router^T) in
+                                   f32, the top_k experts by p (ties in torch.topk's order), their p
+                                   renormalised to sum 1, y = sum over them (in expert order) of
+                                   p_e * Wdown_e (silu(Wgate_e x) * (Wup_e x)) (attrs n_experts, top_k,
+                                   layer): Mixtral's sparse MoE block */
     /* tensor parallelism (pass tensor-parallel, --tp N): one plan that every rank runs on its own shards */
     KILN_OP_ALL_REDUCE = 18,    /* in: x[B,S,W] (this rank's partial sum)   out: the sum of x over all `ranks` ranks,
                                    the same on every rank (after o_proj, down_proj and the vocab-parallel embedding) */
@@ -104,7 +109,7 @@ enum {
 
 /* Attributes of an op; each kind reads the fields its comment above names. */
 typedef struct kiln_op_attrs {
-    int32_t layer;          /* attention, qkv_rope: which layer's KV cache */
+    int32_t layer;          /* attention, qkv_rope: which layer's KV cache; moe: its layer (for traces) */
     int32_t n_heads;        /* rope (heads of x), attention, qkv_rope (query heads) */
     int32_t n_kv_heads;     /* attention, qkv_rope */
     int32_t head_dim;       /* rope, attention, qkv_rope */
@@ -117,6 +122,8 @@ typedef struct kiln_op_attrs {
     float rope_high_freq_factor;
     float rope_original_max_pos;
     uint32_t flags;             /* KILN_FLAG_* lowering decisions (attention, rmsnorm) */
+    int32_t n_experts;          /* moe: experts of the layer (E) */
+    int32_t top_k;              /* moe: experts each token is routed to */
     int32_t ranks;              /* tensor parallelism, 0 = none: all_reduce, all_gather (ranks taking part);
                                    embedding (vocab-parallel: the table holds rank r's vocab_size/ranks rows,
                                    ids r*rows .. (r+1)*rows-1; ids outside give zero rows) */
@@ -137,7 +144,8 @@ enum {
     KILN_ATTR_ROPE_HIGH_FREQ = 11,   /* f32 bits */
     KILN_ATTR_ROPE_ORIG_MAX_POS = 12, /* f32 bits */
     KILN_ATTR_FLAGS = 13,            /* KILN_FLAG_* bits */
-    /* 14 and 15 are taken by attributes of other branches */
+    KILN_ATTR_N_EXPERTS = 14,
+    KILN_ATTR_TOP_K = 15,
     KILN_ATTR_RANKS = 16,            /* tensor-parallel ranks (all_reduce, all_gather, embedding) */
     KILN_ATTR_COUNT_
 };

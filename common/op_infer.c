@@ -38,7 +38,8 @@ int kiln_op_n_in(kiln_op_kind k) {
     case KILN_OP_GATE_UP_SWIGLU:
     case KILN_OP_LINEAR_ADD:
     case KILN_OP_QKV_ROPE_PACKED: return 3;
-    case KILN_OP_ATTENTION: return 4;
+    case KILN_OP_ATTENTION:
+    case KILN_OP_MOE: return 4;
     case KILN_OP_QKV_ROPE: return 5;
     default: return -1;
     }
@@ -71,6 +72,12 @@ static int64_t act_width(const kiln_tensor_desc *d) {
 
 static int is_matrix_weight(const kiln_tensor_desc *d) {
     return d->is_weight && d->ndim == 2 && d->shape[0] > 0 && d->shape[1] > 0 &&
+           (d->dtype == KILN_DTYPE_F32 || d->dtype == KILN_DTYPE_F16 || d->dtype == KILN_DTYPE_BF16);
+}
+
+/* A 3-D float weight (a stack of per-expert matrices [E, rows, cols]). */
+static int is_stack_weight(const kiln_tensor_desc *d) {
+    return d->is_weight && d->ndim == 3 && d->shape[0] > 0 && d->shape[1] > 0 && d->shape[2] > 0 &&
            (d->dtype == KILN_DTYPE_F32 || d->dtype == KILN_DTYPE_F16 || d->dtype == KILN_DTYPE_BF16);
 }
 
@@ -302,6 +309,24 @@ int kiln_op_infer(kiln_op_kind kind, const kiln_tensor_desc *in, int n_in, const
         if (nu < 0) return KILN_ERR_VERIFY;
         if (ng != nu) return BAD("gate_up_swiglu: gate width %lld != up width %lld", (long long)ng, (long long)nu);
         make_act(&out[0], ng);
+        return KILN_OK;
+    }
+    case KILN_OP_MOE: {
+        /* x [B,S,H], router [E,H], Wgu [E,2F,H], Wdown [E,H,F] */
+        const kiln_tensor_desc *r = &in[1], *gu = &in[2], *dn = &in[3];
+        const int64_t e = a->n_experts;
+        if (w0 < 0) return BAD("moe: input %%%d is not a [B,S,W] f32 activation", in[0].id);
+        if (e <= 0 || a->top_k <= 0 || a->top_k > e)
+            return BAD("moe: top_k %d of %d experts (needs 1 <= top_k <= n_experts)", a->top_k, a->n_experts);
+        if (!is_matrix_weight(r) || r->shape[0] != e || r->shape[1] != w0)
+            return BAD("moe: router %s must be a [%lld,%lld] float weight", nm(r), (long long)e, (long long)w0);
+        if (!is_stack_weight(gu) || gu->shape[0] != e || gu->shape[1] % 2 || gu->shape[2] != w0)
+            return BAD("moe: gate/up weight %s must be a [%lld,2F,%lld] float weight", nm(gu), (long long)e,
+                       (long long)w0);
+        if (!is_stack_weight(dn) || dn->shape[0] != e || dn->shape[1] != w0 || dn->shape[2] != gu->shape[1] / 2)
+            return BAD("moe: down weight %s must be a [%lld,%lld,%lld] float weight", nm(dn), (long long)e,
+                       (long long)w0, (long long)(gu->shape[1] / 2));
+        make_act(&out[0], w0);
         return KILN_OK;
     }
     default: return BAD("unknown op kind %d", (int)kind);

@@ -38,6 +38,7 @@ static const char *const op_names[KILN_OP_COUNT_] = {
     [KILN_OP_GATE_UP_SWIGLU_PACKED] = "gate_up_swiglu_packed",
     [KILN_OP_HEAD_RMSNORM] = "head_rmsnorm",
     [KILN_OP_BIAS_ADD] = "bias_add",
+    [KILN_OP_MOE] = "moe",
     [KILN_OP_ALL_REDUCE] = "all_reduce",
     [KILN_OP_ALL_GATHER] = "all_gather",
 };
@@ -82,6 +83,8 @@ int kiln_op_attrs_encode(const kiln_op_attrs *a, uint32_t keys[KILN_ATTR_COUNT_]
         [KILN_ATTR_ROPE_HIGH_FREQ] = fbits(a->rope_high_freq_factor),
         [KILN_ATTR_ROPE_ORIG_MAX_POS] = fbits(a->rope_original_max_pos),
         [KILN_ATTR_FLAGS] = a->flags,
+        [KILN_ATTR_N_EXPERTS] = (uint32_t)a->n_experts,
+        [KILN_ATTR_TOP_K] = (uint32_t)a->top_k,
         [KILN_ATTR_RANKS] = (uint32_t)a->ranks,
     };
     int n = 0;
@@ -108,6 +111,8 @@ int kiln_op_attr_set(kiln_op_attrs *a, uint32_t key, uint32_t val) {
     case KILN_ATTR_ROPE_HIGH_FREQ: a->rope_high_freq_factor = bitsf(val); return 1;
     case KILN_ATTR_ROPE_ORIG_MAX_POS: a->rope_original_max_pos = bitsf(val); return 1;
     case KILN_ATTR_FLAGS: a->flags = val; return 1;
+    case KILN_ATTR_N_EXPERTS: a->n_experts = (int32_t)val; return 1;
+    case KILN_ATTR_TOP_K: a->top_k = (int32_t)val; return 1;
     case KILN_ATTR_RANKS: a->ranks = (int32_t)val; return 1;
     default: return 0;
     }

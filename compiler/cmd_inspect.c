@@ -441,6 +441,10 @@ static void print_text(const char *path, const kiln_model *m, json_t *meta, cons
         printf(", sliding window %lld on %zu of %d layers", win, json_array_size(wl), p->n_layers);
     else if (win)
         printf(", sliding window %lld", win);
+    json_t *ne = json_object_get(model, "num_local_experts");
+    if (ne)
+        printf(", %lld experts (top %lld)", (long long)json_integer_value(ne),
+               (long long)json_integer_value(json_object_get(model, "num_experts_per_tok")));
     printf("\nweights: %u tensors%s, %.2f MB, dtype %s, codec %s\n", p->n_weights, p->n_ranks > 1 ? " per rank" : "",
            (double)m->weights_size / 1e6, wdtype, json_string_value(json_object_get(w, "codec")));
     if (p->n_ranks > 1) { /* tensor parallelism: what each rank maps and runs */

@@ -71,6 +71,11 @@ static kiln_status check_tp(const kiln_checkpoint *ck, int n, kiln_error *err) {
         {"num_attention_heads", c->n_heads}, {"num_key_value_heads", c->n_kv_heads},
         {"intermediate_size", c->intermediate_size}, {"vocab_size", c->vocab_size}};
     if (n > KILN_MAX_RANKS) return kiln_err(err, KILN_ERR_INVALID_ARG, "--tp %d: at most %d ranks", n, KILN_MAX_RANKS);
+    if (c->n_experts > 0) {
+        kiln_err(err, KILN_ERR_UNSUPPORTED, "--tp %d: %s is a mixture of experts (num_local_experts = %lld), and "
+                 "splitting experts over ranks is not built yet", n, ck->dir, (long long)c->n_experts);
+        return kiln_err_hint(err, "compile it with --tp 1 (docs/parallelism.md says how experts would be split)");
+    }
     for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
         if (need[i].v % n) {
             kiln_err(err, KILN_ERR_UNSUPPORTED, "--tp %d: %s/config.json %s = %lld does not divide among %d ranks",
@@ -100,6 +105,10 @@ static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const k
             if (c->layer_windowed[l]) json_array_append_new(wl, json_integer((json_int_t)l));
         if (json_array_size(wl) < (size_t)c->n_layers) json_object_set_new(model, "sliding_window_layers", wl);
         else json_decref(wl);
+    }
+    if (c->n_experts) {
+        json_object_set_new(model, "num_local_experts", json_integer(c->n_experts));
+        json_object_set_new(model, "num_experts_per_tok", json_integer(c->n_experts_per_tok));
     }
     if (c->rope_type == KILN_ROPE_LLAMA3)
         json_object_set_new(model, "rope_scaling",

@@ -19,11 +19,19 @@
  * Defaults the header documents (absent or null): num_key_value_heads = heads,
  * head_dim = hidden / heads, sliding_window = 0, bos = -1, no eos,
  * tie_word_embeddings = false, dtype = F32.
- * sliding_window is honoured for Mistral (every layer) and Qwen2/Qwen3 (the
+ * sliding_window is honoured for Mistral and Mixtral (every layer) and Qwen2/Qwen3 (the
  * layers layer_types names "sliding_attention", or without layer_types those
  * from max_window_layers on, and only with use_sliding_window: transformers
  * drops the window otherwise); transformers' Llama attention ignores it, so a
  * Llama config's value is checked and then dropped.
+ *
+ * Mixtral: num_local_experts (transformers 5 also reads the alias
+ * "num_experts"; both given and different is refused) and
+ * num_experts_per_tok, with HF's defaults 8 and 2; top-k above the expert
+ * count is refused. router_jitter_noise (training only) and
+ * output_router_logits (an extra output) change nothing at inference and are
+ * type-checked only. Its default rope theta is 1e6 (MixtralConfig's
+ * default_theta), not 10000.
  */
 #include "kiln_compiler.h"
 
@@ -44,8 +52,10 @@
 #define CFG_MAX_VOCAB (1 << 24)
 #define CFG_MAX_CONTEXT (1 << 24)
 #define CFG_MAX_FILE (16u << 20) /* config.json files are a few KiB */
+#define CFG_MAX_EXPERTS 512      /* KILN_MAX_PACK: two parts (gate, up) per expert */
 
 #define CFG_DEFAULT_THETA 10000.0
+#define CFG_DEFAULT_THETA_MIXTRAL 1000000.0
 
 /* Parsing context: the file name for messages and where errors go. */
 typedef struct cfg_ctx {
@@ -181,13 +191,15 @@ static kiln_status cfg_token_id(cfg_ctx *c, const json_t *v, const char *field, 
 
 /* ---- the parts of a config ---- */
 
-static const char *const supported_archs = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM";
+static const char *const supported_archs =
+    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM";
 
 const char *kiln_arch_name(kiln_arch a) {
     switch (a) {
     case KILN_ARCH_MISTRAL: return "MistralForCausalLM";
     case KILN_ARCH_QWEN3: return "Qwen3ForCausalLM";
     case KILN_ARCH_QWEN2: return "Qwen2ForCausalLM";
+    case KILN_ARCH_MIXTRAL: return "MixtralForCausalLM";
     default: return "LlamaForCausalLM";
     }
 }
@@ -203,6 +215,7 @@ static kiln_status cfg_arch(cfg_ctx *c, json_t *root, kiln_arch *out) {
         if (mt && strcmp(mt, "mistral") == 0) { *out = KILN_ARCH_MISTRAL; return KILN_OK; }
         if (mt && strcmp(mt, "qwen3") == 0) { *out = KILN_ARCH_QWEN3; return KILN_OK; }
         if (mt && strcmp(mt, "qwen2") == 0) { *out = KILN_ARCH_QWEN2; return KILN_OK; }
+        if (mt && strcmp(mt, "mixtral") == 0) { *out = KILN_ARCH_MIXTRAL; return KILN_OK; }
         if (mt)
             return kiln_err(c->err, KILN_ERR_UNSUPPORTED,
                             "%s: no \"architectures\" and model_type \"%s\" is not supported (supported: %s)",
@@ -222,6 +235,7 @@ static kiln_status cfg_arch(cfg_ctx *c, json_t *root, kiln_arch *out) {
         if (strcmp(s, "MistralForCausalLM") == 0) { *out = KILN_ARCH_MISTRAL; return KILN_OK; }
         if (strcmp(s, "Qwen3ForCausalLM") == 0) { *out = KILN_ARCH_QWEN3; return KILN_OK; }
         if (strcmp(s, "Qwen2ForCausalLM") == 0) { *out = KILN_ARCH_QWEN2; return KILN_OK; }
+        if (strcmp(s, "MixtralForCausalLM") == 0) { *out = KILN_ARCH_MIXTRAL; return KILN_OK; }
     }
     char shown[128];
     return kiln_err(c->err, KILN_ERR_UNSUPPORTED, "%s: architecture %s is not supported (supported: %s)", c->path,
@@ -306,7 +320,8 @@ static kiln_status cfg_rope(cfg_ctx *c, json_t *root, kiln_model_config *m) {
 
     /* theta: the dict's own, else top level, else the transformers default */
     double top_theta;
-    if ((st = cfg_pos_num(c, root, "rope_theta", "rope_theta", false, CFG_DEFAULT_THETA, &top_theta))) return st;
+    const double def_theta = m->arch == KILN_ARCH_MIXTRAL ? CFG_DEFAULT_THETA_MIXTRAL : CFG_DEFAULT_THETA;
+    if ((st = cfg_pos_num(c, root, "rope_theta", "rope_theta", false, def_theta, &top_theta))) return st;
     m->rope_theta = top_theta;
     m->rope_type = KILN_ROPE_DEFAULT;
     if (!d) return KILN_OK;
@@ -346,8 +361,39 @@ static kiln_status cfg_rope(cfg_ctx *c, json_t *root, kiln_model_config *m) {
                    CFG_MAX_CONTEXT, &m->rope_original_max_pos);
 }
 
+/* Mixtral's experts (file comment); nothing for the dense architectures. */
+static kiln_status cfg_experts(cfg_ctx *c, json_t *root, kiln_model_config *m) {
+    m->n_experts = m->n_experts_per_tok = 0;
+    if (m->arch != KILN_ARCH_MIXTRAL) return KILN_OK;
+    kiln_status st;
+    int64_t alias = 0;
+    if ((st = cfg_int(c, root, "num_local_experts", "num_local_experts", false, 0, 1, CFG_MAX_EXPERTS,
+                      &m->n_experts)) ||
+        (st = cfg_int(c, root, "num_experts", "num_experts", false, 0, 1, CFG_MAX_EXPERTS, &alias)))
+        return st;
+    if (m->n_experts && alias && alias != m->n_experts)
+        return kiln_err(c->err, KILN_ERR_PARSE,
+                        "%s: field \"num_experts\" is %" PRId64 " but \"num_local_experts\" is %" PRId64
+                        "; transformers reads them as one setting",
+                        c->path, alias, m->n_experts);
+    if (!m->n_experts) m->n_experts = alias ? alias : 8;
+    if ((st = cfg_int(c, root, "num_experts_per_tok", "num_experts_per_tok", false, 2, 1, CFG_MAX_EXPERTS,
+                      &m->n_experts_per_tok)))
+        return st;
+    if (m->n_experts_per_tok > m->n_experts)
+        return kiln_err(c->err, KILN_ERR_PARSE,
+                        "%s: field \"num_experts_per_tok\" is %" PRId64 ", more than the %" PRId64
+                        " experts (num_local_experts)",
+                        c->path, m->n_experts_per_tok, m->n_experts);
+    json_t *v = cfg_get(root, "router_jitter_noise");
+    if (v && (!json_is_number(v) || !(json_number_value(v) >= 0)))
+        return cfg_type_err(c, "router_jitter_noise", v, "a number >= 0");
+    bool ignored;
+    return cfg_bool(c, root, "output_router_logits", false, &ignored);
+}
+
 /* Which layers attend over a sliding window of `window` tokens (0: none), as transformers decides
- * (file comment): every layer for Mistral; for Qwen2/Qwen3 only with use_sliding_window, then the
+ * (file comment): every layer for Mistral and Mixtral; for Qwen2/Qwen3 only with use_sliding_window, then the
  * layers layer_types names "sliding_attention" (transformers 5 writes it), else layers from
  * max_window_layers on (transformers 4's rule, and 5's default). */
 static kiln_status cfg_layer_windows(cfg_ctx *c, json_t *root, kiln_model_config *m, int64_t window) {
@@ -449,7 +495,7 @@ kiln_status kiln_config_parse(const char *json, size_t len, const char *path, ki
     kiln_model_config m = {0};
     m.bos_token_id = -1;
     if ((st = cfg_arch(&c, root, &m.arch)) || (st = cfg_features(&c, root)) || (st = cfg_sizes(&c, root, &m)) ||
-        (st = cfg_rope(&c, root, &m)) || (st = cfg_rest(&c, root, &m)))
+        (st = cfg_rope(&c, root, &m)) || (st = cfg_experts(&c, root, &m)) || (st = cfg_rest(&c, root, &m)))
         goto out;
     *out = m;
 out:

@@ -1,8 +1,8 @@
 /*
- * import.c — checkpoint → IR: builds the forward graph of a Llama/Mistral/Qwen2/Qwen3
+ * import.c — checkpoint → IR: builds the forward graph of a Llama/Mistral/Qwen2/Qwen3/Mixtral
  * decoder exactly as the HuggingFace modeling code computes it, from coarse
  * ops (embedding, rmsnorm, linear, rope, attention, silu, mul, add,
- * lm_head; bias_add and head_rmsnorm for Qwen). Fusion is left to passes/.
+ * lm_head; bias_add and head_rmsnorm for Qwen, moe for Mixtral). Fusion is left to passes/.
  *
  * Per layer l (x is the residual stream, [B,S,H]):
  *   h = rmsnorm(x, input_layernorm)
@@ -12,7 +12,21 @@
  *   x = x + linear(attention(q, k, v), o_proj)
  *   h = rmsnorm(x, post_attention_layernorm)
  *   x = x + linear(silu(linear(h, gate_proj)) * linear(h, up_proj), down_proj)
+ *   (Mixtral: x = x + moe(h, router, experts), one op: see below)
  * then logits = lm_head(rmsnorm(x, model.norm), lm_head or embed_tokens if tied).
+ *
+ * Mixtral's experts come in two forms, both read: the published one (what
+ * save_pretrained writes in transformers 4 and 5) has per layer
+ * block_sparse_moe.gate.weight [E,H] and per expert e
+ * block_sparse_moe.experts.e.{w1,w3,w2}.weight (gate [F,H], up [F,H], down
+ * [H,F]); transformers 5's in-memory form has mlp.gate.weight [E,H],
+ * mlp.experts.gate_up_proj [E,2F,H] (gate rows, then up rows) and
+ * mlp.experts.down_proj [E,H,F]. Either becomes the moe op's weights in
+ * their final layout, [E,2F,H] and [E,H,F]: the fused tensors as they are,
+ * the per-expert ones as stacks (kiln_ir_weight_stacked) that the plan writer
+ * concatenates while it converts them, so no copy is made here. A layer is
+ * read in the published form when its block_sparse_moe.gate.weight exists;
+ * tensors of the other form then stay unused and are refused by name.
  *
  * Every weight is checked here: present, of the shape config.json implies,
  * of a supported dtype. Messages name the tensor and both shapes.
@@ -65,12 +79,11 @@ static ptrdiff_t find_index(const kiln_checkpoint *ck, const char *name) {
     return -1;
 }
 
-/* Look up tensor `name`, check that it is present, of shape [d0] or [d0,d1]
- * and of a readable dtype, and mark it used. NULL (error set) otherwise. */
-static const kiln_st_tensor *checked_tensor(importer *im, const char *name, int ndim, int64_t d0, int64_t d1) {
+/* Look up tensor `name`, check that it is present, of shape want[0..ndim) and of a readable dtype, and
+ * mark it used. NULL (error set) otherwise. */
+static const kiln_st_tensor *checked_tensor_shape(importer *im, const char *name, int ndim, const int64_t *want) {
     ptrdiff_t at = find_index(im->ck, name);
     const kiln_st_tensor *t = at >= 0 ? im->ck->index[at] : NULL;
-    int64_t want[2] = {d0, d1};
     if (!t) {
         kiln_err(im->err, KILN_ERR_MISSING, "%s: tensor '%s' is missing from the checkpoint", im->ck->dir, name);
         kiln_err_hint(im->err, "the checkpoint's config.json describes a model whose weights are not all here; "
@@ -100,16 +113,26 @@ static const kiln_st_tensor *checked_tensor(importer *im, const char *name, int 
     return t;
 }
 
-/* Look up tensor `name` (checked_tensor) and add it to the graph as a
- * weight. Returns the value id or -1. */
-static int weight(importer *im, const char *name, int ndim, int64_t d0, int64_t d1) {
-    const kiln_st_tensor *t = checked_tensor(im, name, ndim, d0, d1);
-    int64_t want[2] = {d0, d1};
+/* checked_tensor_shape for shape [d0] or [d0,d1]. */
+static const kiln_st_tensor *checked_tensor(importer *im, const char *name, int ndim, int64_t d0, int64_t d1) {
+    const int64_t want[2] = {d0, d1};
+    return checked_tensor_shape(im, name, ndim, want);
+}
+
+/* Look up tensor `name` (checked_tensor_shape) and add it to the graph as a weight of engine dtype `dt`
+ * (KILN_DTYPE_COUNT_: the import's choice, see weight()). Returns the value id or -1. */
+static int weight_as(importer *im, const char *name, int ndim, const int64_t *want, kiln_dtype dt) {
+    const kiln_st_tensor *t = checked_tensor_shape(im, name, ndim, want);
     if (!t) return -1;
-    kiln_dtype dt = im->weight_dtype == KILN_DTYPE_COUNT_ ? t->dtype : im->weight_dtype;
+    if (dt == KILN_DTYPE_COUNT_) dt = im->weight_dtype == KILN_DTYPE_COUNT_ ? t->dtype : im->weight_dtype;
     /* Norm weights are tiny and sensitive: keep them in f32 whatever the target. */
     if (ndim == 1) dt = KILN_DTYPE_F32;
     return kiln_ir_weight(im->g, name, dt, ndim, want, t->data, t->dtype, im->err);
+}
+
+static int weight(importer *im, const char *name, int ndim, int64_t d0, int64_t d1) {
+    const int64_t want[2] = {d0, d1};
+    return weight_as(im, name, ndim, want, KILN_DTYPE_COUNT_);
 }
 
 static int layer_weight(importer *im, int64_t l, const char *suffix, int ndim, int64_t d0, int64_t d1) {
@@ -208,6 +231,57 @@ static kiln_status check_all_used(importer *im, const kiln_import_options *o) {
                                   "compile with --allow-unused '%s' (a glob pattern; repeatable)", name);
 }
 
+/* The experts of layer l as the moe op's three weights (router [E,H], gate/up [E,2F,H], down [E,H,F]),
+ * from either form a checkpoint has them in (file comment). Returns 0, or -1 with the error set. */
+static int expert_weights(importer *im, int64_t l, int w[3]) {
+    const kiln_model_config *c = &im->ck->config;
+    const int64_t E = c->n_experts, F = c->intermediate_size, H = c->hidden_size;
+    char name[KILN_NAME_MAX], fused[KILN_NAME_MAX];
+    snprintf(name, sizeof name, "model.layers.%lld.block_sparse_moe.gate.weight", (long long)l);
+    snprintf(fused, sizeof fused, "model.layers.%lld.mlp.experts.gate_up_proj", (long long)l);
+    if (find_index(im->ck, name) < 0 && find_index(im->ck, fused) >= 0) { /* transformers 5's in-memory form */
+        const int64_t gu[3] = {E, 2 * F, H}, dn[3] = {E, H, F};
+        if ((w[0] = layer_weight(im, l, "mlp.gate.weight", 2, E, H)) < 0 ||
+            (w[1] = weight_as(im, fused, 3, gu, KILN_DTYPE_COUNT_)) < 0)
+            return -1;
+        snprintf(fused, sizeof fused, "model.layers.%lld.mlp.experts.down_proj", (long long)l);
+        return (w[2] = weight_as(im, fused, 3, dn, KILN_DTYPE_COUNT_)) < 0 ? -1 : 0;
+    }
+    /* the published form: one tensor per expert and projection, stacked into the final layout. All
+     * parts take the first one's engine dtype (a stack has one dtype). */
+    if ((w[0] = layer_weight(im, l, "block_sparse_moe.gate.weight", 2, E, H)) < 0) return -1;
+    int *gu = malloc((size_t)(3 * E) * sizeof *gu), *dn = gu + 2 * E;
+    if (!gu) {
+        kiln_err(im->err, KILN_ERR_NOMEM, "out of memory importing layer %lld's experts", (long long)l);
+        return -1;
+    }
+    kiln_dtype dt = KILN_DTYPE_COUNT_;
+    int rc = 0;
+    for (int64_t e = 0; e < E && rc == 0; e++) {
+        static const char *const proj[3] = {"w1", "w3", "w2"}; /* gate, up, down */
+        for (int k = 0; k < 3 && rc == 0; k++) {
+            const int64_t shape[2] = {k < 2 ? F : H, k < 2 ? H : F};
+            snprintf(name, sizeof name, "model.layers.%lld.block_sparse_moe.experts.%lld.%s.weight", (long long)l,
+                     (long long)e, proj[k]);
+            int id = weight_as(im, name, 2, shape, dt);
+            if (id < 0) rc = -1;
+            else if (k < 2) gu[2 * e + k] = id;
+            else dn[e] = id;
+            if (id >= 0) dt = im->g->values[id].dtype;
+        }
+    }
+    const int64_t gu_shape[3] = {E, 2 * F, H}, dn_shape[3] = {E, H, F};
+    if (rc == 0) {
+        snprintf(name, sizeof name, "model.layers.%lld.block_sparse_moe.experts.*.w1+w3.weight", (long long)l);
+        w[1] = kiln_ir_weight_stacked(im->g, name, gu, (int)(2 * E), gu_shape, im->err);
+        snprintf(name, sizeof name, "model.layers.%lld.block_sparse_moe.experts.*.w2.weight", (long long)l);
+        w[2] = w[1] < 0 ? -1 : kiln_ir_weight_stacked(im->g, name, dn, (int)E, dn_shape, im->err);
+        rc = w[2] < 0 ? -1 : 0;
+    }
+    free(gu);
+    return rc;
+}
+
 #define TRY(x)                     \
     do {                           \
         if ((x) < 0) goto fail;    \
@@ -271,6 +345,15 @@ static kiln_status import_with(importer *im, kiln_dtype weight_dtype) {
 
         TRY(w1 = layer_weight(im, l, "post_attention_layernorm.weight", 1, H, 0));
         TRY(h = layer_op(im, l, "mlp_norm", KILN_OP_RMSNORM, (int[]){x, w1}, 2, &norm));
+        if (c->arch == KILN_ARCH_MIXTRAL) { /* a sparse mixture of SwiGLU experts instead of one MLP */
+            int ew[3];
+            kiln_op_attrs ma = {.layer = (int32_t)l, .n_experts = (int32_t)c->n_experts,
+                                .top_k = (int32_t)c->n_experts_per_tok};
+            TRY(expert_weights(im, l, ew));
+            TRY(o = layer_op(im, l, "moe", KILN_OP_MOE, (int[]){h, ew[0], ew[1], ew[2]}, 4, &ma));
+            TRY(x = layer_op(im, l, "resid2", KILN_OP_ADD, (int[]){x, o}, 2, NULL));
+            continue;
+        }
         int gt, up, m;
         TRY(w1 = layer_weight(im, l, "mlp.gate_proj.weight", 2, F, H));
         TRY(w2 = layer_weight(im, l, "mlp.up_proj.weight", 2, F, H));

@@ -4,7 +4,7 @@
  * engine file.
  *
  * Parts:
- *   config.c       config.json → kiln_model_config (Llama, Mistral)
+ *   config.c       config.json → kiln_model_config (Llama, Mistral, Qwen3, Mixtral)
  *   generation_config.c  generation_config.json → bos/eos/pad ids and sampling defaults
  *   safetensors.c  one .safetensors file → table of tensors (mmapped, never copied)
  *   checkpoint.c   a checkpoint dir (single file or sharded with
@@ -31,6 +31,7 @@ typedef enum kiln_arch {
     KILN_ARCH_MISTRAL = 1, /* MistralForCausalLM */
     KILN_ARCH_QWEN3 = 2,   /* Qwen3ForCausalLM: per-head RMSNorm of q and k before RoPE */
     KILN_ARCH_QWEN2 = 3,   /* Qwen2ForCausalLM (Qwen2, Qwen2.5): biases on q, k and v */
+    KILN_ARCH_MIXTRAL = 4, /* MixtralForCausalLM: Mistral attention, a sparse mixture of SwiGLU experts */
 } kiln_arch;
 
 /* "LlamaForCausalLM"... */
@@ -51,7 +52,9 @@ typedef struct kiln_model_config {
     int64_t n_heads;              /* num_attention_heads */
     int64_t n_kv_heads;           /* num_key_value_heads (GQA); = n_heads when absent */
     int64_t head_dim;             /* head_dim when given, else hidden_size / n_heads */
-    int64_t intermediate_size;    /* FFN width */
+    int64_t intermediate_size;    /* FFN width (Mixtral: of each expert) */
+    int64_t n_experts;            /* Mixtral: num_local_experts (8 when absent, as in HF); 0 = dense */
+    int64_t n_experts_per_tok;    /* Mixtral: num_experts_per_tok (2 when absent), 1..n_experts */
     int64_t vocab_size;
     int64_t max_position_embeddings;
     double rms_norm_eps;

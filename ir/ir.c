@@ -19,6 +19,7 @@ kiln_graph *kiln_graph_new(void) {
 
 void kiln_graph_free(kiln_graph *g) {
     if (!g) return;
+    for (int v = 0; v < g->n_values; v++) free(g->values[v].parts);
     free(g->values);
     free(g->ops);
     free(g);
@@ -59,6 +60,31 @@ int kiln_ir_weight(kiln_graph *g, const char *name, kiln_dtype dt, int ndim, con
     return add_value(g, &v, err);
 }
 
+/* Copy `parts` into a new value's own array (the value owns it once added). */
+static int *copy_parts(const int *parts, int n_parts, const char *name, kiln_error *err) {
+    int *p = malloc((size_t)n_parts * sizeof *p);
+    if (!p) kiln_err(err, KILN_ERR_NOMEM, "IR: out of memory adding packed weight '%s'", name);
+    else memcpy(p, parts, (size_t)n_parts * sizeof *p);
+    return p;
+}
+
+/* Add packed value `v` with its parts array; the array is freed when adding fails. */
+static int add_packed(kiln_graph *g, kiln_value *v, const int *parts, const char *name, kiln_error *err) {
+    set_name(v, name);
+    if (!(v->parts = copy_parts(parts, v->n_parts, name, err))) return -1;
+    int id = add_value(g, v, err);
+    if (id < 0) free(v->parts);
+    return id;
+}
+
+/* Is value `part` a plain 2-D weight like `p0` (columns and dtype)? */
+static bool part_ok(const kiln_graph *g, int part, const kiln_value *p0) {
+    if (part < 0 || part >= g->n_values) return false;
+    const kiln_value *p = &g->values[part];
+    return p->kind == KILN_VALUE_WEIGHT && p->ndim == 2 && p->shape[1] == p0->shape[1] && p->dtype == p0->dtype &&
+           p->pack == KILN_PACK_NONE;
+}
+
 int kiln_ir_weight_packed(kiln_graph *g, const char *name, kiln_pack pack, const int *parts, int n_parts,
                           kiln_error *err) {
     if (n_parts < 2 || n_parts > KILN_MAX_PACK || (pack != KILN_PACK_CONCAT_ROWS && pack != KILN_PACK_INTERLEAVE_ROWS) ||
@@ -80,11 +106,38 @@ int kiln_ir_weight_packed(kiln_graph *g, const char *name, kiln_pack pack, const
             kiln_err(err, KILN_ERR_VERIFY, "packed weight %s: part %s does not match %s", name, p->name, p0->name);
             return -1;
         }
-        v.parts[i] = parts[i];
         v.shape[0] += p->shape[0];
     }
-    set_name(&v, name);
-    return add_value(g, &v, err);
+    return add_packed(g, &v, parts, name, err);
+}
+
+int kiln_ir_weight_stacked(kiln_graph *g, const char *name, const int *parts, int n_parts, const int64_t shape[3],
+                           kiln_error *err) {
+    if (n_parts < 1 || n_parts > KILN_MAX_PACK || shape[0] <= 0 || shape[1] <= 0 || shape[2] <= 0 ||
+        parts[0] < 0 || parts[0] >= g->n_values) {
+        kiln_err(err, KILN_ERR_VERIFY, "stacked weight %s: %d parts", name, n_parts);
+        return -1;
+    }
+    const kiln_value *p0 = &g->values[parts[0]];
+    kiln_value v = {.kind = KILN_VALUE_WEIGHT, .dtype = p0->dtype, .ndim = 3, .producer = -1, .slot = -1,
+                    .pack = KILN_PACK_CONCAT_ROWS, .n_parts = n_parts, .shape = {shape[0], shape[1], shape[2]}};
+    int64_t rows = 0;
+    for (int i = 0; i < n_parts; i++) {
+        if (!part_ok(g, parts[i], p0) || p0->shape[1] != shape[2]) {
+            kiln_err(err, KILN_ERR_VERIFY, "stacked weight %s: part %%%d does not match %s", name, parts[i], p0->name);
+            return -1;
+        }
+        rows += g->values[parts[i]].shape[0];
+    }
+    if (rows != shape[0] * shape[1]) {
+        kiln_err(err, KILN_ERR_VERIFY, "stacked weight %s: %lld rows of parts for [%lld,%lld,%lld]", name,
+                 (long long)rows, (long long)shape[0], (long long)shape[1], (long long)shape[2]);
+        return -1;
+    }
+    int id = add_packed(g, &v, parts, name, err);
+    if (id >= 0)
+        for (int i = 0; i < n_parts; i++) g->values[parts[i]].dead = true;
+    return id;
 }
 
 /* ---- shape inference: see common/op_infer.c ---- */

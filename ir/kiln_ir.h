@@ -38,7 +38,7 @@ typedef enum kiln_pack {
     KILN_PACK_CONCAT_ROWS = 1,     /* [part 0; part 1; ...] */
     KILN_PACK_INTERLEAVE_ROWS = 2, /* row r of every part in turn: 2 parts of R rows → row 2r, 2r + 1 */
 } kiln_pack;
-#define KILN_MAX_PACK 3
+#define KILN_MAX_PACK 1024 /* parts of one packed weight: gate and up of each expert of a 512-expert layer */
 
 /* How a weight of a tensor-parallel graph (kiln_graph.n_ranks > 1) is split
  * among the ranks (pass tensor-parallel). The value's shape is one rank's
@@ -61,11 +61,11 @@ typedef struct kiln_value {
     /* weights only: where the bytes come from (owned by the front end) */
     const void *src;
     kiln_dtype src_dtype;
-    /* weights a pass packed from others (pack-weights): rows of the parts, concatenated or interleaved;
-     * src is NULL, the parts (live or not) keep theirs */
+    /* weights packed from others (pass pack-weights; the import's expert stacks): rows of the parts,
+     * concatenated or interleaved; src is NULL, the parts (live or not) keep theirs */
     kiln_pack pack;
     int n_parts;
-    int parts[KILN_MAX_PACK];
+    int *parts;                   /* n_parts value ids; owned by the graph */
     /* weights only: this value is one rank's slice of src (tensor parallelism; packed weights: of each part) */
     kiln_shard shard;
 } kiln_value;
@@ -113,6 +113,12 @@ int kiln_ir_weight(kiln_graph *g, const char *name, kiln_dtype dt, int ndim, con
  * or concatenated from 1-D ones (KILN_PACK_CONCAT_ROWS: biases), named `name`; returns its id or -1. */
 int kiln_ir_weight_packed(kiln_graph *g, const char *name, kiln_pack pack, const int *parts, int n_parts,
                           kiln_error *err);
+/* A 3-D weight of `shape` [E, R, C] whose bytes are the rows of the 2-D weights `parts` concatenated in
+ * order (same columns C and dtype, E*R rows in all): a stack of per-expert matrices from one checkpoint
+ * tensor (or two) per expert. The parts are marked dead: they are only the stack's source, and the
+ * plan writer checks and converts their elements under their own names. */
+int kiln_ir_weight_stacked(kiln_graph *g, const char *name, const int *parts, int n_parts, const int64_t shape[3],
+                           kiln_error *err);
 /* Append an op; output shapes and dtypes are inferred from the kind and the
  * inputs (kiln_ir_infer). `out_ids` receives the n_out new value ids.
  * Returns the op index, or -1. */

@@ -51,6 +51,7 @@ static void print_attrs(const kiln_op *op, FILE *f) {
             fprintf(f, " llama3(factor=%g,low=%g,high=%g,orig=%g)", a->rope_factor, a->rope_low_freq_factor,
                     a->rope_high_freq_factor, a->rope_original_max_pos);
         break;
+    case KILN_OP_MOE: fprintf(f, " layer=%d experts=%d top_k=%d", a->layer, a->n_experts, a->top_k); break;
     case KILN_OP_ATTENTION:
         fprintf(f, " layer=%d heads=%d kv_heads=%d head_dim=%d", a->layer, a->n_heads, a->n_kv_heads, a->head_dim);
         if (a->window) fprintf(f, " window=%d", a->window);

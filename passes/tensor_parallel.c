@@ -203,6 +203,12 @@ int kiln_pass_tensor_parallel(kiln_graph *g, kiln_error *err) {
             }
             out = s0;
             break;
+        case KILN_OP_MOE:
+            kiln_err(err, KILN_ERR_UNSUPPORTED, "tensor-parallel: op %d (moe, layer %d): splitting a mixture of "
+                     "experts over ranks is not built yet", i, op->attrs.layer);
+            kiln_err_hint(err, "compile this model with --tp 1 (docs/parallelism.md says how experts would be "
+                               "split)");
+            goto out;
         default:
             kiln_err(err, KILN_ERR_UNSUPPORTED, "tensor-parallel: op %d (%s) is not an imported op", i,
                      kiln_op_name(op->kind));

@@ -55,6 +55,8 @@ struct kiln_cpu_ctx {
     float *const *w;  /* its weights as f32: m->wf32 + rank × n_weights */
     size_t kv_width;  /* n_kv_heads × head_dim (one rank's heads) */
     int32_t *positions; /* max_step */
+    kiln_cpu_moe_trace_fn moe_trace; /* routing trace (tests); NULL = none */
+    void *moe_trace_user;
 };
 
 static void use_rank(kiln_cpu_ctx *c, int r) {
@@ -129,6 +131,10 @@ int kiln_cpu_ctx_max_context(const kiln_cpu_ctx *c) { return c->max_context; }
 int kiln_cpu_ctx_max_step(const kiln_cpu_ctx *c) { return c->max_step; }
 const kiln_model *kiln_cpu_ctx_model(const kiln_cpu_ctx *c) { return c->m; }
 void kiln_cpu_ctx_reset(kiln_cpu_ctx *c) { c->pos = 0; }
+void kiln_cpu_ctx_set_moe_trace(kiln_cpu_ctx *c, kiln_cpu_moe_trace_fn fn, void *user) {
+    c->moe_trace = fn;
+    c->moe_trace_user = user;
+}
 
 /* ---- kernels ---- */
 
@@ -264,6 +270,75 @@ static void attention(kiln_cpu_ctx *c, const kiln_op_attrs *a, const float *q, c
         }
     }
     free(scores);
+}
+
+/* Mixtral's sparse MoE block over `rows` tokens x[rows, h] (KILN_OP_MOE), as HF's eager code computes
+ * it: router logits, softmax in f32, torch.topk's choice, the chosen probabilities renormalised; then
+ * expert by expert in index order, the SwiGLU of the tokens routed to it, each output scaled by the
+ * token's weight and added into y (so a token's terms are summed in expert order, from 0). Every
+ * product is one dot() whatever tokens share an expert, so prefill and decode agree. */
+static kiln_status moe(kiln_cpu_ctx *c, const kiln_op_attrs *a, const float *x, const float *router,
+                       const float *gu, const float *down, float *y, int64_t rows, int64_t h, int64_t f,
+                       kiln_error *err) {
+    const int ne = a->n_experts, k = a->top_k;
+    float *logits = malloc((size_t)(rows * ne) * sizeof *logits);
+    float *wsel = malloc((size_t)(rows * k) * sizeof *wsel);       /* [rows, k] weights */
+    int32_t *sel = malloc((size_t)(rows * k) * sizeof *sel);       /* [rows, k] experts */
+    float *xs = malloc((size_t)(rows * h) * sizeof *xs);           /* the tokens of one expert */
+    float *t = malloc((size_t)(rows * 2 * f) * sizeof *t);         /* their gate and up products */
+    float *act = malloc((size_t)(rows * f) * sizeof *act);
+    float *o = malloc((size_t)(rows * h) * sizeof *o);
+    int64_t *tok = malloc((size_t)rows * sizeof *tok);              /* token of each gathered row */
+    float *tw = malloc((size_t)rows * sizeof *tw);                 /* its weight for this expert */
+    kiln_status st = KILN_OK;
+    if (!logits || !wsel || !sel || !xs || !t || !act || !o || !tok || !tw) {
+        st = kiln_err(err, KILN_ERR_NOMEM, "forward: out of memory in layer %d's experts", a->layer);
+        goto out;
+    }
+    matmul(c, x, router, logits, rows, h, ne);
+    for (int64_t r = 0; r < rows && st == KILN_OK; r++) {
+        float *p = logits + r * ne; /* softmax in place, as torch: exp(l - max) times 1 / sum */
+        float mx = p[0];
+        for (int e = 1; e < ne; e++) mx = p[e] > mx ? p[e] : mx;
+        float sum = 0;
+        for (int e = 0; e < ne; e++) sum += p[e] = expf(p[e] - mx);
+        const float inv = 1.0f / sum;
+        for (int e = 0; e < ne; e++) p[e] *= inv;
+        if ((st = kiln_topk(p, ne, k, sel + r * k, err)) != KILN_OK) break;
+        float top = 0;
+        for (int j = 0; j < k; j++) top += p[sel[r * k + j]];
+        for (int j = 0; j < k; j++) wsel[r * k + j] = p[sel[r * k + j]] / top;
+        if (c->moe_trace) c->moe_trace(c->moe_trace_user, a->layer, c->positions[r], k, sel + r * k, wsel + r * k);
+    }
+    memset(y, 0, (size_t)(rows * h) * sizeof *y);
+    for (int e = 0; e < ne && st == KILN_OK; e++) {
+        int64_t m = 0;
+        for (int64_t r = 0; r < rows; r++)
+            for (int j = 0; j < k; j++)
+                if (sel[r * k + j] == e) {
+                    memcpy(xs + m * h, x + r * h, (size_t)h * sizeof *xs);
+                    tok[m] = r;
+                    tw[m++] = wsel[r * k + j];
+                }
+        if (m == 0) continue;
+        matmul(c, xs, gu + (int64_t)e * 2 * f * h, t, m, h, 2 * f); /* rows: F gate, then F up */
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t i = 0; i < f; i++) act[r * f + i] = silu(t[r * 2 * f + i]) * t[r * 2 * f + f + i];
+        matmul(c, act, down + (int64_t)e * h * f, o, m, f, h);
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t i = 0; i < h; i++) y[tok[r] * h + i] += o[r * h + i] * tw[r];
+    }
+out:
+    free(logits);
+    free(wsel);
+    free(sel);
+    free(xs);
+    free(t);
+    free(act);
+    free(o);
+    free(tok);
+    free(tw);
+    return st;
 }
 
 /* ---- the interpreter ---- */
@@ -474,6 +549,12 @@ kiln_status kiln_cpu_forward(kiln_cpu_ctx *c, const int32_t *tokens, int n, bool
             matmul(c, act(c, in[0]), wt(c, in[2]), u, n, k, f);
             for (int64_t e = 0; e < n * f; e++) g[e] = silu(g[e]) * u[e];
             free(u);
+            break;
+        }
+        case KILN_OP_MOE: { /* Wgu [E, 2F, H], Wdown [E, H, F] */
+            kiln_status st = moe(c, a, act(c, in[0]), wt(c, in[1]), wt(c, in[2]), wt(c, in[3]), act(c, o[0]), n,
+                                 width(c, in[0]), c->p->values[in[3]].shape[2], err);
+            if (st != KILN_OK) return st;
             break;
         }
         default: return kiln_err(err, KILN_ERR_INTERNAL, "forward: op %u has unknown kind %u", i, op->kind);

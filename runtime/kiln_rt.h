@@ -84,6 +84,17 @@ void kiln_cpu_ctx_reset(kiln_cpu_ctx *c);
 kiln_status kiln_cpu_forward(kiln_cpu_ctx *c, const int32_t *tokens, int n, bool all_logits, float *logits,
                              kiln_error *err);
 
+/* Routing trace (tests): called for every token at every moe op with the experts the router chose, in
+ * torch.topk's order, and their renormalised weights. `pos` is the token's position in the sequence. */
+typedef void (*kiln_cpu_moe_trace_fn)(void *user, int layer, int pos, int top_k, const int32_t *experts,
+                                      const float *weights);
+/* Set (or clear, fn NULL) the context's routing trace. */
+void kiln_cpu_ctx_set_moe_trace(kiln_cpu_ctx *c, kiln_cpu_moe_trace_fn fn, void *user);
+
+/* The indices of the k largest of v[0..n), in the order torch.topk(v, k) gives them on the CPU, ties
+ * included (runtime/topk.c says how). NaN counts as the largest, as there. */
+kiln_status kiln_topk(const float *v, int n, int k, int32_t *idx, kiln_error *err);
+
 /* ---- sampling (the rest is in kiln_exec.h: kiln_sample_logits, kiln_sample_uniform) ---- */
 
 /* Index of the largest logit (lowest index on ties). */

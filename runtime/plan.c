@@ -57,7 +57,8 @@ static kiln_status check_weight(const kiln_plan_weight *w, uint32_t i, uint64_t 
     if (memchr(w->name, 0, sizeof w->name) == NULL) return BAD("weight %u name is not terminated", i);
     if (w->dtype >= KILN_DTYPE_COUNT_ || w->dtype == KILN_DTYPE_I32)
         return BAD("weight '%s' has unsupported dtype %u", w->name, w->dtype);
-    if (w->ndim < 1 || w->ndim > 2) return BAD("weight '%s' has %u dimensions", w->name, w->ndim);
+    /* vectors, matrices, and stacks of per-expert matrices [E, rows, cols] */
+    if (w->ndim < 1 || w->ndim > 3) return BAD("weight '%s' has %u dimensions", w->name, w->ndim);
     uint64_t n = (uint64_t)kiln_dtype_size(w->dtype);
     for (uint32_t d = 0; d < w->ndim; d++) {
         if (w->shape[d] <= 0 || w->shape[d] > (1 << 30) || !kiln_mul_u64(n, (uint64_t)w->shape[d], &n))

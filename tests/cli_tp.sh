@@ -28,6 +28,9 @@ no_file "$T/x.kiln"
 expect 1 "^kiln compile: error: --tp 4: .*num_key_value_heads = 2 does not divide among 4 ranks" -- \
     "$KILN" compile "$CK" -o "$T/x.kiln" --target none --tp 4
 no_file "$T/x.kiln"
+expect 1 "^kiln compile: error: --tp 2: .*tiny-mixtral is a mixture of experts" -- \
+    "$KILN" compile "$SRC/tests/data/tiny-mixtral" -o "$T/x.kiln" --target none --tp 2
+no_file "$T/x.kiln"
 
 "$KILN" compile "$CK" -o "$T/tp1.kiln" --target none >/dev/null 2>&1 || bad "compile tp1"
 "$KILN" compile "$CK" -o "$T/tp1b.kiln" --target none --tp 1 >/dev/null 2>&1 || bad "compile --tp 1"

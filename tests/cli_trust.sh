@@ -2,8 +2,9 @@
 # cli_trust.sh — the compiler refuses or uses every input and checks values
 # (issue 10, "never silently wrong"): unused checkpoint tensors, tied
 # embeddings shipped with an lm_head, NaN/Inf/overflowing weights, tokenizer
-# ids beyond the model's vocabulary, and generation_config.json (its eos ids
-# and sampling defaults reach `kiln run`).
+# ids beyond the model's vocabulary, generation_config.json (its eos ids
+# and sampling defaults reach `kiln run`), and Mixtral's expert tensors in
+# both forms (a missing, extra or damaged expert is refused by name).
 #
 # usage: bash tests/cli_trust.sh KILN_EXE SOURCE_DIR [SHARED_DIR]
 set -u
@@ -256,5 +257,69 @@ no_file "$T/out.kiln"
 # config.json's own bos/eos outside the vocabulary were refused before; still are
 d=$(mkstories c_eos); edit_json "$d/config.json" 'd["eos_token_id"] = 512'
 compile_fails 1 "config.json: field \"eos_token_id\" is 512, outside the vocabulary" "$d"
+
+# ---- 6. Mixtral's experts: both checkpoint forms; each expert tensor used or refused by name ----
+# mkmix NAME: a copy of the tiny Mixtral checkpoint (published form: block_sparse_moe.experts.E.w1/w2/w3)
+mkmix() {
+    rm -rf "$T/$1"
+    cp -r "$SRC/tests/data/tiny-mixtral" "$T/$1"
+    chmod -R u+w "$T/$1"
+    echo "$T/$1"
+}
+MX=model.layers.1.block_sparse_moe
+d=$(mkmix mx_missing); st_edit "$d/$ST" 'del t["'$MX'.experts.3.w2.weight"]'
+compile_fails 1 "tensor '$MX.experts.3.w2.weight' is missing" "$d"
+d=$(mkmix mx_extra); st_edit "$d/$ST" 'add("'$MX'.experts.8.w1.weight", "BF16", [16, 64], [0.0] * 1024)'
+compile_fails 1 "tensor '$MX.experts.8.w1.weight' is in the checkpoint but not used by the MixtralForCausalLM graph" "$d"
+d=$(mkmix mx_shape); st_edit "$d/$ST" 'add("'$MX'.experts.0.w3.weight", "BF16", [17, 64], [0.0] * 1088)'
+compile_fails 1 "tensor '$MX.experts.0.w3.weight' has shape \[17,64\], expected \[16,64\]" "$d"
+d=$(mkmix mx_router); st_edit "$d/$ST" 'add("'$MX'.gate.weight", "BF16", [4, 64], [0.0] * 256)'
+compile_fails 1 "tensor '$MX.gate.weight' has shape \[4,64\], expected \[8,64\]" "$d"
+# a NaN in an expert, stored stacked with the others: named by its own tensor and coordinates
+d=$(mkmix mx_nan); st_edit "$d/$ST" 'setbits("'$MX'.experts.5.w3.weight", 64 * 2 + 9, 0x7fc0)'
+compile_fails 1 "weight '$MX.experts.5.w3.weight' \(bf16\): element 137 \[2,9\] is NaN" "$d"
+# one expert stored in f32 in a bf16 checkpoint: the stack takes the first part's dtype, and its values are
+# bf16 ones, so the engine is the original's byte for byte
+d=$(mkmix mx_f32part)
+st_edit "$d/$ST" 'import struct; e = t["'$MX'.experts.4.w1.weight"]; vals = [struct.unpack("<f", b"\0\0" + bytes(e[2][i:i + 2]))[0] for i in range(0, len(e[2]), 2)]; add("'$MX'.experts.4.w1.weight", "F32", e[1], vals)'
+expect 0 "" -- "$KILN" compile "$d" -o "$T/mx_f32part.kiln"
+expect 0 "" -- "$KILN" compile "$SRC/tests/data/tiny-mixtral" -o "$T/mx_ref.kiln"
+cmp -s "$T/mx_ref.kiln" "$T/mx_f32part.kiln" && ok || bad "an f32 expert in a bf16 checkpoint changed the engine"
+# transformers 5's in-memory (fused) form: mlp.gate.weight, mlp.experts.gate_up_proj [E,2F,H] (each
+# expert's gate rows, then its up rows), mlp.experts.down_proj [E,H,F]
+FUSE='
+for l in range(2):
+    p = "model.layers.%d." % l
+    gu, dn = bytearray(), bytearray()
+    for e in range(8):
+        q = p + "block_sparse_moe.experts.%d." % e
+        gu += t.pop(q + "w1.weight")[2] + t.pop(q + "w3.weight")[2]
+        dn += t.pop(q + "w2.weight")[2]
+    t[p + "mlp.gate.weight"] = t.pop(p + "block_sparse_moe.gate.weight")
+    t[p + "mlp.experts.gate_up_proj"] = ["BF16", [8, 32, 64], gu]
+    t[p + "mlp.experts.down_proj"] = ["BF16", [8, 64, 16], dn]
+'
+d=$(mkmix mx_fused); st_edit "$d/$ST" "$FUSE"
+expect 0 "" -- "$KILN" compile "$d" -o "$T/mx_fused.kiln"
+expect 0 "" -- "$KILN" compile "$SRC/tests/data/tiny-mixtral" -o "$T/mx.kiln"
+# both give HF's greedy ids (golden case 2: 20 prompt ids)
+G="$SRC/tests/golden/tiny-mixtral/golden.json"
+prompt=$(python3 -c 'import json, sys; print(",".join(map(str, json.load(open(sys.argv[1]))["cases"][2]["prompt"])))' "$G")
+want=$(python3 -c 'import json, sys; print(",".join(map(str, json.load(open(sys.argv[1]))["cases"][2]["greedy"][:64])))' "$G")
+for e in mx mx_fused; do
+    "$KILN" run "$T/$e.kiln" --device cpu --prompt-ids "$prompt" --max-tokens 64 --ignore-eos --temperature 0 \
+        --json >"$T/$e.json" 2>"$T/err" || bad "$e.kiln does not run: $(cat "$T/err")"
+    [ "$(python3 -c 'import json, sys; print(",".join(map(str, json.load(open(sys.argv[1]))["ids"])))' "$T/$e.json")" = "$want" ] &&
+        ok || bad "$e.kiln: greedy ids differ from HF's"
+done
+# fused, with a tensor missing or one of the other form left over
+d=$(mkmix mx_fused_missing); st_edit "$d/$ST" "$FUSE"'
+del t["model.layers.0.mlp.experts.down_proj"]'
+compile_fails 1 "tensor 'model.layers.0.mlp.experts.down_proj' is missing" "$d"
+d=$(mkmix mx_fused_shape); st_edit "$d/$ST" "$FUSE"'
+t["model.layers.1.mlp.experts.gate_up_proj"][1] = [8, 64, 32]'
+compile_fails 1 "tensor 'model.layers.1.mlp.experts.gate_up_proj' has shape \[8,64,32\], expected \[8,32,64\]" "$d"
+d=$(mkmix mx_mixed); st_edit "$d/$ST" 'add("model.layers.0.mlp.experts.down_proj", "BF16", [8, 64, 16], [0.0] * 8192)'
+compile_fails 1 "tensor 'model.layers.0.mlp.experts.down_proj' is in the checkpoint but not used" "$d"
 
 cli_summary

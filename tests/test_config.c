@@ -352,6 +352,82 @@ static void test_qwen3(void) {
     KT_EQ_INT(m.arch, KILN_ARCH_QWEN3);
 }
 
+/* Mixtral: both config forms (the tiny checkpoint's transformers 5 one, and 4.x's top-level rope_theta and
+ * torch_dtype), HF's defaults, its sliding window kept, and the variants kiln cannot run refused by name */
+static void test_mixtral(void) {
+    kiln_model_config m;
+    kiln_error e = {0};
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tests/data/tiny-mixtral/config.json", KILN_SOURCE_DIR);
+    KT_REQUIRE(kiln_config_load(path, &m, &e) == KILN_OK);
+    KT_EQ_INT(m.arch, KILN_ARCH_MIXTRAL);
+    KT_EQ_INT(m.n_experts, 8);
+    KT_EQ_INT(m.n_experts_per_tok, 2);
+    KT_EQ_INT(m.intermediate_size, 16);
+    KT_EQ_INT(m.sliding_window, 0);
+    KT_CHECK(m.rope_theta == 1e6);
+    KT_EQ_INT(m.torch_dtype, KILN_DTYPE_BF16);
+    /* transformers 4.x form, as Mixtral-8x7B-v0.1's config.json */
+    const char *v4 = "{\"architectures\":[\"MixtralForCausalLM\"],\"hidden_size\":64,\"num_hidden_layers\":2,"
+                     "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"intermediate_size\":16,"
+                     "\"vocab_size\":256,\"max_position_embeddings\":256,\"rms_norm_eps\":1e-5,%s}";
+    char buf[1024];
+    snprintf(buf, sizeof buf, v4, "\"rope_theta\":1e6,\"torch_dtype\":\"bfloat16\",\"num_local_experts\":4,"
+                                  "\"num_experts_per_tok\":2,\"router_aux_loss_coef\":0.02,\"router_jitter_noise\":0.0,"
+                                  "\"output_router_logits\":false,\"sliding_window\":4096");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_OK);
+    KT_EQ_INT(m.n_experts, 4);
+    KT_EQ_INT(m.sliding_window, 4096); /* Mixtral's attention honours it, as Mistral's */
+    KT_EQ_INT(m.torch_dtype, KILN_DTYPE_BF16);
+    /* HF's defaults: 8 experts, top 2, theta 1e6 (MixtralConfig.default_theta) */
+    snprintf(buf, sizeof buf, v4, "\"sliding_window\":null");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_OK);
+    KT_EQ_INT(m.n_experts, 8);
+    KT_EQ_INT(m.n_experts_per_tok, 2);
+    KT_CHECK(m.rope_theta == 1e6);
+    /* transformers 5's alias num_experts */
+    snprintf(buf, sizeof buf, v4, "\"num_experts\":6");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_OK);
+    KT_EQ_INT(m.n_experts, 6);
+    snprintf(buf, sizeof buf, v4, "\"num_experts\":6,\"num_local_experts\":4");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_ERR_PARSE);
+    KT_CONTAINS(e.msg, "field \"num_experts\" is 6 but \"num_local_experts\" is 4");
+    /* refusals, by name */
+    snprintf(buf, sizeof buf, v4, "\"num_local_experts\":4,\"num_experts_per_tok\":5");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_ERR_PARSE);
+    KT_CONTAINS(e.msg, "field \"num_experts_per_tok\" is 5, more than the 4 experts");
+    snprintf(buf, sizeof buf, v4, "\"num_experts_per_tok\":0");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_ERR_PARSE);
+    KT_CONTAINS(e.msg, "field \"num_experts_per_tok\" is 0; it must be at least 1");
+    snprintf(buf, sizeof buf, v4, "\"num_local_experts\":513");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_ERR_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "field \"num_local_experts\" is 513, above kiln's limit of 512");
+    snprintf(buf, sizeof buf, v4, "\"num_local_experts\":8.0");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_ERR_PARSE);
+    KT_CONTAINS(e.msg, "field \"num_local_experts\" is 8.0 (a real number)");
+    snprintf(buf, sizeof buf, v4, "\"router_jitter_noise\":-0.1");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_ERR_PARSE);
+    KT_CONTAINS(e.msg, "router_jitter_noise");
+    snprintf(buf, sizeof buf, v4, "\"output_router_logits\":\"yes\"");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_ERR_PARSE);
+    KT_CONTAINS(e.msg, "output_router_logits");
+    snprintf(buf, sizeof buf, v4, "\"hidden_act\":\"gelu\"");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_ERR_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "hidden_act");
+    /* model_type alone; a dense architecture ignores the expert fields */
+    KT_EQ_INT(parse_str("{\"model_type\":\"mixtral\",\"hidden_size\":64,\"num_hidden_layers\":1,"
+                        "\"num_attention_heads\":4,\"intermediate_size\":8,\"vocab_size\":16,"
+                        "\"max_position_embeddings\":8,\"rms_norm_eps\":1e-6}", &m, &e), KILN_OK);
+    KT_EQ_INT(m.arch, KILN_ARCH_MIXTRAL);
+    KT_EQ_INT(m.n_experts, 8);
+    KT_EQ_INT(parse_str("{\"model_type\":\"mistral\",\"hidden_size\":64,\"num_hidden_layers\":1,"
+                        "\"num_attention_heads\":4,\"intermediate_size\":8,\"vocab_size\":16,"
+                        "\"max_position_embeddings\":8,\"rms_norm_eps\":1e-6,\"num_local_experts\":8}", &m, &e),
+              KILN_OK);
+    KT_EQ_INT(m.n_experts, 0);
+    KT_CHECK(m.rope_theta == 10000.0);
+}
+
 /* ---- refusals: input ---- */
 
 static void test_not_json(void) {
@@ -390,7 +466,7 @@ static void test_load_missing_file(void) {
 static void test_architecture(void) {
     expect_fail("architectures", "[\"GPT2LMHeadModel\"]", KILN_ERR_UNSUPPORTED,
                 "architecture [\"GPT2LMHeadModel\"] is not supported (supported: LlamaForCausalLM, MistralForCausalLM, "
-                "Qwen2ForCausalLM, Qwen3ForCausalLM)");
+                "Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM)");
     expect_fail("architectures", "[]", KILN_ERR_PARSE, "field \"architectures\" is []");
     expect_fail("architectures", "\"LlamaForCausalLM\"", KILN_ERR_PARSE, "field \"architectures\" is \"LlamaForCausalLM\"");
     expect_fail("architectures", "[7]", KILN_ERR_PARSE, "field \"architectures\" is [7]");
@@ -558,6 +634,7 @@ int main(void) {
     KT_RUN(test_stories260k);
     KT_RUN(test_qwen3);
     KT_RUN(test_qwen2);
+    KT_RUN(test_mixtral);
     KT_RUN(test_pycode_transformers5);
     KT_RUN(test_base_values);
     KT_RUN(test_llama3_rope_v4);

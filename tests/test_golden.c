@@ -9,6 +9,11 @@
  * Each model is checked with the default pass pipeline, with no passes and
  * with every pass, so every fusion is shown to keep the numbers. Sharded and single-file
  * checkpoints of one model must give byte-identical engines.
+ * Mixtral's routing is checked too: the experts the CPU executor picks for
+ * every token in every layer (its routing trace), over the full forward and
+ * through the KV cache, are HF's, in torch.topk's order, including the tokens
+ * where two tied router probabilities decide; kiln_topk reproduces
+ * torch.topk's order on inputs full of ties.
  */
 #include <jansson.h>
 #include <math.h>
@@ -137,6 +142,159 @@ static void test_tiny_qwen3_qk_norm(void) {
 static void test_tiny_qwen2_bias_layer_window(void) {
     check_model("tests/data/tiny-qwen2", "tests/golden/tiny-qwen2", KILN_DTYPE_COUNT_);
 }
+/* Mixtral: 8 experts, top-2 routing, GQA (its experts stacked into [E,2F,H] and [E,H,F] weights) */
+static void test_tiny_mixtral_moe(void) {
+    check_model("tests/data/tiny-mixtral", "tests/golden/tiny-mixtral", KILN_DTYPE_COUNT_);
+}
+
+/* the expert stacks converted bf16 → f32 part by part (exact) */
+static void test_tiny_mixtral_as_f32(void) {
+    check_model("tests/data/tiny-mixtral", "tests/golden/tiny-mixtral", KILN_DTYPE_F32);
+}
+
+/* ---- Mixtral routing against HF's ---- */
+
+typedef struct route_log {
+    int layers, positions, k;
+    int32_t *experts; /* [layers][positions][k], -1 = not routed */
+    int calls, bad;
+} route_log;
+
+static void record_route(void *user, int layer, int pos, int top_k, const int32_t *experts, const float *weights) {
+    route_log *r = user;
+    r->calls++;
+    if (layer < 0 || layer >= r->layers || pos < 0 || pos >= r->positions || top_k != r->k) {
+        r->bad++;
+        return;
+    }
+    float sum = 0;
+    for (int j = 0; j < top_k; j++) {
+        r->experts[((size_t)layer * r->positions + pos) * r->k + j] = experts[j];
+        sum += weights[j];
+    }
+    if (!(fabsf(sum - 1) < 1e-5f)) r->bad++; /* renormalised */
+}
+
+/* Positions 0..n-1 of the log against the golden's "routing" [layer][position][k]; returns the first
+ * differing position (and prints it), or -1. */
+static int routing_diff(const route_log *r, json_t *want, int n, const char *what, size_t ci) {
+    for (int l = 0; l < r->layers; l++)
+        for (int t = 0; t < n; t++)
+            for (int j = 0; j < r->k; j++) {
+                json_t *e = json_array_get(json_array_get(json_array_get(want, (size_t)l), (size_t)t), (size_t)j);
+                int32_t got = r->experts[((size_t)l * r->positions + t) * r->k + j];
+                if (!e || json_integer_value(e) != got) {
+                    fprintf(stderr, "  case %zu %s: layer %d position %d: expert %d of the top %d is %d, HF's is "
+                                    "%lld\n", ci, what, l, t, j, r->k, got, e ? (long long)json_integer_value(e) : -1LL);
+                    return t;
+                }
+            }
+    return -1;
+}
+
+static void test_tiny_mixtral_routing(void) {
+    char out[512], path[1024];
+    snprintf(out, sizeof out, "%s/mixtral.kiln", tmpdir);
+    KT_REQUIRE(compile_to(src_path("tests/data/tiny-mixtral"), NULL, out, KILN_DTYPE_COUNT_) == KILN_OK);
+    snprintf(path, sizeof path, "%s/golden.json", src_path("tests/golden/tiny-mixtral"));
+    json_error_t je;
+    json_t *g = json_load_file(path, 0, &je);
+    KT_REQUIRE(g != NULL);
+    kiln_model *m = NULL;
+    kiln_error err = {0};
+    KT_REQUIRE(kiln_model_open(out, 2, &m, &err) == KILN_OK);
+    size_t ci;
+    json_t *c;
+    int ties = 0;
+    json_array_foreach(json_object_get(g, "cases"), ci, c) {
+        golden_case gc;
+        golden_case_read(c, src_path("tests/golden/tiny-mixtral"), &gc);
+        json_t *want = json_object_get(c, "routing");
+        route_log r = {.layers = m->plan->n_layers, .positions = gc.positions, .k = 2};
+        KT_EQ_INT(json_array_size(want), r.layers);
+        KT_EQ_INT(json_array_size(json_array_get(want, 0)), gc.positions);
+        r.experts = malloc((size_t)r.layers * (size_t)r.positions * 2 * sizeof *r.experts);
+        int32_t *seq = malloc((size_t)gc.positions * sizeof *seq);
+        float *logits = malloc((size_t)gc.positions * (size_t)gc.vocab * sizeof *logits);
+        KT_REQUIRE(r.experts && seq && logits);
+        memcpy(seq, gc.prompt, (size_t)gc.np * sizeof *seq);
+        memcpy(seq + gc.np, gc.greedy, (size_t)gc.ng * sizeof *seq);
+        kiln_cpu_ctx *ctx = NULL;
+        KT_REQUIRE(kiln_cpu_ctx_new(m, 0, gc.positions, 2, &ctx, &err) == KILN_OK);
+        kiln_cpu_ctx_set_moe_trace(ctx, record_route, &r);
+        /* 1. one forward over the whole sequence */
+        memset(r.experts, 0xff, (size_t)r.layers * (size_t)r.positions * 2 * sizeof *r.experts);
+        KT_CHECK(kiln_cpu_forward(ctx, seq, gc.positions, true, logits, &err) == KILN_OK);
+        KT_EQ_INT(r.calls, r.layers * gc.positions);
+        KT_EQ_INT(r.bad, 0);
+        KT_CHECKF(routing_diff(&r, want, gc.positions, "full forward", ci) < 0, "case %zu: routing differs", ci);
+        /* 2. prompt, then one token at a time through the KV cache (the last token is never fed) */
+        kiln_cpu_ctx_reset(ctx);
+        memset(r.experts, 0xff, (size_t)r.layers * (size_t)r.positions * 2 * sizeof *r.experts);
+        r.calls = 0;
+        kiln_generate_opts o = {.max_tokens = gc.ng, .temperature = 0, .top_p = 1, .ignore_eos = true};
+        kiln_generate_result res;
+        KT_CHECK(kiln_generate(ctx, gc.prompt, gc.np, &o, &res, &err) == KILN_OK);
+        KT_EQ_INT(r.calls, r.layers * (gc.positions - 1));
+        KT_CHECKF(routing_diff(&r, want, gc.positions - 1, "KV cache", ci) < 0, "case %zu: routing differs", ci);
+        free(res.ids);
+        int n_ties = (int)json_array_size(json_object_get(c, "router_ties"));
+        ties += n_ties;
+        fprintf(stderr, "  case %zu: %d layers x %d positions routed as HF, %d of them decided by tied "
+                        "probabilities\n", ci, r.layers, gc.positions, n_ties);
+        kiln_cpu_ctx_free(ctx);
+        free(logits);
+        free(seq);
+        free(r.experts);
+        golden_case_free(&gc);
+    }
+    KT_CHECK(ties > 0); /* the golden exercises the tie order */
+    kiln_model_close(m);
+    json_decref(g);
+    unlink(out);
+}
+
+/* kiln_topk against torch.topk on inputs full of ties (null = NaN) */
+static void test_topk_ties(void) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/golden.json", src_path("tests/golden/topk-ties"));
+    json_error_t je;
+    json_t *g = json_load_file(path, 0, &je);
+    KT_REQUIRE(g != NULL);
+    size_t ci;
+    json_t *c;
+    int n_cases = 0, n_bad = 0;
+    json_array_foreach(json_object_get(g, "cases"), ci, c) {
+        json_t *vals = json_object_get(c, "values");
+        int n = (int)json_array_size(vals), k = (int)json_integer_value(json_object_get(c, "k")), nw;
+        int32_t *want = golden_json_ids(json_object_get(c, "indices"), &nw);
+        float *v = malloc((size_t)n * sizeof *v);
+        int32_t *got = malloc((size_t)k * sizeof *got);
+        KT_REQUIRE(v && got && want && nw == k);
+        for (int i = 0; i < n; i++) {
+            json_t *e = json_array_get(vals, (size_t)i);
+            v[i] = json_is_null(e) ? NAN : (float)json_number_value(e);
+        }
+        kiln_error err = {0};
+        KT_CHECK(kiln_topk(v, n, k, got, &err) == KILN_OK);
+        if (memcmp(got, want, (size_t)k * sizeof *got) != 0) {
+            n_bad++;
+            fprintf(stderr, "  case %zu: top %d of %d: kiln's first index %d, torch's %d\n", ci, k, n, got[0], want[0]);
+        }
+        n_cases++;
+        free(v);
+        free(got);
+        free(want);
+    }
+    KT_CHECK(n_cases > 100);
+    KT_EQ_INT(n_bad, 0);
+    fprintf(stderr, "  %d topk cases in torch.topk's order\n", n_cases);
+    kiln_error err = {0};
+    int32_t idx[2];
+    KT_EQ_INT(kiln_topk((const float[]){1, 2}, 2, 3, idx, &err), KILN_ERR_INVALID_ARG);
+    json_decref(g);
+}
+
 /* bf16 → f32 conversion at compile time is exact, so the goldens still hold */
 static void test_tiny_mistral_as_f32(void) {
     check_model("tests/data/tiny-mistral", "tests/golden/tiny-mistral", KILN_DTYPE_F32);
@@ -229,6 +387,10 @@ int main(void) {
     KT_RUN(test_tiny_llama3_rope_scaling_tied);
     KT_RUN(test_tiny_qwen3_qk_norm);
     KT_RUN(test_tiny_qwen2_bias_layer_window);
+    KT_RUN(test_tiny_mixtral_moe);
+    KT_RUN(test_tiny_mixtral_as_f32);
+    KT_RUN(test_tiny_mixtral_routing);
+    KT_RUN(test_topk_ties);
     KT_RUN(test_tiny_mistral_as_f32);
     KT_RUN(test_sharded_equals_single);
     KT_RUN(test_pycode_text);

@@ -367,6 +367,114 @@ static void test_plan_round_trip_and_checks(void) {
     kiln_graph_free(g);
 }
 
+/* A hand-built MoE graph: embedding → moe (E experts of width F, top k, experts stacked from 3E 2-D
+ * per-expert weights) → lm_head. */
+enum { MOE_E = 4, MOE_F = 3, MOE_H = 4, MOE_V = 16 };
+static kiln_graph *moe_graph(int top_k, kiln_error *err) {
+    kiln_graph *g = kiln_graph_new();
+    static float table[MOE_V * MOE_H], router[MOE_E * MOE_H], gu[2 * MOE_E][MOE_F * MOE_H], dn[MOE_E][MOE_H * MOE_F];
+    const int64_t bs[2] = {KILN_DIM_BATCH, KILN_DIM_SEQ}, ts[2] = {MOE_V, MOE_H}, rs[2] = {MOE_E, MOE_H};
+    const int64_t gs[2] = {MOE_F, MOE_H}, ds[2] = {MOE_H, MOE_F};
+    g->tokens = kiln_ir_input(g, "tokens", KILN_DTYPE_I32, 2, bs, err);
+    g->positions = kiln_ir_input(g, "positions", KILN_DTYPE_I32, 2, bs, err);
+    int t = kiln_ir_weight(g, "embed", KILN_DTYPE_F32, 2, ts, table, KILN_DTYPE_F32, err);
+    int r = kiln_ir_weight(g, "router", KILN_DTYPE_F32, 2, rs, router, KILN_DTYPE_F32, err);
+    int gp[2 * MOE_E], dp[MOE_E];
+    for (int e = 0; e < 2 * MOE_E; e++) gp[e] = kiln_ir_weight(g, "gu", KILN_DTYPE_F32, 2, gs, gu[e], KILN_DTYPE_F32, err);
+    for (int e = 0; e < MOE_E; e++) dp[e] = kiln_ir_weight(g, "dn", KILN_DTYPE_F32, 2, ds, dn[e], KILN_DTYPE_F32, err);
+    int wgu = kiln_ir_weight_stacked(g, "experts.gate_up", gp, 2 * MOE_E, (const int64_t[]){MOE_E, 2 * MOE_F, MOE_H}, err);
+    int wdn = kiln_ir_weight_stacked(g, "experts.down", dp, MOE_E, (const int64_t[]){MOE_E, MOE_H, MOE_F}, err);
+    int x = kiln_ir_op1(g, KILN_OP_EMBEDDING, (int[]){g->tokens, t}, 2, NULL, "x", err);
+    kiln_op_attrs a = {.n_experts = MOE_E, .top_k = top_k};
+    int y = kiln_ir_op1(g, KILN_OP_MOE, (int[]){x, r, wgu, wdn}, 4, &a, "moe", err);
+    g->logits = kiln_ir_op1(g, KILN_OP_LM_HEAD, (int[]){y, t}, 2, NULL, "logits", err);
+    g->info = (kiln_graph_info){.n_layers = 1, .n_kv_heads = 1, .head_dim = 4, .hidden_size = MOE_H,
+                                .vocab_size = MOE_V, .max_context = 8};
+    if (g->logits < 0) {
+        kiln_graph_free(g);
+        return NULL;
+    }
+    return g;
+}
+
+/* moe: stacked expert weights (parts dead, bytes concatenated), its shape rules, and the plan's 3-D weights */
+static void test_moe_stacks_and_plan(void) {
+    kiln_error err = {0};
+    kiln_graph *g = moe_graph(2, &err);
+    KT_REQUIRE(g != NULL);
+    KT_EQ_INT(kiln_ir_verify(g, &err), KILN_OK);
+    const kiln_op *moe = &g->ops[1];
+    KT_EQ_INT(moe->kind, KILN_OP_MOE);
+    const kiln_value *wgu = &g->values[moe->in[2]];
+    KT_EQ_INT(wgu->ndim, 3);
+    KT_EQ_INT(wgu->shape[1], 2 * MOE_F);
+    KT_EQ_INT(wgu->n_parts, 2 * MOE_E);
+    KT_CHECK(g->values[wgu->parts[0]].dead); /* the parts are only the stack's source */
+    /* stacks whose parts do not fit are refused */
+    const int64_t bad_rows[3] = {MOE_E, MOE_F, MOE_H}; /* 2E parts of F rows for E x F rows */
+    KT_EQ_INT(kiln_ir_weight_stacked(g, "s", wgu->parts, 2 * MOE_E, bad_rows, &err), -1);
+    KT_CONTAINS(err.msg, "rows of parts");
+    const kiln_value *wdn = &g->values[moe->in[3]];
+    const int mixed[2] = {wgu->parts[0], wdn->parts[0]}; /* [F,H] and [H,F] */
+    KT_EQ_INT(kiln_ir_weight_stacked(g, "s", mixed, 2, (const int64_t[]){2, MOE_F, MOE_H}, &err), -1);
+    KT_CONTAINS(err.msg, "does not match");
+    /* moe's signature: top_k within the experts, the weights' shapes */
+    int x = moe->in[0];
+    kiln_op_attrs a = {.n_experts = MOE_E, .top_k = MOE_E + 1};
+    KT_EQ_INT(kiln_ir_op1(g, KILN_OP_MOE, (int[]){x, moe->in[1], moe->in[2], moe->in[3]}, 4, &a, "m", &err), -1);
+    KT_CONTAINS(err.msg, "top_k 5 of 4 experts");
+    a.top_k = 2;
+    KT_EQ_INT(kiln_ir_op1(g, KILN_OP_MOE, (int[]){x, moe->in[1], moe->in[3], moe->in[2]}, 4, &a, "m", &err), -1);
+    KT_CONTAINS(err.msg, "gate/up weight");
+    a.n_experts = 3;
+    KT_EQ_INT(kiln_ir_op1(g, KILN_OP_MOE, (int[]){x, moe->in[1], moe->in[2], moe->in[3]}, 4, &a, "m", &err), -1);
+    KT_CONTAINS(err.msg, "router");
+    /* the plan: 3-D weights, attrs n_experts and top_k; the part values are not weights of their own */
+    KT_REQUIRE(kiln_passes_run(g, "none", NULL, &err) == KILN_OK);
+    kiln_buf b = {0};
+    KT_REQUIRE(kiln_plan_serialize(g, &b, &err) == KILN_OK);
+    kiln_plan *p = NULL;
+    const uint64_t wsize = 1 << 16;
+    KT_EQ_INT(kiln_plan_parse(b.data, b.len, wsize, &p, &err), KILN_OK);
+    if (p) {
+        KT_EQ_INT(p->n_weights, 4); /* embed, router, the two stacks */
+        KT_EQ_INT(p->weights[2].ndim, 3);
+        KT_EQ_INT(p->ops[1].attrs.n_experts, MOE_E);
+        KT_EQ_INT(p->ops[1].attrs.top_k, 2);
+        kiln_plan_free(p);
+    }
+    size_t w_at = KILN_PLAN_HEADER_SIZE + (size_t)kiln_rd_u32(b.data + 20) * KILN_PLAN_SLOT_SIZE +
+                  (size_t)kiln_rd_u32(b.data + 8) * KILN_PLAN_VALUE_SIZE;
+    size_t ops_at = w_at + (size_t)kiln_rd_u32(b.data + 16) * KILN_PLAN_WEIGHT_SIZE;
+    size_t moe_at = ops_at + KILN_PLAN_OP_HEADER_SIZE + 4 * (2 + 1); /* after the embedding (no attrs) */
+    uint8_t *copy = malloc(b.len);
+    KT_REQUIRE(copy != NULL);
+    KT_EQ_INT(kiln_rd_u32(b.data + moe_at), KILN_OP_MOE);
+    /* a 4-D weight is refused */
+    memcpy(copy, b.data, b.len);
+    kiln_wr_u32(copy + w_at + 2 * KILN_PLAN_WEIGHT_SIZE + 132, 4);
+    KT_EQ_INT(kiln_plan_parse(copy, b.len, wsize, &p, &err), KILN_ERR_FORMAT);
+    KT_CONTAINS(err.msg, "4 dimensions");
+    /* moe's record read as another kind (bias_add: 2 inputs) is refused */
+    memcpy(copy, b.data, b.len);
+    kiln_wr_u32(copy + moe_at, KILN_OP_BIAS_ADD);
+    KT_EQ_INT(kiln_plan_parse(copy, b.len, wsize, &p, &err), KILN_ERR_FORMAT);
+    KT_CONTAINS(err.msg, "bias_add");
+    /* top_k above the experts, written by hand: shape checking re-runs at load */
+    const size_t moe_attrs = moe_at + KILN_PLAN_OP_HEADER_SIZE + 4 * (4 + 1);
+    size_t topk_at = 0;
+    for (uint32_t k = 0; k < kiln_rd_u32(b.data + moe_at + 12); k++)
+        if (kiln_rd_u32(b.data + moe_attrs + 8 * k) == KILN_ATTR_TOP_K) topk_at = moe_attrs + 8 * k;
+    KT_REQUIRE(topk_at > 0);
+    memcpy(copy, b.data, b.len);
+    kiln_wr_u32(copy + topk_at + 4, MOE_E + 1);
+    KT_EQ_INT(kiln_plan_parse(copy, b.len, wsize, &p, &err), KILN_ERR_FORMAT);
+    KT_CONTAINS(err.msg, "top_k 5 of 4 experts");
+    free(copy);
+    kiln_buf_free(&b);
+    kiln_graph_free(g);
+}
+
 static void test_dump_ir_prints_each_pass(void) {
     kiln_error err = {0};
     kiln_graph *g = stories_graph();
@@ -397,6 +505,7 @@ int main(void) {
     KT_RUN(test_memory_planning_never_aliases_live_values);
     KT_RUN(test_unknown_pass_is_refused);
     KT_RUN(test_plan_round_trip_and_checks);
+    KT_RUN(test_moe_stacks_and_plan);
     KT_RUN(test_dump_ir_prints_each_pass);
     if (ck_open) kiln_checkpoint_close(&ck);
     return KT_END();

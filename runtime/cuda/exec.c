@@ -715,6 +715,11 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             kiln_err_hint(err, "compile the engine with the default passes (fuse-qkv-rope), or run it on the CPU "
                                "(--device cpu)");
             goto out;
+        case KILN_OP_MOE: /* Mixtral's experts: CPU only so far */
+            kiln_err(err, KILN_ERR_UNSUPPORTED, "cuda executor: plan op %u (moe): this model's mixture of experts "
+                     "(Mixtral) has no GPU kernel yet", i);
+            st = kiln_err_hint(err, "run this engine on the CPU (--device cpu)");
+            goto out;
         default:
             st = unsupported_op(x, i, "no GPU kernel for this op", err);
             goto out;

@@ -15,14 +15,18 @@ What it writes (all paths relative to the repository root):
   tests/data/tiny-qwen2/            Qwen2ForCausalLM: biases on q, k and v, a sliding window on
                                     layer 1 only (max_window_layers 1), tied, bf16, config.json
                                     rewritten to the transformers 4.x form (no layer_types)
+  tests/data/tiny-mixtral/          MixtralForCausalLM: 8 experts, top-2, GQA, untied, bf16; layer 1's
+                                    router rows of experts 2 and 5 equal, so their probabilities tie
+  tests/golden/tiny-mixtral/        its golden, plus the experts HF routes each token to in each layer
+  tests/golden/topk-ties/golden.json  torch.topk's order on inputs full of ties (kiln_topk's reference)
   tests/golden/<name>/golden.json   greedy ids + metadata, for stories260k, tiny-mistral,
   tests/golden/<name>/case<i>.f32   tiny-llama3: full-forward logits, raw little-endian f32
   tests/golden/pycode-22m/...       text end-to-end golden for ../shared/models/pycode-22m
 
 Usage (from anywhere):
   python3 tests/golden/make_goldens.py [--shared-dir DIR] [--only NAME]
-(--only tiny-qwen3 or --only tiny-qwen2 makes that checkpoint and golden alone, leaving the others
-as they are.)
+(--only tiny-qwen3, tiny-qwen2 or tiny-mixtral makes that checkpoint and golden alone, leaving
+the others as they are; tiny-mixtral's also remakes topk-ties.)
 
 Every run rebuilds everything from fixed seeds; on the same machine and
 library versions the output is byte-identical. The script checks its own
@@ -51,6 +55,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
@@ -97,6 +103,13 @@ QWEN3_INIT = dict(seed=1, matrix_std=0.15, embed_std=1.0, norm_noise=0.1)
 # the seed with the largest smallest greedy margin over ID_PROMPTS among 0..9 (0.0148; seeds 4 and 5
 # fail the variety check).
 QWEN2_INIT = dict(seed=1, matrix_std=0.3, embed_std=1.0, norm_noise=0.1)
+# tiny-mixtral: the seed with the largest smallest greedy margin over ID_PROMPTS among 0..9 (0.0266) whose
+# continuations are varied (seeds 3 and 4: 0.0286 and 0.0375, but 10 and 6 distinct ids in one case).
+MIXTRAL_INIT = dict(seed=0, matrix_std=0.15, embed_std=1.0, norm_noise=0.1)
+# Layer 1's router row of expert MIXTRAL_TIE[1] is a copy of expert MIXTRAL_TIE[0]'s: their router logits,
+# hence probabilities, are equal for every token, and where they share the top-k boundary, torch.topk's
+# order decides which one is used.
+MIXTRAL_TIE = (2, 5)
 
 # Checks the script enforces on what it writes.
 # KV-cache (generate) logits vs one full forward, and the float32 full forward
@@ -291,8 +304,33 @@ def qwen2_config():
     return c
 
 
+def mixtral_config():
+    # 8 experts of width 16, top-2; no sliding window (Mixtral-8x7B's config has null)
+    c = MixtralConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        max_position_embeddings=256,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-5,
+        sliding_window=None,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    c.architectures = ["MixtralForCausalLM"]
+    return c
+
+
 def build_model(cls, config, init, dtype):
     config._attn_implementation = "eager"
+    config._experts_implementation = "eager"  # HF's loop over experts (ignored by dense models)
     torch.manual_seed(0)  # every parameter is overwritten below; this only pins HF's own init
     model = cls(config).eval()
     init_weights(model, init["seed"], init["matrix_std"], init["embed_std"], init["norm_noise"], dtype)
@@ -300,8 +338,11 @@ def build_model(cls, config, init, dtype):
 
 
 def load_f32(path):
+    with open(os.path.join(path, "config.json")) as f:
+        moe = "num_local_experts" in json.load(f)
+    kw = dict(experts_implementation="eager") if moe else {}  # HF's loop over experts
     return AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, attn_implementation="eager").eval()
+        path, dtype=torch.float32, attn_implementation="eager", **kw).eval()
 
 
 def state_tensors(dirpath):
@@ -422,6 +463,29 @@ def make_tiny_qwen2():
     return d
 
 
+def make_tiny_mixtral():
+    d = os.path.join(REPO, "tests/data/tiny-mixtral")
+    model = build_model(MixtralForCausalLM, mixtral_config(), MIXTRAL_INIT, torch.bfloat16).to(torch.bfloat16)
+    a, b = MIXTRAL_TIE
+    with torch.no_grad():
+        w = model.model.layers[1].mlp.gate.weight
+        w[b] = w[a]
+    fresh_dir(d)
+    model.save_pretrained(d)
+    t = state_tensors(d)
+    # transformers 5 saves the published per-expert form (its in-memory form is fused)
+    check("model.layers.0.block_sparse_moe.experts.7.w2.weight" in t and "lm_head.weight" in t,
+          "tiny-mixtral is not in the published per-expert form")
+    check(not any(".mlp." in k for k in t), "tiny-mixtral has fused expert tensors")
+    for k, v in t.items():
+        check(v.dtype == torch.bfloat16, "tiny-mixtral %s is %s, want bf16" % (k, v.dtype))
+    r = t["model.layers.1.block_sparse_moe.gate.weight"]
+    check(torch.equal(r[a], r[b]), "tiny-mixtral: layer 1's tied router rows differ")
+    print("tiny-mixtral: %d tensors, bf16, untied, 8 experts top-2, layer 1 router rows %d == %d"
+          % (len(t), a, b))
+    return d
+
+
 def make_tiny_llama3():
     d = os.path.join(REPO, "tests/data/tiny-llama3")
     cfg = llama3_config()
@@ -504,6 +568,23 @@ def np_layer_window(cfg, layer):
     return window if layer >= cfg.get("max_window_layers", 28) else None
 
 
+def np_moe(w, p, h, k):
+    """Mixtral's sparse MoE block in float64: softmax over the router logits, the top k (torch.topk on the
+    float64 probabilities, for its order on ties), renormalised, the weighted sum of the experts' SwiGLU."""
+    logits = h @ w[p + "gate.weight"].T
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    top = torch.topk(torch.from_numpy(probs), k, dim=-1).indices.numpy()
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        wt = probs[t, top[t]] / probs[t, top[t]].sum()
+        for e, we in zip(top[t], wt):
+            q = "%sexperts.%d." % (p, e)
+            g = h[t] @ w[q + "w1.weight"].T
+            out[t] += we * (((g / (1 + np.exp(-g))) * (h[t] @ w[q + "w3.weight"].T)) @ w[q + "w2.weight"].T)
+    return out
+
+
 def np_forward(model_dir, ids):
     """Logits [len(ids), vocab] of a Llama/Mistral checkpoint, float64, straight from the files."""
     with open(os.path.join(model_dir, "config.json")) as f:
@@ -554,6 +635,9 @@ def np_forward(model_dir, ids):
             o[:, head] = (s / s.sum(-1, keepdims=True)) @ v[:, kv]
         x = x + o.reshape(t, nh * hd) @ w[p + "self_attn.o_proj.weight"].T
         h = rms(x, w[p + "post_attention_layernorm.weight"])
+        if p + "block_sparse_moe.gate.weight" in w:                      # Mixtral: top-k of E SwiGLU experts
+            x = x + np_moe(w, p + "block_sparse_moe.", h, cfg["num_experts_per_tok"])
+            continue
         g = h @ w[p + "mlp.gate_proj.weight"].T
         x = x + ((g / (1 + np.exp(-g))) * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
     x = rms(x, w["model.norm.weight"])
@@ -717,6 +801,91 @@ def make_id_golden(name, model_dir, prompts, synthetic, same_weights=()):
     return model
 
 
+def capture_routing(model):
+    """Forward hooks on every layer's router. calls[l] gets (probabilities, chosen experts) per call."""
+    calls = [[] for _ in model.model.layers]
+    hooks = []
+    for l, layer in enumerate(model.model.layers):
+        def hook(mod, inp, out, l=l):
+            logits, _, idx = out  # MixtralTopKRouter: (router_logits, router_scores, router_indices)
+            calls[l].append((torch.softmax(logits.float(), dim=-1), idx))
+        hooks.append(layer.mlp.gate.register_forward_hook(hook))
+    return calls, hooks
+
+
+def add_routing_golden(name, model):
+    """Add to each case of a MoE golden the experts HF chooses, per layer and position, in torch.topk's
+    order, over the full forward; check the KV-cache path chooses the same; list the tie events."""
+    path = os.path.join(REPO, "tests/golden", name, "golden.json")
+    with open(path) as f:
+        golden = json.load(f)
+    a, b = MIXTRAL_TIE
+    k = model.config.num_experts_per_tok
+    n_ties = 0
+    for ci, case in enumerate(golden["cases"]):
+        seq = case["prompt"] + case["greedy"]
+        calls, hooks = capture_routing(model)
+        try:
+            with torch.no_grad():
+                model(torch.tensor([seq]))
+            full = [c[0] for c in calls]
+            for c in calls:
+                c.clear()
+            greedy_generate(model, case["prompt"], len(case["greedy"]))
+            steps = [torch.cat([i for _, i in c]) for c in calls]
+        finally:
+            for h in hooks:
+                h.remove()
+        routing, ties, gap = [], [], float("inf")
+        for l, (probs, idx) in enumerate(full):
+            n_steps = steps[l].shape[0]  # the last generated token is never fed back
+            check(n_steps == len(seq) - 1 and torch.equal(steps[l], idx[:n_steps]),
+                  "%s case %d layer %d: the KV-cache path routes differently from the full forward" % (name, ci, l))
+            routing.append(idx.tolist())
+            for t in range(len(seq)):
+                srt = torch.sort(probs[t], descending=True).values
+                chosen = set(idx[t].tolist())
+                if probs[t, a] == probs[t, b] and len(chosen & {a, b}) == 1:
+                    ties.append([l, t])  # the tie decided which expert runs
+                elif srt[k - 1] > srt[k]:
+                    gap = min(gap, (srt[k - 1] - srt[k]).item())
+        check(gap > 1e-5, "%s case %d: a router margin of %g could flip in float32" % (name, ci, gap))
+        case["routing"] = routing
+        case["router_ties"] = ties
+        case["router_min_margin"] = gap
+        n_ties += len(ties)
+        print("  %s case %d: routing of %d positions x %d layers, %d decided by a tie, smallest other margin %.2e"
+              % (name, ci, len(seq), len(routing), len(ties), gap))
+    check(n_ties > 0, "%s: no token's routing is decided by the tied experts" % name)
+    write_json(path, golden)
+
+
+def make_topk_golden():
+    """torch.topk's order on the CPU over inputs full of ties: every (n, k) path of its implementation
+    (nth_element + sort, partial_sort when k * 64 <= n, sort past 16 elements), and NaNs (written as null)."""
+    out_dir = os.path.join(REPO, "tests/golden/topk-ties")
+    fresh_dir(out_dir)
+    g = torch.Generator().manual_seed(7)
+    cases = []
+    for n in (2, 3, 4, 5, 8, 16, 33, 64, 128, 256):
+        for k in (1, 2, 3, 4, 8, 17, 24):
+            for levels in (1, 3):
+                if k > n:
+                    continue
+                v = torch.randint(0, levels, (n,), generator=g).float()
+                cases.append({"k": k, "values": [int(x) for x in v.tolist()], "indices": torch.topk(v, k).indices.tolist()})
+    for n, k, nans in ((8, 2, 2), (8, 4, 3), (16, 3, 5), (128, 2, 4)):
+        v = torch.randint(0, 3, (n,), generator=g).float()
+        v[torch.randperm(n, generator=g)[:nans]] = float("nan")
+        cases.append({"k": k, "values": [None if x != x else int(x) for x in v.tolist()],
+                      "indices": torch.topk(v, k).indices.tolist()})
+    check(torch.topk(torch.full((8,), 0.25), 2).indices.tolist() != [0, 1], "torch.topk ties are lowest-first here")
+    write_json(os.path.join(out_dir, "golden.json"), {"what": "torch.topk(values, k).indices on the CPU (sorted, "
+                                                      "largest); null = NaN", "generator": generator_info(),
+                                                      "cases": cases})
+    print("topk-ties: %d cases" % len(cases))
+
+
 def negative_controls(mistral_dir, llama_dir):
     """Show that the sliding window and the llama3 scaling change the logits (printed only)."""
     x = torch.tensor([ID_PROMPTS[2] + list(range(100, 100 + NEW_TOKENS))])
@@ -847,11 +1016,18 @@ def make_pycode_golden(shared):
     })
 
 
+def make_mixtral_goldens():
+    model = make_id_golden("tiny-mixtral", make_tiny_mixtral(), ID_PROMPTS, synthetic=True)
+    add_routing_golden("tiny-mixtral", model)
+    make_topk_golden()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shared-dir", default=os.path.join(os.path.dirname(REPO), "shared"),
                     help="kiln's shared test-data dir (holds models/pycode-22m); default: ../shared")
-    ap.add_argument("--only", choices=["tiny-qwen3", "tiny-qwen2"], help="make this checkpoint and golden alone")
+    ap.add_argument("--only", choices=["tiny-qwen3", "tiny-qwen2", "tiny-mixtral"],
+                    help="make this checkpoint and golden alone")
     args = ap.parse_args()
 
     torch.set_num_threads(1)  # fixed reduction order: reruns are byte-identical
@@ -867,6 +1043,10 @@ def main():
         make_id_golden("tiny-qwen2", make_tiny_qwen2(), ID_PROMPTS, synthetic=True)
         print("make_goldens: all checks passed (tiny-qwen2 only)")
         return
+    if args.only == "tiny-mixtral":
+        make_mixtral_goldens()
+        print("make_goldens: all checks passed (tiny-mixtral only)")
+        return
     mistral = make_tiny_mistral()
     llama3 = make_tiny_llama3()
     negative_controls(mistral, llama3)
@@ -876,6 +1056,7 @@ def main():
     make_id_golden("tiny-llama3", llama3, LLAMA3_PROMPTS, synthetic=True)
     make_id_golden("tiny-qwen3", make_tiny_qwen3(), ID_PROMPTS, synthetic=True)
     make_id_golden("tiny-qwen2", make_tiny_qwen2(), ID_PROMPTS, synthetic=True)
+    make_mixtral_goldens()
     make_pycode_golden(args.shared_dir)
     print("make_goldens: all checks passed")
 
