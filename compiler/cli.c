@@ -142,7 +142,10 @@ void kiln_cli_print_version(const char *prog) {
     printf(", commit %s)\n", kiln_build_commit());
 }
 
+const char *kiln_cli_prog = "kiln";
+
 int kiln_cli_main(const kiln_cli_tool *t, int argc, char **argv) {
+    kiln_cli_prog = t->prog;
     if (argc < 2) {
         fprintf(stderr, "%s: error: no command given\n\n", t->prog);
         tool_usage(t, stderr);

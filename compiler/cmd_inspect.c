@@ -27,7 +27,8 @@
 #define REBUILD_HINT "the engine's sections disagree: it is corrupted or was edited; rebuild it with `kiln compile`"
 
 static void help(FILE *f) {
-    fprintf(f, "usage: kiln inspect ENGINE.kiln [--json]\n\n"
+    fprintf(f, "usage: %s ", kiln_cli_prog);
+    fprintf(f, "inspect ENGINE.kiln [--json]\n\n"
                "Verify an engine file (every section, and that they agree with each other) and show its\n"
                "format version, model, weights (dtypes), plan, GPU targets and kernels, generation\n"
                "settings (bos, eos...), tokenizer and sections; for a tensor-parallel engine (compile\n"
