@@ -81,6 +81,13 @@ typedef struct kiln_model_config {
 kiln_status kiln_config_parse(const char *json, size_t len, const char *path,
                               kiln_model_config *out, kiln_error *err);
 kiln_status kiln_config_load(const char *path, kiln_model_config *out, kiln_error *err);
+/* A token-id field that is one id or a list of at most KILN_MAX_EOS (eos_token_id in config.json
+ * and generation_config.json): each element through `id` (type and range, its messages), named
+ * "key" or "key[i]"; *n = how many. A longer list is KILN_ERR_UNSUPPORTED naming `path` and `key`. */
+struct json_t;
+kiln_status kiln_json_id_list(const struct json_t *v, const char *path, const char *key,
+                              kiln_status (*id)(void *ctx, const struct json_t *v, const char *field, int64_t *out),
+                              void *ctx, int64_t out[KILN_MAX_EOS], int *n, kiln_error *err);
 
 /* ---- generation_config.json (compiler/generation_config.c) ---- */
 

@@ -355,6 +355,11 @@ kiln_status kiln_ctx_new(const kiln_t *k, const kiln_ctx_options *opts, kiln_ctx
         if (st == KILN_OK) st = new_cpu_executor(k->m, &o, &c->x, &e);
         if (st == KILN_OK) snprintf(c->device, sizeof c->device, "cpu");
     }
+    if (st == KILN_OK && c->x && kiln_model_shrank(k->m, &e)) { /* the upload read zeros past a new end */
+        c->x->ops->destroy(c->x);
+        c->x = NULL;
+        st = e.code;
+    }
     if (st != KILN_OK) {
         kiln_err_prefix(&e, "kiln_ctx_new: ");
         return fail_new(c, &e);

@@ -489,6 +489,7 @@ static kiln_status map_range(const char *path, uint64_t offset, uint64_t size, c
         }
         map->data = p;
         map->size = (size_t)len;
+        kiln_guard_map_add(map->data, map->size, map->path); /* kiln_file_unmap removes it */
     }
     close(fd);
     *data = map->data ? map->data + (offset - start) : (const uint8_t *)"";

@@ -42,6 +42,10 @@ typedef struct kiln_model {
     char no_gpu_kernels[256];      /* meta build.no_gpu_kernels: why the engine has no GPU kernels ("" = unknown) */
     double load_seconds;
 } kiln_model;
+/* True, with a message naming the engine file in `err`, when that file shrank while kiln read it
+ * (common/guard.c: the bytes read past its new end were zeros). Loading checks it; so does whatever
+ * reads the weights later (a GPU context's upload). */
+bool kiln_model_shrank(const kiln_model *m, kiln_error *err);
 
 /* Open an engine: verify the file, parse meta and plan, decode the weights
  * (at most `threads` ways of the process-wide pool when compressed) and

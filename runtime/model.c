@@ -169,10 +169,15 @@ kiln_status kiln_model_open(const char *path, int threads, kiln_model **out, kil
     return kiln_model_open_ex(path, threads, 0, out, err);
 }
 
+bool kiln_model_shrank(const kiln_model *m, kiln_error *err) {
+    return m->engine.map.data && m->engine.map.path && kiln_guard_fault_in(m->engine.map.path, err);
+}
+
 kiln_status kiln_model_load_f32(kiln_model *m, kiln_error *err) {
     if (m->wf32) return KILN_OK;
     const char *path = m->engine.map.path ? m->engine.map.path : "(engine)";
     kiln_status st = convert_f32(m, path, err);
+    if (kiln_model_shrank(m, err)) st = err ? err->code : KILN_ERR_IO; /* what it read were zeros */
     if (st != KILN_OK && m->wf32) {
         for (uint32_t i = 0; i < m->plan->n_ranks * m->plan->n_weights; i++) free(m->wf32[i]);
         free(m->wf32);
@@ -200,7 +205,10 @@ kiln_status kiln_model_open_src(const kiln_engine_src *src, int threads, unsigne
     }
     if ((st = load_weights(m, threads, !(flags & KILN_MODEL_NO_F32), path, err)) != KILN_OK ||
         (st = read_meta(m, path, err)) != KILN_OK ||
-        (st = load_tokenizer(m, path, err)) != KILN_OK) {
+        (st = load_tokenizer(m, path, err)) != KILN_OK ||
+        kiln_model_shrank(m, err)) {
+        /* the file shrank under the load: what was read past its end were zeros; say that, not what they broke */
+        if (kiln_model_shrank(m, err)) st = err ? err->code : KILN_ERR_IO;
         kiln_model_close(m);
         return st;
     }
