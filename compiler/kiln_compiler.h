@@ -233,6 +233,8 @@ typedef struct kiln_compile_options {
     bool force;                /* allow an output inside the checkpoint directory (never over an input file) */
     struct kiln_progress *progress; /* phase and counts of long work (common/kiln_progress.h); NULL = none */
     bool no_chat_template;     /* leave the checkpoint's chat template out of the engine */
+    int tp;                    /* tensor-parallel ranks (0 or 1 = none): pass tensor-parallel splits the model
+                                  and the engine holds every rank's weight shards (docs/parallelism.md) */
     bool gpu_if_possible;      /* the targets are a default, not asked for: a plan with an op the GPU cannot
                                   run yet gets no kernels section (a note on stderr names the op) instead of
                                   failing the compile */

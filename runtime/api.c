@@ -166,10 +166,11 @@ static kiln_status fail_new(kiln_ctx_t *c, kiln_error *e) {
     return fail_ctx(c, e);
 }
 
-/* Bytes of K and V per token on the CPU executor (f32, every layer). */
+/* Bytes of K and V per token on the CPU executor (f32, every layer; every tensor-parallel rank's
+ * heads, which the CPU holds all of). */
 static int64_t cpu_kv_bytes_per_token(const kiln_model *m) {
     const kiln_plan *p = m->plan;
-    return (int64_t)p->n_layers * p->n_kv_heads * p->head_dim * 2 * (int64_t)sizeof(float);
+    return (int64_t)p->n_layers * p->n_kv_heads * p->head_dim * 2 * (int64_t)sizeof(float) * p->n_ranks;
 }
 
 static kiln_status new_cpu_executor(const kiln_model *m, const kiln_ctx_options *o, kiln_executor **x,

@@ -28,7 +28,9 @@ typedef struct kiln_model {
     const uint8_t *weights;        /* decoded weights section */
     size_t weights_size;
     bool weights_owned;            /* weights is a malloc'd buffer (decoded from zstd) */
-    float **wf32;                  /* per plan weight: its data as f32 (converted at load; NULL with KILN_MODEL_NO_F32) */
+    float **wf32;                  /* per plan weight record (every rank's: rank r's weight i at
+                                      r × n_weights + i): its data as f32 (converted at load; NULL with
+                                      KILN_MODEL_NO_F32) */
     int32_t bos_id;                /* -1 when none */
     int32_t eos_ids[KILN_MAX_EOS_IDS];
     int n_eos;
