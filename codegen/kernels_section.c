@@ -453,6 +453,12 @@ int kiln_kernels_unsupported_op(const kiln_plan *p) {
     return -1;
 }
 
+int kiln_kernels_unsupported_weight(const kiln_plan *p) {
+    for (uint32_t i = 0; i < p->n_weights; i++)
+        if (kiln_dtype_is_quant((int)p->weights[i].dtype)) return (int)i;
+    return -1;
+}
+
 kiln_status kiln_kernels_build(const kiln_plan *p, const kiln_kernel_targets *t, const kiln_kernels_opts *o,
                                kiln_buf *out, kiln_error *err) {
     kiln_kernels_opts def = {0};

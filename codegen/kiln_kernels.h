@@ -88,5 +88,7 @@ kiln_status kiln_kernels_build(const kiln_plan *p, const kiln_kernel_targets *t,
 /* The first op of `p` the CUDA executor cannot run (no GPU kernel or lowering yet: unfused ops,
  * unpacked projections, head_rmsnorm), or -1 when it runs all of them. */
 int kiln_kernels_unsupported_op(const kiln_plan *p);
+/* The first weight of `p` stored in a format the GPU kernels do not read (quantized: q8, q4g*), or -1. */
+int kiln_kernels_unsupported_weight(const kiln_plan *p);
 
 #endif /* KILN_KERNELS_H */

@@ -36,11 +36,7 @@ static kiln_status number(const kiln_graph *g, numbering *n, kiln_error *err) {
     return KILN_OK;
 }
 
-static uint64_t weight_bytes(const kiln_value *v) {
-    uint64_t n = (uint64_t)kiln_dtype_size(v->dtype);
-    for (int d = 0; d < v->ndim; d++) n *= (uint64_t)v->shape[d];
-    return n;
-}
+static uint64_t weight_bytes(const kiln_value *v) { return kiln_weight_nbytes(v->dtype, v->ndim, v->shape); }
 
 /* Ranks the weights are written for (1 unless the graph was split by pass tensor-parallel). */
 static int ranks_of(const kiln_graph *g) { return g->n_ranks > 1 ? g->n_ranks : 1; }
@@ -371,6 +367,46 @@ static kiln_status write_packed(const kiln_graph *g, const kiln_value *val, int 
     return st;
 }
 
+/* Row r of the (possibly packed) matrix `val` as checked floats: its part's source elements through
+ * kiln_weight_convert to f32, so a NaN or Inf is refused naming the part and the element. */
+static kiln_status read_row(const kiln_graph *g, const kiln_value *val, int64_t r, float *row, kiln_error *err) {
+    const int64_t k = val->shape[1];
+    const kiln_value *part = val;
+    int64_t pr = r;
+    if (val->pack == KILN_PACK_INTERLEAVE_ROWS) {
+        part = &g->values[val->parts[r % 2]];
+        pr = r / 2;
+    } else if (val->pack == KILN_PACK_CONCAT_ROWS) {
+        for (int p = 0; p < val->n_parts; p++) {
+            part = &g->values[val->parts[p]];
+            if (pr < part->shape[0]) break;
+            pr -= part->shape[0];
+        }
+    }
+    kiln_value as_f32 = *part;
+    as_f32.dtype = KILN_DTYPE_F32;
+    const size_t ss = (size_t)kiln_dtype_size(part->src_dtype);
+    const uint64_t first = (uint64_t)pr * (uint64_t)k;
+    return kiln_weight_convert(&as_f32, first, part->src + first * ss, (uint8_t *)row, (size_t)k, err);
+}
+
+/* A weight the pass quantize gave a quantized dtype: each row read as floats, quantized
+ * (kiln_quant_row, common/quant.c) into the weight's bytes, which are then written in one piece. */
+static kiln_status write_quantized(const kiln_graph *g, const kiln_value *val, kiln_engine_writer *w,
+                                   kiln_error *err) {
+    const int64_t n = val->shape[0], k = val->shape[1];
+    const uint64_t nbytes = weight_bytes(val);
+    uint8_t *out = calloc(nbytes ? nbytes : 1, 1);
+    float *row = malloc((size_t)k * sizeof *row);
+    kiln_status st = out && row ? KILN_OK : kiln_err(err, KILN_ERR_NOMEM, "out of memory quantizing %s", val->name);
+    for (int64_t r = 0; r < n && st == KILN_OK; r++)
+        if ((st = read_row(g, val, r, row, err)) == KILN_OK) kiln_quant_row(val->dtype, n, k, r, row, out);
+    if (st == KILN_OK) st = kiln_engine_writer_write(w, out, nbytes, err);
+    free(out);
+    free(row);
+    return st;
+}
+
 kiln_status kiln_weights_write(const kiln_graph *g, kiln_engine_writer *w, uint64_t *size, kiln_error *err) {
     enum { CHUNK = 1 << 20 }; /* elements converted per write */
     uint8_t *buf = malloc((size_t)CHUNK * 4);
@@ -390,8 +426,9 @@ kiln_status kiln_weights_write(const kiln_graph *g, kiln_engine_writer *w, uint6
             uint64_t pad = kiln_align_up(offset, KILN_PLAN_WEIGHT_ALIGN) - offset;
             if (pad && (st = kiln_engine_writer_write(w, zeros, pad, err)) != KILN_OK) break;
             offset += pad;
-            st = val->pack != KILN_PACK_NONE ? write_packed(g, val, r, buf, CHUNK, w, err)
-                                             : write_shard(val, r, ranks_of(g), buf, CHUNK, w, err);
+            st = kiln_dtype_is_quant(val->dtype) ? write_quantized(g, val, w, err) /* one rank: pass quantize */
+                 : val->pack != KILN_PACK_NONE   ? write_packed(g, val, r, buf, CHUNK, w, err)
+                                                 : write_shard(val, r, ranks_of(g), buf, CHUNK, w, err);
             offset += weight_bytes(val);
         }
     }

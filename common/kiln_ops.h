@@ -24,12 +24,34 @@ typedef enum kiln_dtype {
     KILN_DTYPE_F16 = 1,
     KILN_DTYPE_BF16 = 2,
     KILN_DTYPE_I32 = 3,
+    /* Quantized matrices [N, K] (weights only; common/quant.c). Bytes: the data, row-major, then at
+     * the next 16-byte boundary the f32 scales (and for q4, the f32 group minimums after them):
+     *   q8       int8, symmetric, one scale per row:  w = q * scale[n]
+     *   q4gG     4 bits (two per byte, the low nibble first), asymmetric in groups of G columns:
+     *            w = q * scale[n][g] + min[n][g], q in 0..15 */
+    KILN_DTYPE_Q8 = 4,
+    KILN_DTYPE_Q4G32 = 5,
+    KILN_DTYPE_Q4G64 = 6,
+    KILN_DTYPE_Q4G128 = 7,
     KILN_DTYPE_COUNT_
 } kiln_dtype;
 
-const char *kiln_dtype_name(kiln_dtype t);        /* "f32", "f16", "bf16", "i32" */
-int kiln_dtype_size(kiln_dtype t);                /* bytes per element */
+const char *kiln_dtype_name(kiln_dtype t);        /* "f32", "f16", "bf16", "i32", "q8", "q4g128"... */
+int kiln_dtype_size(kiln_dtype t);                /* bytes per element (0 for quantized: kiln_weight_nbytes) */
 int kiln_dtype_from_name(const char *name);       /* -1 when unknown */
+/* Quantized formats (common/quant.c). */
+int kiln_dtype_is_quant(int t);                   /* q8, q4g* */
+int kiln_quant_group(int t);                      /* columns per scale: 0 = the whole row (q8) */
+/* Bytes a weight of dtype t and this shape takes (the quantized layout above included); 0 when
+ * the shape cannot have that dtype (a quantized weight is [N, K] with K a multiple of its group,
+ * and even for q4). */
+uint64_t kiln_weight_nbytes(int t, int ndim, const int64_t *shape);
+/* Quantize row `row` of a [N, K] matrix (the K floats at `w`) into its place in `out`, the
+ * weight's bytes (kiln_weight_nbytes), round to nearest: q8 scale = max|w| / 127, q4 per group
+ * scale = (max - min) / 15 with min its minimum. */
+void kiln_quant_row(int t, int64_t n_rows, int64_t k, int64_t row, const float *w, uint8_t *out);
+/* Rows [r0, r0 + count) of a quantized [N, K] weight (`data`: its bytes) as floats into out. */
+void kiln_dequant_rows(int t, const uint8_t *data, int64_t n_rows, int64_t k, int64_t r0, int64_t count, float *out);
 
 /*
  * Op kinds. Shapes use B = batch, S = seq (symbolic); weights are [out, in]

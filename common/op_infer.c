@@ -72,7 +72,8 @@ static int64_t act_width(const kiln_tensor_desc *d) {
 
 static int is_matrix_weight(const kiln_tensor_desc *d) {
     return d->is_weight && d->ndim == 2 && d->shape[0] > 0 && d->shape[1] > 0 &&
-           (d->dtype == KILN_DTYPE_F32 || d->dtype == KILN_DTYPE_F16 || d->dtype == KILN_DTYPE_BF16);
+           (d->dtype == KILN_DTYPE_F32 || d->dtype == KILN_DTYPE_F16 || d->dtype == KILN_DTYPE_BF16 ||
+            (kiln_dtype_is_quant(d->dtype) && kiln_weight_nbytes(d->dtype, 2, d->shape) > 0));
 }
 
 /* A 3-D float weight (a stack of per-expert matrices [E, rows, cols]). */

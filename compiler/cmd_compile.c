@@ -25,6 +25,13 @@ static void help(FILE *f) {
             "options:\n"
             "  -o, --output FILE     engine file to write (required); written atomically\n"
             "  --dtype DTYPE         weight dtype in the engine: f32, f16, bf16, or 'checkpoint' (default)\n"
+            "  --quant Q             quantize the projections' weight matrices: int8 (per-row scales) or\n"
+            "                        int4 (4 bits in groups of --group-size columns with a scale and a\n"
+            "                        minimum each); the LM head gets --quant-head, the embedding and\n"
+            "                        norms keep --dtype (docs/quantization.md). Quantized engines run on\n"
+            "                        the CPU executor so far\n"
+            "  --group-size G        int4 groups: 32, 64 or 128 columns (default 128)\n"
+            "  --quant-head H        the LM head's format: int8 (default with --quant), int4, or keep\n"
             "  --passes LIST         comma-separated passes to run, in that order, instead of the default\n"
             "                        pipeline (marked *); 'none' runs none (memory planning always runs).\n"
             "                        Every fusion the GPU runs is one of these, shown by --dump-ir:\n");
@@ -148,7 +155,7 @@ static int compile_standalone(const char *dir, kiln_compile_options *opt, bool j
 }
 
 int kiln_cmd_compile(int argc, char **argv) {
-    enum { O_FORCE = 256 };
+    enum { O_FORCE = 256, O_GROUP, O_QHEAD };
     static const struct option longopts[] = {
         {"output", required_argument, 0, 'o'}, {"dtype", required_argument, 0, 'd'},
         {"passes", required_argument, 0, 'p'}, {"compress", no_argument, 0, 'z'},
@@ -158,7 +165,10 @@ int kiln_cmd_compile(int argc, char **argv) {
         {"threads", required_argument, 0, 'T'}, {"force", no_argument, 0, O_FORCE},
         {"allow-unused", required_argument, 0, 'U'}, {"standalone", no_argument, 0, 'S'},
         {"no-chat-template", no_argument, 0, 'C'}, {"tp", required_argument, 0, 'P'},
+        {"group-size", required_argument, 0, O_GROUP}, {"quant-head", required_argument, 0, O_QHEAD},
         {0, 0, 0, 0}};
+    const char *quant = NULL, *quant_head = NULL;
+    long group = 128;
     kiln_compile_options opt = {.weight_dtype = KILN_DTYPE_COUNT_, .dump_stream = stdout};
     const char *allow_unused[64]; /* --allow-unused patterns (pointing into argv) */
     opt.allow_unused = allow_unused;
@@ -170,6 +180,14 @@ int kiln_cmd_compile(int argc, char **argv) {
         switch (c) {
         case 'o': opt.output_path = optarg; break;
         case 'q':
+            if (strcmp(optarg, "int8") == 0 || strcmp(optarg, "int4") == 0) {
+                quant = optarg;
+                break;
+            }
+            /* --quant f32|f16|bf16|checkpoint: the weight dtype, as --dtype (kiln 0.1's spelling) */
+            if (strcmp(optarg, "f32") && strcmp(optarg, "f16") && strcmp(optarg, "bf16") && strcmp(optarg, "checkpoint"))
+                return kiln_cli_usage_error("compile", "--quant '%s': expected int8 or int4", optarg);
+            /* fall through */
         case 'd':
             if (strcmp(optarg, "checkpoint") == 0 || strcmp(optarg, "auto") == 0) {
                 opt.weight_dtype = KILN_DTYPE_COUNT_;
@@ -211,7 +229,19 @@ int kiln_cmd_compile(int argc, char **argv) {
                                             sizeof allow_unused / sizeof *allow_unused);
             allow_unused[opt.n_allow_unused++] = optarg;
             break;
-        case 'z': opt.compress = true; break;
+        case O_GROUP: {
+            char *end = NULL;
+            group = strtol(optarg, &end, 10);
+            if (!*optarg || *end || (group != 32 && group != 64 && group != 128))
+                return kiln_cli_usage_error("compile", "--group-size '%s': expected 32, 64 or 128", optarg);
+            break;
+        }
+        case O_QHEAD:
+            if (strcmp(optarg, "int8") && strcmp(optarg, "int4") && strcmp(optarg, "keep"))
+                return kiln_cli_usage_error("compile", "--quant-head '%s': expected int8, int4 or keep", optarg);
+            quant_head = optarg;
+            break;
+                case 'z': opt.compress = true; break;
         case 'S': standalone = true; break;
         case 'D': opt.dump_ir = true; break;
         case 'j': json = true; break;
@@ -220,6 +250,17 @@ int kiln_cmd_compile(int argc, char **argv) {
         default: return kiln_cli_usage_error("compile", "unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
+    const int q4 = group == 32 ? KILN_DTYPE_Q4G32 : group == 64 ? KILN_DTYPE_Q4G64 : KILN_DTYPE_Q4G128;
+    if (quant) opt.quant = strcmp(quant, "int8") == 0 ? KILN_DTYPE_Q8 : q4;
+    if (quant_head && !quant) return kiln_cli_usage_error("compile", "--quant-head applies with --quant");
+    if (group != 128 && !(quant && opt.quant != KILN_DTYPE_Q8) && !(quant_head && !strcmp(quant_head, "int4")))
+        return kiln_cli_usage_error("compile", "--group-size applies to int4 (--quant int4 or --quant-head int4)");
+    if (quant) opt.quant_head = !quant_head || !strcmp(quant_head, "int8") ? KILN_DTYPE_Q8
+                                : !strcmp(quant_head, "int4")              ? q4
+                                                                           : 0;
+    if (opt.quant && opt.tp > 1)
+        return kiln_cli_usage_error("compile", "--quant with --tp %d: quantized tensor-parallel engines are not "
+                                               "supported yet", opt.tp);
     if (optind != argc - 1)
         return kiln_cli_usage_error("compile", optind >= argc ? "missing the checkpoint directory"
                                                               : "expected one checkpoint directory");

@@ -214,8 +214,20 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
     kiln_import_options io = {.weight_dtype = opt->weight_dtype, .allow_unused = opt->allow_unused,
                               .n_allow_unused = opt->n_allow_unused};
     if ((st = check_tp(&ck, opt->tp, err)) != KILN_OK) goto out;
+    if ((opt->quant && !kiln_dtype_is_quant(opt->quant)) || (opt->quant_head && !kiln_dtype_is_quant(opt->quant_head))) {
+        st = kiln_err(err, KILN_ERR_INVALID_ARG, "quant %d / quant_head %d: not quantized formats", opt->quant,
+                      opt->quant_head);
+        goto out;
+    }
+    if ((opt->quant || opt->quant_head) && opt->tp > 1) {
+        st = kiln_err(err, KILN_ERR_UNSUPPORTED, "--quant with --tp %d: quantized tensor-parallel engines are not "
+                                                 "supported yet", opt->tp);
+        goto out;
+    }
     if ((st = kiln_import_ex(&ck, &io, &g, err)) != KILN_OK) goto out;
     g->tp_request = opt->tp;
+    g->quant_weights = opt->quant;
+    g->quant_head = opt->quant_head;
     if ((st = kiln_passes_run(g, opt->passes, opt->dump_ir ? (FILE *)opt->dump_stream : NULL, err)) != KILN_OK)
         goto out;
     if ((st = kiln_plan_serialize(g, &plan, err)) != KILN_OK) goto out;
@@ -245,8 +257,22 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
     if (targets.n_cubin + targets.n_ptx > 0) {
         /* the kernels are built from the plan exactly as the runtime will read it */
         if ((st = kiln_plan_parse(plan.data, plan.len, wbytes, &parsed, err)) != KILN_OK) goto out;
-        int bad = kiln_kernels_unsupported_op(parsed);
-        if (bad >= 0) {
+        int bad = kiln_kernels_unsupported_op(parsed), badw = kiln_kernels_unsupported_weight(parsed);
+        if (bad < 0 && badw >= 0) { /* quantized weights: the GPU kernels read none yet */
+            const kiln_plan_weight *qw = &parsed->weights[badw];
+            if (!opt->gpu_if_possible) {
+                kiln_err(err, KILN_ERR_UNSUPPORTED, "weight '%s' is quantized (%s), which the GPU kernels do not read "
+                         "yet, so --target %s cannot make a kernels section for this engine", qw->name,
+                         kiln_dtype_name((kiln_dtype)qw->dtype), opt->targets);
+                st = kiln_err_hint(err, "compile with --target none: the engine runs on the CPU executor");
+                goto out;
+            }
+            snprintf(no_gpu, sizeof no_gpu, "weight '%s' is quantized (%s), which the GPU kernels do not read yet",
+                     qw->name, kiln_dtype_name((kiln_dtype)qw->dtype));
+            fprintf(stderr, "kiln compile: note: %s; the engine gets no GPU kernels and runs on the CPU only\n",
+                    no_gpu);
+            targets.n_cubin = targets.n_ptx = 0;
+        } else if (bad >= 0) {
             const char *opn = kiln_op_name((kiln_op_kind)parsed->ops[bad].kind);
             if (!opt->gpu_if_possible) {
                 kiln_err(err, KILN_ERR_UNSUPPORTED, "plan op %d (%s) has no GPU kernel yet, so --target %s cannot "

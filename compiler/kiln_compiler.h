@@ -235,6 +235,9 @@ typedef struct kiln_compile_options {
     bool no_chat_template;     /* leave the checkpoint's chat template out of the engine */
     int tp;                    /* tensor-parallel ranks (0 or 1 = none): pass tensor-parallel splits the model
                                   and the engine holds every rank's weight shards (docs/parallelism.md) */
+    int quant;                 /* --quant: the projections' matrices quantized to this dtype (KILN_DTYPE_Q8,
+                                  _Q4G32/64/128; 0 = none), by the pass quantize (docs/quantization.md) */
+    int quant_head;            /* --quant-head: the LM head's (0 = as the other weights' dtype) */
     bool gpu_if_possible;      /* the targets are a default, not asked for: a plan with an op the GPU cannot
                                   run yet gets no kernels section (a note on stderr names the op) instead of
                                   failing the compile */

@@ -33,6 +33,9 @@ int kiln_pass_decode_attention_rope(kiln_graph *g, kiln_error *err);
 int kiln_pass_decode_attention_merge(kiln_graph *g, kiln_error *err);
 int kiln_pass_fold_norm_into_gemv(kiln_graph *g, kiln_error *err);
 int kiln_pass_dce(kiln_graph *g, kiln_error *err);
+/* quantize: the matrices of the projections (and the LM head's) to kiln_graph.quant_weights
+ * (.quant_head); runs after the list whenever either is set (passes/quantize.c) */
+int kiln_pass_quantize(kiln_graph *g, kiln_error *err);
 int kiln_pass_plan_memory(kiln_graph *g, kiln_error *err);
 /* Split the graph over g->tp_request ranks (tensor_parallel.c); a no-op when it is 0 or 1. */
 int kiln_pass_tensor_parallel(kiln_graph *g, kiln_error *err);

@@ -38,6 +38,10 @@ static const kiln_pass tp_pass = {"tensor-parallel", "split over --tp N ranks: q
 
 const kiln_pass *kiln_pass_tensor_parallel_entry(void) { return &tp_pass; }
 
+static const kiln_pass quant_pass = {"quantize", "the projections' matrices (and the LM head's) to the --quant "
+                                                 "formats (q8, q4gG): round to nearest per row or group",
+                                     kiln_pass_quantize, false};
+
 static const kiln_pass memory_pass = {"plan-memory", "assign activation buffers by lifetime", kiln_pass_plan_memory,
                                       true};
 
@@ -119,5 +123,6 @@ kiln_status kiln_passes_run(kiln_graph *g, const char *list, FILE *dump, kiln_er
         for (char *name = strtok_r(buf, ",", &save); name; name = strtok_r(NULL, ",", &save))
             if ((st = run_one(g, kiln_pass_find(name), dump, err)) != KILN_OK) return st;
     }
+    if ((g->quant_weights || g->quant_head) && (st = run_one(g, &quant_pass, dump, err)) != KILN_OK) return st;
     return run_one(g, &memory_pass, dump, err);
 }

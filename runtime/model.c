@@ -134,11 +134,14 @@ static kiln_status convert_f32(kiln_model *m, const char *path, kiln_error *err)
     if (!m->wf32) return kiln_err(err, KILN_ERR_NOMEM, "%s: out of memory", path);
     for (uint32_t i = 0; i < n; i++) {
         const kiln_plan_weight *w = &p->weights[i];
-        size_t count = (size_t)(w->nbytes / (uint64_t)kiln_dtype_size(w->dtype));
+        size_t count = 1;
+        for (uint32_t d = 0; d < w->ndim; d++) count *= (size_t)w->shape[d]; /* the plan checked the sizes */
         const uint8_t *src = m->weights + w->offset;
         float *f = malloc(count * sizeof *f);
         if (!f) return kiln_err(err, KILN_ERR_NOMEM, "%s: out of memory converting weight '%s'", path, w->name);
-        if (w->dtype == KILN_DTYPE_F32) {
+        if (kiln_dtype_is_quant((int)w->dtype)) { /* quantized: dequantized once, here */
+            kiln_dequant_rows((int)w->dtype, src, w->shape[0], w->shape[1], 0, w->shape[0], f);
+        } else if (w->dtype == KILN_DTYPE_F32) {
             memcpy(f, src, count * 4);
         } else {
             for (size_t k = 0; k < count; k++) {

@@ -59,13 +59,16 @@ static kiln_status check_weight(const kiln_plan_weight *w, uint32_t i, uint64_t 
         return BAD("weight '%s' has unsupported dtype %u", w->name, w->dtype);
     /* vectors, matrices, and stacks of per-expert matrices [E, rows, cols] */
     if (w->ndim < 1 || w->ndim > 3) return BAD("weight '%s' has %u dimensions", w->name, w->ndim);
-    uint64_t n = (uint64_t)kiln_dtype_size(w->dtype);
-    for (uint32_t d = 0; d < w->ndim; d++) {
-        if (w->shape[d] <= 0 || w->shape[d] > (1 << 30) || !kiln_mul_u64(n, (uint64_t)w->shape[d], &n))
+    for (uint32_t d = 0; d < w->ndim; d++)
+        if (w->shape[d] <= 0 || w->shape[d] > (1 << 30))
             return BAD("weight '%s' has bad dimension %lld", w->name, (long long)w->shape[d]);
-    }
     for (uint32_t d = w->ndim; d < KILN_MAX_DIMS; d++)
         if (w->shape[d] != 0) return BAD("weight '%s' has data past its dimensions", w->name);
+    /* quantized: a matrix whose columns its groups divide (common/quant.c) */
+    const uint64_t n = kiln_weight_nbytes((int)w->dtype, (int)w->ndim, w->shape);
+    if (n == 0)
+        return BAD("weight '%s' cannot be %s with shape [%lld, %lld%s]", w->name, kiln_dtype_name((kiln_dtype)w->dtype),
+                   (long long)w->shape[0], (long long)(w->ndim > 1 ? w->shape[1] : 0), w->ndim > 2 ? ", ..." : "");
     if (n != w->nbytes) return BAD("weight '%s' has %llu bytes, its shape needs %llu", w->name,
                                    (unsigned long long)w->nbytes, (unsigned long long)n);
     uint64_t end;

@@ -304,6 +304,12 @@ static int dw_add(cx *x, int src, kiln_error *err) {
         x->cap_dw = cap;
     }
     const kiln_plan_weight *w = &x->p->weights[src];
+    if (kiln_dtype_is_quant((int)w->dtype)) { /* no GPU kernel reads q8/q4 yet (docs/quantization.md) */
+        kiln_err(err, KILN_ERR_UNSUPPORTED, "cuda executor: weight '%s' is quantized (%s), which the GPU kernels do "
+                 "not read yet", w->name, kiln_dtype_name((kiln_dtype)w->dtype));
+        kiln_err_hint(err, "run this engine on the CPU (--device cpu)");
+        return -1;
+    }
     x->dw[x->n_dw] = (cx_dw){.src = src,
                              .rows = w->ndim == 2 ? w->shape[0] : 1,
                              .cols = w->ndim == 2 ? w->shape[1] : w->shape[0]};

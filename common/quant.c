@@ -1,0 +1,118 @@
+/*
+ * quant.c — kiln's quantized weight formats (kiln_ops.h: q8, q4gG): their
+ * sizes, and the reference quantize and dequantize every other part (the
+ * compiler's writer, the CPU executor's load, tests) goes through.
+ *
+ * Layout of a [N, K] weight: the data row-major (q8: one int8 per element;
+ * q4: two 4-bit codes per byte, column 2j in the low nibble), then at the
+ * next 16-byte boundary the scales as f32, [N] for q8 and [N, K/G] for q4,
+ * then for q4 the group minimums, [N, K/G] f32. Scales lead to one rounding
+ * per element, as round-to-nearest quantization (RTN) does.
+ */
+#include "kiln_ops.h"
+#include "kiln_util.h"
+
+#include <math.h>
+#include <string.h>
+
+int kiln_dtype_is_quant(int t) { return t >= KILN_DTYPE_Q8 && t <= KILN_DTYPE_Q4G128; }
+
+int kiln_quant_group(int t) {
+    switch (t) {
+    case KILN_DTYPE_Q4G32: return 32;
+    case KILN_DTYPE_Q4G64: return 64;
+    case KILN_DTYPE_Q4G128: return 128;
+    default: return 0;
+    }
+}
+
+static uint64_t align16(uint64_t n) { return (n + 15) & ~(uint64_t)15; }
+
+/* Bytes of the codes of a [n, k] weight of quantized dtype t. */
+static uint64_t code_bytes(int t, uint64_t n, uint64_t k) { return t == KILN_DTYPE_Q8 ? n * k : n * k / 2; }
+
+uint64_t kiln_weight_nbytes(int t, int ndim, const int64_t *shape) {
+    if (t < 0 || t >= KILN_DTYPE_COUNT_ || ndim < 1 || ndim > KILN_MAX_DIMS) return 0;
+    for (int d = 0; d < ndim; d++)
+        if (shape[d] <= 0 || shape[d] > (1 << 30)) return 0;
+    if (!kiln_dtype_is_quant(t)) {
+        uint64_t n = (uint64_t)kiln_dtype_size((kiln_dtype)t);
+        for (int d = 0; d < ndim; d++)
+            if (!kiln_mul_u64(n, (uint64_t)shape[d], &n)) return 0;
+        return n;
+    }
+    if (ndim != 2) return 0;
+    const uint64_t n = (uint64_t)shape[0], k = (uint64_t)shape[1];
+    const int g = kiln_quant_group(t);
+    if (g && (k % (uint64_t)g || k % 2)) return 0;
+    const uint64_t groups = g ? k / (uint64_t)g : 1;
+    return align16(code_bytes(t, n, k)) + n * groups * 4 * (g ? 2 : 1);
+}
+
+void kiln_quant_row(int t, int64_t n_rows, int64_t k, int64_t row, const float *w, uint8_t *out) {
+    const int g = kiln_quant_group(t);
+    const int64_t groups = g ? k / g : 1;
+    uint8_t *scales = out + align16(code_bytes(t, (uint64_t)n_rows, (uint64_t)k)); /* f32s, by memcpy */
+    if (t == KILN_DTYPE_Q8) {
+        float mx = 0;
+        for (int64_t j = 0; j < k; j++) mx = fabsf(w[j]) > mx ? fabsf(w[j]) : mx;
+        const float s = mx / 127.0f;
+        int8_t *q = (int8_t *)(out + (size_t)row * (size_t)k);
+        for (int64_t j = 0; j < k; j++) {
+            float v = s > 0 ? rintf(w[j] / s) : 0.0f;
+            q[j] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+        }
+        memcpy(scales + (size_t)row * 4, &s, sizeof s);
+        return;
+    }
+    uint8_t *mins = scales + (size_t)n_rows * (size_t)groups * 4;
+    uint8_t *q = out + (size_t)row * (size_t)k / 2;
+    for (int64_t gi = 0; gi < groups; gi++) {
+        const float *x = w + gi * g;
+        float lo = x[0], hi = x[0];
+        for (int j = 1; j < g; j++) {
+            lo = x[j] < lo ? x[j] : lo;
+            hi = x[j] > hi ? x[j] : hi;
+        }
+        const float s = (hi - lo) / 15.0f;
+        for (int j = 0; j < g; j += 2) {
+            uint8_t c[2];
+            for (int e = 0; e < 2; e++) {
+                float v = s > 0 ? rintf((x[j + e] - lo) / s) : 0.0f;
+                c[e] = (uint8_t)(v > 15 ? 15 : v < 0 ? 0 : v);
+            }
+            q[(gi * g + j) / 2] = (uint8_t)(c[0] | c[1] << 4);
+        }
+        const size_t at = (size_t)row * (size_t)groups + (size_t)gi;
+        memcpy(scales + at * 4, &s, sizeof s);
+        memcpy(mins + at * 4, &lo, sizeof lo);
+    }
+}
+
+void kiln_dequant_rows(int t, const uint8_t *data, int64_t n_rows, int64_t k, int64_t r0, int64_t count, float *out) {
+    const int g = kiln_quant_group(t);
+    const int64_t groups = g ? k / g : 1;
+    const uint8_t *sb = data + align16(code_bytes(t, (uint64_t)n_rows, (uint64_t)k));
+    for (int64_t r = r0; r < r0 + count; r++) {
+        float *o = out + (size_t)(r - r0) * (size_t)k;
+        if (t == KILN_DTYPE_Q8) {
+            float s;
+            memcpy(&s, sb + (size_t)r * 4, 4);
+            const int8_t *q = (const int8_t *)(data + (size_t)r * (size_t)k);
+            for (int64_t j = 0; j < k; j++) o[j] = (float)q[j] * s;
+            continue;
+        }
+        const uint8_t *q = data + (size_t)r * (size_t)k / 2;
+        for (int64_t gi = 0; gi < groups; gi++) {
+            float s, lo;
+            const size_t at = (size_t)r * (size_t)groups + (size_t)gi;
+            memcpy(&s, sb + at * 4, 4);
+            memcpy(&lo, sb + ((size_t)n_rows * (size_t)groups + at) * 4, 4);
+            for (int j = 0; j < g; j++) {
+                const int64_t c = gi * g + j;
+                const int code = (q[c / 2] >> (4 * (c & 1))) & 15;
+                o[c] = (float)code * s + lo;
+            }
+        }
+    }
+}
