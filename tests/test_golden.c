@@ -157,11 +157,18 @@ static void test_tiny_qwen3_moe(void) {
     check_model("tests/data/tiny-qwen3-moe", "tests/golden/tiny-qwen3-moe", KILN_DTYPE_COUNT_);
 }
 
+/* Qwen3-MoE's other variants: norm_topk_prob false (flag moe_no_renorm), decoder_sparse_step 2 (layer 0
+ * dense), 8 experts top-2, a window of 8 on every layer */
+static void test_tiny_qwen3_moe_nonorm(void) {
+    check_model("tests/data/tiny-qwen3-moe-nonorm", "tests/golden/tiny-qwen3-moe-nonorm", KILN_DTYPE_COUNT_);
+}
+
 /* ---- routing against HF's ---- */
 
 typedef struct route_log {
     int layers, positions, k;
     int32_t *experts; /* [layers][positions][k], -1 = not routed */
+    bool renorm;      /* the weights of a token sum to 1 (else: to its top-k probabilities' sum, below 1) */
     int calls, bad;
 } route_log;
 
@@ -177,7 +184,7 @@ static void record_route(void *user, int layer, int pos, int top_k, const int32_
         r->experts[((size_t)layer * r->positions + pos) * r->k + j] = experts[j];
         sum += weights[j];
     }
-    if (!(fabsf(sum - 1) < 1e-5f)) r->bad++; /* renormalised */
+    if (r->renorm ? !(fabsf(sum - 1) < 1e-5f) : !(sum > 0 && sum < 1)) r->bad++;
 }
 
 /* Positions 0..n-1 of the log against the golden's "routing" [layer][position][k] (a dense layer: [] and
@@ -203,8 +210,9 @@ static int routing_diff(const route_log *r, json_t *want, int n, const char *wha
     return -1;
 }
 
-/* The routing of a MoE checkpoint's engine against its golden's: top-k `k`, `sparse` of the layers routed. */
-static void check_routing(const char *ckpt_rel, const char *golden_rel, int k, int sparse) {
+/* The routing of a MoE checkpoint's engine against its golden's: top-k `k`, `sparse` of the layers routed,
+ * weights renormalised or not. */
+static void check_routing(const char *ckpt_rel, const char *golden_rel, int k, int sparse, bool renorm) {
     char out[512], path[1024];
     snprintf(out, sizeof out, "%s/moe.kiln", tmpdir);
     KT_REQUIRE(compile_to(src_path(ckpt_rel), NULL, out, KILN_DTYPE_COUNT_) == KILN_OK);
@@ -222,7 +230,7 @@ static void check_routing(const char *ckpt_rel, const char *golden_rel, int k, i
         golden_case gc;
         golden_case_read(c, src_path(golden_rel), &gc);
         json_t *want = json_object_get(c, "routing");
-        route_log r = {.layers = m->plan->n_layers, .positions = gc.positions, .k = k};
+        route_log r = {.layers = m->plan->n_layers, .positions = gc.positions, .k = k, .renorm = renorm};
         const size_t n_log = (size_t)r.layers * (size_t)r.positions * (size_t)k;
         KT_EQ_INT(json_array_size(want), r.layers);
         int routed = 0;
@@ -273,9 +281,14 @@ static void check_routing(const char *ckpt_rel, const char *golden_rel, int k, i
     unlink(out);
 }
 
-static void test_tiny_mixtral_routing(void) { check_routing("tests/data/tiny-mixtral", "tests/golden/tiny-mixtral", 2, 2); }
+static void test_tiny_mixtral_routing(void) {
+    check_routing("tests/data/tiny-mixtral", "tests/golden/tiny-mixtral", 2, 2, true);
+}
 static void test_tiny_qwen3_moe_routing(void) {
-    check_routing("tests/data/tiny-qwen3-moe", "tests/golden/tiny-qwen3-moe", 4, 2);
+    check_routing("tests/data/tiny-qwen3-moe", "tests/golden/tiny-qwen3-moe", 4, 2, true);
+}
+static void test_tiny_qwen3_moe_nonorm_routing(void) {
+    check_routing("tests/data/tiny-qwen3-moe-nonorm", "tests/golden/tiny-qwen3-moe-nonorm", 2, 1, false);
 }
 
 /* kiln_topk against torch.topk on inputs full of ties (null = NaN) */
@@ -416,6 +429,8 @@ int main(void) {
     KT_RUN(test_tiny_mixtral_routing);
     KT_RUN(test_tiny_qwen3_moe);
     KT_RUN(test_tiny_qwen3_moe_routing);
+    KT_RUN(test_tiny_qwen3_moe_nonorm);
+    KT_RUN(test_tiny_qwen3_moe_nonorm_routing);
     KT_RUN(test_topk_ties);
     KT_RUN(test_tiny_mistral_as_f32);
     KT_RUN(test_sharded_equals_single);

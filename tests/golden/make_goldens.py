@@ -23,6 +23,10 @@ What it writes (all paths relative to the repository root):
                                     (mlp_only_layers), untied, bf16; layer 2's router rows of experts
                                     3 and 11 equal
   tests/golden/tiny-qwen3-moe/      its golden, plus HF's routing (an empty list for the dense layer)
+  tests/data/tiny-qwen3-moe-nonorm/ Qwen3MoeForCausalLM: norm_topk_prob false, decoder_sparse_step 2
+                                    (layer 0 dense), 8 experts top-2, a window of 8 on every layer;
+                                    layer 1's router rows of experts 1 and 6 equal
+  tests/golden/tiny-qwen3-moe-nonorm/  its golden and routing (--only tiny-qwen3-moe makes both)
   tests/golden/topk-ties/golden.json  torch.topk's order on inputs full of ties (kiln_topk's reference)
   tests/golden/<name>/golden.json   greedy ids + metadata, for stories260k, tiny-mistral,
   tests/golden/<name>/case<i>.f32   tiny-llama3: full-forward logits, raw little-endian f32
@@ -123,6 +127,9 @@ QWEN3_MOE_INIT = dict(seed=13, matrix_std=0.15, embed_std=1.0, norm_noise=0.1)
 # Layer 2's router row of expert QWEN3_MOE_TIE[1] is a copy of QWEN3_MOE_TIE[0]'s, as in tiny-mixtral.
 QWEN3_MOE_TIE = (3, 11)
 QWEN3_MOE_TIE_LAYER = 2
+# tiny-qwen3-moe-nonorm: the seed with the largest smallest greedy margin over ID_PROMPTS among 0..19 (0.0537).
+QWEN3_MOE_NONORM_INIT = dict(seed=9, matrix_std=0.15, embed_std=1.0, norm_noise=0.1)
+QWEN3_MOE_NONORM_TIE = (1, 6)  # in its only sparse layer, 1
 
 # Checks the script enforces on what it writes.
 # KV-cache (generate) logits vs one full forward, and the float32 full forward
@@ -371,6 +378,37 @@ def qwen3_moe_config():
     return c
 
 
+def qwen3_moe_nonorm_config():
+    # the other variants: norm_topk_prob false (HF's default), decoder_sparse_step 2 (layer 0 dense,
+    # layer 1 sparse), 8 experts top-2, and a sliding window of 8 (every layer, as transformers 5 does)
+    c = Qwen3MoeConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=80,
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=False,
+        decoder_sparse_step=2,
+        mlp_only_layers=[],
+        max_position_embeddings=256,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        use_sliding_window=True,
+        sliding_window=8,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    c.architectures = ["Qwen3MoeForCausalLM"]
+    return c
+
+
 def build_model(cls, config, init, dtype):
     config._attn_implementation = "eager"
     config._experts_implementation = "eager"  # HF's loop over experts (ignored by dense models)
@@ -556,6 +594,30 @@ def make_tiny_qwen3_moe():
     check(torch.equal(r[a], r[b]), "tiny-qwen3-moe: the tied router rows differ")
     print("tiny-qwen3-moe: %d tensors, bf16, untied, 16 experts top-4 renormalised, layer 1 dense, "
           "layer %d router rows %d == %d" % (len(t), QWEN3_MOE_TIE_LAYER, a, b))
+    return d
+
+
+def make_tiny_qwen3_moe_nonorm():
+    d = os.path.join(REPO, "tests/data/tiny-qwen3-moe-nonorm")
+    model = build_model(Qwen3MoeForCausalLM, qwen3_moe_nonorm_config(), QWEN3_MOE_NONORM_INIT,
+                        torch.bfloat16).to(torch.bfloat16)
+    a, b = QWEN3_MOE_NONORM_TIE
+    with torch.no_grad():
+        w = model.model.layers[1].mlp.gate.weight
+        w[b] = w[a]
+    fresh_dir(d)
+    model.save_pretrained(d)
+    t = state_tensors(d)
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    check(cfg["norm_topk_prob"] is False and cfg["sliding_window"] == 8 and cfg["use_sliding_window"],
+          "tiny-qwen3-moe-nonorm config.json: %s" % cfg)
+    check("model.layers.0.mlp.gate_proj.weight" in t and "model.layers.1.mlp.experts.7.up_proj.weight" in t and
+          "model.layers.0.mlp.gate.weight" not in t, "tiny-qwen3-moe-nonorm: layer 0 not dense or layer 1 not sparse")
+    for k, v in t.items():
+        check(v.dtype == torch.bfloat16, "tiny-qwen3-moe-nonorm %s is %s, want bf16" % (k, v.dtype))
+    print("tiny-qwen3-moe-nonorm: %d tensors, bf16, 8 experts top-2 not renormalised, layer 0 dense "
+          "(decoder_sparse_step 2), window 8, layer 1 router rows %d == %d" % (len(t), a, b))
     return d
 
 
@@ -1111,9 +1173,11 @@ def make_mixtral_goldens():
     make_topk_golden()
 
 
-def make_qwen3_moe_golden():
+def make_qwen3_moe_goldens():
     model = make_id_golden("tiny-qwen3-moe", make_tiny_qwen3_moe(), ID_PROMPTS, synthetic=True)
     add_routing_golden("tiny-qwen3-moe", model, QWEN3_MOE_TIE)
+    model = make_id_golden("tiny-qwen3-moe-nonorm", make_tiny_qwen3_moe_nonorm(), ID_PROMPTS, synthetic=True)
+    add_routing_golden("tiny-qwen3-moe-nonorm", model, QWEN3_MOE_NONORM_TIE)
 
 
 def main():
@@ -1142,7 +1206,7 @@ def main():
         print("make_goldens: all checks passed (tiny-mixtral only)")
         return
     if args.only == "tiny-qwen3-moe":
-        make_qwen3_moe_golden()
+        make_qwen3_moe_goldens()
         print("make_goldens: all checks passed (tiny-qwen3-moe only)")
         return
     mistral = make_tiny_mistral()
@@ -1155,7 +1219,7 @@ def main():
     make_id_golden("tiny-qwen3", make_tiny_qwen3(), ID_PROMPTS, synthetic=True)
     make_id_golden("tiny-qwen2", make_tiny_qwen2(), ID_PROMPTS, synthetic=True)
     make_mixtral_goldens()
-    make_qwen3_moe_golden()
+    make_qwen3_moe_goldens()
     make_pycode_golden(args.shared_dir)
     print("make_goldens: all checks passed")
 
