@@ -47,7 +47,8 @@
  * all layers); transformers 4's flash path windowed only the layers from
  * max_window_layers on while its eager mask windowed all, so a config that
  * turns the window on and names a max_window_layers other than 0 is refused
- * rather than guessed (published Qwen3-MoE configs have the window off).
+ * rather than guessed (published Qwen3-MoE configs have the window off), as is
+ * a layer_types (which transformers does not read for it) that disagrees.
  */
 #include "kiln_compiler.h"
 
@@ -479,7 +480,7 @@ static kiln_status cfg_layer_windows(cfg_ctx *c, json_t *root, kiln_model_config
         return kiln_err_hint(c->err, "set \"max_window_layers\": 0 (every layer windowed, as transformers 5) or "
                                      "\"use_sliding_window\": false");
     }
-    json_t *lt = qwen ? cfg_get(root, "layer_types") : NULL;
+    json_t *lt = qwen || qmoe ? cfg_get(root, "layer_types") : NULL;
     if (lt && (!json_is_array(lt) || json_array_size(lt) != (size_t)m->n_layers))
         return kiln_err(c->err, KILN_ERR_PARSE, "%s: field \"layer_types\" must be a list of %lld strings, one per "
                                                 "layer", c->path, (long long)m->n_layers);
@@ -492,7 +493,13 @@ static kiln_status cfg_layer_windows(cfg_ctx *c, json_t *root, kiln_model_config
                 return kiln_err(c->err, KILN_ERR_UNSUPPORTED, "%s: field \"layer_types\"[%lld] is not "
                                                               "\"full_attention\" or \"sliding_attention\"",
                                 c->path, (long long)l);
-            windowed = strcmp(s, "sliding_attention") == 0;
+            bool named = strcmp(s, "sliding_attention") == 0;
+            if (qmoe && named != (use && window > 0)) /* transformers 5 does not read it for Qwen3-MoE */
+                return kiln_err(c->err, KILN_ERR_UNSUPPORTED,
+                                "%s: field \"layer_types\"[%lld] is \"%s\", but transformers' Qwen3MoeForCausalLM "
+                                "does not read layer_types: every layer is %s (use_sliding_window, sliding_window)",
+                                c->path, (long long)l, s, use && window > 0 ? "windowed" : "unwindowed");
+            windowed = qmoe ? windowed : named;
         }
         m->layer_windowed[l] = use && window > 0 && windowed;
         if (m->layer_windowed[l]) m->sliding_window = window;

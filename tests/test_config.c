@@ -532,6 +532,16 @@ static void test_qwen3_moe(void) {
     KT_EQ_INT(parse_str(buf, &m, &e), KILN_OK);
     KT_EQ_INT(m.sliding_window, 0);
     KT_CHECK(!m.layer_windowed[0] && !m.layer_windowed[3]);
+    /* layer_types, which transformers does not read for Qwen3-MoE, must agree with that */
+    snprintf(buf, sizeof buf, v4, "\"num_experts\":8,\"layer_types\":[\"full_attention\",\"full_attention\","
+                                  "\"full_attention\",\"full_attention\"]");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_OK);
+    KT_EQ_INT(m.sliding_window, 0);
+    snprintf(buf, sizeof buf, v4, "\"num_experts\":8,\"layer_types\":[\"full_attention\",\"sliding_attention\","
+                                  "\"full_attention\",\"full_attention\"],\"use_sliding_window\":false");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_ERR_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "field \"layer_types\"[1] is \"sliding_attention\", but transformers' Qwen3MoeForCausalLM "
+                       "does not read layer_types: every layer is unwindowed");
     /* refusals, by name */
     snprintf(buf, sizeof buf, v4, "\"num_experts\":8,\"use_sliding_window\":true,\"sliding_window\":16,"
                                   "\"max_window_layers\":2");
