@@ -22,6 +22,9 @@ kiln_status kiln_plan_serialize(const kiln_graph *g, kiln_buf *out, kiln_error *
 kiln_status kiln_weights_write(const kiln_graph *g, kiln_engine_writer *w, uint64_t *size, kiln_error *err);
 /* The byte count kiln_weights_write will write (for progress reports). */
 uint64_t kiln_weights_size(const kiln_graph *g);
+/* The byte range [*begin, *end) of the weights section rank `rank`'s weights lie in (a graph split
+ * by pass tensor-parallel; rank 0 of an unsplit graph: all of it). */
+void kiln_weights_rank_range(const kiln_graph *g, int rank, uint64_t *begin, uint64_t *end);
 
 /* Convert `count` elements of weight `v` starting at flat element `first`
  * from `src` (v->src_dtype bytes, little-endian, possibly unaligned) into

@@ -42,6 +42,15 @@ static uint64_t weight_bytes(const kiln_value *v) {
     return n;
 }
 
+/* Ranks the weights are written for (1 unless the graph was split by pass tensor-parallel). */
+static int ranks_of(const kiln_graph *g) { return g->n_ranks > 1 ? g->n_ranks : 1; }
+
+/* Where rank r's weights start, given where the previous rank's end: a tensor-parallel engine
+ * puts each rank's weights in their own KILN_PLAN_RANK_ALIGN-aligned range. */
+static uint64_t rank_start(const kiln_graph *g, int r, uint64_t end) {
+    return r == 0 ? 0 : kiln_align_up(end, KILN_PLAN_RANK_ALIGN);
+}
+
 static int slot_count(const kiln_graph *g) {
     int n = 0;
     for (int v = 0; v < g->n_values; v++)
@@ -69,8 +78,9 @@ kiln_status kiln_plan_serialize(const kiln_graph *g, kiln_buf *b, kiln_error *er
         }
         slot_width[val->slot] = (uint32_t)val->shape[2];
     }
+    const int ranks = ranks_of(g);
     kiln_buf_append(b, KILN_PLAN_MAGIC, 4);
-    kiln_buf_u32(b, KILN_PLAN_VERSION);
+    kiln_buf_u32(b, ranks > 1 ? KILN_PLAN_VERSION_TP : KILN_PLAN_VERSION);
     kiln_buf_u32(b, (uint32_t)n.n_values);
     kiln_buf_u32(b, (uint32_t)g->n_ops);
     kiln_buf_u32(b, (uint32_t)n.n_weights);
@@ -82,7 +92,7 @@ kiln_status kiln_plan_serialize(const kiln_graph *g, kiln_buf *b, kiln_error *er
     const int32_t hdr[6] = {info->n_layers, info->n_kv_heads, info->head_dim,
                             info->hidden_size, info->vocab_size, info->max_context};
     for (int i = 0; i < 6; i++) kiln_buf_u32(b, (uint32_t)hdr[i]);
-    kiln_buf_u32(b, 0);
+    kiln_buf_u32(b, ranks > 1 ? (uint32_t)ranks : 0); /* version 2: reserved (0) */
     for (int s = 0; s < n_slots; s++) {
         kiln_buf_u32(b, slot_width[s]);
         kiln_buf_u32(b, KILN_DTYPE_F32);
@@ -99,19 +109,22 @@ kiln_status kiln_plan_serialize(const kiln_graph *g, kiln_buf *b, kiln_error *er
         for (int d = 0; d < KILN_MAX_DIMS; d++) kiln_buf_u64(b, (uint64_t)(d < val->ndim ? val->shape[d] : 0));
     }
     uint64_t offset = 0;
-    for (int v = 0; v < g->n_values; v++) {
-        const kiln_value *val = &g->values[v];
-        if (n.weight[v] < 0) continue;
-        char name[KILN_PLAN_NAME_MAX] = {0};
-        snprintf(name, sizeof name, "%s", val->name);
-        kiln_buf_append(b, name, sizeof name);
-        kiln_buf_u32(b, (uint32_t)val->dtype);
-        kiln_buf_u32(b, (uint32_t)val->ndim);
-        for (int d = 0; d < KILN_MAX_DIMS; d++) kiln_buf_u64(b, (uint64_t)(d < val->ndim ? val->shape[d] : 0));
-        offset = kiln_align_up(offset, KILN_PLAN_WEIGHT_ALIGN);
-        kiln_buf_u64(b, offset);
-        kiln_buf_u64(b, weight_bytes(val));
-        offset += weight_bytes(val);
+    for (int r = 0; r < ranks; r++) {
+        offset = rank_start(g, r, offset);
+        for (int v = 0; v < g->n_values; v++) {
+            const kiln_value *val = &g->values[v];
+            if (n.weight[v] < 0) continue;
+            char name[KILN_PLAN_NAME_MAX] = {0};
+            snprintf(name, sizeof name, "%s", val->name);
+            kiln_buf_append(b, name, sizeof name);
+            kiln_buf_u32(b, (uint32_t)val->dtype);
+            kiln_buf_u32(b, (uint32_t)val->ndim);
+            for (int d = 0; d < KILN_MAX_DIMS; d++) kiln_buf_u64(b, (uint64_t)(d < val->ndim ? val->shape[d] : 0));
+            offset = kiln_align_up(offset, KILN_PLAN_WEIGHT_ALIGN);
+            kiln_buf_u64(b, offset);
+            kiln_buf_u64(b, weight_bytes(val));
+            offset += weight_bytes(val);
+        }
     }
     for (int i = 0; i < g->n_ops; i++) {
         const kiln_op *op = &g->ops[i];
@@ -269,12 +282,29 @@ kiln_status kiln_weight_convert(const kiln_value *v, uint64_t first, const uint8
 
 uint64_t kiln_weights_size(const kiln_graph *g) {
     uint64_t offset = 0;
-    for (int v = 0; v < g->n_values; v++) {
-        const kiln_value *val = &g->values[v];
-        if (!val->dead && val->kind == KILN_VALUE_WEIGHT)
-            offset = kiln_align_up(offset, KILN_PLAN_WEIGHT_ALIGN) + weight_bytes(val);
+    for (int r = 0; r < ranks_of(g); r++) {
+        offset = rank_start(g, r, offset);
+        for (int v = 0; v < g->n_values; v++) {
+            const kiln_value *val = &g->values[v];
+            if (!val->dead && val->kind == KILN_VALUE_WEIGHT)
+                offset = kiln_align_up(offset, KILN_PLAN_WEIGHT_ALIGN) + weight_bytes(val);
+        }
     }
     return offset;
+}
+
+void kiln_weights_rank_range(const kiln_graph *g, int rank, uint64_t *begin, uint64_t *end) {
+    uint64_t offset = 0;
+    for (int r = 0; r <= rank && r < ranks_of(g); r++) {
+        offset = rank_start(g, r, offset);
+        *begin = offset;
+        for (int v = 0; v < g->n_values; v++) {
+            const kiln_value *val = &g->values[v];
+            if (!val->dead && val->kind == KILN_VALUE_WEIGHT)
+                offset = kiln_align_up(offset, KILN_PLAN_WEIGHT_ALIGN) + weight_bytes(val);
+        }
+    }
+    *end = offset;
 }
 
 /* Convert and write `count` elements of weight `val` from element `first` on, CHUNK at a time. */
@@ -291,23 +321,53 @@ static kiln_status write_elements(const kiln_value *val, uint64_t first, uint64_
     return st;
 }
 
+/* Columns of a plain weight: a 1-D weight (a norm, a bias) is one column of shape[0] rows. */
+static uint64_t cols_of(const kiln_value *val) { return val->ndim == 2 ? (uint64_t)val->shape[1] : 1; }
+
+/* The flat source index of row `row` of rank `rank`'s shard of the plain weight `val` (of
+ * n_ranks); each shard row is cols_of(val) contiguous source elements. */
+static uint64_t shard_row_start(const kiln_value *val, int rank, int n_ranks, uint64_t row) {
+    const uint64_t rows = (uint64_t)val->shape[0], cols = cols_of(val);
+    switch (val->shard) {
+    case KILN_SHARD_ROWS: return ((uint64_t)rank * rows + row) * cols;
+    case KILN_SHARD_COLS: return row * cols * (uint64_t)n_ranks + (uint64_t)rank * cols;
+    default: return row * cols;
+    }
+}
+
+/* Rank `rank`'s shard of a plain (unpacked) weight: the whole weight when it is not sharded, else
+ * its rows (one contiguous run) or the columns of each row. */
+static kiln_status write_shard(const kiln_value *val, int rank, int n_ranks, uint8_t *buf, size_t chunk,
+                               kiln_engine_writer *w, kiln_error *err) {
+    if (val->shard == KILN_SHARD_NONE)
+        return write_elements(val, 0, weight_bytes(val) / (uint64_t)kiln_dtype_size(val->dtype), buf, chunk, w, err);
+    const uint64_t rows = (uint64_t)val->shape[0], cols = cols_of(val);
+    if (val->shard == KILN_SHARD_ROWS)
+        return write_elements(val, shard_row_start(val, rank, n_ranks, 0), rows * cols, buf, chunk, w, err);
+    kiln_status st = KILN_OK;
+    for (uint64_t r = 0; r < rows && st == KILN_OK; r++)
+        st = write_elements(val, shard_row_start(val, rank, n_ranks, r), cols, buf, chunk, w, err);
+    return st;
+}
+
 /* A packed weight (pack-weights): its parts' rows, concatenated or interleaved; each element is
- * checked and converted as its part's (messages name the part). */
-static kiln_status write_packed(const kiln_graph *g, const kiln_value *val, uint8_t *buf, size_t chunk,
+ * checked and converted as its part's (messages name the part). With tensor parallelism, the rows of
+ * each part's shard for `rank`: packing one rank's shards is that rank's packed weight. */
+static kiln_status write_packed(const kiln_graph *g, const kiln_value *val, int rank, uint8_t *buf, size_t chunk,
                                 kiln_engine_writer *w, kiln_error *err) {
+    const int n_ranks = ranks_of(g);
     kiln_status st = KILN_OK;
     if (val->pack == KILN_PACK_CONCAT_ROWS) {
-        for (int p = 0; p < val->n_parts && st == KILN_OK; p++) {
-            const kiln_value *part = &g->values[val->parts[p]];
-            const uint64_t count = (uint64_t)part->shape[0] * (uint64_t)(part->ndim == 2 ? part->shape[1] : 1);
-            st = write_elements(part, 0, count, buf, chunk, w, err);
-        }
+        for (int p = 0; p < val->n_parts && st == KILN_OK; p++) /* 2-D parts, or 1-D ones (biases) */
+            st = write_shard(&g->values[val->parts[p]], rank, n_ranks, buf, chunk, w, err);
         return st;
     }
     const uint64_t cols = (uint64_t)val->shape[1], rows = (uint64_t)g->values[val->parts[0]].shape[0];
     for (uint64_t r = 0; r < rows && st == KILN_OK; r++)
-        for (int p = 0; p < val->n_parts && st == KILN_OK; p++)
-            st = write_elements(&g->values[val->parts[p]], r * cols, cols, buf, chunk, w, err);
+        for (int p = 0; p < val->n_parts && st == KILN_OK; p++) {
+            const kiln_value *part = &g->values[val->parts[p]];
+            st = write_elements(part, shard_row_start(part, rank, n_ranks, r), cols, buf, chunk, w, err);
+        }
     return st;
 }
 
@@ -318,16 +378,22 @@ kiln_status kiln_weights_write(const kiln_graph *g, kiln_engine_writer *w, uint6
     if (!buf) return kiln_err(err, KILN_ERR_NOMEM, "out of memory writing weights");
     kiln_status st = KILN_OK;
     uint64_t offset = 0;
-    for (int v = 0; v < g->n_values && st == KILN_OK; v++) {
-        const kiln_value *val = &g->values[v];
-        if (val->dead || val->kind != KILN_VALUE_WEIGHT) continue;
-        uint64_t pad = kiln_align_up(offset, KILN_PLAN_WEIGHT_ALIGN) - offset;
-        if (pad && (st = kiln_engine_writer_write(w, zeros, pad, err)) != KILN_OK) break;
-        offset += pad;
-        uint64_t count = weight_bytes(val) / (uint64_t)kiln_dtype_size(val->dtype);
-        st = val->pack != KILN_PACK_NONE ? write_packed(g, val, buf, CHUNK, w, err)
-                                         : write_elements(val, 0, count, buf, CHUNK, w, err);
-        offset += weight_bytes(val);
+    for (int r = 0; r < ranks_of(g) && st == KILN_OK; r++) {
+        for (uint64_t to = rank_start(g, r, offset); offset < to && st == KILN_OK;) { /* the rank's alignment */
+            uint64_t pad = to - offset < sizeof zeros ? to - offset : sizeof zeros;
+            st = kiln_engine_writer_write(w, zeros, pad, err);
+            offset += pad;
+        }
+        for (int v = 0; v < g->n_values && st == KILN_OK; v++) {
+            const kiln_value *val = &g->values[v];
+            if (val->dead || val->kind != KILN_VALUE_WEIGHT) continue;
+            uint64_t pad = kiln_align_up(offset, KILN_PLAN_WEIGHT_ALIGN) - offset;
+            if (pad && (st = kiln_engine_writer_write(w, zeros, pad, err)) != KILN_OK) break;
+            offset += pad;
+            st = val->pack != KILN_PACK_NONE ? write_packed(g, val, r, buf, CHUNK, w, err)
+                                             : write_shard(val, r, ranks_of(g), buf, CHUNK, w, err);
+            offset += weight_bytes(val);
+        }
     }
     free(buf);
     if (size) *size = offset;

@@ -34,6 +34,14 @@
  *   with no lock in user space, which is what makes this safe in practice.
  *   A SIGBUS anywhere else is fatal as before (after unlinking temporaries).
  *
+ *   The runtime registers its engine mapping too: the CLI installs only the
+ *   SIGBUS handler for every command (kiln_guard_install_bus), and loading an
+ *   engine (kiln_model_open, the f32 conversion, a GPU context's upload)
+ *   checks kiln_guard_fault_in for it, so an engine rewritten in place under
+ *   `kiln run` or `kiln serve` is an error naming it, not a crash. After
+ *   that, nothing reads the mapping (plan, meta, tokenizer, chat template and
+ *   weights are copies or on the GPU).
+ *
  * Global state: a signal handler receives no context pointer, so the
  * registries it reads (temporary paths, mapped ranges), the fault record
  * it writes and the watched signal set are file-scope. They are fixed-size arrays of lock-free atomics
@@ -117,12 +125,15 @@ void kiln_guard_map_remove(const void *base) {
         }
 }
 
-bool kiln_guard_fault(kiln_error *err) {
-    if (!atomic_load(&g_fault_ready)) return false;
+bool kiln_guard_fault(kiln_error *err) { return kiln_guard_fault_in(NULL, err); }
+
+bool kiln_guard_fault_in(const char *path, kiln_error *err) {
+    if (!atomic_load(&g_fault_ready) || (path && strcmp(path, g_fault_path) != 0)) return false;
     kiln_err(err, KILN_ERR_IO, "%s: the file shrank while kiln read it (SIGBUS at offset %zu)", g_fault_path,
              g_fault_offset);
-    kiln_err_hint(err, "another program truncated or rewrote the file; do not change the checkpoint while kiln "
-                       "reads it, then run the command again");
+    kiln_err_hint(err, "another program truncated or rewrote the file while kiln read it: replace a file by "
+                       "writing a new one and renaming it over the old (as kiln compile does), not in place; then "
+                       "run the command again");
     return true;
 }
 
@@ -207,10 +218,26 @@ static void on_bus(int sig, siginfo_t *si, void *uc) {
     die_by(sig);
 }
 
-kiln_status kiln_guard_install(kiln_error *err) {
-    if (atomic_exchange(&g_installed, 1)) return KILN_OK; /* once per process */
+static atomic_int g_bus_installed;
+
+kiln_status kiln_guard_install_bus(kiln_error *err) {
+    if (atomic_exchange(&g_bus_installed, 1)) return KILN_OK; /* once per process */
     long ps = sysconf(_SC_PAGESIZE);
     if (ps > 0) g_page_size = (size_t)ps;
+    struct sigaction bus = {0};
+    bus.sa_sigaction = on_bus;
+    bus.sa_flags = SA_SIGINFO;
+    sigemptyset(&bus.sa_mask);
+    if (sigaction(SIGBUS, &bus, NULL) != 0) {
+        atomic_store(&g_bus_installed, 0);
+        return kiln_err(err, KILN_ERR_INTERNAL, "cannot install the SIGBUS handler: %s", strerror(errno));
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_guard_install(kiln_error *err) {
+    if (atomic_exchange(&g_installed, 1)) return KILN_OK; /* once per process */
+    if (kiln_guard_install_bus(err) != KILN_OK) return err ? err->code : KILN_ERR_INTERNAL;
     static const int fatal[] = {SIGINT, SIGTERM, SIGHUP};
     sigemptyset(&g_watched);
     for (size_t i = 0; i < sizeof fatal / sizeof fatal[0]; i++) {
@@ -227,11 +254,6 @@ kiln_status kiln_guard_install(kiln_error *err) {
         errno = e;
         goto fail;
     }
-    struct sigaction bus = {0};
-    bus.sa_sigaction = on_bus;
-    bus.sa_flags = SA_SIGINFO;
-    sigemptyset(&bus.sa_mask);
-    if (sigaction(SIGBUS, &bus, NULL) != 0) goto fail;
     struct sigaction ign = {0};
     ign.sa_handler = SIG_IGN;
     sigemptyset(&ign.sa_mask);

@@ -13,6 +13,7 @@
 #define KILN_MAX_DIMS 4
 #define KILN_MAX_OP_IN 10
 #define KILN_MAX_OP_OUT 3
+#define KILN_MAX_RANKS 64 /* tensor-parallel ranks an engine may have */
 
 /* Symbolic dimensions (negative values in a shape). */
 #define KILN_DIM_BATCH (-1)
@@ -71,6 +72,11 @@ typedef enum kiln_op_kind {
                                    (in expert order) of p_e * Wdown_e (silu(Wgate_e x) * (Wup_e x)) (attrs
                                    n_experts, top_k, layer, flags): Mixtral's and Qwen3-MoE's sparse MoE
                                    block */
+    /* tensor parallelism (pass tensor-parallel, --tp N): one plan that every rank runs on its own shards */
+    KILN_OP_ALL_REDUCE = 18,    /* in: x[B,S,W] (this rank's partial sum)   out: the sum of x over all `ranks` ranks,
+                                   the same on every rank (after o_proj, down_proj and the vocab-parallel embedding) */
+    KILN_OP_ALL_GATHER = 19,    /* in: x[B,S,W]   out: [B,S,W*ranks], rank r's x at columns r*W .. (r+1)*W-1, the
+                                   same on every rank (the vocab-parallel LM head's logits) */
     KILN_OP_COUNT_
 } kiln_op_kind;
 
@@ -123,6 +129,9 @@ typedef struct kiln_op_attrs {
                                    (qkv_rope), routing (moe) */
     int32_t n_experts;          /* moe: experts of the layer (E) */
     int32_t top_k;              /* moe: experts each token is routed to */
+    int32_t ranks;              /* tensor parallelism, 0 = none: all_reduce, all_gather (ranks taking part);
+                                   embedding (vocab-parallel: the table holds rank r's vocab_size/ranks rows,
+                                   ids r*rows .. (r+1)*rows-1; ids outside give zero rows) */
 } kiln_op_attrs;
 
 /* Attribute keys: how kiln_op_attrs are stored in a plan (append-only: stored in engine files). */
@@ -142,6 +151,7 @@ enum {
     KILN_ATTR_FLAGS = 13,            /* KILN_FLAG_* bits */
     KILN_ATTR_N_EXPERTS = 14,
     KILN_ATTR_TOP_K = 15,
+    KILN_ATTR_RANKS = 16,            /* tensor-parallel ranks (all_reduce, all_gather, embedding) */
     KILN_ATTR_COUNT_
 };
 

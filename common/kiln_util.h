@@ -84,6 +84,9 @@ char *kiln_path_join(const char *dir, const char *name);
  * before starting any thread (threads inherit the blocked signals). Once
  * per process; later calls do nothing. */
 kiln_status kiln_guard_install(kiln_error *err);
+/* Only the SIGBUS part of kiln_guard_install: for the runtime commands (run, serve, bench...), whose
+ * SIGINT/SIGTERM are their own. Once per process. */
+kiln_status kiln_guard_install_bus(kiln_error *err);
 /* Register a temporary file to unlink on a fatal signal; returns a slot for
  * kiln_guard_temp_remove, or -1 when the registry is full. */
 int kiln_guard_temp_add(const char *path);
@@ -94,6 +97,8 @@ void kiln_guard_map_remove(const void *base);
 /* True (and a message naming the file and the offset in `err`) once a mapped
  * input shrank under kiln; the bytes read from it since are zeros. */
 bool kiln_guard_fault(kiln_error *err);
+/* The same for one mapped file: true only when the recorded fault is in `path` (NULL: any). */
+bool kiln_guard_fault_in(const char *path, kiln_error *err);
 /* Forget a recorded fault (tests). */
 void kiln_guard_fault_reset(void);
 

@@ -21,7 +21,9 @@ int kiln_op_n_out(kiln_op_kind k) {
 
 int kiln_op_n_in(kiln_op_kind k) {
     switch (k) {
-    case KILN_OP_SILU: return 1;
+    case KILN_OP_SILU:
+    case KILN_OP_ALL_REDUCE:
+    case KILN_OP_ALL_GATHER: return 1;
     case KILN_OP_BIAS_ADD:
     case KILN_OP_EMBEDDING:
     case KILN_OP_RMSNORM:
@@ -160,7 +162,7 @@ static int check_qkv_extras(const char *opn, const kiln_tensor_desc *ex, const k
 
 int kiln_op_infer(kiln_op_kind kind, const kiln_tensor_desc *in, int n_in, const kiln_op_attrs *a,
                   kiln_tensor_desc *out, kiln_error *err) {
-    if ((unsigned)kind >= KILN_OP_COUNT_) return BAD("unknown op kind %d", (int)kind);
+    if ((unsigned)kind >= KILN_OP_COUNT_ || kiln_op_n_in(kind) < 0) return BAD("unknown op kind %d", (int)kind);
     const char *opn = kiln_op_name(kind);
     const bool qkv = kind == KILN_OP_QKV_ROPE || kind == KILN_OP_QKV_ROPE_PACKED;
     const uint32_t allowed = kind == KILN_OP_ATTENTION ? KILN_FLAG_DECODE_ROPE | KILN_FLAG_MERGE_SPLITS
@@ -171,6 +173,12 @@ int kiln_op_infer(kiln_op_kind kind, const kiln_tensor_desc *in, int n_in, const
     if (a && (a->flags & ~(uint32_t)KILN_FLAG_ALL_))
         return BAD("%s: unknown lowering flags 0x%x", opn, a->flags & ~(uint32_t)KILN_FLAG_ALL_);
     if (a && (a->flags & ~allowed)) return BAD("%s: lowering flags 0x%x do not apply to it", opn, a->flags);
+    /* ranks: required by the collectives, optional on embedding (vocab-parallel), refused elsewhere */
+    const bool collective = kind == KILN_OP_ALL_REDUCE || kind == KILN_OP_ALL_GATHER;
+    const int32_t ranks = a ? a->ranks : 0;
+    if ((ranks || collective) && (ranks < 2 || ranks > KILN_MAX_RANKS))
+        return BAD("%s: ranks %d (tensor parallelism takes 2..%d ranks)", opn, ranks, KILN_MAX_RANKS);
+    if (ranks && !collective && kind != KILN_OP_EMBEDDING) return BAD("%s: ranks do not apply to it", opn);
     if (n_in != kiln_op_n_in_with(kind, a))
         return BAD("%s: takes %d inputs, got %d", opn, kiln_op_n_in_with(kind, a), n_in);
     int64_t w0 = act_width(&in[0]);
@@ -179,6 +187,13 @@ int kiln_op_infer(kiln_op_kind kind, const kiln_tensor_desc *in, int n_in, const
         if (!is_tokens(&in[0])) return BAD("embedding: ids %%%d must be [B,S] i32", in[0].id);
         if (!is_matrix_weight(&in[1])) return BAD("embedding: table %s must be a 2-D float weight", nm(&in[1]));
         make_act(&out[0], in[1].shape[1]);
+        return KILN_OK;
+    case KILN_OP_ALL_REDUCE:
+    case KILN_OP_ALL_GATHER:
+        if (w0 < 0) return BAD("%s: input %%%d is not an activation", opn, in[0].id);
+        if (kind == KILN_OP_ALL_GATHER && w0 * ranks > (1 << 30))
+            return BAD("all_gather: width %lld x %d ranks is too wide", (long long)w0, ranks);
+        make_act(&out[0], kind == KILN_OP_ALL_GATHER ? w0 * ranks : w0);
         return KILN_OK;
     case KILN_OP_RMSNORM:
         if (w0 < 0) return BAD("rmsnorm: input %%%d is not an activation", in[0].id);

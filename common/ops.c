@@ -39,13 +39,18 @@ static const char *const op_names[KILN_OP_COUNT_] = {
     [KILN_OP_HEAD_RMSNORM] = "head_rmsnorm",
     [KILN_OP_BIAS_ADD] = "bias_add",
     [KILN_OP_MOE] = "moe",
+    [KILN_OP_ALL_REDUCE] = "all_reduce",
+    [KILN_OP_ALL_GATHER] = "all_gather",
 };
 
-const char *kiln_op_name(kiln_op_kind k) { return (unsigned)k < KILN_OP_COUNT_ ? op_names[k] : "?"; }
+/* The table may have gaps (kinds other branches number): a gap has no name and is unknown. */
+const char *kiln_op_name(kiln_op_kind k) {
+    return (unsigned)k < KILN_OP_COUNT_ && op_names[k] ? op_names[k] : "?";
+}
 
 int kiln_op_from_name(const char *name) {
     for (int i = 0; i < KILN_OP_COUNT_; i++)
-        if (strcmp(name, op_names[i]) == 0) return i;
+        if (op_names[i] && strcmp(name, op_names[i]) == 0) return i;
     return -1;
 }
 
@@ -80,6 +85,7 @@ int kiln_op_attrs_encode(const kiln_op_attrs *a, uint32_t keys[KILN_ATTR_COUNT_]
         [KILN_ATTR_FLAGS] = a->flags,
         [KILN_ATTR_N_EXPERTS] = (uint32_t)a->n_experts,
         [KILN_ATTR_TOP_K] = (uint32_t)a->top_k,
+        [KILN_ATTR_RANKS] = (uint32_t)a->ranks,
     };
     int n = 0;
     for (uint32_t k = 1; k < KILN_ATTR_COUNT_; k++)
@@ -107,6 +113,7 @@ int kiln_op_attr_set(kiln_op_attrs *a, uint32_t key, uint32_t val) {
     case KILN_ATTR_FLAGS: a->flags = val; return 1;
     case KILN_ATTR_N_EXPERTS: a->n_experts = (int32_t)val; return 1;
     case KILN_ATTR_TOP_K: a->top_k = (int32_t)val; return 1;
+    case KILN_ATTR_RANKS: a->ranks = (int32_t)val; return 1;
     default: return 0;
     }
 }

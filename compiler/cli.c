@@ -142,7 +142,14 @@ void kiln_cli_print_version(const char *prog) {
     printf(", commit %s)\n", kiln_build_commit());
 }
 
+const char *kiln_cli_prog = "kiln";
+
 int kiln_cli_main(const kiln_cli_tool *t, int argc, char **argv) {
+    kiln_cli_prog = t->prog;
+    /* an input file rewritten in place under any command is an error naming it, not a crash (common/guard.c);
+     * `kiln compile` and `kiln package` add the rest of the guard */
+    kiln_error gerr = {0};
+    if (kiln_guard_install_bus(&gerr) != KILN_OK) fprintf(stderr, "%s: warning: %s\n", t->prog, gerr.msg);
     if (argc < 2) {
         fprintf(stderr, "%s: error: no command given\n\n", t->prog);
         tool_usage(t, stderr);

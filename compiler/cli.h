@@ -76,6 +76,9 @@ typedef struct kiln_cli_tool {
 /* main() of a tool: --help, --version (kiln_cli_print_version), a command, or
  * a usage error naming what is wrong. Returns the exit code. */
 int kiln_cli_main(const kiln_cli_tool *t, int argc, char **argv);
+/* The running tool's name ("kiln" or "kiln-run", set by kiln_cli_main): command usage texts start
+ * "usage: <prog> <command>". */
+extern const char *kiln_cli_prog;
 /* "PROG VERSION (engine format M.N, kernels section version K, commit C)": the
  * formats this build reads and writes, from the headers that define them. */
 void kiln_cli_print_version(const char *prog);

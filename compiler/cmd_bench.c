@@ -65,8 +65,9 @@
 /* The command's entry point (main.c dispatches to it; cli.h should declare it). */
 
 static void help(FILE *f) {
+    fprintf(f, "usage: %s ", kiln_cli_prog);
     fprintf(f,
-            "usage: kiln bench ENGINE.kiln [options]\n\n"
+            "bench ENGINE.kiln [options]\n\n"
             "Measure end-to-end throughput, time to first token (TTFT) and time per output token\n"
             "(TPOT) percentiles, prefill and decode speed, load time and peak memory through the\n"
             "C API: REQUESTS requests of INPUT_LEN random prompt ids (fixed seed), OUTPUT_LEN new\n"

@@ -32,6 +32,13 @@ static void help(FILE *f) {
     const kiln_pass *p = kiln_passes_default(&n);
     for (int i = 0; i < n; i++)
         fprintf(f, "                        %s %-22s %s\n", p[i].in_default ? "*" : " ", p[i].name, p[i].contract);
+    const kiln_pass *tp = kiln_pass_tensor_parallel_entry();
+    fprintf(f, "                        and, first, with --tp N > 1:\n"
+               "                          %-22s %s\n", tp->name, tp->contract);
+    fprintf(f, "  --tp N                tensor parallelism over N ranks (GPUs), 1..%d (default 1): the engine\n"
+               "                        holds every rank's weight shards; heads, KV heads, intermediate_size\n"
+               "                        and vocab_size must divide by N. The CPU executor runs such an engine\n"
+               "                        rank by rank (docs/parallelism.md)\n", KILN_MAX_RANKS);
     fprintf(f, "  --target LIST         GPU targets of the kernels section: sm_NN (cubin) and compute_NN\n"
                "                        (PTX, JIT-compiled by newer GPUs), comma-separated; 'default' =\n"
                "                        sm_80,sm_86,sm_89,sm_90,compute_90 (when this kiln has NVRTC, else\n"
@@ -150,7 +157,7 @@ int kiln_cmd_compile(int argc, char **argv) {
         {"target", required_argument, 0, 't'}, {"kv-block-size", required_argument, 0, 'b'},
         {"threads", required_argument, 0, 'T'}, {"force", no_argument, 0, O_FORCE},
         {"allow-unused", required_argument, 0, 'U'}, {"standalone", no_argument, 0, 'S'},
-        {"no-chat-template", no_argument, 0, 'C'},
+        {"no-chat-template", no_argument, 0, 'C'}, {"tp", required_argument, 0, 'P'},
         {0, 0, 0, 0}};
     kiln_compile_options opt = {.weight_dtype = KILN_DTYPE_COUNT_, .dump_stream = stdout};
     const char *allow_unused[64]; /* --allow-unused patterns (pointing into argv) */
@@ -186,6 +193,15 @@ int kiln_cmd_compile(int argc, char **argv) {
                                             c == 'b' ? "kv-block-size" : "threads", optarg);
             if (c == 'b') opt.kv_block_size = (int)v, block_given = true;
             else opt.threads = (int)v, threads_given = true;
+            break;
+        }
+        case 'P': {
+            char *end = NULL;
+            long v = strtol(optarg, &end, 10);
+            if (!*optarg || *end || v < 1 || v > KILN_MAX_RANKS)
+                return kiln_cli_usage_error("compile", "--tp '%s': expected a whole number of ranks from 1 to %d",
+                                            optarg, KILN_MAX_RANKS);
+            opt.tp = (int)v;
             break;
         }
         case 'U':

@@ -27,11 +27,13 @@
 #define REBUILD_HINT "the engine's sections disagree: it is corrupted or was edited; rebuild it with `kiln compile`"
 
 static void help(FILE *f) {
-    fprintf(f, "usage: kiln inspect ENGINE.kiln [--json]\n\n"
+    fprintf(f, "usage: %s ", kiln_cli_prog);
+    fprintf(f, "inspect ENGINE.kiln [--json]\n\n"
                "Verify an engine file (every section, and that they agree with each other) and show its\n"
                "format version, model, weights (dtypes), plan, GPU targets and kernels, generation\n"
-               "settings (bos, eos...), tokenizer and sections. A file that fails a check is an error\n"
-               "(exit 1) naming the values that disagree. --json prints one JSON object: the meta\n"
+               "settings (bos, eos...), tokenizer and sections; for a tensor-parallel engine (compile\n"
+               "--tp N) its ranks and each rank's range of the weights. A file that fails a check is an\n"
+               "error (exit 1) naming the values that disagree. --json prints one JSON object: the meta\n"
                "section plus 'sections', 'plan', 'kernels' and 'weights_dtype'.\n");
 }
 
@@ -71,7 +73,8 @@ static kiln_status check_model(const json_t *model, const kiln_plan *p, kiln_err
     if ((st = meta_expect(model, "model", "vocab_size", p->vocab_size, "the plan's vocabulary", err)) ||
         (st = meta_expect(model, "model", "num_hidden_layers", p->n_layers, "the plan's layer count", err)) ||
         (st = meta_expect(model, "model", "hidden_size", p->hidden_size, "the plan's hidden size", err)) ||
-        (st = meta_expect(model, "model", "num_key_value_heads", p->n_kv_heads, "the plan's KV head count", err)) ||
+        (st = meta_expect(model, "model", "num_key_value_heads", (long long)p->n_kv_heads * p->n_ranks,
+                          "the plan's KV head count (over all ranks)", err)) ||
         (st = meta_expect(model, "model", "head_dim", p->head_dim, "the plan's head_dim", err)))
         return st;
     long long heads = 0, max_pos = 0;
@@ -87,12 +90,45 @@ static kiln_status check_model(const json_t *model, const kiln_plan *p, kiln_err
         const kiln_plan_op *op = &p->ops[i];
         if (op->kind != KILN_OP_ATTENTION && op->kind != KILN_OP_QKV_ROPE && op->kind != KILN_OP_QKV_ROPE_PACKED)
             continue;
-        if (op->attrs.n_heads != heads || op->attrs.n_kv_heads != p->n_kv_heads || op->attrs.head_dim != p->head_dim) {
+        /* a tensor-parallel plan's ops have one rank's heads */
+        if ((long long)op->attrs.n_heads * p->n_ranks != heads || op->attrs.n_kv_heads != p->n_kv_heads ||
+            op->attrs.head_dim != p->head_dim) {
             kiln_err(err, KILN_ERR_FORMAT, "plan op %u (%s) has %d heads, %d KV heads, head_dim %d but meta model says "
-                     "%lld, %d, %d", i, kiln_op_name((kiln_op_kind)op->kind), op->attrs.n_heads, op->attrs.n_kv_heads,
-                     op->attrs.head_dim, heads, p->n_kv_heads, p->head_dim);
+                     "%lld, %d, %d (over %u ranks)", i, kiln_op_name((kiln_op_kind)op->kind), op->attrs.n_heads,
+                     op->attrs.n_kv_heads, op->attrs.head_dim, heads, p->n_kv_heads * (int)p->n_ranks, p->head_dim,
+                     p->n_ranks);
             return kiln_err_hint(err, REBUILD_HINT);
         }
+    }
+    return KILN_OK;
+}
+
+/* meta.tensor_parallel: present exactly when the plan has several ranks, with its rank count and
+ * each rank's byte range of the weights section as the plan's weight table gives them. */
+static kiln_status check_tensor_parallel(const json_t *tp, const kiln_plan *p, kiln_error *err) {
+    if (!tp) {
+        if (p->n_ranks == 1) return KILN_OK;
+        kiln_err(err, KILN_ERR_FORMAT, "the plan has %u tensor-parallel ranks but meta has no tensor_parallel",
+                 p->n_ranks);
+        return kiln_err_hint(err, REBUILD_HINT);
+    }
+    kiln_status st = meta_expect(tp, "tensor_parallel", "ranks", p->n_ranks, "the plan's rank count", err);
+    if (st != KILN_OK) return st;
+    const json_t *rw = json_object_get(tp, "rank_weights");
+    if (json_array_size(rw) != p->n_ranks) {
+        kiln_err(err, KILN_ERR_FORMAT, "meta tensor_parallel.rank_weights has %zu entries for %u ranks",
+                 json_array_size(rw), p->n_ranks);
+        return kiln_err_hint(err, REBUILD_HINT);
+    }
+    for (uint32_t r = 0; r < p->n_ranks; r++) {
+        uint64_t b, e;
+        kiln_plan_rank_range(p, r, &b, &e);
+        const json_t *x = json_array_get(rw, r);
+        if ((st = meta_expect(x, "tensor_parallel.rank_weights[]", "offset", (long long)b,
+                              "where the plan puts that rank's first weight", err)) ||
+            (st = meta_expect(x, "tensor_parallel.rank_weights[]", "bytes", (long long)(e - b),
+                              "the span of that rank's weights in the plan", err)))
+            return st;
     }
     return KILN_OK;
 }
@@ -260,6 +296,7 @@ kiln_status kiln_inspect_verify(const kiln_model *m, kiln_inspect_kernels *kerne
         (st = check_model(json_object_get(meta, "model"), m->plan, err)) ||
         (st = check_generation(json_object_get(meta, "generation"), m->plan, err)) ||
         (st = check_weights(json_object_get(meta, "weights"), m, err)) ||
+        (st = check_tensor_parallel(json_object_get(meta, "tensor_parallel"), m->plan, err)) ||
         (st = check_tokenizer(meta, m, err)))
         goto out_free_meta;
     st = check_kernels(meta, m, kernels, err);
@@ -289,8 +326,9 @@ static json_t *plan_json(const kiln_plan *p) {
         json_t *n = json_object_get(ops, name);
         json_object_set_new(ops, name, json_integer(n ? json_integer_value(n) + 1 : 1));
     }
-    return json_pack("{s:i, s:i, s:i, s:i, s:o}", "values", (int)p->n_values, "ops_total", (int)p->n_ops, "weights",
-                     (int)p->n_weights, "buffer_slots", (int)p->n_slots, "ops", ops);
+    return json_pack("{s:i, s:i, s:i, s:i, s:o, s:i}", "values", (int)p->n_values, "ops_total", (int)p->n_ops,
+                     "weights", (int)p->n_weights, "buffer_slots", (int)p->n_slots, "ops", ops, "ranks",
+                     (int)p->n_ranks);
 }
 
 /* The dtype names in a bit set ("bf16", "f16+bf16"), appended to out. */
@@ -395,7 +433,8 @@ static void print_text(const char *path, const kiln_model *m, json_t *meta, cons
            m->engine.size, json_string_value(json_object_get(meta, "kiln_version")));
     printf("model: %s, %d layers, hidden %d, heads %lld/%d (head_dim %d), ffn %lld, vocab %d, context %d",
            json_string_value(json_object_get(model, "architecture")), p->n_layers, p->hidden_size,
-           (long long)json_integer_value(json_object_get(model, "num_attention_heads")), p->n_kv_heads, p->head_dim,
+           (long long)json_integer_value(json_object_get(model, "num_attention_heads")),
+           p->n_kv_heads * (int)p->n_ranks, p->head_dim,
            (long long)json_integer_value(json_object_get(model, "intermediate_size")), p->vocab_size, p->max_context);
     long long win = (long long)json_integer_value(json_object_get(model, "sliding_window"));
     json_t *wl = json_object_get(model, "sliding_window_layers");
@@ -413,8 +452,20 @@ static void print_text(const char *path, const kiln_model *m, json_t *meta, cons
         if (json_is_array(dl)) printf(", dense MLP on %zu of %d layers", json_array_size(dl), p->n_layers);
         printf(")");
     }
-    printf("\nweights: %u tensors, %.2f MB, dtype %s, codec %s\n", p->n_weights, (double)m->weights_size / 1e6, wdtype,
-           json_string_value(json_object_get(w, "codec")));
+    printf("\nweights: %u tensors%s, %.2f MB, dtype %s, codec %s\n", p->n_weights, p->n_ranks > 1 ? " per rank" : "",
+           (double)m->weights_size / 1e6, wdtype, json_string_value(json_object_get(w, "codec")));
+    if (p->n_ranks > 1) { /* tensor parallelism: what each rank maps and runs */
+        printf("tensor parallel: %u ranks, each with %d heads / %d KV heads; weights per rank (%u tensors each):",
+               p->n_ranks, (int)(json_integer_value(json_object_get(model, "num_attention_heads")) / p->n_ranks),
+               p->n_kv_heads, p->n_weights);
+        for (uint32_t r = 0; r < p->n_ranks; r++) {
+            uint64_t b, e;
+            kiln_plan_rank_range(p, r, &b, &e);
+            printf("%s rank %u [%llu, %llu) %.2f MB", r ? ";" : "", r, (unsigned long long)b, (unsigned long long)e,
+                   (double)(e - b) / 1e6);
+        }
+        printf("\n");
+    }
     print_targets(meta, k);
     print_generation(m, json_object_get(meta, "generation"));
     printf("plan: %u ops, %u values, %u buffer slots:", p->n_ops, p->n_values, p->n_slots);

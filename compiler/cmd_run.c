@@ -29,8 +29,9 @@
 #include "cli.h"
 
 static void help(FILE *f) {
+    fprintf(f, "usage: %s ", kiln_cli_prog);
     fprintf(f,
-            "usage: kiln run ENGINE.kiln (--prompt TEXT | --prompt-file FILE | --prompt-ids IDS) [options]\n\n"
+            "run ENGINE.kiln (--prompt TEXT | --prompt-file FILE | --prompt-ids IDS) [options]\n\n"
             "Generate tokens. With no prompt option and text on stdin, the prompt is read from stdin.\n"
             "An empty prompt file or stdin is refused; --prompt '' starts from BOS alone.\n\n"
             "prompt:\n"

@@ -47,8 +47,9 @@
 #define SERVE_WAIT_MS 100          /* how often a waiting connection checks its socket */
 
 static void help(FILE *f) {
+    fprintf(f, "usage: %s ", kiln_cli_prog);
     fprintf(f,
-            "usage: kiln serve ENGINE.kiln [options]\n\n"
+            "serve ENGINE.kiln [options]\n\n"
             "Serve the engine over HTTP with OpenAI's API (docs/serving.md): /v1/completions,\n"
             "/v1/chat/completions, /v1/models, /health, /metrics, /tokenize, /detokenize.\n"
             "SIGTERM or SIGINT drains: new requests get 503, running ones finish, then exit 0.\n\n"

@@ -49,6 +49,43 @@ static json_t *make_generation(const kiln_model_config *c, const kiln_generation
                      "not_applied", not_applied);
 }
 
+/* meta.tensor_parallel: the ranks and the byte range of the weights section each rank's shards
+ * lie in (docs/parallelism.md). */
+static json_t *make_tensor_parallel(const kiln_graph *g) {
+    json_t *ranges = json_array();
+    for (int r = 0; r < g->n_ranks; r++) {
+        uint64_t b, e;
+        kiln_weights_rank_range(g, r, &b, &e);
+        json_array_append_new(ranges, json_pack("{s:I, s:I}", "offset", (json_int_t)b, "bytes", (json_int_t)(e - b)));
+    }
+    return json_pack("{s:i, s:o, s:s}", "ranks", g->n_ranks, "rank_weights", ranges, "split",
+                     "megatron: q/k/v, gate/up by rows; o_proj, down_proj by columns + all_reduce; embedding, "
+                     "lm_head by vocabulary");
+}
+
+/* Refuse --tp N by name when the model's sizes do not divide among N ranks. */
+static kiln_status check_tp(const kiln_checkpoint *ck, int n, kiln_error *err) {
+    if (n <= 1) return KILN_OK;
+    const kiln_model_config *c = &ck->config;
+    const struct { const char *name; int64_t v; } need[] = {
+        {"num_attention_heads", c->n_heads}, {"num_key_value_heads", c->n_kv_heads},
+        {"intermediate_size", c->intermediate_size}, {"vocab_size", c->vocab_size}};
+    if (n > KILN_MAX_RANKS) return kiln_err(err, KILN_ERR_INVALID_ARG, "--tp %d: at most %d ranks", n, KILN_MAX_RANKS);
+    if (c->n_experts > 0) {
+        kiln_err(err, KILN_ERR_UNSUPPORTED, "--tp %d: %s is a mixture of experts (num_local_experts = %lld), and "
+                 "splitting experts over ranks is not built yet", n, ck->dir, (long long)c->n_experts);
+        return kiln_err_hint(err, "compile it with --tp 1 (docs/parallelism.md says how experts would be split)");
+    }
+    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
+        if (need[i].v % n) {
+            kiln_err(err, KILN_ERR_UNSUPPORTED, "--tp %d: %s/config.json %s = %lld does not divide among %d ranks",
+                     n, ck->dir, need[i].name, (long long)need[i].v, n);
+            return kiln_err_hint(err, "each rank takes an equal share of the heads, KV heads, FFN width and "
+                                      "vocabulary; pick a --tp that divides all four (1 always does)");
+        }
+    return KILN_OK;
+}
+
 /* The meta section: what the engine holds, for `kiln inspect` and the runtime. */
 static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const kiln_compile_options *opt,
                          const kiln_generation_config *gen_cfg, uint64_t weights_bytes, const kiln_buf *tok_blob,
@@ -111,10 +148,13 @@ static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const k
         json_object_set_new(build, "kv_block_size", json_integer(opt->kv_block_size ? opt->kv_block_size : 16));
     else /* why the engine runs on the CPU only: the GPU executor says it when asked to run it */
         json_object_set_new(build, "no_gpu_kernels", json_string(no_gpu));
-    return json_pack("{s:s, s:s, s:{s:i, s:i}, s:o, s:o, s:o, s:o, s:o, s:o}", "format", "kiln-engine",
-                     "kiln_version", KILN_VERSION, "format_version", "major", KILN_ENGINE_MAJOR, "minor",
-                     KILN_ENGINE_MINOR, "model", model, "generation", gen, "weights", weights, "build", build,
-                     "targets", tg, "tokenizer", tok);
+    json_t *meta = json_pack("{s:s, s:s, s:{s:i, s:i}, s:o, s:o, s:o, s:o, s:o, s:o}", "format", "kiln-engine",
+                             "kiln_version", KILN_VERSION, "format_version", "major", KILN_ENGINE_MAJOR, "minor",
+                             KILN_ENGINE_MINOR, "model", model, "generation", gen, "weights", weights, "build",
+                             build, "targets", tg, "tokenizer", tok);
+    if (meta && g->n_ranks > 1) /* only then: a tp=1 engine's meta stays byte for byte what it was */
+        json_object_set_new(meta, "tensor_parallel", make_tensor_parallel(g));
+    return meta;
 }
 
 /* CKPT_DIR/generation_config.json when there is something by that name. */
@@ -180,7 +220,9 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
     if ((st = load_generation_config(&ck, &gen, &have_gen, err)) != KILN_OK) goto out;
     kiln_import_options io = {.weight_dtype = opt->weight_dtype, .allow_unused = opt->allow_unused,
                               .n_allow_unused = opt->n_allow_unused};
+    if ((st = check_tp(&ck, opt->tp, err)) != KILN_OK) goto out;
     if ((st = kiln_import_ex(&ck, &io, &g, err)) != KILN_OK) goto out;
+    g->tp_request = opt->tp;
     if ((st = kiln_passes_run(g, opt->passes, opt->dump_ir ? (FILE *)opt->dump_stream : NULL, err)) != KILN_OK)
         goto out;
     if ((st = kiln_plan_serialize(g, &plan, err)) != KILN_OK) goto out;
@@ -217,10 +259,17 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
                 kiln_err(err, KILN_ERR_UNSUPPORTED, "plan op %d (%s) has no GPU kernel yet, so --target %s cannot "
                          "make a kernels section for this model", bad, opn, opt->targets);
                 st = kiln_err_hint(err, "compile with --target none: the engine runs on the CPU executor%s",
-                                   opt->passes ? " (or with the default --passes, which fuse what the GPU runs)" : "");
+                                   g->n_ranks > 1 ? " (tensor-parallel engines have no GPU kernels yet: "
+                                                    "docs/parallelism.md)"
+                                   : opt->passes ? " (or with the default --passes, which fuse what the GPU runs)"
+                                                 : "");
                 goto out;
             }
-            snprintf(no_gpu, sizeof no_gpu, "plan op %d (%s) has no GPU kernel yet", bad, opn);
+            if (g->n_ranks > 1)
+                snprintf(no_gpu, sizeof no_gpu, "the engine is split over %d tensor-parallel ranks (--tp %d), and "
+                         "running that on GPUs is not built yet (docs/parallelism.md)", g->n_ranks, g->n_ranks);
+            else
+                snprintf(no_gpu, sizeof no_gpu, "plan op %d (%s) has no GPU kernel yet", bad, opn);
             fprintf(stderr, "kiln compile: note: %s; the engine gets no GPU kernels and runs on the CPU only\n",
                     no_gpu);
             targets.n_cubin = targets.n_ptx = 0;

@@ -206,6 +206,38 @@ static kiln_status cfg_token_id(cfg_ctx *c, const json_t *v, const char *field, 
     return KILN_OK;
 }
 
+typedef struct eos_ctx {
+    cfg_ctx *c;
+    int64_t vocab;
+} eos_ctx;
+
+static kiln_status cfg_eos_id(void *ctx, const json_t *v, const char *field, int64_t *out) {
+    eos_ctx *e = ctx;
+    return cfg_token_id(e->c, v, field, e->vocab, out);
+}
+
+kiln_status kiln_json_id_list(const json_t *v, const char *path, const char *key,
+                              kiln_status (*id)(void *ctx, const json_t *v, const char *field, int64_t *out),
+                              void *ctx, int64_t out[KILN_MAX_EOS], int *n, kiln_error *err) {
+    *n = 0;
+    if (!json_is_array(v)) {
+        kiln_status st = id(ctx, v, key, &out[0]);
+        if (st == KILN_OK) *n = 1;
+        return st;
+    }
+    if (json_array_size(v) > KILN_MAX_EOS)
+        return kiln_err(err, KILN_ERR_UNSUPPORTED, "%s: field \"%s\" lists %zu ids; kiln keeps at most %d", path, key,
+                        json_array_size(v), KILN_MAX_EOS);
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        char field[64];
+        snprintf(field, sizeof field, "%s[%zu]", key, i);
+        kiln_status st = id(ctx, json_array_get(v, i), field, &out[*n]);
+        if (st != KILN_OK) return st;
+        (*n)++;
+    }
+    return KILN_OK;
+}
+
 /* ---- the parts of a config ---- */
 
 static const char *const supported_archs =
@@ -524,21 +556,9 @@ static kiln_status cfg_rest(cfg_ctx *c, json_t *root, kiln_model_config *m) {
     /* eos_token_id: one id or a list of them */
     m->n_eos = 0;
     json_t *eos = cfg_get(root, "eos_token_id");
-    if (eos && json_is_array(eos)) {
-        if (json_array_size(eos) > KILN_MAX_EOS)
-            return kiln_err(c->err, KILN_ERR_UNSUPPORTED, "%s: field \"eos_token_id\" lists %zu ids; kiln keeps at most %d",
-                            c->path, json_array_size(eos), KILN_MAX_EOS);
-        for (size_t i = 0; i < json_array_size(eos); i++) {
-            char field[40];
-            snprintf(field, sizeof field, "eos_token_id[%zu]", i);
-            if ((st = cfg_token_id(c, json_array_get(eos, i), field, m->vocab_size, &m->eos_token_ids[m->n_eos])))
-                return st;
-            m->n_eos++;
-        }
-    } else if (eos) {
-        if ((st = cfg_token_id(c, eos, "eos_token_id", m->vocab_size, &m->eos_token_ids[0]))) return st;
-        m->n_eos = 1;
-    }
+    if (eos && (st = kiln_json_id_list(eos, c->path, "eos_token_id", cfg_eos_id, &(eos_ctx){c, m->vocab_size},
+                                       m->eos_token_ids, &m->n_eos, c->err)))
+        return st;
 
     /* dtype (transformers 5) wins over torch_dtype (4.x) */
     const char *dt = NULL, *dt_field = "dtype";

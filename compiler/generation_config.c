@@ -67,6 +67,10 @@ static kiln_status gc_id(gc_ctx *c, const json_t *v, const char *field, int64_t 
     return KILN_OK;
 }
 
+static kiln_status gc_eos_id(void *ctx, const json_t *v, const char *field, int64_t *out) {
+    return gc_id(ctx, v, field, out);
+}
+
 /* bos_token_id, eos_token_id (int or list), pad_token_id. */
 static kiln_status gc_ids(gc_ctx *c, json_t *root, kiln_generation_config *g) {
     kiln_status st;
@@ -81,20 +85,7 @@ static kiln_status gc_ids(gc_ctx *c, json_t *root, kiln_generation_config *g) {
     }
     if (!(v = gc_get(root, "eos_token_id"))) return KILN_OK;
     g->has_eos = true;
-    if (!json_is_array(v)) {
-        g->n_eos = 1;
-        return gc_id(c, v, "eos_token_id", &g->eos_token_ids[0]);
-    }
-    if (json_array_size(v) > KILN_MAX_EOS)
-        return kiln_err(c->err, KILN_ERR_UNSUPPORTED, "%s: field \"eos_token_id\" lists %zu ids; kiln keeps at most %d",
-                        c->path, json_array_size(v), KILN_MAX_EOS);
-    for (size_t i = 0; i < json_array_size(v); i++) {
-        char field[48];
-        snprintf(field, sizeof field, "eos_token_id[%zu]", i);
-        if ((st = gc_id(c, json_array_get(v, i), field, &g->eos_token_ids[g->n_eos]))) return st;
-        g->n_eos++;
-    }
-    return KILN_OK;
+    return kiln_json_id_list(v, c->path, "eos_token_id", gc_eos_id, c, g->eos_token_ids, &g->n_eos, c->err);
 }
 
 /* A number field in [lo, hi]; *has set when given. */

@@ -88,6 +88,13 @@ typedef struct kiln_model_config {
 kiln_status kiln_config_parse(const char *json, size_t len, const char *path,
                               kiln_model_config *out, kiln_error *err);
 kiln_status kiln_config_load(const char *path, kiln_model_config *out, kiln_error *err);
+/* A token-id field that is one id or a list of at most KILN_MAX_EOS (eos_token_id in config.json
+ * and generation_config.json): each element through `id` (type and range, its messages), named
+ * "key" or "key[i]"; *n = how many. A longer list is KILN_ERR_UNSUPPORTED naming `path` and `key`. */
+struct json_t;
+kiln_status kiln_json_id_list(const struct json_t *v, const char *path, const char *key,
+                              kiln_status (*id)(void *ctx, const struct json_t *v, const char *field, int64_t *out),
+                              void *ctx, int64_t out[KILN_MAX_EOS], int *n, kiln_error *err);
 
 /* ---- generation_config.json (compiler/generation_config.c) ---- */
 
@@ -233,6 +240,8 @@ typedef struct kiln_compile_options {
     bool force;                /* allow an output inside the checkpoint directory (never over an input file) */
     struct kiln_progress *progress; /* phase and counts of long work (common/kiln_progress.h); NULL = none */
     bool no_chat_template;     /* leave the checkpoint's chat template out of the engine */
+    int tp;                    /* tensor-parallel ranks (0 or 1 = none): pass tensor-parallel splits the model
+                                  and the engine holds every rank's weight shards (docs/parallelism.md) */
     bool gpu_if_possible;      /* the targets are a default, not asked for: a plan with an op the GPU cannot
                                   run yet gets no kernels section (a note on stderr names the op) instead of
                                   failing the compile */

@@ -35,8 +35,8 @@ static const kiln_cli_tool kiln_run_tool = {
     .usage = "kiln-run <command> ENGINE [options]\n\n"
              "kiln-run runs engines made by `kiln compile`: the runtime alone, for production hosts\n"
              "(needs the NVIDIA driver and libcublasLt for GPUs; no CUDA toolkit, no compiler).\n",
-    .help_note = "'kiln-run <command> --help' describes a command (its text says `kiln <command>`: the\n"
-                 "options are the same). 'kiln-run --version' prints the version.",
+    .help_note = "'kiln-run <command> --help' describes a command (the options are those of `kiln\n"
+                 "<command>`). 'kiln-run --version' prints the version.",
     .commands = commands,
     .n_commands = sizeof commands / sizeof commands[0],
     .missing = "compile",

@@ -40,6 +40,15 @@ typedef enum kiln_pack {
 } kiln_pack;
 #define KILN_MAX_PACK 1024 /* parts of one packed weight: gate and up of each expert of a 512-expert layer */
 
+/* How a weight of a tensor-parallel graph (kiln_graph.n_ranks > 1) is split
+ * among the ranks (pass tensor-parallel). The value's shape is one rank's
+ * shard; rank r's shard is the r-th of n_ranks equal slices of the source. */
+typedef enum kiln_shard {
+    KILN_SHARD_NONE = 0, /* every rank holds the whole weight (norms) */
+    KILN_SHARD_ROWS = 1, /* rank r: source rows r*R .. (r+1)*R-1 (column-parallel projections, vocab shards) */
+    KILN_SHARD_COLS = 2, /* rank r: source columns r*C .. (r+1)*C-1 of every row (row-parallel projections) */
+} kiln_shard;
+
 typedef struct kiln_value {
     kiln_value_kind kind;
     kiln_dtype dtype;
@@ -57,6 +66,8 @@ typedef struct kiln_value {
     kiln_pack pack;
     int n_parts;
     int *parts;                   /* n_parts value ids; owned by the graph */
+    /* weights only: this value is one rank's slice of src (tensor parallelism; packed weights: of each part) */
+    kiln_shard shard;
 } kiln_value;
 
 typedef struct kiln_op {
@@ -83,6 +94,11 @@ typedef struct kiln_graph {
     int positions; /* input value: [B,S] i32 positions */
     int logits;    /* graph output: [B,S,V] f32 */
     kiln_graph_info info;
+    /* tensor parallelism: tp_request is the ranks asked for (--tp N; 0 or 1 = none), which the pass
+     * tensor-parallel reads; n_ranks the ranks the graph is split over (0 = not split), which it sets:
+     * the graph is then what each rank runs on its shard of every weight (kiln_value.shard), and
+     * info.n_kv_heads is one rank's. */
+    int tp_request, n_ranks;
 } kiln_graph;
 
 kiln_graph *kiln_graph_new(void);

@@ -28,7 +28,8 @@ const char *kiln_ir_shape_str(const kiln_value *v, char *buf, size_t n) {
 static void print_ref(const kiln_graph *g, int v, FILE *f) {
     const kiln_value *val = &g->values[v];
     if (val->kind == KILN_VALUE_WEIGHT)
-        fprintf(f, "@%s", val->name);
+        fprintf(f, "@%s%s", val->name, val->shard == KILN_SHARD_ROWS ? "{rows/rank}"
+                                       : val->shard == KILN_SHARD_COLS ? "{cols/rank}" : "");
     else if (val->kind == KILN_VALUE_INPUT)
         fprintf(f, "%%%d(%s)", v, val->name);
     else
@@ -57,6 +58,7 @@ static void print_attrs(const kiln_op *op, FILE *f) {
         break;
     default: break;
     }
+    if (a->ranks) fprintf(f, " ranks=%d", a->ranks);
     /* the lowering decisions passes recorded: what the GPU fuses at run time */
     if (a->flags & KILN_FLAG_DECODE_ROPE) fprintf(f, " +decode_rope");
     if (a->flags & KILN_FLAG_MERGE_SPLITS) fprintf(f, " +merge_splits");
@@ -74,6 +76,7 @@ void kiln_ir_print(const kiln_graph *g, FILE *f) {
     for (int v = 0; v < g->n_values; v++) n_w += !g->values[v].dead && g->values[v].kind == KILN_VALUE_WEIGHT;
     fprintf(f, "graph: %d ops, %d weights, inputs %%%d(tokens) %%%d(positions), output %%%d\n", g->n_ops, n_w,
             g->tokens, g->positions, g->logits);
+    if (g->n_ranks > 1) fprintf(f, "tensor parallel: %d ranks; shapes are one rank's\n", g->n_ranks);
     for (int i = 0; i < g->n_ops; i++) {
         const kiln_op *op = &g->ops[i];
         if (op->dead) continue;

@@ -43,6 +43,10 @@ kiln_status kiln_ir_verify(const kiln_graph *g, kiln_error *err) {
                     st = BAD("weight %s has a non-constant dimension", val->name);
                     goto out;
                 }
+        if (val->kind == KILN_VALUE_WEIGHT && val->shard != KILN_SHARD_NONE && g->n_ranks < 2) {
+            st = BAD("weight %s is one rank's shard, but the graph is not split over ranks", val->name);
+            goto out;
+        }
     }
     for (int i = 0; i < g->n_ops; i++) {
         const kiln_op *op = &g->ops[i];
@@ -58,6 +62,11 @@ kiln_status kiln_ir_verify(const kiln_graph *g, kiln_error *err) {
                 st = BAD("op %d (%s) reads %%%d before it is defined (not in topological order or dead)", i, opn, v);
                 goto out;
             }
+        }
+        /* tensor parallelism: every op that names ranks names the graph's */
+        if (op->attrs.ranks && op->attrs.ranks != g->n_ranks) {
+            st = BAD("op %d (%s) is for %d ranks, the graph is split over %d", i, opn, op->attrs.ranks, g->n_ranks);
+            goto out;
         }
         kiln_value outs[KILN_MAX_OP_OUT];
         if ((st = kiln_ir_infer(g, op->kind, op->in, op->n_in, &op->attrs, outs, err)) != KILN_OK) {

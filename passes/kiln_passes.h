@@ -34,6 +34,10 @@ int kiln_pass_decode_attention_merge(kiln_graph *g, kiln_error *err);
 int kiln_pass_fold_norm_into_gemv(kiln_graph *g, kiln_error *err);
 int kiln_pass_dce(kiln_graph *g, kiln_error *err);
 int kiln_pass_plan_memory(kiln_graph *g, kiln_error *err);
+/* Split the graph over g->tp_request ranks (tensor_parallel.c); a no-op when it is 0 or 1. */
+int kiln_pass_tensor_parallel(kiln_graph *g, kiln_error *err);
+/* The tensor-parallel pass's entry (for --help): run first, before the list, when --tp N > 1. */
+const kiln_pass *kiln_pass_tensor_parallel_entry(void);
 
 /* Every pass, in pipeline order (those with in_default make the default pipeline). */
 const kiln_pass *kiln_passes_default(int *n);
@@ -43,9 +47,9 @@ const kiln_pass *kiln_pass_find(const char *name);
  * ("a,,b", "a,"), not overlong. NULL, "" and "none" are fine. */
 kiln_status kiln_passes_check(const char *list, kiln_error *err);
 
-/* Run the passes named in `list` (comma-separated; NULL = the default
- * pipeline, "" or "none" = none) and then memory planning, which every plan
- * needs. The verifier runs after each pass. When `dump` is non-NULL the graph
+/* Run tensor-parallel first when g->tp_request > 1, then the passes named in
+ * `list` (comma-separated; NULL = the default pipeline, "" or "none" = none)
+ * and then memory planning, which every plan needs. The verifier runs after each pass. When `dump` is non-NULL the graph
  * is printed before the first pass and after each one. */
 kiln_status kiln_passes_run(kiln_graph *g, const char *list, FILE *dump, kiln_error *err);
 

@@ -30,6 +30,14 @@ static const kiln_pass pipeline[] = {
     {"dce", "drop ops and weights nothing uses", kiln_pass_dce, true},
 };
 
+/* Run before the list when --tp N > 1: the fusions then work on one rank's graph. */
+static const kiln_pass tp_pass = {"tensor-parallel", "split over --tp N ranks: q/k/v, gate/up by rows (heads, KV heads "
+                                                     "among ranks), o_proj, down_proj by columns + all_reduce, "
+                                                     "embedding and LM head by vocabulary + all_reduce / all_gather",
+                                  kiln_pass_tensor_parallel, false};
+
+const kiln_pass *kiln_pass_tensor_parallel_entry(void) { return &tp_pass; }
+
 static const kiln_pass memory_pass = {"plan-memory", "assign activation buffers by lifetime", kiln_pass_plan_memory,
                                       true};
 
@@ -100,6 +108,7 @@ kiln_status kiln_passes_run(kiln_graph *g, const char *list, FILE *dump, kiln_er
         fprintf(dump, ";; imported\n");
         kiln_ir_print(g, dump);
     }
+    if (g->tp_request > 1 && (st = run_one(g, &tp_pass, dump, err)) != KILN_OK) return st;
     if (!list) {
         for (size_t i = 0; i < sizeof pipeline / sizeof pipeline[0]; i++)
             if (pipeline[i].in_default && (st = run_one(g, &pipeline[i], dump, err)) != KILN_OK) return st;

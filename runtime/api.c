@@ -166,10 +166,11 @@ static kiln_status fail_new(kiln_ctx_t *c, kiln_error *e) {
     return fail_ctx(c, e);
 }
 
-/* Bytes of K and V per token on the CPU executor (f32, every layer). */
+/* Bytes of K and V per token on the CPU executor (f32, every layer; every tensor-parallel rank's
+ * heads, which the CPU holds all of). */
 static int64_t cpu_kv_bytes_per_token(const kiln_model *m) {
     const kiln_plan *p = m->plan;
-    return (int64_t)p->n_layers * p->n_kv_heads * p->head_dim * 2 * (int64_t)sizeof(float);
+    return (int64_t)p->n_layers * p->n_kv_heads * p->head_dim * 2 * (int64_t)sizeof(float) * p->n_ranks;
 }
 
 static kiln_status new_cpu_executor(const kiln_model *m, const kiln_ctx_options *o, kiln_executor **x,
@@ -353,6 +354,11 @@ kiln_status kiln_ctx_new(const kiln_t *k, const kiln_ctx_options *opts, kiln_ctx
         pthread_mutex_unlock((pthread_mutex_t *)&k->f32_lock);
         if (st == KILN_OK) st = new_cpu_executor(k->m, &o, &c->x, &e);
         if (st == KILN_OK) snprintf(c->device, sizeof c->device, "cpu");
+    }
+    if (st == KILN_OK && c->x && kiln_model_shrank(k->m, &e)) { /* the upload read zeros past a new end */
+        c->x->ops->destroy(c->x);
+        c->x = NULL;
+        st = e.code;
     }
     if (st != KILN_OK) {
         kiln_err_prefix(&e, "kiln_ctx_new: ");
@@ -543,6 +549,43 @@ kiln_status kiln_run(kiln_ctx_t *c) {
 }
 
 int32_t kiln_pending(kiln_ctx_t *c) { return c && c->s ? kiln_sched_pending(c->s) : 0; }
+
+kiln_status kiln_score(kiln_ctx_t *c, const int32_t *const *seqs, const int32_t *lens, int32_t n_seqs,
+                       float *const *logprobs) {
+    kiln_status st0 = usable(c, "kiln_score");
+    if (st0 != KILN_OK) return st0;
+    kiln_error e = {0};
+    if (!seqs || !lens || !logprobs || n_seqs < 1) {
+        kiln_err(&e, KILN_ERR_INVALID_ARG, "kiln_score: %s", n_seqs < 1 ? "n_seqs must be at least 1"
+                                                                        : "seqs, lens and logprobs must not be NULL");
+        return fail_ctx(c, &e);
+    }
+    const int ctx_len = kiln_sched_max_context(c->s), vocab = c->x->vocab;
+    for (int32_t s = 0; s < n_seqs; s++) {
+        if (!seqs[s] || !logprobs[s]) {
+            kiln_err(&e, KILN_ERR_INVALID_ARG, "kiln_score: sequence %d: NULL ids or logprobs", s);
+            return fail_ctx(c, &e);
+        }
+        if (lens[s] < 2 || lens[s] > ctx_len) {
+            kiln_err(&e, KILN_ERR_INVALID_ARG, "kiln_score: sequence %d has %d ids; 2 .. %d (the context) can be "
+                                               "scored", s, lens[s], ctx_len);
+            return fail_ctx(c, &e);
+        }
+        for (int32_t i = 0; i < lens[s]; i++)
+            if (seqs[s][i] < 0 || seqs[s][i] >= vocab) {
+                kiln_err(&e, KILN_ERR_INVALID_ARG, "kiln_score: sequence %d, position %d: id %d is outside the "
+                                                   "vocabulary (0..%d)", s, i, seqs[s][i], vocab - 1);
+                return fail_ctx(c, &e);
+            }
+    }
+    if (kiln_sched_exclusive_begin(c->s, &e) != KILN_OK) {
+        kiln_err_prefix(&e, "kiln_score: ");
+        return fail_ctx(c, &e);
+    }
+    kiln_status st = kiln_score_seqs(c->x, kiln_sched_max_seqs(c->s), seqs, lens, n_seqs, logprobs, &e);
+    kiln_sched_exclusive_end(c->s);
+    return st == KILN_OK ? KILN_OK : fail_ctx(c, &e);
+}
 
 kiln_status kiln_poll(kiln_ctx_t *c, int64_t id, int32_t *buf, int32_t cap, int32_t *n, int32_t *finished,
                       int32_t *stop_reason) {

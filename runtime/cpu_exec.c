@@ -12,6 +12,14 @@
  * The plan was fully checked at load (runtime/plan.c), so shapes and indices
  * are trusted here; token ids and lengths are not.
  *
+ * Tensor parallelism (a plan of several ranks, kiln compile --tp N): the
+ * context holds every rank's state (activation buffers, KV cache, weight
+ * shards) and runs the plan rank by rank, op by op: op i on rank 0, 1, ...,
+ * then op i + 1. The collectives run once their last rank is reached, in
+ * memory: all_reduce adds the ranks' partial sums in rank order, all_gather
+ * concatenates. This is how a tp plan is checked against the tp=1 logits on
+ * a machine without GPUs; the GPU runtime does the same with NCCL.
+ *
  * Threads: matmuls split their output columns over the process-wide pool
  * (common/kiln_pool.h), at most `threads` ways; each output element is one
  * dot product whatever the split, so results do not depend on `threads`.
@@ -24,20 +32,40 @@
 #include "../common/kiln_pool.h"
 #include "kiln_rt.h"
 
+/* One tensor-parallel rank's state (a plan of one rank has one). */
+typedef struct cpu_rank {
+    float **slots;    /* per slot: max_step × width */
+    float *kcache;    /* [layers][max_context][kv_width] */
+    float *vcache;
+} cpu_rank;
+
 struct kiln_cpu_ctx {
     const kiln_model *m;
     const kiln_plan *p;
     int max_context, max_step, threads; /* threads: ways of parallelism a matmul may use */
     kiln_pool *pool;  /* the process-wide pool (NULL: inline) */
     int pos;          /* tokens in the cache */
-    float **slots;    /* per slot: max_step × width */
-    float *kcache;    /* [layers][max_context][kv_width] */
+    int n_ranks;      /* the plan's tensor-parallel ranks (1: none) */
+    cpu_rank *ranks;  /* [n_ranks] */
+    /* the rank the interpreter is running now (use_rank): its buffers, cache and weights */
+    int rank;
+    float **slots;
+    float *kcache;
     float *vcache;
-    size_t kv_width;  /* n_kv_heads × head_dim */
+    float *const *w;  /* its weights as f32: m->wf32 + rank × n_weights */
+    size_t kv_width;  /* n_kv_heads × head_dim (one rank's heads) */
     int32_t *positions; /* max_step */
     kiln_cpu_moe_trace_fn moe_trace; /* routing trace (tests); NULL = none */
     void *moe_trace_user;
 };
+
+static void use_rank(kiln_cpu_ctx *c, int r) {
+    c->rank = r;
+    c->slots = c->ranks[r].slots;
+    c->kcache = c->ranks[r].kcache;
+    c->vcache = c->ranks[r].vcache;
+    c->w = c->m->wf32 + (size_t)r * c->p->n_weights;
+}
 
 /* ---- context ---- */
 
@@ -58,30 +86,42 @@ kiln_status kiln_cpu_ctx_new(const kiln_model *m, int max_context, int max_step_
     c->pool = threads > 1 ? kiln_pool_shared() : NULL;
     c->kv_width = (size_t)p->n_kv_heads * (size_t)p->head_dim;
     size_t kv = (size_t)p->n_layers * (size_t)max_context * c->kv_width;
-    c->kcache = malloc(kv * sizeof(float));
-    c->vcache = malloc(kv * sizeof(float));
-    c->slots = calloc(p->n_slots ? p->n_slots : 1, sizeof *c->slots);
+    c->n_ranks = (int)p->n_ranks;
+    c->ranks = calloc((size_t)c->n_ranks, sizeof *c->ranks);
     c->positions = malloc((size_t)max_step_tokens * sizeof *c->positions);
-    if (!c->kcache || !c->vcache || !c->slots || !c->positions) goto nomem;
-    for (uint32_t s = 0; s < p->n_slots; s++) {
-        c->slots[s] = malloc((size_t)max_step_tokens * p->slots[s].width * sizeof(float));
-        if (!c->slots[s]) goto nomem;
+    if (!c->ranks || !c->positions) goto nomem;
+    for (int r = 0; r < c->n_ranks; r++) {
+        cpu_rank *rk = &c->ranks[r];
+        rk->kcache = malloc(kv * sizeof(float));
+        rk->vcache = malloc(kv * sizeof(float));
+        rk->slots = calloc(p->n_slots ? p->n_slots : 1, sizeof *rk->slots);
+        if (!rk->kcache || !rk->vcache || !rk->slots) goto nomem;
+        for (uint32_t s = 0; s < p->n_slots; s++) {
+            rk->slots[s] = malloc((size_t)max_step_tokens * p->slots[s].width * sizeof(float));
+            if (!rk->slots[s]) goto nomem;
+        }
     }
+    use_rank(c, 0);
     *out = c;
     return KILN_OK;
-nomem:
+nomem:;
+    const size_t kv_mb = kv * 2 * sizeof(float) * p->n_ranks >> 20; /* every rank's cache */
     kiln_cpu_ctx_free(c);
     return kiln_err(err, KILN_ERR_NOMEM, "out of memory for a %d-token context (KV cache %zu MB)", max_context,
-                    kv * 2 * sizeof(float) >> 20);
+                    kv_mb);
 }
 
 void kiln_cpu_ctx_free(kiln_cpu_ctx *c) {
     if (!c) return;
-    if (c->slots)
-        for (uint32_t s = 0; s < c->p->n_slots; s++) free(c->slots[s]);
-    free(c->slots);
-    free(c->kcache);
-    free(c->vcache);
+    for (int r = 0; c->ranks && r < c->n_ranks; r++) {
+        cpu_rank *rk = &c->ranks[r];
+        if (rk->slots)
+            for (uint32_t s = 0; s < c->p->n_slots; s++) free(rk->slots[s]);
+        free(rk->slots);
+        free(rk->kcache);
+        free(rk->vcache);
+    }
+    free(c->ranks);
     free(c->positions);
     free(c);
 }
@@ -306,9 +346,33 @@ out:
 /* ---- the interpreter ---- */
 
 static float *act(const kiln_cpu_ctx *c, int32_t v) { return c->slots[c->p->values[v].slot]; }
-static const float *wt(const kiln_cpu_ctx *c, int32_t v) { return c->m->wf32[c->p->values[v].weight]; }
+static const float *wt(const kiln_cpu_ctx *c, int32_t v) { return c->w[c->p->values[v].weight]; }
 static int64_t width(const kiln_cpu_ctx *c, int32_t v) { return c->p->values[v].shape[2]; }
 static int64_t wrows(const kiln_cpu_ctx *c, int32_t v) { return c->p->values[v].shape[0]; }
+
+/* all_reduce and all_gather, in memory, once the last rank has run op `op`: every rank's input is
+ * ready. The sum adds the ranks in rank order (NCCL's ring adds in another order, so GPU sums may
+ * differ from these in the last bits); the gather puts rank r's row block at columns r × width.
+ * Only rows first..n-1 are touched. */
+static void collective(kiln_cpu_ctx *c, const kiln_plan_op *op, int first, int n) {
+    const kiln_plan *p = c->p;
+    const int s_in = p->values[op->in[0]].slot, s_out = p->values[op->out[0]].slot;
+    const int64_t w = p->values[op->in[0]].shape[2], wo = p->values[op->out[0]].shape[2];
+    float *z0 = c->ranks[0].slots[s_out];
+    for (int64_t t = first; t < n; t++) {
+        if (op->kind == KILN_OP_ALL_REDUCE)
+            for (int64_t k = 0; k < w; k++) {
+                float s = c->ranks[0].slots[s_in][t * w + k];
+                for (int r = 1; r < c->n_ranks; r++) s += c->ranks[r].slots[s_in][t * w + k];
+                z0[t * wo + k] = s;
+            }
+        else
+            for (int r = 0; r < c->n_ranks; r++)
+                memcpy(z0 + t * wo + r * w, c->ranks[r].slots[s_in] + t * w, (size_t)w * sizeof(float));
+    }
+    for (int r = 1; r < c->n_ranks; r++)
+        memcpy(c->ranks[r].slots[s_out] + first * wo, z0 + first * wo, (size_t)((n - first) * wo) * sizeof(float));
+}
 
 /* After a qkv_rope's projections into its outputs q, k, v: the biases (when given), the per-head q/k
  * RMSNorm (+qk_norm: weights at norm[0], norm[1]), then RoPE on q and k: the order of the unfused ops. */
@@ -346,18 +410,33 @@ kiln_status kiln_cpu_forward(kiln_cpu_ctx *c, const int32_t *tokens, int n, bool
         c->positions[t] = c->pos + t;
     }
     float inv[2048];
-    for (uint32_t i = 0; i < p->n_ops; i++) {
+    /* op by op, and each op rank by rank (one rank unless the plan is tensor-parallel) */
+    for (uint32_t step = 0; step < p->n_ops * (uint32_t)c->n_ranks; step++) {
+        const uint32_t i = step / (uint32_t)c->n_ranks;
+        use_rank(c, (int)(step % (uint32_t)c->n_ranks));
         const kiln_plan_op *op = &p->ops[i];
         const kiln_op_attrs *a = &op->attrs;
         const int32_t *in = op->in, *o = op->out;
         switch ((kiln_op_kind)op->kind) {
         case KILN_OP_EMBEDDING: {
-            int64_t h = width(c, o[0]);
+            /* vocabulary-parallel (ranks): this rank's table holds ids first .. first + rows - 1, others
+             * give zero rows (the all_reduce after it adds the ranks' rows) */
+            int64_t h = width(c, o[0]), rows = wrows(c, in[1]), first = a->ranks ? c->rank * rows : 0;
             const float *table = wt(c, in[1]);
-            for (int t = 0; t < n; t++)
-                memcpy(act(c, o[0]) + t * h, table + (int64_t)tokens[t] * h, (size_t)h * sizeof(float));
+            for (int t = 0; t < n; t++) {
+                int64_t id = (int64_t)tokens[t] - first;
+                if (id >= 0 && id < rows)
+                    memcpy(act(c, o[0]) + t * h, table + id * h, (size_t)h * sizeof(float));
+                else
+                    memset(act(c, o[0]) + t * h, 0, (size_t)h * sizeof(float));
+            }
             break;
         }
+        case KILN_OP_ALL_REDUCE:
+        case KILN_OP_ALL_GATHER:
+            /* the gathered logits: only the rows the LM head computed */
+            if (c->rank == c->n_ranks - 1) collective(c, op, o[0] == p->logits && !all_logits ? n - 1 : 0, n);
+            break;
         case KILN_OP_RMSNORM: rmsnorm(act(c, in[0]), wt(c, in[1]), act(c, o[0]), n, width(c, o[0]), a->eps); break;
         case KILN_OP_HEAD_RMSNORM: /* each head's vector alone: n x heads rows of head_dim */
             rmsnorm(act(c, in[0]), wt(c, in[1]), act(c, o[0]), n * a->n_heads, a->head_dim, a->eps);

@@ -489,6 +489,7 @@ static kiln_status map_range(const char *path, uint64_t offset, uint64_t size, c
         }
         map->data = p;
         map->size = (size_t)len;
+        kiln_guard_map_add(map->data, map->size, map->path); /* kiln_file_unmap removes it */
     }
     close(fd);
     *data = map->data ? map->data + (offset - start) : (const uint8_t *)"";
@@ -599,8 +600,9 @@ const kiln_engine_section *kiln_engine_find(const kiln_engine *e, uint32_t kind)
 /* One decoding lane's share: chunks first, first+stride, ... */
 typedef struct decode_job {
     const zstd_index *ix;
-    uint8_t *dst;           /* the whole raw buffer */
-    uint32_t first, stride;
+    uint8_t *dst;           /* the raw bytes from dst_skip on (0: the whole raw buffer) */
+    uint64_t dst_skip;
+    uint32_t first, stride, end; /* chunks first, first + stride, ... below end */
     /* result: the lowest failing chunk, or UINT32_MAX */
     uint32_t bad_chunk;
     char why[160];
@@ -620,11 +622,12 @@ static void decode_run(void *arg, int lane) {
     /* where chunk `first` starts among the frames */
     uint64_t src_off = 0;
     for (uint32_t i = 0; i < j->first && i < ix->chunk_count; i++) src_off += kiln_rd_u64(ix->sizes + (size_t)i * 8);
-    for (uint64_t i = j->first; i < ix->chunk_count; i += j->stride) {
+    for (uint64_t i = j->first; i < j->end; i += j->stride) {
         uint64_t n = kiln_rd_u64(ix->sizes + (size_t)i * 8);
         uint64_t raw_off = i * ix->chunk_size;
         uint64_t raw = i + 1 < ix->chunk_count ? ix->chunk_size : ix->raw_size - raw_off;
-        size_t got = ZSTD_decompressDCtx(dctx, j->dst + raw_off, (size_t)raw, ix->frames + src_off, (size_t)n);
+        size_t got = ZSTD_decompressDCtx(dctx, j->dst + (raw_off - j->dst_skip), (size_t)raw, ix->frames + src_off,
+                                         (size_t)n);
         if (ZSTD_isError(got)) {
             j->bad_chunk = (uint32_t)i;
             snprintf(j->why, sizeof j->why, "zstd: %s", ZSTD_getErrorName(got));
@@ -642,23 +645,59 @@ static void decode_run(void *arg, int lane) {
     ZSTD_freeDCtx(dctx);
 }
 
+/* Decode chunks c0 .. c1-1 of a zstd-chunked section into dst (raw byte c0 × chunk size first), on
+ * up to `threads` ways of the pool. */
+static kiln_status decode_chunks(const zstd_index *ix, uint32_t c0, uint32_t c1, int threads, uint8_t *dst,
+                                 const char *label, const char *lab, kiln_error *err) {
+    uint32_t n_threads = threads > 1 ? (uint32_t)threads : 1;
+    if (n_threads > c1 - c0) n_threads = c1 - c0;
+    if (n_threads > 64) n_threads = 64;
+    decode_job jobs[64];
+    for (uint32_t t = 0; t < n_threads; t++)
+        jobs[t] = (decode_job){.ix = ix, .dst = dst, .dst_skip = (uint64_t)c0 * ix->chunk_size, .first = c0 + t,
+                               .stride = n_threads, .end = c1, .bad_chunk = UINT32_MAX};
+    kiln_pool_for(n_threads > 1 ? kiln_pool_shared() : NULL, (int)n_threads, (int)n_threads, decode_run, jobs);
+    const decode_job *bad = NULL;
+    for (uint32_t t = 0; t < n_threads; t++)
+        if (jobs[t].bad_chunk != UINT32_MAX && (!bad || jobs[t].bad_chunk < bad->bad_chunk)) bad = &jobs[t];
+    if (bad) {
+        kiln_err(err, KILN_ERR_CODEC, "%s: section %s, zstd chunk %u of %u: %s", label, lab, bad->bad_chunk,
+                 ix->chunk_count, bad->why);
+        return kiln_err_hint(err, "the engine is corrupted or was written by a broken writer; rebuild it");
+    }
+    return KILN_OK;
+}
+
 kiln_status kiln_engine_section_bytes(const kiln_engine *e, const kiln_engine_section *s, int threads,
                                       const uint8_t **data, size_t *size, bool *owned, kiln_error *err) {
-    *data = NULL;
     *size = 0;
-    *owned = false;
+    const uint8_t *base = NULL;
+    kiln_status st = kiln_engine_section_range(e, s, 0, s->raw_size, threads, data, &base, err);
+    *owned = base != NULL;
+    if (st == KILN_OK) *size = (size_t)s->raw_size;
+    return st;
+}
+
+kiln_status kiln_engine_section_range(const kiln_engine *e, const kiln_engine_section *s, uint64_t begin,
+                                      uint64_t end, int threads, const uint8_t **data, const uint8_t **base,
+                                      kiln_error *err) {
+    *data = NULL;
+    *base = NULL;
     const char *label = e->map.path ? e->map.path : "(engine)";
     char lab[64];
     uint32_t index = (uint32_t)(s >= e->sections && s < e->sections + e->n_sections ? s - e->sections : 0);
     section_label(lab, sizeof lab, index, s->kind);
-    uint64_t end;
-    if (!kiln_add_u64(s->offset, s->stored_size, &end) || end > e->size)
+    uint64_t stored_end;
+    if (!kiln_add_u64(s->offset, s->stored_size, &stored_end) || stored_end > e->size)
         return kiln_err(err, KILN_ERR_INVALID_ARG, "%s: section %s is not inside the engine", label, lab);
+    if (begin > end || end > s->raw_size)
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "%s: section %s: bytes [%llu, %llu) are not inside its %llu",
+                        label, lab, (unsigned long long)begin, (unsigned long long)end,
+                        (unsigned long long)s->raw_size);
     const uint8_t *stored = e->data + s->offset;
 
     if (s->codec == KILN_CODEC_NONE) {
-        *data = stored;
-        *size = (size_t)s->stored_size;
+        *data = stored + begin;
         return KILN_OK;
     }
     if (s->codec != KILN_CODEC_ZSTD_CHUNKED)
@@ -668,37 +707,28 @@ kiln_status kiln_engine_section_bytes(const kiln_engine *e, const kiln_engine_se
     char why[256];
     if (!zstd_index_read(stored, s->stored_size, s->raw_size, &ix, why, sizeof why))
         return kiln_err(err, KILN_ERR_FORMAT, "%s: section %s: %s", label, lab, why);
-    if (ix.raw_size == 0) {
+    if (begin == end) {
         *data = stored; /* a valid pointer to no bytes */
         return KILN_OK;
     }
-    if (ix.raw_size > SIZE_MAX - KILN_ENGINE_ALIGN)
+    /* the chunks that hold [begin, end) */
+    const uint32_t c0 = (uint32_t)(begin / ix.chunk_size), c1 = (uint32_t)((end - 1) / ix.chunk_size + 1);
+    const uint64_t from = (uint64_t)c0 * ix.chunk_size, to = c1 < ix.chunk_count ? (uint64_t)c1 * ix.chunk_size
+                                                                                 : ix.raw_size;
+    if (to - from > SIZE_MAX - KILN_ENGINE_ALIGN)
         return kiln_err(err, KILN_ERR_NOMEM, "%s: section %s: %llu raw bytes do not fit in memory", label, lab,
-                        (unsigned long long)ix.raw_size);
-    size_t cap = (size_t)kiln_align_up(ix.raw_size, KILN_ENGINE_ALIGN);
+                        (unsigned long long)(to - from));
+    size_t cap = (size_t)kiln_align_up(to - from, KILN_ENGINE_ALIGN);
     uint8_t *dst = aligned_alloc(KILN_ENGINE_ALIGN, cap);
     if (!dst)
         return kiln_err(err, KILN_ERR_NOMEM, "%s: section %s: cannot allocate %llu bytes to decode it", label, lab,
-                        (unsigned long long)ix.raw_size);
-
-    uint32_t n_threads = threads > 1 ? (uint32_t)threads : 1;
-    if (n_threads > ix.chunk_count) n_threads = ix.chunk_count;
-    if (n_threads > 64) n_threads = 64;
-    decode_job jobs[64];
-    for (uint32_t t = 0; t < n_threads; t++)
-        jobs[t] = (decode_job){.ix = &ix, .dst = dst, .first = t, .stride = n_threads, .bad_chunk = UINT32_MAX};
-    kiln_pool_for(n_threads > 1 ? kiln_pool_shared() : NULL, (int)n_threads, (int)n_threads, decode_run, jobs);
-    const decode_job *bad = NULL;
-    for (uint32_t t = 0; t < n_threads; t++)
-        if (jobs[t].bad_chunk != UINT32_MAX && (!bad || jobs[t].bad_chunk < bad->bad_chunk)) bad = &jobs[t];
-    if (bad) {
-        kiln_err(err, KILN_ERR_CODEC, "%s: section %s, zstd chunk %u of %u: %s", label, lab, bad->bad_chunk,
-                 ix.chunk_count, bad->why);
+                        (unsigned long long)(to - from));
+    kiln_status st = decode_chunks(&ix, c0, c1, threads, dst, label, lab, err);
+    if (st != KILN_OK) {
         free(dst);
-        return kiln_err_hint(err, "the engine is corrupted or was written by a broken writer; rebuild it");
+        return st;
     }
-    *data = dst;
-    *size = (size_t)ix.raw_size;
-    *owned = true;
+    *data = dst + (begin - from);
+    *base = dst;
     return KILN_OK;
 }

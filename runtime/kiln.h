@@ -332,6 +332,19 @@ kiln_status kiln_run(kiln_ctx_t *ctx);
 /* Requests queued or running (not counting finished ones waiting to be polled). */
 int32_t kiln_pending(kiln_ctx_t *ctx);
 
+/* Since 0.3. Score given token ids (teacher forcing; no sampling): for each of the n_seqs sequences s,
+ * logprobs[s][i] = log p(seqs[s][i + 1] | seqs[s][0 .. i]) for i < lens[s] - 1, the model's
+ * log-softmax (no temperature or penalties), as kiln_token_info.logprob. Each sequence has 2 ..
+ * max_context ids of the vocabulary and is read from position 0 (its first id is context only, so a
+ * caller that wants it scored puts BOS first). The sequences run max_batch at a time, one token per
+ * step on the same path as generation, so `kiln perplexity` and generated tokens' logprobs agree.
+ * The context must be idle: no request queued or running and no thread stepping
+ * (KILN_ERR_INVALID_ARG otherwise); requests submitted meanwhile wait. Other refusals:
+ * KILN_ERR_INVALID_ARG for NULL pointers, n_seqs < 1, a length out of range or an id outside the
+ * vocabulary (naming the sequence and position); a device failure returns its status. */
+kiln_status kiln_score(kiln_ctx_t *ctx, const int32_t *const *seqs, const int32_t *lens, int32_t n_seqs,
+                       float *const *logprobs);
+
 /* Take the tokens a request (submitted without a callback) produced since
  * the last poll: up to `cap` ids into `buf`, their count in *n. *finished
  * becomes 1 when the request has finished and every token has been taken;

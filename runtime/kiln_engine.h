@@ -173,6 +173,13 @@ const kiln_engine_section *kiln_engine_find(const kiln_engine *e, uint32_t kind)
  * many ways of the process-wide thread pool. */
 kiln_status kiln_engine_section_bytes(const kiln_engine *e, const kiln_engine_section *s, int threads,
                                       const uint8_t **data, size_t *size, bool *owned, kiln_error *err);
+/* Decoded bytes [begin, end) of a section only: a tensor-parallel rank's range of the weights
+ * section (kiln_plan_rank_range). For codec none, `*data` points into the mapped file and `*base`
+ * is NULL; for zstd-chunked, only the chunks that hold the range are decoded, into a buffer
+ * (aligned to 4096) that *base points to and the caller frees with free(); *data points inside it. */
+kiln_status kiln_engine_section_range(const kiln_engine *e, const kiln_engine_section *s, uint64_t begin,
+                                      uint64_t end, int threads, const uint8_t **data, const uint8_t **base,
+                                      kiln_error *err);
 
 /* ---- writer (used by codegen/; lives here so the format is defined once) ---- */
 

@@ -135,4 +135,11 @@ void kiln_apply_penalties(float *logits, int vocab, const int32_t *toks, int n_p
 void kiln_logprobs(const float *logits, int vocab, int32_t token, int n_top, float *lp, int32_t *top_ids,
                    float *top_lps);
 
+/* Teacher-forced scoring (runtime/score.c): for each of the n sequences s (lens[s] >= 2 tokens, each
+ * at most the executor's context), out[s][i] = log p(seqs[s][i + 1] | seqs[s][0..i]) for
+ * i < lens[s] - 1, read one token per step in slots 0..max_seqs-1 (which must be free; they are
+ * free again after). */
+kiln_status kiln_score_seqs(kiln_executor *x, int max_seqs, const int32_t *const *seqs, const int32_t *lens, int n,
+                            float *const *out, kiln_error *err);
+
 #endif /* KILN_EXEC_H */

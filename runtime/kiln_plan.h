@@ -30,6 +30,17 @@
  * Version 2 (kiln 0.2): ops of any input count with keyed attributes, which
  * carry the lowering decisions passes make (KILN_FLAG_*); version 1's ops
  * were fixed 96-byte records. A version 1 plan is refused: recompile.
+ *
+ * Version 3 (tensor parallelism, kiln compile --tp N with N > 1; a plan of
+ * one rank is still written as version 2, byte for byte): the same layout,
+ * but header offset 60 holds u32 n_ranks (2..KILN_MAX_RANKS) and the weight
+ * table holds n_ranks × n_weights records, rank after rank: record
+ * r × n_weights + i is rank r's shard of weight i (same name, dtype and
+ * shape on every rank: the shape is one rank's, the one the values give).
+ * Every rank runs the same ops on its own shards; ops all_reduce and
+ * all_gather (attribute ranks) join the ranks. Each rank's weights lie in
+ * one range of the weights section, starting at a multiple of
+ * KILN_PLAN_RANK_ALIGN, so a rank can map its own range only.
  */
 #ifndef KILN_PLAN_H
 #define KILN_PLAN_H
@@ -41,7 +52,9 @@
 #include "../common/kiln_util.h"
 
 #define KILN_PLAN_MAGIC "KPLN"
-#define KILN_PLAN_VERSION 2
+#define KILN_PLAN_VERSION 2     /* what a plan of one rank is written as */
+#define KILN_PLAN_VERSION_TP 3  /* a plan of several ranks (tensor parallelism) */
+#define KILN_PLAN_RANK_ALIGN 4096 /* each rank's weights start at a multiple of this in the weights section */
 #define KILN_PLAN_HEADER_SIZE 64
 #define KILN_PLAN_SLOT_SIZE 8
 #define KILN_PLAN_VALUE_SIZE 56
@@ -85,9 +98,10 @@ typedef struct kiln_plan {
     uint32_t n_values, n_ops, n_weights, n_slots;
     int32_t tokens, positions, logits;
     int32_t n_layers, n_kv_heads, head_dim, hidden_size, vocab_size, max_context;
+    uint32_t n_ranks;  /* tensor-parallel ranks (1: a version 2 plan); n_kv_heads is one rank's */
     kiln_plan_slot *slots;
     kiln_plan_value *values;
-    kiln_plan_weight *weights;
+    kiln_plan_weight *weights; /* n_ranks × n_weights: rank r's shard of weight i at r × n_weights + i */
     kiln_plan_op *ops;
 } kiln_plan;
 
@@ -96,5 +110,12 @@ typedef struct kiln_plan {
 kiln_status kiln_plan_parse(const uint8_t *data, size_t size, uint64_t weights_size, kiln_plan **out,
                             kiln_error *err);
 void kiln_plan_free(kiln_plan *p);
+
+/* Rank r's weight table (n_weights records): rank 0's is p->weights. */
+static inline const kiln_plan_weight *kiln_plan_rank_weights(const kiln_plan *p, uint32_t rank) {
+    return p->weights + (size_t)rank * p->n_weights;
+}
+/* The byte range of the weights section that rank r's weights lie in: [*begin, *end). */
+void kiln_plan_rank_range(const kiln_plan *p, uint32_t rank, uint64_t *begin, uint64_t *end);
 
 #endif /* KILN_PLAN_H */

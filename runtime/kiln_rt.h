@@ -28,7 +28,9 @@ typedef struct kiln_model {
     const uint8_t *weights;        /* decoded weights section */
     size_t weights_size;
     bool weights_owned;            /* weights is a malloc'd buffer (decoded from zstd) */
-    float **wf32;                  /* per plan weight: its data as f32 (converted at load; NULL with KILN_MODEL_NO_F32) */
+    float **wf32;                  /* per plan weight record (every rank's: rank r's weight i at
+                                      r × n_weights + i): its data as f32 (converted at load; NULL with
+                                      KILN_MODEL_NO_F32) */
     int32_t bos_id;                /* -1 when none */
     int32_t eos_ids[KILN_MAX_EOS_IDS];
     int n_eos;
@@ -40,6 +42,10 @@ typedef struct kiln_model {
     char no_gpu_kernels[256];      /* meta build.no_gpu_kernels: why the engine has no GPU kernels ("" = unknown) */
     double load_seconds;
 } kiln_model;
+/* True, with a message naming the engine file in `err`, when that file shrank while kiln read it
+ * (common/guard.c: the bytes read past its new end were zeros). Loading checks it; so does whatever
+ * reads the weights later (a GPU context's upload). */
+bool kiln_model_shrank(const kiln_model *m, kiln_error *err);
 
 /* Open an engine: verify the file, parse meta and plan, decode the weights
  * (at most `threads` ways of the process-wide pool when compressed) and

@@ -108,6 +108,12 @@ kiln_status kiln_sched_submit(kiln_sched *s, const kiln_sched_request *r, int64_
 kiln_status kiln_sched_step(kiln_sched *s, bool *ran, kiln_error *err);
 /* Queued + running requests. */
 int kiln_sched_pending(kiln_sched *s);
+/* Take the executor for the caller alone (kiln_score): only when no request is queued or running and
+ * no thread steps (KILN_ERR_INVALID_ARG naming why otherwise); steps meanwhile are refused as
+ * "already stepping", and requests submitted meanwhile wait for the next step after it. Give it
+ * back with kiln_sched_exclusive_end. */
+kiln_status kiln_sched_exclusive_begin(kiln_sched *s, kiln_error *err);
+void kiln_sched_exclusive_end(kiln_sched *s);
 kiln_status kiln_sched_cancel(kiln_sched *s, int64_t id, kiln_error *err);
 /* As kiln_poll (kiln.h); *reason = -1 until finished. */
 kiln_status kiln_sched_poll(kiln_sched *s, int64_t id, int32_t *buf, int cap, int *n, bool *finished, int *reason,

@@ -129,9 +129,10 @@ static kiln_status load_weights(kiln_model *m, int threads, bool f32, const char
 
 static kiln_status convert_f32(kiln_model *m, const char *path, kiln_error *err) {
     const kiln_plan *p = m->plan;
-    m->wf32 = calloc(p->n_weights ? p->n_weights : 1, sizeof *m->wf32);
+    const uint32_t n = p->n_ranks * p->n_weights; /* every rank's weights: the CPU runs all ranks */
+    m->wf32 = calloc(n ? n : 1, sizeof *m->wf32);
     if (!m->wf32) return kiln_err(err, KILN_ERR_NOMEM, "%s: out of memory", path);
-    for (uint32_t i = 0; i < p->n_weights; i++) {
+    for (uint32_t i = 0; i < n; i++) {
         const kiln_plan_weight *w = &p->weights[i];
         size_t count = (size_t)(w->nbytes / (uint64_t)kiln_dtype_size(w->dtype));
         const uint8_t *src = m->weights + w->offset;
@@ -168,12 +169,17 @@ kiln_status kiln_model_open(const char *path, int threads, kiln_model **out, kil
     return kiln_model_open_ex(path, threads, 0, out, err);
 }
 
+bool kiln_model_shrank(const kiln_model *m, kiln_error *err) {
+    return m->engine.map.data && m->engine.map.path && kiln_guard_fault_in(m->engine.map.path, err);
+}
+
 kiln_status kiln_model_load_f32(kiln_model *m, kiln_error *err) {
     if (m->wf32) return KILN_OK;
     const char *path = m->engine.map.path ? m->engine.map.path : "(engine)";
     kiln_status st = convert_f32(m, path, err);
+    if (kiln_model_shrank(m, err)) st = err ? err->code : KILN_ERR_IO; /* what it read were zeros */
     if (st != KILN_OK && m->wf32) {
-        for (uint32_t i = 0; i < m->plan->n_weights; i++) free(m->wf32[i]);
+        for (uint32_t i = 0; i < m->plan->n_ranks * m->plan->n_weights; i++) free(m->wf32[i]);
         free(m->wf32);
         m->wf32 = NULL;
     }
@@ -199,7 +205,10 @@ kiln_status kiln_model_open_src(const kiln_engine_src *src, int threads, unsigne
     }
     if ((st = load_weights(m, threads, !(flags & KILN_MODEL_NO_F32), path, err)) != KILN_OK ||
         (st = read_meta(m, path, err)) != KILN_OK ||
-        (st = load_tokenizer(m, path, err)) != KILN_OK) {
+        (st = load_tokenizer(m, path, err)) != KILN_OK ||
+        kiln_model_shrank(m, err)) {
+        /* the file shrank under the load: what was read past its end were zeros; say that, not what they broke */
+        if (kiln_model_shrank(m, err)) st = err ? err->code : KILN_ERR_IO;
         kiln_model_close(m);
         return st;
     }
@@ -211,7 +220,7 @@ kiln_status kiln_model_open_src(const kiln_engine_src *src, int threads, unsigne
 void kiln_model_close(kiln_model *m) {
     if (!m) return;
     if (m->wf32 && m->plan)
-        for (uint32_t i = 0; i < m->plan->n_weights; i++) free(m->wf32[i]);
+        for (uint32_t i = 0; i < m->plan->n_ranks * m->plan->n_weights; i++) free(m->wf32[i]);
     free(m->wf32);
     if (m->weights_owned) free((void *)m->weights);
     kiln_plan_free(m->plan);

@@ -82,7 +82,7 @@ static kiln_status check_ops(const kiln_plan *p, kiln_error *err) {
     for (uint32_t v = 0; v < p->n_values; v++) defined[v] = p->values[v].kind != KILN_PV_ACT;
     for (uint32_t i = 0; i < p->n_ops && st == KILN_OK; i++) {
         const kiln_plan_op *op = &p->ops[i];
-        if (op->kind >= KILN_OP_COUNT_) {
+        if (op->kind >= KILN_OP_COUNT_ || kiln_op_n_in(op->kind) < 0) {
             st = BAD("op %u has unknown kind %u", i, op->kind);
             break;
         }
@@ -107,6 +107,11 @@ static kiln_status check_ops(const kiln_plan *p, kiln_error *err) {
         if (kiln_op_infer(op->kind, in, (int)op->n_in, &op->attrs, out, err) != KILN_OK) {
             st = kiln_err_prefix(err, "plan: op %u: ", i);
             err->code = st = KILN_ERR_FORMAT;
+            break;
+        }
+        if (op->attrs.ranks && (uint32_t)op->attrs.ranks != p->n_ranks) {
+            st = BAD("op %u (%s) is for %d ranks, the plan has %u", i, kiln_op_name(op->kind), op->attrs.ranks,
+                     p->n_ranks);
             break;
         }
         if ((op->kind == KILN_OP_ATTENTION || op->kind == KILN_OP_QKV_ROPE || op->kind == KILN_OP_QKV_ROPE_PACKED) &&
@@ -151,13 +156,25 @@ static kiln_status check_ops(const kiln_plan *p, kiln_error *err) {
     return st;
 }
 
+void kiln_plan_rank_range(const kiln_plan *p, uint32_t rank, uint64_t *begin, uint64_t *end) {
+    const kiln_plan_weight *w = kiln_plan_rank_weights(p, rank);
+    uint64_t b = UINT64_MAX, e = 0;
+    for (uint32_t i = 0; i < p->n_weights; i++) {
+        if (w[i].offset < b) b = w[i].offset;
+        if (w[i].offset + w[i].nbytes > e) e = w[i].offset + w[i].nbytes; /* checked at parse: no overflow */
+    }
+    *begin = p->n_weights ? b : 0;
+    *end = e;
+}
+
 kiln_status kiln_plan_parse(const uint8_t *d, size_t size, uint64_t weights_size, kiln_plan **out, kiln_error *err) {
     *out = NULL;
     if (size < KILN_PLAN_HEADER_SIZE) return BAD("section is %zu bytes, shorter than its header", size);
     if (memcmp(d, KILN_PLAN_MAGIC, 4) != 0) return BAD("bad magic");
     uint32_t version = kiln_rd_u32(d + 4);
-    if (version != KILN_PLAN_VERSION) {
-        kiln_err(err, KILN_ERR_VERSION, "plan: version %u, this runtime reads version %d", version, KILN_PLAN_VERSION);
+    if (version != KILN_PLAN_VERSION && version != KILN_PLAN_VERSION_TP) {
+        kiln_err(err, KILN_ERR_VERSION, "plan: version %u, this runtime reads versions %d and %d", version,
+                 KILN_PLAN_VERSION, KILN_PLAN_VERSION_TP);
         return kiln_err_hint(err, "recompile the engine from its checkpoint with this kiln (kiln compile)");
     }
     kiln_plan *p = calloc(1, sizeof *p);
@@ -176,6 +193,11 @@ kiln_status kiln_plan_parse(const uint8_t *d, size_t size, uint64_t weights_size
     p->hidden_size = rd_i32(d + 48);
     p->vocab_size = rd_i32(d + 52);
     p->max_context = rd_i32(d + 56);
+    p->n_ranks = version == KILN_PLAN_VERSION_TP ? kiln_rd_u32(d + 60) : 1; /* version 2: reserved */
+    if (p->n_ranks < (version == KILN_PLAN_VERSION_TP ? 2u : 1u) || p->n_ranks > KILN_MAX_RANKS) {
+        st = BAD("version %u plan for %u tensor-parallel ranks (2..%d)", version, p->n_ranks, KILN_MAX_RANKS);
+        goto fail;
+    }
     if (p->n_values > KILN_PLAN_MAX_ITEMS || p->n_ops > KILN_PLAN_MAX_ITEMS || p->n_weights > KILN_PLAN_MAX_ITEMS ||
         p->n_slots > KILN_PLAN_MAX_ITEMS || p->n_values == 0 || p->n_ops == 0) {
         st = BAD("bad counts (%u values, %u ops, %u weights, %u slots)", p->n_values, p->n_ops, p->n_weights,
@@ -184,7 +206,8 @@ kiln_status kiln_plan_parse(const uint8_t *d, size_t size, uint64_t weights_size
     }
     /* the fixed-size tables; the ops (variable records) must fill the rest exactly */
     uint64_t fixed = KILN_PLAN_HEADER_SIZE + (uint64_t)p->n_slots * KILN_PLAN_SLOT_SIZE +
-                     (uint64_t)p->n_values * KILN_PLAN_VALUE_SIZE + (uint64_t)p->n_weights * KILN_PLAN_WEIGHT_SIZE;
+                     (uint64_t)p->n_values * KILN_PLAN_VALUE_SIZE +
+                     (uint64_t)p->n_ranks * p->n_weights * KILN_PLAN_WEIGHT_SIZE;
     if (fixed + (uint64_t)p->n_ops * KILN_PLAN_OP_HEADER_SIZE > size) {
         st = BAD("section is %zu bytes, too short for its counts", size);
         goto fail;
@@ -197,7 +220,8 @@ kiln_status kiln_plan_parse(const uint8_t *d, size_t size, uint64_t weights_size
     }
     p->slots = calloc(p->n_slots ? p->n_slots : 1, sizeof *p->slots);
     p->values = calloc(p->n_values, sizeof *p->values);
-    p->weights = calloc(p->n_weights ? p->n_weights : 1, sizeof *p->weights);
+    const uint64_t n_records = (uint64_t)p->n_ranks * p->n_weights; /* weight records, every rank's */
+    p->weights = calloc(n_records ? (size_t)n_records : 1, sizeof *p->weights);
     p->ops = calloc(p->n_ops, sizeof *p->ops);
     if (!p->slots || !p->values || !p->weights || !p->ops) {
         st = kiln_err(err, KILN_ERR_NOMEM, "plan: out of memory");
@@ -221,7 +245,7 @@ kiln_status kiln_plan_parse(const uint8_t *d, size_t size, uint64_t weights_size
         v->weight = rd_i32(c + 16);
         for (int k = 0; k < KILN_MAX_DIMS; k++) v->shape[k] = (int64_t)kiln_rd_u64(c + 24 + 8 * k);
     }
-    for (uint32_t i = 0; i < p->n_weights; i++, c += KILN_PLAN_WEIGHT_SIZE) {
+    for (uint32_t i = 0; i < n_records; i++, c += KILN_PLAN_WEIGHT_SIZE) {
         kiln_plan_weight *w = &p->weights[i];
         memcpy(w->name, c, KILN_PLAN_NAME_MAX);
         w->dtype = kiln_rd_u32(c + 128);
@@ -230,6 +254,14 @@ kiln_status kiln_plan_parse(const uint8_t *d, size_t size, uint64_t weights_size
         w->offset = kiln_rd_u64(c + 168);
         w->nbytes = kiln_rd_u64(c + 176);
         if ((st = check_weight(w, i, weights_size, err)) != KILN_OK) goto fail;
+        /* every rank's shard of a weight: the same name, dtype and (one rank's) shape */
+        const kiln_plan_weight *w0 = &p->weights[i % p->n_weights];
+        if (i >= p->n_weights && (strcmp(w->name, w0->name) != 0 || w->dtype != w0->dtype || w->ndim != w0->ndim ||
+                                  memcmp(w->shape, w0->shape, sizeof w->shape) != 0)) {
+            st = BAD("rank %u's weight %u ('%s') does not match rank 0's ('%s')", i / p->n_weights, i % p->n_weights,
+                     w->name, w0->name);
+            goto fail;
+        }
     }
     const uint8_t *end = d + size;
     for (uint32_t i = 0; i < p->n_ops; i++) {

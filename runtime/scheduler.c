@@ -735,6 +735,30 @@ int kiln_sched_pending(kiln_sched *s) {
     return n;
 }
 
+kiln_status kiln_sched_exclusive_begin(kiln_sched *s, kiln_error *err) {
+    pthread_mutex_lock(&s->lock);
+    kiln_status st = KILN_OK;
+    if (s->busy) {
+        st = kiln_err(err, KILN_ERR_INVALID_ARG, "this context is stepping (another thread, or a callback)");
+    } else {
+        reap(s);
+        int n = s->n_running;
+        for (sched_req *r = s->queue_head; r; r = r->next) n++;
+        if (n > 0)
+            st = kiln_err(err, KILN_ERR_INVALID_ARG, "this context has %d request%s in flight", n, n == 1 ? "" : "s");
+        else
+            s->busy = true;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return st;
+}
+
+void kiln_sched_exclusive_end(kiln_sched *s) {
+    pthread_mutex_lock(&s->lock);
+    s->busy = false;
+    pthread_mutex_unlock(&s->lock);
+}
+
 kiln_status kiln_sched_cancel(kiln_sched *s, int64_t id, kiln_error *err) {
     pthread_mutex_lock(&s->lock);
     kiln_status st = KILN_OK;

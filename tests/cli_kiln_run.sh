@@ -26,6 +26,10 @@ cmds=$(sed -n 's/^  \([a-z]*\)  .*/\1/p' "$T/help" | tr '\n' ' ')
 expect 2 "hint: compile engines with .kiln compile." -- "$RUN" compile x -o y.kiln
 expect 2 "unknown command 'frobnicate'" -- "$RUN" frobnicate
 expect 2 "usage: kiln-run" -- "$RUN"
+# each command's help names the tool it runs under
+for c in run bench inspect serve; do
+    "$RUN" $c --help 2>&1 | head -1 | grep -q "^usage: kiln-run $c " && ok || bad "kiln-run $c --help does not say 'usage: kiln-run $c'"
+done
 
 # run / inspect / bench on stories260k, the same as kiln's
 "$KILN" compile "$SHARED/models/stories260k" -o "$T/s.kiln" --target none >/dev/null 2>&1 || bad "compile stories260k"

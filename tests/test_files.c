@@ -22,8 +22,11 @@
 #include "../codegen/kiln_codegen.h"
 #include "../common/kiln_util.h"
 #include "../compiler/kiln_compiler.h"
+#include "../runtime/kiln.h"
 #include "../runtime/kiln_engine.h"
+#include "../runtime/kiln_rt.h"
 #include "kt.h"
+#include "kt_fixture.h"
 
 static char g_dir[256];
 
@@ -232,6 +235,52 @@ static void test_shrunk_checkpoint(void) {
     kiln_guard_fault_reset();
 }
 
+/* An engine rewritten in place while the runtime reads it (`cp new.kiln live.kiln` under kiln serve):
+ * the weights it reads after the truncation are zeros, and the load says so, naming the engine, at
+ * the f32 conversion and at a context's creation through the C API; nothing crashes. */
+static void test_shrunk_engine(void) {
+    kiln_error err = {0};
+    KT_REQUIRE(kiln_guard_install_bus(&err) == KILN_OK);
+    kiln_guard_fault_reset();
+    char ck[1024];
+    snprintf(ck, sizeof ck, "%s/tests/data/tiny-mistral", KILN_SOURCE_DIR);
+    const char *eng = in_dir("live.kiln");
+    kiln_compile_options opt = {.output_path = eng, .weight_dtype = KILN_DTYPE_COUNT_, .targets = "none"};
+    KT_REQUIRE(kt_compile(ck, &opt) == KILN_OK);
+    struct stat sb;
+    KT_REQUIRE(stat(eng, &sb) == 0);
+
+    kiln_model *m = NULL;
+    KT_REQUIRE(kiln_model_open_ex(eng, 1, KILN_MODEL_NO_F32, &m, &err) == KILN_OK);
+    KT_REQUIRE(truncate(eng, 4096) == 0);
+    KT_EQ_INT(kiln_model_load_f32(m, &err), KILN_ERR_IO);
+    KT_CONTAINS(err.msg, eng);
+    KT_CONTAINS(err.msg, "the file shrank while kiln read it (SIGBUS at offset");
+    KT_CONTAINS(err.msg, "renaming it over the old");
+    kiln_model_close(m);
+    kiln_guard_fault_reset();
+
+    /* the C API: kiln_open, then the file shrinks before the CPU context converts the weights */
+    KT_REQUIRE(kt_compile(ck, &opt) == KILN_OK);
+    kiln_t *k = NULL;
+    KT_REQUIRE(kiln_open(eng, 1, &k) == KILN_OK);
+    KT_REQUIRE(truncate(eng, 4096) == 0);
+    kiln_ctx_options co;
+    kiln_ctx_options_init(&co);
+    co.device = "cpu";
+    kiln_ctx_t *c = NULL;
+    KT_EQ_INT(kiln_ctx_new(k, &co, &c), KILN_ERR_IO);
+    KT_CONTAINS(kiln_last_error(c), "the file shrank while kiln read it");
+    kiln_ctx_free(c);
+    kiln_close(k);
+    kiln_guard_fault_reset();
+    /* a fault in another file is not this engine's: a fresh copy opens and converts */
+    KT_REQUIRE(kt_compile(ck, &opt) == KILN_OK);
+    KT_REQUIRE(kiln_model_open(eng, 1, &m, &err) == KILN_OK);
+    kiln_model_close(m);
+    unlink(eng);
+}
+
 static void rm_dir(void) {
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
@@ -257,6 +306,7 @@ int main(void) {
     KT_RUN(test_regular);
     KT_RUN(test_shrunk_mapping);
     KT_RUN(test_shrunk_checkpoint);
+    KT_RUN(test_shrunk_engine);
     rm_dir();
     return KT_END();
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # make_engine_load_seeds.sh — the seed engines of fuzz/corpus/engine_load:
-# tests/data/tiny-mistral compiled as bf16, f32 + compressed, with the tiny
+# tests/data/tiny-mistral compiled as bf16, f32 + compressed, split over 2
+# tensor-parallel ranks (plan version 3), with the tiny
 # fuzz tokenizer (fuzz/data/tiny_tokenizer*.json), and with a kernels
 # section for sm_80 when this kiln has NVRTC. (.seed, not .kiln: .gitignore
 # drops *.kiln.)
@@ -14,6 +15,7 @@ trap 'rm -rf "$t"' EXIT
 cp -r tests/data/tiny-mistral "$t/ck"
 "$KILN" compile "$t/ck" -o "$out/bf16.seed" --target none
 "$KILN" compile "$t/ck" -o "$out/f32_zstd.seed" --target none --dtype f32 --compress
+"$KILN" compile "$t/ck" -o "$out/tp2.seed" --target none --tp 2
 cp fuzz/data/tiny_tokenizer.json "$t/ck/tokenizer.json"
 cp fuzz/data/tiny_tokenizer_config.json "$t/ck/tokenizer_config.json"
 "$KILN" compile "$t/ck" -o "$out/tokenizer.seed" --target none

@@ -477,6 +477,13 @@ static kiln_status unsupported_op(const cx *x, uint32_t i, const char *why, kiln
 
 static kiln_status build_program(cx *x, kiln_error *err) {
     const kiln_plan *p = x->p;
+    if (p->n_ranks > 1) { /* tensor parallelism: the CPU side is built, the GPU side is design (docs/parallelism.md) */
+        kiln_err(err, KILN_ERR_UNSUPPORTED, "cuda executor: the engine is split over %u tensor-parallel ranks "
+                 "(kiln compile --tp %u); running it on GPUs (a rank per GPU, NCCL) is not built yet", p->n_ranks,
+                 p->n_ranks);
+        return kiln_err_hint(err, "run it on the CPU (--device cpu), which runs the ranks in turn, or compile "
+                                  "with --tp 1");
+    }
     const uint32_t nv = p->n_values;
     kiln_status st = KILN_OK;
     int32_t *last = malloc(nv * sizeof *last), *uses = calloc(nv, sizeof *uses), *vb = malloc(nv * sizeof *vb);
