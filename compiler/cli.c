@@ -4,6 +4,7 @@
  */
 #include "cli.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -132,7 +133,7 @@ bool kiln_cli_parse_memory(const char *s, int64_t *bytes, double *fraction) {
 
 static void tool_usage(const kiln_cli_tool *t, FILE *f) {
     fprintf(f, "usage: %s\ncommands:\n", t->usage);
-    for (size_t i = 0; i < t->n_commands; i++) fprintf(f, "  %-9s %s\n", t->commands[i].name, t->commands[i].help);
+    for (size_t i = 0; i < t->n_commands; i++) fprintf(f, "  %-10s  %s\n", t->commands[i].name, t->commands[i].help);
     fprintf(f, "\n%s\nExit codes: 0 success, 1 failure, 2 usage error.\n", t->help_note);
 }
 
@@ -172,4 +173,32 @@ int kiln_cli_main(const kiln_cli_tool *t, int argc, char **argv) {
     fprintf(stderr, "%s: error: unknown command '%s'\n\n", t->prog, argv[1]);
     tool_usage(t, stderr);
     return KILN_EXIT_USAGE;
+}
+
+kiln_status kiln_cli_parse_ids_text(const char *s, size_t len, const char *label, int32_t **ids, size_t *n,
+                                    kiln_error *err) {
+    size_t cap = len / 2 + 1, k = 0;
+    int32_t *v = malloc(cap * sizeof *v);
+    if (!v) return kiln_err(err, KILN_ERR_NOMEM, "%s: out of memory", label);
+    for (size_t i = 0; i < len;) {
+        if (isspace((unsigned char)s[i]) || s[i] == ',') {
+            i++;
+            continue;
+        }
+        size_t j = i;
+        long long x = 0;
+        while (j < len && isdigit((unsigned char)s[j]) && x <= INT32_MAX) x = x * 10 + (s[j++] - '0');
+        if (j == i || x > INT32_MAX || (j < len && !isspace((unsigned char)s[j]) && s[j] != ',')) {
+            size_t e = i; /* the word at fault, up to the next separator */
+            while (e < len && e - i < 24 && !isspace((unsigned char)s[e]) && s[e] != ',') e++;
+            free(v);
+            return kiln_err(err, KILN_ERR_PARSE, "%s: byte %zu: '%.*s' is not a token id (a non-negative integer)",
+                            label, i, (int)(e - i), s + i);
+        }
+        v[k++] = (int32_t)x;
+        i = j;
+    }
+    *ids = v;
+    *n = k;
+    return KILN_OK;
 }

@@ -32,6 +32,11 @@ bool kiln_cli_parse_float(const char *s, double lo, double hi, double *out);
 bool kiln_cli_parse_memory(const char *s, int64_t *bytes, double *fraction);
 /* "1,306,461" or "[1, 306, 461]" → ids (malloc'd). */
 bool kiln_cli_parse_ids(const char *s, int32_t **ids, int *n);
+/* An ids file's text: ids separated by whitespace or commas ("1 306 461", one per line...): *ids
+ * malloc'd (also when *n is 0); a word that is not an id in 0..INT32_MAX is KILN_ERR_PARSE naming
+ * `label`, its byte offset and the word. */
+kiln_status kiln_cli_parse_ids_text(const char *s, size_t len, const char *label, int32_t **ids, size_t *n,
+                                    kiln_error *err);
 
 /* What `kiln inspect` found in the kernels section (present = false: none). */
 typedef struct kiln_inspect_kernels {
@@ -90,6 +95,7 @@ int kiln_cmd_tokenize(int argc, char **argv);
 int kiln_cmd_bench(int argc, char **argv);
 int kiln_cmd_package(int argc, char **argv);
 int kiln_cmd_serve(int argc, char **argv); /* cmd_serve.c: the OpenAI-compatible HTTP server */
+int kiln_cmd_perplexity(int argc, char **argv); /* cmd_perplexity.c */
 /* Package (codegen/kiln_package.h) and report as `kiln CMD` does; the exit code.
  * Shared by `kiln package` and `kiln compile --standalone`. */
 struct kiln_package_options;

@@ -14,6 +14,7 @@ static const kiln_cli_command commands[] = {
     {"tokenize", kiln_cmd_tokenize, "text on stdin → token ids (or --decode ids → text)"},
     {"package", kiln_cmd_package, "write one executable with an engine built in (run/bench/inspect)"},
     {"serve", kiln_cmd_serve, "serve the engine over HTTP with OpenAI's API (docs/serving.md)"},
+    {"perplexity", kiln_cmd_perplexity, "how well the engine predicts a text (perplexity, bits per token)"},
 };
 
 static const kiln_cli_tool kiln_tool = {

@@ -28,6 +28,7 @@ static const kiln_cli_command commands[] = {
     {"inspect", kiln_cmd_inspect, "show what an engine file holds"},
     {"tokenize", cmd_tokenize_engine, "text on stdin → token ids with an engine's tokenizer (or --decode)"},
     {"serve", kiln_cmd_serve, "serve the engine over HTTP with OpenAI's API (docs/serving.md)"},
+    {"perplexity", kiln_cmd_perplexity, "how well the engine predicts a text (perplexity, bits per token)"},
 };
 
 static const kiln_cli_tool kiln_run_tool = {

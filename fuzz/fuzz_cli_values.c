@@ -1,6 +1,6 @@
 /*
  * fuzz_cli_values.c — libFuzzer target for the command line's value parsers
- * (compiler/cli.c): kiln_cli_parse_ids, _memory, _int and _float. Besides
+ * (compiler/cli.c): kiln_cli_parse_ids, _memory, _int, _float and _ids_text. Besides
  * "no crash, no leak", it checks their promises:
  *   ids     on success 1+ ids in 0..INT32_MAX; printing them back as
  *           "a,b,c" and as "[a, b, c]" parses to the same ids; on failure
@@ -9,6 +9,8 @@
  *           > 0 or a fraction in (0, 1]; on failure both 0
  *   int     the value lies in [lo, hi]; printed back it parses to itself
  *   float   finite and in [lo, hi]
+ *   ids text (kiln_cli_parse_ids_text, `kiln perplexity --ids-file`) on success ids in
+ *           0..INT32_MAX that print back, space-separated, to the same ids; on failure a message
  * Input: byte 0 picks the parser (and, for int/float, bytes 1..2 the range);
  * the rest is the argument text, cut at its first NUL like a real argv.
  *   ./fuzz_cli_values -max_total_time=30 fuzz/corpus/cli_values
@@ -49,6 +51,28 @@ static void check_ids(const char *s) {
     free(ids);
 }
 
+static void check_ids_text(const char *s) {
+    int32_t *ids = NULL, *again = NULL;
+    size_t n = 0, n2 = 0;
+    kiln_error err = {0};
+    if (kiln_cli_parse_ids_text(s, strlen(s), "in", &ids, &n, &err) != KILN_OK) {
+        if (ids || !err.msg[0]) abort();
+        return;
+    }
+    kiln_buf b = {0};
+    for (size_t i = 0; i < n; i++) {
+        if (ids[i] < 0) abort();
+        kiln_buf_printf(&b, i ? " %d" : "%d", ids[i]);
+    }
+    kiln_buf_printf(&b, "%s", "");
+    if (b.failed || kiln_cli_parse_ids_text(b.data ? (const char *)b.data : "", b.len, "back", &again, &n2, &err) ||
+        n2 != n || (n && memcmp(again, ids, n * sizeof *ids) != 0))
+        abort();
+    free(again);
+    free(ids);
+    kiln_buf_free(&b);
+}
+
 static void check_memory(const char *s) {
     int64_t bytes = -1;
     double fraction = -1;
@@ -81,11 +105,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!s) return 0;
     memcpy(s, data + 3, size - 3);
     s[size - 3] = 0;
-    switch (data[0] % 4) {
+    switch (data[0] % 5) {
     case 0: check_ids(s); break;
     case 1: check_memory(s); break;
     case 2: check_int(s, data[1], data[2]); break;
-    default: check_float(s, data[1], data[2]); break;
+    case 3: check_float(s, data[1], data[2]); break;
+    default: check_ids_text(s); break;
     }
     free(s);
     return 0;

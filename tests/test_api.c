@@ -609,6 +609,61 @@ static void test_logprobs_and_penalties(void) {
     kiln_close(k);
 }
 
+/* kiln_score gives the log-probabilities generation reported for the same tokens, and refuses bad
+ * sequences and a busy context. */
+static void test_score(void) {
+    kiln_t *k = NULL;
+    KT_REQUIRE(kiln_open(engine, 0, &k) == KILN_OK);
+    kiln_ctx_t *c = cpu_ctx(k, 2, 0, 0);
+    KT_REQUIRE(c);
+    kiln_request_options ro;
+    kiln_request_options_init(&ro);
+    ro.max_tokens = 20;
+    ro.ignore_eos = 1;
+    ro.logprobs = 0;
+    lp_run a = {0};
+    ro.on_token_info = lp_cb;
+    ro.user = &a;
+    int64_t id;
+    KT_REQUIRE(kiln_submit(c, gc[1].prompt, gc[1].n_prompt, &ro, &id) == KILN_OK);
+    /* busy: a request in flight */
+    int32_t two[2] = {1, 2}, n2 = 2;
+    float lp2[2];
+    const int32_t *s2[1] = {two};
+    float *o2[1] = {lp2};
+    KT_EQ_INT(kiln_score(c, s2, &n2, 1, o2), KILN_ERR_INVALID_ARG);
+    KT_CONTAINS(kiln_last_error(c), "1 request in flight");
+    KT_REQUIRE(kiln_run(c) == KILN_OK);
+    KT_EQ_INT(a.n, 20);
+    int32_t seq[128];
+    const int np = gc[1].n_prompt, n = np + 20;
+    memcpy(seq, gc[1].prompt, (size_t)np * sizeof *seq);
+    memcpy(seq + np, a.tok, 20 * sizeof *seq);
+    float lp[128];
+    const int32_t *ss[1] = {seq};
+    float *oo[1] = {lp};
+    KT_EQ_INT(kiln_score(c, ss, &n, 1, oo), KILN_OK);
+    double worst = 0;
+    for (int i = 0; i < 20; i++) {
+        double e = fabs((double)lp[np - 1 + i] - (double)a.lp[i]);
+        if (e > worst) worst = e;
+    }
+    KT_CHECKF(worst <= 1e-5, "scored log-probabilities differ from generation's by %g", worst);
+    /* refusals name what is wrong; the context stays usable */
+    int32_t one = 1, bad[2] = {1, 1 << 20};
+    const int32_t *sb[1] = {bad};
+    KT_EQ_INT(kiln_score(c, s2, &one, 1, o2), KILN_ERR_INVALID_ARG);
+    KT_CONTAINS(kiln_last_error(c), "sequence 0 has 1 ids");
+    KT_EQ_INT(kiln_score(c, sb, &n2, 1, o2), KILN_ERR_INVALID_ARG);
+    KT_CONTAINS(kiln_last_error(c), "position 1: id 1048576 is outside the vocabulary");
+    KT_EQ_INT(kiln_score(c, s2, &n2, 0, o2), KILN_ERR_INVALID_ARG);
+    KT_EQ_INT(kiln_score(c, NULL, &n2, 1, o2), KILN_ERR_INVALID_ARG);
+    KT_EQ_INT(kiln_score(c, s2, &n2, 1, o2), KILN_OK);
+    KT_CHECK(lp2[0] <= 0 && isfinite(lp2[0]));
+    kiln_ctx_free(c);
+    kiln_close(k);
+}
+
 /* Callbacks may submit, cancel and poll; stepping from one is refused. */
 typedef struct reentry {
     kiln_ctx_t *c;
@@ -836,6 +891,7 @@ int main(void) {
     KT_RUN(test_cancel_and_kv_bytes);
     KT_RUN(test_callback_reentry);
     KT_RUN(test_logprobs_and_penalties);
+    KT_RUN(test_score);
     KT_RUN(test_threads);
     KT_RUN(test_tokenizer);
     remove_fixtures();

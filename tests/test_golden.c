@@ -25,6 +25,7 @@
 #include "golden_io.h"
 #include "kt.h"
 #include "kt_fixture.h"
+#include "runtime/kiln.h"
 #include "runtime/kiln_rt.h"
 #include "runtime/kiln_tokenizer.h"
 
@@ -417,6 +418,60 @@ static void test_pycode_text(void) {
     unlink(out);
 }
 
+/* kiln_score (the C API's teacher forcing, `kiln perplexity`'s path) against HF's log-softmax of the
+ * golden logits: every case of tiny-mistral (sliding window 8 over 73..92 positions) scored at once,
+ * each position's log-probability of the next id within 2e-4 of the logit range. */
+static void test_score_against_hf(void) {
+    char out[512];
+    snprintf(out, sizeof out, "%s/score.kiln", tmpdir);
+    KT_REQUIRE(compile_to(src_path("tests/data/tiny-mistral"), NULL, out, KILN_DTYPE_COUNT_) == KILN_OK);
+    json_error_t je;
+    json_t *g = json_load_file(src_path("tests/golden/tiny-mistral/golden.json"), 0, &je);
+    KT_REQUIRE(g);
+    json_t *cases = json_object_get(g, "cases");
+    const int nc = (int)json_array_size(cases);
+    golden_case gcs[8];
+    int32_t *seqs[8], lens[8];
+    float *lps[8];
+    KT_REQUIRE(nc >= 2 && nc <= 8);
+    for (int i = 0; i < nc; i++) {
+        golden_case_read(json_array_get(cases, (size_t)i), src_path("tests/golden/tiny-mistral"), &gcs[i]);
+        lens[i] = gcs[i].np + gcs[i].ng;
+        seqs[i] = malloc((size_t)lens[i] * sizeof *seqs[i]);
+        lps[i] = malloc((size_t)lens[i] * sizeof *lps[i]);
+        memcpy(seqs[i], gcs[i].prompt, (size_t)gcs[i].np * sizeof(int32_t));
+        memcpy(seqs[i] + gcs[i].np, gcs[i].greedy, (size_t)gcs[i].ng * sizeof(int32_t));
+    }
+    kiln_t *k = NULL;
+    KT_REQUIRE(kiln_open(out, 2, &k) == KILN_OK);
+    kiln_ctx_options o;
+    kiln_ctx_options_init(&o);
+    o.device = "cpu";
+    o.max_batch = 2; /* fewer slots than sequences: they run two at a time */
+    kiln_ctx_t *c = NULL;
+    KT_REQUIRE(kiln_ctx_new(k, &o, &c) == KILN_OK);
+    KT_EQ_INT(kiln_score(c, (const int32_t *const *)seqs, lens, nc, lps), KILN_OK);
+    for (int i = 0; i < nc; i++) {
+        double worst = 0;
+        for (int t = 0; t + 1 < lens[i]; t++) {
+            const float *row = gcs[i].logits + (size_t)t * (size_t)gcs[i].vocab;
+            double mx = row[0], sum = 0;
+            for (int v = 1; v < gcs[i].vocab; v++) mx = row[v] > mx ? row[v] : mx;
+            for (int v = 0; v < gcs[i].vocab; v++) sum += exp((double)row[v] - mx);
+            double want = (double)row[seqs[i][t + 1]] - mx - log(sum), e = fabs(want - (double)lps[i][t]);
+            if (!(e <= worst)) worst = e;
+        }
+        KT_CHECKF(worst <= 2e-4 * gcs[i].range, "case %d: log-probability off HF's by %.3g (logit range %.3g)", i,
+                  worst, gcs[i].range);
+        fprintf(stderr, "  case %d: %d positions scored, max |log p - HF's| %.3g\n", i, lens[i] - 1, worst);
+    }
+    kiln_ctx_free(c);
+    kiln_close(k);
+    for (int i = 0; i < nc; i++) free(seqs[i]), free(lps[i]), golden_case_free(&gcs[i]);
+    json_decref(g);
+    unlink(out);
+}
+
 int main(void) {
     if (!kt_tmpdir(tmpdir, sizeof tmpdir, "golden")) return 1;
     KT_RUN(test_stories260k);
@@ -435,6 +490,7 @@ int main(void) {
     KT_RUN(test_tiny_mistral_as_f32);
     KT_RUN(test_sharded_equals_single);
     KT_RUN(test_pycode_text);
+    KT_RUN(test_score_against_hf);
     rmdir(tmpdir);
     return KT_END();
 }

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# cli_perplexity.sh — `kiln perplexity` on the CPU against HuggingFace: models/kjv-tiny on
+# tests/data/ppl/genesis-1.txt, for each window setting of tests/golden/ppl/kjv-tiny.json (made by
+# tests/golden/make_ppl_golden.py with transformers in float32): the same token, window and scored
+# counts, and the mean NLL within 1e-5 relative. Ids given as a JSON array, as plain whitespace-
+# separated ids and through stdin score the same. Bad input exits 1 or 2 naming what is wrong.
+#
+# usage: bash tests/cli_perplexity.sh KILN_EXE SOURCE_DIR [SHARED_DIR]
+set -u
+KILN=$1
+SRC=$2
+T=$(mktemp -d "${TMPDIR:-/tmp}/kiln-cli-ppl-XXXXXX")
+trap 'rm -rf "$T"' EXIT
+. "$SRC/tests/lib_cli.sh"
+TEXT=$SRC/tests/data/ppl/genesis-1.txt
+GOLD=$SRC/tests/golden/ppl/kjv-tiny.json
+
+"$KILN" compile "$SRC/models/kjv-tiny" -o "$T/kjv.kiln" --target none >/dev/null 2>&1 || bad "compile kjv-tiny"
+E=$T/kjv.kiln
+
+# each golden case: kiln's JSON against HF's numbers
+n_cases=$(python3 -c "import json,sys; print(len(json.load(open(sys.argv[1]))['cases']))" "$GOLD")
+for i in $(seq 0 $((n_cases - 1))); do
+    args=$(python3 -c "import json,sys; c=json.load(open(sys.argv[1]))['cases'][int(sys.argv[2])]
+print('--window %d --stride %d%s' % (c['window'], c['stride'], ' --bos' if c['bos'] else ''))" "$GOLD" "$i")
+    # shellcheck disable=SC2086
+    if "$KILN" perplexity "$E" --text-file "$TEXT" $args --device cpu --threads 2 --json >"$T/p$i" 2>"$T/err"; then
+        python3 - "$GOLD" "$i" "$T/p$i" <<'PY' && ok || bad "perplexity $args differs from HF: $(cat "$T/p$i")"
+import json, sys
+want = json.load(open(sys.argv[1]))["cases"][int(sys.argv[2])]
+got = json.load(open(sys.argv[3]))
+for k in ("tokens", "windows", "scored", "window", "stride", "bos"):
+    assert got[k] == want[k], (k, got[k], want[k])
+assert abs(got["nll_mean"] - want["nll_mean"]) <= 1e-5 * want["nll_mean"], (got["nll_mean"], want["nll_mean"])
+assert abs(got["perplexity"] / want["perplexity"] - 1) <= 2e-5, (got["perplexity"], want["perplexity"])
+PY
+    else
+        bad "perplexity $args exited $?: $(cat "$T/err")"
+    fi
+done
+
+# the same ids as a JSON array, as plain ids, and on stdin: the same numbers as the text
+"$KILN" tokenize "$SRC/models/kjv-tiny" --no-bos <"$TEXT" >"$T/ids.json" 2>"$T/err" || bad "tokenize: $(cat "$T/err")"
+tr -d '[]' <"$T/ids.json" | tr ',' '\n' >"$T/ids.txt"
+for src in "--ids-file $T/ids.json" "--ids-file $T/ids.txt"; do
+    # shellcheck disable=SC2086
+    "$KILN" perplexity "$E" $src --window 64 --device cpu --json >"$T/q" 2>"$T/err" || bad "$src: $(cat "$T/err")"
+    python3 -c "import json,sys; a,b=(json.load(open(p)) for p in sys.argv[1:]); assert a['nll_mean']==b['nll_mean'] and a['scored']==b['scored']" \
+        "$T/p0" "$T/q" && ok || bad "$src scores otherwise than the text"
+done
+"$KILN" perplexity "$E" --ids-file - --window 64 --device cpu --json <"$T/ids.txt" >"$T/q" 2>"$T/err" &&
+    python3 -c "import json,sys; a,b=(json.load(open(p)) for p in sys.argv[1:]); assert a['nll_mean']==b['nll_mean']" \
+        "$T/p0" "$T/q" && ok || bad "--ids-file - (stdin): $(cat "$T/err")"
+# the text form prints the numbers a person reads
+"$KILN" perplexity "$E" --text-file "$TEXT" --window 64 --device cpu >"$T/out" 2>&1 &&
+    grep -Eq "^perplexity [0-9.]+ over 356 of 362 tokens \(6 windows of 64 every 64; mean NLL [0-9.]+, [0-9.]+ bits per token; cpu" "$T/out" &&
+    ok || bad "text output: $(cat "$T/out")"
+
+# refusals
+expect 2 "give one of --text-file and --ids-file" -- "$KILN" perplexity "$E"
+expect 2 "give one of --text-file and --ids-file" -- "$KILN" perplexity "$E" --text-file "$TEXT" --ids-file "$T/ids.txt"
+expect 2 "--window '1' is not a number of at least 2" -- "$KILN" perplexity "$E" --text-file "$TEXT" --window 1
+expect 2 "--stride 65 is longer than --window 64" -- "$KILN" perplexity "$E" --text-file "$TEXT" --window 64 --stride 65
+expect 1 "--window 512 after BOS needs 513 positions; .* holds 512" -- \
+    "$KILN" perplexity "$E" --text-file "$TEXT" --window 512 --bos --device cpu
+expect 1 "--text-file: .*nope.txt" -- "$KILN" perplexity "$E" --text-file "$T/nope.txt" --device cpu
+printf 'In' >"$T/one.txt"
+expect 1 "1 token: nothing to score" -- "$KILN" perplexity "$E" --text-file "$T/one.txt" --device cpu
+echo "[1, 2, 99999]" >"$T/big.json"
+expect 1 "position 2: id 99999 is outside the vocabulary" -- "$KILN" perplexity "$E" --ids-file "$T/big.json" --device cpu
+echo "1 2 x3" >"$T/bad.txt"
+expect 1 "byte 4: 'x3' is not a token id" -- "$KILN" perplexity "$E" --ids-file "$T/bad.txt" --device cpu
+"$KILN" compile "$SRC/models/stories260k" -o "$T/s.kiln" --target none >/dev/null 2>&1 || bad "compile stories260k"
+expect 1 "tokenizer" -- "$KILN" perplexity "$T/s.kiln" --text-file "$TEXT" --device cpu
+
+cli_summary
