@@ -90,9 +90,10 @@ typedef enum kiln_op_kind {
     KILN_OP_MOE = 17,           /* in: x[B,S,H], router[E,H], Wgu[E,2F,H] (expert e: F gate rows, then F up
                                    rows), Wdown[E,H,F]   out: y[B,S,H]; per token: p = softmax(x router^T) in
                                    f32, the top_k experts by p (ties in torch.topk's order), their p
-                                   renormalised to sum 1, y = sum over them (in expert order) of
-                                   p_e * Wdown_e (silu(Wgate_e x) * (Wup_e x)) (attrs n_experts, top_k,
-                                   layer): Mixtral's sparse MoE block */
+                                   renormalised to sum 1 (unless flag MOE_NO_RENORM), y = sum over them
+                                   (in expert order) of p_e * Wdown_e (silu(Wgate_e x) * (Wup_e x)) (attrs
+                                   n_experts, top_k, layer, flags): Mixtral's and Qwen3-MoE's sparse MoE
+                                   block */
     /* tensor parallelism (pass tensor-parallel, --tp N): one plan that every rank runs on its own shards */
     KILN_OP_ALL_REDUCE = 18,    /* in: x[B,S,W] (this rank's partial sum)   out: the sum of x over all `ranks` ranks,
                                    the same on every rank (after o_proj, down_proj and the vocab-parallel embedding) */
@@ -126,7 +127,10 @@ enum {
      * lowering choice): the q/k/v biases, and the per-head q/k RMSNorm weights (eps in attrs.eps) */
     KILN_FLAG_QKV_BIAS = 1u << 3,
     KILN_FLAG_QK_NORM = 1u << 4,
-    KILN_FLAG_ALL_ = (1u << 5) - 1
+    /* moe: the top_k probabilities weight the experts as they are, not renormalised to sum 1 (the op's
+     * structure, from config.json: Qwen3-MoE's norm_topk_prob false) */
+    KILN_FLAG_MOE_NO_RENORM = 1u << 5,
+    KILN_FLAG_ALL_ = (1u << 6) - 1
 };
 
 /* Attributes of an op; each kind reads the fields its comment above names. */
@@ -143,7 +147,8 @@ typedef struct kiln_op_attrs {
     float rope_low_freq_factor;
     float rope_high_freq_factor;
     float rope_original_max_pos;
-    uint32_t flags;             /* KILN_FLAG_* lowering decisions (attention, rmsnorm) */
+    uint32_t flags;             /* KILN_FLAG_* lowering decisions (attention, rmsnorm), optional inputs
+                                   (qkv_rope), routing (moe) */
     int32_t n_experts;          /* moe: experts of the layer (E) */
     int32_t top_k;              /* moe: experts each token is routed to */
     int32_t ranks;              /* tensor parallelism, 0 = none: all_reduce, all_gather (ranks taking part);

@@ -169,6 +169,7 @@ int kiln_op_infer(kiln_op_kind kind, const kiln_tensor_desc *in, int n_in, const
     const uint32_t allowed = kind == KILN_OP_ATTENTION ? KILN_FLAG_DECODE_ROPE | KILN_FLAG_MERGE_SPLITS
                              : kind == KILN_OP_RMSNORM ? KILN_FLAG_FOLD_INTO_GEMV
                              : qkv                     ? KILN_FLAG_QKV_BIAS | KILN_FLAG_QK_NORM
+                             : kind == KILN_OP_MOE     ? KILN_FLAG_MOE_NO_RENORM
                                                        : 0;
     if (a && (a->flags & ~(uint32_t)KILN_FLAG_ALL_))
         return BAD("%s: unknown lowering flags 0x%x", opn, a->flags & ~(uint32_t)KILN_FLAG_ALL_);

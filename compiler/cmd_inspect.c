@@ -443,9 +443,15 @@ static void print_text(const char *path, const kiln_model *m, json_t *meta, cons
     else if (win)
         printf(", sliding window %lld", win);
     json_t *ne = json_object_get(model, "num_local_experts");
-    if (ne)
-        printf(", %lld experts (top %lld)", (long long)json_integer_value(ne),
-               (long long)json_integer_value(json_object_get(model, "num_experts_per_tok")));
+    if (ne) {
+        json_t *mi = json_object_get(model, "moe_intermediate_size"), *dl = json_object_get(model, "dense_mlp_layers");
+        printf(", %lld experts (top %lld%s", (long long)json_integer_value(ne),
+               (long long)json_integer_value(json_object_get(model, "num_experts_per_tok")),
+               json_is_false(json_object_get(model, "norm_topk_prob")) ? ", weights not renormalised" : "");
+        if (mi) printf(", ffn %lld each", (long long)json_integer_value(mi));
+        if (json_is_array(dl)) printf(", dense MLP on %zu of %d layers", json_array_size(dl), p->n_layers);
+        printf(")");
+    }
     printf("\nweights: %u tensors%s, %.2f MB, dtype %s, codec %s\n", p->n_weights, p->n_ranks > 1 ? " per rank" : "",
            (double)m->weights_size / 1e6, wdtype, json_string_value(json_object_get(w, "codec")));
     if (p->n_ranks > 1) { /* tensor parallelism: what each rank maps and runs */

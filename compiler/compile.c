@@ -109,6 +109,13 @@ static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const k
     if (c->n_experts) {
         json_object_set_new(model, "num_local_experts", json_integer(c->n_experts));
         json_object_set_new(model, "num_experts_per_tok", json_integer(c->n_experts_per_tok));
+        json_object_set_new(model, "moe_intermediate_size", json_integer(c->moe_intermediate_size));
+        json_object_set_new(model, "norm_topk_prob", json_boolean(c->norm_topk_prob));
+        json_t *dense = json_array(); /* layers that keep a dense MLP (Qwen3-MoE's mlp_only_layers...) */
+        for (int64_t l = 0; l < c->n_layers; l++)
+            if (!c->layer_sparse[l]) json_array_append_new(dense, json_integer((json_int_t)l));
+        if (json_array_size(dense)) json_object_set_new(model, "dense_mlp_layers", dense);
+        else json_decref(dense);
     }
     if (c->rope_type == KILN_ROPE_LLAMA3)
         json_object_set_new(model, "rope_scaling",

@@ -1,5 +1,5 @@
 /*
- * config.c — HuggingFace config.json → kiln_model_config (Llama, Mistral, Qwen2, Qwen3).
+ * config.c — HuggingFace config.json → kiln_model_config (Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE).
  *
  * The file is hostile input: every field is checked for its JSON type (an
  * integer field holding 4096.0 is refused, not rounded), for range (sizes are
@@ -32,6 +32,23 @@
  * output_router_logits (an extra output) change nothing at inference and are
  * type-checked only. Its default rope theta is 1e6 (MixtralConfig's
  * default_theta), not 10000.
+ *
+ * Qwen3-MoE reads the same two expert counts (4.x configs write
+ * "num_experts", transformers 5 writes "num_local_experts": its
+ * attribute_map makes them one setting), with Qwen3MoeConfig's defaults:
+ * 128 experts, top 8, moe_intermediate_size 768 (each expert's width;
+ * intermediate_size is the dense layers'), norm_topk_prob false (the
+ * published models set it true), decoder_sparse_step 1, mlp_only_layers [].
+ * Layer l is sparse unless it is in mlp_only_layers or (l + 1) is not a
+ * multiple of decoder_sparse_step, as Qwen3MoeDecoderLayer decides; the
+ * others keep a dense SwiGLU MLP. router_aux_loss_coef and
+ * output_router_logits (training) are type-checked only. Its sliding window,
+ * with use_sliding_window, covers every layer (transformers 5: one mask for
+ * all layers); transformers 4's flash path windowed only the layers from
+ * max_window_layers on while its eager mask windowed all, so a config that
+ * turns the window on and names a max_window_layers other than 0 is refused
+ * rather than guessed (published Qwen3-MoE configs have the window off), as is
+ * a layer_types (which transformers does not read for it) that disagrees.
  */
 #include "kiln_compiler.h"
 
@@ -224,7 +241,8 @@ kiln_status kiln_json_id_list(const json_t *v, const char *path, const char *key
 /* ---- the parts of a config ---- */
 
 static const char *const supported_archs =
-    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM";
+    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, "
+    "Qwen3MoeForCausalLM";
 
 const char *kiln_arch_name(kiln_arch a) {
     switch (a) {
@@ -232,6 +250,7 @@ const char *kiln_arch_name(kiln_arch a) {
     case KILN_ARCH_QWEN3: return "Qwen3ForCausalLM";
     case KILN_ARCH_QWEN2: return "Qwen2ForCausalLM";
     case KILN_ARCH_MIXTRAL: return "MixtralForCausalLM";
+    case KILN_ARCH_QWEN3_MOE: return "Qwen3MoeForCausalLM";
     default: return "LlamaForCausalLM";
     }
 }
@@ -248,6 +267,7 @@ static kiln_status cfg_arch(cfg_ctx *c, json_t *root, kiln_arch *out) {
         if (mt && strcmp(mt, "qwen3") == 0) { *out = KILN_ARCH_QWEN3; return KILN_OK; }
         if (mt && strcmp(mt, "qwen2") == 0) { *out = KILN_ARCH_QWEN2; return KILN_OK; }
         if (mt && strcmp(mt, "mixtral") == 0) { *out = KILN_ARCH_MIXTRAL; return KILN_OK; }
+        if (mt && strcmp(mt, "qwen3_moe") == 0) { *out = KILN_ARCH_QWEN3_MOE; return KILN_OK; }
         if (mt)
             return kiln_err(c->err, KILN_ERR_UNSUPPORTED,
                             "%s: no \"architectures\" and model_type \"%s\" is not supported (supported: %s)",
@@ -268,6 +288,7 @@ static kiln_status cfg_arch(cfg_ctx *c, json_t *root, kiln_arch *out) {
         if (strcmp(s, "Qwen3ForCausalLM") == 0) { *out = KILN_ARCH_QWEN3; return KILN_OK; }
         if (strcmp(s, "Qwen2ForCausalLM") == 0) { *out = KILN_ARCH_QWEN2; return KILN_OK; }
         if (strcmp(s, "MixtralForCausalLM") == 0) { *out = KILN_ARCH_MIXTRAL; return KILN_OK; }
+        if (strcmp(s, "Qwen3MoeForCausalLM") == 0) { *out = KILN_ARCH_QWEN3_MOE; return KILN_OK; }
     }
     char shown[128];
     return kiln_err(c->err, KILN_ERR_UNSUPPORTED, "%s: architecture %s is not supported (supported: %s)", c->path,
@@ -393,10 +414,37 @@ static kiln_status cfg_rope(cfg_ctx *c, json_t *root, kiln_model_config *m) {
                    CFG_MAX_CONTEXT, &m->rope_original_max_pos);
 }
 
-/* Mixtral's experts (file comment); nothing for the dense architectures. */
+/* Which layers of a Qwen3-MoE are sparse (file comment): decoder_sparse_step and mlp_only_layers. */
+static kiln_status cfg_sparse_layers(cfg_ctx *c, json_t *root, kiln_model_config *m) {
+    kiln_status st;
+    int64_t step;
+    if ((st = cfg_int(c, root, "decoder_sparse_step", "decoder_sparse_step", false, 1, 1, CFG_MAX_LAYERS, &step)))
+        return st;
+    for (int64_t l = 0; l < m->n_layers; l++) m->layer_sparse[l] = (l + 1) % step == 0;
+    json_t *only = cfg_get(root, "mlp_only_layers");
+    if (!only) return KILN_OK;
+    if (!json_is_array(only)) return cfg_type_err(c, "mlp_only_layers", only, "a list of layer indices");
+    size_t i;
+    json_t *e;
+    json_array_foreach(only, i, e) {
+        if (!json_is_integer(e)) return cfg_type_err(c, "mlp_only_layers", only, "a list of layer indices");
+        json_int_t l = json_integer_value(e);
+        if (l < 0 || l >= m->n_layers)
+            return kiln_err(c->err, KILN_ERR_PARSE,
+                            "%s: field \"mlp_only_layers\"[%zu] is %lld, not a layer index in [0, %" PRId64 ")",
+                            c->path, i, (long long)l, m->n_layers);
+        m->layer_sparse[l] = false;
+    }
+    return KILN_OK;
+}
+
+/* The experts of Mixtral and Qwen3-MoE (file comment); nothing for the dense architectures. */
 static kiln_status cfg_experts(cfg_ctx *c, json_t *root, kiln_model_config *m) {
-    m->n_experts = m->n_experts_per_tok = 0;
-    if (m->arch != KILN_ARCH_MIXTRAL) return KILN_OK;
+    m->n_experts = m->n_experts_per_tok = m->moe_intermediate_size = 0;
+    m->norm_topk_prob = false;
+    memset(m->layer_sparse, 0, sizeof m->layer_sparse);
+    const bool qmoe = m->arch == KILN_ARCH_QWEN3_MOE;
+    if (m->arch != KILN_ARCH_MIXTRAL && !qmoe) return KILN_OK;
     kiln_status st;
     int64_t alias = 0;
     if ((st = cfg_int(c, root, "num_local_experts", "num_local_experts", false, 0, 1, CFG_MAX_EXPERTS,
@@ -408,37 +456,63 @@ static kiln_status cfg_experts(cfg_ctx *c, json_t *root, kiln_model_config *m) {
                         "%s: field \"num_experts\" is %" PRId64 " but \"num_local_experts\" is %" PRId64
                         "; transformers reads them as one setting",
                         c->path, alias, m->n_experts);
-    if (!m->n_experts) m->n_experts = alias ? alias : 8;
-    if ((st = cfg_int(c, root, "num_experts_per_tok", "num_experts_per_tok", false, 2, 1, CFG_MAX_EXPERTS,
-                      &m->n_experts_per_tok)))
+    if (!m->n_experts) m->n_experts = alias ? alias : qmoe ? 128 : 8;
+    if ((st = cfg_int(c, root, "num_experts_per_tok", "num_experts_per_tok", false, qmoe ? 8 : 2, 1,
+                      CFG_MAX_EXPERTS, &m->n_experts_per_tok)))
         return st;
     if (m->n_experts_per_tok > m->n_experts)
         return kiln_err(c->err, KILN_ERR_PARSE,
                         "%s: field \"num_experts_per_tok\" is %" PRId64 ", more than the %" PRId64
                         " experts (num_local_experts)",
                         c->path, m->n_experts_per_tok, m->n_experts);
-    json_t *v = cfg_get(root, "router_jitter_noise");
-    if (v && (!json_is_number(v) || !(json_number_value(v) >= 0)))
-        return cfg_type_err(c, "router_jitter_noise", v, "a number >= 0");
     bool ignored;
-    return cfg_bool(c, root, "output_router_logits", false, &ignored);
+    if ((st = cfg_bool(c, root, "output_router_logits", false, &ignored))) return st;
+    json_t *v = cfg_get(root, "router_aux_loss_coef");
+    if (v && (!json_is_number(v) || !(json_number_value(v) >= 0)))
+        return cfg_type_err(c, "router_aux_loss_coef", v, "a number >= 0");
+    if (!qmoe) { /* Mixtral: every layer sparse, experts as wide as intermediate_size, always renormalised */
+        m->moe_intermediate_size = m->intermediate_size;
+        m->norm_topk_prob = true;
+        for (int64_t l = 0; l < m->n_layers; l++) m->layer_sparse[l] = true;
+        v = cfg_get(root, "router_jitter_noise");
+        if (v && (!json_is_number(v) || !(json_number_value(v) >= 0)))
+            return cfg_type_err(c, "router_jitter_noise", v, "a number >= 0");
+        return KILN_OK;
+    }
+    if ((st = cfg_int(c, root, "moe_intermediate_size", "moe_intermediate_size", false, 768, 1, CFG_MAX_FFN,
+                      &m->moe_intermediate_size)) ||
+        (st = cfg_bool(c, root, "norm_topk_prob", false, &m->norm_topk_prob)))
+        return st;
+    return cfg_sparse_layers(c, root, m);
 }
 
 /* Which layers attend over a sliding window of `window` tokens (0: none), as transformers decides
  * (file comment): every layer for Mistral and Mixtral; for Qwen2/Qwen3 only with use_sliding_window, then the
  * layers layer_types names "sliding_attention" (transformers 5 writes it), else layers from
- * max_window_layers on (transformers 4's rule, and 5's default). */
+ * max_window_layers on (transformers 4's rule, and 5's default); for Qwen3-MoE every layer with
+ * use_sliding_window (transformers 5), refused where transformers 4 would have decided otherwise. */
 static kiln_status cfg_layer_windows(cfg_ctx *c, json_t *root, kiln_model_config *m, int64_t window) {
     memset(m->layer_windowed, 0, sizeof m->layer_windowed);
     m->sliding_window = 0;
     if (m->arch == KILN_ARCH_LLAMA) return KILN_OK; /* checked, then ignored (file comment) */
     kiln_status st;
-    bool qwen = m->arch == KILN_ARCH_QWEN2 || m->arch == KILN_ARCH_QWEN3, use = !qwen;
-    if (qwen && (st = cfg_bool(c, root, "use_sliding_window", false, &use))) return st;
+    const bool qmoe = m->arch == KILN_ARCH_QWEN3_MOE;
+    bool qwen = m->arch == KILN_ARCH_QWEN2 || m->arch == KILN_ARCH_QWEN3, use = !qwen && !qmoe;
+    if ((qwen || qmoe) && (st = cfg_bool(c, root, "use_sliding_window", false, &use))) return st;
     int64_t from = 0;
-    if (qwen && (st = cfg_int(c, root, "max_window_layers", "max_window_layers", false, 28, 0, CFG_MAX_LAYERS, &from)))
+    if ((qwen || qmoe) && (st = cfg_int(c, root, "max_window_layers", "max_window_layers", false, qwen ? 28 : 0, 0,
+                                        CFG_MAX_LAYERS, &from)))
         return st;
-    json_t *lt = qwen ? cfg_get(root, "layer_types") : NULL;
+    if (qmoe && use && window > 0 && from != 0) {
+        kiln_err(c->err, KILN_ERR_UNSUPPORTED,
+                 "%s: use_sliding_window is true with sliding_window %lld and max_window_layers %lld: transformers 5 "
+                 "windows every layer of a Qwen3MoeForCausalLM, transformers 4 only layers from max_window_layers "
+                 "on (flash attention) or every layer (eager), so kiln cannot tell which model this is",
+                 c->path, (long long)window, (long long)from);
+        return kiln_err_hint(c->err, "set \"max_window_layers\": 0 (every layer windowed, as transformers 5) or "
+                                     "\"use_sliding_window\": false");
+    }
+    json_t *lt = qwen || qmoe ? cfg_get(root, "layer_types") : NULL;
     if (lt && (!json_is_array(lt) || json_array_size(lt) != (size_t)m->n_layers))
         return kiln_err(c->err, KILN_ERR_PARSE, "%s: field \"layer_types\" must be a list of %lld strings, one per "
                                                 "layer", c->path, (long long)m->n_layers);
@@ -451,7 +525,13 @@ static kiln_status cfg_layer_windows(cfg_ctx *c, json_t *root, kiln_model_config
                 return kiln_err(c->err, KILN_ERR_UNSUPPORTED, "%s: field \"layer_types\"[%lld] is not "
                                                               "\"full_attention\" or \"sliding_attention\"",
                                 c->path, (long long)l);
-            windowed = strcmp(s, "sliding_attention") == 0;
+            bool named = strcmp(s, "sliding_attention") == 0;
+            if (qmoe && named != (use && window > 0)) /* transformers 5 does not read it for Qwen3-MoE */
+                return kiln_err(c->err, KILN_ERR_UNSUPPORTED,
+                                "%s: field \"layer_types\"[%lld] is \"%s\", but transformers' Qwen3MoeForCausalLM "
+                                "does not read layer_types: every layer is %s (use_sliding_window, sliding_window)",
+                                c->path, (long long)l, s, use && window > 0 ? "windowed" : "unwindowed");
+            windowed = qmoe ? windowed : named;
         }
         m->layer_windowed[l] = use && window > 0 && windowed;
         if (m->layer_windowed[l]) m->sliding_window = window;

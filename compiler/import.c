@@ -1,18 +1,18 @@
 /*
- * import.c — checkpoint → IR: builds the forward graph of a Llama/Mistral/Qwen2/Qwen3/Mixtral
+ * import.c — checkpoint → IR: builds the forward graph of a Llama/Mistral/Qwen2/Qwen3/Mixtral/Qwen3-MoE
  * decoder exactly as the HuggingFace modeling code computes it, from coarse
  * ops (embedding, rmsnorm, linear, rope, attention, silu, mul, add,
- * lm_head; bias_add and head_rmsnorm for Qwen, moe for Mixtral). Fusion is left to passes/.
+ * lm_head; bias_add and head_rmsnorm for Qwen, moe for Mixtral and Qwen3-MoE). Fusion is left to passes/.
  *
  * Per layer l (x is the residual stream, [B,S,H]):
  *   h = rmsnorm(x, input_layernorm)
  *   q = rope(linear(h, q_proj)); k = rope(linear(h, k_proj)); v = linear(h, v_proj)
  *   (Qwen2: q = rope(bias_add(linear(h, q_proj), q_proj.bias)), k and v likewise with their biases)
- *   (Qwen3: q = rope(head_rmsnorm(linear(h, q_proj), q_norm)), k likewise with k_norm)
+ *   (Qwen3, Qwen3-MoE: q = rope(head_rmsnorm(linear(h, q_proj), q_norm)), k likewise with k_norm)
  *   x = x + linear(attention(q, k, v), o_proj)
  *   h = rmsnorm(x, post_attention_layernorm)
  *   x = x + linear(silu(linear(h, gate_proj)) * linear(h, up_proj), down_proj)
- *   (Mixtral: x = x + moe(h, router, experts), one op: see below)
+ *   (Mixtral, Qwen3-MoE's sparse layers: x = x + moe(h, router, experts), one op: see below)
  * then logits = lm_head(rmsnorm(x, model.norm), lm_head or embed_tokens if tied).
  *
  * Mixtral's experts come in two forms, both read: the published one (what
@@ -27,6 +27,14 @@
  * concatenates while it converts them, so no copy is made here. A layer is
  * read in the published form when its block_sparse_moe.gate.weight exists;
  * tensors of the other form then stay unused and are refused by name.
+ * Qwen3-MoE's are the same two forms under other names: published, per layer
+ * mlp.gate.weight [E,H] and per expert mlp.experts.e.{gate_proj,up_proj,
+ * down_proj}.weight (of width moe_intermediate_size); transformers 5's
+ * in-memory form exactly Mixtral's (mlp.gate.weight, mlp.experts.gate_up_proj,
+ * mlp.experts.down_proj). A layer is read in the fused form when its
+ * mlp.experts.gate_up_proj exists. Its dense layers (mlp_only_layers,
+ * decoder_sparse_step) have the usual mlp.{gate,up,down}_proj of width
+ * intermediate_size.
  *
  * Every weight is checked here: present, of the shape config.json implies,
  * of a supported dtype. Messages name the tensor and both shapes.
@@ -235,11 +243,18 @@ static kiln_status check_all_used(importer *im, const kiln_import_options *o) {
  * from either form a checkpoint has them in (file comment). Returns 0, or -1 with the error set. */
 static int expert_weights(importer *im, int64_t l, int w[3]) {
     const kiln_model_config *c = &im->ck->config;
-    const int64_t E = c->n_experts, F = c->intermediate_size, H = c->hidden_size;
+    const int64_t E = c->n_experts, F = c->moe_intermediate_size, H = c->hidden_size;
+    /* the published form's names: Mixtral's block_sparse_moe.experts.e.w1 (gate), w3 (up), w2 (down), or
+     * Qwen3-MoE's mlp.experts.e.gate_proj, up_proj, down_proj */
+    const bool qmoe = c->arch == KILN_ARCH_QWEN3_MOE;
+    const char *block = qmoe ? "mlp" : "block_sparse_moe";
+    static const char *const mixtral_proj[3] = {"w1", "w3", "w2"}, *const qwen_proj[3] = {"gate_proj", "up_proj",
+                                                                                          "down_proj"};
+    const char *const *proj = qmoe ? qwen_proj : mixtral_proj;
     char name[KILN_NAME_MAX], fused[KILN_NAME_MAX];
     snprintf(name, sizeof name, "model.layers.%lld.block_sparse_moe.gate.weight", (long long)l);
     snprintf(fused, sizeof fused, "model.layers.%lld.mlp.experts.gate_up_proj", (long long)l);
-    if (find_index(im->ck, name) < 0 && find_index(im->ck, fused) >= 0) { /* transformers 5's in-memory form */
+    if ((qmoe || find_index(im->ck, name) < 0) && find_index(im->ck, fused) >= 0) { /* transformers 5's form */
         const int64_t gu[3] = {E, 2 * F, H}, dn[3] = {E, H, F};
         if ((w[0] = layer_weight(im, l, "mlp.gate.weight", 2, E, H)) < 0 ||
             (w[1] = weight_as(im, fused, 3, gu, KILN_DTYPE_COUNT_)) < 0)
@@ -249,7 +264,9 @@ static int expert_weights(importer *im, int64_t l, int w[3]) {
     }
     /* the published form: one tensor per expert and projection, stacked into the final layout. All
      * parts take the first one's engine dtype (a stack has one dtype). */
-    if ((w[0] = layer_weight(im, l, "block_sparse_moe.gate.weight", 2, E, H)) < 0) return -1;
+    char router[32];
+    snprintf(router, sizeof router, "%s.gate.weight", block);
+    if ((w[0] = layer_weight(im, l, router, 2, E, H)) < 0) return -1;
     int *gu = malloc((size_t)(3 * E) * sizeof *gu), *dn = gu + 2 * E;
     if (!gu) {
         kiln_err(im->err, KILN_ERR_NOMEM, "out of memory importing layer %lld's experts", (long long)l);
@@ -258,10 +275,9 @@ static int expert_weights(importer *im, int64_t l, int w[3]) {
     kiln_dtype dt = KILN_DTYPE_COUNT_;
     int rc = 0;
     for (int64_t e = 0; e < E && rc == 0; e++) {
-        static const char *const proj[3] = {"w1", "w3", "w2"}; /* gate, up, down */
-        for (int k = 0; k < 3 && rc == 0; k++) {
+        for (int k = 0; k < 3 && rc == 0; k++) { /* gate, up, down */
             const int64_t shape[2] = {k < 2 ? F : H, k < 2 ? H : F};
-            snprintf(name, sizeof name, "model.layers.%lld.block_sparse_moe.experts.%lld.%s.weight", (long long)l,
+            snprintf(name, sizeof name, "model.layers.%lld.%s.experts.%lld.%s.weight", (long long)l, block,
                      (long long)e, proj[k]);
             int id = weight_as(im, name, 2, shape, dt);
             if (id < 0) rc = -1;
@@ -272,9 +288,10 @@ static int expert_weights(importer *im, int64_t l, int w[3]) {
     }
     const int64_t gu_shape[3] = {E, 2 * F, H}, dn_shape[3] = {E, H, F};
     if (rc == 0) {
-        snprintf(name, sizeof name, "model.layers.%lld.block_sparse_moe.experts.*.w1+w3.weight", (long long)l);
+        snprintf(name, sizeof name, "model.layers.%lld.%s.experts.*.%s+%s.weight", (long long)l, block, proj[0],
+                 proj[1]);
         w[1] = kiln_ir_weight_stacked(im->g, name, gu, (int)(2 * E), gu_shape, im->err);
-        snprintf(name, sizeof name, "model.layers.%lld.block_sparse_moe.experts.*.w2.weight", (long long)l);
+        snprintf(name, sizeof name, "model.layers.%lld.%s.experts.*.%s.weight", (long long)l, block, proj[2]);
         w[2] = w[1] < 0 ? -1 : kiln_ir_weight_stacked(im->g, name, dn, (int)E, dn_shape, im->err);
         rc = w[2] < 0 ? -1 : 0;
     }
@@ -327,7 +344,7 @@ static kiln_status import_with(importer *im, kiln_dtype weight_dtype) {
             TRY(k = layer_op(im, l, "k_bias", KILN_OP_BIAS_ADD, (int[]){k, w2}, 2, NULL));
             TRY(v = layer_op(im, l, "v_bias", KILN_OP_BIAS_ADD, (int[]){v, w3}, 2, NULL));
         }
-        if (c->arch == KILN_ARCH_QWEN3) { /* Qwen3: each head of q and k RMS-normalised before RoPE */
+        if (c->arch == KILN_ARCH_QWEN3 || c->arch == KILN_ARCH_QWEN3_MOE) { /* each head of q, k RMS-normalised */
             kiln_op_attrs hq = {.n_heads = (int32_t)c->n_heads, .head_dim = (int32_t)hd, .eps = (float)c->rms_norm_eps};
             kiln_op_attrs hk = hq;
             hk.n_heads = (int32_t)c->n_kv_heads;
@@ -345,10 +362,11 @@ static kiln_status import_with(importer *im, kiln_dtype weight_dtype) {
 
         TRY(w1 = layer_weight(im, l, "post_attention_layernorm.weight", 1, H, 0));
         TRY(h = layer_op(im, l, "mlp_norm", KILN_OP_RMSNORM, (int[]){x, w1}, 2, &norm));
-        if (c->arch == KILN_ARCH_MIXTRAL) { /* a sparse mixture of SwiGLU experts instead of one MLP */
+        if (c->layer_sparse[l]) { /* a sparse mixture of SwiGLU experts instead of one MLP */
             int ew[3];
             kiln_op_attrs ma = {.layer = (int32_t)l, .n_experts = (int32_t)c->n_experts,
-                                .top_k = (int32_t)c->n_experts_per_tok};
+                                .top_k = (int32_t)c->n_experts_per_tok,
+                                .flags = c->norm_topk_prob ? 0u : (uint32_t)KILN_FLAG_MOE_NO_RENORM};
             TRY(expert_weights(im, l, ew));
             TRY(o = layer_op(im, l, "moe", KILN_OP_MOE, (int[]){h, ew[0], ew[1], ew[2]}, 4, &ma));
             TRY(x = layer_op(im, l, "resid2", KILN_OP_ADD, (int[]){x, o}, 2, NULL));

@@ -32,6 +32,7 @@ typedef enum kiln_arch {
     KILN_ARCH_QWEN3 = 2,   /* Qwen3ForCausalLM: per-head RMSNorm of q and k before RoPE */
     KILN_ARCH_QWEN2 = 3,   /* Qwen2ForCausalLM (Qwen2, Qwen2.5): biases on q, k and v */
     KILN_ARCH_MIXTRAL = 4, /* MixtralForCausalLM: Mistral attention, a sparse mixture of SwiGLU experts */
+    KILN_ARCH_QWEN3_MOE = 5, /* Qwen3MoeForCausalLM: Qwen3 attention, many small experts (some layers dense) */
 } kiln_arch;
 
 /* "LlamaForCausalLM"... */
@@ -52,9 +53,15 @@ typedef struct kiln_model_config {
     int64_t n_heads;              /* num_attention_heads */
     int64_t n_kv_heads;           /* num_key_value_heads (GQA); = n_heads when absent */
     int64_t head_dim;             /* head_dim when given, else hidden_size / n_heads */
-    int64_t intermediate_size;    /* FFN width (Mixtral: of each expert) */
-    int64_t n_experts;            /* Mixtral: num_local_experts (8 when absent, as in HF); 0 = dense */
-    int64_t n_experts_per_tok;    /* Mixtral: num_experts_per_tok (2 when absent), 1..n_experts */
+    int64_t intermediate_size;    /* FFN width (Mixtral: of each expert; Qwen3-MoE: of its dense layers) */
+    int64_t n_experts;            /* num_local_experts / num_experts (Mixtral: 8, Qwen3-MoE: 128 when absent,
+                                     as in HF); 0 = dense */
+    int64_t n_experts_per_tok;    /* num_experts_per_tok (Mixtral 2, Qwen3-MoE 8 when absent), 1..n_experts */
+    int64_t moe_intermediate_size;/* each expert's FFN width (Mixtral: intermediate_size) */
+    bool norm_topk_prob;          /* the top-k router probabilities renormalised to sum 1 (Mixtral: always;
+                                     Qwen3-MoE: norm_topk_prob, false when absent as in HF) */
+    bool layer_sparse[KILN_MAX_LAYERS]; /* layer l's MLP is the experts (Mixtral: all layers; Qwen3-MoE: the
+                                           layers decoder_sparse_step and mlp_only_layers leave sparse) */
     int64_t vocab_size;
     int64_t max_position_embeddings;
     double rms_norm_eps;

@@ -66,6 +66,8 @@ static void print_attrs(const kiln_op *op, FILE *f) {
     /* the optional inputs a qkv_rope carries */
     if (a->flags & KILN_FLAG_QKV_BIAS) fprintf(f, " +qkv_bias");
     if (a->flags & KILN_FLAG_QK_NORM) fprintf(f, " +qk_norm(eps=%g)", a->eps);
+    /* a moe whose top-k weights are not renormalised */
+    if (a->flags & KILN_FLAG_MOE_NO_RENORM) fprintf(f, " +no_renorm");
 }
 
 void kiln_ir_print(const kiln_graph *g, FILE *f) {

@@ -272,8 +272,9 @@ static void attention(kiln_cpu_ctx *c, const kiln_op_attrs *a, const float *q, c
     free(scores);
 }
 
-/* Mixtral's sparse MoE block over `rows` tokens x[rows, h] (KILN_OP_MOE), as HF's eager code computes
- * it: router logits, softmax in f32, torch.topk's choice, the chosen probabilities renormalised; then
+/* The sparse MoE block of Mixtral and Qwen3-MoE over `rows` tokens x[rows, h] (KILN_OP_MOE), as HF's eager
+ * code computes it: router logits, softmax in f32, torch.topk's choice, the chosen probabilities renormalised
+ * (p / their sum, as torch divides; not with KILN_FLAG_MOE_NO_RENORM: Qwen3-MoE's norm_topk_prob false); then
  * expert by expert in index order, the SwiGLU of the tokens routed to it, each output scaled by the
  * token's weight and added into y (so a token's terms are summed in expert order, from 0). Every
  * product is one dot() whatever tokens share an expert, so prefill and decode agree. */
@@ -307,6 +308,7 @@ static kiln_status moe(kiln_cpu_ctx *c, const kiln_op_attrs *a, const float *x, 
         if ((st = kiln_topk(p, ne, k, sel + r * k, err)) != KILN_OK) break;
         float top = 0;
         for (int j = 0; j < k; j++) top += p[sel[r * k + j]];
+        if (a->flags & KILN_FLAG_MOE_NO_RENORM) top = 1.0f;
         for (int j = 0; j < k; j++) wsel[r * k + j] = p[sel[r * k + j]] / top;
         if (c->moe_trace) c->moe_trace(c->moe_trace_user, a->layer, c->positions[r], k, sel + r * k, wsel + r * k);
     }

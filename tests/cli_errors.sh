@@ -142,6 +142,11 @@ if $HAVE_NVRTC; then
     expect 1 "plan op [0-9]+ \(moe\) has no GPU kernel yet, so --target sm_90" -- \
         "$KILN" compile "$SRC/tests/data/tiny-mixtral" -o "$T/mx90.kiln" --target sm_90
     [ -e "$T/mx90.kiln" ] && bad "a refused compile left $T/mx90.kiln" || ok
+    # Qwen3-MoE's too (its q/k norms fuse into qkv_rope; its experts are the op the GPU lacks)
+    expect 0 "note: plan op [0-9]+ \(moe\) has no GPU kernel yet; the engine gets no GPU kernels" -- \
+        "$KILN" compile "$SRC/tests/data/tiny-qwen3-moe" -o "$T/qm.kiln"
+    expect 1 "plan op [0-9]+ \(moe\) has no GPU kernel yet, so --target sm_90" -- \
+        "$KILN" compile "$SRC/tests/data/tiny-qwen3-moe" -o "$T/qm90.kiln" --target sm_90
 else
     echo "SKIP: GPU-target refusals (this kiln has no NVRTC for sm_90)"
 fi

@@ -30,6 +30,8 @@ expect 1 "^kiln compile: error: --tp 4: .*num_key_value_heads = 2 does not divid
 no_file "$T/x.kiln"
 expect 1 "^kiln compile: error: --tp 2: .*tiny-mixtral is a mixture of experts" -- \
     "$KILN" compile "$SRC/tests/data/tiny-mixtral" -o "$T/x.kiln" --target none --tp 2
+expect 1 "^kiln compile: error: --tp 2: .*tiny-qwen3-moe is a mixture of experts" -- \
+    "$KILN" compile "$SRC/tests/data/tiny-qwen3-moe" -o "$T/x.kiln" --target none --tp 2
 no_file "$T/x.kiln"
 
 "$KILN" compile "$CK" -o "$T/tp1.kiln" --target none >/dev/null 2>&1 || bad "compile tp1"

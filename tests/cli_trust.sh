@@ -3,8 +3,9 @@
 # (issue 10, "never silently wrong"): unused checkpoint tensors, tied
 # embeddings shipped with an lm_head, NaN/Inf/overflowing weights, tokenizer
 # ids beyond the model's vocabulary, generation_config.json (its eos ids
-# and sampling defaults reach `kiln run`), and Mixtral's expert tensors in
-# both forms (a missing, extra or damaged expert is refused by name).
+# and sampling defaults reach `kiln run`), and the expert tensors of Mixtral
+# and Qwen3-MoE in both forms (a missing, extra or damaged expert is refused
+# by name).
 #
 # usage: bash tests/cli_trust.sh KILN_EXE SOURCE_DIR [SHARED_DIR]
 set -u
@@ -321,5 +322,82 @@ t["model.layers.1.mlp.experts.gate_up_proj"][1] = [8, 64, 32]'
 compile_fails 1 "tensor 'model.layers.1.mlp.experts.gate_up_proj' has shape \[8,64,32\], expected \[8,32,64\]" "$d"
 d=$(mkmix mx_mixed); st_edit "$d/$ST" 'add("model.layers.0.mlp.experts.down_proj", "BF16", [8, 64, 16], [0.0] * 8192)'
 compile_fails 1 "tensor 'model.layers.0.mlp.experts.down_proj' is in the checkpoint but not used" "$d"
+
+# ---- 7. Qwen3-MoE's experts: both checkpoint forms, dense and sparse layers ----
+# mkqm NAME: a copy of the tiny Qwen3-MoE checkpoint (published form: mlp.experts.E.{gate,up,down}_proj;
+# 16 experts of width 16 in layers 0 and 2, a dense MLP of width 96 in layer 1)
+mkqm() {
+    rm -rf "$T/$1"
+    cp -r "$SRC/tests/data/tiny-qwen3-moe" "$T/$1"
+    chmod -R u+w "$T/$1"
+    echo "$T/$1"
+}
+QM=model.layers.2.mlp
+d=$(mkqm qm_missing); st_edit "$d/$ST" 'del t["'$QM'.experts.7.down_proj.weight"]'
+compile_fails 1 "tensor '$QM.experts.7.down_proj.weight' is missing" "$d"
+d=$(mkqm qm_router); st_edit "$d/$ST" 'del t["'$QM'.gate.weight"]'
+compile_fails 1 "tensor '$QM.gate.weight' is missing" "$d"
+d=$(mkqm qm_extra); st_edit "$d/$ST" 'add("'$QM'.experts.16.gate_proj.weight", "BF16", [16, 64], [0.0] * 1024)'
+compile_fails 1 "tensor '$QM.experts.16.gate_proj.weight' is in the checkpoint but not used by the Qwen3MoeForCausalLM graph" "$d"
+# the dense layer (mlp_only_layers [1]) has no router or experts, and its MLP is intermediate_size wide
+d=$(mkqm qm_dense_router); st_edit "$d/$ST" 'add("model.layers.1.mlp.gate.weight", "BF16", [16, 64], [0.0] * 1024)'
+compile_fails 1 "tensor 'model.layers.1.mlp.gate.weight' is in the checkpoint but not used" "$d"
+d=$(mkqm qm_dense_shape); st_edit "$d/$ST" 'add("model.layers.1.mlp.up_proj.weight", "BF16", [16, 64], [0.0] * 1024)'
+compile_fails 1 "tensor 'model.layers.1.mlp.up_proj.weight' has shape \[16,64\], expected \[96,64\]" "$d"
+# an expert of the dense width: experts are moe_intermediate_size wide
+d=$(mkqm qm_shape); st_edit "$d/$ST" 'add("'$QM'.experts.0.up_proj.weight", "BF16", [96, 64], [0.0] * 6144)'
+compile_fails 1 "tensor '$QM.experts.0.up_proj.weight' has shape \[96,64\], expected \[16,64\]" "$d"
+# no q_norm: Qwen3's per-head norms are part of the model
+d=$(mkqm qm_qnorm); st_edit "$d/$ST" 'del t["model.layers.0.self_attn.q_norm.weight"]'
+compile_fails 1 "tensor 'model.layers.0.self_attn.q_norm.weight' is missing" "$d"
+# mlp_only_layers changed to [] in config.json: layer 1's dense MLP is unused, its experts missing
+d=$(mkqm qm_all_sparse); edit_json "$d/config.json" 'd["mlp_only_layers"] = []'
+compile_fails 1 "tensor 'model.layers.1.mlp.gate.weight' is missing" "$d"
+# transformers 5's in-memory (fused) form, as Mixtral's: mlp.experts.gate_up_proj [E,2F,H] (each expert's
+# gate rows, then its up rows), mlp.experts.down_proj [E,H,F]; the router keeps its name
+QFUSE='
+for l in (0, 2):
+    p = "model.layers.%d.mlp." % l
+    gu, dn = bytearray(), bytearray()
+    for e in range(16):
+        q = p + "experts.%d." % e
+        gu += t.pop(q + "gate_proj.weight")[2] + t.pop(q + "up_proj.weight")[2]
+        dn += t.pop(q + "down_proj.weight")[2]
+    t[p + "experts.gate_up_proj"] = ["BF16", [16, 32, 64], gu]
+    t[p + "experts.down_proj"] = ["BF16", [16, 64, 16], dn]
+'
+d=$(mkqm qm_fused); st_edit "$d/$ST" "$QFUSE"
+expect 0 "" -- "$KILN" compile "$d" -o "$T/qm_fused.kiln"
+expect 0 "" -- "$KILN" compile "$SRC/tests/data/tiny-qwen3-moe" -o "$T/qm.kiln"
+cmp -s "$T/qm.kiln" "$T/qm_fused.kiln" && bad "the fused form's engine equals the published one's byte for byte (names differ)" || ok
+# both give HF's greedy ids (golden case 1: 8 prompt ids)
+G="$SRC/tests/golden/tiny-qwen3-moe/golden.json"
+prompt=$(python3 -c 'import json, sys; print(",".join(map(str, json.load(open(sys.argv[1]))["cases"][1]["prompt"])))' "$G")
+want=$(python3 -c 'import json, sys; print(",".join(map(str, json.load(open(sys.argv[1]))["cases"][1]["greedy"][:64])))' "$G")
+for e in qm qm_fused; do
+    "$KILN" run "$T/$e.kiln" --device cpu --prompt-ids "$prompt" --max-tokens 64 --ignore-eos --temperature 0 \
+        --json >"$T/$e.json" 2>"$T/err" || bad "$e.kiln does not run: $(cat "$T/err")"
+    [ "$(python3 -c 'import json, sys; print(",".join(map(str, json.load(open(sys.argv[1]))["ids"])))' "$T/$e.json")" = "$want" ] &&
+        ok || bad "$e.kiln: greedy ids differ from HF's"
+done
+# fused, with a tensor missing, or one of the published form left over
+d=$(mkqm qm_fused_missing); st_edit "$d/$ST" "$QFUSE"'
+del t["model.layers.0.mlp.experts.down_proj"]'
+compile_fails 1 "tensor 'model.layers.0.mlp.experts.down_proj' is missing" "$d"
+d=$(mkqm qm_fused_shape); st_edit "$d/$ST" "$QFUSE"'
+t["model.layers.2.mlp.experts.down_proj"][1] = [16, 16, 64]'
+compile_fails 1 "tensor 'model.layers.2.mlp.experts.down_proj' has shape \[16,16,64\], expected \[16,64,16\]" "$d"
+d=$(mkqm qm_mixed); st_edit "$d/$ST" 'add("model.layers.0.mlp.experts.down_proj", "BF16", [16, 64, 16], [0.0] * 16384)'
+compile_fails 1 "tensor 'model.layers.0.mlp.experts.down_proj' is in the checkpoint but not used" "$d"
+d=$(mkqm qm_mixed2); st_edit "$d/$ST" 'add("model.layers.0.mlp.experts.gate_up_proj", "BF16", [16, 32, 64], [0.0] * 32768)
+add("model.layers.0.mlp.experts.down_proj", "BF16", [16, 64, 16], [0.0] * 16384)'
+compile_fails 1 "tensor 'model.layers.0.mlp.experts.0.down_proj.weight' is in the checkpoint but not used" "$d"
+# norm_topk_prob false: the moe ops say so in the IR and inspect says so
+d=$(mkqm qm_nonorm); edit_json "$d/config.json" 'd["norm_topk_prob"] = False'
+"$KILN" compile "$d" -o "$T/qm_nonorm.kiln" --dump-ir >"$T/ir" 2>"$T/err" || bad "norm_topk_prob false does not compile: $(cat "$T/err")"
+[ "$(grep -c 'moe.*+no_renorm' "$T/ir")" -ge 2 ] && ok || bad "--dump-ir shows no +no_renorm moe"
+"$KILN" inspect "$T/qm_nonorm.kiln" | grep -q "16 experts (top 4, weights not renormalised, ffn 16 each, dense MLP on 1 of 3 layers)" &&
+    ok || bad "inspect: $("$KILN" inspect "$T/qm_nonorm.kiln" | grep experts)"
+"$KILN" inspect "$T/qm.kiln" | grep -q "16 experts (top 4, ffn 16 each, dense MLP on 1 of 3 layers)" && ok || bad "inspect of tiny-qwen3-moe"
 
 cli_summary

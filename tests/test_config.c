@@ -364,6 +364,8 @@ static void test_mixtral(void) {
     KT_EQ_INT(m.n_experts, 8);
     KT_EQ_INT(m.n_experts_per_tok, 2);
     KT_EQ_INT(m.intermediate_size, 16);
+    KT_EQ_INT(m.moe_intermediate_size, 16); /* the experts are the MLP */
+    KT_CHECK(m.norm_topk_prob && m.layer_sparse[0] && m.layer_sparse[1]);
     KT_EQ_INT(m.sliding_window, 0);
     KT_CHECK(m.rope_theta == 1e6);
     KT_EQ_INT(m.torch_dtype, KILN_DTYPE_BF16);
@@ -461,12 +463,138 @@ static void test_load_missing_file(void) {
     KT_CONTAINS(e.msg, "/nonexistent/kiln/config.json");
 }
 
+/* Qwen3-MoE: the tiny checkpoint's transformers 5 form (num_local_experts, rope_parameters, dtype), the
+ * 4.x form of the published Qwen3-30B-A3B config.json (num_experts, rope_theta, torch_dtype,
+ * max_window_layers), HF's defaults, which layers are sparse, the sliding window, and refusals by name */
+static void test_qwen3_moe(void) {
+    kiln_model_config m;
+    kiln_error e = {0};
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tests/data/tiny-qwen3-moe/config.json", KILN_SOURCE_DIR);
+    KT_REQUIRE(kiln_config_load(path, &m, &e) == KILN_OK);
+    KT_EQ_INT(m.arch, KILN_ARCH_QWEN3_MOE);
+    KT_EQ_INT(m.n_experts, 16);
+    KT_EQ_INT(m.n_experts_per_tok, 4);
+    KT_EQ_INT(m.moe_intermediate_size, 16);
+    KT_EQ_INT(m.intermediate_size, 96);
+    KT_CHECK(m.norm_topk_prob);
+    KT_CHECK(m.layer_sparse[0] && !m.layer_sparse[1] && m.layer_sparse[2]); /* mlp_only_layers [1] */
+    KT_EQ_INT(m.sliding_window, 0);
+    KT_CHECK(m.rope_theta == 1e6);
+    KT_EQ_INT(m.head_dim, 16);
+    KT_EQ_INT(m.torch_dtype, KILN_DTYPE_BF16);
+    /* transformers 4.x form, as Qwen3-30B-A3B's config.json (shrunk) */
+    const char *v4 = "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"model_type\":\"qwen3_moe\",\"hidden_size\":64,"
+                     "\"num_hidden_layers\":4,\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":32,"
+                     "\"intermediate_size\":96,\"vocab_size\":256,\"max_position_embeddings\":256,"
+                     "\"rms_norm_eps\":1e-6,\"attention_bias\":false,\"hidden_act\":\"silu\",%s}";
+    char buf[1536];
+    snprintf(buf, sizeof buf, v4, "\"num_experts\":8,\"num_experts_per_tok\":2,\"moe_intermediate_size\":24,"
+                                  "\"norm_topk_prob\":true,\"decoder_sparse_step\":1,\"mlp_only_layers\":[],"
+                                  "\"max_window_layers\":4,\"use_sliding_window\":false,\"sliding_window\":null,"
+                                  "\"rope_scaling\":null,\"rope_theta\":1000000.0,\"router_aux_loss_coef\":0.001,"
+                                  "\"output_router_logits\":false,\"torch_dtype\":\"bfloat16\"");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_OK);
+    KT_EQ_INT(m.n_experts, 8);
+    KT_EQ_INT(m.n_experts_per_tok, 2);
+    KT_EQ_INT(m.moe_intermediate_size, 24);
+    KT_CHECK(m.norm_topk_prob);
+    for (int l = 0; l < 4; l++) KT_CHECK(m.layer_sparse[l]);
+    KT_EQ_INT(m.sliding_window, 0);
+    KT_CHECK(m.rope_theta == 1e6);
+    KT_EQ_INT(m.torch_dtype, KILN_DTYPE_BF16);
+    /* Qwen3MoeConfig's defaults: 128 experts, top 8, width 768, not renormalised, theta 10000 */
+    snprintf(buf, sizeof buf, v4, "\"sliding_window\":null");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_OK);
+    KT_EQ_INT(m.n_experts, 128);
+    KT_EQ_INT(m.n_experts_per_tok, 8);
+    KT_EQ_INT(m.moe_intermediate_size, 768);
+    KT_CHECK(!m.norm_topk_prob);
+    KT_CHECK(m.rope_theta == 10000.0);
+    /* decoder_sparse_step 2: layers 1 and 3 sparse; with mlp_only_layers [3], layer 1 alone */
+    snprintf(buf, sizeof buf, v4, "\"num_experts\":8,\"decoder_sparse_step\":2");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_OK);
+    KT_CHECK(!m.layer_sparse[0] && m.layer_sparse[1] && !m.layer_sparse[2] && m.layer_sparse[3]);
+    snprintf(buf, sizeof buf, v4, "\"num_experts\":8,\"decoder_sparse_step\":2,\"mlp_only_layers\":[3]");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_OK);
+    KT_CHECK(!m.layer_sparse[0] && m.layer_sparse[1] && !m.layer_sparse[2] && !m.layer_sparse[3]);
+    /* the sliding window: every layer with use_sliding_window (transformers 5), none without */
+    snprintf(buf, sizeof buf, v4, "\"num_experts\":8,\"use_sliding_window\":true,\"sliding_window\":16");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_OK);
+    KT_EQ_INT(m.sliding_window, 16);
+    for (int l = 0; l < 4; l++) KT_CHECK(m.layer_windowed[l]);
+    snprintf(buf, sizeof buf, v4, "\"num_experts\":8,\"use_sliding_window\":true,\"sliding_window\":16,"
+                                  "\"max_window_layers\":0");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_OK);
+    KT_CHECK(m.layer_windowed[0] && m.layer_windowed[3]);
+    snprintf(buf, sizeof buf, v4, "\"num_experts\":8,\"use_sliding_window\":false,\"sliding_window\":16,"
+                                  "\"max_window_layers\":2");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_OK);
+    KT_EQ_INT(m.sliding_window, 0);
+    KT_CHECK(!m.layer_windowed[0] && !m.layer_windowed[3]);
+    /* layer_types, which transformers does not read for Qwen3-MoE, must agree with that */
+    snprintf(buf, sizeof buf, v4, "\"num_experts\":8,\"layer_types\":[\"full_attention\",\"full_attention\","
+                                  "\"full_attention\",\"full_attention\"]");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_OK);
+    KT_EQ_INT(m.sliding_window, 0);
+    snprintf(buf, sizeof buf, v4, "\"num_experts\":8,\"layer_types\":[\"full_attention\",\"sliding_attention\","
+                                  "\"full_attention\",\"full_attention\"],\"use_sliding_window\":false");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_ERR_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "field \"layer_types\"[1] is \"sliding_attention\", but transformers' Qwen3MoeForCausalLM "
+                       "does not read layer_types: every layer is unwindowed");
+    /* refusals, by name */
+    snprintf(buf, sizeof buf, v4, "\"num_experts\":8,\"use_sliding_window\":true,\"sliding_window\":16,"
+                                  "\"max_window_layers\":2");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_ERR_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "use_sliding_window is true with sliding_window 16 and max_window_layers 2");
+    KT_CONTAINS(e.msg, "hint: set \"max_window_layers\": 0");
+    snprintf(buf, sizeof buf, v4, "\"num_experts\":8,\"num_local_experts\":16");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_ERR_PARSE);
+    KT_CONTAINS(e.msg, "field \"num_experts\" is 8 but \"num_local_experts\" is 16");
+    snprintf(buf, sizeof buf, v4, "\"num_experts\":8,\"num_experts_per_tok\":9");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_ERR_PARSE);
+    KT_CONTAINS(e.msg, "field \"num_experts_per_tok\" is 9, more than the 8 experts");
+    snprintf(buf, sizeof buf, v4, "\"num_experts\":0");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_ERR_PARSE);
+    KT_CONTAINS(e.msg, "field \"num_experts\" is 0; it must be at least 1");
+    snprintf(buf, sizeof buf, v4, "\"moe_intermediate_size\":0");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_ERR_PARSE);
+    KT_CONTAINS(e.msg, "field \"moe_intermediate_size\" is 0; it must be at least 1");
+    snprintf(buf, sizeof buf, v4, "\"norm_topk_prob\":1");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_ERR_PARSE);
+    KT_CONTAINS(e.msg, "field \"norm_topk_prob\" is 1 (an integer); it must be true or false");
+    snprintf(buf, sizeof buf, v4, "\"decoder_sparse_step\":0");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_ERR_PARSE);
+    KT_CONTAINS(e.msg, "field \"decoder_sparse_step\" is 0; it must be at least 1");
+    snprintf(buf, sizeof buf, v4, "\"mlp_only_layers\":[4]");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_ERR_PARSE);
+    KT_CONTAINS(e.msg, "field \"mlp_only_layers\"[0] is 4, not a layer index in [0, 4)");
+    snprintf(buf, sizeof buf, v4, "\"mlp_only_layers\":[\"1\"]");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_ERR_PARSE);
+    KT_CONTAINS(e.msg, "field \"mlp_only_layers\" is [\"1\"] (an array); it must be a list of layer indices");
+    snprintf(buf, sizeof buf, v4, "\"mlp_only_layers\":2");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_ERR_PARSE);
+    KT_CONTAINS(e.msg, "mlp_only_layers");
+    snprintf(buf, sizeof buf, v4, "\"router_aux_loss_coef\":\"x\"");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_ERR_PARSE);
+    KT_CONTAINS(e.msg, "router_aux_loss_coef");
+    snprintf(buf, sizeof buf, v4, "\"mlp_bias\":true");
+    KT_EQ_INT(parse_str(buf, &m, &e), KILN_ERR_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "field \"mlp_bias\" is true");
+    /* model_type alone */
+    KT_EQ_INT(parse_str("{\"model_type\":\"qwen3_moe\",\"hidden_size\":64,\"num_hidden_layers\":1,"
+                        "\"num_attention_heads\":4,\"intermediate_size\":8,\"vocab_size\":16,"
+                        "\"max_position_embeddings\":8,\"rms_norm_eps\":1e-6}", &m, &e), KILN_OK);
+    KT_EQ_INT(m.arch, KILN_ARCH_QWEN3_MOE);
+    KT_EQ_INT(m.n_experts, 128);
+}
+
 /* ---- refusals: architecture and features ---- */
 
 static void test_architecture(void) {
     expect_fail("architectures", "[\"GPT2LMHeadModel\"]", KILN_ERR_UNSUPPORTED,
                 "architecture [\"GPT2LMHeadModel\"] is not supported (supported: LlamaForCausalLM, MistralForCausalLM, "
-                "Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM)");
+                "Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM)");
     expect_fail("architectures", "[]", KILN_ERR_PARSE, "field \"architectures\" is []");
     expect_fail("architectures", "\"LlamaForCausalLM\"", KILN_ERR_PARSE, "field \"architectures\" is \"LlamaForCausalLM\"");
     expect_fail("architectures", "[7]", KILN_ERR_PARSE, "field \"architectures\" is [7]");
@@ -635,6 +763,7 @@ int main(void) {
     KT_RUN(test_qwen3);
     KT_RUN(test_qwen2);
     KT_RUN(test_mixtral);
+    KT_RUN(test_qwen3_moe);
     KT_RUN(test_pycode_transformers5);
     KT_RUN(test_base_values);
     KT_RUN(test_llama3_rope_v4);

@@ -9,11 +9,11 @@
  * Each model is checked with the default pass pipeline, with no passes and
  * with every pass, so every fusion is shown to keep the numbers. Sharded and single-file
  * checkpoints of one model must give byte-identical engines.
- * Mixtral's routing is checked too: the experts the CPU executor picks for
- * every token in every layer (its routing trace), over the full forward and
- * through the KV cache, are HF's, in torch.topk's order, including the tokens
- * where two tied router probabilities decide; kiln_topk reproduces
- * torch.topk's order on inputs full of ties.
+ * The routing of Mixtral and Qwen3-MoE is checked too: the experts the CPU
+ * executor picks for every token in every sparse layer (its routing trace),
+ * over the full forward and through the KV cache, are HF's, in torch.topk's
+ * order, including the tokens where two tied router probabilities decide;
+ * kiln_topk reproduces torch.topk's order on inputs full of ties.
  */
 #include <jansson.h>
 #include <math.h>
@@ -153,11 +153,23 @@ static void test_tiny_mixtral_as_f32(void) {
     check_model("tests/data/tiny-mixtral", "tests/golden/tiny-mixtral", KILN_DTYPE_F32);
 }
 
-/* ---- Mixtral routing against HF's ---- */
+/* Qwen3-MoE: 16 experts top-4 renormalised, q/k norms, layer 1 dense (mlp_only_layers, its own width) */
+static void test_tiny_qwen3_moe(void) {
+    check_model("tests/data/tiny-qwen3-moe", "tests/golden/tiny-qwen3-moe", KILN_DTYPE_COUNT_);
+}
+
+/* Qwen3-MoE's other variants: norm_topk_prob false (flag moe_no_renorm), decoder_sparse_step 2 (layer 0
+ * dense), 8 experts top-2, a window of 8 on every layer */
+static void test_tiny_qwen3_moe_nonorm(void) {
+    check_model("tests/data/tiny-qwen3-moe-nonorm", "tests/golden/tiny-qwen3-moe-nonorm", KILN_DTYPE_COUNT_);
+}
+
+/* ---- routing against HF's ---- */
 
 typedef struct route_log {
     int layers, positions, k;
     int32_t *experts; /* [layers][positions][k], -1 = not routed */
+    bool renorm;      /* the weights of a token sum to 1 (else: to its top-k probabilities' sum, below 1) */
     int calls, bad;
 } route_log;
 
@@ -173,14 +185,19 @@ static void record_route(void *user, int layer, int pos, int top_k, const int32_
         r->experts[((size_t)layer * r->positions + pos) * r->k + j] = experts[j];
         sum += weights[j];
     }
-    if (!(fabsf(sum - 1) < 1e-5f)) r->bad++; /* renormalised */
+    if (r->renorm ? !(fabsf(sum - 1) < 1e-5f) : !(sum > 0 && sum < 1)) r->bad++;
 }
 
-/* Positions 0..n-1 of the log against the golden's "routing" [layer][position][k]; returns the first
- * differing position (and prints it), or -1. */
+/* Positions 0..n-1 of the log against the golden's "routing" [layer][position][k] (a dense layer: [] and
+ * nothing routed); returns the first differing position (and prints it), or -1. */
 static int routing_diff(const route_log *r, json_t *want, int n, const char *what, size_t ci) {
     for (int l = 0; l < r->layers; l++)
-        for (int t = 0; t < n; t++)
+        for (int t = 0; t < n; t++) {
+            if (json_array_size(json_array_get(want, (size_t)l)) == 0) {
+                if (r->experts[((size_t)l * r->positions + t) * r->k] == -1) continue;
+                fprintf(stderr, "  case %zu %s: layer %d (dense in HF) routed position %d\n", ci, what, l, t);
+                return t;
+            }
             for (int j = 0; j < r->k; j++) {
                 json_t *e = json_array_get(json_array_get(json_array_get(want, (size_t)l), (size_t)t), (size_t)j);
                 int32_t got = r->experts[((size_t)l * r->positions + t) * r->k + j];
@@ -190,14 +207,17 @@ static int routing_diff(const route_log *r, json_t *want, int n, const char *wha
                     return t;
                 }
             }
+        }
     return -1;
 }
 
-static void test_tiny_mixtral_routing(void) {
+/* The routing of a MoE checkpoint's engine against its golden's: top-k `k`, `sparse` of the layers routed,
+ * weights renormalised or not. */
+static void check_routing(const char *ckpt_rel, const char *golden_rel, int k, int sparse, bool renorm) {
     char out[512], path[1024];
-    snprintf(out, sizeof out, "%s/mixtral.kiln", tmpdir);
-    KT_REQUIRE(compile_to(src_path("tests/data/tiny-mixtral"), NULL, out, KILN_DTYPE_COUNT_) == KILN_OK);
-    snprintf(path, sizeof path, "%s/golden.json", src_path("tests/golden/tiny-mixtral"));
+    snprintf(out, sizeof out, "%s/moe.kiln", tmpdir);
+    KT_REQUIRE(compile_to(src_path(ckpt_rel), NULL, out, KILN_DTYPE_COUNT_) == KILN_OK);
+    snprintf(path, sizeof path, "%s/golden.json", src_path(golden_rel));
     json_error_t je;
     json_t *g = json_load_file(path, 0, &je);
     KT_REQUIRE(g != NULL);
@@ -209,12 +229,19 @@ static void test_tiny_mixtral_routing(void) {
     int ties = 0;
     json_array_foreach(json_object_get(g, "cases"), ci, c) {
         golden_case gc;
-        golden_case_read(c, src_path("tests/golden/tiny-mixtral"), &gc);
+        golden_case_read(c, src_path(golden_rel), &gc);
         json_t *want = json_object_get(c, "routing");
-        route_log r = {.layers = m->plan->n_layers, .positions = gc.positions, .k = 2};
+        route_log r = {.layers = m->plan->n_layers, .positions = gc.positions, .k = k, .renorm = renorm};
+        const size_t n_log = (size_t)r.layers * (size_t)r.positions * (size_t)k;
         KT_EQ_INT(json_array_size(want), r.layers);
-        KT_EQ_INT(json_array_size(json_array_get(want, 0)), gc.positions);
-        r.experts = malloc((size_t)r.layers * (size_t)r.positions * 2 * sizeof *r.experts);
+        int routed = 0;
+        for (int l = 0; l < r.layers; l++) {
+            size_t n = json_array_size(json_array_get(want, (size_t)l));
+            KT_CHECK(n == 0 || n == (size_t)gc.positions);
+            routed += n > 0;
+        }
+        KT_EQ_INT(routed, sparse);
+        r.experts = malloc(n_log * sizeof *r.experts);
         int32_t *seq = malloc((size_t)gc.positions * sizeof *seq);
         float *logits = malloc((size_t)gc.positions * (size_t)gc.vocab * sizeof *logits);
         KT_REQUIRE(r.experts && seq && logits);
@@ -224,25 +251,25 @@ static void test_tiny_mixtral_routing(void) {
         KT_REQUIRE(kiln_cpu_ctx_new(m, 0, gc.positions, 2, &ctx, &err) == KILN_OK);
         kiln_cpu_ctx_set_moe_trace(ctx, record_route, &r);
         /* 1. one forward over the whole sequence */
-        memset(r.experts, 0xff, (size_t)r.layers * (size_t)r.positions * 2 * sizeof *r.experts);
+        memset(r.experts, 0xff, n_log * sizeof *r.experts);
         KT_CHECK(kiln_cpu_forward(ctx, seq, gc.positions, true, logits, &err) == KILN_OK);
-        KT_EQ_INT(r.calls, r.layers * gc.positions);
+        KT_EQ_INT(r.calls, sparse * gc.positions);
         KT_EQ_INT(r.bad, 0);
         KT_CHECKF(routing_diff(&r, want, gc.positions, "full forward", ci) < 0, "case %zu: routing differs", ci);
         /* 2. prompt, then one token at a time through the KV cache (the last token is never fed) */
         kiln_cpu_ctx_reset(ctx);
-        memset(r.experts, 0xff, (size_t)r.layers * (size_t)r.positions * 2 * sizeof *r.experts);
+        memset(r.experts, 0xff, n_log * sizeof *r.experts);
         r.calls = 0;
         kiln_generate_opts o = {.max_tokens = gc.ng, .temperature = 0, .top_p = 1, .ignore_eos = true};
         kiln_generate_result res;
         KT_CHECK(kiln_generate(ctx, gc.prompt, gc.np, &o, &res, &err) == KILN_OK);
-        KT_EQ_INT(r.calls, r.layers * (gc.positions - 1));
+        KT_EQ_INT(r.calls, sparse * (gc.positions - 1));
         KT_CHECKF(routing_diff(&r, want, gc.positions - 1, "KV cache", ci) < 0, "case %zu: routing differs", ci);
         free(res.ids);
         int n_ties = (int)json_array_size(json_object_get(c, "router_ties"));
         ties += n_ties;
-        fprintf(stderr, "  case %zu: %d layers x %d positions routed as HF, %d of them decided by tied "
-                        "probabilities\n", ci, r.layers, gc.positions, n_ties);
+        fprintf(stderr, "  %s case %zu: %d layers x %d positions routed as HF, %d of them decided by tied "
+                        "probabilities\n", golden_rel, ci, sparse, gc.positions, n_ties);
         kiln_cpu_ctx_free(ctx);
         free(logits);
         free(seq);
@@ -253,6 +280,16 @@ static void test_tiny_mixtral_routing(void) {
     kiln_model_close(m);
     json_decref(g);
     unlink(out);
+}
+
+static void test_tiny_mixtral_routing(void) {
+    check_routing("tests/data/tiny-mixtral", "tests/golden/tiny-mixtral", 2, 2, true);
+}
+static void test_tiny_qwen3_moe_routing(void) {
+    check_routing("tests/data/tiny-qwen3-moe", "tests/golden/tiny-qwen3-moe", 4, 2, true);
+}
+static void test_tiny_qwen3_moe_nonorm_routing(void) {
+    check_routing("tests/data/tiny-qwen3-moe-nonorm", "tests/golden/tiny-qwen3-moe-nonorm", 2, 1, false);
 }
 
 /* kiln_topk against torch.topk on inputs full of ties (null = NaN) */
@@ -445,6 +482,10 @@ int main(void) {
     KT_RUN(test_tiny_mixtral_moe);
     KT_RUN(test_tiny_mixtral_as_f32);
     KT_RUN(test_tiny_mixtral_routing);
+    KT_RUN(test_tiny_qwen3_moe);
+    KT_RUN(test_tiny_qwen3_moe_routing);
+    KT_RUN(test_tiny_qwen3_moe_nonorm);
+    KT_RUN(test_tiny_qwen3_moe_nonorm_routing);
     KT_RUN(test_topk_ties);
     KT_RUN(test_tiny_mistral_as_f32);
     KT_RUN(test_sharded_equals_single);

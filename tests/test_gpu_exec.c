@@ -896,28 +896,32 @@ static void test_unfused_refused(void) {
     unlink(out);
 }
 
-/* Mixtral's experts (moe) have no GPU kernel yet: asked for GPU targets, the compile is refused naming the
- * op; with the default targets the engine is CPU-only and the CUDA executor refuses it at load. */
+/* The experts (moe) of Mixtral and Qwen3-MoE have no GPU kernel yet: asked for GPU targets, the compile is
+ * refused naming the op; with the default targets the engine is CPU-only and the CUDA executor refuses it at
+ * load. */
 static void test_moe_refused(void) {
     NEED_GPU();
-    char out[600];
-    snprintf(out, sizeof out, "%s/mixtral.kiln", g_tmp);
-    const char *ck = pathf("%s/tests/data/tiny-mixtral", src_dir());
-    kiln_compile_options opt = {.output_path = out, .weight_dtype = KILN_DTYPE_COUNT_, .targets = "sm_90"};
-    kiln_error err = {0};
-    KT_EQ_INT(kiln_compile(ck, &opt, &err), KILN_ERR_UNSUPPORTED);
-    KT_CONTAINS(err.msg, "(moe) has no GPU kernel yet");
-    opt.gpu_if_possible = true;
-    KT_REQUIRE(kiln_compile(ck, &opt, &err) == KILN_OK);
-    kiln_model *m = NULL;
-    KT_REQUIRE(kiln_model_open_ex(out, 1, KILN_MODEL_NO_F32, &m, &err) == KILN_OK);
-    kiln_executor *x = NULL;
-    kiln_cuda_exec_opts o = {.max_seqs = 1, .max_context = 64, .kv_bytes = 1 << 20};
-    KT_EQ_INT(kiln_cuda_executor_new(m, &o, &x, &err), KILN_ERR_UNSUPPORTED);
-    KT_CONTAINS(err.msg, "no GPU kernels");
-    fprintf(stderr, "  %s\n", err.msg);
-    kiln_model_close(m);
-    unlink(out);
+    static const char *const ckpts[2] = {"tiny-mixtral", "tiny-qwen3-moe"};
+    for (int i = 0; i < 2; i++) {
+        char out[600];
+        snprintf(out, sizeof out, "%s/moe.kiln", g_tmp);
+        const char *ck = pathf("%s/tests/data/%s", src_dir(), ckpts[i]);
+        kiln_compile_options opt = {.output_path = out, .weight_dtype = KILN_DTYPE_COUNT_, .targets = "sm_90"};
+        kiln_error err = {0};
+        KT_EQ_INT(kiln_compile(ck, &opt, &err), KILN_ERR_UNSUPPORTED);
+        KT_CONTAINS(err.msg, "(moe) has no GPU kernel yet");
+        opt.gpu_if_possible = true;
+        KT_REQUIRE(kiln_compile(ck, &opt, &err) == KILN_OK);
+        kiln_model *m = NULL;
+        KT_REQUIRE(kiln_model_open_ex(out, 1, KILN_MODEL_NO_F32, &m, &err) == KILN_OK);
+        kiln_executor *x = NULL;
+        kiln_cuda_exec_opts o = {.max_seqs = 1, .max_context = 64, .kv_bytes = 1 << 20};
+        KT_EQ_INT(kiln_cuda_executor_new(m, &o, &x, &err), KILN_ERR_UNSUPPORTED);
+        KT_CONTAINS(err.msg, "no GPU kernels");
+        fprintf(stderr, "  %s: %s\n", ckpts[i], err.msg);
+        kiln_model_close(m);
+        unlink(out);
+    }
 }
 
 /* An engine without a cubin for this GPU: refused by name; with PTX only, the

@@ -429,6 +429,17 @@ static void test_moe_stacks_and_plan(void) {
     a.n_experts = 3;
     KT_EQ_INT(kiln_ir_op1(g, KILN_OP_MOE, (int[]){x, moe->in[1], moe->in[2], moe->in[3]}, 4, &a, "m", &err), -1);
     KT_CONTAINS(err.msg, "router");
+    /* flags: moe_no_renorm is moe's (Qwen3-MoE's norm_topk_prob false), and only moe's */
+    a.n_experts = MOE_E;
+    a.flags = KILN_FLAG_MOE_NO_RENORM;
+    KT_CHECK(kiln_ir_op1(g, KILN_OP_MOE, (int[]){x, moe->in[1], moe->in[2], moe->in[3]}, 4, &a, "m", &err) >= 0);
+    a.flags = KILN_FLAG_QK_NORM;
+    KT_EQ_INT(kiln_ir_op1(g, KILN_OP_MOE, (int[]){x, moe->in[1], moe->in[2], moe->in[3]}, 4, &a, "m", &err), -1);
+    KT_CONTAINS(err.msg, "moe: lowering flags 0x10 do not apply to it");
+    kiln_op_attrs n = {.eps = 1e-5f, .flags = KILN_FLAG_MOE_NO_RENORM};
+    KT_EQ_INT(kiln_ir_op1(g, KILN_OP_RMSNORM, (int[]){x, moe->in[1]}, 2, &n, "n", &err), -1);
+    KT_CONTAINS(err.msg, "rmsnorm: lowering flags 0x20 do not apply to it");
+    KT_EQ_INT(kiln_ir_verify(g, &err), KILN_OK);
     /* the plan: 3-D weights, attrs n_experts and top_k; the part values are not weights of their own */
     KT_REQUIRE(kiln_passes_run(g, "none", NULL, &err) == KILN_OK);
     kiln_buf b = {0};

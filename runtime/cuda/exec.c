@@ -721,9 +721,9 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             kiln_err_hint(err, "compile the engine with the default passes (fuse-qkv-rope), or run it on the CPU "
                                "(--device cpu)");
             goto out;
-        case KILN_OP_MOE: /* Mixtral's experts: CPU only so far */
+        case KILN_OP_MOE: /* the experts of Mixtral and Qwen3-MoE: CPU only so far */
             kiln_err(err, KILN_ERR_UNSUPPORTED, "cuda executor: plan op %u (moe): this model's mixture of experts "
-                     "(Mixtral) has no GPU kernel yet", i);
+                     "(Mixtral, Qwen3-MoE) has no GPU kernel yet", i);
             st = kiln_err_hint(err, "run this engine on the CPU (--device cpu)");
             goto out;
         default:

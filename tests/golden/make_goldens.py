@@ -18,6 +18,15 @@ What it writes (all paths relative to the repository root):
   tests/data/tiny-mixtral/          MixtralForCausalLM: 8 experts, top-2, GQA, untied, bf16; layer 1's
                                     router rows of experts 2 and 5 equal, so their probabilities tie
   tests/golden/tiny-mixtral/        its golden, plus the experts HF routes each token to in each layer
+  tests/data/tiny-qwen3-moe/        Qwen3MoeForCausalLM: 16 experts of width 16, top-4, norm_topk_prob,
+                                    q/k norms, 3 layers of which layer 1 keeps a dense MLP of width 96
+                                    (mlp_only_layers), untied, bf16; layer 2's router rows of experts
+                                    3 and 11 equal
+  tests/golden/tiny-qwen3-moe/      its golden, plus HF's routing (an empty list for the dense layer)
+  tests/data/tiny-qwen3-moe-nonorm/ Qwen3MoeForCausalLM: norm_topk_prob false, decoder_sparse_step 2
+                                    (layer 0 dense), 8 experts top-2, a window of 8 on every layer;
+                                    layer 1's router rows of experts 1 and 6 equal
+  tests/golden/tiny-qwen3-moe-nonorm/  its golden and routing (--only tiny-qwen3-moe makes both)
   tests/golden/topk-ties/golden.json  torch.topk's order on inputs full of ties (kiln_topk's reference)
   tests/golden/<name>/golden.json   greedy ids + metadata, for stories260k, tiny-mistral,
   tests/golden/<name>/case<i>.f32   tiny-llama3: full-forward logits, raw little-endian f32
@@ -25,8 +34,8 @@ What it writes (all paths relative to the repository root):
 
 Usage (from anywhere):
   python3 tests/golden/make_goldens.py [--shared-dir DIR] [--only NAME]
-(--only tiny-qwen3, tiny-qwen2 or tiny-mixtral makes that checkpoint and golden alone, leaving
-the others as they are; tiny-mixtral's also remakes topk-ties.)
+(--only tiny-qwen3, tiny-qwen2, tiny-mixtral or tiny-qwen3-moe makes that checkpoint and golden
+alone, leaving the others as they are; tiny-mixtral's also remakes topk-ties.)
 
 Every run rebuilds everything from fixed seeds; on the same machine and
 library versions the output is byte-identical. The script checks its own
@@ -61,6 +70,8 @@ from transformers import (
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -110,6 +121,15 @@ MIXTRAL_INIT = dict(seed=0, matrix_std=0.15, embed_std=1.0, norm_noise=0.1)
 # hence probabilities, are equal for every token, and where they share the top-k boundary, torch.topk's
 # order decides which one is used.
 MIXTRAL_TIE = (2, 5)
+# tiny-qwen3-moe: the seed with the largest smallest greedy margin over ID_PROMPTS among 0..19 (0.0322) whose
+# continuations are varied (seed 12: 0.0808, but 9 distinct ids in one case).
+QWEN3_MOE_INIT = dict(seed=13, matrix_std=0.15, embed_std=1.0, norm_noise=0.1)
+# Layer 2's router row of expert QWEN3_MOE_TIE[1] is a copy of QWEN3_MOE_TIE[0]'s, as in tiny-mixtral.
+QWEN3_MOE_TIE = (3, 11)
+QWEN3_MOE_TIE_LAYER = 2
+# tiny-qwen3-moe-nonorm: the seed with the largest smallest greedy margin over ID_PROMPTS among 0..19 (0.0537).
+QWEN3_MOE_NONORM_INIT = dict(seed=9, matrix_std=0.15, embed_std=1.0, norm_noise=0.1)
+QWEN3_MOE_NONORM_TIE = (1, 6)  # in its only sparse layer, 1
 
 # Checks the script enforces on what it writes.
 # KV-cache (generate) logits vs one full forward, and the float32 full forward
@@ -328,6 +348,67 @@ def mixtral_config():
     return c
 
 
+def qwen3_moe_config():
+    # 16 experts of width 16, top-4, renormalised (norm_topk_prob, as the published Qwen3-MoE models);
+    # layer 1 keeps a dense MLP of width 96 (mlp_only_layers), so both widths are exercised
+    c = Qwen3MoeConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=96,
+        moe_intermediate_size=16,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=16,
+        num_experts_per_tok=4,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[1],
+        max_position_embeddings=256,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        use_sliding_window=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    c.architectures = ["Qwen3MoeForCausalLM"]
+    return c
+
+
+def qwen3_moe_nonorm_config():
+    # the other variants: norm_topk_prob false (HF's default), decoder_sparse_step 2 (layer 0 dense,
+    # layer 1 sparse), 8 experts top-2, and a sliding window of 8 (every layer, as transformers 5 does)
+    c = Qwen3MoeConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=80,
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=False,
+        decoder_sparse_step=2,
+        mlp_only_layers=[],
+        max_position_embeddings=256,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        use_sliding_window=True,
+        sliding_window=8,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    c.architectures = ["Qwen3MoeForCausalLM"]
+    return c
+
+
 def build_model(cls, config, init, dtype):
     config._attn_implementation = "eager"
     config._experts_implementation = "eager"  # HF's loop over experts (ignored by dense models)
@@ -339,7 +420,8 @@ def build_model(cls, config, init, dtype):
 
 def load_f32(path):
     with open(os.path.join(path, "config.json")) as f:
-        moe = "num_local_experts" in json.load(f)
+        cfg = json.load(f)
+        moe = "num_local_experts" in cfg or "num_experts" in cfg
     kw = dict(experts_implementation="eager") if moe else {}  # HF's loop over experts
     return AutoModelForCausalLM.from_pretrained(
         path, dtype=torch.float32, attn_implementation="eager", **kw).eval()
@@ -486,6 +568,59 @@ def make_tiny_mixtral():
     return d
 
 
+def make_tiny_qwen3_moe():
+    d = os.path.join(REPO, "tests/data/tiny-qwen3-moe")
+    model = build_model(Qwen3MoeForCausalLM, qwen3_moe_config(), QWEN3_MOE_INIT, torch.bfloat16).to(torch.bfloat16)
+    a, b = QWEN3_MOE_TIE
+    with torch.no_grad():
+        w = model.model.layers[QWEN3_MOE_TIE_LAYER].mlp.gate.weight
+        w[b] = w[a]
+    fresh_dir(d)
+    model.save_pretrained(d)
+    t = state_tensors(d)
+    # transformers 5 saves the published per-expert form (its in-memory form is fused)
+    check("model.layers.0.mlp.experts.15.down_proj.weight" in t and "model.layers.0.mlp.gate.weight" in t,
+          "tiny-qwen3-moe is not in the published per-expert form")
+    check(not any(k.endswith("gate_up_proj") for k in t), "tiny-qwen3-moe has fused expert tensors")
+    check("model.layers.1.mlp.gate_proj.weight" in t and "model.layers.1.mlp.gate.weight" not in t,
+          "tiny-qwen3-moe layer 1 is not dense")
+    check(t["model.layers.1.mlp.gate_proj.weight"].shape[0] == 96 and
+          t["model.layers.0.mlp.experts.0.gate_proj.weight"].shape[0] == 16, "tiny-qwen3-moe widths")
+    check("model.layers.0.self_attn.q_norm.weight" in t and "lm_head.weight" in t,
+          "tiny-qwen3-moe lacks q_norm or lm_head")
+    for k, v in t.items():
+        check(v.dtype == torch.bfloat16, "tiny-qwen3-moe %s is %s, want bf16" % (k, v.dtype))
+    r = t["model.layers.%d.mlp.gate.weight" % QWEN3_MOE_TIE_LAYER]
+    check(torch.equal(r[a], r[b]), "tiny-qwen3-moe: the tied router rows differ")
+    print("tiny-qwen3-moe: %d tensors, bf16, untied, 16 experts top-4 renormalised, layer 1 dense, "
+          "layer %d router rows %d == %d" % (len(t), QWEN3_MOE_TIE_LAYER, a, b))
+    return d
+
+
+def make_tiny_qwen3_moe_nonorm():
+    d = os.path.join(REPO, "tests/data/tiny-qwen3-moe-nonorm")
+    model = build_model(Qwen3MoeForCausalLM, qwen3_moe_nonorm_config(), QWEN3_MOE_NONORM_INIT,
+                        torch.bfloat16).to(torch.bfloat16)
+    a, b = QWEN3_MOE_NONORM_TIE
+    with torch.no_grad():
+        w = model.model.layers[1].mlp.gate.weight
+        w[b] = w[a]
+    fresh_dir(d)
+    model.save_pretrained(d)
+    t = state_tensors(d)
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    check(cfg["norm_topk_prob"] is False and cfg["sliding_window"] == 8 and cfg["use_sliding_window"],
+          "tiny-qwen3-moe-nonorm config.json: %s" % cfg)
+    check("model.layers.0.mlp.gate_proj.weight" in t and "model.layers.1.mlp.experts.7.up_proj.weight" in t and
+          "model.layers.0.mlp.gate.weight" not in t, "tiny-qwen3-moe-nonorm: layer 0 not dense or layer 1 not sparse")
+    for k, v in t.items():
+        check(v.dtype == torch.bfloat16, "tiny-qwen3-moe-nonorm %s is %s, want bf16" % (k, v.dtype))
+    print("tiny-qwen3-moe-nonorm: %d tensors, bf16, 8 experts top-2 not renormalised, layer 0 dense "
+          "(decoder_sparse_step 2), window 8, layer 1 router rows %d == %d" % (len(t), a, b))
+    return d
+
+
 def make_tiny_llama3():
     d = os.path.join(REPO, "tests/data/tiny-llama3")
     cfg = llama3_config()
@@ -558,6 +693,8 @@ def np_layer_window(cfg, layer):
     arch = cfg["architectures"][0]
     if window is None or arch.startswith("Llama"):
         return None
+    if arch == "Qwen3MoeForCausalLM":                                   # transformers 5: one mask, every layer
+        return window if cfg.get("use_sliding_window", False) else None
     if not arch.startswith("Qwen"):
         return window
     if not cfg.get("use_sliding_window", False):
@@ -568,20 +705,22 @@ def np_layer_window(cfg, layer):
     return window if layer >= cfg.get("max_window_layers", 28) else None
 
 
-def np_moe(w, p, h, k):
-    """Mixtral's sparse MoE block in float64: softmax over the router logits, the top k (torch.topk on the
-    float64 probabilities, for its order on ties), renormalised, the weighted sum of the experts' SwiGLU."""
+def np_moe(w, p, h, k, proj=("w1", "w3", "w2"), renorm=True):
+    """Mixtral's (Qwen3-MoE's) sparse MoE block in float64: softmax over the router logits, the top k
+    (torch.topk on the float64 probabilities, for its order on ties), renormalised (Qwen3-MoE: if
+    norm_topk_prob), the weighted sum of the experts' SwiGLU (proj: the gate, up and down tensor names)."""
     logits = h @ w[p + "gate.weight"].T
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
     top = torch.topk(torch.from_numpy(probs), k, dim=-1).indices.numpy()
     out = np.zeros_like(h)
     for t in range(h.shape[0]):
-        wt = probs[t, top[t]] / probs[t, top[t]].sum()
+        wt = probs[t, top[t]] / (probs[t, top[t]].sum() if renorm else 1.0)
         for e, we in zip(top[t], wt):
             q = "%sexperts.%d." % (p, e)
-            g = h[t] @ w[q + "w1.weight"].T
-            out[t] += we * (((g / (1 + np.exp(-g))) * (h[t] @ w[q + "w3.weight"].T)) @ w[q + "w2.weight"].T)
+            g = h[t] @ w[q + proj[0] + ".weight"].T
+            out[t] += we * (((g / (1 + np.exp(-g))) * (h[t] @ w[q + proj[1] + ".weight"].T))
+                            @ w[q + proj[2] + ".weight"].T)
     return out
 
 
@@ -637,6 +776,10 @@ def np_forward(model_dir, ids):
         h = rms(x, w[p + "post_attention_layernorm.weight"])
         if p + "block_sparse_moe.gate.weight" in w:                      # Mixtral: top-k of E SwiGLU experts
             x = x + np_moe(w, p + "block_sparse_moe.", h, cfg["num_experts_per_tok"])
+            continue
+        if p + "mlp.gate.weight" in w:                                   # Qwen3-MoE's sparse layers
+            x = x + np_moe(w, p + "mlp.", h, cfg["num_experts_per_tok"], ("gate_proj", "up_proj", "down_proj"),
+                           cfg.get("norm_topk_prob", False))
             continue
         g = h @ w[p + "mlp.gate_proj.weight"].T
         x = x + ((g / (1 + np.exp(-g))) * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
@@ -802,24 +945,27 @@ def make_id_golden(name, model_dir, prompts, synthetic, same_weights=()):
 
 
 def capture_routing(model):
-    """Forward hooks on every layer's router. calls[l] gets (probabilities, chosen experts) per call."""
+    """Forward hooks on every layer's router. calls[l] gets (probabilities, chosen experts) per call (none for
+    a layer with a dense MLP)."""
     calls = [[] for _ in model.model.layers]
     hooks = []
     for l, layer in enumerate(model.model.layers):
         def hook(mod, inp, out, l=l):
-            logits, _, idx = out  # MixtralTopKRouter: (router_logits, router_scores, router_indices)
+            logits, _, idx = out  # Mixtral/Qwen3MoeTopKRouter: (router_logits, router_scores, router_indices)
             calls[l].append((torch.softmax(logits.float(), dim=-1), idx))
-        hooks.append(layer.mlp.gate.register_forward_hook(hook))
+        if hasattr(layer.mlp, "gate"):  # a router (a dense MLP has gate_proj)
+            hooks.append(layer.mlp.gate.register_forward_hook(hook))
     return calls, hooks
 
 
-def add_routing_golden(name, model):
+def add_routing_golden(name, model, tie=MIXTRAL_TIE):
     """Add to each case of a MoE golden the experts HF chooses, per layer and position, in torch.topk's
-    order, over the full forward; check the KV-cache path chooses the same; list the tie events."""
+    order, over the full forward (an empty list for a dense layer); check the KV-cache path chooses the
+    same; list the tie events (experts `tie` have equal router rows)."""
     path = os.path.join(REPO, "tests/golden", name, "golden.json")
     with open(path) as f:
         golden = json.load(f)
-    a, b = MIXTRAL_TIE
+    a, b = tie
     k = model.config.num_experts_per_tok
     n_ties = 0
     for ci, case in enumerate(golden["cases"]):
@@ -828,16 +974,21 @@ def add_routing_golden(name, model):
         try:
             with torch.no_grad():
                 model(torch.tensor([seq]))
-            full = [c[0] for c in calls]
+            full = [c[0] if c else None for c in calls]
             for c in calls:
                 c.clear()
             greedy_generate(model, case["prompt"], len(case["greedy"]))
-            steps = [torch.cat([i for _, i in c]) for c in calls]
+            steps = [torch.cat([i for _, i in c]) if c else None for c in calls]
         finally:
             for h in hooks:
                 h.remove()
         routing, ties, gap = [], [], float("inf")
-        for l, (probs, idx) in enumerate(full):
+        for l, f in enumerate(full):
+            if f is None:  # a dense layer: nothing routed, in either path
+                check(steps[l] is None, "%s case %d layer %d: routed only through the KV cache" % (name, ci, l))
+                routing.append([])
+                continue
+            probs, idx = f
             n_steps = steps[l].shape[0]  # the last generated token is never fed back
             check(n_steps == len(seq) - 1 and torch.equal(steps[l], idx[:n_steps]),
                   "%s case %d layer %d: the KV-cache path routes differently from the full forward" % (name, ci, l))
@@ -1022,11 +1173,18 @@ def make_mixtral_goldens():
     make_topk_golden()
 
 
+def make_qwen3_moe_goldens():
+    model = make_id_golden("tiny-qwen3-moe", make_tiny_qwen3_moe(), ID_PROMPTS, synthetic=True)
+    add_routing_golden("tiny-qwen3-moe", model, QWEN3_MOE_TIE)
+    model = make_id_golden("tiny-qwen3-moe-nonorm", make_tiny_qwen3_moe_nonorm(), ID_PROMPTS, synthetic=True)
+    add_routing_golden("tiny-qwen3-moe-nonorm", model, QWEN3_MOE_NONORM_TIE)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shared-dir", default=os.path.join(os.path.dirname(REPO), "shared"),
                     help="kiln's shared test-data dir (holds models/pycode-22m); default: ../shared")
-    ap.add_argument("--only", choices=["tiny-qwen3", "tiny-qwen2", "tiny-mixtral"],
+    ap.add_argument("--only", choices=["tiny-qwen3", "tiny-qwen2", "tiny-mixtral", "tiny-qwen3-moe"],
                     help="make this checkpoint and golden alone")
     args = ap.parse_args()
 
@@ -1047,6 +1205,10 @@ def main():
         make_mixtral_goldens()
         print("make_goldens: all checks passed (tiny-mixtral only)")
         return
+    if args.only == "tiny-qwen3-moe":
+        make_qwen3_moe_goldens()
+        print("make_goldens: all checks passed (tiny-qwen3-moe only)")
+        return
     mistral = make_tiny_mistral()
     llama3 = make_tiny_llama3()
     negative_controls(mistral, llama3)
@@ -1057,6 +1219,7 @@ def main():
     make_id_golden("tiny-qwen3", make_tiny_qwen3(), ID_PROMPTS, synthetic=True)
     make_id_golden("tiny-qwen2", make_tiny_qwen2(), ID_PROMPTS, synthetic=True)
     make_mixtral_goldens()
+    make_qwen3_moe_goldens()
     make_pycode_golden(args.shared_dir)
     print("make_goldens: all checks passed")
 
