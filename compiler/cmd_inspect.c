@@ -319,6 +319,18 @@ static json_t *sections_json(const kiln_engine *e) {
     return a;
 }
 
+/* Bits per weight element over the plan's weights (one rank's): stored bytes x 8 / elements. */
+static double bits_per_weight(const kiln_plan *p) {
+    double bytes = 0, elems = 0;
+    for (uint32_t i = 0; i < p->n_weights; i++) {
+        double e = 1;
+        for (uint32_t d = 0; d < p->weights[i].ndim; d++) e *= (double)p->weights[i].shape[d];
+        elems += e;
+        bytes += (double)p->weights[i].nbytes;
+    }
+    return elems > 0 ? bytes * 8 / elems : 0;
+}
+
 static json_t *plan_json(const kiln_plan *p) {
     json_t *ops = json_object();
     for (uint32_t i = 0; i < p->n_ops; i++) {
@@ -326,9 +338,9 @@ static json_t *plan_json(const kiln_plan *p) {
         json_t *n = json_object_get(ops, name);
         json_object_set_new(ops, name, json_integer(n ? json_integer_value(n) + 1 : 1));
     }
-    return json_pack("{s:i, s:i, s:i, s:i, s:o, s:i}", "values", (int)p->n_values, "ops_total", (int)p->n_ops,
+    return json_pack("{s:i, s:i, s:i, s:i, s:o, s:i, s:f}", "values", (int)p->n_values, "ops_total", (int)p->n_ops,
                      "weights", (int)p->n_weights, "buffer_slots", (int)p->n_slots, "ops", ops, "ranks",
-                     (int)p->n_ranks);
+                     (int)p->n_ranks, "bits_per_weight", bits_per_weight(p));
 }
 
 /* The dtype names in a bit set ("bf16", "f16+bf16"), appended to out. */
@@ -452,8 +464,15 @@ static void print_text(const char *path, const kiln_model *m, json_t *meta, cons
         if (json_is_array(dl)) printf(", dense MLP on %zu of %d layers", json_array_size(dl), p->n_layers);
         printf(")");
     }
-    printf("\nweights: %u tensors%s, %.2f MB, dtype %s, codec %s\n", p->n_weights, p->n_ranks > 1 ? " per rank" : "",
-           (double)m->weights_size / 1e6, wdtype, json_string_value(json_object_get(w, "codec")));
+    printf("\nweights: %u tensors%s, %.2f MB (%.2f bits per weight), dtype %s, codec %s\n", p->n_weights,
+           p->n_ranks > 1 ? " per rank" : "", (double)m->weights_size / 1e6, bits_per_weight(p), wdtype,
+           json_string_value(json_object_get(w, "codec")));
+    json_t *q = json_object_get(json_object_get(meta, "build"), "quant");
+    if (q)
+        printf("quantization: %s (projections), %s (LM head), %lld matrices, %s\n",
+               json_string_value(json_object_get(q, "weights")), json_string_value(json_object_get(q, "lm_head")),
+               (long long)json_integer_value(json_object_get(q, "matrices")),
+               json_string_value(json_object_get(q, "method")));
     if (p->n_ranks > 1) { /* tensor parallelism: what each rank maps and runs */
         printf("tensor parallel: %u ranks, each with %d heads / %d KV heads; weights per rank (%u tensors each):",
                p->n_ranks, (int)(json_integer_value(json_object_get(model, "num_attention_heads")) / p->n_ranks),

@@ -135,6 +135,16 @@ static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const k
         if (n) json_object_set_new(ops, kiln_op_name((kiln_op_kind)k), json_integer(n));
     }
     json_t *build = json_pack("{s:s, s:o}", "passes", opt->passes ? opt->passes : "default", "ops", ops);
+    if (opt->quant || opt->quant_head) { /* pass quantize: the formats asked for and the matrices that got one */
+        int nq = 0;
+        for (int v = 0; v < g->n_values; v++)
+            nq += !g->values[v].dead && g->values[v].kind == KILN_VALUE_WEIGHT && kiln_dtype_is_quant(g->values[v].dtype);
+        json_object_set_new(build, "quant",
+                            json_pack("{s:s, s:s, s:i, s:s}", "weights",
+                                      opt->quant ? kiln_dtype_name((kiln_dtype)opt->quant) : "none", "lm_head",
+                                      opt->quant_head ? kiln_dtype_name((kiln_dtype)opt->quant_head) : "keep",
+                                      "matrices", nq, "method", "round to nearest"));
+    }
     json_t *tok = json_null();
     if (tok_blob) tok = json_pack("{s:I}", "bytes", (json_int_t)tok_blob->len);
     /* GPU targets the kernels section holds ([] = none: CPU only) */

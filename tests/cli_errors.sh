@@ -113,6 +113,25 @@ else
     echo "FAIL: --json error object" >&2; fail=$((fail + 1))
 fi
 
+# --quant: usage errors, and quantized engines are CPU-only
+expect 2 "--quant 'int3': expected int8 or int4" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" --quant int3
+expect 2 "--group-size '48': expected 32, 64 or 128" -- \
+    "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" --quant int4 --group-size 48
+expect 2 "--group-size applies to int4" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" --quant int8 \
+    --group-size 64
+expect 2 "--quant-head applies with --quant" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" \
+    --quant-head int8
+expect 2 "--quant with --tp 2" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" --quant int8 --tp 2
+no_file "$T/q.kiln"
+expect 0 "wrote" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" --quant int4 --group-size 32 \
+    --target none
+"$KILN" inspect "$T/q.kiln" | grep -Eq "^weights: .*bits per weight\), dtype .*q4g32.*q8|q8.*q4g32" && ok ||
+    bad "inspect does not show the quantized dtypes: $("$KILN" inspect "$T/q.kiln" | sed -n 3p)"
+echo "1 50 60 70 80 90" >"$T/q.ids"
+"$KILN" perplexity "$T/q.kiln" --ids-file "$T/q.ids" --device cpu --json 2>"$T/err" | grep -q '"perplexity"' && ok ||
+    bad "perplexity of a quantized engine: $(cat "$T/err")"
+expect 1 "GPU|gpu" -- "$KILN" run "$T/q.kiln" --prompt-ids 1,2 --max-tokens 2 --device gpu
+
 # a plan the GPU cannot run (ops without GPU kernels): refused when GPU targets are asked for, naming the
 # op, and a CPU-only engine (with a note) when the targets are only the default
 HAVE_NVRTC=false
@@ -132,6 +151,11 @@ if $HAVE_NVRTC; then
     "$KILN" inspect "$T/q3.kiln" | grep -q "^targets: none (CPU only: kernels: layer 0: head_dim 24" && ok ||
         bad "tiny-qwen3 engine has GPU targets, or inspect does not say why it has none"
     expect 1 "head_dim 24" -- "$KILN" compile "$SRC/tests/data/tiny-qwen3" -o "$T/q3g.kiln" --target sm_90
+    # quantized weights: no GPU kernel reads them yet
+    expect 1 "weight '.*' is quantized \(q8\), which the GPU kernels do not read yet" -- \
+        "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q8g.kiln" --quant int8 --target sm_90
+    expect 0 "note: weight '.*' is quantized \(q8\).*the engine gets no GPU kernels" -- \
+        "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q8d.kiln" --quant int8
     # Qwen2's biases fuse into qkv_rope: its engine gets GPU kernels
     expect 0 "wrote" -- "$KILN" compile "$SRC/tests/data/tiny-qwen2" -o "$T/q2.kiln"
     "$KILN" inspect "$T/q2.kiln" | grep -q "^targets: sm_" && ok || bad "tiny-qwen2 engine has no GPU targets"

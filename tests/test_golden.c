@@ -128,6 +128,39 @@ static void check_model(const char *ckpt_rel, const char *golden_rel, kiln_dtype
     }
 }
 
+/* A quantized engine (--quant) against HF run on the same weights rounded the same way
+ * (make_goldens.py rtn_q8 / rtn_q4, written again in numpy): the default pipeline (packed q/k/v and
+ * gate/up quantized as one) and none (each matrix alone) must both match. */
+static void check_quant(const char *golden_rel, int quant, int head) {
+    char out[512];
+    const char *pass_sets[2] = {NULL, "none"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(out, sizeof out, "%s/quant-%d.kiln", tmpdir, k);
+        kiln_compile_options opt = {.output_path = out, .weight_dtype = KILN_DTYPE_COUNT_, .passes = pass_sets[k],
+                                    .quant = quant, .quant_head = head};
+        KT_REQUIRE(kt_compile(src_path("tests/data/tiny-mistral"), &opt) == KILN_OK);
+        check_engine(out, src_path(golden_rel));
+        kiln_model *m = NULL;
+        kiln_error err = {0};
+        KT_REQUIRE(kiln_model_open(out, 1, &m, &err) == KILN_OK);
+        int nq = 0, nh = 0;
+        for (uint32_t i = 0; i < m->plan->n_weights; i++) {
+            const kiln_plan_weight *w = &m->plan->weights[i];
+            nq += (int)w->dtype == quant;
+            nh += strcmp(w->name, "lm_head.weight") == 0 && (int)w->dtype == head;
+            if (strstr(w->name, "embed_tokens") || strstr(w->name, "norm")) KT_CHECK(!kiln_dtype_is_quant((int)w->dtype));
+        }
+        KT_EQ_INT(nq, (k == 0 ? 4 : 7) * 2 + (quant == head)); /* per layer: packed qkv, o, gate/up, down; or 7 */
+        KT_EQ_INT(nh, 1);
+        kiln_model_close(m);
+        unlink(out);
+    }
+}
+static void test_tiny_mistral_int8(void) { check_quant("tests/golden/tiny-mistral-int8", KILN_DTYPE_Q8, KILN_DTYPE_Q8); }
+static void test_tiny_mistral_int4(void) {
+    check_quant("tests/golden/tiny-mistral-int4g32", KILN_DTYPE_Q4G32, KILN_DTYPE_Q8);
+}
+
 static void test_stories260k(void) { check_model("models/stories260k", "tests/golden/stories260k", KILN_DTYPE_COUNT_); }
 static void test_tiny_mistral_sliding_window(void) {
     check_model("tests/data/tiny-mistral", "tests/golden/tiny-mistral", KILN_DTYPE_COUNT_);
@@ -488,6 +521,8 @@ int main(void) {
     KT_RUN(test_tiny_qwen3_moe_nonorm_routing);
     KT_RUN(test_topk_ties);
     KT_RUN(test_tiny_mistral_as_f32);
+    KT_RUN(test_tiny_mistral_int8);
+    KT_RUN(test_tiny_mistral_int4);
     KT_RUN(test_sharded_equals_single);
     KT_RUN(test_pycode_text);
     KT_RUN(test_score_against_hf);

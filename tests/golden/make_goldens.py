@@ -47,6 +47,7 @@ if a check fails. See tests/golden/README.md.
 
 import argparse
 import hashlib
+import tempfile
 import json
 import os
 import re
@@ -621,6 +622,64 @@ def make_tiny_qwen3_moe_nonorm():
     return d
 
 
+# --------------------------------------------------------------------------
+# Quantized engines: HF on the weights rounded as kiln's --quant rounds them
+# --------------------------------------------------------------------------
+
+def rtn_q8(w):
+    """kiln's q8 (common/quant.c), written again in numpy float32: per row scale = max|w| / 127,
+    q = rint(w / scale) in -127..127, w' = q * scale."""
+    w = w.astype(np.float32)
+    s = (np.max(np.abs(w), axis=1) / np.float32(127)).astype(np.float32)[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(s > 0, np.clip(np.rint(w / s), -127, 127), 0).astype(np.float32)
+    return (q * s).astype(np.float32)
+
+
+def rtn_q4(w, g):
+    """kiln's q4gG: per group of g columns lo = min, scale = (max - lo) / 15, q = rint((w - lo) / scale)
+    in 0..15, w' = q * scale + lo (each product and sum rounded to float32, as C without contraction)."""
+    n, k = w.shape
+    x = w.astype(np.float32).reshape(n, k // g, g)
+    lo = x.min(axis=2, keepdims=True)
+    s = ((x.max(axis=2, keepdims=True) - lo) / np.float32(15)).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(s > 0, np.clip(np.rint((x - lo) / s), 0, 15), 0).astype(np.float32)
+    return ((q * s).astype(np.float32) + lo).astype(np.float32).reshape(n, k)
+
+
+# (golden name, the projections' format, int4 group); the LM head gets q8 in both (--quant-head's default)
+QUANT_GOLDENS = [("tiny-mistral-int8", "int8", None), ("tiny-mistral-int4g32", "int4", 32)]
+
+
+def make_quant_goldens():
+    """tiny-mistral as kiln compiles it with --quant int8 and with --quant int4 --group-size 32: the
+    projections' matrices (q/k/v/o, gate/up/down) and the LM head rounded by rtn_q8 / rtn_q4, the
+    embedding and norms unchanged, written as a float32 checkpoint and run through HF as the others."""
+    src = os.path.join(REPO, "tests/data/tiny-mistral")
+    for name, fmt, group in QUANT_GOLDENS:
+        with tempfile.TemporaryDirectory() as tmp:
+            for f in ("config.json", "generation_config.json"):
+                shutil.copy(os.path.join(src, f), tmp)
+            out = {}
+            for k, v in state_tensors(src).items():
+                w = v.float().numpy()
+                if k == "lm_head.weight":
+                    w = rtn_q8(w)
+                elif k.endswith("_proj.weight"):
+                    w = rtn_q8(w) if fmt == "int8" else rtn_q4(w, group)
+                out[k] = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
+            safetensors.torch.save_file(out, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+            make_id_golden(name, tmp, ID_PROMPTS[1:], synthetic=False)
+        gpath = os.path.join(REPO, "tests/golden", name, "golden.json")
+        with open(gpath) as f:
+            gj = json.load(f)
+        gj["model"] = "tests/data/tiny-mistral"
+        gj["quantization"] = {"kiln_compile": "--quant %s%s" % (fmt, " --group-size %d" % group if group else ""),
+                              "reference": "tests/golden/make_goldens.py rtn_q8 / rtn_q4 (numpy float32)"}
+        write_json(gpath, gj)
+
+
 def make_tiny_llama3():
     d = os.path.join(REPO, "tests/data/tiny-llama3")
     cfg = llama3_config()
@@ -1184,7 +1243,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shared-dir", default=os.path.join(os.path.dirname(REPO), "shared"),
                     help="kiln's shared test-data dir (holds models/pycode-22m); default: ../shared")
-    ap.add_argument("--only", choices=["tiny-qwen3", "tiny-qwen2", "tiny-mixtral", "tiny-qwen3-moe"],
+    ap.add_argument("--only", choices=["tiny-qwen3", "tiny-qwen2", "tiny-mixtral", "tiny-qwen3-moe", "quant"],
                     help="make this checkpoint and golden alone")
     args = ap.parse_args()
 
@@ -1196,6 +1255,10 @@ def main():
     if args.only == "tiny-qwen3":
         make_id_golden("tiny-qwen3", make_tiny_qwen3(), ID_PROMPTS, synthetic=True)
         print("make_goldens: all checks passed (tiny-qwen3 only)")
+        return
+    if args.only == "quant":
+        make_quant_goldens()
+        print("make_goldens: all checks passed (quant only)")
         return
     if args.only == "tiny-qwen2":
         make_id_golden("tiny-qwen2", make_tiny_qwen2(), ID_PROMPTS, synthetic=True)
@@ -1220,6 +1283,7 @@ def main():
     make_id_golden("tiny-qwen2", make_tiny_qwen2(), ID_PROMPTS, synthetic=True)
     make_mixtral_goldens()
     make_qwen3_moe_goldens()
+    make_quant_goldens()
     make_pycode_golden(args.shared_dir)
     print("make_goldens: all checks passed")
 

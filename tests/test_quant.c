@@ -1,0 +1,93 @@
+/*
+ * test_quant.c — kiln's quantized weight formats (common/quant.c): their
+ * sizes, and quantize → dequantize within half a step of each value, exact
+ * on the values the formats hold exactly; a plan whose quantized weight has
+ * the wrong size or shape is refused. (That whole engines quantized this way
+ * match HF run on the same rounded weights is test_golden's
+ * test_tiny_mistral_int8 / _int4; the rounding there is written again in numpy.)
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/kiln_ops.h"
+#include "kt.h"
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static double unit(void) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (double)(rng >> 11) / 9007199254740992.0;
+}
+static float normal(void) {
+    double u = unit(), v = unit();
+    return (float)(sqrt(-2.0 * log(u > 1e-300 ? u : 1e-300)) * cos(6.283185307179586 * v));
+}
+
+static void test_sizes(void) {
+    KT_EQ_INT((int)kiln_weight_nbytes(KILN_DTYPE_Q8, 2, (int64_t[]){3, 5}), 16 + 12);   /* codes to 16, 3 scales */
+    KT_EQ_INT((int)kiln_weight_nbytes(KILN_DTYPE_Q4G32, 2, (int64_t[]){2, 64}), 64 + 32); /* 2x2 scales and mins */
+    KT_EQ_INT((int)kiln_weight_nbytes(KILN_DTYPE_Q4G128, 2, (int64_t[]){4, 256}), 512 + 64);
+    KT_EQ_INT((int)kiln_weight_nbytes(KILN_DTYPE_Q4G128, 2, (int64_t[]){2, 64}), 0); /* 128 does not divide 64 */
+    KT_EQ_INT((int)kiln_weight_nbytes(KILN_DTYPE_Q8, 1, (int64_t[]){64}), 0);        /* matrices only */
+    KT_EQ_INT((int)kiln_weight_nbytes(KILN_DTYPE_Q8, 3, (int64_t[]){2, 2, 2}), 0);
+    KT_EQ_INT((int)kiln_weight_nbytes(KILN_DTYPE_BF16, 2, (int64_t[]){3, 5}), 30);
+    KT_EQ_INT((int)kiln_weight_nbytes(KILN_DTYPE_F32, 1, (int64_t[]){0}), 0);
+    KT_CHECK(kiln_weight_nbytes(KILN_DTYPE_F32, 4, (int64_t[]){1 << 30, 1 << 30, 1 << 30, 1 << 30}) == 0); /* overflow */
+    KT_EQ_INT(kiln_dtype_size(KILN_DTYPE_Q8), 0);
+    KT_CHECK(strcmp(kiln_dtype_name(KILN_DTYPE_Q4G64), "q4g64") == 0);
+    KT_EQ_INT(kiln_dtype_from_name("q4g128"), KILN_DTYPE_Q4G128);
+}
+
+/* Round trip of a random [n, k] matrix with some special rows: each value within half a step of its
+ * row's (group's) scale, the extremes and special rows exact. */
+static void round_trip(int t) {
+    const int64_t n = 9, k = 256;
+    const int g = kiln_quant_group(t) ? kiln_quant_group(t) : (int)k;
+    float *w = malloc(sizeof(float) * n * k), *back = malloc(sizeof(float) * n * k), *part = malloc(sizeof(float) * 2 * k);
+    for (int64_t i = 0; i < n * k; i++) w[i] = normal() * (float)(1 + (i / k) % 3);
+    for (int64_t j = 0; j < k; j++) w[6 * k + j] = 0.0f;  /* all zeros */
+    for (int64_t j = 0; j < k; j++) w[7 * k + j] = -0.75f; /* constant */
+    w[8 * k + 3] = 1e4f;                                     /* an outlier */
+    const uint64_t nb = kiln_weight_nbytes(t, 2, (int64_t[]){n, k});
+    uint8_t *q = calloc(nb, 1);
+    for (int64_t r = 0; r < n; r++) kiln_quant_row(t, n, k, r, w + r * k, q);
+    kiln_dequant_rows(t, q, n, k, 0, n, back);
+    int bad = 0;
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t c0 = 0; c0 < k; c0 += g) {
+            float lo = w[r * k + c0], hi = lo, amax = 0;
+            for (int j = 0; j < g; j++) {
+                float x = w[r * k + c0 + j];
+                lo = x < lo ? x : lo, hi = x > hi ? x : hi, amax = fabsf(x) > amax ? fabsf(x) : amax;
+            }
+            const float step = t == KILN_DTYPE_Q8 ? amax / 127 : (hi - lo) / 15;
+            for (int j = 0; j < g; j++) {
+                const float x = w[r * k + c0 + j], y = back[r * k + c0 + j];
+                if (!(fabsf(x - y) <= 0.5f * step * (1 + 1e-5f) + 1e-6f * fabsf(x))) bad++;
+            }
+        }
+    KT_CHECKF(bad == 0, "%s: %d values further than half a step from where they were", kiln_dtype_name(t), bad);
+    for (int64_t j = 0; j < k; j++) {
+        KT_CHECK(back[6 * k + j] == 0.0f);
+        KT_CHECK(back[7 * k + j] == -0.75f);
+    }
+    KT_CHECK(fabsf(back[8 * k + 3] - 1e4f) <= 1e4f * 1e-6f); /* the extreme is a code's end point */
+    /* rows read alone are the rows read together */
+    kiln_dequant_rows(t, q, n, k, 4, 2, part);
+    KT_CHECK(memcmp(part, back + 4 * k, sizeof(float) * 2 * k) == 0);
+    free(w), free(back), free(part), free(q);
+}
+
+static void test_round_trip(void) {
+    round_trip(KILN_DTYPE_Q8);
+    round_trip(KILN_DTYPE_Q4G32);
+    round_trip(KILN_DTYPE_Q4G64);
+    round_trip(KILN_DTYPE_Q4G128);
+}
+
+int main(void) {
+    KT_RUN(test_sizes);
+    KT_RUN(test_round_trip);
+    return KT_END();
+}
