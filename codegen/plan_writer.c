@@ -5,6 +5,8 @@
  */
 #include "kiln_codegen.h"
 
+#include "../common/kiln_pool.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -390,20 +392,51 @@ static kiln_status read_row(const kiln_graph *g, const kiln_value *val, int64_t 
     return kiln_weight_convert(&as_f32, first, part->src + first * ss, (uint8_t *)row, (size_t)k, err);
 }
 
-/* A weight the pass quantize gave a quantized dtype: each row read as floats, quantized
- * (kiln_quant_row, common/quant.c) into the weight's bytes, which are then written in one piece. */
+/* Rows [n * part / parts, n * (part + 1) / parts) of a weight being quantized: one pool task. */
+typedef struct quant_job {
+    const kiln_graph *g;
+    const kiln_value *val;
+    uint8_t *out;
+    int parts;
+    kiln_status st[64];
+    kiln_error err[64];
+} quant_job;
+
+static void quant_rows(void *arg, int part) {
+    quant_job *j = arg;
+    const int64_t n = j->val->shape[0], k = j->val->shape[1];
+    float *row = malloc((size_t)k * sizeof *row);
+    kiln_status st = row ? KILN_OK : kiln_err(&j->err[part], KILN_ERR_NOMEM, "out of memory quantizing %s", j->val->name);
+    for (int64_t r = n * part / j->parts; r < n * (part + 1) / j->parts && st == KILN_OK; r++)
+        if ((st = read_row(j->g, j->val, r, row, &j->err[part])) == KILN_OK)
+            kiln_quant_row_ex(j->val->dtype, n, k, r, row, j->out, j->g->quant_method);
+    j->st[part] = st;
+    free(row);
+}
+
+/* A weight the pass quantize gave a quantized dtype: each row read as floats and quantized
+ * (kiln_quant_row_ex with the graph's method, common/quant.c) into the weight's bytes, rows split
+ * over the process-wide pool, which are then written in one piece. The first failing part's error
+ * (in row order) is the one reported. */
 static kiln_status write_quantized(const kiln_graph *g, const kiln_value *val, kiln_engine_writer *w,
                                    kiln_error *err) {
-    const int64_t n = val->shape[0], k = val->shape[1];
     const uint64_t nbytes = weight_bytes(val);
     uint8_t *out = calloc(nbytes ? nbytes : 1, 1);
-    float *row = malloc((size_t)k * sizeof *row);
-    kiln_status st = out && row ? KILN_OK : kiln_err(err, KILN_ERR_NOMEM, "out of memory quantizing %s", val->name);
-    for (int64_t r = 0; r < n && st == KILN_OK; r++)
-        if ((st = read_row(g, val, r, row, err)) == KILN_OK) kiln_quant_row(val->dtype, n, k, r, row, out);
+    quant_job *j = calloc(1, sizeof *j);
+    if (!out || !j) {
+        free(out), free(j);
+        return kiln_err(err, KILN_ERR_NOMEM, "out of memory quantizing %s", val->name);
+    }
+    const int ways = kiln_pool_ways(kiln_pool_shared());
+    *j = (quant_job){.g = g, .val = val, .out = out, .parts = ways < 1 ? 1 : ways > 64 ? 64 : ways};
+    if (j->parts > val->shape[0]) j->parts = (int)val->shape[0];
+    kiln_pool_for(kiln_pool_shared(), j->parts, j->parts, quant_rows, j);
+    kiln_status st = KILN_OK;
+    for (int p = 0; p < j->parts && st == KILN_OK; p++)
+        if ((st = j->st[p]) != KILN_OK && err) *err = j->err[p];
     if (st == KILN_OK) st = kiln_engine_writer_write(w, out, nbytes, err);
     free(out);
-    free(row);
+    free(j);
     return st;
 }
 

@@ -49,7 +49,31 @@ uint64_t kiln_weight_nbytes(int t, int ndim, const int64_t *shape) {
     return align16(code_bytes(t, n, k)) + n * groups * 4 * (g ? 2 : 1);
 }
 
+/* The 4-bit code of x in the range starting at lo with step s (round to nearest, clamped). */
+static uint8_t code4(float x, float lo, float s) {
+    const float v = s > 0 ? rintf((x - lo) / s) : 0.0f;
+    return (uint8_t)(v > 15 ? 15 : v < 0 ? 0 : v);
+}
+
+/* Squared error of a group quantized with lo and step s (in double). */
+static double group_error(const float *x, int g, float lo, float s) {
+    double e = 0;
+    for (int j = 0; j < g; j++) {
+        const double d = (double)((float)code4(x[j], lo, s) * s + lo) - (double)x[j];
+        e += d * d;
+    }
+    return e;
+}
+
+/* KILN_QUANT_MSE's grid: each end of a group's range moved in by 0, 4, ..., 20% of it. */
+#define MSE_STEPS 6
+#define MSE_SHRINK 0.04f
+
 void kiln_quant_row(int t, int64_t n_rows, int64_t k, int64_t row, const float *w, uint8_t *out) {
+    kiln_quant_row_ex(t, n_rows, k, row, w, out, KILN_QUANT_RTN);
+}
+
+void kiln_quant_row_ex(int t, int64_t n_rows, int64_t k, int64_t row, const float *w, uint8_t *out, int method) {
     const int g = kiln_quant_group(t);
     const int64_t groups = g ? k / g : 1;
     uint8_t *scales = out + align16(code_bytes(t, (uint64_t)n_rows, (uint64_t)k)); /* f32s, by memcpy */
@@ -74,15 +98,20 @@ void kiln_quant_row(int t, int64_t n_rows, int64_t k, int64_t row, const float *
             lo = x[j] < lo ? x[j] : lo;
             hi = x[j] > hi ? x[j] : hi;
         }
-        const float s = (hi - lo) / 15.0f;
-        for (int j = 0; j < g; j += 2) {
-            uint8_t c[2];
-            for (int e = 0; e < 2; e++) {
-                float v = s > 0 ? rintf((x[j + e] - lo) / s) : 0.0f;
-                c[e] = (uint8_t)(v > 15 ? 15 : v < 0 ? 0 : v);
-            }
-            q[(gi * g + j) / 2] = (uint8_t)(c[0] | c[1] << 4);
+        float s = (hi - lo) / 15.0f;
+        if (method == KILN_QUANT_MSE && hi > lo) { /* the clipped range with the least squared error */
+            const float range = hi - lo, lo0 = lo, hi0 = hi;
+            double best = group_error(x, g, lo, s);
+            for (int a = 0; a < MSE_STEPS; a++)
+                for (int b = 0; b < MSE_STEPS; b++) {
+                    if (!a && !b) continue;
+                    const float l = lo0 + (float)a * MSE_SHRINK * range, h = hi0 - (float)b * MSE_SHRINK * range;
+                    const double e = group_error(x, g, l, (h - l) / 15.0f);
+                    if (e < best) best = e, lo = l, s = (h - l) / 15.0f;
+                }
         }
+        for (int j = 0; j < g; j += 2)
+            q[(gi * g + j) / 2] = (uint8_t)(code4(x[j], lo, s) | code4(x[j + 1], lo, s) << 4);
         const size_t at = (size_t)row * (size_t)groups + (size_t)gi;
         memcpy(scales + at * 4, &s, sizeof s);
         memcpy(mins + at * 4, &lo, sizeof lo);

@@ -32,6 +32,8 @@ static void help(FILE *f) {
             "                        the CPU executor so far\n"
             "  --group-size G        int4 groups: 32, 64 or 128 columns (default 128)\n"
             "  --quant-head H        the LM head's format: int8 (default with --quant), int4, or keep\n"
+            "  --quant-method M      how an int4 group's range is chosen: mse (default: its ends moved in\n"
+            "                        by up to 20%%, the least squared error) or rtn (its min and max)\n"
             "  --passes LIST         comma-separated passes to run, in that order, instead of the default\n"
             "                        pipeline (marked *); 'none' runs none (memory planning always runs).\n"
             "                        Every fusion the GPU runs is one of these, shown by --dump-ir:\n");
@@ -155,7 +157,7 @@ static int compile_standalone(const char *dir, kiln_compile_options *opt, bool j
 }
 
 int kiln_cmd_compile(int argc, char **argv) {
-    enum { O_FORCE = 256, O_GROUP, O_QHEAD };
+    enum { O_FORCE = 256, O_GROUP, O_QHEAD, O_QMETHOD };
     static const struct option longopts[] = {
         {"output", required_argument, 0, 'o'}, {"dtype", required_argument, 0, 'd'},
         {"passes", required_argument, 0, 'p'}, {"compress", no_argument, 0, 'z'},
@@ -166,8 +168,9 @@ int kiln_cmd_compile(int argc, char **argv) {
         {"allow-unused", required_argument, 0, 'U'}, {"standalone", no_argument, 0, 'S'},
         {"no-chat-template", no_argument, 0, 'C'}, {"tp", required_argument, 0, 'P'},
         {"group-size", required_argument, 0, O_GROUP}, {"quant-head", required_argument, 0, O_QHEAD},
+        {"quant-method", required_argument, 0, O_QMETHOD},
         {0, 0, 0, 0}};
-    const char *quant = NULL, *quant_head = NULL;
+    const char *quant = NULL, *quant_head = NULL, *quant_method = NULL;
     long group = 128;
     kiln_compile_options opt = {.weight_dtype = KILN_DTYPE_COUNT_, .dump_stream = stdout};
     const char *allow_unused[64]; /* --allow-unused patterns (pointing into argv) */
@@ -236,6 +239,11 @@ int kiln_cmd_compile(int argc, char **argv) {
                 return kiln_cli_usage_error("compile", "--group-size '%s': expected 32, 64 or 128", optarg);
             break;
         }
+        case O_QMETHOD:
+            if (strcmp(optarg, "rtn") && strcmp(optarg, "mse"))
+                return kiln_cli_usage_error("compile", "--quant-method '%s': expected rtn or mse", optarg);
+            quant_method = optarg;
+            break;
         case O_QHEAD:
             if (strcmp(optarg, "int8") && strcmp(optarg, "int4") && strcmp(optarg, "keep"))
                 return kiln_cli_usage_error("compile", "--quant-head '%s': expected int8, int4 or keep", optarg);
@@ -253,6 +261,8 @@ int kiln_cmd_compile(int argc, char **argv) {
     const int q4 = group == 32 ? KILN_DTYPE_Q4G32 : group == 64 ? KILN_DTYPE_Q4G64 : KILN_DTYPE_Q4G128;
     if (quant) opt.quant = strcmp(quant, "int8") == 0 ? KILN_DTYPE_Q8 : q4;
     if (quant_head && !quant) return kiln_cli_usage_error("compile", "--quant-head applies with --quant");
+    if (quant_method && !quant) return kiln_cli_usage_error("compile", "--quant-method applies with --quant");
+    opt.quant_method = !quant_method || !strcmp(quant_method, "mse") ? KILN_QUANT_MSE : KILN_QUANT_RTN;
     if (group != 128 && !(quant && opt.quant != KILN_DTYPE_Q8) && !(quant_head && !strcmp(quant_head, "int4")))
         return kiln_cli_usage_error("compile", "--group-size applies to int4 (--quant int4 or --quant-head int4)");
     if (quant) opt.quant_head = !quant_head || !strcmp(quant_head, "int8") ? KILN_DTYPE_Q8

@@ -143,7 +143,9 @@ static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const k
                             json_pack("{s:s, s:s, s:i, s:s}", "weights",
                                       opt->quant ? kiln_dtype_name((kiln_dtype)opt->quant) : "none", "lm_head",
                                       opt->quant_head ? kiln_dtype_name((kiln_dtype)opt->quant_head) : "keep",
-                                      "matrices", nq, "method", "round to nearest"));
+                                      "matrices", nq, "method",
+                                      opt->quant_method == KILN_QUANT_MSE ? "least squared error range (q4)"
+                                                                          : "round to nearest"));
     }
     json_t *tok = json_null();
     if (tok_blob) tok = json_pack("{s:I}", "bytes", (json_int_t)tok_blob->len);
@@ -245,6 +247,7 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
     g->tp_request = opt->tp;
     g->quant_weights = opt->quant;
     g->quant_head = opt->quant_head;
+    g->quant_method = opt->quant_method;
     if ((st = kiln_passes_run(g, opt->passes, opt->dump_ir ? (FILE *)opt->dump_stream : NULL, err)) != KILN_OK)
         goto out;
     if ((st = kiln_plan_serialize(g, &plan, err)) != KILN_OK) goto out;

@@ -102,6 +102,7 @@ typedef struct kiln_graph {
     /* quantization (--quant), read by the pass quantize: the dtype the projections' matrices get
      * and the one the LM head's gets (KILN_DTYPE_Q8, _Q4G*; 0 = leave them as they are) */
     int quant_weights, quant_head;
+    int quant_method; /* KILN_QUANT_RTN or _MSE (common/kiln_ops.h): how q4 ranges are chosen */
 } kiln_graph;
 
 kiln_graph *kiln_graph_new(void);

@@ -121,6 +121,10 @@ expect 2 "--group-size applies to int4" -- "$KILN" compile "$SRC/tests/data/tiny
     --group-size 64
 expect 2 "--quant-head applies with --quant" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" \
     --quant-head int8
+expect 2 "--quant-method 'gptq': expected rtn or mse" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" \
+    --quant int4 --quant-method gptq
+expect 2 "--quant-method applies with --quant" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" \
+    --quant-method mse
 expect 2 "--quant with --tp 2" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" --quant int8 --tp 2
 no_file "$T/q.kiln"
 expect 0 "wrote" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" --quant int4 --group-size 32 \

@@ -137,7 +137,7 @@ static void check_quant(const char *golden_rel, int quant, int head) {
     for (int k = 0; k < 2; k++) {
         snprintf(out, sizeof out, "%s/quant-%d.kiln", tmpdir, k);
         kiln_compile_options opt = {.output_path = out, .weight_dtype = KILN_DTYPE_COUNT_, .passes = pass_sets[k],
-                                    .quant = quant, .quant_head = head};
+                                    .quant = quant, .quant_head = head, .quant_method = KILN_QUANT_RTN};
         KT_REQUIRE(kt_compile(src_path("tests/data/tiny-mistral"), &opt) == KILN_OK);
         check_engine(out, src_path(golden_rel));
         kiln_model *m = NULL;

@@ -86,8 +86,52 @@ static void test_round_trip(void) {
     round_trip(KILN_DTYPE_Q4G128);
 }
 
+/* --quant-method mse: every group's squared error at most RTN's (RTN's range is among its candidates),
+ * and less over a matrix of normal values, whose extremes are worth clipping; q8 is the same either way. */
+static void test_mse_method(void) {
+    const int64_t n = 16, k = 256;
+    float *w = malloc(sizeof(float) * n * k), *a = malloc(sizeof(float) * n * k), *b = malloc(sizeof(float) * n * k);
+    for (int64_t i = 0; i < n * k; i++) w[i] = normal();
+    const int types[2] = {KILN_DTYPE_Q4G128, KILN_DTYPE_Q4G32};
+    for (int ti = 0; ti < 2; ti++) {
+        const int t = types[ti], g = kiln_quant_group(t);
+        const uint64_t nb = kiln_weight_nbytes(t, 2, (int64_t[]){n, k});
+        uint8_t *qa = calloc(nb, 1), *qb = calloc(nb, 1);
+        for (int64_t r = 0; r < n; r++) {
+            kiln_quant_row_ex(t, n, k, r, w + r * k, qa, KILN_QUANT_RTN);
+            kiln_quant_row_ex(t, n, k, r, w + r * k, qb, KILN_QUANT_MSE);
+        }
+        kiln_dequant_rows(t, qa, n, k, 0, n, a);
+        kiln_dequant_rows(t, qb, n, k, 0, n, b);
+        double ea = 0, eb = 0;
+        int worse = 0;
+        for (int64_t c = 0; c < n * k; c += g) {
+            double ga = 0, gb = 0;
+            for (int j = 0; j < g; j++) {
+                ga += (double)(a[c + j] - w[c + j]) * (a[c + j] - w[c + j]);
+                gb += (double)(b[c + j] - w[c + j]) * (b[c + j] - w[c + j]);
+            }
+            worse += gb > ga * (1 + 1e-9);
+            ea += ga, eb += gb;
+        }
+        KT_CHECKF(worse == 0, "%s: %d groups with a larger error than RTN's", kiln_dtype_name(t), worse);
+        KT_CHECKF(eb < 0.95 * ea, "%s: squared error %g, RTN's %g", kiln_dtype_name(t), eb, ea);
+        fprintf(stderr, "  %s: squared error %.4g (RTN %.4g)\n", kiln_dtype_name(t), eb, ea);
+        free(qa), free(qb);
+    }
+    const uint64_t nb = kiln_weight_nbytes(KILN_DTYPE_Q8, 2, (int64_t[]){n, k});
+    uint8_t *qa = calloc(nb, 1), *qb = calloc(nb, 1);
+    for (int64_t r = 0; r < n; r++) {
+        kiln_quant_row_ex(KILN_DTYPE_Q8, n, k, r, w + r * k, qa, KILN_QUANT_RTN);
+        kiln_quant_row_ex(KILN_DTYPE_Q8, n, k, r, w + r * k, qb, KILN_QUANT_MSE);
+    }
+    KT_CHECK(memcmp(qa, qb, nb) == 0);
+    free(qa), free(qb), free(w), free(a), free(b);
+}
+
 int main(void) {
     KT_RUN(test_sizes);
     KT_RUN(test_round_trip);
+    KT_RUN(test_mse_method);
     return KT_END();
 }
