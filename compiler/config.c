@@ -303,6 +303,15 @@ static kiln_status cfg_features(cfg_ctx *c, json_t *root) {
     if (act && strcmp(act, "silu") != 0)
         return kiln_err(c->err, KILN_ERR_UNSUPPORTED, "%s: field \"hidden_act\" is \"%s\"; kiln supports only \"silu\"",
                         c->path, act);
+    /* a published quantized checkpoint (AWQ, GPTQ, FP8...): its tensors are not the model's weights */
+    json_t *qc = cfg_get(root, "quantization_config");
+    if (qc) {
+        const char *qm = json_is_object(qc) ? json_string_value(json_object_get(qc, "quant_method")) : NULL;
+        kiln_err(c->err, KILN_ERR_UNSUPPORTED, "%s: field \"quantization_config\" (quant_method \"%s\"): kiln does "
+                 "not read quantized checkpoints yet", c->path, qm ? qm : "?");
+        return kiln_err_hint(c->err, "compile the model's unquantized checkpoint, with --quant int8 or int4 for "
+                                     "kiln's own quantization (docs/quantization.md)");
+    }
     static const char *const biases[] = {"attention_bias", "mlp_bias"};
     for (size_t i = 0; i < 2; i++) {
         bool b = false;

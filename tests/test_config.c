@@ -591,6 +591,15 @@ static void test_qwen3_moe(void) {
 
 /* ---- refusals: architecture and features ---- */
 
+static void test_quantized_checkpoint(void) {
+    expect_fail("quantization_config", "{\"quant_method\": \"awq\", \"bits\": 4}", KILN_ERR_UNSUPPORTED,
+                "field \"quantization_config\" (quant_method \"awq\"): kiln does not read quantized checkpoints");
+    expect_fail("quantization_config", "{\"bits\": 4}", KILN_ERR_UNSUPPORTED, "quant_method \"?\"");
+    kiln_model_config m;
+    kiln_error e = {0};
+    KT_EQ_INT(parse_with("quantization_config", "null", &m, &e), KILN_OK); /* null: none */
+}
+
 static void test_architecture(void) {
     expect_fail("architectures", "[\"GPT2LMHeadModel\"]", KILN_ERR_UNSUPPORTED,
                 "architecture [\"GPT2LMHeadModel\"] is not supported (supported: LlamaForCausalLM, MistralForCausalLM, "
@@ -778,6 +787,7 @@ int main(void) {
     KT_RUN(test_duplicate_key);
     KT_RUN(test_load_missing_file);
     KT_RUN(test_architecture);
+    KT_RUN(test_quantized_checkpoint);
     KT_RUN(test_hidden_act);
     KT_RUN(test_biases);
     KT_RUN(test_required_missing);
