@@ -65,6 +65,9 @@ static void help(FILE *f) {
             "                        of the free memory after the weights (default 0.9)\n"
             "output:\n"
             "  --json                print one JSON object (prompt_ids, ids, text, stop_reason, timings)\n"
+            "  --logprobs K          with --json: each generated token's log-probability under the model\n"
+            "                        (before temperature and penalties) and its K most likely\n"
+            "                        alternatives (0..20), as \"logprobs\": [{id, logprob, top: [...]}]\n"
             "  -h, --help            this help\n");
 }
 
@@ -78,13 +81,13 @@ typedef struct run_out {
     bool json;
     bool first;
     kiln_request_options sampling; /* what the request ran with (for --json) */
+    kiln_token_info *info;         /* --logprobs: each generated token's, [cap] */
     double ctx_s, kernels_s;       /* kiln_ctx_new, and the kernel modules' load in it (a PTX JIT included) */
     bool jitted;                   /* the engine had no cubin for this GPU: its PTX was JIT-compiled */
 } run_out;
 
-static int32_t on_token(void *user, int64_t request, int32_t id, int32_t finished, int32_t stop_reason) {
-    run_out *o = user;
-    (void)request;
+/* A token arrived (t: its log-probabilities with --logprobs, else NULL). */
+static int32_t took(run_out *o, int32_t id, const kiln_token_info *t, int32_t finished, int32_t stop_reason) {
     if (finished) o->stop = stop_reason;
     if (id < 0) return 0;
     double now = kiln_now();
@@ -93,10 +96,13 @@ static int32_t on_token(void *user, int64_t request, int32_t id, int32_t finishe
     if (o->n_ids == o->cap) {
         int cap = o->cap ? 2 * o->cap : 256;
         int32_t *v = realloc(o->ids, (size_t)cap * sizeof *v);
-        if (!v) return 1; /* out of memory: stop the request */
-        o->ids = v;
+        if (v) o->ids = v;
+        kiln_token_info *ti = t ? realloc(o->info, (size_t)cap * sizeof *ti) : NULL;
+        if (ti) o->info = ti;
+        if (!v || (t && !ti)) return 1; /* out of memory: stop the request */
         o->cap = cap;
     }
+    if (t) o->info[o->n_ids] = *t;
     o->ids[o->n_ids++] = id;
     if (o->json) return 0;
     if (o->has_stream) {
@@ -112,6 +118,17 @@ static int32_t on_token(void *user, int64_t request, int32_t id, int32_t finishe
     return 0;
 }
 
+static int32_t on_token(void *user, int64_t request, int32_t id, int32_t finished, int32_t stop_reason) {
+    (void)request;
+    return took(user, id, NULL, finished, stop_reason);
+}
+
+static int32_t on_token_info(void *user, int64_t request, const kiln_token_info *t, int32_t finished,
+                             int32_t stop_reason) {
+    (void)request;
+    return took(user, t ? t->token : -1, t, finished, stop_reason);
+}
+
 #define PROMPT_MAX_BYTES (256u << 20) /* a prompt file or stdin larger than this is refused */
 
 /* The command line, with its defaults. */
@@ -120,7 +137,7 @@ typedef struct run_opts {
     const char *prompt, *prompt_file, *ids_arg; /* at most one is set */
     const char *device;
     const char *system; /* --system, with --chat */
-    long long max_tokens, top_k, threads, max_ctx, seed;
+    long long max_tokens, top_k, threads, max_ctx, seed, logprobs; /* logprobs: -1 = off */
     double temperature, top_p, min_p, presence, frequency, repetition;
     bool json, no_bos, no_special, ignore_eos, chat;
     bool temp_set, top_k_set, top_p_set; /* else the engine's defaults (generation_config.json) */
@@ -132,7 +149,8 @@ typedef struct run_opts {
  * (0 after --help, 2 after a usage error, already reported). */
 static int run_parse(int argc, char **argv, const kiln_engine_src *builtin, run_opts *o) {
     enum { O_PROMPT = 256, O_PFILE, O_IDS, O_MAX, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_DEV, O_THR, O_JSON, O_CTX,
-           O_NOBOS, O_NOSPECIAL, O_IGNEOS, O_GPUMEM, O_BOS, O_CHAT, O_SYSTEM, O_MINP, O_PRES, O_FREQ, O_REP };
+           O_NOBOS, O_NOSPECIAL, O_IGNEOS, O_GPUMEM, O_BOS, O_CHAT, O_SYSTEM, O_MINP, O_PRES, O_FREQ, O_REP,
+           O_LOGPROBS };
     static const struct option longopts[] = {
         {"prompt", required_argument, 0, O_PROMPT},     {"prompt-file", required_argument, 0, O_PFILE},
         {"prompt-ids", required_argument, 0, O_IDS},    {"max-tokens", required_argument, 0, O_MAX},
@@ -146,8 +164,9 @@ static int run_parse(int argc, char **argv, const kiln_engine_src *builtin, run_
         {"chat", no_argument, 0, O_CHAT},               {"system", required_argument, 0, O_SYSTEM},
         {"min-p", required_argument, 0, O_MINP},        {"presence-penalty", required_argument, 0, O_PRES},
         {"frequency-penalty", required_argument, 0, O_FREQ}, {"repetition-penalty", required_argument, 0, O_REP},
+        {"logprobs", required_argument, 0, O_LOGPROBS},
         {0, 0, 0, 0}};
-    *o = (run_opts){.device = "auto", .max_tokens = 128, .seed = -1, .top_p = 1, .repetition = 1};
+    *o = (run_opts){.device = "auto", .max_tokens = 128, .seed = -1, .top_p = 1, .repetition = 1, .logprobs = -1};
     bool bos = false;
     int c;
     optind = 1;
@@ -214,6 +233,11 @@ static int run_parse(int argc, char **argv, const kiln_engine_src *builtin, run_
         case O_NOSPECIAL: o->no_special = true; break;
         case O_IGNEOS: o->ignore_eos = true; break;
         case O_CHAT: o->chat = true; break;
+        case O_LOGPROBS:
+            if (!kiln_cli_parse_int(optarg, 0, KILN_MAX_LOGPROBS, &o->logprobs))
+                return kiln_cli_usage_error("run", "--logprobs '%s' is not a number in 0..%d", optarg,
+                                            KILN_MAX_LOGPROBS);
+            break;
         case O_SYSTEM: o->system = optarg; break;
         case 'h': help(stdout); return KILN_EXIT_OK;
         default: return kiln_cli_usage_error("run", "unknown or incomplete option '%s'", argv[optind - 1]);
@@ -231,6 +255,8 @@ static int run_parse(int argc, char **argv, const kiln_engine_src *builtin, run_
                                                                  : "--no-special cannot go with --chat: the template's "
                                                                    "special tokens must stay special");
     if (bos && o->no_bos) return kiln_cli_usage_error("run", "--bos and --no-bos contradict each other");
+    if (o->logprobs >= 0 && !o->json)
+        return kiln_cli_usage_error("run", "--logprobs goes with --json (the log-probabilities are printed there)");
     if (o->ids_arg && (bos || o->no_bos || o->no_special))
         return kiln_cli_usage_error("run", "--bos, --no-bos and --no-special apply to text prompts, not --prompt-ids");
     if (strcmp(o->device, "cpu") != 0 && strcmp(o->device, "auto") != 0 && strcmp(o->device, "gpu") != 0)
@@ -404,7 +430,9 @@ static kiln_status generate(const run_opts *o, kiln_t *k, const int32_t *ids, in
     ro.max_tokens = (int32_t)o->max_tokens;
     ro.seed = (uint64_t)o->seed;
     ro.ignore_eos = o->ignore_eos;
-    ro.on_token = on_token;
+    ro.on_token = o->logprobs >= 0 ? NULL : on_token;
+    ro.on_token_info = o->logprobs >= 0 ? on_token_info : NULL;
+    ro.logprobs = (int32_t)o->logprobs;
     ro.user = out;
     int64_t id;
     out->sampling = ro;
@@ -452,6 +480,19 @@ static kiln_status print_json(const run_opts *o, const kiln_t *k, const int32_t 
                                                  (double)so->presence_penalty, "frequency_penalty",
                                                  (double)so->frequency_penalty, "repetition_penalty",
                                                  (double)so->repetition_penalty));
+    if (o->logprobs >= 0) { /* each generated token's, with its alternatives */
+        json_t *lp = json_array();
+        for (int i = 0; i < out->n_ids; i++) {
+            const kiln_token_info *t = &out->info[i];
+            json_t *top = json_array();
+            for (int a = 0; a < t->n_top; a++)
+                json_array_append_new(top, json_pack("{s:i, s:f}", "id", t->top_token[a], "logprob",
+                                                     (double)t->top_logprob[a]));
+            json_array_append_new(lp, json_pack("{s:i, s:f, s:o}", "id", t->token, "logprob", (double)t->logprob,
+                                                "top", top));
+        }
+        json_object_set_new(j, "logprobs", lp);
+    }
     char *s = json_dumps(j, JSON_COMPACT);
     if (s) printf("%s\n", s);
     free(s);
@@ -538,6 +579,7 @@ out_fail:
     rc = kiln_cli_fail("run", &err, o.json);
 out_free:
     free(out.ids);
+    free(out.info);
     free(text);
     free(ids);
     if (out.has_stream) kiln_tok_stream_free(&out.stream);

@@ -3,7 +3,8 @@
 # tests/data/ppl/genesis-1.txt, for each window setting of tests/golden/ppl/kjv-tiny.json (made by
 # tests/golden/make_ppl_golden.py with transformers in float32): the same token, window and scored
 # counts, and the mean NLL within 1e-5 relative. Ids given as a JSON array, as plain whitespace-
-# separated ids and through stdin score the same. Bad input exits 1 or 2 naming what is wrong.
+# separated ids and through stdin score the same. `kiln run --logprobs` against HF's log-softmax of
+# the stories260k golden. Bad input exits 1 or 2 naming what is wrong.
 #
 # usage: bash tests/cli_perplexity.sh KILN_EXE SOURCE_DIR [SHARED_DIR]
 set -u
@@ -56,6 +57,37 @@ done
     grep -Eq "^perplexity [0-9.]+ over 356 of 362 tokens \(6 windows of 64 every 64; mean NLL [0-9.]+, [0-9.]+ bits per token; cpu" "$T/out" &&
     ok || bad "text output: $(cat "$T/out")"
 
+# kiln run --logprobs: each greedy token's log-probability and alternatives against HF's log-softmax
+# of the stories260k golden logits (case 1: its prompt, then its greedy ids)
+G=$SRC/tests/golden/stories260k
+"$KILN" compile "$SRC/models/stories260k" -o "$T/s.kiln" --target none >/dev/null 2>&1 || bad "compile stories260k"
+ids=$(python3 -c "import json,sys; print(','.join(map(str, json.load(open(sys.argv[1]))['cases'][1]['prompt'])))" "$G/golden.json")
+if "$KILN" run "$T/s.kiln" --prompt-ids "$ids" --max-tokens 12 --temperature 0 --logprobs 3 --json --device cpu \
+    >"$T/run.json" 2>"$T/err"; then
+    python3 - "$G" "$T/run.json" <<'PY' && ok || bad "kiln run --logprobs differs from HF"
+import json, sys
+import numpy as np
+g = json.load(open(sys.argv[1] + "/golden.json"))["cases"][1]
+run = json.load(open(sys.argv[2]))
+V, P = g["vocab"], len(g["prompt"])
+logits = np.fromfile(sys.argv[1] + "/" + g["logits"], dtype="<f4").reshape(-1, V).astype(np.float64)
+assert run["ids"] == g["greedy"][:12], (run["ids"], g["greedy"][:12])
+assert len(run["logprobs"]) == 12
+for i, t in enumerate(run["logprobs"]):
+    row = logits[P - 1 + i]
+    lse = row.max() + np.log(np.exp(row - row.max()).sum())
+    assert t["id"] == run["ids"][i] and abs(t["logprob"] - (row[t["id"]] - lse)) < 1e-4, (i, t)
+    assert len(t["top"]) == 3 and t["top"][0]["id"] == t["id"] and t["top"][0]["logprob"] == t["logprob"]
+    for a in t["top"]:
+        assert abs(a["logprob"] - (row[a["id"]] - lse)) < 1e-4, (i, a)
+    assert [a["id"] for a in t["top"]] == [int(x) for x in np.argsort(-row, kind="stable")[:3]]
+PY
+else
+    bad "kiln run --logprobs exited $?: $(cat "$T/err")"
+fi
+expect 2 "--logprobs goes with --json" -- "$KILN" run "$T/s.kiln" --prompt-ids 1 --logprobs 1 --device cpu
+expect 2 "--logprobs '21' is not a number in 0..20" -- "$KILN" run "$T/s.kiln" --prompt-ids 1 --logprobs 21 --json
+
 # refusals
 expect 2 "give one of --text-file and --ids-file" -- "$KILN" perplexity "$E"
 expect 2 "give one of --text-file and --ids-file" -- "$KILN" perplexity "$E" --text-file "$TEXT" --ids-file "$T/ids.txt"
@@ -70,7 +102,6 @@ echo "[1, 2, 99999]" >"$T/big.json"
 expect 1 "position 2: id 99999 is outside the vocabulary" -- "$KILN" perplexity "$E" --ids-file "$T/big.json" --device cpu
 echo "1 2 x3" >"$T/bad.txt"
 expect 1 "byte 4: 'x3' is not a token id" -- "$KILN" perplexity "$E" --ids-file "$T/bad.txt" --device cpu
-"$KILN" compile "$SRC/models/stories260k" -o "$T/s.kiln" --target none >/dev/null 2>&1 || bad "compile stories260k"
 expect 1 "tokenizer" -- "$KILN" perplexity "$T/s.kiln" --text-file "$TEXT" --device cpu
 
 cli_summary
