@@ -32,6 +32,8 @@ static void help(FILE *f) {
             "                        the CPU executor so far\n"
             "  --group-size G        int4 groups: 32, 64 or 128 columns (default 128)\n"
             "  --quant-head H        the LM head's format: int8 (default with --quant), int4, or keep\n"
+            "  --quant-embedding E   the embedding table's format (and a tied LM head's): keep (default),\n"
+            "                        int8 or int4\n"
             "  --quant-method M      how an int4 group's range is chosen: mse (default: its ends moved in\n"
             "                        by up to 20%%, the least squared error) or rtn (its min and max)\n"
             "  --passes LIST         comma-separated passes to run, in that order, instead of the default\n"
@@ -157,7 +159,7 @@ static int compile_standalone(const char *dir, kiln_compile_options *opt, bool j
 }
 
 int kiln_cmd_compile(int argc, char **argv) {
-    enum { O_FORCE = 256, O_GROUP, O_QHEAD, O_QMETHOD };
+    enum { O_FORCE = 256, O_GROUP, O_QHEAD, O_QMETHOD, O_QEMB };
     static const struct option longopts[] = {
         {"output", required_argument, 0, 'o'}, {"dtype", required_argument, 0, 'd'},
         {"passes", required_argument, 0, 'p'}, {"compress", no_argument, 0, 'z'},
@@ -168,9 +170,9 @@ int kiln_cmd_compile(int argc, char **argv) {
         {"allow-unused", required_argument, 0, 'U'}, {"standalone", no_argument, 0, 'S'},
         {"no-chat-template", no_argument, 0, 'C'}, {"tp", required_argument, 0, 'P'},
         {"group-size", required_argument, 0, O_GROUP}, {"quant-head", required_argument, 0, O_QHEAD},
-        {"quant-method", required_argument, 0, O_QMETHOD},
+        {"quant-method", required_argument, 0, O_QMETHOD}, {"quant-embedding", required_argument, 0, O_QEMB},
         {0, 0, 0, 0}};
-    const char *quant = NULL, *quant_head = NULL, *quant_method = NULL;
+    const char *quant = NULL, *quant_head = NULL, *quant_method = NULL, *quant_emb = NULL;
     long group = 128;
     kiln_compile_options opt = {.weight_dtype = KILN_DTYPE_COUNT_, .dump_stream = stdout};
     const char *allow_unused[64]; /* --allow-unused patterns (pointing into argv) */
@@ -245,9 +247,12 @@ int kiln_cmd_compile(int argc, char **argv) {
             quant_method = optarg;
             break;
         case O_QHEAD:
+        case O_QEMB:
             if (strcmp(optarg, "int8") && strcmp(optarg, "int4") && strcmp(optarg, "keep"))
-                return kiln_cli_usage_error("compile", "--quant-head '%s': expected int8, int4 or keep", optarg);
-            quant_head = optarg;
+                return kiln_cli_usage_error("compile", "--quant-%s '%s': expected int8, int4 or keep",
+                                            c == O_QHEAD ? "head" : "embedding", optarg);
+            if (c == O_QHEAD) quant_head = optarg;
+            else quant_emb = optarg;
             break;
                 case 'z': opt.compress = true; break;
         case 'S': standalone = true; break;
@@ -261,10 +266,13 @@ int kiln_cmd_compile(int argc, char **argv) {
     const int q4 = group == 32 ? KILN_DTYPE_Q4G32 : group == 64 ? KILN_DTYPE_Q4G64 : KILN_DTYPE_Q4G128;
     if (quant) opt.quant = strcmp(quant, "int8") == 0 ? KILN_DTYPE_Q8 : q4;
     if (quant_head && !quant) return kiln_cli_usage_error("compile", "--quant-head applies with --quant");
+    if (quant_emb && !quant) return kiln_cli_usage_error("compile", "--quant-embedding applies with --quant");
     if (quant_method && !quant) return kiln_cli_usage_error("compile", "--quant-method applies with --quant");
     opt.quant_method = !quant_method || !strcmp(quant_method, "mse") ? KILN_QUANT_MSE : KILN_QUANT_RTN;
-    if (group != 128 && !(quant && opt.quant != KILN_DTYPE_Q8) && !(quant_head && !strcmp(quant_head, "int4")))
+    if (group != 128 && !(quant && opt.quant != KILN_DTYPE_Q8) && !(quant_head && !strcmp(quant_head, "int4")) &&
+        !(quant_emb && !strcmp(quant_emb, "int4")))
         return kiln_cli_usage_error("compile", "--group-size applies to int4 (--quant int4 or --quant-head int4)");
+    if (quant_emb && strcmp(quant_emb, "keep")) opt.quant_embedding = !strcmp(quant_emb, "int8") ? KILN_DTYPE_Q8 : q4;
     if (quant) opt.quant_head = !quant_head || !strcmp(quant_head, "int8") ? KILN_DTYPE_Q8
                                 : !strcmp(quant_head, "int4")              ? q4
                                                                            : 0;

@@ -469,8 +469,9 @@ static void print_text(const char *path, const kiln_model *m, json_t *meta, cons
            json_string_value(json_object_get(w, "codec")));
     json_t *q = json_object_get(json_object_get(meta, "build"), "quant");
     if (q)
-        printf("quantization: %s (projections), %s (LM head), %lld matrices, %s\n",
+        printf("quantization: %s (projections), %s (LM head), %s (embedding), %lld matrices, %s\n",
                json_string_value(json_object_get(q, "weights")), json_string_value(json_object_get(q, "lm_head")),
+               json_object_get(q, "embedding") ? json_string_value(json_object_get(q, "embedding")) : "keep",
                (long long)json_integer_value(json_object_get(q, "matrices")),
                json_string_value(json_object_get(q, "method")));
     if (p->n_ranks > 1) { /* tensor parallelism: what each rank maps and runs */

@@ -135,14 +135,16 @@ static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const k
         if (n) json_object_set_new(ops, kiln_op_name((kiln_op_kind)k), json_integer(n));
     }
     json_t *build = json_pack("{s:s, s:o}", "passes", opt->passes ? opt->passes : "default", "ops", ops);
-    if (opt->quant || opt->quant_head) { /* pass quantize: the formats asked for and the matrices that got one */
+    if (opt->quant || opt->quant_head || opt->quant_embedding) { /* pass quantize: the formats and what got one */
         int nq = 0;
         for (int v = 0; v < g->n_values; v++)
             nq += !g->values[v].dead && g->values[v].kind == KILN_VALUE_WEIGHT && kiln_dtype_is_quant(g->values[v].dtype);
         json_object_set_new(build, "quant",
-                            json_pack("{s:s, s:s, s:i, s:s}", "weights",
+                            json_pack("{s:s, s:s, s:s, s:i, s:s}", "weights",
                                       opt->quant ? kiln_dtype_name((kiln_dtype)opt->quant) : "none", "lm_head",
                                       opt->quant_head ? kiln_dtype_name((kiln_dtype)opt->quant_head) : "keep",
+                                      "embedding",
+                                      opt->quant_embedding ? kiln_dtype_name((kiln_dtype)opt->quant_embedding) : "keep",
                                       "matrices", nq, "method",
                                       opt->quant_method == KILN_QUANT_MSE ? "least squared error range (q4)"
                                                                           : "round to nearest"));
@@ -233,12 +235,13 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
     kiln_import_options io = {.weight_dtype = opt->weight_dtype, .allow_unused = opt->allow_unused,
                               .n_allow_unused = opt->n_allow_unused};
     if ((st = check_tp(&ck, opt->tp, err)) != KILN_OK) goto out;
-    if ((opt->quant && !kiln_dtype_is_quant(opt->quant)) || (opt->quant_head && !kiln_dtype_is_quant(opt->quant_head))) {
-        st = kiln_err(err, KILN_ERR_INVALID_ARG, "quant %d / quant_head %d: not quantized formats", opt->quant,
-                      opt->quant_head);
+    if ((opt->quant && !kiln_dtype_is_quant(opt->quant)) || (opt->quant_head && !kiln_dtype_is_quant(opt->quant_head)) ||
+        (opt->quant_embedding && !kiln_dtype_is_quant(opt->quant_embedding))) {
+        st = kiln_err(err, KILN_ERR_INVALID_ARG, "quant %d / quant_head %d / quant_embedding %d: not quantized formats",
+                      opt->quant, opt->quant_head, opt->quant_embedding);
         goto out;
     }
-    if ((opt->quant || opt->quant_head) && opt->tp > 1) {
+    if ((opt->quant || opt->quant_head || opt->quant_embedding) && opt->tp > 1) {
         st = kiln_err(err, KILN_ERR_UNSUPPORTED, "--quant with --tp %d: quantized tensor-parallel engines are not "
                                                  "supported yet", opt->tp);
         goto out;
@@ -247,6 +250,7 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
     g->tp_request = opt->tp;
     g->quant_weights = opt->quant;
     g->quant_head = opt->quant_head;
+    g->quant_embedding = opt->quant_embedding;
     g->quant_method = opt->quant_method;
     if ((st = kiln_passes_run(g, opt->passes, opt->dump_ir ? (FILE *)opt->dump_stream : NULL, err)) != KILN_OK)
         goto out;

@@ -245,6 +245,7 @@ typedef struct kiln_compile_options {
     int quant;                 /* --quant: the projections' matrices quantized to this dtype (KILN_DTYPE_Q8,
                                   _Q4G32/64/128; 0 = none), by the pass quantize (docs/quantization.md) */
     int quant_head;            /* --quant-head: the LM head's (0 = as the other weights' dtype) */
+    int quant_embedding;       /* --quant-embedding: the embedding table's (and a tied LM head's; 0 = keep) */
     int quant_method;          /* --quant-method: KILN_QUANT_RTN (0) or KILN_QUANT_MSE, for q4 ranges */
     bool gpu_if_possible;      /* the targets are a default, not asked for: a plan with an op the GPU cannot
                                   run yet gets no kernels section (a note on stderr names the op) instead of

@@ -99,9 +99,9 @@ typedef struct kiln_graph {
      * the graph is then what each rank runs on its shard of every weight (kiln_value.shard), and
      * info.n_kv_heads is one rank's. */
     int tp_request, n_ranks;
-    /* quantization (--quant), read by the pass quantize: the dtype the projections' matrices get
-     * and the one the LM head's gets (KILN_DTYPE_Q8, _Q4G*; 0 = leave them as they are) */
-    int quant_weights, quant_head;
+    /* quantization (--quant), read by the pass quantize: the dtype the projections' matrices get,
+     * the LM head's and the embedding table's (KILN_DTYPE_Q8, _Q4G*; 0 = leave them as they are) */
+    int quant_weights, quant_head, quant_embedding;
     int quant_method; /* KILN_QUANT_RTN or _MSE (common/kiln_ops.h): how q4 ranges are chosen */
 } kiln_graph;
 

@@ -5,10 +5,11 @@
  * common/quant.c) and the plan records the format, so loading is a copy.
  *
  * Which matrices: the weights ops multiply by (linear, linear_add, the q/k/v
- * and gate/up matrices, packed or not, the LM head's). Not: the embedding
- * table (a lookup, not a product), norms and biases (vectors), the experts'
- * stacks (3-D), and an LM head tied to the embedding (it is the embedding
- * table). A matrix whose columns the q4 group does not divide gets q8.
+ * and gate/up matrices, packed or not, the LM head's), and the embedding
+ * table only with kiln_graph.quant_embedding (--quant-embedding; a tied LM
+ * head is that table, so it follows the embedding's policy, not the head's).
+ * Not: norms and biases (vectors) and the experts' stacks (3-D). A matrix
+ * whose columns the q4 group does not divide gets q8.
  * The pass runs after the others (after pack-weights: a packed q/k/v matrix
  * is quantized as one, row by row).
  */
@@ -22,11 +23,12 @@ static bool used_by_embedding(const kiln_graph *g, int v) {
     return false;
 }
 
-/* Give weight v the dtype t (or q8 when t's group does not divide its columns); 1 when it changed. */
-static int quantize_one(kiln_graph *g, int v, int t) {
+/* Give weight v the dtype t (or q8 when t's group does not divide its columns); 1 when it changed.
+ * The embedding table (and an LM head tied to it) only by the embedding's own policy. */
+static int quantize_one(kiln_graph *g, int v, int t, bool embedding) {
     kiln_value *val = &g->values[v];
     if (!t || val->kind != KILN_VALUE_WEIGHT || val->ndim != 2 || kiln_dtype_is_quant(val->dtype) ||
-        used_by_embedding(g, v))
+        (!embedding && used_by_embedding(g, v)))
         return 0;
     if (!kiln_weight_nbytes(t, 2, val->shape)) t = KILN_DTYPE_Q8;
     val->dtype = t;
@@ -43,14 +45,15 @@ int kiln_pass_quantize(kiln_graph *g, kiln_error *err) {
         case KILN_OP_LINEAR:
         case KILN_OP_LINEAR_ADD:
         case KILN_OP_QKV_ROPE_PACKED:
-        case KILN_OP_GATE_UP_SWIGLU_PACKED: n += quantize_one(g, op->in[1], g->quant_weights); break;
+        case KILN_OP_GATE_UP_SWIGLU_PACKED: n += quantize_one(g, op->in[1], g->quant_weights, false); break;
         case KILN_OP_QKV_ROPE:
-            for (int j = 1; j <= 3; j++) n += quantize_one(g, op->in[j], g->quant_weights);
+            for (int j = 1; j <= 3; j++) n += quantize_one(g, op->in[j], g->quant_weights, false);
             break;
         case KILN_OP_GATE_UP_SWIGLU:
-            for (int j = 1; j <= 2; j++) n += quantize_one(g, op->in[j], g->quant_weights);
+            for (int j = 1; j <= 2; j++) n += quantize_one(g, op->in[j], g->quant_weights, false);
             break;
-        case KILN_OP_LM_HEAD: n += quantize_one(g, op->in[1], g->quant_head); break;
+        case KILN_OP_LM_HEAD: n += quantize_one(g, op->in[1], g->quant_head, false); break;
+        case KILN_OP_EMBEDDING: n += quantize_one(g, op->in[1], g->quant_embedding, true); break;
         default: break;
         }
     }

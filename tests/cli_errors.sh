@@ -123,6 +123,10 @@ expect 2 "--quant-head applies with --quant" -- "$KILN" compile "$SRC/tests/data
     --quant-head int8
 expect 2 "--quant-method 'gptq': expected rtn or mse" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" \
     --quant int4 --quant-method gptq
+expect 2 "--quant-embedding applies with --quant" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" \
+    --quant-embedding int8
+expect 2 "--quant-embedding 'int2': expected int8, int4 or keep" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" \
+    -o "$T/q.kiln" --quant int8 --quant-embedding int2
 expect 2 "--quant-method applies with --quant" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" \
     --quant-method mse
 expect 2 "--quant with --tp 2" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" --quant int8 --tp 2

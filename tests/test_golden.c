@@ -131,13 +131,14 @@ static void check_model(const char *ckpt_rel, const char *golden_rel, kiln_dtype
 /* A quantized engine (--quant) against HF run on the same weights rounded the same way
  * (make_goldens.py rtn_q8 / rtn_q4, written again in numpy): the default pipeline (packed q/k/v and
  * gate/up quantized as one) and none (each matrix alone) must both match. */
-static void check_quant(const char *golden_rel, int quant, int head) {
+static void check_quant(const char *golden_rel, int quant, int head, int embedding) {
     char out[512];
     const char *pass_sets[2] = {NULL, "none"};
     for (int k = 0; k < 2; k++) {
         snprintf(out, sizeof out, "%s/quant-%d.kiln", tmpdir, k);
         kiln_compile_options opt = {.output_path = out, .weight_dtype = KILN_DTYPE_COUNT_, .passes = pass_sets[k],
-                                    .quant = quant, .quant_head = head, .quant_method = KILN_QUANT_RTN};
+                                    .quant = quant, .quant_head = head, .quant_embedding = embedding,
+                                    .quant_method = KILN_QUANT_RTN};
         KT_REQUIRE(kt_compile(src_path("tests/data/tiny-mistral"), &opt) == KILN_OK);
         check_engine(out, src_path(golden_rel));
         kiln_model *m = NULL;
@@ -148,17 +149,22 @@ static void check_quant(const char *golden_rel, int quant, int head) {
             const kiln_plan_weight *w = &m->plan->weights[i];
             nq += (int)w->dtype == quant;
             nh += strcmp(w->name, "lm_head.weight") == 0 && (int)w->dtype == head;
-            if (strstr(w->name, "embed_tokens") || strstr(w->name, "norm")) KT_CHECK(!kiln_dtype_is_quant((int)w->dtype));
+            if (strstr(w->name, "norm")) KT_CHECK(!kiln_dtype_is_quant((int)w->dtype));
+            if (strstr(w->name, "embed_tokens")) KT_EQ_INT(w->dtype, embedding ? (uint32_t)embedding : w->dtype);
+            if (strstr(w->name, "embed_tokens") && !embedding) KT_CHECK(!kiln_dtype_is_quant((int)w->dtype));
         }
-        KT_EQ_INT(nq, (k == 0 ? 4 : 7) * 2 + (quant == head)); /* per layer: packed qkv, o, gate/up, down; or 7 */
+        /* per layer: packed qkv, o, gate/up, down (or 7 unpacked), + the head and the embedding when alike */
+        KT_EQ_INT(nq, (k == 0 ? 4 : 7) * 2 + (quant == head) + (quant == embedding));
         KT_EQ_INT(nh, 1);
         kiln_model_close(m);
         unlink(out);
     }
 }
-static void test_tiny_mistral_int8(void) { check_quant("tests/golden/tiny-mistral-int8", KILN_DTYPE_Q8, KILN_DTYPE_Q8); }
+static void test_tiny_mistral_int8(void) {
+    check_quant("tests/golden/tiny-mistral-int8", KILN_DTYPE_Q8, KILN_DTYPE_Q8, KILN_DTYPE_Q8);
+}
 static void test_tiny_mistral_int4(void) {
-    check_quant("tests/golden/tiny-mistral-int4g32", KILN_DTYPE_Q4G32, KILN_DTYPE_Q8);
+    check_quant("tests/golden/tiny-mistral-int4g32", KILN_DTYPE_Q4G32, KILN_DTYPE_Q8, 0);
 }
 
 static void test_stories260k(void) { check_model("models/stories260k", "tests/golden/stories260k", KILN_DTYPE_COUNT_); }

@@ -648,23 +648,25 @@ def rtn_q4(w, g):
     return ((q * s).astype(np.float32) + lo).astype(np.float32).reshape(n, k)
 
 
-# (golden name, the projections' format, int4 group); the LM head gets q8 in both (--quant-head's default)
-QUANT_GOLDENS = [("tiny-mistral-int8", "int8", None), ("tiny-mistral-int4g32", "int4", 32)]
+# (golden name, the projections' format, int4 group, the embedding's); the LM head gets q8 in both
+# (--quant-head's default); the int8 one quantizes the embedding table too (--quant-embedding int8)
+QUANT_GOLDENS = [("tiny-mistral-int8", "int8", None, "int8"), ("tiny-mistral-int4g32", "int4", 32, None)]
 
 
 def make_quant_goldens():
-    """tiny-mistral as kiln compiles it with --quant int8 and with --quant int4 --group-size 32: the
-    projections' matrices (q/k/v/o, gate/up/down) and the LM head rounded by rtn_q8 / rtn_q4, the
-    embedding and norms unchanged, written as a float32 checkpoint and run through HF as the others."""
+    """tiny-mistral as kiln compiles it with --quant int8 --quant-embedding int8 and with --quant int4
+    --group-size 32 (--quant-method rtn): the projections' matrices (q/k/v/o, gate/up/down), the LM
+    head and (int8) the embedding table rounded by rtn_q8 / rtn_q4, the norms unchanged, written as a
+    float32 checkpoint and run through HF as the others."""
     src = os.path.join(REPO, "tests/data/tiny-mistral")
-    for name, fmt, group in QUANT_GOLDENS:
+    for name, fmt, group, emb in QUANT_GOLDENS:
         with tempfile.TemporaryDirectory() as tmp:
             for f in ("config.json", "generation_config.json"):
                 shutil.copy(os.path.join(src, f), tmp)
             out = {}
             for k, v in state_tensors(src).items():
                 w = v.float().numpy()
-                if k == "lm_head.weight":
+                if k == "lm_head.weight" or (k == "model.embed_tokens.weight" and emb == "int8"):
                     w = rtn_q8(w)
                 elif k.endswith("_proj.weight"):
                     w = rtn_q8(w) if fmt == "int8" else rtn_q4(w, group)
@@ -675,7 +677,9 @@ def make_quant_goldens():
         with open(gpath) as f:
             gj = json.load(f)
         gj["model"] = "tests/data/tiny-mistral"
-        gj["quantization"] = {"kiln_compile": "--quant %s%s" % (fmt, " --group-size %d" % group if group else ""),
+        gj["quantization"] = {"kiln_compile": "--quant %s%s%s --quant-method rtn"
+                              % (fmt, " --group-size %d" % group if group else "",
+                                 " --quant-embedding %s" % emb if emb else ""),
                               "reference": "tests/golden/make_goldens.py rtn_q8 / rtn_q4 (numpy float32)"}
         write_json(gpath, gj)
 
