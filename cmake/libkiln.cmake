@@ -40,13 +40,13 @@ if(NOT KILN_SANITIZE AND NOT KILN_FUZZ)  # clang leaves the sanitizer runtime to
 endif()
 target_link_libraries(kiln_shared PRIVATE ${kiln_lib_deps})
 target_include_directories(kiln_shared INTERFACE $<BUILD_INTERFACE:${CMAKE_SOURCE_DIR}/runtime>
-                           $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+                           $<BUILD_INTERFACE:${CMAKE_SOURCE_DIR}/common> $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
 
 add_library(kiln_static STATIC ${kiln_lib_objects})
 set_target_properties(kiln_static PROPERTIES OUTPUT_NAME kiln EXPORT_NAME kiln_static)
 target_link_libraries(kiln_static INTERFACE ${kiln_lib_deps})
 target_include_directories(kiln_static INTERFACE $<BUILD_INTERFACE:${CMAKE_SOURCE_DIR}/runtime>
-                           $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+                           $<BUILD_INTERFACE:${CMAKE_SOURCE_DIR}/common> $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
 
 if(TARGET test_api_dlopen)
   add_dependencies(test_api_dlopen kiln_shared)
@@ -69,7 +69,8 @@ install(TARGETS kiln kiln-run RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(TARGETS kiln_shared kiln_static EXPORT kiln
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
-install(FILES ${CMAKE_SOURCE_DIR}/runtime/kiln.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(FILES ${CMAKE_SOURCE_DIR}/runtime/kiln.h ${CMAKE_SOURCE_DIR}/common/kiln_status.h
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(FILES ${CMAKE_SOURCE_DIR}/docs/man/kiln.1 ${CMAKE_SOURCE_DIR}/docs/man/kiln-run.1
         DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
 

@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../runtime/kiln.h"
+#include "kiln_status.h"
 
 #define KILN_ERR_MSG_MAX 1024
 

@@ -75,7 +75,8 @@ static void convert_all(const kiln_graph *g) {
     static uint8_t buf[4096 * 4];
     for (int v = 0; v < g->n_values; v++) {
         const kiln_value *val = &g->values[v];
-        if (val->kind != KILN_VALUE_WEIGHT) continue;
+        /* a stack of experts' matrices has no bytes of its own: its parts are converted as themselves */
+        if (val->kind != KILN_VALUE_WEIGHT || val->pack != KILN_PACK_NONE || !val->src) continue;
         uint64_t count = 1;
         for (int d = 0; d < val->ndim; d++) count *= (uint64_t)val->shape[d];
         size_t ss = (size_t)kiln_dtype_size(val->src_dtype);

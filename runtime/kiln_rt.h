@@ -14,6 +14,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kiln.h"
 #include "kiln_engine.h"
 #include "kiln_plan.h"
 

@@ -52,6 +52,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kiln.h"
 #include "kiln_exec.h"
 
 typedef struct kiln_sched kiln_sched;

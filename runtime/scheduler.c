@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kiln.h"
 #include "kiln_sched.h"
 
 typedef enum req_state { REQ_QUEUED, REQ_RUNNING, REQ_DONE } req_state;

@@ -74,7 +74,7 @@ else
 fi
 
 # libkiln.so exports kiln.h's functions, nothing more, nothing less.
-api=$(grep -oE '^[a-z][a-z0-9_ ]*[ *]kiln_[a-z0-9_]+\(' "$src/runtime/kiln.h" | sed -E 's/.*[ *](kiln_[a-z0-9_]+)\($/\1/' |
+api=$(cat "$src/runtime/kiln.h" "$src/common/kiln_status.h" | grep -oE '^[a-z][a-z0-9_ ]*[ *]kiln_[a-z0-9_]+\(' | sed -E 's/.*[ *](kiln_[a-z0-9_]+)\($/\1/' |
       sort -u)
 exported=$(nm -D --defined-only "$libkiln" | awk '$2 ~ /[TW]/ {print $3}' | sed 's/@.*//' | sort -u)
 [ "$(wc -l <<<"$api")" -ge 20 ] || fail "read only $(wc -l <<<"$api") functions from kiln.h"
