@@ -47,8 +47,9 @@ import torch
 from safetensors.torch import save_file
 
 # The model shapes. Values are those of the published config.json files
-# (mistralai/Mistral-7B-v0.1, meta-llama/Llama-3.1-8B, Qwen/Qwen3-8B, Qwen/Qwen2.5-7B); "tiny", "tiny-llama3",
-# "tiny-qwen3" and "tiny-qwen2" are for tests (a few hundred KB).
+# (mistralai/Mistral-7B-v0.1, meta-llama/Llama-3.1-8B, Qwen/Qwen3-8B, Qwen/Qwen2.5-7B,
+# mistralai/Mixtral-8x7B-v0.1, Qwen/Qwen3-30B-A3B); "tiny", "tiny-llama3", "tiny-qwen3", "tiny-qwen2" and
+# "tiny-mixtral" are for tests (a few hundred KB).
 ARCHS = {
     "mistral-7b": dict(
         architectures=["MistralForCausalLM"], model_type="mistral",
@@ -103,6 +104,30 @@ ARCHS = {
         intermediate_size=160, vocab_size=256, max_position_embeddings=1024,
         rope_theta=1000000.0, rms_norm_eps=1e-6, attention_bias=False, use_sliding_window=False,
         sliding_window=None, max_window_layers=2, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False),
+    # mistralai/Mixtral-8x7B-v0.1: 8 experts, top 2 (published per-expert form: block_sparse_moe.experts.e.w1/w3/w2)
+    "mixtral-8x7b": dict(
+        architectures=["MixtralForCausalLM"], model_type="mixtral",
+        hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+        intermediate_size=14336, vocab_size=32000, max_position_embeddings=32768,
+        num_local_experts=8, num_experts_per_tok=2, router_jitter_noise=0.0,
+        rope_theta=1000000.0, sliding_window=None, rms_norm_eps=1e-5,
+        bos_token_id=1, eos_token_id=2, tie_word_embeddings=False),
+    # Qwen/Qwen3-30B-A3B: 128 experts of width 768, top 8, renormalised; Qwen3 attention
+    "qwen3-30b-a3b": dict(
+        architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
+        hidden_size=2048, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+        intermediate_size=6144, moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
+        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], vocab_size=151936,
+        max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6, attention_bias=False,
+        use_sliding_window=False, sliding_window=None, max_window_layers=48,
+        bos_token_id=151643, eos_token_id=151645, tie_word_embeddings=False),
+    "tiny-mixtral": dict(
+        architectures=["MixtralForCausalLM"], model_type="mixtral",
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=96, vocab_size=256, max_position_embeddings=1024,
+        num_local_experts=4, num_experts_per_tok=2, router_jitter_noise=0.0,
+        rope_theta=1000000.0, sliding_window=None, rms_norm_eps=1e-5,
+        bos_token_id=1, eos_token_id=2, tie_word_embeddings=False),
     "tiny-qwen2": dict(
         architectures=["Qwen2ForCausalLM"], model_type="qwen2",
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -137,7 +162,7 @@ def tensor_plan(cfg):
     hd = cfg.get("head_dim") or d // cfg["num_attention_heads"]
     q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
     qwen2 = cfg["architectures"][0] == "Qwen2ForCausalLM"
-    qwen3 = cfg["architectures"][0] == "Qwen3ForCausalLM"
+    qwen3 = cfg["architectures"][0] in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
     plan = [("model.embed_tokens.weight", (v, d), "matrix")]
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
@@ -151,14 +176,25 @@ def tensor_plan(cfg):
                      (p + "self_attn.v_proj.bias", (kv,), "matrix")]
         if qwen3:
             plan += [(p + "self_attn.q_norm.weight", (hd,), "norm"), (p + "self_attn.k_norm.weight", (hd,), "norm")]
-        plan += [
-            (p + "self_attn.o_proj.weight", (d, q), "matrix"),
-            (p + "mlp.gate_proj.weight", (f, d), "matrix"),
-            (p + "mlp.up_proj.weight", (f, d), "matrix"),
-            (p + "mlp.down_proj.weight", (d, f), "matrix"),
-            (p + "input_layernorm.weight", (d,), "norm"),
-            (p + "post_attention_layernorm.weight", (d,), "norm"),
-        ]
+        plan.append((p + "self_attn.o_proj.weight", (d, q), "matrix"))
+        experts = cfg.get("num_local_experts") or cfg.get("num_experts")
+        if experts and cfg["architectures"][0] == "MixtralForCausalLM":  # the published per-expert form
+            plan.append((p + "block_sparse_moe.gate.weight", (experts, d), "matrix"))
+            for e in range(experts):
+                b = p + "block_sparse_moe.experts.%d." % e
+                plan += [(b + "w1.weight", (f, d), "matrix"), (b + "w2.weight", (d, f), "matrix"),
+                         (b + "w3.weight", (f, d), "matrix")]
+        elif experts:  # Qwen3-MoE, every layer sparse (decoder_sparse_step 1, no mlp_only_layers)
+            fe = cfg["moe_intermediate_size"]
+            plan.append((p + "mlp.gate.weight", (experts, d), "matrix"))
+            for e in range(experts):
+                b = p + "mlp.experts.%d." % e
+                plan += [(b + "gate_proj.weight", (fe, d), "matrix"), (b + "up_proj.weight", (fe, d), "matrix"),
+                         (b + "down_proj.weight", (d, fe), "matrix")]
+        else:
+            plan += [(p + "mlp.gate_proj.weight", (f, d), "matrix"), (p + "mlp.up_proj.weight", (f, d), "matrix"),
+                     (p + "mlp.down_proj.weight", (d, f), "matrix")]
+        plan += [(p + "input_layernorm.weight", (d,), "norm"), (p + "post_attention_layernorm.weight", (d,), "norm")]
     plan.append(("model.norm.weight", (d,), "norm"))
     if not cfg["tie_word_embeddings"]:
         plan.append(("lm_head.weight", (v, d), "matrix"))
