@@ -343,7 +343,10 @@ kiln_status kiln_ctx_new(const kiln_t *k, const kiln_ctx_options *opts, kiln_ctx
         return fail_new(c, &e);
     }
     st = KILN_ERR_DEVICE;
-    if (want_gpu || want_auto) {
+    /* "auto" with an engine that has no GPU kernels (compiled for the CPU only, or for a model the GPU
+     * kernels do not take yet) is the CPU; "gpu" still tries, and says why it cannot */
+    const bool cpu_only = !kiln_engine_find(&k->m->engine, KILN_SECTION_KERNELS);
+    if (want_gpu || (want_auto && !(cpu_only && !mk.any))) {
         st = new_gpu_executor(k->m, &o, &c->x, &e);
         if (st == KILN_OK) snprintf(c->device, sizeof c->device, "gpu");
     }

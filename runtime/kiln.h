@@ -137,8 +137,8 @@ double kiln_open_seconds(const kiln_t *k);
 
 typedef struct kiln_ctx_options {
     uint32_t struct_size;    /* sizeof(kiln_ctx_options); set by kiln_ctx_options_init */
-    const char *device;      /* "cpu", "gpu" or "auto" (= gpu when this build and host have one, else cpu);
-                                NULL = "auto" */
+    const char *device;      /* "cpu", "gpu" or "auto" (= gpu when this build and host have one and the
+                                engine has GPU kernels, else cpu); NULL = "auto" */
     int32_t max_batch;       /* sequences that run together (slots); default 8, 1..1024 */
     int32_t max_context;     /* tokens per sequence, prompt + output; 0 = the model's (default) */
     int64_t kv_bytes;        /* KV memory in bytes, all sequences together; 0 = use kv_fraction on a

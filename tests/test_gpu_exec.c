@@ -893,6 +893,25 @@ static void test_unfused_refused(void) {
     KT_CONTAINS(err.msg, "no GPU kernels");
     fprintf(stderr, "  %s\n", err.msg);
     kiln_model_close(m);
+    /* through the C API: "gpu" says why; "auto" takes the CPU for an engine without GPU kernels */
+    kiln_t *k = NULL;
+    KT_REQUIRE(kiln_open(out, 1, &k) == KILN_OK);
+    kiln_ctx_options co;
+    kiln_ctx_options_init(&co);
+    co.max_batch = 1;
+    co.device = "gpu";
+    kiln_ctx_t *c = NULL;
+    KT_EQ_INT(kiln_ctx_new(k, &co, &c), KILN_ERR_UNSUPPORTED);
+    KT_CONTAINS(kiln_last_error(c), "no GPU kernels");
+    kiln_ctx_free(c);
+    c = NULL;
+    co.device = "auto";
+    KT_EQ_INT(kiln_ctx_new(k, &co, &c), KILN_OK);
+    kiln_ctx_info info = {.struct_size = sizeof info};
+    KT_REQUIRE(kiln_ctx_info_get(c, &info) == KILN_OK);
+    KT_CHECK(strcmp(info.device, "cpu") == 0);
+    kiln_ctx_free(c);
+    kiln_close(k);
     unlink(out);
 }
 
