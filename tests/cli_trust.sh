@@ -119,6 +119,10 @@ no_file "$T/out.kiln"
 U=model.layers.0.mlp.up_proj.weight   # [128,64] bf16 in tiny-mistral
 d=$(mkckpt upnan); st_edit "$d/$ST" 'setbits("'$U'", 64 * 3 + 5, 0x7fc0)'
 compile_fails 1 "weight '$U' \(bf16\): element 197 \[3,5\] is NaN" "$d"
+# quantized (--quant int4: rows read as checked floats, packed and quantized): still named by its own tensor
+expect 1 "weight '$U' \(bf16\): element 197 \[3,5\] is NaN" -- "$KILN" compile "$d" -o "$T/out.kiln" --quant int4 \
+    --target none
+no_file "$T/out.kiln"
 # a norm weight (always converted to f32)
 d=$(mkckpt norminf); st_edit "$d/$ST" 'setbits("model.norm.weight", 63, 0x7f80)'
 compile_fails 1 "weight 'model.norm.weight' \(bf16\): element 63 \[63\] is \+Inf" "$d"
