@@ -1,5 +1,5 @@
 /*
- * engine_writer.c — writes an engine file (format: runtime/kiln_engine.h,
+ * engine_writer.c — writes an engine file (format: format/kiln_engine.h,
  * docs/engine-format.md).
  *
  * Decisions:
@@ -28,7 +28,7 @@
  *   into a record by the guard) fails the next write and the finish, so an
  *   engine holding the zeros read in its place is never renamed into place.
  */
-#include "runtime/kiln_engine.h"
+#include "../format/kiln_engine.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,6 +1,6 @@
 /*
  * kernels_section.c — the plan → the GPU modules it needs → CUDA C → NVRTC
- * per target → the kernels section (runtime/cuda/kiln_ksec.h).
+ * per target → the kernels section (format/kiln_ksec.h).
  * Contracts in codegen/kiln_kernels.h.
  *
  * Decisions:
@@ -31,7 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../runtime/cuda/kiln_ksec.h"
+#include "../format/kiln_ksec.h"
 #include "../common/kiln_pool.h"
 #include "../common/kiln_progress.h"
 #include "kiln_nvrtc.h"

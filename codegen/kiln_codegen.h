@@ -1,7 +1,7 @@
 /*
  * kiln_codegen.h — IR after passes → engine sections.
  *
- * The plan (runtime/kiln_plan.h) is the graph flattened: live values renumbered
+ * The plan (format/kiln_plan.h) is the graph flattened: live values renumbered
  * densely in id order, weights laid out in the weights section in that order,
  * each at a 256-byte aligned offset, converted to the weight's dtype.
  * Both functions walk the graph the same way, so the offsets the plan records
@@ -11,7 +11,7 @@
 #define KILN_CODEGEN_H
 
 #include "../ir/kiln_ir.h"
-#include "../runtime/kiln_engine.h"
+#include "../format/kiln_engine.h"
 
 /* Serialize the plan of a verified, memory-planned graph. */
 kiln_status kiln_plan_serialize(const kiln_graph *g, kiln_buf *out, kiln_error *err);

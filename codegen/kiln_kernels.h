@@ -2,7 +2,7 @@
  * kiln_kernels.h — the kernels section of an engine: which GPU modules a
  * plan needs, their CUDA C (kernels/ templates specialised by #defines of
  * the model's constants), compiled by NVRTC for each target, packed in the
- * layout of runtime/cuda/kiln_ksec.h.
+ * layout of format/kiln_ksec.h.
  *
  * Targets: a cubin per listed SM (sm_80 ...) and PTX per listed compute
  * capability (compute_90 ...), which the driver JIT-compiles on newer GPUs.
@@ -23,12 +23,12 @@
 #include <stdbool.h>
 
 #include "../common/kiln_util.h"
-#include "../runtime/kiln_plan.h"
-#include "../runtime/cuda/kiln_ksec.h"
+#include "../format/kiln_plan.h"
+#include "../format/kiln_ksec.h"
 
 #define KILN_MAX_TARGETS 16
 #define KILN_KERNELS_MIN_SM 80    /* cp.async, ldmatrix and bf16 mma.sync (kernels/) */
-#define KILN_KERNELS_MAX_BLOCK 256 /* the largest KV block size; runtime/cuda/ksec.c refuses more */
+#define KILN_KERNELS_MAX_BLOCK 256 /* the largest KV block size; format/ksec.c refuses more */
 
 typedef struct kiln_kernel_targets {
     int n_cubin, n_ptx;

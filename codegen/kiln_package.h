@@ -6,7 +6,7 @@
  * 4096-aligned section, or described as appended), then links it with the
  * static runtime by invoking the system C compiler driver ($CC, else cc).
  * The layout is in runtime/kiln_standalone.h (what the object holds) and
- * runtime/kiln_engine.h (the appended engine's trailer).
+ * format/kiln_engine.h (the appended engine's trailer).
  *
  * Which static libraries it links, and with which flags, is recorded at
  * configure time in the generated kiln_package_link.h (cmake/llvm.cmake);

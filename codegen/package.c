@@ -13,7 +13,7 @@
  *      ($CC, else cc) with the archives and flags cmake/llvm.cmake recorded
  *      (kiln_package_link.h), into a temporary file beside the output;
  *   5. appended: pad the executable to a multiple of 4096, copy the engine
- *      and write the trailer (runtime/kiln_engine.h);
+ *      and write the trailer (format/kiln_engine.h);
  *   6. flush and rename into place.
  *
  * Templates: `--template` writes an appended-payload executable for no
@@ -45,7 +45,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../runtime/kiln_engine.h"
+#include "../format/kiln_engine.h"
 #include "../runtime/kiln_standalone.h"
 
 /* Step 5 and 6 (below the LLVM part: --from-template uses them without LLVM). */

@@ -1,6 +1,6 @@
 /*
  * plan_writer.c — writes the plan section and the weights section from a
- * graph (formats in runtime/kiln_plan.h and docs/engine-format.md), checking
+ * graph (formats in format/kiln_plan.h and docs/engine-format.md), checking
  * every weight value on the way (see "weight values" below).
  */
 #include "kiln_codegen.h"
@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../runtime/kiln_plan.h"
+#include "../format/kiln_plan.h"
 
 /* Dense numbering of live values (id order) and of live weights. */
 typedef struct numbering {

@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../runtime/cuda/kiln_ksec.h"
-#include "../runtime/kiln_engine.h"
+#include "../format/kiln_ksec.h"
+#include "../format/kiln_engine.h"
 
 int kiln_cli_fail(const char *cmd, const kiln_error *err, bool json) {
     const char *msg = err && err->msg[0] ? err->msg : "failed";

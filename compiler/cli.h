@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #include "../common/kiln_util.h"
-#include "../runtime/kiln_engine.h"
+#include "../format/kiln_engine.h"
 
 enum { KILN_EXIT_OK = 0, KILN_EXIT_FAIL = 1, KILN_EXIT_USAGE = 2 };
 

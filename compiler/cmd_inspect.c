@@ -4,7 +4,7 @@
  * Nothing is shown before the whole engine is verified: the loader checks
  * the file (checksums, section table), the plan against the weights section
  * and the tokenizer blob; kiln_inspect_verify then cross-checks what the
- * loader does not: the kernels section (parsed by runtime/cuda/ksec.c, which
+ * loader does not: the kernels section (parsed by format/ksec.c, which
  * builds without CUDA), the meta JSON against the plan (vocab, layers,
  * hidden, heads, head_dim, max context), against the weights section (bytes,
  * count, codec), against the kernels section (targets, KV block size) and
@@ -18,8 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../runtime/cuda/kiln_ksec_read.h"
-#include "../runtime/kiln_plan.h"
+#include "../format/kiln_ksec_read.h"
+#include "../format/kiln_plan.h"
 #include "../runtime/kiln_rt.h"
 #include "../runtime/kiln_tokenizer.h"
 #include "cli.h"

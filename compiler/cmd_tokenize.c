@@ -19,7 +19,7 @@
 #include <unistd.h>
 #include <sys/stat.h>
 
-#include "../runtime/kiln_engine.h"
+#include "../format/kiln_engine.h"
 #include "cli.h"
 #include "kiln_tokjson.h"
 

@@ -18,7 +18,7 @@
  *   cmake --build build-fuzz-engine --target fuzz_engine
  *   ./build-fuzz-engine/fuzz_engine -max_total_time=30 fuzz/corpus/engine
  */
-#include "runtime/kiln_engine.h"
+#include "../format/kiln_engine.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,6 +1,6 @@
 /*
  * fuzz_kernels_section.c — libFuzzer target for the kernels-section reader
- * (runtime/cuda/ksec.c, layout in runtime/cuda/kiln_ksec.h). The reader is
+ * (format/ksec.c, layout in format/kiln_ksec.h). The reader is
  * plain C and builds without CUDA (CMake's kiln_ksec), so CI fuzzes it with
  * -DKILN_CUDA=OFF. Checks: OK or an error with a message; on OK every
  * module's source and every image lies inside the input (touched at both
@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../runtime/cuda/kiln_ksec_read.h"
+#include "../format/kiln_ksec_read.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

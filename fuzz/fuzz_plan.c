@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "runtime/kiln_plan.h"
+#include "../format/kiln_plan.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -17,7 +17,7 @@
 
 #include <xxhash.h>
 
-#include "../runtime/kiln_engine.h"
+#include "../format/kiln_engine.h"
 
 static inline void kiln_fuzz_reseal(uint8_t *f, size_t size) {
     if (size < KILN_ENGINE_HEADER_SIZE) return;

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "kiln_chat.h"
-#include "kiln_engine.h"
+#include "../format/kiln_engine.h"
 
 kiln_status kiln_chat_from_engine(const kiln_engine *e, const char *path, kiln_chat_section **out, kiln_error *err) {
     *out = NULL;

@@ -35,7 +35,7 @@
  * pool (common/kiln_pool.h), as interleaved lanes of chunks. Every frame
  * must decode to exactly its chunk's share of the raw size.
  */
-#include "kiln_engine.h"
+#include "../format/kiln_engine.h"
 
 #include <errno.h>
 #include <fcntl.h>

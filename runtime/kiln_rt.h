@@ -15,8 +15,8 @@
 #include <stdint.h>
 
 #include "kiln.h"
-#include "kiln_engine.h"
-#include "kiln_plan.h"
+#include "../format/kiln_engine.h"
+#include "../format/kiln_plan.h"
 
 struct kiln_tokenizer;
 

@@ -7,7 +7,7 @@
  * shape, and every op is re-checked with kiln_op_infer against the value
  * table, in order, so executors can index buffers without further checks.
  */
-#include "kiln_plan.h"
+#include "../format/kiln_plan.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -2,7 +2,7 @@
 # cli_inspect.sh — what `kiln inspect`, `kiln --version`, the prompt reading of
 # `kiln run` and the BOS rule of `kiln tokenize` promise, through the binary:
 #   - --version prints the engine-format and kernels-section versions of the
-#     headers (read from runtime/kiln_engine.h and runtime/cuda/kiln_ksec.h);
+#     headers (read from format/kiln_engine.h and format/kiln_ksec.h);
 #   - run refuses unreadable and empty prompts (exit 1 naming the file and
 #     the reason); only --prompt '' means BOS alone;
 #   - tokenize and run --prompt add the same BOS (HF add_special_tokens=True,
@@ -25,9 +25,9 @@ trap 'rm -rf "$T"' EXIT
 
 # ---- kiln --version: the versions of the headers, not a copy of them ----
 hdr() { sed -n "s/^#define $1 \([0-9]*\).*/\1/p" "$2"; }
-major=$(hdr KILN_ENGINE_MAJOR "$SRC/runtime/kiln_engine.h")
-minor=$(hdr KILN_ENGINE_MINOR "$SRC/runtime/kiln_engine.h")
-ksec=$(hdr KILN_KSEC_VERSION "$SRC/runtime/cuda/kiln_ksec.h")
+major=$(hdr KILN_ENGINE_MAJOR "$SRC/format/kiln_engine.h")
+minor=$(hdr KILN_ENGINE_MINOR "$SRC/format/kiln_engine.h")
+ksec=$(hdr KILN_KSEC_VERSION "$SRC/format/kiln_ksec.h")
 ver=$("$KILN" --version)
 if [ -n "$major" ] && [ -n "$ksec" ] && echo "$ver" | grep -q "engine format $major\.$minor, kernels section version $ksec"; then
     ok

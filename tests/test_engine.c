@@ -7,7 +7,7 @@
  * Corruption tests work on an exactly-sized malloc'd copy of a file, so an
  * out-of-bounds read by the reader is caught by ASan in the CI build.
  */
-#include "runtime/kiln_engine.h"
+#include "../format/kiln_engine.h"
 
 #include <dirent.h>
 #include <signal.h>

@@ -23,7 +23,7 @@
 #include "../common/kiln_util.h"
 #include "../compiler/kiln_compiler.h"
 #include "../runtime/kiln.h"
-#include "../runtime/kiln_engine.h"
+#include "../format/kiln_engine.h"
 #include "../runtime/kiln_rt.h"
 #include "kt.h"
 #include "kt_fixture.h"

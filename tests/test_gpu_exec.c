@@ -39,7 +39,7 @@
 
 #ifdef KILN_HAVE_CUDA
 #include "runtime/cuda/kiln_cuda_exec.h"
-#include "runtime/cuda/kiln_ksec_read.h"
+#include "../format/kiln_ksec_read.h"
 #include "runtime/cuda/kiln_kvpool.h"
 #include "runtime/kiln_cuda.h"
 

@@ -22,7 +22,7 @@
 #include "fuzz/tiny_tokenizer.h"
 #include "kt.h"
 #include "kt_fixture.h"
-#include "runtime/cuda/kiln_ksec.h"
+#include "../format/kiln_ksec.h"
 #include "runtime/kiln_rt.h"
 
 static char dir[512], good[600];

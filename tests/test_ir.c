@@ -10,7 +10,7 @@
 #include "compiler/kiln_compiler.h"
 #include "kt.h"
 #include "passes/kiln_passes.h"
-#include "runtime/kiln_plan.h"
+#include "../format/kiln_plan.h"
 
 static kiln_checkpoint ck;
 static bool ck_open;

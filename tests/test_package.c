@@ -15,7 +15,7 @@
 #include "kt.h"
 #include "kt_fixture.h"
 #include "runtime/kiln.h"
-#include "runtime/kiln_engine.h"
+#include "../format/kiln_engine.h"
 #include "runtime/kiln_standalone.h"
 
 static char g_dir[512], g_engine[600];

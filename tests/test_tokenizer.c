@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "../compiler/kiln_tokjson.h"
-#include "../runtime/kiln_engine.h"
+#include "../format/kiln_engine.h"
 #include "../runtime/kiln_tokenizer.h"
 #include "kt.h"
 

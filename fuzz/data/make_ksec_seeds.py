@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """make_ksec_seeds.py — small kernels sections (layout in
-runtime/cuda/kiln_ksec.h) for fuzz/corpus/kernels_section/: valid ones
+format/kiln_ksec.h) for fuzz/corpus/kernels_section/: valid ones
 (modules with sources, a cubin and a PTX image, a module sharing another's
 source and images) and one broken per rule.
 Run: python3 fuzz/data/make_ksec_seeds.py (deterministic)."""

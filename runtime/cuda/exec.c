@@ -62,7 +62,7 @@
 #include "../../kernels/params.cuh"
 #include "../kiln_cuda.h"
 #include "kiln_cuda_upload.h"
-#include "kiln_ksec_read.h"
+#include "../../format/kiln_ksec_read.h"
 #include "kiln_kvpool.h"
 
 #define CX_MAX_ATTN 8

@@ -3,7 +3,7 @@
  * compiled for one model, each as a cubin per target SM and/or PTX; modules
  * whose source text is identical share one stored source and one set of
  * images.
- * codegen/kernels_section.c writes it; runtime/cuda/ksec.c reads it. Plain
+ * codegen/kernels_section.c writes it; format/ksec.c reads it. Plain
  * C, no CUDA header: the compiler includes it in every build.
  * docs/engine-format.md ("kernels section") is the byte-level spec.
  *

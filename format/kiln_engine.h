@@ -59,7 +59,7 @@
 
 typedef enum kiln_section_kind {
     KILN_SECTION_META = 1,      /* JSON: model config, compiler version, targets, options, tokenizer summary */
-    KILN_SECTION_PLAN = 2,      /* binary plan (runtime/kiln_plan.h) */
+    KILN_SECTION_PLAN = 2,      /* binary plan (format/kiln_plan.h) */
     KILN_SECTION_WEIGHTS = 3,   /* weight bytes; tensors at offsets given by the plan, 256-aligned */
     KILN_SECTION_KERNELS = 4,   /* cubins per SM + PTX (GPU issue) */
     KILN_SECTION_TOKENIZER = 5, /* compact binary tokenizer (runtime/kiln_tokenizer.h) */

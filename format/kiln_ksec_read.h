@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../../common/kiln_util.h"
+#include "../common/kiln_util.h"
 #include "kiln_ksec.h"
 
 typedef struct kiln_ksec_module {
