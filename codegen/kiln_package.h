@@ -5,7 +5,7 @@
  * main(), the build's identity and the engine (embedded as a read-only,
  * 4096-aligned section, or described as appended), then links it with the
  * static runtime by invoking the system C compiler driver ($CC, else cc).
- * The layout is in runtime/kiln_standalone.h (what the object holds) and
+ * The layout is in format/kiln_standalone.h (what the object holds) and
  * format/kiln_engine.h (the appended engine's trailer).
  *
  * Which static libraries it links, and with which flags, is recorded at

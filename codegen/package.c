@@ -1,6 +1,6 @@
 /*
  * package.c — `kiln package`: an engine file → one standalone executable,
- * through the LLVM C API (the layout is in runtime/kiln_standalone.h).
+ * through the LLVM C API (the layout is in format/kiln_standalone.h).
  *
  *   1. open and verify the engine (a damaged engine is never packaged);
  *   2. choose the payload: embedded up to the size limit, else appended;
@@ -46,7 +46,7 @@
 #include <unistd.h>
 
 #include "../format/kiln_engine.h"
-#include "../runtime/kiln_standalone.h"
+#include "../format/kiln_standalone.h"
 
 /* Step 5 and 6 (below the LLVM part: --from-template uses them without LLVM). */
 static kiln_status finish_exe(const char *path, const kiln_engine *e, int payload, uint64_t checksum,

@@ -7,13 +7,13 @@
  *   NAME --version          the build's identity
  *
  * The generated main() calls kiln_standalone_main with the executable's
- * description (runtime/kiln_standalone.h); the engine is located only for
+ * description (format/kiln_standalone.h); the engine is located only for
  * the three commands, so --help and --version work on a damaged copy.
  */
 #include <stdio.h>
 #include <string.h>
 
-#include "../runtime/kiln_standalone.h"
+#include "../format/kiln_standalone.h"
 #include "cli.h"
 
 static const struct {

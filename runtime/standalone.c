@@ -23,7 +23,7 @@
 
 #include <xxhash.h>
 
-#include "kiln_standalone.h"
+#include "../format/kiln_standalone.h"
 
 /* Refuse an engine whose header is intact but is not the one `d` was built
  * with (a damaged header is left to the engine reader, which names it). */

@@ -16,7 +16,7 @@
 #include "kt_fixture.h"
 #include "runtime/kiln.h"
 #include "../format/kiln_engine.h"
-#include "runtime/kiln_standalone.h"
+#include "../format/kiln_standalone.h"
 
 static char g_dir[512], g_engine[600];
 static uint8_t *g_bytes; /* the engine file, 4096-aligned copy */

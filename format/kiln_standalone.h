@@ -23,7 +23,7 @@
 
 #include <stdint.h>
 
-#include "../format/kiln_engine.h"
+#include "kiln_engine.h"
 
 typedef enum kiln_payload {
     KILN_PAYLOAD_EMBEDDED = 0, /* the engine is a section of the executable, in memory at start */
