@@ -13,8 +13,9 @@
  * so each launch reads HBM; CUDA events around ITERS back-to-back launches,
  * after warm-up; the median of REPS such timings. One JSON line per
  * measurement on stdout; a table on stderr at the end.
- * Usage: kiln_gpu_bench [--quick | --prefill | --decode-attn]   (--prefill: prefill attention only;
- *        --decode-attn: decode attention only)
+ *   - with --quant, only the quantized GEMV (q8, q4g128) over the same shapes, in its variants.
+ * Usage: kiln_gpu_bench [--quick | --prefill | --decode-attn | --quant]   (--prefill: prefill attention
+ *        only; --decode-attn: decode attention only; --quant: the quantized GEMV only)
  */
 #include "codegen/kiln_nvrtc.h"
 #include "kernels/params.cuh"
@@ -148,7 +149,7 @@ static kiln_status gemv_launch(bench *b, void *vctx, int i, kiln_error *err) {
     gemv_ctx *g = vctx;
     CUdeviceptr w = g->w[i % g->ncopies];
     if (g->lt) return kiln_cublaslt_gemm_bf16(b->lt, g->M, g->N, g->K, g->x, w, g->y, false, NULL, err);
-    kiln_gemv_params p = {g->x, w, g->y, 0, g->M, g->N, g->K, g->K, g->N, 0, 0, 0.0f, 0};
+    kiln_gemv_params p = {g->x, w, g->y, 0, g->M, g->N, g->K, g->K, g->N, 0, 0, 0.0f, 0, 0, 0};
     void *args[] = {&p};
     return kiln_cuda_launch(&b->cu, g->fn, &g->d, NULL, args, "kiln_gemv", err);
 }
@@ -231,6 +232,88 @@ static void bench_gemv(bench *b, bool quick) {
         kiln_cuda_release(&b->cu, g.y);
     }
     for (int i = 0; i < 32; i++) kiln_cuda_module_unload(&b->cu, mods[i]);
+}
+
+/* ---- quantized GEMV (--quant) ---- */
+
+/* The quantized GEMV (gemv.cuh, GEMV_QUANT) over Mistral-7B's decode shapes at M = 1 and 8, every
+ * variant below: bytes = the quantized weight's (codes, scales, minimums) + x + y, achieved GB/s,
+ * fraction of 4.2 TB/s. "none" (GEMV_QDEQ=2) skips the dequantization arithmetic (wrong results):
+ * the gap to it is what the arithmetic costs. Codes are random bytes; scales small. */
+static void bench_gemv_quant(bench *b) {
+    static const int shapes[][3] = {{1, 6144, 4096}, {1, 4096, 4096}, {1, 28672, 4096}, {1, 4096, 14336},
+                                    {1, 32000, 4096}, {8, 28672, 4096}, {8, 4096, 14336}};
+    static const struct {
+        int bits, group, warps, unroll, deq;
+    } v[] = {{4, 128, 2, 2, 0},  {4, 128, 4, 2, 0},  {4, 128, 8, 2, 0}, {4, 128, 16, 2, 0}, {4, 128, 4, 4, 0},
+             {4, 128, 8, 4, 0},  {4, 128, 8, 1, 0},  {4, 128, 16, 1, 0}, {4, 128, 8, 2, 2}, {4, 32, 8, 2, 1},
+             {4, 32, 16, 2, 1},  {8, 0, 8, 4, 0},    {8, 0, 16, 2, 0},   {8, 0, 4, 4, 0}};
+    enum { NV = sizeof v / sizeof v[0] };
+    CUmodule mods[NV] = {0};
+    CUfunction fn[NV];
+    for (int i = 0; i < NV; i++) {
+        char d[9][32];
+        snprintf(d[0], 32, "GEMV_WARPS=%d", v[i].warps);
+        snprintf(d[1], 32, "GEMV_UNROLL=%d", v[i].unroll);
+        snprintf(d[2], 32, "GEMV_MMA=1");
+        snprintf(d[3], 32, "GEMV_QUANT=%d", v[i].bits);
+        snprintf(d[4], 32, "GEMV_GROUP=%d", v[i].group);
+        snprintf(d[5], 32, "GEMV_QDEQ=%d", v[i].deq);
+        const char *defs[] = {d[0], d[1], d[2], d[3], d[4], d[5]};
+        fn[i] = build(b, "gemv.cuh", "kiln_gemv", defs, 6, &mods[i]);
+    }
+    kiln_error err = {0};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
+        static const int layouts[][2] = {{8, 0}, {4, 128}, {4, 32}};
+        for (size_t li = 0; li < sizeof layouts / sizeof layouts[0]; li++) {
+            const int bits = layouts[li][0], group = layouts[li][1];
+            const size_t codes = (size_t)N * K * (size_t)bits / 8, codes16 = (codes + 15) / 16 * 16;
+            const size_t nsc = group ? (size_t)N * (size_t)(K / group) : (size_t)N;
+            const size_t wbytes = codes16 + nsc * 4 * (group ? 2 : 1);
+            int ncopies = (int)((8.0 * b->cu.l2_bytes + (double)wbytes - 1) / (double)wbytes);
+            if (ncopies < 2) ncopies = 2;
+            if (ncopies > 64) ncopies = 64;
+            CUdeviceptr w[64];
+            for (int c = 0; c < ncopies; c++) {
+                w[c] = rand_dev(b, (wbytes + 1) / 2, 1.0f); /* random bits for the codes */
+                if (kiln_cuda_fill32(&b->cu, w[c] + codes16, 0x3a83126fu, nsc * 4 * (group ? 2 : 1), &err)) /* 0.001f */
+                    die("fill", &err);
+            }
+            CUdeviceptr x = rand_dev(b, (size_t)M * K, 1.0f), y = rand_dev(b, (size_t)M * N, 1.0f);
+            const double bytes = (double)wbytes + 2.0 * M * K + 2.0 * M * N, flops = 2.0 * M * N * K;
+            for (int i = 0; i < NV; i++) {
+                if (v[i].bits != bits || v[i].group != group) continue;
+                const kiln_gemv_cfg cfg = {v[i].warps, 0, v[i].unroll, 8, 1};
+                const kiln_cuda_dims d = kiln_gemv_dims(&cfg, M, N);
+                float ms[REPS];
+                for (int r = 0; r < REPS; r++) {
+                    if (KILN_CU_CALL(&b->cu, &err, b->cu.api.cuEventRecord(b->e0, NULL))) die("event", &err);
+                    for (int it = -3; it < b->iters; it++) {
+                        if (it == 0 && KILN_CU_CALL(&b->cu, &err, b->cu.api.cuEventRecord(b->e0, NULL))) die("event", &err);
+                        const CUdeviceptr wc = w[(it + 3) % ncopies];
+                        kiln_gemv_params p = {x, wc, y, 0, M, N, K, K, N, 0, 0, 0.0f, 0, wc + codes16,
+                                              group ? wc + codes16 + nsc * 4 : 0};
+                        void *args[] = {&p};
+                        if (kiln_cuda_launch(&b->cu, fn[i], &d, NULL, args, "kiln_gemv", &err)) die("launch", &err);
+                    }
+                    if (KILN_CU_CALL(&b->cu, &err, b->cu.api.cuEventRecord(b->e1, NULL)) ||
+                        KILN_CU_CALL(&b->cu, &err, b->cu.api.cuEventSynchronize(b->e1)) ||
+                        KILN_CU_CALL(&b->cu, &err, b->cu.api.cuEventElapsedTime(&ms[r], b->e0, b->e1)))
+                        die("timing", &err);
+                }
+                qsort(ms, REPS, sizeof ms[0], cmp_f);
+                char name[64];
+                snprintf(name, sizeof name, "q%dg%d w%d u%d %s", bits, group, v[i].warps, v[i].unroll,
+                         bits == 8 ? "" : v[i].deq == 0 ? "exact" : v[i].deq == 1 ? "f32" : "none");
+                report(b, "gemv_quant", name, M, N, K, ms[REPS / 2] * 1e-3 / b->iters, bytes, flops);
+            }
+            for (int c = 0; c < ncopies; c++) kiln_cuda_release(&b->cu, w[c]);
+            kiln_cuda_release(&b->cu, x);
+            kiln_cuda_release(&b->cu, y);
+        }
+    }
+    for (int i = 0; i < NV; i++) kiln_cuda_module_unload(&b->cu, mods[i]);
 }
 
 /* ---- attention ---- */
@@ -375,6 +458,7 @@ int main(int argc, char **argv) {
     bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     bool prefill_only = argc > 1 && strcmp(argv[1], "--prefill") == 0;
     bool decode_attn_only = argc > 1 && strcmp(argv[1], "--decode-attn") == 0;
+    bool quant_only = argc > 1 && strcmp(argv[1], "--quant") == 0;
     static bench b;
     kiln_error err = {0};
     b.commit = getenv("KILN_COMMIT") ? getenv("KILN_COMMIT") : "unknown";
@@ -387,7 +471,9 @@ int main(int argc, char **argv) {
         die("events", &err);
     if (kiln_cublaslt_create(&b.cu, 32u << 20, &b.lt, &err)) die("cuBLASLt", &err);
 
-    if (decode_attn_only) {
+    if (quant_only) {
+        bench_gemv_quant(&b);
+    } else if (decode_attn_only) {
         bench_attn_decode(&b);
     } else if (!prefill_only) {
         copy_ctx c = {0, 0, (size_t)1 << 30};
@@ -402,7 +488,7 @@ int main(int argc, char **argv) {
         bench_gemv(&b, quick);
         bench_attn_decode(&b);
     }
-    if (!decode_attn_only) bench_attn_prefill(&b);
+    if (!decode_attn_only && !quant_only) bench_attn_prefill(&b);
 
     fprintf(stderr, "\n%-18s %-22s %5s %6s %6s %9s %8s %7s\n%s", "kernel", "variant", "M", "N", "K", "us", "GB/s",
             "of4.2TB", b.table);

@@ -49,6 +49,10 @@ uint64_t kiln_weight_nbytes(int t, int ndim, const int64_t *shape) {
     return align16(code_bytes(t, n, k)) + n * groups * 4 * (g ? 2 : 1);
 }
 
+uint64_t kiln_quant_scales_offset(int t, int64_t n, int64_t k) {
+    return align16(code_bytes(t, (uint64_t)n, (uint64_t)k));
+}
+
 /* The 4-bit code of x in the range starting at lo with step s (round to nearest, clamped). */
 static uint8_t code4(float x, float lo, float s) {
     const float v = s > 0 ? rintf((x - lo) / s) : 0.0f;

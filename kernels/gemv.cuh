@@ -78,6 +78,25 @@
 #ifndef GEMV_MMA
 #define GEMV_MMA 0
 #endif
+#ifndef GEMV_QUANT
+#define GEMV_QUANT 0
+#endif
+#ifndef GEMV_GROUP
+#define GEMV_GROUP 0
+#endif
+#ifndef GEMV_QDEQ
+/* q4's arithmetic: 0 exact per group (groups of a multiple of 128 columns: the tensor cores sum
+ * code x x per group, scaled in fp32 after); 1 each weight dequantized in fp32 and rounded to bf16
+ * (any group); 2 none (kiln_gpu_bench only: the codes' bits go to the tensor cores as they are,
+ * wrong results: the floor of the loads) */
+#define GEMV_QDEQ (GEMV_GROUP % 128 == 0 ? 0 : 1)
+#endif
+#if GEMV_QUANT == 4 && GEMV_QDEQ == 0 && GEMV_GROUP % 128
+#error "GEMV_QDEQ 0 (exact per group) needs groups of a multiple of 128 columns (one warp step)"
+#endif
+#if GEMV_QUANT && !(GEMV_MMA && (GEMV_QUANT == 8 || (GEMV_QUANT == 4 && GEMV_GROUP >= 32 && GEMV_GROUP % 32 == 0)))
+#error "GEMV_QUANT: 8, or 4 with GEMV_GROUP a multiple of 32, in the tensor-core variant (GEMV_MMA)"
+#endif
 
 #if GEMV_SWIGLU && (GEMV_ROWS % 2)
 #error "GEMV_SWIGLU needs an even GEMV_ROWS (gate and up rows pair up inside a warp)"
@@ -289,6 +308,60 @@ KILN_DEV float kiln_gemv_norm_inv(const kiln_gemv_params &p, const float (*ss_s)
     return rsqrtf(s / (float)p.K + p.norm_eps);
 }
 
+/* The block's outputs from each warp's C fragment (and, with NORM, each warp's part of the x rows'
+ * sums of squares, already in ss_s): reduced over the warps through shared memory, normalised, the
+ * epilogue applied (q8: each row's scale), written. */
+template <bool NORM>
+KILN_DEV void kiln_gemv_mma_out(const kiln_gemv_params &p, const float (&c)[4], float (*red)[16][8 + 1],
+                                const float (*ss_s)[8], int n0, int m0) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    /* C fragment: c0, c1 = rows g, cols 2t, 2t+1; c2, c3 = row g + 8. */
+    red[warp][g][2 * t] = c[0];
+    red[warp][g][2 * t + 1] = c[1];
+    red[warp][g + 8][2 * t] = c[2];
+    red[warp][g + 8][2 * t + 1] = c[3];
+    __syncthreads();
+#if GEMV_SWIGLU
+    /* rows (2f, 2f+1) = (gate_f, up_f): 8 pairs x 8 columns */
+    for (int i = threadIdx.x; i < 64; i += GEMV_WARPS * 32) {
+        const int pr = i / 8, m = i % 8, row = n0 + 2 * pr;
+        if (row + 1 >= p.N || m0 + m >= p.M) continue;
+        float gs = 0.0f, us = 0.0f;
+#pragma unroll
+        for (int wi = 0; wi < GEMV_WARPS; wi++) {
+            gs += red[wi][2 * pr][m];
+            us += red[wi][2 * pr + 1][m];
+        }
+        if (NORM) {
+            const float inv = kiln_gemv_norm_inv(p, ss_s, m);
+            gs *= inv;
+            us *= inv;
+        }
+#if GEMV_QUANT == 8
+        gs *= ((const float *)p.wscale)[row];
+        us *= ((const float *)p.wscale)[row + 1];
+#endif
+        float v = kiln_silu(gs) * us;
+        const size_t o = (size_t)(m0 + m) * p.ldy + row / 2;
+#else
+    for (int i = threadIdx.x; i < 128; i += GEMV_WARPS * 32) {
+        const int r = i / 8, m = i % 8, row = n0 + r;
+        if (row >= p.N || m0 + m >= p.M) continue;
+        float v = 0.0f;
+#pragma unroll
+        for (int wi = 0; wi < GEMV_WARPS; wi++) v += red[wi][r][m];
+        if (NORM) v *= kiln_gemv_norm_inv(p, ss_s, m);
+#if GEMV_QUANT == 8
+        v *= ((const float *)p.wscale)[row];
+#endif
+        const size_t o = (size_t)(m0 + m) * p.ldy + row;
+#endif
+        kiln_gemv_put(p, o, v);
+    }
+}
+
+
 /* red: per-warp C tiles [warp][row][m]; ss_s: with NORM, each warp's part of the 8 x rows' sums of
  * squares (shared memory declared once in the kernel, not per instantiation). */
 template <bool NORM>
@@ -353,53 +426,209 @@ KILN_DEV void kiln_gemv_mma(const kiln_gemv_params &p, float (*red)[16][8 + 1], 
         }
     }
     kiln_pdl_launch(); /* every load issued: let the next kernel launch */
-    /* C fragment: c0, c1 = rows g, cols 2t, 2t+1; c2, c3 = row g + 8. */
-    red[warp][g][2 * t] = c[0];
-    red[warp][g][2 * t + 1] = c[1];
-    red[warp][g + 8][2 * t] = c[2];
-    red[warp][g + 8][2 * t + 1] = c[3];
     if (NORM) {
         ss += __shfl_xor_sync(KILN_FULL_MASK, ss, 1);
         ss += __shfl_xor_sync(KILN_FULL_MASK, ss, 2);
         if (t == 0) ss_s[warp][g] = ss;
     }
-    __syncthreads();
-#if GEMV_SWIGLU
-    /* rows (2f, 2f+1) = (gate_f, up_f): 8 pairs x 8 columns */
-    for (int i = threadIdx.x; i < 64; i += GEMV_WARPS * 32) {
-        const int pr = i / 8, m = i % 8, row = n0 + 2 * pr;
-        if (row + 1 >= p.N || m0 + m >= p.M) continue;
-        float gs = 0.0f, us = 0.0f;
+    kiln_gemv_mma_out<NORM>(p, c, red, ss_s, n0, m0);
+}
+
+#if GEMV_QUANT
+/* Columns of W in one lane's 16-byte load of codes, and the K one warp step covers (lanes t = 0..3
+ * side by side, as in the bf16 variant). */
+#define GEMV_QK (GEMV_QUANT == 4 ? 32 : 16)
+#define GEMV_QSTEP (4 * GEMV_QK)
+
+KILN_DEV unsigned kiln_bf2_fma(unsigned a, unsigned b, unsigned c) {
+    unsigned d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+/* q4: the 8 codes of one word (nibble i = column i) as 4 bf16x2 words pairing columns (0,4), (1,5),
+ * (2,6), (3,7). GEMV_QDEQ 0: 128 + c, exact in bf16 (0x4300 | c: one instruction per pair; the 128
+ * and the group's scale and minimum are applied to the sums); 1: bf16(c * s + lo) computed in fp32
+ * (0x4B00000c is 2^23 + c); 2: the bits as they are. */
+KILN_DEV void kiln_q4_deq(unsigned w, float s, float lo, unsigned (&o)[4]) {
 #pragma unroll
-        for (int wi = 0; wi < GEMV_WARPS; wi++) {
-            gs += red[wi][2 * pr][m];
-            us += red[wi][2 * pr + 1][m];
-        }
-        if (NORM) {
-            const float inv = kiln_gemv_norm_inv(p, ss_s, m);
-            gs *= inv;
-            us *= inv;
-        }
-        float v = kiln_silu(gs) * us;
-        const size_t o = (size_t)(m0 + m) * p.ldy + row / 2;
+    for (int j = 0; j < 4; j++) {
+#if GEMV_QDEQ == 0
+        o[j] = ((w >> (4 * j)) & 0x000F000Fu) | 0x43004300u;
+#elif GEMV_QDEQ == 1
+        const float c0 = __uint_as_float(((w >> (4 * j)) & 15u) | 0x4B000000u) - 8388608.0f;
+        const float c1 = __uint_as_float(((w >> (4 * j + 16)) & 15u) | 0x4B000000u) - 8388608.0f;
+        o[j] = kiln_f2bf2(fmaf(c0, s, lo), fmaf(c1, s, lo));
 #else
-    for (int i = threadIdx.x; i < 128; i += GEMV_WARPS * 32) {
-        const int r = i / 8, m = i % 8, row = n0 + r;
-        if (row >= p.N || m0 + m >= p.M) continue;
-        float v = 0.0f;
-#pragma unroll
-        for (int wi = 0; wi < GEMV_WARPS; wi++) v += red[wi][r][m];
-        if (NORM) v *= kiln_gemv_norm_inv(p, ss_s, m);
-        const size_t o = (size_t)(m0 + m) * p.ldy + row;
+        o[j] = w >> (4 * j);
 #endif
-        kiln_gemv_put(p, o, v);
     }
 }
+/* The 8 bf16 of x in q4's pairs (0,4), (1,5), (2,6), (3,7). */
+KILN_DEV void kiln_q4_pairs(uint4 v, unsigned (&o)[4]) {
+    o[0] = __byte_perm(v.x, v.z, 0x5410);
+    o[1] = __byte_perm(v.x, v.z, 0x7632);
+    o[2] = __byte_perm(v.y, v.w, 0x5410);
+    o[3] = __byte_perm(v.y, v.w, 0x7632);
+}
+/* q8: the 4 int8 codes of one word (byte i = column i) as 2 bf16x2 words (columns 0,1 and 2,3),
+ * exact: 0x4B0000uu is 2^23 + uu in fp32, uu = code + 128. The row's scale comes in the epilogue. */
+KILN_DEV void kiln_q8_deq(unsigned w, unsigned (&o)[2]) {
+    const unsigned u = w ^ 0x80808080u;
+    const float f0 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7440)) - 8388736.0f;
+    const float f1 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7441)) - 8388736.0f;
+    const float f2 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7442)) - 8388736.0f;
+    const float f3 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7443)) - 8388736.0f;
+    o[0] = kiln_f2bf2(f0, f1);
+    o[1] = kiln_f2bf2(f2, f3);
+}
+
+/* The tensor-core GEMV over a quantized W (GEMV_QUANT 8 or 4; common/quant.c's layout). As the bf16
+ * variant: a warp owns 16 rows of W and 8 rows of x, the block's warps split K, and each lane
+ * (g, t) loads 16 bytes of codes of rows g and g + 8 (GEMV_QK columns) and the same columns of x
+ * row g; a warp step covers GEMV_QSTEP columns. The codes become bf16 in registers and go to
+ * mma.sync with x permuted to the same pairs:
+ *   q8: the exact code; the row's fp32 scale multiplies the sum.
+ *   q4 in groups of 128 (a warp step is one group): 128 + c, exact, one instruction per pair; the
+ *     tensor cores sum (128 + c) x over the group, and with A all ones the group's sum of x, and
+ *     the group's fp32 scale and minimum combine them: s sum((128 + c) x) + (lo - 128 s) sum(x).
+ *     Exact weights, 2 instructions per 8 codes fewer than scaling each weight.
+ *   q4 in smaller groups (4 lanes' columns span several): each weight bf16(c s + lo), in fp32.
+ * With NORM, x is multiplied by the norm
+ * weight in bf16x2 (one rounding, as the bf16 variant's x * norm_w) and the sums of squares come
+ * from the tensor cores too: an mma of x's fragment with itself gives x·x^T, whose diagonal they
+ * are, instead of 2 fp32 instructions per element on the CUDA cores. Needs K % GEMV_QK == 0, ldx
+ * % 8 == 0 and 16-byte aligned x and norm_w (the runtime checks). */
+template <bool NORM>
+KILN_DEV void kiln_gemv_mmaq(const kiln_gemv_params &p, float (*red)[16][8 + 1], float (*ss_s)[8]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.y * 16, m0 = blockIdx.x * 8;
+    const int ra = min(n0 + g, p.N - 1), rb = min(n0 + g + 8, p.N - 1);
+    const size_t row_bytes = (size_t)p.K * GEMV_QUANT / 8;
+    const unsigned char *wa = (const unsigned char *)p.w + (size_t)ra * row_bytes;
+    const unsigned char *wb = (const unsigned char *)p.w + (size_t)rb * row_bytes;
+#if GEMV_QUANT == 4
+    const int ng = p.K / GEMV_GROUP;
+    const float *sa = (const float *)p.wscale + (size_t)ra * ng, *sb = (const float *)p.wscale + (size_t)rb * ng;
+    const float *la = (const float *)p.wmin + (size_t)ra * ng, *lb = (const float *)p.wmin + (size_t)rb * ng;
+#endif
+    const int nsteps = (p.K + GEMV_QSTEP - 1) / GEMV_QSTEP;
+    const int per = (nsteps + GEMV_WARPS - 1) / GEMV_WARPS;
+    const int s_lo = warp * per, s_hi = min(nsteps, s_lo + per);
+    /* the codes need no earlier kernel: start pulling the first round before waiting */
+    for (int s0 = s_lo; s0 < min(s_hi, s_lo + GEMV_UNROLL); s0++) {
+        const int k = s0 * GEMV_QSTEP + GEMV_QK * t;
+        kiln_prefetch_l2(wa + (size_t)k * GEMV_QUANT / 8);
+        kiln_prefetch_l2(wb + (size_t)k * GEMV_QUANT / 8);
+    }
+    kiln_pdl_wait();
+    const kiln_bf16 *xr = (const kiln_bf16 *)p.x + (size_t)min(m0 + g, p.M - 1) * p.ldx;
+    const kiln_bf16 *nw = (const kiln_bf16 *)p.norm_w;
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float sd[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* NORM: x·x^T */
+    constexpr int QX = GEMV_QK / 8;         /* 16-byte loads of x per lane and step */
+    /* a round: the codes (and q4's scales) of GEMV_UNROLL steps loaded first, all in flight at once;
+     * then step by step x (an L1/L2 hit: every warp reads it) and the arithmetic */
+    for (int s0 = s_lo; s0 < s_hi; s0 += GEMV_UNROLL) {
+        uint4 va[GEMV_UNROLL], vb[GEMV_UNROLL];
+#if GEMV_QUANT == 4
+        float gs[GEMV_UNROLL][4]; /* scale a, min a, scale b, min b */
+#endif
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; u++) {
+            const int k = (s0 + u) * GEMV_QSTEP + GEMV_QK * t;
+            const bool ok = s0 + u < s_hi && k < p.K;
+            va[u] = ok ? kiln_ld_stream(wa + (size_t)k * GEMV_QUANT / 8) : make_uint4(0, 0, 0, 0);
+            vb[u] = ok ? kiln_ld_stream(wb + (size_t)k * GEMV_QUANT / 8) : make_uint4(0, 0, 0, 0);
+#if GEMV_QUANT == 4
+            const int gi = ok ? k / GEMV_GROUP : 0;
+            gs[u][0] = ok ? __ldg(sa + gi) : 0.0f;
+            gs[u][1] = ok ? __ldg(la + gi) : 0.0f;
+            gs[u][2] = ok ? __ldg(sb + gi) : 0.0f;
+            gs[u][3] = ok ? __ldg(lb + gi) : 0.0f;
+#endif
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; u++) {
+            const int k = (s0 + u) * GEMV_QSTEP + GEMV_QK * t;
+            const bool ok = s0 + u < s_hi && k < p.K;
+            uint4 vx[QX], vn[QX];
+#pragma unroll
+            for (int j = 0; j < QX; j++) {
+                vx[j] = ok ? kiln_ld16(xr + k + 8 * j) : make_uint4(0, 0, 0, 0);
+                vn[j] = NORM && ok ? kiln_ld16(nw + k + 8 * j) : make_uint4(0, 0, 0, 0);
+            }
+#if GEMV_QUANT == 4 && GEMV_QDEQ == 0
+            float dw[4] = {0.0f, 0.0f, 0.0f, 0.0f}, dx[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* this group's sums */
+#endif
+#pragma unroll
+            for (int j = 0; j < QX; j++) {
+                uint4 xv = vx[j];
+                if (NORM) {
+                    kiln_mma_bf16(sd, xv.x, 0u, xv.y, 0u, xv.x, xv.y); /* rows 8..15 of A are zero */
+                    kiln_mma_bf16(sd, xv.z, 0u, xv.w, 0u, xv.z, xv.w);
+                    const uint4 n = vn[j];
+                    xv.x = kiln_bf2_fma(xv.x, n.x, 0x80008000u); /* x * norm_w + (-0): one rounding */
+                    xv.y = kiln_bf2_fma(xv.y, n.y, 0x80008000u);
+                    xv.z = kiln_bf2_fma(xv.z, n.z, 0x80008000u);
+                    xv.w = kiln_bf2_fma(xv.w, n.w, 0x80008000u);
+                }
+#if GEMV_QUANT == 4
+                /* word j of the codes holds the columns of x load j */
+                const unsigned wja = j == 0 ? va[u].x : j == 1 ? va[u].y : j == 2 ? va[u].z : va[u].w;
+                const unsigned wjb = j == 0 ? vb[u].x : j == 1 ? vb[u].y : j == 2 ? vb[u].z : vb[u].w;
+                unsigned A[4], B[4], X[4];
+                kiln_q4_deq(wja, gs[u][0], gs[u][1], A);
+                kiln_q4_deq(wjb, gs[u][2], gs[u][3], B);
+                kiln_q4_pairs(xv, X);
+#if GEMV_QDEQ == 0
+                /* sum (128 + c) x and, with A all ones, sum x: for every x row of the tile */
+                kiln_mma_bf16(dw, A[0], B[0], A[1], B[1], X[0], X[1]);
+                kiln_mma_bf16(dw, A[2], B[2], A[3], B[3], X[2], X[3]);
+                kiln_mma_bf16(dx, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u, X[0], X[1]);
+                kiln_mma_bf16(dx, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u, X[2], X[3]);
+#else
+                kiln_mma_bf16(c, A[0], B[0], A[1], B[1], X[0], X[1]);
+                kiln_mma_bf16(c, A[2], B[2], A[3], B[3], X[2], X[3]);
+#endif
+#else
+                /* words 2j and 2j + 1 of the codes hold the 8 columns of x load j */
+                unsigned A0[2], A1[2], B0[2], B1[2];
+                kiln_q8_deq(j == 0 ? va[u].x : va[u].z, A0);
+                kiln_q8_deq(j == 0 ? va[u].y : va[u].w, A1);
+                kiln_q8_deq(j == 0 ? vb[u].x : vb[u].z, B0);
+                kiln_q8_deq(j == 0 ? vb[u].y : vb[u].w, B1);
+                kiln_mma_bf16(c, A0[0], B0[0], A0[1], B0[1], xv.x, xv.y);
+                kiln_mma_bf16(c, A1[0], B1[0], A1[1], B1[1], xv.z, xv.w);
+#endif
+            }
+#if GEMV_QUANT == 4 && GEMV_QDEQ == 0
+            /* w = c s + lo = (128 + c) s + (lo - 128 s): rows g (c0, c1) and g + 8 (c2, c3), in fp32 */
+            const float oa = fmaf(-128.0f, gs[u][0], gs[u][1]), ob = fmaf(-128.0f, gs[u][2], gs[u][3]);
+            c[0] = fmaf(gs[u][0], dw[0], fmaf(oa, dx[0], c[0]));
+            c[1] = fmaf(gs[u][0], dw[1], fmaf(oa, dx[1], c[1]));
+            c[2] = fmaf(gs[u][2], dw[2], fmaf(ob, dx[2], c[2]));
+            c[3] = fmaf(gs[u][2], dw[3], fmaf(ob, dx[3], c[3]));
+#endif
+        }
+    }
+    kiln_pdl_launch(); /* every load issued: let the next kernel launch */
+    /* x·x^T's diagonal: lane (g, t) holds row g's columns 2t and 2t + 1 */
+    if (NORM && t == (g >> 1)) ss_s[warp][g] = sd[g & 1];
+    kiln_gemv_mma_out<NORM>(p, c, red, ss_s, n0, m0);
+}
+#endif /* GEMV_QUANT */
 
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) kiln_gemv(const kiln_gemv_params p) {
     __shared__ float red[GEMV_WARPS][16][8 + 1];
     __shared__ float ss_s[GEMV_WARPS][8];
+#if GEMV_QUANT
+    if (p.norm_w) kiln_gemv_mmaq<true>(p, red, ss_s);
+    else kiln_gemv_mmaq<false>(p, red, ss_s);
+#else
     if (p.norm_w) kiln_gemv_mma<true>(p, red, ss_s);
     else kiln_gemv_mma<false>(p, red, ss_s);
+#endif
 }
 #endif /* GEMV_MMA */

@@ -40,7 +40,21 @@ typedef struct kiln_gemv_params {
     kiln_dptr norm_w;   /* bf16 [K], or 0 = no norm */
     float norm_eps;
     int pad2_;
+    /* Quantized W (modules built with GEMV_QUANT; common/quant.c's layout): w points at the codes,
+     * wscale at the f32 scales ([N] for q8, [N, K/GEMV_GROUP] for q4), wmin at q4's f32 group
+     * minimums ([N, K/GEMV_GROUP]); both 0 for a bf16 W. */
+    kiln_dptr wscale;
+    kiln_dptr wmin;
 } kiln_gemv_params;
+
+/* out[N, K] = the quantized W (codes at w, scales, q4's minimums) dequantized to bf16 (fp32 with
+ * KILN_F32), exactly as common/quant.c does it in fp32 and then rounded once: the weight a
+ * cuBLASLt GEMM reads when a step has more rows than the quantized GEMV takes. bits: 8 (q8) or 4
+ * (q4 in groups of `group` columns). Kernel: kiln_dequant, one thread per 8 columns. */
+typedef struct kiln_dequant_params {
+    kiln_dptr w, wscale, wmin, out;
+    int N, K, bits, group;
+} kiln_dequant_params;
 
 /* residual[m] = x[m] + residual[m] (rounded to bf16; skipped when x = 0);
  * out[m] = w * rmsnorm(residual[m]). One block per row. Kernel: kiln_rmsnorm. */

@@ -14,6 +14,7 @@
 
 #ifdef KILN_HAVE_CUDA
 #include "codegen/kiln_nvrtc.h"
+#include "common/kiln_ops.h"
 #include "kernels/params.cuh"
 #include "runtime/kiln_cuda.h"
 #include "runtime/kiln_exec.h"
@@ -230,7 +231,7 @@ static void run_gemv_case(const gemv_variant *v, kfn *k, int M, int N, int K) {
     for (int rep = 0; rep < 2; rep++) { /* twice: a second run must give the same answer */
         if (v->out_f32) dev_poison32(y, ysz);
         else dev_poison16(y, ysz);
-        kiln_gemv_params p = {x, w, y, r, M, N, K, ldx, ldy, 0, 0, 0.0f, 0};
+        kiln_gemv_params p = {x, w, y, r, M, N, K, ldx, ldy, 0, 0, 0.0f, 0, 0, 0};
         KT_CHECK(klaunch(k->fn, "kiln_gemv", kiln_gemv_dims(&v->cfg, M, N), &p));
         void *out = host_from(y, ysz);
         double e = v->out_f32 ? rel_err_f32(out, ref_out, (size_t)M * nout)
@@ -287,6 +288,127 @@ static void test_gemv(void) {
     }
 }
 
+/* The GEMV over quantized weights (GEMV_QUANT) and the dequant kernel, against common/quant.c:
+ * random weights quantized by kiln_quant_row (the compiler's code), dequantized by
+ * kiln_dequant_rows to fp32, multiplied in double (with the norm in double when folded). The GPU
+ * rounds each q4 weight to bf16 (c * bf16(s) + bf16(lo)) and x * norm_w to bf16 before the tensor
+ * cores, so bf16's tolerance. Epilogues: plain, residual, SwiGLU, fp32 logits; M from 1 to 8;
+ * K with 1 and many warp steps; and the same bits on a second run. */
+static void test_gemv_quant(void) {
+    NEED_GPU();
+    static const struct {
+        int qt, out_f32, swiglu, residual;
+    } variants[] = {
+        {KILN_DTYPE_Q8, 0, 0, 0},    {KILN_DTYPE_Q8, 0, 1, 0},    {KILN_DTYPE_Q8, 1, 0, 0},
+        {KILN_DTYPE_Q8, 0, 0, 1},    {KILN_DTYPE_Q4G32, 0, 0, 0}, {KILN_DTYPE_Q4G128, 0, 0, 0},
+        {KILN_DTYPE_Q4G128, 0, 1, 0}, {KILN_DTYPE_Q4G64, 1, 0, 0}, {KILN_DTYPE_Q4G128, 0, 0, 1},
+    };
+    static const int shapes[][3] = {{1, 96, 4096}, {3, 40, 512}, {8, 130, 1024}, {2, 16, 128}, {5, 64, 14336}};
+    kfn kd;
+    const char *ddefs[] = {"DEQUANT_THREADS=256"};
+    KT_REQUIRE(kbuild(&kd, "dequant.cuh", "kiln_dequant", ddefs, 1));
+    for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; vi++) {
+        const int qt = variants[vi].qt, group = kiln_quant_group(qt), bits = group ? 4 : 8;
+        const int out_f32 = variants[vi].out_f32, swiglu = variants[vi].swiglu, residual = variants[vi].residual;
+        for (int warps = 4; warps <= 16; warps *= 4) {
+            char d[10][32];
+            snprintf(d[0], 32, "GEMV_WARPS=%d", warps);
+            snprintf(d[1], 32, "GEMV_ROWS=2");
+            snprintf(d[2], 32, "GEMV_UNROLL=2");
+            snprintf(d[3], 32, "GEMV_MT=1");
+            snprintf(d[4], 32, "GEMV_OUT_F32=%d", out_f32);
+            snprintf(d[5], 32, "GEMV_SWIGLU=%d", swiglu);
+            snprintf(d[6], 32, "GEMV_MMA=1");
+            snprintf(d[7], 32, "GEMV_QUANT=%d", bits);
+            snprintf(d[8], 32, "GEMV_GROUP=%d", group);
+            const char *defs[9] = {d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8]};
+            kfn k;
+            KT_REQUIRE(kbuild(&k, "gemv.cuh", "kiln_gemv", defs, 9));
+            const kiln_gemv_cfg cfg = {warps, 0, 2, 8, 1};
+            for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+                const int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2], nout = swiglu ? N / 2 : N;
+                if (group && K % group) continue;
+                /* the weights, quantized and dequantized as the compiler and the CPU executor do */
+                float *wf = malloc(sizeof(float) * (size_t)N * K), *wd = malloc(sizeof(float) * (size_t)N * K);
+                for (size_t i = 0; i < (size_t)N * K; i++) wf[i] = 0.02f * rnd_normal();
+                const uint64_t qb = kiln_weight_nbytes(qt, 2, (const int64_t[]){N, K});
+                uint8_t *wq = calloc(1, qb);
+                for (int n = 0; n < N; n++) kiln_quant_row_ex(qt, N, K, n, wf + (size_t)n * K, wq, KILN_QUANT_MSE);
+                kiln_dequant_rows(qt, wq, N, K, 0, N, wd);
+                const uint64_t so = kiln_quant_scales_offset(qt, N, K);
+                CUdeviceptr w = dev_from(wq, qb);
+                const CUdeviceptr ws = w + so, wm = group ? ws + (CUdeviceptr)N * (CUdeviceptr)(K / group) * 4 : 0;
+                /* the dequant kernel: every element within one bf16 rounding of quant.c's value */
+                CUdeviceptr dd = dev_alloc((size_t)N * K * 2);
+                kiln_dequant_params dq = {w, ws, wm, dd, N, K, bits, group};
+                KT_CHECK(klaunch(kd.fn, "kiln_dequant", dims((unsigned)(((size_t)N * K / 8 + 255) / 256), 1, 1, 256, 0),
+                                 &dq));
+                uint16_t *dh = host_from(dd, (size_t)N * K * 2);
+                size_t bad = 0;
+                for (size_t i = 0; i < (size_t)N * K; i++)
+                    if (!(fabsf(kiln_bf16_to_f32(dh[i]) - wd[i]) <= fabsf(wd[i]) * (1.0f / 256) + 1e-8f)) bad++;
+                /* one bf16 rounding of quant.c's value; near zero, the fma's single rounding against
+                 * quant.c's two (code * scale, + minimum) can differ by an fp32 rounding of the terms */
+                KT_CHECKF(bad == 0, "dequant %s [%d, %d]: %zu elements off quant.c's by more than a bf16 rounding",
+                          kiln_dtype_name((kiln_dtype)qt), N, K, bad);
+                free(dh);
+                kiln_cuda_release(&g_cu, dd);
+                float *xf, *gf, *rf = NULL;
+                uint16_t *xh = rand_bf16((size_t)M * K, 2.0f, &xf), *gh = rand_bf16((size_t)K, 1.0f, &gf);
+                for (int i = 0; i < K; i++) gf[i] = kiln_bf16_to_f32(gh[i] = kiln_f32_to_bf16(1.0f + 0.5f * gf[i]));
+                uint16_t *rh = residual ? rand_bf16((size_t)M * nout, 1.0f, &rf) : NULL;
+                CUdeviceptr x = dev_from(xh, (size_t)M * K * 2), g = dev_from(gh, (size_t)K * 2);
+                CUdeviceptr r = rh ? dev_from(rh, (size_t)M * nout * 2) : 0;
+                const size_t ysz = (size_t)M * nout * (out_f32 ? 4 : 2);
+                CUdeviceptr y = dev_alloc(ysz);
+                double *ref = malloc(sizeof(double) * (size_t)M * nout), *row = malloc(sizeof(double) * (size_t)N);
+                double *xr = malloc(sizeof(double) * (size_t)K);
+                for (int norm = 0; norm < 2; norm++) {
+                    for (int m = 0; m < M; m++) {
+                        double ss = 0;
+                        for (int i = 0; i < K; i++) ss += (double)xf[(size_t)m * K + i] * xf[(size_t)m * K + i];
+                        const double inv = norm ? 1.0 / sqrt(ss / K + 1e-5) : 1.0;
+                        for (int i = 0; i < K; i++) xr[i] = (norm ? (double)gf[i] * inv : 1.0) * xf[(size_t)m * K + i];
+                        for (int n = 0; n < N; n++) {
+                            double s2 = 0;
+                            for (int i = 0; i < K; i++) s2 += xr[i] * wd[(size_t)n * K + i];
+                            row[n] = s2;
+                        }
+                        for (int n = 0; n < nout; n++)
+                            ref[(size_t)m * nout + n] =
+                                (swiglu ? row[2 * n] / (1.0 + exp(-row[2 * n])) * row[2 * n + 1] : row[n]) +
+                                (rf ? rf[(size_t)m * nout + n] : 0.0);
+                    }
+                    void *first = malloc(ysz);
+                    for (int rep = 0; rep < 2; rep++) {
+                        if (r) KT_CHECK(g_cu.api.cuMemcpyHtoD(y, rh, ysz) == CUDA_SUCCESS); /* y += x W^T */
+                        else out_f32 ? dev_poison32(y, ysz) : dev_poison16(y, ysz);
+                        kiln_gemv_params p = {x, w, y, r ? y : 0, M, N, K, K, nout, 0, norm ? g : 0, 1e-5f, 0, ws, wm};
+                        KT_CHECK(klaunch(k.fn, "kiln_gemv (quantized)", kiln_gemv_dims(&cfg, M, N), &p));
+                        void *out = host_from(y, ysz);
+                        const double e = out_f32 ? rel_err_f32(out, ref, (size_t)M * nout)
+                                                 : rel_err_bf16(out, ref, (size_t)M * nout);
+                        KT_CHECKF(e < TOL_BF16, "gemv %s M=%d N=%d K=%d (warps %d, f32 %d, swiglu %d, res %d, norm %d): "
+                                  "rel err %g", kiln_dtype_name((kiln_dtype)qt), M, N, K, warps, out_f32, swiglu,
+                                  residual, norm, e);
+                        if (rep == 1 && !r) KT_CHECKF(memcmp(out, first, ysz) == 0, "gemv %s: a second run differs",
+                                                      kiln_dtype_name((kiln_dtype)qt));
+                        if (rep == 0) memcpy(first, out, ysz);
+                        free(out);
+                    }
+                    free(first);
+                }
+                kiln_cuda_release(&g_cu, w); kiln_cuda_release(&g_cu, x); kiln_cuda_release(&g_cu, g);
+                kiln_cuda_release(&g_cu, r); kiln_cuda_release(&g_cu, y);
+                free(wf); free(wd); free(wq); free(xh); free(xf); free(gh); free(gf); free(rh); free(rf);
+                free(ref); free(row); free(xr);
+            }
+            kfree(&k);
+        }
+    }
+    kfree(&kd);
+}
+
 /* GEMV with the RMSNorm prologue (p.norm_w): against a double reference,
  * against the rmsnorm kernel followed by the same GEMV without the prologue
  * (every output within 1%), and the same bits on a second run. */
@@ -337,7 +459,7 @@ static void test_gemv_norm(void) {
             v->out_f32 ? dev_poison32(y2, ysz) : dev_poison16(y2, ysz);
             kiln_rmsnorm_params np = {0, x, g, xn, M, 0};
             KT_CHECK(klaunch(kn.fn, "kiln_rmsnorm", dims((unsigned)M, 1, 1, (unsigned)nt, 0), &np));
-            kiln_gemv_params p2 = {xn, w, y2, 0, M, N, K, K, nout, 0, 0, 0.0f, 0};
+            kiln_gemv_params p2 = {xn, w, y2, 0, M, N, K, K, nout, 0, 0, 0.0f, 0, 0, 0};
             KT_CHECK(klaunch(k.fn, "kiln_gemv", kiln_gemv_dims(&v->cfg, M, N), &p2));
             void *want = host_from(y2, ysz);
             /* reference: the norm's arithmetic in double, without the bf16 roundings HF applies to the
@@ -361,7 +483,7 @@ static void test_gemv_norm(void) {
             void *first = malloc(ysz);
             for (int rep = 0; rep < 2; rep++) {
                 v->out_f32 ? dev_poison32(y, ysz) : dev_poison16(y, ysz);
-                kiln_gemv_params p = {x, w, y, 0, M, N, K, K, nout, 0, g, 1e-5f, 0};
+                kiln_gemv_params p = {x, w, y, 0, M, N, K, K, nout, 0, g, 1e-5f, 0, 0, 0};
                 KT_CHECK(klaunch(k.fn, "kiln_gemv (norm folded)", kiln_gemv_dims(&v->cfg, M, N), &p));
                 void *out = host_from(y, ysz);
                 double e = v->out_f32 ? rel_err_f32(out, ref, (size_t)M * nout) : rel_err_bf16(out, ref, (size_t)M * nout);

@@ -1,0 +1,47 @@
+/*
+ * dequant.cuh — a quantized weight (common/quant.c's layout) dequantized to
+ * the element type, for steps with more rows than the quantized GEMV takes:
+ * cuBLASLt then multiplies the dense copy (prefill, large decode batches).
+ * The values are common/quant.c's, computed the same way in fp32
+ * (q8: code * scale; q4: code * scale + min, one fma) and rounded once.
+ * Kernel: kiln_dequant (kiln_dequant_params, params.cuh); one thread per 8
+ * columns, a 1-D grid of ceil(N * K / 8 / DEQUANT_THREADS) blocks of
+ * DEQUANT_THREADS. Needs K % 8 == 0 (the runtime checks).
+ */
+#include "common.cuh"
+
+#ifndef DEQUANT_THREADS
+#define DEQUANT_THREADS 256
+#endif
+
+extern "C" __global__ void __launch_bounds__(DEQUANT_THREADS) kiln_dequant(const kiln_dequant_params p) {
+    kiln_pdl_wait();
+    const size_t i = (size_t)blockIdx.x * DEQUANT_THREADS + threadIdx.x; /* which 8 columns */
+    const size_t per_row = (size_t)p.K / 8;
+    if (i >= (size_t)p.N * per_row) return;
+    const size_t n = i / per_row, k = (i % per_row) * 8;
+    float f[8];
+    if (p.bits == 8) {
+        const uint2 w = *(const uint2 *)((const unsigned char *)p.w + n * p.K + k);
+        const float s = ((const float *)p.wscale)[n];
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const unsigned word = e < 4 ? w.x : w.y;
+            f[e] = (float)(signed char)(word >> (8 * (e & 3))) * s;
+        }
+    } else {
+        const unsigned w = *(const unsigned *)((const unsigned char *)p.w + (n * p.K + k) / 2);
+        const size_t gi = n * (size_t)(p.K / p.group) + k / p.group;
+        const float s = ((const float *)p.wscale)[gi], lo = ((const float *)p.wmin)[gi];
+#pragma unroll
+        for (int e = 0; e < 8; e++) f[e] = fmaf((float)((w >> (4 * e)) & 15u), s, lo);
+    }
+    kiln_pdl_launch();
+    kiln_elem *out = (kiln_elem *)p.out + n * p.K + k;
+#if KILN_F32
+    ((uint4 *)out)[0] = make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
+    ((uint4 *)out)[1] = make_uint4(__float_as_uint(f[4]), __float_as_uint(f[5]), __float_as_uint(f[6]), __float_as_uint(f[7]));
+#else
+    *(uint4 *)out = kiln_pack8(f);
+#endif
+}
