@@ -209,6 +209,52 @@ static kiln_status add_gemv(kset *s, const char *epi, int n, int k, kiln_error *
     return KILN_OK;
 }
 
+/* The GEMV over a quantized [n, k] weight of dtype qt (q8, q4gG): one module, the tensor-core
+ * variant with the codes dequantized in registers, for every M up to the runtime's GEMV limit
+ * (gemv.cuh, GEMV_QUANT); steps with more rows dequantize into a dense copy for cuBLASLt (module
+ * "dequant"). Warps split K: a warp step covers 128 (q4) or 64 (q8) columns. */
+static kiln_status add_gemv_quant(kset *s, const char *epi, int n, int k, int qt, kiln_error *err) {
+    char name[KILN_KSEC_NAME_MAX];
+    kiln_status st;
+    kiln_ksec_gemv_name(name, sizeof name, epi, n, k, kiln_dtype_name((kiln_dtype)qt));
+    kmod *m = new_mod(s, name, err, &st);
+    if (!m) return st;
+    const bool swiglu = strcmp(epi, "swiglu") == 0, f32out = strcmp(epi, "f32out") == 0;
+    const int group = kiln_quant_group(qt), bits = group ? 4 : 8;
+    memset(m->cfg, 0, sizeof m->cfg);
+    /* warps (K split over them) and steps in flight, the best of kiln_gpu_bench --quant on the H200
+     * (docs/quantization.md): the tall-K and small-N shapes want the K split */
+    if (bits == 4) m->cfg[0] = k >= 8192 ? 16 : 8, m->cfg[2] = k >= 8192 ? 1 : 2;
+    else m->cfg[0] = k >= 8192 || n <= 4096 ? 16 : 8, m->cfg[2] = k >= 8192 || n <= 4096 ? 2 : 4;
+    m->cfg[3] = 8, m->cfg[4] = 1;                /* x rows per block; tensor cores */
+    m->cfg[5] = f32out;
+    m->cfg[6] = swiglu;
+    m->cfg[7] = qt;
+    def_i(m, "GEMV_WARPS", m->cfg[0]);
+    def_i(m, "GEMV_ROWS", 2);
+    def_i(m, "GEMV_UNROLL", m->cfg[2]);
+    def_i(m, "GEMV_MT", 1);
+    def_i(m, "GEMV_MMA", 1);
+    def_i(m, "GEMV_OUT_F32", f32out);
+    def_i(m, "GEMV_SWIGLU", swiglu);
+    def_i(m, "GEMV_QUANT", bits);
+    def_i(m, "GEMV_GROUP", group);
+    include(m, "gemv.cuh");
+    if ((m = new_mod(s, "dequant", err, &st)) != NULL) {
+        m->cfg[0] = 256;
+        def_i(m, "DEQUANT_THREADS", 256);
+        include(m, "dequant.cuh");
+    }
+    return st;
+}
+
+/* The GEMV modules for a weight (plan value wv) of n rows and k columns: bf16 (f32) or quantized. */
+static kiln_status add_gemv_for(kset *s, const kiln_plan *p, const char *epi, int n, int k, int32_t wv,
+                                kiln_error *err) {
+    const int dt = (int)p->weights[p->values[wv].weight].dtype;
+    return kiln_dtype_is_quant(dt) ? add_gemv_quant(s, epi, n, k, dt, err) : add_gemv(s, epi, n, k, err);
+}
+
 static int64_t wrows(const kiln_plan *p, int32_t v) { return p->values[v].shape[0]; }
 static int64_t wcols(const kiln_plan *p, int32_t v) { return p->values[v].shape[1]; }
 static int64_t width(const kiln_plan *p, int32_t v) { return p->values[v].shape[2]; }
@@ -304,7 +350,7 @@ static kiln_status plan_modules(const kiln_plan *p, int block_size, kset *s, kil
             }
             int64_t n = op->kind == KILN_OP_QKV_ROPE_PACKED ? wrows(p, op->in[1])
                                                              : wrows(p, op->in[1]) + wrows(p, op->in[2]) + wrows(p, op->in[3]);
-            st = add_gemv(s, "plain", (int)n, (int)width(p, op->in[0]), err);
+            st = add_gemv_for(s, p, "plain", (int)n, (int)width(p, op->in[0]), op->in[1], err);
             break;
         }
         case KILN_OP_ATTENTION: {
@@ -337,12 +383,12 @@ static kiln_status plan_modules(const kiln_plan *p, int block_size, kset *s, kil
         }
         case KILN_OP_LINEAR:
         case KILN_OP_LINEAR_ADD:
-            st = add_gemv(s, "plain", (int)wrows(p, op->in[1]), (int)wcols(p, op->in[1]), err);
+            st = add_gemv_for(s, p, "plain", (int)wrows(p, op->in[1]), (int)wcols(p, op->in[1]), op->in[1], err);
             break;
         case KILN_OP_GATE_UP_SWIGLU:
         case KILN_OP_GATE_UP_SWIGLU_PACKED: {
             int f = (int)(op->kind == KILN_OP_GATE_UP_SWIGLU_PACKED ? wrows(p, op->in[1]) / 2 : wrows(p, op->in[1]));
-            st = add_gemv(s, "swiglu", 2 * f, (int)wcols(p, op->in[1]), err);
+            st = add_gemv_for(s, p, "swiglu", 2 * f, (int)wcols(p, op->in[1]), op->in[1], err);
             snprintf(name, sizeof name, "swiglu.f%d", f);
             if (st == KILN_OK && (m = new_mod(s, name, err, &st)) != NULL) {
                 m->cfg[0] = 256;
@@ -354,7 +400,7 @@ static kiln_status plan_modules(const kiln_plan *p, int block_size, kset *s, kil
             break;
         }
         case KILN_OP_LM_HEAD:
-            st = add_gemv(s, "f32out", (int)wrows(p, op->in[1]), (int)wcols(p, op->in[1]), err);
+            st = add_gemv_for(s, p, "f32out", (int)wrows(p, op->in[1]), (int)wcols(p, op->in[1]), op->in[1], err);
             break;
         default: break; /* the runtime refuses ops it has no kernels for, by name */
         }
@@ -453,9 +499,24 @@ int kiln_kernels_unsupported_op(const kiln_plan *p) {
     return -1;
 }
 
-int kiln_kernels_unsupported_weight(const kiln_plan *p) {
-    for (uint32_t i = 0; i < p->n_weights; i++)
-        if (kiln_dtype_is_quant((int)p->weights[i].dtype)) return (int)i;
+int kiln_kernels_unsupported_weight(const kiln_plan *p, const char **why) {
+    bool f32 = false;
+    int q = -1;
+    for (uint32_t i = 0; i < p->n_weights; i++) {
+        const kiln_plan_weight *w = &p->weights[i];
+        if (w->dtype == KILN_DTYPE_F32 && w->ndim == 2) f32 = true; /* an f32 engine (norms are f32 in any) */
+        if (!kiln_dtype_is_quant((int)w->dtype)) continue;
+        if (q < 0) q = (int)i;
+        /* the GEMV's 16-byte loads of codes: 16 columns (q8), a group (q4) */
+        if (w->ndim != 2 || (w->dtype == KILN_DTYPE_Q8 && w->shape[1] % 16)) {
+            if (why) *why = "the GPU kernels read q8 matrices whose columns are a multiple of 16";
+            return (int)i;
+        }
+    }
+    if (q >= 0 && f32) {
+        if (why) *why = "the GPU kernels read quantized weights only in bf16 and f16 engines (--dtype bf16)";
+        return q;
+    }
     return -1;
 }
 

@@ -88,7 +88,12 @@ kiln_status kiln_kernels_build(const kiln_plan *p, const kiln_kernel_targets *t,
 /* The first op of `p` the CUDA executor cannot run (no GPU kernel or lowering yet: unfused ops,
  * unpacked projections, head_rmsnorm), or -1 when it runs all of them. */
 int kiln_kernels_unsupported_op(const kiln_plan *p);
-/* The first weight of `p` stored in a format the GPU kernels do not read (quantized: q8, q4g*), or -1. */
-int kiln_kernels_unsupported_weight(const kiln_plan *p);
+/* The first weight of `p` stored in a format the GPU kernels do not read, or -1; *why (when not
+ * NULL) then says what they lack in a phrase ("...: the GPU kernels read quantized weights only in
+ * bf16/f16 engines"). The kernels read q8 and q4g* matrices of GEMV ops (linear, the packed q/k/v
+ * and gate/up, the LM head) in bf16 and f16 engines, and as the embedding table (which the runtime
+ * dequantizes at load); not beside f32 matrices (an f32 engine: its kernels compute in f32) and not
+ * q8 with a column count their 16-byte loads do not divide. */
+int kiln_kernels_unsupported_weight(const kiln_plan *p, const char **why);
 
 #endif /* KILN_KERNELS_H */

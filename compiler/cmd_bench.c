@@ -361,15 +361,20 @@ static char *model_name(const char *path) {
     return strndup(b, n);
 }
 
-/* The weights' dtype from the meta section: weights.dtype, or the
- * checkpoint's when the engine kept it. */
+/* The weights' dtype from the meta section: weights.dtype, or the checkpoint's when the engine
+ * kept it, then "+" and the projections' quantized format when it has one ("bf16+q4g128"). */
 static char *weights_dtype(const char *meta) {
     json_error_t je;
     json_t *root = meta ? json_loads(meta, 0, &je) : NULL;
     const char *d = json_string_value(json_object_get(json_object_get(root, "weights"), "dtype"));
     if (d && strcmp(d, "checkpoint") == 0)
         d = json_string_value(json_object_get(json_object_get(root, "model"), "checkpoint_dtype"));
-    char *out = strdup(d ? d : "unknown");
+    const char *q = json_string_value(json_object_get(json_object_get(json_object_get(root, "build"), "quant"),
+                                                      "weights"));
+    char buf[96];
+    snprintf(buf, sizeof buf, "%s%s%s", d ? d : "unknown", q && strcmp(q, "none") ? "+" : "",
+             q && strcmp(q, "none") ? q : "");
+    char *out = strdup(buf);
     json_decref(root);
     return out;
 }

@@ -29,7 +29,7 @@ static void help(FILE *f) {
             "                        int4 (4 bits in groups of --group-size columns with a scale and a\n"
             "                        minimum each); the LM head gets --quant-head, the embedding and\n"
             "                        norms keep --dtype (docs/quantization.md). Quantized engines run on\n"
-            "                        the CPU executor so far\n"
+            "                        both executors (on the GPU in bf16 and f16 engines)\n"
             "  --group-size G        int4 groups: 32, 64 or 128 columns (default 128)\n"
             "  --quant-head H        the LM head's format: int8 (default with --quant), int4, or keep\n"
             "  --quant-embedding E   the embedding table's format (and a tied LM head's): keep (default),\n"

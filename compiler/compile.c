@@ -281,18 +281,19 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
     if (targets.n_cubin + targets.n_ptx > 0) {
         /* the kernels are built from the plan exactly as the runtime will read it */
         if ((st = kiln_plan_parse(plan.data, plan.len, wbytes, &parsed, err)) != KILN_OK) goto out;
-        int bad = kiln_kernels_unsupported_op(parsed), badw = kiln_kernels_unsupported_weight(parsed);
-        if (bad < 0 && badw >= 0) { /* quantized weights: the GPU kernels read none yet */
+        const char *wwhy = NULL;
+        int bad = kiln_kernels_unsupported_op(parsed), badw = kiln_kernels_unsupported_weight(parsed, &wwhy);
+        if (bad < 0 && badw >= 0) { /* quantized weights in a form the GPU kernels do not read */
             const kiln_plan_weight *qw = &parsed->weights[badw];
             if (!opt->gpu_if_possible) {
-                kiln_err(err, KILN_ERR_UNSUPPORTED, "weight '%s' is quantized (%s), which the GPU kernels do not read "
-                         "yet, so --target %s cannot make a kernels section for this engine", qw->name,
-                         kiln_dtype_name((kiln_dtype)qw->dtype), opt->targets);
+                kiln_err(err, KILN_ERR_UNSUPPORTED, "weight '%s' is quantized (%s): %s, so --target %s cannot make a "
+                         "kernels section for this engine", qw->name, kiln_dtype_name((kiln_dtype)qw->dtype), wwhy,
+                         opt->targets);
                 st = kiln_err_hint(err, "compile with --target none: the engine runs on the CPU executor");
                 goto out;
             }
-            snprintf(no_gpu, sizeof no_gpu, "weight '%s' is quantized (%s), which the GPU kernels do not read yet",
-                     qw->name, kiln_dtype_name((kiln_dtype)qw->dtype));
+            snprintf(no_gpu, sizeof no_gpu, "weight '%s' is quantized (%s): %s", qw->name,
+                     kiln_dtype_name((kiln_dtype)qw->dtype), wwhy);
             fprintf(stderr, "kiln compile: note: %s; the engine gets no GPU kernels and runs on the CPU only\n",
                     no_gpu);
             targets.n_cubin = targets.n_ptx = 0;

@@ -159,11 +159,13 @@ if $HAVE_NVRTC; then
     "$KILN" inspect "$T/q3.kiln" | grep -q "^targets: none (CPU only: kernels: layer 0: head_dim 24" && ok ||
         bad "tiny-qwen3 engine has GPU targets, or inspect does not say why it has none"
     expect 1 "head_dim 24" -- "$KILN" compile "$SRC/tests/data/tiny-qwen3" -o "$T/q3g.kiln" --target sm_90
-    # quantized weights: no GPU kernel reads them yet
-    expect 1 "weight '.*' is quantized \(q8\), which the GPU kernels do not read yet" -- \
-        "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q8g.kiln" --quant int8 --target sm_90
+    # quantized weights: the GPU kernels read them in bf16 and f16 engines, not in f32 ones
+    expect 0 "wrote" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q4.kiln" --quant int4 --group-size 32
+    "$KILN" inspect "$T/q4.kiln" | grep -q "^targets: sm_" && ok || bad "an int4 bf16 engine has no GPU targets"
+    expect 1 "weight '.*' is quantized \(q8\): the GPU kernels read quantized weights only in bf16 and f16 engines" -- \
+        "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q8g.kiln" --quant int8 --dtype f32 --target sm_90
     expect 0 "note: weight '.*' is quantized \(q8\).*the engine gets no GPU kernels" -- \
-        "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q8d.kiln" --quant int8
+        "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q8d.kiln" --quant int8 --dtype f32
     # Qwen2's biases fuse into qkv_rope: its engine gets GPU kernels
     expect 0 "wrote" -- "$KILN" compile "$SRC/tests/data/tiny-qwen2" -o "$T/q2.kiln"
     "$KILN" inspect "$T/q2.kiln" | grep -q "^targets: sm_" && ok || bad "tiny-qwen2 engine has no GPU targets"

@@ -1048,12 +1048,9 @@ static void test_pycode_bf16(void) {
     json_decref(g);
 }
 
-/* tiny-mistral in its own bf16: the bf16 kernels (tensor-core GEMV, window 8) near HF f32. */
-static void test_tiny_bf16(void) {
-    NEED_GPU();
-    const char *eng = engine_for("tiny-mistral-bf16", pathf("%s/tests/data/tiny-mistral", src_dir()),
-                                 KILN_DTYPE_COUNT_, NULL, 0);
-    const char *gdir = pathf("%s/tests/golden/tiny-mistral", src_dir());
+/* A bf16 engine of tiny-mistral on the GPU against an HF f32 golden (gdir): logits within 3e-2
+ * relative up to the first greedy difference, which may come only after a near-tie. */
+static void check_bf16_golden(const char *eng, const char *gdir, const char *label) {
     json_error_t je;
     json_t *g = json_load_file(pathf("%s/golden.json", gdir), 0, &je);
     KT_REQUIRE(g != NULL && eng != NULL);
@@ -1084,16 +1081,44 @@ static void test_tiny_bf16(void) {
             if (!(e <= worst)) worst = e;
         }
         double ours = d >= 0 ? margin(lg + (size_t)d * V, V) : 0;
-        fprintf(stderr, "  tiny-mistral bf16 case %zu: ids %s%s (step %d, kiln margin %.3f), logits rel err %.3g\n", ci,
+        fprintf(stderr, "  %s case %zu: ids %s%s (step %d, kiln margin %.3f), logits rel err %.3g\n", label, ci,
                 d < 0 ? "identical" : "differ", d < 0 ? "" : " from", d, ours, worst);
-        KT_CHECKF(worst < 3e-2, "tiny-mistral bf16 case %zu: logits rel err %.3g", ci, worst);
-        KT_CHECKF(d < 0 || ours < 0.5, "tiny-mistral bf16 case %zu: ids differ at step %d, margin %.3f", ci, d, ours);
+        KT_CHECKF(worst < 3e-2, "%s case %zu: logits rel err %.3g", label, ci, worst);
+        KT_CHECKF(d < 0 || ours < 0.5, "%s case %zu: ids differ at step %d, margin %.3f", label, ci, d, ours);
         golden_case_free(&gc);
         free(ids);
         free(lg);
     }
     gx_close(&G);
     json_decref(g);
+}
+
+/* tiny-mistral in its own bf16: the bf16 kernels (tensor-core GEMV, window 8) near HF f32. */
+static void test_tiny_bf16(void) {
+    NEED_GPU();
+    check_bf16_golden(engine_for("tiny-mistral-bf16", pathf("%s/tests/data/tiny-mistral", src_dir()),
+                                 KILN_DTYPE_COUNT_, NULL, 0),
+                      pathf("%s/tests/golden/tiny-mistral", src_dir()), "tiny-mistral bf16");
+}
+
+/* Quantized engines on the GPU (the quantized GEMV at decode, dequantize + cuBLASLt for prompts
+ * past its rows; the int8 embedding table dequantized at load) against HF on the same rounded
+ * weights (make_goldens.py --only quant): the options the goldens name. */
+static void test_quant_goldens(void) {
+    NEED_GPU();
+    static const struct {
+        const char *name;
+        int quant, quant_embedding;
+    } qs[] = {{"tiny-mistral-int8", KILN_DTYPE_Q8, KILN_DTYPE_Q8}, {"tiny-mistral-int4g32", KILN_DTYPE_Q4G32, 0}};
+    for (size_t i = 0; i < sizeof qs / sizeof qs[0]; i++) {
+        const char *eng = pathf("%s/%s.kiln", g_tmp, qs[i].name);
+        kiln_compile_options opt = {.output_path = eng, .weight_dtype = KILN_DTYPE_BF16, .targets = gpu_targets(),
+                                    .quant = qs[i].quant, .quant_head = KILN_DTYPE_Q8,
+                                    .quant_embedding = qs[i].quant_embedding,
+                                    .quant_method = KILN_QUANT_RTN};
+        KT_CHECK(kt_compile(pathf("%s/tests/data/tiny-mistral", src_dir()), &opt) == KILN_OK);
+        check_bf16_golden(eng, pathf("%s/tests/golden/%s", src_dir(), qs[i].name), qs[i].name);
+    }
 }
 
 static void make_tmp(void) {
@@ -1123,6 +1148,7 @@ int main(void) {
     RUN(test_moe_refused);
     RUN(test_targets);
     RUN(test_tiny_bf16);
+    RUN(test_quant_goldens);
     RUN(test_pycode_bf16);
     remove_tmp();
     return KT_END();

@@ -83,6 +83,7 @@
 typedef struct cx_dw {
     int src;             /* plan weight index */
     int64_t rows, cols;  /* device shape (a vector is one row) */
+    int qt;              /* quantized (q8, q4g*) and uploaded as stored, for the GEMV; 0 = dense */
     uint64_t offset;     /* in the device weights buffer, 256-aligned */
 } cx_dw;
 
@@ -92,8 +93,9 @@ typedef struct cx_gemm {
     int dw;
     int n, k;            /* W is n x k; the output has n (plain, f32out) or n/2 (swiglu) columns */
     cx_epi epi;
-    CUfunction m1, mma;  /* GEMV modules (mma = 0 on the f32 path) */
+    CUfunction m1, mma;  /* GEMV modules (mma = 0 on the f32 path); a quantized W: both its GEMV */
     kiln_gemv_cfg c1, cmma;
+    int qt;              /* W's quantized dtype (q8, q4g*), or 0 */
     CUfunction swiglu;   /* prefill swiglu kernel (EPI_SWIGLU) */
     int swiglu_threads;
 } cx_gemm;
@@ -159,7 +161,8 @@ typedef struct cx {
     int hidden, n_heads, n_kv, head_dim, vocab, n_layers, block_size, ffn_max;
     int max_rows; /* token rows of every activation buffer: the step budget */
     int free_window; /* window that lets KV blocks go (0 = keep all) */
-    CUfunction f_gather, f_sample, f_rope;
+    CUfunction f_gather, f_sample, f_rope, f_dequant;
+    int dequant_threads;
     int rope_threads;
     cx_attn attn[CX_MAX_ATTN];
     int n_attn;
@@ -176,6 +179,7 @@ typedef struct cx {
     bool has_lm_head;
     /* scratch */
     CUdeviceptr qkv_tmp, q_tmp, gu_tmp, lm_x, logits, part_o, part_ml, ids, in_dev, kcache, vcache;
+    CUdeviceptr deq_tmp; /* a quantized W dequantized, for steps past the quantized GEMV (max n x k elements) */
     size_t kv_layer_bytes;
     int zmax;
     /* KV */
@@ -290,9 +294,13 @@ static kiln_status launch(cx *x, CUfunction f, unsigned gx, unsigned gy, unsigne
 
 /* ---- the device weight layout ---- */
 
-static int dw_add(cx *x, int src, kiln_error *err) {
+/* Device weight for plan weight src: a quantized one as stored (the GEMV reads it) unless `dense`
+ * (the embedding gather), then dequantized to the device type on the way up; each form once. */
+static int dw_add(cx *x, int src, bool dense, kiln_error *err) {
+    const kiln_plan_weight *w = &x->p->weights[src];
+    const int qt = kiln_dtype_is_quant((int)w->dtype) && !dense ? (int)w->dtype : 0;
     for (int i = 0; i < x->n_dw; i++)
-        if (x->dw[i].src == src) return i;
+        if (x->dw[i].src == src && x->dw[i].qt == qt) return i;
     if (x->n_dw == x->cap_dw) {
         int cap = x->cap_dw ? 2 * x->cap_dw : 64;
         cx_dw *n = realloc(x->dw, (size_t)cap * sizeof *n);
@@ -303,52 +311,70 @@ static int dw_add(cx *x, int src, kiln_error *err) {
         x->dw = n;
         x->cap_dw = cap;
     }
-    const kiln_plan_weight *w = &x->p->weights[src];
-    if (kiln_dtype_is_quant((int)w->dtype)) { /* no GPU kernel reads q8/q4 yet (docs/quantization.md) */
-        kiln_err(err, KILN_ERR_UNSUPPORTED, "cuda executor: weight '%s' is quantized (%s), which the GPU kernels do "
-                 "not read yet", w->name, kiln_dtype_name((kiln_dtype)w->dtype));
-        kiln_err_hint(err, "run this engine on the CPU (--device cpu)");
-        return -1;
-    }
     x->dw[x->n_dw] = (cx_dw){.src = src,
                              .rows = w->ndim == 2 ? w->shape[0] : 1,
-                             .cols = w->ndim == 2 ? w->shape[1] : w->shape[0]};
+                             .cols = w->ndim == 2 ? w->shape[1] : w->shape[0],
+                             .qt = qt};
     return x->n_dw++;
 }
 
-static int64_t dw_bytes(const cx *x, const cx_dw *d) { return d->rows * d->cols * x->es; }
+static int64_t dw_bytes(const cx *x, const cx_dw *d) {
+    if (d->qt) return (int64_t)kiln_weight_nbytes(d->qt, 2, (const int64_t[]){d->rows, d->cols});
+    return d->rows * d->cols * x->es;
+}
+
+/* Room for one more upload piece in *pc (n used of *cap), or NULL when memory ran out. */
+static kiln_upload_piece *piece_new(kiln_upload_piece **pc, int *n, int *cap) {
+    if (*n == *cap) {
+        int c = *cap ? 2 * *cap : 1024;
+        kiln_upload_piece *np = realloc(*pc, (size_t)c * sizeof *np);
+        if (!np) return NULL;
+        *pc = np;
+        *cap = c;
+    }
+    kiln_upload_piece *p = &(*pc)[(*n)++];
+    memset(p, 0, sizeof *p);
+    return p;
+}
 
 /* The upload pieces of every device weight, rows chunked to CX_UPLOAD_PIECE: a copy, with the
- * element type converted where the engine's is not the device's. */
+ * element type converted where the engine's is not the device's (a quantized table the gather reads
+ * is dequantized); a quantized matrix for the GEMV goes up as stored, in pieces of bytes. */
 static kiln_status upload_weights(cx *x, int threads, kiln_error *err) {
-    kiln_upload_piece *pc = NULL;
+    kiln_upload_piece *pc = NULL, *q;
     int n = 0, cap = 0;
     size_t buf = CX_UPLOAD_PIECE;
     kiln_status st = KILN_OK;
     for (int i = 0; i < x->n_dw; i++) {
         const cx_dw *d = &x->dw[i];
         const kiln_plan_weight *w = &x->p->weights[d->src];
-        int64_t row_dst = d->cols * x->es, row_src = d->cols * kiln_dtype_size((kiln_dtype)w->dtype);
+        if (d->qt) { /* the codes, then the scales (and minimums) */
+            const int64_t total = dw_bytes(x, d);
+            for (int64_t b0 = 0; b0 < total; b0 += CX_UPLOAD_PIECE) {
+                if (!(q = piece_new(&pc, &n, &cap))) goto nomem;
+                *q = (kiln_upload_piece){.dst = x->dweights + d->offset + (uint64_t)b0,
+                                         .a = x->m->weights + w->offset + b0,
+                                         .rows = 1,
+                                         .cols = total - b0 < CX_UPLOAD_PIECE ? total - b0 : CX_UPLOAD_PIECE,
+                                         .src_dtype = w->dtype,
+                                         .raw = true};
+            }
+            continue;
+        }
+        const bool deq = kiln_dtype_is_quant((int)w->dtype);
+        int64_t row_dst = d->cols * x->es, row_src = deq ? 0 : d->cols * kiln_dtype_size((kiln_dtype)w->dtype);
         if ((size_t)row_dst > buf) buf = (size_t)row_dst;
         int64_t per = (int64_t)CX_UPLOAD_PIECE / row_dst;
         if (per < 1) per = 1;
         for (int64_t r0 = 0; r0 < d->rows; r0 += per) {
-            if (n == cap) {
-                cap = cap ? 2 * cap : 1024;
-                kiln_upload_piece *np = realloc(pc, (size_t)cap * sizeof *np);
-                if (!np) {
-                    free(pc);
-                    return kiln_err(err, KILN_ERR_NOMEM, "cuda executor: out of memory");
-                }
-                pc = np;
-            }
-            int64_t nr = d->rows - r0 < per ? d->rows - r0 : per;
-            pc[n++] = (kiln_upload_piece){.dst = x->dweights + d->offset + (uint64_t)(r0 * row_dst),
-                                          .a = x->m->weights + w->offset + r0 * row_src,
-                                          .b = NULL,
-                                          .rows = nr,
-                                          .cols = d->cols,
-                                          .src_dtype = w->dtype};
+            if (!(q = piece_new(&pc, &n, &cap))) goto nomem;
+            *q = (kiln_upload_piece){.dst = x->dweights + d->offset + (uint64_t)(r0 * row_dst),
+                                     .a = x->m->weights + w->offset + r0 * row_src, /* deq: the whole weight */
+                                     .rows = d->rows - r0 < per ? d->rows - r0 : per,
+                                     .cols = d->cols,
+                                     .src_dtype = w->dtype,
+                                     .q_rows = deq ? d->rows : 0,
+                                     .r0 = r0};
         }
     }
     double t0 = kiln_now();
@@ -358,6 +384,9 @@ static kiln_status upload_weights(cx *x, int threads, kiln_error *err) {
     x->stats.upload_gbps = x->stats.upload_seconds > 0 ? (double)bytes / x->stats.upload_seconds / 1e9 : 0;
     free(pc);
     return st;
+nomem:
+    free(pc);
+    return kiln_err(err, KILN_ERR_NOMEM, "cuda executor: out of memory");
 }
 
 /* ---- the program ---- */
@@ -407,14 +436,29 @@ static kiln_status gemm_setup(cx *x, cx_gemm *g, int dw, cx_epi epi, kiln_error 
     g->n = (int)d->rows;
     g->k = (int)d->cols;
     g->epi = epi;
+    g->qt = d->qt;
     static const char *epis[] = {"plain", "swiglu", "f32out"};
     char name[KILN_KSEC_NAME_MAX];
     const kiln_ksec_module *km = NULL;
     kiln_status st;
+    if (g->qt) { /* one GEMV for every M it takes; past that, dequantize for cuBLASLt */
+        kiln_ksec_gemv_name(name, sizeof name, epis[epi], g->n, g->k, kiln_dtype_name((kiln_dtype)g->qt));
+        if ((st = fn_get(x, name, "kiln_gemv", &g->mma, &km, err))) return st;
+        g->m1 = g->mma;
+        g->c1 = g->cmma = (kiln_gemv_cfg){km->cfg[0], km->cfg[1], km->cfg[2], km->cfg[3], km->cfg[4]};
+        if (!x->f_dequant) {
+            if ((st = fn_get(x, "dequant", "kiln_dequant", &x->f_dequant, &km, err))) return st;
+            x->dequant_threads = km->cfg[0] > 0 ? km->cfg[0] : 256;
+        }
+        if (g->k % 16 || (int64_t)g->n * g->k > ((int64_t)1 << 31))
+            return kiln_err(err, KILN_ERR_UNSUPPORTED, "cuda executor: quantized weight '%s' [%d, %d]: the GPU reads "
+                            "quantized matrices with columns a multiple of 16 and fewer than 2^31 elements",
+                            x->p->weights[d->src].name, g->n, g->k);
+    }
     kiln_ksec_gemv_name(name, sizeof name, epis[epi], g->n, g->k, "m1");
-    if ((st = fn_get(x, name, "kiln_gemv", &g->m1, &km, err))) return st;
-    g->c1 = (kiln_gemv_cfg){km->cfg[0], km->cfg[1], km->cfg[2], km->cfg[3], km->cfg[4]};
-    if (!x->f32) {
+    if (!g->qt && (st = fn_get(x, name, "kiln_gemv", &g->m1, &km, err))) return st;
+    if (!g->qt) g->c1 = (kiln_gemv_cfg){km->cfg[0], km->cfg[1], km->cfg[2], km->cfg[3], km->cfg[4]};
+    if (!x->f32 && !g->qt) {
         kiln_ksec_gemv_name(name, sizeof name, epis[epi], g->n, g->k, "mma");
         if ((st = fn_get(x, name, "kiln_gemv", &g->mma, &km, err))) return st;
         g->cmma = (kiln_gemv_cfg){km->cfg[0], km->cfg[1], km->cfg[2], km->cfg[3], km->cfg[4]};
@@ -514,13 +558,16 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             goto out;                                                                                 \
         }                                                                                             \
     } while (0)
-#define WDW(var, value)                                                                               \
+/* WDW: a weight read dense (tables, norms, biases); WGEMV: a GEMV's matrix, quantized ones as stored */
+#define WEIGHT_(var, value, dense)                                                                    \
     do {                                                                                              \
-        if ((var = dw_add(x, p->values[value].weight, err)) < 0) {                                    \
+        if ((var = dw_add(x, p->values[value].weight, dense, err)) < 0) {                             \
             st = err->code;                                                                           \
             goto out;                                                                                 \
         }                                                                                             \
     } while (0)
+#define WDW(var, value) WEIGHT_(var, value, true)
+#define WGEMV(var, value) WEIGHT_(var, value, false)
     for (uint32_t i = 0; i < p->n_ops; i++) {
         const kiln_plan_op *op = &p->ops[i];
         const kiln_op_attrs *a = &op->attrs;
@@ -588,7 +635,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
         }
         case KILN_OP_LINEAR: {
             int dw;
-            WDW(dw, in[1]);
+            WGEMV(dw, in[1]);
             if (!(ins = emit(x, I_GEMM, (int)i, err))) goto nomem;
             ins->x = vb[in[0]];
             if ((st = gemm_setup(x, &ins->g, dw, EPI_PLAIN, err))) goto out;
@@ -600,7 +647,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             /* y = r + hW^T: the GEMM accumulates into r's buffer, which the sum takes over when r dies
              * here; else r is copied into y's own buffer first */
             int dw;
-            WDW(dw, in[1]);
+            WGEMV(dw, in[1]);
             const int32_t r = in[2];
             if (vb[r] < 0) {
                 st = unsupported_op(x, i, "its residual is not an activation this executor holds", err);
@@ -634,7 +681,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
                     goto out;
                 }
             int dw;
-            WDW(dw, in[1]); /* [Wq; Wk; Wv], packed by the compiler */
+            WGEMV(dw, in[1]); /* [Wq; Wk; Wv], packed by the compiler */
             if (!x->f_rope) {
                 const kiln_ksec_module *km = NULL;
                 if ((st = fn_get(x, "rope_kv", "kiln_rope_kv", &x->f_rope, &km, err))) goto out;
@@ -694,7 +741,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
         }
         case KILN_OP_GATE_UP_SWIGLU_PACKED: {
             int dw;
-            WDW(dw, in[1]); /* gate/up rows interleaved by the compiler */
+            WGEMV(dw, in[1]); /* gate/up rows interleaved by the compiler */
             if (!(ins = emit(x, I_GEMM, (int)i, err))) goto nomem;
             ins->x = vb[in[0]];
             if ((st = gemm_setup(x, &ins->g, dw, EPI_SWIGLU, err))) goto out;
@@ -708,7 +755,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
                 goto out;
             }
             int dw;
-            WDW(dw, in[1]);
+            WGEMV(dw, in[1]);
             if (!(ins = emit(x, I_LMHEAD, (int)i, err))) goto nomem;
             ins->x = vb[in[0]];
             if ((st = gemm_setup(x, &ins->g, dw, EPI_F32OUT, err))) goto out;
@@ -760,6 +807,8 @@ nomem:
 out:
 #undef OUTBUF
 #undef WDW
+#undef WGEMV
+#undef WEIGHT_
     free(last);
     free(uses);
     free(vb);
@@ -800,12 +849,16 @@ static bool lt_out_f32(const cx *x, const cx_gemm *g) { return x->f32 || g->epi 
  * x is its residual input and the GEMV normalises it on the way in. */
 static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUdeviceptr out, bool res,
                             const cx_inst *norm, kiln_error *err) {
-    const CUdeviceptr w = dwp(x, g->dw);
+    CUdeviceptr w = dwp(x, g->dw);
     const int ldy = g->epi == EPI_SWIGLU ? g->n / 2 : g->n;
+    /* a quantized W: its scales (and q4's minimums) after the codes (common/quant.c) */
+    const CUdeviceptr wscale = g->qt ? w + kiln_quant_scales_offset(g->qt, g->n, g->k) : 0;
+    const int group = kiln_quant_group(g->qt);
+    const CUdeviceptr wmin = group ? wscale + (CUdeviceptr)g->n * (CUdeviceptr)(g->k / group) * 4 : 0;
     if (gemv_path(x, g, M)) {
         bool m1 = M == 1 || !g->mma;
         const kiln_gemv_cfg *c = m1 ? &g->c1 : &g->cmma;
-        kiln_gemv_params prm = {in, w, out, res ? out : 0, M, g->n, g->k, g->k, ldy, 0, 0, 0.0f, 0};
+        kiln_gemv_params prm = {in, w, out, res ? out : 0, M, g->n, g->k, g->k, ldy, 0, 0, 0.0f, 0, wscale, wmin};
         if (norm) {
             prm.x = bufp(x, norm->res);
             prm.norm_w = dwp(x, norm->dw);
@@ -813,6 +866,13 @@ static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUde
         }
         kiln_cuda_dims d = kiln_gemv_dims(c, M, g->n);
         return launch(x, m1 ? g->m1 : g->mma, d.grid[0], d.grid[1], 1, d.block[0], 0, &prm, "kiln_gemv", err);
+    }
+    if (g->qt) { /* more rows than the quantized GEMV takes: a dense copy for cuBLASLt */
+        kiln_dequant_params dp = {w, wscale, wmin, x->deq_tmp, g->n, g->k, group ? 4 : 8, group};
+        const size_t th = (size_t)x->dequant_threads, blocks = ((size_t)g->n * (size_t)g->k / 8 + th - 1) / th;
+        kiln_status st = launch(x, x->f_dequant, (unsigned)blocks, 1, 1, (unsigned)th, 0, &dp, "kiln_dequant", err);
+        if (st) return st;
+        w = x->deq_tmp;
     }
     if (g->epi == EPI_SWIGLU) {
         kiln_status st = kiln_cublaslt_gemm_ex(x->lt, x->f32, lt_out_f32(x, g), M, g->n, g->k, in, w, x->gu_tmp,
@@ -980,7 +1040,9 @@ static void prof_cost(const cx *x, int i, const cx_shape *sh, double ctx, double
     case I_LMHEAD: {
         const double M = in->kind == I_LMHEAD ? B : T, N = in->g.n, K = in->g.k;
         const double out_es = in->g.epi == EPI_F32OUT ? 4 : es;
-        *bytes = N * K * es + M * K * es + M * (in->g.epi == EPI_SWIGLU ? N / 2 : N) * out_es;
+        const double wbytes = (double)dw_bytes(x, &x->dw[in->g.dw]);
+        const bool deq = in->g.qt && !gemv_path(x, &in->g, (int)M); /* written dense, read by cuBLASLt */
+        *bytes = wbytes + (deq ? 2 * N * K * es : 0) + M * K * es + M * (in->g.epi == EPI_SWIGLU ? N / 2 : N) * out_es;
         if (in->res >= 0) *bytes += M * N * es;
         *flops = 2 * M * N * K;
         break;
@@ -1132,7 +1194,7 @@ static void tune_decode(cx *x, int B) {
             if (bx > xb) xb = bx;
             if (by > yb) yb = by;
         }
-        CUdeviceptr w = dwp(x, g->dw);
+        CUdeviceptr w = g->qt ? x->deq_tmp : dwp(x, g->dw); /* cuBLASLt reads the dense copy */
         bool have = false;
         for (int k = 0; k < sh[j].n_w; k++) have |= sh[j].w[k] == w;
         if (!have && sh[j].n_w < CX_TUNE_WEIGHTS) sh[j].w[sh[j].n_w++] = w;
@@ -1376,8 +1438,9 @@ static void cx_destroy(kiln_executor *e) {
         for (int i = 0; i < x->n_graphs; i++) x->cu.api.cuGraphExecDestroy(x->graphs[i].exec);
         kiln_cublaslt_destroy(x->lt);
         for (int i = 0; i < x->n_bufs; i++) cx_release(x, &x->bufs[i].p);
-        CUdeviceptr *ps[] = {&x->dweights, &x->qkv_tmp, &x->q_tmp, &x->gu_tmp, &x->lm_x, &x->logits, &x->part_o,
-                             &x->part_ml, &x->attn_cnt, &x->ids, &x->in_dev, &x->kcache, &x->vcache};
+        CUdeviceptr *ps[] = {&x->dweights, &x->deq_tmp, &x->qkv_tmp, &x->q_tmp,    &x->gu_tmp,
+                             &x->lm_x,     &x->logits,  &x->part_o,  &x->part_ml, &x->attn_cnt,
+                             &x->ids,      &x->in_dev,  &x->kcache,  &x->vcache};
         for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) cx_release(x, ps[i]);
         if (x->in_host) x->cu.api.cuMemFreeHost(x->in_host);
         if (x->ids_host) x->cu.api.cuMemFreeHost(x->ids_host);
@@ -1475,6 +1538,18 @@ static int zmax_of(const cx *x) {
     return zmax;
 }
 
+/* The dense copy of the largest quantized GEMV weight (0: none), for steps past the quantized GEMV. */
+static size_t deq_bytes(const cx *x) {
+    size_t b = 0;
+    for (int i = 0; i < x->n_prog; i++) {
+        const cx_inst *in = &x->prog[i];
+        if ((in->kind == I_QKV || in->kind == I_GEMM || in->kind == I_LMHEAD) && in->g.qt &&
+            (size_t)in->g.n * (size_t)in->g.k * (size_t)x->es > b)
+            b = (size_t)in->g.n * (size_t)in->g.k * (size_t)x->es;
+    }
+    return b;
+}
+
 /* An upper bound of tune_decode's temporary x and y for batches up to max_seqs. */
 static size_t tune_bytes(const cx *x) {
     size_t k = 0, n = 0;
@@ -1500,6 +1575,7 @@ static size_t scratch_bytes(const cx *x, int rows, int max_blocks) {
     for (int i = 0; i < x->n_bufs; i++) b += R * x->bufs[i].bytes;
     b += R * (nh + 2 * (size_t)x->n_kv) * hd * es + R * nh * hd * es;
     if (R > (size_t)KILN_GEMV_MAX_M && x->ffn_max > 0) b += R * 2 * (size_t)x->ffn_max * es;
+    if (R > (size_t)x->gemv_max_m) b += deq_bytes(x);
     b += S * (size_t)x->hidden * es + S * (size_t)x->vocab * 4 + S * nh * z * hd * 4 + S * nh * z * 2 * 4 +
          S * (size_t)x->n_kv * 4 + S * 4;
     cx_inputs in;
@@ -1714,6 +1790,8 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
             (st = cx_alloc(x, R * (size_t)x->n_heads * (size_t)x->head_dim * es, "the q scratch", &x->q_tmp, err)) ||
             (R > (size_t)KILN_GEMV_MAX_M && x->ffn_max > 0 &&
              (st = cx_alloc(x, R * 2 * (size_t)x->ffn_max * es, "the gate/up scratch", &x->gu_tmp, err))) ||
+            (R > (size_t)x->gemv_max_m && deq_bytes(x) > 0 &&
+             (st = cx_alloc(x, deq_bytes(x), "the dequantized weight scratch", &x->deq_tmp, err))) ||
             (st = cx_alloc(x, (size_t)max_seqs * (size_t)x->hidden * es, "the LM head input", &x->lm_x, err)) ||
             (st = cx_alloc(x, (size_t)max_seqs * (size_t)x->vocab * 4, "the logits", &x->logits, err)) ||
             (st = cx_alloc(x, (size_t)max_seqs * (size_t)x->n_heads * (size_t)zmax * (size_t)x->head_dim * 4,

@@ -24,6 +24,7 @@ typedef struct up_pool {
     kiln_cuda *cu;
     const kiln_upload_piece *pieces;
     int n, next, n_threads;
+    int64_t max_cols; /* of the pieces dequantized on the way */
     bool dst_f32;
     size_t buf_bytes;
     uint8_t *arena;     /* pinned: 2 buffers of buf_bytes per lane, one allocation */
@@ -85,6 +86,7 @@ static void up_run(void *arg, int me) {
     CUevent ev[2] = {NULL, NULL};
     void *buf[2] = {NULL, NULL};
     bool used[2] = {false, false};
+    float *row = NULL; /* a dequantized row (quantized sources) */
     buf[0] = pl->arena + (size_t)me * 2 * pl->buf_bytes;
     buf[1] = (uint8_t *)buf[0] + pl->buf_bytes;
     kiln_status st = KILN_CU_CALL(cu, &e, cu->api.cuCtxSetCurrent(cu->ctx));
@@ -108,12 +110,26 @@ static void up_run(void *arg, int me) {
         const int es = pl->dst_f32 ? 4 : 2;
         const int64_t sbytes = pc->cols * kiln_dtype_size((kiln_dtype)pc->src_dtype), dbytes = pc->cols * es;
         uint8_t *d = buf[slot];
-        for (int64_t r = 0; r < pc->rows; r++) {
-            if (pc->b) {
-                convert_row(d + (2 * r) * dbytes, pc->a + r * sbytes, pc->cols, pc->src_dtype, pl->dst_f32);
-                convert_row(d + (2 * r + 1) * dbytes, pc->b + r * sbytes, pc->cols, pc->src_dtype, pl->dst_f32);
-            } else {
-                convert_row(d + r * dbytes, pc->a + r * sbytes, pc->cols, pc->src_dtype, pl->dst_f32);
+        if (pc->raw) {
+            memcpy(d, pc->a, (size_t)(pc->rows * pc->cols));
+        } else if (kiln_dtype_is_quant((int)pc->src_dtype)) {
+            if (!(row = row ? row : malloc((size_t)pl->max_cols * sizeof *row))) {
+                kiln_error ne = {0};
+                fail(pl, i, kiln_err(&ne, KILN_ERR_NOMEM, "weight upload: out of memory"), &ne);
+                break;
+            }
+            for (int64_t r = 0; r < pc->rows; r++) {
+                kiln_dequant_rows((int)pc->src_dtype, pc->a, pc->q_rows, pc->cols, pc->r0 + r, 1, row);
+                convert_row(d + r * dbytes, (const uint8_t *)row, pc->cols, KILN_DTYPE_F32, pl->dst_f32);
+            }
+        } else {
+            for (int64_t r = 0; r < pc->rows; r++) {
+                if (pc->b) {
+                    convert_row(d + (2 * r) * dbytes, pc->a + r * sbytes, pc->cols, pc->src_dtype, pl->dst_f32);
+                    convert_row(d + (2 * r + 1) * dbytes, pc->b + r * sbytes, pc->cols, pc->src_dtype, pl->dst_f32);
+                } else {
+                    convert_row(d + r * dbytes, pc->a + r * sbytes, pc->cols, pc->src_dtype, pl->dst_f32);
+                }
             }
         }
         size_t n = (size_t)kiln_upload_piece_bytes(pc, es);
@@ -129,6 +145,7 @@ static void up_run(void *arg, int me) {
     }
     if (stream && (st = KILN_CU_CALL(cu, &e, cu->api.cuStreamSynchronize(stream)))) fail(pl, pl->n, st, &e);
 out:
+    free(row);
     for (int i = 0; i < 2; i++)
         if (ev[i]) cu->api.cuEventDestroy(ev[i]);
     if (stream) cu->api.cuStreamDestroy(stream);
@@ -140,6 +157,9 @@ kiln_status kiln_upload_pieces(kiln_cuda *cu, const kiln_upload_piece *pieces, i
     *bytes = 0;
     if (n <= 0) return KILN_OK;
     up_pool pl = {.cu = cu, .pieces = pieces, .n = n, .dst_f32 = dst_f32, .buf_bytes = buf_bytes, .bad = n};
+    for (int i = 0; i < n; i++)
+        if (!pieces[i].raw && kiln_dtype_is_quant((int)pieces[i].src_dtype) && pieces[i].cols > pl.max_cols)
+            pl.max_cols = pieces[i].cols;
     kiln_pool *pool = kiln_pool_shared();
     if (threads < 1) threads = 1;
     if (threads > 32) threads = 32;
