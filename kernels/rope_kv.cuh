@@ -1,7 +1,11 @@
 /*
  * rope_kv.cuh — rotary position embedding on q and k straight out of the
  * fused QKV projection, fused with the store of k and v into the paged KV
- * cache. One block per token.
+ * cache. One block per token and slice of heads: grid.y cuts the token's
+ * N_HEADS + N_KV_HEADS rotated heads and its v (one more unit) into
+ * gridDim.y slices, so a decode step of a few tokens spreads over as many
+ * blocks as heads (one block doing a token's 40 heads in turn took 11 us a
+ * launch on the H200, Qwen3-8B) and a prefill step keeps one block a token.
  *
  * Pairing is HuggingFace's rotate_half: element i pairs with i + HEAD_DIM/2
  *     out[i]        = x[i] cos(a_i) - x[i+h] sin(a_i)
@@ -24,7 +28,7 @@
  * (float), ROPE_LLAMA3 (0/1) with ROPE_FACTOR, ROPE_LOW_FREQ_FACTOR,
  * ROPE_HIGH_FREQ_FACTOR, ROPE_ORIG_MAX_POS; ROPE_THREADS (default 128);
  * QKV_BIAS, QK_NORM (0/1, default 0), QK_NORM_EPS.
- * Launch: grid (T), block ROPE_THREADS.
+ * Launch: grid (T, S) with S in 1..N_HEADS + N_KV_HEADS + 1, block ROPE_THREADS.
  */
 #include "common.cuh"
 
@@ -89,6 +93,10 @@ extern "C" __global__ void __launch_bounds__(ROPE_THREADS) kiln_rope_kv(const ki
     __shared__ float cs_s[HALF], sn_s[HALF]; /* the token's rotation, one angle per pair index */
     const int t = blockIdx.x;
     if (t >= p.T) return;
+    /* this block's units: rotated heads [h0, min(h1, NH)), and v when h1 > NH */
+    constexpr int NH = N_HEADS + N_KV_HEADS;
+    const int h0 = (int)(blockIdx.y * (NH + 1) / gridDim.y), h1 = (int)((blockIdx.y + 1) * (NH + 1) / gridDim.y);
+    const int hr = min(h1, NH);
     /* the angles need only the position, a step input: computed before the wait */
     const int pos = ((const int *)p.positions)[t];
     for (int i = threadIdx.x; i < HALF; i += ROPE_THREADS) sincosf((float)pos * kiln_rope_inv_freq(i), &sn_s[i], &cs_s[i]);
@@ -98,8 +106,8 @@ extern "C" __global__ void __launch_bounds__(ROPE_THREADS) kiln_rope_kv(const ki
     const kiln_elem *bias = (const kiln_elem *)p.bias;
 #if QK_NORM
     /* each q and k head's 1 / rms, one warp per head at a time */
-    __shared__ float inv_s[N_HEADS + N_KV_HEADS];
-    for (int head = threadIdx.x / 32; head < N_HEADS + N_KV_HEADS; head += ROPE_THREADS / 32) {
+    __shared__ float inv_s[NH];
+    for (int head = h0 + (int)threadIdx.x / 32; head < hr; head += ROPE_THREADS / 32) {
         float ss = 0.0f;
         for (int d = threadIdx.x % 32; d < HEAD_DIM; d += 32) {
             const float x = kiln_qkv_at(row, bias, head * HEAD_DIM + d);
@@ -118,8 +126,8 @@ extern "C" __global__ void __launch_bounds__(ROPE_THREADS) kiln_rope_kv(const ki
      * per step in 16-byte chunks when HALF allows, else one at a time. */
     constexpr int VEC = HALF % KILN_VEC == 0 ? KILN_VEC : 1;
     constexpr int CH = HALF / VEC; /* chunks per half head */
-    for (int j = threadIdx.x; j < (N_HEADS + N_KV_HEADS) * CH; j += ROPE_THREADS) {
-        const int head = j / CH, i0 = (j % CH) * VEC;
+    for (int j = threadIdx.x; j < (hr - h0) * CH; j += ROPE_THREADS) {
+        const int head = h0 + j / CH, i0 = (j % CH) * VEC;
         const kiln_elem *src = row + head * HEAD_DIM;
         kiln_elem *dst = head < N_HEADS ? q_out + head * HEAD_DIM
                                         : kc + kiln_kv_at(blk, head - N_HEADS, off, 0);
@@ -169,8 +177,8 @@ extern "C" __global__ void __launch_bounds__(ROPE_THREADS) kiln_rope_kv(const ki
             dst[i0 + HALF] = kiln_f2e(kiln_rope_rot(b[0], a[0], c, sn, false));
         }
     }
-    /* v: copied into the cache (with its bias) */
-    if (slot >= 0) {
+    /* v: copied into the cache (with its bias), by the block with the last unit */
+    if (slot >= 0 && h1 > NH) {
         constexpr int V0 = (N_HEADS + N_KV_HEADS) * HEAD_DIM;
         const kiln_elem *v = row + V0;
         for (int j = threadIdx.x; j < N_KV_HEADS * HEAD_DIM; j += ROPE_THREADS) {

@@ -671,9 +671,23 @@ static void test_rope_kv(void) {
             dev_poison16(vc, cache_n * 2);
             kiln_rope_kv_params p = {qkv, qo, kc, vc, dpos, dslot, c->bias ? dbias : 0, c->norm ? dqn : 0,
                                      c->norm ? dkn : 0, T, 0};
+            /* a block per head slice (grid.y = heads + 1, the decode launch) first, then a block per
+             * token: the same bits, and the second is checked against the references below */
+            KT_CHECK(klaunch(k.fn, "kiln_rope_kv", dims((unsigned)T, (unsigned)(c->nh + c->nkv + 1), 1, 128, 0), &p));
+            uint16_t *qs = host_from(qo, (size_t)T * c->nh * H * 2), *ks = host_from(kc, cache_n * 2),
+                     *vs = host_from(vc, cache_n * 2);
+            dev_poison16(qo, (size_t)T * c->nh * H * 2);
+            dev_poison16(kc, cache_n * 2);
+            dev_poison16(vc, cache_n * 2);
             KT_CHECK(klaunch(k.fn, "kiln_rope_kv", dims((unsigned)T, 1, 1, 128, 0), &p));
             uint16_t *qh = host_from(qo, (size_t)T * c->nh * H * 2), *kh = host_from(kc, cache_n * 2),
                      *vh = host_from(vc, cache_n * 2);
+            KT_CHECKF(memcmp(qs, qh, (size_t)T * c->nh * H * 2) == 0 && memcmp(ks, kh, cache_n * 2) == 0 &&
+                          memcmp(vs, vh, cache_n * 2) == 0,
+                      "rope_kv T=%d: a block per head slice and a block per token differ", T);
+            free(qs);
+            free(ks);
+            free(vs);
             /* References: rotated q, rotated k and v at their slots. */
             double *qref = malloc(sizeof(double) * T * c->nh * H);
             size_t nk = 0;
@@ -1441,6 +1455,7 @@ int main(void) {
     KT_RUN(test_grid_limits);
     KT_RUN(test_gemv);
     KT_RUN(test_gemv_norm);
+    KT_RUN(test_gemv_quant);
     KT_RUN(test_rmsnorm);
     KT_RUN(test_rope_kv);
     KT_RUN(test_attn_decode);

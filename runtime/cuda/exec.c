@@ -68,6 +68,7 @@
 #define CX_MAX_ATTN 8
 #define CX_MAX_GRAPHS 24
 #define CX_UPLOAD_PIECE (8u << 20)
+#define CX_ROPE_SPLIT_MAX_T 64 /* steps of at most this many tokens spread rope_kv over the heads */
 #define CX_LT_WORKSPACE (32u << 20)
 #define CX_DEFAULT_SEQS 8
 /* The default step budget (new tokens per step, all sequences together), as vLLM's
@@ -939,7 +940,9 @@ static kiln_status run_program(cx *x, const cx_shape *sh, kiln_error *err) {
                                       in->dw_kn >= 0 ? dwp(x, in->dw_kn) : 0,
                                       T,
                                       0};
-            st = launch(x, x->f_rope, (unsigned)T, 1, 1, (unsigned)x->rope_threads, 0, &rp, "kiln_rope_kv", err);
+            /* a few tokens: a block per head (and one for v), else a block per token (rope_kv.cuh) */
+            const unsigned slices = T <= CX_ROPE_SPLIT_MAX_T ? (unsigned)(x->n_heads + x->n_kv + 1) : 1u;
+            st = launch(x, x->f_rope, (unsigned)T, slices, 1, (unsigned)x->rope_threads, 0, &rp, "kiln_rope_kv", err);
             break;
         }
         case I_ATTN: {
