@@ -154,8 +154,8 @@ typedef struct kiln_ctx_options {
     int32_t threads;         /* most CPU threads at once (of a pool of one per core); 0 = one per core */
     /* Since 0.2. Measurement knobs, for benchmarking only (`kiln bench --measure`): comma-separated
      * key=value pairs that change how the GPU runs the same plan, never what it computes beyond
-     * rounding: gemv_max_m=N (1..64: most tokens per step the tensor-core GEMV takes before
-     * cuBLASLt), attn_waves=W (decode attention's splits aim for W waves of the GPU, 0 < W <= 64;
+     * rounding: gemv_max_m=N (1..64: most tokens per step the tensor-core GEMV, and the quantized
+     * one, take before cuBLASLt), attn_waves=W (decode attention's splits aim for W waves of the GPU, 0 < W <= 64;
      * default 2), lt_tune=0|1|2 (cuBLASLt algorithms at decode: the heuristic's, timed (default),
      * timed and reported on stderr), pdl=0|1, graphs=0|1, profile=0|1 (time every kernel, without
      * graphs: `kiln bench --profile`). NULL or "" = none. An unknown key or

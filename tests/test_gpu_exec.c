@@ -1049,12 +1049,13 @@ static void test_pycode_bf16(void) {
 }
 
 /* A bf16 engine of tiny-mistral on the GPU against an HF f32 golden (gdir): logits within 3e-2
- * relative up to the first greedy difference, which may come only after a near-tie. */
-static void check_bf16_golden(const char *eng, const char *gdir, const char *label) {
+ * relative up to the first greedy difference, which may come only after a near-tie. gemv_max_m: the
+ * measurement knob (0 = the executor's limits). */
+static void check_bf16_golden(const char *eng, const char *gdir, const char *label, int gemv_max_m) {
     json_error_t je;
     json_t *g = json_load_file(pathf("%s/golden.json", gdir), 0, &je);
     KT_REQUIRE(g != NULL && eng != NULL);
-    kiln_cuda_exec_opts o = {.max_seqs = 2, .max_context = 128, .kv_bytes = 16 << 20};
+    kiln_cuda_exec_opts o = {.max_seqs = 2, .max_context = 128, .kv_bytes = 16 << 20, .gemv_max_m = gemv_max_m};
     gx G;
     KT_REQUIRE(gx_open(&G, eng, &o));
     const int V = G.vocab;
@@ -1098,12 +1099,14 @@ static void test_tiny_bf16(void) {
     NEED_GPU();
     check_bf16_golden(engine_for("tiny-mistral-bf16", pathf("%s/tests/data/tiny-mistral", src_dir()),
                                  KILN_DTYPE_COUNT_, NULL, 0),
-                      pathf("%s/tests/golden/tiny-mistral", src_dir()), "tiny-mistral bf16");
+                      pathf("%s/tests/golden/tiny-mistral", src_dir()), "tiny-mistral bf16", 0);
 }
 
-/* Quantized engines on the GPU (the quantized GEMV at decode, dequantize + cuBLASLt for prompts
- * past its rows; the int8 embedding table dequantized at load) against HF on the same rounded
- * weights (make_goldens.py --only quant): the options the goldens name. */
+/* Quantized engines on the GPU against HF on the same rounded weights (make_goldens.py --only
+ * quant; the options the goldens name): with the executor's limits (every step through the
+ * quantized GEMV: the prompts have 8 and 20 tokens) and with the GEMV stopped at 8 rows (the
+ * 20-token prompt dequantizes each matrix for cuBLASLt); the int8 embedding table is dequantized
+ * at load. */
 static void test_quant_goldens(void) {
     NEED_GPU();
     static const struct {
@@ -1117,7 +1120,9 @@ static void test_quant_goldens(void) {
                                     .quant_embedding = qs[i].quant_embedding,
                                     .quant_method = KILN_QUANT_RTN};
         KT_CHECK(kt_compile(pathf("%s/tests/data/tiny-mistral", src_dir()), &opt) == KILN_OK);
-        check_bf16_golden(eng, pathf("%s/tests/golden/%s", src_dir(), qs[i].name), qs[i].name);
+        check_bf16_golden(eng, pathf("%s/tests/golden/%s", src_dir(), qs[i].name), qs[i].name, 0);
+        check_bf16_golden(eng, pathf("%s/tests/golden/%s", src_dir(), qs[i].name),
+                          pathf("%s (prompts of more than 8 tokens dequantized)", qs[i].name), 8);
     }
 }
 
