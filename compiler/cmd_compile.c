@@ -80,14 +80,20 @@ static void help(FILE *f) {
 /* The quant_method of CKPT_DIR/config.json's quantization_config (into buf), or NULL when it has none
  * or cannot be read (kiln_compile then says why). */
 static const char *checkpoint_quantized(const char *dir, char *buf, size_t n) {
-    char *path = kiln_path_join(dir, "config.json");
-    json_t *root = path ? json_load_file(path, 0, NULL) : NULL;
+    char *path = kiln_path_join(dir, "config.json"), *text = NULL;
+    size_t len = 0;
+    kiln_error err = {0};
+    /* read as kiln_config_load reads it: a regular file of bounded size (never a FIFO's open) */
+    json_t *root = path && kiln_file_read(path, 16u << 20, &text, &len, &err) == KILN_OK ? json_loadb(text, len, 0, NULL)
+                                                                                        : NULL;
+    free(text);
     json_t *qc = json_object_get(root, "quantization_config");
-    const char *method = json_is_object(qc) ? json_string_value(json_object_get(qc, "quant_method")) : NULL;
-    if (json_is_object(qc)) snprintf(buf, n, "%s", method ? method : "?");
+    const bool quantized = json_is_object(qc);
+    const char *method = quantized ? json_string_value(json_object_get(qc, "quant_method")) : NULL;
+    if (quantized) snprintf(buf, n, "%s", method ? method : "?");
     json_decref(root);
     free(path);
-    return json_is_object(qc) ? buf : NULL;
+    return quantized ? buf : NULL;
 }
 
 static int check_options(kiln_compile_options *opt, bool json, bool block_given, bool threads_given) {
