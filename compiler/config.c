@@ -33,6 +33,13 @@
  * type-checked only. Its default rope theta is 1e6 (MixtralConfig's
  * default_theta), not 10000.
  *
+ * quantization_config (a published quantized checkpoint) is read for 4-bit
+ * AWQ (version gemm, zero_point true) and GPTQ (checkpoint_format or
+ * GPTQModel's format gptq / gptq_v2, sym, desc_act) with groups of 32, 64 or
+ * 128 (cfg_quant; docs/quantization.md); any other method, version, bit
+ * width or group, a quantized lm_head, a non-empty dynamic map, and
+ * quantized MoE checkpoints are refused naming the field.
+ *
  * Qwen3-MoE reads the same two expert counts (4.x configs write
  * "num_experts", transformers 5 writes "num_local_experts": its
  * attribute_map makes them one setting), with Qwen3MoeConfig's defaults:
