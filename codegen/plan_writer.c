@@ -369,27 +369,47 @@ static kiln_status write_packed(const kiln_graph *g, const kiln_value *val, int 
     return st;
 }
 
-/* Row r of the (possibly packed) matrix `val` as checked floats: its part's source elements through
- * kiln_weight_convert to f32, so a NaN or Inf is refused naming the part and the element. */
-static kiln_status read_row(const kiln_graph *g, const kiln_value *val, int64_t r, float *row, kiln_error *err) {
-    const int64_t k = val->shape[1];
+/* The part of the (possibly packed) matrix `val` that holds its row r, and that row's index in it. */
+static const kiln_value *row_part(const kiln_graph *g, const kiln_value *val, int64_t r, int64_t *pr) {
     const kiln_value *part = val;
-    int64_t pr = r;
+    *pr = r;
     if (val->pack == KILN_PACK_INTERLEAVE_ROWS) {
         part = &g->values[val->parts[r % 2]];
-        pr = r / 2;
+        *pr = r / 2;
     } else if (val->pack == KILN_PACK_CONCAT_ROWS) {
         for (int p = 0; p < val->n_parts; p++) {
             part = &g->values[val->parts[p]];
-            if (pr < part->shape[0]) break;
-            pr -= part->shape[0];
+            if (*pr < part->shape[0]) break;
+            *pr -= part->shape[0];
         }
     }
+    return part;
+}
+
+/* Row pr of the plain matrix `part` as checked floats: its source elements through kiln_weight_convert to
+ * f32, so a NaN or Inf is refused naming the part and the element. */
+static kiln_status read_row(const kiln_value *part, int64_t pr, float *row, kiln_error *err) {
+    const int64_t k = part->shape[1];
     kiln_value as_f32 = *part;
     as_f32.dtype = KILN_DTYPE_F32;
     const size_t ss = (size_t)kiln_dtype_size(part->src_dtype);
     const uint64_t first = (uint64_t)pr * (uint64_t)k;
     return kiln_weight_convert(&as_f32, first, part->src + first * ss, (uint8_t *)row, (size_t)k, err);
+}
+
+/* A NaN or infinite scale (flat index `at` into its [K/G, N] scales) of the checkpoint-quantized
+ * matrix `part`, whose value is named after its qweight tensor: the message names the scales tensor. */
+static kiln_status bad_scale(const kiln_value *part, int64_t at, kiln_error *err) {
+    const int64_t n = part->shape[0];
+    const char *dot = strrchr(part->name, '.');
+    const int base = dot ? (int)(dot - part->name) : (int)strlen(part->name);
+    const uint16_t h = (uint16_t)(part->qsrc.scales[2 * at] | part->qsrc.scales[2 * at + 1] << 8);
+    const float f = part->qsrc.scales_dtype == KILN_DTYPE_BF16 ? kiln_bf16_to_f32(h) : kiln_f16_to_f32(h);
+    kiln_err(err, KILN_ERR_PARSE, "weight '%.*s.scales' (%s): element %lld [%lld,%lld] is %s", base, part->name,
+             kiln_dtype_name(part->qsrc.scales_dtype), (long long)at, (long long)(at / n), (long long)(at % n),
+             f != f ? "NaN" : f > 0 ? "+Inf" : "-Inf");
+    return kiln_err_hint(err, "a NaN or infinite scale makes the model's outputs NaN; the checkpoint is damaged "
+                              "(re-download or re-export it)");
 }
 
 /* Rows [n * part / parts, n * (part + 1) / parts) of a weight being quantized: one pool task. */
@@ -407,15 +427,23 @@ static void quant_rows(void *arg, int part) {
     const int64_t n = j->val->shape[0], k = j->val->shape[1];
     float *row = malloc((size_t)k * sizeof *row);
     kiln_status st = row ? KILN_OK : kiln_err(&j->err[part], KILN_ERR_NOMEM, "out of memory quantizing %s", j->val->name);
-    for (int64_t r = n * part / j->parts; r < n * (part + 1) / j->parts && st == KILN_OK; r++)
-        if ((st = read_row(j->g, j->val, r, row, &j->err[part])) == KILN_OK)
+    for (int64_t r = n * part / j->parts; r < n * (part + 1) / j->parts && st == KILN_OK; r++) {
+        int64_t pr;
+        const kiln_value *src = row_part(j->g, j->val, r, &pr);
+        if (src->qsrc.format != KILN_QSRC_NONE) { /* quantized in the checkpoint: repacked, not rounded again */
+            const int64_t bad = kiln_quant_repack_row(&src->qsrc, j->val->dtype, src->shape[0], k, pr, n, r, j->out);
+            if (bad >= 0) st = bad_scale(src, bad, &j->err[part]);
+        } else if ((st = read_row(src, pr, row, &j->err[part])) == KILN_OK) {
             kiln_quant_row_ex(j->val->dtype, n, k, r, row, j->out, j->g->quant_method);
+        }
+    }
     j->st[part] = st;
     free(row);
 }
 
-/* A weight the pass quantize gave a quantized dtype: each row read as floats and quantized
- * (kiln_quant_row_ex with the graph's method, common/quant.c) into the weight's bytes, rows split
+/* A weight of a quantized dtype: each row read as floats and quantized (kiln_quant_row_ex with the
+ * graph's method, common/quant.c; the pass quantize gave it the dtype), or, for a matrix that came
+ * quantized from the checkpoint, repacked (kiln_quant_repack_row), into the weight's bytes, rows split
  * over the process-wide pool, which are then written in one piece. The first failing part's error
  * (in row order) is the one reported. */
 static kiln_status write_quantized(const kiln_graph *g, const kiln_value *val, kiln_engine_writer *w,
@@ -459,7 +487,7 @@ kiln_status kiln_weights_write(const kiln_graph *g, kiln_engine_writer *w, uint6
             uint64_t pad = kiln_align_up(offset, KILN_PLAN_WEIGHT_ALIGN) - offset;
             if (pad && (st = kiln_engine_writer_write(w, zeros, pad, err)) != KILN_OK) break;
             offset += pad;
-            st = kiln_dtype_is_quant(val->dtype) ? write_quantized(g, val, w, err) /* one rank: pass quantize */
+            st = kiln_dtype_is_quant(val->dtype) ? write_quantized(g, val, w, err) /* one rank */
                  : val->pack != KILN_PACK_NONE   ? write_packed(g, val, r, buf, CHUNK, w, err)
                                                  : write_shard(val, r, ranks_of(g), buf, CHUNK, w, err);
             offset += weight_bytes(val);

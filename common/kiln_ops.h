@@ -61,6 +61,35 @@ void kiln_quant_row_ex(int t, int64_t n_rows, int64_t k, int64_t row, const floa
 /* Rows [r0, r0 + count) of a quantized [N, K] weight (`data`: its bytes) as floats into out. */
 void kiln_dequant_rows(int t, const uint8_t *data, int64_t n_rows, int64_t k, int64_t r0, int64_t count, float *out);
 
+/* A matrix that comes quantized from a published checkpoint (AWQ or GPTQ, 4 bits), as kiln_value.qsrc
+ * carries it from the importer to the writer, which repacks it into q4gG (G = group) without
+ * rounding anything again. The matrix kiln stores is [n, k] (n output rows, k input columns); the
+ * checkpoint's tensors are transposed, input-major, int32 words of 8 nibbles (bits 4i..4i+3 =
+ * nibble i), little-endian:
+ *   AWQ (AutoAWQ "gemm"): qweight [k, n/8], nibble i of word [c, j] = column c, row 8j + AWQ's
+ *     order[i] (order = 0, 2, 4, 6, 1, 3, 5, 7); qzeros [k/G, n/8] packed the same way;
+ *   GPTQ: qweight [k/8, n], nibble i of word [j, r] = column 8j + i, row r; qzeros [k/G, n/8],
+ *     nibble i of word [g, j] = row 8j + i (v1 checkpoints store each zero minus 1: zero_offset 1);
+ *   both: scales [k/G, n] f16 or bf16; the value is (q - z) * s. */
+typedef enum kiln_qsrc_format {
+    KILN_QSRC_NONE = 0,
+    KILN_QSRC_AWQ = 1,
+    KILN_QSRC_GPTQ = 2,
+} kiln_qsrc_format;
+typedef struct kiln_qsrc {
+    kiln_qsrc_format format;
+    int zero_offset;                        /* added to each stored zero: 1 for GPTQ v1, else 0 */
+    const uint8_t *qweight, *qzeros, *scales; /* the checkpoint's bytes (owned by the front end) */
+    kiln_dtype scales_dtype;                /* KILN_DTYPE_F16 or _BF16 */
+} kiln_qsrc;
+/* Row `row` of the [n, k] matrix `s` holds into row `dst_row` of a q4gG weight of dst_rows rows
+ * at `out` (t = KILN_DTYPE_Q4G<G>, G the checkpoint's group): codes as they are, scale s, minimum
+ * -z * s, so code * scale + minimum is (q - z) * s exactly in f32. Returns -1, or the flat index
+ * into scales ([k/G, n]) of the first NaN or infinite scale of the row (nothing sensible is then
+ * written for that group). */
+int64_t kiln_quant_repack_row(const kiln_qsrc *s, int t, int64_t n, int64_t k, int64_t row, int64_t dst_rows,
+                              int64_t dst_row, uint8_t *out);
+
 /*
  * Op kinds. Shapes use B = batch, S = seq (symbolic); weights are [out, in]
  * as in HuggingFace checkpoints. Activations are row-major [B, S, width].

@@ -8,11 +8,18 @@
  * next 16-byte boundary the scales as f32, [N] for q8 and [N, K/G] for q4,
  * then for q4 the group minimums, [N, K/G] f32. Scales lead to one rounding
  * per element, as round-to-nearest quantization (RTN) does.
+ *
+ * kiln_quant_repack_row reads a published checkpoint's AWQ or GPTQ matrix
+ * (kiln_ops.h: kiln_qsrc) into the same layout: its codes are copied and
+ * its zero z and fp16 scale s become the group's minimum -z * s, exact in
+ * f32 (z has 5 bits, s 11), so code * s + min is (q - z) * s exactly: no
+ * value changes.
  */
 #include "kiln_ops.h"
 #include "kiln_util.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 int kiln_dtype_is_quant(int t) { return t >= KILN_DTYPE_Q8 && t <= KILN_DTYPE_Q4G128; }
@@ -148,4 +155,46 @@ void kiln_dequant_rows(int t, const uint8_t *data, int64_t n_rows, int64_t k, in
             }
         }
     }
+}
+
+/* Element i of a little-endian int32 tensor, as unsigned. */
+static uint32_t word_at(const uint8_t *p, uint64_t i) { return kiln_rd_u32(p + 4 * i); }
+
+/* Where AutoAWQ puts column j of 8 (its pack order 0, 2, 4, 6, 1, 3, 5, 7 inverted): the nibble. */
+static const int awq_nibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+int64_t kiln_quant_repack_row(const kiln_qsrc *s, int t, int64_t n, int64_t k, int64_t row, int64_t dst_rows,
+                              int64_t dst_row, uint8_t *out) {
+    const int g = kiln_quant_group(t);
+    const int64_t groups = k / g;
+    const bool awq = s->format == KILN_QSRC_AWQ;
+    /* the nibble of row `row` in a word packed along the rows (AWQ's qweight, both qzeros) */
+    const int row_shift = 4 * (awq ? awq_nibble[row % 8] : (int)(row % 8));
+    uint8_t *scales = out + kiln_quant_scales_offset(t, dst_rows, k);
+    uint8_t *mins = scales + (size_t)dst_rows * (size_t)groups * 4;
+    uint8_t *q = out + (size_t)dst_row * (size_t)k / 2;
+    int64_t bad = -1;
+    for (int64_t gi = 0; gi < groups; gi++) {
+        const uint64_t at = (uint64_t)gi * (uint64_t)n + (uint64_t)row; /* [gi, row] of scales */
+        const uint16_t h = (uint16_t)(s->scales[2 * at] | s->scales[2 * at + 1] << 8);
+        const float sc = s->scales_dtype == KILN_DTYPE_BF16 ? kiln_bf16_to_f32(h) : kiln_f16_to_f32(h);
+        if (!isfinite(sc) && bad < 0) bad = (int64_t)at;
+        const uint32_t zw = word_at(s->qzeros, (uint64_t)gi * (uint64_t)(n / 8) + (uint64_t)(row / 8));
+        const float z = (float)(((zw >> row_shift) & 15u) + (uint32_t)s->zero_offset);
+        const float lo = -(z * sc); /* exact: z * sc has at most 5 + 11 significant bits */
+        const size_t o = ((size_t)dst_row * (size_t)groups + (size_t)gi) * 4;
+        memcpy(scales + o, &sc, sizeof sc);
+        memcpy(mins + o, &lo, sizeof lo);
+    }
+    for (int64_t c = 0; c < k; c += 2) {
+        uint8_t pair = 0;
+        for (int64_t j = c; j < c + 2; j++) {
+            const uint32_t w = awq ? word_at(s->qweight, (uint64_t)j * (uint64_t)(n / 8) + (uint64_t)(row / 8))
+                                   : word_at(s->qweight, (uint64_t)(j / 8) * (uint64_t)n + (uint64_t)row);
+            const int shift = awq ? row_shift : 4 * (int)(j % 8);
+            pair |= (uint8_t)(((w >> shift) & 15u) << (4 * (j - c)));
+        }
+        q[c / 2] = pair;
+    }
+    return bad;
 }

@@ -36,6 +36,10 @@ static void help(FILE *f) {
             "                        int8 or int4\n"
             "  --quant-method M      how an int4 group's range is chosen: mse (default: its ends moved in\n"
             "                        by up to 20%%, the least squared error) or rtn (its min and max)\n"
+            "                        A published 4-bit AWQ (gemm) or GPTQ checkpoint (config.json with\n"
+            "                        quantization_config) is read as it is, its projections repacked into\n"
+            "                        kiln's int4 without rounding again: no --quant then; --quant-head and\n"
+            "                        --quant-embedding apply to its LM head and embedding (default keep)\n"
             "  --passes LIST         comma-separated passes to run, in that order, instead of the default\n"
             "                        pipeline (marked *); 'none' runs none (memory planning always runs).\n"
             "                        Every fusion the GPU runs is one of these, shown by --dump-ir:\n");
@@ -73,6 +77,25 @@ static void help(FILE *f) {
 
 /* Option values checked before any work: a malformed or unsupported value,
  * or an option that does not apply to this compile, is a usage error (exit 2). */
+/* The quant_method of CKPT_DIR/config.json's quantization_config (into buf), or NULL when it has none
+ * or cannot be read (kiln_compile then says why). */
+static const char *checkpoint_quantized(const char *dir, char *buf, size_t n) {
+    char *path = kiln_path_join(dir, "config.json"), *text = NULL;
+    size_t len = 0;
+    kiln_error err = {0};
+    /* read as kiln_config_load reads it: a regular file of bounded size (never a FIFO's open) */
+    json_t *root = path && kiln_file_read(path, 16u << 20, &text, &len, &err) == KILN_OK ? json_loadb(text, len, 0, NULL)
+                                                                                        : NULL;
+    free(text);
+    json_t *qc = json_object_get(root, "quantization_config");
+    const bool quantized = json_is_object(qc);
+    const char *method = quantized ? json_string_value(json_object_get(qc, "quant_method")) : NULL;
+    if (quantized) snprintf(buf, n, "%s", method ? method : "?");
+    json_decref(root);
+    free(path);
+    return quantized ? buf : NULL;
+}
+
 static int check_options(kiln_compile_options *opt, bool json, bool block_given, bool threads_given) {
     kiln_error err = {0};
     if (!opt->targets) {
@@ -265,9 +288,21 @@ int kiln_cmd_compile(int argc, char **argv) {
     }
     const int q4 = group == 32 ? KILN_DTYPE_Q4G32 : group == 64 ? KILN_DTYPE_Q4G64 : KILN_DTYPE_Q4G128;
     if (quant) opt.quant = strcmp(quant, "int8") == 0 ? KILN_DTYPE_Q8 : q4;
-    if (quant_head && !quant) return kiln_cli_usage_error("compile", "--quant-head applies with --quant");
-    if (quant_emb && !quant) return kiln_cli_usage_error("compile", "--quant-embedding applies with --quant");
-    if (quant_method && !quant) return kiln_cli_usage_error("compile", "--quant-method applies with --quant");
+    /* a published quantized checkpoint (config.json quantization_config) is read as it is: no --quant, and
+     * --quant-head / --quant-embedding apply to its dense LM head and embedding without one */
+    char ckq_buf[64];
+    const char *ckq = optind == argc - 1 ? checkpoint_quantized(argv[optind], ckq_buf, sizeof ckq_buf) : NULL;
+    if (quant && ckq)
+        return kiln_cli_usage_error("compile", "--quant %s: %s is already quantized (its config.json has "
+                                    "quantization_config, quant_method \"%s\"); compile it without --quant",
+                                    quant, argv[optind], ckq);
+    if (quant_head && !quant && !ckq)
+        return kiln_cli_usage_error("compile", "--quant-head applies with --quant or a quantized checkpoint");
+    if (quant_emb && !quant && !ckq)
+        return kiln_cli_usage_error("compile", "--quant-embedding applies with --quant or a quantized checkpoint");
+    if (quant_method && !quant && !quant_head && !quant_emb)
+        return kiln_cli_usage_error("compile", "--quant-method applies with --quant, --quant-head or "
+                                               "--quant-embedding");
     opt.quant_method = !quant_method || !strcmp(quant_method, "mse") ? KILN_QUANT_MSE : KILN_QUANT_RTN;
     if (group != 128 && !(quant && opt.quant != KILN_DTYPE_Q8) && !(quant_head && !strcmp(quant_head, "int4")) &&
         !(quant_emb && !strcmp(quant_emb, "int4")))
@@ -276,6 +311,8 @@ int kiln_cmd_compile(int argc, char **argv) {
     if (quant) opt.quant_head = !quant_head || !strcmp(quant_head, "int8") ? KILN_DTYPE_Q8
                                 : !strcmp(quant_head, "int4")              ? q4
                                                                            : 0;
+    else if (quant_head && strcmp(quant_head, "keep")) /* a quantized checkpoint's LM head: keep by default */
+        opt.quant_head = !strcmp(quant_head, "int8") ? KILN_DTYPE_Q8 : q4;
     if (opt.quant && opt.tp > 1)
         return kiln_cli_usage_error("compile", "--quant with --tp %d: quantized tensor-parallel engines are not "
                                                "supported yet", opt.tp);

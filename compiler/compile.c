@@ -135,19 +135,36 @@ static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const k
         if (n) json_object_set_new(ops, kiln_op_name((kiln_op_kind)k), json_integer(n));
     }
     json_t *build = json_pack("{s:s, s:o}", "passes", opt->passes ? opt->passes : "default", "ops", ops);
-    if (opt->quant || opt->quant_head || opt->quant_embedding) { /* pass quantize: the formats and what got one */
+    const kiln_ckpt_quant *cq = &c->quant;
+    if (opt->quant || opt->quant_head || opt->quant_embedding || cq->method) { /* the formats and what got one */
         int nq = 0;
         for (int v = 0; v < g->n_values; v++)
             nq += !g->values[v].dead && g->values[v].kind == KILN_VALUE_WEIGHT && kiln_dtype_is_quant(g->values[v].dtype);
-        json_object_set_new(build, "quant",
-                            json_pack("{s:s, s:s, s:s, s:i, s:s}", "weights",
-                                      opt->quant ? kiln_dtype_name((kiln_dtype)opt->quant) : "none", "lm_head",
-                                      opt->quant_head ? kiln_dtype_name((kiln_dtype)opt->quant_head) : "keep",
-                                      "embedding",
-                                      opt->quant_embedding ? kiln_dtype_name((kiln_dtype)opt->quant_embedding) : "keep",
-                                      "matrices", nq, "method",
-                                      opt->quant_method == KILN_QUANT_MSE ? "least squared error range (q4)"
-                                                                          : "round to nearest"));
+        /* a quantized checkpoint's projections: the format its groups give, repacked as they came */
+        const kiln_dtype ckq = cq->group_size == 32 ? KILN_DTYPE_Q4G32 : cq->group_size == 64 ? KILN_DTYPE_Q4G64
+                                                                                             : KILN_DTYPE_Q4G128;
+        char method[96];
+        snprintf(method, sizeof method, "%s", opt->quant_method == KILN_QUANT_MSE ? "least squared error range (q4)"
+                                                                                  : "round to nearest");
+        if (cq->method) snprintf(method, sizeof method, "read from the checkpoint (%s), repacked without rounding",
+                                 kiln_ckpt_quant_name(cq));
+        json_t *q = json_pack("{s:s, s:s, s:s, s:i, s:s}", "weights",
+                              cq->method  ? kiln_dtype_name(ckq)
+                              : opt->quant ? kiln_dtype_name((kiln_dtype)opt->quant)
+                                           : "none",
+                              "lm_head", opt->quant_head ? kiln_dtype_name((kiln_dtype)opt->quant_head) : "keep",
+                              "embedding",
+                              opt->quant_embedding ? kiln_dtype_name((kiln_dtype)opt->quant_embedding) : "keep",
+                              "matrices", nq, "method", method);
+        if (q && cq->method) /* what the checkpoint declared (config.json quantization_config) */
+            json_object_set_new(q, "checkpoint",
+                                cq->method == KILN_CKPT_QUANT_AWQ
+                                    ? json_pack("{s:s, s:i, s:i, s:s}", "quant_method", "awq", "bits", cq->bits,
+                                                "group_size", cq->group_size, "version", "gemm")
+                                    : json_pack("{s:s, s:i, s:i, s:s, s:b, s:b}", "quant_method", "gptq", "bits",
+                                                cq->bits, "group_size", cq->group_size, "checkpoint_format",
+                                                kiln_ckpt_quant_name(cq), "sym", cq->sym, "desc_act", cq->desc_act));
+        json_object_set_new(build, "quant", q);
     }
     json_t *tok = json_null();
     if (tok_blob) tok = json_pack("{s:I}", "bytes", (json_int_t)tok_blob->len);
@@ -241,9 +258,16 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
                       opt->quant, opt->quant_head, opt->quant_embedding);
         goto out;
     }
-    if ((opt->quant || opt->quant_head || opt->quant_embedding) && opt->tp > 1) {
-        st = kiln_err(err, KILN_ERR_UNSUPPORTED, "--quant with --tp %d: quantized tensor-parallel engines are not "
-                                                 "supported yet", opt->tp);
+    if (ck.config.quant.method && opt->quant) {
+        st = kiln_err(err, KILN_ERR_INVALID_ARG, "%s: --quant with a checkpoint that is already quantized "
+                      "(quantization_config: %s, 4 bits, groups of %d)", ckpt_dir, kiln_ckpt_quant_name(&ck.config.quant),
+                      ck.config.quant.group_size);
+        kiln_err_hint(err, "compile it without --quant: its projections are read as they are");
+        goto out;
+    }
+    if ((opt->quant || opt->quant_head || opt->quant_embedding || ck.config.quant.method) && opt->tp > 1) {
+        st = kiln_err(err, KILN_ERR_UNSUPPORTED, "%s with --tp %d: quantized tensor-parallel engines are not "
+                      "supported yet", ck.config.quant.method ? "a quantized checkpoint" : "--quant", opt->tp);
         goto out;
     }
     if ((st = kiln_import_ex(&ck, &io, &g, err)) != KILN_OK) goto out;

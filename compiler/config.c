@@ -33,6 +33,13 @@
  * type-checked only. Its default rope theta is 1e6 (MixtralConfig's
  * default_theta), not 10000.
  *
+ * quantization_config (a published quantized checkpoint) is read for 4-bit
+ * AWQ (version gemm, zero_point true) and GPTQ (checkpoint_format or
+ * GPTQModel's format gptq / gptq_v2, sym, desc_act) with groups of 32, 64 or
+ * 128 (cfg_quant; docs/quantization.md); any other method, version, bit
+ * width or group, a quantized lm_head, a non-empty dynamic map, and
+ * quantized MoE checkpoints are refused naming the field.
+ *
  * Qwen3-MoE reads the same two expert counts (4.x configs write
  * "num_experts", transformers 5 writes "num_local_experts": its
  * attribute_map makes them one setting), with Qwen3MoeConfig's defaults:
@@ -303,15 +310,6 @@ static kiln_status cfg_features(cfg_ctx *c, json_t *root) {
     if (act && strcmp(act, "silu") != 0)
         return kiln_err(c->err, KILN_ERR_UNSUPPORTED, "%s: field \"hidden_act\" is \"%s\"; kiln supports only \"silu\"",
                         c->path, act);
-    /* a published quantized checkpoint (AWQ, GPTQ, FP8...): its tensors are not the model's weights */
-    json_t *qc = cfg_get(root, "quantization_config");
-    if (qc) {
-        const char *qm = json_is_object(qc) ? json_string_value(json_object_get(qc, "quant_method")) : NULL;
-        kiln_err(c->err, KILN_ERR_UNSUPPORTED, "%s: field \"quantization_config\" (quant_method \"%s\"): kiln does "
-                 "not read quantized checkpoints yet", c->path, qm ? qm : "?");
-        return kiln_err_hint(c->err, "compile the model's unquantized checkpoint, with --quant int8 or int4 for "
-                                     "kiln's own quantization (docs/quantization.md)");
-    }
     static const char *const biases[] = {"attention_bias", "mlp_bias"};
     for (size_t i = 0; i < 2; i++) {
         bool b = false;
@@ -320,6 +318,115 @@ static kiln_status cfg_features(cfg_ctx *c, json_t *root) {
             return kiln_err(c->err, KILN_ERR_UNSUPPORTED,
                             "%s: field \"%s\" is true; kiln supports only bias-free linear layers", c->path, biases[i]);
     }
+    return KILN_OK;
+}
+
+const char *kiln_ckpt_quant_name(const kiln_ckpt_quant *q) {
+    switch (q->method) {
+    case KILN_CKPT_QUANT_AWQ: return "awq";
+    case KILN_CKPT_QUANT_GPTQ: return q->gptq_v2 ? "gptq_v2" : "gptq";
+    default: return "none";
+    }
+}
+
+/* quantization_config.<key> is `shown`, which kiln does not read: UNSUPPORTED naming the field. */
+static kiln_status cfg_quant_refuse(cfg_ctx *c, const char *key, const char *shown, const char *why) {
+    kiln_err(c->err, KILN_ERR_UNSUPPORTED, "%s: field \"quantization_config.%s\" is %s: %s", c->path, key, shown, why);
+    return kiln_err_hint(c->err, "kiln reads 4-bit AWQ (version gemm) and GPTQ (gptq, gptq_v2) checkpoints with "
+                                 "groups of 32, 64 or 128 (docs/quantization.md); otherwise compile the model's "
+                                 "unquantized checkpoint, with --quant int8 or int4 for kiln's own quantization");
+}
+
+/* A string field of quantization_config, `def` when absent. */
+static kiln_status cfg_quant_str(cfg_ctx *c, json_t *qc, const char *key, const char *def, const char **out) {
+    char field[64];
+    snprintf(field, sizeof field, "quantization_config.%s", key);
+    kiln_status st = cfg_str(c, qc, key, field, out);
+    if (!st && !*out) *out = def;
+    return st;
+}
+
+/* A boolean field of quantization_config, `def` when absent. */
+static kiln_status cfg_quant_bool(cfg_ctx *c, json_t *qc, const char *key, bool def, bool *out) {
+    char field[64];
+    snprintf(field, sizeof field, "quantization_config.%s", key);
+    json_t *v = cfg_get(qc, key);
+    if (v && !json_is_boolean(v)) return cfg_type_err(c, field, v, "true or false");
+    *out = v ? json_is_true(v) : def;
+    return KILN_OK;
+}
+
+/* quantization_config: a published AWQ or GPTQ checkpoint, read as it is (docs/quantization.md);
+ * every other method, version or setting is refused naming the field. */
+static kiln_status cfg_quant(cfg_ctx *c, json_t *root, kiln_model_config *m) {
+    kiln_ckpt_quant *q = &m->quant;
+    *q = (kiln_ckpt_quant){0};
+    json_t *qc = cfg_get(root, "quantization_config");
+    if (!qc) return KILN_OK;
+    if (!json_is_object(qc)) return cfg_type_err(c, "quantization_config", qc, "an object or null");
+    const char *method = NULL;
+    kiln_status st = cfg_quant_str(c, qc, "quant_method", NULL, &method);
+    if (st) return st;
+    if (!method) return cfg_missing(c, "quantization_config.quant_method");
+    char shown[96];
+    snprintf(shown, sizeof shown, "\"%.64s\"", method);
+    if (strcmp(method, "awq") == 0) q->method = KILN_CKPT_QUANT_AWQ;
+    else if (strcmp(method, "gptq") == 0) q->method = KILN_CKPT_QUANT_GPTQ;
+    else return cfg_quant_refuse(c, "quant_method", shown, "kiln reads only \"awq\" and \"gptq\" checkpoints");
+    if (m->n_experts)
+        return kiln_err(c->err, KILN_ERR_UNSUPPORTED, "%s: a quantized (%s) %s checkpoint: reading experts' "
+                        "quantized matrices is not built yet", c->path, method, kiln_arch_name(m->arch));
+    int64_t bits, group;
+    if ((st = cfg_int(c, qc, "bits", "quantization_config.bits", true, 0, 1, 64, &bits)) ||
+        (st = cfg_int(c, qc, "group_size", "quantization_config.group_size", true, 0, -1, 1 << 20, &group)))
+        return st;
+    if (bits != 4) {
+        snprintf(shown, sizeof shown, "%lld", (long long)bits);
+        return cfg_quant_refuse(c, "bits", shown, "kiln reads 4-bit checkpoints only");
+    }
+    if (group != 32 && group != 64 && group != 128) {
+        snprintf(shown, sizeof shown, "%lld", (long long)group);
+        return cfg_quant_refuse(c, "group_size", shown,
+                                group == -1 ? "per-channel scales (one group per row) are not read yet"
+                                            : "kiln's int4 format has groups of 32, 64 or 128");
+    }
+    q->bits = 4;
+    q->group_size = (int)group;
+    if (q->method == KILN_CKPT_QUANT_AWQ) {
+        const char *version;
+        bool zero_point = true;
+        if ((st = cfg_quant_str(c, qc, "version", "gemm", &version)) ||
+            (st = cfg_quant_bool(c, qc, "zero_point", true, &zero_point)))
+            return st;
+        snprintf(shown, sizeof shown, "\"%.64s\"", version);
+        if (strcmp(version, "gemm") != 0 && strcmp(version, "GEMM") != 0)
+            return cfg_quant_refuse(c, "version", shown, "kiln reads AWQ's \"gemm\" packing only");
+        if (!zero_point) return cfg_quant_refuse(c, "zero_point", "false", "kiln reads AWQ with zero points only");
+        return KILN_OK;
+    }
+    /* GPTQ: checkpoint_format (transformers' name) or format (GPTQModel's), "gptq" when neither */
+    const char *fmt, *fmt2;
+    bool lm_head = false;
+    if ((st = cfg_quant_str(c, qc, "checkpoint_format", NULL, &fmt)) ||
+        (st = cfg_quant_str(c, qc, "format", NULL, &fmt2)) ||
+        (st = cfg_quant_bool(c, qc, "sym", true, &q->sym)) ||
+        (st = cfg_quant_bool(c, qc, "desc_act", false, &q->desc_act)) ||
+        (st = cfg_quant_bool(c, qc, "lm_head", false, &lm_head)))
+        return st;
+    if (fmt && fmt2 && strcmp(fmt, fmt2) != 0)
+        return kiln_err(c->err, KILN_ERR_PARSE, "%s: fields \"quantization_config.checkpoint_format\" (\"%.64s\") "
+                        "and \"quantization_config.format\" (\"%.64s\") disagree", c->path, fmt, fmt2);
+    if (!fmt) fmt = fmt2 ? fmt2 : "gptq";
+    snprintf(shown, sizeof shown, "\"%.64s\"", fmt);
+    if (strcmp(fmt, "gptq") != 0 && strcmp(fmt, "gptq_v2") != 0)
+        return cfg_quant_refuse(c, fmt2 && fmt == fmt2 ? "format" : "checkpoint_format", shown,
+                                "kiln reads GPTQ's \"gptq\" (v1) and \"gptq_v2\" layouts only");
+    q->gptq_v2 = strcmp(fmt, "gptq_v2") == 0;
+    if (lm_head) return cfg_quant_refuse(c, "lm_head", "true", "a quantized LM head is not read yet");
+    json_t *dyn = cfg_get(qc, "dynamic");
+    if (dyn && (!json_is_object(dyn) || json_object_size(dyn) > 0))
+        return cfg_quant_refuse(c, "dynamic", json_show(dyn, shown, sizeof shown),
+                                "per-module overrides of the quantization are not read yet");
     return KILN_OK;
 }
 
@@ -604,7 +711,8 @@ kiln_status kiln_config_parse(const char *json, size_t len, const char *path, ki
     kiln_model_config m = {0};
     m.bos_token_id = -1;
     if ((st = cfg_arch(&c, root, &m.arch)) || (st = cfg_features(&c, root)) || (st = cfg_sizes(&c, root, &m)) ||
-        (st = cfg_rope(&c, root, &m)) || (st = cfg_experts(&c, root, &m)) || (st = cfg_rest(&c, root, &m)))
+        (st = cfg_rope(&c, root, &m)) || (st = cfg_experts(&c, root, &m)) || (st = cfg_quant(&c, root, &m)) ||
+        (st = cfg_rest(&c, root, &m)))
         goto out;
     *out = m;
 out:

@@ -39,6 +39,13 @@
  * Every weight is checked here: present, of the shape config.json implies,
  * of a supported dtype. Messages name the tensor and both shapes.
  *
+ * A published quantized checkpoint (config.json quantization_config: AWQ or
+ * GPTQ, 4 bits) has each projection's matrix as <proj>.qweight, .qzeros,
+ * .scales (GPTQ: and .g_idx) instead of <proj>.weight: it becomes a q4gG
+ * weight whose source is those tensors, repacked by the writer without
+ * rounding again (quantized_weight; common/quant.c). The embedding, norms,
+ * biases and LM head are read as in any checkpoint.
+ *
  * Every tensor of the checkpoint is used or refused: a tensor the graph does
  * not consume (a bias, a q_norm of another architecture relabelled as Llama)
  * would otherwise be dropped silently and the engine would compute another
@@ -87,9 +94,15 @@ static ptrdiff_t find_index(const kiln_checkpoint *ck, const char *name) {
     return -1;
 }
 
-/* Look up tensor `name`, check that it is present, of shape want[0..ndim) and of a readable dtype, and
- * mark it used. NULL (error set) otherwise. */
-static const kiln_st_tensor *checked_tensor_shape(importer *im, const char *name, int ndim, const int64_t *want) {
+/* Dtypes a tensor may have, as masks of 1 << kiln_dtype. */
+#define DT_FLOAT (1u << KILN_DTYPE_F32 | 1u << KILN_DTYPE_F16 | 1u << KILN_DTYPE_BF16)
+#define DT_HALF (1u << KILN_DTYPE_F16 | 1u << KILN_DTYPE_BF16)
+#define DT_I32 (1u << KILN_DTYPE_I32)
+
+/* Look up tensor `name`, check that it is present, of shape want[0..ndim) and of a dtype in `dts`
+ * (`dts_name` says which, for the message), and mark it used. NULL (error set) otherwise. */
+static const kiln_st_tensor *checked_tensor_dt(importer *im, const char *name, int ndim, const int64_t *want,
+                                               unsigned dts, const char *dts_name) {
     ptrdiff_t at = find_index(im->ck, name);
     const kiln_st_tensor *t = at >= 0 ? im->ck->index[at] : NULL;
     if (!t) {
@@ -112,13 +125,18 @@ static const kiln_st_tensor *checked_tensor_shape(importer *im, const char *name
                  im->ck->dir, name, got, exp);
         return NULL;
     }
-    if (t->dtype != KILN_DTYPE_F32 && t->dtype != KILN_DTYPE_F16 && t->dtype != KILN_DTYPE_BF16) {
-        kiln_err(im->err, KILN_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s; kiln reads F32, F16 and BF16",
-                 im->ck->dir, name, kiln_dtype_name(t->dtype));
+    if (!((unsigned)t->dtype < 32 && (dts >> t->dtype & 1u))) {
+        kiln_err(im->err, KILN_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s; kiln reads %s here", im->ck->dir, name,
+                 kiln_dtype_name(t->dtype), dts_name);
         return NULL;
     }
     im->used[at] = true;
     return t;
+}
+
+/* checked_tensor_dt for a weight of the model: F32, F16 or BF16. */
+static const kiln_st_tensor *checked_tensor_shape(importer *im, const char *name, int ndim, const int64_t *want) {
+    return checked_tensor_dt(im, name, ndim, want, DT_FLOAT, "F32, F16 and BF16");
 }
 
 /* checked_tensor_shape for shape [d0] or [d0,d1]. */
@@ -147,6 +165,65 @@ static int layer_weight(importer *im, int64_t l, const char *suffix, int ndim, i
     char name[KILN_NAME_MAX];
     snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)l, suffix);
     return weight(im, name, ndim, d0, d1);
+}
+
+/* The [n, k] projection `base` of a quantized checkpoint (config.json quantization_config: AWQ or
+ * GPTQ, 4 bits, groups of G) as a q4gG weight whose source is its tensors <base>.qweight, .qzeros,
+ * .scales (and GPTQ's .g_idx), checked here for shapes and dtypes (layouts: kiln_ops.h, kiln_qsrc);
+ * their values are repacked, and the scales checked, by the writer. GPTQ's g_idx must map input
+ * column i to group i / G: act-order (desc_act) checkpoints that permute it are refused. */
+static int quantized_weight(importer *im, const char *base, int64_t n, int64_t k) {
+    const kiln_ckpt_quant *cq = &im->ck->config.quant;
+    const int64_t G = cq->group_size;
+    const bool awq = cq->method == KILN_CKPT_QUANT_AWQ;
+    const char *dir = im->ck->dir, *method = kiln_ckpt_quant_name(cq);
+    if (n % 8 || k % G) {
+        kiln_err(im->err, KILN_ERR_UNSUPPORTED, "%s: projection '%s' is [%lld,%lld] (out, in): a %s checkpoint "
+                 "packs 8 output rows per int32 and groups of %lld input columns, which do not divide it", dir, base,
+                 (long long)n, (long long)k, method, (long long)G);
+        return -1;
+    }
+    char name[KILN_NAME_MAX + 16];
+    const int64_t qw[2] = {awq ? k : k / 8, awq ? n / 8 : n}, qz[2] = {k / G, n / 8}, sc[2] = {k / G, n};
+    const kiln_st_tensor *tw, *tz, *ts;
+    snprintf(name, sizeof name, "%s.qweight", base);
+    if (!(tw = checked_tensor_dt(im, name, 2, qw, DT_I32, "I32"))) return -1;
+    snprintf(name, sizeof name, "%s.qzeros", base);
+    if (!(tz = checked_tensor_dt(im, name, 2, qz, DT_I32, "I32"))) return -1;
+    snprintf(name, sizeof name, "%s.scales", base);
+    if (!(ts = checked_tensor_dt(im, name, 2, sc, DT_HALF, "F16 and BF16"))) return -1;
+    if (!awq) { /* g_idx [k]: the group of each input column */
+        snprintf(name, sizeof name, "%s.g_idx", base);
+        const kiln_st_tensor *gi = checked_tensor_dt(im, name, 1, &k, DT_I32, "I32");
+        if (!gi) return -1;
+        for (int64_t i = 0; i < k; i++) {
+            const int64_t got = (int32_t)kiln_rd_u32((const uint8_t *)gi->data + 4 * i);
+            if (got == i / G) continue;
+            kiln_err(im->err, KILN_ERR_UNSUPPORTED, "%s: tensor '%s' maps input column %lld to group %lld, not %lld: "
+                     "act-order (desc_act%s) GPTQ checkpoints, whose groups are permuted, are not read yet", dir,
+                     name, (long long)i, (long long)got, (long long)(i / G), cq->desc_act ? " true" : "");
+            kiln_err_hint(im->err, "re-quantize without act-order (desc_act false), or compile the model's "
+                                   "unquantized checkpoint with --quant int4");
+            return -1;
+        }
+    }
+    const kiln_qsrc q = {.format = awq ? KILN_QSRC_AWQ : KILN_QSRC_GPTQ,
+                         .zero_offset = !awq && !cq->gptq_v2, /* GPTQ v1 stores each zero minus 1 */
+                         .qweight = tw->data, .qzeros = tz->data, .scales = ts->data, .scales_dtype = ts->dtype};
+    const kiln_dtype dt = G == 32 ? KILN_DTYPE_Q4G32 : G == 64 ? KILN_DTYPE_Q4G64 : KILN_DTYPE_Q4G128;
+    snprintf(name, sizeof name, "%s.qweight", base);
+    return kiln_ir_weight_prequantized(im->g, name, dt, (const int64_t[2]){n, k}, &q, im->err);
+}
+
+/* Projection `what` of layer l ("self_attn.q_proj"...), [n, k]: its .weight, or in a quantized
+ * checkpoint its quantized tensors (quantized_weight). */
+static int proj_weight(importer *im, int64_t l, const char *what, int64_t n, int64_t k) {
+    char base[KILN_NAME_MAX];
+    snprintf(base, sizeof base, "model.layers.%lld.%s", (long long)l, what);
+    if (im->ck->config.quant.method != KILN_CKPT_QUANT_NONE) return quantized_weight(im, base, n, k);
+    char name[KILN_NAME_MAX + 8];
+    snprintf(name, sizeof name, "%s.weight", base);
+    return weight(im, name, 2, n, k);
 }
 
 /* Append a one-output op of layer l, labelled "l<l>.<what>". Returns the value id or -1. */
@@ -330,9 +407,9 @@ static kiln_status import_with(importer *im, kiln_dtype weight_dtype) {
         TRY(h = layer_op(im, l, "attn_norm", KILN_OP_RMSNORM, (int[]){x, w1}, 2, &norm));
 
         int q, k, v, a, o;
-        TRY(w1 = layer_weight(im, l, "self_attn.q_proj.weight", 2, q_out, H));
-        TRY(w2 = layer_weight(im, l, "self_attn.k_proj.weight", 2, kv_out, H));
-        TRY(w3 = layer_weight(im, l, "self_attn.v_proj.weight", 2, kv_out, H));
+        TRY(w1 = proj_weight(im, l, "self_attn.q_proj", q_out, H));
+        TRY(w2 = proj_weight(im, l, "self_attn.k_proj", kv_out, H));
+        TRY(w3 = proj_weight(im, l, "self_attn.v_proj", kv_out, H));
         TRY(q = layer_op(im, l, "q", KILN_OP_LINEAR, (int[]){h, w1}, 2, NULL));
         TRY(k = layer_op(im, l, "k", KILN_OP_LINEAR, (int[]){h, w2}, 2, NULL));
         TRY(v = layer_op(im, l, "v", KILN_OP_LINEAR, (int[]){h, w3}, 2, NULL));
@@ -356,7 +433,7 @@ static kiln_status import_with(importer *im, kiln_dtype weight_dtype) {
         TRY(q = layer_op(im, l, "q_rope", KILN_OP_ROPE, (int[]){q, g->positions}, 2, &rq));
         TRY(k = layer_op(im, l, "k_rope", KILN_OP_ROPE, (int[]){k, g->positions}, 2, &rk));
         TRY(a = layer_op(im, l, "attn", KILN_OP_ATTENTION, (int[]){q, k, v, g->positions}, 4, &att));
-        TRY(w1 = layer_weight(im, l, "self_attn.o_proj.weight", 2, H, q_out));
+        TRY(w1 = proj_weight(im, l, "self_attn.o_proj", H, q_out));
         TRY(o = layer_op(im, l, "attn_out", KILN_OP_LINEAR, (int[]){a, w1}, 2, NULL));
         TRY(x = layer_op(im, l, "resid1", KILN_OP_ADD, (int[]){x, o}, 2, NULL));
 
@@ -373,9 +450,9 @@ static kiln_status import_with(importer *im, kiln_dtype weight_dtype) {
             continue;
         }
         int gt, up, m;
-        TRY(w1 = layer_weight(im, l, "mlp.gate_proj.weight", 2, F, H));
-        TRY(w2 = layer_weight(im, l, "mlp.up_proj.weight", 2, F, H));
-        TRY(w3 = layer_weight(im, l, "mlp.down_proj.weight", 2, H, F));
+        TRY(w1 = proj_weight(im, l, "mlp.gate_proj", F, H));
+        TRY(w2 = proj_weight(im, l, "mlp.up_proj", F, H));
+        TRY(w3 = proj_weight(im, l, "mlp.down_proj", H, F));
         TRY(gt = layer_op(im, l, "gate", KILN_OP_LINEAR, (int[]){h, w1}, 2, NULL));
         TRY(up = layer_op(im, l, "up", KILN_OP_LINEAR, (int[]){h, w2}, 2, NULL));
         TRY(gt = layer_op(im, l, "silu", KILN_OP_SILU, (int[]){gt}, 1, NULL));

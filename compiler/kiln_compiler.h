@@ -46,6 +46,25 @@ typedef enum kiln_rope_type {
 #define KILN_MAX_EOS 8
 #define KILN_MAX_LAYERS 1024 /* num_hidden_layers' cap */
 
+/* A published quantized checkpoint (config.json "quantization_config"; docs/quantization.md): its
+ * projections' matrices are stored 4-bit, which the importer reads as they are (kiln_qsrc). */
+typedef enum kiln_ckpt_quant_method {
+    KILN_CKPT_QUANT_NONE = 0,
+    KILN_CKPT_QUANT_AWQ = 1,  /* AutoAWQ, version "gemm", zero_point true */
+    KILN_CKPT_QUANT_GPTQ = 2, /* GPTQ, checkpoint_format "gptq" (v1) or "gptq_v2" */
+} kiln_ckpt_quant_method;
+
+typedef struct kiln_ckpt_quant {
+    kiln_ckpt_quant_method method;
+    int bits;                 /* 4 */
+    int group_size;           /* 32, 64 or 128 */
+    bool gptq_v2;             /* GPTQ: zeros stored as they are (v1 stores zero - 1) */
+    bool sym, desc_act;       /* GPTQ: as declared (desc_act is accepted only with a trivial g_idx) */
+} kiln_ckpt_quant;
+
+/* "awq", "gptq" or "gptq_v2" ("none" when not quantized): for messages and the engine's meta. */
+const char *kiln_ckpt_quant_name(const kiln_ckpt_quant *q);
+
 typedef struct kiln_model_config {
     kiln_arch arch;
     int64_t hidden_size;          /* d_model */
@@ -79,6 +98,7 @@ typedef struct kiln_model_config {
     int64_t eos_token_ids[KILN_MAX_EOS]; /* eos_token_id may be an int or a list */
     int n_eos;
     kiln_dtype torch_dtype;       /* torch_dtype or dtype; F32 when absent */
+    kiln_ckpt_quant quant;        /* quantization_config; method NONE when absent or null */
 } kiln_model_config;
 
 /* Parse config.json text. `path` is used in messages only. Unknown

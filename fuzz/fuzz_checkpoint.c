@@ -77,6 +77,13 @@ static void convert_all(const kiln_graph *g) {
         const kiln_value *val = &g->values[v];
         /* a stack of experts' matrices has no bytes of its own: its parts are converted as themselves */
         if (val->kind != KILN_VALUE_WEIGHT || val->pack != KILN_PACK_NONE || !val->src) continue;
+        if (val->qsrc.format != KILN_QSRC_NONE) { /* quantized in the checkpoint: repacked row by row */
+            uint8_t *out = malloc(kiln_weight_nbytes(val->dtype, 2, val->shape));
+            for (int64_t r = 0; out && r < val->shape[0]; r++)
+                kiln_quant_repack_row(&val->qsrc, val->dtype, val->shape[0], val->shape[1], r, val->shape[0], r, out);
+            free(out);
+            continue;
+        }
         uint64_t count = 1;
         for (int d = 0; d < val->ndim; d++) count *= (uint64_t)val->shape[d];
         size_t ss = (size_t)kiln_dtype_size(val->src_dtype);

@@ -60,6 +60,19 @@ int kiln_ir_weight(kiln_graph *g, const char *name, kiln_dtype dt, int ndim, con
     return add_value(g, &v, err);
 }
 
+int kiln_ir_weight_prequantized(kiln_graph *g, const char *name, kiln_dtype dt, const int64_t shape[2],
+                                const kiln_qsrc *q, kiln_error *err) {
+    if (!kiln_quant_group(dt) || !kiln_weight_nbytes(dt, 2, shape) || q->format == KILN_QSRC_NONE) {
+        kiln_err(err, KILN_ERR_VERIFY, "pre-quantized weight %s: dtype %s, shape [%lld,%lld]", name,
+                 kiln_dtype_name(dt), (long long)shape[0], (long long)shape[1]);
+        return -1;
+    }
+    kiln_value v = {.kind = KILN_VALUE_WEIGHT, .dtype = dt, .ndim = 2, .producer = -1, .slot = -1,
+                    .src = q->qweight, .src_dtype = KILN_DTYPE_I32, .qsrc = *q, .shape = {shape[0], shape[1]}};
+    set_name(&v, name);
+    return add_value(g, &v, err);
+}
+
 /* Copy `parts` into a new value's own array (the value owns it once added). */
 static int *copy_parts(const int *parts, int n_parts, const char *name, kiln_error *err) {
     int *p = malloc((size_t)n_parts * sizeof *p);

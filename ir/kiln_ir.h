@@ -68,6 +68,10 @@ typedef struct kiln_value {
     int *parts;                   /* n_parts value ids; owned by the graph */
     /* weights only: this value is one rank's slice of src (tensor parallelism; packed weights: of each part) */
     kiln_shard shard;
+    /* weights only: a q4gG matrix that came quantized from the checkpoint (AWQ, GPTQ: kiln_ops.h); the
+     * writer repacks it (kiln_quant_repack_row) instead of quantizing. src is then its qweight (I32),
+     * and the value is named after it. format KILN_QSRC_NONE otherwise. */
+    kiln_qsrc qsrc;
 } kiln_value;
 
 typedef struct kiln_op {
@@ -113,6 +117,10 @@ void kiln_graph_free(kiln_graph *g);
 int kiln_ir_input(kiln_graph *g, const char *name, kiln_dtype dt, int ndim, const int64_t *shape, kiln_error *err);
 int kiln_ir_weight(kiln_graph *g, const char *name, kiln_dtype dt, int ndim, const int64_t *shape,
                    const void *src, kiln_dtype src_dt, kiln_error *err);
+/* A [N, K] matrix stored quantized in the checkpoint (`q`: its tensors), of dtype `dt` (q4gG, G the
+ * checkpoint's group), named `name` (its qweight tensor's name). */
+int kiln_ir_weight_prequantized(kiln_graph *g, const char *name, kiln_dtype dt, const int64_t shape[2],
+                                const kiln_qsrc *q, kiln_error *err);
 /* A weight packed from the 2-D weights `parts` (same columns and dtype; the same rows to interleave),
  * or concatenated from 1-D ones (KILN_PACK_CONCAT_ROWS: biases), named `name`; returns its id or -1. */
 int kiln_ir_weight_packed(kiln_graph *g, const char *name, kiln_pack pack, const int *parts, int n_parts,

@@ -2,7 +2,8 @@
  * print.c — the textual dump of a graph, used by `kiln compile --dump-ir`
  * and in test failure messages. One line per live op:
  *   %12 = rmsnorm(%10, @model.norm.weight) eps=1e-05 : [B,S,64] f32
- * Weights print as @name, graph inputs as %id(name).
+ * Weights print as @name, graph inputs as %id(name); a matrix that came
+ * quantized from the checkpoint as @name{q4g128 from awq}.
  */
 #include "kiln_ir.h"
 
@@ -27,9 +28,13 @@ const char *kiln_ir_shape_str(const kiln_value *v, char *buf, size_t n) {
 
 static void print_ref(const kiln_graph *g, int v, FILE *f) {
     const kiln_value *val = &g->values[v];
+    /* a matrix quantized in the checkpoint (or packed from such): its format and where it came from */
+    const kiln_qsrc *q = val->kind == KILN_VALUE_WEIGHT && val->n_parts ? &g->values[val->parts[0]].qsrc : &val->qsrc;
     if (val->kind == KILN_VALUE_WEIGHT)
         fprintf(f, "@%s%s", val->name, val->shard == KILN_SHARD_ROWS ? "{rows/rank}"
                                        : val->shard == KILN_SHARD_COLS ? "{cols/rank}" : "");
+    if (val->kind == KILN_VALUE_WEIGHT && q->format != KILN_QSRC_NONE)
+        fprintf(f, "{%s from %s}", kiln_dtype_name(val->dtype), q->format == KILN_QSRC_AWQ ? "awq" : "gptq");
     else if (val->kind == KILN_VALUE_INPUT)
         fprintf(f, "%%%d(%s)", v, val->name);
     else

@@ -140,6 +140,78 @@ echo "1 50 60 70 80 90" >"$T/q.ids"
     bad "perplexity of a quantized engine: $(cat "$T/err")"
 expect 1 "GPU|gpu" -- "$KILN" run "$T/q.kiln" --prompt-ids 1,2 --max-tokens 2 --device gpu
 
+# published quantized checkpoints (AWQ gemm, GPTQ): read as they are; what kiln does not read is refused by name
+QA="$SRC/tests/data/tiny-mistral-awq"
+expect 0 "wrote" -- "$KILN" compile "$QA" -o "$T/qa.kiln" --target none
+"$KILN" inspect "$T/qa.kiln" | grep -Eq "^quantization: q4g32 \(projections\), keep \(LM head\).*checkpoint \(awq\)" &&
+    ok || bad "inspect does not say the weights came from an AWQ checkpoint: $("$KILN" inspect "$T/qa.kiln" | sed -n 4p)"
+expect 0 "wrote" -- "$KILN" compile "$QA" -o "$T/qa.kiln" --target none --quant-head int8 --force
+expect 2 "already quantized.*quant_method \"awq\".*without --quant" -- "$KILN" compile "$QA" -o "$T/qq.kiln" --quant int4
+expect 2 "already quantized" -- "$KILN" compile "$SRC/tests/data/tiny-mistral-gptq" -o "$T/qq.kiln" --quant int8
+no_file "$T/qq.kiln"
+# mkqckpt NAME FROM: a copy of the quantized checkpoint tests/data/FROM to break
+mkqckpt() {
+    rm -rf "$T/$1"
+    cp -r "$SRC/tests/data/$2" "$T/$1"
+    chmod -R u+w "$T/$1"
+    echo "$T/$1"
+}
+# st_rewrite FILE PYTHON: rewrite a safetensors file, the code editing t = {name: [dtype, shape, bytearray]}
+st_rewrite() {
+    python3 - "$1" "$2" <<'EOF'
+import json, struct, sys
+path, expr = sys.argv[1], sys.argv[2]
+raw = open(path, "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+hdr = json.loads(raw[8:8 + n])
+meta = hdr.pop("__metadata__", None)
+t = {k: [v["dtype"], v["shape"], bytearray(raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])]
+     for k, v in hdr.items()}
+exec(expr)
+out, data = {}, bytearray()
+for k in sorted(t):
+    out[k] = {"dtype": t[k][0], "shape": t[k][1], "data_offsets": [len(data), len(data) + len(t[k][2])]}
+    data += t[k][2]
+if meta is not None:
+    out["__metadata__"] = meta
+h = json.dumps(out).encode()
+open(path, "wb").write(struct.pack("<Q", len(h)) + h + bytes(data))
+EOF
+}
+d=$(mkqckpt q-method tiny-mistral-awq); edit_json "$d/config.json" 'd["quantization_config"]["quant_method"] = "bitsandbytes"'
+compile_fails 1 'quantization_config.quant_method" is "bitsandbytes": kiln reads only "awq" and "gptq"' "$d"
+d=$(mkqckpt q-gemv tiny-mistral-awq); edit_json "$d/config.json" 'd["quantization_config"]["version"] = "gemv"'
+compile_fails 1 'quantization_config.version" is "gemv"' "$d"
+d=$(mkqckpt q-nozero tiny-mistral-awq); edit_json "$d/config.json" 'd["quantization_config"]["zero_point"] = False'
+compile_fails 1 'quantization_config.zero_point" is false' "$d"
+d=$(mkqckpt q-bits tiny-mistral-gptq); edit_json "$d/config.json" 'd["quantization_config"]["bits"] = 8'
+compile_fails 1 'quantization_config.bits" is 8: kiln reads 4-bit' "$d"
+d=$(mkqckpt q-perchannel tiny-mistral-gptq); edit_json "$d/config.json" 'd["quantization_config"]["group_size"] = -1'
+compile_fails 1 'quantization_config.group_size" is -1: per-channel' "$d"
+d=$(mkqckpt q-dynamic tiny-mistral-gptq)
+edit_json "$d/config.json" 'd["quantization_config"]["dynamic"] = {"-:.*down_proj": {}}'
+compile_fails 1 'quantization_config.dynamic".*per-module overrides' "$d"
+d=$(mkqckpt q-marlin tiny-mistral-gptq); edit_json "$d/config.json" 'd["quantization_config"]["checkpoint_format"] = "marlin"'
+compile_fails 1 'quantization_config.checkpoint_format" is "marlin"' "$d"
+# act-order: desc_act with a g_idx that permutes the groups (columns 0 and 32 of one projection swapped)
+d=$(mkqckpt q-actorder tiny-mistral-gptq-asym)
+st_rewrite "$d/model.safetensors" 'g = t["model.layers.1.mlp.up_proj.g_idx"][2]; g[0:4], g[128:132] = g[128:132], g[0:4]'
+compile_fails 1 "tensor 'model.layers.1.mlp.up_proj.g_idx' maps input column 0 to group 1.*act-order \(desc_act true\)" "$d"
+# a qweight one row short (the header and data agree, the shape does not fit config.json)
+d=$(mkqckpt q-short tiny-mistral-gptq)
+st_rewrite "$d/model.safetensors" 'w = t["model.layers.0.mlp.down_proj.qweight"]; w[1][0] -= 1; del w[2][-4 * w[1][1]:]'
+compile_fails 1 "tensor 'model.layers.0.mlp.down_proj.qweight' has shape \[15,64\], expected \[16,64\]" "$d"
+# a NaN scale: refused naming the scales tensor and the element
+d=$(mkqckpt q-nan tiny-mistral-awq)
+st_rewrite "$d/model.safetensors" 't["model.layers.1.self_attn.o_proj.scales"][2][2 * 70:2 * 71] = b"\x00\x7e"'
+compile_fails 1 "weight 'model.layers.1.self_attn.o_proj.scales' \(f16\): element 70 \[1,6\] is NaN" "$d"
+# a qzeros of another dtype
+d=$(mkqckpt q-zdtype tiny-mistral-awq)
+st_rewrite "$d/model.safetensors" 't["model.layers.0.mlp.up_proj.qzeros"][0] = "F32"'
+compile_fails 1 "tensor 'model.layers.0.mlp.up_proj.qzeros' has dtype f32; kiln reads I32" "$d"
+expect 1 "a quantized checkpoint with --tp 2" -- "$KILN" compile "$QA" -o "$T/qq.kiln" --tp 2 --target none
+no_file "$T/qq.kiln"
+
 # a plan the GPU cannot run (ops without GPU kernels): refused when GPU targets are asked for, naming the
 # op, and a CPU-only engine (with a note) when the targets are only the default
 HAVE_NVRTC=false

@@ -591,13 +591,57 @@ static void test_qwen3_moe(void) {
 
 /* ---- refusals: architecture and features ---- */
 
+/* quantization_config: 4-bit AWQ (gemm) and GPTQ (v1, v2) are read (docs/quantization.md); every other
+ * method, version or setting is refused naming the field. */
 static void test_quantized_checkpoint(void) {
-    expect_fail("quantization_config", "{\"quant_method\": \"awq\", \"bits\": 4}", KILN_ERR_UNSUPPORTED,
-                "field \"quantization_config\" (quant_method \"awq\"): kiln does not read quantized checkpoints");
-    expect_fail("quantization_config", "{\"bits\": 4}", KILN_ERR_UNSUPPORTED, "quant_method \"?\"");
     kiln_model_config m;
     kiln_error e = {0};
     KT_EQ_INT(parse_with("quantization_config", "null", &m, &e), KILN_OK); /* null: none */
+    KT_EQ_INT(m.quant.method, KILN_CKPT_QUANT_NONE);
+    KT_EQ_INT(parse_with("quantization_config", "{\"quant_method\": \"awq\", \"bits\": 4, \"group_size\": 128, "
+                         "\"zero_point\": true, \"version\": \"gemm\", \"modules_to_not_convert\": null}", &m, &e),
+              KILN_OK);
+    KT_EQ_INT(m.quant.method, KILN_CKPT_QUANT_AWQ);
+    KT_EQ_INT(m.quant.group_size, 128);
+    KT_EQ_STR(kiln_ckpt_quant_name(&m.quant), "awq");
+    /* GPTQ: v1 unless checkpoint_format (or GPTQModel's format) says gptq_v2; sym and desc_act as given */
+    KT_EQ_INT(parse_with("quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 32, "
+                         "\"sym\": false, \"desc_act\": true}", &m, &e), KILN_OK);
+    KT_EQ_INT(m.quant.method, KILN_CKPT_QUANT_GPTQ);
+    KT_CHECK(!m.quant.gptq_v2 && !m.quant.sym && m.quant.desc_act);
+    KT_EQ_INT(parse_with("quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 64, "
+                         "\"format\": \"gptq_v2\", \"dynamic\": {}}", &m, &e), KILN_OK);
+    KT_CHECK(m.quant.gptq_v2 && m.quant.sym && m.quant.group_size == 64);
+    KT_EQ_STR(kiln_ckpt_quant_name(&m.quant), "gptq_v2");
+
+    expect_fail("quantization_config", "{\"quant_method\": \"fp8\"}", KILN_ERR_UNSUPPORTED,
+                "field \"quantization_config.quant_method\" is \"fp8\": kiln reads only \"awq\" and \"gptq\"");
+    expect_fail("quantization_config", "{\"bits\": 4}", KILN_ERR_MISSING, "\"quantization_config.quant_method\"");
+    expect_fail("quantization_config", "{\"quant_method\": \"awq\", \"bits\": 4}", KILN_ERR_MISSING,
+                "\"quantization_config.group_size\"");
+    expect_fail("quantization_config", "[1]", KILN_ERR_PARSE, "field \"quantization_config\" is [1]");
+    expect_fail("quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 8, \"group_size\": 128}",
+                KILN_ERR_UNSUPPORTED, "field \"quantization_config.bits\" is 8: kiln reads 4-bit checkpoints only");
+    expect_fail("quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": -1}",
+                KILN_ERR_UNSUPPORTED, "\"quantization_config.group_size\" is -1: per-channel scales");
+    expect_fail("quantization_config", "{\"quant_method\": \"awq\", \"bits\": 4, \"group_size\": 256}",
+                KILN_ERR_UNSUPPORTED, "\"quantization_config.group_size\" is 256: kiln's int4 format has groups of 32");
+    expect_fail("quantization_config", "{\"quant_method\": \"awq\", \"bits\": 4, \"group_size\": 128, \"version\": "
+                "\"gemv\"}", KILN_ERR_UNSUPPORTED, "\"quantization_config.version\" is \"gemv\"");
+    expect_fail("quantization_config", "{\"quant_method\": \"awq\", \"bits\": 4, \"group_size\": 128, \"zero_point\": "
+                "false}", KILN_ERR_UNSUPPORTED, "\"quantization_config.zero_point\" is false");
+    expect_fail("quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128, "
+                "\"checkpoint_format\": \"marlin\"}", KILN_ERR_UNSUPPORTED,
+                "\"quantization_config.checkpoint_format\" is \"marlin\"");
+    expect_fail("quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128, "
+                "\"checkpoint_format\": \"gptq\", \"format\": \"gptq_v2\"}", KILN_ERR_PARSE, "disagree");
+    expect_fail("quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128, "
+                "\"dynamic\": {\"-:.*down\": {}}}", KILN_ERR_UNSUPPORTED,
+                "\"quantization_config.dynamic\" is {\"-:.*down\":{}}: per-module overrides");
+    expect_fail("quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128, "
+                "\"lm_head\": true}", KILN_ERR_UNSUPPORTED, "\"quantization_config.lm_head\" is true");
+    expect_fail("quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128, "
+                "\"sym\": 1}", KILN_ERR_PARSE, "field \"quantization_config.sym\" is 1");
 }
 
 static void test_architecture(void) {

@@ -167,6 +167,38 @@ static void test_tiny_mistral_int4(void) {
     check_quant("tests/golden/tiny-mistral-int4g32", KILN_DTYPE_Q4G32, KILN_DTYPE_Q8, 0);
 }
 
+/* A published quantized checkpoint (AWQ, GPTQ; tests/golden/make_quant_ckpt_goldens.py) read as it is:
+ * against HF run on an independent numpy dequantization of the packed tensors, with the default
+ * pipeline (q/k/v and gate/up packed from the repacked matrices) and none. Every projection is q4g32
+ * (the checkpoints' group), the embedding and LM head bf16 as in the checkpoint. */
+static void check_quant_checkpoint(const char *name) {
+    char ckpt[256], golden[256], out[512];
+    snprintf(ckpt, sizeof ckpt, "tests/data/%s", name);
+    snprintf(golden, sizeof golden, "tests/golden/%s", name);
+    const char *pass_sets[2] = {NULL, "none"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(out, sizeof out, "%s/qckpt-%d.kiln", tmpdir, k);
+        KT_REQUIRE(compile_to(src_path(ckpt), pass_sets[k], out, KILN_DTYPE_COUNT_) == KILN_OK);
+        check_engine(out, src_path(golden));
+        kiln_model *m = NULL;
+        kiln_error err = {0};
+        KT_REQUIRE(kiln_model_open(out, 1, &m, &err) == KILN_OK);
+        int nq = 0;
+        for (uint32_t i = 0; i < m->plan->n_weights; i++) {
+            const kiln_plan_weight *w = &m->plan->weights[i];
+            nq += w->dtype == KILN_DTYPE_Q4G32;
+            if (strstr(w->name, "embed_tokens") || strstr(w->name, "lm_head")) KT_EQ_INT(w->dtype, KILN_DTYPE_BF16);
+        }
+        KT_EQ_INT(nq, (k == 0 ? 4 : 7) * 2);
+        kiln_model_close(m);
+        unlink(out);
+    }
+}
+static void test_awq_checkpoint(void) { check_quant_checkpoint("tiny-mistral-awq"); }
+static void test_gptq_checkpoint_sym(void) { check_quant_checkpoint("tiny-mistral-gptq"); }
+static void test_gptq_checkpoint_asym_desc_act(void) { check_quant_checkpoint("tiny-mistral-gptq-asym"); }
+static void test_gptq_v2_checkpoint(void) { check_quant_checkpoint("tiny-mistral-gptq-v2"); }
+
 static void test_stories260k(void) { check_model("models/stories260k", "tests/golden/stories260k", KILN_DTYPE_COUNT_); }
 static void test_tiny_mistral_sliding_window(void) {
     check_model("tests/data/tiny-mistral", "tests/golden/tiny-mistral", KILN_DTYPE_COUNT_);
@@ -529,6 +561,10 @@ int main(void) {
     KT_RUN(test_tiny_mistral_as_f32);
     KT_RUN(test_tiny_mistral_int8);
     KT_RUN(test_tiny_mistral_int4);
+    KT_RUN(test_awq_checkpoint);
+    KT_RUN(test_gptq_checkpoint_sym);
+    KT_RUN(test_gptq_checkpoint_asym_desc_act);
+    KT_RUN(test_gptq_v2_checkpoint);
     KT_RUN(test_sharded_equals_single);
     KT_RUN(test_pycode_text);
     KT_RUN(test_score_against_hf);

@@ -172,8 +172,23 @@ static void test_dtype_unknown(void) {
                 "tensor \"w\": unknown dtype \"Q4_K\"");
 }
 
+/* I32: the packed codes, zeros and group indices of AWQ/GPTQ checkpoints (the importer decides where) */
+static void test_dtype_i32(void) {
+    img m = make("{\"m.qweight\":{\"dtype\":\"I32\",\"shape\":[2,3],\"data_offsets\":[0,24]}}", 24);
+    kiln_st_tensor *t = NULL;
+    size_t n = 0;
+    kiln_error e = {0};
+    KT_EQ_INT(kiln_st_parse(m.p, m.n, "x", &t, &n, &e), KILN_OK);
+    KT_REQUIRE(n == 1);
+    KT_EQ_INT(t[0].dtype, KILN_DTYPE_I32);
+    kiln_st_tensors_free(t, n);
+    free(m.p);
+    expect_fail(make("{\"g\":{\"dtype\":\"I32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8), KILN_ERR_SHAPE,
+                "shape [3] of I32 needs 12 bytes");
+}
+
 static void test_dtype_unsupported(void) {
-    static const char *const names[] = {"F64", "I64", "I32", "I16", "I8", "U8", "BOOL", "F8_E4M3", "F8_E5M2"};
+    static const char *const names[] = {"F64", "I64", "U32", "I16", "I8", "U8", "BOOL", "F8_E4M3", "F8_E5M2"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char h[160], want[64];
         snprintf(h, sizeof h, "{\"pos_ids\":{\"dtype\":\"%s\",\"shape\":[1],\"data_offsets\":[0,1]}}", names[i]);
@@ -324,6 +339,7 @@ int main(void) {
     KT_RUN(test_dtype_missing);
     KT_RUN(test_dtype_not_string);
     KT_RUN(test_dtype_unknown);
+    KT_RUN(test_dtype_i32);
     KT_RUN(test_dtype_unsupported);
     KT_RUN(test_shape_missing);
     KT_RUN(test_shape_not_array);
