@@ -1124,6 +1124,16 @@ static void test_quant_goldens(void) {
         check_bf16_golden(eng, pathf("%s/tests/golden/%s", src_dir(), qs[i].name),
                           pathf("%s (prompts of more than 8 tokens dequantized)", qs[i].name), 8);
     }
+    /* published AWQ and GPTQ checkpoints (make_quant_ckpt_goldens.py), repacked into q4g32 at compile
+     * time: the same kernels, against HF on an independent dequantization */
+    static const char *const pub[] = {"tiny-mistral-awq", "tiny-mistral-gptq", "tiny-mistral-gptq-asym",
+                                      "tiny-mistral-gptq-v2"};
+    for (size_t i = 0; i < sizeof pub / sizeof pub[0]; i++) {
+        const char *eng = pathf("%s/%s.kiln", g_tmp, pub[i]);
+        kiln_compile_options opt = {.output_path = eng, .weight_dtype = KILN_DTYPE_COUNT_, .targets = gpu_targets()};
+        KT_CHECK(kt_compile(pathf("%s/tests/data/%s", src_dir(), pub[i]), &opt) == KILN_OK);
+        check_bf16_golden(eng, pathf("%s/tests/golden/%s", src_dir(), pub[i]), pub[i], 0);
+    }
 }
 
 static void make_tmp(void) {
