@@ -1,13 +1,19 @@
 # gpu_lib.sh — what the device scripts (bench/gpu_*_check.sh) share; sourced, not run.
 # The sourcing script sets BIN (its carried binaries) and OUT before sourcing it.
-# It makes $OUT, puts the carried libraries and CUDA on LD_LIBRARY_PATH, points the tests at this
-# source tree, empties $OUT/summary.txt (S) and writes $OUT/env.txt.
+# It makes $OUT (and $W), puts the carried libraries and CUDA on LD_LIBRARY_PATH, points the tests at
+# this source tree, empties $OUT/summary.txt (S), writes $OUT/env.txt and starts the budget clock.
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$PWD/$BIN/extra:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/kiln-cache} KILN_TEST_SOURCE_DIR=$PWD
 S=$OUT/summary.txt
 : >"$S"
 { date -u; nvidia-smi -L; } >"$OUT/env.txt" 2>&1
+# transformers offline and quiet; the sourcing script's $W (a work folder) made; its time budget
+# ($BUDGET seconds, 600 unless set) counted from here: `left` prints the seconds that remain
+export HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error PYTHONUNBUFFERED=1
+[ -n "${W:-}" ] && mkdir -p "$W"
+t0=$SECONDS
+left() { echo $((${BUDGET:-600} - (SECONDS - t0))); }
 
 # part NAME SECONDS command...: run it under a timeout into $OUT/NAME.log, add one line (exit status,
 # seconds, the log's last passed/failed count) to the summary; returns the command's status

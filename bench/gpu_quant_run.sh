@@ -24,10 +24,6 @@ QUANTS=${QUANTS:-none int8 int4}
 BATCHES=${BATCHES:-1}
 W=${WORK:-/tmp/kiln-quant}
 . bench/gpu_lib.sh
-export HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error PYTHONUNBUFFERED=1
-mkdir -p "$W"
-t0=$SECONDS
-left() { echo $((BUDGET - (SECONDS - t0))); }
 
 # the 7B checkpoint is drawn on the GPU (seconds) and compiled while the tests run
 (

@@ -19,10 +19,6 @@ BUDGET=${BUDGET:-190}
 LENGTHS=${LENGTHS:-1,17,512}
 W=${WORK:-/tmp/kiln-qwen}
 . bench/gpu_lib.sh
-export HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error PYTHONUNBUFFERED=1
-mkdir -p "$W"
-t0=$SECONDS
-left() { echo $((BUDGET - (SECONDS - t0))); }
 
 # the 8B checkpoint is drawn on the GPU first (seconds), written while the tests run
 ( timeout 80 python3 bench/make_checkpoint.py --arch qwen3-8b --out "$W/q8b" &&
