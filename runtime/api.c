@@ -12,11 +12,13 @@
  * holds only its message (like sqlite3_open), so a caller through FFI can
  * always read why.
  *
- * Device choice: "cpu" is the fp32 reference executor; "gpu" is the CUDA
- * executor (runtime/cuda/, compiled in when KILN_HAVE_CUDA is defined). This
- * file is the only one that knows both, so it is a library of its own
+ * Device choice: the executors are kinds (kiln_rt.h: kiln_executor_kind) in
+ * a table, by device name: "gpu" (runtime/cuda/kind.c, or
+ * runtime/nogpu/gpu_absent.c in a build without the CUDA toolkit: the build
+ * picks the file, no #ifdef here) and "cpu", the fp32 reference executor.
+ * This file is the one that holds the table, so it is a library of its own
  * (kiln_api) above kiln_rt and kiln_cuda, and no link points back down;
- * "auto" tries the GPU and falls back to the CPU only when the GPU is
+ * "auto" tries them in order and passes to the next only when one is
  * unavailable (KILN_ERR_DEVICE), never to hide another failure.
  */
 #include <pthread.h>
@@ -33,9 +35,6 @@
 #include "kiln_rt.h"
 #include "kiln_sched.h"
 #include "kiln_tokenizer.h"
-#ifdef KILN_HAVE_CUDA
-#include "cuda/kiln_cuda_exec.h"
-#endif
 
 struct kiln_t {
     kiln_model *m; /* NULL in a failed handle */
@@ -166,41 +165,9 @@ static kiln_status fail_new(kiln_ctx_t *c, kiln_error *e) {
     return fail_ctx(c, e);
 }
 
-/* Bytes of K and V per token on the CPU executor (f32, every layer; every tensor-parallel rank's
- * heads, which the CPU holds all of). */
-static int64_t cpu_kv_bytes_per_token(const kiln_model *m) {
-    const kiln_plan *p = m->plan;
-    return (int64_t)p->n_layers * p->n_kv_heads * p->head_dim * 2 * (int64_t)sizeof(float) * p->n_ranks;
-}
-
-static kiln_status new_cpu_executor(const kiln_model *m, const kiln_ctx_options *o, kiln_executor **x,
-                                    kiln_error *err) {
-    int64_t kv_tokens = 0;
-    if (o->kv_bytes > 0) {
-        int64_t per = cpu_kv_bytes_per_token(m);
-        kv_tokens = o->kv_bytes / per;
-        if (kv_tokens == 0) {
-            kiln_err(err, KILN_ERR_INVALID_ARG, "kv_bytes %lld holds no token: one token of K and V takes %lld bytes",
-                     (long long)o->kv_bytes, (long long)per);
-            return kiln_err_hint(err, "give kv_bytes 0 for room for max_batch full contexts");
-        }
-    }
-    return kiln_cpu_executor_new(m, o->max_batch, o->max_context, kv_tokens, o->threads ? o->threads : cores(), x,
-                                 err);
-}
-
 /* The measurement knobs of kiln_ctx_options.measure ("key=value,..."), parsed and range-checked. */
-typedef struct measure_knobs {
-    int gemv_max_m;    /* 0 = default */
-    double attn_waves; /* 0 = default */
-    int lt_tune;       /* -1 = default, else 0..2 */
-    int pdl, graphs;   /* -1 = default, else 0/1 */
-    bool profile;
-    bool any;
-} measure_knobs;
-
-static kiln_status parse_measure(const char *spec, measure_knobs *k, kiln_error *err) {
-    *k = (measure_knobs){.lt_tune = -1, .pdl = -1, .graphs = -1};
+static kiln_status parse_measure(const char *spec, kiln_measure_knobs *k, kiln_error *err) {
+    *k = (kiln_measure_knobs){.lt_tune = -1, .pdl = -1, .graphs = -1};
     if (!spec || !*spec) return KILN_OK;
     if (strlen(spec) > 256) return kiln_err(err, KILN_ERR_INVALID_ARG, "measure: longer than 256 characters");
     char buf[260];
@@ -235,33 +202,33 @@ static kiln_status parse_measure(const char *spec, measure_knobs *k, kiln_error 
     return KILN_OK;
 }
 
-/* The GPU executor: the one place that knows whether this build has one. */
-static kiln_status new_gpu_executor(const kiln_model *m, const kiln_ctx_options *o, kiln_executor **x,
-                                    kiln_error *err) {
-#ifdef KILN_HAVE_CUDA
-    measure_knobs mk;
-    kiln_status st = parse_measure(o->measure, &mk, err);
-    if (st != KILN_OK) return st;
-    kiln_cuda_exec_opts co = {.max_seqs = o->max_batch,
-                              .max_context = o->max_context,
-                              .max_step_tokens = o->max_step_tokens, /* 0: the executor sizes it from free memory */
-                              .kv_bytes = o->kv_bytes,
-                              .kv_fraction = o->kv_fraction,
-                              .threads = o->threads,
-                              .gemv_max_m = mk.gemv_max_m,
-                              .attn_waves = mk.attn_waves,
-                              .lt_tune = mk.lt_tune < 0 ? 0 : mk.lt_tune + 1,
-                              .no_pdl = mk.pdl == 0,
-                              .no_graphs = mk.graphs == 0,
-                              .profile = mk.profile};
-    return kiln_cuda_executor_new(m, &co, x, err);
-#else
-    (void)m;
-    (void)o;
-    *x = NULL;
-    kiln_err(err, KILN_ERR_DEVICE, "device \"gpu\": this build has no GPU executor");
-    return kiln_err_hint(err, "use device \"cpu\", or \"auto\" to take the GPU where there is one");
-#endif
+/* The executors, in the order "auto" tries them. */
+static const kiln_executor_kind *const executor_kinds[] = {&kiln_executor_gpu, &kiln_executor_cpu};
+
+/* The executor for device `dev` ("cpu", "gpu", "auto") into *x, its name into `device`. */
+static kiln_status new_executor(const kiln_t *k, const char *dev, const kiln_ctx_options *o,
+                                const kiln_measure_knobs *mk, kiln_executor **x, char *device, size_t cap,
+                                kiln_error *err) {
+    const bool any = strcmp(dev, "auto") == 0;
+    kiln_status st = KILN_ERR_DEVICE;
+    for (size_t i = 0; i < sizeof executor_kinds / sizeof executor_kinds[0]; i++) {
+        const kiln_executor_kind *kind = executor_kinds[i];
+        if (!any && strcmp(dev, kind->device)) continue;
+        /* "auto": knobs never fall back to a kind that does not take them; without knobs, a kind
+         * passes over engines it is not for (the GPU over an engine with no kernels) */
+        if (any && (mk->any ? !kind->takes_knobs : kind->auto_for && !kind->auto_for(k->m))) continue;
+        *err = (kiln_error){0};
+        st = KILN_OK;
+        if (kind->needs_f32) { /* the first context that needs them converts the weights */
+            pthread_mutex_lock((pthread_mutex_t *)&k->f32_lock);
+            st = kiln_model_load_f32(k->m, err);
+            pthread_mutex_unlock((pthread_mutex_t *)&k->f32_lock);
+        }
+        if (st == KILN_OK) st = kind->create(k->m, o, mk, x, err);
+        if (st == KILN_OK) snprintf(device, cap, "%s", kind->device);
+        if (st != KILN_ERR_DEVICE || !any) return st;
+    }
+    return st;
 }
 
 static kiln_status check_ctx_options(const kiln_model *m, const kiln_ctx_options *o, kiln_error *err) {
@@ -333,7 +300,7 @@ kiln_status kiln_ctx_new(const kiln_t *k, const kiln_ctx_options *opts, kiln_ctx
         kiln_err_prefix(&e, "kiln_ctx_new: ");
         return fail_new(c, &e);
     }
-    measure_knobs mk;
+    kiln_measure_knobs mk;
     if ((st = parse_measure(o.measure, &mk, &e)) != KILN_OK || (want_cpu && mk.any)) {
         if (st == KILN_OK) {
             st = kiln_err(&e, KILN_ERR_INVALID_ARG, "measure knobs '%s' apply to the GPU executor, not device \"cpu\"",
@@ -342,22 +309,7 @@ kiln_status kiln_ctx_new(const kiln_t *k, const kiln_ctx_options *opts, kiln_ctx
         kiln_err_prefix(&e, "kiln_ctx_new: ");
         return fail_new(c, &e);
     }
-    st = KILN_ERR_DEVICE;
-    /* "auto" with an engine that has no GPU kernels (compiled for the CPU only, or for a model the GPU
-     * kernels do not take yet) is the CPU; "gpu" still tries, and says why it cannot */
-    const bool cpu_only = !kiln_engine_find(&k->m->engine, KILN_SECTION_KERNELS);
-    if (want_gpu || (want_auto && !(cpu_only && !mk.any))) {
-        st = new_gpu_executor(k->m, &o, &c->x, &e);
-        if (st == KILN_OK) snprintf(c->device, sizeof c->device, "gpu");
-    }
-    if (st == KILN_ERR_DEVICE && (want_cpu || (want_auto && !mk.any))) { /* knobs never fall back to the CPU */
-        e = (kiln_error){0};
-        pthread_mutex_lock((pthread_mutex_t *)&k->f32_lock);
-        st = kiln_model_load_f32(k->m, &e);
-        pthread_mutex_unlock((pthread_mutex_t *)&k->f32_lock);
-        if (st == KILN_OK) st = new_cpu_executor(k->m, &o, &c->x, &e);
-        if (st == KILN_OK) snprintf(c->device, sizeof c->device, "cpu");
-    }
+    st = new_executor(k, dev, &o, &mk, &c->x, c->device, sizeof c->device, &e);
     if (st == KILN_OK && c->x && kiln_model_shrank(k->m, &e)) { /* the upload read zeros past a new end */
         c->x->ops->destroy(c->x);
         c->x = NULL;

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kiln_exec.h"
 #include "kiln_rt.h"
@@ -201,3 +202,33 @@ kiln_status kiln_cpu_executor_new(const kiln_model *m, int max_seqs, int max_con
     *out = &c->base;
     return KILN_OK;
 }
+
+/* ---- the CPU executor's kind (kiln_rt.h), for kiln_ctx_new ---- */
+
+/* KV bytes one token takes on the CPU: f32 K and V of every layer's KV heads (every rank's
+ * heads, which the CPU holds all of). */
+static int64_t cpu_kv_bytes_per_token(const kiln_model *m) {
+    const kiln_plan *p = m->plan;
+    return (int64_t)p->n_layers * p->n_kv_heads * p->head_dim * 2 * (int64_t)sizeof(float) * p->n_ranks;
+}
+
+static kiln_status cpu_create(const kiln_model *m, const kiln_ctx_options *o, const kiln_measure_knobs *k,
+                              kiln_executor **x, kiln_error *err) {
+    (void)k; /* none apply (kiln_ctx_new refuses them for "cpu") */
+    int64_t kv_tokens = 0;
+    if (o->kv_bytes > 0) {
+        int64_t per = cpu_kv_bytes_per_token(m);
+        kv_tokens = o->kv_bytes / per;
+        if (kv_tokens == 0) {
+            kiln_err(err, KILN_ERR_INVALID_ARG, "kv_bytes %lld holds no token: one token of K and V takes %lld bytes",
+                     (long long)o->kv_bytes, (long long)per);
+            return kiln_err_hint(err, "give kv_bytes 0 for room for max_batch full contexts");
+        }
+    }
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int threads = o->threads ? o->threads : cores < 1 ? 1 : cores > 1024 ? 1024 : (int)cores;
+    return kiln_cpu_executor_new(m, o->max_batch, o->max_context, kv_tokens, threads, x, err);
+}
+
+const kiln_executor_kind kiln_executor_cpu = {
+    .device = "cpu", .needs_f32 = true, .takes_knobs = false, .auto_for = NULL, .create = cpu_create};

@@ -116,6 +116,37 @@ struct kiln_executor;
 kiln_status kiln_cpu_executor_new(const kiln_model *m, int max_seqs, int max_context, int64_t kv_tokens, int threads,
                                   struct kiln_executor **out, kiln_error *err);
 
+/* ---- the executors kiln_ctx_new chooses from (runtime/api.c) ---- */
+
+/* kiln_ctx_options.measure parsed (kiln.h lists the knobs); 0 / -1 = the executor's default. */
+typedef struct kiln_measure_knobs {
+    int gemv_max_m;    /* 0 = default */
+    double attn_waves; /* 0 = default */
+    int lt_tune;       /* -1 = default, else 0..2 */
+    int pdl, graphs;   /* -1 = default, else 0/1 */
+    bool profile;
+    bool any;          /* at least one knob was given */
+} kiln_measure_knobs;
+
+/* An executor, by the kiln_ctx_options.device that picks it. "auto" tries the kinds in
+ * kiln_executor_kinds' order: one whose device is unavailable (KILN_ERR_DEVICE) passes to the
+ * next; any other failure is the answer. */
+typedef struct kiln_executor_kind {
+    const char *device;  /* "gpu", "cpu" */
+    bool needs_f32;      /* runs on the model's f32 weights (kiln_model_load_f32 first) */
+    bool takes_knobs;    /* runs with measurement knobs (others refuse them, and "auto" with knobs skips it) */
+    /* whether "auto" tries it for this engine (NULL: always); "gpu" asked by name still tries */
+    bool (*auto_for)(const kiln_model *m);
+    kiln_status (*create)(const kiln_model *m, const kiln_ctx_options *o, const kiln_measure_knobs *k,
+                          struct kiln_executor **out, kiln_error *err);
+} kiln_executor_kind;
+
+/* The CPU executor's kind (runtime/cpu_backend.c). */
+extern const kiln_executor_kind kiln_executor_cpu;
+/* The GPU executor's kind: runtime/cuda/kind.c in a build with the CUDA toolkit, else
+ * runtime/nogpu/gpu_absent.c, whose create says this build has none (KILN_ERR_DEVICE). */
+extern const kiln_executor_kind kiln_executor_gpu;
+
 /* ---- generation ---- */
 
 /* kiln_stop_reason and kiln_stop_reason_str() are public: kiln.h. */

@@ -139,6 +139,9 @@ echo "1 50 60 70 80 90" >"$T/q.ids"
 "$KILN" perplexity "$T/q.kiln" --ids-file "$T/q.ids" --device cpu --json 2>"$T/err" | grep -q '"perplexity"' && ok ||
     bad "perplexity of a quantized engine: $(cat "$T/err")"
 expect 1 "GPU|gpu" -- "$KILN" run "$T/q.kiln" --prompt-ids 1,2 --max-tokens 2 --device gpu
+# the executor table (runtime/api.c): "auto" passes over the GPU for an engine without kernels
+"$KILN" run "$T/q.kiln" --prompt-ids 1,2 --max-tokens 2 --device auto 2>&1 | grep -q " on cpu" && ok ||
+    bad "--device auto did not take the CPU for an engine without GPU kernels"
 
 # published quantized checkpoints (AWQ gemm, GPTQ): read as they are; what kiln does not read is refused by name
 QA="$SRC/tests/data/tiny-mistral-awq"
