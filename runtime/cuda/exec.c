@@ -436,6 +436,18 @@ static cx_inst *emit(cx *x, cx_ikind kind, int op, kiln_error *err) {
     return in;
 }
 
+/* The GEMV module of an n x k weight with epilogue epi and variant ("m1", "mma", or a quantized
+ * dtype's name): its kernel and launch shape. */
+static kiln_status gemv_fn(cx *x, const char *epi, int n, int k, const char *variant, CUfunction *fn,
+                           kiln_gemv_cfg *cfg, kiln_error *err) {
+    char name[KILN_KSEC_NAME_MAX];
+    const kiln_ksec_module *km = NULL;
+    kiln_ksec_gemv_name(name, sizeof name, epi, n, k, variant);
+    kiln_status st = fn_get(x, name, "kiln_gemv", fn, &km, err);
+    if (st == KILN_OK) *cfg = (kiln_gemv_cfg){km->cfg[0], km->cfg[1], km->cfg[2], km->cfg[3], km->cfg[4]};
+    return st;
+}
+
 static kiln_status gemm_setup(cx *x, cx_gemm *g, int dw, cx_epi epi, kiln_error *err) {
     const cx_dw *d = &x->dw[dw];
     g->dw = dw;
@@ -448,26 +460,21 @@ static kiln_status gemm_setup(cx *x, cx_gemm *g, int dw, cx_epi epi, kiln_error 
     const kiln_ksec_module *km = NULL;
     kiln_status st;
     if (g->qt) { /* one GEMV for every M it takes; past that, dequantize for cuBLASLt */
-        kiln_ksec_gemv_name(name, sizeof name, epis[epi], g->n, g->k, kiln_dtype_name((kiln_dtype)g->qt));
-        if ((st = fn_get(x, name, "kiln_gemv", &g->mma, &km, err))) return st;
-        g->m1 = g->mma;
-        g->c1 = g->cmma = (kiln_gemv_cfg){km->cfg[0], km->cfg[1], km->cfg[2], km->cfg[3], km->cfg[4]};
-        if (!x->f_dequant) {
-            if ((st = fn_get(x, "dequant", "kiln_dequant", &x->f_dequant, &km, err))) return st;
-            x->dequant_threads = km->cfg[0] > 0 ? km->cfg[0] : 256;
-        }
         if (g->k % 16 || (int64_t)g->n * g->k > ((int64_t)1 << 31))
             return kiln_err(err, KILN_ERR_UNSUPPORTED, "cuda executor: quantized weight '%s' [%d, %d]: the GPU reads "
                             "quantized matrices with columns a multiple of 16 and fewer than 2^31 elements",
                             x->p->weights[d->src].name, g->n, g->k);
-    }
-    kiln_ksec_gemv_name(name, sizeof name, epis[epi], g->n, g->k, "m1");
-    if (!g->qt && (st = fn_get(x, name, "kiln_gemv", &g->m1, &km, err))) return st;
-    if (!g->qt) g->c1 = (kiln_gemv_cfg){km->cfg[0], km->cfg[1], km->cfg[2], km->cfg[3], km->cfg[4]};
-    if (!x->f32 && !g->qt) {
-        kiln_ksec_gemv_name(name, sizeof name, epis[epi], g->n, g->k, "mma");
-        if ((st = fn_get(x, name, "kiln_gemv", &g->mma, &km, err))) return st;
-        g->cmma = (kiln_gemv_cfg){km->cfg[0], km->cfg[1], km->cfg[2], km->cfg[3], km->cfg[4]};
+        if ((st = gemv_fn(x, epis[epi], g->n, g->k, kiln_dtype_name((kiln_dtype)g->qt), &g->mma, &g->cmma, err)))
+            return st;
+        g->m1 = g->mma;
+        g->c1 = g->cmma;
+        if (!x->f_dequant) {
+            if ((st = fn_get(x, "dequant", "kiln_dequant", &x->f_dequant, &km, err))) return st;
+            x->dequant_threads = km->cfg[0] > 0 ? km->cfg[0] : 256;
+        }
+    } else {
+        if ((st = gemv_fn(x, epis[epi], g->n, g->k, "m1", &g->m1, &g->c1, err))) return st;
+        if (!x->f32 && (st = gemv_fn(x, epis[epi], g->n, g->k, "mma", &g->mma, &g->cmma, err))) return st;
     }
     if (epi == EPI_SWIGLU) {
         snprintf(name, sizeof name, "swiglu.f%d", g->n / 2);
