@@ -323,6 +323,55 @@ static void put_module(uint8_t *r, const char *name, uint64_t off, uint64_t len,
     kiln_wr_u32(r + 96, shares);
 }
 
+/* A quantized engine's kernels section (no GPU needed, NVRTC is): the quantized GEMV modules per
+ * weight (GEMV_QUANT, GEMV_GROUP, the dtype in cfg[7]) and the dequant module; an f32 engine with
+ * quantized matrices gets no kernels and says why. */
+static void test_kernels_section_quant(void) {
+    kiln_error err = {0};
+    int ver = 0;
+    if (kiln_nvrtc_version(&ver, &err) != KILN_OK) KT_SKIP("no NVRTC: %s", err.msg);
+    const char *eng = pathf("%s/tm_q4_k.kiln", g_tmp);
+    kiln_compile_options opt = {.output_path = eng, .weight_dtype = KILN_DTYPE_BF16, .targets = "sm_90",
+                                .quant = KILN_DTYPE_Q4G32, .quant_head = KILN_DTYPE_Q8};
+    KT_REQUIRE(kt_compile(pathf("%s/tests/data/tiny-mistral", src_dir()), &opt) == KILN_OK);
+    kiln_model *m = NULL;
+    KT_REQUIRE(kiln_model_open_ex(eng, 1, KILN_MODEL_NO_F32, &m, &err) == KILN_OK);
+    const kiln_engine_section *s = kiln_engine_find(&m->engine, KILN_SECTION_KERNELS);
+    KT_REQUIRE(s != NULL);
+    kiln_ksec ks;
+    KT_REQUIRE(kiln_ksec_parse(m->engine.data + s->offset, s->stored_size, &ks, &err) == KILN_OK);
+    KT_EQ_INT(ks.elem, KILN_KSEC_ELEM_BF16);
+    /* tiny-mistral: q/k/v 64 + 32 + 32 rows over hidden 64, gate/up 2 x 128, down 64 x 128, head 256 x 64 */
+    static const struct {
+        const char *name;
+        int bits, group, dtype;
+    } want[] = {{"gemv.plain.128x64.q4g32", 4, 32, KILN_DTYPE_Q4G32},
+                {"gemv.swiglu.256x64.q4g32", 4, 32, KILN_DTYPE_Q4G32},
+                {"gemv.plain.64x128.q4g32", 4, 32, KILN_DTYPE_Q4G32},
+                {"gemv.f32out.256x64.q8", 8, 0, KILN_DTYPE_Q8}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const kiln_ksec_module *e = kiln_ksec_find(&ks, want[i].name);
+        KT_CHECKF(e != NULL, "no module %s", want[i].name);
+        if (!e) continue;
+        char *src = strndup(e->source, e->source_len);
+        KT_CONTAINS(src, pathf("#define GEMV_QUANT %d", want[i].bits));
+        KT_CONTAINS(src, pathf("#define GEMV_GROUP %d", want[i].group));
+        KT_CONTAINS(src, "#define GEMV_MMA 1");
+        free(src);
+        KT_EQ_INT(e->cfg[4], 1);
+        KT_EQ_INT(e->cfg[7], want[i].dtype);
+    }
+    KT_CHECK(kiln_ksec_find(&ks, "dequant") != NULL);
+    KT_CHECK(kiln_ksec_find(&ks, "gemv.plain.128x64.m1") == NULL); /* no bf16 GEMV for a quantized weight */
+    kiln_model_close(m);
+    /* f32 with quantized matrices: the kernels compute in f32 and read no codes */
+    const char *e32 = pathf("%s/tm_q8_f32.kiln", g_tmp);
+    kiln_compile_options o32 = {.output_path = e32, .weight_dtype = KILN_DTYPE_F32, .targets = "sm_90",
+                                .quant = KILN_DTYPE_Q8, .quant_head = KILN_DTYPE_Q8};
+    KT_EQ_INT(kt_compile(pathf("%s/tests/data/tiny-mistral", src_dir()), &o32), KILN_ERR_UNSUPPORTED);
+    KT_CHECK(access(e32, F_OK) != 0);
+}
+
 static void test_ksec_shares(void) {
     enum { NM = 3, NI = 1, TABLES = KILN_KSEC_HEADER_SIZE + NM * KILN_KSEC_MODULE_SIZE + NI * KILN_KSEC_IMAGE_SIZE };
     uint8_t sec[TABLES + 32] = {0}, bad[sizeof sec];
@@ -1151,6 +1200,7 @@ int main(void) {
     make_tmp();
     RUN(test_kvpool);
     RUN(test_kernels_section);
+    RUN(test_kernels_section_quant);
     RUN(test_ksec_shares);
     RUN(test_pycode_sources);
     RUN(test_stories_f32);
