@@ -538,6 +538,19 @@ static kiln_status unsupported_op(const cx *x, uint32_t i, const char *why, kiln
     return kiln_err_hint(err, "compile the engine with the default passes (the GPU runs the fused ops)");
 }
 
+/* The device weight of plan value v into *dw: read dense (tables, norms, biases), or as a GEMV's
+ * matrix (quantized ones as stored). */
+static kiln_status value_weight(cx *x, int32_t v, bool dense, int *dw, kiln_error *err) {
+    *dw = dw_add(x, x->p->values[v].weight, dense, err);
+    return *dw < 0 ? err->code : KILN_OK;
+}
+
+/* A buffer of value v's width (token rows of it) for activation value v, into vb[v]. */
+static kiln_status value_buf(cx *x, int32_t *vb, int32_t v, kiln_error *err) {
+    vb[v] = buf_get(x, (size_t)vwidth(x->p, v) * (size_t)x->es, err);
+    return vb[v] < 0 ? KILN_ERR_NOMEM : KILN_OK;
+}
+
 static kiln_status build_program(cx *x, kiln_error *err) {
     const kiln_plan *p = x->p;
     if (p->n_ranks > 1) { /* tensor parallelism: the CPU side is built, the GPU side is design (docs/parallelism.md) */
@@ -562,25 +575,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             last[v] = (int32_t)i;
             uses[v]++;
         }
-    const size_t es = (size_t)x->es;
     int qkv_op = -1, qkv_inst = -1; /* the qkv_rope op (and its instruction) whose q, k, v await their attention */
-#define OUTBUF(v)                                                                                     \
-    do {                                                                                              \
-        if ((vb[v] = buf_get(x, (size_t)vwidth(p, v) * es, err)) < 0) {                            \
-            st = KILN_ERR_NOMEM;                                                                      \
-            goto out;                                                                                 \
-        }                                                                                             \
-    } while (0)
-/* WDW: a weight read dense (tables, norms, biases); WGEMV: a GEMV's matrix, quantized ones as stored */
-#define WEIGHT_(var, value, dense)                                                                    \
-    do {                                                                                              \
-        if ((var = dw_add(x, p->values[value].weight, dense, err)) < 0) {                             \
-            st = err->code;                                                                           \
-            goto out;                                                                                 \
-        }                                                                                             \
-    } while (0)
-#define WDW(var, value) WEIGHT_(var, value, true)
-#define WGEMV(var, value) WEIGHT_(var, value, false)
     for (uint32_t i = 0; i < p->n_ops; i++) {
         const kiln_plan_op *op = &p->ops[i];
         const kiln_op_attrs *a = &op->attrs;
@@ -593,8 +588,8 @@ static kiln_status build_program(cx *x, kiln_error *err) {
                 goto out;
             }
             if (!(ins = emit(x, I_EMBED, (int)i, err))) goto nomem;
-            WDW(ins->dw, in[1]);
-            OUTBUF(o[0]);
+            if ((st = value_weight(x, in[1], true, &ins->dw, err))) goto out;
+            if ((st = value_buf(x, vb, o[0], err))) goto out;
             ins->y = vb[o[0]];
             break;
         case KILN_OP_RMSNORM:
@@ -612,7 +607,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             ins->eps = a->eps;
             ins->fold = (a->flags & KILN_FLAG_FOLD_INTO_GEMV) && uses[yv] == 1; /* checked against the next
                                                                                    instruction below */
-            WDW(ins->dw, wv);
+            if ((st = value_weight(x, wv, true, &ins->dw, err))) goto out;
             if (!add) {
                 ins->res = vb[in[0]];
             } else if (last[in[0]] == (int32_t)i && vb[in[0]] >= 0 && p->values[in[0]].kind == KILN_PV_ACT) {
@@ -627,7 +622,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
                 vb[in[1]] = -1;
             } else {
                 /* both inputs live on: the sum needs its own buffer (copy a, add b) */
-                OUTBUF(o[0]);
+                if ((st = value_buf(x, vb, o[0], err))) goto out;
                 cx_inst *cp = ins; /* reuse this slot for the copy, then a new NORM */
                 cp->kind = I_COPY;
                 cp->x = vb[in[0]];
@@ -642,17 +637,17 @@ static kiln_status build_program(cx *x, kiln_error *err) {
                 ins->res = vb[o[0]];
                 ins->x = vb[in[1]];
             }
-            OUTBUF(yv);
+            if ((st = value_buf(x, vb, yv, err))) goto out;
             ins->y = vb[yv];
             break;
         }
         case KILN_OP_LINEAR: {
             int dw;
-            WGEMV(dw, in[1]);
+            if ((st = value_weight(x, in[1], false, &dw, err))) goto out;
             if (!(ins = emit(x, I_GEMM, (int)i, err))) goto nomem;
             ins->x = vb[in[0]];
             if ((st = gemm_setup(x, &ins->g, dw, EPI_PLAIN, err))) goto out;
-            OUTBUF(o[0]);
+            if ((st = value_buf(x, vb, o[0], err))) goto out;
             ins->y = vb[o[0]];
             break;
         }
@@ -660,14 +655,14 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             /* y = r + hW^T: the GEMM accumulates into r's buffer, which the sum takes over when r dies
              * here; else r is copied into y's own buffer first */
             int dw;
-            WGEMV(dw, in[1]);
+            if ((st = value_weight(x, in[1], false, &dw, err))) goto out;
             const int32_t r = in[2];
             if (vb[r] < 0) {
                 st = unsupported_op(x, i, "its residual is not an activation this executor holds", err);
                 goto out;
             }
             if (last[r] != (int32_t)i || r == in[0]) {
-                OUTBUF(o[0]);
+                if ((st = value_buf(x, vb, o[0], err))) goto out;
                 if (!(ins = emit(x, I_COPY, (int)i, err))) goto nomem;
                 ins->x = vb[r];
                 ins->y = vb[o[0]];
@@ -694,7 +689,8 @@ static kiln_status build_program(cx *x, kiln_error *err) {
                     goto out;
                 }
             int dw;
-            WGEMV(dw, in[1]); /* [Wq; Wk; Wv], packed by the compiler */
+            /* [Wq; Wk; Wv], packed by the compiler */
+            if ((st = value_weight(x, in[1], false, &dw, err))) goto out;
             if (!x->f_rope) {
                 const kiln_ksec_module *km = NULL;
                 if ((st = fn_get(x, "rope_kv", "kiln_rope_kv", &x->f_rope, &km, err))) goto out;
@@ -705,10 +701,11 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             ins->layer = a->layer;
             ins->dw_bias = ins->dw_qn = ins->dw_kn = -1; /* the optional inputs after positions */
             uint32_t extra = 3;
-            if (a->flags & KILN_FLAG_QKV_BIAS) WDW(ins->dw_bias, in[extra++]);
+            if ((a->flags & KILN_FLAG_QKV_BIAS) && (st = value_weight(x, in[extra++], true, &ins->dw_bias, err)))
+                goto out;
             if (a->flags & KILN_FLAG_QK_NORM) {
-                WDW(ins->dw_qn, in[extra++]);
-                WDW(ins->dw_kn, in[extra++]);
+                if ((st = value_weight(x, in[extra++], true, &ins->dw_qn, err))) goto out;
+                if ((st = value_weight(x, in[extra++], true, &ins->dw_kn, err))) goto out;
             }
             if ((st = gemm_setup(x, &ins->g, dw, EPI_PLAIN, err))) goto out;
             for (int j = 0; j < 3; j++) virt[o[j]] = 1;
@@ -747,18 +744,19 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             }
             if (a->window == 0) x->free_window = -1; /* a full-attention layer keeps every block */
             else if (x->free_window >= 0 && a->window > x->free_window) x->free_window = a->window;
-            OUTBUF(o[0]);
+            if ((st = value_buf(x, vb, o[0], err))) goto out;
             ins->y = vb[o[0]];
             qkv_op = qkv_inst = -1;
             break;
         }
         case KILN_OP_GATE_UP_SWIGLU_PACKED: {
             int dw;
-            WGEMV(dw, in[1]); /* gate/up rows interleaved by the compiler */
+            /* gate/up rows interleaved by the compiler */
+            if ((st = value_weight(x, in[1], false, &dw, err))) goto out;
             if (!(ins = emit(x, I_GEMM, (int)i, err))) goto nomem;
             ins->x = vb[in[0]];
             if ((st = gemm_setup(x, &ins->g, dw, EPI_SWIGLU, err))) goto out;
-            OUTBUF(o[0]);
+            if ((st = value_buf(x, vb, o[0], err))) goto out;
             ins->y = vb[o[0]];
             break;
         }
@@ -768,7 +766,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
                 goto out;
             }
             int dw;
-            WGEMV(dw, in[1]);
+            if ((st = value_weight(x, in[1], false, &dw, err))) goto out;
             if (!(ins = emit(x, I_LMHEAD, (int)i, err))) goto nomem;
             ins->x = vb[in[0]];
             if ((st = gemm_setup(x, &ins->g, dw, EPI_F32OUT, err))) goto out;
@@ -818,10 +816,6 @@ static kiln_status build_program(cx *x, kiln_error *err) {
 nomem:
     st = KILN_ERR_NOMEM;
 out:
-#undef OUTBUF
-#undef WDW
-#undef WGEMV
-#undef WEIGHT_
     free(last);
     free(uses);
     free(vb);
