@@ -33,6 +33,8 @@ typedef enum kiln_dtype {
     KILN_DTYPE_Q4G32 = 5,
     KILN_DTYPE_Q4G64 = 6,
     KILN_DTYPE_Q4G128 = 7,
+    /* Read from checkpoints only (compressed-tensors' weight_shape), never in an engine. */
+    KILN_DTYPE_I64 = 8,
     KILN_DTYPE_COUNT_
 } kiln_dtype;
 

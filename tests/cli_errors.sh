@@ -49,8 +49,8 @@ d=$(mkckpt st-range); st_write "$d" '{"a":{"dtype":"F32","shape":[4],"data_offse
 compile_fails 1 "'a'|\"a\"" "$d"
 d=$(mkckpt st-dtype); st_write "$d" '{"a":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}}' 8
 compile_fails 1 "Q7" "$d"
-d=$(mkckpt st-i64); st_write "$d" '{"a":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}}' 8
-compile_fails 1 "I64" "$d"
+d=$(mkckpt st-u64); st_write "$d" '{"a":{"dtype":"U64","shape":[1],"data_offsets":[0,8]}}' 8
+compile_fails 1 "U64" "$d"
 d=$(mkckpt st-shape); st_write "$d" '{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}' 8
 compile_fails 1 "'a'|\"a\"" "$d"
 d=$(mkckpt st-dup); st_write "$d" '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}' 16
