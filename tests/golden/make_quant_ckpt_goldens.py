@@ -228,7 +228,7 @@ def make_one(name, fmt, sym, ckfmt, desc_act, prompts):
     gj["model"] = "tests/data/" + name
     gj["quantization"] = {"checkpoint": qcfg["quantization_config"],
                           "reference": "tests/golden/make_quant_ckpt_goldens.py unpack_dequant (numpy: "
-                                       "(q - z) * s from the packed tensors, in float32)"}
+                                       "(q - z) * s from the packed tensors)"}
     mg.write_json(gpath, gj)
     print("%s: %d tensors, %s%s, group %d, %d bytes" % (name, len(out), fmt, " " + ckfmt if ckfmt else "", GROUP,
                                                          os.path.getsize(os.path.join(d, "model.safetensors"))))
