@@ -397,17 +397,19 @@ static kiln_status read_row(const kiln_value *part, int64_t pr, float *row, kiln
     return kiln_weight_convert(&as_f32, first, part->src + first * ss, (uint8_t *)row, (size_t)k, err);
 }
 
-/* A NaN or infinite scale (flat index `at` into its [K/G, N] scales) of the checkpoint-quantized
- * matrix `part`, whose value is named after its qweight tensor: the message names the scales tensor. */
+/* A NaN or infinite scale (flat index `at` into its scales: kiln_qsrc_scale_index) of the
+ * checkpoint-quantized matrix `part`, whose value is named after its qweight (weight_packed) tensor:
+ * the message names the scales (weight_scale) tensor and the element's place in it. */
 static kiln_status bad_scale(const kiln_value *part, int64_t at, kiln_error *err) {
-    const int64_t n = part->shape[0];
+    const bool ct = part->qsrc.format == KILN_QSRC_CT; /* [N, K/G], else [K/G, N] */
+    const int64_t cols = ct ? part->shape[1] / kiln_quant_group(part->dtype) : part->shape[0];
     const char *dot = strrchr(part->name, '.');
     const int base = dot ? (int)(dot - part->name) : (int)strlen(part->name);
     const uint16_t h = (uint16_t)(part->qsrc.scales[2 * at] | part->qsrc.scales[2 * at + 1] << 8);
     const float f = part->qsrc.scales_dtype == KILN_DTYPE_BF16 ? kiln_bf16_to_f32(h) : kiln_f16_to_f32(h);
-    kiln_err(err, KILN_ERR_PARSE, "weight '%.*s.scales' (%s): element %lld [%lld,%lld] is %s", base, part->name,
-             kiln_dtype_name(part->qsrc.scales_dtype), (long long)at, (long long)(at / n), (long long)(at % n),
-             f != f ? "NaN" : f > 0 ? "+Inf" : "-Inf");
+    kiln_err(err, KILN_ERR_PARSE, "weight '%.*s.%s' (%s): element %lld [%lld,%lld] is %s", base, part->name,
+             ct ? "weight_scale" : "scales", kiln_dtype_name(part->qsrc.scales_dtype), (long long)at,
+             (long long)(at / cols), (long long)(at % cols), f != f ? "NaN" : f > 0 ? "+Inf" : "-Inf");
     return kiln_err_hint(err, "a NaN or infinite scale makes the model's outputs NaN; the checkpoint is damaged "
                               "(re-download or re-export it)");
 }

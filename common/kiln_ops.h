@@ -33,6 +33,8 @@ typedef enum kiln_dtype {
     KILN_DTYPE_Q4G32 = 5,
     KILN_DTYPE_Q4G64 = 6,
     KILN_DTYPE_Q4G128 = 7,
+    /* Read from checkpoints only (compressed-tensors' weight_shape), never in an engine. */
+    KILN_DTYPE_I64 = 8,
     KILN_DTYPE_COUNT_
 } kiln_dtype;
 
@@ -61,20 +63,28 @@ void kiln_quant_row_ex(int t, int64_t n_rows, int64_t k, int64_t row, const floa
 /* Rows [r0, r0 + count) of a quantized [N, K] weight (`data`: its bytes) as floats into out. */
 void kiln_dequant_rows(int t, const uint8_t *data, int64_t n_rows, int64_t k, int64_t r0, int64_t count, float *out);
 
-/* A matrix that comes quantized from a published checkpoint (AWQ or GPTQ, 4 bits), as kiln_value.qsrc
- * carries it from the importer to the writer, which repacks it into q4gG (G = group) without
- * rounding anything again. The matrix kiln stores is [n, k] (n output rows, k input columns); the
- * checkpoint's tensors are transposed, input-major, int32 words of 8 nibbles (bits 4i..4i+3 =
- * nibble i), little-endian:
+/* A matrix that comes quantized from a published checkpoint (AWQ, GPTQ or compressed-tensors, 4 bits),
+ * as kiln_value.qsrc carries it from the importer to the writer, which repacks it into q4gG (G =
+ * group) without rounding anything again. The matrix kiln stores is [n, k] (n output rows, k input
+ * columns); the checkpoint's tensors are int32 words of 8 nibbles (bits 4i..4i+3 = nibble i),
+ * little-endian:
  *   AWQ (AutoAWQ "gemm"): qweight [k, n/8], nibble i of word [c, j] = column c, row 8j + AWQ's
  *     order[i] (order = 0, 2, 4, 6, 1, 3, 5, 7); qzeros [k/G, n/8] packed the same way;
+ *     scales [k/G, n];
  *   GPTQ: qweight [k/8, n], nibble i of word [j, r] = column 8j + i, row r; qzeros [k/G, n/8],
  *     nibble i of word [g, j] = row 8j + i (v1 checkpoints store each zero minus 1: zero_offset 1);
- *   both: scales [k/G, n] f16 or bf16; the value is (q - z) * s. */
+ *     scales [k/G, n];
+ *   compressed-tensors ("pack-quantized", int4): weight_packed [n, k/8], nibble i of word [r, j] =
+ *     row r, column 8j + i, stored as the signed code + 8; weight_zero_point (asymmetric) [n/8,
+ *     k/G], nibble i of word [j, g] = row 8j + i, the signed zero + 8 (qzeros NULL: symmetric,
+ *     zero 0, i.e. 8 in stored terms); weight_scale [n, k/G];
+ *   all: scales f16 or bf16; the value is (q - z) * s with q and z the nibbles as defined above
+ *   (compressed-tensors' +8 offsets cancel). */
 typedef enum kiln_qsrc_format {
     KILN_QSRC_NONE = 0,
     KILN_QSRC_AWQ = 1,
     KILN_QSRC_GPTQ = 2,
+    KILN_QSRC_CT = 3, /* compressed-tensors pack-quantized */
 } kiln_qsrc_format;
 typedef struct kiln_qsrc {
     kiln_qsrc_format format;
@@ -82,11 +92,14 @@ typedef struct kiln_qsrc {
     const uint8_t *qweight, *qzeros, *scales; /* the checkpoint's bytes (owned by the front end) */
     kiln_dtype scales_dtype;                /* KILN_DTYPE_F16 or _BF16 */
 } kiln_qsrc;
+/* The flat index into the scales of `s` (layouts above) of row `row`, group `gi` of its [n, k]
+ * matrix, grouped by G columns. */
+int64_t kiln_qsrc_scale_index(const kiln_qsrc *s, int64_t n, int64_t k, int g, int64_t row, int64_t gi);
 /* Row `row` of the [n, k] matrix `s` holds into row `dst_row` of a q4gG weight of dst_rows rows
  * at `out` (t = KILN_DTYPE_Q4G<G>, G the checkpoint's group): codes as they are, scale s, minimum
  * -z * s, so code * scale + minimum is (q - z) * s exactly in f32. Returns -1, or the flat index
- * into scales ([k/G, n]) of the first NaN or infinite scale of the row (nothing sensible is then
- * written for that group). */
+ * into the scales (kiln_qsrc_scale_index) of the first NaN or infinite scale of the row (nothing
+ * sensible is then written for that group). */
 int64_t kiln_quant_repack_row(const kiln_qsrc *s, int t, int64_t n, int64_t k, int64_t row, int64_t dst_rows,
                               int64_t dst_row, uint8_t *out);
 

@@ -9,11 +9,13 @@
  * then for q4 the group minimums, [N, K/G] f32. Scales lead to one rounding
  * per element, as round-to-nearest quantization (RTN) does.
  *
- * kiln_quant_repack_row reads a published checkpoint's AWQ or GPTQ matrix
- * (kiln_ops.h: kiln_qsrc) into the same layout: its codes are copied and
- * its zero z and fp16 scale s become the group's minimum -z * s, exact in
- * f32 (z has 5 bits, s 11), so code * s + min is (q - z) * s exactly: no
- * value changes.
+ * kiln_quant_repack_row reads a published checkpoint's AWQ, GPTQ or
+ * compressed-tensors matrix (kiln_ops.h: kiln_qsrc) into the same layout:
+ * its codes are copied and its zero z and fp16 scale s become the group's
+ * minimum -z * s, exact in f32 (z has 5 bits, s 11), so code * s + min is
+ * (q - z) * s exactly: no value changes. compressed-tensors stores signed
+ * codes and zeros plus 8; the nibbles are taken as they are (the offsets
+ * cancel in q - z) and a symmetric matrix, which has no zeros, gets z = 8.
  */
 #include "kiln_ops.h"
 #include "kiln_util.h"
@@ -163,38 +165,62 @@ static uint32_t word_at(const uint8_t *p, uint64_t i) { return kiln_rd_u32(p + 4
 /* Where AutoAWQ puts column j of 8 (its pack order 0, 2, 4, 6, 1, 3, 5, 7 inverted): the nibble. */
 static const int awq_nibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 
+int64_t kiln_qsrc_scale_index(const kiln_qsrc *s, int64_t n, int64_t k, int g, int64_t row, int64_t gi) {
+    return s->format == KILN_QSRC_CT ? row * (k / g) + gi /* [n, k/G] */
+                                     : gi * n + row;      /* [k/G, n] */
+}
+
+/* The stored 4-bit code of element [row, col] of the [n, k] matrix `s` (kiln_ops.h: kiln_qsrc). */
+static int qsrc_code(const kiln_qsrc *s, int64_t n, int64_t k, int64_t row, int64_t col) {
+    switch (s->format) {
+    case KILN_QSRC_AWQ: /* [k, n/8], along the rows in AWQ's order */
+        return (int)(word_at(s->qweight, (uint64_t)col * (uint64_t)(n / 8) + (uint64_t)(row / 8)) >>
+                     (4 * awq_nibble[row % 8])) & 15;
+    case KILN_QSRC_GPTQ: /* [k/8, n], along the columns */
+        return (int)(word_at(s->qweight, (uint64_t)(col / 8) * (uint64_t)n + (uint64_t)row) >> (4 * (col % 8))) & 15;
+    default: /* compressed-tensors: [n, k/8], along the columns */
+        return (int)(word_at(s->qweight, (uint64_t)row * (uint64_t)(k / 8) + (uint64_t)(col / 8)) >> (4 * (col % 8))) &
+               15;
+    }
+}
+
+/* The zero of row `row`, group `gi` (stored offset included) of the [n, k] matrix `s`, groups of g. */
+static int qsrc_zero(const kiln_qsrc *s, int64_t n, int64_t k, int g, int64_t row, int64_t gi) {
+    uint32_t w;
+    switch (s->format) {
+    case KILN_QSRC_AWQ: /* [k/G, n/8] along the rows, AWQ's order */
+        w = word_at(s->qzeros, (uint64_t)gi * (uint64_t)(n / 8) + (uint64_t)(row / 8));
+        return (int)((w >> (4 * awq_nibble[row % 8])) & 15u) + s->zero_offset;
+    case KILN_QSRC_GPTQ: /* [k/G, n/8] along the rows */
+        w = word_at(s->qzeros, (uint64_t)gi * (uint64_t)(n / 8) + (uint64_t)(row / 8));
+        return (int)((w >> (4 * (row % 8))) & 15u) + s->zero_offset;
+    default: /* compressed-tensors: [n/8, k/G] along the rows; symmetric: none, signed zero 0 = nibble 8 */
+        if (!s->qzeros) return 8;
+        w = word_at(s->qzeros, (uint64_t)(row / 8) * (uint64_t)(k / g) + (uint64_t)gi);
+        return (int)((w >> (4 * (row % 8))) & 15u);
+    }
+}
+
 int64_t kiln_quant_repack_row(const kiln_qsrc *s, int t, int64_t n, int64_t k, int64_t row, int64_t dst_rows,
                               int64_t dst_row, uint8_t *out) {
     const int g = kiln_quant_group(t);
     const int64_t groups = k / g;
-    const bool awq = s->format == KILN_QSRC_AWQ;
-    /* the nibble of row `row` in a word packed along the rows (AWQ's qweight, both qzeros) */
-    const int row_shift = 4 * (awq ? awq_nibble[row % 8] : (int)(row % 8));
     uint8_t *scales = out + kiln_quant_scales_offset(t, dst_rows, k);
     uint8_t *mins = scales + (size_t)dst_rows * (size_t)groups * 4;
     uint8_t *q = out + (size_t)dst_row * (size_t)k / 2;
     int64_t bad = -1;
     for (int64_t gi = 0; gi < groups; gi++) {
-        const uint64_t at = (uint64_t)gi * (uint64_t)n + (uint64_t)row; /* [gi, row] of scales */
+        const uint64_t at = (uint64_t)kiln_qsrc_scale_index(s, n, k, g, row, gi);
         const uint16_t h = (uint16_t)(s->scales[2 * at] | s->scales[2 * at + 1] << 8);
         const float sc = s->scales_dtype == KILN_DTYPE_BF16 ? kiln_bf16_to_f32(h) : kiln_f16_to_f32(h);
         if (!isfinite(sc) && bad < 0) bad = (int64_t)at;
-        const uint32_t zw = word_at(s->qzeros, (uint64_t)gi * (uint64_t)(n / 8) + (uint64_t)(row / 8));
-        const float z = (float)(((zw >> row_shift) & 15u) + (uint32_t)s->zero_offset);
+        const float z = (float)qsrc_zero(s, n, k, g, row, gi);
         const float lo = -(z * sc); /* exact: z * sc has at most 5 + 11 significant bits */
         const size_t o = ((size_t)dst_row * (size_t)groups + (size_t)gi) * 4;
         memcpy(scales + o, &sc, sizeof sc);
         memcpy(mins + o, &lo, sizeof lo);
     }
-    for (int64_t c = 0; c < k; c += 2) {
-        uint8_t pair = 0;
-        for (int64_t j = c; j < c + 2; j++) {
-            const uint32_t w = awq ? word_at(s->qweight, (uint64_t)j * (uint64_t)(n / 8) + (uint64_t)(row / 8))
-                                   : word_at(s->qweight, (uint64_t)(j / 8) * (uint64_t)n + (uint64_t)row);
-            const int shift = awq ? row_shift : 4 * (int)(j % 8);
-            pair |= (uint8_t)(((w >> shift) & 15u) << (4 * (j - c)));
-        }
-        q[c / 2] = pair;
-    }
+    for (int64_t c = 0; c < k; c += 2)
+        q[c / 2] = (uint8_t)(qsrc_code(s, n, k, row, c) | qsrc_code(s, n, k, row, c + 1) << 4);
     return bad;
 }

@@ -161,9 +161,14 @@ static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const k
                                 cq->method == KILN_CKPT_QUANT_AWQ
                                     ? json_pack("{s:s, s:i, s:i, s:s}", "quant_method", "awq", "bits", cq->bits,
                                                 "group_size", cq->group_size, "version", "gemm")
-                                    : json_pack("{s:s, s:i, s:i, s:s, s:b, s:b}", "quant_method", "gptq", "bits",
+                                : cq->method == KILN_CKPT_QUANT_GPTQ
+                                    ? json_pack("{s:s, s:i, s:i, s:s, s:b, s:b}", "quant_method", "gptq", "bits",
                                                 cq->bits, "group_size", cq->group_size, "checkpoint_format",
-                                                kiln_ckpt_quant_name(cq), "sym", cq->sym, "desc_act", cq->desc_act));
+                                                kiln_ckpt_quant_name(cq), "sym", cq->sym, "desc_act", cq->desc_act)
+                                    : json_pack("{s:s, s:s, s:s, s:i, s:s, s:i, s:b}", "quant_method",
+                                                "compressed-tensors", "format", "pack-quantized", "type", "int",
+                                                "num_bits", cq->bits, "strategy", "group", "group_size",
+                                                cq->group_size, "symmetric", cq->sym));
         json_object_set_new(build, "quant", q);
     }
     json_t *tok = json_null();

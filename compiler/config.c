@@ -34,9 +34,11 @@
  * default_theta), not 10000.
  *
  * quantization_config (a published quantized checkpoint) is read for 4-bit
- * AWQ (version gemm, zero_point true) and GPTQ (checkpoint_format or
- * GPTQModel's format gptq / gptq_v2, sym, desc_act) with groups of 32, 64 or
- * 128 (cfg_quant; docs/quantization.md); any other method, version, bit
+ * AWQ (version gemm, zero_point true), GPTQ (checkpoint_format or
+ * GPTQModel's format gptq / gptq_v2, sym, desc_act) and compressed-tensors
+ * (format pack-quantized, int weights, strategy group, symmetric or not,
+ * no quantized activations; cfg_quant_ct) with groups of 32, 64 or 128
+ * (cfg_quant; docs/quantization.md); any other method, version, format, bit
  * width or group, a quantized lm_head, a non-empty dynamic map, and
  * quantized MoE checkpoints are refused naming the field.
  *
@@ -325,6 +327,7 @@ const char *kiln_ckpt_quant_name(const kiln_ckpt_quant *q) {
     switch (q->method) {
     case KILN_CKPT_QUANT_AWQ: return "awq";
     case KILN_CKPT_QUANT_GPTQ: return q->gptq_v2 ? "gptq_v2" : "gptq";
+    case KILN_CKPT_QUANT_CT: return "compressed-tensors";
     default: return "none";
     }
 }
@@ -332,8 +335,9 @@ const char *kiln_ckpt_quant_name(const kiln_ckpt_quant *q) {
 /* quantization_config.<key> is `shown`, which kiln does not read: UNSUPPORTED naming the field. */
 static kiln_status cfg_quant_refuse(cfg_ctx *c, const char *key, const char *shown, const char *why) {
     kiln_err(c->err, KILN_ERR_UNSUPPORTED, "%s: field \"quantization_config.%s\" is %s: %s", c->path, key, shown, why);
-    return kiln_err_hint(c->err, "kiln reads 4-bit AWQ (version gemm) and GPTQ (gptq, gptq_v2) checkpoints with "
-                                 "groups of 32, 64 or 128 (docs/quantization.md); otherwise compile the model's "
+    return kiln_err_hint(c->err, "kiln reads 4-bit AWQ (version gemm), GPTQ (gptq, gptq_v2) and compressed-tensors "
+                                 "(pack-quantized, int weights only) checkpoints with groups of 32, 64 or 128 "
+                                 "(docs/quantization.md); otherwise compile the model's "
                                  "unquantized checkpoint, with --quant int8 or int4 for kiln's own quantization");
 }
 
@@ -356,7 +360,172 @@ static kiln_status cfg_quant_bool(cfg_ctx *c, json_t *qc, const char *key, bool 
     return KILN_OK;
 }
 
-/* quantization_config: a published AWQ or GPTQ checkpoint, read as it is (docs/quantization.md);
+/* compressed-tensors: the settings a config group's "weights" must have for kiln to read them:
+ * int, 4 bits, strategy group (32, 64 or 128), static, no act-order g_idx, no block structure.
+ * `at` is the group's field name ("config_groups.group_0.weights"). */
+static kiln_status cfg_quant_ct_weights(cfg_ctx *c, json_t *w, const char *at, kiln_ckpt_quant *q) {
+    char key[160], shown[96];
+    if (!json_is_object(w)) {
+        snprintf(key, sizeof key, "quantization_config.%s", at);
+        return w ? cfg_type_err(c, key, w, "an object")
+                 : cfg_quant_refuse(c, at, "null", "a group that does not quantize its weights is not read");
+    }
+    int64_t bits, group;
+    const char *type, *strategy;
+    snprintf(key, sizeof key, "quantization_config.%s.num_bits", at);
+    kiln_status st = cfg_int(c, w, "num_bits", key, false, 8, 1, 64, &bits);
+    snprintf(key, sizeof key, "quantization_config.%s.group_size", at);
+    if (st || (st = cfg_int(c, w, "group_size", key, false, 0, -1, 1 << 20, &group))) return st;
+    snprintf(key, sizeof key, "quantization_config.%s.type", at);
+    if ((st = cfg_str(c, w, "type", key, &type))) return st;
+    snprintf(key, sizeof key, "quantization_config.%s.strategy", at);
+    if ((st = cfg_str(c, w, "strategy", key, &strategy))) return st;
+    snprintf(key, sizeof key, "quantization_config.%s.symmetric", at);
+    json_t *sym = cfg_get(w, "symmetric");
+    if (sym && !json_is_boolean(sym)) return cfg_type_err(c, key, sym, "true or false");
+    q->sym = !sym || json_is_true(sym);
+    if (type && strcmp(type, "int") != 0) {
+        snprintf(key, sizeof key, "%s.type", at), snprintf(shown, sizeof shown, "\"%.64s\"", type);
+        return cfg_quant_refuse(c, key, shown, "float weights (FP8, NVFP4, MXFP4) are not read");
+    }
+    if (bits != 4) {
+        snprintf(key, sizeof key, "%s.num_bits", at), snprintf(shown, sizeof shown, "%lld", (long long)bits);
+        return cfg_quant_refuse(c, key, shown, "kiln reads 4-bit checkpoints only");
+    }
+    /* no strategy with a group size is a group strategy (QuantizationArgs' validator) */
+    if (!strategy) strategy = group > 0 ? "group" : "tensor";
+    if (strcmp(strategy, "group") != 0) {
+        snprintf(key, sizeof key, "%s.strategy", at), snprintf(shown, sizeof shown, "\"%.64s\"", strategy);
+        return cfg_quant_refuse(c, key, shown, "only per-group scales (strategy \"group\") are read; per-channel, "
+                                               "per-tensor and block scales are not read yet");
+    }
+    if (group != 32 && group != 64 && group != 128) {
+        snprintf(key, sizeof key, "%s.group_size", at), snprintf(shown, sizeof shown, "%lld", (long long)group);
+        return cfg_quant_refuse(c, key, shown, "kiln's int4 format has groups of 32, 64 or 128");
+    }
+    /* dynamic false; actorder none or "weight" (its alias "static"), which leaves the groups in order;
+     * "group" (alias "dynamic", or true) stores a permuting weight_g_idx */
+    static const char *const unread[][2] = {
+        {"dynamic", "weights quantized on the fly are not read"},
+        {"actorder", "act-order groups (a weight_g_idx permutation) are not read yet; \"weight\" order is"},
+        {"block_structure", "block scales are not read yet"},
+    };
+    for (size_t i = 0; i < sizeof unread / sizeof unread[0]; i++) {
+        json_t *v = cfg_get(w, unread[i][0]);
+        if (!v || json_is_false(v)) continue;
+        const char *sv = json_is_string(v) ? json_string_value(v) : "";
+        if (i == 1 && (strcmp(sv, "weight") == 0 || strcmp(sv, "static") == 0)) continue;
+        snprintf(key, sizeof key, "%s.%s", at, unread[i][0]);
+        return cfg_quant_refuse(c, key, json_show(v, shown, sizeof shown), unread[i][1]);
+    }
+    q->bits = 4;
+    q->group_size = (int)group;
+    return KILN_OK;
+}
+
+/* A compressed-tensors group target kiln reads: "Linear", or a projection's name, bare or as the
+ * regex "re:.*<name>" (with or without a final "$"). */
+static bool ct_target_ok(const char *t) {
+    static const char *const proj[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    if (strcmp(t, "Linear") == 0) return true;
+    const bool re = strncmp(t, "re:.*", 5) == 0;
+    const char *p = re ? t + 5 : t;
+    size_t len = strlen(p);
+    if (re && len && p[len - 1] == '$') len--;
+    for (size_t i = 0; i < sizeof proj / sizeof proj[0]; i++)
+        if (strlen(proj[i]) == len && strncmp(p, proj[i], len) == 0) return true;
+    return false;
+}
+
+/* quantization_config of a compressed-tensors checkpoint (llm-compressor's W4A16): format
+ * "pack-quantized" (top level or per group), config groups that all have the same settings
+ * (cfg_quant_ct_weights), target Linear layers or projections and quantize no activations; no KV
+ * cache scheme, sparsity or transform. "ignore" is what the checkpoint then holds: the importer
+ * refuses a projection without its weight_packed, naming it. */
+static kiln_status cfg_quant_ct(cfg_ctx *c, json_t *qc, kiln_ckpt_quant *q) {
+    char key[160], shown[96];
+    const char *top_fmt, *status;
+    kiln_status st;
+    if ((st = cfg_quant_str(c, qc, "format", NULL, &top_fmt)) ||
+        (st = cfg_quant_str(c, qc, "quantization_status", "compressed", &status)))
+        return st;
+    if (strcmp(status, "compressed") != 0) {
+        snprintf(shown, sizeof shown, "\"%.64s\"", status);
+        return cfg_quant_refuse(c, "quantization_status", shown, "only compressed (packed) checkpoints are read");
+    }
+    static const char *const none[][2] = {
+        {"kv_cache_scheme", "a quantized KV cache is not read"},
+        {"sparsity_config", "sparse checkpoints are not read"},
+        {"transform_config", "transformed (rotated) weights are not read"},
+    };
+    for (size_t i = 0; i < sizeof none / sizeof none[0]; i++) {
+        json_t *v = cfg_get(qc, none[i][0]);
+        if (v && !(json_is_object(v) && json_object_size(v) == 0))
+            return cfg_quant_refuse(c, none[i][0], json_show(v, shown, sizeof shown), none[i][1]);
+    }
+    json_t *ign = cfg_get(qc, "ignore");
+    if (ign && !json_is_array(ign)) return cfg_type_err(c, "quantization_config.ignore", ign, "a list of names");
+    json_t *groups = cfg_get(qc, "config_groups");
+    if (!groups) return cfg_missing(c, "quantization_config.config_groups");
+    if (!json_is_object(groups) || json_object_size(groups) == 0)
+        return cfg_type_err(c, "quantization_config.config_groups", groups, "an object of one or more groups");
+    const char *name, *first_name = NULL;
+    json_t *g, *first = NULL;
+    json_object_foreach(groups, name, g) {
+        snprintf(key, sizeof key, "quantization_config.config_groups.%.64s", name);
+        if (!json_is_object(g)) return cfg_type_err(c, key, g, "an object (a scheme with targets and weights)");
+        json_t *targets = cfg_get(g, "targets");
+        snprintf(key, sizeof key, "quantization_config.config_groups.%.64s.targets", name);
+        if (!targets) return cfg_missing(c, key);
+        if (!json_is_array(targets) || json_array_size(targets) == 0)
+            return cfg_type_err(c, key, targets, "a non-empty list of names");
+        size_t i;
+        json_t *t;
+        json_array_foreach(targets, i, t) {
+            if (json_is_string(t) && ct_target_ok(json_string_value(t))) continue;
+            snprintf(key, sizeof key, "config_groups.%.64s.targets", name);
+            return cfg_quant_refuse(c, key, json_show(t, shown, sizeof shown),
+                                    "kiln reads groups that target \"Linear\" or the projections (q_proj ... down_proj)");
+        }
+        if (!first) {
+            first = g, first_name = name;
+            continue;
+        }
+        static const char *const same[] = {"weights", "input_activations", "output_activations", "format"};
+        for (size_t k = 0; k < sizeof same / sizeof same[0]; k++) {
+            json_t *a = cfg_get(first, same[k]), *b = cfg_get(g, same[k]);
+            if ((!a && !b) || (a && b && json_equal(a, b))) continue;
+            snprintf(key, sizeof key, "config_groups.%.64s.%s", name, same[k]);
+            snprintf(shown, sizeof shown, "not group \"%.40s\"'s", first_name);
+            return cfg_quant_refuse(c, key, shown, "groups with different settings (mixed precision) are not read");
+        }
+    }
+    static const char *const acts[] = {"input_activations", "output_activations"};
+    for (size_t i = 0; i < 2; i++) {
+        json_t *v = cfg_get(first, acts[i]);
+        snprintf(key, sizeof key, "config_groups.%.64s.%s", first_name, acts[i]);
+        if (v) return cfg_quant_refuse(c, key, json_show(v, shown, sizeof shown),
+                                       "quantized activations (W4A8, W8A8) are not read; kiln reads W4A16");
+    }
+    const char *fmt;
+    snprintf(key, sizeof key, "config_groups.%.64s.format", first_name);
+    if ((st = cfg_quant_str(c, first, "format", NULL, &fmt))) return st;
+    const bool per_group = fmt != NULL;
+    if (!fmt) fmt = top_fmt ? top_fmt : "(none)";
+    if (strcmp(fmt, "pack-quantized") != 0 ||
+        (top_fmt && strcmp(top_fmt, "pack-quantized") != 0 && strcmp(top_fmt, "mixed-precision") != 0)) {
+        const bool top_bad = !per_group || strcmp(fmt, "pack-quantized") == 0;
+        snprintf(shown, sizeof shown, "\"%.64s\"", top_bad ? top_fmt ? top_fmt : "(none)" : fmt);
+        return cfg_quant_refuse(c, top_bad ? "format" : key, shown,
+                                "kiln reads the \"pack-quantized\" format only (int-quantized, naive-quantized, "
+                                "float-quantized, marlin-24 and the sparse formats are not read)");
+    }
+    q->method = KILN_CKPT_QUANT_CT;
+    snprintf(key, sizeof key, "config_groups.%.64s.weights", first_name);
+    return cfg_quant_ct_weights(c, cfg_get(first, "weights"), key, q);
+}
+
+/* quantization_config: a published AWQ, GPTQ or compressed-tensors checkpoint, read as it is (docs/quantization.md);
  * every other method, version or setting is refused naming the field. */
 static kiln_status cfg_quant(cfg_ctx *c, json_t *root, kiln_model_config *m) {
     kiln_ckpt_quant *q = &m->quant;
@@ -372,10 +541,13 @@ static kiln_status cfg_quant(cfg_ctx *c, json_t *root, kiln_model_config *m) {
     snprintf(shown, sizeof shown, "\"%.64s\"", method);
     if (strcmp(method, "awq") == 0) q->method = KILN_CKPT_QUANT_AWQ;
     else if (strcmp(method, "gptq") == 0) q->method = KILN_CKPT_QUANT_GPTQ;
-    else return cfg_quant_refuse(c, "quant_method", shown, "kiln reads only \"awq\" and \"gptq\" checkpoints");
+    else if (strcmp(method, "compressed-tensors") == 0) q->method = KILN_CKPT_QUANT_CT;
+    else return cfg_quant_refuse(c, "quant_method", shown, "kiln reads only \"awq\", \"gptq\" and "
+                                                           "\"compressed-tensors\" checkpoints");
     if (m->n_experts)
         return kiln_err(c->err, KILN_ERR_UNSUPPORTED, "%s: a quantized (%s) %s checkpoint: reading experts' "
                         "quantized matrices is not built yet", c->path, method, kiln_arch_name(m->arch));
+    if (q->method == KILN_CKPT_QUANT_CT) return cfg_quant_ct(c, qc, q);
     int64_t bits, group;
     if ((st = cfg_int(c, qc, "bits", "quantization_config.bits", true, 0, 1, 64, &bits)) ||
         (st = cfg_int(c, qc, "group_size", "quantization_config.group_size", true, 0, -1, 1 << 20, &group)))

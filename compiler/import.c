@@ -39,9 +39,11 @@
  * Every weight is checked here: present, of the shape config.json implies,
  * of a supported dtype. Messages name the tensor and both shapes.
  *
- * A published quantized checkpoint (config.json quantization_config: AWQ or
- * GPTQ, 4 bits) has each projection's matrix as <proj>.qweight, .qzeros,
- * .scales (GPTQ: and .g_idx) instead of <proj>.weight: it becomes a q4gG
+ * A published quantized checkpoint (config.json quantization_config: AWQ,
+ * GPTQ or compressed-tensors, 4 bits) has each projection's matrix as
+ * <proj>.qweight, .qzeros, .scales (GPTQ: and .g_idx; compressed-tensors:
+ * <proj>.weight_packed, .weight_scale, .weight_zero_point when asymmetric,
+ * .weight_shape) instead of <proj>.weight: it becomes a q4gG
  * weight whose source is those tensors, repacked by the writer without
  * rounding again (quantized_weight; common/quant.c). The embedding, norms,
  * biases and LM head are read as in any checkpoint.
@@ -98,6 +100,7 @@ static ptrdiff_t find_index(const kiln_checkpoint *ck, const char *name) {
 #define DT_FLOAT (1u << KILN_DTYPE_F32 | 1u << KILN_DTYPE_F16 | 1u << KILN_DTYPE_BF16)
 #define DT_HALF (1u << KILN_DTYPE_F16 | 1u << KILN_DTYPE_BF16)
 #define DT_I32 (1u << KILN_DTYPE_I32)
+#define DT_I64 (1u << KILN_DTYPE_I64)
 
 /* Look up tensor `name`, check that it is present, of shape want[0..ndim) and of a dtype in `dts`
  * (`dts_name` says which, for the message), and mark it used. NULL (error set) otherwise. */
@@ -215,15 +218,69 @@ static int quantized_weight(importer *im, const char *base, int64_t n, int64_t k
     return kiln_ir_weight_prequantized(im->g, name, dt, (const int64_t[2]){n, k}, &q, im->err);
 }
 
+/* The [n, k] projection `base` of a compressed-tensors checkpoint (format pack-quantized, int4 in
+ * groups of G; config.c cfg_quant_ct) as a q4gG weight whose source is <base>.weight_packed I32
+ * [n, k/8], .weight_scale F16/BF16 [n, k/G], and for asymmetric groups .weight_zero_point I32
+ * [n/8, k/G] (packed along the rows; compressed-tensors 0.10 on: earlier releases stored the zeros
+ * unpacked, which this refuses by their shape); .weight_shape I32/I64 [2] must say [n, k]. Layouts:
+ * kiln_ops.h, kiln_qsrc. A .weight_g_idx (act-order "group") is left unused, so refused by name. */
+static int ct_weight(importer *im, const char *base, int64_t n, int64_t k) {
+    const kiln_ckpt_quant *cq = &im->ck->config.quant;
+    const int64_t G = cq->group_size;
+    const char *dir = im->ck->dir;
+    if (k % G || (!cq->sym && n % 8)) {
+        kiln_err(im->err, KILN_ERR_UNSUPPORTED, "%s: projection '%s' is [%lld,%lld] (out, in): a compressed-tensors "
+                 "checkpoint has groups of %lld input columns%s, which do not divide it", dir, base, (long long)n,
+                 (long long)k, (long long)G, cq->sym ? "" : " and packs the zero points of 8 output rows per int32");
+        return -1;
+    }
+    char name[KILN_NAME_MAX + 24];
+    const int64_t pw[2] = {n, k / 8}, sc[2] = {n, k / G}, zp[2] = {n / 8, k / G}, two = 2;
+    const kiln_st_tensor *tw, *ts, *tz = NULL, *tsh;
+    snprintf(name, sizeof name, "%s.weight_shape", base);
+    if (!(tsh = checked_tensor_dt(im, name, 1, &two, DT_I32 | DT_I64, "I32 and I64"))) return -1;
+    for (int i = 0; i < 2; i++) {
+        const int64_t got = tsh->dtype == KILN_DTYPE_I64 ? (int64_t)kiln_rd_u64(tsh->data + 8 * i)
+                                                         : (int32_t)kiln_rd_u32(tsh->data + 4 * i);
+        if (got == (i ? k : n)) continue;
+        kiln_err(im->err, KILN_ERR_SHAPE, "%s: tensor '%s' says the matrix is [%lld,...] in dimension %d, expected "
+                 "[%lld,%lld] from config.json", dir, name, (long long)got, i, (long long)n, (long long)k);
+        return -1;
+    }
+    snprintf(name, sizeof name, "%s.weight_packed", base);
+    if (!(tw = checked_tensor_dt(im, name, 2, pw, DT_I32, "I32"))) return -1;
+    snprintf(name, sizeof name, "%s.weight_scale", base);
+    if (!(ts = checked_tensor_dt(im, name, 2, sc, DT_HALF, "F16 and BF16"))) return -1;
+    if (!cq->sym) {
+        snprintf(name, sizeof name, "%s.weight_zero_point", base);
+        if (!(tz = checked_tensor_dt(im, name, 2, zp, DT_I32, "I32 (packed, 8 rows a word)"))) return -1;
+    }
+    const kiln_qsrc q = {.format = KILN_QSRC_CT, .qweight = tw->data, .qzeros = tz ? tz->data : NULL,
+                         .scales = ts->data, .scales_dtype = ts->dtype};
+    const kiln_dtype dt = G == 32 ? KILN_DTYPE_Q4G32 : G == 64 ? KILN_DTYPE_Q4G64 : KILN_DTYPE_Q4G128;
+    snprintf(name, sizeof name, "%s.weight_packed", base);
+    return kiln_ir_weight_prequantized(im->g, name, dt, (const int64_t[2]){n, k}, &q, im->err);
+}
+
 /* Projection `what` of layer l ("self_attn.q_proj"...), [n, k]: its .weight, or in a quantized
  * checkpoint its quantized tensors (quantized_weight). */
 static int proj_weight(importer *im, int64_t l, const char *what, int64_t n, int64_t k) {
     char base[KILN_NAME_MAX];
     snprintf(base, sizeof base, "model.layers.%lld.%s", (long long)l, what);
-    if (im->ck->config.quant.method != KILN_CKPT_QUANT_NONE) return quantized_weight(im, base, n, k);
     char name[KILN_NAME_MAX + 8];
     snprintf(name, sizeof name, "%s.weight", base);
-    return weight(im, name, 2, n, k);
+    const kiln_ckpt_quant_method m = im->ck->config.quant.method;
+    if (m == KILN_CKPT_QUANT_NONE) return weight(im, name, 2, n, k);
+    if (find_index(im->ck, name) >= 0) { /* left unquantized: ignore / modules_to_not_convert */
+        kiln_err(im->err, KILN_ERR_UNSUPPORTED, "%s: projection '%s' is not quantized in this %s checkpoint (it has "
+                 "'%s', no '%s.%s'): checkpoints that leave projections unquantized are not read yet", im->ck->dir,
+                 base, kiln_ckpt_quant_name(&im->ck->config.quant), name, base,
+                 m == KILN_CKPT_QUANT_CT ? "weight_packed" : "qweight");
+        kiln_err_hint(im->err, "its quantization_config names it in \"ignore\" (compressed-tensors) or "
+                               "\"modules_to_not_convert\"; compile the model's unquantized checkpoint with --quant int4");
+        return -1;
+    }
+    return m == KILN_CKPT_QUANT_CT ? ct_weight(im, base, n, k) : quantized_weight(im, base, n, k);
 }
 
 /* Append a one-output op of layer l, labelled "l<l>.<what>". Returns the value id or -1. */

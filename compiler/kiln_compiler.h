@@ -52,6 +52,7 @@ typedef enum kiln_ckpt_quant_method {
     KILN_CKPT_QUANT_NONE = 0,
     KILN_CKPT_QUANT_AWQ = 1,  /* AutoAWQ, version "gemm", zero_point true */
     KILN_CKPT_QUANT_GPTQ = 2, /* GPTQ, checkpoint_format "gptq" (v1) or "gptq_v2" */
+    KILN_CKPT_QUANT_CT = 3,   /* compressed-tensors, format "pack-quantized", int4 groups (W4A16) */
 } kiln_ckpt_quant_method;
 
 typedef struct kiln_ckpt_quant {
@@ -59,10 +60,11 @@ typedef struct kiln_ckpt_quant {
     int bits;                 /* 4 */
     int group_size;           /* 32, 64 or 128 */
     bool gptq_v2;             /* GPTQ: zeros stored as they are (v1 stores zero - 1) */
-    bool sym, desc_act;       /* GPTQ: as declared (desc_act is accepted only with a trivial g_idx) */
+    bool sym, desc_act;       /* GPTQ: as declared (desc_act is accepted only with a trivial g_idx);
+                                 compressed-tensors: sym is weights.symmetric (no zero points) */
 } kiln_ckpt_quant;
 
-/* "awq", "gptq" or "gptq_v2" ("none" when not quantized): for messages and the engine's meta. */
+/* "awq", "gptq", "gptq_v2" or "compressed-tensors" ("none" when not quantized): for messages and the engine's meta. */
 const char *kiln_ckpt_quant_name(const kiln_ckpt_quant *q);
 
 typedef struct kiln_model_config {

@@ -23,9 +23,10 @@
  *   - each tensor is an object with "dtype" (a string), "shape" (an array of
  *     at most KILN_MAX_DIMS non-negative integers) and "data_offsets"
  *     (two integers, begin <= end);
- *   - dtype is F32, F16, BF16 or I32 (the packed codes, zeros and group
- *     indices of quantized checkpoints; the importer says where each is
- *     read); the format's other dtypes are UNSUPPORTED, anything else is PARSE;
+ *   - dtype is F32, F16, BF16, I32 (the packed codes, zeros and group
+ *     indices of quantized checkpoints) or I64 (compressed-tensors'
+ *     weight_shape); the importer says where each is read; the format's
+ *     other dtypes are UNSUPPORTED, anything else is PARSE;
  *   - product(shape) * dtype size (overflow-checked) == end - begin;
  *   - end lies inside the data buffer;
  *   - sorted by begin, the tensors tile the buffer exactly: the first starts
@@ -48,7 +49,7 @@ static const struct {
     int kiln; /* kiln_dtype, or -1: a real safetensors dtype kiln does not read */
 } st_dtypes[] = {
     {"F32", KILN_DTYPE_F32},  {"F16", KILN_DTYPE_F16},  {"BF16", KILN_DTYPE_BF16},
-    {"F64", -1},     {"I64", -1},     {"U64", -1},     {"I32", KILN_DTYPE_I32}, {"U32", -1},
+    {"F64", -1},     {"I64", KILN_DTYPE_I64},     {"U64", -1},     {"I32", KILN_DTYPE_I32}, {"U32", -1},
     {"I16", -1},     {"U16", -1},     {"I8", -1},      {"U8", -1},      {"BOOL", -1},
     {"F8_E4M3", -1}, {"F8_E5M2", -1}, {"F8_E8M0", -1}, {"F6_E2M3", -1}, {"F6_E3M2", -1},
     {"F4", -1},      {"C64", -1},
@@ -103,7 +104,7 @@ static kiln_status st_entry(const char *path, const char *name, json_t *v, uint6
     if (kdt == -2)
         return kiln_err(err, KILN_ERR_PARSE, "%s: tensor \"%s\": unknown dtype \"%.32s\"", path, name, dts);
     if (kdt == -1) {
-        kiln_err(err, KILN_ERR_UNSUPPORTED, "%s: tensor \"%s\": dtype %s is not supported (kiln reads F32, F16, BF16, I32)",
+        kiln_err(err, KILN_ERR_UNSUPPORTED, "%s: tensor \"%s\": dtype %s is not supported (kiln reads F32, F16, BF16, I32, I64)",
                  path, name, dts);
         return kiln_err_hint(err, "convert the checkpoint to bf16 or fp16 first");
     }

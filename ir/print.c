@@ -34,7 +34,9 @@ static void print_ref(const kiln_graph *g, int v, FILE *f) {
         fprintf(f, "@%s%s", val->name, val->shard == KILN_SHARD_ROWS ? "{rows/rank}"
                                        : val->shard == KILN_SHARD_COLS ? "{cols/rank}" : "");
     if (val->kind == KILN_VALUE_WEIGHT && q->format != KILN_QSRC_NONE)
-        fprintf(f, "{%s from %s}", kiln_dtype_name(val->dtype), q->format == KILN_QSRC_AWQ ? "awq" : "gptq");
+        fprintf(f, "{%s from %s}", kiln_dtype_name(val->dtype), q->format == KILN_QSRC_AWQ    ? "awq"
+                                                                 : q->format == KILN_QSRC_GPTQ ? "gptq"
+                                                                                               : "compressed-tensors");
     else if (val->kind == KILN_VALUE_INPUT)
         fprintf(f, "%%%d(%s)", v, val->name);
     else

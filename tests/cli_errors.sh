@@ -49,8 +49,8 @@ d=$(mkckpt st-range); st_write "$d" '{"a":{"dtype":"F32","shape":[4],"data_offse
 compile_fails 1 "'a'|\"a\"" "$d"
 d=$(mkckpt st-dtype); st_write "$d" '{"a":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}}' 8
 compile_fails 1 "Q7" "$d"
-d=$(mkckpt st-i64); st_write "$d" '{"a":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}}' 8
-compile_fails 1 "I64" "$d"
+d=$(mkckpt st-u64); st_write "$d" '{"a":{"dtype":"U64","shape":[1],"data_offsets":[0,8]}}' 8
+compile_fails 1 "U64" "$d"
 d=$(mkckpt st-shape); st_write "$d" '{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}' 8
 compile_fails 1 "'a'|\"a\"" "$d"
 d=$(mkckpt st-dup); st_write "$d" '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}' 16
@@ -143,7 +143,7 @@ expect 1 "GPU|gpu" -- "$KILN" run "$T/q.kiln" --prompt-ids 1,2 --max-tokens 2 --
 "$KILN" run "$T/q.kiln" --prompt-ids 1,2 --max-tokens 2 --device auto 2>&1 | grep -q " on cpu" && ok ||
     bad "--device auto did not take the CPU for an engine without GPU kernels"
 
-# published quantized checkpoints (AWQ gemm, GPTQ): read as they are; what kiln does not read is refused by name
+# published quantized checkpoints (AWQ gemm, GPTQ, compressed-tensors pack-quantized): read as they are; what kiln does not read is refused by name
 QA="$SRC/tests/data/tiny-mistral-awq"
 expect 0 "wrote" -- "$KILN" compile "$QA" -o "$T/qa.kiln" --target none
 "$KILN" inspect "$T/qa.kiln" | grep -Eq "^quantization: q4g32 \(projections\), keep \(LM head\).*checkpoint \(awq\)" &&
@@ -182,7 +182,7 @@ open(path, "wb").write(struct.pack("<Q", len(h)) + h + bytes(data))
 EOF
 }
 d=$(mkqckpt q-method tiny-mistral-awq); edit_json "$d/config.json" 'd["quantization_config"]["quant_method"] = "bitsandbytes"'
-compile_fails 1 'quantization_config.quant_method" is "bitsandbytes": kiln reads only "awq" and "gptq"' "$d"
+compile_fails 1 'quantization_config.quant_method" is "bitsandbytes": kiln reads only "awq", "gptq" and "compressed-tensors"' "$d"
 d=$(mkqckpt q-gemv tiny-mistral-awq); edit_json "$d/config.json" 'd["quantization_config"]["version"] = "gemv"'
 compile_fails 1 'quantization_config.version" is "gemv"' "$d"
 d=$(mkqckpt q-nozero tiny-mistral-awq); edit_json "$d/config.json" 'd["quantization_config"]["zero_point"] = False'
@@ -212,6 +212,49 @@ compile_fails 1 "weight 'model.layers.1.self_attn.o_proj.scales' \(f16\): elemen
 d=$(mkqckpt q-zdtype tiny-mistral-awq)
 st_rewrite "$d/model.safetensors" 't["model.layers.0.mlp.up_proj.qzeros"][0] = "F32"'
 compile_fails 1 "tensor 'model.layers.0.mlp.up_proj.qzeros' has dtype f32; kiln reads I32" "$d"
+# compressed-tensors (pack-quantized int4, W4A16): read; its other schemes and broken tensors refused by name
+QC="$SRC/tests/data/tiny-mistral-ct"
+expect 0 "wrote" -- "$KILN" compile "$QC" -o "$T/qc.kiln" --target none
+"$KILN" inspect "$T/qc.kiln" | grep -Eq "^quantization: q4g32 \(projections\).*checkpoint \(compressed-tensors\)" &&
+    ok || bad "inspect does not say the weights came from a compressed-tensors checkpoint"
+expect 2 "already quantized.*quant_method \"compressed-tensors\"" -- "$KILN" compile "$QC" -o "$T/qq.kiln" --quant int4
+CTG='d["quantization_config"]["config_groups"]["group_0"]'
+d=$(mkqckpt c-float tiny-mistral-ct); edit_json "$d/config.json" "$CTG[\"format\"] = \"float-quantized\""
+compile_fails 1 'quantization_config.config_groups.group_0.format" is "float-quantized": kiln reads the "pack-quantized" format only' "$d"
+d=$(mkqckpt c-bits tiny-mistral-ct); edit_json "$d/config.json" "$CTG[\"weights\"][\"num_bits\"] = 8"
+compile_fails 1 'config_groups.group_0.weights.num_bits" is 8' "$d"
+d=$(mkqckpt c-channel tiny-mistral-ct); edit_json "$d/config.json" "$CTG[\"weights\"][\"strategy\"] = \"channel\""
+compile_fails 1 'config_groups.group_0.weights.strategy" is "channel"' "$d"
+d=$(mkqckpt c-actorder tiny-mistral-ct); edit_json "$d/config.json" "$CTG[\"weights\"][\"actorder\"] = \"group\""
+compile_fails 1 'config_groups.group_0.weights.actorder" is "group"' "$d"
+d=$(mkqckpt c-w4a8 tiny-mistral-ct)
+edit_json "$d/config.json" "$CTG[\"input_activations\"] = {\"num_bits\": 8, \"type\": \"int\", \"strategy\": \"token\", \"dynamic\": True}"
+compile_fails 1 'config_groups.group_0.input_activations" is .*W4A8' "$d"
+d=$(mkqckpt c-kv tiny-mistral-ct)
+edit_json "$d/config.json" 'd["quantization_config"]["kv_cache_scheme"] = {"num_bits": 8, "type": "float", "strategy": "tensor"}'
+compile_fails 1 'quantization_config.kv_cache_scheme" is .*KV cache' "$d"
+# act-order "group" as the tensors show it: a weight_g_idx the config does not declare is left unused
+d=$(mkqckpt c-gidx tiny-mistral-ct)
+st_rewrite "$d/model.safetensors" 't["model.layers.0.mlp.up_proj.weight_g_idx"] = ["I32", [64], bytearray(256)]'
+compile_fails 1 "model.layers.0.mlp.up_proj.weight_g_idx" "$d"
+# a projection left unquantized (its name in "ignore"): a .weight where weight_packed should be
+d=$(mkqckpt c-ignored tiny-mistral-ct)
+st_rewrite "$d/model.safetensors" 'p = "model.layers.1.self_attn.k_proj."; n, k = (int(x) for x in __import__("struct").unpack("<2q", t[p + "weight_shape"][2])); [t.pop(p + s) for s in ("weight_packed", "weight_scale", "weight_shape")]; t[p + "weight"] = ["BF16", [n, k], bytearray(2 * n * k)]'
+compile_fails 1 "projection 'model.layers.1.self_attn.k_proj' is not quantized in this compressed-tensors checkpoint \(it has 'model.layers.1.self_attn.k_proj.weight', no 'model.layers.1.self_attn.k_proj.weight_packed'\)" "$d"
+# a weight_packed one row short, and a weight_shape that disagrees with config.json
+d=$(mkqckpt c-short tiny-mistral-ct)
+st_rewrite "$d/model.safetensors" 'w = t["model.layers.0.mlp.down_proj.weight_packed"]; w[1][0] -= 1; del w[2][-4 * w[1][1]:]'
+compile_fails 1 "tensor 'model.layers.0.mlp.down_proj.weight_packed' has shape \[63,[0-9]+\], expected \[64,[0-9]+\]" "$d"
+d=$(mkqckpt c-wshape tiny-mistral-ct)
+st_rewrite "$d/model.safetensors" 't["model.layers.0.self_attn.o_proj.weight_shape"][2][8:16] = (32).to_bytes(8, "little")'
+compile_fails 1 "tensor 'model.layers.0.self_attn.o_proj.weight_shape' says the matrix is \[32,...\] in dimension 1" "$d"
+# asymmetric without its zero points; a NaN scale named in weight_scale [N, K/G]
+d=$(mkqckpt c-nozp tiny-mistral-ct-asym)
+st_rewrite "$d/model.safetensors" 'del t["model.layers.1.mlp.gate_proj.weight_zero_point"]'
+compile_fails 1 "tensor 'model.layers.1.mlp.gate_proj.weight_zero_point' is missing" "$d"
+d=$(mkqckpt c-nan tiny-mistral-ct-asym)
+st_rewrite "$d/model.safetensors" 't["model.layers.1.self_attn.o_proj.weight_scale"][2][2 * 5:2 * 6] = b"\x00\x7e"'
+compile_fails 1 "weight 'model.layers.1.self_attn.o_proj.weight_scale' \(f16\): element 5 \[2,1\] is NaN" "$d"
 expect 1 "a quantized checkpoint with --tp 2" -- "$KILN" compile "$QA" -o "$T/qq.kiln" --tp 2 --target none
 no_file "$T/qq.kiln"
 

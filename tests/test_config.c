@@ -615,7 +615,8 @@ static void test_quantized_checkpoint(void) {
     KT_EQ_STR(kiln_ckpt_quant_name(&m.quant), "gptq_v2");
 
     expect_fail("quantization_config", "{\"quant_method\": \"fp8\"}", KILN_ERR_UNSUPPORTED,
-                "field \"quantization_config.quant_method\" is \"fp8\": kiln reads only \"awq\" and \"gptq\"");
+                "field \"quantization_config.quant_method\" is \"fp8\": kiln reads only \"awq\", \"gptq\" and "
+                "\"compressed-tensors\"");
     expect_fail("quantization_config", "{\"bits\": 4}", KILN_ERR_MISSING, "\"quantization_config.quant_method\"");
     expect_fail("quantization_config", "{\"quant_method\": \"awq\", \"bits\": 4}", KILN_ERR_MISSING,
                 "\"quantization_config.group_size\"");
@@ -642,6 +643,95 @@ static void test_quantized_checkpoint(void) {
                 "\"lm_head\": true}", KILN_ERR_UNSUPPORTED, "\"quantization_config.lm_head\" is true");
     expect_fail("quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128, "
                 "\"sym\": 1}", KILN_ERR_PARSE, "field \"quantization_config.sym\" is 1");
+}
+
+/* A compressed-tensors quantization_config as llm-compressor writes W4A16 (group 32, symmetric), with
+ * `group` added to the group's fields, `weights` to its weights' and `top` to the top level
+ * (later keys win: jansson keeps the last of duplicates). */
+static const char *ct_config(char *buf, size_t n, const char *weights, const char *group, const char *top) {
+    snprintf(buf, n,
+             "{\"quant_method\": \"compressed-tensors\", \"format\": \"pack-quantized\", \"quantization_status\": "
+             "\"compressed\", \"ignore\": [\"lm_head\"], \"kv_cache_scheme\": null, \"sparsity_config\": {}, "
+             "\"transform_config\": {}, \"global_compression_ratio\": null, \"version\": \"0.12.2\", "
+             "\"config_groups\": {\"group_0\": {\"targets\": [\"Linear\"], \"input_activations\": null, "
+             "\"output_activations\": null, \"format\": \"pack-quantized\", \"weights\": {\"num_bits\": 4, "
+             "\"type\": \"int\", \"symmetric\": true, \"strategy\": \"group\", \"group_size\": 32, \"dynamic\": false, "
+             "\"actorder\": null, \"block_structure\": null, \"observer\": \"minmax\", \"observer_kwargs\": {}%s}%s}}%s}",
+             weights, group, top);
+    return buf;
+}
+
+/* compressed-tensors: pack-quantized int4 groups are read (W4A16, symmetric or not); other formats,
+ * widths, strategies, act-order, quantized activations or KV cache, mixed groups, sparsity and
+ * transforms are refused naming the field. */
+static void test_compressed_tensors_config(void) {
+    kiln_model_config m;
+    kiln_error e = {0};
+    char b[2048];
+    KT_EQ_INT(parse_with("quantization_config", ct_config(b, sizeof b, "", "", ""), &m, &e), KILN_OK);
+    KT_EQ_INT(m.quant.method, KILN_CKPT_QUANT_CT);
+    KT_CHECK(m.quant.sym && m.quant.bits == 4 && m.quant.group_size == 32);
+    KT_EQ_STR(kiln_ckpt_quant_name(&m.quant), "compressed-tensors");
+    /* asymmetric, group 128, act-order "weight" (groups in order), no per-group format, projections targeted
+     * by name, a second group with the same settings */
+    KT_EQ_INT(parse_with("quantization_config",
+                         ct_config(b, sizeof b, ", \"symmetric\": false, \"group_size\": 128, \"actorder\": \"weight\"",
+                                   ", \"format\": null, \"targets\": [\"re:.*q_proj$\", \"down_proj\"]", ""),
+                         &m, &e), KILN_OK);
+    KT_CHECK(!m.quant.sym && m.quant.group_size == 128);
+    /* no strategy with a group size: group (as compressed-tensors infers it) */
+    KT_EQ_INT(parse_with("quantization_config", ct_config(b, sizeof b, ", \"strategy\": null", "", ""), &m, &e),
+              KILN_OK);
+    KT_EQ_INT(m.quant.group_size, 32);
+
+    static const struct { const char *w, *g, *top; kiln_status code; const char *needle; } bad[] = {
+        {"", "", ", \"format\": \"float-quantized\"", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.format\" is \"float-quantized\": kiln reads the \"pack-quantized\" format only"},
+        {"", ", \"format\": \"marlin-24\"", "", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.config_groups.group_0.format\" is \"marlin-24\""},
+        {"", ", \"format\": null", ", \"format\": \"int-quantized\"", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.format\" is \"int-quantized\""},
+        {", \"num_bits\": 8", "", "", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.config_groups.group_0.weights.num_bits\" is 8: kiln reads 4-bit"},
+        {", \"type\": \"float\"", "", "", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.config_groups.group_0.weights.type\" is \"float\""},
+        {", \"strategy\": \"channel\"", "", "", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.config_groups.group_0.weights.strategy\" is \"channel\": only per-group scales"},
+        {", \"group_size\": 16", "", "", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.config_groups.group_0.weights.group_size\" is 16"},
+        {", \"actorder\": \"group\"", "", "", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.config_groups.group_0.weights.actorder\" is \"group\": act-order groups"},
+        {", \"dynamic\": true", "", "", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.config_groups.group_0.weights.dynamic\" is true"},
+        {"", ", \"input_activations\": {\"num_bits\": 8, \"type\": \"int\", \"dynamic\": true}", "",
+         KILN_ERR_UNSUPPORTED, "\"quantization_config.config_groups.group_0.input_activations\" is {"},
+        {"", ", \"targets\": [\"Embedding\"]", "", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.config_groups.group_0.targets\" is \"Embedding\""},
+        {"", ", \"weights\": null", "", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.config_groups.group_0.weights\" is null"},
+        {"", "", ", \"kv_cache_scheme\": {\"num_bits\": 8, \"type\": \"float\"}", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.kv_cache_scheme\" is {"},
+        {"", "", ", \"sparsity_config\": {\"format\": \"sparse-24-bitmask\"}", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.sparsity_config\" is {"},
+        {"", "", ", \"transform_config\": {\"config_groups\": {}}", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.transform_config\" is {"},
+        {"", "", ", \"quantization_status\": \"frozen\"", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.quantization_status\" is \"frozen\""},
+        {"", "", ", \"config_groups\": {}", KILN_ERR_PARSE, "\"quantization_config.config_groups\" is {}"},
+        {"", "", ", \"ignore\": \"lm_head\"", KILN_ERR_PARSE, "\"quantization_config.ignore\" is \"lm_head\""},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        expect_fail("quantization_config", ct_config(b, sizeof b, bad[i].w, bad[i].g, bad[i].top), bad[i].code,
+                    bad[i].needle);
+    /* two groups with different settings (mixed precision) */
+    expect_fail("quantization_config",
+                "{\"quant_method\": \"compressed-tensors\", \"format\": \"pack-quantized\", \"config_groups\": {"
+                "\"group_0\": {\"targets\": [\"Linear\"], \"weights\": {\"num_bits\": 4, \"strategy\": \"group\", "
+                "\"group_size\": 32}}, \"group_1\": {\"targets\": [\"down_proj\"], \"weights\": {\"num_bits\": 8, "
+                "\"strategy\": \"group\", \"group_size\": 32}}}}",
+                KILN_ERR_UNSUPPORTED, "\"quantization_config.config_groups.group_1.weights\" is not group \"group_0\"'s");
+    expect_fail("quantization_config", "{\"quant_method\": \"compressed-tensors\"}", KILN_ERR_MISSING,
+                "\"quantization_config.config_groups\"");
 }
 
 static void test_architecture(void) {
@@ -832,6 +922,7 @@ int main(void) {
     KT_RUN(test_load_missing_file);
     KT_RUN(test_architecture);
     KT_RUN(test_quantized_checkpoint);
+    KT_RUN(test_compressed_tensors_config);
     KT_RUN(test_hidden_act);
     KT_RUN(test_biases);
     KT_RUN(test_required_missing);

@@ -167,7 +167,7 @@ static void test_tiny_mistral_int4(void) {
     check_quant("tests/golden/tiny-mistral-int4g32", KILN_DTYPE_Q4G32, KILN_DTYPE_Q8, 0);
 }
 
-/* A published quantized checkpoint (AWQ, GPTQ; tests/golden/make_quant_ckpt_goldens.py) read as it is:
+/* A published quantized checkpoint (AWQ, GPTQ, compressed-tensors; tests/golden/make_quant_ckpt_goldens.py) read as it is:
  * against HF run on an independent numpy dequantization of the packed tensors, with the default
  * pipeline (q/k/v and gate/up packed from the repacked matrices) and none. Every projection is q4g32
  * (the checkpoints' group), the embedding and LM head bf16 as in the checkpoint. */
@@ -198,6 +198,8 @@ static void test_awq_checkpoint(void) { check_quant_checkpoint("tiny-mistral-awq
 static void test_gptq_checkpoint_sym(void) { check_quant_checkpoint("tiny-mistral-gptq"); }
 static void test_gptq_checkpoint_asym_desc_act(void) { check_quant_checkpoint("tiny-mistral-gptq-asym"); }
 static void test_gptq_v2_checkpoint(void) { check_quant_checkpoint("tiny-mistral-gptq-v2"); }
+static void test_ct_checkpoint_sym(void) { check_quant_checkpoint("tiny-mistral-ct"); }
+static void test_ct_checkpoint_asym(void) { check_quant_checkpoint("tiny-mistral-ct-asym"); }
 
 static void test_stories260k(void) { check_model("models/stories260k", "tests/golden/stories260k", KILN_DTYPE_COUNT_); }
 static void test_tiny_mistral_sliding_window(void) {
@@ -565,6 +567,8 @@ int main(void) {
     KT_RUN(test_gptq_checkpoint_sym);
     KT_RUN(test_gptq_checkpoint_asym_desc_act);
     KT_RUN(test_gptq_v2_checkpoint);
+    KT_RUN(test_ct_checkpoint_sym);
+    KT_RUN(test_ct_checkpoint_asym);
     KT_RUN(test_sharded_equals_single);
     KT_RUN(test_pycode_text);
     KT_RUN(test_score_against_hf);

@@ -130,22 +130,23 @@ static void test_mse_method(void) {
     free(qa), free(qb), free(w), free(a), free(b);
 }
 
-/* A published checkpoint's 4-bit matrix (AWQ or GPTQ, packed here from the formats' documentation:
- * kiln_ops.h's kiln_qsrc) repacked into q4gG rows of a larger weight (as pack-weights places them)
- * dequantizes to exactly (q - z) * s, every zero 0..16 (GPTQ v1's stored 15 + 1) and fp16 and bf16
- * scales included; a NaN scale is reported at its index. */
-static void check_repack(kiln_qsrc_format fmt, int zero_offset, kiln_dtype sdt, int t) {
+/* A published checkpoint's 4-bit matrix (AWQ, GPTQ or compressed-tensors, packed here from the
+ * formats' documentation: kiln_ops.h's kiln_qsrc) repacked into q4gG rows of a larger weight (as
+ * pack-weights places them) dequantizes to exactly (q - z) * s, every zero 0..16 (GPTQ v1's stored
+ * 15 + 1) and fp16 and bf16 scales included, and a symmetric compressed-tensors matrix (no zeros:
+ * `sym`) to (q - 8) * s; a NaN scale is reported at its index. */
+static void check_repack(kiln_qsrc_format fmt, int zero_offset, bool sym, kiln_dtype sdt, int t) {
     enum { N = 16, K = 256, OFF = 5, ROWS = N + 8 }; /* the matrix's rows land at OFF..OFF+N-1 of ROWS */
     const int g = kiln_quant_group(t), groups = K / g;
     static int q[N][K], z[N][K / 32];
-    static uint16_t s[K / 32][N]; /* [groups, N] as in the checkpoint */
+    static uint16_t s[K / 32][N]; /* [groups, N] */
     static uint32_t qweight[K * N / 8], qzeros[K / 32 * N / 8];
     memset(qweight, 0, sizeof qweight), memset(qzeros, 0, sizeof qzeros);
     static const int awq_order[8] = {0, 2, 4, 6, 1, 3, 5, 7};
     for (int n = 0; n < N; n++) {
         for (int k = 0; k < K; k++) q[n][k] = (int)(unit() * 16) & 15;
         for (int gi = 0; gi < groups; gi++) {
-            z[n][gi] = (n * 7 + gi) % 16; /* every stored value */
+            z[n][gi] = sym ? 8 : (n * 7 + gi) % 16; /* every stored value */
             const float sc = (float)(normal() * 0.01);
             s[gi][n] = sdt == KILN_DTYPE_BF16 ? kiln_f32_to_bf16(sc) : kiln_f32_to_f16(sc);
         }
@@ -157,6 +158,9 @@ static void check_repack(kiln_qsrc_format fmt, int zero_offset, kiln_dtype sdt, 
                 while (awq_order[i] != n % 8) i++;
                 qweight[k * (N / 8) + n / 8] |= (uint32_t)q[n][k] << (4 * i);
                 if (k % g == 0) qzeros[(k / g) * (N / 8) + n / 8] |= (uint32_t)z[n][k / g] << (4 * i);
+            } else if (fmt == KILN_QSRC_CT) { /* [N, K/8] along K; zeros [N/8, K/G] along N */
+                qweight[n * (K / 8) + k / 8] |= (uint32_t)q[n][k] << (4 * (k % 8));
+                if (k % g == 0) qzeros[(n / 8) * groups + k / g] |= (uint32_t)z[n][k / g] << (4 * (n % 8));
             } else { /* [K/8, N], nibble i = row 8r + i; zeros [K/G, N/8] along N */
                 qweight[(k / 8) * N + n] |= (uint32_t)q[n][k] << (4 * (k % 8));
                 if (k % g == 0) qzeros[(k / g) * (N / 8) + n / 8] |= (uint32_t)z[n][k / g] << (4 * (n % 8));
@@ -167,9 +171,12 @@ static void check_repack(kiln_qsrc_format fmt, int zero_offset, kiln_dtype sdt, 
     for (size_t i = 0; i < sizeof qweight / 4; i++) kiln_wr_u32(qwb + 4 * i, qweight[i]);
     for (size_t i = 0; i < sizeof qzeros / 4; i++) kiln_wr_u32(qzb + 4 * i, qzeros[i]);
     for (int gi = 0; gi < groups; gi++)
-        for (int n = 0; n < N; n++) sb[2 * (gi * N + n)] = (uint8_t)s[gi][n], sb[2 * (gi * N + n) + 1] = (uint8_t)(s[gi][n] >> 8);
-    const kiln_qsrc src = {.format = fmt, .zero_offset = zero_offset, .qweight = qwb, .qzeros = qzb, .scales = sb,
-                           .scales_dtype = sdt};
+        for (int n = 0; n < N; n++) {
+            const int at = fmt == KILN_QSRC_CT ? n * groups + gi : gi * N + n; /* [N, K/G] or [K/G, N] */
+            sb[2 * at] = (uint8_t)s[gi][n], sb[2 * at + 1] = (uint8_t)(s[gi][n] >> 8);
+        }
+    const kiln_qsrc src = {.format = fmt, .zero_offset = zero_offset, .qweight = qwb, .qzeros = sym ? NULL : qzb,
+                           .scales = sb, .scales_dtype = sdt};
     uint8_t *out = calloc(kiln_weight_nbytes(t, 2, (int64_t[]){ROWS, K}), 1);
     float *row = malloc(K * sizeof *row);
     int exact = 1;
@@ -182,22 +189,28 @@ static void check_repack(kiln_qsrc_format fmt, int zero_offset, kiln_dtype sdt, 
             exact &= row[k] == want;
         }
     }
-    KT_CHECKF(exact, "format %d, zero offset %d, %s scales, %s: repacked values differ from (q - z) * s", (int)fmt,
-              zero_offset, kiln_dtype_name(sdt), kiln_dtype_name((kiln_dtype)t));
-    /* a NaN scale at [1, 3] of the [groups, N] scales: flat index N + 3 */
-    sb[2 * (N + 3)] = 0x00, sb[2 * (N + 3) + 1] = sdt == KILN_DTYPE_BF16 ? 0x7f : 0x7e;
-    if (sdt == KILN_DTYPE_BF16) sb[2 * (N + 3)] = 0xc0;
-    KT_EQ_INT((int)kiln_quant_repack_row(&src, t, N, K, 3, ROWS, OFF + 3, out), N + 3);
+    KT_CHECKF(exact, "format %d, zero offset %d%s, %s scales, %s: repacked values differ from (q - z) * s", (int)fmt,
+              zero_offset, sym ? ", symmetric" : "", kiln_dtype_name(sdt), kiln_dtype_name((kiln_dtype)t));
+    /* a NaN scale at row 3, group 1: flat index N + 3 of [groups, N] scales, groups + 1 of [N, groups] */
+    const int bad = fmt == KILN_QSRC_CT ? 3 * groups + 1 : N + 3;
+    KT_EQ_INT((int)kiln_qsrc_scale_index(&src, N, K, g, 3, 1), bad);
+    sb[2 * bad] = 0x00, sb[2 * bad + 1] = sdt == KILN_DTYPE_BF16 ? 0x7f : 0x7e;
+    if (sdt == KILN_DTYPE_BF16) sb[2 * bad] = 0xc0;
+    KT_EQ_INT((int)kiln_quant_repack_row(&src, t, N, K, 3, ROWS, OFF + 3, out), bad);
     free(out);
     free(row);
 }
 
 static void test_repack_checkpoint(void) {
-    check_repack(KILN_QSRC_AWQ, 0, KILN_DTYPE_F16, KILN_DTYPE_Q4G32);
-    check_repack(KILN_QSRC_AWQ, 0, KILN_DTYPE_BF16, KILN_DTYPE_Q4G128);
-    check_repack(KILN_QSRC_GPTQ, 1, KILN_DTYPE_F16, KILN_DTYPE_Q4G64);
-    check_repack(KILN_QSRC_GPTQ, 0, KILN_DTYPE_F16, KILN_DTYPE_Q4G128);
-    check_repack(KILN_QSRC_GPTQ, 1, KILN_DTYPE_BF16, KILN_DTYPE_Q4G32);
+    check_repack(KILN_QSRC_AWQ, 0, false, KILN_DTYPE_F16, KILN_DTYPE_Q4G32);
+    check_repack(KILN_QSRC_AWQ, 0, false, KILN_DTYPE_BF16, KILN_DTYPE_Q4G128);
+    check_repack(KILN_QSRC_GPTQ, 1, false, KILN_DTYPE_F16, KILN_DTYPE_Q4G64);
+    check_repack(KILN_QSRC_GPTQ, 0, false, KILN_DTYPE_F16, KILN_DTYPE_Q4G128);
+    check_repack(KILN_QSRC_GPTQ, 1, false, KILN_DTYPE_BF16, KILN_DTYPE_Q4G32);
+    check_repack(KILN_QSRC_CT, 0, false, KILN_DTYPE_F16, KILN_DTYPE_Q4G32);
+    check_repack(KILN_QSRC_CT, 0, false, KILN_DTYPE_BF16, KILN_DTYPE_Q4G64);
+    check_repack(KILN_QSRC_CT, 0, true, KILN_DTYPE_BF16, KILN_DTYPE_Q4G128);
+    check_repack(KILN_QSRC_CT, 0, true, KILN_DTYPE_F16, KILN_DTYPE_Q4G32);
 }
 
 int main(void) {

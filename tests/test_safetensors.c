@@ -187,8 +187,24 @@ static void test_dtype_i32(void) {
                 "shape [3] of I32 needs 12 bytes");
 }
 
+/* I64: compressed-tensors' weight_shape (8 bytes an element) */
+static void test_dtype_i64(void) {
+    img m = make("{\"m.weight_shape\":{\"dtype\":\"I64\",\"shape\":[2],\"data_offsets\":[0,16]}}", 16);
+    kiln_st_tensor *t = NULL;
+    size_t n = 0;
+    kiln_error e = {0};
+    KT_EQ_INT(kiln_st_parse(m.p, m.n, "x", &t, &n, &e), KILN_OK);
+    KT_REQUIRE(n == 1);
+    KT_EQ_INT(t[0].dtype, KILN_DTYPE_I64);
+    KT_EQ_INT((int)t[0].nbytes, 16);
+    kiln_st_tensors_free(t, n);
+    free(m.p);
+    expect_fail(make("{\"g\":{\"dtype\":\"I64\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8), KILN_ERR_SHAPE,
+                "shape [2] of I64 needs 16 bytes");
+}
+
 static void test_dtype_unsupported(void) {
-    static const char *const names[] = {"F64", "I64", "U32", "I16", "I8", "U8", "BOOL", "F8_E4M3", "F8_E5M2"};
+    static const char *const names[] = {"F64", "U64", "U32", "I16", "I8", "U8", "BOOL", "F8_E4M3", "F8_E5M2"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char h[160], want[64];
         snprintf(h, sizeof h, "{\"pos_ids\":{\"dtype\":\"%s\",\"shape\":[1],\"data_offsets\":[0,1]}}", names[i]);
@@ -340,6 +356,7 @@ int main(void) {
     KT_RUN(test_dtype_not_string);
     KT_RUN(test_dtype_unknown);
     KT_RUN(test_dtype_i32);
+    KT_RUN(test_dtype_i64);
     KT_RUN(test_dtype_unsupported);
     KT_RUN(test_shape_missing);
     KT_RUN(test_shape_not_array);
