@@ -1,0 +1,509 @@
+/*
+ * quant_auto.c — `kiln compile --quant auto`: each projection matrix's
+ * format chosen by its measured damage under a byte budget.
+ *
+ *   calibration engine (the same compile, projections dense) → CPU executor
+ *   → reference: the log-softmax of every calibration position
+ *   → each matrix × {q8, q4g32, q4g64, q4g128} alone: mean KL(reference || it)
+ *   → kiln_quant_choose (passes/quant_choose.c): least summed KL in the budget
+ *   → the chosen mix, all at once: its measured KL and NLL change
+ *
+ * The calibration engine is a temporary file beside the output (removed at
+ * once after it is mapped; a signal removes it too). A candidate is
+ * evaluated by replacing the matrix's f32 copy in the CPU executor's model
+ * (kiln_model.wf32) with the matrix quantized from those values and
+ * dequantized by common/quant.c, the functions the writer and the loader
+ * use, so a candidate runs the values its engine would. (The writer
+ * quantizes the checkpoint's values; the two agree unless --dtype rounds the
+ * checkpoint's matrices.)
+ *
+ * Calibration: --calib FILE (text, the checkpoint's tokenizer), --calib-ids
+ * FILE (ids), or the built-in text (compiler/calib/default.txt, embedded at
+ * build time), after BOS when the model has one, cut to --calib-tokens and
+ * read in sequences of at most the model's context, each from its first
+ * token with the full distribution kept for every position that has a next
+ * token. Sums run in position order: the result does not depend on threads.
+ */
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "../common/kiln_pool.h"
+#include "../common/kiln_progress.h"
+#include "../passes/kiln_passes.h"
+#include "../runtime/kiln_rt.h"
+#include "../runtime/kiln_tokenizer.h"
+#include "cli.h"
+#include "kiln_compiler.h"
+#include "kiln_tokjson.h"
+
+extern const char kiln_calib_default_text[]; /* compiler/calib/default.txt (build/kiln_calib_text.c) */
+extern const size_t kiln_calib_default_len;
+
+enum { MIN_CALIB_TOKENS = 32 };
+
+/* The formats a projection may take besides keep, smallest damage first in a tie. */
+static const int quant_formats[] = {KILN_DTYPE_Q8, KILN_DTYPE_Q4G32, KILN_DTYPE_Q4G64, KILN_DTYPE_Q4G128};
+enum { N_FORMATS = sizeof quant_formats / sizeof quant_formats[0] };
+
+/* One projection matrix: its plan weight and, per option (0 = keep), the dtype and its damage. */
+typedef struct qa_matrix {
+    int weight;                       /* plan weight index */
+    kiln_quant_item item;             /* bytes and measured mean KL per option */
+    int dtype[KILN_QUANT_OPTIONS];    /* option → dtype (0 = keep) */
+    double nll[KILN_QUANT_OPTIONS];   /* mean NLL change per option */
+} qa_matrix;
+
+typedef struct qa_ctx {
+    kiln_model *m;
+    kiln_cpu_ctx *c;
+    const int32_t *toks; /* calibration tokens [n_toks] */
+    int n_toks, seq;     /* seq: tokens per sequence (the last may be shorter) */
+    int V;
+    float *ref;          /* [positions, V]: the reference log-softmax */
+    float *logits;       /* [seq, V] */
+    double *row_kl, *row_nll; /* [positions] */
+    float *ref_nll;      /* [positions]: -log p_ref(next) */
+    int positions;
+    int method;          /* q4 ranges */
+} qa_ctx;
+
+/* ---- evaluation ---- */
+
+typedef struct kl_job {
+    const float *logits; /* [rows, V] */
+    const float *ref;    /* [rows, V] reference log-softmax, or NULL: write the log-softmax into out */
+    float *out;
+    const int32_t *next; /* [rows] next tokens */
+    double *kl, *nll;    /* [rows] */
+    int rows, V, parts;
+} kl_job;
+
+/* Rows of one sequence: log-softmax in double, then KL(ref || this) and -log p(next). */
+static void kl_rows(void *arg, int part) {
+    const kl_job *j = arg;
+    for (int r = j->rows * part / j->parts; r < j->rows * (part + 1) / j->parts; r++) {
+        const float *l = j->logits + (size_t)r * (size_t)j->V;
+        double mx = -INFINITY, sum = 0;
+        for (int v = 0; v < j->V; v++) mx = l[v] > mx ? l[v] : mx;
+        for (int v = 0; v < j->V; v++) sum += exp((double)l[v] - mx);
+        const double lse = mx + log(sum);
+        j->nll[r] = lse - (double)l[j->next[r]];
+        if (!j->ref) {
+            float *o = j->out + (size_t)r * (size_t)j->V;
+            for (int v = 0; v < j->V; v++) o[v] = (float)((double)l[v] - lse);
+            j->kl[r] = 0;
+            continue;
+        }
+        const float *lr = j->ref + (size_t)r * (size_t)j->V;
+        double kl = 0;
+        for (int v = 0; v < j->V; v++) {
+            const double lp = lr[v];
+            kl += exp(lp) * (lp - ((double)l[v] - lse));
+        }
+        j->kl[r] = kl;
+    }
+}
+
+/* Run every calibration sequence; with `reference`, store the log-softmax as the reference, else
+ * the mean KL against it and the mean NLL change into *kl, *dnll. */
+static kiln_status evaluate(qa_ctx *q, bool reference, double *kl, double *dnll, kiln_error *err) {
+    int pos = 0;
+    for (int s0 = 0; s0 + 1 < q->n_toks; s0 += q->seq) {
+        const int n = q->n_toks - s0 < q->seq ? q->n_toks - s0 : q->seq;
+        if (n < 2) break;
+        kiln_cpu_ctx_reset(q->c);
+        kiln_status st = kiln_cpu_forward(q->c, q->toks + s0, n, true, q->logits, err);
+        if (st != KILN_OK) return kiln_err_prefix(err, "quant auto: calibration tokens %d..%d: ", s0, s0 + n - 1);
+        const int parts = kiln_pool_ways(kiln_pool_shared()) * 4;
+        kl_job j = {q->logits, reference ? NULL : q->ref + (size_t)pos * (size_t)q->V,
+                    q->ref + (size_t)pos * (size_t)q->V, q->toks + s0 + 1, q->row_kl + pos, q->row_nll + pos,
+                    n - 1, q->V, parts < n - 1 ? parts : n - 1};
+        kiln_pool_for(kiln_pool_shared(), j.parts, j.parts, kl_rows, &j);
+        pos += n - 1;
+    }
+    double skl = 0, snll = 0;
+    for (int r = 0; r < q->positions; r++) {
+        if (reference) q->ref_nll[r] = (float)q->row_nll[r];
+        skl += q->row_kl[r];
+        snll += q->row_nll[r] - q->ref_nll[r];
+    }
+    if (kl) *kl = skl / q->positions;
+    if (dnll) *dnll = snll / q->positions;
+    return KILN_OK;
+}
+
+typedef struct quant_job {
+    const float *w;
+    uint8_t *codes;
+    float *out;
+    int64_t n, k;
+    int dtype, method, parts;
+} quant_job;
+
+/* Rows of one matrix quantized as the writer does, then dequantized as the loader does. */
+static void quant_rows(void *arg, int part) {
+    const quant_job *j = arg;
+    const int64_t r0 = j->n * part / j->parts, r1 = j->n * (part + 1) / j->parts;
+    for (int64_t r = r0; r < r1; r++) kiln_quant_row_ex(j->dtype, j->n, j->k, r, j->w + r * j->k, j->codes, j->method);
+    if (r1 > r0) kiln_dequant_rows(j->dtype, j->codes, j->n, j->k, r0, r1 - r0, j->out + r0 * j->k);
+}
+
+/* The f32 values plan weight `w` takes as `dtype` (malloc'd), from the model's own f32 copy. */
+static float *quant_dequant(const qa_ctx *q, int w, int dtype, kiln_error *err) {
+    const kiln_plan_weight *pw = &q->m->plan->weights[w];
+    const int64_t n = pw->shape[0], k = pw->shape[1];
+    uint8_t *codes = malloc(kiln_weight_nbytes(dtype, 2, pw->shape));
+    float *out = malloc((size_t)(n * k) * sizeof *out);
+    if (!codes || !out) {
+        free(codes), free(out);
+        kiln_err(err, KILN_ERR_NOMEM, "quant auto: out of memory quantizing '%s'", pw->name);
+        return NULL;
+    }
+    const int ways = kiln_pool_ways(kiln_pool_shared()) * 2;
+    quant_job j = {q->m->wf32[w], codes, out, n, k, dtype, q->method, (int)(n < ways ? n : ways)};
+    kiln_pool_for(kiln_pool_shared(), j.parts, j.parts, quant_rows, &j);
+    free(codes);
+    return out;
+}
+
+/* ---- the matrices ---- */
+
+static bool used_by_embedding(const kiln_plan *p, int w) {
+    for (uint32_t i = 0; i < p->n_ops; i++)
+        if (p->ops[i].kind == KILN_OP_EMBEDDING && p->values[p->ops[i].in[1]].weight == w) return true;
+    return false;
+}
+
+/* The projections' matrices the pass quantize would give --quant's format, in plan order, each
+ * with its options: keep, then each format its shape takes. Returns how many (<= cap). */
+static int list_matrices(const kiln_plan *p, qa_matrix *mx, int cap) {
+    int n = 0;
+    for (uint32_t i = 0; i < p->n_ops; i++) {
+        const kiln_plan_op *op = &p->ops[i];
+        int first = 1, last = 1;
+        switch (op->kind) {
+        case KILN_OP_LINEAR:
+        case KILN_OP_LINEAR_ADD:
+        case KILN_OP_QKV_ROPE_PACKED:
+        case KILN_OP_GATE_UP_SWIGLU_PACKED: break;
+        case KILN_OP_QKV_ROPE: last = 3; break;
+        case KILN_OP_GATE_UP_SWIGLU: last = 2; break;
+        default: continue;
+        }
+        for (int j = first; j <= last && n < cap; j++) {
+            const int w = p->values[op->in[j]].weight;
+            const kiln_plan_weight *pw = &p->weights[w];
+            bool seen = false;
+            for (int e = 0; e < n; e++) seen |= mx[e].weight == w;
+            if (seen || pw->ndim != 2 || kiln_dtype_is_quant((int)pw->dtype) || used_by_embedding(p, w)) continue;
+            qa_matrix *x = &mx[n++];
+            memset(x, 0, sizeof *x);
+            x->weight = w;
+            x->item.bytes[0] = kiln_align_up(pw->nbytes, KILN_PLAN_WEIGHT_ALIGN);
+            x->item.n = 1;
+            for (int f = 0; f < N_FORMATS; f++) {
+                const uint64_t b = kiln_weight_nbytes(quant_formats[f], 2, pw->shape);
+                if (!b) continue; /* the group does not divide its columns */
+                x->dtype[x->item.n] = quant_formats[f];
+                x->item.bytes[x->item.n++] = kiln_align_up(b, KILN_PLAN_WEIGHT_ALIGN);
+            }
+        }
+    }
+    return n;
+}
+
+/* ---- calibration tokens ---- */
+
+static kiln_status read_calibration(const kiln_compile_options *opt, const kiln_model *m, int32_t **ids,
+                                    size_t *n, json_t **source, kiln_error *err) {
+    char *data = NULL;
+    size_t len = 0;
+    const char *file = opt->calib_ids_path ? opt->calib_ids_path : opt->calib_path;
+    kiln_status st = KILN_OK;
+    if (file && (st = kiln_file_read(file, 256u << 20, &data, &len, err)) != KILN_OK)
+        return kiln_err_prefix(err, "--calib%s: ", opt->calib_ids_path ? "-ids" : "");
+    const char *text = file ? data : kiln_calib_default_text;
+    if (!file) len = kiln_calib_default_len;
+    if (opt->calib_ids_path) {
+        size_t i = 0;
+        while (i < len && (data[i] == ' ' || data[i] == '\n' || data[i] == '\t' || data[i] == '\r')) i++;
+        st = i < len && data[i] == '[' ? kiln_tokenize_parse_ids(data, len, file, ids, n, err)
+                                       : kiln_cli_parse_ids_text(data, len, file, ids, n, err);
+        for (size_t k = 0; st == KILN_OK && k < *n; k++)
+            if ((*ids)[k] < 0 || (*ids)[k] >= (int32_t)m->plan->vocab_size)
+                st = kiln_err(err, KILN_ERR_INVALID_ARG, "--calib-ids %s: id %d (at %zu) is outside the model's "
+                              "vocabulary 0..%d", file, (*ids)[k], k, (int)m->plan->vocab_size - 1);
+    } else if (!m->tokenizer) {
+        st = kiln_err(err, KILN_ERR_UNSUPPORTED, "--quant auto: the checkpoint has no tokenizer.json to read %s "
+                      "with", file ? file : "the built-in calibration text");
+        kiln_err_hint(err, "give the calibration as token ids: --calib-ids FILE");
+    } else {
+        int32_t *t = NULL;
+        size_t nt = 0;
+        if ((st = kiln_tokenizer_encode(m->tokenizer, text, len, 0, &t, &nt, err)) != KILN_OK) {
+            kiln_err_prefix(err, "--calib %s: ", file ? file : "(built-in)");
+        } else if (!(*ids = malloc((nt + 1) * sizeof **ids))) {
+            st = kiln_err(err, KILN_ERR_NOMEM, "out of memory");
+        } else { /* read after BOS, as `kiln perplexity --bos` */
+            *n = 0;
+            if (m->bos_id >= 0) (*ids)[(*n)++] = m->bos_id;
+            memcpy(*ids + *n, t, nt * sizeof *t);
+            *n += nt;
+        }
+        free(t);
+    }
+    if (st == KILN_OK) {
+        char hash[17];
+        snprintf(hash, sizeof hash, "%016llx", (unsigned long long)XXH64(text, len, 0));
+        *source = json_pack("{s:s, s:I, s:s}", "source",
+                            opt->calib_ids_path ? "file of token ids" : file ? "text file" : "built-in text",
+                            "bytes", (json_int_t)len, "xxh64", hash);
+    }
+    free(data);
+    return st;
+}
+
+/* ---- the pass ---- */
+
+/* The calibration engine: this compile with the projections dense, into `path`. */
+static kiln_status calibration_engine(const char *ckpt_dir, const kiln_compile_options *opt, const char *path,
+                                      kiln_error *err) {
+    kiln_compile_options o = *opt;
+    o.output_path = path;
+    o.quant = 0;
+    o.targets = "none";
+    o.gpu_if_possible = false;
+    o.progress = NULL;
+    o.dump_ir = false;
+    o.compress = false;
+    o.no_chat_template = true;
+    o.quant_report = NULL;
+    o.force = true; /* beside the output, which was checked */
+    kiln_status st = kiln_compile(ckpt_dir, &o, err);
+    return st == KILN_OK ? st : kiln_err_prefix(err, "--quant auto: the calibration engine: ");
+}
+
+static json_t *matrix_json(const qa_ctx *q, const qa_matrix *x, int pick) {
+    const kiln_plan_weight *pw = &q->m->plan->weights[x->weight];
+    json_t *kl = json_object();
+    for (int j = 1; j < x->item.n; j++)
+        json_object_set_new(kl, kiln_dtype_name((kiln_dtype)x->dtype[j]), json_real(x->item.damage[j]));
+    const char *fmt = pick ? kiln_dtype_name((kiln_dtype)x->dtype[pick]) : kiln_dtype_name((kiln_dtype)pw->dtype);
+    return json_pack("{s:s, s:s, s:I, s:f, s:o}", "name", pw->name, "format", fmt, "bytes",
+                     (json_int_t)x->item.bytes[pick], "kl", x->item.damage[pick], "kl_each", kl);
+}
+
+static kiln_status choose(const char *ckpt_dir, const kiln_compile_options *opt, kiln_model *m,
+                          kiln_quant_auto *out, kiln_error *err) {
+    const kiln_plan *p = m->plan;
+    qa_ctx q = {.m = m, .V = (int)p->vocab_size, .method = opt->quant_method};
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    json_t *calib = NULL;
+    qa_matrix *mx = calloc(p->n_weights ? p->n_weights : 1, sizeof *mx);
+    int *pick = calloc(p->n_weights ? p->n_weights : 1, sizeof *pick);
+    kiln_status st = mx && pick ? KILN_OK : kiln_err(err, KILN_ERR_NOMEM, "out of memory");
+    if (st == KILN_OK) st = read_calibration(opt, m, &ids, &n_ids, &calib, err);
+    if (st != KILN_OK) goto out;
+    const char *what = opt->calib_ids_path ? opt->calib_ids_path : opt->calib_path ? opt->calib_path : "built-in text";
+    if (n_ids < MIN_CALIB_TOKENS) {
+        st = kiln_err(err, KILN_ERR_INVALID_ARG, "--quant auto: the calibration (%s) has %zu tokens; at least %d "
+                      "are needed", what, n_ids, MIN_CALIB_TOKENS);
+        goto out;
+    }
+    q.n_toks = n_ids < (size_t)opt->calib_tokens ? (int)n_ids : opt->calib_tokens;
+    q.toks = ids;
+    q.seq = q.n_toks < (int)p->max_context ? q.n_toks : (int)p->max_context;
+    q.positions = 0;
+    for (int s0 = 0; s0 + 1 < q.n_toks; s0 += q.seq) {
+        const int n = q.n_toks - s0 < q.seq ? q.n_toks - s0 : q.seq;
+        q.positions += n >= 2 ? n - 1 : 0;
+    }
+    const int nm = list_matrices(p, mx, (int)p->n_weights);
+    if (nm == 0) {
+        st = kiln_err(err, KILN_ERR_UNSUPPORTED, "--quant auto: %s has no projection matrix to quantize", ckpt_dir);
+        goto out;
+    }
+    /* the budget: over the weights section, as `kiln inspect` counts it */
+    uint64_t keep_all = 0, elems = 0;
+    for (int i = 0; i < nm; i++) keep_all += mx[i].item.bytes[0];
+    for (uint32_t w = 0; w < p->n_weights; w++) {
+        uint64_t e = 1;
+        for (uint32_t d = 0; d < p->weights[w].ndim; d++) e *= (uint64_t)p->weights[w].shape[d];
+        elems += e;
+    }
+    const uint64_t fixed = m->weights_size - keep_all; /* the head, embedding, norms... and padding */
+    const uint64_t budget = opt->max_weight_bytes ? opt->max_weight_bytes : (uint64_t)(opt->target_bits * (double)elems / 8);
+    kiln_quant_item *items = malloc((size_t)nm * sizeof *items);
+    if (!items) {
+        st = kiln_err(err, KILN_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < nm; i++) items[i] = mx[i].item;
+    uint64_t min_bytes = 0;
+    kiln_error probe = {0};
+    if (budget < fixed || kiln_quant_choose(items, nm, budget - fixed, 1, pick, &min_bytes, &probe) != KILN_OK) {
+        if (budget < fixed) /* the smallest options' sum, for the message */
+            for (int i = 0; i < nm; i++) {
+                uint64_t s = items[i].bytes[0];
+                for (int j = 1; j < items[i].n; j++) s = items[i].bytes[j] < s ? items[i].bytes[j] : s;
+                min_bytes += s;
+            }
+        char want[64];
+        if (opt->max_weight_bytes) snprintf(want, sizeof want, "--max-weight-bytes %llu", (unsigned long long)budget);
+        else snprintf(want, sizeof want, "--target-bits %g (%llu bytes)", opt->target_bits, (unsigned long long)budget);
+        st = kiln_err(err, KILN_ERR_INVALID_ARG, "%s: the smallest mix (every projection at its smallest format, "
+                      "the LM head and embedding as asked) takes %llu weight bytes (%.3f bits per weight)", want,
+                      (unsigned long long)(fixed + min_bytes), (double)(fixed + min_bytes) * 8 / (double)elems);
+        kiln_err_hint(err, "give a budget of at least %llu bytes, or quantize the LM head or embedding too "
+                      "(--quant-head, --quant-embedding)", (unsigned long long)(fixed + min_bytes));
+        free(items);
+        goto out;
+    }
+    /* measure: the reference, then every matrix in every format alone */
+    q.logits = malloc((size_t)q.seq * (size_t)q.V * sizeof(float));
+    q.ref = malloc((size_t)q.positions * (size_t)q.V * sizeof(float));
+    q.row_kl = malloc((size_t)q.positions * sizeof(double));
+    q.row_nll = malloc((size_t)q.positions * sizeof(double));
+    q.ref_nll = malloc((size_t)q.positions * sizeof(float));
+    if (!q.logits || !q.ref || !q.row_kl || !q.row_nll || !q.ref_nll) {
+        st = kiln_err(err, KILN_ERR_NOMEM, "--quant auto: out of memory for %d positions of %d logits", q.positions,
+                      q.V);
+        free(items);
+        goto out;
+    }
+    if ((st = kiln_cpu_ctx_new(m, q.seq, q.seq, kiln_pool_ways(kiln_pool_shared()), &q.c, err)) != KILN_OK ||
+        (st = evaluate(&q, true, NULL, NULL, err)) != KILN_OK) {
+        free(items);
+        goto out;
+    }
+    double ref_nll = 0;
+    for (int r = 0; r < q.positions; r++) ref_nll += q.ref_nll[r];
+    ref_nll /= q.positions;
+    int total = 0, done = 0;
+    for (int i = 0; i < nm; i++) total += mx[i].item.n - 1;
+    kiln_progress_phase(opt->progress, "calibrate", (uint64_t)total, "matrix formats", 1);
+    for (int i = 0; i < nm && st == KILN_OK; i++) {
+        float *dense = m->wf32[mx[i].weight];
+        for (int j = 1; j < mx[i].item.n && st == KILN_OK; j++) {
+            float *qv = quant_dequant(&q, mx[i].weight, mx[i].dtype[j], err);
+            if (!qv) {
+                st = KILN_ERR_NOMEM;
+                break;
+            }
+            m->wf32[mx[i].weight] = qv;
+            st = evaluate(&q, false, &mx[i].item.damage[j], &mx[i].nll[j], err);
+            m->wf32[mx[i].weight] = dense;
+            free(qv);
+            kiln_progress_update(opt->progress, (uint64_t)++done);
+        }
+        items[i] = mx[i].item;
+    }
+    if (st != KILN_OK || (st = kiln_quant_choose(items, nm, budget - fixed, 4096, pick, &min_bytes, err)) != KILN_OK) {
+        free(items);
+        goto out;
+    }
+    free(items);
+    /* the chosen mix, all at once */
+    kiln_progress_phase(opt->progress, "calibrate mix", 0, NULL, 0);
+    float **dense = calloc((size_t)nm, sizeof *dense);
+    double predicted = 0, mix_kl = 0, mix_nll = 0;
+    uint64_t bytes = fixed;
+    st = dense ? KILN_OK : kiln_err(err, KILN_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < nm && st == KILN_OK; i++) {
+        predicted += mx[i].item.damage[pick[i]];
+        bytes += mx[i].item.bytes[pick[i]];
+        if (!pick[i]) continue;
+        dense[i] = m->wf32[mx[i].weight];
+        float *qv = quant_dequant(&q, mx[i].weight, mx[i].dtype[pick[i]], err);
+        if (!qv) st = KILN_ERR_NOMEM;
+        else m->wf32[mx[i].weight] = qv;
+    }
+    if (st == KILN_OK) st = evaluate(&q, false, &mix_kl, &mix_nll, err);
+    for (int i = 0; i < nm && dense; i++)
+        if (dense[i]) {
+            free(m->wf32[mx[i].weight]);
+            m->wf32[mx[i].weight] = dense[i];
+        }
+    free(dense);
+    if (st != KILN_OK) goto out;
+    /* what the compile takes on, and the record of why */
+    out->picks = calloc((size_t)nm, sizeof *out->picks);
+    json_t *mats = json_array();
+    if (!out->picks || !mats) {
+        json_decref(mats);
+        st = kiln_err(err, KILN_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    int counts[KILN_DTYPE_COUNT_] = {0};
+    for (int i = 0; i < nm; i++) {
+        snprintf(out->picks[i].name, sizeof out->picks[i].name, "%s", p->weights[mx[i].weight].name);
+        out->picks[i].dtype = mx[i].dtype[pick[i]];
+        counts[pick[i] ? mx[i].dtype[pick[i]] : (int)p->weights[mx[i].weight].dtype]++;
+        json_array_append_new(mats, matrix_json(&q, &mx[i], pick[i]));
+    }
+    out->n_picks = nm;
+    json_t *mix = json_object();
+    for (int d = 0; d < KILN_DTYPE_COUNT_; d++)
+        if (counts[d]) json_object_set_new(mix, kiln_dtype_name((kiln_dtype)d), json_integer(counts[d]));
+    json_object_set_new(calib, "tokens", json_integer(q.n_toks));
+    json_object_set_new(calib, "positions", json_integer(q.positions));
+    json_object_set_new(calib, "sequence", json_integer(q.seq));
+    json_t *bud = opt->max_weight_bytes ? json_pack("{s:I}", "max_weight_bytes", (json_int_t)budget)
+                                        : json_pack("{s:f, s:I}", "target_bits", opt->target_bits, "max_weight_bytes",
+                                                    (json_int_t)budget);
+    out->report = json_pack(
+        "{s:o, s:I, s:f, s:I, s:I, s:o, s:s, s:f, s:f, s:f, s:f, s:o, s:o}", "budget", bud, "weight_bytes",
+        (json_int_t)bytes, "bits_per_weight", (double)bytes * 8 / (double)elems, "smallest_bytes",
+        (json_int_t)(fixed + min_bytes), "largest_bytes", (json_int_t)(fixed + keep_all), "calibration", calib,
+        "metric", "mean KL(unquantized || quantized) of the next-token distributions over the calibration "
+                  "positions, nats; NLL change in nats per token",
+        "reference_nll", ref_nll, "predicted_kl", predicted, "measured_kl", mix_kl, "measured_nll_change", mix_nll,
+        "mix", mix, "matrices", mats);
+    calib = NULL;
+    if (!out->report) st = kiln_err(err, KILN_ERR_NOMEM, "out of memory");
+out:
+    json_decref(calib);
+    kiln_cpu_ctx_free(q.c);
+    free(q.logits), free(q.ref), free(q.row_kl), free(q.row_nll), free(q.ref_nll);
+    free(ids), free(mx), free(pick);
+    return st;
+}
+
+kiln_status kiln_quant_auto_run(const char *ckpt_dir, const kiln_compile_options *opt, kiln_quant_auto *out,
+                                kiln_error *err) {
+    memset(out, 0, sizeof *out);
+    const size_t n = strlen(opt->output_path) + 32;
+    char *path = malloc(n);
+    if (!path) return kiln_err(err, KILN_ERR_NOMEM, "out of memory");
+    snprintf(path, n, "%s.calib.XXXXXX", opt->output_path);
+    int fd = mkstemp(path); /* reserves the name; kiln_compile renames over it */
+    if (fd < 0) {
+        kiln_err(err, KILN_ERR_IO, "%s: cannot create the calibration engine beside it", opt->output_path);
+        free(path);
+        return KILN_ERR_IO;
+    }
+    close(fd);
+    const int slot = kiln_guard_temp_add(path);
+    kiln_progress_phase(opt->progress, "calibration engine", 0, NULL, 0);
+    kiln_model *m = NULL;
+    kiln_status st = calibration_engine(ckpt_dir, opt, path, err);
+    if (st == KILN_OK) st = kiln_model_open(path, kiln_pool_ways(kiln_pool_shared()), &m, err);
+    unlink(path); /* mapped: the pages stay until the model is freed */
+    kiln_guard_temp_remove(slot);
+    free(path);
+    if (st == KILN_OK) st = choose(ckpt_dir, opt, m, out, err);
+    kiln_model_close(m);
+    if (st != KILN_OK) kiln_quant_auto_free(out);
+    return st;
+}
+
+void kiln_quant_auto_free(kiln_quant_auto *qa) {
+    free(qa->picks);
+    json_decref(qa->report);
+    memset(qa, 0, sizeof *qa);
+}
