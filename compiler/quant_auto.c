@@ -297,6 +297,113 @@ static json_t *matrix_json(const qa_ctx *q, const qa_matrix *x, int pick) {
                      (json_int_t)x->item.bytes[pick], "kl", x->item.damage[pick], "kl_each", kl);
 }
 
+/* The budget in bytes, refused when even the smallest mix exceeds it (naming that size). `fixed`: what
+ * the weights but the projections take (the head, the embedding, the norms, padding). */
+static kiln_status check_budget(const kiln_compile_options *opt, const qa_matrix *mx, int nm, uint64_t fixed,
+                                uint64_t elems, uint64_t *budget, kiln_error *err) {
+    *budget = opt->max_weight_bytes ? opt->max_weight_bytes : (uint64_t)(opt->target_bits * (double)elems / 8);
+    uint64_t least = fixed;
+    for (int i = 0; i < nm; i++) {
+        uint64_t s = mx[i].item.bytes[0];
+        for (int j = 1; j < mx[i].item.n; j++) s = mx[i].item.bytes[j] < s ? mx[i].item.bytes[j] : s;
+        least += s;
+    }
+    if (least <= *budget) return KILN_OK;
+    char want[80];
+    if (opt->max_weight_bytes) snprintf(want, sizeof want, "--max-weight-bytes %llu", (unsigned long long)*budget);
+    else snprintf(want, sizeof want, "--target-bits %g (%llu bytes)", opt->target_bits, (unsigned long long)*budget);
+    kiln_err(err, KILN_ERR_INVALID_ARG, "%s: the smallest mix (every projection at its smallest format, the LM head "
+             "and embedding as asked) takes %llu weight bytes (%.3f bits per weight)", want,
+             (unsigned long long)least, (double)least * 8 / (double)elems);
+    return kiln_err_hint(err, "give a budget of at least %llu bytes, or quantize the LM head or embedding too "
+                         "(--quant-head, --quant-embedding)", (unsigned long long)least);
+}
+
+/* Each matrix in each format alone: item.damage[j] (mean KL) and nll[j]. */
+static kiln_status measure_each(qa_ctx *q, qa_matrix *mx, int nm, kiln_progress *progress, kiln_error *err) {
+    int total = 0, done = 0;
+    for (int i = 0; i < nm; i++) total += mx[i].item.n - 1;
+    kiln_progress_phase(progress, "calibrate", (uint64_t)total, "matrix formats", 1);
+    kiln_status st = KILN_OK;
+    for (int i = 0; i < nm && st == KILN_OK; i++) {
+        float *dense = q->m->wf32[mx[i].weight];
+        for (int j = 1; j < mx[i].item.n && st == KILN_OK; j++) {
+            float *qv = quant_dequant(q, mx[i].weight, mx[i].dtype[j], err);
+            if (!qv) return KILN_ERR_NOMEM;
+            q->m->wf32[mx[i].weight] = qv;
+            st = evaluate(q, false, &mx[i].item.damage[j], &mx[i].nll[j], err);
+            q->m->wf32[mx[i].weight] = dense;
+            free(qv);
+            kiln_progress_update(progress, (uint64_t)++done);
+        }
+    }
+    return st;
+}
+
+/* The chosen mix, every matrix replaced at once: its mean KL and NLL change. */
+static kiln_status measure_mix(qa_ctx *q, const qa_matrix *mx, int nm, const int *pick, double *kl, double *dnll,
+                               kiln_error *err) {
+    float **dense = calloc((size_t)nm, sizeof *dense);
+    kiln_status st = dense ? KILN_OK : kiln_err(err, KILN_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < nm && st == KILN_OK; i++) {
+        if (!pick[i]) continue;
+        float *qv = quant_dequant(q, mx[i].weight, mx[i].dtype[pick[i]], err);
+        if (!qv) {
+            st = KILN_ERR_NOMEM;
+            break;
+        }
+        dense[i] = q->m->wf32[mx[i].weight];
+        q->m->wf32[mx[i].weight] = qv;
+    }
+    if (st == KILN_OK) st = evaluate(q, false, kl, dnll, err);
+    for (int i = 0; i < nm && dense; i++)
+        if (dense[i]) {
+            free(q->m->wf32[mx[i].weight]);
+            q->m->wf32[mx[i].weight] = dense[i];
+        }
+    free(dense);
+    return st;
+}
+
+/* The picks by name for the pass quantize, and meta build.quant.auto. */
+static kiln_status record(const qa_ctx *q, const kiln_compile_options *opt, const qa_matrix *mx, int nm,
+                          const int *pick, const uint64_t sizes[4], uint64_t elems, const double m[4],
+                          json_t *calib, kiln_quant_auto *out, kiln_error *err) {
+    const kiln_plan *p = q->m->plan;
+    out->picks = calloc((size_t)nm, sizeof *out->picks);
+    json_t *mats = json_array(), *mix = json_object();
+    int counts[KILN_DTYPE_COUNT_] = {0};
+    double predicted = 0;
+    uint64_t bytes = sizes[1];
+    for (int i = 0; out->picks && i < nm; i++) {
+        snprintf(out->picks[i].name, sizeof out->picks[i].name, "%s", p->weights[mx[i].weight].name);
+        out->picks[i].dtype = mx[i].dtype[pick[i]];
+        counts[pick[i] ? mx[i].dtype[pick[i]] : (int)p->weights[mx[i].weight].dtype]++;
+        predicted += mx[i].item.damage[pick[i]];
+        bytes += mx[i].item.bytes[pick[i]];
+        json_array_append_new(mats, matrix_json(q, &mx[i], pick[i]));
+    }
+    out->n_picks = nm;
+    for (int d = 0; d < KILN_DTYPE_COUNT_; d++)
+        if (counts[d]) json_object_set_new(mix, kiln_dtype_name((kiln_dtype)d), json_integer(counts[d]));
+    json_object_set_new(calib, "tokens", json_integer(q->n_toks));
+    json_object_set_new(calib, "positions", json_integer(q->positions));
+    json_object_set_new(calib, "sequence", json_integer(q->seq));
+    json_t *bud = opt->max_weight_bytes ? json_pack("{s:I}", "max_weight_bytes", (json_int_t)sizes[0])
+                                        : json_pack("{s:f, s:I}", "target_bits", opt->target_bits, "max_weight_bytes",
+                                                    (json_int_t)sizes[0]);
+    out->report = json_pack(
+        "{s:o, s:I, s:f, s:I, s:I, s:O, s:s, s:f, s:f, s:f, s:f, s:o, s:o}", "budget", bud, "weight_bytes",
+        (json_int_t)bytes, "bits_per_weight", (double)bytes * 8 / (double)elems, "smallest_bytes",
+        (json_int_t)sizes[2], "largest_bytes", (json_int_t)sizes[3], "calibration", calib, "metric",
+        "mean KL(unquantized || quantized) of the next-token distributions over the calibration positions, nats; "
+        "NLL change in nats per token",
+        "reference_nll", m[0], "predicted_kl", predicted, "measured_kl", m[1], "measured_nll_change", m[2], "mix", mix,
+        "matrices", mats);
+    return out->picks && out->report ? KILN_OK : kiln_err(err, KILN_ERR_NOMEM, "out of memory");
+}
+
+/* Calibration tokens, the matrices and their options, the budget; then measure, choose, measure the mix. */
 static kiln_status choose(const char *ckpt_dir, const kiln_compile_options *opt, kiln_model *m,
                           kiln_quant_auto *out, kiln_error *err) {
     const kiln_plan *p = m->plan;
@@ -306,65 +413,38 @@ static kiln_status choose(const char *ckpt_dir, const kiln_compile_options *opt,
     json_t *calib = NULL;
     qa_matrix *mx = calloc(p->n_weights ? p->n_weights : 1, sizeof *mx);
     int *pick = calloc(p->n_weights ? p->n_weights : 1, sizeof *pick);
-    kiln_status st = mx && pick ? KILN_OK : kiln_err(err, KILN_ERR_NOMEM, "out of memory");
+    kiln_quant_item *items = calloc(p->n_weights ? p->n_weights : 1, sizeof *items);
+    kiln_status st = mx && pick && items ? KILN_OK : kiln_err(err, KILN_ERR_NOMEM, "out of memory");
     if (st == KILN_OK) st = read_calibration(opt, m, &ids, &n_ids, &calib, err);
     if (st != KILN_OK) goto out;
-    const char *what = opt->calib_ids_path ? opt->calib_ids_path : opt->calib_path ? opt->calib_path : "built-in text";
     if (n_ids < MIN_CALIB_TOKENS) {
         st = kiln_err(err, KILN_ERR_INVALID_ARG, "--quant auto: the calibration (%s) has %zu tokens; at least %d "
-                      "are needed", what, n_ids, MIN_CALIB_TOKENS);
+                      "are needed", opt->calib_ids_path ? opt->calib_ids_path : opt->calib_path ? opt->calib_path
+                                                                                               : "built-in text",
+                      n_ids, MIN_CALIB_TOKENS);
         goto out;
     }
-    q.n_toks = n_ids < (size_t)opt->calib_tokens ? (int)n_ids : opt->calib_tokens;
+    /* sequences of at most the context; every position with a next token is scored */
     q.toks = ids;
+    q.n_toks = n_ids < (size_t)opt->calib_tokens ? (int)n_ids : opt->calib_tokens;
     q.seq = q.n_toks < (int)p->max_context ? q.n_toks : (int)p->max_context;
-    q.positions = 0;
-    for (int s0 = 0; s0 + 1 < q.n_toks; s0 += q.seq) {
-        const int n = q.n_toks - s0 < q.seq ? q.n_toks - s0 : q.seq;
-        q.positions += n >= 2 ? n - 1 : 0;
-    }
+    for (int s0 = 0; s0 + 1 < q.n_toks; s0 += q.seq)
+        q.positions += q.n_toks - s0 < q.seq ? q.n_toks - s0 - 1 : q.seq - 1;
     const int nm = list_matrices(p, mx, (int)p->n_weights);
     if (nm == 0) {
         st = kiln_err(err, KILN_ERR_UNSUPPORTED, "--quant auto: %s has no projection matrix to quantize", ckpt_dir);
         goto out;
     }
-    /* the budget: over the weights section, as `kiln inspect` counts it */
-    uint64_t keep_all = 0, elems = 0;
+    /* the budget counts the weights section, as `kiln inspect` does */
+    uint64_t keep_all = 0, elems = 0, budget = 0, min_bytes = 0;
     for (int i = 0; i < nm; i++) keep_all += mx[i].item.bytes[0];
     for (uint32_t w = 0; w < p->n_weights; w++) {
         uint64_t e = 1;
         for (uint32_t d = 0; d < p->weights[w].ndim; d++) e *= (uint64_t)p->weights[w].shape[d];
         elems += e;
     }
-    const uint64_t fixed = m->weights_size - keep_all; /* the head, embedding, norms... and padding */
-    const uint64_t budget = opt->max_weight_bytes ? opt->max_weight_bytes : (uint64_t)(opt->target_bits * (double)elems / 8);
-    kiln_quant_item *items = malloc((size_t)nm * sizeof *items);
-    if (!items) {
-        st = kiln_err(err, KILN_ERR_NOMEM, "out of memory");
-        goto out;
-    }
-    for (int i = 0; i < nm; i++) items[i] = mx[i].item;
-    uint64_t min_bytes = 0;
-    kiln_error probe = {0};
-    if (budget < fixed || kiln_quant_choose(items, nm, budget - fixed, 1, pick, &min_bytes, &probe) != KILN_OK) {
-        if (budget < fixed) /* the smallest options' sum, for the message */
-            for (int i = 0; i < nm; i++) {
-                uint64_t s = items[i].bytes[0];
-                for (int j = 1; j < items[i].n; j++) s = items[i].bytes[j] < s ? items[i].bytes[j] : s;
-                min_bytes += s;
-            }
-        char want[64];
-        if (opt->max_weight_bytes) snprintf(want, sizeof want, "--max-weight-bytes %llu", (unsigned long long)budget);
-        else snprintf(want, sizeof want, "--target-bits %g (%llu bytes)", opt->target_bits, (unsigned long long)budget);
-        st = kiln_err(err, KILN_ERR_INVALID_ARG, "%s: the smallest mix (every projection at its smallest format, "
-                      "the LM head and embedding as asked) takes %llu weight bytes (%.3f bits per weight)", want,
-                      (unsigned long long)(fixed + min_bytes), (double)(fixed + min_bytes) * 8 / (double)elems);
-        kiln_err_hint(err, "give a budget of at least %llu bytes, or quantize the LM head or embedding too "
-                      "(--quant-head, --quant-embedding)", (unsigned long long)(fixed + min_bytes));
-        free(items);
-        goto out;
-    }
-    /* measure: the reference, then every matrix in every format alone */
+    const uint64_t fixed = m->weights_size - keep_all;
+    if ((st = check_budget(opt, mx, nm, fixed, elems, &budget, err)) != KILN_OK) goto out;
     q.logits = malloc((size_t)q.seq * (size_t)q.V * sizeof(float));
     q.ref = malloc((size_t)q.positions * (size_t)q.V * sizeof(float));
     q.row_kl = malloc((size_t)q.positions * sizeof(double));
@@ -373,104 +453,26 @@ static kiln_status choose(const char *ckpt_dir, const kiln_compile_options *opt,
     if (!q.logits || !q.ref || !q.row_kl || !q.row_nll || !q.ref_nll) {
         st = kiln_err(err, KILN_ERR_NOMEM, "--quant auto: out of memory for %d positions of %d logits", q.positions,
                       q.V);
-        free(items);
         goto out;
     }
+    double measured[4] = {0}; /* reference NLL, the mix's KL and NLL change */
     if ((st = kiln_cpu_ctx_new(m, q.seq, q.seq, kiln_pool_ways(kiln_pool_shared()), &q.c, err)) != KILN_OK ||
-        (st = evaluate(&q, true, NULL, NULL, err)) != KILN_OK) {
-        free(items);
+        (st = evaluate(&q, true, NULL, NULL, err)) != KILN_OK ||
+        (st = measure_each(&q, mx, nm, opt->progress, err)) != KILN_OK)
         goto out;
-    }
-    double ref_nll = 0;
-    for (int r = 0; r < q.positions; r++) ref_nll += q.ref_nll[r];
-    ref_nll /= q.positions;
-    int total = 0, done = 0;
-    for (int i = 0; i < nm; i++) total += mx[i].item.n - 1;
-    kiln_progress_phase(opt->progress, "calibrate", (uint64_t)total, "matrix formats", 1);
-    for (int i = 0; i < nm && st == KILN_OK; i++) {
-        float *dense = m->wf32[mx[i].weight];
-        for (int j = 1; j < mx[i].item.n && st == KILN_OK; j++) {
-            float *qv = quant_dequant(&q, mx[i].weight, mx[i].dtype[j], err);
-            if (!qv) {
-                st = KILN_ERR_NOMEM;
-                break;
-            }
-            m->wf32[mx[i].weight] = qv;
-            st = evaluate(&q, false, &mx[i].item.damage[j], &mx[i].nll[j], err);
-            m->wf32[mx[i].weight] = dense;
-            free(qv);
-            kiln_progress_update(opt->progress, (uint64_t)++done);
-        }
-        items[i] = mx[i].item;
-    }
-    if (st != KILN_OK || (st = kiln_quant_choose(items, nm, budget - fixed, 4096, pick, &min_bytes, err)) != KILN_OK) {
-        free(items);
-        goto out;
-    }
-    free(items);
-    /* the chosen mix, all at once */
-    kiln_progress_phase(opt->progress, "calibrate mix", 0, NULL, 0);
-    float **dense = calloc((size_t)nm, sizeof *dense);
-    double predicted = 0, mix_kl = 0, mix_nll = 0;
-    uint64_t bytes = fixed;
-    st = dense ? KILN_OK : kiln_err(err, KILN_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < nm && st == KILN_OK; i++) {
-        predicted += mx[i].item.damage[pick[i]];
-        bytes += mx[i].item.bytes[pick[i]];
-        if (!pick[i]) continue;
-        dense[i] = m->wf32[mx[i].weight];
-        float *qv = quant_dequant(&q, mx[i].weight, mx[i].dtype[pick[i]], err);
-        if (!qv) st = KILN_ERR_NOMEM;
-        else m->wf32[mx[i].weight] = qv;
-    }
-    if (st == KILN_OK) st = evaluate(&q, false, &mix_kl, &mix_nll, err);
-    for (int i = 0; i < nm && dense; i++)
-        if (dense[i]) {
-            free(m->wf32[mx[i].weight]);
-            m->wf32[mx[i].weight] = dense[i];
-        }
-    free(dense);
-    if (st != KILN_OK) goto out;
-    /* what the compile takes on, and the record of why */
-    out->picks = calloc((size_t)nm, sizeof *out->picks);
-    json_t *mats = json_array();
-    if (!out->picks || !mats) {
-        json_decref(mats);
-        st = kiln_err(err, KILN_ERR_NOMEM, "out of memory");
-        goto out;
-    }
-    int counts[KILN_DTYPE_COUNT_] = {0};
-    for (int i = 0; i < nm; i++) {
-        snprintf(out->picks[i].name, sizeof out->picks[i].name, "%s", p->weights[mx[i].weight].name);
-        out->picks[i].dtype = mx[i].dtype[pick[i]];
-        counts[pick[i] ? mx[i].dtype[pick[i]] : (int)p->weights[mx[i].weight].dtype]++;
-        json_array_append_new(mats, matrix_json(&q, &mx[i], pick[i]));
-    }
-    out->n_picks = nm;
-    json_t *mix = json_object();
-    for (int d = 0; d < KILN_DTYPE_COUNT_; d++)
-        if (counts[d]) json_object_set_new(mix, kiln_dtype_name((kiln_dtype)d), json_integer(counts[d]));
-    json_object_set_new(calib, "tokens", json_integer(q.n_toks));
-    json_object_set_new(calib, "positions", json_integer(q.positions));
-    json_object_set_new(calib, "sequence", json_integer(q.seq));
-    json_t *bud = opt->max_weight_bytes ? json_pack("{s:I}", "max_weight_bytes", (json_int_t)budget)
-                                        : json_pack("{s:f, s:I}", "target_bits", opt->target_bits, "max_weight_bytes",
-                                                    (json_int_t)budget);
-    out->report = json_pack(
-        "{s:o, s:I, s:f, s:I, s:I, s:o, s:s, s:f, s:f, s:f, s:f, s:o, s:o}", "budget", bud, "weight_bytes",
-        (json_int_t)bytes, "bits_per_weight", (double)bytes * 8 / (double)elems, "smallest_bytes",
-        (json_int_t)(fixed + min_bytes), "largest_bytes", (json_int_t)(fixed + keep_all), "calibration", calib,
-        "metric", "mean KL(unquantized || quantized) of the next-token distributions over the calibration "
-                  "positions, nats; NLL change in nats per token",
-        "reference_nll", ref_nll, "predicted_kl", predicted, "measured_kl", mix_kl, "measured_nll_change", mix_nll,
-        "mix", mix, "matrices", mats);
-    calib = NULL;
-    if (!out->report) st = kiln_err(err, KILN_ERR_NOMEM, "out of memory");
+    for (int r = 0; r < q.positions; r++) measured[0] += q.ref_nll[r];
+    measured[0] /= q.positions;
+    for (int i = 0; i < nm; i++) items[i] = mx[i].item;
+    if ((st = kiln_quant_choose(items, nm, budget - fixed, 4096, pick, &min_bytes, err)) != KILN_OK) goto out;
+    kiln_progress_phase(opt->progress, "calibrate the mix", 0, NULL, 0);
+    if ((st = measure_mix(&q, mx, nm, pick, &measured[1], &measured[2], err)) != KILN_OK) goto out;
+    const uint64_t sizes[4] = {budget, fixed, fixed + min_bytes, fixed + keep_all};
+    st = record(&q, opt, mx, nm, pick, sizes, elems, measured, calib, out, err);
 out:
     json_decref(calib);
     kiln_cpu_ctx_free(q.c);
     free(q.logits), free(q.ref), free(q.row_kl), free(q.row_nll), free(q.ref_nll);
-    free(ids), free(mx), free(pick);
+    free(ids), free(mx), free(pick), free(items);
     return st;
 }
 
