@@ -47,6 +47,9 @@ static void help(FILE *f) {
             "  --max-weight-bytes N  the budget: the engine's weight bytes (as `kiln inspect` counts\n"
             "                        them) at most N; suffixes K, M, G are decimal (18M = 18,000,000)\n"
             "  --target-bits B       the budget: at most B bits per weight on average over all weights\n"
+            "  --max-ppl-increase P  the budget: the smallest mix (bisecting the byte budget) whose\n"
+            "                        measured calibration perplexity is at most P%% over the unquantized\n"
+            "                        engine's (1 = 1%%)\n"
             "  --calib FILE          calibration text (UTF-8, the checkpoint's tokenizer, after BOS);\n"
             "                        default: kiln's built-in text (English prose, C and Python)\n"
             "  --calib-ids FILE      calibration token ids instead (a JSON array, or ids separated by\n"
@@ -356,9 +359,14 @@ int kiln_cmd_compile(int argc, char **argv) {
                                                        "most 64", optarg);
             break;
         }
-        case O_MAXPPL:
-            return kiln_cli_usage_error("compile", "--max-ppl-increase: a perplexity budget is not built yet; give "
-                                                   "--max-weight-bytes or --target-bits");
+        case O_MAXPPL: {
+            char *end = NULL;
+            opt.max_ppl_increase = strtod(optarg, &end);
+            if (!*optarg || *end || !(opt.max_ppl_increase > 0 && opt.max_ppl_increase <= 1000))
+                return kiln_cli_usage_error("compile", "--max-ppl-increase '%s': expected a percentage above 0, at "
+                                                       "most 1000 (1 = 1%%)", optarg);
+            break;
+        }
         case O_CALIB: opt.calib_path = optarg; break;
         case O_CALIB_IDS: opt.calib_ids_path = optarg; break;
         case O_CALIB_TOKENS: {
@@ -384,15 +392,17 @@ int kiln_cmd_compile(int argc, char **argv) {
     const bool q_auto = quant && strcmp(quant, "auto") == 0;
     if (quant) opt.quant = q_auto ? KILN_QUANT_AUTO : strcmp(quant, "int8") == 0 ? KILN_DTYPE_Q8 : q4;
     /* --quant auto: exactly one budget; the budgets and the calibration only with it */
-    const int n_budgets = (opt.max_weight_bytes > 0) + (opt.target_bits > 0);
+    const int n_budgets = (opt.max_weight_bytes > 0) + (opt.target_bits > 0) + (opt.max_ppl_increase > 0);
     if (q_auto && n_budgets != 1)
-        return kiln_cli_usage_error("compile", n_budgets ? "--quant auto: give one budget, --max-weight-bytes or "
-                                                           "--target-bits, not both"
-                                                         : "--quant auto needs a budget: --max-weight-bytes N or "
-                                                           "--target-bits B");
+        return kiln_cli_usage_error("compile", n_budgets ? "--quant auto: give one budget, --max-weight-bytes, "
+                                                           "--target-bits or --max-ppl-increase, not two"
+                                                         : "--quant auto needs a budget: --max-weight-bytes N, "
+                                                           "--target-bits B or --max-ppl-increase P");
     if (!q_auto && n_budgets)
         return kiln_cli_usage_error("compile", "--%s applies with --quant auto",
-                                    opt.max_weight_bytes ? "max-weight-bytes" : "target-bits");
+                                    opt.max_weight_bytes ? "max-weight-bytes"
+                                    : opt.target_bits    ? "target-bits"
+                                                         : "max-ppl-increase");
     if (!q_auto && (opt.calib_path || opt.calib_ids_path || calib_tokens_given))
         return kiln_cli_usage_error("compile", "--%s applies with --quant auto (the calibration it measures on)",
                                     opt.calib_path ? "calib" : opt.calib_ids_path ? "calib-ids" : "calib-tokens");

@@ -514,7 +514,10 @@ static void print_text(const char *path, const kiln_model *m, json_t *meta, cons
     if (qa && lines) { /* --quant auto: the budget, the measured damage and each layer's formats */
         json_t *b = json_object_get(qa, "budget"), *tb = json_object_get(b, "target_bits");
         char budget[64];
+        json_t *pi = json_object_get(b, "max_ppl_increase");
         if (tb) snprintf(budget, sizeof budget, "%g bits per weight", json_real_value(tb));
+        else if (pi) snprintf(budget, sizeof budget, "perplexity +%g%% (bisected: %.3f MB)", json_real_value(pi),
+                              (double)json_integer_value(json_object_get(b, "max_weight_bytes")) / 1e6);
         else snprintf(budget, sizeof budget, "%.3f MB", (double)json_integer_value(json_object_get(b, "max_weight_bytes")) / 1e6);
         printf("quant auto: budget %s; calibration (%s, %lld tokens) KL %.6f predicted, %.6f measured, NLL %+.6f "
                "nats per token\n", budget,

@@ -268,11 +268,14 @@ typedef struct kiln_compile_options {
     int quant_embedding;       /* --quant-embedding: the embedding table's (and a tied LM head's; 0 = keep) */
     int quant_method;          /* --quant-method: KILN_QUANT_RTN (0) or KILN_QUANT_MSE, for q4 ranges */
     /* --quant auto (quant = KILN_QUANT_AUTO; compiler/quant_auto.c): one budget, max_weight_bytes (the
-     * weights section's bytes) or target_bits (average bits per weight over all weights); the
+     * weights section's bytes), target_bits (average bits per weight over all weights) or
+     * max_ppl_increase (percent: the smallest mix whose measured calibration perplexity is at most that
+     * much above the unquantized engine's); the
      * calibration: calib_path (UTF-8 text) or calib_ids_path (token ids), else the built-in text, cut
      * to calib_tokens */
     uint64_t max_weight_bytes;
     double target_bits;
+    double max_ppl_increase;
     const char *calib_path, *calib_ids_path;
     int calib_tokens;
     char **quant_report;       /* optional out: meta build.quant as JSON text (malloc'd), for --json */

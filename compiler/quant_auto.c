@@ -301,7 +301,9 @@ static json_t *matrix_json(const qa_ctx *q, const qa_matrix *x, int pick) {
  * the weights but the projections take (the head, the embedding, the norms, padding). */
 static kiln_status check_budget(const kiln_compile_options *opt, const qa_matrix *mx, int nm, uint64_t fixed,
                                 uint64_t elems, uint64_t *budget, kiln_error *err) {
-    *budget = opt->max_weight_bytes ? opt->max_weight_bytes : (uint64_t)(opt->target_bits * (double)elems / 8);
+    *budget = opt->max_weight_bytes ? opt->max_weight_bytes
+              : opt->target_bits    ? (uint64_t)(opt->target_bits * (double)elems / 8)
+                                    : UINT64_MAX; /* --max-ppl-increase: bisected later */
     uint64_t least = fixed;
     for (int i = 0; i < nm; i++) {
         uint64_t s = mx[i].item.bytes[0];
@@ -365,6 +367,49 @@ static kiln_status measure_mix(qa_ctx *q, const qa_matrix *mx, int nm, const int
     return st;
 }
 
+/* --max-ppl-increase P: the least byte budget (bisected between the smallest and the largest mix, to
+ * a 1/1000 of their difference or 4 KB) whose least-KL mix measures a calibration perplexity at most
+ * P% over the reference; the measured perplexity need not fall strictly as the budget grows, so this
+ * is the bisection's answer, not a search of every budget. *budget, pick and the mix's KL and NLL
+ * change are the answer's (the largest mix, every matrix kept, always qualifies). */
+static kiln_status bisect_ppl(qa_ctx *q, const kiln_compile_options *opt, const qa_matrix *mx,
+                              const kiln_quant_item *items, int nm, uint64_t fixed, uint64_t keep_all, int *pick,
+                              uint64_t *budget, double *kl, double *dnll, kiln_error *err) {
+    const double limit = log1p(opt->max_ppl_increase / 100);
+    int *trial = malloc((size_t)nm * sizeof *trial);
+    if (!trial) return kiln_err(err, KILN_ERR_NOMEM, "out of memory");
+    uint64_t least = 0; /* the projections' bytes in the smallest mix */
+    for (int i = 0; i < nm; i++) {
+        uint64_t s = items[i].bytes[0];
+        for (int j = 1; j < items[i].n; j++) s = items[i].bytes[j] < s ? items[i].bytes[j] : s;
+        least += s;
+    }
+    for (int i = 0; i < nm; i++) pick[i] = 0; /* every matrix kept: the largest mix, which always holds */
+    *kl = 0, *dnll = 0;
+    const uint64_t tol = (keep_all - least) / 1000 > 4096 ? (keep_all - least) / 1000 : 4096;
+    kiln_progress_phase(opt->progress, "bisect the budget", 0, NULL, 0);
+    kiln_status st = KILN_OK;
+    /* the smallest mix first, then halve [lo, hi): lo fails, hi holds */
+    uint64_t lo = least, hi = keep_all;
+    for (uint64_t b = least; st == KILN_OK && b < hi; b = lo + (hi - lo) / 2) {
+        uint64_t unused;
+        double tk = 0, tn = 0;
+        if ((st = kiln_quant_choose(items, nm, b, 4096, trial, &unused, err)) != KILN_OK ||
+            (st = measure_mix(q, mx, nm, trial, &tk, &tn, err)) != KILN_OK)
+            break;
+        if (tn <= limit) {
+            hi = b, *kl = tk, *dnll = tn;
+            memcpy(pick, trial, (size_t)nm * sizeof *pick);
+        } else {
+            lo = b;
+        }
+        if (hi - lo <= tol) break;
+    }
+    free(trial);
+    *budget = fixed + hi;
+    return st;
+}
+
 /* The picks by name for the pass quantize, and meta build.quant.auto. */
 static kiln_status record(const qa_ctx *q, const kiln_compile_options *opt, const qa_matrix *mx, int nm,
                           const int *pick, const uint64_t sizes[4], uint64_t elems, const double m[4],
@@ -390,8 +435,10 @@ static kiln_status record(const qa_ctx *q, const kiln_compile_options *opt, cons
     json_object_set_new(calib, "positions", json_integer(q->positions));
     json_object_set_new(calib, "sequence", json_integer(q->seq));
     json_t *bud = opt->max_weight_bytes ? json_pack("{s:I}", "max_weight_bytes", (json_int_t)sizes[0])
-                                        : json_pack("{s:f, s:I}", "target_bits", opt->target_bits, "max_weight_bytes",
-                                                    (json_int_t)sizes[0]);
+                  : opt->target_bits  ? json_pack("{s:f, s:I}", "target_bits", opt->target_bits, "max_weight_bytes",
+                                                  (json_int_t)sizes[0])
+                                      : json_pack("{s:f, s:I}", "max_ppl_increase", opt->max_ppl_increase,
+                                                  "max_weight_bytes", (json_int_t)sizes[0]);
     out->report = json_pack(
         "{s:o, s:I, s:f, s:I, s:I, s:O, s:s, s:f, s:f, s:f, s:f, s:o, s:o}", "budget", bud, "weight_bytes",
         (json_int_t)bytes, "bits_per_weight", (double)bytes * 8 / (double)elems, "smallest_bytes",
@@ -463,9 +510,19 @@ static kiln_status choose(const char *ckpt_dir, const kiln_compile_options *opt,
     for (int r = 0; r < q.positions; r++) measured[0] += q.ref_nll[r];
     measured[0] /= q.positions;
     for (int i = 0; i < nm; i++) items[i] = mx[i].item;
-    if ((st = kiln_quant_choose(items, nm, budget - fixed, 4096, pick, &min_bytes, err)) != KILN_OK) goto out;
-    kiln_progress_phase(opt->progress, "calibrate the mix", 0, NULL, 0);
-    if ((st = measure_mix(&q, mx, nm, pick, &measured[1], &measured[2], err)) != KILN_OK) goto out;
+    if (opt->max_ppl_increase > 0) {
+        st = bisect_ppl(&q, opt, mx, items, nm, fixed, keep_all, pick, &budget, &measured[1], &measured[2], err);
+        if (st != KILN_OK) goto out;
+        for (int i = 0; i < nm; i++) { /* the smallest mix's size, for the record */
+            uint64_t s = items[i].bytes[0];
+            for (int j = 1; j < items[i].n; j++) s = items[i].bytes[j] < s ? items[i].bytes[j] : s;
+            min_bytes += s;
+        }
+    } else {
+        if ((st = kiln_quant_choose(items, nm, budget - fixed, 4096, pick, &min_bytes, err)) != KILN_OK) goto out;
+        kiln_progress_phase(opt->progress, "calibrate the mix", 0, NULL, 0);
+        if ((st = measure_mix(&q, mx, nm, pick, &measured[1], &measured[2], err)) != KILN_OK) goto out;
+    }
     const uint64_t sizes[4] = {budget, fixed, fixed + min_bytes, fixed + keep_all};
     st = record(&q, opt, mx, nm, pick, sizes, elems, measured, calib, out, err);
 out:

@@ -3,11 +3,11 @@
 # ids: the checkpoint has no tokenizer) at a budget that forces the smallest formats, one between
 # and one that keeps everything: the weights fit each budget (kiln inspect --json), the formats grow
 # and the measured calibration KL does not as the budget grows, the engines run (kiln run,
-# kiln perplexity), the same options give the same bytes, --target-bits holds. On stories260k (which
-# has a tokenizer) the built-in calibration text and --calib FILE. The refusals: no budget, two
-# budgets, a budget without auto, a budget under the smallest mix (naming its size), --calib
-# without auto, --max-ppl-increase (not built), empty / short / unreadable calibration, text
-# calibration without a tokenizer, a malformed size.
+# kiln perplexity), the same options give the same bytes, --target-bits holds, --max-ppl-increase
+# P measures at most P% on the calibration. On models/kjv-tiny (which has a tokenizer) the built-in
+# calibration text and --calib FILE. The refusals: no budget, two budgets, a budget without auto, a
+# budget under the smallest mix (naming its size), --calib without auto, empty / short / unreadable
+# calibration, ids outside the vocabulary, text calibration without a tokenizer, malformed values.
 #
 # usage: bash tests/cli_quant_auto.sh KILN_EXE SOURCE_DIR [SHARED_DIR]
 set -u
@@ -74,6 +74,23 @@ done
 assert j['plan']['bits_per_weight'] <= 9, j['plan']; assert j['build']['quant']['auto']['budget']['target_bits'] == 9" \
     && ok || bad "--target-bits 9 exceeded"
 
+# --max-ppl-increase P: the mix measures at most P% over the reference on the calibration; a huge P
+# gives the smallest mix
+for P in 1 1000; do
+    "$KILN" compile "$CK" -o "$T/p$P.kiln" "${AUTO[@]}" --max-ppl-increase $P --json >"$T/p$P.json" 2>"$T/err" \
+        || bad "--max-ppl-increase $P: $(cat "$T/err")"
+    python3 - "$P" "$T/p$P.json" "$SMALL" <<'PY' && ok || bad "--max-ppl-increase $P: $(cat "$T/p$P.json")"
+import json, math, sys
+P, small = float(sys.argv[1]), int(sys.argv[3])
+a = json.load(open(sys.argv[2]))["quant"]["auto"]
+assert a["budget"]["max_ppl_increase"] == P
+assert math.expm1(a["measured_nll_change"]) * 100 <= P, a["measured_nll_change"]
+assert a["weight_bytes"] <= a["budget"]["max_weight_bytes"]
+if P == 1000:
+    assert a["weight_bytes"] == small, (a["weight_bytes"], small)
+PY
+done
+
 # the built-in calibration text and --calib FILE (models/kjv-tiny has a tokenizer; few tokens, to be quick)
 S=$SRC/models/kjv-tiny
 "$KILN" compile "$S" -o "$T/s.kiln" --target none --quant auto --target-bits 8 --calib-tokens 200 --json \
@@ -96,7 +113,9 @@ expect 2 "max-weight-bytes applies with --quant auto" -- "$KILN" compile "$CK" -
 expect 2 "target-bits applies with --quant auto" -- "$KILN" compile "$CK" -o "$T/x.kiln" --target-bits 4
 expect 2 "calib applies with --quant auto" -- "$KILN" compile "$CK" -o "$T/x.kiln" --quant int8 --calib "$T/ids.txt"
 expect 2 "calib-tokens applies" -- "$KILN" compile "$CK" -o "$T/x.kiln" --calib-tokens 64
-expect 2 "not built yet" -- "$KILN" compile "$CK" -o "$T/x.kiln" --quant auto --max-ppl-increase 1
+expect 2 "expected a percentage" -- "$KILN" compile "$CK" -o "$T/x.kiln" --quant auto --max-ppl-increase 0
+expect 2 "not two" -- "$KILN" compile "$CK" -o "$T/x.kiln" --quant auto --max-ppl-increase 1 --target-bits 6
+expect 2 "max-ppl-increase applies with --quant auto" -- "$KILN" compile "$CK" -o "$T/x.kiln" --max-ppl-increase 1
 expect 2 "expected a whole number of bytes" -- "$KILN" compile "$CK" -o "$T/x.kiln" --quant auto --max-weight-bytes 18X
 expect 2 "expected a whole number of bytes" -- "$KILN" compile "$CK" -o "$T/x.kiln" --quant auto --max-weight-bytes 0
 expect 2 "expected a number of bits" -- "$KILN" compile "$CK" -o "$T/x.kiln" --quant auto --target-bits -1
