@@ -409,10 +409,6 @@ int kiln_cmd_compile(int argc, char **argv) {
     if (opt.calib_path && opt.calib_ids_path)
         return kiln_cli_usage_error("compile", "--calib and --calib-ids: give one calibration");
     if (!opt.calib_tokens) opt.calib_tokens = 512; /* pycode-22m: about 2 s a candidate on 2 cores */
-    if (q_auto && group != 128)
-        return kiln_cli_usage_error("compile", "--group-size with --quant auto: auto tries groups of 32, 64 and "
-                                               "128 itself (--group-size applies to --quant-head / "
-                                               "--quant-embedding int4 only)");
     /* a published quantized checkpoint (config.json quantization_config) is read as it is: no --quant, and
      * --quant-head / --quant-embedding apply to its dense LM head and embedding without one */
     char ckq_buf[64];
@@ -431,7 +427,9 @@ int kiln_cmd_compile(int argc, char **argv) {
     opt.quant_method = !quant_method || !strcmp(quant_method, "mse") ? KILN_QUANT_MSE : KILN_QUANT_RTN;
     if (group != 128 && !(quant && !q_auto && opt.quant != KILN_DTYPE_Q8) && !(quant_head && !strcmp(quant_head, "int4")) &&
         !(quant_emb && !strcmp(quant_emb, "int4")))
-        return kiln_cli_usage_error("compile", "--group-size applies to int4 (--quant int4 or --quant-head int4)");
+        return kiln_cli_usage_error("compile", "--group-size applies to int4 (--quant int4, --quant-head int4 or "
+                                               "--quant-embedding int4; --quant auto tries groups of 32, 64 and "
+                                               "128 itself)");
     if (quant_emb && strcmp(quant_emb, "keep")) opt.quant_embedding = !strcmp(quant_emb, "int8") ? KILN_DTYPE_Q8 : q4;
     if (quant) opt.quant_head = !quant_head || !strcmp(quant_head, "int8") ? KILN_DTYPE_Q8
                                 : !strcmp(quant_head, "int4")              ? q4

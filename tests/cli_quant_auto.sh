@@ -120,7 +120,7 @@ expect 2 "expected a whole number of bytes" -- "$KILN" compile "$CK" -o "$T/x.ki
 expect 2 "expected a whole number of bytes" -- "$KILN" compile "$CK" -o "$T/x.kiln" --quant auto --max-weight-bytes 0
 expect 2 "expected a number of bits" -- "$KILN" compile "$CK" -o "$T/x.kiln" --quant auto --target-bits -1
 expect 2 "give one calibration" -- "$KILN" compile "$CK" -o "$T/x.kiln" --quant auto --target-bits 6 --calib a --calib-ids b
-expect 2 "group-size with --quant auto" -- "$KILN" compile "$CK" -o "$T/x.kiln" --quant auto --target-bits 6 --group-size 32
+expect 2 "auto tries groups of 32, 64 and 128 itself" -- "$KILN" compile "$CK" -o "$T/x.kiln" --quant auto --target-bits 6 --group-size 32
 expect 1 "smallest mix .* takes $SMALL weight bytes" -- "$KILN" compile "$CK" -o "$T/x.kiln" "${AUTO[@]}" --max-weight-bytes $((SMALL - 1))
 no_file "$T/x.kiln"
 : >"$T/empty.txt"
