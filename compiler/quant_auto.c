@@ -8,6 +8,11 @@
  *   → kiln_quant_choose (passes/quant_choose.c): least summed KL in the budget
  *   → the chosen mix, all at once: its measured KL and NLL change
  *
+ * The budget: --max-weight-bytes or --target-bits as bytes of the weights
+ * section; --max-ppl-increase P bisects the byte budget between the
+ * smallest and the largest mix, measuring each least-KL mix, for the least
+ * whose calibration perplexity is at most P% over the reference.
+ *
  * The calibration engine is a temporary file beside the output (removed at
  * once after it is mapped; a signal removes it too). A candidate is
  * evaluated by replacing the matrix's f32 copy in the CPU executor's model
