@@ -508,8 +508,11 @@ static kiln_status choose(const char *ckpt_dir, const kiln_compile_options *opt,
         goto out;
     }
     double measured[4] = {0}; /* reference NLL, the mix's KL and NLL change */
-    if ((st = kiln_cpu_ctx_new(m, q.seq, q.seq, kiln_pool_ways(kiln_pool_shared()), &q.c, err)) != KILN_OK ||
-        (st = evaluate(&q, true, NULL, NULL, err)) != KILN_OK ||
+    if ((st = kiln_cpu_ctx_new(m, q.seq, q.seq, kiln_pool_ways(kiln_pool_shared()), &q.c, err)) != KILN_OK) {
+        kiln_err_prefix(err, "--quant auto: the CPU executor: ");
+        goto out;
+    }
+    if ((st = evaluate(&q, true, NULL, NULL, err)) != KILN_OK ||
         (st = measure_each(&q, mx, nm, opt->progress, err)) != KILN_OK)
         goto out;
     for (int r = 0; r < q.positions; r++) measured[0] += q.ref_nll[r];
@@ -556,7 +559,11 @@ kiln_status kiln_quant_auto_run(const char *ckpt_dir, const kiln_compile_options
     kiln_progress_phase(opt->progress, "calibration engine", 0, NULL, 0);
     kiln_model *m = NULL;
     kiln_status st = calibration_engine(ckpt_dir, opt, path, err);
-    if (st == KILN_OK) st = kiln_model_open(path, kiln_pool_ways(kiln_pool_shared()), &m, err);
+    if (st == KILN_OK && (st = kiln_model_open(path, kiln_pool_ways(kiln_pool_shared()), &m, err)) != KILN_OK) {
+        kiln_err_prefix(err, "--quant auto: the CPU executor cannot open the calibration engine: ");
+        kiln_err_hint(err, "auto measures on the CPU executor, which holds every weight as f32; without it, "
+                           "use --quant int8|int4");
+    }
     unlink(path); /* mapped: the pages stay until the model is freed */
     kiln_guard_temp_remove(slot);
     free(path);
