@@ -399,7 +399,7 @@ static kiln_status bisect_ppl(qa_ctx *q, const kiln_compile_options *opt, const 
     for (uint64_t b = least; st == KILN_OK && b < hi; b = lo + (hi - lo) / 2) {
         uint64_t unused;
         double tk = 0, tn = 0;
-        if ((st = kiln_quant_choose(items, nm, b, 4096, trial, &unused, err)) != KILN_OK ||
+        if ((st = kiln_quant_choose(items, nm, b, KILN_PLAN_WEIGHT_ALIGN, trial, &unused, err)) != KILN_OK ||
             (st = measure_mix(q, mx, nm, trial, &tk, &tn, err)) != KILN_OK)
             break;
         if (tn <= limit) {
@@ -527,7 +527,7 @@ static kiln_status choose(const char *ckpt_dir, const kiln_compile_options *opt,
             min_bytes += s;
         }
     } else {
-        if ((st = kiln_quant_choose(items, nm, budget - fixed, 4096, pick, &min_bytes, err)) != KILN_OK) goto out;
+        if ((st = kiln_quant_choose(items, nm, budget - fixed, KILN_PLAN_WEIGHT_ALIGN, pick, &min_bytes, err)) != KILN_OK) goto out;
         kiln_progress_phase(opt->progress, "calibrate the mix", 0, NULL, 0);
         if ((st = measure_mix(&q, mx, nm, pick, &measured[1], &measured[2], err)) != KILN_OK) goto out;
     }
