@@ -2,9 +2,11 @@
  * quant_auto.c — `kiln compile --quant auto`: each projection matrix's
  * format chosen by its measured damage under a byte budget.
  *
- *   calibration engine (the same compile, projections dense) → CPU executor
- *   → reference: the log-softmax of every calibration position
- *   → each matrix × {q8, q4g32, q4g64, q4g128} alone: mean KL(reference || it)
+ *   calibration engine (the same compile, every weight dense) → CPU executor
+ *   → reference: the unquantized model's log-softmax at every calibration position
+ *   → the base: the LM head and embedding in their --quant-head / --quant-embedding
+ *     formats (fixed: every mix has them); its KL from the reference
+ *   → each matrix × {q8, q4g32, q4g64, q4g128} alone on the base: the KL it adds
  *   → kiln_quant_choose (passes/quant_choose.c): least summed KL in the budget
  *   → the chosen mix, all at once: its measured KL and NLL change
  *
@@ -73,6 +75,7 @@ typedef struct qa_ctx {
     double *row_kl, *row_nll; /* [positions] */
     float *ref_nll;      /* [positions]: -log p_ref(next) */
     int positions;
+    double base_kl, base_nll; /* the head and embedding's formats alone: KL and NLL change */
     int method;          /* q4 ranges */
 } qa_ctx;
 
@@ -221,6 +224,25 @@ static int list_matrices(const kiln_plan *p, qa_matrix *mx, int cap) {
     return n;
 }
 
+/* The LM head and the embedding as the pass quantize will store them (a tied head is the table and
+ * follows the embedding; a q4 group that does not divide the columns gives q8): their plan weights
+ * and dtypes into w, dt. Returns how many (0..2). */
+static int base_weights(const kiln_plan *p, const kiln_compile_options *opt, int w[2], int dt[2]) {
+    int n = 0, emb = -1;
+    for (int pass = 0; pass < 2; pass++)
+        for (uint32_t i = 0; i < p->n_ops; i++) {
+            const kiln_plan_op *op = &p->ops[i];
+            if (op->kind != (pass ? KILN_OP_LM_HEAD : KILN_OP_EMBEDDING)) continue;
+            const int x = p->values[op->in[1]].weight, t = pass ? opt->quant_head : opt->quant_embedding;
+            const kiln_plan_weight *pw = &p->weights[x];
+            if (pass == 0) emb = x;
+            if (!t || (pass && x == emb) || pw->ndim != 2 || kiln_dtype_is_quant((int)pw->dtype) || n == 2) continue;
+            w[n] = x;
+            dt[n++] = kiln_weight_nbytes(t, 2, pw->shape) ? t : KILN_DTYPE_Q8;
+        }
+    return n;
+}
+
 /* ---- calibration tokens ---- */
 
 static kiln_status read_calibration(const kiln_compile_options *opt, const kiln_model *m, int32_t **ids,
@@ -279,7 +301,9 @@ static kiln_status calibration_engine(const char *ckpt_dir, const kiln_compile_o
                                       kiln_error *err) {
     kiln_compile_options o = *opt;
     o.output_path = path;
-    o.quant = 0;
+    o.quant = 0; /* every weight dense: the reference is the unquantized model */
+    o.quant_head = 0;
+    o.quant_embedding = 0;
     o.targets = "none";
     o.gpu_if_possible = false;
     o.progress = NULL;
@@ -339,6 +363,8 @@ static kiln_status measure_each(qa_ctx *q, qa_matrix *mx, int nm, kiln_progress 
             if (!qv) return KILN_ERR_NOMEM;
             q->m->wf32[mx[i].weight] = qv;
             st = evaluate(q, false, &mx[i].item.damage[j], &mx[i].nll[j], err);
+            mx[i].item.damage[j] -= q->base_kl; /* what the matrix adds to the base */
+            mx[i].nll[j] -= q->base_nll;
             q->m->wf32[mx[i].weight] = dense;
             free(qv);
             kiln_progress_update(progress, (uint64_t)++done);
@@ -389,8 +415,14 @@ static kiln_status bisect_ppl(qa_ctx *q, const kiln_compile_options *opt, const 
         for (int j = 1; j < items[i].n; j++) s = items[i].bytes[j] < s ? items[i].bytes[j] : s;
         least += s;
     }
-    for (int i = 0; i < nm; i++) pick[i] = 0; /* every matrix kept: the largest mix, which always holds */
-    *kl = 0, *dnll = 0;
+    if (q->base_nll > limit) {
+        free(trial);
+        kiln_err(err, KILN_ERR_INVALID_ARG, "--max-ppl-increase %g: the LM head and embedding in their formats "
+                 "alone raise the calibration perplexity by %.3f%%", opt->max_ppl_increase, expm1(q->base_nll) * 100);
+        return kiln_err_hint(err, "allow more, or keep them denser (--quant-head, --quant-embedding)");
+    }
+    for (int i = 0; i < nm; i++) pick[i] = 0; /* every matrix kept: the largest mix, which holds (above) */
+    *kl = q->base_kl, *dnll = q->base_nll;
     const uint64_t tol = (keep_all - least) / 1000 > 4096 ? (keep_all - least) / 1000 : 4096;
     kiln_progress_phase(opt->progress, "bisect the budget", 0, NULL, 0);
     kiln_status st = KILN_OK;
@@ -423,7 +455,7 @@ static kiln_status record(const qa_ctx *q, const kiln_compile_options *opt, cons
     out->picks = calloc((size_t)nm, sizeof *out->picks);
     json_t *mats = json_array(), *mix = json_object();
     int counts[KILN_DTYPE_COUNT_] = {0};
-    double predicted = 0;
+    double predicted = q->base_kl;
     uint64_t bytes = sizes[1];
     for (int i = 0; out->picks && i < nm; i++) {
         snprintf(out->picks[i].name, sizeof out->picks[i].name, "%s", p->weights[mx[i].weight].name);
@@ -445,13 +477,14 @@ static kiln_status record(const qa_ctx *q, const kiln_compile_options *opt, cons
                                       : json_pack("{s:f, s:I}", "max_ppl_increase", opt->max_ppl_increase,
                                                   "max_weight_bytes", (json_int_t)sizes[0]);
     out->report = json_pack(
-        "{s:o, s:I, s:f, s:I, s:I, s:O, s:s, s:f, s:f, s:f, s:f, s:o, s:o}", "budget", bud, "weight_bytes",
-        (json_int_t)bytes, "bits_per_weight", (double)bytes * 8 / (double)elems, "smallest_bytes",
+        "{s:o, s:I, s:f, s:I, s:I, s:O, s:s, s:f, s:f, s:f, s:f, s:f, s:f, s:o, s:o}", "budget", bud,
+        "weight_bytes", (json_int_t)bytes, "bits_per_weight", (double)bytes * 8 / (double)elems, "smallest_bytes",
         (json_int_t)sizes[2], "largest_bytes", (json_int_t)sizes[3], "calibration", calib, "metric",
         "mean KL(unquantized || quantized) of the next-token distributions over the calibration positions, nats; "
-        "NLL change in nats per token",
-        "reference_nll", m[0], "predicted_kl", predicted, "measured_kl", m[1], "measured_nll_change", m[2], "mix", mix,
-        "matrices", mats);
+        "NLL change in nats per token; base: the LM head and embedding's formats alone; a matrix's kl: what it "
+        "adds to the base; predicted: base + the matrices'",
+        "reference_nll", m[0], "base_kl", q->base_kl, "base_nll_change", q->base_nll, "predicted_kl", predicted,
+        "measured_kl", m[1], "measured_nll_change", m[2], "mix", mix, "matrices", mats);
     return out->picks && out->report ? KILN_OK : kiln_err(err, KILN_ERR_NOMEM, "out of memory");
 }
 
@@ -463,6 +496,8 @@ static kiln_status choose(const char *ckpt_dir, const kiln_compile_options *opt,
     int32_t *ids = NULL;
     size_t n_ids = 0;
     json_t *calib = NULL;
+    int bw[2], bdt[2], nb = 0; /* the head and embedding: plan weights, formats, their dense values */
+    float *bdense[2] = {NULL, NULL};
     qa_matrix *mx = calloc(p->n_weights ? p->n_weights : 1, sizeof *mx);
     int *pick = calloc(p->n_weights ? p->n_weights : 1, sizeof *pick);
     kiln_quant_item *items = calloc(p->n_weights ? p->n_weights : 1, sizeof *items);
@@ -495,7 +530,13 @@ static kiln_status choose(const char *ckpt_dir, const kiln_compile_options *opt,
         for (uint32_t d = 0; d < p->weights[w].ndim; d++) e *= (uint64_t)p->weights[w].shape[d];
         elems += e;
     }
-    const uint64_t fixed = m->weights_size - keep_all;
+    /* the head and embedding in their formats: fixed in every mix */
+    nb = base_weights(p, opt, bw, bdt);
+    uint64_t fixed = m->weights_size;
+    for (int b = 0; b < nb; b++)
+        fixed += kiln_align_up(kiln_weight_nbytes(bdt[b], 2, p->weights[bw[b]].shape), KILN_PLAN_WEIGHT_ALIGN);
+    for (int b = 0; b < nb; b++) fixed -= kiln_align_up(p->weights[bw[b]].nbytes, KILN_PLAN_WEIGHT_ALIGN);
+    fixed -= keep_all;
     if ((st = check_budget(opt, mx, nm, fixed, elems, &budget, err)) != KILN_OK) goto out;
     q.logits = malloc((size_t)q.seq * (size_t)q.V * sizeof(float));
     q.ref = malloc((size_t)q.positions * (size_t)q.V * sizeof(float));
@@ -512,7 +553,17 @@ static kiln_status choose(const char *ckpt_dir, const kiln_compile_options *opt,
         kiln_err_prefix(err, "--quant auto: the CPU executor: ");
         goto out;
     }
-    if ((st = evaluate(&q, true, NULL, NULL, err)) != KILN_OK ||
+    if ((st = evaluate(&q, true, NULL, NULL, err)) != KILN_OK) goto out;
+    for (int b = 0; b < nb; b++) {
+        float *qv = quant_dequant(&q, bw[b], bdt[b], err);
+        if (!qv) {
+            st = KILN_ERR_NOMEM;
+            goto out;
+        }
+        bdense[b] = m->wf32[bw[b]];
+        m->wf32[bw[b]] = qv;
+    }
+    if ((st = evaluate(&q, false, &q.base_kl, &q.base_nll, err)) != KILN_OK ||
         (st = measure_each(&q, mx, nm, opt->progress, err)) != KILN_OK)
         goto out;
     for (int r = 0; r < q.positions; r++) measured[0] += q.ref_nll[r];
@@ -534,6 +585,11 @@ static kiln_status choose(const char *ckpt_dir, const kiln_compile_options *opt,
     const uint64_t sizes[4] = {budget, fixed, fixed + min_bytes, fixed + keep_all};
     st = record(&q, opt, mx, nm, pick, sizes, elems, measured, calib, out, err);
 out:
+    for (int b = 0; b < nb; b++)
+        if (bdense[b]) {
+            free(m->wf32[bw[b]]);
+            m->wf32[bw[b]] = bdense[b];
+        }
     json_decref(calib);
     kiln_cpu_ctx_free(q.c);
     free(q.logits), free(q.ref), free(q.row_kl), free(q.row_nll), free(q.ref_nll);

@@ -51,9 +51,11 @@ assert len(mats) == 8
 if budget == small:
     assert wb == small and all(m["format"].startswith("q4") for m in mats), mats
 if budget == large:
-    assert all(m["format"] == "bf16" for m in mats) and abs(a["measured_kl"]) < 1e-6, mats
-# the prediction is the sum of the chosen formats' damages
-assert abs(a["predicted_kl"] - sum(m["kl"] for m in mats)) < 1e-9
+    assert all(m["format"] == "bf16" for m in mats), mats
+    assert abs(a["measured_kl"] - a["base_kl"]) < 1e-6, a  # only the LM head's q8 is left
+# the prediction is the base (the LM head's q8, measured alone) plus what each chosen format adds
+assert a["base_kl"] > 0
+assert abs(a["predicted_kl"] - a["base_kl"] - sum(m["kl"] for m in mats)) < 1e-9
 if sys.argv[6]:
     p = json.load(open(sys.argv[6]))["quant"]["auto"]
     assert a["measured_kl"] <= p["measured_kl"] + 1e-12, (a["measured_kl"], p["measured_kl"])
