@@ -255,7 +255,8 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
     kiln_import_options io = {.weight_dtype = opt->weight_dtype, .allow_unused = opt->allow_unused,
                               .n_allow_unused = opt->n_allow_unused};
     if ((st = check_tp(&ck, opt->tp, err)) != KILN_OK) goto out;
-    if ((opt->quant && opt->quant != KILN_QUANT_AUTO && !kiln_dtype_is_quant(opt->quant)) || (opt->quant_head && !kiln_dtype_is_quant(opt->quant_head)) ||
+    if ((opt->quant && opt->quant != KILN_QUANT_AUTO && !kiln_dtype_is_quant(opt->quant)) ||
+        (opt->quant_head && !kiln_dtype_is_quant(opt->quant_head)) ||
         (opt->quant_embedding && !kiln_dtype_is_quant(opt->quant_embedding))) {
         st = kiln_err(err, KILN_ERR_INVALID_ARG, "quant %d / quant_head %d / quant_embedding %d: not quantized formats",
                       opt->quant, opt->quant_head, opt->quant_embedding);
@@ -389,7 +390,9 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
             json_decref(meta);
             goto out;
         }
+        const double bpw = json_real_value(json_object_get(qa.report, "bits_per_weight"));
         json_object_set_new(qa.report, "weight_bytes", json_integer((json_int_t)wbytes));
+        json_object_set_new(qa.report, "bits_per_weight", json_real(bpw * (double)wbytes / (double)counted));
     }
     if (meta && opt->quant_report) {
         json_t *q = json_object_get(json_object_get(meta, "build"), "quant");
