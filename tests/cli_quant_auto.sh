@@ -4,7 +4,7 @@
 # and one that keeps everything: the weights fit each budget (kiln inspect --json), the formats grow
 # and the measured calibration KL does not as the budget grows, the engines run (kiln run,
 # kiln perplexity), the same options give the same bytes, --target-bits holds, --max-ppl-increase
-# P measures at most P% on the calibration. On models/kjv-tiny (which has a tokenizer) the built-in
+# P measures at most P% on the calibration, Qwen2 and Qwen3-MoE compile and run. On models/kjv-tiny (which has a tokenizer) the built-in
 # calibration text and --calib FILE. The refusals: no budget, two budgets, a budget without auto, a
 # budget under the smallest mix (naming its size), --calib without auto, empty / short / unreadable
 # calibration, ids outside the vocabulary, text calibration without a tokenizer, malformed values.
@@ -91,6 +91,17 @@ assert a["weight_bytes"] <= a["budget"]["max_weight_bytes"]
 if P == 1000:
     assert a["weight_bytes"] == small, (a["weight_bytes"], small)
 PY
+done
+
+# other architectures: Qwen2's q/k/v biases, a mixture of experts (its 3-D expert stacks are not
+# candidates: the attention's matrices are), each compiled at a middle budget and run
+for m in tiny-qwen2 tiny-qwen3-moe; do
+    "$KILN" compile "$SRC/tests/data/$m" -o "$T/$m.kiln" "${AUTO[@]}" --target-bits 13 --json >"$T/$m.json" 2>"$T/err" \
+        || bad "$m: $(cat "$T/err")"
+    python3 -c "import json,sys; a=json.load(open(sys.argv[1]))['quant']['auto']
+assert a['bits_per_weight'] <= 13 and a['matrices'] and all('experts' not in m['name'] for m in a['matrices']), a" \
+        "$T/$m.json" && ok || bad "$m: $(cat "$T/$m.json")"
+    "$KILN" run "$T/$m.kiln" --prompt-ids 1,5,9 --max-tokens 4 --device cpu >/dev/null 2>"$T/err" && ok || bad "run $m: $(cat "$T/err")"
 done
 
 # the built-in calibration text and --calib FILE (models/kjv-tiny has a tokenizer; few tokens, to be quick)
