@@ -4,10 +4,11 @@
 # and one that keeps everything: the weights fit each budget (kiln inspect --json), the formats grow
 # and the measured calibration KL does not as the budget grows, the engines run (kiln run,
 # kiln perplexity), the same options give the same bytes, --target-bits holds, --max-ppl-increase
-# P measures at most P% on the calibration, Qwen2 and Qwen3-MoE compile and run. On models/kjv-tiny (which has a tokenizer) the built-in
-# calibration text and --calib FILE. The refusals: no budget, two budgets, a budget without auto, a
-# budget under the smallest mix (naming its size), --calib without auto, empty / short / unreadable
-# calibration, ids outside the vocabulary, text calibration without a tokenizer, malformed values.
+# P measures at most P% on the calibration, Qwen2 and Qwen3-MoE compile and run. On
+# models/kjv-tiny (which has a tokenizer) the built-in calibration text and --calib FILE. The
+# refusals: no budget, two budgets, a budget without auto, a budget under the smallest mix (naming
+# its size), --calib without auto, empty / short / unreadable calibration, ids outside the
+# vocabulary, text calibration without a tokenizer, malformed values.
 #
 # usage: bash tests/cli_quant_auto.sh KILN_EXE SOURCE_DIR [SHARED_DIR]
 set -u
