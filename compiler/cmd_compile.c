@@ -1,6 +1,7 @@
 /*
  * cmd_compile.c — `kiln compile CKPT_DIR -o model.kiln`.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -25,11 +26,12 @@ static void help(FILE *f) {
             "options:\n"
             "  -o, --output FILE     engine file to write (required); written atomically\n"
             "  --dtype DTYPE         weight dtype in the engine: f32, f16, bf16, or 'checkpoint' (default)\n"
-            "  --quant Q             quantize the projections' weight matrices: int8 (per-row scales) or\n"
+            "  --quant Q             quantize the projections' weight matrices: int8 (per-row scales),\n"
             "                        int4 (4 bits in groups of --group-size columns with a scale and a\n"
-            "                        minimum each); the LM head gets --quant-head, the embedding and\n"
-            "                        norms keep --dtype (docs/quantization.md). Quantized engines run on\n"
-            "                        both executors (on the GPU in bf16 and f16 engines)\n"
+            "                        minimum each), or auto (each matrix its own, below); the LM head\n"
+            "                        gets --quant-head, the embedding and norms keep --dtype\n"
+            "                        (docs/quantization.md). Quantized engines run on both executors\n"
+            "                        (on the GPU in bf16 and f16 engines)\n"
             "  --group-size G        int4 groups: 32, 64 or 128 columns (default 128)\n"
             "  --quant-head H        the LM head's format: int8 (default with --quant), int4, or keep\n"
             "  --quant-embedding E   the embedding table's format (and a tied LM head's): keep (default),\n"
@@ -40,6 +42,24 @@ static void help(FILE *f) {
             "                        quantization_config) is read as it is, its projections repacked into\n"
             "                        kiln's int4 without rounding again: no --quant then; --quant-head and\n"
             "                        --quant-embedding apply to its LM head and embedding (default keep)\n"
+            "  --quant auto          each projection matrix gets keep, int8 or int4 in groups of 32, 64\n"
+            "                        or 128, chosen by measured damage within one budget: every matrix\n"
+            "                        in every format alone is run on the calibration tokens on the CPU\n"
+            "                        (mean KL divergence of the next-token distributions from the\n"
+            "                        unquantized model's), then the least summed damage that fits is\n"
+            "                        taken and the mix measured; the LM head and embedding follow\n"
+            "                        --quant-head / --quant-embedding and count against the budget\n"
+            "  --max-weight-bytes N  the budget: the engine's weight bytes (as `kiln inspect` counts\n"
+            "                        them) at most N; suffixes K, M, G are decimal (18M = 18,000,000)\n"
+            "  --target-bits B       the budget: at most B bits per weight on average over all weights\n"
+            "  --max-ppl-increase P  the budget: the smallest mix (bisecting the byte budget) whose\n"
+            "                        measured calibration perplexity is at most P%% over the unquantized\n"
+            "                        engine's (1 = 1%%)\n"
+            "  --calib FILE          calibration text (UTF-8, the checkpoint's tokenizer, after BOS);\n"
+            "                        default: kiln's built-in text (English prose, C and Python)\n"
+            "  --calib-ids FILE      calibration token ids instead (a JSON array, or ids separated by\n"
+            "                        whitespace or commas, as `kiln perplexity --ids-file`)\n"
+            "  --calib-tokens N      calibration tokens used, 32..65536 (default 512)\n"
             "  --passes LIST         comma-separated passes to run, in that order, instead of the default\n"
             "                        pipeline (marked *); 'none' runs none (memory planning always runs).\n"
             "                        Every fusion the GPU runs is one of these, shown by --dump-ir:\n");
@@ -129,17 +149,61 @@ static int check_options(kiln_compile_options *opt, bool json, bool block_given,
     return KILN_EXIT_OK;
 }
 
-static void report(const char *dir, const kiln_compile_options *opt, double dt, bool json) {
+/* "18M" → 18,000,000 (K, M, G decimal); 0 on success. */
+static int parse_bytes(const char *s, uint64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (!*s || *s == '-' || end == s || errno) return -1;
+    uint64_t mul = 1;
+    if (*end == 'K') mul = 1000, end++;
+    else if (*end == 'M') mul = 1000000, end++;
+    else if (*end == 'G') mul = 1000000000, end++;
+    if (*end || v == 0 || v > UINT64_MAX / mul) return -1;
+    *out = (uint64_t)v * mul;
+    return 0;
+}
+
+/* --quant auto's outcome on stderr: the mix, the bytes against the budget, predicted and measured damage. */
+static void report_auto(const char *quant_json) {
+    json_t *q = quant_json ? json_loads(quant_json, 0, NULL) : NULL;
+    json_t *a = json_object_get(q, "auto");
+    if (!a) {
+        json_decref(q);
+        return;
+    }
+    char mix[256] = "";
+    const char *key;
+    json_t *v;
+    json_object_foreach(json_object_get(a, "mix"), key, v) {
+        size_t n = strlen(mix);
+        snprintf(mix + n, sizeof mix - n, "%s%lld %s", n ? ", " : "", (long long)json_integer_value(v), key);
+    }
+    fprintf(stderr, "kiln compile: --quant auto: %s; weights %.3f MB of a %.3f MB budget (%.3f bits per weight); "
+                    "calibration KL %.6f predicted, %.6f measured, NLL %+.6f nats per token (%lld tokens)\n",
+            mix, (double)json_integer_value(json_object_get(a, "weight_bytes")) / 1e6,
+            (double)json_integer_value(json_object_get(json_object_get(a, "budget"), "max_weight_bytes")) / 1e6,
+            json_real_value(json_object_get(a, "bits_per_weight")), json_real_value(json_object_get(a, "predicted_kl")),
+            json_real_value(json_object_get(a, "measured_kl")),
+            json_real_value(json_object_get(a, "measured_nll_change")),
+            (long long)json_integer_value(json_object_get(json_object_get(a, "calibration"), "tokens")));
+    json_decref(q);
+}
+
+static void report(const char *dir, const kiln_compile_options *opt, const char *quant_json, double dt, bool json) {
     struct stat st;
     long long size = stat(opt->output_path, &st) == 0 ? (long long)st.st_size : -1;
     if (json) {
         json_t *j = json_pack("{s:s, s:s, s:I, s:f}", "checkpoint", dir, "output", opt->output_path, "bytes",
                               (json_int_t)size, "seconds", dt);
+        json_t *q = quant_json ? json_loads(quant_json, 0, NULL) : NULL;
+        if (j && q) json_object_set_new(j, "quant", q); /* meta build.quant: --quant auto's choice and damage */
         char *s = json_dumps(j, JSON_COMPACT);
         printf("%s\n", s);
         free(s);
         json_decref(j);
     } else {
+        report_auto(quant_json);
         fprintf(stderr, "kiln compile: wrote %s (%.1f MB) in %.2f s\n", opt->output_path, (double)size / 1e6, dt);
     }
 }
@@ -182,7 +246,8 @@ static int compile_standalone(const char *dir, kiln_compile_options *opt, bool j
 }
 
 int kiln_cmd_compile(int argc, char **argv) {
-    enum { O_FORCE = 256, O_GROUP, O_QHEAD, O_QMETHOD, O_QEMB };
+    enum { O_FORCE = 256, O_GROUP, O_QHEAD, O_QMETHOD, O_QEMB, O_MAXW, O_TBITS, O_MAXPPL, O_CALIB, O_CALIB_IDS,
+           O_CALIB_TOKENS };
     static const struct option longopts[] = {
         {"output", required_argument, 0, 'o'}, {"dtype", required_argument, 0, 'd'},
         {"passes", required_argument, 0, 'p'}, {"compress", no_argument, 0, 'z'},
@@ -194,9 +259,13 @@ int kiln_cmd_compile(int argc, char **argv) {
         {"no-chat-template", no_argument, 0, 'C'}, {"tp", required_argument, 0, 'P'},
         {"group-size", required_argument, 0, O_GROUP}, {"quant-head", required_argument, 0, O_QHEAD},
         {"quant-method", required_argument, 0, O_QMETHOD}, {"quant-embedding", required_argument, 0, O_QEMB},
+        {"max-weight-bytes", required_argument, 0, O_MAXW}, {"target-bits", required_argument, 0, O_TBITS},
+        {"max-ppl-increase", required_argument, 0, O_MAXPPL}, {"calib", required_argument, 0, O_CALIB},
+        {"calib-ids", required_argument, 0, O_CALIB_IDS}, {"calib-tokens", required_argument, 0, O_CALIB_TOKENS},
         {0, 0, 0, 0}};
     const char *quant = NULL, *quant_head = NULL, *quant_method = NULL, *quant_emb = NULL;
     long group = 128;
+    bool calib_tokens_given = false;
     kiln_compile_options opt = {.weight_dtype = KILN_DTYPE_COUNT_, .dump_stream = stdout};
     const char *allow_unused[64]; /* --allow-unused patterns (pointing into argv) */
     opt.allow_unused = allow_unused;
@@ -208,13 +277,13 @@ int kiln_cmd_compile(int argc, char **argv) {
         switch (c) {
         case 'o': opt.output_path = optarg; break;
         case 'q':
-            if (strcmp(optarg, "int8") == 0 || strcmp(optarg, "int4") == 0) {
+            if (strcmp(optarg, "int8") == 0 || strcmp(optarg, "int4") == 0 || strcmp(optarg, "auto") == 0) {
                 quant = optarg;
                 break;
             }
             /* --quant f32|f16|bf16|checkpoint: the weight dtype, as --dtype (kiln 0.1's spelling) */
             if (strcmp(optarg, "f32") && strcmp(optarg, "f16") && strcmp(optarg, "bf16") && strcmp(optarg, "checkpoint"))
-                return kiln_cli_usage_error("compile", "--quant '%s': expected int8 or int4", optarg);
+                return kiln_cli_usage_error("compile", "--quant '%s': expected int8, int4 or auto", optarg);
             /* fall through */
         case 'd':
             if (strcmp(optarg, "checkpoint") == 0 || strcmp(optarg, "auto") == 0) {
@@ -277,7 +346,41 @@ int kiln_cmd_compile(int argc, char **argv) {
             if (c == O_QHEAD) quant_head = optarg;
             else quant_emb = optarg;
             break;
-                case 'z': opt.compress = true; break;
+        case O_MAXW:
+            if (parse_bytes(optarg, &opt.max_weight_bytes) != 0)
+                return kiln_cli_usage_error("compile", "--max-weight-bytes '%s': expected a whole number of bytes "
+                                                       "above 0, with an optional K, M or G (decimal: 18M = "
+                                                       "18,000,000)", optarg);
+            break;
+        case O_TBITS: {
+            char *end = NULL;
+            opt.target_bits = strtod(optarg, &end);
+            if (!*optarg || *end || !(opt.target_bits > 0 && opt.target_bits <= 64))
+                return kiln_cli_usage_error("compile", "--target-bits '%s': expected a number of bits above 0, at "
+                                                       "most 64", optarg);
+            break;
+        }
+        case O_MAXPPL: {
+            char *end = NULL;
+            opt.max_ppl_increase = strtod(optarg, &end);
+            if (!*optarg || *end || !(opt.max_ppl_increase > 0 && opt.max_ppl_increase <= 1000))
+                return kiln_cli_usage_error("compile", "--max-ppl-increase '%s': expected a percentage above 0, at "
+                                                       "most 1000 (1 = 1%%)", optarg);
+            break;
+        }
+        case O_CALIB: opt.calib_path = optarg; break;
+        case O_CALIB_IDS: opt.calib_ids_path = optarg; break;
+        case O_CALIB_TOKENS: {
+            char *end = NULL;
+            long v = strtol(optarg, &end, 10);
+            if (!*optarg || *end || v < 32 || v > 65536)
+                return kiln_cli_usage_error("compile", "--calib-tokens '%s': expected a whole number from 32 to "
+                                                       "65536", optarg);
+            opt.calib_tokens = (int)v;
+            calib_tokens_given = true;
+            break;
+        }
+        case 'z': opt.compress = true; break;
         case 'S': standalone = true; break;
         case 'D': opt.dump_ir = true; break;
         case 'j': json = true; break;
@@ -287,7 +390,26 @@ int kiln_cmd_compile(int argc, char **argv) {
         }
     }
     const int q4 = group == 32 ? KILN_DTYPE_Q4G32 : group == 64 ? KILN_DTYPE_Q4G64 : KILN_DTYPE_Q4G128;
-    if (quant) opt.quant = strcmp(quant, "int8") == 0 ? KILN_DTYPE_Q8 : q4;
+    const bool q_auto = quant && strcmp(quant, "auto") == 0;
+    if (quant) opt.quant = q_auto ? KILN_QUANT_AUTO : strcmp(quant, "int8") == 0 ? KILN_DTYPE_Q8 : q4;
+    /* --quant auto: exactly one budget; the budgets and the calibration only with it */
+    const int n_budgets = (opt.max_weight_bytes > 0) + (opt.target_bits > 0) + (opt.max_ppl_increase > 0);
+    if (q_auto && n_budgets != 1)
+        return kiln_cli_usage_error("compile", n_budgets ? "--quant auto: give one budget, --max-weight-bytes, "
+                                                           "--target-bits or --max-ppl-increase, not two"
+                                                         : "--quant auto needs a budget: --max-weight-bytes N, "
+                                                           "--target-bits B or --max-ppl-increase P");
+    if (!q_auto && n_budgets)
+        return kiln_cli_usage_error("compile", "--%s applies with --quant auto",
+                                    opt.max_weight_bytes ? "max-weight-bytes"
+                                    : opt.target_bits    ? "target-bits"
+                                                         : "max-ppl-increase");
+    if (!q_auto && (opt.calib_path || opt.calib_ids_path || calib_tokens_given))
+        return kiln_cli_usage_error("compile", "--%s applies with --quant auto (the calibration it measures on)",
+                                    opt.calib_path ? "calib" : opt.calib_ids_path ? "calib-ids" : "calib-tokens");
+    if (opt.calib_path && opt.calib_ids_path)
+        return kiln_cli_usage_error("compile", "--calib and --calib-ids: give one calibration");
+    if (!opt.calib_tokens) opt.calib_tokens = 512; /* pycode-22m: about 2 s a candidate on 2 cores */
     /* a published quantized checkpoint (config.json quantization_config) is read as it is: no --quant, and
      * --quant-head / --quant-embedding apply to its dense LM head and embedding without one */
     char ckq_buf[64];
@@ -304,9 +426,11 @@ int kiln_cmd_compile(int argc, char **argv) {
         return kiln_cli_usage_error("compile", "--quant-method applies with --quant, --quant-head or "
                                                "--quant-embedding");
     opt.quant_method = !quant_method || !strcmp(quant_method, "mse") ? KILN_QUANT_MSE : KILN_QUANT_RTN;
-    if (group != 128 && !(quant && opt.quant != KILN_DTYPE_Q8) && !(quant_head && !strcmp(quant_head, "int4")) &&
+    if (group != 128 && !(quant && !q_auto && opt.quant != KILN_DTYPE_Q8) && !(quant_head && !strcmp(quant_head, "int4")) &&
         !(quant_emb && !strcmp(quant_emb, "int4")))
-        return kiln_cli_usage_error("compile", "--group-size applies to int4 (--quant int4 or --quant-head int4)");
+        return kiln_cli_usage_error("compile", "--group-size applies to int4 (--quant int4, --quant-head int4 or "
+                                               "--quant-embedding int4; --quant auto tries groups of 32, 64 and "
+                                               "128 itself)");
     if (quant_emb && strcmp(quant_emb, "keep")) opt.quant_embedding = !strcmp(quant_emb, "int8") ? KILN_DTYPE_Q8 : q4;
     if (quant) opt.quant_head = !quant_head || !strcmp(quant_head, "int8") ? KILN_DTYPE_Q8
                                 : !strcmp(quant_head, "int4")              ? q4
@@ -336,9 +460,15 @@ int kiln_cmd_compile(int argc, char **argv) {
     opt.progress = &progress;
     if (standalone) return compile_standalone(dir, &opt, json);
     double t0 = kiln_now();
+    char *quant_json = NULL;
+    opt.quant_report = &quant_json;
     kiln_status st = kiln_compile(dir, &opt, &err);
     kiln_progress_clear(&progress);
-    if (st != KILN_OK) return kiln_cli_fail("compile", &err, json);
-    report(dir, &opt, kiln_now() - t0, json);
+    if (st != KILN_OK) {
+        free(quant_json);
+        return kiln_cli_fail("compile", &err, json);
+    }
+    report(dir, &opt, quant_json, kiln_now() - t0, json);
+    free(quant_json);
     return KILN_EXIT_OK;
 }

@@ -437,6 +437,42 @@ static void print_targets(const json_t *meta, const kiln_inspect_kernels *k) {
         printf("\nkernels: none (so no GPU KV block size)\n");
 }
 
+/* --quant auto's formats, layer by layer, as the plan stores them: ["layer 0: qkv_proj q8, o_proj q4g64, ...",
+ * ...], one string per layer in the order of meta build.quant.auto.matrices (names outside
+ * model.layers.N. get a line of their own). NULL when the engine was not compiled with auto. */
+static json_t *auto_layers(const kiln_model *m, const json_t *meta) {
+    const json_t *mats = json_object_get(json_object_get(json_object_get(json_object_get(meta, "build"), "quant"),
+                                                         "auto"), "matrices");
+    if (!json_is_array(mats)) return NULL;
+    json_t *lines = json_array();
+    char line[1024] = "";
+    int layer = -1;
+    for (size_t i = 0; i < json_array_size(mats); i++) {
+        const char *name = json_string_value(json_object_get(json_array_get(mats, i), "name"));
+        if (!name) continue;
+        const char *dtype = "missing"; /* the plan's word, not the meta's */
+        for (uint32_t w = 0; w < m->plan->n_weights; w++)
+            if (strcmp(m->plan->weights[w].name, name) == 0) dtype = kiln_dtype_name((kiln_dtype)m->plan->weights[w].dtype);
+        int l = -1, off = 0;
+        if (sscanf(name, "model.layers.%d.%n", &l, &off) != 1 || off == 0) l = -2 - (int)i;
+        char shortname[128];
+        snprintf(shortname, sizeof shortname, "%s", l >= 0 ? name + off : name);
+        const char *cut[] = {"self_attn.", "mlp.", "block_sparse_moe."};
+        for (size_t c = 0; c < sizeof cut / sizeof *cut; c++)
+            if (strncmp(shortname, cut[c], strlen(cut[c])) == 0) memmove(shortname, shortname + strlen(cut[c]),
+                                                                         strlen(shortname + strlen(cut[c])) + 1);
+        size_t n = strlen(shortname);
+        if (n > 7 && strcmp(shortname + n - 7, ".weight") == 0) shortname[n - 7] = 0;
+        if (l != layer && *line) json_array_append_new(lines, json_string(line)), *line = 0;
+        n = strlen(line);
+        if (!*line && l >= 0) snprintf(line, sizeof line, "layer %d: %s %s", l, shortname, dtype);
+        else snprintf(line + n, sizeof line - n, "%s%s %s", *line ? ", " : "", shortname, dtype);
+        layer = l;
+    }
+    if (*line) json_array_append_new(lines, json_string(line));
+    return lines;
+}
+
 static void print_text(const char *path, const kiln_model *m, json_t *meta, const kiln_inspect_kernels *k,
                        const char *wdtype) {
     json_t *model = json_object_get(meta, "model"), *w = json_object_get(meta, "weights");
@@ -474,6 +510,24 @@ static void print_text(const char *path, const kiln_model *m, json_t *meta, cons
                json_object_get(q, "embedding") ? json_string_value(json_object_get(q, "embedding")) : "keep",
                (long long)json_integer_value(json_object_get(q, "matrices")),
                json_string_value(json_object_get(q, "method")));
+    json_t *qa = json_object_get(q, "auto"), *lines = auto_layers(m, meta);
+    if (qa && lines) { /* --quant auto: the budget, the measured damage and each layer's formats */
+        json_t *b = json_object_get(qa, "budget"), *tb = json_object_get(b, "target_bits");
+        char budget[64];
+        json_t *pi = json_object_get(b, "max_ppl_increase");
+        if (tb) snprintf(budget, sizeof budget, "%g bits per weight", json_real_value(tb));
+        else if (pi) snprintf(budget, sizeof budget, "perplexity +%g%% (bisected: %.3f MB)", json_real_value(pi),
+                              (double)json_integer_value(json_object_get(b, "max_weight_bytes")) / 1e6);
+        else snprintf(budget, sizeof budget, "%.3f MB", (double)json_integer_value(json_object_get(b, "max_weight_bytes")) / 1e6);
+        printf("quant auto: budget %s; calibration (%s, %lld tokens) KL %.6f predicted, %.6f measured, NLL %+.6f "
+               "nats per token\n", budget,
+               json_string_value(json_object_get(json_object_get(qa, "calibration"), "source")),
+               (long long)json_integer_value(json_object_get(json_object_get(qa, "calibration"), "tokens")),
+               json_real_value(json_object_get(qa, "predicted_kl")), json_real_value(json_object_get(qa, "measured_kl")),
+               json_real_value(json_object_get(qa, "measured_nll_change")));
+        for (size_t i = 0; i < json_array_size(lines); i++) printf("  %s\n", json_string_value(json_array_get(lines, i)));
+    }
+    json_decref(lines);
     if (p->n_ranks > 1) { /* tensor parallelism: what each rank maps and runs */
         printf("tensor parallel: %u ranks, each with %d heads / %d KV heads; weights per rank (%u tensors each):",
                p->n_ranks, (int)(json_integer_value(json_object_get(model, "num_attention_heads")) / p->n_ranks),
@@ -513,6 +567,8 @@ static void add_json_extras(json_t *meta, const char *path, const kiln_model *m,
     json_object_set_new(meta, "file", json_string(path));
     json_object_set_new(meta, "file_bytes", json_integer((json_int_t)m->engine.size));
     json_object_set_new(meta, "weights_dtype", json_string(wdtype));
+    json_t *lines = auto_layers(m, meta);
+    if (lines) json_object_set_new(meta, "quant_layers", lines); /* --quant auto: each layer's formats */
     json_object_set_new(meta, "kernels", k->present ? json_pack("{s:i, s:i, s:i, s:s, s:i}", "modules", k->n_modules,
                                                                 "sources", k->n_sources, "images", k->n_images, "element",
                                                                 k->elem == KILN_KSEC_ELEM_F32 ? "f32" : "bf16",

@@ -89,7 +89,7 @@ static kiln_status check_tp(const kiln_checkpoint *ck, int n, kiln_error *err) {
 /* The meta section: what the engine holds, for `kiln inspect` and the runtime. */
 static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const kiln_compile_options *opt,
                          const kiln_generation_config *gen_cfg, uint64_t weights_bytes, const kiln_buf *tok_blob,
-                         const kiln_kernel_targets *targets, const char *no_gpu) {
+                         const kiln_kernel_targets *targets, const char *no_gpu, json_t *quant_auto) {
     const kiln_model_config *c = &ck->config;
     json_t *model = json_pack(
         "{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:I, s:b, s:s}", "architecture", arch_name(c->arch),
@@ -149,9 +149,10 @@ static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const k
         if (cq->method) snprintf(method, sizeof method, "read from the checkpoint (%s), repacked without rounding",
                                  kiln_ckpt_quant_name(cq));
         json_t *q = json_pack("{s:s, s:s, s:s, s:i, s:s}", "weights",
-                              cq->method  ? kiln_dtype_name(ckq)
-                              : opt->quant ? kiln_dtype_name((kiln_dtype)opt->quant)
-                                           : "none",
+                              cq->method                       ? kiln_dtype_name(ckq)
+                              : opt->quant == KILN_QUANT_AUTO ? "auto"
+                              : opt->quant                    ? kiln_dtype_name((kiln_dtype)opt->quant)
+                                                              : "none",
                               "lm_head", opt->quant_head ? kiln_dtype_name((kiln_dtype)opt->quant_head) : "keep",
                               "embedding",
                               opt->quant_embedding ? kiln_dtype_name((kiln_dtype)opt->quant_embedding) : "keep",
@@ -169,6 +170,7 @@ static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const k
                                                 "compressed-tensors", "format", "pack-quantized", "type", "int",
                                                 "num_bits", cq->bits, "strategy", "group", "group_size",
                                                 cq->group_size, "symmetric", cq->sym));
+        if (q && quant_auto) json_object_set(q, "auto", quant_auto); /* the choice and its measurements */
         json_object_set_new(build, "quant", q);
     }
     json_t *tok = json_null();
@@ -241,6 +243,7 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
     kiln_plan *parsed = NULL;
     char *meta_text = NULL;
     bool have_tok = false, have_gen = false, have_chat = false;
+    kiln_quant_auto qa = {0};
     kiln_generation_config gen;
     kiln_kernel_targets targets;
     kiln_status st = kiln_kernel_targets_parse(opt->targets ? opt->targets : "none", &targets, err);
@@ -257,7 +260,8 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
     kiln_import_options io = {.weight_dtype = opt->weight_dtype, .allow_unused = opt->allow_unused,
                               .n_allow_unused = opt->n_allow_unused};
     if ((st = check_tp(&ck, opt->tp, err)) != KILN_OK) goto out;
-    if ((opt->quant && !kiln_dtype_is_quant(opt->quant)) || (opt->quant_head && !kiln_dtype_is_quant(opt->quant_head)) ||
+    if ((opt->quant && opt->quant != KILN_QUANT_AUTO && !kiln_dtype_is_quant(opt->quant)) ||
+        (opt->quant_head && !kiln_dtype_is_quant(opt->quant_head)) ||
         (opt->quant_embedding && !kiln_dtype_is_quant(opt->quant_embedding))) {
         st = kiln_err(err, KILN_ERR_INVALID_ARG, "quant %d / quant_head %d / quant_embedding %d: not quantized formats",
                       opt->quant, opt->quant_head, opt->quant_embedding);
@@ -275,9 +279,12 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
                       "supported yet", ck.config.quant.method ? "a quantized checkpoint" : "--quant", opt->tp);
         goto out;
     }
+    if (opt->quant == KILN_QUANT_AUTO && (st = kiln_quant_auto_run(ckpt_dir, opt, &qa, err)) != KILN_OK) goto out;
     if ((st = kiln_import_ex(&ck, &io, &g, err)) != KILN_OK) goto out;
     g->tp_request = opt->tp;
-    g->quant_weights = opt->quant;
+    g->quant_weights = opt->quant == KILN_QUANT_AUTO ? 0 : opt->quant;
+    g->quant_picks = qa.picks;
+    g->n_quant_picks = qa.n_picks;
     g->quant_head = opt->quant_head;
     g->quant_embedding = opt->quant_embedding;
     g->quant_method = opt->quant_method;
@@ -376,7 +383,26 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
     if (have_chat &&
         (st = kiln_engine_writer_section(w, KILN_SECTION_CHAT, KILN_CODEC_NONE, chat.data, chat.len, err)) != KILN_OK)
         goto out;
-    json_t *meta = make_meta(&ck, g, opt, have_gen ? &gen : NULL, wbytes, have_tok ? &tok : NULL, &targets, no_gpu);
+    json_t *meta = make_meta(&ck, g, opt, have_gen ? &gen : NULL, wbytes, have_tok ? &tok : NULL, &targets, no_gpu,
+                             qa.report);
+    if (meta && qa.report) {
+        /* the choice counted each matrix padded to its alignment: exact, or over when a projection is the
+         * last weight; more would break the budget, a bug never shipped */
+        const uint64_t counted = (uint64_t)json_integer_value(json_object_get(qa.report, "weight_bytes"));
+        if (wbytes > counted) {
+            st = kiln_err(err, KILN_ERR_INTERNAL, "--quant auto: the weights take %llu bytes, the choice counted "
+                          "%llu", (unsigned long long)wbytes, (unsigned long long)counted);
+            json_decref(meta);
+            goto out;
+        }
+        const double bpw = json_real_value(json_object_get(qa.report, "bits_per_weight"));
+        json_object_set_new(qa.report, "weight_bytes", json_integer((json_int_t)wbytes));
+        json_object_set_new(qa.report, "bits_per_weight", json_real(bpw * (double)wbytes / (double)counted));
+    }
+    if (meta && opt->quant_report) {
+        json_t *q = json_object_get(json_object_get(meta, "build"), "quant");
+        *opt->quant_report = q ? json_dumps(q, JSON_SORT_KEYS | JSON_COMPACT) : NULL;
+    }
     meta_text = meta ? json_dumps(meta, JSON_SORT_KEYS | JSON_INDENT(1)) : NULL;
     json_decref(meta);
     if (!meta_text) {
@@ -397,6 +423,7 @@ out:
     kiln_buf_free(&kernels);
     kiln_plan_free(parsed);
     kiln_graph_free(g);
+    kiln_quant_auto_free(&qa);
     kiln_checkpoint_close(&ck);
     return st;
 }

@@ -269,12 +269,42 @@ typedef struct kiln_compile_options {
     int quant_head;            /* --quant-head: the LM head's (0 = as the other weights' dtype) */
     int quant_embedding;       /* --quant-embedding: the embedding table's (and a tied LM head's; 0 = keep) */
     int quant_method;          /* --quant-method: KILN_QUANT_RTN (0) or KILN_QUANT_MSE, for q4 ranges */
+    /* --quant auto (quant = KILN_QUANT_AUTO; compiler/quant_auto.c): one budget, max_weight_bytes (the
+     * weights section's bytes), target_bits (average bits per weight over all weights) or
+     * max_ppl_increase (percent: the smallest mix whose measured calibration perplexity is at most that
+     * much above the unquantized engine's); the
+     * calibration: calib_path (UTF-8 text) or calib_ids_path (token ids), else the built-in text, cut
+     * to calib_tokens */
+    uint64_t max_weight_bytes;
+    double target_bits;
+    double max_ppl_increase;
+    const char *calib_path, *calib_ids_path;
+    int calib_tokens;
+    char **quant_report;       /* optional out: meta build.quant as JSON text (malloc'd), for --json */
     bool gpu_if_possible;      /* the targets are a default, not asked for: a plan with an op the GPU cannot
                                   run yet gets no kernels section (a note on stderr names the op) instead of
                                   failing the compile */
 } kiln_compile_options;
 
 kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, kiln_error *err);
+
+/* --quant auto: kiln_compile_options.quant's value that asks for it */
+#define KILN_QUANT_AUTO 0x100
+
+/* compiler/quant_auto.c: the formats --quant auto chose (picks: each projection by name, for the pass
+ * quantize) and the record of how (report: meta build.quant.auto). */
+struct json_t;
+typedef struct kiln_quant_auto {
+    struct kiln_quant_pick *picks;
+    int n_picks;
+    struct json_t *report;
+} kiln_quant_auto;
+
+/* Build the calibration engine (this compile, projections dense) beside the output, measure each
+ * projection in each format on the CPU executor, choose under the budget, measure the mix. */
+kiln_status kiln_quant_auto_run(const char *ckpt_dir, const kiln_compile_options *opt, kiln_quant_auto *out,
+                                kiln_error *err);
+void kiln_quant_auto_free(kiln_quant_auto *qa);
 
 /* compiler/output_check.c. The output path alone: refused when it is a
  * directory or another non-regular file, or its folder does not exist. */

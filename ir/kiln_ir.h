@@ -107,7 +107,18 @@ typedef struct kiln_graph {
      * the LM head's and the embedding table's (KILN_DTYPE_Q8, _Q4G*; 0 = leave them as they are) */
     int quant_weights, quant_head, quant_embedding;
     int quant_method; /* KILN_QUANT_RTN or _MSE (common/kiln_ops.h): how q4 ranges are chosen */
+    /* --quant auto: each projection's own format, by weight name (the chosen mix; compiler/quant_auto.c);
+     * a projection not listed, or listed with dtype 0, keeps its dtype. Not owned by the graph. */
+    const struct kiln_quant_pick *quant_picks;
+    int n_quant_picks;
 } kiln_graph;
+
+/* One projection matrix's format under --quant auto: the weight's name as the graph (and the plan)
+ * calls it and its dtype (KILN_DTYPE_Q8, _Q4G*; 0 = keep). */
+typedef struct kiln_quant_pick {
+    char name[KILN_NAME_MAX];
+    int dtype;
+} kiln_quant_pick;
 
 kiln_graph *kiln_graph_new(void);
 void kiln_graph_free(kiln_graph *g);

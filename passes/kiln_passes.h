@@ -42,6 +42,26 @@ int kiln_pass_tensor_parallel(kiln_graph *g, kiln_error *err);
 /* The tensor-parallel pass's entry (for --help): run first, before the list, when --tp N > 1. */
 const kiln_pass *kiln_pass_tensor_parallel_entry(void);
 
+/* ---- --quant auto's choice (passes/quant_choose.c) ----
+ * A multiple-choice knapsack: each item (a projection matrix) takes exactly one of its options (a
+ * format: keep, q8, q4g32...), each with the bytes it would take and the damage it was measured to
+ * do; the choice minimises the summed damage with the summed bytes at most the budget. Solved
+ * exactly by dynamic programming over bytes counted in units (each option's bytes rounded up to
+ * whole units, the budget down, so the budget always holds); the unit is at least `unit` and
+ * grown so that the table stays under about 64 M entries. */
+#define KILN_QUANT_OPTIONS 8
+typedef struct kiln_quant_item {
+    int n;                                /* options, 1..KILN_QUANT_OPTIONS */
+    uint64_t bytes[KILN_QUANT_OPTIONS];   /* what each option takes in the weights section */
+    double damage[KILN_QUANT_OPTIONS];    /* what it was measured to cost (>= 0; here mean KL, nats) */
+} kiln_quant_item;
+
+/* pick[i] = the option item i takes. KILN_ERR_INVALID_ARG when even the smallest options together
+ * exceed `budget` (*min_bytes says how much they take, set in every case). A budget that the
+ * smallest options fit but the unit's rounding does not gets the smallest options. */
+kiln_status kiln_quant_choose(const kiln_quant_item *items, int n_items, uint64_t budget, uint64_t unit, int *pick,
+                              uint64_t *min_bytes, kiln_error *err);
+
 /* Every pass, in pipeline order (those with in_default make the default pipeline). */
 const kiln_pass *kiln_passes_default(int *n);
 /* Look a pass up by name; NULL when unknown. */

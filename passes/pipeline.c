@@ -123,7 +123,7 @@ kiln_status kiln_passes_run(kiln_graph *g, const char *list, FILE *dump, kiln_er
         for (char *name = strtok_r(buf, ",", &save); name; name = strtok_r(NULL, ",", &save))
             if ((st = run_one(g, kiln_pass_find(name), dump, err)) != KILN_OK) return st;
     }
-    if ((g->quant_weights || g->quant_head || g->quant_embedding) && (st = run_one(g, &quant_pass, dump, err)) != KILN_OK)
+    if ((g->quant_weights || g->quant_head || g->quant_embedding || g->n_quant_picks) && (st = run_one(g, &quant_pass, dump, err)) != KILN_OK)
         return st;
     return run_one(g, &memory_pass, dump, err);
 }

@@ -10,12 +10,16 @@
  * head is that table, so it follows the embedding's policy, not the head's).
  * Not: norms and biases (vectors) and the experts' stacks (3-D). A matrix
  * whose columns the q4 group does not divide gets q8.
+ * With kiln_graph.quant_picks (--quant auto) each projection gets the format
+ * its pick names instead (none: it keeps its dtype); the head and the
+ * embedding follow their policies as above.
  * The pass runs after the others (after pack-weights: a packed q/k/v matrix
  * is quantized as one, row by row).
  */
 #include "kiln_passes.h"
 
 #include <stdbool.h>
+#include <string.h>
 
 static bool used_by_embedding(const kiln_graph *g, int v) {
     for (int i = 0; i < g->n_ops; i++)
@@ -35,6 +39,14 @@ static int quantize_one(kiln_graph *g, int v, int t, bool embedding) {
     return 1;
 }
 
+/* The projection's format: --quant's, or under --quant auto the one picked for it by name. */
+static int projection_dtype(const kiln_graph *g, int v) {
+    if (!g->n_quant_picks) return g->quant_weights;
+    for (int i = 0; i < g->n_quant_picks; i++)
+        if (strcmp(g->quant_picks[i].name, g->values[v].name) == 0) return g->quant_picks[i].dtype;
+    return 0;
+}
+
 int kiln_pass_quantize(kiln_graph *g, kiln_error *err) {
     (void)err;
     int n = 0;
@@ -45,12 +57,12 @@ int kiln_pass_quantize(kiln_graph *g, kiln_error *err) {
         case KILN_OP_LINEAR:
         case KILN_OP_LINEAR_ADD:
         case KILN_OP_QKV_ROPE_PACKED:
-        case KILN_OP_GATE_UP_SWIGLU_PACKED: n += quantize_one(g, op->in[1], g->quant_weights, false); break;
+        case KILN_OP_GATE_UP_SWIGLU_PACKED: n += quantize_one(g, op->in[1], projection_dtype(g, op->in[1]), false); break;
         case KILN_OP_QKV_ROPE:
-            for (int j = 1; j <= 3; j++) n += quantize_one(g, op->in[j], g->quant_weights, false);
+            for (int j = 1; j <= 3; j++) n += quantize_one(g, op->in[j], projection_dtype(g, op->in[j]), false);
             break;
         case KILN_OP_GATE_UP_SWIGLU:
-            for (int j = 1; j <= 2; j++) n += quantize_one(g, op->in[j], g->quant_weights, false);
+            for (int j = 1; j <= 2; j++) n += quantize_one(g, op->in[j], projection_dtype(g, op->in[j]), false);
             break;
         case KILN_OP_LM_HEAD: n += quantize_one(g, op->in[1], g->quant_head, false); break;
         case KILN_OP_EMBEDDING: n += quantize_one(g, op->in[1], g->quant_embedding, true); break;

@@ -114,7 +114,7 @@ else
 fi
 
 # --quant: usage errors, and quantized engines are CPU-only
-expect 2 "--quant 'int3': expected int8 or int4" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" --quant int3
+expect 2 "--quant 'int3': expected int8, int4 or auto" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" --quant int3
 expect 2 "--group-size '48': expected 32, 64 or 128" -- \
     "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" --quant int4 --group-size 48
 expect 2 "--group-size applies to int4" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" --quant int8 \

@@ -14,6 +14,7 @@
 #include "common/kiln_ops.h"
 #include "common/kiln_util.h"
 #include "kt.h"
+#include "passes/kiln_passes.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static double unit(void) {
@@ -213,7 +214,101 @@ static void test_repack_checkpoint(void) {
     check_repack(KILN_QSRC_CT, 0, true, KILN_DTYPE_F16, KILN_DTYPE_Q4G32);
 }
 
+/* --quant auto's solver (passes/quant_choose.c) against brute force: random instances of 1..7 items
+ * with 1..5 options, budgets from below the smallest mix to above the largest. With unit 1 the
+ * choice must be optimal (its damage equal to the best of every combination that fits) and fit. */
+static void test_choose_brute_force(void) {
+    int checked = 0, refused = 0;
+    for (int trial = 0; trial < 400; trial++) {
+        kiln_quant_item it[7];
+        const int n = 1 + (int)(unit() * 7);
+        uint64_t lo = 0, hi = 0;
+        for (int i = 0; i < n; i++) {
+            it[i].n = 1 + (int)(unit() * 5);
+            uint64_t mn = UINT64_MAX, mx = 0;
+            for (int j = 0; j < it[i].n; j++) {
+                it[i].bytes[j] = 1 + (uint64_t)(unit() * 40);
+                it[i].damage[j] = j == 0 ? 0 : unit() * unit(); /* keep: no damage */
+                mn = it[i].bytes[j] < mn ? it[i].bytes[j] : mn;
+                mx = it[i].bytes[j] > mx ? it[i].bytes[j] : mx;
+            }
+            lo += mn, hi += mx;
+        }
+        const uint64_t budget = lo > 3 ? lo - 3 + (uint64_t)(unit() * (double)(hi - lo + 10)) : (uint64_t)(unit() * 60);
+        /* brute force over every combination */
+        double best = INFINITY;
+        int idx[7] = {0};
+        for (;;) {
+            uint64_t b = 0;
+            double d = 0;
+            for (int i = 0; i < n; i++) b += it[i].bytes[idx[i]], d += it[i].damage[idx[i]];
+            if (b <= budget && d < best) best = d;
+            int i = 0;
+            while (i < n && ++idx[i] == it[i].n) idx[i++] = 0;
+            if (i == n) break;
+        }
+        int pick[7];
+        uint64_t min_bytes = 0;
+        kiln_error err = {0};
+        kiln_status st = kiln_quant_choose(it, n, budget, 1, pick, &min_bytes, &err);
+        KT_EQ_INT((int)min_bytes, (int)lo);
+        if (best == INFINITY) { /* nothing fits: refused, naming the smallest mix */
+            KT_EQ_INT(st, KILN_ERR_INVALID_ARG);
+            KT_CONTAINS(err.msg, "smallest formats take");
+            refused++;
+            continue;
+        }
+        KT_REQUIRE(st == KILN_OK);
+        uint64_t b = 0;
+        double d = 0;
+        for (int i = 0; i < n; i++) {
+            KT_REQUIRE(pick[i] >= 0 && pick[i] < it[i].n);
+            b += it[i].bytes[pick[i]], d += it[i].damage[pick[i]];
+        }
+        KT_CHECKF(b <= budget, "trial %d: %llu bytes over the budget %llu", trial, (unsigned long long)b,
+                  (unsigned long long)budget);
+        KT_CHECKF(fabs(d - best) <= 1e-12, "trial %d: damage %.17g, brute force %.17g", trial, d, best);
+        checked++;
+    }
+    KT_CHECK(checked > 200 && refused > 10); /* both sides of the boundary were exercised */
+}
+
+/* Units larger than a byte: the budget still holds in bytes (costs round up), a budget the smallest
+ * options fit but the rounding does not gets the smallest options, everything fits at the top, and
+ * the damage falls as the budget grows. */
+static void test_choose_units(void) {
+    kiln_quant_item it[3] = {
+        {3, {1000, 500, 260}, {0, 0.01, 0.2}},
+        {3, {4000, 2100, 1100}, {0, 0.05, 0.9}},
+        {2, {9000, 4600}, {0, 0.3}},
+    };
+    int pick[3];
+    uint64_t min_bytes;
+    kiln_error err = {0};
+    KT_REQUIRE(kiln_quant_choose(it, 3, 28672, 4096, pick, &min_bytes, &err) == KILN_OK);
+    KT_EQ_INT((int)min_bytes, 260 + 1100 + 4600);
+    KT_CHECK(pick[0] == 0 && pick[1] == 0 && pick[2] == 0); /* 7 units of 4096: 1 + 1 + 3 fit */
+    KT_REQUIRE(kiln_quant_choose(it, 3, 20000, 4096, pick, &min_bytes, &err) == KILN_OK);
+    KT_CHECK(pick[0] == 0 && pick[1] == 0 && pick[2] == 1); /* 4 units: the third matrix gives way */
+    KT_REQUIRE(kiln_quant_choose(it, 3, 14000, 4096, pick, &min_bytes, &err) == KILN_OK);
+    KT_CHECK(pick[0] == 2 && pick[1] == 2 && pick[2] == 1); /* 3 units < 1 + 1 + 2: the smallest, which fit */
+    KT_EQ_INT(kiln_quant_choose(it, 3, 5959, 4096, pick, &min_bytes, &err), KILN_ERR_INVALID_ARG);
+    double last = INFINITY;
+    for (uint64_t budget = 5960; budget <= 15000; budget += 250) {
+        KT_REQUIRE(kiln_quant_choose(it, 3, budget, 1, pick, &min_bytes, &err) == KILN_OK);
+        uint64_t b = 0;
+        double d = 0;
+        for (int i = 0; i < 3; i++) b += it[i].bytes[pick[i]], d += it[i].damage[pick[i]];
+        KT_CHECK(b <= budget);
+        KT_CHECKF(d <= last, "budget %llu: damage %g after %g", (unsigned long long)budget, d, last);
+        last = d;
+    }
+    KT_CHECK(last == 0);
+}
+
 int main(void) {
+    KT_RUN(test_choose_brute_force);
+    KT_RUN(test_choose_units);
     KT_RUN(test_sizes);
     KT_RUN(test_round_trip);
     KT_RUN(test_mse_method);
