@@ -363,6 +363,7 @@ static void test_kernels_section_quant(void) {
     }
     KT_CHECK(kiln_ksec_find(&ks, "dequant") != NULL);
     KT_CHECK(kiln_ksec_find(&ks, "gemv.plain.128x64.m1") == NULL); /* no bf16 GEMV for a quantized weight */
+    kiln_ksec_free(&ks);
     kiln_model_close(m);
     /* f32 with quantized matrices: the kernels compute in f32 and read no codes */
     const char *e32 = pathf("%s/tm_q8_f32.kiln", g_tmp);
