@@ -44,9 +44,10 @@ int kiln_dtype_from_name(const char *name);       /* -1 when unknown */
 /* Quantized formats (common/quant.c). */
 int kiln_dtype_is_quant(int t);                   /* q8, q4g* */
 int kiln_quant_group(int t);                      /* columns per scale: 0 = the whole row (q8) */
-/* Where a quantized [n, k] weight's f32 scales start (bytes from its first); q4's minimums follow
- * them, n * (k / group) * 4 bytes later. */
+/* Where a quantized [n, k] weight's f32 scales start (bytes from its first), and where q4's f32
+ * group minimums start, right after the scales (0 for q8, which has none). */
 uint64_t kiln_quant_scales_offset(int t, int64_t n, int64_t k);
+uint64_t kiln_quant_mins_offset(int t, int64_t n, int64_t k);
 /* Bytes a weight of dtype t and this shape takes (the quantized layout above included); 0 when
  * the shape cannot have that dtype (a quantized weight is [N, K] with K a multiple of its group,
  * and even for q4). */

@@ -62,6 +62,11 @@ uint64_t kiln_quant_scales_offset(int t, int64_t n, int64_t k) {
     return align16(code_bytes(t, (uint64_t)n, (uint64_t)k));
 }
 
+uint64_t kiln_quant_mins_offset(int t, int64_t n, int64_t k) {
+    const int g = kiln_quant_group(t);
+    return g ? kiln_quant_scales_offset(t, n, k) + (uint64_t)n * (uint64_t)(k / g) * 4 : 0;
+}
+
 /* The 4-bit code of x in the range starting at lo with step s (round to nearest, clamped). */
 static uint8_t code4(float x, float lo, float s) {
     const float v = s > 0 ? rintf((x - lo) / s) : 0.0f;
@@ -102,7 +107,7 @@ void kiln_quant_row_ex(int t, int64_t n_rows, int64_t k, int64_t row, const floa
         memcpy(scales + (size_t)row * 4, &s, sizeof s);
         return;
     }
-    uint8_t *mins = scales + (size_t)n_rows * (size_t)groups * 4;
+    uint8_t *mins = out + kiln_quant_mins_offset(t, n_rows, k);
     uint8_t *q = out + (size_t)row * (size_t)k / 2;
     for (int64_t gi = 0; gi < groups; gi++) {
         const float *x = w + gi * g;
@@ -135,6 +140,7 @@ void kiln_dequant_rows(int t, const uint8_t *data, int64_t n_rows, int64_t k, in
     const int g = kiln_quant_group(t);
     const int64_t groups = g ? k / g : 1;
     const uint8_t *sb = data + align16(code_bytes(t, (uint64_t)n_rows, (uint64_t)k));
+    const uint8_t *mb = data + kiln_quant_mins_offset(t, n_rows, k); /* q4 */
     for (int64_t r = r0; r < r0 + count; r++) {
         float *o = out + (size_t)(r - r0) * (size_t)k;
         if (t == KILN_DTYPE_Q8) {
@@ -149,7 +155,7 @@ void kiln_dequant_rows(int t, const uint8_t *data, int64_t n_rows, int64_t k, in
             float s, lo;
             const size_t at = (size_t)r * (size_t)groups + (size_t)gi;
             memcpy(&s, sb + at * 4, 4);
-            memcpy(&lo, sb + ((size_t)n_rows * (size_t)groups + at) * 4, 4);
+            memcpy(&lo, mb + at * 4, 4);
             for (int j = 0; j < g; j++) {
                 const int64_t c = gi * g + j;
                 const int code = (q[c / 2] >> (4 * (c & 1))) & 15;
@@ -206,7 +212,7 @@ int64_t kiln_quant_repack_row(const kiln_qsrc *s, int t, int64_t n, int64_t k, i
     const int g = kiln_quant_group(t);
     const int64_t groups = k / g;
     uint8_t *scales = out + kiln_quant_scales_offset(t, dst_rows, k);
-    uint8_t *mins = scales + (size_t)dst_rows * (size_t)groups * 4;
+    uint8_t *mins = out + kiln_quant_mins_offset(t, dst_rows, k);
     uint8_t *q = out + (size_t)dst_row * (size_t)k / 2;
     int64_t bad = -1;
     for (int64_t gi = 0; gi < groups; gi++) {

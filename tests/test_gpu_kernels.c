@@ -337,7 +337,7 @@ static void test_gemv_quant(void) {
                 kiln_dequant_rows(qt, wq, N, K, 0, N, wd);
                 const uint64_t so = kiln_quant_scales_offset(qt, N, K);
                 CUdeviceptr w = dev_from(wq, qb);
-                const CUdeviceptr ws = w + so, wm = group ? ws + (CUdeviceptr)N * (CUdeviceptr)(K / group) * 4 : 0;
+                const CUdeviceptr ws = w + so, wm = group ? w + kiln_quant_mins_offset(qt, N, K) : 0;
                 /* the dequant kernel: every element within one bf16 rounding of quant.c's value */
                 CUdeviceptr dd = dev_alloc((size_t)N * K * 2);
                 kiln_dequant_params dq = {w, ws, wm, dd, N, K, bits, group};

@@ -864,7 +864,7 @@ static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUde
     /* a quantized W: its scales (and q4's minimums) after the codes (common/quant.c) */
     const CUdeviceptr wscale = g->qt ? w + kiln_quant_scales_offset(g->qt, g->n, g->k) : 0;
     const int group = kiln_quant_group(g->qt);
-    const CUdeviceptr wmin = group ? wscale + (CUdeviceptr)g->n * (CUdeviceptr)(g->k / group) * 4 : 0;
+    const CUdeviceptr wmin = group ? w + kiln_quant_mins_offset(g->qt, g->n, g->k) : 0;
     if (gemv_path(x, g, M)) {
         bool m1 = M == 1 || !g->mma;
         const kiln_gemv_cfg *c = m1 ? &g->c1 : &g->cmma;
