@@ -209,7 +209,7 @@ static kiln_status add_gemv(kset *s, const char *epi, int n, int k, kiln_error *
     return KILN_OK;
 }
 
-/* The GEMV over a quantized [n, k] weight of dtype qt (q8, q4gG): one module, the tensor-core
+/* The GEMV over a quantized [n, k] weight of dtype qt (q8, fp8, q4gG): one module, the tensor-core
  * variant with the codes dequantized in registers, for every M up to the runtime's GEMV limit
  * (gemv.cuh, GEMV_QUANT); steps with more rows dequantize into a dense copy for cuBLASLt (module
  * "dequant"). Warps split K: a warp step covers 128 (q4) or 64 (q8) columns. */
@@ -239,6 +239,7 @@ static kiln_status add_gemv_quant(kset *s, const char *epi, int n, int k, int qt
     def_i(m, "GEMV_SWIGLU", swiglu);
     def_i(m, "GEMV_QUANT", bits);
     def_i(m, "GEMV_GROUP", group);
+    def_i(m, "GEMV_FP8", qt == KILN_DTYPE_FP8);
     include(m, "gemv.cuh");
     if ((m = new_mod(s, "dequant", err, &st)) != NULL) {
         m->cfg[0] = 256;
@@ -507,9 +508,9 @@ int kiln_kernels_unsupported_weight(const kiln_plan *p, const char **why) {
         if (w->dtype == KILN_DTYPE_F32 && w->ndim == 2) f32 = true; /* an f32 engine (norms are f32 in any) */
         if (!kiln_dtype_is_quant((int)w->dtype)) continue;
         if (q < 0) q = (int)i;
-        /* the GEMV's 16-byte loads of codes: 16 columns (q8), a group (q4) */
-        if (w->ndim != 2 || (w->dtype == KILN_DTYPE_Q8 && w->shape[1] % 16)) {
-            if (why) *why = "the GPU kernels read q8 matrices whose columns are a multiple of 16";
+        /* the GEMV's 16-byte loads of codes: 16 columns (q8, fp8), a group (q4) */
+        if (w->ndim != 2 || (!kiln_quant_group((int)w->dtype) && w->shape[1] % 16)) {
+            if (why) *why = "the GPU kernels read q8 and fp8 matrices whose columns are a multiple of 16";
             return (int)i;
         }
     }

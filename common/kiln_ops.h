@@ -28,13 +28,19 @@ typedef enum kiln_dtype {
      * the next 16-byte boundary the f32 scales (and for q4, the f32 group minimums after them):
      *   q8       int8, symmetric, one scale per row:  w = q * scale[n]
      *   q4gG     4 bits (two per byte, the low nibble first), asymmetric in groups of G columns:
-     *            w = q * scale[n][g] + min[n][g], q in 0..15 */
+     *            w = q * scale[n][g] + min[n][g], q in 0..15
+     *   fp8      (dtype 9) one OCP FP8 E4M3 ("e4m3fn") code per element, one scale per row:
+     *            w = e4m3(q) * scale[n] (q8's layout with another code) */
     KILN_DTYPE_Q8 = 4,
     KILN_DTYPE_Q4G32 = 5,
     KILN_DTYPE_Q4G64 = 6,
     KILN_DTYPE_Q4G128 = 7,
     /* Read from checkpoints only (compressed-tensors' weight_shape), never in an engine. */
     KILN_DTYPE_I64 = 8,
+    KILN_DTYPE_FP8 = 9,
+    /* Read from checkpoints only (FP8 E4M3 tensors of fp8 / compressed-tensors checkpoints, one byte
+     * an element), never in an engine. */
+    KILN_DTYPE_F8E4M3 = 10,
     KILN_DTYPE_COUNT_
 } kiln_dtype;
 
@@ -42,7 +48,13 @@ const char *kiln_dtype_name(kiln_dtype t);        /* "f32", "f16", "bf16", "i32"
 int kiln_dtype_size(kiln_dtype t);                /* bytes per element (0 for quantized: kiln_weight_nbytes) */
 int kiln_dtype_from_name(const char *name);       /* -1 when unknown */
 /* Quantized formats (common/quant.c). */
-int kiln_dtype_is_quant(int t);                   /* q8, q4g* */
+int kiln_dtype_is_quant(int t);                   /* q8, q4g*, fp8 */
+/* FP8 E4M3 ("e4m3fn": 1 sign, 4 exponent bits with bias 7, 3 mantissa bits, no infinities, 0x7F and
+ * 0xFF NaN, largest finite 448, subnormals down to 2^-9). kiln_e4m3_to_f32 is exact (NaN for the two
+ * NaN codes); kiln_f32_to_e4m3 rounds to nearest even and saturates finite values past 448 to
+ * +-448 (a NaN gives 0x7F; callers refuse NaN and infinities first). */
+float kiln_e4m3_to_f32(uint8_t c);
+uint8_t kiln_f32_to_e4m3(float x);
 int kiln_quant_group(int t);                      /* columns per scale: 0 = the whole row (q8) */
 /* Where a quantized [n, k] weight's f32 scales start (bytes from its first), and where q4's f32
  * group minimums start, right after the scales (0 for q8, which has none). */
@@ -54,7 +66,8 @@ uint64_t kiln_quant_mins_offset(int t, int64_t n, int64_t k);
 uint64_t kiln_weight_nbytes(int t, int ndim, const int64_t *shape);
 /* Quantize row `row` of a [N, K] matrix (the K floats at `w`) into its place in `out`, the
  * weight's bytes (kiln_weight_nbytes), round to nearest: q8 scale = max|w| / 127, q4 per group
- * scale = (max - min) / 15 with min its minimum. */
+ * scale = (max - min) / 15 with min its minimum, fp8 scale = max|w| / 448 and code
+ * kiln_f32_to_e4m3(w / scale). */
 void kiln_quant_row(int t, int64_t n_rows, int64_t k, int64_t row, const float *w, uint8_t *out);
 /* How a q4 group's range is chosen: its minimum and maximum (round to nearest, RTN), or the range,
  * among those with each end moved in by 0..20% in steps of 4%, whose codes have the least squared

@@ -6,8 +6,10 @@
  * Layout of a [N, K] weight: the data row-major (q8: one int8 per element;
  * q4: two 4-bit codes per byte, column 2j in the low nibble), then at the
  * next 16-byte boundary the scales as f32, [N] for q8 and [N, K/G] for q4,
- * then for q4 the group minimums, [N, K/G] f32. Scales lead to one rounding
- * per element, as round-to-nearest quantization (RTN) does.
+ * then for q4 the group minimums, [N, K/G] f32. fp8 is q8's layout with an
+ * FP8 E4M3 code per element (OCP "e4m3fn") instead of an int8, the scale
+ * max|w| / 448. Scales lead to one rounding per element, as round-to-nearest
+ * quantization (RTN) does.
  *
  * kiln_quant_repack_row reads a published checkpoint's AWQ, GPTQ or
  * compressed-tensors matrix (kiln_ops.h: kiln_qsrc) into the same layout:
@@ -24,7 +26,36 @@
 #include <stdbool.h>
 #include <string.h>
 
-int kiln_dtype_is_quant(int t) { return t >= KILN_DTYPE_Q8 && t <= KILN_DTYPE_Q4G128; }
+int kiln_dtype_is_quant(int t) { return (t >= KILN_DTYPE_Q8 && t <= KILN_DTYPE_Q4G128) || t == KILN_DTYPE_FP8; }
+
+float kiln_e4m3_to_f32(uint8_t c) {
+    const int e = (c >> 3) & 15, m = c & 7;
+    if (e == 15 && m == 7) return NAN;
+    /* subnormal: m * 2^-9; normal: (8 + m) * 2^(e - 10) */
+    const float v = e ? ldexpf((float)(8 + m), e - 10) : ldexpf((float)m, -9);
+    return c & 0x80 ? -v : v;
+}
+
+uint8_t kiln_f32_to_e4m3(float x) {
+    if (isnan(x)) return 0x7F;
+    const uint8_t sign = signbit(x) ? 0x80 : 0;
+    const float a = fabsf(x);
+    uint8_t code;
+    if (a >= 448.0f) {
+        code = 0x7E; /* saturate (also what the rounding below would give up to 464) */
+    } else if (a < 0x1p-6f) {
+        /* subnormals m * 2^-9 (m = 8 rounds up to the smallest normal, code 0x08): scaling by 2^9 is
+         * exact and rintf rounds to nearest even */
+        code = (uint8_t)rintf(a * 512.0f);
+    } else {
+        int ex;
+        const float f = frexpf(a, &ex); /* a = f * 2^ex, f in [0.5, 1): the exponent is ex - 1 */
+        const int m = (int)rintf((f * 2.0f - 1.0f) * 8.0f); /* exact before rintf; 8 carries into the exponent */
+        const int c = ((ex - 1 + 7) << 3) + m;
+        code = (uint8_t)(c > 0x7E ? 0x7E : c);
+    }
+    return sign | code;
+}
 
 int kiln_quant_group(int t) {
     switch (t) {
@@ -38,7 +69,7 @@ int kiln_quant_group(int t) {
 static uint64_t align16(uint64_t n) { return (n + 15) & ~(uint64_t)15; }
 
 /* Bytes of the codes of a [n, k] weight of quantized dtype t. */
-static uint64_t code_bytes(int t, uint64_t n, uint64_t k) { return t == KILN_DTYPE_Q8 ? n * k : n * k / 2; }
+static uint64_t code_bytes(int t, uint64_t n, uint64_t k) { return kiln_quant_group(t) ? n * k / 2 : n * k; }
 
 uint64_t kiln_weight_nbytes(int t, int ndim, const int64_t *shape) {
     if (t < 0 || t >= KILN_DTYPE_COUNT_ || ndim < 1 || ndim > KILN_MAX_DIMS) return 0;
@@ -107,6 +138,15 @@ void kiln_quant_row_ex(int t, int64_t n_rows, int64_t k, int64_t row, const floa
         memcpy(scales + (size_t)row * 4, &s, sizeof s);
         return;
     }
+    if (t == KILN_DTYPE_FP8) {
+        float mx = 0;
+        for (int64_t j = 0; j < k; j++) mx = fabsf(w[j]) > mx ? fabsf(w[j]) : mx;
+        const float s = mx / 448.0f;
+        uint8_t *q = out + (size_t)row * (size_t)k;
+        for (int64_t j = 0; j < k; j++) q[j] = s > 0 ? kiln_f32_to_e4m3(w[j] / s) : 0;
+        memcpy(scales + (size_t)row * 4, &s, sizeof s);
+        return;
+    }
     uint8_t *mins = out + kiln_quant_mins_offset(t, n_rows, k);
     uint8_t *q = out + (size_t)row * (size_t)k / 2;
     for (int64_t gi = 0; gi < groups; gi++) {
@@ -148,6 +188,13 @@ void kiln_dequant_rows(int t, const uint8_t *data, int64_t n_rows, int64_t k, in
             memcpy(&s, sb + (size_t)r * 4, 4);
             const int8_t *q = (const int8_t *)(data + (size_t)r * (size_t)k);
             for (int64_t j = 0; j < k; j++) o[j] = (float)q[j] * s;
+            continue;
+        }
+        if (t == KILN_DTYPE_FP8) {
+            float s;
+            memcpy(&s, sb + (size_t)r * 4, 4);
+            const uint8_t *q = data + (size_t)r * (size_t)k;
+            for (int64_t j = 0; j < k; j++) o[j] = kiln_e4m3_to_f32(q[j]) * s;
             continue;
         }
         const uint8_t *q = data + (size_t)r * (size_t)k / 2;

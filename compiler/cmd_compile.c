@@ -27,15 +27,16 @@ static void help(FILE *f) {
             "  -o, --output FILE     engine file to write (required); written atomically\n"
             "  --dtype DTYPE         weight dtype in the engine: f32, f16, bf16, or 'checkpoint' (default)\n"
             "  --quant Q             quantize the projections' weight matrices: int8 (per-row scales),\n"
-            "                        int4 (4 bits in groups of --group-size columns with a scale and a\n"
-            "                        minimum each), or auto (each matrix its own, below); the LM head\n"
+            "                        fp8 (FP8 E4M3 codes, per-row scales), int4 (4 bits in groups of\n"
+            "                        --group-size columns with a scale and a minimum each), or auto\n"
+            "                        (each matrix its own, below); the LM head\n"
             "                        gets --quant-head, the embedding and norms keep --dtype\n"
             "                        (docs/quantization.md). Quantized engines run on both executors\n"
             "                        (on the GPU in bf16 and f16 engines)\n"
             "  --group-size G        int4 groups: 32, 64 or 128 columns (default 128)\n"
-            "  --quant-head H        the LM head's format: int8 (default with --quant), int4, or keep\n"
+            "  --quant-head H        the LM head's format: int8 (default with --quant), fp8, int4, or keep\n"
             "  --quant-embedding E   the embedding table's format (and a tied LM head's): keep (default),\n"
-            "                        int8 or int4\n"
+            "                        int8, fp8 or int4\n"
             "  --quant-method M      how an int4 group's range is chosen: mse (default: its ends moved in\n"
             "                        by up to 20%%, the least squared error) or rtn (its min and max)\n"
             "                        A published 4-bit AWQ (gemm) or GPTQ checkpoint (config.json with\n"
@@ -277,13 +278,14 @@ int kiln_cmd_compile(int argc, char **argv) {
         switch (c) {
         case 'o': opt.output_path = optarg; break;
         case 'q':
-            if (strcmp(optarg, "int8") == 0 || strcmp(optarg, "int4") == 0 || strcmp(optarg, "auto") == 0) {
+            if (strcmp(optarg, "int8") == 0 || strcmp(optarg, "fp8") == 0 || strcmp(optarg, "int4") == 0 ||
+                strcmp(optarg, "auto") == 0) {
                 quant = optarg;
                 break;
             }
             /* --quant f32|f16|bf16|checkpoint: the weight dtype, as --dtype (kiln 0.1's spelling) */
             if (strcmp(optarg, "f32") && strcmp(optarg, "f16") && strcmp(optarg, "bf16") && strcmp(optarg, "checkpoint"))
-                return kiln_cli_usage_error("compile", "--quant '%s': expected int8, int4 or auto", optarg);
+                return kiln_cli_usage_error("compile", "--quant '%s': expected int8, fp8, int4 or auto", optarg);
             /* fall through */
         case 'd':
             if (strcmp(optarg, "checkpoint") == 0 || strcmp(optarg, "auto") == 0) {
@@ -340,8 +342,8 @@ int kiln_cmd_compile(int argc, char **argv) {
             break;
         case O_QHEAD:
         case O_QEMB:
-            if (strcmp(optarg, "int8") && strcmp(optarg, "int4") && strcmp(optarg, "keep"))
-                return kiln_cli_usage_error("compile", "--quant-%s '%s': expected int8, int4 or keep",
+            if (strcmp(optarg, "int8") && strcmp(optarg, "fp8") && strcmp(optarg, "int4") && strcmp(optarg, "keep"))
+                return kiln_cli_usage_error("compile", "--quant-%s '%s': expected int8, fp8, int4 or keep",
                                             c == O_QHEAD ? "head" : "embedding", optarg);
             if (c == O_QHEAD) quant_head = optarg;
             else quant_emb = optarg;
@@ -391,7 +393,9 @@ int kiln_cmd_compile(int argc, char **argv) {
     }
     const int q4 = group == 32 ? KILN_DTYPE_Q4G32 : group == 64 ? KILN_DTYPE_Q4G64 : KILN_DTYPE_Q4G128;
     const bool q_auto = quant && strcmp(quant, "auto") == 0;
-    if (quant) opt.quant = q_auto ? KILN_QUANT_AUTO : strcmp(quant, "int8") == 0 ? KILN_DTYPE_Q8 : q4;
+    /* int8, fp8 and int4's dtypes (int4: in groups of --group-size) */
+#define QFMT(name) (!strcmp(name, "int8") ? KILN_DTYPE_Q8 : !strcmp(name, "fp8") ? KILN_DTYPE_FP8 : q4)
+    if (quant) opt.quant = q_auto ? KILN_QUANT_AUTO : QFMT(quant);
     /* --quant auto: exactly one budget; the budgets and the calibration only with it */
     const int n_budgets = (opt.max_weight_bytes > 0) + (opt.target_bits > 0) + (opt.max_ppl_increase > 0);
     if (q_auto && n_budgets != 1)
@@ -426,17 +430,16 @@ int kiln_cmd_compile(int argc, char **argv) {
         return kiln_cli_usage_error("compile", "--quant-method applies with --quant, --quant-head or "
                                                "--quant-embedding");
     opt.quant_method = !quant_method || !strcmp(quant_method, "mse") ? KILN_QUANT_MSE : KILN_QUANT_RTN;
-    if (group != 128 && !(quant && !q_auto && opt.quant != KILN_DTYPE_Q8) && !(quant_head && !strcmp(quant_head, "int4")) &&
+    if (group != 128 && !(quant && !q_auto && kiln_quant_group(opt.quant)) && !(quant_head && !strcmp(quant_head, "int4")) &&
         !(quant_emb && !strcmp(quant_emb, "int4")))
         return kiln_cli_usage_error("compile", "--group-size applies to int4 (--quant int4, --quant-head int4 or "
                                                "--quant-embedding int4; --quant auto tries groups of 32, 64 and "
                                                "128 itself)");
-    if (quant_emb && strcmp(quant_emb, "keep")) opt.quant_embedding = !strcmp(quant_emb, "int8") ? KILN_DTYPE_Q8 : q4;
-    if (quant) opt.quant_head = !quant_head || !strcmp(quant_head, "int8") ? KILN_DTYPE_Q8
-                                : !strcmp(quant_head, "int4")              ? q4
-                                                                           : 0;
+    if (quant_emb && strcmp(quant_emb, "keep")) opt.quant_embedding = QFMT(quant_emb);
+    if (quant) opt.quant_head = !quant_head ? KILN_DTYPE_Q8 : strcmp(quant_head, "keep") ? QFMT(quant_head) : 0;
     else if (quant_head && strcmp(quant_head, "keep")) /* a quantized checkpoint's LM head: keep by default */
-        opt.quant_head = !strcmp(quant_head, "int8") ? KILN_DTYPE_Q8 : q4;
+        opt.quant_head = QFMT(quant_head);
+#undef QFMT
     if (opt.quant && opt.tp > 1)
         return kiln_cli_usage_error("compile", "--quant with --tp %d: quantized tensor-parallel engines are not "
                                                "supported yet", opt.tp);

@@ -43,12 +43,14 @@
 
 #define KILN_ENGINE_MAGIC "KILNENG"  /* 8 bytes with the NUL */
 #define KILN_ENGINE_MAJOR 2       /* 2: piecewise section checksums; 1 (XXH64) is still read */
-#define KILN_ENGINE_MINOR 3       /* 1: meta.generation has sampling defaults (do_sample, temperature, top_k,
+#define KILN_ENGINE_MINOR 4       /* 1: meta.generation has sampling defaults (do_sample, temperature, top_k,
                                      top_p), and the chat section (kind 6); 2: the plan section is version 2
                                      (variable ops, keyed attributes with the passes' lowering flags); 3: plans
                                      may hold ops 16-19 (bias_add, moe, all_reduce, all_gather), the flags
                                      qkv_bias, qk_norm, no_renorm, quantized weights (dtypes 4-7) and, with
-                                     tensor parallelism, plan version 3 (kiln 0.3) */
+                                     tensor parallelism, plan version 3 (kiln 0.3); 4: weight dtype 9 (fp8,
+                                     FP8 E4M3 codes with per-row scales), which a reader of 2.3 refuses naming
+                                     the weight and the dtype */
 #define KILN_ENGINE_HASH_PIECE (16u << 20) /* bytes per checksum piece (format 2) */
 #define KILN_ENGINE_HEADER_SIZE 64
 #define KILN_ENGINE_ENTRY_SIZE 64

@@ -3,7 +3,8 @@
  * the element type, for steps with more rows than the quantized GEMV takes:
  * cuBLASLt then multiplies the dense copy (prefill, large decode batches).
  * The values are common/quant.c's, computed the same way in fp32
- * (q8: code * scale; q4: code * scale + min, one fma) and rounded once.
+ * (q8: code * scale; fp8: the E4M3 code's value * scale; q4: code * scale +
+ * min, one fma) and rounded once.
  * Kernel: kiln_dequant (kiln_dequant_params, params.cuh); one thread per 8
  * columns, a 1-D grid of ceil(N * K / 8 / DEQUANT_THREADS) blocks of
  * DEQUANT_THREADS. Needs K % 8 == 0 (the runtime checks).
@@ -27,7 +28,15 @@ extern "C" __global__ void __launch_bounds__(DEQUANT_THREADS) kiln_dequant(const
 #pragma unroll
         for (int e = 0; e < 8; e++) {
             const unsigned word = e < 4 ? w.x : w.y;
-            f[e] = (float)(signed char)(word >> (8 * (e & 3))) * s;
+            if (p.fp8) {
+                /* E4M3: normal (8 + m) 2^(ex - 10) built as an fp32 with exponent ex + 120; subnormal
+                 * m 2^-9 (exact either way; NaN codes are never written) */
+                const unsigned c = (word >> (8 * (e & 3))) & 0xFFu, ex = (c >> 3) & 15u, m = c & 7u;
+                const float v = ex ? __uint_as_float((ex + 120u) << 23 | m << 20) : (float)m * 0.001953125f;
+                f[e] = (c & 0x80u ? -v : v) * s;
+            } else {
+                f[e] = (float)(signed char)(word >> (8 * (e & 3))) * s;
+            }
         }
     } else {
         const unsigned w = *(const unsigned *)((const unsigned char *)p.w + (n * p.K + k) / 2);

@@ -84,6 +84,13 @@
 #ifndef GEMV_GROUP
 #define GEMV_GROUP 0
 #endif
+#ifndef GEMV_FP8
+/* with GEMV_QUANT 8: the codes are FP8 E4M3 (kiln's fp8) rather than int8 (q8); the layout is the same */
+#define GEMV_FP8 0
+#endif
+#if GEMV_FP8 && GEMV_QUANT != 8
+#error "GEMV_FP8 needs GEMV_QUANT 8"
+#endif
 #ifndef GEMV_QDEQ
 /* q4's arithmetic: 0 exact per group (groups of a multiple of 128 columns: the tensor cores sum
  * code x x per group, scaled in fp32 after); 1 each weight dequantized in fp32 and rounded to bf16
@@ -483,12 +490,28 @@ KILN_DEV void kiln_q8_deq(unsigned w, unsigned (&o)[2]) {
     o[1] = kiln_f2bf2(f2, f3);
 }
 
+/* fp8: the 4 E4M3 codes of one word (byte i = column i) as 2 bf16x2 words (columns 0,1 and 2,3),
+ * exact. E4M3's sign, exponent and mantissa fields moved into bf16's (sign to bit 15, the 7 other bits
+ * to bits 10..4) make a bf16 whose value is the code's times 2^-120, subnormals included (both
+ * formats' subnormals continue their normals the same way: bias 7 against 127); one bf16x2 fma by
+ * 2^120 (0x7B80) restores it exactly (bf16 arithmetic keeps subnormals). NaN codes (never written)
+ * would come out as large finite values. The row's scale comes in the epilogue. */
+KILN_DEV void kiln_fp8_deq(unsigned w, unsigned (&o)[2]) {
+    const unsigned lo = __byte_perm(w, 0u, 0x1404); /* bytes 0 and 1 into the high bytes of each half */
+    const unsigned hi = __byte_perm(w, 0u, 0x3424); /* bytes 2 and 3 */
+    const unsigned a = (lo & 0x80008000u) | ((lo >> 4) & 0x07F007F0u);
+    const unsigned b = (hi & 0x80008000u) | ((hi >> 4) & 0x07F007F0u);
+    o[0] = kiln_bf2_fma(a, 0x7B807B80u, 0x80008000u);
+    o[1] = kiln_bf2_fma(b, 0x7B807B80u, 0x80008000u);
+}
+
 /* The tensor-core GEMV over a quantized W (GEMV_QUANT 8 or 4; common/quant.c's layout). As the bf16
  * variant: a warp owns 16 rows of W and 8 rows of x, the block's warps split K, and each lane
  * (g, t) loads 16 bytes of codes of rows g and g + 8 (GEMV_QK columns) and the same columns of x
  * row g; a warp step covers GEMV_QSTEP columns. The codes become bf16 in registers and go to
  * mma.sync with x permuted to the same pairs:
- *   q8: the exact code; the row's fp32 scale multiplies the sum.
+ *   q8: the exact code; the row's fp32 scale multiplies the sum. fp8 (GEMV_FP8) likewise, the
+ *     E4M3 code exact in bf16 (kiln_fp8_deq).
  *   q4 in groups of 128 (a warp step is one group): 128 + c, exact, one instruction per pair; the
  *     tensor cores sum (128 + c) x over the group, and with A all ones the group's sum of x, and
  *     the group's fp32 scale and minimum combine them: s sum((128 + c) x) + (lo - 128 s) sum(x).
@@ -595,10 +618,17 @@ KILN_DEV void kiln_gemv_mmaq(const kiln_gemv_params &p, float (*red)[16][8 + 1],
 #else
                 /* words 2j and 2j + 1 of the codes hold the 8 columns of x load j */
                 unsigned A0[2], A1[2], B0[2], B1[2];
+#if GEMV_FP8
+                kiln_fp8_deq(j == 0 ? va[u].x : va[u].z, A0);
+                kiln_fp8_deq(j == 0 ? va[u].y : va[u].w, A1);
+                kiln_fp8_deq(j == 0 ? vb[u].x : vb[u].z, B0);
+                kiln_fp8_deq(j == 0 ? vb[u].y : vb[u].w, B1);
+#else
                 kiln_q8_deq(j == 0 ? va[u].x : va[u].z, A0);
                 kiln_q8_deq(j == 0 ? va[u].y : va[u].w, A1);
                 kiln_q8_deq(j == 0 ? vb[u].x : vb[u].z, B0);
                 kiln_q8_deq(j == 0 ? vb[u].y : vb[u].w, B1);
+#endif
                 kiln_mma_bf16(c, A0[0], B0[0], A0[1], B0[1], xv.x, xv.y);
                 kiln_mma_bf16(c, A1[0], B1[0], A1[1], B1[1], xv.z, xv.w);
 #endif

@@ -54,6 +54,7 @@ typedef struct kiln_gemv_params {
 typedef struct kiln_dequant_params {
     kiln_dptr w, wscale, wmin, out;
     int N, K, bits, group;
+    int fp8, pad_; /* bits 8: the codes are FP8 E4M3 (fp8), not int8 (q8) */
 } kiln_dequant_params;
 
 /* residual[m] = x[m] + residual[m] (rounded to bf16; skipped when x = 0);

@@ -123,6 +123,14 @@ compile_fails 1 "weight '$U' \(bf16\): element 197 \[3,5\] is NaN" "$d"
 expect 1 "weight '$U' \(bf16\): element 197 \[3,5\] is NaN" -- "$KILN" compile "$d" -o "$T/out.kiln" --quant int4 \
     --target none
 no_file "$T/out.kiln"
+# --quant fp8 the same: a NaN and an infinity named by their own tensors before any E4M3 rounding
+expect 1 "weight '$U' \(bf16\): element 197 \[3,5\] is NaN" -- "$KILN" compile "$d" -o "$T/out.kiln" --quant fp8 \
+    --target none
+no_file "$T/out.kiln"
+d=$(mkckpt fp8inf); st_edit "$d/$ST" 'setbits("'$Q'", 64 * 2 + 1, 0x7f80)'
+expect 1 "weight '$Q' \(bf16\): element 129 \[2,1\] is \+Inf" -- "$KILN" compile "$d" -o "$T/out.kiln" --quant fp8 \
+    --target none
+no_file "$T/out.kiln"
 # a norm weight (always converted to f32)
 d=$(mkckpt norminf); st_edit "$d/$ST" 'setbits("model.norm.weight", 63, 0x7f80)'
 compile_fails 1 "weight 'model.norm.weight' \(bf16\): element 63 \[63\] is \+Inf" "$d"

@@ -166,6 +166,10 @@ static void test_tiny_mistral_int8(void) {
 static void test_tiny_mistral_int4(void) {
     check_quant("tests/golden/tiny-mistral-int4g32", KILN_DTYPE_Q4G32, KILN_DTYPE_Q8, 0);
 }
+/* --quant fp8 --quant-head fp8 --quant-embedding fp8: every matrix in E4M3 codes (make_goldens.py rtn_fp8) */
+static void test_tiny_mistral_fp8(void) {
+    check_quant("tests/golden/tiny-mistral-fp8", KILN_DTYPE_FP8, KILN_DTYPE_FP8, KILN_DTYPE_FP8);
+}
 
 /* A published quantized checkpoint (AWQ, GPTQ, compressed-tensors; tests/golden/make_quant_ckpt_goldens.py) read as it is:
  * against HF run on an independent numpy dequantization of the packed tensors, with the default
@@ -563,6 +567,7 @@ int main(void) {
     KT_RUN(test_tiny_mistral_as_f32);
     KT_RUN(test_tiny_mistral_int8);
     KT_RUN(test_tiny_mistral_int4);
+    KT_RUN(test_tiny_mistral_fp8);
     KT_RUN(test_awq_checkpoint);
     KT_RUN(test_gptq_checkpoint_sym);
     KT_RUN(test_gptq_checkpoint_asym_desc_act);

@@ -357,12 +357,37 @@ static void test_kernels_section_quant(void) {
         KT_CONTAINS(src, pathf("#define GEMV_QUANT %d", want[i].bits));
         KT_CONTAINS(src, pathf("#define GEMV_GROUP %d", want[i].group));
         KT_CONTAINS(src, "#define GEMV_MMA 1");
+        KT_CONTAINS(src, "#define GEMV_FP8 0");
         free(src);
         KT_EQ_INT(e->cfg[4], 1);
         KT_EQ_INT(e->cfg[7], want[i].dtype);
     }
     KT_CHECK(kiln_ksec_find(&ks, "dequant") != NULL);
     KT_CHECK(kiln_ksec_find(&ks, "gemv.plain.128x64.m1") == NULL); /* no bf16 GEMV for a quantized weight */
+    kiln_ksec_free(&ks);
+    kiln_model_close(m);
+    /* fp8: q8's GEMV with the E4M3 codes (GEMV_FP8), dtype 9 in cfg[7] */
+    const char *e8 = pathf("%s/tm_fp8_k.kiln", g_tmp);
+    kiln_compile_options o8 = {.output_path = e8, .weight_dtype = KILN_DTYPE_BF16, .targets = "sm_90",
+                               .quant = KILN_DTYPE_FP8, .quant_head = KILN_DTYPE_FP8};
+    KT_REQUIRE(kt_compile(pathf("%s/tests/data/tiny-mistral", src_dir()), &o8) == KILN_OK);
+    KT_REQUIRE(kiln_model_open_ex(e8, 1, KILN_MODEL_NO_F32, &m, &err) == KILN_OK);
+    s = kiln_engine_find(&m->engine, KILN_SECTION_KERNELS);
+    KT_REQUIRE(s != NULL);
+    KT_REQUIRE(kiln_ksec_parse(m->engine.data + s->offset, s->stored_size, &ks, &err) == KILN_OK);
+    static const char *const fp8_mods[] = {"gemv.plain.128x64.fp8", "gemv.swiglu.256x64.fp8", "gemv.plain.64x128.fp8",
+                                           "gemv.f32out.256x64.fp8"};
+    for (size_t i = 0; i < sizeof fp8_mods / sizeof fp8_mods[0]; i++) {
+        const kiln_ksec_module *e = kiln_ksec_find(&ks, fp8_mods[i]);
+        KT_CHECKF(e != NULL, "no module %s", fp8_mods[i]);
+        if (!e) continue;
+        char *src = strndup(e->source, e->source_len);
+        KT_CONTAINS(src, "#define GEMV_QUANT 8");
+        KT_CONTAINS(src, "#define GEMV_FP8 1");
+        free(src);
+        KT_EQ_INT(e->cfg[7], KILN_DTYPE_FP8);
+    }
+    KT_CHECK(kiln_ksec_find(&ks, "dequant") != NULL);
     kiln_ksec_free(&ks);
     kiln_model_close(m);
     /* f32 with quantized matrices: the kernels compute in f32 and read no codes */
@@ -1161,12 +1186,14 @@ static void test_quant_goldens(void) {
     NEED_GPU();
     static const struct {
         const char *name;
-        int quant, quant_embedding;
-    } qs[] = {{"tiny-mistral-int8", KILN_DTYPE_Q8, KILN_DTYPE_Q8}, {"tiny-mistral-int4g32", KILN_DTYPE_Q4G32, 0}};
+        int quant, quant_head, quant_embedding;
+    } qs[] = {{"tiny-mistral-int8", KILN_DTYPE_Q8, KILN_DTYPE_Q8, KILN_DTYPE_Q8},
+              {"tiny-mistral-int4g32", KILN_DTYPE_Q4G32, KILN_DTYPE_Q8, 0},
+              {"tiny-mistral-fp8", KILN_DTYPE_FP8, KILN_DTYPE_FP8, KILN_DTYPE_FP8}};
     for (size_t i = 0; i < sizeof qs / sizeof qs[0]; i++) {
         const char *eng = pathf("%s/%s.kiln", g_tmp, qs[i].name);
         kiln_compile_options opt = {.output_path = eng, .weight_dtype = KILN_DTYPE_BF16, .targets = gpu_targets(),
-                                    .quant = qs[i].quant, .quant_head = KILN_DTYPE_Q8,
+                                    .quant = qs[i].quant, .quant_head = qs[i].quant_head,
                                     .quant_embedding = qs[i].quant_embedding,
                                     .quant_method = KILN_QUANT_RTN};
         KT_CHECK(kt_compile(pathf("%s/tests/data/tiny-mistral", src_dir()), &opt) == KILN_OK);

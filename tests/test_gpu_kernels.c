@@ -302,6 +302,8 @@ static void test_gemv_quant(void) {
         {KILN_DTYPE_Q8, 0, 0, 0},    {KILN_DTYPE_Q8, 0, 1, 0},    {KILN_DTYPE_Q8, 1, 0, 0},
         {KILN_DTYPE_Q8, 0, 0, 1},    {KILN_DTYPE_Q4G32, 0, 0, 0}, {KILN_DTYPE_Q4G128, 0, 0, 0},
         {KILN_DTYPE_Q4G128, 0, 1, 0}, {KILN_DTYPE_Q4G64, 1, 0, 0}, {KILN_DTYPE_Q4G128, 0, 0, 1},
+        {KILN_DTYPE_FP8, 0, 0, 0},   {KILN_DTYPE_FP8, 0, 1, 0},   {KILN_DTYPE_FP8, 1, 0, 0},
+        {KILN_DTYPE_FP8, 0, 0, 1},
     };
     static const int shapes[][3] = {{1, 96, 4096}, {3, 40, 512}, {8, 130, 1024}, {2, 16, 128}, {5, 64, 14336}};
     kfn kd;
@@ -311,7 +313,7 @@ static void test_gemv_quant(void) {
         const int qt = variants[vi].qt, group = kiln_quant_group(qt), bits = group ? 4 : 8;
         const int out_f32 = variants[vi].out_f32, swiglu = variants[vi].swiglu, residual = variants[vi].residual;
         for (int warps = 4; warps <= 16; warps *= 4) {
-            char d[10][32];
+            char d[11][32];
             snprintf(d[0], 32, "GEMV_WARPS=%d", warps);
             snprintf(d[1], 32, "GEMV_ROWS=2");
             snprintf(d[2], 32, "GEMV_UNROLL=2");
@@ -321,9 +323,10 @@ static void test_gemv_quant(void) {
             snprintf(d[6], 32, "GEMV_MMA=1");
             snprintf(d[7], 32, "GEMV_QUANT=%d", bits);
             snprintf(d[8], 32, "GEMV_GROUP=%d", group);
-            const char *defs[9] = {d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8]};
+            snprintf(d[9], 32, "GEMV_FP8=%d", qt == KILN_DTYPE_FP8);
+            const char *defs[10] = {d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9]};
             kfn k;
-            KT_REQUIRE(kbuild(&k, "gemv.cuh", "kiln_gemv", defs, 9));
+            KT_REQUIRE(kbuild(&k, "gemv.cuh", "kiln_gemv", defs, 10));
             const kiln_gemv_cfg cfg = {warps, 0, 2, 8, 1};
             for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
                 const int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2], nout = swiglu ? N / 2 : N;
@@ -340,7 +343,7 @@ static void test_gemv_quant(void) {
                 const CUdeviceptr ws = w + so, wm = group ? w + kiln_quant_mins_offset(qt, N, K) : 0;
                 /* the dequant kernel: every element within one bf16 rounding of quant.c's value */
                 CUdeviceptr dd = dev_alloc((size_t)N * K * 2);
-                kiln_dequant_params dq = {w, ws, wm, dd, N, K, bits, group};
+                kiln_dequant_params dq = {w, ws, wm, dd, N, K, bits, group, qt == KILN_DTYPE_FP8, 0};
                 KT_CHECK(klaunch(kd.fn, "kiln_dequant", dims((unsigned)(((size_t)N * K / 8 + 255) / 256), 1, 1, 256, 0),
                                  &dq));
                 uint16_t *dh = host_from(dd, (size_t)N * K * 2);
@@ -407,6 +410,69 @@ static void test_gemv_quant(void) {
         }
     }
     kfree(&kd);
+}
+
+/* fp8's codes on the GPU, exactly: a [16, 256] weight whose rows cycle through all 254 finite E4M3
+ * codes (the two NaN codes replaced by zero), scale 1 in every row. The dequant kernel must give
+ * each code's value (exact in bf16) bit for bit; the GEMV with x one-hot rows (x row m = 1 at column
+ * c_m) must output exactly the weights' column c_m, for every column: kiln_fp8_deq's bf16 (the
+ * subnormals included) and the tensor cores' fp32 sums of one nonzero product are exact. */
+static void test_gemv_fp8_codes(void) {
+    NEED_GPU();
+    enum { N = 16, K = 256, M = 8 };
+    const uint64_t qb = kiln_weight_nbytes(KILN_DTYPE_FP8, 2, (const int64_t[]){N, K});
+    uint8_t *wq = calloc(1, qb);
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < K; j++) {
+            const int c = (j + 7 * n) & 255;
+            wq[n * K + j] = (uint8_t)((c & 0x7F) == 0x7F ? 0 : c);
+        }
+    const uint64_t so = kiln_quant_scales_offset(KILN_DTYPE_FP8, N, K);
+    for (int n = 0; n < N; n++) memcpy(wq + so + 4 * n, &(float){1.0f}, 4);
+    CUdeviceptr w = dev_from(wq, qb);
+    kfn kd;
+    const char *ddefs[] = {"DEQUANT_THREADS=256"};
+    KT_REQUIRE(kbuild(&kd, "dequant.cuh", "kiln_dequant", ddefs, 1));
+    CUdeviceptr dd = dev_alloc((size_t)N * K * 2);
+    kiln_dequant_params dq = {w, w + so, 0, dd, N, K, 8, 0, 1, 0};
+    KT_CHECK(klaunch(kd.fn, "kiln_dequant", dims((unsigned)((N * K / 8 + 255) / 256), 1, 1, 256, 0), &dq));
+    uint16_t *dh = host_from(dd, (size_t)N * K * 2);
+    int bad = 0;
+    for (int i = 0; i < N * K; i++) bad += kiln_bf16_to_f32(dh[i]) != kiln_e4m3_to_f32(wq[i]);
+    KT_CHECKF(bad == 0, "dequant fp8: %d codes not exact", bad);
+    free(dh);
+    const char *defs[] = {"GEMV_WARPS=4", "GEMV_ROWS=2", "GEMV_UNROLL=2", "GEMV_MT=1", "GEMV_OUT_F32=1",
+                          "GEMV_SWIGLU=0", "GEMV_MMA=1", "GEMV_QUANT=8", "GEMV_GROUP=0", "GEMV_FP8=1"};
+    kfn k;
+    KT_REQUIRE(kbuild(&k, "gemv.cuh", "kiln_gemv", defs, 10));
+    const kiln_gemv_cfg cfg = {4, 0, 2, 8, 1};
+    uint16_t xh[M * K];
+    CUdeviceptr x = dev_alloc(sizeof xh), y = dev_alloc((size_t)M * N * 4);
+    bad = 0;
+    for (int c0 = 0; c0 < K / M; c0++) {
+        memset(xh, 0, sizeof xh);
+        for (int m = 0; m < M; m++) xh[m * K + c0 + m * (K / M)] = kiln_f32_to_bf16(1.0f);
+        KT_CHECK(g_cu.api.cuMemcpyHtoD(x, xh, sizeof xh) == CUDA_SUCCESS);
+        kiln_gemv_params p = {x, w, y, 0, M, N, K, K, N, 0, 0, 1e-5f, 0, w + so, 0};
+        KT_CHECK(klaunch(k.fn, "kiln_gemv (fp8)", kiln_gemv_dims(&cfg, M, N), &p));
+        float *out = host_from(y, (size_t)M * N * 4);
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) {
+                const float want = kiln_e4m3_to_f32(wq[n * K + c0 + m * (K / M)]);
+                if (out[m * N + n] != want) {
+                    if (bad < 5) fprintf(stderr, "  code 0x%02x: %g, want %g\n", wq[n * K + c0 + m * (K / M)],
+                                         (double)out[m * N + n], (double)want);
+                    bad++;
+                }
+            }
+        free(out);
+    }
+    KT_CHECKF(bad == 0, "gemv fp8: %d outputs not the exact code", bad);
+    kiln_cuda_release(&g_cu, w); kiln_cuda_release(&g_cu, dd); kiln_cuda_release(&g_cu, x);
+    kiln_cuda_release(&g_cu, y);
+    kfree(&k);
+    kfree(&kd);
+    free(wq);
 }
 
 /* GEMV with the RMSNorm prologue (p.norm_w): against a double reference,
@@ -1459,6 +1525,7 @@ int main(void) {
     KT_RUN(test_gemv);
     KT_RUN(test_gemv_norm);
     KT_RUN(test_gemv_quant);
+    KT_RUN(test_gemv_fp8_codes);
     KT_RUN(test_rmsnorm);
     KT_RUN(test_rope_kv);
     KT_RUN(test_attn_decode);

@@ -81,6 +81,91 @@ static void round_trip(int t) {
     free(w), free(back), free(part), free(q);
 }
 
+/* FP8 E4M3 codes (kiln_e4m3_to_f32 / kiln_f32_to_e4m3), against the format written out here: every
+ * code's value from its fields, every finite value encoding to its own code, ties between neighbours
+ * to the even code, values past 448 saturating, NaN codes 0x7F and 0xFF. */
+static void test_e4m3_codes(void) {
+    int finite = 0;
+    for (int c = 0; c < 256; c++) {
+        const int e = (c >> 3) & 15, m = c & 7;
+        const float v = kiln_e4m3_to_f32((uint8_t)c);
+        if ((c & 0x7F) == 0x7F) {
+            KT_CHECKF(isnan(v), "code 0x%02x is NaN", c);
+            continue;
+        }
+        finite++;
+        double want = e ? (1.0 + m / 8.0) * pow(2.0, e - 7) : m / 8.0 * pow(2.0, -6);
+        if (c & 0x80) want = -want;
+        KT_CHECKF((double)v == want && (signbit(v) != 0) == ((c & 0x80) != 0), "code 0x%02x is %g, want %g", c,
+                  (double)v, want);
+        KT_CHECKF(kiln_f32_to_e4m3(v) == c, "%g encodes to 0x%02x, want 0x%02x", (double)v, kiln_f32_to_e4m3(v), c);
+    }
+    KT_EQ_INT(finite, 254);
+    KT_CHECK(kiln_e4m3_to_f32(0x7E) == 448.0f && kiln_e4m3_to_f32(0x01) == 0x1p-9f && kiln_e4m3_to_f32(0x08) == 0x1p-6f);
+    /* between each pair of neighbouring positive values: below the midpoint the lower, above it the upper,
+     * on it the even code (the one whose mantissa's last bit is 0) */
+    for (int c = 0; c < 0x7E; c++) {
+        const float lo = kiln_e4m3_to_f32((uint8_t)c), hi = kiln_e4m3_to_f32((uint8_t)(c + 1));
+        const float mid = (lo + hi) / 2; /* exact: both have at most 4 significant bits */
+        KT_EQ_INT(kiln_f32_to_e4m3(nextafterf(mid, 0)), c);
+        KT_EQ_INT(kiln_f32_to_e4m3(nextafterf(mid, 1000)), c + 1);
+        KT_CHECKF(kiln_f32_to_e4m3(mid) == (c % 2 ? c + 1 : c), "tie %g between 0x%02x and 0x%02x gave 0x%02x",
+                  (double)mid, c, c + 1, kiln_f32_to_e4m3(mid));
+        KT_CHECKF(kiln_f32_to_e4m3(-mid) == (0x80 | (c % 2 ? c + 1 : c)), "tie %g", (double)-mid);
+    }
+    /* saturation: finite values past 448 (a code 480 would be the next) */
+    const float big[] = {448.0f, 448.5f, 463.9f, 464.0f, 500.0f, 1e30f, 3.4e38f};
+    for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) {
+        KT_EQ_INT(kiln_f32_to_e4m3(big[i]), 0x7E);
+        KT_EQ_INT(kiln_f32_to_e4m3(-big[i]), 0xFE);
+    }
+    /* below half the smallest subnormal: zero of the value's sign; at half of it: the tie goes to 0 */
+    KT_EQ_INT(kiln_f32_to_e4m3(0x1p-11f), 0x00);
+    KT_EQ_INT(kiln_f32_to_e4m3(0x1p-10f), 0x00);
+    KT_EQ_INT(kiln_f32_to_e4m3(nextafterf(0x1p-10f, 1)), 0x01);
+    KT_EQ_INT(kiln_f32_to_e4m3(-0x1p-11f), 0x80);
+    KT_EQ_INT(kiln_f32_to_e4m3(NAN), 0x7F);
+    KT_EQ_INT((int)kiln_weight_nbytes(KILN_DTYPE_FP8, 2, (int64_t[]){3, 5}), 16 + 12); /* q8's layout */
+    KT_EQ_INT((int)kiln_weight_nbytes(KILN_DTYPE_FP8, 1, (int64_t[]){64}), 0);
+    KT_EQ_INT(kiln_dtype_from_name("fp8"), KILN_DTYPE_FP8);
+    KT_CHECK(kiln_dtype_is_quant(KILN_DTYPE_FP8) && !kiln_dtype_is_quant(KILN_DTYPE_F8E4M3));
+    KT_EQ_INT(kiln_dtype_size(KILN_DTYPE_F8E4M3), 1);
+}
+
+/* --quant fp8's rows: scale max|w| / 448, each value the nearest E4M3 code times it (within half a
+ * code step: 2^-4 of the value for normals, 2^-10 scale for subnormals), the largest exact, zero rows
+ * zero, and the codes what kiln_f32_to_e4m3 gives for w / scale. */
+static void test_fp8_rows(void) {
+    const int64_t n = 6, k = 512;
+    float *w = malloc(sizeof(float) * n * k), *back = malloc(sizeof(float) * n * k);
+    for (int64_t i = 0; i < n * k; i++) w[i] = normal() * (float)(1 + (i / k)) * 0.01f;
+    for (int64_t j = 0; j < k; j++) w[4 * k + j] = 0.0f;
+    w[5 * k + 7] = 300.0f; /* an outlier: most of the row goes subnormal or zero */
+    const uint64_t nb = kiln_weight_nbytes(KILN_DTYPE_FP8, 2, (int64_t[]){n, k});
+    uint8_t *q = calloc(nb, 1);
+    for (int64_t r = 0; r < n; r++) kiln_quant_row_ex(KILN_DTYPE_FP8, n, k, r, w + r * k, q, KILN_QUANT_MSE);
+    kiln_dequant_rows(KILN_DTYPE_FP8, q, n, k, 0, n, back);
+    int bad = 0, sub = 0;
+    for (int64_t r = 0; r < n; r++) {
+        float mx = 0, s;
+        for (int64_t j = 0; j < k; j++) mx = fabsf(w[r * k + j]) > mx ? fabsf(w[r * k + j]) : mx;
+        memcpy(&s, q + kiln_quant_scales_offset(KILN_DTYPE_FP8, n, k) + 4 * r, 4);
+        KT_CHECK(s == mx / 448.0f);
+        for (int64_t j = 0; j < k; j++) {
+            const float x = w[r * k + j], y = back[r * k + j];
+            const uint8_t c = q[r * k + j];
+            if (c != (s > 0 ? kiln_f32_to_e4m3(x / s) : 0)) bad++;
+            sub += (c & 0x78) == 0 && (c & 7);
+            if (!(fabsf(x - y) <= fabsf(x) / 16 * (1 + 1e-5f) + s * 0x1p-10f)) bad++;
+            if (fabsf(x) == mx && !(fabsf(x - y) <= mx * 1e-6f)) bad++;
+        }
+    }
+    KT_CHECKF(bad == 0, "fp8: %d values off", bad);
+    KT_CHECK(sub > 0); /* the outlier row exercised the subnormal codes */
+    for (int64_t j = 0; j < k; j++) KT_CHECK(back[4 * k + j] == 0.0f);
+    free(w), free(back), free(q);
+}
+
 static void test_round_trip(void) {
     round_trip(KILN_DTYPE_Q8);
     round_trip(KILN_DTYPE_Q4G32);
@@ -310,6 +395,8 @@ int main(void) {
     KT_RUN(test_choose_brute_force);
     KT_RUN(test_choose_units);
     KT_RUN(test_sizes);
+    KT_RUN(test_e4m3_codes);
+    KT_RUN(test_fp8_rows);
     KT_RUN(test_round_trip);
     KT_RUN(test_mse_method);
     KT_RUN(test_repack_checkpoint);

@@ -648,9 +648,34 @@ def rtn_q4(w, g):
     return ((q * s).astype(np.float32) + lo).astype(np.float32).reshape(n, k)
 
 
-# (golden name, the projections' format, int4 group, the embedding's); the LM head gets q8 in both
-# (--quant-head's default); the int8 one quantizes the embedding table too (--quant-embedding int8)
-QUANT_GOLDENS = [("tiny-mistral-int8", "int8", None, "int8"), ("tiny-mistral-int4g32", "int4", 32, None)]
+def rtn_fp8(w):
+    """kiln's fp8 (common/quant.c), written again in numpy float32 by another route: per row scale =
+    max|w| / 448; y = w / scale rounded to the E4M3 grid, whose spacing is 2^(e - 3) for |y| in
+    [2^e, 2^(e+1)), e >= -6, and 2^-9 below 2^-6 (subnormals), round half to even (np.rint on the
+    exact quotient y / spacing), saturated at 448; w' = y' * scale."""
+    w = w.astype(np.float32)
+    s = (np.max(np.abs(w), axis=1) / np.float32(448)).astype(np.float32)[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = np.where(s > 0, w / s, np.float32(0)).astype(np.float32)
+    a = np.abs(y).astype(np.float64)  # exact
+    _, ex = np.frexp(a)  # a = f 2^ex, f in [0.5, 1): |y| in [2^(ex-1), 2^ex)
+    e = np.maximum(ex - 1, -6)
+    step = np.ldexp(1.0, e - 3)
+    r = np.minimum(np.rint(a / step) * step, 448.0)
+    yq = (np.sign(y) * r).astype(np.float32)
+    if hasattr(torch, "float8_e4m3fn"):  # a cross-check against torch's own cast (round to nearest even)
+        tq = torch.from_numpy(np.clip(y, -448, 448)).to(torch.float8_e4m3fn).float().numpy()
+        assert np.array_equal(tq, yq), "rtn_fp8 disagrees with torch.float8_e4m3fn"
+    return (yq * s).astype(np.float32)
+
+
+# (golden name, the projections' format, int4 group, the embedding's, the LM head's): the LM head
+# gets q8 (--quant-head's default) but in the fp8 one; the int8 one quantizes the embedding table too
+# (--quant-embedding int8), the fp8 one the embedding and the LM head (--quant-head fp8
+# --quant-embedding fp8)
+QUANT_GOLDENS = [("tiny-mistral-int8", "int8", None, "int8", "int8"), ("tiny-mistral-int4g32", "int4", 32, None, "int8"),
+                 ("tiny-mistral-fp8", "fp8", None, "fp8", "fp8")]
+QUANT_ROUND = {"int8": rtn_q8, "fp8": rtn_fp8}
 
 
 def make_quant_goldens():
@@ -659,17 +684,19 @@ def make_quant_goldens():
     head and (int8) the embedding table rounded by rtn_q8 / rtn_q4, the norms unchanged, written as a
     float32 checkpoint and run through HF as the others."""
     src = os.path.join(REPO, "tests/data/tiny-mistral")
-    for name, fmt, group, emb in QUANT_GOLDENS:
+    for name, fmt, group, emb, head in QUANT_GOLDENS:
         with tempfile.TemporaryDirectory() as tmp:
             for f in ("config.json", "generation_config.json"):
                 shutil.copy(os.path.join(src, f), tmp)
             out = {}
             for k, v in state_tensors(src).items():
                 w = v.float().numpy()
-                if k == "lm_head.weight" or (k == "model.embed_tokens.weight" and emb == "int8"):
-                    w = rtn_q8(w)
+                if k == "lm_head.weight":
+                    w = QUANT_ROUND[head](w)
+                elif k == "model.embed_tokens.weight" and emb:
+                    w = QUANT_ROUND[emb](w)
                 elif k.endswith("_proj.weight"):
-                    w = rtn_q8(w) if fmt == "int8" else rtn_q4(w, group)
+                    w = QUANT_ROUND[fmt](w) if fmt in QUANT_ROUND else rtn_q4(w, group)
                 out[k] = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
             safetensors.torch.save_file(out, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
             make_id_golden(name, tmp, ID_PROMPTS[1:], synthetic=False)
@@ -677,10 +704,11 @@ def make_quant_goldens():
         with open(gpath) as f:
             gj = json.load(f)
         gj["model"] = "tests/data/tiny-mistral"
-        gj["quantization"] = {"kiln_compile": "--quant %s%s%s --quant-method rtn"
+        gj["quantization"] = {"kiln_compile": "--quant %s%s%s%s --quant-method rtn"
                               % (fmt, " --group-size %d" % group if group else "",
+                                 " --quant-head %s" % head if head != "int8" else "",
                                  " --quant-embedding %s" % emb if emb else ""),
-                              "reference": "tests/golden/make_goldens.py rtn_q8 / rtn_q4 (numpy float32)"}
+                              "reference": "tests/golden/make_goldens.py rtn_q8 / rtn_q4 / rtn_fp8 (numpy float32)"}
         write_json(gpath, gj)
 
 
