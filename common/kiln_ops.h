@@ -38,9 +38,6 @@ typedef enum kiln_dtype {
     /* Read from checkpoints only (compressed-tensors' weight_shape), never in an engine. */
     KILN_DTYPE_I64 = 8,
     KILN_DTYPE_FP8 = 9,
-    /* Read from checkpoints only (FP8 E4M3 tensors of fp8 / compressed-tensors checkpoints, one byte
-     * an element), never in an engine. */
-    KILN_DTYPE_F8E4M3 = 10,
     KILN_DTYPE_COUNT_
 } kiln_dtype;
 

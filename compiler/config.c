@@ -338,7 +338,9 @@ static kiln_status cfg_quant_refuse(cfg_ctx *c, const char *key, const char *sho
     return kiln_err_hint(c->err, "kiln reads 4-bit AWQ (version gemm), GPTQ (gptq, gptq_v2) and compressed-tensors "
                                  "(pack-quantized, int weights only) checkpoints with groups of 32, 64 or 128 "
                                  "(docs/quantization.md); otherwise compile the model's "
-                                 "unquantized checkpoint, with --quant int8 or int4 for kiln's own quantization");
+                                 "unquantized checkpoint, with --quant int8, fp8 or int4 for kiln's own quantization "
+                                 "(FP8 checkpoints, quant_method \"fp8\" or compressed-tensors float-quantized, are "
+                                 "not read yet: --quant fp8 gives kiln's own FP8 E4M3 weights)");
 }
 
 /* A string field of quantization_config, `def` when absent. */

@@ -114,7 +114,7 @@ else
 fi
 
 # --quant: usage errors, and quantized engines are CPU-only
-expect 2 "--quant 'int3': expected int8, int4 or auto" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" --quant int3
+expect 2 "--quant 'int3': expected int8, fp8, int4 or auto" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" --quant int3
 expect 2 "--group-size '48': expected 32, 64 or 128" -- \
     "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" --quant int4 --group-size 48
 expect 2 "--group-size applies to int4" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" --quant int8 \
@@ -125,7 +125,7 @@ expect 2 "--quant-method 'gptq': expected rtn or mse" -- "$KILN" compile "$SRC/t
     --quant int4 --quant-method gptq
 expect 2 "--quant-embedding applies with --quant" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" \
     --quant-embedding int8
-expect 2 "--quant-embedding 'int2': expected int8, int4 or keep" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" \
+expect 2 "--quant-embedding 'int2': expected int8, fp8, int4 or keep" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" \
     -o "$T/q.kiln" --quant int8 --quant-embedding int2
 expect 2 "--quant-method applies with --quant" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" \
     --quant-method mse
@@ -135,6 +135,11 @@ expect 0 "wrote" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln
     --target none
 "$KILN" inspect "$T/q.kiln" | grep -Eq "^weights: .*bits per weight\), dtype .*q4g32.*q8|q8.*q4g32" && ok ||
     bad "inspect does not show the quantized dtypes: $("$KILN" inspect "$T/q.kiln" | sed -n 3p)"
+# --quant fp8 (with the head and embedding fp8 too): inspect names the format and the bits
+expect 0 "wrote" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q8f.kiln" --quant fp8 --quant-head fp8 \
+    --quant-embedding fp8 --target none
+"$KILN" inspect "$T/q8f.kiln" | grep -Eq "^quantization: fp8 \(projections\), fp8 \(LM head\), fp8 \(embedding\), 10 matrices" &&
+    ok || bad "inspect of an fp8 engine: $("$KILN" inspect "$T/q8f.kiln" | grep quantization)"
 echo "1 50 60 70 80 90" >"$T/q.ids"
 "$KILN" perplexity "$T/q.kiln" --ids-file "$T/q.ids" --device cpu --json 2>"$T/err" | grep -q '"perplexity"' && ok ||
     bad "perplexity of a quantized engine: $(cat "$T/err")"
@@ -219,6 +224,10 @@ expect 0 "wrote" -- "$KILN" compile "$QC" -o "$T/qc.kiln" --target none
     ok || bad "inspect does not say the weights came from a compressed-tensors checkpoint"
 expect 2 "already quantized.*quant_method \"compressed-tensors\"" -- "$KILN" compile "$QC" -o "$T/qq.kiln" --quant int4
 CTG='d["quantization_config"]["config_groups"]["group_0"]'
+# FP8 checkpoints (quant_method fp8, per-tensor or block scales) are not read yet: refused naming the field
+d=$(mkqckpt q-fp8 tiny-mistral-gptq)
+edit_json "$d/config.json" 'd["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}'
+compile_fails 1 'quantization_config.quant_method" is "fp8": kiln reads only' "$d"
 d=$(mkqckpt c-float tiny-mistral-ct); edit_json "$d/config.json" "$CTG[\"format\"] = \"float-quantized\""
 compile_fails 1 'quantization_config.config_groups.group_0.format" is "float-quantized": kiln reads the "pack-quantized" format only' "$d"
 d=$(mkqckpt c-bits tiny-mistral-ct); edit_json "$d/config.json" "$CTG[\"weights\"][\"num_bits\"] = 8"

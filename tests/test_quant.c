@@ -128,8 +128,8 @@ static void test_e4m3_codes(void) {
     KT_EQ_INT((int)kiln_weight_nbytes(KILN_DTYPE_FP8, 2, (int64_t[]){3, 5}), 16 + 12); /* q8's layout */
     KT_EQ_INT((int)kiln_weight_nbytes(KILN_DTYPE_FP8, 1, (int64_t[]){64}), 0);
     KT_EQ_INT(kiln_dtype_from_name("fp8"), KILN_DTYPE_FP8);
-    KT_CHECK(kiln_dtype_is_quant(KILN_DTYPE_FP8) && !kiln_dtype_is_quant(KILN_DTYPE_F8E4M3));
-    KT_EQ_INT(kiln_dtype_size(KILN_DTYPE_F8E4M3), 1);
+    KT_CHECK(kiln_dtype_is_quant(KILN_DTYPE_FP8) && !kiln_dtype_is_quant(KILN_DTYPE_I64));
+    KT_EQ_INT(kiln_dtype_size(KILN_DTYPE_FP8), 0); /* quantized: kiln_weight_nbytes */
 }
 
 /* --quant fp8's rows: scale max|w| / 448, each value the nearest E4M3 code times it (within half a
