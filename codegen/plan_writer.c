@@ -253,17 +253,28 @@ static size_t copy_checked(const uint8_t *src, kiln_dtype sd, uint8_t *dst, size
     return count;
 }
 
+/* The factor kiln_value.row_mul / col_mul give source element `flat` of v (1 without either). */
+static float mul_of(const kiln_value *v, uint64_t flat) {
+    const uint64_t cols = v->mul_cols > 0 ? (uint64_t)v->mul_cols : 1;
+    float f = 1.0f;
+    if (v->col_mul) f *= v->col_mul[flat % cols];
+    if (v->row_mul) f *= v->row_mul[flat / cols];
+    return f;
+}
+
 kiln_status kiln_weight_convert(const kiln_value *v, uint64_t first, const uint8_t *src, uint8_t *dst, size_t count,
                                 kiln_error *err) {
     const weight_chunk c = {v, first};
     kiln_dtype sd = v->src_dtype, dd = v->dtype;
-    if (sd == dd) {
+    const bool scaled = v->row_mul || v->col_mul;
+    if (sd == dd && !scaled) {
         size_t i = copy_checked(src, sd, dst, count);
         return i < count ? bad_value(&c, i, load_f32(src, sd, i), err) : KILN_OK;
     }
     for (size_t i = 0; i < count; i++) {
         float f = load_f32(src, sd, i);
         if (!isfinite(f)) return bad_value(&c, i, f, err);
+        if (scaled) f *= mul_of(v, first + i);
         if (dd == KILN_DTYPE_F32) {
             uint32_t u;
             memcpy(&u, &f, 4);

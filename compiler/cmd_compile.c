@@ -56,11 +56,17 @@ static void help(FILE *f) {
             "  --max-ppl-increase P  the budget: the smallest mix (bisecting the byte budget) whose\n"
             "                        measured calibration perplexity is at most P%% over the unquantized\n"
             "                        engine's (1 = 1%%)\n"
+            "  --awq                 with --quant int4 or int8: activation-aware scales, searched on the\n"
+            "                        calibration tokens (CPU) for each group of projections sharing an\n"
+            "                        input, folded into the weights (columns × s, the norm, up or v\n"
+            "                        projection before them ÷ s) before rounding; the engine's format\n"
+            "                        is unchanged (docs/quantization.md)\n"
             "  --calib FILE          calibration text (UTF-8, the checkpoint's tokenizer, after BOS);\n"
             "                        default: kiln's built-in text (English prose, C and Python)\n"
             "  --calib-ids FILE      calibration token ids instead (a JSON array, or ids separated by\n"
             "                        whitespace or commas, as `kiln perplexity --ids-file`)\n"
-            "  --calib-tokens N      calibration tokens used, 32..65536 (default 512)\n"
+            "  --calib-tokens N      calibration tokens used, 32..65536 (default 512 with --quant auto,\n"
+            "                        2048 with --awq)\n"
             "  --passes LIST         comma-separated passes to run, in that order, instead of the default\n"
             "                        pipeline (marked *); 'none' runs none (memory planning always runs).\n"
             "                        Every fusion the GPU runs is one of these, shown by --dump-ir:\n");
@@ -248,7 +254,7 @@ static int compile_standalone(const char *dir, kiln_compile_options *opt, bool j
 
 int kiln_cmd_compile(int argc, char **argv) {
     enum { O_FORCE = 256, O_GROUP, O_QHEAD, O_QMETHOD, O_QEMB, O_MAXW, O_TBITS, O_MAXPPL, O_CALIB, O_CALIB_IDS,
-           O_CALIB_TOKENS };
+           O_CALIB_TOKENS, O_AWQ };
     static const struct option longopts[] = {
         {"output", required_argument, 0, 'o'}, {"dtype", required_argument, 0, 'd'},
         {"passes", required_argument, 0, 'p'}, {"compress", no_argument, 0, 'z'},
@@ -263,7 +269,7 @@ int kiln_cmd_compile(int argc, char **argv) {
         {"max-weight-bytes", required_argument, 0, O_MAXW}, {"target-bits", required_argument, 0, O_TBITS},
         {"max-ppl-increase", required_argument, 0, O_MAXPPL}, {"calib", required_argument, 0, O_CALIB},
         {"calib-ids", required_argument, 0, O_CALIB_IDS}, {"calib-tokens", required_argument, 0, O_CALIB_TOKENS},
-        {0, 0, 0, 0}};
+        {"awq", no_argument, 0, O_AWQ},        {0, 0, 0, 0}};
     const char *quant = NULL, *quant_head = NULL, *quant_method = NULL, *quant_emb = NULL;
     long group = 128;
     bool calib_tokens_given = false;
@@ -370,6 +376,7 @@ int kiln_cmd_compile(int argc, char **argv) {
                                                        "most 1000 (1 = 1%%)", optarg);
             break;
         }
+        case O_AWQ: opt.awq = true; break;
         case O_CALIB: opt.calib_path = optarg; break;
         case O_CALIB_IDS: opt.calib_ids_path = optarg; break;
         case O_CALIB_TOKENS: {
@@ -408,12 +415,17 @@ int kiln_cmd_compile(int argc, char **argv) {
                                     opt.max_weight_bytes ? "max-weight-bytes"
                                     : opt.target_bits    ? "target-bits"
                                                          : "max-ppl-increase");
-    if (!q_auto && (opt.calib_path || opt.calib_ids_path || calib_tokens_given))
-        return kiln_cli_usage_error("compile", "--%s applies with --quant auto (the calibration it measures on)",
-                                    opt.calib_path ? "calib" : opt.calib_ids_path ? "calib-ids" : "calib-tokens");
+    if (opt.awq && (!quant || q_auto))
+        return kiln_cli_usage_error("compile", "--awq needs --quant int8 or int4 (the format its scales are searched "
+                                    "for)%s", q_auto ? "; with --quant auto it is not supported yet" : "");
+    if (!q_auto && !opt.awq && (opt.calib_path || opt.calib_ids_path || calib_tokens_given))
+        return kiln_cli_usage_error("compile", "--%s applies with --quant auto or --awq (the calibration they measure "
+                                    "on)", opt.calib_path ? "calib" : opt.calib_ids_path ? "calib-ids" : "calib-tokens");
     if (opt.calib_path && opt.calib_ids_path)
         return kiln_cli_usage_error("compile", "--calib and --calib-ids: give one calibration");
-    if (!opt.calib_tokens) opt.calib_tokens = 512; /* pycode-22m: about 2 s a candidate on 2 cores */
+    /* auto: pycode-22m takes about 2 s a candidate on 2 cores at 512; --awq runs the calibration once, and
+     * 512 tokens were too few there (docs/quantization.md) */
+    if (!opt.calib_tokens) opt.calib_tokens = q_auto ? 512 : 2048;
     /* a published quantized checkpoint (config.json quantization_config) is read as it is: no --quant, and
      * --quant-head / --quant-embedding apply to its dense LM head and embedding without one */
     char ckq_buf[64];

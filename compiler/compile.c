@@ -89,7 +89,8 @@ static kiln_status check_tp(const kiln_checkpoint *ck, int n, kiln_error *err) {
 /* The meta section: what the engine holds, for `kiln inspect` and the runtime. */
 static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const kiln_compile_options *opt,
                          const kiln_generation_config *gen_cfg, uint64_t weights_bytes, const kiln_buf *tok_blob,
-                         const kiln_kernel_targets *targets, const char *no_gpu, json_t *quant_auto) {
+                         const kiln_kernel_targets *targets, const char *no_gpu, json_t *quant_auto,
+                         json_t *quant_awq) {
     const kiln_model_config *c = &ck->config;
     json_t *model = json_pack(
         "{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:I, s:b, s:s}", "architecture", arch_name(c->arch),
@@ -144,8 +145,9 @@ static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const k
         const kiln_dtype ckq = cq->group_size == 32 ? KILN_DTYPE_Q4G32 : cq->group_size == 64 ? KILN_DTYPE_Q4G64
                                                                                              : KILN_DTYPE_Q4G128;
         char method[96];
-        snprintf(method, sizeof method, "%s", opt->quant_method == KILN_QUANT_MSE ? "least squared error range (q4)"
-                                                                                  : "round to nearest");
+        snprintf(method, sizeof method, "%s%s", opt->quant_method == KILN_QUANT_MSE ? "least squared error range (q4)"
+                                                                                    : "round to nearest",
+                 quant_awq ? ", after activation-aware scales (--awq)" : "");
         if (cq->method) snprintf(method, sizeof method, "read from the checkpoint (%s), repacked without rounding",
                                  kiln_ckpt_quant_name(cq));
         json_t *q = json_pack("{s:s, s:s, s:s, s:i, s:s}", "weights",
@@ -171,6 +173,7 @@ static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const k
                                                 "num_bits", cq->bits, "strategy", "group", "group_size",
                                                 cq->group_size, "symmetric", cq->sym));
         if (q && quant_auto) json_object_set(q, "auto", quant_auto); /* the choice and its measurements */
+        if (q && quant_awq) json_object_set(q, "awq", quant_awq);    /* the scales' search */
         json_object_set_new(build, "quant", q);
     }
     json_t *tok = json_null();
@@ -244,6 +247,7 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
     char *meta_text = NULL;
     bool have_tok = false, have_gen = false, have_chat = false;
     kiln_quant_auto qa = {0};
+    kiln_quant_awq aw = {0};
     kiln_generation_config gen;
     kiln_kernel_targets targets;
     kiln_status st = kiln_kernel_targets_parse(opt->targets ? opt->targets : "none", &targets, err);
@@ -279,10 +283,16 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
                       "supported yet", ck.config.quant.method ? "a quantized checkpoint" : "--quant", opt->tp);
         goto out;
     }
+    if (opt->awq && (!opt->quant || opt->quant == KILN_QUANT_AUTO)) {
+        st = kiln_err(err, KILN_ERR_INVALID_ARG, "--awq needs --quant int8 or int4 (the format its scales are searched for)");
+        goto out;
+    }
     if (opt->quant == KILN_QUANT_AUTO && (st = kiln_quant_auto_run(ckpt_dir, opt, &qa, err)) != KILN_OK) goto out;
+    if (opt->awq && (st = kiln_quant_awq_run(ckpt_dir, opt, &aw, err)) != KILN_OK) goto out;
     if ((st = kiln_import_ex(&ck, &io, &g, err)) != KILN_OK) goto out;
+    if (opt->awq && (st = kiln_quant_awq_apply(&aw, g, err)) != KILN_OK) goto out;
     g->tp_request = opt->tp;
-    g->quant_weights = opt->quant == KILN_QUANT_AUTO ? 0 : opt->quant;
+    g->quant_weights = opt->quant == KILN_QUANT_AUTO || opt->awq_dense ? 0 : opt->quant;
     g->quant_picks = qa.picks;
     g->n_quant_picks = qa.n_picks;
     g->quant_head = opt->quant_head;
@@ -384,7 +394,7 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
         (st = kiln_engine_writer_section(w, KILN_SECTION_CHAT, KILN_CODEC_NONE, chat.data, chat.len, err)) != KILN_OK)
         goto out;
     json_t *meta = make_meta(&ck, g, opt, have_gen ? &gen : NULL, wbytes, have_tok ? &tok : NULL, &targets, no_gpu,
-                             qa.report);
+                             qa.report, aw.report);
     if (meta && qa.report) {
         /* the choice counted each matrix padded to its alignment: exact, or over when a projection is the
          * last weight; more would break the budget, a bug never shipped */
@@ -424,6 +434,7 @@ out:
     kiln_plan_free(parsed);
     kiln_graph_free(g);
     kiln_quant_auto_free(&qa);
+    kiln_quant_awq_free(&aw);
     kiln_checkpoint_close(&ck);
     return st;
 }

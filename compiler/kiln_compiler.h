@@ -280,6 +280,10 @@ typedef struct kiln_compile_options {
     double max_ppl_increase;
     const char *calib_path, *calib_ids_path;
     int calib_tokens;
+    bool awq;                  /* --awq: activation-aware scales searched on the calibration (compiler/quant_awq.c)
+                                  and folded into the weights before --quant rounds them */
+    bool awq_dense;            /* tests: apply --awq's scales but leave the matrices dense (the folding alone is
+                                  exact: the engine computes what the unscaled one does) */
     char **quant_report;       /* optional out: meta build.quant as JSON text (malloc'd), for --json */
     bool gpu_if_possible;      /* the targets are a default, not asked for: a plan with an op the GPU cannot
                                   run yet gets no kernels section (a note on stderr names the op) instead of
@@ -305,6 +309,38 @@ typedef struct kiln_quant_auto {
 kiln_status kiln_quant_auto_run(const char *ckpt_dir, const kiln_compile_options *opt, kiln_quant_auto *out,
                                 kiln_error *err);
 void kiln_quant_auto_free(kiln_quant_auto *qa);
+
+/* The calibration --quant auto and --awq measure on (compiler/quant_auto.c). kiln_calib_model: this
+ * compile with every weight dense and `passes` (NULL = the compile's), written beside the output,
+ * opened for the CPU executor and unlinked. kiln_calib_tokens: the calibration's token ids (--calib,
+ * --calib-ids or the built-in text, after BOS) and a record of their source. `what` starts messages. */
+struct kiln_model;
+kiln_status kiln_calib_model(const char *ckpt_dir, const kiln_compile_options *opt, const char *what,
+                             const char *passes, struct kiln_model **out, kiln_error *err);
+kiln_status kiln_calib_tokens(const kiln_compile_options *opt, const struct kiln_model *m, const char *what,
+                              int32_t **ids, size_t *n, struct json_t **source, kiln_error *err);
+
+/* compiler/quant_awq.c: --awq's scales, one entry per weight they multiply (by checkpoint name), and
+ * the record of the search (report: meta build.quant.awq). */
+typedef struct kiln_awq_scale {
+    char *name;
+    float *row_mul, *col_mul; /* kiln_value's (either may be NULL) */
+} kiln_awq_scale;
+typedef struct kiln_quant_awq {
+    kiln_awq_scale *scales;
+    int n_scales;
+    struct json_t *report;
+} kiln_quant_awq;
+/* Run the calibration through the unfused plan on the CPU, and for each group of projections that
+ * share an input whose scale can be folded into what makes that input (an RMSNorm's weight, the up
+ * projection before down, the v projection before o), search the exponent that least changes the
+ * group's outputs once quantized as opt->quant asks. */
+kiln_status kiln_quant_awq_run(const char *ckpt_dir, const kiln_compile_options *opt, kiln_quant_awq *out,
+                               kiln_error *err);
+struct kiln_graph;
+/* Give the imported graph's weights their scales (by name; the graph takes the vectors). */
+kiln_status kiln_quant_awq_apply(kiln_quant_awq *qa, struct kiln_graph *g, kiln_error *err);
+void kiln_quant_awq_free(kiln_quant_awq *qa);
 
 /* compiler/output_check.c. The output path alone: refused when it is a
  * directory or another non-regular file, or its folder does not exist. */

@@ -245,8 +245,8 @@ static int base_weights(const kiln_plan *p, const kiln_compile_options *opt, int
 
 /* ---- calibration tokens ---- */
 
-static kiln_status read_calibration(const kiln_compile_options *opt, const kiln_model *m, int32_t **ids,
-                                    size_t *n, json_t **source, kiln_error *err) {
+kiln_status kiln_calib_tokens(const kiln_compile_options *opt, const kiln_model *m, const char *what, int32_t **ids,
+                              size_t *n, json_t **source, kiln_error *err) {
     char *data = NULL;
     size_t len = 0;
     const char *file = opt->calib_ids_path ? opt->calib_ids_path : opt->calib_path;
@@ -265,8 +265,8 @@ static kiln_status read_calibration(const kiln_compile_options *opt, const kiln_
                 st = kiln_err(err, KILN_ERR_INVALID_ARG, "--calib-ids %s: id %d (at %zu) is outside the model's "
                               "vocabulary 0..%d", file, (*ids)[k], k, (int)m->plan->vocab_size - 1);
     } else if (!m->tokenizer) {
-        st = kiln_err(err, KILN_ERR_UNSUPPORTED, "--quant auto: the checkpoint has no tokenizer.json to read %s "
-                      "with", file ? file : "the built-in calibration text");
+        st = kiln_err(err, KILN_ERR_UNSUPPORTED, "%s: the checkpoint has no tokenizer.json to read %s with", what,
+                      file ? file : "the built-in calibration text");
         kiln_err_hint(err, "give the calibration as token ids: --calib-ids FILE");
     } else {
         int32_t *t = NULL;
@@ -296,11 +296,14 @@ static kiln_status read_calibration(const kiln_compile_options *opt, const kiln_
 
 /* ---- the pass ---- */
 
-/* The calibration engine: this compile with the projections dense, into `path`. */
-static kiln_status calibration_engine(const char *ckpt_dir, const kiln_compile_options *opt, const char *path,
-                                      kiln_error *err) {
+/* The calibration engine: this compile with the projections dense (and `passes`, NULL = the compile's),
+ * into `path`. */
+static kiln_status calibration_engine(const char *ckpt_dir, const kiln_compile_options *opt, const char *what,
+                                      const char *passes, const char *path, kiln_error *err) {
     kiln_compile_options o = *opt;
     o.output_path = path;
+    if (passes) o.passes = passes;
+    o.awq = false;
     o.quant = 0; /* every weight dense: the reference is the unquantized model */
     o.quant_head = 0;
     o.quant_embedding = 0;
@@ -313,7 +316,7 @@ static kiln_status calibration_engine(const char *ckpt_dir, const kiln_compile_o
     o.quant_report = NULL;
     o.force = true; /* beside the output, which was checked */
     kiln_status st = kiln_compile(ckpt_dir, &o, err);
-    return st == KILN_OK ? st : kiln_err_prefix(err, "--quant auto: the calibration engine: ");
+    return st == KILN_OK ? st : kiln_err_prefix(err, "%s: the calibration engine: ", what);
 }
 
 static json_t *matrix_json(const qa_ctx *q, const qa_matrix *x, int pick) {
@@ -502,7 +505,7 @@ static kiln_status choose(const char *ckpt_dir, const kiln_compile_options *opt,
     int *pick = calloc(p->n_weights ? p->n_weights : 1, sizeof *pick);
     kiln_quant_item *items = calloc(p->n_weights ? p->n_weights : 1, sizeof *items);
     kiln_status st = mx && pick && items ? KILN_OK : kiln_err(err, KILN_ERR_NOMEM, "out of memory");
-    if (st == KILN_OK) st = read_calibration(opt, m, &ids, &n_ids, &calib, err);
+    if (st == KILN_OK) st = kiln_calib_tokens(opt, m, "--quant auto", &ids, &n_ids, &calib, err);
     if (st != KILN_OK) goto out;
     if (n_ids < MIN_CALIB_TOKENS) {
         st = kiln_err(err, KILN_ERR_INVALID_ARG, "--quant auto: the calibration (%s) has %zu tokens; at least %d "
@@ -597,9 +600,9 @@ out:
     return st;
 }
 
-kiln_status kiln_quant_auto_run(const char *ckpt_dir, const kiln_compile_options *opt, kiln_quant_auto *out,
-                                kiln_error *err) {
-    memset(out, 0, sizeof *out);
+kiln_status kiln_calib_model(const char *ckpt_dir, const kiln_compile_options *opt, const char *what,
+                             const char *passes, kiln_model **out, kiln_error *err) {
+    *out = NULL;
     const size_t n = strlen(opt->output_path) + 32;
     char *path = malloc(n);
     if (!path) return kiln_err(err, KILN_ERR_NOMEM, "out of memory");
@@ -613,16 +616,23 @@ kiln_status kiln_quant_auto_run(const char *ckpt_dir, const kiln_compile_options
     close(fd);
     const int slot = kiln_guard_temp_add(path);
     kiln_progress_phase(opt->progress, "calibration engine", 0, NULL, 0);
-    kiln_model *m = NULL;
-    kiln_status st = calibration_engine(ckpt_dir, opt, path, err);
-    if (st == KILN_OK && (st = kiln_model_open(path, kiln_pool_ways(kiln_pool_shared()), &m, err)) != KILN_OK) {
-        kiln_err_prefix(err, "--quant auto: the CPU executor cannot open the calibration engine: ");
-        kiln_err_hint(err, "auto measures on the CPU executor, which holds every weight as f32; without it, "
-                           "use --quant int8|int4");
+    kiln_status st = calibration_engine(ckpt_dir, opt, what, passes, path, err);
+    if (st == KILN_OK && (st = kiln_model_open(path, kiln_pool_ways(kiln_pool_shared()), out, err)) != KILN_OK) {
+        kiln_err_prefix(err, "%s: the CPU executor cannot open the calibration engine: ", what);
+        kiln_err_hint(err, "calibration runs on the CPU executor, which holds every weight as f32; without it, "
+                           "use --quant int8|int4 alone");
     }
     unlink(path); /* mapped: the pages stay until the model is freed */
     kiln_guard_temp_remove(slot);
     free(path);
+    return st;
+}
+
+kiln_status kiln_quant_auto_run(const char *ckpt_dir, const kiln_compile_options *opt, kiln_quant_auto *out,
+                                kiln_error *err) {
+    memset(out, 0, sizeof *out);
+    kiln_model *m = NULL;
+    kiln_status st = kiln_calib_model(ckpt_dir, opt, "--quant auto", NULL, &m, err);
     if (st == KILN_OK) st = choose(ckpt_dir, opt, m, out, err);
     kiln_model_close(m);
     if (st != KILN_OK) kiln_quant_auto_free(out);

@@ -19,7 +19,11 @@ kiln_graph *kiln_graph_new(void) {
 
 void kiln_graph_free(kiln_graph *g) {
     if (!g) return;
-    for (int v = 0; v < g->n_values; v++) free(g->values[v].parts);
+    for (int v = 0; v < g->n_values; v++) {
+        free(g->values[v].parts);
+        free(g->values[v].row_mul);
+        free(g->values[v].col_mul);
+    }
     free(g->values);
     free(g->ops);
     free(g);
@@ -151,6 +155,26 @@ int kiln_ir_weight_stacked(kiln_graph *g, const char *name, const int *parts, in
     if (id >= 0)
         for (int i = 0; i < n_parts; i++) g->values[parts[i]].dead = true;
     return id;
+}
+
+kiln_status kiln_ir_weight_scale(kiln_graph *g, int v, float *row_mul, float *col_mul, kiln_error *err) {
+    kiln_value *val = v >= 0 && v < g->n_values ? &g->values[v] : NULL;
+    const char *why = !val                                      ? "is not a value"
+                      : val->kind != KILN_VALUE_WEIGHT          ? "is not a weight"
+                      : !val->src || val->pack != KILN_PACK_NONE ? "is packed from others"
+                      : val->qsrc.format != KILN_QSRC_NONE      ? "came quantized from the checkpoint"
+                      : val->ndim != 1 && val->ndim != 2        ? "is not a vector or a matrix"
+                      : row_mul && val->ndim != 2               ? "has no rows to scale"
+                      : (row_mul && val->row_mul) || (col_mul && val->col_mul) ? "is scaled already"
+                                                                                : NULL;
+    if (why) {
+        free(row_mul), free(col_mul);
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "scaling weight %s: it %s", val ? val->name : "?", why);
+    }
+    if (row_mul) val->row_mul = row_mul;
+    if (col_mul) val->col_mul = col_mul;
+    val->mul_cols = val->ndim == 2 ? val->shape[1] : val->shape[0];
+    return KILN_OK;
 }
 
 /* ---- shape inference: see common/op_infer.c ---- */

@@ -72,6 +72,12 @@ typedef struct kiln_value {
      * writer repacks it (kiln_quant_repack_row) instead of quantizing. src is then its qweight (I32),
      * and the value is named after it. format KILN_QSRC_NONE otherwise. */
     kiln_qsrc qsrc;
+    /* weights only: factors the writer multiplies the source values by as it reads them (activation-aware
+     * scales, --awq: compiler/quant_awq.c): element [r, c] times row_mul[r] and col_mul[c]; a 1-D weight's
+     * element [c] times col_mul[c]. Indices are the source tensor's (mul_cols: its columns, shape[0] for
+     * a 1-D weight); NULL = 1. Owned by the graph (kiln_ir_weight_scale). */
+    float *row_mul, *col_mul;
+    int64_t mul_cols;
 } kiln_value;
 
 typedef struct kiln_op {
@@ -136,6 +142,12 @@ int kiln_ir_weight_prequantized(kiln_graph *g, const char *name, kiln_dtype dt, 
  * or concatenated from 1-D ones (KILN_PACK_CONCAT_ROWS: biases), named `name`; returns its id or -1. */
 int kiln_ir_weight_packed(kiln_graph *g, const char *name, kiln_pack pack, const int *parts, int n_parts,
                           kiln_error *err);
+/* Multiply weight `v`'s values by `row_mul` (one per row of a 2-D weight) and/or `col_mul` (one per
+ * column; a 1-D weight's elements) as the writer reads them; the graph takes ownership of both (freed
+ * with it, also on failure). Refused (KILN_ERR_INVALID_ARG) when v is not a plain dense weight from the
+ * checkpoint, or already has a factor on that side. */
+kiln_status kiln_ir_weight_scale(kiln_graph *g, int v, float *row_mul, float *col_mul, kiln_error *err);
+
 /* A 3-D weight of `shape` [E, R, C] whose bytes are the rows of the 2-D weights `parts` concatenated in
  * order (same columns C and dtype, E*R rows in all): a stack of per-expert matrices from one checkpoint
  * tensor (or two) per expert. The parts are marked dead: they are only the stack's source, and the

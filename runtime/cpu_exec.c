@@ -57,6 +57,8 @@ struct kiln_cpu_ctx {
     int32_t *positions; /* max_step */
     kiln_cpu_moe_trace_fn moe_trace; /* routing trace (tests); NULL = none */
     void *moe_trace_user;
+    kiln_cpu_op_trace_fn op_trace; /* activation trace (calibration); NULL = none */
+    void *op_trace_user;
 };
 
 static void use_rank(kiln_cpu_ctx *c, int r) {
@@ -131,6 +133,11 @@ int kiln_cpu_ctx_max_context(const kiln_cpu_ctx *c) { return c->max_context; }
 int kiln_cpu_ctx_max_step(const kiln_cpu_ctx *c) { return c->max_step; }
 const kiln_model *kiln_cpu_ctx_model(const kiln_cpu_ctx *c) { return c->m; }
 void kiln_cpu_ctx_reset(kiln_cpu_ctx *c) { c->pos = 0; }
+void kiln_cpu_ctx_set_op_trace(kiln_cpu_ctx *c, kiln_cpu_op_trace_fn fn, void *user) {
+    c->op_trace = fn;
+    c->op_trace_user = user;
+}
+
 void kiln_cpu_ctx_set_moe_trace(kiln_cpu_ctx *c, kiln_cpu_moe_trace_fn fn, void *user) {
     c->moe_trace = fn;
     c->moe_trace_user = user;
@@ -417,6 +424,8 @@ kiln_status kiln_cpu_forward(kiln_cpu_ctx *c, const int32_t *tokens, int n, bool
         const kiln_plan_op *op = &p->ops[i];
         const kiln_op_attrs *a = &op->attrs;
         const int32_t *in = op->in, *o = op->out;
+        if (c->op_trace && op->n_in > 0 && p->values[in[0]].kind == KILN_PV_ACT)
+            c->op_trace(c->op_trace_user, i, act(c, in[0]), n, width(c, in[0]), c->pos);
         switch ((kiln_op_kind)op->kind) {
         case KILN_OP_EMBEDDING: {
             /* vocabulary-parallel (ranks): this rank's table holds ids first .. first + rows - 1, others

@@ -96,6 +96,13 @@ typedef void (*kiln_cpu_moe_trace_fn)(void *user, int layer, int pos, int top_k,
 /* Set (or clear, fn NULL) the context's routing trace. */
 void kiln_cpu_ctx_set_moe_trace(kiln_cpu_ctx *c, kiln_cpu_moe_trace_fn fn, void *user);
 
+/* Activation trace (calibration: compiler/quant_awq.c): called before plan op `op` runs, when its first
+ * input is an activation, with that input's rows for the step's `n` tokens ([n, width] f32, row t at
+ * position pos0 + t), read-only. */
+typedef void (*kiln_cpu_op_trace_fn)(void *user, uint32_t op, const float *x, int n, int64_t width, int pos0);
+/* Set (or clear, fn NULL) the context's activation trace. */
+void kiln_cpu_ctx_set_op_trace(kiln_cpu_ctx *c, kiln_cpu_op_trace_fn fn, void *user);
+
 /* The indices of the k largest of v[0..n), in the order torch.topk(v, k) gives them on the CPU, ties
  * included (runtime/topk.c says how). NaN counts as the largest, as there. */
 kiln_status kiln_topk(const float *v, int n, int k, int32_t *idx, kiln_error *err);
