@@ -274,7 +274,7 @@ kiln_status kiln_weight_convert(const kiln_value *v, uint64_t first, const uint8
     for (size_t i = 0; i < count; i++) {
         float f = load_f32(src, sd, i);
         if (!isfinite(f)) return bad_value(&c, i, f, err);
-        if (scaled) f *= mul_of(v, first + i);
+        if (scaled && !isfinite(f *= mul_of(v, first + i))) return overflow(&c, i, f, err);
         if (dd == KILN_DTYPE_F32) {
             uint32_t u;
             memcpy(&u, &f, 4);

@@ -144,9 +144,12 @@ static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const k
         /* a quantized checkpoint's projections: the format its groups give, repacked as they came */
         const kiln_dtype ckq = cq->group_size == 32 ? KILN_DTYPE_Q4G32 : cq->group_size == 64 ? KILN_DTYPE_Q4G64
                                                                                              : KILN_DTYPE_Q4G128;
+        /* --quant-method chooses int4 groups' ranges only: int8 and fp8 always round to nearest */
+        const bool q4 = opt->quant == KILN_QUANT_AUTO || kiln_quant_group(opt->quant) > 0 ||
+                        kiln_quant_group(opt->quant_head) > 0 || kiln_quant_group(opt->quant_embedding) > 0;
         char method[96];
-        snprintf(method, sizeof method, "%s%s", opt->quant_method == KILN_QUANT_MSE ? "least squared error range (q4)"
-                                                                                    : "round to nearest",
+        snprintf(method, sizeof method, "%s%s",
+                 q4 && opt->quant_method == KILN_QUANT_MSE ? "least squared error range (q4)" : "round to nearest",
                  quant_awq ? ", after activation-aware scales (--awq)" : "");
         if (cq->method) snprintf(method, sizeof method, "read from the checkpoint (%s), repacked without rounding",
                                  kiln_ckpt_quant_name(cq));

@@ -121,6 +121,19 @@ assert c['source'] == 'text file' and c['tokens'] == 40 and c['bytes'] == 3000, 
 "$KILN" run "$T/s2.kiln" --prompt "In the beginning" --max-tokens 8 --device cpu >/dev/null 2>"$T/err" && ok \
     || bad "run kjv-tiny auto: $(cat "$T/err")"
 
+echo "1 2 3 4 5" >"$T/short.txt"
+# --awq (compiler/quant_awq.c) on kjv-tiny: its scales' report, the engine runs; test_quant_awq checks the numbers
+"$KILN" compile "$S" -o "$T/a.kiln" --target none --quant int4 --awq --calib-tokens 64 --json >"$T/a.json" 2>"$T/err" \
+    || bad "awq compile: $(cat "$T/err")"
+python3 -c "import json, sys; a = json.load(open(sys.argv[1]))['quant']['awq']
+assert a['tokens'] == 64 and a['groups_searched'] == 20 and 0 < a['groups_scaled'] <= 20, a
+assert a['error'] <= a['error_unscaled'], a" "$T/a.json" && ok || bad "--awq report"
+"$KILN" run "$T/a.kiln" --prompt "In the beginning" --max-tokens 8 --device cpu >/dev/null 2>"$T/err" && ok \
+    || bad "run kjv-tiny awq: $(cat "$T/err")"
+expect 2 "--awq needs --quant int8 or int4" -- "$KILN" compile "$S" -o "$T/x.kiln" --awq
+expect 2 "with --quant auto it is not supported yet" -- "$KILN" compile "$S" -o "$T/x.kiln" --quant auto --target-bits 6 --awq
+expect 1 "--awq: .*has 5 tokens; at least 32" -- "$KILN" compile "$CK" -o "$T/x.kiln" --target none --quant int4 --awq --calib-ids "$T/short.txt"
+
 # refusals
 expect 2 "needs a budget" -- "$KILN" compile "$CK" -o "$T/x.kiln" --quant auto --calib-ids "$T/ids.txt"
 expect 2 "one budget" -- "$KILN" compile "$CK" -o "$T/x.kiln" --quant auto --max-weight-bytes 1M --target-bits 6

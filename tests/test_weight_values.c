@@ -142,6 +142,48 @@ static void test_values_converted(void) {
     KT_EQ_INT(out[2] | out[3] << 8, kiln_f32_to_bf16(-2.25f));
 }
 
+/* --awq's factors (kiln_value.row_mul / col_mul): element [r, c] times row_mul[r] * col_mul[c], by the
+ * source index (a chunk starting mid-tensor too), also when the dtypes are equal (no plain copy then);
+ * a NaN is still refused by its place, and a product past the target's range is an overflow. */
+static void test_multipliers(void) {
+    enum { R = 3, C = 4 };
+    float rm[R] = {1.0f, 2.0f, 0.5f}, cm[C] = {1.0f, 3.0f, 0.25f, -1.0f};
+    uint8_t in[4 * R * C], out[4 * R * C];
+    for (int i = 0; i < R * C; i++) put(in, KILN_DTYPE_F32, (size_t)i, (float)(i + 1));
+    kiln_value v = {.kind = KILN_VALUE_WEIGHT, .dtype = KILN_DTYPE_F32, .src_dtype = KILN_DTYPE_F32, .ndim = 2,
+                    .shape = {R, C}, .row_mul = rm, .col_mul = cm, .mul_cols = C};
+    snprintf(v.name, sizeof v.name, "w.scaled");
+    kiln_error err = {0};
+    KT_EQ_INT(kiln_weight_convert(&v, 0, in, out, R * C, &err), KILN_OK);
+    for (int i = 0; i < R * C; i++) {
+        float got;
+        uint32_t u = (uint32_t)out[4 * i] | (uint32_t)out[4 * i + 1] << 8 | (uint32_t)out[4 * i + 2] << 16 |
+                     (uint32_t)out[4 * i + 3] << 24;
+        memcpy(&got, &u, 4);
+        KT_CHECKF(got == (float)(i + 1) * (rm[i / C] * cm[i % C]), "element %d: %g", i, (double)got);
+    }
+    /* a chunk from element 5 on: [1,1] is the first, times 2 * 3 */
+    KT_EQ_INT(kiln_weight_convert(&v, 5, in + 4 * 5, out, 2, &err), KILN_OK);
+    float f;
+    uint32_t u = (uint32_t)out[0] | (uint32_t)out[1] << 8 | (uint32_t)out[2] << 16 | (uint32_t)out[3] << 24;
+    memcpy(&f, &u, 4);
+    KT_CHECK(f == 6.0f * 6.0f);
+    /* a 1-D weight: its elements times col_mul */
+    kiln_value b = v;
+    b.ndim = 1, b.shape[0] = C, b.shape[1] = 0, b.row_mul = NULL;
+    KT_EQ_INT(kiln_weight_convert(&b, 0, in, out, C, &err), KILN_OK);
+    memcpy(&u, out + 4 * 3, 4);
+    memcpy(&f, &u, 4);
+    KT_CHECK(f == -4.0f);
+    put(in, KILN_DTYPE_F32, 6, NAN);
+    KT_EQ_INT(kiln_weight_convert(&v, 0, in, out, R * C, &err), KILN_ERR_PARSE);
+    KT_CONTAINS(err.msg, "[1,2] is NaN");
+    put(in, KILN_DTYPE_F32, 6, 7.0f);
+    put(in, KILN_DTYPE_F32, 5, 3e38f); /* [1,1] times 2 x 3: past f32's range, even into an f32 engine */
+    KT_EQ_INT(kiln_weight_convert(&v, 0, in, out, R * C, &err), KILN_ERR_UNSUPPORTED);
+    KT_CONTAINS(err.msg, "[1,1]");
+}
+
 int main(void) {
     KT_RUN(test_clean_values_pass);
     KT_RUN(test_nonfinite_refused);
@@ -150,5 +192,6 @@ int main(void) {
     KT_RUN(test_f16_overflow);
     KT_RUN(test_bf16_overflow);
     KT_RUN(test_values_converted);
+    KT_RUN(test_multipliers);
     return KT_END();
 }
