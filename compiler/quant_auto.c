@@ -6,7 +6,7 @@
  *   → reference: the unquantized model's log-softmax at every calibration position
  *   → the base: the LM head and embedding in their --quant-head / --quant-embedding
  *     formats (fixed: every mix has them); its KL from the reference
- *   → each matrix × {q8, q4g32, q4g64, q4g128} alone on the base: the KL it adds
+ *   → each matrix × {q8, fp8, q4g32, q4g64, q4g128} alone on the base: the KL it adds
  *   → kiln_quant_choose (passes/quant_choose.c): least summed KL in the budget
  *   → the chosen mix, all at once: its measured KL and NLL change
  *
@@ -53,7 +53,8 @@ extern const size_t kiln_calib_default_len;
 enum { MIN_CALIB_TOKENS = 32 };
 
 /* The formats a projection may take besides keep, smallest damage first in a tie. */
-static const int quant_formats[] = {KILN_DTYPE_Q8, KILN_DTYPE_Q4G32, KILN_DTYPE_Q4G64, KILN_DTYPE_Q4G128};
+static const int quant_formats[] = {KILN_DTYPE_Q8,    KILN_DTYPE_FP8,    KILN_DTYPE_Q4G32,
+                                    KILN_DTYPE_Q4G64, KILN_DTYPE_Q4G128};
 enum { N_FORMATS = sizeof quant_formats / sizeof quant_formats[0] };
 
 /* One projection matrix: its plan weight and, per option (0 = keep), the dtype and its damage. */
