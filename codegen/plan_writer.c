@@ -416,13 +416,22 @@ static kiln_status bad_scale(const kiln_value *part, int64_t at, kiln_error *err
     const int64_t cols = ct ? part->shape[1] / kiln_quant_group(part->dtype) : part->shape[0];
     const char *dot = strrchr(part->name, '.');
     const int base = dot ? (int)(dot - part->name) : (int)strlen(part->name);
-    const uint16_t h = (uint16_t)(part->qsrc.scales[2 * at] | part->qsrc.scales[2 * at + 1] << 8);
-    const float f = part->qsrc.scales_dtype == KILN_DTYPE_BF16 ? kiln_bf16_to_f32(h) : kiln_f16_to_f32(h);
+    const float f = kiln_qsrc_scale_f32(part->qsrc.scales, part->qsrc.scales_dtype, at);
     kiln_err(err, KILN_ERR_PARSE, "weight '%.*s.%s' (%s): element %lld [%lld,%lld] is %s", base, part->name,
              ct ? "weight_scale" : "scales", kiln_dtype_name(part->qsrc.scales_dtype), (long long)at,
              (long long)(at / cols), (long long)(at % cols), f != f ? "NaN" : f > 0 ? "+Inf" : "-Inf");
     return kiln_err_hint(err, "a NaN or infinite scale makes the model's outputs NaN; the checkpoint is damaged "
                               "(re-download or re-export it)");
+}
+
+/* A NaN code (0x7F or 0xFF) at row pr, column c of the FP8 checkpoint matrix `part` (named after its
+ * codes tensor, <proj>.weight): the message names the tensor and the element. */
+static kiln_status bad_code(const kiln_value *part, int64_t pr, int64_t c, kiln_error *err) {
+    const int64_t k = part->shape[1];
+    kiln_err(err, KILN_ERR_PARSE, "weight '%s' (f8e4m3): element %lld [%lld,%lld] is NaN (code 0x%02X)", part->name,
+             (long long)(pr * k + c), (long long)pr, (long long)c, part->qsrc.qweight[pr * k + c]);
+    return kiln_err_hint(err, "E4M3 has no infinities and its NaN codes are never a weight; the checkpoint is "
+                              "damaged (re-download or re-export it)");
 }
 
 /* Rows [n * part / parts, n * (part + 1) / parts) of a weight being quantized: one pool task. */
@@ -443,7 +452,10 @@ static void quant_rows(void *arg, int part) {
     for (int64_t r = n * part / j->parts; r < n * (part + 1) / j->parts && st == KILN_OK; r++) {
         int64_t pr;
         const kiln_value *src = row_part(j->g, j->val, r, &pr);
-        if (src->qsrc.format != KILN_QSRC_NONE) { /* quantized in the checkpoint: repacked, not rounded again */
+        if (src->qsrc.format == KILN_QSRC_FP8 || src->qsrc.format == KILN_QSRC_CT_FP8) { /* codes copied */
+            const int64_t c = kiln_quant_repack_fp8_row(&src->qsrc, k, pr, n, r, j->out);
+            if (c >= 0) st = bad_code(src, pr, c, &j->err[part]);
+        } else if (src->qsrc.format != KILN_QSRC_NONE) { /* quantized in the checkpoint: repacked, not rounded again */
             const int64_t bad = kiln_quant_repack_row(&src->qsrc, j->val->dtype, src->shape[0], k, pr, n, r, j->out);
             if (bad >= 0) st = bad_scale(src, bad, &j->err[part]);
         } else if ((st = read_row(src, pr, row, &j->err[part])) == KILN_OK) {
@@ -456,7 +468,7 @@ static void quant_rows(void *arg, int part) {
 
 /* A weight of a quantized dtype: each row read as floats and quantized (kiln_quant_row_ex with the
  * graph's method, common/quant.c; the pass quantize gave it the dtype), or, for a matrix that came
- * quantized from the checkpoint, repacked (kiln_quant_repack_row), into the weight's bytes, rows split
+ * quantized from the checkpoint, repacked (kiln_quant_repack_row, _fp8_row), into the weight's bytes, rows split
  * over the process-wide pool, which are then written in one piece. The first failing part's error
  * (in row order) is the one reported. */
 static kiln_status write_quantized(const kiln_graph *g, const kiln_value *val, kiln_engine_writer *w,

@@ -38,6 +38,9 @@ typedef enum kiln_dtype {
     /* Read from checkpoints only (compressed-tensors' weight_shape), never in an engine. */
     KILN_DTYPE_I64 = 8,
     KILN_DTYPE_FP8 = 9,
+    /* Read from checkpoints only (the E4M3 codes of an FP8 checkpoint's projections, one byte an
+     * element: safetensors F8_E4M3), never in an engine: they become fp8 weights (kiln_qsrc). */
+    KILN_DTYPE_F8E4M3 = 10,
     KILN_DTYPE_COUNT_
 } kiln_dtype;
 
@@ -74,11 +77,11 @@ void kiln_quant_row_ex(int t, int64_t n_rows, int64_t k, int64_t row, const floa
 /* Rows [r0, r0 + count) of a quantized [N, K] weight (`data`: its bytes) as floats into out. */
 void kiln_dequant_rows(int t, const uint8_t *data, int64_t n_rows, int64_t k, int64_t r0, int64_t count, float *out);
 
-/* A matrix that comes quantized from a published checkpoint (AWQ, GPTQ or compressed-tensors, 4 bits),
- * as kiln_value.qsrc carries it from the importer to the writer, which repacks it into q4gG (G =
- * group) without rounding anything again. The matrix kiln stores is [n, k] (n output rows, k input
- * columns); the checkpoint's tensors are int32 words of 8 nibbles (bits 4i..4i+3 = nibble i),
- * little-endian:
+/* A matrix that comes quantized from a published checkpoint (AWQ, GPTQ or compressed-tensors 4-bit
+ * groups; FP8 E4M3), as kiln_value.qsrc carries it from the importer to the writer, which repacks it
+ * into q4gG (G = group) or fp8 without rounding anything again. The matrix kiln stores is [n, k] (n
+ * output rows, k input columns). The 4-bit checkpoints' tensors are int32 words of 8 nibbles (bits
+ * 4i..4i+3 = nibble i), little-endian:
  *   AWQ (AutoAWQ "gemm"): qweight [k, n/8], nibble i of word [c, j] = column c, row 8j + AWQ's
  *     order[i] (order = 0, 2, 4, 6, 1, 3, 5, 7); qzeros [k/G, n/8] packed the same way;
  *     scales [k/G, n];
@@ -90,21 +93,29 @@ void kiln_dequant_rows(int t, const uint8_t *data, int64_t n_rows, int64_t k, in
  *     k/G], nibble i of word [j, g] = row 8j + i, the signed zero + 8 (qzeros NULL: symmetric,
  *     zero 0, i.e. 8 in stored terms); weight_scale [n, k/G];
  *   all: scales f16 or bf16; the value is (q - z) * s with q and z the nibbles as defined above
- *   (compressed-tensors' +8 offsets cancel). */
+ *   (compressed-tensors' +8 offsets cancel).
+ * FP8 checkpoints (quant_method "fp8" per tensor; compressed-tensors "float-quantized", strategy
+ * tensor or channel): qweight is the weight itself, [n, k] E4M3 codes (safetensors F8_E4M3), one
+ * byte each, row-major; scales one f32, f16 or bf16 value for the tensor (fp8_row_scales false) or
+ * one per row, [n, 1] (true); the value is e4m3(q) * s, exactly kiln's fp8 (one scale per row). The
+ * importer has checked every scale (finite, > 0); the writer checks the codes (no NaN). */
 typedef enum kiln_qsrc_format {
     KILN_QSRC_NONE = 0,
     KILN_QSRC_AWQ = 1,
     KILN_QSRC_GPTQ = 2,
-    KILN_QSRC_CT = 3, /* compressed-tensors pack-quantized */
+    KILN_QSRC_CT = 3,     /* compressed-tensors pack-quantized */
+    KILN_QSRC_FP8 = 4,    /* quant_method "fp8", one scale per tensor (AutoFP8, vLLM, transformers) */
+    KILN_QSRC_CT_FP8 = 5, /* compressed-tensors float-quantized, one scale per tensor or per row */
 } kiln_qsrc_format;
 typedef struct kiln_qsrc {
     kiln_qsrc_format format;
     int zero_offset;                        /* added to each stored zero: 1 for GPTQ v1, else 0 */
     const uint8_t *qweight, *qzeros, *scales; /* the checkpoint's bytes (owned by the front end) */
-    kiln_dtype scales_dtype;                /* KILN_DTYPE_F16 or _BF16 */
+    kiln_dtype scales_dtype;                /* KILN_DTYPE_F16 or _BF16; FP8: also _F32 */
+    int fp8_row_scales;                     /* FP8: 1 = one scale per row, 0 = one for the tensor */
 } kiln_qsrc;
 /* The flat index into the scales of `s` (layouts above) of row `row`, group `gi` of its [n, k]
- * matrix, grouped by G columns. */
+ * matrix, grouped by G columns (FP8: 0, or the row with per-row scales). */
 int64_t kiln_qsrc_scale_index(const kiln_qsrc *s, int64_t n, int64_t k, int g, int64_t row, int64_t gi);
 /* Row `row` of the [n, k] matrix `s` holds into row `dst_row` of a q4gG weight of dst_rows rows
  * at `out` (t = KILN_DTYPE_Q4G<G>, G the checkpoint's group): codes as they are, scale s, minimum
@@ -113,6 +124,14 @@ int64_t kiln_qsrc_scale_index(const kiln_qsrc *s, int64_t n, int64_t k, int g, i
  * sensible is then written for that group). */
 int64_t kiln_quant_repack_row(const kiln_qsrc *s, int t, int64_t n, int64_t k, int64_t row, int64_t dst_rows,
                               int64_t dst_row, uint8_t *out);
+/* Row `row` of the FP8 checkpoint matrix `s` (KILN_QSRC_FP8 / _CT_FP8, [n, k]) into row `dst_row` of
+ * an fp8 weight of dst_rows rows at `out`: the k codes copied, the row's scale (the tensor's or the
+ * row's, converted to f32 exactly) as its f32 scale, so every value is the checkpoint's exactly.
+ * Returns -1, or the column of the row's first NaN code (0x7F or 0xFF; the row is then not used). */
+int64_t kiln_quant_repack_fp8_row(const kiln_qsrc *s, int64_t k, int64_t row, int64_t dst_rows, int64_t dst_row,
+                                  uint8_t *out);
+/* The f32 value of scale i (flat) of a checkpoint's scales of dtype dt (F32, F16 or BF16; exact). */
+float kiln_qsrc_scale_f32(const uint8_t *scales, kiln_dtype dt, int64_t i);
 
 /*
  * Op kinds. Shapes use B = batch, S = seq (symbolic); weights are [out, in]

@@ -18,6 +18,9 @@
  * (q - z) * s exactly: no value changes. compressed-tensors stores signed
  * codes and zeros plus 8; the nibbles are taken as they are (the offsets
  * cancel in q - z) and a symmetric matrix, which has no zeros, gets z = 8.
+ * kiln_quant_repack_fp8_row reads an FP8 checkpoint's matrix (E4M3 codes
+ * with one scale per tensor or per row) into fp8: the codes are copied and
+ * the row's scale becomes its f32 scale, so nothing is rounded.
  */
 #include "kiln_ops.h"
 #include "kiln_util.h"
@@ -219,6 +222,7 @@ static uint32_t word_at(const uint8_t *p, uint64_t i) { return kiln_rd_u32(p + 4
 static const int awq_nibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 
 int64_t kiln_qsrc_scale_index(const kiln_qsrc *s, int64_t n, int64_t k, int g, int64_t row, int64_t gi) {
+    if (s->format == KILN_QSRC_FP8 || s->format == KILN_QSRC_CT_FP8) return s->fp8_row_scales ? row : 0;
     return s->format == KILN_QSRC_CT ? row * (k / g) + gi /* [n, k/G] */
                                      : gi * n + row;      /* [k/G, n] */
 }
@@ -254,6 +258,28 @@ static int qsrc_zero(const kiln_qsrc *s, int64_t n, int64_t k, int g, int64_t ro
     }
 }
 
+float kiln_qsrc_scale_f32(const uint8_t *scales, kiln_dtype dt, int64_t i) {
+    if (dt == KILN_DTYPE_F32) {
+        const uint32_t u = kiln_rd_u32(scales + 4 * (size_t)i);
+        float f;
+        memcpy(&f, &u, sizeof f);
+        return f;
+    }
+    const uint16_t h = (uint16_t)(scales[2 * i] | scales[2 * i + 1] << 8);
+    return dt == KILN_DTYPE_BF16 ? kiln_bf16_to_f32(h) : kiln_f16_to_f32(h);
+}
+
+int64_t kiln_quant_repack_fp8_row(const kiln_qsrc *s, int64_t k, int64_t row, int64_t dst_rows, int64_t dst_row,
+                                  uint8_t *out) {
+    const uint8_t *src = s->qweight + (size_t)row * (size_t)k;
+    for (int64_t c = 0; c < k; c++)
+        if ((src[c] & 0x7F) == 0x7F) return c; /* E4M3's two NaN codes */
+    memcpy(out + (size_t)dst_row * (size_t)k, src, (size_t)k);
+    const float sc = kiln_qsrc_scale_f32(s->scales, s->scales_dtype, kiln_qsrc_scale_index(s, 0, k, 0, row, 0));
+    memcpy(out + kiln_quant_scales_offset(KILN_DTYPE_FP8, dst_rows, k) + (size_t)dst_row * 4, &sc, sizeof sc);
+    return -1;
+}
+
 int64_t kiln_quant_repack_row(const kiln_qsrc *s, int t, int64_t n, int64_t k, int64_t row, int64_t dst_rows,
                               int64_t dst_row, uint8_t *out) {
     const int g = kiln_quant_group(t);
@@ -264,8 +290,7 @@ int64_t kiln_quant_repack_row(const kiln_qsrc *s, int t, int64_t n, int64_t k, i
     int64_t bad = -1;
     for (int64_t gi = 0; gi < groups; gi++) {
         const uint64_t at = (uint64_t)kiln_qsrc_scale_index(s, n, k, g, row, gi);
-        const uint16_t h = (uint16_t)(s->scales[2 * at] | s->scales[2 * at + 1] << 8);
-        const float sc = s->scales_dtype == KILN_DTYPE_BF16 ? kiln_bf16_to_f32(h) : kiln_f16_to_f32(h);
+        const float sc = kiln_qsrc_scale_f32(s->scales, s->scales_dtype, (int64_t)at);
         if (!isfinite(sc) && bad < 0) bad = (int64_t)at;
         const float z = (float)qsrc_zero(s, n, k, g, row, gi);
         const float lo = -(z * sc); /* exact: z * sc has at most 5 + 11 significant bits */

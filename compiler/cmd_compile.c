@@ -298,7 +298,7 @@ int kiln_cmd_compile(int argc, char **argv) {
                 opt.weight_dtype = KILN_DTYPE_COUNT_;
             } else {
                 int dt = kiln_dtype_from_name(optarg);
-                if (dt < 0 || dt == KILN_DTYPE_I32)
+                if (dt < 0 || dt > KILN_DTYPE_BF16) /* i32, the quantized and checkpoint-only dtypes */
                     return kiln_cli_usage_error("compile", "unknown weight dtype '%s' (f32, f16, bf16, checkpoint)",
                                                 optarg);
                 opt.weight_dtype = (kiln_dtype)dt;

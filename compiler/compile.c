@@ -86,6 +86,24 @@ static kiln_status check_tp(const kiln_checkpoint *ck, int n, kiln_error *err) {
     return KILN_OK;
 }
 
+/* meta build.quant.checkpoint of an FP8 checkpoint: what its quantization_config declared, and that its
+ * activations stay unquantized (static input scales are read and checked, not applied). */
+static json_t *fp8_checkpoint_json(const kiln_ckpt_quant *cq) {
+    const char *scales = cq->fp8_channel ? "channel" : "tensor";
+    const char *inputs = cq->static_input ? "static (input scales read and checked, not applied)" : "dynamic or none";
+    json_t *j = cq->method == KILN_CKPT_QUANT_FP8
+                    ? json_pack("{s:s, s:s, s:s}", "quant_method", "fp8", "fmt", "e4m3", "activation_scheme",
+                                cq->static_input ? "static" : "dynamic")
+                    : json_pack("{s:s, s:s, s:s, s:i, s:s, s:b}", "quant_method", "compressed-tensors", "format",
+                                "float-quantized", "type", "float", "num_bits", 8, "strategy", scales, "symmetric", 1);
+    if (j) {
+        json_object_set_new(j, "weight_scales", json_string(scales));
+        json_object_set_new(j, "input_activations", json_string(inputs));
+        json_object_set_new(j, "activations_in_engine", json_string("unquantized (kiln's fp8 is weight-only)"));
+    }
+    return j;
+}
+
 /* The meta section: what the engine holds, for `kiln inspect` and the runtime. */
 static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const kiln_compile_options *opt,
                          const kiln_generation_config *gen_cfg, uint64_t weights_bytes, const kiln_buf *tok_blob,
@@ -141,9 +159,10 @@ static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const k
         int nq = 0;
         for (int v = 0; v < g->n_values; v++)
             nq += !g->values[v].dead && g->values[v].kind == KILN_VALUE_WEIGHT && kiln_dtype_is_quant(g->values[v].dtype);
-        /* a quantized checkpoint's projections: the format its groups give, repacked as they came */
-        const kiln_dtype ckq = cq->group_size == 32 ? KILN_DTYPE_Q4G32 : cq->group_size == 64 ? KILN_DTYPE_Q4G64
-                                                                                             : KILN_DTYPE_Q4G128;
+        /* a quantized checkpoint's projections: fp8, or the format its groups give, repacked as they came */
+        const kiln_dtype ckq = cq->fp8 ? KILN_DTYPE_FP8 : cq->group_size == 32 ? KILN_DTYPE_Q4G32
+                               : cq->group_size == 64                          ? KILN_DTYPE_Q4G64
+                                                                               : KILN_DTYPE_Q4G128;
         /* --quant-method chooses int4 groups' ranges only: int8 and fp8 always round to nearest */
         const bool q4 = opt->quant == KILN_QUANT_AUTO || kiln_quant_group(opt->quant) > 0 ||
                         kiln_quant_group(opt->quant_head) > 0 || kiln_quant_group(opt->quant_embedding) > 0;
@@ -153,6 +172,8 @@ static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const k
                  quant_awq ? ", after activation-aware scales (--awq)" : "");
         if (cq->method) snprintf(method, sizeof method, "read from the checkpoint (%s), repacked without rounding",
                                  kiln_ckpt_quant_name(cq));
+        if (cq->fp8) snprintf(method, sizeof method, "read from the checkpoint (%s), codes copied without rounding",
+                              cq->method == KILN_CKPT_QUANT_FP8 ? "fp8" : "compressed-tensors float-quantized");
         json_t *q = json_pack("{s:s, s:s, s:s, s:i, s:s}", "weights",
                               cq->method                       ? kiln_dtype_name(ckq)
                               : opt->quant == KILN_QUANT_AUTO ? "auto"
@@ -162,7 +183,9 @@ static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const k
                               "embedding",
                               opt->quant_embedding ? kiln_dtype_name((kiln_dtype)opt->quant_embedding) : "keep",
                               "matrices", nq, "method", method);
-        if (q && cq->method) /* what the checkpoint declared (config.json quantization_config) */
+        if (q && cq->fp8) /* what the checkpoint declared; static input scales are checked, not applied */
+            json_object_set_new(q, "checkpoint", fp8_checkpoint_json(cq));
+        else if (q && cq->method) /* what the checkpoint declared (config.json quantization_config) */
             json_object_set_new(q, "checkpoint",
                                 cq->method == KILN_CKPT_QUANT_AWQ
                                     ? json_pack("{s:s, s:i, s:i, s:s}", "quant_method", "awq", "bits", cq->bits,
@@ -275,9 +298,10 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
         goto out;
     }
     if (ck.config.quant.method && opt->quant) {
+        char how[48] = "FP8 E4M3";
+        if (!ck.config.quant.fp8) snprintf(how, sizeof how, "4 bits, groups of %d", ck.config.quant.group_size);
         st = kiln_err(err, KILN_ERR_INVALID_ARG, "%s: --quant with a checkpoint that is already quantized "
-                      "(quantization_config: %s, 4 bits, groups of %d)", ckpt_dir, kiln_ckpt_quant_name(&ck.config.quant),
-                      ck.config.quant.group_size);
+                      "(quantization_config: %s, %s)", ckpt_dir, kiln_ckpt_quant_name(&ck.config.quant), how);
         kiln_err_hint(err, "compile it without --quant: its projections are read as they are");
         goto out;
     }

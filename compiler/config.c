@@ -38,9 +38,15 @@
  * GPTQModel's format gptq / gptq_v2, sym, desc_act) and compressed-tensors
  * (format pack-quantized, int weights, strategy group, symmetric or not,
  * no quantized activations; cfg_quant_ct) with groups of 32, 64 or 128
- * (cfg_quant; docs/quantization.md); any other method, version, format, bit
- * width or group, a quantized lm_head, a non-empty dynamic map, and
- * quantized MoE checkpoints are refused naming the field.
+ * (cfg_quant; docs/quantization.md), and for FP8 E4M3 weights with one scale
+ * per tensor (quant_method fp8 without weight_block_size, activation_scheme
+ * dynamic or static; cfg_quant_fp8) or per tensor or channel
+ * (compressed-tensors float-quantized, symmetric, FP8 or no input
+ * activations; cfg_quant_ct_fp8); any other method, version, format, bit
+ * width, group or block, a quantized lm_head, a non-empty dynamic map, a KV
+ * cache scheme, and quantized MoE checkpoints are refused naming the field.
+ * Static FP8 input scales are read (and checked by the importer) but not
+ * applied: kiln's fp8 is weight-only, activations stay in the engine's dtype.
  *
  * Qwen3-MoE reads the same two expert counts (4.x configs write
  * "num_experts", transformers 5 writes "num_local_experts": its
@@ -67,6 +73,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 /* Caps on sizes: far above any real model, low enough that products of two
  * or three of them fit comfortably in 64 bits. */
@@ -328,6 +335,7 @@ const char *kiln_ckpt_quant_name(const kiln_ckpt_quant *q) {
     case KILN_CKPT_QUANT_AWQ: return "awq";
     case KILN_CKPT_QUANT_GPTQ: return q->gptq_v2 ? "gptq_v2" : "gptq";
     case KILN_CKPT_QUANT_CT: return "compressed-tensors";
+    case KILN_CKPT_QUANT_FP8: return "fp8";
     default: return "none";
     }
 }
@@ -336,11 +344,11 @@ const char *kiln_ckpt_quant_name(const kiln_ckpt_quant *q) {
 static kiln_status cfg_quant_refuse(cfg_ctx *c, const char *key, const char *shown, const char *why) {
     kiln_err(c->err, KILN_ERR_UNSUPPORTED, "%s: field \"quantization_config.%s\" is %s: %s", c->path, key, shown, why);
     return kiln_err_hint(c->err, "kiln reads 4-bit AWQ (version gemm), GPTQ (gptq, gptq_v2) and compressed-tensors "
-                                 "(pack-quantized, int weights only) checkpoints with groups of 32, 64 or 128 "
-                                 "(docs/quantization.md); otherwise compile the model's "
-                                 "unquantized checkpoint, with --quant int8, fp8 or int4 for kiln's own quantization "
-                                 "(FP8 checkpoints, quant_method \"fp8\" or compressed-tensors float-quantized, are "
-                                 "not read yet: --quant fp8 gives kiln's own FP8 E4M3 weights)");
+                                 "(pack-quantized) checkpoints with groups of 32, 64 or 128, and FP8 E4M3 checkpoints "
+                                 "with one scale per tensor (quant_method \"fp8\") or per tensor or channel "
+                                 "(compressed-tensors float-quantized) (docs/quantization.md); otherwise compile the "
+                                 "model's unquantized checkpoint, with --quant int8, fp8 or int4 for kiln's own "
+                                 "quantization");
 }
 
 /* A string field of quantization_config, `def` when absent. */
@@ -366,7 +374,7 @@ static kiln_status cfg_quant_bool(cfg_ctx *c, json_t *qc, const char *key, bool 
  * int, 4 bits, strategy group (32, 64 or 128), static, no act-order g_idx, no block structure.
  * `at` is the group's field name ("config_groups.group_0.weights"). */
 static kiln_status cfg_quant_ct_weights(cfg_ctx *c, json_t *w, const char *at, kiln_ckpt_quant *q) {
-    char key[160], shown[96];
+    char key[224], shown[96]; /* `at` (< 160) and a field name */
     if (!json_is_object(w)) {
         snprintf(key, sizeof key, "quantization_config.%s", at);
         return w ? cfg_type_err(c, key, w, "an object")
@@ -422,6 +430,118 @@ static kiln_status cfg_quant_ct_weights(cfg_ctx *c, json_t *w, const char *at, k
     }
     q->bits = 4;
     q->group_size = (int)group;
+    return KILN_OK;
+}
+
+/* The refusal of block-wise FP8 scales (quant_method fp8's weight_block_size, compressed-tensors' strategy
+ * block), the field being `key` with value `shown`. */
+static kiln_status cfg_quant_refuse_block(cfg_ctx *c, const char *key, const char *shown) {
+    return cfg_quant_refuse(c, key, shown, "block-wise FP8 (a scale per block of the weight, e.g. weight_block_size "
+                                           "[128,128] with weight_scale_inv) is not read yet: kiln's fp8 format has "
+                                           "one scale per row, which cannot hold a block's scales exactly; FP8 with "
+                                           "one scale per tensor or per channel is read");
+}
+
+/* compressed-tensors "float-quantized": the settings a group's "weights" must have: FP8 E4M3 (type
+ * float, 8 bits), symmetric (no zero point), static, one scale per tensor or per output channel (no
+ * group size, blocks or act-order). `at` is the group's weights field name. */
+static kiln_status cfg_quant_ct_fp8_weights(cfg_ctx *c, json_t *w, const char *at, kiln_ckpt_quant *q) {
+    char key[224], shown[96]; /* `at` (< 160) and a field name */
+    if (!json_is_object(w)) {
+        snprintf(key, sizeof key, "quantization_config.%s", at);
+        return w ? cfg_type_err(c, key, w, "an object")
+                 : cfg_quant_refuse(c, at, "null", "a group that does not quantize its weights is not read");
+    }
+    int64_t bits;
+    const char *type, *strategy;
+    snprintf(key, sizeof key, "quantization_config.%s.num_bits", at);
+    kiln_status st = cfg_int(c, w, "num_bits", key, false, 8, 1, 64, &bits);
+    snprintf(key, sizeof key, "quantization_config.%s.type", at);
+    if (st || (st = cfg_str(c, w, "type", key, &type))) return st;
+    snprintf(key, sizeof key, "quantization_config.%s.strategy", at);
+    if ((st = cfg_str(c, w, "strategy", key, &strategy))) return st;
+    snprintf(key, sizeof key, "quantization_config.%s.symmetric", at);
+    json_t *sym = cfg_get(w, "symmetric");
+    if (sym && !json_is_boolean(sym)) return cfg_type_err(c, key, sym, "true or false");
+    if (!type || strcmp(type, "float") != 0) { /* QuantizationArgs' default type is int */
+        snprintf(key, sizeof key, "%s.type", at), snprintf(shown, sizeof shown, "\"%.64s\"", type ? type : "int");
+        return cfg_quant_refuse(c, key, shown, "the \"float-quantized\" format kiln reads holds FP8 (type float) "
+                                               "weights");
+    }
+    if (bits != 8) {
+        snprintf(key, sizeof key, "%s.num_bits", at), snprintf(shown, sizeof shown, "%lld", (long long)bits);
+        return cfg_quant_refuse(c, key, shown, "kiln reads 8-bit (E4M3) float weights only (NVFP4 and MXFP4 are "
+                                               "not read)");
+    }
+    json_t *group = cfg_get(w, "group_size");
+    if (!strategy) strategy = group ? "group" : "tensor"; /* as QuantizationArgs' validator infers it */
+    snprintf(key, sizeof key, "%s.strategy", at), snprintf(shown, sizeof shown, "\"%.64s\"", strategy);
+    if (strcmp(strategy, "block") == 0) return cfg_quant_refuse_block(c, key, shown);
+    if (strcmp(strategy, "tensor") != 0 && strcmp(strategy, "channel") != 0)
+        return cfg_quant_refuse(c, key, shown, "FP8 weights with one scale per tensor (strategy \"tensor\") or per "
+                                               "output channel (\"channel\") are read; per-group scales are not");
+    if (sym && !json_is_true(sym)) {
+        snprintf(key, sizeof key, "%s.symmetric", at);
+        return cfg_quant_refuse(c, key, "false", "asymmetric FP8 weights (with a weight_zero_point) are not read");
+    }
+    static const char *const unread[][2] = {
+        {"group_size", "per-group FP8 scales are not read"},
+        {"dynamic", "weights quantized on the fly are not read"},
+        {"actorder", "act-order (a weight_g_idx) is not read"},
+        {"block_structure", NULL},
+    };
+    for (size_t i = 0; i < sizeof unread / sizeof unread[0]; i++) {
+        json_t *v = cfg_get(w, unread[i][0]);
+        if (!v || json_is_false(v)) continue;
+        snprintf(key, sizeof key, "%s.%s", at, unread[i][0]);
+        json_show(v, shown, sizeof shown);
+        return unread[i][1] ? cfg_quant_refuse(c, key, shown, unread[i][1]) : cfg_quant_refuse_block(c, key, shown);
+    }
+    q->bits = 8;
+    q->group_size = 0;
+    q->sym = true;
+    q->fp8 = true;
+    q->fp8_channel = strcmp(strategy, "channel") == 0;
+    return KILN_OK;
+}
+
+/* compressed-tensors "float-quantized": a group's input_activations (`v`, field `at`): none, or FP8
+ * (type float, 8 bits, symmetric) quantized dynamically (per token or tensor: nothing stored) or
+ * statically per tensor (an input_scale per projection, which the importer reads and checks). kiln's
+ * fp8 is weight-only: activations are not quantized either way. */
+static kiln_status cfg_quant_ct_fp8_inputs(cfg_ctx *c, json_t *v, const char *at, kiln_ckpt_quant *q) {
+    char key[224], shown[96]; /* `at` (< 160) and a field name */
+    if (!v) return KILN_OK;
+    snprintf(key, sizeof key, "quantization_config.%s", at);
+    if (!json_is_object(v)) return cfg_type_err(c, key, v, "an object or null");
+    int64_t bits;
+    const char *type, *strategy;
+    snprintf(key, sizeof key, "quantization_config.%s.num_bits", at);
+    kiln_status st = cfg_int(c, v, "num_bits", key, false, 8, 1, 64, &bits);
+    snprintf(key, sizeof key, "quantization_config.%s.type", at);
+    if (st || (st = cfg_str(c, v, "type", key, &type))) return st;
+    snprintf(key, sizeof key, "quantization_config.%s.strategy", at);
+    if ((st = cfg_str(c, v, "strategy", key, &strategy))) return st;
+    json_t *sym = cfg_get(v, "symmetric"), *dyn = cfg_get(v, "dynamic");
+    if (!type || strcmp(type, "float") != 0 || bits != 8)
+        return cfg_quant_refuse(c, at, json_show(v, shown, sizeof shown), "input activations other than FP8 (W8A8 "
+                                                                          "int, W4A8) are not read");
+    if (sym && !json_is_true(sym)) {
+        snprintf(key, sizeof key, "%s.symmetric", at);
+        return cfg_quant_refuse(c, key, json_show(sym, shown, sizeof shown), "asymmetric input activations (an "
+                                                                             "input_zero_point) are not read");
+    }
+    if (dyn && !json_is_boolean(dyn)) {
+        snprintf(key, sizeof key, "%s.dynamic", at);
+        return cfg_quant_refuse(c, key, json_show(dyn, shown, sizeof shown), "input activations are read dynamic "
+                                                                             "(true) or static (false) only");
+    }
+    const bool is_static = !dyn || json_is_false(dyn);
+    if (is_static && strategy && strcmp(strategy, "tensor") != 0) {
+        snprintf(key, sizeof key, "%s.strategy", at), snprintf(shown, sizeof shown, "\"%.64s\"", strategy);
+        return cfg_quant_refuse(c, key, shown, "static input scales are read per tensor only");
+    }
+    q->static_input = is_static;
     return KILN_OK;
 }
 
@@ -502,32 +622,85 @@ static kiln_status cfg_quant_ct(cfg_ctx *c, json_t *qc, kiln_ckpt_quant *q) {
             return cfg_quant_refuse(c, key, shown, "groups with different settings (mixed precision) are not read");
         }
     }
-    static const char *const acts[] = {"input_activations", "output_activations"};
-    for (size_t i = 0; i < 2; i++) {
-        json_t *v = cfg_get(first, acts[i]);
-        snprintf(key, sizeof key, "config_groups.%.64s.%s", first_name, acts[i]);
-        if (v) return cfg_quant_refuse(c, key, json_show(v, shown, sizeof shown),
-                                       "quantized activations (W4A8, W8A8) are not read; kiln reads W4A16");
-    }
     const char *fmt;
     snprintf(key, sizeof key, "config_groups.%.64s.format", first_name);
     if ((st = cfg_quant_str(c, first, "format", NULL, &fmt))) return st;
     const bool per_group = fmt != NULL;
     if (!fmt) fmt = top_fmt ? top_fmt : "(none)";
-    if (strcmp(fmt, "pack-quantized") != 0 ||
-        (top_fmt && strcmp(top_fmt, "pack-quantized") != 0 && strcmp(top_fmt, "mixed-precision") != 0)) {
-        const bool top_bad = !per_group || strcmp(fmt, "pack-quantized") == 0;
-        snprintf(shown, sizeof shown, "\"%.64s\"", top_bad ? top_fmt ? top_fmt : "(none)" : fmt);
-        return cfg_quant_refuse(c, top_bad ? "format" : key, shown,
-                                "kiln reads the \"pack-quantized\" format only (int-quantized, naive-quantized, "
-                                "float-quantized, marlin-24 and the sparse formats are not read)");
+    const bool fp8 = strcmp(fmt, "float-quantized") == 0;
+    if (!fp8 && strcmp(fmt, "pack-quantized") != 0) { /* the group's, or the top level's when the group has none */
+        snprintf(shown, sizeof shown, "\"%.64s\"", fmt);
+        return cfg_quant_refuse(c, per_group ? key : "format", shown,
+                                "kiln reads the \"pack-quantized\" (int4 groups) and \"float-quantized\" (FP8) "
+                                "formats only (int-quantized, naive-quantized, marlin-24, nvfp4-pack-quantized and the "
+                                "sparse formats are not read)");
+    }
+    if (top_fmt && strcmp(top_fmt, fmt) != 0 && strcmp(top_fmt, "mixed-precision") != 0) {
+        char why[160];
+        snprintf(shown, sizeof shown, "\"%.64s\"", top_fmt);
+        snprintf(why, sizeof why, "config group \"%.40s\" says \"%s\": one format for all groups, or "
+                 "\"mixed-precision\", is read", first_name, fmt);
+        return cfg_quant_refuse(c, "format", shown, why);
     }
     q->method = KILN_CKPT_QUANT_CT;
+    snprintf(key, sizeof key, "config_groups.%.64s.output_activations", first_name);
+    json_t *out = cfg_get(first, "output_activations");
+    if (out) return cfg_quant_refuse(c, key, json_show(out, shown, sizeof shown), "quantized outputs are not read");
+    snprintf(key, sizeof key, "config_groups.%.64s.input_activations", first_name);
+    json_t *in = cfg_get(first, "input_activations");
+    if (fp8) {
+        if ((st = cfg_quant_ct_fp8_inputs(c, in, key, q))) return st;
+        snprintf(key, sizeof key, "config_groups.%.64s.weights", first_name);
+        return cfg_quant_ct_fp8_weights(c, cfg_get(first, "weights"), key, q);
+    }
+    if (in) return cfg_quant_refuse(c, key, json_show(in, shown, sizeof shown),
+                                    "quantized activations (W4A8, W8A8) are not read; kiln reads W4A16");
     snprintf(key, sizeof key, "config_groups.%.64s.weights", first_name);
     return cfg_quant_ct_weights(c, cfg_get(first, "weights"), key, q);
 }
 
-/* quantization_config: a published AWQ, GPTQ or compressed-tensors checkpoint, read as it is (docs/quantization.md);
+/* quantization_config of an FP8 checkpoint with quant_method "fp8" (AutoFP8, vLLM, transformers'
+ * FineGrainedFP8Config): E4M3 weights (fmt e4m3) with one scale per tensor (weight_block_size absent or
+ * null), activation_scheme dynamic or static (static: an input scale per projection, which the importer
+ * reads and checks; kiln's fp8 is weight-only). Block scales, another fmt, FP8 embeddings (transformers'
+ * modules_to_convert) and a KV cache scheme are refused naming the field. Projections left unquantized
+ * (ignored_layers, modules_to_not_convert) are refused by the importer, naming them. */
+static kiln_status cfg_quant_fp8(cfg_ctx *c, json_t *qc, kiln_ckpt_quant *q) {
+    char shown[96];
+    const char *scheme, *fmt;
+    kiln_status st;
+    if ((st = cfg_quant_str(c, qc, "activation_scheme", "dynamic", &scheme)) ||
+        (st = cfg_quant_str(c, qc, "fmt", "e4m3", &fmt)))
+        return st;
+    snprintf(shown, sizeof shown, "\"%.64s\"", scheme);
+    if (strcasecmp(scheme, "dynamic") != 0 && strcasecmp(scheme, "static") != 0) /* transformers lowercases it */
+        return cfg_quant_refuse(c, "activation_scheme", shown, "kiln reads \"dynamic\" and \"static\" only");
+    snprintf(shown, sizeof shown, "\"%.64s\"", fmt);
+    if (strcmp(fmt, "e4m3") != 0)
+        return cfg_quant_refuse(c, "fmt", shown, "kiln reads E4M3 FP8 weights only");
+    json_t *v = cfg_get(qc, "weight_block_size");
+    if (v) return cfg_quant_refuse_block(c, "weight_block_size", json_show(v, shown, sizeof shown));
+    if ((v = cfg_get(qc, "kv_cache_scheme")))
+        return cfg_quant_refuse(c, "kv_cache_scheme", json_show(v, shown, sizeof shown),
+                                "an FP8 KV cache is not built (its k_scale and v_scale are not read)");
+    if ((v = cfg_get(qc, "modules_to_convert")) && !(json_is_array(v) && json_array_size(v) == 0))
+        return cfg_quant_refuse(c, "modules_to_convert", json_show(v, shown, sizeof shown),
+                                "FP8 modules other than the projections (embedding tables) are not read");
+    static const char *const lists[] = {"ignored_layers", "modules_to_not_convert"};
+    for (size_t i = 0; i < 2; i++) {
+        char field[64];
+        snprintf(field, sizeof field, "quantization_config.%s", lists[i]);
+        if ((v = cfg_get(qc, lists[i])) && !json_is_array(v)) return cfg_type_err(c, field, v, "a list of names");
+    }
+    q->method = KILN_CKPT_QUANT_FP8;
+    q->bits = 8;
+    q->sym = true;
+    q->fp8 = true;
+    q->static_input = strcasecmp(scheme, "static") == 0;
+    return KILN_OK;
+}
+
+/* quantization_config: a published AWQ, GPTQ, compressed-tensors or FP8 checkpoint, read as it is (docs/quantization.md);
  * every other method, version or setting is refused naming the field. */
 static kiln_status cfg_quant(cfg_ctx *c, json_t *root, kiln_model_config *m) {
     kiln_ckpt_quant *q = &m->quant;
@@ -544,12 +717,14 @@ static kiln_status cfg_quant(cfg_ctx *c, json_t *root, kiln_model_config *m) {
     if (strcmp(method, "awq") == 0) q->method = KILN_CKPT_QUANT_AWQ;
     else if (strcmp(method, "gptq") == 0) q->method = KILN_CKPT_QUANT_GPTQ;
     else if (strcmp(method, "compressed-tensors") == 0) q->method = KILN_CKPT_QUANT_CT;
-    else return cfg_quant_refuse(c, "quant_method", shown, "kiln reads only \"awq\", \"gptq\" and "
-                                                           "\"compressed-tensors\" checkpoints");
+    else if (strcmp(method, "fp8") == 0) q->method = KILN_CKPT_QUANT_FP8;
+    else return cfg_quant_refuse(c, "quant_method", shown, "kiln reads only \"awq\", \"gptq\", "
+                                                           "\"compressed-tensors\" and \"fp8\" checkpoints");
     if (m->n_experts)
         return kiln_err(c->err, KILN_ERR_UNSUPPORTED, "%s: a quantized (%s) %s checkpoint: reading experts' "
                         "quantized matrices is not built yet", c->path, method, kiln_arch_name(m->arch));
     if (q->method == KILN_CKPT_QUANT_CT) return cfg_quant_ct(c, qc, q);
+    if (q->method == KILN_CKPT_QUANT_FP8) return cfg_quant_fp8(c, qc, q);
     int64_t bits, group;
     if ((st = cfg_int(c, qc, "bits", "quantization_config.bits", true, 0, 1, 64, &bits)) ||
         (st = cfg_int(c, qc, "group_size", "quantization_config.group_size", true, 0, -1, 1 << 20, &group)))

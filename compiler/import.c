@@ -45,8 +45,12 @@
  * <proj>.weight_packed, .weight_scale, .weight_zero_point when asymmetric,
  * .weight_shape) instead of <proj>.weight: it becomes a q4gG
  * weight whose source is those tensors, repacked by the writer without
- * rounding again (quantized_weight; common/quant.c). The embedding, norms,
- * biases and LM head are read as in any checkpoint.
+ * rounding again (quantized_weight; common/quant.c). An FP8 checkpoint
+ * (quant_method fp8, compressed-tensors float-quantized) has <proj>.weight
+ * as E4M3 codes with <proj>.weight_scale (one per tensor or per row) and,
+ * with static activation scales, <proj>.input_scale: an fp8 weight, its
+ * codes copied by the writer (fp8_weight). The embedding, norms, biases and
+ * LM head are read as in any checkpoint.
  *
  * Every tensor of the checkpoint is used or refused: a tensor the graph does
  * not consume (a bias, a q_norm of another architecture relabelled as Llama)
@@ -68,6 +72,7 @@
 #include "kiln_compiler.h"
 
 #include <fnmatch.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,6 +106,7 @@ static ptrdiff_t find_index(const kiln_checkpoint *ck, const char *name) {
 #define DT_HALF (1u << KILN_DTYPE_F16 | 1u << KILN_DTYPE_BF16)
 #define DT_I32 (1u << KILN_DTYPE_I32)
 #define DT_I64 (1u << KILN_DTYPE_I64)
+#define DT_F8 (1u << KILN_DTYPE_F8E4M3)
 
 /* Look up tensor `name`, check that it is present, of shape want[0..ndim) and of a dtype in `dts`
  * (`dts_name` says which, for the message), and mark it used. NULL (error set) otherwise. */
@@ -262,8 +268,73 @@ static int ct_weight(importer *im, const char *base, int64_t n, int64_t k) {
     return kiln_ir_weight_prequantized(im->g, name, dt, (const int64_t[2]){n, k}, &q, im->err);
 }
 
+/* The scale tensor <base>.<suffix> of an FP8 projection: F32, F16 or BF16, of shape [] or [1] (one for
+ * the tensor; rows 0) or [rows, 1] (one per output row), every value finite and > 0 (checked here, so the
+ * writer copies them as they are). Marks it used; NULL (error set) otherwise. */
+static const kiln_st_tensor *fp8_scale(importer *im, const char *base, const char *suffix, int64_t rows) {
+    char name[KILN_NAME_MAX + 24];
+    snprintf(name, sizeof name, "%s.%s", base, suffix);
+    const ptrdiff_t at = find_index(im->ck, name);
+    const int64_t one = 1, per_row[2] = {rows, 1};
+    /* a scalar [] (AutoFP8, transformers) or [1] (compressed-tensors, vLLM) for one per tensor */
+    const kiln_st_tensor *t = rows ? checked_tensor_dt(im, name, 2, per_row, DT_FLOAT, "F32, F16 and BF16")
+                              : at >= 0 && im->ck->index[at]->ndim == 0
+                                  ? checked_tensor_dt(im, name, 0, NULL, DT_FLOAT, "F32, F16 and BF16")
+                                  : checked_tensor_dt(im, name, 1, &one, DT_FLOAT, "F32, F16 and BF16");
+    if (!t) return NULL;
+    for (int64_t i = 0; i < (rows ? rows : 1); i++) {
+        const float f = kiln_qsrc_scale_f32(t->data, t->dtype, i);
+        if (isfinite(f) && f > 0) continue;
+        char where[48] = "";
+        if (rows) snprintf(where, sizeof where, " [%lld,0]", (long long)i);
+        kiln_err(im->err, KILN_ERR_PARSE, "%s: tensor '%s' (%s): element %lld%s is %g: an FP8 scale must be finite "
+                 "and positive", im->ck->dir, name, kiln_dtype_name(t->dtype), (long long)i, where, (double)f);
+        kiln_err_hint(im->err, "the checkpoint is damaged (re-download or re-export it)");
+        return NULL;
+    }
+    return t;
+}
+
+/* The [n, k] projection `base` of an FP8 checkpoint (config.c: quant_method fp8, one scale per tensor;
+ * compressed-tensors float-quantized, one per tensor or per row) as an fp8 weight whose source is
+ * <base>.weight, E4M3 codes [n, k] (F8_E4M3), and <base>.weight_scale (fp8_scale; transformers names a
+ * per-tensor one weight_scale_inv, read when weight_scale is absent). With static activation scales
+ * <base>.input_scale (transformers: activation_scale) is read and checked the same way, and not used
+ * further: kiln's fp8 is weight-only. The writer copies the codes, refusing NaN codes
+ * (kiln_quant_repack_fp8_row); the value is code * scale exactly, as the checkpoint means it. */
+static int fp8_weight(importer *im, const char *base, int64_t n, int64_t k) {
+    const kiln_ckpt_quant *cq = &im->ck->config.quant;
+    const bool ct = cq->method == KILN_CKPT_QUANT_CT;
+    char name[KILN_NAME_MAX + 24], alt[KILN_NAME_MAX + 24];
+    snprintf(name, sizeof name, "%s.weight", base);
+    const ptrdiff_t at = find_index(im->ck, name);
+    const kiln_dtype wdt = at >= 0 ? im->ck->index[at]->dtype : KILN_DTYPE_F8E4M3;
+    if ((unsigned)wdt < 32 && (DT_FLOAT >> wdt & 1u)) { /* left unquantized: ignore / ignored_layers */
+        kiln_err(im->err, KILN_ERR_UNSUPPORTED, "%s: projection '%s' is not quantized in this %s checkpoint (its "
+                 "'%s' is %s, not FP8 E4M3): checkpoints that leave projections unquantized are not read yet",
+                 im->ck->dir, base, kiln_ckpt_quant_name(cq), name, kiln_dtype_name(wdt));
+        kiln_err_hint(im->err, "its quantization_config names it in \"ignore\" (compressed-tensors) or "
+                               "\"ignored_layers\" / \"modules_to_not_convert\"; compile the model's unquantized "
+                               "checkpoint with --quant fp8");
+        return -1;
+    }
+    const int64_t want[2] = {n, k};
+    const kiln_st_tensor *tw = checked_tensor_dt(im, name, 2, want, DT_F8, "F8_E4M3");
+    if (!tw) return -1;
+    const char *scale = "weight_scale", *input = "input_scale";
+    snprintf(alt, sizeof alt, "%s.weight_scale", base);
+    if (!ct && find_index(im->ck, alt) < 0) scale = "weight_scale_inv"; /* transformers' per-tensor name */
+    snprintf(alt, sizeof alt, "%s.input_scale", base);
+    if (!ct && find_index(im->ck, alt) < 0) input = "activation_scale";
+    const kiln_st_tensor *ts = fp8_scale(im, base, scale, cq->fp8_channel ? n : 0);
+    if (!ts || (cq->static_input && !fp8_scale(im, base, input, 0))) return -1;
+    const kiln_qsrc q = {.format = ct ? KILN_QSRC_CT_FP8 : KILN_QSRC_FP8, .qweight = tw->data, .scales = ts->data,
+                         .scales_dtype = ts->dtype, .fp8_row_scales = cq->fp8_channel};
+    return kiln_ir_weight_prequantized(im->g, name, KILN_DTYPE_FP8, want, &q, im->err);
+}
+
 /* Projection `what` of layer l ("self_attn.q_proj"...), [n, k]: its .weight, or in a quantized
- * checkpoint its quantized tensors (quantized_weight). */
+ * checkpoint its quantized tensors (quantized_weight, ct_weight, fp8_weight). */
 static int proj_weight(importer *im, int64_t l, const char *what, int64_t n, int64_t k) {
     char base[KILN_NAME_MAX];
     snprintf(base, sizeof base, "model.layers.%lld.%s", (long long)l, what);
@@ -271,6 +342,7 @@ static int proj_weight(importer *im, int64_t l, const char *what, int64_t n, int
     snprintf(name, sizeof name, "%s.weight", base);
     const kiln_ckpt_quant_method m = im->ck->config.quant.method;
     if (m == KILN_CKPT_QUANT_NONE) return weight(im, name, 2, n, k);
+    if (im->ck->config.quant.fp8) return fp8_weight(im, base, n, k);
     if (find_index(im->ck, name) >= 0) { /* left unquantized: ignore / modules_to_not_convert */
         kiln_err(im->err, KILN_ERR_UNSUPPORTED, "%s: projection '%s' is not quantized in this %s checkpoint (it has "
                  "'%s', no '%s.%s'): checkpoints that leave projections unquantized are not read yet", im->ck->dir,

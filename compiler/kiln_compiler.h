@@ -47,24 +47,32 @@ typedef enum kiln_rope_type {
 #define KILN_MAX_LAYERS 1024 /* num_hidden_layers' cap */
 
 /* A published quantized checkpoint (config.json "quantization_config"; docs/quantization.md): its
- * projections' matrices are stored 4-bit, which the importer reads as they are (kiln_qsrc). */
+ * projections' matrices are stored 4-bit or FP8 E4M3, which the importer reads as they are (kiln_qsrc). */
 typedef enum kiln_ckpt_quant_method {
     KILN_CKPT_QUANT_NONE = 0,
     KILN_CKPT_QUANT_AWQ = 1,  /* AutoAWQ, version "gemm", zero_point true */
     KILN_CKPT_QUANT_GPTQ = 2, /* GPTQ, checkpoint_format "gptq" (v1) or "gptq_v2" */
-    KILN_CKPT_QUANT_CT = 3,   /* compressed-tensors, format "pack-quantized", int4 groups (W4A16) */
+    KILN_CKPT_QUANT_CT = 3,   /* compressed-tensors: "pack-quantized" int4 groups (W4A16), or (fp8) "float-quantized"
+                                 FP8 E4M3 with one scale per tensor or per channel */
+    KILN_CKPT_QUANT_FP8 = 4,  /* quant_method "fp8" (AutoFP8, vLLM, transformers), one scale per tensor */
 } kiln_ckpt_quant_method;
 
 typedef struct kiln_ckpt_quant {
     kiln_ckpt_quant_method method;
-    int bits;                 /* 4 */
-    int group_size;           /* 32, 64 or 128 */
+    int bits;                 /* 4, or 8 for FP8 */
+    int group_size;           /* 32, 64 or 128; 0 for FP8 */
     bool gptq_v2;             /* GPTQ: zeros stored as they are (v1 stores zero - 1) */
     bool sym, desc_act;       /* GPTQ: as declared (desc_act is accepted only with a trivial g_idx);
                                  compressed-tensors: sym is weights.symmetric (no zero points) */
+    bool fp8;                 /* FP8 E4M3 weights (method FP8, or CT float-quantized) */
+    bool fp8_channel;         /* FP8: one scale per output row (CT strategy channel), else one per tensor */
+    bool static_input;        /* FP8: static input activation scales (input_scale tensors, one per projection):
+                                 read and checked, not applied (kiln's fp8 is weight-only: activations stay
+                                 in the engine's dtype) */
 } kiln_ckpt_quant;
 
-/* "awq", "gptq", "gptq_v2" or "compressed-tensors" ("none" when not quantized): for messages and the engine's meta. */
+/* "awq", "gptq", "gptq_v2", "compressed-tensors" or "fp8" ("none" when not quantized): for messages and the
+ * engine's meta. */
 const char *kiln_ckpt_quant_name(const kiln_ckpt_quant *q);
 
 typedef struct kiln_model_config {

@@ -24,9 +24,10 @@
  *     at most KILN_MAX_DIMS non-negative integers) and "data_offsets"
  *     (two integers, begin <= end);
  *   - dtype is F32, F16, BF16, I32 (the packed codes, zeros and group
- *     indices of quantized checkpoints) or I64 (compressed-tensors'
- *     weight_shape); the importer says where each is read; the format's
- *     other dtypes are UNSUPPORTED, anything else is PARSE;
+ *     indices of quantized checkpoints), I64 (compressed-tensors'
+ *     weight_shape) or F8_E4M3 (the codes of FP8 checkpoints); the importer
+ *     says where each is read; the format's other dtypes are UNSUPPORTED,
+ *     anything else is PARSE;
  *   - product(shape) * dtype size (overflow-checked) == end - begin;
  *   - end lies inside the data buffer;
  *   - sorted by begin, the tensors tile the buffer exactly: the first starts
@@ -51,7 +52,7 @@ static const struct {
     {"F32", KILN_DTYPE_F32},  {"F16", KILN_DTYPE_F16},  {"BF16", KILN_DTYPE_BF16},
     {"F64", -1},     {"I64", KILN_DTYPE_I64},     {"U64", -1},     {"I32", KILN_DTYPE_I32}, {"U32", -1},
     {"I16", -1},     {"U16", -1},     {"I8", -1},      {"U8", -1},      {"BOOL", -1},
-    {"F8_E4M3", -1}, {"F8_E5M2", -1}, {"F8_E8M0", -1}, {"F6_E2M3", -1}, {"F6_E3M2", -1},
+    {"F8_E4M3", KILN_DTYPE_F8E4M3}, {"F8_E5M2", -1}, {"F8_E8M0", -1}, {"F6_E2M3", -1}, {"F6_E3M2", -1},
     {"F4", -1},      {"C64", -1},
 };
 
@@ -104,7 +105,7 @@ static kiln_status st_entry(const char *path, const char *name, json_t *v, uint6
     if (kdt == -2)
         return kiln_err(err, KILN_ERR_PARSE, "%s: tensor \"%s\": unknown dtype \"%.32s\"", path, name, dts);
     if (kdt == -1) {
-        kiln_err(err, KILN_ERR_UNSUPPORTED, "%s: tensor \"%s\": dtype %s is not supported (kiln reads F32, F16, BF16, I32, I64)",
+        kiln_err(err, KILN_ERR_UNSUPPORTED, "%s: tensor \"%s\": dtype %s is not supported (kiln reads F32, F16, BF16, I32, I64, F8_E4M3)",
                  path, name, dts);
         return kiln_err_hint(err, "convert the checkpoint to bf16 or fp16 first");
     }

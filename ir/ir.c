@@ -66,13 +66,15 @@ int kiln_ir_weight(kiln_graph *g, const char *name, kiln_dtype dt, int ndim, con
 
 int kiln_ir_weight_prequantized(kiln_graph *g, const char *name, kiln_dtype dt, const int64_t shape[2],
                                 const kiln_qsrc *q, kiln_error *err) {
-    if (!kiln_quant_group(dt) || !kiln_weight_nbytes(dt, 2, shape) || q->format == KILN_QSRC_NONE) {
+    const bool fp8 = q->format == KILN_QSRC_FP8 || q->format == KILN_QSRC_CT_FP8; /* else 4-bit groups */
+    if (!(fp8 ? dt == KILN_DTYPE_FP8 : kiln_quant_group(dt) != 0) || !kiln_weight_nbytes(dt, 2, shape) ||
+        q->format == KILN_QSRC_NONE) {
         kiln_err(err, KILN_ERR_VERIFY, "pre-quantized weight %s: dtype %s, shape [%lld,%lld]", name,
                  kiln_dtype_name(dt), (long long)shape[0], (long long)shape[1]);
         return -1;
     }
     kiln_value v = {.kind = KILN_VALUE_WEIGHT, .dtype = dt, .ndim = 2, .producer = -1, .slot = -1,
-                    .src = q->qweight, .src_dtype = KILN_DTYPE_I32, .qsrc = *q, .shape = {shape[0], shape[1]}};
+                    .src = q->qweight, .src_dtype = fp8 ? KILN_DTYPE_F8E4M3 : KILN_DTYPE_I32, .qsrc = *q, .shape = {shape[0], shape[1]}};
     set_name(&v, name);
     return add_value(g, &v, err);
 }

@@ -68,9 +68,10 @@ typedef struct kiln_value {
     int *parts;                   /* n_parts value ids; owned by the graph */
     /* weights only: this value is one rank's slice of src (tensor parallelism; packed weights: of each part) */
     kiln_shard shard;
-    /* weights only: a q4gG matrix that came quantized from the checkpoint (AWQ, GPTQ: kiln_ops.h); the
-     * writer repacks it (kiln_quant_repack_row) instead of quantizing. src is then its qweight (I32),
-     * and the value is named after it. format KILN_QSRC_NONE otherwise. */
+    /* weights only: a q4gG or fp8 matrix that came quantized from the checkpoint (AWQ, GPTQ,
+     * compressed-tensors, FP8: kiln_ops.h); the writer repacks it (kiln_quant_repack_row,
+     * kiln_quant_repack_fp8_row) instead of quantizing. src is then its qweight (I32) or its E4M3
+     * codes (F8E4M3), and the value is named after it. format KILN_QSRC_NONE otherwise. */
     kiln_qsrc qsrc;
     /* weights only: factors the writer multiplies the source values by as it reads them (activation-aware
      * scales, --awq: compiler/quant_awq.c): element [r, c] times row_mul[r] and col_mul[c]; a 1-D weight's
@@ -135,7 +136,7 @@ int kiln_ir_input(kiln_graph *g, const char *name, kiln_dtype dt, int ndim, cons
 int kiln_ir_weight(kiln_graph *g, const char *name, kiln_dtype dt, int ndim, const int64_t *shape,
                    const void *src, kiln_dtype src_dt, kiln_error *err);
 /* A [N, K] matrix stored quantized in the checkpoint (`q`: its tensors), of dtype `dt` (q4gG, G the
- * checkpoint's group), named `name` (its qweight tensor's name). */
+ * checkpoint's group; fp8 for an FP8 source), named `name` (its qweight / codes tensor's name). */
 int kiln_ir_weight_prequantized(kiln_graph *g, const char *name, kiln_dtype dt, const int64_t shape[2],
                                 const kiln_qsrc *q, kiln_error *err);
 /* A weight packed from the 2-D weights `parts` (same columns and dtype; the same rows to interleave),

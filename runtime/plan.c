@@ -28,7 +28,7 @@ void kiln_plan_free(kiln_plan *p) {
 static kiln_status check_value(const kiln_plan *p, uint32_t i, kiln_error *err) {
     const kiln_plan_value *v = &p->values[i];
     if (v->kind > KILN_PV_ACT) return BAD("value %u has unknown kind %u", i, v->kind);
-    if (v->dtype >= KILN_DTYPE_COUNT_ || v->dtype == KILN_DTYPE_I64) /* i64: checkpoints only */
+    if (v->dtype >= KILN_DTYPE_COUNT_ || v->dtype == KILN_DTYPE_I64 || v->dtype == KILN_DTYPE_F8E4M3) /* checkpoints only */
         return BAD("value %u has unknown dtype %u", i, v->dtype);
     if (v->ndim < 1 || v->ndim > KILN_MAX_DIMS) return BAD("value %u has %u dimensions", i, v->ndim);
     for (uint32_t d = 0; d < v->ndim; d++) {
@@ -56,7 +56,8 @@ static kiln_status check_value(const kiln_plan *p, uint32_t i, kiln_error *err) 
 
 static kiln_status check_weight(const kiln_plan_weight *w, uint32_t i, uint64_t weights_size, kiln_error *err) {
     if (memchr(w->name, 0, sizeof w->name) == NULL) return BAD("weight %u name is not terminated", i);
-    if (w->dtype >= KILN_DTYPE_COUNT_ || w->dtype == KILN_DTYPE_I32 || w->dtype == KILN_DTYPE_I64)
+    if (w->dtype >= KILN_DTYPE_COUNT_ || w->dtype == KILN_DTYPE_I32 || w->dtype == KILN_DTYPE_I64 ||
+        w->dtype == KILN_DTYPE_F8E4M3)
         return BAD("weight '%s' has unsupported dtype %u", w->name, w->dtype);
     /* vectors, matrices, and stacks of per-expert matrices [E, rows, cols] */
     if (w->ndim < 1 || w->ndim > 3) return BAD("weight '%s' has %u dimensions", w->name, w->ndim);

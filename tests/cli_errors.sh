@@ -187,7 +187,7 @@ open(path, "wb").write(struct.pack("<Q", len(h)) + h + bytes(data))
 EOF
 }
 d=$(mkqckpt q-method tiny-mistral-awq); edit_json "$d/config.json" 'd["quantization_config"]["quant_method"] = "bitsandbytes"'
-compile_fails 1 'quantization_config.quant_method" is "bitsandbytes": kiln reads only "awq", "gptq" and "compressed-tensors"' "$d"
+compile_fails 1 'quantization_config.quant_method" is "bitsandbytes": kiln reads only "awq", "gptq", "compressed-tensors" and "fp8"' "$d"
 d=$(mkqckpt q-gemv tiny-mistral-awq); edit_json "$d/config.json" 'd["quantization_config"]["version"] = "gemv"'
 compile_fails 1 'quantization_config.version" is "gemv"' "$d"
 d=$(mkqckpt q-nozero tiny-mistral-awq); edit_json "$d/config.json" 'd["quantization_config"]["zero_point"] = False'
@@ -224,12 +224,11 @@ expect 0 "wrote" -- "$KILN" compile "$QC" -o "$T/qc.kiln" --target none
     ok || bad "inspect does not say the weights came from a compressed-tensors checkpoint"
 expect 2 "already quantized.*quant_method \"compressed-tensors\"" -- "$KILN" compile "$QC" -o "$T/qq.kiln" --quant int4
 CTG='d["quantization_config"]["config_groups"]["group_0"]'
-# FP8 checkpoints (quant_method fp8, per-tensor or block scales) are not read yet: refused naming the field
-d=$(mkqckpt q-fp8 tiny-mistral-gptq)
-edit_json "$d/config.json" 'd["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}'
-compile_fails 1 'quantization_config.quant_method" is "fp8": kiln reads only' "$d"
-d=$(mkqckpt c-float tiny-mistral-ct); edit_json "$d/config.json" "$CTG[\"format\"] = \"float-quantized\""
-compile_fails 1 'quantization_config.config_groups.group_0.format" is "float-quantized": kiln reads the "pack-quantized" format only' "$d"
+# float-quantized (FP8) with int weights: the format holds FP8
+d=$(mkqckpt c-float tiny-mistral-ct); edit_json "$d/config.json" "$CTG[\"format\"] = \"float-quantized\"; d[\"quantization_config\"][\"format\"] = \"float-quantized\""
+compile_fails 1 'quantization_config.config_groups.group_0.weights.type" is "int": the "float-quantized" format kiln reads holds FP8' "$d"
+d=$(mkqckpt c-nvfp4 tiny-mistral-ct); edit_json "$d/config.json" "$CTG[\"format\"] = \"nvfp4-pack-quantized\""
+compile_fails 1 'quantization_config.config_groups.group_0.format" is "nvfp4-pack-quantized": kiln reads the "pack-quantized" \(int4 groups\) and "float-quantized" \(FP8\) formats only' "$d"
 d=$(mkqckpt c-bits tiny-mistral-ct); edit_json "$d/config.json" "$CTG[\"weights\"][\"num_bits\"] = 8"
 compile_fails 1 'config_groups.group_0.weights.num_bits" is 8' "$d"
 d=$(mkqckpt c-channel tiny-mistral-ct); edit_json "$d/config.json" "$CTG[\"weights\"][\"strategy\"] = \"channel\""
@@ -264,6 +263,71 @@ compile_fails 1 "tensor 'model.layers.1.mlp.gate_proj.weight_zero_point' is miss
 d=$(mkqckpt c-nan tiny-mistral-ct-asym)
 st_rewrite "$d/model.safetensors" 't["model.layers.1.self_attn.o_proj.weight_scale"][2][2 * 5:2 * 6] = b"\x00\x7e"'
 compile_fails 1 "weight 'model.layers.1.self_attn.o_proj.weight_scale' \(f16\): element 5 \[2,1\] is NaN" "$d"
+# FP8 checkpoints (quant_method fp8 per tensor; compressed-tensors float-quantized per tensor or channel): read as
+# they are, the codes copied into fp8; block scales, KV cache schemes, NaN codes and bad scales refused by name
+F8T="$SRC/tests/data/tiny-mistral-fp8-tensor" F8C="$SRC/tests/data/tiny-mistral-fp8-channel"
+expect 0 "wrote" -- "$KILN" compile "$F8T" -o "$T/f8t.kiln" --target none
+"$KILN" inspect "$T/f8t.kiln" | grep -Eq "^quantization: fp8 \(projections\), keep \(LM head\).*read from the checkpoint \(fp8\), codes copied" &&
+    ok || bad "inspect of an fp8 checkpoint's engine: $("$KILN" inspect "$T/f8t.kiln" | grep quantization)"
+"$KILN" inspect "$T/f8t.kiln" --json | python3 -c 'import json, sys; c = json.load(sys.stdin)["build"]["quant"]["checkpoint"]; assert c["activation_scheme"] == "static" and c["weight_scales"] == "tensor" and "not applied" in c["input_activations"], c' &&
+    ok || bad "meta build.quant.checkpoint of an fp8 engine"
+expect 0 "wrote" -- "$KILN" compile "$F8C" -o "$T/f8c.kiln" --target none
+"$KILN" inspect "$T/f8c.kiln" | grep -Eq "^quantization: fp8 \(projections\).*\(compressed-tensors float-quantized\)" &&
+    ok || bad "inspect of a float-quantized checkpoint's engine: $("$KILN" inspect "$T/f8c.kiln" | grep quantization)"
+"$KILN" compile "$F8C" -o "$T/f8d.kiln" --target none --dump-ir 2>&1 | grep -q "@model.layers.0.mlp.down_proj.weight{fp8 from compressed-tensors}" &&
+    ok || bad "--dump-ir does not show where an fp8 weight came from"
+"$KILN" run "$T/f8c.kiln" --prompt-ids 1,50,60 --max-tokens 4 --device cpu >/dev/null 2>"$T/err" && ok || bad "run an fp8 checkpoint's engine: $(cat "$T/err")"
+expect 2 "already quantized.*quant_method \"fp8\"" -- "$KILN" compile "$F8T" -o "$T/qq.kiln" --quant fp8
+# transformers' FP8Linear names (weight_scale_inv, activation_scale for a per-tensor scheme): the same engine
+d=$(mkqckpt f-names tiny-mistral-fp8-tensor)
+st_rewrite "$d/model.safetensors" 'import re; [t.__setitem__(re.sub(r"weight_scale$", "weight_scale_inv", re.sub(r"input_scale$", "activation_scale", k)), t.pop(k)) for k in list(t) if k.endswith(("weight_scale", "input_scale"))]'
+expect 0 "wrote" -- "$KILN" compile "$d" -o "$T/f8n.kiln" --target none
+cmp -s "$T/f8t.kiln" "$T/f8n.kiln" && ok || bad "weight_scale_inv / activation_scale names gave another engine"
+# block-wise FP8 (DeepSeek-V3 / Qwen3-FP8: weight_block_size [128,128], weight_scale_inv per block)
+compile_fails 1 'quantization_config.weight_block_size" is \[128,128\]: block-wise FP8 \(a scale per block' "$SRC/tests/data/tiny-mistral-fp8-block"
+d=$(mkqckpt f-ctblock tiny-mistral-fp8-channel)
+edit_json "$d/config.json" "$CTG[\"weights\"][\"strategy\"] = \"block\"; $CTG[\"weights\"][\"block_structure\"] = [128, 128]"
+compile_fails 1 'config_groups.group_0.weights.strategy" is "block": block-wise FP8' "$d"
+# an FP8 KV cache (k_scale / v_scale) is not built: the scheme refused by name, and so are its tensors
+d=$(mkqckpt f-kv tiny-mistral-fp8-tensor); edit_json "$d/config.json" 'd["quantization_config"]["kv_cache_scheme"] = "static"'
+compile_fails 1 'quantization_config.kv_cache_scheme" is "static": an FP8 KV cache is not built' "$d"
+d=$(mkqckpt f-kscale tiny-mistral-fp8-tensor)
+st_rewrite "$d/model.safetensors" 't["model.layers.0.self_attn.k_scale"] = ["F32", [], bytearray(b"\x00\x00\x80\x3f")]'
+compile_fails 1 "tensor 'model.layers.0.self_attn.k_scale' is in the checkpoint but not used" "$d"
+# dynamic activations with input scales in the checkpoint: they stay unused, refused by name
+d=$(mkqckpt f-dyn tiny-mistral-fp8-tensor); edit_json "$d/config.json" 'd["quantization_config"]["activation_scheme"] = "dynamic"'
+compile_fails 1 "tensor 'model.layers.[01].[a-z_]+.[a-z_]+_proj.input_scale' is in the checkpoint but not used.*and 13 other" "$d"
+# static without an input scale
+d=$(mkqckpt f-noin tiny-mistral-fp8-ct-tensor)
+st_rewrite "$d/model.safetensors" 'del t["model.layers.1.mlp.up_proj.input_scale"]'
+compile_fails 1 "tensor 'model.layers.1.mlp.up_proj.input_scale' is missing" "$d"
+# a NaN code, named by tensor and element; scales that are 0, infinite or negative
+d=$(mkqckpt f-nan tiny-mistral-fp8-tensor)
+st_rewrite "$d/model.safetensors" 't["model.layers.1.mlp.down_proj.weight"][2][130] = 0xFF'
+compile_fails 1 "weight 'model.layers.1.mlp.down_proj.weight' \(f8e4m3\): element 130 \[1,2\] is NaN \(code 0xFF\)" "$d"
+d=$(mkqckpt f-zero tiny-mistral-fp8-tensor)
+st_rewrite "$d/model.safetensors" 't["model.layers.0.self_attn.o_proj.weight_scale"][2][0:4] = bytes(4)'
+compile_fails 1 "tensor 'model.layers.0.self_attn.o_proj.weight_scale' \(f32\): element 0 is 0: an FP8 scale must be finite and positive" "$d"
+d=$(mkqckpt f-inf tiny-mistral-fp8-tensor)
+st_rewrite "$d/model.safetensors" 't["model.layers.1.self_attn.q_proj.input_scale"][2][0:4] = b"\x00\x00\x80\x7f"'
+compile_fails 1 "tensor 'model.layers.1.self_attn.q_proj.input_scale' \(f32\): element 0 is inf" "$d"
+d=$(mkqckpt f-neg tiny-mistral-fp8-channel)
+st_rewrite "$d/model.safetensors" 't["model.layers.0.mlp.gate_proj.weight_scale"][2][2 * 9 + 1] |= 0x80'
+compile_fails 1 "tensor 'model.layers.0.mlp.gate_proj.weight_scale' \(bf16\): element 9 \[9,0\] is -[0-9.e-]+: an FP8 scale must be finite and positive" "$d"
+# scales of the wrong shape (a tensor scale where channel scales are declared), codes of another dtype
+d=$(mkqckpt f-shape tiny-mistral-fp8-ct-tensor); edit_json "$d/config.json" "$CTG[\"weights\"][\"strategy\"] = \"channel\""
+compile_fails 1 "tensor 'model.layers.0.self_attn.q_proj.weight_scale' has shape \[1\], expected \[64,1\]" "$d"
+d=$(mkqckpt f-e5m2 tiny-mistral-fp8-tensor)
+st_rewrite "$d/model.safetensors" 't["model.layers.0.mlp.up_proj.weight"][0] = "F8_E5M2"'
+compile_fails 1 'tensor "model.layers.0.mlp.up_proj.weight": dtype F8_E5M2 is not supported' "$d"
+# a projection left unquantized (ignored_layers): its weight bf16, no scales
+d=$(mkqckpt f-ignored tiny-mistral-fp8-channel)
+st_rewrite "$d/model.safetensors" 'p = "model.layers.1.self_attn.v_proj."; t.pop(p + "weight_scale"); w = t[p + "weight"]; w[0] = "BF16"; w[2] = bytearray(2 * len(w[2]))'
+compile_fails 1 "projection 'model.layers.1.self_attn.v_proj' is not quantized in this compressed-tensors checkpoint \(its 'model.layers.1.self_attn.v_proj.weight' is bf16, not FP8 E4M3\)" "$d"
+# an FP8 embedding table: E4M3 is read for the projections only
+d=$(mkqckpt f-emb tiny-mistral-fp8-tensor)
+st_rewrite "$d/model.safetensors" 'w = t["model.embed_tokens.weight"]; w[0] = "F8_E4M3"; w[2] = bytearray(len(w[2]) // 2)'
+compile_fails 1 "tensor 'model.embed_tokens.weight' has dtype f8e4m3; kiln reads F32, F16 and BF16 here" "$d"
 expect 1 "a quantized checkpoint with --tp 2" -- "$KILN" compile "$QA" -o "$T/qq.kiln" --tp 2 --target none
 no_file "$T/qq.kiln"
 

@@ -614,9 +614,9 @@ static void test_quantized_checkpoint(void) {
     KT_CHECK(m.quant.gptq_v2 && m.quant.sym && m.quant.group_size == 64);
     KT_EQ_STR(kiln_ckpt_quant_name(&m.quant), "gptq_v2");
 
-    expect_fail("quantization_config", "{\"quant_method\": \"fp8\"}", KILN_ERR_UNSUPPORTED,
-                "field \"quantization_config.quant_method\" is \"fp8\": kiln reads only \"awq\", \"gptq\" and "
-                "\"compressed-tensors\"");
+    expect_fail("quantization_config", "{\"quant_method\": \"bitsandbytes\"}", KILN_ERR_UNSUPPORTED,
+                "field \"quantization_config.quant_method\" is \"bitsandbytes\": kiln reads only \"awq\", \"gptq\", "
+                "\"compressed-tensors\" and \"fp8\"");
     expect_fail("quantization_config", "{\"bits\": 4}", KILN_ERR_MISSING, "\"quantization_config.quant_method\"");
     expect_fail("quantization_config", "{\"quant_method\": \"awq\", \"bits\": 4}", KILN_ERR_MISSING,
                 "\"quantization_config.group_size\"");
@@ -686,7 +686,7 @@ static void test_compressed_tensors_config(void) {
 
     static const struct { const char *w, *g, *top; kiln_status code; const char *needle; } bad[] = {
         {"", "", ", \"format\": \"float-quantized\"", KILN_ERR_UNSUPPORTED,
-         "\"quantization_config.format\" is \"float-quantized\": kiln reads the \"pack-quantized\" format only"},
+         "\"quantization_config.format\" is \"float-quantized\": config group \"group_0\" says \"pack-quantized\""},
         {"", ", \"format\": \"marlin-24\"", "", KILN_ERR_UNSUPPORTED,
          "\"quantization_config.config_groups.group_0.format\" is \"marlin-24\""},
         {"", ", \"format\": null", ", \"format\": \"int-quantized\"", KILN_ERR_UNSUPPORTED,
@@ -732,6 +732,117 @@ static void test_compressed_tensors_config(void) {
                 KILN_ERR_UNSUPPORTED, "\"quantization_config.config_groups.group_1.weights\" is not group \"group_0\"'s");
     expect_fail("quantization_config", "{\"quant_method\": \"compressed-tensors\"}", KILN_ERR_MISSING,
                 "\"quantization_config.config_groups\"");
+}
+
+/* FP8 checkpoints: quant_method "fp8" with one scale per tensor (AutoFP8, vLLM, transformers), dynamic or
+ * static activations; block scales, another fmt, FP8 embeddings and a KV cache scheme refused naming the field. */
+static void test_fp8_config(void) {
+    kiln_model_config m;
+    kiln_error e = {0};
+    KT_EQ_INT(parse_with("quantization_config", "{\"quant_method\": \"fp8\"}", &m, &e), KILN_OK);
+    KT_EQ_INT(m.quant.method, KILN_CKPT_QUANT_FP8);
+    KT_CHECK(m.quant.fp8 && !m.quant.fp8_channel && !m.quant.static_input && m.quant.bits == 8);
+    KT_EQ_STR(kiln_ckpt_quant_name(&m.quant), "fp8");
+    /* AutoFP8's static config; transformers lowercases the scheme, so "Static" is static */
+    KT_EQ_INT(parse_with("quantization_config", "{\"quant_method\": \"fp8\", \"activation_scheme\": \"Static\", "
+                         "\"ignored_layers\": [\"lm_head\"], \"fmt\": \"e4m3\", \"weight_block_size\": null, "
+                         "\"kv_cache_scheme\": null, \"modules_to_convert\": []}", &m, &e), KILN_OK);
+    KT_CHECK(m.quant.fp8 && m.quant.static_input);
+    static const struct { const char *qc; kiln_status code; const char *needle; } bad[] = {
+        {"{\"quant_method\": \"fp8\", \"activation_scheme\": \"dynamic\", \"fmt\": \"e4m3\", \"weight_block_size\": "
+         "[128, 128]}", KILN_ERR_UNSUPPORTED, "\"quantization_config.weight_block_size\" is [128,128]: block-wise FP8"},
+        {"{\"quant_method\": \"fp8\", \"activation_scheme\": \"per-token\"}", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.activation_scheme\" is \"per-token\""},
+        {"{\"quant_method\": \"fp8\", \"fmt\": \"e5m2\"}", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.fmt\" is \"e5m2\": kiln reads E4M3"},
+        {"{\"quant_method\": \"fp8\", \"kv_cache_scheme\": \"static\"}", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.kv_cache_scheme\" is \"static\": an FP8 KV cache is not built"},
+        {"{\"quant_method\": \"fp8\", \"modules_to_convert\": [\"embed_tokens\"]}", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.modules_to_convert\" is [\"embed_tokens\"]"},
+        {"{\"quant_method\": \"fp8\", \"ignored_layers\": \"lm_head\"}", KILN_ERR_PARSE,
+         "\"quantization_config.ignored_layers\" is \"lm_head\""},
+        {"{\"quant_method\": \"fp8\", \"activation_scheme\": 1}", KILN_ERR_PARSE,
+         "\"quantization_config.activation_scheme\" is 1"},
+        {"{\"quant_method\": \"fbgemm_fp8\"}", KILN_ERR_UNSUPPORTED, "\"quantization_config.quant_method\" is \"fbgemm_fp8\""},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) expect_fail("quantization_config", bad[i].qc, bad[i].code, bad[i].needle);
+}
+
+/* A compressed-tensors float-quantized config as llm-compressor writes FP8_DYNAMIC (channel weights,
+ * dynamic per-token inputs), with `weights` added to the weights' fields, `inputs` to the input
+ * activations' and `group` to the group's. */
+static const char *ct_fp8_config(char *buf, size_t n, const char *weights, const char *inputs, const char *group) {
+    snprintf(buf, n,
+             "{\"quant_method\": \"compressed-tensors\", \"format\": \"float-quantized\", \"quantization_status\": "
+             "\"compressed\", \"ignore\": [\"lm_head\"], \"kv_cache_scheme\": null, \"sparsity_config\": {}, "
+             "\"config_groups\": {\"group_0\": {\"targets\": [\"Linear\"], \"output_activations\": null, "
+             "\"format\": \"float-quantized\", \"weights\": {\"num_bits\": 8, \"type\": \"float\", \"symmetric\": true, "
+             "\"strategy\": \"channel\", \"group_size\": null, \"dynamic\": false, \"actorder\": null, "
+             "\"block_structure\": null, \"observer\": \"minmax\"%s}, \"input_activations\": {\"num_bits\": 8, "
+             "\"type\": \"float\", \"symmetric\": true, \"strategy\": \"token\", \"dynamic\": true%s}%s}}}",
+             weights, inputs, group);
+    return buf;
+}
+
+/* compressed-tensors float-quantized: FP8 E4M3 weights per tensor or channel, FP8 or no input activations
+ * (static ones per tensor); blocks, groups, other widths and types, asymmetry, quantized outputs refused. */
+static void test_compressed_tensors_fp8_config(void) {
+    kiln_model_config m;
+    kiln_error e = {0};
+    char b[2048];
+    KT_EQ_INT(parse_with("quantization_config", ct_fp8_config(b, sizeof b, "", "", ""), &m, &e), KILN_OK);
+    KT_EQ_INT(m.quant.method, KILN_CKPT_QUANT_CT);
+    KT_CHECK(m.quant.fp8 && m.quant.fp8_channel && !m.quant.static_input && m.quant.bits == 8);
+    KT_EQ_STR(kiln_ckpt_quant_name(&m.quant), "compressed-tensors");
+    /* llm-compressor's FP8 (static W8A8): tensor weights, static tensor inputs */
+    KT_EQ_INT(parse_with("quantization_config",
+                         ct_fp8_config(b, sizeof b, ", \"strategy\": \"tensor\"",
+                                       ", \"strategy\": \"tensor\", \"dynamic\": false", ""), &m, &e), KILN_OK);
+    KT_CHECK(m.quant.fp8 && !m.quant.fp8_channel && m.quant.static_input);
+    /* no input activations; no strategy and no group size is per tensor */
+    KT_EQ_INT(parse_with("quantization_config",
+                         ct_fp8_config(b, sizeof b, ", \"strategy\": null", "", ", \"input_activations\": null"),
+                         &m, &e), KILN_OK);
+    KT_CHECK(m.quant.fp8 && !m.quant.fp8_channel && !m.quant.static_input);
+    static const struct { const char *w, *in, *g; kiln_status code; const char *needle; } bad[] = {
+        {", \"strategy\": \"block\", \"block_structure\": [128, 128]", "", "", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.config_groups.group_0.weights.strategy\" is \"block\": block-wise FP8"},
+        {", \"block_structure\": [128, 128]", "", "", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.config_groups.group_0.weights.block_structure\" is [128,128]: block-wise FP8"},
+        {", \"strategy\": \"group\", \"group_size\": 128", "", "", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.config_groups.group_0.weights.strategy\" is \"group\""},
+        {", \"strategy\": null, \"group_size\": 128", "", "", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.config_groups.group_0.weights.strategy\" is \"group\""},
+        {", \"group_size\": 128", "", "", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.config_groups.group_0.weights.group_size\" is 128"},
+        {", \"num_bits\": 4", "", "", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.config_groups.group_0.weights.num_bits\" is 4: kiln reads 8-bit (E4M3)"},
+        {", \"type\": \"int\"", "", "", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.config_groups.group_0.weights.type\" is \"int\""},
+        {", \"symmetric\": false", "", "", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.config_groups.group_0.weights.symmetric\" is false: asymmetric FP8"},
+        {", \"dynamic\": true", "", "", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.config_groups.group_0.weights.dynamic\" is true"},
+        {", \"actorder\": \"group\"", "", "", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.config_groups.group_0.weights.actorder\" is \"group\""},
+        {"", ", \"type\": \"int\"", "", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.config_groups.group_0.input_activations\" is {"},
+        {"", ", \"dynamic\": false", "", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.config_groups.group_0.input_activations.strategy\" is \"token\": static input scales"},
+        {"", ", \"symmetric\": false", "", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.config_groups.group_0.input_activations.symmetric\" is false"},
+        {"", ", \"dynamic\": \"local\"", "", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.config_groups.group_0.input_activations.dynamic\" is \"local\""},
+        {"", "", ", \"output_activations\": {\"num_bits\": 8, \"type\": \"float\"}", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.config_groups.group_0.output_activations\" is {"},
+        {"", "", ", \"format\": \"nvfp4-pack-quantized\"", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.config_groups.group_0.format\" is \"nvfp4-pack-quantized\""},
+        {"", "", ", \"format\": \"pack-quantized\"", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.format\" is \"float-quantized\": config group \"group_0\" says \"pack-quantized\""},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        expect_fail("quantization_config", ct_fp8_config(b, sizeof b, bad[i].w, bad[i].in, bad[i].g), bad[i].code,
+                    bad[i].needle);
 }
 
 static void test_architecture(void) {
@@ -923,6 +1034,8 @@ int main(void) {
     KT_RUN(test_architecture);
     KT_RUN(test_quantized_checkpoint);
     KT_RUN(test_compressed_tensors_config);
+    KT_RUN(test_fp8_config);
+    KT_RUN(test_compressed_tensors_fp8_config);
     KT_RUN(test_hidden_act);
     KT_RUN(test_biases);
     KT_RUN(test_required_missing);

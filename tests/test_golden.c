@@ -171,11 +171,11 @@ static void test_tiny_mistral_fp8(void) {
     check_quant("tests/golden/tiny-mistral-fp8", KILN_DTYPE_FP8, KILN_DTYPE_FP8, KILN_DTYPE_FP8);
 }
 
-/* A published quantized checkpoint (AWQ, GPTQ, compressed-tensors; tests/golden/make_quant_ckpt_goldens.py) read as it is:
- * against HF run on an independent numpy dequantization of the packed tensors, with the default
- * pipeline (q/k/v and gate/up packed from the repacked matrices) and none. Every projection is q4g32
- * (the checkpoints' group), the embedding and LM head bf16 as in the checkpoint. */
-static void check_quant_checkpoint(const char *name) {
+/* A published quantized checkpoint (AWQ, GPTQ, compressed-tensors, FP8; tests/golden/make_quant_ckpt_goldens.py)
+ * read as it is: against HF run on an independent numpy dequantization of the stored tensors, with the
+ * default pipeline (q/k/v and gate/up packed from the repacked matrices) and none. Every projection is
+ * `dtype` (q4g32, the checkpoints' group, or fp8), the embedding and LM head bf16 as in the checkpoint. */
+static void check_quant_checkpoint_as(const char *name, kiln_dtype dtype) {
     char ckpt[256], golden[256], out[512];
     snprintf(ckpt, sizeof ckpt, "tests/data/%s", name);
     snprintf(golden, sizeof golden, "tests/golden/%s", name);
@@ -190,7 +190,7 @@ static void check_quant_checkpoint(const char *name) {
         int nq = 0;
         for (uint32_t i = 0; i < m->plan->n_weights; i++) {
             const kiln_plan_weight *w = &m->plan->weights[i];
-            nq += w->dtype == KILN_DTYPE_Q4G32;
+            nq += w->dtype == (uint32_t)dtype;
             if (strstr(w->name, "embed_tokens") || strstr(w->name, "lm_head")) KT_EQ_INT(w->dtype, KILN_DTYPE_BF16);
         }
         KT_EQ_INT(nq, (k == 0 ? 4 : 7) * 2);
@@ -198,12 +198,19 @@ static void check_quant_checkpoint(const char *name) {
         unlink(out);
     }
 }
+static void check_quant_checkpoint(const char *name) { check_quant_checkpoint_as(name, KILN_DTYPE_Q4G32); }
 static void test_awq_checkpoint(void) { check_quant_checkpoint("tiny-mistral-awq"); }
 static void test_gptq_checkpoint_sym(void) { check_quant_checkpoint("tiny-mistral-gptq"); }
 static void test_gptq_checkpoint_asym_desc_act(void) { check_quant_checkpoint("tiny-mistral-gptq-asym"); }
 static void test_gptq_v2_checkpoint(void) { check_quant_checkpoint("tiny-mistral-gptq-v2"); }
 static void test_ct_checkpoint_sym(void) { check_quant_checkpoint("tiny-mistral-ct"); }
 static void test_ct_checkpoint_asym(void) { check_quant_checkpoint("tiny-mistral-ct-asym"); }
+/* FP8 E4M3 checkpoints: the codes copied, one scale per row (the tensor's or the channel's) */
+static void test_fp8_checkpoint_tensor_static(void) { check_quant_checkpoint_as("tiny-mistral-fp8-tensor", KILN_DTYPE_FP8); }
+static void test_fp8_ct_checkpoint_channel(void) { check_quant_checkpoint_as("tiny-mistral-fp8-channel", KILN_DTYPE_FP8); }
+static void test_fp8_ct_checkpoint_tensor_static(void) {
+    check_quant_checkpoint_as("tiny-mistral-fp8-ct-tensor", KILN_DTYPE_FP8);
+}
 
 static void test_stories260k(void) { check_model("models/stories260k", "tests/golden/stories260k", KILN_DTYPE_COUNT_); }
 static void test_tiny_mistral_sliding_window(void) {
@@ -574,6 +581,9 @@ int main(void) {
     KT_RUN(test_gptq_v2_checkpoint);
     KT_RUN(test_ct_checkpoint_sym);
     KT_RUN(test_ct_checkpoint_asym);
+    KT_RUN(test_fp8_checkpoint_tensor_static);
+    KT_RUN(test_fp8_ct_checkpoint_channel);
+    KT_RUN(test_fp8_ct_checkpoint_tensor_static);
     KT_RUN(test_sharded_equals_single);
     KT_RUN(test_pycode_text);
     KT_RUN(test_score_against_hf);

@@ -1201,10 +1201,11 @@ static void test_quant_goldens(void) {
         check_bf16_golden(eng, pathf("%s/tests/golden/%s", src_dir(), qs[i].name),
                           pathf("%s (prompts of more than 8 tokens dequantized)", qs[i].name), 8);
     }
-    /* published AWQ, GPTQ and compressed-tensors checkpoints (make_quant_ckpt_goldens.py), repacked into
-     * q4g32 at compile time: the same kernels, against HF on an independent dequantization */
-    static const char *const pub[] = {"tiny-mistral-awq",     "tiny-mistral-gptq", "tiny-mistral-gptq-asym",
-                                      "tiny-mistral-gptq-v2", "tiny-mistral-ct",   "tiny-mistral-ct-asym"};
+    /* published AWQ, GPTQ, compressed-tensors and FP8 checkpoints (make_quant_ckpt_goldens.py), repacked into
+     * q4g32 or fp8 at compile time: the same kernels, against HF on an independent dequantization */
+    static const char *const pub[] = {"tiny-mistral-awq",       "tiny-mistral-gptq",         "tiny-mistral-gptq-asym",
+                                      "tiny-mistral-gptq-v2",   "tiny-mistral-ct",           "tiny-mistral-ct-asym",
+                                      "tiny-mistral-fp8-tensor", "tiny-mistral-fp8-channel", "tiny-mistral-fp8-ct-tensor"};
     for (size_t i = 0; i < sizeof pub / sizeof pub[0]; i++) {
         const char *eng = pathf("%s/%s.kiln", g_tmp, pub[i]);
         kiln_compile_options opt = {.output_path = eng, .weight_dtype = KILN_DTYPE_COUNT_, .targets = gpu_targets()};

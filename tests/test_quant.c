@@ -287,6 +287,60 @@ static void check_repack(kiln_qsrc_format fmt, int zero_offset, bool sym, kiln_d
     free(row);
 }
 
+/* An FP8 checkpoint's [N, K] E4M3 matrix (every finite code, in random order) with one scale per tensor
+ * or per row, of dtype sdt, repacked into rows OFF.. of an fp8 weight: the codes as they are, each value
+ * e4m3(code) * scale exactly (the scale converted to f32 exactly); a NaN code (0x7F, 0xFF) returns its column. */
+static void check_repack_fp8(kiln_qsrc_format fmt, bool per_row, kiln_dtype sdt) {
+    enum { N = 12, K = 96, OFF = 3, ROWS = N + 5 };
+    static uint8_t codes[N * K], sb[N * 4];
+    float sc[N];
+    for (int i = 0; i < N * K; i++) {
+        uint8_t c = (uint8_t)(unit() * 256);
+        codes[i] = (c & 0x7F) == 0x7F ? (uint8_t)(c - 1) : c; /* every finite code may appear */
+    }
+    for (int r = 0; r < (per_row ? N : 1); r++) {
+        const float f = (float)(0.001 + unit() * 0.01);
+        if (sdt == KILN_DTYPE_F32) {
+            uint32_t u;
+            memcpy(&u, &f, 4);
+            kiln_wr_u32(sb + 4 * r, u);
+            sc[r] = f;
+        } else {
+            const uint16_t h = sdt == KILN_DTYPE_BF16 ? kiln_f32_to_bf16(f) : kiln_f32_to_f16(f);
+            sb[2 * r] = (uint8_t)h, sb[2 * r + 1] = (uint8_t)(h >> 8);
+            sc[r] = sdt == KILN_DTYPE_BF16 ? kiln_bf16_to_f32(h) : kiln_f16_to_f32(h);
+        }
+    }
+    const kiln_qsrc src = {.format = fmt, .qweight = codes, .scales = sb, .scales_dtype = sdt, .fp8_row_scales = per_row};
+    uint8_t *out = calloc(kiln_weight_nbytes(KILN_DTYPE_FP8, 2, (int64_t[]){ROWS, K}), 1);
+    float row[K];
+    int exact = 1;
+    for (int n = 0; n < N; n++) KT_EQ_INT((int)kiln_quant_repack_fp8_row(&src, K, n, ROWS, OFF + n, out), -1);
+    for (int n = 0; n < N; n++) {
+        exact &= memcmp(out + (size_t)(OFF + n) * K, codes + (size_t)n * K, K) == 0;
+        KT_EQ_INT((int)kiln_qsrc_scale_index(&src, N, K, 0, n, 0), per_row ? n : 0);
+        kiln_dequant_rows(KILN_DTYPE_FP8, out, ROWS, K, OFF + n, 1, row);
+        for (int k = 0; k < K; k++) exact &= row[k] == kiln_e4m3_to_f32(codes[n * K + k]) * sc[per_row ? n : 0];
+    }
+    KT_CHECKF(exact, "format %d, %s scales per %s: repacked codes or values differ", (int)fmt, kiln_dtype_name(sdt),
+              per_row ? "row" : "tensor");
+    codes[5 * K + 17] = 0xFF, codes[5 * K + 40] = 0x7F; /* the first NaN of row 5 is reported */
+    KT_EQ_INT((int)kiln_quant_repack_fp8_row(&src, K, 5, ROWS, OFF + 5, out), 17);
+    codes[5 * K + 17] = 0x7E; /* 448 */
+    KT_EQ_INT((int)kiln_quant_repack_fp8_row(&src, K, 5, ROWS, OFF + 5, out), 40);
+    codes[5 * K + 40] = 0x00;
+    KT_EQ_INT((int)kiln_quant_repack_fp8_row(&src, K, 5, ROWS, OFF + 5, out), -1);
+    free(out);
+}
+
+static void test_repack_fp8_checkpoint(void) {
+    check_repack_fp8(KILN_QSRC_FP8, false, KILN_DTYPE_F32);
+    check_repack_fp8(KILN_QSRC_FP8, false, KILN_DTYPE_BF16);
+    check_repack_fp8(KILN_QSRC_CT_FP8, false, KILN_DTYPE_F16);
+    check_repack_fp8(KILN_QSRC_CT_FP8, true, KILN_DTYPE_BF16);
+    check_repack_fp8(KILN_QSRC_CT_FP8, true, KILN_DTYPE_F32);
+}
+
 static void test_repack_checkpoint(void) {
     check_repack(KILN_QSRC_AWQ, 0, false, KILN_DTYPE_F16, KILN_DTYPE_Q4G32);
     check_repack(KILN_QSRC_AWQ, 0, false, KILN_DTYPE_BF16, KILN_DTYPE_Q4G128);
@@ -400,5 +454,6 @@ int main(void) {
     KT_RUN(test_round_trip);
     KT_RUN(test_mse_method);
     KT_RUN(test_repack_checkpoint);
+    KT_RUN(test_repack_fp8_checkpoint);
     return KT_END();
 }

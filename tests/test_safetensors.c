@@ -203,8 +203,25 @@ static void test_dtype_i64(void) {
                 "shape [2] of I64 needs 16 bytes");
 }
 
+/* F8_E4M3 (FP8 checkpoints' codes) is read, one byte an element; the importer decides where it may be. */
+static void test_dtype_f8e4m3(void) {
+    img m = make("{\"w\":{\"dtype\":\"F8_E4M3\",\"shape\":[2,3],\"data_offsets\":[0,6]}}", 6);
+    kiln_st_tensor *t = NULL;
+    size_t n = 0;
+    kiln_error e = {0};
+    KT_EQ_INT(kiln_st_parse(m.p, m.n, "x", &t, &n, &e), KILN_OK);
+    KT_REQUIRE(n == 1);
+    KT_EQ_INT(t[0].dtype, KILN_DTYPE_F8E4M3);
+    KT_EQ_INT((int)t[0].nbytes, 6);
+    KT_EQ_STR(kiln_dtype_name(t[0].dtype), "f8e4m3");
+    kiln_st_tensors_free(t, n);
+    free(m.p);
+    expect_fail(make("{\"w\":{\"dtype\":\"F8_E4M3\",\"shape\":[2,3],\"data_offsets\":[0,5]}}", 5), KILN_ERR_SHAPE,
+                "shape [2, 3] of F8_E4M3 needs 6 bytes");
+}
+
 static void test_dtype_unsupported(void) {
-    static const char *const names[] = {"F64", "U64", "U32", "I16", "I8", "U8", "BOOL", "F8_E4M3", "F8_E5M2"};
+    static const char *const names[] = {"F64", "U64", "U32", "I16", "I8", "U8", "BOOL", "F8_E5M2", "F8_E8M0"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char h[160], want[64];
         snprintf(h, sizeof h, "{\"pos_ids\":{\"dtype\":\"%s\",\"shape\":[1],\"data_offsets\":[0,1]}}", names[i]);
@@ -357,6 +374,7 @@ int main(void) {
     KT_RUN(test_dtype_unknown);
     KT_RUN(test_dtype_i32);
     KT_RUN(test_dtype_i64);
+    KT_RUN(test_dtype_f8e4m3);
     KT_RUN(test_dtype_unsupported);
     KT_RUN(test_shape_missing);
     KT_RUN(test_shape_not_array);

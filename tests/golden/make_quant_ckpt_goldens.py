@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tiny published-style quantized checkpoints (AWQ, GPTQ, compressed-tensors) and their goldens.
+"""Tiny published-style quantized checkpoints (AWQ, GPTQ, compressed-tensors, FP8) and their goldens.
 
 From tests/data/tiny-mistral's weights this writes six checkpoints whose
 projections (q/k/v/o, gate/up/down) are 4-bit, quantized round-to-nearest in
@@ -24,15 +24,36 @@ from kiln):
                                      along out (pack_to_int32 packed_dim 0), signed zero plus 8;
                                      weight_scale fp16; weight_shape int32 (older releases' dtype)
 
+and four FP8 E4M3 checkpoints, the codes made by torch's float8_e4m3fn cast
+(round to nearest even, after clamping to +-448 as AutoFP8 and
+llm-compressor do), not by kiln:
+
+  tests/data/tiny-mistral-fp8-tensor     quant_method "fp8", activation_scheme "static" (AutoFP8, vLLM):
+                                         <proj>.weight F8_E4M3 [out, in], weight_scale F32 (one per
+                                         tensor: max|w| / 448), input_scale F32 (max|x| / 448 of the
+                                         projection's input over the prompts, from HF hooks); scalars []
+                                         in layer 0 (AutoFP8) and [1] in layer 1 (vLLM reads both)
+  tests/data/tiny-mistral-fp8-channel    compressed-tensors "float-quantized", llm-compressor's
+                                         FP8_DYNAMIC: strategy channel, weight_scale BF16 [out, 1],
+                                         input activations dynamic per token (nothing stored)
+  tests/data/tiny-mistral-fp8-ct-tensor  compressed-tensors "float-quantized", llm-compressor's FP8
+                                         (static W8A8): strategy tensor, weight_scale and input_scale
+                                         BF16 [1]
+  tests/data/tiny-mistral-fp8-block      quant_method "fp8", weight_block_size [128, 128] (DeepSeek-V3 /
+                                         Qwen3-FP8): weight_scale_inv F32 [ceil(out/128), ceil(in/128)];
+                                         kiln refuses it (no golden)
+
 The embedding, norms and LM head stay bf16 as in tiny-mistral. Each
 config.json carries the quantization_config transformers / AutoAWQ /
-AutoGPTQ write.
+AutoGPTQ / AutoFP8 / llm-compressor write.
 
 The goldens (tests/golden/<same name>/) come from HuggingFace transformers,
 float32, eager, run on a dense checkpoint made by an independent numpy
 dequantization of the packed tensors: unpack the nibbles (AWQ's reverse
 order [0, 4, 1, 5, 2, 6, 3, 7], as its readers do; compressed-tensors'
-nibble - 8 as unpack_from_int32 does), then (q - z) * s. So the
+nibble - 8 as unpack_from_int32 does), then (q - z) * s; FP8: each code's
+value from its sign, exponent and mantissa bits (checked against torch's
+own float8 -> float32 conversion), times its scale, in float32. So the
 C test (test_golden) checks kiln's reading and repacking of the packed bytes,
 not only its arithmetic. The script also checks that unpacking gives back the
 codes and zeros it packed.
@@ -234,14 +255,173 @@ def make_one(name, fmt, sym, ckfmt, desc_act, prompts):
                                                          os.path.getsize(os.path.join(d, "model.safetensors"))))
 
 
+# ---- FP8 E4M3 ----------------------------------------------------------------------------------------
+
+# (checkpoint / golden name, producer, scales, activations, scale dtype, prompts): producer "fp8" is
+# quant_method "fp8" (AutoFP8 / vLLM layout), "ct" compressed-tensors float-quantized; scales
+# "tensor", "channel" or "block" (128 x 128, refused by kiln: no golden, prompts None). The two longer
+# prompts of make_goldens.py (their greedy paths keep margins of at least MIN_MARGIN).
+FP8_CHECKPOINTS = [
+    ("tiny-mistral-fp8-tensor", "fp8", "tensor", "static", torch.float32, mg.ID_PROMPTS[1:]),
+    ("tiny-mistral-fp8-channel", "ct", "channel", "dynamic", torch.bfloat16, mg.ID_PROMPTS[1:]),
+    ("tiny-mistral-fp8-ct-tensor", "ct", "tensor", "static", torch.bfloat16, mg.ID_PROMPTS[1:]),
+    ("tiny-mistral-fp8-block", "fp8", "block", "dynamic", torch.float32, None),
+]
+FP8_MAX = 448.0
+FP8_BLOCK = 128
+
+
+def e4m3_decode(codes):
+    """float32 values of E4M3 ("e4m3fn") codes (uint8 array) from the format's definition: sign bit 7,
+    exponent bits 6..3 (bias 7), mantissa bits 2..0; exponent 0 is subnormal (m * 2^-9); exponent 15
+    with mantissa 7 is NaN (there are no infinities)."""
+    c = codes.astype(np.int64)
+    sign = np.where(c & 0x80, -1.0, 1.0)
+    e, m = (c >> 3) & 15, c & 7
+    v = np.where(e == 0, m * 2.0 ** -9, (8 + m) * np.ldexp(1.0, e - 10))
+    v = np.where((e == 15) & (m == 7), np.nan, v)
+    return (sign * v).astype(np.float32)
+
+
+def fp8_quantize(w, scales, sdt):
+    """w [out, in] float32 -> (codes as torch float8_e4m3fn [out, in], scale tensor of dtype sdt): one scale
+    per tensor (shape [1]), per output row ([out, 1]) or per 128 x 128 block ([ceil(out/128),
+    ceil(in/128)]), each max|w| / 448 over what it covers (AutoFP8, llm-compressor's minmax observer,
+    DeepSeek's), rounded to sdt first so the codes are for the stored scale, clamped to +-448 and cast."""
+    n, k = w.shape
+    wt = torch.from_numpy(w)
+    if scales == "block":
+        br, bc = -(-n // FP8_BLOCK), -(-k // FP8_BLOCK)
+        s = torch.zeros(br, bc)
+        for i in range(br):
+            for j in range(bc):
+                s[i, j] = wt[i * FP8_BLOCK:(i + 1) * FP8_BLOCK, j * FP8_BLOCK:(j + 1) * FP8_BLOCK].abs().max() / FP8_MAX
+        s = s.to(sdt)
+        full = s.float().repeat_interleave(FP8_BLOCK, 0).repeat_interleave(FP8_BLOCK, 1)[:n, :k]
+    else:
+        s = (wt.abs().amax(dim=1, keepdim=True) if scales == "channel" else wt.abs().max().reshape(1)) / FP8_MAX
+        s = s.to(sdt)
+        full = s.float()
+    codes = (wt / full).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return codes, s
+
+
+def fp8_dequant(codes, s, scales):
+    """Independent reader: the dense [out, in] float32 matrix code * scale from the stored tensors."""
+    raw = codes.view(torch.uint8).numpy()
+    v = e4m3_decode(raw)
+    mg.check(not np.isnan(v).any(), "a NaN code")
+    mg.check(np.array_equal(v, codes.float().numpy()), "E4M3 decode != torch's float8_e4m3fn -> float32")
+    sf = s.float().numpy()
+    if scales == "block":
+        n, k = v.shape
+        sf = np.repeat(np.repeat(sf, FP8_BLOCK, 0), FP8_BLOCK, 1)[:n, :k]
+    return np.ascontiguousarray((v * sf.reshape(sf.shape if scales != "tensor" else ())).astype(np.float32))
+
+
+def input_amax(model_dir, prompts):
+    """max |x| of each projection's input over the prompts (teacher-forced through the greedy golden
+    length would need the goldens first; the prompts alone are what a calibration pass sees), run by HF
+    on the dense model: {projection base name: float}."""
+    model = mg.load_f32(model_dir)
+    amax, hooks = {}, []
+    for name, mod in model.named_modules():
+        if name.endswith(PROJ):
+            def hook(m, args, name=name):
+                amax[name] = max(amax.get(name, 0.0), float(args[0].abs().max()))
+            hooks.append(mod.register_forward_pre_hook(hook))
+    with torch.no_grad():
+        for p in prompts:
+            model(torch.tensor([p]))
+    for h in hooks:
+        h.remove()
+    return amax
+
+
+def fp8_quant_config(producer, scales, acts):
+    if producer == "fp8":  # AutoFP8's (activation_scheme, ignored_layers); DeepSeek-V3's block one
+        if scales == "block":
+            return {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                    "weight_block_size": [FP8_BLOCK, FP8_BLOCK]}
+        return {"activation_scheme": acts, "ignored_layers": ["lm_head"], "quant_method": "fp8"}
+    # llm-compressor's FP8_DYNAMIC (channel weights, dynamic per-token inputs) and FP8 (tensor weights, static
+    # tensor inputs) schemes as QuantizationConfig.model_dump writes them
+    weights = {"actorder": None, "block_structure": None, "dynamic": False, "group_size": None, "num_bits": 8,
+               "observer": "minmax", "observer_kwargs": {}, "strategy": scales, "symmetric": True, "type": "float"}
+    inputs = {"actorder": None, "block_structure": None, "dynamic": acts == "dynamic", "group_size": None,
+              "num_bits": 8, "observer": None if acts == "dynamic" else "minmax", "observer_kwargs": {},
+              "strategy": "token" if acts == "dynamic" else "tensor", "symmetric": True, "type": "float"}
+    return {"config_groups": {"group_0": {"format": "float-quantized", "input_activations": inputs,
+                                          "output_activations": None, "targets": ["Linear"], "weights": weights}},
+            "format": "float-quantized", "global_compression_ratio": None, "ignore": ["lm_head"],
+            "kv_cache_scheme": None, "quant_method": "compressed-tensors", "quantization_status": "compressed",
+            "sparsity_config": {}, "transform_config": {}, "version": "0.12.2"}
+
+
+def make_fp8_one(name, producer, scales, acts, sdt, prompts):
+    src = os.path.join(REPO, "tests/data/tiny-mistral")
+    d = os.path.join(REPO, "tests/data", name)
+    with open(os.path.join(src, "config.json")) as f:
+        cfg = json.load(f)
+    amax = input_amax(src, prompts or mg.ID_PROMPTS) if acts == "static" else {}
+    dense, out = {}, {}
+    for k, v in mg.state_tensors(src).items():
+        base = k[:-len(".weight")]
+        if not base.endswith(PROJ):
+            out[k] = v  # embedding, norms, LM head: bf16 as they are
+            dense[k] = v.float()
+            continue
+        codes, s = fp8_quantize(v.float().numpy(), scales, sdt)
+        scalar = producer == "fp8" and scales == "tensor" and ".layers.0." in k  # AutoFP8's 0-dim scalars
+        out[k] = codes
+        out[base + (".weight_scale_inv" if scales == "block" else ".weight_scale")] = s.reshape(()) if scalar else s
+        if acts == "static":
+            x = torch.tensor([amax[base] / FP8_MAX], dtype=torch.float32).to(sdt)
+            mg.check(float(x) > 0, "%s: input scale 0" % base)
+            out[base + ".input_scale"] = x.reshape(()) if scalar else x
+        dense[k] = torch.from_numpy(fp8_dequant(codes, s, scales))
+    mg.fresh_dir(d)
+    safetensors.torch.save_file(out, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    os.chmod(os.path.join(d, "model.safetensors"), 0o644)
+    shutil.copy(os.path.join(src, "generation_config.json"), d)
+    qcfg = dict(cfg, quantization_config=fp8_quant_config(producer, scales, acts))
+    mg.write_json(os.path.join(d, "config.json"), qcfg)
+    size = os.path.getsize(os.path.join(d, "model.safetensors"))
+    if prompts is None:  # refused by kiln: no golden
+        print("%s: %d tensors, %s %s scales, %d bytes (no golden)" % (name, len(out), producer, scales, size))
+        return
+    with tempfile.TemporaryDirectory() as tmp:  # the dense float32 checkpoint HF runs
+        shutil.copy(os.path.join(src, "generation_config.json"), tmp)
+        mg.write_json(os.path.join(tmp, "config.json"), cfg)
+        safetensors.torch.save_file({k: v.contiguous() for k, v in dense.items()},
+                                    os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        mg.make_id_golden(name, tmp, prompts, synthetic=False)
+    gpath = os.path.join(REPO, "tests/golden", name, "golden.json")
+    with open(gpath) as f:
+        gj = json.load(f)
+    for i, c in enumerate(gj["cases"]):
+        mg.check(c["min_margin"] >= MIN_MARGIN, "%s case %d: greedy margin %g" % (name, i, c["min_margin"]))
+    gj["model"] = "tests/data/" + name
+    gj["quantization"] = {"checkpoint": qcfg["quantization_config"],
+                          "reference": "tests/golden/make_quant_ckpt_goldens.py fp8_dequant (numpy: each E4M3 "
+                                       "code decoded from its bits, times its scale, float32; activations "
+                                       "unquantized as in kiln)"}
+    mg.write_json(gpath, gj)
+    print("%s: %d tensors, %s %s scales (%s), %s inputs, %d bytes" % (name, len(out), producer, scales,
+                                                                       str(sdt).replace("torch.", ""), acts, size))
+
+
 def main():
     torch.set_num_threads(1)
     names = set(sys.argv[1:])
-    unknown = names - {c[0] for c in CHECKPOINTS}
+    unknown = names - {c[0] for c in CHECKPOINTS} - {c[0] for c in FP8_CHECKPOINTS}
     mg.check(not unknown, "unknown checkpoints: %s" % ", ".join(sorted(unknown)))
     for c in CHECKPOINTS:
         if not names or c[0] in names:
             make_one(*c)
+    for c in FP8_CHECKPOINTS:
+        if not names or c[0] in names:
+            make_fp8_one(*c)
 
 
 if __name__ == "__main__":
