@@ -43,12 +43,14 @@
 
 #define KILN_ENGINE_MAGIC "KILNENG"  /* 8 bytes with the NUL */
 #define KILN_ENGINE_MAJOR 2       /* 2: piecewise section checksums; 1 (XXH64) is still read */
-#define KILN_ENGINE_MINOR 3       /* 1: meta.generation has sampling defaults (do_sample, temperature, top_k,
+#define KILN_ENGINE_MINOR 4       /* 1: meta.generation has sampling defaults (do_sample, temperature, top_k,
                                      top_p), and the chat section (kind 6); 2: the plan section is version 2
                                      (variable ops, keyed attributes with the passes' lowering flags); 3: plans
                                      may hold ops 16-19 (bias_add, moe, all_reduce, all_gather), the flags
                                      qkv_bias, qk_norm, no_renorm, quantized weights (dtypes 4-7) and, with
-                                     tensor parallelism, plan version 3 (kiln 0.3) */
+                                     tensor parallelism, plan version 3 (kiln 0.3); 4: the tuning section
+                                     (kind 7), which `kiln tune` appends in place (an older reader verifies
+                                     and skips it; appending keeps the file's major and minor) */
 #define KILN_ENGINE_HASH_PIECE (16u << 20) /* bytes per checksum piece (format 2) */
 #define KILN_ENGINE_HEADER_SIZE 64
 #define KILN_ENGINE_ENTRY_SIZE 64
@@ -64,6 +66,7 @@ typedef enum kiln_section_kind {
     KILN_SECTION_KERNELS = 4,   /* cubins per SM + PTX (GPU issue) */
     KILN_SECTION_TOKENIZER = 5, /* compact binary tokenizer (runtime/kiln_tokenizer.h) */
     KILN_SECTION_CHAT = 6,      /* JSON: chat template + its special tokens (runtime/kiln_chat.h); minor 1 */
+    KILN_SECTION_TUNING = 7,    /* per-GPU tuning records (format/kiln_tuning.h), appended by `kiln tune`; minor 4 */
 } kiln_section_kind;
 
 typedef enum kiln_codec {
