@@ -31,8 +31,9 @@
 #define TUNE_MAX_LIST 32
 
 static void help(FILE *f) {
+    fprintf(f, "usage: %s ", kiln_cli_prog);
     fprintf(f,
-            "usage: kiln tune ENGINE.kiln [options]\n\n"
+            "tune ENGINE.kiln [options]\n\n"
             "Measure this GPU's fastest cuBLASLt algorithm for every GEMM shape the engine's decode\n"
             "and prefill steps run, and record them (with the executor's thresholds) in the engine,\n"
             "for this GPU's SM: later loads on this GPU type run the same kernels every time.\n"
