@@ -20,6 +20,14 @@
  * a decode step does rather than a weight left in L2) are captured into a
  * CUDA graph, launched once to warm up and once between two events. The
  * graph keeps host launch cost out of the number, as in the decode graph.
+ *
+ * Recorded algorithms: an engine's tuning record (format/kiln_tuning.h,
+ * written by `kiln tune` from kiln_cublaslt_export's measurements) gives
+ * the algorithm of each shape it has; plan_get takes it instead of the
+ * heuristic's answer once cublasLtMatmulAlgoCheck accepts it for the plan's
+ * descriptors and workspace (kiln_cublaslt_use_recorded), and tuning keeps
+ * it untimed. The record is used only with the cuBLASLt version it was
+ * measured with (the executor checks that).
  */
 #include "runtime/kiln_cuda.h"
 

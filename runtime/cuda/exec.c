@@ -50,6 +50,10 @@
  * heuristic's first answer, 2 reports: kiln_cuda_exec_opts.lt_tune, `kiln
  * bench --measure lt_tune=N`). Decode attention splits each sequence so that
  * the grid fills about two waves of the GPU (attn_waves, for measuring).
+ * An engine's tuning record for this GPU (`kiln tune`; tuning_apply) gives
+ * the cuBLASLt algorithms of the shapes it measured (then not timed again)
+ * and the thresholds (GEMV token limits, RoPE split limit, attention waves)
+ * in place of the built-in defaults.
  */
 #include "kiln_cuda_exec.h"
 

@@ -63,7 +63,8 @@ typedef struct kiln_cuda_exec_opts {
     int threads;         /* host threads for the weight upload; 0 = one per core (at most 16) */
     /* Measurement knobs (`kiln bench --measure`, kiln_ctx_options.measure); 0 = the default */
     int gemv_max_m;      /* most tokens per step the tensor-core GEMV (KILN_GEMV_MAX_M) and the quantized one
-                            (CX_QGEMV_MAX_M, exec.c) take before cuBLASLt; 0 = those defaults */
+                            (CX_QGEMV_MAX_M, exec.c) take before cuBLASLt; 0 = the engine's tuning record's
+                            values, else those defaults */
     double attn_waves;   /* decode attention's splits aim for this many waves of the GPU (2) */
     int lt_tune;         /* cuBLASLt algorithms at decode: 1 = the heuristic's, 2 = timed (default), 3 = timed
                             and reported on stderr */
