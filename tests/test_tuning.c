@@ -9,7 +9,9 @@
  * (RLIMIT_FSIZE) leaves the file byte-identical. The GPU side (the executor
  * using a record) is in test_gpu_exec.c.
  */
+#include <jansson.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -295,6 +297,26 @@ static void test_append_in_place(void) {
     KT_EQ_INT(u.records[0].n_gemms, 2);
     kiln_tuning_free(&u);
     kiln_engine_close(&e);
+    /* kiln inspect lists it (text and --json) */
+    char cmd[3000], out[1200];
+    snprintf(out, sizeof out, "%s/inspect.txt", tmpdir);
+    snprintf(cmd, sizeof cmd, "'%s' inspect --json '%s' > '%s' 2>&1", KILN_EXE, path, out);
+    KT_EQ_INT(system(cmd), 0);
+    json_t *j = json_load_file(out, 0, NULL), *rec = json_array_get(json_object_get(j, "tuning"), 0);
+    KT_EQ_STR(json_string_value(json_object_get(rec, "sm")), "sm_90");
+    KT_EQ_STR(json_string_value(json_object_get(rec, "device")), "NVIDIA H200");
+    KT_EQ_INT(json_integer_value(json_object_get(rec, "cublaslt_version")), 130100);
+    KT_EQ_INT(json_array_size(json_object_get(rec, "shapes")), 2);
+    KT_EQ_INT(json_integer_value(json_object_get(json_array_get(json_object_get(rec, "shapes"), 1), "m")), 32);
+    json_decref(j);
+    snprintf(cmd, sizeof cmd, "'%s' inspect '%s' > '%s' 2>&1", KILN_EXE, path, out);
+    KT_EQ_INT(system(cmd), 0);
+    size_t tn;
+    char *txt = (char *)slurp(out, &tn);
+    KT_REQUIRE(txt != NULL);
+    txt[tn] = 0;
+    KT_CONTAINS(txt, "tuning: sm_90 \"NVIDIA H200\", cuBLASLt 130100, driver 13000: 2 GEMM shapes; gemv_max_m 8");
+    free(txt);
 
     /* a section of a kind this reader does not know (as kind 7 is to a reader before 2.4): skipped */
     KT_REQUIRE(kiln_engine_put_section(other, 99, sec.data, sec.len, NULL, NULL, &err) == KILN_OK);
@@ -311,6 +333,14 @@ static void test_append_in_place(void) {
     KT_EQ_INT(kiln_tuning_load(&e, &u, &present, &err), KILN_ERR_FORMAT);
     KT_CONTAINS(err.msg, "tuning record 0: sm 7 is outside 50..999");
     kiln_engine_close(&e);
+    snprintf(cmd, sizeof cmd, "'%s' inspect '%s' > '%s' 2>&1", KILN_EXE, other, out);
+    KT_EQ_INT(WEXITSTATUS(system(cmd)), 1);
+    txt = (char *)slurp(out, &tn);
+    KT_REQUIRE(txt != NULL);
+    txt[tn] = 0;
+    KT_CONTAINS(txt, "kiln inspect: error: ");
+    KT_CONTAINS(txt, "sm 7 is outside 50..999");
+    free(txt);
 
     kiln_buf_free(&sec);
     kiln_buf_free(&sec2);
