@@ -96,6 +96,7 @@ int kiln_cmd_bench(int argc, char **argv);
 int kiln_cmd_package(int argc, char **argv);
 int kiln_cmd_serve(int argc, char **argv); /* cmd_serve.c: the OpenAI-compatible HTTP server */
 int kiln_cmd_perplexity(int argc, char **argv); /* cmd_perplexity.c */
+int kiln_cmd_tune(int argc, char **argv);       /* cmd_tune.c: per-GPU tuning records */
 /* Package (codegen/kiln_package.h) and report as `kiln CMD` does; the exit code.
  * Shared by `kiln package` and `kiln compile --standalone`. */
 struct kiln_package_options;

@@ -330,6 +330,28 @@ static void emit_run(const report *rp, const bench_shape *sh, const run_result *
 }
 
 /* What the context holds once every run is done: limits, peak memory and its parts. */
+/* The engine's tuning record for this GPU (`kiln tune`) as the executor found it: a line
+ * "tuning: recorded sm_90 (12 shapes)" / "stale (cuBLASLt 130000 vs 130100)" / "none (heuristic)",
+ * or with --json a measurement "tuning" whose value is the recorded shapes in use (0 without) and
+ * whose "tuning" key holds the words. */
+static void emit_tuning(const report *rp, const bench_shape *sh, const char *tuning) {
+    if (!tuning[0]) return;
+    unsigned sm = 0, shapes = 0;
+    if (sscanf(tuning, "recorded sm_%u (%u shapes", &sm, &shapes) != 2) shapes = 0;
+    if (!rp->json) {
+        printf("  tuning: %s\n", tuning);
+        return;
+    }
+    json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:s, s:i, s:s, s:s, s:s, s:s, s:s}", "model", rp->model,
+                          "dtype", rp->dtype, "batch", sh->batch, "requests", sh->requests, "input_len", rp->input_len,
+                          "output_len", rp->output_len, "metric", "tuning", "value", (int)shapes, "unit", "shapes",
+                          "tuning", tuning, "device", rp->device, "gpu", rp->gpu, "commit", rp->commit);
+    char *s = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    if (s) printf("%s\n", s);
+    free(s);
+    json_decref(j);
+}
+
 static void emit_context(const report *rp, const bench_shape *sh, const kiln_ctx_info *in, bool on_gpu) {
     const double mib = 1024.0 * 1024.0;
     emit(rp, sh->batch, sh->requests, "max_step_tokens", in->max_step_tokens, "tokens");
@@ -344,6 +366,7 @@ static void emit_context(const report *rp, const bench_shape *sh, const kiln_ctx
     emit(rp, sh->batch, sh->requests, "scratch_memory", (double)in->scratch_bytes / mib, "MiB");
     emit(rp, sh->batch, sh->requests, "kernels_load_ms", in->kernels_load_seconds * 1e3, "ms");
     emit(rp, sh->batch, sh->requests, "ptx_jit", in->kernels_jitted, "bool");
+    emit_tuning(rp, sh, in->tuning);
 }
 
 static const char *commit_id(void) {

@@ -20,6 +20,7 @@
 
 #include "../format/kiln_ksec_read.h"
 #include "../format/kiln_plan.h"
+#include "../format/kiln_tuning.h"
 #include "../runtime/kiln_rt.h"
 #include "../runtime/kiln_tokenizer.h"
 #include "cli.h"
@@ -31,10 +32,10 @@ static void help(FILE *f) {
     fprintf(f, "inspect ENGINE.kiln [--json]\n\n"
                "Verify an engine file (every section, and that they agree with each other) and show its\n"
                "format version, model, weights (dtypes), plan, GPU targets and kernels, generation\n"
-               "settings (bos, eos...), tokenizer and sections; for a tensor-parallel engine (compile\n"
+               "settings (bos, eos...), tokenizer, tuning records (`kiln tune`) and sections; for a tensor-parallel engine (compile\n"
                "--tp N) its ranks and each rank's range of the weights. A file that fails a check is an\n"
                "error (exit 1) naming the values that disagree. --json prints one JSON object: the meta\n"
-               "section plus 'sections', 'plan', 'kernels' and 'weights_dtype'.\n");
+               "section plus 'sections', 'plan', 'kernels', 'tuning' and 'weights_dtype'.\n");
 }
 
 /* ---- cross-checks ---- */
@@ -281,6 +282,72 @@ static kiln_status check_kernels(const json_t *meta, const kiln_model *m, kiln_i
     return st;
 }
 
+/* The tuning section (`kiln tune`), when there is one, parses (runtime/tuning.c's checks). */
+static kiln_status check_tuning(const kiln_model *m, kiln_error *err) {
+    kiln_tuning t;
+    bool present;
+    kiln_status st = kiln_tuning_load(&m->engine, &t, &present, err);
+    kiln_tuning_free(&t);
+    return st;
+}
+
+/* The tuning records as JSON: [{sm, device, cublaslt_version, driver_version, thresholds, seconds,
+ * shapes: [{m, n, k, in, out, accumulate, us, heuristic_us, candidates, pick}]}] ([] without a
+ * section). Verified already by check_tuning. */
+static json_t *tuning_json(const kiln_model *m) {
+    kiln_tuning t;
+    bool present;
+    kiln_error ig = {0};
+    json_t *a = json_array();
+    if (kiln_tuning_load(&m->engine, &t, &present, &ig) != KILN_OK) return a;
+    for (uint32_t i = 0; i < t.n_records; i++) {
+        const kiln_tuning_record *r = &t.records[i];
+        json_t *shapes = json_array();
+        for (uint32_t j = 0; j < r->n_gemms; j++) {
+            const kiln_tuning_gemm *g = &r->gemms[j];
+            json_array_append_new(
+                shapes, json_pack("{s:i, s:i, s:i, s:s, s:s, s:b, s:f, s:o, s:i, s:i}", "m", (int)g->m, "n", (int)g->n,
+                                  "k", (int)g->k, "in", g->flags & KILN_TUNING_IN_F32 ? "f32" : "bf16", "out",
+                                  g->flags & KILN_TUNING_OUT_F32 ? "f32" : "bf16", "accumulate",
+                                  (g->flags & KILN_TUNING_ACCUMULATE) != 0, "us", (double)g->us, "heuristic_us",
+                                  g->heuristic_us > 0 ? json_real(g->heuristic_us) : json_null(), "candidates",
+                                  (int)g->candidates, "pick", (int)g->pick));
+        }
+        char sm[16];
+        snprintf(sm, sizeof sm, "sm_%u", r->sm);
+        json_array_append_new(a, json_pack("{s:s, s:s, s:I, s:i, s:{s:i, s:i, s:i, s:f}, s:f, s:o}", "sm", sm,
+                                           "device", r->device, "cublaslt_version", (json_int_t)r->lt_version,
+                                           "driver_version", r->driver_version, "thresholds", "gemv_max_m",
+                                           (int)r->gemv_max_m, "qgemv_max_m", (int)r->qgemv_max_m, "rope_split_max_t",
+                                           (int)r->rope_split_max_t, "attn_waves", (double)r->attn_waves, "seconds",
+                                           (double)r->seconds, "shapes", shapes));
+    }
+    kiln_tuning_free(&t);
+    return a;
+}
+
+/* "tuning: none" or a line per record. */
+static void print_tuning(const json_t *recs) {
+    if (json_array_size(recs) == 0) {
+        printf("tuning: none (cuBLASLt's heuristic at load; `kiln tune` records this GPU's choices)\n");
+        return;
+    }
+    size_t i;
+    const json_t *r;
+    json_array_foreach(recs, i, r) {
+        const json_t *th = json_object_get(r, "thresholds"), *sh = json_object_get(r, "shapes");
+        printf("tuning: %s \"%s\", cuBLASLt %lld, driver %lld: %zu GEMM shapes; gemv_max_m %lld, qgemv_max_m %lld, "
+               "rope_split_max_t %lld, attn_waves %g (measured in %.1f s)\n",
+               json_string_value(json_object_get(r, "sm")), json_string_value(json_object_get(r, "device")),
+               (long long)json_integer_value(json_object_get(r, "cublaslt_version")),
+               (long long)json_integer_value(json_object_get(r, "driver_version")), json_array_size(sh),
+               (long long)json_integer_value(json_object_get(th, "gemv_max_m")),
+               (long long)json_integer_value(json_object_get(th, "qgemv_max_m")),
+               (long long)json_integer_value(json_object_get(th, "rope_split_max_t")),
+               json_real_value(json_object_get(th, "attn_waves")), json_real_value(json_object_get(r, "seconds")));
+    }
+}
+
 kiln_status kiln_inspect_verify(const kiln_model *m, kiln_inspect_kernels *kernels, kiln_error *err) {
     json_error_t je;
     json_t *meta = json_loads(m->meta_json, 0, &je);
@@ -297,7 +364,7 @@ kiln_status kiln_inspect_verify(const kiln_model *m, kiln_inspect_kernels *kerne
         (st = check_generation(json_object_get(meta, "generation"), m->plan, err)) ||
         (st = check_weights(json_object_get(meta, "weights"), m, err)) ||
         (st = check_tensor_parallel(json_object_get(meta, "tensor_parallel"), m->plan, err)) ||
-        (st = check_tokenizer(meta, m, err)))
+        (st = check_tokenizer(meta, m, err)) || (st = check_tuning(m, err)))
         goto out_free_meta;
     st = check_kernels(meta, m, kernels, err);
 out_free_meta:
@@ -541,6 +608,7 @@ static void print_text(const char *path, const kiln_model *m, json_t *meta, cons
         printf("\n");
     }
     print_targets(meta, k);
+    print_tuning(json_object_get(meta, "tuning"));
     print_generation(m, json_object_get(meta, "generation"));
     printf("plan: %u ops, %u values, %u buffer slots:", p->n_ops, p->n_values, p->n_slots);
     const char *key;
@@ -567,6 +635,7 @@ static void add_json_extras(json_t *meta, const char *path, const kiln_model *m,
     json_object_set_new(meta, "file", json_string(path));
     json_object_set_new(meta, "file_bytes", json_integer((json_int_t)m->engine.size));
     json_object_set_new(meta, "weights_dtype", json_string(wdtype));
+    json_object_set_new(meta, "tuning", tuning_json(m));
     json_t *lines = auto_layers(m, meta);
     if (lines) json_object_set_new(meta, "quant_layers", lines); /* --quant auto: each layer's formats */
     json_object_set_new(meta, "kernels", k->present ? json_pack("{s:i, s:i, s:i, s:s, s:i}", "modules", k->n_modules,

@@ -15,6 +15,7 @@ static const kiln_cli_command commands[] = {
     {"package", kiln_cmd_package, "write one executable with an engine built in (run/bench/inspect)"},
     {"serve", kiln_cmd_serve, "serve the engine over HTTP with OpenAI's API (docs/serving.md)"},
     {"perplexity", kiln_cmd_perplexity, "how well the engine predicts a text (perplexity, bits per token)"},
+    {"tune", kiln_cmd_tune, "measure this GPU's GEMM algorithms and record them in the engine (GPU)"},
 };
 
 static const kiln_cli_tool kiln_tool = {

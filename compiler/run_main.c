@@ -29,6 +29,7 @@ static const kiln_cli_command commands[] = {
     {"tokenize", cmd_tokenize_engine, "text on stdin → token ids with an engine's tokenizer (or --decode)"},
     {"serve", kiln_cmd_serve, "serve the engine over HTTP with OpenAI's API (docs/serving.md)"},
     {"perplexity", kiln_cmd_perplexity, "how well the engine predicts a text (perplexity, bits per token)"},
+    {"tune", kiln_cmd_tune, "measure this GPU's GEMM algorithms and record them in the engine (GPU)"},
 };
 
 static const kiln_cli_tool kiln_run_tool = {

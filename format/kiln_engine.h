@@ -50,7 +50,9 @@
                                      qkv_bias, qk_norm, no_renorm, quantized weights (dtypes 4-7) and, with
                                      tensor parallelism, plan version 3 (kiln 0.3); 4: weight dtype 9 (fp8,
                                      FP8 E4M3 codes with per-row scales), which a reader of 2.3 refuses naming
-                                     the weight and the dtype */
+                                     the weight and the dtype, and the tuning section (kind 7), which `kiln
+                                     tune` appends in place (an older reader verifies and skips it; appending
+                                     keeps the file's major and minor) */
 #define KILN_ENGINE_HASH_PIECE (16u << 20) /* bytes per checksum piece (format 2) */
 #define KILN_ENGINE_HEADER_SIZE 64
 #define KILN_ENGINE_ENTRY_SIZE 64
@@ -66,6 +68,7 @@ typedef enum kiln_section_kind {
     KILN_SECTION_KERNELS = 4,   /* cubins per SM + PTX (GPU issue) */
     KILN_SECTION_TOKENIZER = 5, /* compact binary tokenizer (runtime/kiln_tokenizer.h) */
     KILN_SECTION_CHAT = 6,      /* JSON: chat template + its special tokens (runtime/kiln_chat.h); minor 1 */
+    KILN_SECTION_TUNING = 7,    /* per-GPU tuning records (format/kiln_tuning.h), appended by `kiln tune`; minor 4 */
 } kiln_section_kind;
 
 typedef enum kiln_codec {

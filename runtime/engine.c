@@ -68,6 +68,7 @@ const char *kiln_section_kind_name(uint32_t kind) {
     case KILN_SECTION_KERNELS: return "kernels";
     case KILN_SECTION_TOKENIZER: return "tokenizer";
     case KILN_SECTION_CHAT: return "chat";
+    case KILN_SECTION_TUNING: return "tuning";
     default: return "unknown";
     }
 }
@@ -298,7 +299,9 @@ static kiln_status engine_verify(const uint8_t *data, size_t size, const char *l
                  (uint64_t)size < file_size ? "truncated" : "wrong size", (unsigned long long)file_size, size);
         return kiln_err_hint(err, (uint64_t)size < file_size
                                       ? "the copy or the build was interrupted; copy the engine again"
-                                      : "bytes were appended to the engine; copy it again");
+                                      : "bytes were appended to the engine; copy it again (or, if `kiln tune` "
+                                        "was killed while appending its section, truncate the file to the "
+                                        "header's size: the bytes before it are the engine as it was)");
     }
 
     /* 6. section count */

@@ -158,7 +158,9 @@ typedef struct kiln_ctx_options {
      * one, take before cuBLASLt), attn_waves=W (decode attention's splits aim for W waves of the GPU, 0 < W <= 64;
      * default 2), lt_tune=0|1|2 (cuBLASLt algorithms at decode: the heuristic's, timed (default),
      * timed and reported on stderr), pdl=0|1, graphs=0|1, profile=0|1 (time every kernel, without
-     * graphs: `kiln bench --profile`). NULL or "" = none. An unknown key or
+     * graphs: `kiln bench --profile`), recorded=0|1 (since 0.3; 0: leave the engine's tuning record
+     * unused, its cuBLASLt algorithms and thresholds: the heuristic and the built-in defaults, for A/B
+     * against `kiln tune`). NULL or "" = none. An unknown key or
      * a bad value is KILN_ERR_INVALID_ARG, and any knob with device "cpu" too. */
     const char *measure;
 } kiln_ctx_options;
@@ -203,6 +205,13 @@ typedef struct kiln_ctx_info {
     int64_t kv_used_tokens;      /* KV tokens promised to running requests now (<= kv_capacity_tokens) */
     int64_t preemptions;         /* times a running request was preempted so far */
     int64_t tokens_recomputed;   /* tokens fed again to resume preempted requests so far */
+    /* Since 0.3 */
+    char tuning[96];             /* the engine's tuning record (`kiln tune`) for this GPU: "recorded sm_90 (12
+                                    shapes)" (its cuBLASLt algorithms and thresholds are used), "stale (cuBLASLt
+                                    130000 vs 130100)" (measured with another cuBLASLt: the heuristic runs, the
+                                    thresholds still apply), "none (heuristic)", "off (...)" (knob recorded=0);
+                                    ", N refused by cuBLASLt" when cublasLtMatmulAlgoCheck refused recorded ones;
+                                    empty on the CPU */
 } kiln_ctx_info;
 
 /* Describe the context. */

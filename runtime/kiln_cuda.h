@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "../common/kiln_util.h"
+#include "../format/kiln_tuning.h"
 
 /* The driver entry points kiln uses, as X(name). Members keep cuda.h's names. */
 #define KILN_CU_FUNCS(X)                                                                        \
@@ -234,5 +235,23 @@ kiln_status kiln_cublaslt_gemm_ex(kiln_cublaslt *lt, bool in_f32, bool out_f32, 
 kiln_status kiln_cublaslt_tune(kiln_cublaslt *lt, bool in_f32, bool out_f32, int M, int N, int K, bool accumulate,
                                const CUdeviceptr *w, int n_w, CUdeviceptr x, CUdeviceptr y, CUstream stream, FILE *log,
                                kiln_error *err);
+
+/* ---- the engine's tuning record (format/kiln_tuning.h) ---- */
+
+/* cublasLtGetVersion() of the loaded library (e.g. 130100). */
+size_t kiln_cublaslt_version(const kiln_cublaslt *lt);
+/* Use `r`'s algorithms (copied; NULL = none): a plan made from then on for a
+ * shape the record has (kiln_tuning_find: M exactly, else M's power-of-two
+ * bucket) takes the recorded algorithm when cublasLtMatmulAlgoCheck accepts
+ * it for the plan's descriptors and workspace, else the heuristic's answer;
+ * kiln_cublaslt_tune then keeps a recorded plan as it is, without timing. */
+kiln_status kiln_cublaslt_use_recorded(kiln_cublaslt *lt, const kiln_tuning_record *r, kiln_error *err);
+/* Of the record's entries: how many some plan used, how many AlgoCheck refused. */
+void kiln_cublaslt_recorded_counts(const kiln_cublaslt *lt, int *used, int *refused);
+/* The measured choices of kiln_cublaslt_tune (plans it timed, not recorded
+ * ones) into out[0..cap-1]; returns how many there are (may exceed cap). */
+int kiln_cublaslt_export(const kiln_cublaslt *lt, kiln_tuning_gemm *out, int cap);
+/* "algo 66 tile 20 stages 31 ...": a recorded algorithm's configuration, for reports. */
+void kiln_cublaslt_algo_str(const kiln_cublaslt *lt, const uint8_t algo[KILN_TUNING_ALGO_SIZE], char *buf, size_t n);
 
 #endif /* KILN_CUDA_H */

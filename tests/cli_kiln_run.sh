@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # cli_kiln_run.sh — `kiln-run`, the runtime-only tool, through the binary:
-# --help lists its five commands only, compile is refused with a hint, and
+# --help lists its runtime commands only, compile is refused with a hint, and
 # run / inspect / bench / tokenize on an engine give what `kiln` gives
 # (stories260k on the CPU; tokenize with pycode-22m's tokenizer); a
 # tokenizer.json is refused with a hint pointing at `kiln tokenize`.
@@ -21,13 +21,13 @@ trap 'rm -rf "$T"' EXIT
 # --help: exactly run, bench, inspect, tokenize
 "$RUN" --help >"$T/help" 2>&1 || bad "kiln-run --help exited $?"
 cmds=$(sed -n 's/^  \([a-z]*\)  .*/\1/p' "$T/help" | tr '\n' ' ')
-[ "$cmds" = "run bench inspect tokenize serve perplexity " ] && ok || bad "kiln-run --help lists '$cmds'"
+[ "$cmds" = "run bench inspect tokenize serve perplexity tune " ] && ok || bad "kiln-run --help lists '$cmds'"
 "$RUN" --version | grep -Eq '^kiln-run [0-9]+\.[0-9]+\.[0-9]+ ' && ok || bad "kiln-run --version"
 expect 2 "hint: compile engines with .kiln compile." -- "$RUN" compile x -o y.kiln
 expect 2 "unknown command 'frobnicate'" -- "$RUN" frobnicate
 expect 2 "usage: kiln-run" -- "$RUN"
 # each command's help names the tool it runs under
-for c in run bench inspect serve perplexity; do
+for c in run bench inspect serve perplexity tune; do
     "$RUN" $c --help 2>&1 | head -1 | grep -q "^usage: kiln-run $c " && ok || bad "kiln-run $c --help does not say 'usage: kiln-run $c'"
 done
 

@@ -1214,6 +1214,93 @@ static void test_quant_goldens(void) {
     }
 }
 
+/* Write record r as the engine's tuning section (replacing any). */
+static bool put_record(const char *eng, const kiln_tuning_record *r) {
+    kiln_tuning t = {0};
+    kiln_tuning_record c = *r;
+    kiln_error err = {0};
+    kiln_buf b = {0};
+    c.gemms = malloc((size_t)(r->n_gemms ? r->n_gemms : 1) * sizeof *c.gemms);
+    if (!c.gemms) return false;
+    memcpy(c.gemms, r->gemms, (size_t)r->n_gemms * sizeof *c.gemms);
+    bool ok = kiln_tuning_put(&t, &c, &err) == KILN_OK && kiln_tuning_write(&t, &b, &err) == KILN_OK &&
+              kiln_engine_put_section(eng, KILN_SECTION_TUNING, b.data, b.len, NULL, NULL, &err) == KILN_OK;
+    if (!ok) fprintf(stderr, "  recording into %s: %s\n", eng, err.msg);
+    free(c.gemms);
+    kiln_tuning_free(&t);
+    kiln_buf_free(&b);
+    return ok;
+}
+
+/* `kiln tune`'s path: tiny-mistral bf16 measured for decode batches 16, 32 and prefill steps of 16 and 32
+ * tokens, recorded in the engine; reloaded, the executor says it uses the record, its plans take the
+ * recorded algorithms (none refused by cublasLtMatmulAlgoCheck), and the outputs still match HF's
+ * goldens (the 20-token prompt's prefill runs through cuBLASLt at M = 20, bucket 32). A record measured
+ * with another cuBLASLt is "stale": the heuristic runs, the record's thresholds still apply. */
+static void test_tuning_record(void) {
+    NEED_GPU();
+    const char *eng = engine_for("tiny-mistral-tuned", pathf("%s/tests/data/tiny-mistral", src_dir()),
+                                 KILN_DTYPE_COUNT_, NULL, 0);
+    KT_REQUIRE(eng != NULL);
+    gx G;
+    kiln_cuda_exec_opts o = {.max_seqs = 32, .max_context = 256, .kv_bytes = 64 << 20, .no_recorded = true};
+    KT_REQUIRE(gx_open(&G, eng, &o));
+    const int batches[] = {16, 32}, rows[] = {16, 32};
+    kiln_tuning_record r;
+    kiln_error err = {0};
+    kiln_status st = kiln_cuda_exec_tune(G.x, batches, 2, rows, 2, NULL, &r, &err);
+    gx_close(&G);
+    KT_REQUIRE(st == KILN_OK);
+    fprintf(stderr, "  tuned: %u shapes on sm_%u \"%s\", cuBLASLt %llu in %.2f s\n", r.n_gemms, r.sm, r.device,
+            (unsigned long long)r.lt_version, (double)r.seconds);
+    KT_CHECK(r.n_gemms >= 6); /* per M: qkv, o_proj, gate/up, down (+ the LM head at decode) */
+    KT_EQ_INT(r.sm, g_sm);
+    KT_EQ_INT(r.gemv_max_m, KILN_GEMV_MAX_M);
+    bool have20 = false;
+    for (uint32_t i = 0; i < r.n_gemms; i++) {
+        KT_CHECK(r.gemms[i].us > 0 && r.gemms[i].pick < r.gemms[i].candidates);
+        have20 |= r.gemms[i].m == 32;
+    }
+    KT_CHECK(have20);
+    KT_REQUIRE(put_record(eng, &r));
+
+    kiln_cuda_exec_opts d = {.max_seqs = 4, .max_context = 256, .kv_bytes = 64 << 20};
+    KT_REQUIRE(gx_open(&G, eng, &d));
+    kiln_cuda_exec_stats cs;
+    KT_REQUIRE(kiln_cuda_exec_get_stats(G.x, &cs));
+    KT_CONTAINS(cs.tuning, pathf("recorded sm_%d (%u shapes)", g_sm, r.n_gemms));
+    KT_EQ_INT(cs.tuning_shapes, r.n_gemms);
+    int32_t prompt[20], ids[4];
+    for (int i = 0; i < 20; i++) prompt[i] = (i * 37 + 5) % G.vocab;
+    KT_CHECK(gen_one(&G, 0, prompt, 20, 4, 20, ids, NULL, NULL));
+    KT_REQUIRE(kiln_cuda_exec_get_stats(G.x, &cs));
+    fprintf(stderr, "  reloaded: tuning %s, %d entries used, %d refused\n", cs.tuning, cs.tuning_used,
+            cs.tuning_refused);
+    KT_CHECK(cs.tuning_used >= 4); /* the four prefill GEMMs of M = 20 took bucket 32's algorithms */
+    KT_EQ_INT(cs.tuning_refused, 0);
+    gx_close(&G);
+    check_bf16_golden(eng, pathf("%s/tests/golden/tiny-mistral", src_dir()), "tiny-mistral bf16, tuned", 0);
+
+    /* another cuBLASLt: stale; thresholds still from the record */
+    r.lt_version = 1;
+    r.gemv_max_m = 4;
+    KT_REQUIRE(put_record(eng, &r));
+    KT_REQUIRE(gx_open(&G, eng, &d));
+    KT_REQUIRE(kiln_cuda_exec_get_stats(G.x, &cs));
+    KT_CONTAINS(cs.tuning, "stale (cuBLASLt 1 vs ");
+    KT_EQ_INT(cs.gemv_max_m, 4);
+    KT_EQ_INT(cs.tuning_shapes, 0);
+    gx_close(&G);
+    /* the knob recorded=0: neither */
+    d.no_recorded = true;
+    KT_REQUIRE(gx_open(&G, eng, &d));
+    KT_REQUIRE(kiln_cuda_exec_get_stats(G.x, &cs));
+    KT_CONTAINS(cs.tuning, "off (heuristic");
+    KT_EQ_INT(cs.gemv_max_m, KILN_GEMV_MAX_M);
+    gx_close(&G);
+    free(r.gemms);
+}
+
 static void make_tmp(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/kiln-gpu-exec-XXXXXX");
     if (!mkdtemp(g_tmp)) snprintf(g_tmp, sizeof g_tmp, "/tmp");
@@ -1244,6 +1331,7 @@ int main(void) {
     RUN(test_tiny_bf16);
     RUN(test_quant_goldens);
     RUN(test_pycode_bf16);
+    RUN(test_tuning_record);
     remove_tmp();
     return KT_END();
 }

@@ -20,6 +20,14 @@
  * a decode step does rather than a weight left in L2) are captured into a
  * CUDA graph, launched once to warm up and once between two events. The
  * graph keeps host launch cost out of the number, as in the decode graph.
+ *
+ * Recorded algorithms: an engine's tuning record (format/kiln_tuning.h,
+ * written by `kiln tune` from kiln_cublaslt_export's measurements) gives
+ * the algorithm of each shape it has; plan_get takes it instead of the
+ * heuristic's answer once cublasLtMatmulAlgoCheck accepts it for the plan's
+ * descriptors and workspace (kiln_cublaslt_use_recorded), and tuning keeps
+ * it untimed. The record is used only with the cuBLASLt version it was
+ * measured with (the executor checks that).
  */
 #include "runtime/kiln_cuda.h"
 
@@ -42,7 +50,8 @@
     X(cublasLtCreate) X(cublasLtDestroy) X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescDestroy)                  \
     X(cublasLtMatmulDescSetAttribute) X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy)                 \
     X(cublasLtMatmulPreferenceCreate) X(cublasLtMatmulPreferenceDestroy) X(cublasLtMatmulPreferenceSetAttribute)   \
-    X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmul) X(cublasLtMatmulAlgoConfigGetAttribute)
+    X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmul) X(cublasLtMatmulAlgoConfigGetAttribute)                   \
+    X(cublasLtMatmulAlgoCheck) X(cublasLtGetVersion)
 #define KILN_LT_MEMBER_(fn) __typeof__(fn) *fn;
 typedef struct kiln_lt_api {
     void *lib; /* dlopen handle of libcublasLt */
@@ -62,6 +71,9 @@ typedef struct kiln_lt_api {
 typedef struct kiln_lt_plan {
     int M, N, K, accumulate, valid, in_f32, out_f32;
     int tuned; /* kiln_cublaslt_tune ran on it (whatever it found): never evicted, never tuned again */
+    int recorded; /* its algorithm came from the engine's tuning record (kiln_cublaslt_use_recorded) */
+    float us, heur_us; /* tuning's measurement: the chosen algorithm's time (0: not measured), the heuristic's first's (-1: did not run) */
+    int n_cand, pick;  /* candidates timed, the chosen one's rank */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
@@ -77,6 +89,10 @@ struct kiln_cublaslt {
     int next_victim;
     int n_pinned;     /* plans with tuned set */
     CUevent ev[2];    /* tuning's timing events, made on first use */
+    /* the engine's record for this GPU (kiln_cublaslt_use_recorded): its GEMM entries and, per entry,
+     * 1 = used by some plan, 2 = refused by cublasLtMatmulAlgoCheck */
+    kiln_tuning_record rec;
+    uint8_t *rec_state;
 };
 
 static void plan_free(const kiln_cublaslt *lt, kiln_lt_plan *p) {
@@ -165,6 +181,8 @@ void kiln_cublaslt_destroy(kiln_cublaslt *lt) {
     if (lt->workspace) kiln_cuda_release(lt->cu, lt->workspace);
     if (lt->handle) lt->api.cublasLtDestroy(lt->handle);
     if (lt->api.lib) dlclose(lt->api.lib);
+    free(lt->rec.gemms);
+    free(lt->rec_state);
     free(lt);
 }
 
@@ -176,6 +194,12 @@ static kiln_status pref_make(const kiln_cublaslt *lt, cublasLtMatmulPreference_t
     return KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatmulPreferenceSetAttribute(*pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                                         &lt->workspace_bytes,
                                                                         sizeof lt->workspace_bytes));
+}
+
+/* A GEMM's flags as the tuning section writes them (format/kiln_tuning.h). */
+static uint32_t lt_flags(bool in_f32, bool out_f32, bool accumulate) {
+    return (in_f32 ? KILN_TUNING_IN_F32 : 0u) | (out_f32 ? KILN_TUNING_OUT_F32 : 0u) |
+           (accumulate ? KILN_TUNING_ACCUMULATE : 0u);
 }
 
 /* The plan of this shape: the cached one, or a new one (descriptors and the
@@ -215,6 +239,25 @@ static kiln_status plan_get(kiln_cublaslt *lt, bool in_f32, bool out_f32, int M,
         (st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatrixLayoutCreate(&pl->lc, tout, (uint64_t)N, (uint64_t)M, N))) ||
         (st = pref_make(lt, &pref, err)))
         goto out;
+    /* the engine's recorded algorithm for this shape, if the library accepts it for these descriptors */
+    const kiln_tuning_gemm *rg = lt->rec.n_gemms ? kiln_tuning_find(&lt->rec, M, N, K, lt_flags(in_f32, out_f32, accumulate)) : NULL;
+    if (rg) {
+        cublasLtMatmulAlgo_t a;
+        cublasLtMatmulHeuristicResult_t chk;
+        memcpy(&a, rg->algo, sizeof a);
+        memset(&chk, 0, sizeof chk);
+        kiln_error ig = {0};
+        const size_t ri = (size_t)(rg - lt->rec.gemms);
+        if (!KILN_CUBLASLT_CALL(&ig, lt->api.cublasLtMatmulAlgoCheck(lt->handle, pl->op, pl->la, pl->lb, pl->lc, pl->lc,
+                                                                     &a, &chk)) &&
+            chk.workspaceSize <= lt->workspace_bytes) {
+            lt->rec_state[ri] |= 1;
+            pl->algo = a;
+            pl->recorded = 1;
+            goto made;
+        }
+        lt->rec_state[ri] |= 2; /* stale for this library or shape: the heuristic's answer instead */
+    }
     cublasLtMatmulHeuristicResult_t heur;
     int found = 0;
     if ((st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatmulAlgoGetHeuristic(lt->handle, pl->op, pl->la, pl->lb, pl->lc, pl->lc,
@@ -226,6 +269,7 @@ static kiln_status plan_get(kiln_cublaslt *lt, bool in_f32, bool out_f32, int M,
         goto out;
     }
     pl->algo = heur.algo;
+made:
     pl->M = M, pl->N = N, pl->K = K, pl->accumulate = accumulate, pl->in_f32 = in_f32, pl->out_f32 = out_f32;
     pl->valid = 1;
     *out = pl;
@@ -333,6 +377,12 @@ kiln_status kiln_cublaslt_tune(kiln_cublaslt *lt, bool in_f32, bool out_f32, int
     char shape[96];
     snprintf(shape, sizeof shape, "%s M=%d N=%d K=%d %s-out%s", in_f32 ? "f32" : "bf16", M, N, K,
              out_f32 ? "f32" : "bf16", accumulate ? " accumulate" : "");
+    if (pl->recorded && lt->n_pinned < KILN_LT_PINNED_MAX) { /* the engine's record decides: no timing */
+        pl->tuned = 1;
+        lt->n_pinned++;
+        if (log) fprintf(log, "kiln lt-tune: %s: the engine's recorded algorithm\n", shape);
+        return KILN_OK;
+    }
     if (lt->n_pinned >= KILN_LT_PINNED_MAX) {
         if (log) fprintf(log, "kiln lt-tune: %s: not tuned, %d shapes are already\n", shape, lt->n_pinned);
         return KILN_OK;
@@ -379,7 +429,13 @@ kiln_status kiln_cublaslt_tune(kiln_cublaslt *lt, bool in_f32, bool out_f32, int
                          cand[i].workspaceSize >> 10, (double)cand[i].wavesCount, (double)us[i]);
         if (best < 0 || us[i] < us[best]) best = i;
     }
-    if (best >= 0) pl->algo = cand[best].algo;
+    if (best >= 0) {
+        pl->algo = cand[best].algo;
+        pl->us = us[best];
+        pl->heur_us = us[0] > 0 ? us[0] : -1.0f;
+        pl->n_cand = found;
+        pl->pick = best;
+    }
     if (log) {
         if (best < 0)
             fprintf(log, "kiln lt-tune: %s: no candidate of %d ran, the heuristic's first answer stays\n", shape, found);
@@ -392,4 +448,62 @@ kiln_status kiln_cublaslt_tune(kiln_cublaslt *lt, bool in_f32, bool out_f32, int
                     shape, best, found, (double)us[best], (kiln_now() - t0) * 1e3);
     }
     return KILN_OK;
+}
+
+/* ---- the engine's tuning record ---- */
+
+size_t kiln_cublaslt_version(const kiln_cublaslt *lt) { return lt->api.cublasLtGetVersion(); }
+
+kiln_status kiln_cublaslt_use_recorded(kiln_cublaslt *lt, const kiln_tuning_record *r, kiln_error *err) {
+    free(lt->rec.gemms);
+    free(lt->rec_state);
+    memset(&lt->rec, 0, sizeof lt->rec);
+    lt->rec_state = NULL;
+    if (!r || !r->n_gemms) return KILN_OK;
+    lt->rec = *r;
+    lt->rec.gemms = malloc((size_t)r->n_gemms * sizeof *r->gemms);
+    lt->rec_state = calloc(r->n_gemms, 1);
+    if (!lt->rec.gemms || !lt->rec_state) {
+        free(lt->rec.gemms);
+        free(lt->rec_state);
+        memset(&lt->rec, 0, sizeof lt->rec);
+        lt->rec_state = NULL;
+        return kiln_err(err, KILN_ERR_NOMEM, "cuBLASLt: out of memory for %u recorded algorithms", r->n_gemms);
+    }
+    memcpy(lt->rec.gemms, r->gemms, (size_t)r->n_gemms * sizeof *r->gemms);
+    return KILN_OK;
+}
+
+void kiln_cublaslt_recorded_counts(const kiln_cublaslt *lt, int *used, int *refused) {
+    *used = *refused = 0;
+    for (uint32_t i = 0; i < lt->rec.n_gemms; i++) {
+        if (lt->rec_state[i] & 1) (*used)++;
+        if (lt->rec_state[i] & 2) (*refused)++;
+    }
+}
+
+int kiln_cublaslt_export(const kiln_cublaslt *lt, kiln_tuning_gemm *out, int cap) {
+    int n = 0;
+    for (int i = 0; i < KILN_LT_PLANS; i++) {
+        const kiln_lt_plan *p = &lt->plans[i];
+        if (!p->valid || !p->tuned || !(p->us > 0)) continue;
+        if (n < cap) {
+            kiln_tuning_gemm *g = &out[n];
+            memset(g, 0, sizeof *g);
+            g->m = (uint32_t)p->M, g->n = (uint32_t)p->N, g->k = (uint32_t)p->K;
+            g->flags = lt_flags(p->in_f32, p->out_f32, p->accumulate);
+            g->us = p->us, g->heuristic_us = p->heur_us;
+            g->candidates = (uint32_t)p->n_cand, g->pick = (uint32_t)p->pick;
+            _Static_assert(sizeof p->algo == KILN_TUNING_ALGO_SIZE, "cublasLtMatmulAlgo_t is 64 bytes");
+            memcpy(g->algo, &p->algo, KILN_TUNING_ALGO_SIZE);
+        }
+        n++;
+    }
+    return n;
+}
+
+void kiln_cublaslt_algo_str(const kiln_cublaslt *lt, const uint8_t algo[KILN_TUNING_ALGO_SIZE], char *buf, size_t n) {
+    cublasLtMatmulAlgo_t a;
+    memcpy(&a, algo, sizeof a);
+    algo_str(lt, &a, buf, n);
 }

@@ -50,6 +50,10 @@
  * heuristic's first answer, 2 reports: kiln_cuda_exec_opts.lt_tune, `kiln
  * bench --measure lt_tune=N`). Decode attention splits each sequence so that
  * the grid fills about two waves of the GPU (attn_waves, for measuring).
+ * An engine's tuning record for this GPU (`kiln tune`; tuning_apply) gives
+ * the cuBLASLt algorithms of the shapes it measured (then not timed again)
+ * and the thresholds (GEMV token limits, RoPE split limit, attention waves)
+ * in place of the built-in defaults.
  */
 #include "kiln_cuda_exec.h"
 
@@ -68,7 +72,8 @@
 #define CX_MAX_ATTN 8
 #define CX_MAX_GRAPHS 24
 #define CX_UPLOAD_PIECE (8u << 20)
-#define CX_ROPE_SPLIT_MAX_T 64 /* steps of at most this many tokens spread rope_kv over the heads */
+#define CX_ROPE_SPLIT_MAX_T 64 /* steps of at most this many tokens spread rope_kv over the heads (default: an engine's
+                                  tuning record may give another, tuning_apply) */
 /* The quantized GEMV takes steps of up to this many rows (x tiles of 8, the weights re-read from L2),
  * dequantize + cuBLASLt above: on the H200, Mistral-7B int4 decode at batch 16 / 32 / 64 ran 3,156 /
  * 3,616 / 3,965 tok/s through the GEMV and 1,377 / 2,690 / 5,303 through cuBLASLt */
@@ -201,6 +206,9 @@ typedef struct cx {
     int gemv_max_m; /* most tokens per step the tensor-core GEMV takes (else cuBLASLt) */
     int qgemv_max_m; /* ... the quantized GEMV takes (else dequantize + cuBLASLt) */
     double attn_waves; /* KILN_ATTN_WAVES: decode attention splits aim for this many waves of the GPU (2) */
+    int rope_split_max_t; /* steps of at most this many tokens spread rope_kv over the heads (CX_ROPE_SPLIT_MAX_T) */
+    char tuning[96];   /* what the engine's tuning record gave this GPU, for kiln bench (tuning_apply) */
+    int tuning_shapes; /* GEMM entries of the record in use (0: none) */
     int lt_tune;    /* KILN_LT_TUNE: cuBLASLt algorithms at decode: 0 heuristic's, 1 timed (default), 2 timed + reported */
     /* profiling (opts.profile): events around each instruction and the sampler, sums per kind of step */
     bool profile;
@@ -950,7 +958,7 @@ static kiln_status run_program(cx *x, const cx_shape *sh, kiln_error *err) {
                                       T,
                                       0};
             /* a few tokens: a block per head (and one for v), else a block per token (rope_kv.cuh) */
-            const unsigned slices = T <= CX_ROPE_SPLIT_MAX_T ? (unsigned)(x->n_heads + x->n_kv + 1) : 1u;
+            const unsigned slices = T <= x->rope_split_max_t ? (unsigned)(x->n_heads + x->n_kv + 1) : 1u;
             st = launch(x, x->f_rope, (unsigned)T, slices, 1, (unsigned)x->rope_threads, 0, &rp, "kiln_rope_kv", err);
             break;
         }
@@ -1167,20 +1175,22 @@ static int bucket(const cx *x, int n) {
 #define CX_TUNE_WEIGHTS 6  /* layers' weights a shape is timed over (6 x 33.5 MB = 4x the H200's 50 MB L2) */
 
 /*
- * Time cuBLASLt's candidate algorithms for every GEMM shape the decode
- * graph of batch B runs through cuBLASLt (M = B above the GEMV's limit;
- * kiln_cublaslt_tune), so the graph captures the fastest rather than the
- * heuristic's first. Runs before a batch's graph is captured (timing
- * cannot happen inside a capture); each shape is timed once. Scratch x and y come from a
+ * Time cuBLASLt's candidate algorithms for every GEMM shape a step of M rows
+ * runs through cuBLASLt (kiln_cublaslt_tune): a decode step of batch M
+ * (decode: the LM head too, which has M rows then), or a prefill step of M
+ * tokens (the LM head has one row per sequence there, not M), so the graph
+ * captures the fastest rather than the heuristic's first. The decode graph
+ * of a batch runs it before its capture (timing cannot happen inside a
+ * capture); `kiln tune` for every batch and prefill size it is given (kiln_cuda_exec_tune).
+ * Each shape is timed once; a shape the engine's tuning record has keeps
+ * the recorded algorithm, untimed. Scratch x and y come from a
  * temporary allocation of B x (largest K) and B x (largest N) elements:
  * the executor's own buffers hold nothing live between steps, but one of
  * their own keeps that an invariant nobody has to remember. Every failure
  * leaves the heuristic's choice; with KILN_LT_TUNE=2 it is reported on
  * stderr, with each shape's candidates and times.
  */
-static void tune_decode(cx *x, int B) {
-    if (!x->lt_tune) return; /* a shape already tuned returns at once (kiln_cublaslt_tune keeps its plan) */
-    FILE *log = x->lt_tune >= 2 ? stderr : NULL;
+static void tune_rows(cx *x, int B, bool decode, FILE *log) {
     struct {
         int n, k;
         bool acc, out_f32;
@@ -1192,6 +1202,7 @@ static void tune_decode(cx *x, int B) {
     for (int i = 0; i < x->n_prog; i++) {
         const cx_inst *in = &x->prog[i];
         if (in->kind != I_QKV && in->kind != I_GEMM && in->kind != I_LMHEAD) continue;
+        if (in->kind == I_LMHEAD && !decode) continue; /* prefill: one row per sequence, not B */
         const cx_gemm *g = &in->g;
         if (gemv_path(x, g, B)) continue; /* at decode every GEMM has B rows, the LM head's too */
         /* the arguments run_gemm gives kiln_cublaslt_gemm_ex */
@@ -1218,22 +1229,30 @@ static void tune_decode(cx *x, int B) {
     kiln_error e = {0};
     if (cx_alloc(x, bytes, "the cuBLASLt tuning scratch", &scratch, &e) ||
         KILN_CU_CALL(&x->cu, &e, x->cu.api.cuMemsetD8Async(scratch, 0x3c, bytes, x->stream))) { /* bf16/f32 ~0.0115 */
-        if (log) fprintf(log, "kiln lt-tune: decode batch %d not tuned: %s\n", B, e.msg);
+        if (log) fprintf(log, "kiln lt-tune: %s %d not tuned: %s\n", decode ? "decode batch" : "prefill rows", B, e.msg);
     } else {
         for (int j = 0; j < n_sh; j++) {
             kiln_error te = {0};
             if (kiln_cublaslt_tune(x->lt, x->f32, sh[j].out_f32, B, sh[j].n, sh[j].k, sh[j].acc, sh[j].w, sh[j].n_w,
                                    scratch, scratch + yoff, x->stream, log, &te) &&
                 log)
-                fprintf(log, "kiln lt-tune: decode batch %d, N=%d K=%d not tuned: %s\n", B, sh[j].n, sh[j].k, te.msg);
+                fprintf(log, "kiln lt-tune: %s %d, N=%d K=%d not tuned: %s\n", decode ? "decode batch" : "prefill rows",
+                        B, sh[j].n, sh[j].k, te.msg);
         }
-        if (log) fprintf(log, "kiln lt-tune: decode batch %d: %d shapes in %.1f ms\n", B, n_sh, (kiln_now() - t0) * 1e3);
+        if (log)
+            fprintf(log, "kiln lt-tune: %s %d: %d shapes in %.1f ms\n", decode ? "decode batch" : "prefill rows", B, n_sh,
+                    (kiln_now() - t0) * 1e3);
     }
     if (scratch) {
         x->cu.api.cuStreamSynchronize(x->stream); /* nothing of tuning may still read or write it */
         cx_release(x, &scratch);
         x->bytes_now -= (int64_t)bytes;
     }
+}
+
+/* Before batch B's decode graph is captured (lt_tune 0: the heuristic's, 2: reported on stderr). */
+static void tune_decode(cx *x, int B) {
+    if (x->lt_tune) tune_rows(x, B, true, x->lt_tune >= 2 ? stderr : NULL);
 }
 
 static kiln_status graph_for(cx *x, int B, CUgraphExec *out, kiln_error *err) {
@@ -1438,6 +1457,12 @@ static void cx_info(kiln_executor *e, kiln_executor_info *info) {
     info->scratch_bytes = x->scratch_bytes;
     info->kernels_load_seconds = x->stats.modules_seconds;
     info->kernels_jitted = x->stats.jitted;
+    int used = 0, refused = 0;
+    kiln_cublaslt_recorded_counts(x->lt, &used, &refused);
+    if (refused)
+        snprintf(info->tuning, sizeof info->tuning, "%.60s, %d refused by cuBLASLt", x->tuning, refused);
+    else
+        snprintf(info->tuning, sizeof info->tuning, "%s", x->tuning);
 }
 
 static void cx_destroy(kiln_executor *e) {
@@ -1489,8 +1514,63 @@ static const kiln_executor_ops cx_ops = {
 
 bool kiln_cuda_exec_get_stats(kiln_executor *e, kiln_cuda_exec_stats *st) {
     if (!e || e->ops != &cx_ops) return false;
-    *st = ((cx *)e)->stats;
+    cx *x = (cx *)e;
+    *st = x->stats;
+    snprintf(st->tuning, sizeof st->tuning, "%s", x->tuning);
+    st->tuning_shapes = x->tuning_shapes;
+    kiln_cublaslt_recorded_counts(x->lt, &st->tuning_used, &st->tuning_refused);
+    st->gemv_max_m = x->gemv_max_m;
+    st->qgemv_max_m = x->qgemv_max_m;
+    st->rope_split_max_t = x->rope_split_max_t;
+    st->attn_waves = x->attn_waves;
     return true;
+}
+
+kiln_status kiln_cuda_exec_tune(kiln_executor *e, const int *batches, int n_batches, const int *rows, int n_rows,
+                                FILE *log, kiln_tuning_record *out, kiln_error *err) {
+    memset(out, 0, sizeof *out);
+    if (!e || e->ops != &cx_ops) return kiln_err(err, KILN_ERR_INVALID_ARG, "tune: not a CUDA executor");
+    cx *x = (cx *)e;
+    for (int i = 0; i < n_batches; i++)
+        if (batches[i] < 1 || batches[i] > e->max_seqs)
+            return kiln_err(err, KILN_ERR_INVALID_ARG, "tune: decode batch %d is outside 1..%d (max_seqs)", batches[i],
+                            e->max_seqs);
+    for (int i = 0; i < n_rows; i++)
+        if (rows[i] < 1 || rows[i] > x->max_rows)
+            return kiln_err(err, KILN_ERR_INVALID_ARG, "tune: prefill step of %d tokens is outside 1..%d (the step "
+                            "budget)", rows[i], x->max_rows);
+    kiln_status st = kiln_cuda_make_current(&x->cu, err);
+    if (st) return st;
+    const double t0 = kiln_now();
+    for (int i = 0; i < n_batches; i++) tune_rows(x, batches[i], true, log);
+    for (int i = 0; i < n_rows; i++) tune_rows(x, rows[i], false, log);
+    const int n = kiln_cublaslt_export(x->lt, NULL, 0);
+    if (n > KILN_TUNING_MAX_GEMMS)
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "tune: %d shapes measured, a record holds at most %d", n,
+                        KILN_TUNING_MAX_GEMMS);
+    out->gemms = n ? calloc((size_t)n, sizeof *out->gemms) : NULL;
+    if (n && !out->gemms) return kiln_err(err, KILN_ERR_NOMEM, "tune: out of memory");
+    out->n_gemms = (uint32_t)kiln_cublaslt_export(x->lt, out->gemms, n);
+    int drv = 0;
+    x->cu.api.cuDriverGetVersion(&drv);
+    out->sm = (uint32_t)x->cu.sm;
+    out->driver_version = drv;
+    out->lt_version = kiln_cublaslt_version(x->lt);
+    snprintf(out->device, sizeof out->device, "%.127s", x->cu.name);
+    out->gemv_max_m = (uint32_t)x->gemv_max_m;
+    out->qgemv_max_m = (uint32_t)x->qgemv_max_m;
+    out->rope_split_max_t = (uint32_t)x->rope_split_max_t;
+    out->attn_waves = (float)x->attn_waves;
+    out->seconds = (float)(kiln_now() - t0);
+    return KILN_OK;
+}
+
+void kiln_cuda_exec_algo_str(kiln_executor *e, const uint8_t algo[KILN_TUNING_ALGO_SIZE], char *buf, size_t n) {
+    if (!e || e->ops != &cx_ops) {
+        snprintf(buf, n, "?");
+        return;
+    }
+    kiln_cublaslt_algo_str(((cx *)e)->lt, algo, buf, n);
 }
 
 bool kiln_cuda_exec_set_graphs(kiln_executor *e, bool on) {
@@ -1562,6 +1642,9 @@ static size_t deq_bytes(const cx *x) {
     return b;
 }
 
+/* Steps of more rows than this run a gate/up GEMM through cuBLASLt (the gate/up scratch then). */
+static int gu_rows(const cx *x) { return x->gemv_max_m < KILN_GEMV_MAX_M ? x->gemv_max_m : KILN_GEMV_MAX_M; }
+
 /* An upper bound of tune_decode's temporary x and y for batches up to max_seqs. */
 static size_t tune_bytes(const cx *x) {
     size_t k = 0, n = 0;
@@ -1586,7 +1669,7 @@ static size_t scratch_bytes(const cx *x, int rows, int max_blocks) {
     size_t b = 0;
     for (int i = 0; i < x->n_bufs; i++) b += R * x->bufs[i].bytes;
     b += R * (nh + 2 * (size_t)x->n_kv) * hd * es + R * nh * hd * es;
-    if (R > (size_t)KILN_GEMV_MAX_M && x->ffn_max > 0) b += R * 2 * (size_t)x->ffn_max * es;
+    if (R > (size_t)gu_rows(x) && x->ffn_max > 0) b += R * 2 * (size_t)x->ffn_max * es;
     if (R > (size_t)x->qgemv_max_m) b += deq_bytes(x);
     b += S * (size_t)x->hidden * es + S * (size_t)x->vocab * 4 + S * nh * z * hd * 4 + S * nh * z * 2 * 4 +
          S * (size_t)x->n_kv * 4 + S * 4;
@@ -1631,6 +1714,47 @@ static kiln_status choose_step(cx *x, int64_t asked, int64_t kv_bytes, size_t we
     return KILN_OK;
 }
 
+/*
+ * The engine's tuning record for this GPU (format/kiln_tuning.h): the one
+ * for its SM and name (else its SM). Its thresholds replace the built-in
+ * defaults (a measurement knob replaces both); its cuBLASLt algorithms are
+ * used when the library's version is the one they were measured with, each
+ * checked by cublasLtMatmulAlgoCheck when its plan is made. x->tuning says
+ * which case holds ("recorded sm_90 (12 shapes)", "stale (cuBLASLt 130000
+ * vs 130100)", "none (heuristic)"). A tuning section the reader refuses
+ * refuses the engine (KILN_ERR_FORMAT naming the record), as any corrupt
+ * section does.
+ */
+static kiln_status tuning_apply(cx *x, const kiln_cuda_exec_opts *o, kiln_error *err) {
+    kiln_tuning t;
+    bool present = false;
+    kiln_status st = kiln_tuning_load(&x->m->engine, &t, &present, err);
+    if (st) return st;
+    const kiln_tuning_record *r = present && !o->no_recorded ? kiln_tuning_pick(&t, x->cu.sm, x->cu.name) : NULL;
+    x->gemv_max_m = o->gemv_max_m > 0 ? o->gemv_max_m : r && r->gemv_max_m ? (int)r->gemv_max_m : KILN_GEMV_MAX_M;
+    x->qgemv_max_m = o->qgemv_max_m > 0  ? o->qgemv_max_m
+                     : o->gemv_max_m > 0 ? o->gemv_max_m
+                     : r && r->qgemv_max_m ? (int)r->qgemv_max_m
+                                           : CX_QGEMV_MAX_M;
+    x->rope_split_max_t = o->rope_split_max_t > 0 ? o->rope_split_max_t
+                          : r && r->rope_split_max_t ? (int)r->rope_split_max_t
+                                                     : CX_ROPE_SPLIT_MAX_T;
+    x->attn_waves = o->attn_waves > 0 ? o->attn_waves : r && r->attn_waves > 0 ? (double)r->attn_waves : 2.0;
+    const size_t v = kiln_cublaslt_version(x->lt);
+    if (o->no_recorded)
+        snprintf(x->tuning, sizeof x->tuning, "off (heuristic%s)", present ? "; the engine's record is not used" : "");
+    else if (!r)
+        snprintf(x->tuning, sizeof x->tuning, "none (heuristic)%s", present ? ": no record for this GPU's SM" : "");
+    else if (r->lt_version != (uint64_t)v)
+        snprintf(x->tuning, sizeof x->tuning, "stale (cuBLASLt %llu vs %zu)", (unsigned long long)r->lt_version, v);
+    else if ((st = kiln_cublaslt_use_recorded(x->lt, r, err)) == KILN_OK) {
+        snprintf(x->tuning, sizeof x->tuning, "recorded sm_%u (%u shapes)", r->sm, r->n_gemms);
+        x->tuning_shapes = (int)r->n_gemms;
+    }
+    kiln_tuning_free(&t);
+    return st;
+}
+
 kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opts *o, kiln_executor **out,
                                    kiln_error *err) {
     *out = NULL;
@@ -1668,8 +1792,6 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
     x->m = m;
     x->p = p;
     x->no_graphs = o->no_graphs;
-    x->gemv_max_m = o->gemv_max_m > 0 ? o->gemv_max_m : KILN_GEMV_MAX_M;
-    x->qgemv_max_m = o->gemv_max_m > 0 ? o->gemv_max_m : CX_QGEMV_MAX_M;
     x->hidden = p->hidden_size;
     x->n_kv = p->n_kv_heads;
     x->head_dim = p->head_dim;
@@ -1699,7 +1821,6 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
     x->stats.sm = x->cu.sm;
     x->pdl = x->stats.pdl = x->cu.sm >= 90 && !o->no_pdl;
     x->lt_tune = o->lt_tune > 0 ? o->lt_tune - 1 : 1;
-    x->attn_waves = o->attn_waves > 0 ? o->attn_waves : 2.0;
 
     /* the kernels section */
     if (!ksec) {
@@ -1745,6 +1866,7 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
     if ((st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuStreamCreate(&x->stream, CU_STREAM_NON_BLOCKING)))) goto fail;
     if ((st = kiln_cublaslt_create(&x->cu, CX_LT_WORKSPACE, &x->lt, err))) goto fail;
     x->bytes_now += CX_LT_WORKSPACE;
+    if ((st = tuning_apply(x, o, err))) goto fail; /* thresholds and recorded algorithms, before the program */
 
     /* the program (host side) */
     if ((st = build_program(x, err))) goto fail;
@@ -1801,7 +1923,7 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
         const size_t qkvw = (size_t)(x->n_heads + 2 * x->n_kv) * (size_t)x->head_dim;
         if ((st = cx_alloc(x, R * qkvw * es, "the QKV scratch", &x->qkv_tmp, err)) ||
             (st = cx_alloc(x, R * (size_t)x->n_heads * (size_t)x->head_dim * es, "the q scratch", &x->q_tmp, err)) ||
-            (R > (size_t)KILN_GEMV_MAX_M && x->ffn_max > 0 &&
+            (R > (size_t)gu_rows(x) && x->ffn_max > 0 &&
              (st = cx_alloc(x, R * 2 * (size_t)x->ffn_max * es, "the gate/up scratch", &x->gu_tmp, err))) ||
             (R > (size_t)x->qgemv_max_m && deq_bytes(x) > 0 &&
              (st = cx_alloc(x, deq_bytes(x), "the dequantized weight scratch", &x->deq_tmp, err))) ||

@@ -39,9 +39,11 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "../kiln_exec.h"
 #include "../kiln_rt.h"
+#include "../../format/kiln_tuning.h"
 
 typedef struct kiln_cuda_exec_opts {
     int max_seqs;        /* sequences at once (slots); 0 = 8 */
@@ -61,11 +63,18 @@ typedef struct kiln_cuda_exec_opts {
     int threads;         /* host threads for the weight upload; 0 = one per core (at most 16) */
     /* Measurement knobs (`kiln bench --measure`, kiln_ctx_options.measure); 0 = the default */
     int gemv_max_m;      /* most tokens per step the tensor-core GEMV (KILN_GEMV_MAX_M) and the quantized one
-                            (CX_QGEMV_MAX_M, exec.c) take before cuBLASLt; 0 = those defaults */
+                            (CX_QGEMV_MAX_M, exec.c) take before cuBLASLt; 0 = the engine's tuning record's
+                            values, else those defaults */
     double attn_waves;   /* decode attention's splits aim for this many waves of the GPU (2) */
     int lt_tune;         /* cuBLASLt algorithms at decode: 1 = the heuristic's, 2 = timed (default), 3 = timed
                             and reported on stderr */
     bool profile;        /* time every instruction with CUDA events (no graphs): ops->profile reports */
+    /* The engine's tuning record (format/kiln_tuning.h) gives the thresholds and cuBLASLt algorithms
+     * for this GPU where it has one; these replace it (`kiln tune` sets them; knob recorded=0) */
+    bool no_recorded;     /* use neither the record's algorithms nor its thresholds */
+    int qgemv_max_m;      /* most tokens per step the quantized GEMV takes; 0 = gemv_max_m if set, else the record's
+                             or CX_QGEMV_MAX_M */
+    int rope_split_max_t; /* steps of at most this many tokens spread rope_kv over heads; 0 = the record's or 64 */
 } kiln_cuda_exec_opts;
 
 /* Create the executor for `m` (the model must outlive it). `m` may have been
@@ -90,10 +99,29 @@ typedef struct kiln_cuda_exec_stats {
     bool f32;                 /* the fp32 path */
     bool pdl;                 /* kernels launched with programmatic dependent launch */
     int sm;                   /* the device's compute capability, e.g. 90 */
+    /* the engine's tuning record (kiln_tuning.h) and the thresholds in effect */
+    char tuning[96];          /* "recorded sm_90 (12 shapes)", "stale (cuBLASLt 130000 vs 130100)", "none (heuristic)" */
+    int tuning_shapes;        /* GEMM entries of the record in use (0: none) */
+    int tuning_used;          /* of them, entries some cuBLASLt plan took so far */
+    int tuning_refused;       /* entries cublasLtMatmulAlgoCheck refused (the heuristic's answer ran instead) */
+    int gemv_max_m, qgemv_max_m, rope_split_max_t;
+    double attn_waves;
 } kiln_cuda_exec_stats;
 
 /* Fill *st for an executor made by kiln_cuda_executor_new (false for another kind). */
 bool kiln_cuda_exec_get_stats(kiln_executor *x, kiln_cuda_exec_stats *st);
+/* Measure the cuBLASLt algorithm of every GEMM shape that decode steps of
+ * the given batches and prefill steps of the given token counts run
+ * (kiln_cublaslt_tune; shapes the GEMV takes are skipped), and describe
+ * the result as a tuning record for this GPU (out->gemms malloc'd): the
+ * measured shapes, this GPU's SM, name, driver and cuBLASLt versions, and
+ * the thresholds in effect. `kiln tune` writes it into the engine. Create
+ * the executor with no_recorded so that every shape is measured; `log`
+ * (NULL = silent) gets each candidate's time. */
+kiln_status kiln_cuda_exec_tune(kiln_executor *x, const int *batches, int n_batches, const int *rows, int n_rows,
+                                FILE *log, kiln_tuning_record *out, kiln_error *err);
+/* A recorded algorithm's configuration ("algo 66 tile 20 stages 31 ..."), for reports. */
+void kiln_cuda_exec_algo_str(kiln_executor *x, const uint8_t algo[64], char *buf, size_t n);
 /* Turn decode CUDA graphs on or off from the next step (graphs already
  * captured are kept); false for another kind of executor. For measuring. */
 bool kiln_cuda_exec_set_graphs(kiln_executor *x, bool on);
