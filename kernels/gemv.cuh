@@ -52,6 +52,14 @@
  *   GEMV_SWIGLU  epilogue silu(gate)*up over interleaved gate/up rows (0)
  *   GEMV_MMA     tensor-core variant (0); GEMV_ROWS, GEMV_MT then unused;
  *                bf16 only (not with KILN_F32)
+ *   GEMV_MOE     expert GEMV (0; CUDA-core variant, GEMV_MT 1): block z is a
+ *                (token, expert) pair whose expert id the routing kernel left
+ *                in device memory (p.moe_sel); W is that expert's matrix, x
+ *                row z / p.moe_xdiv, y row z (params.cuh). Only the chosen
+ *                experts' weights are read, and decode stays in a CUDA graph.
+ *   GEMV_SPLIT   with GEMV_SWIGLU: W's rows are F gate rows, then F up rows
+ *                (an expert's [2F, H] as checkpoints store it) instead of
+ *                interleaved; logical row 2f reads gate row f, 2f+1 up row f
  * Launch: grid (ceil(N / (GEMV_WARPS*GEMV_ROWS)), ceil(M / GEMV_MT)),
  * block GEMV_WARPS*32, no shared memory.
  */
@@ -80,6 +88,18 @@
 #endif
 #ifndef GEMV_QUANT
 #define GEMV_QUANT 0
+#endif
+#ifndef GEMV_MOE
+#define GEMV_MOE 0
+#endif
+#ifndef GEMV_SPLIT
+#define GEMV_SPLIT 0
+#endif
+#if (GEMV_MOE || GEMV_SPLIT) && (GEMV_MMA || GEMV_MT != 1)
+#error "GEMV_MOE and GEMV_SPLIT: the CUDA-core variant with GEMV_MT 1"
+#endif
+#if GEMV_SPLIT && !GEMV_SWIGLU
+#error "GEMV_SPLIT needs GEMV_SWIGLU"
 #endif
 #ifndef GEMV_GROUP
 #define GEMV_GROUP 0
@@ -169,6 +189,17 @@ KILN_DEV void kiln_gemv_store(const kiln_gemv_params &p, float (&acc)[GEMV_ROWS]
 #endif
 }
 
+/* The row of W that logical row `row` (clamped to N-1) reads: itself, or with GEMV_SPLIT gate/up
+ * halves, gate row row/2 for even rows and up row row/2 for odd ones. */
+KILN_DEV int kiln_gemv_wrow(const kiln_gemv_params &p, int row) {
+    row = min(row, p.N - 1);
+#if GEMV_SPLIT
+    return (row & 1) ? p.N / 2 + row / 2 : row / 2;
+#else
+    return row;
+#endif
+}
+
 template <bool NORM> KILN_DEV void kiln_gemv_cc(const kiln_gemv_params &p) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row0 = (blockIdx.x * GEMV_WARPS + warp) * GEMV_ROWS;
@@ -181,7 +212,8 @@ template <bool NORM> KILN_DEV void kiln_gemv_cc(const kiln_gemv_params &p) {
             for (int u = 0; u < GEMV_UNROLL; u++) {
                 const int c = lane + 32 * u;
                 if (c < p.K / KILN_VEC)
-                    kiln_prefetch_l2((const kiln_elem *)p.w + (size_t)min(row0 + r, p.N - 1) * p.K + (size_t)c * KILN_VEC);
+                    kiln_prefetch_l2((const kiln_elem *)p.w + (size_t)kiln_gemv_wrow(p, row0 + r) * p.K +
+                                     (size_t)c * KILN_VEC);
             }
     }
     kiln_pdl_wait();
@@ -198,7 +230,7 @@ template <bool NORM> KILN_DEV void kiln_gemv_cc(const kiln_gemv_params &p) {
     /* Row pointers, clamped to valid rows; x rows clamped likewise. */
     const kiln_elem *wr[GEMV_ROWS];
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++) wr[r] = w + (size_t)min(row0 + r, p.N - 1) * p.K;
+    for (int r = 0; r < GEMV_ROWS; r++) wr[r] = w + (size_t)kiln_gemv_wrow(p, row0 + r) * p.K;
     const kiln_elem *xr[GEMV_MT];
 #pragma unroll
     for (int m = 0; m < GEMV_MT; m++) xr[m] = x + (size_t)min(m0 + m, p.M - 1) * p.ldx;
@@ -277,8 +309,21 @@ template <bool NORM> KILN_DEV void kiln_gemv_cc(const kiln_gemv_params &p) {
 #define GEMV_MIN_BLOCKS (((GEMV_WARPS >= 8 ? 48 : 32) + GEMV_WARPS - 1) / GEMV_WARPS)
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS)
     kiln_gemv(const kiln_gemv_params p) {
+#if GEMV_MOE
+    /* pair z: its expert's W, its x row, its y row (the expert id comes from the routing kernel) */
+    kiln_pdl_wait();
+    const int z = blockIdx.z, e = ((const int *)p.moe_sel)[z];
+    kiln_gemv_params q = p;
+    q.w += (kiln_dptr)e * (kiln_dptr)p.moe_wstride * sizeof(kiln_elem);
+    q.x += (kiln_dptr)(z / p.moe_xdiv) * (kiln_dptr)p.ldx * sizeof(kiln_elem);
+    q.y += (kiln_dptr)z * (kiln_dptr)p.ldy * (GEMV_OUT_F32 ? sizeof(float) : sizeof(kiln_elem));
+    q.residual = 0;
+    q.M = 1;
+    kiln_gemv_cc<false>(q);
+#else
     if (p.norm_w) kiln_gemv_cc<true>(p);
     else kiln_gemv_cc<false>(p);
+#endif
 }
 #else /* GEMV_MMA */
 

@@ -965,32 +965,63 @@ static void test_unfused_refused(void) {
     unlink(out);
 }
 
-/* The experts (moe) of Mixtral and Qwen3-MoE have no GPU kernel yet: asked for GPU targets, the compile is
- * refused naming the op; with the default targets the engine is CPU-only and the CUDA executor refuses it at
- * load. */
-static void test_moe_refused(void) {
+/* The experts (moe) of Mixtral and Qwen3-MoE on the GPU, f32 engines against HF's goldens (logits within
+ * 1e-3, greedy ids equal: a token routed to another expert than HF's moves the logits far more than that;
+ * the tiny checkpoints have tied router rows, so the tie order is exercised): prompts in chunks of 16 (the
+ * pairs grouped by expert on the device, cuBLASLt per expert), decode and chunks of 3 (the expert GEMVs);
+ * then 12 sequences decoded together (past the GEMV: every expert over the batch) against their single
+ * runs; then the bf16 engine against HF fp32 as test_tiny_bf16 does. */
+static void check_bf16_golden(const char *eng, const char *gdir, const char *label, int gemv_max_m);
+static void test_moe(void) {
     NEED_GPU();
-    static const char *const ckpts[2] = {"tiny-mixtral", "tiny-qwen3-moe"};
-    for (int i = 0; i < 2; i++) {
-        char out[600];
-        snprintf(out, sizeof out, "%s/moe.kiln", g_tmp);
-        const char *ck = pathf("%s/tests/data/%s", src_dir(), ckpts[i]);
-        kiln_compile_options opt = {.output_path = out, .weight_dtype = KILN_DTYPE_COUNT_, .targets = "sm_90"};
+    static const char *const ckpts[3] = {"tiny-mixtral", "tiny-qwen3-moe", "tiny-qwen3-moe-nonorm"};
+    kiln_cuda_exec_opts o = {.max_seqs = 12, .max_context = 128, .kv_bytes = 32 << 20};
+    for (int i = 0; i < 3; i++) {
+        const char *eng = engine_for(pathf("%s-f32", ckpts[i]), pathf("%s/tests/data/%s", src_dir(), ckpts[i]),
+                                     KILN_DTYPE_F32, NULL, 0);
+        KT_REQUIRE(eng != NULL);
+        const char *gd = pathf("%s/tests/golden/%s", src_dir(), ckpts[i]);
+        check_golden(eng, gd, &o, 16);
+        check_golden(eng, gd, &o, 3);
+        /* a decode batch of 12 */
+        enum { NS = 12, NG = 24 };
+        gx G;
+        KT_REQUIRE(gx_open(&G, eng, &o));
+        int32_t prompts[NS][4], alone[NS][NG], got[NS][NG];
+        for (int q = 0; q < NS; q++) {
+            for (int t = 0; t < 4; t++) prompts[q][t] = t == 0 ? 1 : 3 + (q * 37 + t * 11) % 200;
+            KT_CHECK(gen_one(&G, q, prompts[q], 4, NG, 4, alone[q], NULL, NULL));
+        }
+        int32_t slot[NS], n_new[NS], start[NS], toks[NS * 4], next[NS];
+        bool want[NS];
+        kiln_sampling samp[NS];
         kiln_error err = {0};
-        KT_EQ_INT(kiln_compile(ck, &opt, &err), KILN_ERR_UNSUPPORTED);
-        KT_CONTAINS(err.msg, "(moe) has no GPU kernel yet");
-        opt.gpu_if_possible = true;
-        KT_REQUIRE(kiln_compile(ck, &opt, &err) == KILN_OK);
-        kiln_model *m = NULL;
-        KT_REQUIRE(kiln_model_open_ex(out, 1, KILN_MODEL_NO_F32, &m, &err) == KILN_OK);
-        kiln_executor *x = NULL;
-        kiln_cuda_exec_opts o = {.max_seqs = 1, .max_context = 64, .kv_bytes = 1 << 20};
-        KT_EQ_INT(kiln_cuda_executor_new(m, &o, &x, &err), KILN_ERR_UNSUPPORTED);
-        KT_CONTAINS(err.msg, "no GPU kernels");
-        fprintf(stderr, "  %s: %s\n", ckpts[i], err.msg);
-        kiln_model_close(m);
-        unlink(out);
+        bool fits;
+        for (int q = 0; q < NS; q++) {
+            KT_CHECK(G.x->ops->reserve(G.x, q, 4 + NG, &fits, &err) == KILN_OK && fits);
+            slot[q] = q, n_new[q] = 4, start[q] = 0, want[q] = true, samp[q] = GREEDY;
+            memcpy(toks + 4 * q, prompts[q], sizeof prompts[q]);
+        }
+        KT_REQUIRE(step(G.x, NS, slot, n_new, start, toks, want, samp, next, NULL) == KILN_OK);
+        for (int q = 0; q < NS; q++) got[q][0] = next[q], start[q] = 4, n_new[q] = 1;
+        for (int k = 1; k < NG; k++) {
+            for (int q = 0; q < NS; q++) toks[q] = got[q][k - 1];
+            KT_REQUIRE(step(G.x, NS, slot, n_new, start, toks, want, samp, next, NULL) == KILN_OK);
+            for (int q = 0; q < NS; q++) got[q][k] = next[q], start[q]++;
+        }
+        for (int q = 0; q < NS; q++) {
+            G.x->ops->release(G.x, q);
+            int d = -1;
+            for (int k = 0; k < NG && d < 0; k++)
+                if (got[q][k] != alone[q][k]) d = k;
+            KT_CHECKF(d < 0, "%s: sequence %d of a batch of %d differs from its single run at step %d", ckpts[i], q,
+                      NS, d);
+        }
+        gx_close(&G);
     }
+    check_bf16_golden(engine_for("tiny-mixtral-bf16", pathf("%s/tests/data/tiny-mixtral", src_dir()),
+                                 KILN_DTYPE_COUNT_, NULL, 0),
+                      pathf("%s/tests/golden/tiny-mixtral", src_dir()), "tiny-mixtral bf16", 0);
 }
 
 /* An engine without a cubin for this GPU: refused by name; with PTX only, the
@@ -1211,9 +1242,9 @@ int main(void) {
     RUN(test_sampler_agrees);
     RUN(test_limits);
     RUN(test_unfused_refused);
-    RUN(test_moe_refused);
     RUN(test_targets);
     RUN(test_tiny_bf16);
+    RUN(test_moe);
     RUN(test_quant_goldens);
     RUN(test_pycode_bf16);
     remove_tmp();
