@@ -291,6 +291,31 @@ static kiln_status add_gemv_moe(kset *s, const char *epi, int n, int k, kiln_err
     return KILN_OK;
 }
 
+/* The grouped expert GEMV (gemv.cuh with GEMV_MOE 2, bf16 tensor cores) for decode batches past the
+ * pair GEMVs: cfg warps, x tiles per pass (cfg[1]), steps in flight, 8 x rows a tile, mma. */
+static kiln_status add_gemv_moe_grouped(kset *s, const char *epi, int n, int k, kiln_error *err) {
+    char name[KILN_KSEC_NAME_MAX];
+    kiln_status st;
+    kiln_ksec_gemv_name(name, sizeof name, epi, n, k, "moeg");
+    kmod *m = new_mod(s, name, err, &st);
+    if (!m) return st;
+    const bool swiglu = strcmp(epi, "swiglu") == 0;
+    memset(m->cfg, 0, sizeof m->cfg);
+    m->cfg[0] = 8, m->cfg[1] = 4, m->cfg[2] = 2, m->cfg[3] = 8, m->cfg[4] = 1;
+    m->cfg[5] = !swiglu;
+    m->cfg[6] = swiglu;
+    def_i(m, "GEMV_WARPS", m->cfg[0]);
+    def_i(m, "GEMV_TILES", m->cfg[1]);
+    def_i(m, "GEMV_UNROLL", m->cfg[2]);
+    def_i(m, "GEMV_MMA", 1);
+    def_i(m, "GEMV_OUT_F32", !swiglu);
+    def_i(m, "GEMV_SWIGLU", swiglu);
+    def_i(m, "GEMV_SPLIT", swiglu);
+    def_i(m, "GEMV_MOE", 2);
+    include(m, "gemv.cuh");
+    return KILN_OK;
+}
+
 /* The modules of one moe op: routing, grouping and combining (moe.cuh, one per (E, top_k, H, renorm)),
  * the expert GEMVs (decode), the halves-layout SwiGLU after a cuBLASLt gate/up GEMM (larger steps). */
 static kiln_status add_moe(kset *s, const kiln_plan *p, const kiln_plan_op *op, kiln_error *err) {
@@ -317,6 +342,9 @@ static kiln_status add_moe(kset *s, const kiln_plan *p, const kiln_plan_op *op, 
         include(m, "moe.cuh");
     }
     if (st || (st = add_gemv_moe(s, "swiglu", 2 * f, h, err)) || (st = add_gemv_moe(s, "f32out", h, f, err)))
+        return st;
+    if (!s->f32 && ((st = add_gemv_moe_grouped(s, "swiglu", 2 * f, h, err)) ||
+                    (st = add_gemv_moe_grouped(s, "f32out", h, f, err))))
         return st;
     snprintf(name, sizeof name, "swiglu.f%d.halves", f);
     if ((m = new_mod(s, name, err, &st)) != NULL) {

@@ -120,8 +120,10 @@ typedef struct cx_moe {
     CUfunction route, group, gather, combine; /* moe.cuh */
     CUfunction swiglu;                        /* the halves-layout SwiGLU after a cuBLASLt gate/up GEMM */
     int swiglu_threads;
-    CUfunction gv_gu, gv_down;                /* expert GEMVs (gemv.cuh, GEMV_MOE) */
+    CUfunction gv_gu, gv_down;                /* expert GEMVs over (token, expert) pairs (gemv.cuh, GEMV_MOE 1) */
     kiln_gemv_cfg c_gu, c_down;
+    CUfunction gg_gu, gg_down;                /* grouped expert GEMVs (GEMV_MOE 2; bf16 engines only, else 0) */
+    kiln_gemv_cfg cg_gu, cg_down;
 } cx_moe;
 
 typedef enum { I_EMBED, I_NORM, I_COPY, I_QKV, I_ATTN, I_GEMM, I_LMHEAD, I_MOE } cx_ikind;
@@ -586,7 +588,9 @@ static kiln_status moe_setup(cx *x, const kiln_plan_op *op, cx_moe *mo, kiln_err
         (st = fn_get(x, name, "kiln_moe_gather", &mo->gather, NULL, err)) ||
         (st = fn_get(x, name, "kiln_moe_combine", &mo->combine, NULL, err)) ||
         (st = gemv_fn(x, "swiglu", 2 * f, h, "moe", &mo->gv_gu, &mo->c_gu, err)) ||
-        (st = gemv_fn(x, "f32out", h, f, "moe", &mo->gv_down, &mo->c_down, err)))
+        (st = gemv_fn(x, "f32out", h, f, "moe", &mo->gv_down, &mo->c_down, err)) ||
+        (!x->f32 && ((st = gemv_fn(x, "swiglu", 2 * f, h, "moeg", &mo->gg_gu, &mo->cg_gu, err)) ||
+                     (st = gemv_fn(x, "f32out", h, f, "moeg", &mo->gg_down, &mo->cg_down, err)))))
         return st;
     snprintf(name, sizeof name, "swiglu.f%d.halves", f);
     if ((st = fn_get(x, name, "kiln_swiglu", &mo->swiglu, &km, err))) return st;
@@ -946,28 +950,28 @@ static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUde
 }
 
 /* The experts of one moe instruction over a step's T rows. Routing (kiln_moe_route) leaves each token's
- * experts and weights on the device; then one of three paths computes the experts' outputs o, and
+ * experts and weights on the device; one of three paths computes the experts' outputs o, and
  * kiln_moe_combine sums each token's in expert order:
- *  - T <= gemv_max_m (decode at small batches): expert GEMVs over the (token, expert) pairs, the expert
- *    ids read on the device: only the chosen experts' weights are read, no host sync (CUDA graphs);
- *  - other decode steps (batches past the GEMV, replayed as graphs, so no host sync): every expert runs
- *    every token through cuBLASLt and the combine takes the chosen ones. At these batch sizes the step
- *    reads every expert's weights anyway; the extra products are hidden behind those reads;
- *  - prefill and mixed steps: the pairs grouped by expert on the device (counts, prefix sums, a
- *    scatter), the counts read back (a host sync per layer: such steps are not graphs), then per expert
- *    with tokens one cuBLASLt GEMM pair over its rows. */
+ *  - T <= gemv_max_m (decode at small batches; f32 engines' decode): expert GEMVs over the (token,
+ *    expert) pairs, the expert ids read on the device: only the chosen experts' weights are read;
+ *  - other decode steps: the pairs grouped by expert on the device (kiln_moe_group: counts, prefix
+ *    sums, a scatter; kiln_moe_gather), then the grouped tensor-core GEMVs: each expert's weights read
+ *    once, multiplied with all of its pairs' rows;
+ *  - prefill and mixed steps: grouped the same way, the counts read back (a host sync per layer), then
+ *    per expert with tokens one cuBLASLt GEMM pair over its rows.
+ * Decode steps never sync with the host: they are replayed as CUDA graphs. */
 static kiln_status run_moe(cx *x, const cx_inst *in, const cx_shape *sh, kiln_error *err) {
     const cx_moe *mo = &in->moe;
     const int T = sh->T, H = x->hidden, F = mo->f, E = mo->E, K = mo->k;
     const size_t es = (size_t)x->es;
     const CUdeviceptr X = bufp(x, in->x), wgu = dwp(x, mo->dw_gu), wdn = dwp(x, mo->dw_down);
+    const CUdeviceptr offsets = x->moe_cnt + (size_t)(E + 1) * 4;
     kiln_moe_params mp = {.x = X, .router = dwp(x, mo->dw_router), .sel = x->moe_sel, .wsel = x->moe_wsel,
-                          .counts = x->moe_cnt, .offsets = x->moe_cnt + (size_t)(E + 1) * 4, .pos = x->moe_pos,
-                          .tok = x->moe_tok, .xs = x->moe_xs, .o = x->moe_o, .y = bufp(x, in->y), .M = T,
-                          .o_f32 = 1};
+                          .counts = x->moe_cnt, .offsets = offsets, .pos = x->moe_pos, .tok = x->moe_tok,
+                          .xs = x->moe_xs, .o = x->moe_o, .y = bufp(x, in->y), .M = T, .mode = 2, .o_f32 = 1};
     kiln_status st = launch(x, mo->route, (unsigned)T, 1, 1, 256, 0, &mp, "kiln_moe_route", err);
     if (st) return st;
-    if (T <= x->gemv_max_m) {
+    if (T <= x->gemv_max_m || (sh->decode && !mo->gg_gu)) {
         kiln_gemv_params g = {.x = X, .w = wgu, .y = x->moe_act, .M = 1, .N = 2 * F, .K = H, .ldx = H, .ldy = F,
                               .moe_sel = x->moe_sel, .moe_wstride = 2LL * F * H, .moe_xdiv = K};
         kiln_cuda_dims d = kiln_gemv_dims(&mo->c_gu, 1, 2 * F);
@@ -981,50 +985,47 @@ static kiln_status run_moe(cx *x, const cx_inst *in, const cx_shape *sh, kiln_er
                          "kiln_gemv (experts' down)", err)))
             return st;
         mp.mode = 0;
-    } else if (sh->decode) {
-        for (int e = 0; e < E && !st; e++) {
-            const CUdeviceptr o = x->moe_o + (size_t)e * (size_t)T * (size_t)H * 4;
-            kiln_swiglu_params sp = {x->gu_tmp, x->moe_act, T, 0};
-            kiln_cuda_dims d = kiln_swiglu_dims(F, T, mo->swiglu_threads, x->f32 ? 4 : 8);
-            if ((st = kiln_cublaslt_gemm_ex(x->lt, x->f32, x->f32, T, 2 * F, H, X,
-                                            wgu + (size_t)e * 2 * (size_t)F * (size_t)H * es, x->gu_tmp, false,
-                                            x->stream, err)) ||
-                (st = launch(x, mo->swiglu, d.grid[0], d.grid[1], 1, d.block[0], 0, &sp, "kiln_swiglu", err)))
-                break;
-            st = kiln_cublaslt_gemm_ex(x->lt, x->f32, true, T, H, F, x->moe_act,
-                                       wdn + (size_t)e * (size_t)H * (size_t)F * es, o, false, x->stream, err);
-        }
-        if (st) return st;
-        mp.mode = 1;
-        mp.ldo = T;
-    } else {
-        if ((st = launch(x, mo->group, 1, 1, 1, 1024, 0, &mp, "kiln_moe_group", err)) ||
-            (st = launch(x, mo->gather, (unsigned)(T * K), 1, 1, 128, 0, &mp, "kiln_moe_gather", err)) ||
-            (st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuMemcpyDtoHAsync(x->moe_cnt_host, x->moe_cnt,
-                                                                        (size_t)(E + 1) * 2 * 4, x->stream))) ||
-            (st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuStreamSynchronize(x->stream))))
-            return st;
-        const int32_t *cnt = x->moe_cnt_host, *off = x->moe_cnt_host + E + 1;
-        for (int e = 0; e < E && !st; e++) {
-            const int n = cnt[e];
-            if (n == 0) continue;
-            if (n > T || off[e] + n > T * K)
-                return kiln_err(err, KILN_ERR_INTERNAL, "cuda executor: expert %d of layer %d has %d of %d rows at "
-                                "%d", e, x->p->ops[in->op].attrs.layer, n, T * K, off[e]);
-            const CUdeviceptr act = x->moe_act + (size_t)off[e] * (size_t)F * es;
-            kiln_swiglu_params sp = {x->gu_tmp, act, n, 0};
-            kiln_cuda_dims d = kiln_swiglu_dims(F, n, mo->swiglu_threads, x->f32 ? 4 : 8);
-            if ((st = kiln_cublaslt_gemm_ex(x->lt, x->f32, x->f32, n, 2 * F, H, x->moe_xs + (size_t)off[e] * H * es,
-                                            wgu + (size_t)e * 2 * (size_t)F * (size_t)H * es, x->gu_tmp, false,
-                                            x->stream, err)) ||
-                (st = launch(x, mo->swiglu, d.grid[0], d.grid[1], 1, d.block[0], 0, &sp, "kiln_swiglu", err)))
-                break;
-            st = kiln_cublaslt_gemm_ex(x->lt, x->f32, true, n, H, F, act, wdn + (size_t)e * (size_t)H * (size_t)F * es,
-                                       x->moe_o + (size_t)off[e] * (size_t)H * 4, false, x->stream, err);
-        }
-        if (st) return st;
-        mp.mode = 2;
+        return launch(x, mo->combine, (unsigned)T, 1, 1, 256, 0, &mp, "kiln_moe_combine", err);
     }
+    if ((st = launch(x, mo->group, 1, 1, 1, 1024, 0, &mp, "kiln_moe_group", err)) ||
+        (st = launch(x, mo->gather, (unsigned)(T * K), 1, 1, 128, 0, &mp, "kiln_moe_gather", err)))
+        return st;
+    if (sh->decode) {
+        kiln_gemv_params g = {.x = x->moe_xs, .w = wgu, .y = x->moe_act, .M = T * K, .N = 2 * F, .K = H, .ldx = H,
+                              .ldy = F, .moe_sel = offsets, .moe_wstride = 2LL * F * H};
+        if ((st = launch(x, mo->gg_gu, (unsigned)((2 * F + 15) / 16), (unsigned)E, 1,
+                         (unsigned)(mo->cg_gu.warps * 32), 0, &g, "kiln_gemv (grouped experts' gate/up)", err)))
+            return st;
+        g = (kiln_gemv_params){.x = x->moe_act, .w = wdn, .y = x->moe_o, .M = T * K, .N = H, .K = F, .ldx = F,
+                               .ldy = H, .moe_sel = offsets, .moe_wstride = (long long)H * F};
+        if ((st = launch(x, mo->gg_down, (unsigned)((H + 15) / 16), (unsigned)E, 1, (unsigned)(mo->cg_down.warps * 32),
+                         0, &g, "kiln_gemv (grouped experts' down)", err)))
+            return st;
+        return launch(x, mo->combine, (unsigned)T, 1, 1, 256, 0, &mp, "kiln_moe_combine", err);
+    }
+    if ((st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuMemcpyDtoHAsync(x->moe_cnt_host, x->moe_cnt,
+                                                                    (size_t)(E + 1) * 2 * 4, x->stream))) ||
+        (st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuStreamSynchronize(x->stream))))
+        return st;
+    const int32_t *cnt = x->moe_cnt_host, *off = x->moe_cnt_host + E + 1;
+    for (int e = 0; e < E && !st; e++) {
+        const int n = cnt[e];
+        if (n == 0) continue;
+        if (n > T || off[e] + n > T * K)
+            return kiln_err(err, KILN_ERR_INTERNAL, "cuda executor: expert %d of layer %d has %d of %d rows at %d", e,
+                            x->p->ops[in->op].attrs.layer, n, T * K, off[e]);
+        const CUdeviceptr act = x->moe_act + (size_t)off[e] * (size_t)F * es;
+        kiln_swiglu_params sp = {x->gu_tmp, act, n, 0};
+        kiln_cuda_dims d = kiln_swiglu_dims(F, n, mo->swiglu_threads, x->f32 ? 4 : 8);
+        if ((st = kiln_cublaslt_gemm_ex(x->lt, x->f32, x->f32, n, 2 * F, H, x->moe_xs + (size_t)off[e] * H * es,
+                                        wgu + (size_t)e * 2 * (size_t)F * (size_t)H * es, x->gu_tmp, false, x->stream,
+                                        err)) ||
+            (st = launch(x, mo->swiglu, d.grid[0], d.grid[1], 1, d.block[0], 0, &sp, "kiln_swiglu", err)))
+            break;
+        st = kiln_cublaslt_gemm_ex(x->lt, x->f32, true, n, H, F, act, wdn + (size_t)e * (size_t)H * (size_t)F * es,
+                                   x->moe_o + (size_t)off[e] * (size_t)H * 4, false, x->stream, err);
+    }
+    if (st) return st;
     return launch(x, mo->combine, (unsigned)T, 1, 1, 256, 0, &mp, "kiln_moe_combine", err);
 }
 
@@ -1193,10 +1194,9 @@ static void prof_cost(const cx *x, int i, const cx_shape *sh, double ctx, double
         *flops = 2 * M * N * K;
         break;
     }
-    case I_MOE: { /* the chosen experts' weights (at most all), x, y; every expert runs every token in
-                     decode steps past the GEMV */
+    case I_MOE: { /* the chosen experts' weights (at most all of them), x, y */
         const cx_moe *mo = &in->moe;
-        const double pairs = (sh->decode && T > x->gemv_max_m) ? T * mo->E : T * mo->k;
+        const double pairs = T * mo->k;
         const double ex = pairs < mo->E ? pairs : mo->E, per = 3.0 * mo->f * H;
         *bytes = ex * per * es + 2 * T * H * es + (double)mo->E * H * es;
         *flops = 2 * pairs * per + 2 * T * mo->E * H;
@@ -1722,13 +1722,11 @@ static size_t tune_bytes(const cx *x) {
 
 /* The experts' scratch for steps of `rows` tokens, and its parts' offsets (into off[8], when given):
  * sel, wsel, pos, tok [rows * k]; counts and offsets [2 (E + 1)]; the grouped rows xs [rows * k, H]
- * and their SwiGLU act [rows * k, F] (elements); the outputs o, fp32, [rows * k, H] (grouped, GEMV)
- * or [E * max_seqs, H] (every expert over a decode batch). */
+ * and their SwiGLU act [rows * k, F] (elements); the outputs o, fp32, [rows * k, H]. */
 static size_t moe_bytes(const cx *x, int rows, size_t off[8]) {
     if (!x->moe_e) return 0;
     const size_t P = (size_t)rows * (size_t)x->moe_k, H = (size_t)x->hidden, es = (size_t)x->es;
-    size_t orows = (size_t)x->moe_e * (size_t)x->base.max_seqs;
-    if (orows < P) orows = P;
+    const size_t orows = P;
     const size_t sz[8] = {P * 4, P * 4, P * 4, P * 4, 2 * ((size_t)x->moe_e + 1) * 4, P * H * es,
                           P * (size_t)x->moe_f * es, orows * H * 4};
     size_t b = 0;
