@@ -503,23 +503,32 @@ KILN_DEV void kiln_gemv_grouped(const kiln_gemv_params &p, float (*red)[16][8 + 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * 16, e = blockIdx.y;
+    const kiln_bf16 *w = (const kiln_bf16 *)p.w + (size_t)e * (size_t)p.moe_wstride;
+    const kiln_bf16 *wa = w + (size_t)kiln_gemv_wrow(p, n0 + g) * p.K;     /* row g */
+    const kiln_bf16 *wb = w + (size_t)kiln_gemv_wrow(p, n0 + g + 8) * p.K; /* row g + 8 */
+    const int nsteps = (p.K + 31) / 32;
+    const int per = (nsteps + GEMV_WARPS - 1) / GEMV_WARPS;
+    const int s_lo = warp * per, s_hi = min(nsteps, s_lo + per);
+    /* the weights need no earlier kernel: start pulling the first steps before waiting */
+#pragma unroll
+    for (int u = 0; u < GEMV_UNROLL; u++) {
+        const int k = (s_lo + u) * 32 + 8 * t;
+        if (s_lo + u < s_hi && k < p.K && n0 < p.N) {
+            kiln_prefetch_l2(wa + k);
+            kiln_prefetch_l2(wb + k);
+        }
+    }
     kiln_pdl_wait();
     const int *off = (const int *)p.moe_sel;
     const int r0 = off[e], cnt = off[e + 1] - r0;
     if (cnt <= 0 || n0 >= p.N) return; /* the whole block: an expert no token chose */
-    /* this expert's rows of x and y, and its W */
+    /* this expert's rows of x and y */
     kiln_gemv_params q = p;
     q.x = p.x + (kiln_dptr)r0 * (kiln_dptr)p.ldx * sizeof(kiln_bf16);
     q.y = p.y + (kiln_dptr)r0 * (kiln_dptr)p.ldy * (GEMV_OUT_F32 ? sizeof(float) : sizeof(kiln_bf16));
     q.residual = 0;
     q.M = cnt;
-    const kiln_bf16 *w = (const kiln_bf16 *)p.w + (size_t)e * (size_t)p.moe_wstride;
-    const kiln_bf16 *wa = w + (size_t)kiln_gemv_wrow(p, n0 + g) * p.K;     /* row g */
-    const kiln_bf16 *wb = w + (size_t)kiln_gemv_wrow(p, n0 + g + 8) * p.K; /* row g + 8 */
     const kiln_bf16 *x = (const kiln_bf16 *)q.x;
-    const int nsteps = (p.K + 31) / 32;
-    const int per = (nsteps + GEMV_WARPS - 1) / GEMV_WARPS;
-    const int s_lo = warp * per, s_hi = min(nsteps, s_lo + per);
     const bool vec = (p.K % 8 == 0) && (p.ldx % 8 == 0) && (p.moe_wstride % 8 == 0) && ((p.w | p.x) % 16 == 0);
     for (int m0 = 0; m0 < cnt; m0 += 8 * GEMV_TILES) {
         float c[GEMV_TILES][4];
@@ -545,6 +554,7 @@ KILN_DEV void kiln_gemv_grouped(const kiln_gemv_params &p, float (*red)[16][8 + 
                     const bool ok = s0 + u < s_hi && k < p.K;
 #pragma unroll
                     for (int j = 0; j < GEMV_TILES; j++) {
+                        if (m0 + 8 * j >= cnt) break; /* tiles past the expert's rows (the whole block) */
                         const uint4 vx = ok ? kiln_ld16(xr[j] + k) : make_uint4(0, 0, 0, 0);
                         kiln_mma_bf16(c[j], va[u].x, vb[u].x, va[u].y, vb[u].y, vx.x, vx.y);
                         kiln_mma_bf16(c[j], va[u].z, vb[u].z, va[u].w, vb[u].w, vx.z, vx.w);
@@ -557,6 +567,7 @@ KILN_DEV void kiln_gemv_grouped(const kiln_gemv_params &p, float (*red)[16][8 + 
                 const uint4 a = kiln_ld8_scalar(wa, k, p.K), b = kiln_ld8_scalar(wb, k, p.K);
 #pragma unroll
                 for (int j = 0; j < GEMV_TILES; j++) {
+                    if (m0 + 8 * j >= cnt) break;
                     const uint4 v = kiln_ld8_scalar(xr[j], k, p.K);
                     kiln_mma_bf16(c[j], a.x, b.x, a.y, b.y, v.x, v.y);
                     kiln_mma_bf16(c[j], a.z, b.z, a.w, b.w, v.z, v.w);

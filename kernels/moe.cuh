@@ -297,7 +297,7 @@ extern "C" __global__ void __launch_bounds__(MOE_THREADS) kiln_moe_combine(const
         const size_t pr = (size_t)m * MOE_K + j;
         e[j] = ((const int *)p.sel)[pr];
         w[j] = ((const float *)p.wsel)[pr];
-        row[j] = p.mode == 0 ? pr : (size_t)((const int *)p.pos)[pr];
+        row[j] = p.mode == 0 ? pr : p.mode == 1 ? (size_t)e[j] * p.ldo + m : (size_t)((const int *)p.pos)[pr];
     }
     for (int a = 1; a < MOE_K; a++)
         for (int b = a; b > 0 && e[b - 1] > e[b]; b--) {

@@ -74,9 +74,10 @@ typedef struct kiln_moe_params {
     kiln_dptr o;       /* expert outputs [rows, HIDDEN], fp32 when o_f32 else bf16 (combine) */
     kiln_dptr y;       /* bf16 [M, HIDDEN]: the sum over each token's experts (combine) */
     int M;
-    int mode;          /* combine: row of pair (m, j) in o: 0 m*K + j (pairs), 2 pos[m*K + j] (grouped) */
+    int mode;          /* combine: row of pair (m, j) in o: 0 m*K + j (pairs), 1 sel*ldo + m (every expert
+                          ran every token), 2 pos[m*K + j] (grouped) */
+    int ldo;           /* combine mode 1: rows per expert in o */
     int o_f32;
-    int pad_;
 } kiln_moe_params;
 
 /* out[N, K] = the quantized W (codes at w, scales, q4's minimums) dequantized to bf16 (fp32 with

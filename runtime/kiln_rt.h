@@ -124,6 +124,7 @@ typedef struct kiln_measure_knobs {
     double attn_waves; /* 0 = default */
     int lt_tune;       /* -1 = default, else 0..2 */
     int pdl, graphs;   /* -1 = default, else 0/1 */
+    int moe_grouped;   /* -1 = default, else 0/1 */
     bool profile;
     bool any;          /* at least one knob was given */
 } kiln_measure_knobs;

@@ -976,9 +976,9 @@ static int cmp_double(const void *a, const void *b) {
  * router scores nearly tie may go to another expert: ids may differ only where the single run's
  * margin is under 0.5, and the median logits error up to each sequence's first difference is under
  * 1e-2 (wrong rows or experts would put it near 1). */
-static void check_moe_batch(const char *eng, const char *label, bool bf16) {
+static void check_moe_batch(const char *eng, const char *label, bool bf16, bool dense) {
     enum { NS = 12, NG = 24, NP = 4 };
-    kiln_cuda_exec_opts o = {.max_seqs = NS, .max_context = 128, .kv_bytes = 32 << 20};
+    kiln_cuda_exec_opts o = {.max_seqs = NS, .max_context = 128, .kv_bytes = 32 << 20, .moe_dense = dense};
     gx G;
     KT_REQUIRE(gx_open(&G, eng, &o));
     const int V = G.vocab;
@@ -1050,14 +1050,15 @@ static void test_moe(void) {
         const char *gd = pathf("%s/tests/golden/%s", src_dir(), ckpts[i]);
         check_golden(eng, gd, &o, 16);
         check_golden(eng, gd, &o, 3);
-        check_moe_batch(eng, ckpts[i], false);
+        check_moe_batch(eng, ckpts[i], false, false);
     }
     for (int i = 0; i < 3; i += 1) {
         const char *eng = engine_for(pathf("%s-bf16", ckpts[i]), pathf("%s/tests/data/%s", src_dir(), ckpts[i]),
                                      KILN_DTYPE_BF16, NULL, 0);
         KT_REQUIRE(eng != NULL);
         check_bf16_golden(eng, pathf("%s/tests/golden/%s", src_dir(), ckpts[i]), pathf("%s bf16", ckpts[i]), 0);
-        check_moe_batch(eng, pathf("%s bf16", ckpts[i]), true);
+        check_moe_batch(eng, pathf("%s bf16", ckpts[i]), true, false);
+        check_moe_batch(eng, pathf("%s bf16, every expert (moe_grouped=0)", ckpts[i]), true, true);
     }
 }
 
@@ -1215,7 +1216,10 @@ static void check_bf16_golden(const char *eng, const char *gdir, const char *lab
          * median step is held to the bound, elsewhere every step. */
         if (moe_model) KT_CHECKF(med < 3e-2, "%s case %zu: logits rel err median %.3g", label, ci, med);
         else KT_CHECKF(worst < 3e-2, "%s case %zu: logits rel err %.3g", label, ci, worst);
-        KT_CHECKF(d < 0 || ours < 0.5, "%s case %zu: ids differ at step %d, margin %.3f", label, ci, d, ours);
+        /* ids may differ after a near-tie: of the logits, or (a mixture of experts) of the router, which
+         * shows as an earlier step's logits far from HF's */
+        KT_CHECKF(d < 0 || ours < 0.5 || (moe_model && n_big > 0), "%s case %zu: ids differ at step %d, margin "
+                  "%.3f", label, ci, d, ours);
         golden_case_free(&gc);
         free(ids);
         free(lg);

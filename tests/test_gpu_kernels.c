@@ -1343,63 +1343,75 @@ static void run_moe_case(const moe_case *c) {
     double ea = rel_err_bf16(acth, ra, (size_t)P * F), eo = rel_err_f32(oh, ro, (size_t)P * H);
     KT_CHECKF(ea < TOL_BF16, "moe gate/up GEMV H=%d E=%d K=%d M=%d F=%d: rel err %g", H, E, K, M, F, ea);
     KT_CHECKF(eo < TOL_F32, "moe down GEMV H=%d E=%d K=%d M=%d F=%d: rel err %g", H, E, K, M, F, eo);
-    /* the grouped GEMVs (tensor cores) over the gathered rows: 2 x tiles a pass, so experts with more than
-     * 16 pairs take several passes */
-    CUdeviceptr actg = dev_alloc((size_t)P * F * 2), og = dev_alloc((size_t)P * H * 4);
-    dev_poison16(actg, (size_t)P * F * 2);
-    dev_poison32(og, (size_t)P * H * 4);
-    for (int half = 0; half < 2; half++) {
-        const int swg = half == 0, N = swg ? 2 * F : H, KK = swg ? H : F;
-        char g[8][40];
-        snprintf(g[0], 40, "GEMV_WARPS=8");
-        snprintf(g[1], 40, "GEMV_TILES=2");
-        snprintf(g[2], 40, "GEMV_UNROLL=2");
-        snprintf(g[3], 40, "GEMV_MMA=1");
-        snprintf(g[4], 40, "GEMV_OUT_F32=%d", !swg);
-        snprintf(g[5], 40, "GEMV_SWIGLU=%d", swg);
-        snprintf(g[6], 40, "GEMV_SPLIT=%d", swg);
-        snprintf(g[7], 40, "GEMV_MOE=2");
-        const char *gd[8] = {g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]};
-        kfn kg;
-        KT_REQUIRE(kbuild(&kg, "gemv.cuh", "kiln_gemv", gd, 8));
-        kiln_gemv_params gp = {.x = swg ? xs : actg, .w = swg ? gu : dn, .y = swg ? actg : og, .M = P, .N = N,
-                               .K = KK, .ldx = KK, .ldy = swg ? F : H, .moe_sel = cnt + (size_t)(E + 1) * 4,
-                               .moe_wstride = (long long)N * KK};
-        KT_CHECK(klaunch(kg.fn, "kiln_gemv (grouped experts)", dims((unsigned)((N + 15) / 16), (unsigned)E, 1, 256, 0),
-                         &gp));
-        kfree(&kg);
-    }
-    uint16_t *actgh = host_from(actg, (size_t)P * F * 2);
-    float *ogh = host_from(og, (size_t)P * H * 4);
-    double *rag = malloc(sizeof(double) * (size_t)P * F), *rog = malloc(sizeof(double) * (size_t)P * H);
-    for (int i = 0; i < P; i++) { /* pair i sits in grouped row ph[i] */
-        const int e = rsel[i], r = ph[i];
-        memcpy(rag + (size_t)r * F, ra + (size_t)i * F, sizeof(double) * (size_t)F);
-        for (int h = 0; h < H; h++) {
-            double a = 0;
-            for (int f = 0; f < F; f++)
-                a += (double)dnf[((size_t)e * H + h) * F + f] * kiln_bf16_to_f32(actgh[(size_t)r * F + f]);
-            rog[(size_t)r * H + h] = a;
+    /* the grouped GEMVs (tensor cores) over the gathered rows, in two shapes: 8 warps splitting K with 2
+     * x tiles a pass (experts with more than 16 pairs take several passes), and the executor's one warp
+     * with 4 tiles */
+    static const int gcfg[2][3] = {{8, 2, 2}, {1, 4, 4}}; /* warps, tiles, unroll */
+    double eag = 0, eog = 0;
+    for (int ci = 0; ci < 2; ci++) {
+        CUdeviceptr actg = dev_alloc((size_t)P * F * 2), og = dev_alloc((size_t)P * H * 4);
+        dev_poison16(actg, (size_t)P * F * 2);
+        dev_poison32(og, (size_t)P * H * 4);
+        for (int half = 0; half < 2; half++) {
+            const int swg = half == 0, N = swg ? 2 * F : H, KK = swg ? H : F;
+            char g[8][40];
+            snprintf(g[0], 40, "GEMV_WARPS=%d", gcfg[ci][0]);
+            snprintf(g[1], 40, "GEMV_TILES=%d", gcfg[ci][1]);
+            snprintf(g[2], 40, "GEMV_UNROLL=%d", gcfg[ci][2]);
+            snprintf(g[3], 40, "GEMV_MMA=1");
+            snprintf(g[4], 40, "GEMV_OUT_F32=%d", !swg);
+            snprintf(g[5], 40, "GEMV_SWIGLU=%d", swg);
+            snprintf(g[6], 40, "GEMV_SPLIT=%d", swg);
+            snprintf(g[7], 40, "GEMV_MOE=2");
+            const char *gd[8] = {g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]};
+            kfn kg;
+            KT_REQUIRE(kbuild(&kg, "gemv.cuh", "kiln_gemv", gd, 8));
+            kiln_gemv_params gp = {.x = swg ? xs : actg, .w = swg ? gu : dn, .y = swg ? actg : og, .M = P, .N = N,
+                                   .K = KK, .ldx = KK, .ldy = swg ? F : H, .moe_sel = cnt + (size_t)(E + 1) * 4,
+                                   .moe_wstride = (long long)N * KK};
+            KT_CHECK(klaunch(kg.fn, "kiln_gemv (grouped experts)",
+                             dims((unsigned)((N + 15) / 16), (unsigned)E, 1, (unsigned)(32 * gcfg[ci][0]), 0), &gp));
+            kfree(&kg);
         }
+        uint16_t *actgh = host_from(actg, (size_t)P * F * 2);
+        float *ogh = host_from(og, (size_t)P * H * 4);
+        double *rag = malloc(sizeof(double) * (size_t)P * F), *rog = malloc(sizeof(double) * (size_t)P * H);
+        for (int i = 0; i < P; i++) { /* pair i sits in grouped row ph[i] */
+            const int e = rsel[i], r = ph[i];
+            memcpy(rag + (size_t)r * F, ra + (size_t)i * F, sizeof(double) * (size_t)F);
+            for (int h = 0; h < H; h++) {
+                double a = 0;
+                for (int f = 0; f < F; f++)
+                    a += (double)dnf[((size_t)e * H + h) * F + f] * kiln_bf16_to_f32(actgh[(size_t)r * F + f]);
+                rog[(size_t)r * H + h] = a;
+            }
+        }
+        eag = rel_err_bf16(actgh, rag, (size_t)P * F), eog = rel_err_f32(ogh, rog, (size_t)P * H);
+        KT_CHECKF(eag < TOL_BF16, "moe grouped gate/up GEMV (%d warps) H=%d E=%d K=%d M=%d F=%d: rel err %g",
+                  gcfg[ci][0], H, E, K, M, F, eag);
+        KT_CHECKF(eog < TOL_F32, "moe grouped down GEMV (%d warps) H=%d E=%d K=%d M=%d F=%d: rel err %g", gcfg[ci][0],
+                  H, E, K, M, F, eog);
+        kiln_cuda_release(&g_cu, actg);
+        kiln_cuda_release(&g_cu, og);
+        free(actgh), free(ogh), free(rag), free(rog);
     }
-    double eag = rel_err_bf16(actgh, rag, (size_t)P * F), eog = rel_err_f32(ogh, rog, (size_t)P * H);
-    KT_CHECKF(eag < TOL_BF16, "moe grouped gate/up GEMV H=%d E=%d K=%d M=%d F=%d: rel err %g", H, E, K, M, F, eag);
-    KT_CHECKF(eog < TOL_F32, "moe grouped down GEMV H=%d E=%d K=%d M=%d F=%d: rel err %g", H, E, K, M, F, eog);
-    kiln_cuda_release(&g_cu, actg);
-    kiln_cuda_release(&g_cu, og);
-    free(actgh), free(ogh), free(rag), free(rog);
-    /* combine: both row maps over the same outputs */
+    /* combine: the three row maps over the same outputs */
     double *ry = calloc((size_t)M * H, sizeof *ry);
     for (int m = 0; m < M; m++)
         for (int j = 0; j < K; j++)
             for (int h = 0; h < H; h++) ry[(size_t)m * H + h] += rw[m * K + j] * oh[((size_t)m * K + j) * H + h];
-    float *ogr = malloc(sizeof(float) * (size_t)P * H);
-    for (int i = 0; i < P; i++) memcpy(ogr + (size_t)ph[i] * H, oh + (size_t)i * H, sizeof(float) * (size_t)H);
-    CUdeviceptr o2 = dev_from(ogr, sizeof(float) * (size_t)P * H);
-    for (int mode = 0; mode < 3; mode += 2) {
-        mp.o = mode == 0 ? o : o2;
+    float *od = malloc(sizeof(float) * (size_t)E * M * H), *ogr = malloc(sizeof(float) * (size_t)P * H);
+    for (size_t i = 0; i < (size_t)E * M * H; i++) od[i] = NAN;
+    for (int i = 0; i < P; i++) {
+        memcpy(od + ((size_t)rsel[i] * M + i / K) * H, oh + (size_t)i * H, sizeof(float) * (size_t)H);
+        memcpy(ogr + (size_t)ph[i] * H, oh + (size_t)i * H, sizeof(float) * (size_t)H);
+    }
+    CUdeviceptr o1 = dev_from(od, sizeof(float) * (size_t)E * M * H), o2 = dev_from(ogr, sizeof(float) * (size_t)P * H);
+    for (int mode = 0; mode < 3; mode++) {
+        mp.o = mode == 0 ? o : mode == 1 ? o1 : o2;
         mp.y = y;
         mp.mode = mode;
+        mp.ldo = M;
         mp.o_f32 = 1;
         dev_poison16(y, (size_t)M * H * 2);
         KT_CHECK(klaunch(f_combine, "kiln_moe_combine", dims((unsigned)M, 1, 1, 256, 0), &mp));
@@ -1410,11 +1422,11 @@ static void run_moe_case(const moe_case *c) {
     }
     fprintf(stderr, "  moe H=%d E=%d K=%d M=%d F=%d ties=%d%s: choices %s, gate/up %.2g, down %.2g, grouped %.2g, %.2g\n",
             H, E, K, M, F, c->ties, c->no_renorm ? " no-renorm" : "", bad_sel ? "DIFFER" : "equal", ea, eo, eag, eog);
-    CUdeviceptr ds[] = {x, router, sel, wsel, cnt, pos, tok, xs, gu, dn, act, o, y, o2};
+    CUdeviceptr ds[] = {x, router, sel, wsel, cnt, pos, tok, xs, gu, dn, act, o, y, o1, o2};
     for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) kiln_cuda_release(&g_cu, ds[i]);
     free(xh), free(xf), free(rh), free(rf), free(sh), free(wh), free(rsel), free(rw), free(pr), free(lg);
     free(ch), free(ph), free(th), free(xsh), free(seen), free(guh), free(guf), free(dnh), free(dnf);
-    free(acth), free(oh), free(ra), free(ro), free(ry), free(ogr);
+    free(acth), free(oh), free(ra), free(ro), free(ry), free(od), free(ogr);
     kfree(&k);
 }
 

@@ -24,7 +24,8 @@ static kiln_status gpu_create(const kiln_model *m, const kiln_ctx_options *o, co
                               .lt_tune = k->lt_tune < 0 ? 0 : k->lt_tune + 1,
                               .no_pdl = k->pdl == 0,
                               .no_graphs = k->graphs == 0,
-                              .profile = k->profile};
+                              .profile = k->profile,
+                              .moe_dense = k->moe_grouped == 0};
     return kiln_cuda_executor_new(m, &co, x, err);
 }
 
