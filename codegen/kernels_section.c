@@ -292,9 +292,10 @@ static kiln_status add_gemv_moe(kset *s, const char *epi, int n, int k, kiln_err
 }
 
 /* The grouped expert GEMV (gemv.cuh with GEMV_MOE 2, bf16 tensor cores) for decode batches past the
- * pair GEMVs: cfg warps, x tiles per pass (cfg[1]), steps in flight, 8 x rows a tile, mma. One warp
- * per block, walking all of K (8 warps splitting K, each block's life a few loads long, read the
- * weights at 60% of the H200's bandwidth at batch 64; docs/benchmarks.md). */
+ * pair GEMVs with the measure knob moe_grouped=1: cfg warps, x tiles per pass (cfg[1]), steps in
+ * flight, 8 x rows a tile, mma. On the H200 at batch 64 it read Mixtral's experts at 2.5 TB/s with 8
+ * warps splitting K and 1.8 with one warp over all of K, against cuBLASLt's 3.2 over every expert
+ * (docs/benchmarks.md): not the default. */
 static kiln_status add_gemv_moe_grouped(kset *s, const char *epi, int n, int k, kiln_error *err) {
     char name[KILN_KSEC_NAME_MAX];
     kiln_status st;
@@ -303,7 +304,7 @@ static kiln_status add_gemv_moe_grouped(kset *s, const char *epi, int n, int k, 
     if (!m) return st;
     const bool swiglu = strcmp(epi, "swiglu") == 0;
     memset(m->cfg, 0, sizeof m->cfg);
-    m->cfg[0] = 1, m->cfg[1] = 4, m->cfg[2] = 4, m->cfg[3] = 8, m->cfg[4] = 1;
+    m->cfg[0] = 8, m->cfg[1] = 4, m->cfg[2] = 2, m->cfg[3] = 8, m->cfg[4] = 1;
     m->cfg[5] = !swiglu;
     m->cfg[6] = swiglu;
     def_i(m, "GEMV_WARPS", m->cfg[0]);

@@ -159,7 +159,7 @@ typedef struct kiln_ctx_options {
      * default 2), lt_tune=0|1|2 (cuBLASLt algorithms at decode: the heuristic's, timed (default),
      * timed and reported on stderr), pdl=0|1, graphs=0|1, profile=0|1 (time every kernel, without
      * graphs: `kiln bench --profile`), moe_grouped=0|1 (a mixture of experts' decode batches past
-     * the pair GEMVs: the grouped GEMVs (default), or every expert over the batch through cuBLASLt).
+     * the pair GEMVs: every expert over the batch through cuBLASLt (default), or the grouped GEMVs).
      * NULL or "" = none. An unknown key or
      * a bad value is KILN_ERR_INVALID_ARG, and any knob with device "cpu" too. */
     const char *measure;

@@ -970,15 +970,15 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* 12 sequences prefilled in one step and decoded together (decode steps past the pair GEMVs: in bf16
- * engines the grouped tensor-core GEMVs) against each run alone (decoded one token a step: the pair
- * GEMVs). f32 engines: the ids equal. bf16 engines: the two paths round differently, so a token whose
+/* 12 sequences prefilled in one step and decoded together (decode steps past the pair GEMVs: every
+ * expert over the batch through cuBLASLt, or with `grouped` the grouped tensor-core GEMVs) against each
+ * run alone (decoded one token a step: the pair GEMVs). f32 engines: the ids equal. bf16 engines: the two paths round differently, so a token whose
  * router scores nearly tie may go to another expert: ids may differ only where the single run's
  * margin is under 0.5, and the median logits error up to each sequence's first difference is under
  * 1e-2 (wrong rows or experts would put it near 1). */
-static void check_moe_batch(const char *eng, const char *label, bool bf16, bool dense) {
+static void check_moe_batch(const char *eng, const char *label, bool bf16, bool grouped) {
     enum { NS = 12, NG = 24, NP = 4 };
-    kiln_cuda_exec_opts o = {.max_seqs = NS, .max_context = 128, .kv_bytes = 32 << 20, .moe_dense = dense};
+    kiln_cuda_exec_opts o = {.max_seqs = NS, .max_context = 128, .kv_bytes = 32 << 20, .moe_grouped = grouped};
     gx G;
     KT_REQUIRE(gx_open(&G, eng, &o));
     const int V = G.vocab;
@@ -1058,7 +1058,7 @@ static void test_moe(void) {
         KT_REQUIRE(eng != NULL);
         check_bf16_golden(eng, pathf("%s/tests/golden/%s", src_dir(), ckpts[i]), pathf("%s bf16", ckpts[i]), 0);
         check_moe_batch(eng, pathf("%s bf16", ckpts[i]), true, false);
-        check_moe_batch(eng, pathf("%s bf16, every expert (moe_grouped=0)", ckpts[i]), true, true);
+        check_moe_batch(eng, pathf("%s bf16, grouped GEMVs (moe_grouped=1)", ckpts[i]), true, true);
     }
 }
 

@@ -1344,7 +1344,7 @@ static void run_moe_case(const moe_case *c) {
     KT_CHECKF(ea < TOL_BF16, "moe gate/up GEMV H=%d E=%d K=%d M=%d F=%d: rel err %g", H, E, K, M, F, ea);
     KT_CHECKF(eo < TOL_F32, "moe down GEMV H=%d E=%d K=%d M=%d F=%d: rel err %g", H, E, K, M, F, eo);
     /* the grouped GEMVs (tensor cores) over the gathered rows, in two shapes: 8 warps splitting K with 2
-     * x tiles a pass (experts with more than 16 pairs take several passes), and the executor's one warp
+     * x tiles a pass (experts with more than 16 pairs take several passes), and one warp over all of K
      * with 4 tiles */
     static const int gcfg[2][3] = {{8, 2, 2}, {1, 4, 4}}; /* warps, tiles, unroll */
     double eag = 0, eog = 0;

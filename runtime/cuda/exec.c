@@ -217,8 +217,8 @@ typedef struct cx {
     bool pdl;
     CUdeviceptr attn_cnt; /* int32 [max_seqs, n_kv]: decode attention's split counters, zero between launches */
     int gemv_max_m; /* most tokens per step the tensor-core GEMV takes (else cuBLASLt) */
-    bool moe_dense; /* measure knob moe_grouped=0: decode batches past the experts' pair GEMVs run every
-                       expert over the batch through cuBLASLt (the combine takes the chosen ones) */
+    bool moe_grouped; /* measure knob moe_grouped=1: decode batches past the experts' pair GEMVs run the
+                         grouped tensor-core GEMVs instead of every expert through cuBLASLt */
     int qgemv_max_m; /* ... the quantized GEMV takes (else dequantize + cuBLASLt) */
     double attn_waves; /* KILN_ATTN_WAVES: decode attention splits aim for this many waves of the GPU (2) */
     int lt_tune;    /* KILN_LT_TUNE: cuBLASLt algorithms at decode: 0 heuristic's, 1 timed (default), 2 timed + reported */
@@ -954,12 +954,13 @@ static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUde
 /* The experts of one moe instruction over a step's T rows. Routing (kiln_moe_route) leaves each token's
  * experts and weights on the device; one of three paths computes the experts' outputs o, and
  * kiln_moe_combine sums each token's in expert order:
- *  - T <= gemv_max_m (decode at small batches; f32 engines' decode): expert GEMVs over the (token,
- *    expert) pairs, the expert ids read on the device: only the chosen experts' weights are read;
- *  - other decode steps: the pairs grouped by expert on the device (kiln_moe_group: counts, prefix
- *    sums, a scatter; kiln_moe_gather), then the grouped tensor-core GEMVs: each expert's weights read
- *    once, multiplied with all of its pairs' rows (measure knob moe_grouped=0: every expert over the
- *    whole batch through cuBLASLt instead, the combine taking the chosen ones);
+ *  - T <= gemv_max_m (decode at small batches): expert GEMVs over the (token, expert) pairs, the expert
+ *    ids read on the device: only the chosen experts' weights are read;
+ *  - other decode steps: every expert over the whole batch through cuBLASLt, the combine taking the
+ *    chosen ones. At these batches every expert is read anyway and the extra products hide behind
+ *    the reads: on the H200 at batch 64 this read Mixtral's experts at 3.2 TB/s, where the grouped
+ *    tensor-core GEMVs (the pairs grouped by expert on the device, each expert's weights read once
+ *    for all of its rows; measure knob moe_grouped=1) reached 2.5 (docs/benchmarks.md);
  *  - prefill and mixed steps: grouped the same way, the counts read back (a host sync per layer), then
  *    per expert with tokens one cuBLASLt GEMM pair over its rows.
  * Decode steps never sync with the host: they are replayed as CUDA graphs. */
@@ -974,7 +975,7 @@ static kiln_status run_moe(cx *x, const cx_inst *in, const cx_shape *sh, kiln_er
                           .xs = x->moe_xs, .o = x->moe_o, .y = bufp(x, in->y), .M = T, .mode = 2, .o_f32 = 1};
     kiln_status st = launch(x, mo->route, (unsigned)T, 1, 1, 256, 0, &mp, "kiln_moe_route", err);
     if (st) return st;
-    if (T <= x->gemv_max_m || (sh->decode && !mo->gg_gu)) {
+    if (T <= x->gemv_max_m) {
         kiln_gemv_params g = {.x = X, .w = wgu, .y = x->moe_act, .M = 1, .N = 2 * F, .K = H, .ldx = H, .ldy = F,
                               .moe_sel = x->moe_sel, .moe_wstride = 2LL * F * H, .moe_xdiv = K};
         kiln_cuda_dims d = kiln_gemv_dims(&mo->c_gu, 1, 2 * F);
@@ -990,7 +991,7 @@ static kiln_status run_moe(cx *x, const cx_inst *in, const cx_shape *sh, kiln_er
         mp.mode = 0;
         return launch(x, mo->combine, (unsigned)T, 1, 1, 256, 0, &mp, "kiln_moe_combine", err);
     }
-    if (sh->decode && x->moe_dense) { /* every expert over every token; o is [E, T, H] */
+    if (sh->decode && !(x->moe_grouped && mo->gg_gu)) { /* every expert over every token; o is [E, T, H] */
         for (int e = 0; e < E && !st; e++) {
             kiln_swiglu_params sp = {x->gu_tmp, x->moe_act, T, 0};
             kiln_cuda_dims d = kiln_swiglu_dims(F, T, mo->swiglu_threads, x->f32 ? 4 : 8);
@@ -1217,7 +1218,7 @@ static void prof_cost(const cx *x, int i, const cx_shape *sh, double ctx, double
     }
     case I_MOE: { /* the chosen experts' weights (at most all of them), x, y */
         const cx_moe *mo = &in->moe;
-        const double pairs = (sh->decode && x->moe_dense && T > x->gemv_max_m) ? T * mo->E : T * mo->k;
+        const double pairs = (sh->decode && !x->moe_grouped && T > x->gemv_max_m) ? T * mo->E : T * mo->k;
         const double ex = pairs < mo->E ? pairs : mo->E, per = 3.0 * mo->f * H;
         *bytes = ex * per * es + 2 * T * H * es + (double)mo->E * H * es;
         *flops = 2 * pairs * per + 2 * T * mo->E * H;
@@ -1743,14 +1744,12 @@ static size_t tune_bytes(const cx *x) {
 
 /* The experts' scratch for steps of `rows` tokens, and its parts' offsets (into off[8], when given):
  * sel, wsel, pos, tok [rows * k]; counts and offsets [2 (E + 1)]; the grouped rows xs [rows * k, H]
- * and their SwiGLU act [rows * k, F] (elements); the outputs o, fp32, [rows * k, H] (with moe_dense,
- * at least [E * max_seqs, H]). */
+ * and their SwiGLU act [rows * k, F] (elements); the outputs o, fp32, [max(rows * k, E * max_seqs), H]. */
 static size_t moe_bytes(const cx *x, int rows, size_t off[8]) {
     if (!x->moe_e) return 0;
     const size_t P = (size_t)rows * (size_t)x->moe_k, H = (size_t)x->hidden, es = (size_t)x->es;
-    size_t orows = P; /* with moe_dense, [E, max_seqs] rows */
-    if (x->moe_dense && orows < (size_t)x->moe_e * (size_t)x->base.max_seqs)
-        orows = (size_t)x->moe_e * (size_t)x->base.max_seqs;
+    size_t orows = P; /* or [E, max_seqs] rows: every expert over a decode batch */
+    if (orows < (size_t)x->moe_e * (size_t)x->base.max_seqs) orows = (size_t)x->moe_e * (size_t)x->base.max_seqs;
     const size_t sz[8] = {P * 4, P * 4, P * 4, P * 4, 2 * ((size_t)x->moe_e + 1) * 4, P * H * es,
                           P * (size_t)x->moe_f * es, orows * H * 4};
     size_t b = 0;
@@ -1855,7 +1854,7 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
     x->p = p;
     x->no_graphs = o->no_graphs;
     x->gemv_max_m = o->gemv_max_m > 0 ? o->gemv_max_m : KILN_GEMV_MAX_M;
-    x->moe_dense = o->moe_dense;
+    x->moe_grouped = o->moe_grouped;
     x->qgemv_max_m = o->gemv_max_m > 0 ? o->gemv_max_m : CX_QGEMV_MAX_M;
     x->hidden = p->hidden_size;
     x->n_kv = p->n_kv_heads;

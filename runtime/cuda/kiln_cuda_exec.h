@@ -66,8 +66,8 @@ typedef struct kiln_cuda_exec_opts {
     int lt_tune;         /* cuBLASLt algorithms at decode: 1 = the heuristic's, 2 = timed (default), 3 = timed
                             and reported on stderr */
     bool profile;        /* time every instruction with CUDA events (no graphs): ops->profile reports */
-    bool moe_dense;      /* decode batches past the experts' pair GEMVs run every expert over the batch through
-                            cuBLASLt instead of the grouped GEMVs (bf16 engines; for measuring) */
+    bool moe_grouped;    /* decode batches past the experts' pair GEMVs run the grouped tensor-core GEMVs (bf16
+                            engines) instead of every expert over the batch through cuBLASLt (measured slower) */
 } kiln_cuda_exec_opts;
 
 /* Create the executor for `m` (the model must outlive it). `m` may have been
