@@ -954,8 +954,9 @@ static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUde
 /* The experts of one moe instruction over a step's T rows. Routing (kiln_moe_route) leaves each token's
  * experts and weights on the device; one of three paths computes the experts' outputs o, and
  * kiln_moe_combine sums each token's in expert order:
- *  - T <= gemv_max_m (decode at small batches): expert GEMVs over the (token, expert) pairs, the expert
- *    ids read on the device: only the chosen experts' weights are read;
+ *  - at most gemv_max_m tokens making at most E pairs (moe_pairs; decode at small batches): expert
+ *    GEMVs over the (token, expert) pairs, the expert ids read on the device: only the chosen experts'
+ *    weights are read, once per pair (so past E pairs this would read more than every expert once);
  *  - other decode steps: every expert over the whole batch through cuBLASLt, the combine taking the
  *    chosen ones. At these batches every expert is read anyway and the extra products hide behind
  *    the reads: on the H200 at batch 64 this read Mixtral's experts at 3.2 TB/s, where the grouped
@@ -964,6 +965,14 @@ static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUde
  *  - prefill and mixed steps: grouped the same way, the counts read back (a host sync per layer), then
  *    per expert with tokens one cuBLASLt GEMM pair over its rows.
  * Decode steps never sync with the host: they are replayed as CUDA graphs. */
+/* Whether a step of T tokens runs moe instruction mo's experts as GEMVs over the (token, expert) pairs:
+ * each pair reads its expert's weights, so past E pairs the step would read more than every expert once
+ * (on the H200 a pair's expert took 0.09 ms, every expert over a batch through cuBLASLt 0.85 ms a layer
+ * of Mixtral; 8 tokens as 16 pairs ran at 776 tok/s on 8 layers, 16 tokens through cuBLASLt at 2,389). */
+static bool moe_pairs(const cx *x, const cx_moe *mo, int T) {
+    return T <= x->gemv_max_m && (int64_t)T * mo->k <= (mo->E > mo->k ? mo->E : mo->k);
+}
+
 static kiln_status run_moe(cx *x, const cx_inst *in, const cx_shape *sh, kiln_error *err) {
     const cx_moe *mo = &in->moe;
     const int T = sh->T, H = x->hidden, F = mo->f, E = mo->E, K = mo->k;
@@ -975,7 +984,7 @@ static kiln_status run_moe(cx *x, const cx_inst *in, const cx_shape *sh, kiln_er
                           .xs = x->moe_xs, .o = x->moe_o, .y = bufp(x, in->y), .M = T, .mode = 2, .o_f32 = 1};
     kiln_status st = launch(x, mo->route, (unsigned)T, 1, 1, 256, 0, &mp, "kiln_moe_route", err);
     if (st) return st;
-    if (T <= x->gemv_max_m) {
+    if (moe_pairs(x, mo, T)) {
         kiln_gemv_params g = {.x = X, .w = wgu, .y = x->moe_act, .M = 1, .N = 2 * F, .K = H, .ldx = H, .ldy = F,
                               .moe_sel = x->moe_sel, .moe_wstride = 2LL * F * H, .moe_xdiv = K};
         kiln_cuda_dims d = kiln_gemv_dims(&mo->c_gu, 1, 2 * F);
@@ -1218,7 +1227,7 @@ static void prof_cost(const cx *x, int i, const cx_shape *sh, double ctx, double
     }
     case I_MOE: { /* the chosen experts' weights (at most all of them), x, y */
         const cx_moe *mo = &in->moe;
-        const double pairs = (sh->decode && !x->moe_grouped && T > x->gemv_max_m) ? T * mo->E : T * mo->k;
+        const double pairs = (sh->decode && !x->moe_grouped && !moe_pairs(x, mo, (int)T)) ? T * mo->E : T * mo->k;
         const double ex = pairs < mo->E ? pairs : mo->E, per = 3.0 * mo->f * H;
         *bytes = ex * per * es + 2 * T * H * es + (double)mo->E * H * es;
         *flops = 2 * pairs * per + 2 * T * mo->E * H;
