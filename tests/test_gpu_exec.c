@@ -972,8 +972,9 @@ static int cmp_double(const void *a, const void *b) {
 
 /* 12 sequences prefilled in one step and decoded together (decode steps past the pair GEMVs: every
  * expert over the batch through cuBLASLt, or with `grouped` the grouped tensor-core GEMVs) against each
- * run alone (decoded one token a step: the pair GEMVs). f32 engines: the ids equal. bf16 engines: the two paths round differently, so a token whose
- * router scores nearly tie may go to another expert: ids may differ only where the single run's
+ * run alone (decoded one token a step: the pair GEMVs). f32 engines: the ids equal. bf16 engines: the
+ * two paths round differently, so a token whose router scores nearly tie may go to another expert:
+ * ids may differ only where the single run's
  * margin is under 0.5, and the median logits error up to each sequence's first difference is under
  * 1e-2 (wrong rows or experts would put it near 1). */
 static void check_moe_batch(const char *eng, const char *label, bool bf16, bool grouped) {

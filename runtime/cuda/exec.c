@@ -951,6 +951,14 @@ static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUde
     return kiln_cublaslt_gemm_ex(x->lt, x->f32, lt_out_f32(x, g), M, g->n, g->k, in, w, out, res, x->stream, err);
 }
 
+/* Whether a step of T tokens runs moe instruction mo's experts as GEMVs over the (token, expert) pairs:
+ * each pair reads its expert's weights, so past E pairs the step would read more than every expert once
+ * (on the H200 a pair's expert took 0.09 ms, every expert over a batch through cuBLASLt 0.85 ms a layer
+ * of Mixtral; 8 tokens as 16 pairs ran at 776 tok/s on 8 layers, 16 tokens through cuBLASLt at 2,389). */
+static bool moe_pairs(const cx *x, const cx_moe *mo, int T) {
+    return T <= x->gemv_max_m && (int64_t)T * mo->k <= (mo->E > mo->k ? mo->E : mo->k);
+}
+
 /* The experts of one moe instruction over a step's T rows. Routing (kiln_moe_route) leaves each token's
  * experts and weights on the device; one of three paths computes the experts' outputs o, and
  * kiln_moe_combine sums each token's in expert order:
@@ -962,17 +970,10 @@ static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUde
  *    the reads: on the H200 at batch 64 this read Mixtral's experts at 3.2 TB/s, where the grouped
  *    tensor-core GEMVs (the pairs grouped by expert on the device, each expert's weights read once
  *    for all of its rows; measure knob moe_grouped=1) reached 2.5 (docs/benchmarks.md);
- *  - prefill and mixed steps: grouped the same way, the counts read back (a host sync per layer), then
- *    per expert with tokens one cuBLASLt GEMM pair over its rows.
+ *  - prefill and mixed steps: the pairs grouped by expert on the device (kiln_moe_group: counts, prefix
+ *    sums, a scatter; kiln_moe_gather), the counts read back (a host sync per layer), then per expert
+ *    with tokens one cuBLASLt GEMM pair over its rows.
  * Decode steps never sync with the host: they are replayed as CUDA graphs. */
-/* Whether a step of T tokens runs moe instruction mo's experts as GEMVs over the (token, expert) pairs:
- * each pair reads its expert's weights, so past E pairs the step would read more than every expert once
- * (on the H200 a pair's expert took 0.09 ms, every expert over a batch through cuBLASLt 0.85 ms a layer
- * of Mixtral; 8 tokens as 16 pairs ran at 776 tok/s on 8 layers, 16 tokens through cuBLASLt at 2,389). */
-static bool moe_pairs(const cx *x, const cx_moe *mo, int T) {
-    return T <= x->gemv_max_m && (int64_t)T * mo->k <= (mo->E > mo->k ? mo->E : mo->k);
-}
-
 static kiln_status run_moe(cx *x, const cx_inst *in, const cx_shape *sh, kiln_error *err) {
     const cx_moe *mo = &in->moe;
     const int T = sh->T, H = x->hidden, F = mo->f, E = mo->E, K = mo->k;
