@@ -149,7 +149,7 @@ static kiln_status gemv_launch(bench *b, void *vctx, int i, kiln_error *err) {
     gemv_ctx *g = vctx;
     CUdeviceptr w = g->w[i % g->ncopies];
     if (g->lt) return kiln_cublaslt_gemm_bf16(b->lt, g->M, g->N, g->K, g->x, w, g->y, false, NULL, err);
-    kiln_gemv_params p = {g->x, w, g->y, 0, g->M, g->N, g->K, g->K, g->N, 0, 0, 0.0f, 0, 0, 0};
+    kiln_gemv_params p = {g->x, w, g->y, 0, g->M, g->N, g->K, g->K, g->N, 0, 0, 0.0f, 0, 0, 0, 0, 0, 0, 0};
     void *args[] = {&p};
     return kiln_cuda_launch(&b->cu, g->fn, &g->d, NULL, args, "kiln_gemv", err);
 }
@@ -293,7 +293,7 @@ static void bench_gemv_quant(bench *b) {
                         if (it == 0 && KILN_CU_CALL(&b->cu, &err, b->cu.api.cuEventRecord(b->e0, NULL))) die("event", &err);
                         const CUdeviceptr wc = w[(it + 3) % ncopies];
                         kiln_gemv_params p = {x, wc, y, 0, M, N, K, K, N, 0, 0, 0.0f, 0, wc + codes16,
-                                              group ? wc + codes16 + nsc * 4 : 0};
+                                              group ? wc + codes16 + nsc * 4 : 0, 0, 0, 0, 0};
                         void *args[] = {&p};
                         if (kiln_cuda_launch(&b->cu, fn[i], &d, NULL, args, "kiln_gemv", &err)) die("launch", &err);
                     }

@@ -263,6 +263,104 @@ static int64_t width(const kiln_plan *p, int32_t v) { return p->values[v].shape[
 
 #define UNSUP(...) kiln_err(err, KILN_ERR_UNSUPPORTED, "kernels: " __VA_ARGS__)
 
+/* The expert GEMV over a chosen expert's [n, k] matrix (gemv.cuh with GEMV_MOE): gate/up with the SwiGLU
+ * over the checkpoint's halves layout (GEMV_SPLIT), or down with fp32 output; the CUDA-core variant, one
+ * token row per block, sized as the plain GEMV of that shape at one row. */
+static kiln_status add_gemv_moe(kset *s, const char *epi, int n, int k, kiln_error *err) {
+    char name[KILN_KSEC_NAME_MAX];
+    kiln_status st;
+    kiln_ksec_gemv_name(name, sizeof name, epi, n, k, "moe");
+    kmod *m = new_mod(s, name, err, &st);
+    if (!m) return st;
+    const bool swiglu = strcmp(epi, "swiglu") == 0;
+    memset(m->cfg, 0, sizeof m->cfg);
+    if (s->f32) m->cfg[0] = 4, m->cfg[1] = 2, m->cfg[2] = 4;
+    else if ((int64_t)n * k <= 4096LL * 4096 / 4) m->cfg[0] = 4, m->cfg[1] = 2, m->cfg[2] = 2;
+    else m->cfg[0] = 4, m->cfg[1] = 4, m->cfg[2] = 2;
+    m->cfg[3] = 1;
+    m->cfg[5] = !swiglu;
+    m->cfg[6] = swiglu;
+    def_i(m, "GEMV_WARPS", m->cfg[0]);
+    def_i(m, "GEMV_ROWS", m->cfg[1]);
+    def_i(m, "GEMV_UNROLL", m->cfg[2]);
+    def_i(m, "GEMV_MT", 1);
+    def_i(m, "GEMV_OUT_F32", !swiglu);
+    def_i(m, "GEMV_SWIGLU", swiglu);
+    def_i(m, "GEMV_SPLIT", swiglu);
+    def_i(m, "GEMV_MOE", 1);
+    include(m, "gemv.cuh");
+    return KILN_OK;
+}
+
+/* The grouped expert GEMV (gemv.cuh with GEMV_MOE 2, bf16 tensor cores) for decode batches past the
+ * pair GEMVs with the measure knob moe_grouped=1: cfg warps, x tiles per pass (cfg[1]), steps in
+ * flight, 8 x rows a tile, mma. On the H200 at batch 64 it read Mixtral's experts at 2.5 TB/s with 8
+ * warps splitting K and 1.8 with one warp over all of K, against cuBLASLt's 3.2 over every expert
+ * (docs/benchmarks.md): not the default. */
+static kiln_status add_gemv_moe_grouped(kset *s, const char *epi, int n, int k, kiln_error *err) {
+    char name[KILN_KSEC_NAME_MAX];
+    kiln_status st;
+    kiln_ksec_gemv_name(name, sizeof name, epi, n, k, "moeg");
+    kmod *m = new_mod(s, name, err, &st);
+    if (!m) return st;
+    const bool swiglu = strcmp(epi, "swiglu") == 0;
+    memset(m->cfg, 0, sizeof m->cfg);
+    m->cfg[0] = 8, m->cfg[1] = 4, m->cfg[2] = 2, m->cfg[3] = 8, m->cfg[4] = 1;
+    m->cfg[5] = !swiglu;
+    m->cfg[6] = swiglu;
+    def_i(m, "GEMV_WARPS", m->cfg[0]);
+    def_i(m, "GEMV_TILES", m->cfg[1]);
+    def_i(m, "GEMV_UNROLL", m->cfg[2]);
+    def_i(m, "GEMV_MMA", 1);
+    def_i(m, "GEMV_OUT_F32", !swiglu);
+    def_i(m, "GEMV_SWIGLU", swiglu);
+    def_i(m, "GEMV_SPLIT", swiglu);
+    def_i(m, "GEMV_MOE", 2);
+    include(m, "gemv.cuh");
+    return KILN_OK;
+}
+
+/* The modules of one moe op: routing, grouping and combining (moe.cuh, one per (E, top_k, H, renorm)),
+ * the expert GEMVs (decode), the halves-layout SwiGLU after a cuBLASLt gate/up GEMM (larger steps). */
+static kiln_status add_moe(kset *s, const kiln_plan *p, const kiln_plan_op *op, kiln_error *err) {
+    const kiln_op_attrs *a = &op->attrs;
+    const int h = (int)width(p, op->in[0]), f = (int)p->values[op->in[3]].shape[2];
+    if (a->top_k < 1 || a->top_k > 17 || a->top_k > a->n_experts || a->n_experts > 512)
+        return UNSUP("layer %d: %d experts, top %d: the GPU router takes up to 512 experts and top_k up to 17",
+                     a->layer, a->n_experts, a->top_k);
+    for (int j = 1; j < 4; j++)
+        if (kiln_dtype_is_quant((int)p->weights[p->values[op->in[j]].weight].dtype))
+            return UNSUP("layer %d: quantized expert weights have no GPU kernel", a->layer);
+    char name[KILN_KSEC_NAME_MAX];
+    kiln_status st = KILN_OK;
+    const bool nr = (a->flags & KILN_FLAG_MOE_NO_RENORM) != 0;
+    snprintf(name, sizeof name, "moe.e%d.k%d.h%d%s", a->n_experts, a->top_k, h, nr ? ".nr" : "");
+    kmod *m = new_mod(s, name, err, &st);
+    if (m) {
+        m->cfg[0] = 256;
+        def_i(m, "HIDDEN", h);
+        def_i(m, "MOE_E", a->n_experts);
+        def_i(m, "MOE_K", a->top_k);
+        def_i(m, "MOE_NO_RENORM", nr);
+        def_i(m, "MOE_THREADS", 256);
+        include(m, "moe.cuh");
+    }
+    if (st || (st = add_gemv_moe(s, "swiglu", 2 * f, h, err)) || (st = add_gemv_moe(s, "f32out", h, f, err)))
+        return st;
+    if (!s->f32 && ((st = add_gemv_moe_grouped(s, "swiglu", 2 * f, h, err)) ||
+                    (st = add_gemv_moe_grouped(s, "f32out", h, f, err))))
+        return st;
+    snprintf(name, sizeof name, "swiglu.f%d.halves", f);
+    if ((m = new_mod(s, name, err, &st)) != NULL) {
+        m->cfg[0] = 256;
+        def_i(m, "FFN", f);
+        def_i(m, "SWIGLU_INTERLEAVED", 0);
+        def_i(m, "SWIGLU_THREADS", 256);
+        include(m, "swiglu.cuh");
+    }
+    return st;
+}
+
 /* Check one attention configuration against what the kernels take. */
 static kiln_status check_attn(const kiln_op_attrs *a, bool f32, kiln_error *err) {
     if (a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads)
@@ -403,6 +501,7 @@ static kiln_status plan_modules(const kiln_plan *p, int block_size, kset *s, kil
         case KILN_OP_LM_HEAD:
             st = add_gemv_for(s, p, "f32out", (int)wrows(p, op->in[1]), (int)wcols(p, op->in[1]), op->in[1], err);
             break;
+        case KILN_OP_MOE: st = add_moe(s, p, op, err); break;
         default: break; /* the runtime refuses ops it has no kernels for, by name */
         }
     }
@@ -494,6 +593,7 @@ int kiln_kernels_unsupported_op(const kiln_plan *p) {
         case KILN_OP_QKV_ROPE_PACKED:
         case KILN_OP_ATTENTION:
         case KILN_OP_GATE_UP_SWIGLU_PACKED:
+        case KILN_OP_MOE:
         case KILN_OP_LM_HEAD: break;
         default: return (int)i;
         }

@@ -52,6 +52,23 @@
  *   GEMV_SWIGLU  epilogue silu(gate)*up over interleaved gate/up rows (0)
  *   GEMV_MMA     tensor-core variant (0); GEMV_ROWS, GEMV_MT then unused;
  *                bf16 only (not with KILN_F32)
+ *   GEMV_MOE     expert GEMV (0). 1: CUDA-core variant, GEMV_MT 1: block z is
+ *                a (token, expert) pair whose expert id the routing kernel left
+ *                in device memory (p.moe_sel); W is that expert's matrix, x
+ *                row z / p.moe_xdiv, y row z (params.cuh). Only the chosen
+ *                experts' weights are read, and decode stays in a CUDA graph.
+ *                2: grouped, tensor-core variant: x holds the (token, expert)
+ *                pairs grouped by expert, p.moe_sel points at the groups'
+ *                offsets (int32 [E + 1], moe.cuh's kiln_moe_group); block
+ *                (n tile, e) multiplies expert e's 16 rows of W with all of
+ *                its pairs' rows, GEMV_TILES x tiles of 8 rows per pass with
+ *                the W fragments held in registers, so each expert's W is read
+ *                once per step whatever its number of tokens (decode batches:
+ *                every expert is read, only the routed products computed).
+ *                Launch: grid (ceil(N / 16), E), block GEMV_WARPS*32.
+ *   GEMV_SPLIT   with GEMV_SWIGLU: W's rows are F gate rows, then F up rows
+ *                (an expert's [2F, H] as checkpoints store it) instead of
+ *                interleaved; logical row 2f reads gate row f, 2f+1 up row f
  * Launch: grid (ceil(N / (GEMV_WARPS*GEMV_ROWS)), ceil(M / GEMV_MT)),
  * block GEMV_WARPS*32, no shared memory.
  */
@@ -80,6 +97,27 @@
 #endif
 #ifndef GEMV_QUANT
 #define GEMV_QUANT 0
+#endif
+#ifndef GEMV_MOE
+#define GEMV_MOE 0
+#endif
+#ifndef GEMV_SPLIT
+#define GEMV_SPLIT 0
+#endif
+#ifndef GEMV_TILES
+#define GEMV_TILES 4
+#endif
+#if GEMV_MOE == 1 && (GEMV_MMA || GEMV_MT != 1)
+#error "GEMV_MOE 1: the CUDA-core variant with GEMV_MT 1"
+#endif
+#if GEMV_MOE == 2 && (!GEMV_MMA || GEMV_QUANT)
+#error "GEMV_MOE 2: the bf16 tensor-core variant"
+#endif
+#if GEMV_SPLIT && !GEMV_MOE
+#error "GEMV_SPLIT: expert GEMVs only (GEMV_MOE)"
+#endif
+#if GEMV_SPLIT && !GEMV_SWIGLU
+#error "GEMV_SPLIT needs GEMV_SWIGLU"
 #endif
 #ifndef GEMV_GROUP
 #define GEMV_GROUP 0
@@ -147,6 +185,17 @@ KILN_DEV void kiln_gemv_put(const kiln_gemv_params &p, size_t o, float v) {
 #endif
 }
 
+/* The row of W that logical row `row` (clamped to N-1) reads: itself, or with GEMV_SPLIT gate/up
+ * halves, gate row row/2 for even rows and up row row/2 for odd ones. */
+KILN_DEV int kiln_gemv_wrow(const kiln_gemv_params &p, int row) {
+    row = min(row, p.N - 1);
+#if GEMV_SPLIT
+    return (row & 1) ? p.N / 2 + row / 2 : row / 2;
+#else
+    return row;
+#endif
+}
+
 #if !GEMV_MMA
 
 /* Write the R x MT sums held by every lane (after the warp reduction). */
@@ -188,7 +237,8 @@ template <bool NORM> KILN_DEV void kiln_gemv_cc(const kiln_gemv_params &p) {
             for (int u = 0; u < GEMV_UNROLL; u++) {
                 const int c = lane + 32 * u;
                 if (c < p.K / KILN_VEC)
-                    kiln_prefetch_l2((const kiln_elem *)p.w + (size_t)min(row0 + r, p.N - 1) * p.K + (size_t)c * KILN_VEC);
+                    kiln_prefetch_l2((const kiln_elem *)p.w + (size_t)kiln_gemv_wrow(p, row0 + r) * p.K +
+                                     (size_t)c * KILN_VEC);
             }
     }
     kiln_pdl_wait();
@@ -205,7 +255,7 @@ template <bool NORM> KILN_DEV void kiln_gemv_cc(const kiln_gemv_params &p) {
     /* Row pointers, clamped to valid rows; x rows clamped likewise. */
     const kiln_elem *wr[GEMV_ROWS];
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++) wr[r] = w + (size_t)min(row0 + r, p.N - 1) * p.K;
+    for (int r = 0; r < GEMV_ROWS; r++) wr[r] = w + (size_t)kiln_gemv_wrow(p, row0 + r) * p.K;
     const kiln_elem *xr[GEMV_MT];
 #pragma unroll
     for (int m = 0; m < GEMV_MT; m++) xr[m] = x + (size_t)min(m0 + m, p.M - 1) * p.ldx;
@@ -284,8 +334,21 @@ template <bool NORM> KILN_DEV void kiln_gemv_cc(const kiln_gemv_params &p) {
 #define GEMV_MIN_BLOCKS (((GEMV_WARPS >= 8 ? 48 : 32) + GEMV_WARPS - 1) / GEMV_WARPS)
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS)
     kiln_gemv(const kiln_gemv_params p) {
+#if GEMV_MOE
+    /* pair z: its expert's W, its x row, its y row (the expert id comes from the routing kernel) */
+    kiln_pdl_wait();
+    const int z = blockIdx.z, e = ((const int *)p.moe_sel)[z];
+    kiln_gemv_params q = p;
+    q.w += (kiln_dptr)e * (kiln_dptr)p.moe_wstride * sizeof(kiln_elem);
+    q.x += (kiln_dptr)(z / p.moe_xdiv) * (kiln_dptr)p.ldx * sizeof(kiln_elem);
+    q.y += (kiln_dptr)z * (kiln_dptr)p.ldy * (GEMV_OUT_F32 ? sizeof(float) : sizeof(kiln_elem));
+    q.residual = 0;
+    q.M = 1;
+    kiln_gemv_cc<false>(q);
+#else
     if (p.norm_w) kiln_gemv_cc<true>(p);
     else kiln_gemv_cc<false>(p);
+#endif
 }
 #else /* GEMV_MMA */
 
@@ -440,6 +503,94 @@ KILN_DEV void kiln_gemv_mma(const kiln_gemv_params &p, float (*red)[16][8 + 1], 
     }
     kiln_gemv_mma_out<NORM>(p, c, red, ss_s, n0, m0);
 }
+
+#if GEMV_MOE == 2
+/* The grouped expert GEMV (GEMV_MOE 2, see the header): block (n tile, expert e). */
+KILN_DEV void kiln_gemv_grouped(const kiln_gemv_params &p, float (*red)[16][8 + 1]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * 16, e = blockIdx.y;
+    const kiln_bf16 *w = (const kiln_bf16 *)p.w + (size_t)e * (size_t)p.moe_wstride;
+    const kiln_bf16 *wa = w + (size_t)kiln_gemv_wrow(p, n0 + g) * p.K;     /* row g */
+    const kiln_bf16 *wb = w + (size_t)kiln_gemv_wrow(p, n0 + g + 8) * p.K; /* row g + 8 */
+    const int nsteps = (p.K + 31) / 32;
+    const int per = (nsteps + GEMV_WARPS - 1) / GEMV_WARPS;
+    const int s_lo = warp * per, s_hi = min(nsteps, s_lo + per);
+    /* the weights need no earlier kernel: start pulling the first steps before waiting */
+#pragma unroll
+    for (int u = 0; u < GEMV_UNROLL; u++) {
+        const int k = (s_lo + u) * 32 + 8 * t;
+        if (s_lo + u < s_hi && k < p.K && n0 < p.N) {
+            kiln_prefetch_l2(wa + k);
+            kiln_prefetch_l2(wb + k);
+        }
+    }
+    kiln_pdl_wait();
+    const int *off = (const int *)p.moe_sel;
+    const int r0 = off[e], cnt = off[e + 1] - r0;
+    if (cnt <= 0 || n0 >= p.N) return; /* the whole block: an expert no token chose */
+    /* this expert's rows of x and y */
+    kiln_gemv_params q = p;
+    q.x = p.x + (kiln_dptr)r0 * (kiln_dptr)p.ldx * sizeof(kiln_bf16);
+    q.y = p.y + (kiln_dptr)r0 * (kiln_dptr)p.ldy * (GEMV_OUT_F32 ? sizeof(float) : sizeof(kiln_bf16));
+    q.residual = 0;
+    q.M = cnt;
+    const kiln_bf16 *x = (const kiln_bf16 *)q.x;
+    const bool vec = (p.K % 8 == 0) && (p.ldx % 8 == 0) && (p.moe_wstride % 8 == 0) && ((p.w | p.x) % 16 == 0);
+    for (int m0 = 0; m0 < cnt; m0 += 8 * GEMV_TILES) {
+        float c[GEMV_TILES][4];
+        const kiln_bf16 *xr[GEMV_TILES]; /* x row g of each tile (the mma's column g), clamped */
+#pragma unroll
+        for (int j = 0; j < GEMV_TILES; j++) {
+            c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
+            xr[j] = x + (size_t)min(m0 + 8 * j + g, cnt - 1) * p.ldx;
+        }
+        if (vec) {
+            for (int s0 = s_lo; s0 < s_hi; s0 += GEMV_UNROLL) {
+                uint4 va[GEMV_UNROLL], vb[GEMV_UNROLL];
+#pragma unroll
+                for (int u = 0; u < GEMV_UNROLL; u++) {
+                    const int k = (s0 + u) * 32 + 8 * t;
+                    const bool ok = s0 + u < s_hi && k < p.K;
+                    va[u] = ok ? kiln_ld_stream(wa + k) : make_uint4(0, 0, 0, 0);
+                    vb[u] = ok ? kiln_ld_stream(wb + k) : make_uint4(0, 0, 0, 0);
+                }
+#pragma unroll
+                for (int u = 0; u < GEMV_UNROLL; u++) {
+                    const int k = (s0 + u) * 32 + 8 * t;
+                    const bool ok = s0 + u < s_hi && k < p.K;
+#pragma unroll
+                    for (int j = 0; j < GEMV_TILES; j++) {
+                        if (m0 + 8 * j >= cnt) break; /* tiles past the expert's rows (the whole block) */
+                        const uint4 vx = ok ? kiln_ld16(xr[j] + k) : make_uint4(0, 0, 0, 0);
+                        kiln_mma_bf16(c[j], va[u].x, vb[u].x, va[u].y, vb[u].y, vx.x, vx.y);
+                        kiln_mma_bf16(c[j], va[u].z, vb[u].z, va[u].w, vb[u].w, vx.z, vx.w);
+                    }
+                }
+            }
+        } else {
+            for (int s = s_lo; s < s_hi; s++) {
+                const int k = s * 32 + 8 * t;
+                const uint4 a = kiln_ld8_scalar(wa, k, p.K), b = kiln_ld8_scalar(wb, k, p.K);
+#pragma unroll
+                for (int j = 0; j < GEMV_TILES; j++) {
+                    if (m0 + 8 * j >= cnt) break;
+                    const uint4 v = kiln_ld8_scalar(xr[j], k, p.K);
+                    kiln_mma_bf16(c[j], a.x, b.x, a.y, b.y, v.x, v.y);
+                    kiln_mma_bf16(c[j], a.z, b.z, a.w, b.w, v.z, v.w);
+                }
+            }
+        }
+        kiln_pdl_launch(); /* every load of this pass issued */
+#pragma unroll
+        for (int j = 0; j < GEMV_TILES; j++) {
+            if (m0 + 8 * j >= cnt) break; /* the same for the whole block */
+            kiln_gemv_mma_out<false>(q, c[j], red, nullptr, n0, m0 + 8 * j);
+            __syncthreads(); /* red is reused by the next tile */
+        }
+    }
+}
+#endif /* GEMV_MOE == 2 */
 
 #if GEMV_QUANT
 /* Columns of W in one lane's 16-byte load of codes, and the K one warp step covers (lanes t = 0..3
@@ -653,7 +804,10 @@ KILN_DEV void kiln_gemv_mmaq(const kiln_gemv_params &p, float (*red)[16][8 + 1],
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) kiln_gemv(const kiln_gemv_params p) {
     __shared__ float red[GEMV_WARPS][16][8 + 1];
     __shared__ float ss_s[GEMV_WARPS][8];
-#if GEMV_QUANT
+#if GEMV_MOE == 2
+    (void)ss_s;
+    kiln_gemv_grouped(p, red);
+#elif GEMV_QUANT
     if (p.norm_w) kiln_gemv_mmaq<true>(p, red, ss_s);
     else kiln_gemv_mmaq<false>(p, red, ss_s);
 #else

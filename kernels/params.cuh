@@ -45,7 +45,40 @@ typedef struct kiln_gemv_params {
      * minimums ([N, K/GEMV_GROUP]); both 0 for a bf16 W. */
     kiln_dptr wscale;
     kiln_dptr wmin;
+    /* Expert GEMV (modules built with GEMV_MOE; moe.cuh's routing feeds it): block z is pair z, its
+     * expert moe_sel[z] (int32, read on the device so decode stays in a CUDA graph); W is then
+     * expert moe_sel[z]'s matrix (w + moe_sel[z] * moe_wstride elements), x row z / moe_xdiv, y row z.
+     * M is 1 per pair. */
+    kiln_dptr moe_sel;
+    long long moe_wstride;
+    int moe_xdiv;
+    int pad3_;
 } kiln_gemv_params;
+
+/* Mixtral's sparse experts (KILN_OP_MOE, kernels/moe.cuh), over M tokens with E = MOE_E experts of
+ * which MOE_K are chosen per token. Routing: logits = x · router^T (fp32), softmax, torch.topk's
+ * choice (runtime/topk.c's order, ties included), the chosen probabilities renormalised (not with
+ * MOE_NO_RENORM). Pair m*K + j is token m's j-th choice. Kernels: kiln_moe_route (a block per
+ * token), kiln_moe_group (one block: counts, offsets, each pair's row when grouped by expert),
+ * kiln_moe_gather (a block per grouped row), kiln_moe_combine (a block per token). */
+typedef struct kiln_moe_params {
+    kiln_dptr x;       /* bf16 [M, HIDDEN]: the layer's input */
+    kiln_dptr router;  /* bf16 [E, HIDDEN] */
+    kiln_dptr sel;     /* int32 [M, K]: chosen experts, in torch.topk's order */
+    kiln_dptr wsel;    /* f32 [M, K]: their weights */
+    kiln_dptr counts;  /* int32 [E + 1]: tokens per expert, then the pairs (group) */
+    kiln_dptr offsets; /* int32 [E + 1]: first grouped row of each expert (group), offsets[E] = M*K */
+    kiln_dptr pos;     /* int32 [M, K]: pair's row in the grouped order (group) */
+    kiln_dptr tok;     /* int32 [M * K]: grouped row's token (group) */
+    kiln_dptr xs;      /* bf16 [M*K, HIDDEN]: grouped rows of x (gather) */
+    kiln_dptr o;       /* expert outputs [rows, HIDDEN], fp32 when o_f32 else bf16 (combine) */
+    kiln_dptr y;       /* bf16 [M, HIDDEN]: the sum over each token's experts (combine) */
+    int M;
+    int mode;          /* combine: row of pair (m, j) in o: 0 m*K + j (pairs), 1 sel*ldo + m (every expert
+                          ran every token), 2 pos[m*K + j] (grouped) */
+    int ldo;           /* combine mode 1: rows per expert in o */
+    int o_f32;
+} kiln_moe_params;
 
 /* out[N, K] = the quantized W (codes at w, scales, q4's minimums) dequantized to bf16 (fp32 with
  * KILN_F32), exactly as common/quant.c does it in fp32 and then rounded once: the weight a

@@ -131,6 +131,7 @@ typedef struct kiln_measure_knobs {
     double attn_waves; /* 0 = default */
     int lt_tune;       /* -1 = default, else 0..2 */
     int pdl, graphs;   /* -1 = default, else 0/1 */
+    int moe_grouped;   /* -1 = default, else 0/1 */
     bool profile;
     int recorded;      /* -1 = default (the engine's tuning record is used), 0 = not used */
     bool any;          /* at least one knob was given */

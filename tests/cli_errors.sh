@@ -360,18 +360,10 @@ if $HAVE_NVRTC; then
     # Qwen2's biases fuse into qkv_rope: its engine gets GPU kernels
     expect 0 "wrote" -- "$KILN" compile "$SRC/tests/data/tiny-qwen2" -o "$T/q2.kiln"
     "$KILN" inspect "$T/q2.kiln" | grep -q "^targets: sm_" && ok || bad "tiny-qwen2 engine has no GPU targets"
-    # Mixtral's experts (moe) likewise: no GPU kernel yet
-    expect 0 "note: plan op [0-9]+ \(moe\) has no GPU kernel yet; the engine gets no GPU kernels" -- \
-        "$KILN" compile "$SRC/tests/data/tiny-mixtral" -o "$T/mx.kiln"
-    "$KILN" inspect "$T/mx.kiln" | grep -q "^targets: none" && ok || bad "tiny-mixtral engine has GPU targets"
-    expect 1 "plan op [0-9]+ \(moe\) has no GPU kernel yet, so --target sm_90" -- \
-        "$KILN" compile "$SRC/tests/data/tiny-mixtral" -o "$T/mx90.kiln" --target sm_90
-    [ -e "$T/mx90.kiln" ] && bad "a refused compile left $T/mx90.kiln" || ok
-    # Qwen3-MoE's too (its q/k norms fuse into qkv_rope; its experts are the op the GPU lacks)
-    expect 0 "note: plan op [0-9]+ \(moe\) has no GPU kernel yet; the engine gets no GPU kernels" -- \
-        "$KILN" compile "$SRC/tests/data/tiny-qwen3-moe" -o "$T/qm.kiln"
-    expect 1 "plan op [0-9]+ \(moe\) has no GPU kernel yet, so --target sm_90" -- \
-        "$KILN" compile "$SRC/tests/data/tiny-qwen3-moe" -o "$T/qm90.kiln" --target sm_90
+    # Mixtral's and Qwen3-MoE's experts (moe) run on the GPU: their engines get GPU kernels
+    expect 0 "wrote" -- "$KILN" compile "$SRC/tests/data/tiny-mixtral" -o "$T/mx.kiln"
+    "$KILN" inspect "$T/mx.kiln" | grep -q "^targets: sm_" && ok || bad "tiny-mixtral engine has no GPU targets"
+    expect 0 "wrote" -- "$KILN" compile "$SRC/tests/data/tiny-qwen3-moe" -o "$T/qm90.kiln" --target sm_90
 else
     echo "SKIP: GPU-target refusals (this kiln has no NVRTC for sm_90)"
 fi

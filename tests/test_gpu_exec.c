@@ -990,31 +990,101 @@ static void test_unfused_refused(void) {
     unlink(out);
 }
 
-/* The experts (moe) of Mixtral and Qwen3-MoE have no GPU kernel yet: asked for GPU targets, the compile is
- * refused naming the op; with the default targets the engine is CPU-only and the CUDA executor refuses it at
- * load. */
-static void test_moe_refused(void) {
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* 12 sequences prefilled in one step and decoded together (decode steps past the pair GEMVs: every
+ * expert over the batch through cuBLASLt, or with `grouped` the grouped tensor-core GEMVs) against each
+ * run alone (decoded one token a step: the pair GEMVs). f32 engines: the ids equal. bf16 engines: the
+ * two paths round differently, so a token whose router scores nearly tie may go to another expert:
+ * ids may differ only where the single run's
+ * margin is under 0.5, and the median logits error up to each sequence's first difference is under
+ * 1e-2 (wrong rows or experts would put it near 1). */
+static void check_moe_batch(const char *eng, const char *label, bool bf16, bool grouped) {
+    enum { NS = 12, NG = 24, NP = 4 };
+    kiln_cuda_exec_opts o = {.max_seqs = NS, .max_context = 128, .kv_bytes = 32 << 20, .moe_grouped = grouped};
+    gx G;
+    KT_REQUIRE(gx_open(&G, eng, &o));
+    const int V = G.vocab;
+    int32_t prompts[NS][NP], alone[NS][NG], got[NS][NG];
+    float *al = malloc(sizeof(float) * (size_t)NS * NG * V), *bl = malloc(sizeof(float) * (size_t)NS * NG * V);
+    for (int q = 0; q < NS; q++) {
+        for (int t = 0; t < NP; t++) prompts[q][t] = t == 0 ? 1 : 3 + (q * 37 + t * 11) % 200;
+        KT_CHECK(gen_one(&G, q, prompts[q], NP, NG, NP, alone[q], al + (size_t)q * NG * V, NULL));
+    }
+    int32_t slot[NS], n_new[NS], start[NS], toks[NS * NP], next[NS];
+    bool want[NS];
+    kiln_sampling samp[NS];
+    kiln_error err = {0};
+    bool fits;
+    float *row = malloc(sizeof(float) * (size_t)NS * V);
+    for (int q = 0; q < NS; q++) {
+        KT_CHECK(G.x->ops->reserve(G.x, q, NP + NG, &fits, &err) == KILN_OK && fits);
+        slot[q] = q, n_new[q] = NP, start[q] = 0, want[q] = true, samp[q] = GREEDY;
+        memcpy(toks + NP * q, prompts[q], sizeof prompts[q]);
+    }
+    for (int k = 0; k < NG; k++) {
+        if (k > 0)
+            for (int q = 0; q < NS; q++) toks[q] = got[q][k - 1], n_new[q] = 1, start[q] = NP + k - 1;
+        KT_REQUIRE(step(G.x, NS, slot, n_new, start, toks, want, samp, next, row) == KILN_OK);
+        for (int q = 0; q < NS; q++) {
+            got[q][k] = next[q];
+            memcpy(bl + ((size_t)q * NG + k) * V, row + (size_t)q * V, sizeof(float) * (size_t)V);
+        }
+    }
+    double errs[NS * NG];
+    int n_err = 0, n_diff = 0;
+    for (int q = 0; q < NS; q++) {
+        G.x->ops->release(G.x, q);
+        int d = -1;
+        for (int k = 0; k < NG && d < 0; k++) {
+            errs[n_err++] = rel_l2(bl + ((size_t)q * NG + k) * V, al + ((size_t)q * NG + k) * V, (size_t)V);
+            if (got[q][k] != alone[q][k]) d = k;
+        }
+        if (d < 0) continue;
+        n_diff++;
+        const double m = margin(al + ((size_t)q * NG + d) * V, V);
+        KT_CHECKF(bf16 && m < 0.5, "%s: sequence %d of a batch of %d differs from its single run at step %d (margin "
+                  "there %.3f)", label, q, NS, d, m);
+    }
+    qsort(errs, (size_t)n_err, sizeof errs[0], cmp_double);
+    const double med = errs[n_err / 2];
+    fprintf(stderr, "  %s: a batch of %d against single runs: %d sequences differ, logits rel err median %.2g, "
+            "max %.2g\n", label, NS, n_diff, med, errs[n_err - 1]);
+    KT_CHECKF(med < (bf16 ? 1e-2 : 1e-5), "%s: batched logits rel err median %.3g", label, med);
+    free(al), free(bl), free(row);
+    gx_close(&G);
+}
+
+/* The experts (moe) of Mixtral and Qwen3-MoE on the GPU, f32 engines against HF's goldens (logits within
+ * 1e-3, greedy ids equal: a token routed to another expert than HF's moves the logits far more than that;
+ * the tiny checkpoints have tied router rows, so the tie order is exercised): prompts in chunks of 16 (the
+ * pairs grouped by expert on the device, cuBLASLt per expert), decode and chunks of 3 (the expert GEMVs);
+ * batched decoding (check_moe_batch); then the bf16 engine against HF fp32 as test_tiny_bf16 does, and
+ * batched. */
+static void check_bf16_golden(const char *eng, const char *gdir, const char *label, int gemv_max_m);
+static void test_moe(void) {
     NEED_GPU();
-    static const char *const ckpts[2] = {"tiny-mixtral", "tiny-qwen3-moe"};
-    for (int i = 0; i < 2; i++) {
-        char out[600];
-        snprintf(out, sizeof out, "%s/moe.kiln", g_tmp);
-        const char *ck = pathf("%s/tests/data/%s", src_dir(), ckpts[i]);
-        kiln_compile_options opt = {.output_path = out, .weight_dtype = KILN_DTYPE_COUNT_, .targets = "sm_90"};
-        kiln_error err = {0};
-        KT_EQ_INT(kiln_compile(ck, &opt, &err), KILN_ERR_UNSUPPORTED);
-        KT_CONTAINS(err.msg, "(moe) has no GPU kernel yet");
-        opt.gpu_if_possible = true;
-        KT_REQUIRE(kiln_compile(ck, &opt, &err) == KILN_OK);
-        kiln_model *m = NULL;
-        KT_REQUIRE(kiln_model_open_ex(out, 1, KILN_MODEL_NO_F32, &m, &err) == KILN_OK);
-        kiln_executor *x = NULL;
-        kiln_cuda_exec_opts o = {.max_seqs = 1, .max_context = 64, .kv_bytes = 1 << 20};
-        KT_EQ_INT(kiln_cuda_executor_new(m, &o, &x, &err), KILN_ERR_UNSUPPORTED);
-        KT_CONTAINS(err.msg, "no GPU kernels");
-        fprintf(stderr, "  %s: %s\n", ckpts[i], err.msg);
-        kiln_model_close(m);
-        unlink(out);
+    static const char *const ckpts[3] = {"tiny-mixtral", "tiny-qwen3-moe", "tiny-qwen3-moe-nonorm"};
+    kiln_cuda_exec_opts o = {.max_seqs = 2, .max_context = 128, .kv_bytes = 32 << 20};
+    for (int i = 0; i < 3; i++) {
+        const char *eng = engine_for(pathf("%s-f32", ckpts[i]), pathf("%s/tests/data/%s", src_dir(), ckpts[i]),
+                                     KILN_DTYPE_F32, NULL, 0);
+        KT_REQUIRE(eng != NULL);
+        const char *gd = pathf("%s/tests/golden/%s", src_dir(), ckpts[i]);
+        check_golden(eng, gd, &o, 16);
+        check_golden(eng, gd, &o, 3);
+        check_moe_batch(eng, ckpts[i], false, false);
+    }
+    for (int i = 0; i < 3; i += 1) {
+        const char *eng = engine_for(pathf("%s-bf16", ckpts[i]), pathf("%s/tests/data/%s", src_dir(), ckpts[i]),
+                                     KILN_DTYPE_BF16, NULL, 0);
+        KT_REQUIRE(eng != NULL);
+        check_bf16_golden(eng, pathf("%s/tests/golden/%s", src_dir(), ckpts[i]), pathf("%s bf16", ckpts[i]), 0);
+        check_moe_batch(eng, pathf("%s bf16", ckpts[i]), true, false);
+        check_moe_batch(eng, pathf("%s bf16, grouped GEMVs (moe_grouped=1)", ckpts[i]), true, true);
     }
 }
 
@@ -1130,6 +1200,8 @@ static void check_bf16_golden(const char *eng, const char *gdir, const char *lab
     json_error_t je;
     json_t *g = json_load_file(pathf("%s/golden.json", gdir), 0, &je);
     KT_REQUIRE(g != NULL && eng != NULL);
+    /* the goldens of a mixture of experts (their cases carry HF's routing) */
+    const bool moe_model = json_object_get(json_array_get(json_object_get(g, "cases"), 0), "routing") != NULL;
     kiln_cuda_exec_opts o = {.max_seqs = 2, .max_context = 128, .kv_bytes = 16 << 20, .gemv_max_m = gemv_max_m};
     gx G;
     KT_REQUIRE(gx_open(&G, eng, &o));
@@ -1151,16 +1223,29 @@ static void check_bf16_golden(const char *eng, const char *gdir, const char *lab
             if (ids[k] != greedy[k]) d = k;
         /* up to the first difference the contexts are equal: compare logits there */
         double worst = 0;
-        int upto = d < 0 ? ng : d + 1;
+        int upto = d < 0 ? ng : d + 1, n_big = 0;
+        double *errs = malloc(sizeof(double) * (size_t)upto);
         for (int k = 0; want && k < upto; k++) {
-            double e = rel_l2(lg + (size_t)k * V, want + (size_t)(np - 1 + k) * V, (size_t)V);
+            double e = errs[k] = rel_l2(lg + (size_t)k * V, want + (size_t)(np - 1 + k) * V, (size_t)V);
             if (!(e <= worst)) worst = e;
+            n_big += !(e < 3e-2);
         }
+        qsort(errs, (size_t)upto, sizeof *errs, cmp_double);
+        const double med = errs[upto / 2];
+        free(errs);
         double ours = d >= 0 ? margin(lg + (size_t)d * V, V) : 0;
-        fprintf(stderr, "  %s case %zu: ids %s%s (step %d, kiln margin %.3f), logits rel err %.3g\n", label, ci,
-                d < 0 ? "identical" : "differ", d < 0 ? "" : " from", d, ours, worst);
-        KT_CHECKF(worst < 3e-2, "%s case %zu: logits rel err %.3g", label, ci, worst);
-        KT_CHECKF(d < 0 || ours < 0.5, "%s case %zu: ids differ at step %d, margin %.3f", label, ci, d, ours);
+        fprintf(stderr, "  %s case %zu: ids %s%s (step %d, kiln margin %.3f), logits rel err %.3g (median %.2g, %d "
+                "of %d steps over 3e-2)\n", label, ci, d < 0 ? "identical" : "differ", d < 0 ? "" : " from", d, ours,
+                worst, med, n_big, upto);
+        /* A mixture of experts in bf16 sends a token whose router scores nearly tie to another expert
+         * than HF's fp32 now and then, which moves that step's logits far (the ids rarely): there the
+         * median step is held to the bound, elsewhere every step. */
+        if (moe_model) KT_CHECKF(med < 3e-2, "%s case %zu: logits rel err median %.3g", label, ci, med);
+        else KT_CHECKF(worst < 3e-2, "%s case %zu: logits rel err %.3g", label, ci, worst);
+        /* ids may differ after a near-tie: of the logits, or (a mixture of experts) of the router, which
+         * shows as an earlier step's logits far from HF's */
+        KT_CHECKF(d < 0 || ours < 0.5 || (moe_model && n_big > 0), "%s case %zu: ids differ at step %d, margin "
+                  "%.3f", label, ci, d, ours);
         golden_case_free(&gc);
         free(ids);
         free(lg);
@@ -1326,9 +1411,9 @@ int main(void) {
     RUN(test_sampler_agrees);
     RUN(test_limits);
     RUN(test_unfused_refused);
-    RUN(test_moe_refused);
     RUN(test_targets);
     RUN(test_tiny_bf16);
+    RUN(test_moe);
     RUN(test_quant_goldens);
     RUN(test_pycode_bf16);
     RUN(test_tuning_record);

@@ -18,6 +18,7 @@
 #include "kernels/params.cuh"
 #include "runtime/kiln_cuda.h"
 #include "runtime/kiln_exec.h"
+#include "runtime/kiln_rt.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -231,7 +232,7 @@ static void run_gemv_case(const gemv_variant *v, kfn *k, int M, int N, int K) {
     for (int rep = 0; rep < 2; rep++) { /* twice: a second run must give the same answer */
         if (v->out_f32) dev_poison32(y, ysz);
         else dev_poison16(y, ysz);
-        kiln_gemv_params p = {x, w, y, r, M, N, K, ldx, ldy, 0, 0, 0.0f, 0, 0, 0};
+        kiln_gemv_params p = {x, w, y, r, M, N, K, ldx, ldy, 0, 0, 0.0f, 0, 0, 0, 0, 0, 0, 0};
         KT_CHECK(klaunch(k->fn, "kiln_gemv", kiln_gemv_dims(&v->cfg, M, N), &p));
         void *out = host_from(y, ysz);
         double e = v->out_f32 ? rel_err_f32(out, ref_out, (size_t)M * nout)
@@ -386,7 +387,7 @@ static void test_gemv_quant(void) {
                     for (int rep = 0; rep < 2; rep++) {
                         if (r) KT_CHECK(g_cu.api.cuMemcpyHtoD(y, rh, ysz) == CUDA_SUCCESS); /* y += x W^T */
                         else out_f32 ? dev_poison32(y, ysz) : dev_poison16(y, ysz);
-                        kiln_gemv_params p = {x, w, y, r ? y : 0, M, N, K, K, nout, 0, norm ? g : 0, 1e-5f, 0, ws, wm};
+                        kiln_gemv_params p = {x, w, y, r ? y : 0, M, N, K, K, nout, 0, norm ? g : 0, 1e-5f, 0, ws, wm, 0, 0, 0, 0};
                         KT_CHECK(klaunch(k.fn, "kiln_gemv (quantized)", kiln_gemv_dims(&cfg, M, N), &p));
                         void *out = host_from(y, ysz);
                         const double e = out_f32 ? rel_err_f32(out, ref, (size_t)M * nout)
@@ -525,7 +526,7 @@ static void test_gemv_norm(void) {
             v->out_f32 ? dev_poison32(y2, ysz) : dev_poison16(y2, ysz);
             kiln_rmsnorm_params np = {0, x, g, xn, M, 0};
             KT_CHECK(klaunch(kn.fn, "kiln_rmsnorm", dims((unsigned)M, 1, 1, (unsigned)nt, 0), &np));
-            kiln_gemv_params p2 = {xn, w, y2, 0, M, N, K, K, nout, 0, 0, 0.0f, 0, 0, 0};
+            kiln_gemv_params p2 = {xn, w, y2, 0, M, N, K, K, nout, 0, 0, 0.0f, 0, 0, 0, 0, 0, 0, 0};
             KT_CHECK(klaunch(k.fn, "kiln_gemv", kiln_gemv_dims(&v->cfg, M, N), &p2));
             void *want = host_from(y2, ysz);
             /* reference: the norm's arithmetic in double, without the bf16 roundings HF applies to the
@@ -549,7 +550,7 @@ static void test_gemv_norm(void) {
             void *first = malloc(ysz);
             for (int rep = 0; rep < 2; rep++) {
                 v->out_f32 ? dev_poison32(y, ysz) : dev_poison16(y, ysz);
-                kiln_gemv_params p = {x, w, y, 0, M, N, K, K, nout, 0, g, 1e-5f, 0, 0, 0};
+                kiln_gemv_params p = {x, w, y, 0, M, N, K, K, nout, 0, g, 1e-5f, 0, 0, 0, 0, 0, 0, 0};
                 KT_CHECK(klaunch(k.fn, "kiln_gemv (norm folded)", kiln_gemv_dims(&v->cfg, M, N), &p));
                 void *out = host_from(y, ysz);
                 double e = v->out_f32 ? rel_err_f32(out, ref, (size_t)M * nout) : rel_err_bf16(out, ref, (size_t)M * nout);
@@ -1252,6 +1253,259 @@ static void test_swiglu(void) {
     }
 }
 
+/* =================================================================== */
+/* Mixture of experts (moe.cuh, gemv.cuh with GEMV_MOE)                  */
+/* =================================================================== */
+
+typedef struct moe_case {
+    int H, E, K, M, no_renorm;
+    int ties; /* 0 none, 1 some router rows repeated, 2 every row the same (all probabilities equal) */
+} moe_case;
+
+/* Routing, grouping, combining and the expert GEMVs of one shape against plain references: the experts
+ * chosen equal runtime/topk.c's choice (torch.topk's order) from double-precision probabilities (tied
+ * router rows give exactly tied logits either way), the weights within 1e-5, the grouping a consistent
+ * permutation, the expert GEMVs and the combine within the bf16 tolerances. */
+static void run_moe_case(const moe_case *c) {
+    const int H = c->H, E = c->E, K = c->K, M = c->M, F = 24 + 8 * (c->E % 3), P = M * K;
+    char d[4][40];
+    snprintf(d[0], sizeof d[0], "HIDDEN=%d", H);
+    snprintf(d[1], sizeof d[1], "MOE_E=%d", E);
+    snprintf(d[2], sizeof d[2], "MOE_K=%d", K);
+    snprintf(d[3], sizeof d[3], "MOE_NO_RENORM=%d", c->no_renorm);
+    const char *defs[4] = {d[0], d[1], d[2], d[3]};
+    kfn k;
+    KT_REQUIRE(kbuild(&k, "moe.cuh", "kiln_moe_route", defs, 4));
+    CUfunction f_group, f_gather, f_combine;
+    KT_REQUIRE(kfn_get(&k, "kiln_moe_group", &f_group) && kfn_get(&k, "kiln_moe_gather", &f_gather) &&
+               kfn_get(&k, "kiln_moe_combine", &f_combine));
+    float *xf, *rf;
+    uint16_t *xh = rand_bf16((size_t)M * H, 1.0f, &xf), *rh = rand_bf16((size_t)E * H, 0.3f, &rf);
+    if (c->ties) /* rows 1 = 5 = 6 and 2 = 3 (where they exist), or every row = row 0 */
+        for (int e = 1; e < E; e++) {
+            int src = c->ties == 2 ? 0 : (e == 5 || e == 6) ? 1 : e == 3 ? 2 : e;
+            if (src == e) continue;
+            memcpy(rh + (size_t)e * H, rh + (size_t)src * H, (size_t)H * 2);
+            memcpy(rf + (size_t)e * H, rf + (size_t)src * H, (size_t)H * 4);
+        }
+    CUdeviceptr x = dev_from(xh, (size_t)M * H * 2), router = dev_from(rh, (size_t)E * H * 2);
+    CUdeviceptr sel = dev_alloc((size_t)P * 4), wsel = dev_alloc((size_t)P * 4), cnt = dev_alloc((size_t)2 * (E + 1) * 4);
+    CUdeviceptr pos = dev_alloc((size_t)P * 4), tok = dev_alloc((size_t)P * 4), xs = dev_alloc((size_t)P * H * 2);
+    dev_poison32(sel, (size_t)P * 4);
+    dev_poison32(wsel, (size_t)P * 4);
+    kiln_moe_params mp = {.x = x, .router = router, .sel = sel, .wsel = wsel, .counts = cnt,
+                          .offsets = cnt + (size_t)(E + 1) * 4, .pos = pos, .tok = tok, .xs = xs, .M = M};
+    KT_CHECK(klaunch(k.fn, "kiln_moe_route", dims((unsigned)M, 1, 1, 256, 0), &mp));
+    int32_t *sh = host_from(sel, (size_t)P * 4);
+    float *wh = host_from(wsel, (size_t)P * 4);
+    /* reference routing */
+    int32_t *rsel = malloc(sizeof(int32_t) * (size_t)P);
+    double *rw = malloc(sizeof(double) * (size_t)P);
+    float *pr = malloc(sizeof(float) * (size_t)E);
+    double *lg = malloc(sizeof(double) * (size_t)E);
+    int bad_sel = 0;
+    double werr = 0;
+    for (int m = 0; m < M; m++) {
+        double mx = -INFINITY, sum = 0;
+        for (int e = 0; e < E; e++) {
+            double a = 0;
+            for (int h = 0; h < H; h++) a += (double)xf[(size_t)m * H + h] * rf[(size_t)e * H + h];
+            lg[e] = a;
+            mx = a > mx ? a : mx;
+        }
+        for (int e = 0; e < E; e++) sum += lg[e] = exp(lg[e] - mx);
+        for (int e = 0; e < E; e++) pr[e] = (float)(lg[e] / sum);
+        kiln_error err = {0};
+        KT_REQUIRE(kiln_topk(pr, E, K, rsel + (size_t)m * K, &err) == KILN_OK);
+        double top = 0;
+        for (int j = 0; j < K; j++) top += lg[rsel[m * K + j]] / sum;
+        for (int j = 0; j < K; j++) {
+            rw[m * K + j] = lg[rsel[m * K + j]] / sum / (c->no_renorm ? 1.0 : top);
+            if (sh[m * K + j] != rsel[m * K + j]) bad_sel++;
+            double e = fabs(wh[m * K + j] - rw[m * K + j]);
+            if (!(e <= werr)) werr = e;
+        }
+    }
+    KT_CHECKF(bad_sel == 0, "moe route H=%d E=%d K=%d M=%d ties=%d: %d choices differ from torch.topk's (first: "
+              "token 0 got %d, %d; want %d, %d)", H, E, K, M, c->ties, bad_sel, sh[0], K > 1 ? sh[1] : -1, rsel[0],
+              K > 1 ? rsel[1] : -1);
+    KT_CHECKF(werr < 1e-5, "moe route H=%d E=%d K=%d M=%d: weights off by %g", H, E, K, M, werr);
+    /* grouping: counts, offsets, a permutation that keeps each pair in its expert's rows, gathered x */
+    KT_CHECK(klaunch(f_group, "kiln_moe_group", dims(1, 1, 1, 1024, 0), &mp));
+    KT_CHECK(klaunch(f_gather, "kiln_moe_gather", dims((unsigned)P, 1, 1, 128, 0), &mp));
+    int32_t *ch = host_from(cnt, (size_t)2 * (E + 1) * 4), *ph = host_from(pos, (size_t)P * 4),
+            *th = host_from(tok, (size_t)P * 4);
+    uint16_t *xsh = host_from(xs, (size_t)P * H * 2);
+    int bad_group = 0;
+    for (int e = 0, o = 0; e < E; e++) {
+        int n = 0;
+        for (int i = 0; i < P; i++) n += rsel[i] == e;
+        bad_group += ch[e] != n || ch[E + 1 + e] != o;
+        o += n;
+    }
+    bad_group += ch[E] != P || ch[E + 1 + E] != P;
+    char *seen = calloc((size_t)P, 1);
+    for (int i = 0; i < P && !bad_group; i++) {
+        const int r = ph[i], e = rsel[i];
+        if (r < 0 || r >= P || seen[r] || r < ch[E + 1 + e] || r >= ch[E + 1 + e] + ch[e] || th[r] != i / K ||
+            memcmp(xsh + (size_t)r * H, xh + (size_t)(i / K) * H, (size_t)H * 2) != 0) {
+            bad_group++;
+            break;
+        }
+        seen[r] = 1;
+    }
+    KT_CHECKF(bad_group == 0, "moe group H=%d E=%d K=%d M=%d: counts, offsets or the permutation are wrong", H, E, K,
+              M);
+    /* the expert GEMVs: gate/up (halves layout, SwiGLU) and down (fp32 out), experts read from sel */
+    float *guf, *dnf;
+    uint16_t *guh = rand_bf16((size_t)E * 2 * F * H, 0.2f, &guf), *dnh = rand_bf16((size_t)E * H * F, 0.2f, &dnf);
+    CUdeviceptr gu = dev_from(guh, (size_t)E * 2 * F * H * 2), dn = dev_from(dnh, (size_t)E * H * F * 2);
+    CUdeviceptr act = dev_alloc((size_t)P * F * 2), o = dev_alloc((size_t)P * H * 4), y = dev_alloc((size_t)M * H * 2);
+    dev_poison16(act, (size_t)P * F * 2);
+    dev_poison32(o, (size_t)P * H * 4);
+    for (int half = 0; half < 2; half++) {
+        const int swg = half == 0, N = swg ? 2 * F : H, KK = swg ? H : F, rows = swg ? 2 : 4;
+        char g[8][40];
+        snprintf(g[0], 40, "GEMV_WARPS=4");
+        snprintf(g[1], 40, "GEMV_ROWS=%d", rows);
+        snprintf(g[2], 40, "GEMV_UNROLL=2");
+        snprintf(g[3], 40, "GEMV_MT=1");
+        snprintf(g[4], 40, "GEMV_OUT_F32=%d", !swg);
+        snprintf(g[5], 40, "GEMV_SWIGLU=%d", swg);
+        snprintf(g[6], 40, "GEMV_SPLIT=%d", swg);
+        snprintf(g[7], 40, "GEMV_MOE=1");
+        const char *gd[8] = {g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]};
+        kfn kg;
+        KT_REQUIRE(kbuild(&kg, "gemv.cuh", "kiln_gemv", gd, 8));
+        kiln_gemv_params gp = {.x = swg ? x : act, .w = swg ? gu : dn, .y = swg ? act : o, .M = 1, .N = N, .K = KK,
+                               .ldx = KK, .ldy = swg ? F : H, .moe_sel = sel,
+                               .moe_wstride = (long long)N * KK, .moe_xdiv = swg ? K : 1};
+        kiln_gemv_cfg cfg = {4, rows, 2, 1, 0};
+        kiln_cuda_dims gdim = kiln_gemv_dims(&cfg, 1, N);
+        gdim.grid[2] = (unsigned)P;
+        KT_CHECK(klaunch(kg.fn, "kiln_gemv (experts)", gdim, &gp));
+        kfree(&kg);
+    }
+    uint16_t *acth = host_from(act, (size_t)P * F * 2);
+    float *oh = host_from(o, (size_t)P * H * 4);
+    double *ra = malloc(sizeof(double) * (size_t)P * F), *ro = malloc(sizeof(double) * (size_t)P * H);
+    for (int i = 0; i < P; i++) {
+        const int e = rsel[i], m = i / K;
+        for (int f = 0; f < F; f++) {
+            double gs = 0, us = 0;
+            for (int h = 0; h < H; h++) {
+                gs += (double)guf[((size_t)e * 2 * F + f) * H + h] * xf[(size_t)m * H + h];
+                us += (double)guf[((size_t)e * 2 * F + F + f) * H + h] * xf[(size_t)m * H + h];
+            }
+            ra[(size_t)i * F + f] = gs / (1 + exp(-gs)) * us;
+        }
+        for (int h = 0; h < H; h++) {
+            double a = 0;
+            for (int f = 0; f < F; f++)
+                a += (double)dnf[((size_t)e * H + h) * F + f] * kiln_bf16_to_f32(acth[(size_t)i * F + f]);
+            ro[(size_t)i * H + h] = a;
+        }
+    }
+    double ea = rel_err_bf16(acth, ra, (size_t)P * F), eo = rel_err_f32(oh, ro, (size_t)P * H);
+    KT_CHECKF(ea < TOL_BF16, "moe gate/up GEMV H=%d E=%d K=%d M=%d F=%d: rel err %g", H, E, K, M, F, ea);
+    KT_CHECKF(eo < TOL_F32, "moe down GEMV H=%d E=%d K=%d M=%d F=%d: rel err %g", H, E, K, M, F, eo);
+    /* the grouped GEMVs (tensor cores) over the gathered rows, in two shapes: 8 warps splitting K with 2
+     * x tiles a pass (experts with more than 16 pairs take several passes), and one warp over all of K
+     * with 4 tiles */
+    static const int gcfg[2][3] = {{8, 2, 2}, {1, 4, 4}}; /* warps, tiles, unroll */
+    double eag = 0, eog = 0;
+    for (int ci = 0; ci < 2; ci++) {
+        CUdeviceptr actg = dev_alloc((size_t)P * F * 2), og = dev_alloc((size_t)P * H * 4);
+        dev_poison16(actg, (size_t)P * F * 2);
+        dev_poison32(og, (size_t)P * H * 4);
+        for (int half = 0; half < 2; half++) {
+            const int swg = half == 0, N = swg ? 2 * F : H, KK = swg ? H : F;
+            char g[8][40];
+            snprintf(g[0], 40, "GEMV_WARPS=%d", gcfg[ci][0]);
+            snprintf(g[1], 40, "GEMV_TILES=%d", gcfg[ci][1]);
+            snprintf(g[2], 40, "GEMV_UNROLL=%d", gcfg[ci][2]);
+            snprintf(g[3], 40, "GEMV_MMA=1");
+            snprintf(g[4], 40, "GEMV_OUT_F32=%d", !swg);
+            snprintf(g[5], 40, "GEMV_SWIGLU=%d", swg);
+            snprintf(g[6], 40, "GEMV_SPLIT=%d", swg);
+            snprintf(g[7], 40, "GEMV_MOE=2");
+            const char *gd[8] = {g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]};
+            kfn kg;
+            KT_REQUIRE(kbuild(&kg, "gemv.cuh", "kiln_gemv", gd, 8));
+            kiln_gemv_params gp = {.x = swg ? xs : actg, .w = swg ? gu : dn, .y = swg ? actg : og, .M = P, .N = N,
+                                   .K = KK, .ldx = KK, .ldy = swg ? F : H, .moe_sel = cnt + (size_t)(E + 1) * 4,
+                                   .moe_wstride = (long long)N * KK};
+            KT_CHECK(klaunch(kg.fn, "kiln_gemv (grouped experts)",
+                             dims((unsigned)((N + 15) / 16), (unsigned)E, 1, (unsigned)(32 * gcfg[ci][0]), 0), &gp));
+            kfree(&kg);
+        }
+        uint16_t *actgh = host_from(actg, (size_t)P * F * 2);
+        float *ogh = host_from(og, (size_t)P * H * 4);
+        double *rag = malloc(sizeof(double) * (size_t)P * F), *rog = malloc(sizeof(double) * (size_t)P * H);
+        for (int i = 0; i < P; i++) { /* pair i sits in grouped row ph[i] */
+            const int e = rsel[i], r = ph[i];
+            memcpy(rag + (size_t)r * F, ra + (size_t)i * F, sizeof(double) * (size_t)F);
+            for (int h = 0; h < H; h++) {
+                double a = 0;
+                for (int f = 0; f < F; f++)
+                    a += (double)dnf[((size_t)e * H + h) * F + f] * kiln_bf16_to_f32(actgh[(size_t)r * F + f]);
+                rog[(size_t)r * H + h] = a;
+            }
+        }
+        eag = rel_err_bf16(actgh, rag, (size_t)P * F), eog = rel_err_f32(ogh, rog, (size_t)P * H);
+        KT_CHECKF(eag < TOL_BF16, "moe grouped gate/up GEMV (%d warps) H=%d E=%d K=%d M=%d F=%d: rel err %g",
+                  gcfg[ci][0], H, E, K, M, F, eag);
+        KT_CHECKF(eog < TOL_F32, "moe grouped down GEMV (%d warps) H=%d E=%d K=%d M=%d F=%d: rel err %g", gcfg[ci][0],
+                  H, E, K, M, F, eog);
+        kiln_cuda_release(&g_cu, actg);
+        kiln_cuda_release(&g_cu, og);
+        free(actgh), free(ogh), free(rag), free(rog);
+    }
+    /* combine: the three row maps over the same outputs */
+    double *ry = calloc((size_t)M * H, sizeof *ry);
+    for (int m = 0; m < M; m++)
+        for (int j = 0; j < K; j++)
+            for (int h = 0; h < H; h++) ry[(size_t)m * H + h] += rw[m * K + j] * oh[((size_t)m * K + j) * H + h];
+    float *od = malloc(sizeof(float) * (size_t)E * M * H), *ogr = malloc(sizeof(float) * (size_t)P * H);
+    for (size_t i = 0; i < (size_t)E * M * H; i++) od[i] = NAN;
+    for (int i = 0; i < P; i++) {
+        memcpy(od + ((size_t)rsel[i] * M + i / K) * H, oh + (size_t)i * H, sizeof(float) * (size_t)H);
+        memcpy(ogr + (size_t)ph[i] * H, oh + (size_t)i * H, sizeof(float) * (size_t)H);
+    }
+    CUdeviceptr o1 = dev_from(od, sizeof(float) * (size_t)E * M * H), o2 = dev_from(ogr, sizeof(float) * (size_t)P * H);
+    for (int mode = 0; mode < 3; mode++) {
+        mp.o = mode == 0 ? o : mode == 1 ? o1 : o2;
+        mp.y = y;
+        mp.mode = mode;
+        mp.ldo = M;
+        mp.o_f32 = 1;
+        dev_poison16(y, (size_t)M * H * 2);
+        KT_CHECK(klaunch(f_combine, "kiln_moe_combine", dims((unsigned)M, 1, 1, 256, 0), &mp));
+        uint16_t *yh = host_from(y, (size_t)M * H * 2);
+        double ey = rel_err_bf16(yh, ry, (size_t)M * H);
+        KT_CHECKF(ey < TOL_BF16, "moe combine mode %d H=%d E=%d K=%d M=%d: rel err %g", mode, H, E, K, M, ey);
+        free(yh);
+    }
+    fprintf(stderr, "  moe H=%d E=%d K=%d M=%d F=%d ties=%d%s: choices %s, gate/up %.2g, down %.2g, grouped %.2g, %.2g\n",
+            H, E, K, M, F, c->ties, c->no_renorm ? " no-renorm" : "", bad_sel ? "DIFFER" : "equal", ea, eo, eag, eog);
+    CUdeviceptr ds[] = {x, router, sel, wsel, cnt, pos, tok, xs, gu, dn, act, o, y, o1, o2};
+    for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) kiln_cuda_release(&g_cu, ds[i]);
+    free(xh), free(xf), free(rh), free(rf), free(sh), free(wh), free(rsel), free(rw), free(pr), free(lg);
+    free(ch), free(ph), free(th), free(xsh), free(seen), free(guh), free(guf), free(dnh), free(dnf);
+    free(acth), free(oh), free(ra), free(ro), free(ry), free(od), free(ogr);
+    kfree(&k);
+}
+
+static void test_moe(void) {
+    NEED_GPU();
+    static const moe_case cases[] = {
+        {64, 8, 2, 1, 0, 1},   {64, 8, 2, 7, 0, 1},    {64, 8, 2, 33, 0, 2},  {4096, 8, 2, 3, 0, 0},
+        {100, 8, 2, 5, 0, 1},  {72, 16, 4, 9, 0, 1},   {72, 16, 4, 9, 1, 2},  {136, 128, 8, 6, 0, 1},
+        {64, 128, 2, 17, 0, 2}, {64, 5, 1, 4, 0, 1},   {64, 8, 8, 3, 0, 2},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_moe_case(&cases[i]);
+}
+
 /* Launch geometry within CUDA's grid limits (no GPU needed): every family's dims at the largest
  * legal step (rows up to 2^20 tokens, 1,024 sequences, 128 heads), and the launch check's refusal. */
 static void test_grid_limits(void) {
@@ -1533,6 +1787,7 @@ int main(void) {
     KT_RUN(test_swiglu);
     KT_RUN(test_cublaslt_tune);
     KT_RUN(test_sample);
+    KT_RUN(test_moe);
     if (g_state > 0) kiln_cuda_free(&g_cu);
     return KT_END();
 }

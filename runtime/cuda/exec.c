@@ -118,7 +118,20 @@ typedef struct cx_attn {
     unsigned smem_decode, smem_prefill, smem_prefill_mma, smem_prefill_mma16;
 } cx_attn;
 
-typedef enum { I_EMBED, I_NORM, I_COPY, I_QKV, I_ATTN, I_GEMM, I_LMHEAD } cx_ikind;
+/* A moe op (Mixtral's experts): its weights, constants and kernels. run_moe says which path a step takes. */
+typedef struct cx_moe {
+    int dw_router, dw_gu, dw_down; /* [E, H], [E, 2F, H] (F gate rows, then F up rows per expert), [E, H, F] */
+    int E, k, f;
+    CUfunction route, group, gather, combine; /* moe.cuh */
+    CUfunction swiglu;                        /* the halves-layout SwiGLU after a cuBLASLt gate/up GEMM */
+    int swiglu_threads;
+    CUfunction gv_gu, gv_down;                /* expert GEMVs over (token, expert) pairs (gemv.cuh, GEMV_MOE 1) */
+    kiln_gemv_cfg c_gu, c_down;
+    CUfunction gg_gu, gg_down;                /* grouped expert GEMVs (GEMV_MOE 2; bf16 engines only, else 0) */
+    kiln_gemv_cfg cg_gu, cg_down;
+} cx_moe;
+
+typedef enum { I_EMBED, I_NORM, I_COPY, I_QKV, I_ATTN, I_GEMM, I_LMHEAD, I_MOE } cx_ikind;
 
 typedef struct cx_inst {
     cx_ikind kind;
@@ -137,6 +150,7 @@ typedef struct cx_inst {
     kiln_op_attrs rope; /* ATTN: its qkv_rope op's attributes (the rope constants, for the fused path) */
     int width;      /* COPY: elements per row */
     cx_gemm g;      /* GEMM, QKV, LMHEAD */
+    cx_moe moe;     /* MOE */
 } cx_inst;
 
 typedef struct cx_buf {
@@ -190,6 +204,10 @@ typedef struct cx {
     /* scratch */
     CUdeviceptr qkv_tmp, q_tmp, gu_tmp, lm_x, logits, part_o, part_ml, ids, in_dev, kcache, vcache;
     CUdeviceptr deq_tmp; /* a quantized W dequantized, for steps past the quantized GEMV (max n x k elements) */
+    /* the experts' scratch (moe_bytes()): routing, grouping, the grouped rows, their SwiGLU and outputs */
+    int moe_e, moe_k, moe_f; /* the largest over the moe ops (0: none) */
+    CUdeviceptr moe_scr, moe_sel, moe_wsel, moe_pos, moe_tok, moe_cnt, moe_xs, moe_act, moe_o;
+    int32_t *moe_cnt_host; /* pinned [2 (E + 1)]: counts and offsets, read back for grouped steps */
     size_t kv_layer_bytes;
     int zmax;
     /* KV */
@@ -204,6 +222,8 @@ typedef struct cx {
     bool pdl;
     CUdeviceptr attn_cnt; /* int32 [max_seqs, n_kv]: decode attention's split counters, zero between launches */
     int gemv_max_m; /* most tokens per step the tensor-core GEMV takes (else cuBLASLt) */
+    bool moe_grouped; /* measure knob moe_grouped=1: decode batches past the experts' pair GEMVs run the
+                         grouped tensor-core GEMVs instead of every expert through cuBLASLt */
     int qgemv_max_m; /* ... the quantized GEMV takes (else dequantize + cuBLASLt) */
     double attn_waves; /* KILN_ATTN_WAVES: decode attention splits aim for this many waves of the GPU (2) */
     int rope_split_max_t; /* steps of at most this many tokens spread rope_kv over the heads (CX_ROPE_SPLIT_MAX_T) */
@@ -325,10 +345,9 @@ static int dw_add(cx *x, int src, bool dense, kiln_error *err) {
         x->dw = n;
         x->cap_dw = cap;
     }
-    x->dw[x->n_dw] = (cx_dw){.src = src,
-                             .rows = w->ndim == 2 ? w->shape[0] : 1,
-                             .cols = w->ndim == 2 ? w->shape[1] : w->shape[0],
-                             .qt = qt};
+    int64_t rows = 1; /* a stack of matrices (the experts' [E, N, K]) is E x N rows */
+    for (uint32_t d = 0; d + 1 < w->ndim; d++) rows *= w->shape[d];
+    x->dw[x->n_dw] = (cx_dw){.src = src, .rows = rows, .cols = w->shape[w->ndim - 1], .qt = qt};
     return x->n_dw++;
 }
 
@@ -559,6 +578,40 @@ static kiln_status value_buf(cx *x, int32_t *vb, int32_t v, kiln_error *err) {
     return vb[v] < 0 ? KILN_ERR_NOMEM : KILN_OK;
 }
 
+/* A moe op's weights and kernels (modules named as codegen/kernels_section.c's add_moe names them). */
+static kiln_status moe_setup(cx *x, const kiln_plan_op *op, cx_moe *mo, kiln_error *err) {
+    const kiln_op_attrs *a = &op->attrs;
+    const int h = x->hidden, f = (int)x->p->values[op->in[3]].shape[2];
+    mo->E = a->n_experts;
+    mo->k = a->top_k;
+    mo->f = f;
+    kiln_status st;
+    if ((st = value_weight(x, op->in[1], true, &mo->dw_router, err)) ||
+        (st = value_weight(x, op->in[2], true, &mo->dw_gu, err)) ||
+        (st = value_weight(x, op->in[3], true, &mo->dw_down, err)))
+        return st;
+    char name[KILN_KSEC_NAME_MAX];
+    const kiln_ksec_module *km = NULL;
+    snprintf(name, sizeof name, "moe.e%d.k%d.h%d%s", mo->E, mo->k, h, (a->flags & KILN_FLAG_MOE_NO_RENORM) ? ".nr" : "");
+    if ((st = fn_get(x, name, "kiln_moe_route", &mo->route, &km, err)) ||
+        (st = fn_get(x, name, "kiln_moe_group", &mo->group, NULL, err)) ||
+        (st = fn_get(x, name, "kiln_moe_gather", &mo->gather, NULL, err)) ||
+        (st = fn_get(x, name, "kiln_moe_combine", &mo->combine, NULL, err)) ||
+        (st = gemv_fn(x, "swiglu", 2 * f, h, "moe", &mo->gv_gu, &mo->c_gu, err)) ||
+        (st = gemv_fn(x, "f32out", h, f, "moe", &mo->gv_down, &mo->c_down, err)) ||
+        (!x->f32 && ((st = gemv_fn(x, "swiglu", 2 * f, h, "moeg", &mo->gg_gu, &mo->cg_gu, err)) ||
+                     (st = gemv_fn(x, "f32out", h, f, "moeg", &mo->gg_down, &mo->cg_down, err)))))
+        return st;
+    snprintf(name, sizeof name, "swiglu.f%d.halves", f);
+    if ((st = fn_get(x, name, "kiln_swiglu", &mo->swiglu, &km, err))) return st;
+    mo->swiglu_threads = km->cfg[0];
+    if (f > x->ffn_max) x->ffn_max = f; /* the gate/up scratch holds a step's [T, 2F] */
+    if (mo->E > x->moe_e) x->moe_e = mo->E;
+    if (mo->k > x->moe_k) x->moe_k = mo->k;
+    if (f > x->moe_f) x->moe_f = f;
+    return KILN_OK;
+}
+
 static kiln_status build_program(cx *x, kiln_error *err) {
     const kiln_plan *p = x->p;
     if (p->n_ranks > 1) { /* tensor parallelism: the CPU side is built, the GPU side is design (docs/parallelism.md) */
@@ -787,17 +840,20 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             kiln_err_hint(err, "compile the engine with the default passes (fuse-qkv-rope), or run it on the CPU "
                                "(--device cpu)");
             goto out;
-        case KILN_OP_MOE: /* the experts of Mixtral and Qwen3-MoE: CPU only so far */
-            kiln_err(err, KILN_ERR_UNSUPPORTED, "cuda executor: plan op %u (moe): this model's mixture of experts "
-                     "(Mixtral, Qwen3-MoE) has no GPU kernel yet", i);
-            st = kiln_err_hint(err, "run this engine on the CPU (--device cpu)");
-            goto out;
+        case KILN_OP_MOE: /* the experts of Mixtral and Qwen3-MoE: y = sum of the chosen experts' SwiGLU MLPs */
+            if (!(ins = emit(x, I_MOE, (int)i, err))) goto nomem;
+            if ((st = moe_setup(x, op, &ins->moe, err))) goto out;
+            ins->x = vb[in[0]];
+            if ((st = value_buf(x, vb, o[0], err))) goto out;
+            ins->y = vb[o[0]];
+            break;
         default:
             st = unsupported_op(x, i, "no GPU kernel for this op", err);
             goto out;
         }
         if (ins && ((ins->kind == I_NORM && (ins->res < 0 || (op->kind == KILN_OP_ADD_RMSNORM && ins->x < 0))) ||
-                    ((ins->kind == I_GEMM || ins->kind == I_QKV || ins->kind == I_LMHEAD) && ins->x < 0))) {
+                    ((ins->kind == I_GEMM || ins->kind == I_QKV || ins->kind == I_LMHEAD || ins->kind == I_MOE) &&
+                     ins->x < 0))) {
             st = unsupported_op(x, i, "its input is not an activation this executor holds", err);
             goto out;
         }
@@ -876,7 +932,7 @@ static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUde
     if (gemv_path(x, g, M)) {
         bool m1 = M == 1 || !g->mma;
         const kiln_gemv_cfg *c = m1 ? &g->c1 : &g->cmma;
-        kiln_gemv_params prm = {in, w, out, res ? out : 0, M, g->n, g->k, g->k, ldy, 0, 0, 0.0f, 0, wscale, wmin};
+        kiln_gemv_params prm = {in, w, out, res ? out : 0, M, g->n, g->k, g->k, ldy, 0, 0, 0.0f, 0, wscale, wmin, 0, 0, 0, 0};
         if (norm) {
             prm.x = bufp(x, norm->res);
             prm.norm_w = dwp(x, norm->dw);
@@ -901,6 +957,116 @@ static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUde
         return launch(x, g->swiglu, d.grid[0], d.grid[1], 1, d.block[0], 0, &sp, "kiln_swiglu", err);
     }
     return kiln_cublaslt_gemm_ex(x->lt, x->f32, lt_out_f32(x, g), M, g->n, g->k, in, w, out, res, x->stream, err);
+}
+
+/* Whether a step of T tokens runs moe instruction mo's experts as GEMVs over the (token, expert) pairs:
+ * each pair reads its expert's weights, so past E pairs the step would read more than every expert once
+ * (on the H200 a pair's expert took 0.09 ms, every expert over a batch through cuBLASLt 0.85 ms a layer
+ * of Mixtral; 8 tokens as 16 pairs ran at 776 tok/s on 8 layers, 16 tokens through cuBLASLt at 2,389). */
+static bool moe_pairs(const cx *x, const cx_moe *mo, int T) {
+    return T <= x->gemv_max_m && (int64_t)T * mo->k <= (mo->E > mo->k ? mo->E : mo->k);
+}
+
+/* The experts of one moe instruction over a step's T rows. Routing (kiln_moe_route) leaves each token's
+ * experts and weights on the device; one of three paths computes the experts' outputs o, and
+ * kiln_moe_combine sums each token's in expert order:
+ *  - at most gemv_max_m tokens making at most E pairs (moe_pairs; decode at small batches): expert
+ *    GEMVs over the (token, expert) pairs, the expert ids read on the device: only the chosen experts'
+ *    weights are read, once per pair (so past E pairs this would read more than every expert once);
+ *  - other decode steps: every expert over the whole batch through cuBLASLt, the combine taking the
+ *    chosen ones. At these batches every expert is read anyway and the extra products hide behind
+ *    the reads: on the H200 at batch 64 this read Mixtral's experts at 3.2 TB/s, where the grouped
+ *    tensor-core GEMVs (the pairs grouped by expert on the device, each expert's weights read once
+ *    for all of its rows; measure knob moe_grouped=1) reached 2.5 (docs/benchmarks.md);
+ *  - prefill and mixed steps: the pairs grouped by expert on the device (kiln_moe_group: counts, prefix
+ *    sums, a scatter; kiln_moe_gather), the counts read back (a host sync per layer), then per expert
+ *    with tokens one cuBLASLt GEMM pair over its rows.
+ * Decode steps never sync with the host: they are replayed as CUDA graphs. */
+static kiln_status run_moe(cx *x, const cx_inst *in, const cx_shape *sh, kiln_error *err) {
+    const cx_moe *mo = &in->moe;
+    const int T = sh->T, H = x->hidden, F = mo->f, E = mo->E, K = mo->k;
+    const size_t es = (size_t)x->es;
+    const CUdeviceptr X = bufp(x, in->x), wgu = dwp(x, mo->dw_gu), wdn = dwp(x, mo->dw_down);
+    const CUdeviceptr offsets = x->moe_cnt + (size_t)(E + 1) * 4;
+    kiln_moe_params mp = {.x = X, .router = dwp(x, mo->dw_router), .sel = x->moe_sel, .wsel = x->moe_wsel,
+                          .counts = x->moe_cnt, .offsets = offsets, .pos = x->moe_pos, .tok = x->moe_tok,
+                          .xs = x->moe_xs, .o = x->moe_o, .y = bufp(x, in->y), .M = T, .mode = 2, .o_f32 = 1};
+    kiln_status st = launch(x, mo->route, (unsigned)T, 1, 1, 256, 0, &mp, "kiln_moe_route", err);
+    if (st) return st;
+    if (moe_pairs(x, mo, T)) {
+        kiln_gemv_params g = {.x = X, .w = wgu, .y = x->moe_act, .M = 1, .N = 2 * F, .K = H, .ldx = H, .ldy = F,
+                              .moe_sel = x->moe_sel, .moe_wstride = 2LL * F * H, .moe_xdiv = K};
+        kiln_cuda_dims d = kiln_gemv_dims(&mo->c_gu, 1, 2 * F);
+        if ((st = launch(x, mo->gv_gu, d.grid[0], d.grid[1], (unsigned)(T * K), d.block[0], 0, &g,
+                         "kiln_gemv (experts' gate/up)", err)))
+            return st;
+        g = (kiln_gemv_params){.x = x->moe_act, .w = wdn, .y = x->moe_o, .M = 1, .N = H, .K = F, .ldx = F, .ldy = H,
+                               .moe_sel = x->moe_sel, .moe_wstride = (long long)H * F, .moe_xdiv = 1};
+        d = kiln_gemv_dims(&mo->c_down, 1, H);
+        if ((st = launch(x, mo->gv_down, d.grid[0], d.grid[1], (unsigned)(T * K), d.block[0], 0, &g,
+                         "kiln_gemv (experts' down)", err)))
+            return st;
+        mp.mode = 0;
+        return launch(x, mo->combine, (unsigned)T, 1, 1, 256, 0, &mp, "kiln_moe_combine", err);
+    }
+    if (sh->decode && !(x->moe_grouped && mo->gg_gu)) { /* every expert over every token; o is [E, T, H] */
+        for (int e = 0; e < E && !st; e++) {
+            kiln_swiglu_params sp = {x->gu_tmp, x->moe_act, T, 0};
+            kiln_cuda_dims d = kiln_swiglu_dims(F, T, mo->swiglu_threads, x->f32 ? 4 : 8);
+            if ((st = kiln_cublaslt_gemm_ex(x->lt, x->f32, x->f32, T, 2 * F, H, X,
+                                            wgu + (size_t)e * 2 * (size_t)F * (size_t)H * es, x->gu_tmp, false,
+                                            x->stream, err)) ||
+                (st = launch(x, mo->swiglu, d.grid[0], d.grid[1], 1, d.block[0], 0, &sp, "kiln_swiglu", err)))
+                break;
+            st = kiln_cublaslt_gemm_ex(x->lt, x->f32, true, T, H, F, x->moe_act,
+                                       wdn + (size_t)e * (size_t)H * (size_t)F * es,
+                                       x->moe_o + (size_t)e * (size_t)T * (size_t)H * 4, false, x->stream, err);
+        }
+        if (st) return st;
+        mp.mode = 1;
+        mp.ldo = T;
+        return launch(x, mo->combine, (unsigned)T, 1, 1, 256, 0, &mp, "kiln_moe_combine", err);
+    }
+    if ((st = launch(x, mo->group, 1, 1, 1, 1024, 0, &mp, "kiln_moe_group", err)) ||
+        (st = launch(x, mo->gather, (unsigned)(T * K), 1, 1, 128, 0, &mp, "kiln_moe_gather", err)))
+        return st;
+    if (sh->decode) {
+        kiln_gemv_params g = {.x = x->moe_xs, .w = wgu, .y = x->moe_act, .M = T * K, .N = 2 * F, .K = H, .ldx = H,
+                              .ldy = F, .moe_sel = offsets, .moe_wstride = 2LL * F * H};
+        if ((st = launch(x, mo->gg_gu, (unsigned)((2 * F + 15) / 16), (unsigned)E, 1,
+                         (unsigned)(mo->cg_gu.warps * 32), 0, &g, "kiln_gemv (grouped experts' gate/up)", err)))
+            return st;
+        g = (kiln_gemv_params){.x = x->moe_act, .w = wdn, .y = x->moe_o, .M = T * K, .N = H, .K = F, .ldx = F,
+                               .ldy = H, .moe_sel = offsets, .moe_wstride = (long long)H * F};
+        if ((st = launch(x, mo->gg_down, (unsigned)((H + 15) / 16), (unsigned)E, 1, (unsigned)(mo->cg_down.warps * 32),
+                         0, &g, "kiln_gemv (grouped experts' down)", err)))
+            return st;
+        return launch(x, mo->combine, (unsigned)T, 1, 1, 256, 0, &mp, "kiln_moe_combine", err);
+    }
+    if ((st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuMemcpyDtoHAsync(x->moe_cnt_host, x->moe_cnt,
+                                                                    (size_t)(E + 1) * 2 * 4, x->stream))) ||
+        (st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuStreamSynchronize(x->stream))))
+        return st;
+    const int32_t *cnt = x->moe_cnt_host, *off = x->moe_cnt_host + E + 1;
+    for (int e = 0; e < E && !st; e++) {
+        const int n = cnt[e];
+        if (n == 0) continue;
+        if (n > T || off[e] + n > T * K)
+            return kiln_err(err, KILN_ERR_INTERNAL, "cuda executor: expert %d of layer %d has %d of %d rows at %d", e,
+                            x->p->ops[in->op].attrs.layer, n, T * K, off[e]);
+        const CUdeviceptr act = x->moe_act + (size_t)off[e] * (size_t)F * es;
+        kiln_swiglu_params sp = {x->gu_tmp, act, n, 0};
+        kiln_cuda_dims d = kiln_swiglu_dims(F, n, mo->swiglu_threads, x->f32 ? 4 : 8);
+        if ((st = kiln_cublaslt_gemm_ex(x->lt, x->f32, x->f32, n, 2 * F, H, x->moe_xs + (size_t)off[e] * H * es,
+                                        wgu + (size_t)e * 2 * (size_t)F * (size_t)H * es, x->gu_tmp, false, x->stream,
+                                        err)) ||
+            (st = launch(x, mo->swiglu, d.grid[0], d.grid[1], 1, d.block[0], 0, &sp, "kiln_swiglu", err)))
+            break;
+        st = kiln_cublaslt_gemm_ex(x->lt, x->f32, true, n, H, F, act, wdn + (size_t)e * (size_t)H * (size_t)F * es,
+                                   x->moe_o + (size_t)off[e] * (size_t)H * 4, false, x->stream, err);
+    }
+    if (st) return st;
+    return launch(x, mo->combine, (unsigned)T, 1, 1, 256, 0, &mp, "kiln_moe_combine", err);
 }
 
 /* Splits a decode batch of B aims for (about two waves of the GPU), and the grid's split count. */
@@ -1013,6 +1179,7 @@ static kiln_status run_program(cx *x, const cx_shape *sh, kiln_error *err) {
             break;
         }
         case I_GEMM: st = run_gemm(x, &in->g, T, bufp(x, in->x), bufp(x, in->y), in->res >= 0, norm, err); break;
+        case I_MOE: st = run_moe(x, in, sh, err); break;
         case I_LMHEAD: {
             CUdeviceptr src = bufp(x, in->x);
             if (!sh->decode) {
@@ -1067,6 +1234,14 @@ static void prof_cost(const cx *x, int i, const cx_shape *sh, double ctx, double
         *flops = 2 * M * N * K;
         break;
     }
+    case I_MOE: { /* the chosen experts' weights (at most all of them), x, y */
+        const cx_moe *mo = &in->moe;
+        const double pairs = (sh->decode && !x->moe_grouped && !moe_pairs(x, mo, (int)T)) ? T * mo->E : T * mo->k;
+        const double ex = pairs < mo->E ? pairs : mo->E, per = 3.0 * mo->f * H;
+        *bytes = ex * per * es + 2 * T * H * es + (double)mo->E * H * es;
+        *flops = 2 * pairs * per + 2 * T * mo->E * H;
+        break;
+    }
     case I_ATTN: {
         const double kv_row = (double)x->n_kv * x->head_dim * es;
         *bytes = ctx * 2 * kv_row + 2 * T * x->n_heads * x->head_dim * es;
@@ -1109,7 +1284,7 @@ static void prof_add(cx *x, const kiln_step *s, const cx_shape *sh) {
     }
 }
 
-static const char *const ikind_names[] = {"embed", "norm", "copy", "qkv", "attn", "gemm", "lm_head"};
+static const char *const ikind_names[] = {"embed", "norm", "copy", "qkv", "attn", "gemm", "lm_head", "moe"};
 
 /* Name the rows once the program exists. */
 static void prof_name(cx *x) {
@@ -1477,10 +1652,11 @@ static void cx_destroy(kiln_executor *e) {
         for (int i = 0; i < x->n_bufs; i++) cx_release(x, &x->bufs[i].p);
         CUdeviceptr *ps[] = {&x->dweights, &x->deq_tmp, &x->qkv_tmp, &x->q_tmp,    &x->gu_tmp,
                              &x->lm_x,     &x->logits,  &x->part_o,  &x->part_ml, &x->attn_cnt,
-                             &x->ids,      &x->in_dev,  &x->kcache,  &x->vcache};
+                             &x->ids,      &x->in_dev,  &x->kcache,  &x->vcache, &x->moe_scr};
         for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) cx_release(x, ps[i]);
         if (x->in_host) x->cu.api.cuMemFreeHost(x->in_host);
         if (x->ids_host) x->cu.api.cuMemFreeHost(x->ids_host);
+        if (x->moe_cnt_host) x->cu.api.cuMemFreeHost(x->moe_cnt_host);
         if (x->stream) x->cu.api.cuStreamDestroy(x->stream);
         for (int i = 0; x->pev && i < 2 * (x->n_prog + 1); i++)
             if (x->pev[i]) x->cu.api.cuEventDestroy(x->pev[i]);
@@ -1659,6 +1835,24 @@ static size_t tune_bytes(const cx *x) {
     return k ? align256(S * k * (size_t)x->es) + S * n * 4 : 0;
 }
 
+/* The experts' scratch for steps of `rows` tokens, and its parts' offsets (into off[8], when given):
+ * sel, wsel, pos, tok [rows * k]; counts and offsets [2 (E + 1)]; the grouped rows xs [rows * k, H]
+ * and their SwiGLU act [rows * k, F] (elements); the outputs o, fp32, [max(rows * k, E * max_seqs), H]. */
+static size_t moe_bytes(const cx *x, int rows, size_t off[8]) {
+    if (!x->moe_e) return 0;
+    const size_t P = (size_t)rows * (size_t)x->moe_k, H = (size_t)x->hidden, es = (size_t)x->es;
+    size_t orows = P; /* or [E, max_seqs] rows: every expert over a decode batch */
+    if (orows < (size_t)x->moe_e * (size_t)x->base.max_seqs) orows = (size_t)x->moe_e * (size_t)x->base.max_seqs;
+    const size_t sz[8] = {P * 4, P * 4, P * 4, P * 4, 2 * ((size_t)x->moe_e + 1) * 4, P * H * es,
+                          P * (size_t)x->moe_f * es, orows * H * 4};
+    size_t b = 0;
+    for (int i = 0; i < 8; i++) {
+        if (off) off[i] = b;
+        b += align256(sz[i]);
+    }
+    return b;
+}
+
 /* Device bytes of everything but the weights, the KV pool and the cuBLASLt workspace for steps of
  * `rows` tokens: the activation buffers, QKV, q and gate/up scratch (rows x width), the LM head's
  * input, logits, attention partials and sampled ids (max_seqs x width), the step inputs, and the
@@ -1669,8 +1863,9 @@ static size_t scratch_bytes(const cx *x, int rows, int max_blocks) {
     size_t b = 0;
     for (int i = 0; i < x->n_bufs; i++) b += R * x->bufs[i].bytes;
     b += R * (nh + 2 * (size_t)x->n_kv) * hd * es + R * nh * hd * es;
-    if (R > (size_t)gu_rows(x) && x->ffn_max > 0) b += R * 2 * (size_t)x->ffn_max * es;
+    if ((R > (size_t)gu_rows(x) || x->moe_e) && x->ffn_max > 0) b += R * 2 * (size_t)x->ffn_max * es;
     if (R > (size_t)x->qgemv_max_m) b += deq_bytes(x);
+    b += moe_bytes(x, rows, NULL);
     b += S * (size_t)x->hidden * es + S * (size_t)x->vocab * 4 + S * nh * z * hd * 4 + S * nh * z * 2 * 4 +
          S * (size_t)x->n_kv * 4 + S * 4;
     cx_inputs in;
@@ -1792,6 +1987,7 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
     x->m = m;
     x->p = p;
     x->no_graphs = o->no_graphs;
+    x->moe_grouped = o->moe_grouped;
     x->hidden = p->hidden_size;
     x->n_kv = p->n_kv_heads;
     x->head_dim = p->head_dim;
@@ -1923,7 +2119,7 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
         const size_t qkvw = (size_t)(x->n_heads + 2 * x->n_kv) * (size_t)x->head_dim;
         if ((st = cx_alloc(x, R * qkvw * es, "the QKV scratch", &x->qkv_tmp, err)) ||
             (st = cx_alloc(x, R * (size_t)x->n_heads * (size_t)x->head_dim * es, "the q scratch", &x->q_tmp, err)) ||
-            (R > (size_t)gu_rows(x) && x->ffn_max > 0 &&
+            ((R > (size_t)gu_rows(x) || x->moe_e) && x->ffn_max > 0 &&
              (st = cx_alloc(x, R * 2 * (size_t)x->ffn_max * es, "the gate/up scratch", &x->gu_tmp, err))) ||
             (R > (size_t)x->qgemv_max_m && deq_bytes(x) > 0 &&
              (st = cx_alloc(x, deq_bytes(x), "the dequantized weight scratch", &x->deq_tmp, err))) ||
@@ -1937,6 +2133,16 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
                            err)) ||
             (st = cx_alloc(x, (size_t)max_seqs * 4, "the sampled ids", &x->ids, err)))
             goto fail;
+        if (x->moe_e) {
+            size_t mo[8];
+            if ((st = cx_alloc(x, moe_bytes(x, x->max_rows, mo), "the experts' scratch", &x->moe_scr, err)) ||
+                (st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuMemAllocHost((void **)&x->moe_cnt_host,
+                                                                         2 * ((size_t)x->moe_e + 1) * 4))))
+                goto fail;
+            CUdeviceptr *parts[8] = {&x->moe_sel, &x->moe_wsel, &x->moe_pos, &x->moe_tok,
+                                     &x->moe_cnt, &x->moe_xs,   &x->moe_act, &x->moe_o};
+            for (int i = 0; i < 8; i++) *parts[i] = x->moe_scr + mo[i];
+        }
         if ((st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuMemsetD32(x->attn_cnt, 0, (size_t)max_seqs * (size_t)x->n_kv)))) {
             kiln_err_prefix(err, "cuda executor: clearing the attention split counters: ");
             goto fail;

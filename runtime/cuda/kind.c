@@ -25,7 +25,8 @@ static kiln_status gpu_create(const kiln_model *m, const kiln_ctx_options *o, co
                               .no_pdl = k->pdl == 0,
                               .no_graphs = k->graphs == 0,
                               .profile = k->profile,
-                              .no_recorded = k->recorded == 0};
+                              .no_recorded = k->recorded == 0,
+                              .moe_grouped = k->moe_grouped == 1};
     return kiln_cuda_executor_new(m, &co, x, err);
 }
 
