@@ -454,7 +454,7 @@ static void test_gemv_fp8_codes(void) {
         memset(xh, 0, sizeof xh);
         for (int m = 0; m < M; m++) xh[m * K + c0 + m * (K / M)] = kiln_f32_to_bf16(1.0f);
         KT_CHECK(g_cu.api.cuMemcpyHtoD(x, xh, sizeof xh) == CUDA_SUCCESS);
-        kiln_gemv_params p = {x, w, y, 0, M, N, K, K, N, 0, 0, 1e-5f, 0, w + so, 0};
+        kiln_gemv_params p = {x, w, y, 0, M, N, K, K, N, 0, 0, 1e-5f, 0, w + so, 0, 0, 0, 0, 0};
         KT_CHECK(klaunch(k.fn, "kiln_gemv (fp8)", kiln_gemv_dims(&cfg, M, N), &p));
         float *out = host_from(y, (size_t)M * N * 4);
         for (int m = 0; m < M; m++)

@@ -158,10 +158,15 @@ static void test_scaled_int4(void) {
 }
 
 int main(void) {
-    KT_REQUIRE(kt_tmpdir(tmpdir, sizeof tmpdir, "awq"));
-    snprintf(ids_path, sizeof ids_path, "%s/calib.ids", tmpdir);
-    FILE *f = fopen(ids_path, "w");
-    KT_REQUIRE(f != NULL);
+    FILE *f = NULL;
+    if (kt_tmpdir(tmpdir, sizeof tmpdir, "awq")) {
+        snprintf(ids_path, sizeof ids_path, "%s/calib.ids", tmpdir);
+        f = fopen(ids_path, "w");
+    }
+    if (!f) {
+        fprintf(stderr, "cannot write the calibration ids in a temporary folder\n");
+        return 1;
+    }
     for (int i = 0; i < 256; i++) fprintf(f, "%d ", (i * 7919 + 13) % 250); /* every model's vocab is >= 256 */
     fclose(f);
     KT_RUN(test_folding_kjv);
