@@ -1365,37 +1365,58 @@ static int bucket(const cx *x, int n) {
  * leaves the heuristic's choice; with KILN_LT_TUNE=2 it is reported on
  * stderr, with each shape's candidates and times.
  */
+/* One cuBLASLt shape of a step to time (tune_rows), with up to CX_TUNE_WEIGHTS of the weights it reads. */
+typedef struct tune_shape {
+    int n, k;
+    bool acc, out_f32;
+    CUdeviceptr w[CX_TUNE_WEIGHTS];
+    int n_w;
+} tune_shape;
+
+/* Add weight w of shape (n, k, acc, out_f32) to the shapes of a step of B rows, growing the scratch
+ * sizes xb (B x K inputs) and yb (B x N outputs). */
+static void tune_add(const cx *x, tune_shape *sh, int *n_sh, int B, int n, int k, bool acc, bool of, CUdeviceptr w,
+                     size_t *xb, size_t *yb) {
+    int j = 0;
+    while (j < *n_sh && !(sh[j].n == n && sh[j].k == k && sh[j].acc == acc && sh[j].out_f32 == of)) j++;
+    if (j == *n_sh) {
+        if (*n_sh == CX_TUNE_SHAPES) return;
+        sh[j] = (tune_shape){.n = n, .k = k, .acc = acc, .out_f32 = of};
+        (*n_sh)++;
+        size_t bx = (size_t)B * (size_t)k * (size_t)x->es, by = (size_t)B * (size_t)n * (of ? 4u : (size_t)x->es);
+        if (bx > *xb) *xb = bx;
+        if (by > *yb) *yb = by;
+    }
+    bool have = false;
+    for (int i = 0; i < sh[j].n_w; i++) have |= sh[j].w[i] == w;
+    if (!have && sh[j].n_w < CX_TUNE_WEIGHTS) sh[j].w[sh[j].n_w++] = w;
+}
+
 static void tune_rows(cx *x, int B, bool decode, FILE *log) {
-    struct {
-        int n, k;
-        bool acc, out_f32;
-        CUdeviceptr w[CX_TUNE_WEIGHTS];
-        int n_w;
-    } sh[CX_TUNE_SHAPES];
+    tune_shape sh[CX_TUNE_SHAPES];
     int n_sh = 0;
     size_t xb = 0, yb = 0;
     for (int i = 0; i < x->n_prog; i++) {
         const cx_inst *in = &x->prog[i];
+        if (in->kind == I_MOE) { /* decode past the pair GEMVs: every expert over the batch (run_moe) */
+            const cx_moe *mo = &in->moe;
+            if (!decode || moe_pairs(x, mo, B) || (x->moe_grouped && mo->gg_gu)) continue;
+            const size_t es = (size_t)x->es, H = (size_t)x->hidden, F = (size_t)mo->f;
+            for (int e = 0; e < mo->E && e < CX_TUNE_WEIGHTS; e++) {
+                tune_add(x, sh, &n_sh, B, (int)(2 * F), (int)H, false, x->f32,
+                         dwp(x, mo->dw_gu) + (size_t)e * 2 * F * H * es, &xb, &yb);
+                tune_add(x, sh, &n_sh, B, (int)H, (int)F, false, true, dwp(x, mo->dw_down) + (size_t)e * H * F * es,
+                         &xb, &yb);
+            }
+            continue;
+        }
         if (in->kind != I_QKV && in->kind != I_GEMM && in->kind != I_LMHEAD) continue;
         if (in->kind == I_LMHEAD && !decode) continue; /* prefill: one row per sequence, not B */
         const cx_gemm *g = &in->g;
         if (gemv_path(x, g, B)) continue; /* at decode every GEMM has B rows, the LM head's too */
-        /* the arguments run_gemm gives kiln_cublaslt_gemm_ex */
-        const bool acc = in->kind == I_GEMM && in->res >= 0 && g->epi != EPI_SWIGLU, of = lt_out_f32(x, g);
-        int j = 0;
-        while (j < n_sh && !(sh[j].n == g->n && sh[j].k == g->k && sh[j].acc == acc && sh[j].out_f32 == of)) j++;
-        if (j == n_sh) {
-            if (n_sh == CX_TUNE_SHAPES) continue;
-            sh[n_sh].n = g->n, sh[n_sh].k = g->k, sh[n_sh].acc = acc, sh[n_sh].out_f32 = of, sh[n_sh].n_w = 0;
-            n_sh++;
-            size_t bx = (size_t)B * (size_t)g->k * (size_t)x->es, by = (size_t)B * (size_t)g->n * (of ? 4u : (size_t)x->es);
-            if (bx > xb) xb = bx;
-            if (by > yb) yb = by;
-        }
-        CUdeviceptr w = g->qt ? x->deq_tmp : dwp(x, g->dw); /* cuBLASLt reads the dense copy */
-        bool have = false;
-        for (int k = 0; k < sh[j].n_w; k++) have |= sh[j].w[k] == w;
-        if (!have && sh[j].n_w < CX_TUNE_WEIGHTS) sh[j].w[sh[j].n_w++] = w;
+        /* the arguments run_gemm gives kiln_cublaslt_gemm_ex; cuBLASLt reads a quantized weight's dense copy */
+        const bool acc = in->kind == I_GEMM && in->res >= 0 && g->epi != EPI_SWIGLU;
+        tune_add(x, sh, &n_sh, B, g->n, g->k, acc, lt_out_f32(x, g), g->qt ? x->deq_tmp : dwp(x, g->dw), &xb, &yb);
     }
     if (n_sh == 0) return;
     const double t0 = kiln_now();
@@ -1826,6 +1847,12 @@ static size_t tune_bytes(const cx *x) {
     size_t k = 0, n = 0;
     for (int i = 0; i < x->n_prog; i++) {
         const cx_inst *in = &x->prog[i];
+        if (in->kind == I_MOE) { /* the experts' gate/up [2F, H] and down [H, F] (tune_rows) */
+            const size_t f = (size_t)in->moe.f, h = (size_t)x->hidden;
+            k = f > k ? f : h > k ? h : k;
+            n = 2 * f > n ? 2 * f : n;
+            continue;
+        }
         if (in->kind != I_QKV && in->kind != I_GEMM && in->kind != I_LMHEAD) continue;
         if (gemv_path(x, &in->g, x->base.max_seqs)) continue;
         if ((size_t)in->g.k > k) k = (size_t)in->g.k;
