@@ -23,166 +23,15 @@
 
 #include "kiln_rt.h"
 
-typedef struct tk_elem {
-    float v;
-    int32_t i;
-} tk_elem;
+/* the selection steps, shared with the device's router (kernels/moe.cuh) */
+#define KILN_TK_FN static inline
+#include "../kernels/topk_order.cuh"
 
-/* torch's comparator: a goes before b. */
-static int before(tk_elem a, tk_elem b) { return (isnan(a.v) && !isnan(b.v)) || a.v > b.v; }
-
-static void swap(tk_elem *a, tk_elem *b) {
-    tk_elem t = *a;
-    *a = *b;
-    *b = t;
-}
-
-static int floor_log2(ptrdiff_t n) {
-    int k = 0;
-    while (n > 1) {
-        n >>= 1;
-        k++;
-    }
-    return k;
-}
-
-/* ---- binary heap (the "largest" at the top is the element every other goes after) ---- */
-
-static void push_heap(tk_elem *first, ptrdiff_t hole, ptrdiff_t top, tk_elem val) {
-    ptrdiff_t parent = (hole - 1) / 2;
-    while (hole > top && before(first[parent], val)) {
-        first[hole] = first[parent];
-        hole = parent;
-        parent = (hole - 1) / 2;
-    }
-    first[hole] = val;
-}
-
-static void adjust_heap(tk_elem *first, ptrdiff_t hole, ptrdiff_t len, tk_elem val) {
-    const ptrdiff_t top = hole;
-    ptrdiff_t child = hole;
-    while (child < (len - 1) / 2) {
-        child = 2 * (child + 1);
-        if (before(first[child], first[child - 1])) child--;
-        first[hole] = first[child];
-        hole = child;
-    }
-    if ((len & 1) == 0 && child == (len - 2) / 2) {
-        child = 2 * (child + 1);
-        first[hole] = first[child - 1];
-        hole = child - 1;
-    }
-    push_heap(first, hole, top, val);
-}
-
-static void make_heap(tk_elem *first, tk_elem *last) {
-    ptrdiff_t len = last - first;
-    if (len < 2) return;
-    for (ptrdiff_t parent = (len - 2) / 2;; parent--) {
-        adjust_heap(first, parent, len, first[parent]);
-        if (parent == 0) return;
-    }
-}
-
-/* Move the top to *result and put *result's old value into the heap [first, last). */
-static void pop_heap(tk_elem *first, tk_elem *last, tk_elem *result) {
-    tk_elem val = *result;
-    *result = *first;
-    adjust_heap(first, 0, last - first, val);
-}
-
-static void heap_select(tk_elem *first, tk_elem *middle, tk_elem *last) {
-    make_heap(first, middle);
-    for (tk_elem *i = middle; i < last; i++)
-        if (before(*i, *first)) pop_heap(first, middle, i);
-}
-
-static void sort_heap(tk_elem *first, tk_elem *last) {
-    while (last - first > 1) {
-        last--;
-        pop_heap(first, last, last);
-    }
-}
+typedef kiln_tk tk_elem;
 
 static void partial_sort(tk_elem *first, tk_elem *middle, tk_elem *last) {
-    heap_select(first, middle, last);
-    sort_heap(first, middle);
-}
-
-/* ---- partitioning and insertion sort ---- */
-
-static void move_median_to_first(tk_elem *result, tk_elem *a, tk_elem *b, tk_elem *c) {
-    if (before(*a, *b)) {
-        if (before(*b, *c)) swap(result, b);
-        else if (before(*a, *c)) swap(result, c);
-        else swap(result, a);
-    } else if (before(*a, *c)) {
-        swap(result, a);
-    } else if (before(*b, *c)) {
-        swap(result, c);
-    } else {
-        swap(result, b);
-    }
-}
-
-static tk_elem *unguarded_partition(tk_elem *first, tk_elem *last, const tk_elem *pivot) {
-    for (;;) {
-        while (before(*first, *pivot)) first++;
-        last--;
-        while (before(*pivot, *last)) last--;
-        if (!(first < last)) return first;
-        swap(first, last);
-        first++;
-    }
-}
-
-static tk_elem *unguarded_partition_pivot(tk_elem *first, tk_elem *last) {
-    tk_elem *mid = first + (last - first) / 2;
-    move_median_to_first(first, first + 1, mid, last - 1);
-    return unguarded_partition(first + 1, last, first);
-}
-
-static void unguarded_linear_insert(tk_elem *last) {
-    tk_elem val = *last;
-    tk_elem *next = last - 1;
-    while (before(val, *next)) {
-        *last = *next;
-        last = next;
-        next--;
-    }
-    *last = val;
-}
-
-static void insertion_sort(tk_elem *first, tk_elem *last) {
-    if (first == last) return;
-    for (tk_elem *i = first + 1; i != last; i++) {
-        if (before(*i, *first)) {
-            tk_elem val = *i;
-            for (tk_elem *p = i; p != first; p--) p[0] = p[-1];
-            *first = val;
-        } else {
-            unguarded_linear_insert(i);
-        }
-    }
-}
-
-/* ---- nth_element and sort ---- */
-
-static void nth_element(tk_elem *first, tk_elem *nth, tk_elem *last) {
-    if (first == last || nth == last) return;
-    int depth = floor_log2(last - first) * 2;
-    while (last - first > 3) {
-        if (depth == 0) {
-            heap_select(first, nth + 1, last);
-            swap(first, nth); /* the nth element in its place */
-            return;
-        }
-        depth--;
-        tk_elem *cut = unguarded_partition_pivot(first, last);
-        if (cut <= nth) first = cut;
-        else last = cut;
-    }
-    insertion_sort(first, last);
+    kiln_tk_heap_select(first, middle, last);
+    kiln_tk_sort_heap(first, middle);
 }
 
 enum { TK_THRESHOLD = 16 };
@@ -194,7 +43,7 @@ static void introsort_loop(tk_elem *first, tk_elem *last, int depth) {
             return;
         }
         depth--;
-        tk_elem *cut = unguarded_partition_pivot(first, last);
+        tk_elem *cut = kiln_tk_partition_pivot(first, last);
         introsort_loop(cut, last, depth);
         last = cut;
     }
@@ -202,12 +51,12 @@ static void introsort_loop(tk_elem *first, tk_elem *last, int depth) {
 
 static void sort(tk_elem *first, tk_elem *last) {
     if (first == last) return;
-    introsort_loop(first, last, floor_log2(last - first) * 2);
+    introsort_loop(first, last, kiln_tk_log2(last - first) * 2);
     if (last - first > TK_THRESHOLD) {
-        insertion_sort(first, first + TK_THRESHOLD);
-        for (tk_elem *i = first + TK_THRESHOLD; i != last; i++) unguarded_linear_insert(i);
+        kiln_tk_insertion_sort(first, first + TK_THRESHOLD);
+        for (tk_elem *i = first + TK_THRESHOLD; i != last; i++) kiln_tk_linear_insert(i);
     } else {
-        insertion_sort(first, last);
+        kiln_tk_insertion_sort(first, last);
     }
 }
 
@@ -220,7 +69,7 @@ kiln_status kiln_topk(const float *v, int n, int k, int32_t *idx, kiln_error *er
     if ((int64_t)k * 64 <= n) {
         partial_sort(q, q + k, q + n);
     } else {
-        nth_element(q, q + k - 1, q + n);
+        kiln_tk_nth_element(q, q + k - 1, q + n);
         sort(q, q + k - 1);
     }
     for (int j = 0; j < k; j++) idx[j] = q[j].i;
