@@ -263,31 +263,41 @@ static int64_t width(const kiln_plan *p, int32_t v) { return p->values[v].shape[
 
 #define UNSUP(...) kiln_err(err, KILN_ERR_UNSUPPORTED, "kernels: " __VA_ARGS__)
 
-/* The expert GEMV over a chosen expert's [n, k] matrix (gemv.cuh with GEMV_MOE): gate/up with the SwiGLU
- * over the checkpoint's halves layout (GEMV_SPLIT), or down with fp32 output; the CUDA-core variant, one
- * token row per block, sized as the plain GEMV of that shape at one row. */
-static kiln_status add_gemv_moe(kset *s, const char *epi, int n, int k, kiln_error *err) {
+/* A new expert-GEMV module (gemv.cuh with GEMV_MOE = mode) of variant `variant` for an [n, k] matrix, or
+ * NULL when it exists already (*st: KILN_OK) or cannot be made; gate/up ("swiglu": the SwiGLU over the
+ * checkpoint's halves layout, GEMV_SPLIT) or down (fp32 output). The caller sets cfg[0..4] and the
+ * variant's defines; this sets cfg[5..6] and the defines both variants share. */
+static kmod *moe_gemv_module(kset *s, const char *epi, int n, int k, const char *variant, int mode, kiln_error *err,
+                             kiln_status *st) {
     char name[KILN_KSEC_NAME_MAX];
-    kiln_status st;
-    kiln_ksec_gemv_name(name, sizeof name, epi, n, k, "moe");
-    kmod *m = new_mod(s, name, err, &st);
-    if (!m) return st;
+    kiln_ksec_gemv_name(name, sizeof name, epi, n, k, variant);
+    kmod *m = new_mod(s, name, err, st);
+    if (!m) return NULL;
     const bool swiglu = strcmp(epi, "swiglu") == 0;
     memset(m->cfg, 0, sizeof m->cfg);
+    m->cfg[5] = !swiglu;
+    m->cfg[6] = swiglu;
+    def_i(m, "GEMV_OUT_F32", !swiglu);
+    def_i(m, "GEMV_SWIGLU", swiglu);
+    def_i(m, "GEMV_SPLIT", swiglu);
+    def_i(m, "GEMV_MOE", mode);
+    return m;
+}
+
+/* The expert GEMV over a chosen expert's [n, k] matrix (GEMV_MOE 1): the CUDA-core variant, one token
+ * row per block, sized as the plain GEMV of that shape at one row. */
+static kiln_status add_gemv_moe(kset *s, const char *epi, int n, int k, kiln_error *err) {
+    kiln_status st;
+    kmod *m = moe_gemv_module(s, epi, n, k, "moe", 1, err, &st);
+    if (!m) return st;
     if (s->f32) m->cfg[0] = 4, m->cfg[1] = 2, m->cfg[2] = 4;
     else if ((int64_t)n * k <= 4096LL * 4096 / 4) m->cfg[0] = 4, m->cfg[1] = 2, m->cfg[2] = 2;
     else m->cfg[0] = 4, m->cfg[1] = 4, m->cfg[2] = 2;
     m->cfg[3] = 1;
-    m->cfg[5] = !swiglu;
-    m->cfg[6] = swiglu;
     def_i(m, "GEMV_WARPS", m->cfg[0]);
     def_i(m, "GEMV_ROWS", m->cfg[1]);
     def_i(m, "GEMV_UNROLL", m->cfg[2]);
     def_i(m, "GEMV_MT", 1);
-    def_i(m, "GEMV_OUT_F32", !swiglu);
-    def_i(m, "GEMV_SWIGLU", swiglu);
-    def_i(m, "GEMV_SPLIT", swiglu);
-    def_i(m, "GEMV_MOE", 1);
     include(m, "gemv.cuh");
     return KILN_OK;
 }
@@ -298,24 +308,14 @@ static kiln_status add_gemv_moe(kset *s, const char *epi, int n, int k, kiln_err
  * warps splitting K and 1.8 with one warp over all of K, against cuBLASLt's 3.2 over every expert
  * (docs/benchmarks.md): not the default. */
 static kiln_status add_gemv_moe_grouped(kset *s, const char *epi, int n, int k, kiln_error *err) {
-    char name[KILN_KSEC_NAME_MAX];
     kiln_status st;
-    kiln_ksec_gemv_name(name, sizeof name, epi, n, k, "moeg");
-    kmod *m = new_mod(s, name, err, &st);
+    kmod *m = moe_gemv_module(s, epi, n, k, "moeg", 2, err, &st);
     if (!m) return st;
-    const bool swiglu = strcmp(epi, "swiglu") == 0;
-    memset(m->cfg, 0, sizeof m->cfg);
     m->cfg[0] = 8, m->cfg[1] = 4, m->cfg[2] = 2, m->cfg[3] = 8, m->cfg[4] = 1;
-    m->cfg[5] = !swiglu;
-    m->cfg[6] = swiglu;
     def_i(m, "GEMV_WARPS", m->cfg[0]);
     def_i(m, "GEMV_TILES", m->cfg[1]);
     def_i(m, "GEMV_UNROLL", m->cfg[2]);
     def_i(m, "GEMV_MMA", 1);
-    def_i(m, "GEMV_OUT_F32", !swiglu);
-    def_i(m, "GEMV_SWIGLU", swiglu);
-    def_i(m, "GEMV_SPLIT", swiglu);
-    def_i(m, "GEMV_MOE", 2);
     include(m, "gemv.cuh");
     return KILN_OK;
 }
