@@ -30,6 +30,8 @@
  *   for alpha in 0, 0.05, …, 1:  s_c = max(mean|x_c|, 1e-4)^alpha / sqrt(max s · min s)
  *     error(alpha) = Σ over the group's matrices and sampled rows of
  *                    ‖W x − Q(W diag(s)) (x / s)‖²   (Q: --quant's format and --quant-method)
+ *     or, for gate/up feeding down(silu(gate) * up) (find_mlp), on the MLP's output with down
+ *     unrounded, as AutoAWQ measures them (search_mlp)
  *   the alpha of least error (alpha 0 — no scaling — in a tie)
  *
  * so on the sampled rows a group's output error is never above plain
@@ -71,6 +73,8 @@ typedef struct awq_group {
     awq_fold fold;
     int fold_w, bias_w;   /* the weight the inverse scale goes into (FOLD_*), v's bias (FOLD_V, or -1) */
     int heads, kv_heads, head_dim; /* FOLD_V */
+    int mlp_gate, mlp_up, mlp_down; /* gate/up feeding down(silu(gate) * up): measured on the MLP's output
+                                       (plan weights), else -1 */
     const char *skip;     /* why it is left unscaled (NULL: searched) */
     double err0, err;     /* error with no scaling, with the chosen alpha */
     int alpha;            /* chosen grid index */
@@ -242,6 +246,81 @@ static void ref_rows(void *arg, int part) {
         }
 }
 
+/* The MLP's output on the sampled rows (find_mlp): phase 1 over gate/up's rows, h = silu(G' xs) * (U' xs)
+ * with G' and U' the matrices times s, rounded by --quant (not for the reference); phase 2 over down's
+ * rows, y = D h, into y (the reference) or its squared distance from y_ref per part. */
+typedef struct mlp_job {
+    const float *g, *u, *d; /* [F, H], [F, H], [H, F] */
+    const float *xs, *s;    /* [rows, H], [H] */
+    float *h, *y;           /* [rows, F], [rows, H] */
+    const float *y_ref;     /* NULL: write y */
+    int64_t f, hd;
+    int rows, dtype, method, quant, parts, phase;
+    double part_err[AWQ_PARTS];
+    int nomem;
+} mlp_job;
+
+static float silu_f(float v) { return v / (1.0f + expf(-v)); }
+
+static void mlp_rows(void *arg, int part) {
+    mlp_job *j = arg;
+    if (j->phase == 1) {
+        const int64_t r0 = j->f * part / j->parts, r1 = j->f * (part + 1) / j->parts, k = j->hd;
+        const int64_t shape[2] = {1, k};
+        float *wg = malloc((size_t)k * sizeof *wg), *wu = malloc((size_t)k * sizeof *wu);
+        float *tmp = malloc((size_t)k * sizeof *tmp);
+        uint8_t *codes = j->quant ? malloc(kiln_weight_nbytes(j->dtype, 2, shape)) : NULL;
+        if (!wg || !wu || !tmp || (j->quant && !codes)) {
+            j->nomem = 1;
+        } else {
+            for (int64_t r = r0; r < r1; r++) {
+                float *w2[2] = {wg, wu};
+                const float *src[2] = {j->g + r * k, j->u + r * k};
+                for (int m = 0; m < 2; m++) {
+                    for (int64_t c = 0; c < k; c++) tmp[c] = src[m][c] * (j->s ? j->s[c] : 1.0f);
+                    if (j->quant) {
+                        kiln_quant_row_ex(j->dtype, 1, k, 0, tmp, codes, j->method);
+                        kiln_dequant_rows(j->dtype, codes, 1, k, 0, 1, w2[m]);
+                    } else {
+                        memcpy(w2[m], tmp, (size_t)k * sizeof *tmp);
+                    }
+                }
+                for (int t = 0; t < j->rows; t++) {
+                    const float *x = j->xs + (int64_t)t * k;
+                    double ga = 0, ub = 0;
+                    for (int64_t c = 0; c < k; c++) ga += (double)wg[c] * x[c], ub += (double)wu[c] * x[c];
+                    j->h[(int64_t)t * j->f + r] = silu_f((float)ga) * (float)ub;
+                }
+            }
+        }
+        free(wg), free(wu), free(tmp), free(codes);
+        return;
+    }
+    const int64_t n0 = j->hd * part / j->parts, n1 = j->hd * (part + 1) / j->parts;
+    double e = 0;
+    for (int64_t n = n0; n < n1; n++)
+        for (int t = 0; t < j->rows; t++) {
+            double y = 0;
+            for (int64_t r = 0; r < j->f; r++) y += (double)j->d[n * j->f + r] * j->h[(int64_t)t * j->f + r];
+            if (j->y_ref) e += (y - j->y_ref[(int64_t)t * j->hd + n]) * (y - j->y_ref[(int64_t)t * j->hd + n]);
+            else j->y[(int64_t)t * j->hd + n] = (float)y;
+        }
+    j->part_err[part] = e;
+}
+
+/* Run both phases of j; the summed error (phase 2 with y_ref). */
+static double mlp_run(mlp_job *j) {
+    j->phase = 1;
+    j->parts = (int)(j->f < AWQ_PARTS ? j->f : AWQ_PARTS);
+    kiln_pool_for(kiln_pool_shared(), j->parts, j->parts, mlp_rows, j);
+    j->phase = 2;
+    j->parts = (int)(j->hd < AWQ_PARTS ? j->hd : AWQ_PARTS);
+    kiln_pool_for(kiln_pool_shared(), j->parts, j->parts, mlp_rows, j);
+    double e = 0;
+    for (int p = 0; p < j->parts; p++) e += j->part_err[p];
+    return e;
+}
+
 /* The format --quant gives an [n, k] projection: q8 when the q4 group does not divide k (the pass's rule). */
 static int format_for(int quant, int64_t n, int64_t k) {
     const int64_t shape[2] = {n, k};
@@ -259,6 +338,53 @@ static void scales_for(const double *stat, int64_t k, int a, float *s) {
     }
     const double norm = sqrt(hi * lo);
     for (int64_t c = 0; c < k; c++) s[c] = (float)(s[c] / norm);
+}
+
+/* search for a gate/up group measured on its MLP's output (find_mlp); s and xs: [width] and [rows, width]
+ * scratch. Leaves g->alpha, g->err0, g->err and g->s as search does. */
+static kiln_status search_mlp(const awq_ctx *a, awq_group *g, const double *stat, float *s, float *xs, int quant,
+                              int method, kiln_error *err) {
+    const kiln_plan_weight *pg = &a->p->weights[g->mlp_gate];
+    const int64_t f = pg->shape[0], hd = g->width;
+    const int rows = g->n_rows;
+    float *h = malloc((size_t)rows * (size_t)f * sizeof *h), *y_ref = malloc((size_t)rows * (size_t)hd * sizeof *y_ref);
+    mlp_job *j = calloc(1, sizeof *j);
+    kiln_status st = KILN_OK;
+    if (!h || !y_ref || !j) {
+        st = kiln_err(err, KILN_ERR_NOMEM, "--awq: out of memory searching the scales of '%s'", pg->name);
+        goto out;
+    }
+    *j = (mlp_job){.g = a->m->wf32[g->mlp_gate], .u = a->m->wf32[g->mlp_up], .d = a->m->wf32[g->mlp_down],
+                   .xs = g->rows, .h = h, .y = y_ref, .f = f, .hd = hd, .rows = rows,
+                   .dtype = format_for(quant, f, hd), .method = method};
+    mlp_run(j); /* the reference: unscaled, unrounded */
+    int best = 0;
+    for (int ai = 0; ai < AWQ_GRID && !j->nomem; ai++) {
+        scales_for(stat, hd, ai, s);
+        for (int t = 0; t < rows; t++)
+            for (int64_t c = 0; c < hd; c++) xs[(int64_t)t * hd + c] = g->rows[(int64_t)t * hd + c] / s[c];
+        j->xs = xs, j->s = s, j->quant = 1, j->y_ref = y_ref;
+        const double e = mlp_run(j);
+        if (ai == 0) g->err0 = g->err = e;
+        else if (e < g->err) g->err = e, best = ai;
+    }
+    if (j->nomem) {
+        st = kiln_err(err, KILN_ERR_NOMEM, "--awq: out of memory searching the scales of '%s'", pg->name);
+        goto out;
+    }
+    g->alpha = best;
+    if (best > 0) {
+        float *keep = malloc((size_t)hd * sizeof *keep);
+        if (!keep) {
+            st = kiln_err(err, KILN_ERR_NOMEM, "out of memory");
+            goto out;
+        }
+        scales_for(stat, hd, best, keep);
+        g->s = keep;
+    }
+out:
+    free(h), free(y_ref), free(j);
+    return st;
 }
 
 /* Search group g's alpha; g->s gets the chosen scales (NULL when alpha 0 wins). */
@@ -288,6 +414,10 @@ static kiln_status search(const awq_ctx *a, awq_group *g, int quant, int method,
                 for (int q = 0; q < G; q++) m += stat[((int64_t)kv * G + q) * hd + d];
                 for (int q = 0; q < G; q++) stat[((int64_t)kv * G + q) * hd + d] = m / G;
             }
+    }
+    if (g->mlp_down >= 0) {
+        st = search_mlp(a, g, stat, s, xs, quant, method, err);
+        goto out;
     }
     for (int i = 0; i < g->n_mats; i++) {
         const kiln_plan_weight *pw = &a->p->weights[g->mats[i]];
@@ -376,6 +506,40 @@ static json_t *group_json(const kiln_plan *p, const awq_group *g) {
                      (double)g->alpha / (AWQ_GRID - 1), "error", g->err, "error_unscaled", g->err0);
 }
 
+/* The output of the projection with plan weight w reading value x: its op's output, or -1. */
+static int32_t linear_out(const kiln_plan *p, int32_t x, int w) {
+    for (uint32_t i = 0; i < p->n_ops; i++)
+        if (p->ops[i].kind == KILN_OP_LINEAR && p->ops[i].in[0] == x && weight_of(p, p->ops[i].in[1]) == w)
+            return p->ops[i].out[0];
+    return -1;
+}
+
+/* A gate/up group whose outputs make down(silu(gate) * up) alone: its search measures the MLP's output
+ * (as AutoAWQ does), with down unquantized, rather than gate's and up's outputs. */
+static void find_mlp(const kiln_plan *p, awq_group *g) {
+    if (g->n_mats != 2) return;
+    for (int j = 0; j < 2; j++) {
+        const int32_t og = linear_out(p, g->value, g->mats[j]), ou = linear_out(p, g->value, g->mats[1 - j]);
+        if (og < 0 || ou < 0 || uses(p, og) != 1 || uses(p, ou) != 1) continue;
+        for (uint32_t i = 0; i < p->n_ops; i++) {
+            const kiln_plan_op *si = &p->ops[i];
+            if (si->kind != KILN_OP_SILU || si->in[0] != og || uses(p, si->out[0]) != 1) continue;
+            for (uint32_t k = 0; k < p->n_ops; k++) {
+                const kiln_plan_op *mu = &p->ops[k];
+                if (mu->kind != KILN_OP_MUL || mu->in[0] != si->out[0] || mu->in[1] != ou || uses(p, mu->out[0]) != 1)
+                    continue;
+                for (uint32_t d = 0; d < p->n_ops; d++)
+                    if (p->ops[d].kind == KILN_OP_LINEAR && p->ops[d].in[0] == mu->out[0]) {
+                        const int wd = weight_of(p, p->ops[d].in[1]);
+                        if (wd < 0) return;
+                        g->mlp_gate = g->mats[j], g->mlp_up = g->mats[1 - j], g->mlp_down = wd;
+                        return;
+                    }
+            }
+        }
+    }
+}
+
 /* Groups: one per activation that projections read, in plan order. */
 static kiln_status make_groups(awq_ctx *a, kiln_error *err) {
     const kiln_plan *p = a->p;
@@ -403,8 +567,10 @@ static kiln_status make_groups(awq_ctx *a, kiln_error *err) {
         }
         g->mats[g->n_mats++] = w;
     }
-    for (int gi = 0; gi < a->n_g; gi++)
-        if (!a->g[gi].skip) find_fold(p, &a->g[gi]);
+    for (int gi = 0; gi < a->n_g; gi++) {
+        a->g[gi].mlp_gate = a->g[gi].mlp_up = a->g[gi].mlp_down = -1;
+        if (!a->g[gi].skip) find_fold(p, &a->g[gi]), find_mlp(p, &a->g[gi]);
+    }
     return KILN_OK;
 }
 
