@@ -56,11 +56,12 @@ static void help(FILE *f) {
             "  --max-ppl-increase P  the budget: the smallest mix (bisecting the byte budget) whose\n"
             "                        measured calibration perplexity is at most P%% over the unquantized\n"
             "                        engine's (1 = 1%%)\n"
-            "  --awq                 with --quant int4 or int8: activation-aware scales, searched on the\n"
-            "                        calibration tokens (CPU) for each group of projections sharing an\n"
-            "                        input, folded into the weights (columns × s, the norm, up or v\n"
-            "                        projection before them ÷ s) before rounding; the engine's format\n"
-            "                        is unchanged (docs/quantization.md)\n"
+            "  --awq                 with --quant: activation-aware scales, searched on the calibration\n"
+            "                        tokens (CPU) for each group of projections sharing an input, folded\n"
+            "                        into the weights (columns × s, the norm, up or v projection before\n"
+            "                        them ÷ s) before rounding; with auto, searched for int4 g128 and\n"
+            "                        auto then measures the scaled model; the engine's format is\n"
+            "                        unchanged (docs/quantization.md)\n"
             "  --calib FILE          calibration text (UTF-8, the checkpoint's tokenizer, after BOS);\n"
             "                        default: kiln's built-in text (English prose, C and Python)\n"
             "  --calib-ids FILE      calibration token ids instead (a JSON array, or ids separated by\n"
@@ -415,9 +416,9 @@ int kiln_cmd_compile(int argc, char **argv) {
                                     opt.max_weight_bytes ? "max-weight-bytes"
                                     : opt.target_bits    ? "target-bits"
                                                          : "max-ppl-increase");
-    if (opt.awq && (!quant || q_auto))
-        return kiln_cli_usage_error("compile", "--awq needs --quant int8 or int4 (the format its scales are searched "
-                                    "for)%s", q_auto ? "; with --quant auto it is not supported yet" : "");
+    if (opt.awq && !quant)
+        return kiln_cli_usage_error("compile", "--awq needs --quant int8, fp8, int4 or auto (the formats its scales "
+                                    "are searched for)");
     if (!q_auto && !opt.awq && (opt.calib_path || opt.calib_ids_path || calib_tokens_given))
         return kiln_cli_usage_error("compile", "--%s applies with --quant auto or --awq (the calibration they measure "
                                     "on)", opt.calib_path ? "calib" : opt.calib_ids_path ? "calib-ids" : "calib-tokens");
@@ -425,7 +426,7 @@ int kiln_cmd_compile(int argc, char **argv) {
         return kiln_cli_usage_error("compile", "--calib and --calib-ids: give one calibration");
     /* auto: pycode-22m takes about 2 s a candidate on 2 cores at 512; --awq runs the calibration once, and
      * 512 tokens were too few there (docs/quantization.md) */
-    if (!opt.calib_tokens) opt.calib_tokens = q_auto ? 512 : 2048;
+    if (!opt.calib_tokens) opt.calib_tokens = q_auto ? 512 : 2048; /* with both, auto's (the same tokens for both) */
     /* a published quantized checkpoint (config.json quantization_config) is read as it is: no --quant, and
      * --quant-head / --quant-embedding apply to its dense LM head and embedding without one */
     char ckq_buf[64];

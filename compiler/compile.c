@@ -310,14 +310,20 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
                       "supported yet", ck.config.quant.method ? "a quantized checkpoint" : "--quant", opt->tp);
         goto out;
     }
-    if (opt->awq && (!opt->quant || opt->quant == KILN_QUANT_AUTO)) {
-        st = kiln_err(err, KILN_ERR_INVALID_ARG, "--awq needs --quant int8 or int4 (the format its scales are searched for)");
+    if (opt->awq && !opt->quant) {
+        st = kiln_err(err, KILN_ERR_INVALID_ARG, "--awq needs --quant (the format its scales are searched for)");
         goto out;
     }
-    if (opt->quant == KILN_QUANT_AUTO && (st = kiln_quant_auto_run(ckpt_dir, opt, &qa, err)) != KILN_OK) goto out;
+    /* --awq first: with --quant auto, the formats are measured on the scaled model */
     if (opt->awq && (st = kiln_quant_awq_run(ckpt_dir, opt, &aw, err)) != KILN_OK) goto out;
+    if (opt->quant == KILN_QUANT_AUTO) {
+        kiln_compile_options o = *opt;
+        if (opt->awq) o.awq_scales = &aw;
+        if ((st = kiln_quant_auto_run(ckpt_dir, &o, &qa, err)) != KILN_OK) goto out;
+    }
     if ((st = kiln_import_ex(&ck, &io, &g, err)) != KILN_OK) goto out;
-    if (opt->awq && (st = kiln_quant_awq_apply(&aw, g, err)) != KILN_OK) goto out;
+    const kiln_quant_awq *scales = opt->awq ? &aw : opt->awq_scales;
+    if (scales && (st = kiln_quant_awq_apply(scales, g, err)) != KILN_OK) goto out;
     g->tp_request = opt->tp;
     g->quant_weights = opt->quant == KILN_QUANT_AUTO || opt->awq_dense ? 0 : opt->quant;
     g->quant_picks = qa.picks;

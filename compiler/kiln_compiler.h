@@ -292,6 +292,8 @@ typedef struct kiln_compile_options {
                                   and folded into the weights before --quant rounds them */
     bool awq_dense;            /* tests: apply --awq's scales but leave the matrices dense (the folding alone is
                                   exact: the engine computes what the unscaled one does) */
+    const struct kiln_quant_awq *awq_scales; /* scales found already, applied at import (--awq with --quant
+                                  auto: its calibration engine measures the scaled model) */
     char **quant_report;       /* optional out: meta build.quant as JSON text (malloc'd), for --json */
     bool gpu_if_possible;      /* the targets are a default, not asked for: a plan with an op the GPU cannot
                                   run yet gets no kernels section (a note on stderr names the op) instead of
@@ -346,8 +348,8 @@ typedef struct kiln_quant_awq {
 kiln_status kiln_quant_awq_run(const char *ckpt_dir, const kiln_compile_options *opt, kiln_quant_awq *out,
                                kiln_error *err);
 struct kiln_graph;
-/* Give the imported graph's weights their scales (by name; the graph takes the vectors). */
-kiln_status kiln_quant_awq_apply(kiln_quant_awq *qa, struct kiln_graph *g, kiln_error *err);
+/* Give the imported graph's weights copies of their scales (by name). */
+kiln_status kiln_quant_awq_apply(const kiln_quant_awq *qa, struct kiln_graph *g, kiln_error *err);
 void kiln_quant_awq_free(kiln_quant_awq *qa);
 
 /* compiler/output_check.c. The output path alone: refused when it is a

@@ -617,7 +617,10 @@ static kiln_status run(const kiln_compile_options *opt, kiln_model *m, kiln_quan
     for (int gi = 0; gi < a.n_g && st == KILN_OK; gi++) {
         awq_group *g = &a.g[gi];
         if (!g->skip) {
-            if ((st = search(&a, g, opt->quant, opt->quant_method, err)) != KILN_OK) break;
+            /* under --quant auto the formats are not chosen yet: the scales are searched for int4 g128,
+             * the smallest format auto may pick for a projection */
+            const int fmt = opt->quant == KILN_QUANT_AUTO ? KILN_DTYPE_Q4G128 : opt->quant;
+            if ((st = search(&a, g, fmt, opt->quant_method, err)) != KILN_OK) break;
             if (g->s && (st = emit(a.p, g, out, err)) != KILN_OK) break;
             e0 += g->err0, e1 += g->err, scaled += g->s != NULL;
             kiln_progress_update(opt->progress, (uint64_t)++done);
@@ -648,20 +651,22 @@ kiln_status kiln_quant_awq_run(const char *ckpt_dir, const kiln_compile_options 
     return st;
 }
 
-kiln_status kiln_quant_awq_apply(kiln_quant_awq *qa, kiln_graph *g, kiln_error *err) {
+kiln_status kiln_quant_awq_apply(const kiln_quant_awq *qa, kiln_graph *g, kiln_error *err) {
     for (int i = 0; i < qa->n_scales; i++) {
-        kiln_awq_scale *s = &qa->scales[i];
+        const kiln_awq_scale *s = &qa->scales[i];
         int v = 0;
         while (v < g->n_values && !(g->values[v].kind == KILN_VALUE_WEIGHT && strcmp(g->values[v].name, s->name) == 0))
             v++;
-        float *r = s->row_mul, *c = s->col_mul;
-        s->row_mul = s->col_mul = NULL; /* the graph owns them from here, also on failure */
-        if (v == g->n_values) {
-            free(r), free(c);
+        if (v == g->n_values)
             return kiln_err(err, KILN_ERR_INTERNAL, "--awq: weight '%s' of the calibration engine is not in the graph",
                             s->name);
-        }
-        kiln_status st = kiln_ir_weight_scale(g, v, r, c, err);
+        /* copies: the same scales go into the calibration engine of --quant auto and into the engine */
+        const kiln_value *val = &g->values[v];
+        const int64_t n = s->row_mul ? val->shape[0] : val->ndim == 2 ? val->shape[1] : val->shape[0];
+        float *c = malloc((size_t)n * sizeof *c);
+        if (!c) return kiln_err(err, KILN_ERR_NOMEM, "out of memory");
+        memcpy(c, s->row_mul ? s->row_mul : s->col_mul, (size_t)n * sizeof *c);
+        kiln_status st = kiln_ir_weight_scale(g, v, s->row_mul ? c : NULL, s->row_mul ? NULL : c, err);
         if (st != KILN_OK) return kiln_err_prefix(err, "--awq: ");
     }
     return KILN_OK;

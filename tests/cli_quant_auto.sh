@@ -130,8 +130,15 @@ assert a['tokens'] == 64 and a['groups_searched'] == 20 and 0 < a['groups_scaled
 assert a['error'] <= a['error_unscaled'], a" "$T/a.json" && ok || bad "--awq report"
 "$KILN" run "$T/a.kiln" --prompt "In the beginning" --max-tokens 8 --device cpu >/dev/null 2>"$T/err" && ok \
     || bad "run kjv-tiny awq: $(cat "$T/err")"
-expect 2 "--awq needs --quant int8 or int4" -- "$KILN" compile "$S" -o "$T/x.kiln" --awq
-expect 2 "with --quant auto it is not supported yet" -- "$KILN" compile "$S" -o "$T/x.kiln" --quant auto --target-bits 6 --awq
+expect 2 "--awq needs --quant int8, fp8, int4 or auto" -- "$KILN" compile "$S" -o "$T/x.kiln" --awq
+# --awq with auto: the scales searched first, auto measures the scaled model; the engine records both
+"$KILN" compile "$CK" -o "$T/aa.kiln" "${AUTO[@]}" --target-bits 9 --awq --json >"$T/aa.json" 2>"$T/err" \
+    || bad "awq + auto: $(cat "$T/err")"
+python3 -c "import json, sys; q = json.load(open(sys.argv[1]))['quant']
+assert q['awq']['groups_scaled'] > 0 and q['auto']['weight_bytes'] > 0, q
+assert 'activation-aware' in q['method'], q['method']" "$T/aa.json" && ok || bad "--awq with auto: the record"
+"$KILN" run "$T/aa.kiln" --prompt-ids 1,5,9 --max-tokens 4 --device cpu >/dev/null 2>"$T/err" && ok \
+    || bad "run awq + auto: $(cat "$T/err")"
 expect 1 "--awq: .*has 5 tokens; at least 32" -- "$KILN" compile "$CK" -o "$T/x.kiln" --target none --quant int4 --awq --calib-ids "$T/short.txt"
 
 # refusals
