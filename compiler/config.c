@@ -370,6 +370,19 @@ static kiln_status cfg_quant_bool(cfg_ctx *c, json_t *qc, const char *key, bool 
     return KILN_OK;
 }
 
+/* A compressed-tensors QuantizationArgs object `o` (field `at`): its num_bits (default 8), type and
+ * strategy (NULL when absent), each checked for its JSON type with the field named. */
+static kiln_status cfg_quant_args(cfg_ctx *c, json_t *o, const char *at, int64_t *bits, const char **type,
+                                  const char **strategy) {
+    char key[224]; /* `at` (< 160) and a field name */
+    snprintf(key, sizeof key, "quantization_config.%s.num_bits", at);
+    kiln_status st = cfg_int(c, o, "num_bits", key, false, 8, 1, 64, bits);
+    snprintf(key, sizeof key, "quantization_config.%s.type", at);
+    if (st || (st = cfg_str(c, o, "type", key, type))) return st;
+    snprintf(key, sizeof key, "quantization_config.%s.strategy", at);
+    return cfg_str(c, o, "strategy", key, strategy);
+}
+
 /* compressed-tensors: the settings a config group's "weights" must have for kiln to read them:
  * int, 4 bits, strategy group (32, 64 or 128), static, no act-order g_idx, no block structure.
  * `at` is the group's field name ("config_groups.group_0.weights"). */
@@ -382,14 +395,9 @@ static kiln_status cfg_quant_ct_weights(cfg_ctx *c, json_t *w, const char *at, k
     }
     int64_t bits, group;
     const char *type, *strategy;
-    snprintf(key, sizeof key, "quantization_config.%s.num_bits", at);
-    kiln_status st = cfg_int(c, w, "num_bits", key, false, 8, 1, 64, &bits);
+    kiln_status st = cfg_quant_args(c, w, at, &bits, &type, &strategy);
     snprintf(key, sizeof key, "quantization_config.%s.group_size", at);
     if (st || (st = cfg_int(c, w, "group_size", key, false, 0, -1, 1 << 20, &group))) return st;
-    snprintf(key, sizeof key, "quantization_config.%s.type", at);
-    if ((st = cfg_str(c, w, "type", key, &type))) return st;
-    snprintf(key, sizeof key, "quantization_config.%s.strategy", at);
-    if ((st = cfg_str(c, w, "strategy", key, &strategy))) return st;
     snprintf(key, sizeof key, "quantization_config.%s.symmetric", at);
     json_t *sym = cfg_get(w, "symmetric");
     if (sym && !json_is_boolean(sym)) return cfg_type_err(c, key, sym, "true or false");
@@ -454,12 +462,8 @@ static kiln_status cfg_quant_ct_fp8_weights(cfg_ctx *c, json_t *w, const char *a
     }
     int64_t bits;
     const char *type, *strategy;
-    snprintf(key, sizeof key, "quantization_config.%s.num_bits", at);
-    kiln_status st = cfg_int(c, w, "num_bits", key, false, 8, 1, 64, &bits);
-    snprintf(key, sizeof key, "quantization_config.%s.type", at);
-    if (st || (st = cfg_str(c, w, "type", key, &type))) return st;
-    snprintf(key, sizeof key, "quantization_config.%s.strategy", at);
-    if ((st = cfg_str(c, w, "strategy", key, &strategy))) return st;
+    kiln_status st = cfg_quant_args(c, w, at, &bits, &type, &strategy);
+    if (st) return st;
     snprintf(key, sizeof key, "quantization_config.%s.symmetric", at);
     json_t *sym = cfg_get(w, "symmetric");
     if (sym && !json_is_boolean(sym)) return cfg_type_err(c, key, sym, "true or false");
@@ -516,12 +520,8 @@ static kiln_status cfg_quant_ct_fp8_inputs(cfg_ctx *c, json_t *v, const char *at
     if (!json_is_object(v)) return cfg_type_err(c, key, v, "an object or null");
     int64_t bits;
     const char *type, *strategy;
-    snprintf(key, sizeof key, "quantization_config.%s.num_bits", at);
-    kiln_status st = cfg_int(c, v, "num_bits", key, false, 8, 1, 64, &bits);
-    snprintf(key, sizeof key, "quantization_config.%s.type", at);
-    if (st || (st = cfg_str(c, v, "type", key, &type))) return st;
-    snprintf(key, sizeof key, "quantization_config.%s.strategy", at);
-    if ((st = cfg_str(c, v, "strategy", key, &strategy))) return st;
+    kiln_status st = cfg_quant_args(c, v, at, &bits, &type, &strategy);
+    if (st) return st;
     json_t *sym = cfg_get(v, "symmetric"), *dyn = cfg_get(v, "dynamic");
     if (!type || strcmp(type, "float") != 0 || bits != 8)
         return cfg_quant_refuse(c, at, json_show(v, shown, sizeof shown), "input activations other than FP8 (W8A8 "
