@@ -31,7 +31,7 @@
  *     error(alpha) = Σ over the group's matrices and sampled rows of
  *                    ‖W x − Q(W diag(s)) (x / s)‖²   (Q: --quant's format and --quant-method)
  *     or, for gate/up feeding down(silu(gate) * up) (find_mlp), on the MLP's output with down
- *     unrounded, as AutoAWQ measures them (search_mlp)
+ *     unrounded, as AutoAWQ measures them (mlp_job)
  *   the alpha of least error (alpha 0 — no scaling — in a tie)
  *
  * so on the sampled rows a group's output error is never above plain
@@ -340,68 +340,44 @@ static void scales_for(const double *stat, int64_t k, int a, float *s) {
     for (int64_t c = 0; c < k; c++) s[c] = (float)(s[c] / norm);
 }
 
-/* search for a gate/up group measured on its MLP's output (find_mlp); s and xs: [width] and [rows, width]
- * scratch. Leaves g->alpha, g->err0, g->err and g->s as search does. */
-static kiln_status search_mlp(const awq_ctx *a, awq_group *g, const double *stat, float *s, float *xs, int quant,
-                              int method, kiln_error *err) {
-    const kiln_plan_weight *pg = &a->p->weights[g->mlp_gate];
-    const int64_t f = pg->shape[0], hd = g->width;
-    const int rows = g->n_rows;
-    float *h = malloc((size_t)rows * (size_t)f * sizeof *h), *y_ref = malloc((size_t)rows * (size_t)hd * sizeof *y_ref);
-    mlp_job *j = calloc(1, sizeof *j);
-    kiln_status st = KILN_OK;
-    if (!h || !y_ref || !j) {
-        st = kiln_err(err, KILN_ERR_NOMEM, "--awq: out of memory searching the scales of '%s'", pg->name);
-        goto out;
+/* The error of the group's projections, each on its own output, with scales s (x / s in xs): summed
+ * over the matrices in order; -1 when out of memory. */
+static double mats_error(const awq_ctx *a, const awq_group *g, float *const *y, const float *s, const float *xs,
+                         int quant, int method, err_job *j) {
+    double e = 0;
+    for (int i = 0; i < g->n_mats; i++) {
+        const kiln_plan_weight *pw = &a->p->weights[g->mats[i]];
+        *j = (err_job){.w = a->m->wf32[g->mats[i]], .y = y[i], .xs = xs, .s = s, .n = pw->shape[0], .k = g->width,
+                       .rows = g->n_rows, .dtype = format_for(quant, pw->shape[0], g->width), .method = method};
+        j->parts = (int)(j->n < AWQ_PARTS ? j->n : AWQ_PARTS);
+        kiln_pool_for(kiln_pool_shared(), j->parts, j->parts, err_rows, j);
+        if (j->nomem) return -1;
+        for (int p = 0; p < j->parts; p++) e += j->part_err[p];
     }
-    *j = (mlp_job){.g = a->m->wf32[g->mlp_gate], .u = a->m->wf32[g->mlp_up], .d = a->m->wf32[g->mlp_down],
-                   .xs = g->rows, .h = h, .y = y_ref, .f = f, .hd = hd, .rows = rows,
-                   .dtype = format_for(quant, f, hd), .method = method};
-    mlp_run(j); /* the reference: unscaled, unrounded */
-    int best = 0;
-    for (int ai = 0; ai < AWQ_GRID && !j->nomem; ai++) {
-        scales_for(stat, hd, ai, s);
-        for (int t = 0; t < rows; t++)
-            for (int64_t c = 0; c < hd; c++) xs[(int64_t)t * hd + c] = g->rows[(int64_t)t * hd + c] / s[c];
-        j->xs = xs, j->s = s, j->quant = 1, j->y_ref = y_ref;
-        const double e = mlp_run(j);
-        if (ai == 0) g->err0 = g->err = e;
-        else if (e < g->err) g->err = e, best = ai;
-    }
-    if (j->nomem) {
-        st = kiln_err(err, KILN_ERR_NOMEM, "--awq: out of memory searching the scales of '%s'", pg->name);
-        goto out;
-    }
-    g->alpha = best;
-    if (best > 0) {
-        float *keep = malloc((size_t)hd * sizeof *keep);
-        if (!keep) {
-            st = kiln_err(err, KILN_ERR_NOMEM, "out of memory");
-            goto out;
-        }
-        scales_for(stat, hd, best, keep);
-        g->s = keep;
-    }
-out:
-    free(h), free(y_ref), free(j);
-    return st;
+    return e;
 }
 
-/* Search group g's alpha; g->s gets the chosen scales (NULL when alpha 0 wins). */
+/* Search group g's alpha; g->s gets the chosen scales (NULL when alpha 0 wins). The error is each
+ * projection's on its own output, or for gate/up feeding down (find_mlp) the MLP's (mlp_job). */
 static kiln_status search(const awq_ctx *a, awq_group *g, int quant, int method, kiln_error *err) {
     const int64_t k = g->width;
     const int rows = g->n_rows;
+    const bool mlp = g->mlp_down >= 0;
+    const int64_t f = mlp ? a->p->weights[g->mlp_gate].shape[0] : 0;
+    const char *name = a->p->weights[g->mats[0]].name;
     double *stat = malloc((size_t)k * sizeof *stat);
     float *s = malloc((size_t)k * sizeof *s), *xs = malloc((size_t)rows * (size_t)k * sizeof *xs);
-    float *y[AWQ_MAX_MATS] = {0};
-    err_job *j = calloc(1, sizeof *j);
-    kiln_status st = stat && s && xs && j ? KILN_OK : KILN_ERR_NOMEM;
-    for (int i = 0; i < g->n_mats && st == KILN_OK; i++) {
-        const int64_t n = a->p->weights[g->mats[i]].shape[0];
+    float *h = mlp ? malloc((size_t)rows * (size_t)f * sizeof *h) : NULL;
+    float *y[AWQ_MAX_MATS] = {0}; /* the reference outputs on the sampled rows: each matrix's, or the MLP's */
+    err_job *ej = calloc(1, sizeof *ej);
+    mlp_job *mj = calloc(1, sizeof *mj);
+    kiln_status st = stat && s && xs && ej && mj && (!mlp || h) ? KILN_OK : KILN_ERR_NOMEM;
+    for (int i = 0; i < (mlp ? 1 : g->n_mats) && st == KILN_OK; i++) {
+        const int64_t n = mlp ? k : a->p->weights[g->mats[i]].shape[0];
         if (!(y[i] = malloc((size_t)rows * (size_t)n * sizeof(float)))) st = KILN_ERR_NOMEM;
     }
     if (st != KILN_OK) {
-        kiln_err(err, st, "--awq: out of memory searching the scales of '%s'", a->p->weights[g->mats[0]].name);
+        kiln_err(err, st, "--awq: out of memory searching the scales of '%s'", name);
         goto out;
     }
     /* the statistic per input channel: mean |x|; for o, the mean over the query heads of one KV head */
@@ -415,33 +391,34 @@ static kiln_status search(const awq_ctx *a, awq_group *g, int quant, int method,
                 for (int q = 0; q < G; q++) stat[((int64_t)kv * G + q) * hd + d] = m / G;
             }
     }
-    if (g->mlp_down >= 0) {
-        st = search_mlp(a, g, stat, s, xs, quant, method, err);
-        goto out;
-    }
-    for (int i = 0; i < g->n_mats; i++) {
-        const kiln_plan_weight *pw = &a->p->weights[g->mats[i]];
-        ref_job r = {a->m->wf32[g->mats[i]], g->rows, y[i], pw->shape[0], k, rows, 0};
-        r.parts = (int)(r.n < AWQ_PARTS ? r.n : AWQ_PARTS);
-        kiln_pool_for(kiln_pool_shared(), r.parts, r.parts, ref_rows, &r);
+    if (mlp) { /* the reference: unscaled, unrounded */
+        *mj = (mlp_job){.g = a->m->wf32[g->mlp_gate], .u = a->m->wf32[g->mlp_up], .d = a->m->wf32[g->mlp_down],
+                        .xs = g->rows, .h = h, .y = y[0], .f = f, .hd = k, .rows = rows,
+                        .dtype = format_for(quant, f, k), .method = method};
+        mlp_run(mj);
+    } else {
+        for (int i = 0; i < g->n_mats; i++) {
+            const kiln_plan_weight *pw = &a->p->weights[g->mats[i]];
+            ref_job r = {a->m->wf32[g->mats[i]], g->rows, y[i], pw->shape[0], k, rows, 0};
+            r.parts = (int)(r.n < AWQ_PARTS ? r.n : AWQ_PARTS);
+            kiln_pool_for(kiln_pool_shared(), r.parts, r.parts, ref_rows, &r);
+        }
     }
     int best = 0;
     for (int ai = 0; ai < AWQ_GRID; ai++) {
         scales_for(stat, k, ai, s);
         for (int t = 0; t < rows; t++)
             for (int64_t c = 0; c < k; c++) xs[(int64_t)t * k + c] = g->rows[(int64_t)t * k + c] / s[c];
-        double e = 0;
-        for (int i = 0; i < g->n_mats; i++) {
-            const kiln_plan_weight *pw = &a->p->weights[g->mats[i]];
-            *j = (err_job){.w = a->m->wf32[g->mats[i]], .y = y[i], .xs = xs, .s = s, .n = pw->shape[0], .k = k,
-                           .rows = rows, .dtype = format_for(quant, pw->shape[0], k), .method = method};
-            j->parts = (int)(j->n < AWQ_PARTS ? j->n : AWQ_PARTS);
-            kiln_pool_for(kiln_pool_shared(), j->parts, j->parts, err_rows, j);
-            if (j->nomem) {
-                st = kiln_err(err, KILN_ERR_NOMEM, "--awq: out of memory searching the scales of '%s'", pw->name);
-                goto out;
-            }
-            for (int p = 0; p < j->parts; p++) e += j->part_err[p];
+        double e;
+        if (mlp) {
+            mj->xs = xs, mj->s = s, mj->quant = 1, mj->y_ref = y[0];
+            e = mlp_run(mj);
+        } else {
+            e = mats_error(a, g, y, s, xs, quant, method, ej);
+        }
+        if (mj->nomem || e < 0) {
+            st = kiln_err(err, KILN_ERR_NOMEM, "--awq: out of memory searching the scales of '%s'", name);
+            goto out;
         }
         if (ai == 0) g->err0 = g->err = e;
         else if (e < g->err) g->err = e, best = ai;
@@ -453,8 +430,8 @@ static kiln_status search(const awq_ctx *a, awq_group *g, int quant, int method,
         s = NULL;
     }
 out:
-    for (int i = 0; i < g->n_mats; i++) free(y[i]);
-    free(stat), free(s), free(xs), free(j);
+    for (int i = 0; i < AWQ_MAX_MATS; i++) free(y[i]);
+    free(stat), free(s), free(xs), free(h), free(ej), free(mj);
     return st;
 }
 
