@@ -56,7 +56,15 @@ typedef struct kiln_cuda_exec_opts {
     int64_t kv_bytes;    /* KV pool in bytes; 0 = kv_fraction of the free device memory */
     double kv_fraction;  /* of the free device memory after weights and buffers; 0 = 0.9 */
     int block_size;      /* tokens per KV block; 0 = the engine's (its kernels are built for one size) */
-    int device;          /* CUDA device ordinal */
+    int device;          /* CUDA device ordinal (a plain engine; a tensor-parallel one: see devices) */
+    /* Tensor-parallel engines (kiln compile --tp N): rank r runs on CUDA device devices[r]; n_devices is
+     * 0 (ranks on devices device, device + 1, ...) or N. Every rank on a distinct device: NCCL joins them
+     * (libnccl.so.2 loaded with dlopen); every rank on one device (for testing a tp engine on one GPU): an
+     * in-process sum on that device. A plain engine takes a list of one (its GPU). */
+    const int *devices;
+    int n_devices;
+    double tp_timeout_s; /* a tensor-parallel step not finished on every rank by then aborts every rank's
+                            collectives and fails naming the rank (0 = 60 s) */
     bool no_graphs;      /* run decode steps without CUDA graphs (for measuring their gain) */
     bool no_pdl;         /* launch kernels the ordinary way instead of with programmatic dependent
                             launch (which is used on sm_90+ unless this is set) */
