@@ -382,17 +382,10 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
                 kiln_err(err, KILN_ERR_UNSUPPORTED, "plan op %d (%s) has no GPU kernel yet, so --target %s cannot "
                          "make a kernels section for this model", bad, opn, opt->targets);
                 st = kiln_err_hint(err, "compile with --target none: the engine runs on the CPU executor%s",
-                                   g->n_ranks > 1 ? " (tensor-parallel engines have no GPU kernels yet: "
-                                                    "docs/parallelism.md)"
-                                   : opt->passes ? " (or with the default --passes, which fuse what the GPU runs)"
-                                                 : "");
+                                   opt->passes ? " (or with the default --passes, which fuse what the GPU runs)" : "");
                 goto out;
             }
-            if (g->n_ranks > 1)
-                snprintf(no_gpu, sizeof no_gpu, "the engine is split over %d tensor-parallel ranks (--tp %d), and "
-                         "running that on GPUs is not built yet (docs/parallelism.md)", g->n_ranks, g->n_ranks);
-            else
-                snprintf(no_gpu, sizeof no_gpu, "plan op %d (%s) has no GPU kernel yet", bad, opn);
+            snprintf(no_gpu, sizeof no_gpu, "plan op %d (%s) has no GPU kernel yet", bad, opn);
             fprintf(stderr, "kiln compile: note: %s; the engine gets no GPU kernels and runs on the CPU only\n",
                     no_gpu);
             targets.n_cubin = targets.n_ptx = 0;

@@ -218,9 +218,11 @@ typedef struct kiln_sample_params {
     int B, V;
 } kiln_sample_params;
 
-/* Row gather, any element type: out[i, :] = src[idx[i], :] for i < M, rows of
- * row_bytes bytes (embedding lookup; the last token of each sequence before
- * the LM head). Rows outside 0..n_src-1 are written as zeros. Kernel:
+/* Row gather, any element type: out[i, :] = src[idx[i] - base, :] for i < M,
+ * rows of row_bytes bytes (embedding lookup; the last token of each sequence
+ * before the LM head). Rows outside 0..n_src-1 are written as zeros: a
+ * tensor-parallel rank's slice of the embedding holds ids base .. base +
+ * n_src - 1, and the all-reduce after it adds the ranks' rows. Kernel:
  * kiln_gather_rows (util.cuh). */
 typedef struct kiln_gather_params {
     kiln_dptr src;      /* [n_src, row_bytes] */
@@ -228,7 +230,20 @@ typedef struct kiln_gather_params {
     kiln_dptr out;      /* [M, row_bytes] */
     int M, row_bytes;
     int n_src;
-    int pad_;
+    int base;           /* the id of src's first row (0 but on a vocabulary-parallel rank) */
 } kiln_gather_params;
+
+/* Tensor-parallel ranks on one device sum their partial vectors in place of
+ * NCCL: out[r][i] = in[0][i] + in[1][i] + ... (rank order, fp32, rounded
+ * once) for every rank r, so every rank holds the same bits. Kernel:
+ * kiln_tp_sum (util.cuh). */
+#define KILN_TP_LOCAL_MAX 8
+typedef struct kiln_tp_sum_params {
+    kiln_dptr in[KILN_TP_LOCAL_MAX];  /* each rank's partial, [n] elements */
+    kiln_dptr out[KILN_TP_LOCAL_MAX]; /* each rank's sum, [n] (may be its in) */
+    long long n;
+    int n_ranks;
+    int f32;                          /* elements are fp32 (else bf16) */
+} kiln_tp_sum_params;
 
 #endif /* KILN_KERNEL_PARAMS_CUH */
