@@ -68,8 +68,10 @@
 #include "kiln_cuda_upload.h"
 #include "../../format/kiln_ksec_read.h"
 #include "kiln_kvpool.h"
+#include "kiln_cuda_rank.h"
 
 #define CX_MAX_ATTN 8
+_Static_assert(KILN_TP_LOCAL_RANKS == KILN_TP_LOCAL_MAX, "kiln_cuda_rank.h and kernels/params.cuh agree");
 #define CX_MAX_GRAPHS 24
 #define CX_UPLOAD_PIECE (8u << 20)
 #define CX_ROPE_SPLIT_MAX_T 64 /* steps of at most this many tokens spread rope_kv over the heads (default: an engine's
@@ -131,7 +133,7 @@ typedef struct cx_moe {
     kiln_gemv_cfg cg_gu, cg_down;
 } cx_moe;
 
-typedef enum { I_EMBED, I_NORM, I_COPY, I_QKV, I_ATTN, I_GEMM, I_LMHEAD, I_MOE } cx_ikind;
+typedef enum { I_EMBED, I_NORM, I_COPY, I_QKV, I_ATTN, I_GEMM, I_LMHEAD, I_MOE, I_COLL } cx_ikind;
 
 typedef struct cx_inst {
     cx_ikind kind;
@@ -148,7 +150,10 @@ typedef struct cx_inst {
     bool merge;     /* ATTN: +merge_splits */
     float eps;      /* NORM */
     kiln_op_attrs rope; /* ATTN: its qkv_rope op's attributes (the rope constants, for the fused path) */
-    int width;      /* COPY: elements per row */
+    int width;      /* COPY, COLL: elements per row */
+    int base;       /* EMBED: the first id of this rank's rows of the table (vocabulary-parallel) */
+    bool gather;    /* COLL: all_gather of the logits (else all_reduce of x into y) */
+    bool part;      /* LMHEAD: this rank's slice of the vocabulary, into logits_part (an all_gather follows) */
     cx_gemm g;      /* GEMM, QKV, LMHEAD */
     cx_moe moe;     /* MOE */
 } cx_inst;
@@ -173,9 +178,14 @@ typedef struct cx {
     kiln_executor base; /* first member */
     const kiln_model *m;
     const kiln_plan *p;
+    /* tensor parallelism (kiln_cuda_rank.h): this executor is rank `rank` of the plan's n_ranks */
+    int rank, n_ranks;
+    const kiln_plan_weight *pw; /* this rank's weight table */
     kiln_cuda cu;
     bool cu_ok;
     CUstream stream;
+    bool shared_stream; /* the stream is rank 0's (ranks on one device): not destroyed here */
+    CUevent done;       /* recorded after a step's work (kiln_cx_step_end) */
     kiln_cublaslt *lt;
     kiln_ksec ks;
     CUmodule *mods; /* [ks.n_modules]: a module sharing another's source has its owner's CUmodule */
@@ -204,6 +214,10 @@ typedef struct cx {
     /* scratch */
     CUdeviceptr qkv_tmp, q_tmp, gu_tmp, lm_x, logits, part_o, part_ml, ids, in_dev, kcache, vcache;
     CUdeviceptr deq_tmp; /* a quantized W dequantized, for steps past the quantized GEMV (max n x k elements) */
+    int vocab_part;          /* tp: the LM head's rows on this rank (its slice of the vocabulary) */
+    CUdeviceptr logits_part; /* tp: fp32 [max_seqs, vocab_part], the LM head's output before the gather */
+    CUdeviceptr gather_tmp;  /* tp: fp32 [n_ranks, max_seqs, vocab_part], what an NCCL all-gather writes */
+    CUfunction f_tp_sum;     /* the all-reduce of ranks on one device */
     /* the experts' scratch (moe_bytes()): routing, grouping, the grouped rows, their SwiGLU and outputs */
     int moe_e, moe_k, moe_f; /* the largest over the moe ops (0: none) */
     CUdeviceptr moe_scr, moe_sel, moe_wsel, moe_pos, moe_tok, moe_cnt, moe_xs, moe_act, moe_o;
@@ -331,7 +345,7 @@ static kiln_status launch(cx *x, CUfunction f, unsigned gx, unsigned gy, unsigne
 /* Device weight for plan weight src: a quantized one as stored (the GEMV reads it) unless `dense`
  * (the embedding gather), then dequantized to the device type on the way up; each form once. */
 static int dw_add(cx *x, int src, bool dense, kiln_error *err) {
-    const kiln_plan_weight *w = &x->p->weights[src];
+    const kiln_plan_weight *w = &x->pw[src];
     const int qt = kiln_dtype_is_quant((int)w->dtype) && !dense ? (int)w->dtype : 0;
     for (int i = 0; i < x->n_dw; i++)
         if (x->dw[i].src == src && x->dw[i].qt == qt) return i;
@@ -380,7 +394,7 @@ static kiln_status upload_weights(cx *x, int threads, kiln_error *err) {
     kiln_status st = KILN_OK;
     for (int i = 0; i < x->n_dw; i++) {
         const cx_dw *d = &x->dw[i];
-        const kiln_plan_weight *w = &x->p->weights[d->src];
+        const kiln_plan_weight *w = &x->pw[d->src];
         if (d->qt) { /* the codes, then the scales (and minimums) */
             const int64_t total = dw_bytes(x, d);
             for (int64_t b0 = 0; b0 < total; b0 += CX_UPLOAD_PIECE) {
@@ -490,7 +504,7 @@ static kiln_status gemm_setup(cx *x, cx_gemm *g, int dw, cx_epi epi, kiln_error 
         if (g->k % 16 || (int64_t)g->n * g->k > ((int64_t)1 << 31))
             return kiln_err(err, KILN_ERR_UNSUPPORTED, "cuda executor: quantized weight '%s' [%d, %d]: the GPU reads "
                             "quantized matrices with columns a multiple of 16 and fewer than 2^31 elements",
-                            x->p->weights[d->src].name, g->n, g->k);
+                            x->pw[d->src].name, g->n, g->k);
         if ((st = gemv_fn(x, epis[epi], g->n, g->k, kiln_dtype_name((kiln_dtype)g->qt), &g->mma, &g->cmma, err)))
             return st;
         g->m1 = g->mma;
@@ -614,13 +628,6 @@ static kiln_status moe_setup(cx *x, const kiln_plan_op *op, cx_moe *mo, kiln_err
 
 static kiln_status build_program(cx *x, kiln_error *err) {
     const kiln_plan *p = x->p;
-    if (p->n_ranks > 1) { /* tensor parallelism: the CPU side is built, the GPU side is design (docs/parallelism.md) */
-        kiln_err(err, KILN_ERR_UNSUPPORTED, "cuda executor: the engine is split over %u tensor-parallel ranks "
-                 "(kiln compile --tp %u); running it on GPUs (a rank per GPU, NCCL) is not built yet", p->n_ranks,
-                 p->n_ranks);
-        return kiln_err_hint(err, "run it on the CPU (--device cpu), which runs the ranks in turn, or compile "
-                                  "with --tp 1");
-    }
     const uint32_t nv = p->n_values;
     kiln_status st = KILN_OK;
     int32_t *last = malloc(nv * sizeof *last), *uses = calloc(nv, sizeof *uses), *vb = malloc(nv * sizeof *vb);
@@ -637,6 +644,8 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             uses[v]++;
         }
     int qkv_op = -1, qkv_inst = -1; /* the qkv_rope op (and its instruction) whose q, k, v await their attention */
+    int32_t lm_part = -1;           /* tp: the LM head's slice of the logits, which the all_gather reads */
+    bool gathered = false;
     for (uint32_t i = 0; i < p->n_ops; i++) {
         const kiln_plan_op *op = &p->ops[i];
         const kiln_op_attrs *a = &op->attrs;
@@ -650,6 +659,8 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             }
             if (!(ins = emit(x, I_EMBED, (int)i, err))) goto nomem;
             if ((st = value_weight(x, in[1], true, &ins->dw, err))) goto out;
+            /* vocabulary-parallel: rank r's table holds ids r x rows ..; the all_reduce after it adds the ranks' */
+            ins->base = a->ranks ? x->rank * (int)x->dw[ins->dw].rows : 0;
             if ((st = value_buf(x, vb, o[0], err))) goto out;
             ins->y = vb[o[0]];
             break;
@@ -822,7 +833,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             break;
         }
         case KILN_OP_LM_HEAD: {
-            if (o[0] != p->logits) {
+            if (o[0] != p->logits && (x->n_ranks < 2 || lm_part >= 0)) {
                 st = unsupported_op(x, i, "the LM head does not produce the plan's logits", err);
                 goto out;
             }
@@ -832,8 +843,39 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             ins->x = vb[in[0]];
             if ((st = gemm_setup(x, &ins->g, dw, EPI_F32OUT, err))) goto out;
             x->has_lm_head = true;
+            if (o[0] != p->logits) { /* tp: this rank's slice of the vocabulary, gathered next */
+                ins->part = true;
+                lm_part = o[0];
+                x->vocab_part = ins->g.n;
+            }
             break;
         }
+        case KILN_OP_ALL_REDUCE: /* NCCL's, or kiln_tp_sum for ranks on one device: the TP driver runs it */
+            if (x->n_ranks < 2 || vb[in[0]] < 0) {
+                st = unsupported_op(x, i, x->n_ranks < 2 ? "a collective in a plan of one rank"
+                                                         : "its input is not an activation this executor holds", err);
+                goto out;
+            }
+            if (!(ins = emit(x, I_COLL, (int)i, err))) goto nomem;
+            ins->x = vb[in[0]];
+            ins->width = (int)vwidth(p, o[0]);
+            if (last[in[0]] == (int32_t)i && vwidth(p, in[0]) == ins->width) { /* in place: the sum takes the buffer */
+                vb[o[0]] = vb[in[0]];
+                vb[in[0]] = -1;
+            } else if ((st = value_buf(x, vb, o[0], err))) {
+                goto out;
+            }
+            ins->y = vb[o[0]];
+            break;
+        case KILN_OP_ALL_GATHER:
+            if (lm_part < 0 || in[0] != lm_part || o[0] != p->logits || gathered) {
+                st = unsupported_op(x, i, "the GPU gathers only the LM head's slices into the plan's logits", err);
+                goto out;
+            }
+            if (!(ins = emit(x, I_COLL, (int)i, err))) goto nomem;
+            ins->gather = true;
+            gathered = true;
+            break;
         case KILN_OP_HEAD_RMSNORM: /* Qwen's q/k norms and biases run inside qkv_rope (pass fuse-qkv-rope) */
         case KILN_OP_BIAS_ADD:
             st = unsupported_op(x, i, "Qwen's q/k norms and q/k/v biases run on the GPU only fused into qkv_rope", err);
@@ -867,6 +909,9 @@ static kiln_status build_program(cx *x, kiln_error *err) {
         }
     }
     if (!x->has_lm_head) st = kiln_err(err, KILN_ERR_UNSUPPORTED, "cuda executor: the plan has no lm_head op");
+    else if (lm_part >= 0 && !gathered)
+        st = kiln_err(err, KILN_ERR_UNSUPPORTED, "cuda executor: the LM head's slices of the vocabulary are never "
+                      "gathered into the plan's logits");
     /* a norm folds into the GEMV after it when that GEMV reads its output over the whole hidden width */
     for (int i = 0; i < x->n_prog; i++) {
         cx_inst *n = &x->prog[i];
@@ -893,11 +938,7 @@ static CUdeviceptr bufp(const cx *x, int b) { return b >= 0 ? x->bufs[b].p : 0; 
 static CUdeviceptr dwp(const cx *x, int d) { return x->dweights + x->dw[d].offset; }
 static CUdeviceptr inp(const cx *x, size_t off) { return x->in_dev + off; }
 
-typedef struct cx_shape {
-    int T, B;      /* token rows, sequences (both padded in a graph) */
-    bool decode;   /* every sequence adds one token: T == B, row i is sequence i's token */
-    int max_q;     /* most new tokens of one sequence */
-} cx_shape;
+typedef kiln_cx_shape cx_shape;
 
 /* Whether a step of M rows runs GEMM g as a GEMV: the CUDA-core GEMV up to KILN_GEMV_MAX_M rows, the
  * tensor-core one up to gemv_max_m (KILN_GEMV_MAX_M unless the measurement knob says otherwise),
@@ -1082,18 +1123,25 @@ static int splits_grid(const cx *x, const cx_attn *a, int B) {
     return z > want ? z : want;
 }
 
-static kiln_status run_program(cx *x, const cx_shape *sh, kiln_error *err) {
+/* The program's instructions from `from` on, up to the next collective (its index into *stop, which
+ * the TP driver runs across the ranks) or the end (*stop = n_prog). */
+static kiln_status run_range(cx *x, const cx_shape *sh, int from, int *stop, kiln_error *err) {
     kiln_status st = KILN_OK;
     const int T = sh->T, B = sh->B;
     const float scale = 1.0f / sqrtf((float)x->head_dim);
-    for (int i = 0; i < x->n_prog && st == KILN_OK; i++) {
+    *stop = x->n_prog;
+    for (int i = from; i < x->n_prog && st == KILN_OK; i++) {
         const cx_inst *in = &x->prog[i];
+        if (in->kind == I_COLL) {
+            *stop = i;
+            break;
+        }
         const cx_inst *norm = i > 0 && norm_folds(x, i - 1, sh) ? &x->prog[i - 1] : NULL;
         if (x->profile) x->cu.api.cuEventRecord(x->pev[2 * i], x->stream);
         switch (in->kind) {
         case I_EMBED: {
             kiln_gather_params gp = {dwp(x, in->dw), inp(x, x->in.tokens), bufp(x, in->y), T,
-                                     x->hidden * x->es, x->vocab, 0};
+                                     x->hidden * x->es, (int)x->dw[in->dw].rows, in->base};
             st = launch(x, x->f_gather, (unsigned)T, 1, 1, 128, 0, &gp, "kiln_gather_rows (embedding)", err);
             break;
         }
@@ -1189,13 +1237,20 @@ static kiln_status run_program(cx *x, const cx_shape *sh, kiln_error *err) {
                     break;
                 src = x->lm_x;
             }
-            st = run_gemm(x, &in->g, B, src, x->logits, false, norm, err);
+            st = run_gemm(x, &in->g, B, src, in->part ? x->logits_part : x->logits, false, norm, err);
             break;
         }
+        case I_COLL: break; /* not reached: the loop stops before it */
         }
         if (x->profile) x->cu.api.cuEventRecord(x->pev[2 * i + 1], x->stream);
     }
-    if (st) return kiln_err_prefix(err, "cuda executor: ");
+    return st ? kiln_err_prefix(err, "cuda executor: ") : KILN_OK;
+}
+
+/* Sample each sequence's next token from the logits (the last instruction of a step). */
+static kiln_status run_sample(cx *x, const cx_shape *sh, kiln_error *err) {
+    const int B = sh->B;
+    kiln_status st;
     if (x->profile) x->cu.api.cuEventRecord(x->pev[2 * x->n_prog], x->stream);
     kiln_sample_params sp = {x->logits,         inp(x, x->in.temp),  inp(x, x->in.topk), inp(x, x->in.topp),
                              inp(x, x->in.seeds), inp(x, x->in.ctr), x->ids,             B,
@@ -1203,6 +1258,17 @@ static kiln_status run_program(cx *x, const cx_shape *sh, kiln_error *err) {
     st = launch(x, x->f_sample, (unsigned)B, 1, 1, 1024, 0, &sp, "kiln_sample", err);
     if (x->profile) x->cu.api.cuEventRecord(x->pev[2 * x->n_prog + 1], x->stream);
     return st ? kiln_err_prefix(err, "cuda executor: ") : KILN_OK;
+}
+
+/* The whole program of a one-rank plan and the sampler. */
+static kiln_status run_program(cx *x, const cx_shape *sh, kiln_error *err) {
+    int stop = 0;
+    kiln_status st = run_range(x, sh, 0, &stop, err);
+    if (st) return st;
+    if (stop != x->n_prog)
+        return kiln_err(err, KILN_ERR_INTERNAL, "cuda executor: plan op %d is a collective, and this executor has "
+                        "one rank", x->prog[stop].op);
+    return run_sample(x, sh, err);
 }
 
 /* ---- profiling ---- */
@@ -1248,6 +1314,9 @@ static void prof_cost(const cx *x, int i, const cx_shape *sh, double ctx, double
         *flops = 4.0 * qctx * x->n_heads * x->head_dim;
         break;
     }
+    case I_COLL: /* what this rank sends and receives, once each */
+        *bytes = in->gather ? 2.0 * B * x->vocab * 4 : 2 * T * in->width * es;
+        break;
     }
 }
 
@@ -1284,7 +1353,7 @@ static void prof_add(cx *x, const kiln_step *s, const cx_shape *sh) {
     }
 }
 
-static const char *const ikind_names[] = {"embed", "norm", "copy", "qkv", "attn", "gemm", "lm_head", "moe"};
+static const char *const ikind_names[] = {"embed", "norm", "copy", "qkv", "attn", "gemm", "lm_head", "moe", "coll"};
 
 /* Name the rows once the program exists. */
 static void prof_name(cx *x) {
@@ -1312,8 +1381,10 @@ static void prof_name(cx *x) {
             else if (in->kind == I_COPY)
                 snprintf(r->what, sizeof r->what, "%s (copy)", opn);
             else
-                snprintf(r->what, sizeof r->what, "%s", in->kind == I_EMBED || in->kind == I_ATTN || in->kind == I_NORM
-                                                             ? opn : ikind_names[in->kind]);
+                snprintf(r->what, sizeof r->what, "%s",
+                         in->kind == I_EMBED || in->kind == I_ATTN || in->kind == I_NORM || in->kind == I_COLL
+                             ? opn
+                             : ikind_names[in->kind]);
         }
     }
 }
@@ -1460,7 +1531,7 @@ static kiln_status graph_for(cx *x, int B, CUgraphExec *out, kiln_error *err) {
     *out = NULL;
     if (x->n_graphs == CX_MAX_GRAPHS) return KILN_OK; /* run without */
     tune_decode(x, B);
-    cx_shape sh = {B, B, true, 1};
+    cx_shape sh = {B, B, true, 1, true};
     kiln_status st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuStreamBeginCapture(x->stream, CU_STREAM_CAPTURE_MODE_RELAXED));
     if (st) return kiln_err_prefix(err, "cuda executor: capturing a decode graph: ");
     kiln_error run_err = {0};
@@ -1559,8 +1630,9 @@ static kiln_status download_logits(cx *x, const kiln_step *s, kiln_error *err) {
     return KILN_OK;
 }
 
-static kiln_status cx_step(kiln_executor *e, const kiln_step *s, kiln_error *err) {
-    cx *x = (cx *)e;
+/* A step's first part: checks, KV blocks, the inputs staged and copied up (on the stream); *sh the
+ * step's shape, padded to its graph's bucket when sh->graph. */
+static kiln_status step_begin(cx *x, const kiln_step *s, cx_shape *sh, kiln_error *err) {
     int T = 0, max_q = 0;
     bool decode = false;
     kiln_status st = check_step(x, s, &T, &max_q, &decode, err);
@@ -1571,6 +1643,7 @@ static kiln_status cx_step(kiln_executor *e, const kiln_step *s, kiln_error *err
         if ((st = kiln_kvpool_append(&x->kv, s->slot[i], s->n_new[i], err))) return st;
     const bool graph = decode && !x->no_graphs && !x->profile; /* profiling times each kernel: no graphs */
     const int B = graph ? bucket(x, n) : n, rows = decode ? B : T;
+    *sh = (cx_shape){rows, B, decode, max_q, graph};
 
     /* the step's inputs, staged */
     uint8_t *h = x->in_host;
@@ -1619,26 +1692,51 @@ static kiln_status cx_step(kiln_executor *e, const kiln_step *s, kiln_error *err
     size_t up = x->in.bt + (size_t)B * (size_t)mb * sizeof(int32_t);
     if ((st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuMemcpyHtoDAsync(x->in_dev, h, up, x->stream))))
         return kiln_err_prefix(err, "cuda executor: staging the step: ");
-    CUgraphExec ge = NULL;
-    if (graph && (st = graph_for(x, B, &ge, err))) return st;
-    if (ge) {
-        if ((st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuGraphLaunch(ge, x->stream))))
-            return kiln_err_prefix(err, "cuda executor: decode graph of batch %d: ", B);
-        x->stats.graph_launches++;
-    }
-    const cx_shape sh = {rows, B, decode, max_q};
-    if (!ge && (st = run_program(x, &sh, err))) return st;
-    if ((st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuMemcpyDtoHAsync(x->ids_host, x->ids, (size_t)n * 4, x->stream))) ||
-        (st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuStreamSynchronize(x->stream))))
-        return kiln_err_prefix(err, "cuda executor: step of %d sequences, %d tokens: ", n, T);
-    if (x->profile) prof_add(x, s, &sh);
-    if (s->logits && (st = download_logits(x, s, err))) return kiln_err_prefix(err, "cuda executor: logits: ");
-    for (int i = 0; i < n; i++) {
+    return KILN_OK;
+}
+
+/* After the step's program: the sampled ids of its n sequences copied back (sampled: rank 0 of a
+ * tensor-parallel engine), then the `done` event; both on the stream. */
+static kiln_status step_end(cx *x, int n, bool sampled, kiln_error *err) {
+    kiln_status st = KILN_OK;
+    if (sampled)
+        st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuMemcpyDtoHAsync(x->ids_host, x->ids, (size_t)n * 4, x->stream));
+    if (!st) st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuEventRecord(x->done, x->stream));
+    return st ? kiln_err_prefix(err, "cuda executor: ") : KILN_OK;
+}
+
+/* Once the step's work has finished: the profile, the logits asked for and the sampled ids (when
+ * `sampled`), the KV lengths advanced. */
+static kiln_status step_finish(cx *x, const kiln_step *s, const cx_shape *sh, bool sampled, kiln_error *err) {
+    kiln_status st;
+    if (x->profile) prof_add(x, s, sh);
+    if (sampled && s->logits && (st = download_logits(x, s, err)))
+        return kiln_err_prefix(err, "cuda executor: logits: ");
+    for (int i = 0; i < s->n_seqs; i++) {
         kiln_kvpool_advance(&x->kv, s->slot[i], s->n_new[i]);
-        s->next[i] = s->want_token[i] ? x->ids_host[i] : -1;
+        if (sampled) s->next[i] = s->want_token[i] ? x->ids_host[i] : -1;
     }
     x->stats.steps++;
     return KILN_OK;
+}
+
+static kiln_status cx_step(kiln_executor *e, const kiln_step *s, kiln_error *err) {
+    cx *x = (cx *)e;
+    cx_shape sh;
+    kiln_status st = step_begin(x, s, &sh, err);
+    if (st) return st;
+    CUgraphExec ge = NULL;
+    if (sh.graph && (st = graph_for(x, sh.B, &ge, err))) return st;
+    if (ge) {
+        if ((st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuGraphLaunch(ge, x->stream))))
+            return kiln_err_prefix(err, "cuda executor: decode graph of batch %d: ", sh.B);
+        x->stats.graph_launches++;
+    }
+    if (!ge && (st = run_program(x, &sh, err))) return st;
+    if ((st = step_end(x, s->n_seqs, true, err)) ||
+        (st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuStreamSynchronize(x->stream))))
+        return kiln_err_prefix(err, "cuda executor: step of %d sequences, %d tokens: ", s->n_seqs, sh.T);
+    return step_finish(x, s, &sh, true, err);
 }
 
 static void cx_info(kiln_executor *e, kiln_executor_info *info) {
@@ -1671,14 +1769,16 @@ static void cx_destroy(kiln_executor *e) {
         for (int i = 0; i < x->n_graphs; i++) x->cu.api.cuGraphExecDestroy(x->graphs[i].exec);
         kiln_cublaslt_destroy(x->lt);
         for (int i = 0; i < x->n_bufs; i++) cx_release(x, &x->bufs[i].p);
-        CUdeviceptr *ps[] = {&x->dweights, &x->deq_tmp, &x->qkv_tmp, &x->q_tmp,    &x->gu_tmp,
-                             &x->lm_x,     &x->logits,  &x->part_o,  &x->part_ml, &x->attn_cnt,
-                             &x->ids,      &x->in_dev,  &x->kcache,  &x->vcache, &x->moe_scr};
+        CUdeviceptr *ps[] = {&x->dweights, &x->deq_tmp,     &x->qkv_tmp,   &x->q_tmp,    &x->gu_tmp,
+                             &x->lm_x,     &x->logits,      &x->part_o,    &x->part_ml,  &x->attn_cnt,
+                             &x->ids,      &x->in_dev,      &x->kcache,    &x->vcache,   &x->moe_scr,
+                             &x->logits_part, &x->gather_tmp};
         for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) cx_release(x, ps[i]);
         if (x->in_host) x->cu.api.cuMemFreeHost(x->in_host);
         if (x->ids_host) x->cu.api.cuMemFreeHost(x->ids_host);
         if (x->moe_cnt_host) x->cu.api.cuMemFreeHost(x->moe_cnt_host);
-        if (x->stream) x->cu.api.cuStreamDestroy(x->stream);
+        if (x->stream && !x->shared_stream) x->cu.api.cuStreamDestroy(x->stream);
+        if (x->done) x->cu.api.cuEventDestroy(x->done);
         for (int i = 0; x->pev && i < 2 * (x->n_prog + 1); i++)
             if (x->pev[i]) x->cu.api.cuEventDestroy(x->pev[i]);
         for (int i = 0; x->pev_mid && i < x->n_prog; i++)
@@ -1709,9 +1809,15 @@ static const kiln_executor_ops cx_ops = {
     .profile = cx_profile,
 };
 
+/* The CUDA executor e is, or rank 0's of a tensor-parallel one (NULL: another kind). */
+static cx *cx_of(kiln_executor *e) {
+    if (e && e->ops == &cx_ops) return (cx *)e;
+    return (cx *)kiln_cuda_tp_rank(e, 0);
+}
+
 bool kiln_cuda_exec_get_stats(kiln_executor *e, kiln_cuda_exec_stats *st) {
-    if (!e || e->ops != &cx_ops) return false;
-    cx *x = (cx *)e;
+    cx *x = cx_of(e);
+    if (!x) return false;
     *st = x->stats;
     snprintf(st->tuning, sizeof st->tuning, "%s", x->tuning);
     st->tuning_shapes = x->tuning_shapes;
@@ -1726,8 +1832,8 @@ bool kiln_cuda_exec_get_stats(kiln_executor *e, kiln_cuda_exec_stats *st) {
 kiln_status kiln_cuda_exec_tune(kiln_executor *e, const int *batches, int n_batches, const int *rows, int n_rows,
                                 FILE *log, kiln_tuning_record *out, kiln_error *err) {
     memset(out, 0, sizeof *out);
-    if (!e || e->ops != &cx_ops) return kiln_err(err, KILN_ERR_INVALID_ARG, "tune: not a CUDA executor");
-    cx *x = (cx *)e;
+    cx *x = cx_of(e); /* a tensor-parallel engine: rank 0's shapes, which every rank runs */
+    if (!x) return kiln_err(err, KILN_ERR_INVALID_ARG, "tune: not a CUDA executor");
     for (int i = 0; i < n_batches; i++)
         if (batches[i] < 1 || batches[i] > e->max_seqs)
             return kiln_err(err, KILN_ERR_INVALID_ARG, "tune: decode batch %d is outside 1..%d (max_seqs)", batches[i],
@@ -1763,11 +1869,12 @@ kiln_status kiln_cuda_exec_tune(kiln_executor *e, const int *batches, int n_batc
 }
 
 void kiln_cuda_exec_algo_str(kiln_executor *e, const uint8_t algo[KILN_TUNING_ALGO_SIZE], char *buf, size_t n) {
-    if (!e || e->ops != &cx_ops) {
+    cx *x = cx_of(e);
+    if (!x) {
         snprintf(buf, n, "?");
         return;
     }
-    kiln_cublaslt_algo_str(((cx *)e)->lt, algo, buf, n);
+    kiln_cublaslt_algo_str(x->lt, algo, buf, n);
 }
 
 bool kiln_cuda_exec_set_graphs(kiln_executor *e, bool on) {
@@ -1895,6 +2002,7 @@ static size_t scratch_bytes(const cx *x, int rows, int max_blocks) {
     b += moe_bytes(x, rows, NULL);
     b += S * (size_t)x->hidden * es + S * (size_t)x->vocab * 4 + S * nh * z * hd * 4 + S * nh * z * 2 * 4 +
          S * (size_t)x->n_kv * 4 + S * 4;
+    if (x->vocab_part) b += S * (size_t)x->vocab_part * 4 + S * (size_t)x->vocab * 4; /* tp: the slice, the gather */
     cx_inputs in;
     layout_inputs(&in, rows, x->base.max_seqs, max_blocks);
     return b + in.bytes + tune_bytes(x);
@@ -1977,12 +2085,11 @@ static kiln_status tuning_apply(cx *x, const kiln_cuda_exec_opts *o, kiln_error 
     return st;
 }
 
-kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opts *o, kiln_executor **out,
-                                   kiln_error *err) {
+/* Rank `rank` of the plan's ranks on CUDA device `device` (stream: rank 0's on the same device, or
+ * 0 for its own): everything but the KV pool (kv_fit, kv_alloc). */
+static kiln_status cx_new(const kiln_model *m, const kiln_cuda_exec_opts *o, int rank, int device, CUstream stream,
+                          cx **out, kiln_error *err) {
     *out = NULL;
-    kiln_cuda_exec_opts def = {0};
-    if (!o) o = &def;
-    if (!m || !m->plan) return kiln_err(err, KILN_ERR_INVALID_ARG, "cuda executor: no model");
     const kiln_plan *p = m->plan;
     double t0 = kiln_now();
     kiln_status st = KILN_OK;
@@ -2013,6 +2120,9 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
                               .vocab = p->vocab_size};
     x->m = m;
     x->p = p;
+    x->rank = rank;
+    x->n_ranks = (int)p->n_ranks;
+    x->pw = kiln_plan_rank_weights(p, (uint32_t)rank);
     x->no_graphs = o->no_graphs;
     x->moe_grouped = o->moe_grouped;
     x->hidden = p->hidden_size;
@@ -2036,8 +2146,9 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
     }
 
     /* the device first: without one, that is the answer (KILN_ERR_DEVICE) whatever the engine holds */
-    if ((st = kiln_cuda_init(&x->cu, o->device, err))) {
-        kiln_err_prefix(err, "gpu device %d: ", o->device);
+    if ((st = kiln_cuda_init(&x->cu, device, err))) {
+        if (x->n_ranks > 1) kiln_err_prefix(err, "tensor-parallel rank %d: ", rank);
+        kiln_err_prefix(err, "gpu device %d: ", device);
         goto fail;
     }
     x->cu_ok = true;
@@ -2084,9 +2195,14 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
     /* modules, stream, cuBLASLt */
     if ((st = load_modules(x, err))) goto fail;
     if ((st = fn_get(x, "util", "kiln_gather_rows", &x->f_gather, NULL, err)) ||
-        (st = fn_get(x, "sample", "kiln_sample", &x->f_sample, NULL, err)))
+        (st = fn_get(x, "sample", "kiln_sample", &x->f_sample, NULL, err)) ||
+        (x->n_ranks > 1 && (st = fn_get(x, "util", "kiln_tp_sum", &x->f_tp_sum, NULL, err))))
         goto fail;
-    if ((st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuStreamCreate(&x->stream, CU_STREAM_NON_BLOCKING)))) goto fail;
+    x->stream = stream;
+    x->shared_stream = stream != NULL;
+    if ((!stream && (st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuStreamCreate(&x->stream, CU_STREAM_NON_BLOCKING)))) ||
+        (st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuEventCreate(&x->done, CU_EVENT_DISABLE_TIMING))))
+        goto fail;
     if ((st = kiln_cublaslt_create(&x->cu, CX_LT_WORKSPACE, &x->lt, err))) goto fail;
     x->bytes_now += CX_LT_WORKSPACE;
     if ((st = tuning_apply(x, o, err))) goto fail; /* thresholds and recorded algorithms, before the program */
@@ -2158,7 +2274,11 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
                            "the attention split statistics", &x->part_ml, err)) ||
             (st = cx_alloc(x, (size_t)max_seqs * (size_t)x->n_kv * 4, "the attention split counters", &x->attn_cnt,
                            err)) ||
-            (st = cx_alloc(x, (size_t)max_seqs * 4, "the sampled ids", &x->ids, err)))
+            (st = cx_alloc(x, (size_t)max_seqs * 4, "the sampled ids", &x->ids, err)) ||
+            (x->vocab_part &&
+             ((st = cx_alloc(x, (size_t)max_seqs * (size_t)x->vocab_part * 4, "this rank's logits", &x->logits_part,
+                             err)) ||
+              (st = cx_alloc(x, (size_t)max_seqs * (size_t)x->vocab * 4, "the gathered logits", &x->gather_tmp, err)))))
             goto fail;
         if (x->moe_e) {
             size_t mo[8];
@@ -2177,55 +2297,174 @@ kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opt
         x->stats.buffer_bytes = x->bytes_now - (int64_t)x->dweights_bytes;
     }
 
-    /* the KV pool */
-    {
-        const int bs = x->block_size, max_blocks = (max_ctx + bs - 1) / bs;
-        layout_inputs(&x->in, x->max_rows, max_seqs, max_blocks);
-        if ((st = cx_alloc(x, x->in.bytes, "the step inputs", &x->in_dev, err))) goto fail;
-        if ((st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuMemAllocHost((void **)&x->in_host, x->in.bytes))) ||
-            (st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuMemAllocHost((void **)&x->ids_host, (size_t)max_seqs * 4)))) {
-            kiln_err_prefix(err, "cuda executor: pinned host memory for the step inputs: ");
-            goto fail;
-        }
-        memset(x->in_host, 0, x->in.bytes);
-        const size_t block_bytes = (size_t)x->n_layers * (size_t)x->n_kv * (size_t)bs * (size_t)x->head_dim * 2 * (size_t)x->es;
-        size_t want;
-        if (o->kv_bytes > 0) {
-            want = (size_t)o->kv_bytes;
-        } else {
-            size_t fr = 0, tot = 0;
-            if ((st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuMemGetInfo(&fr, &tot)))) goto fail;
-            double frac = o->kv_fraction > 0 ? o->kv_fraction : 0.9;
-            want = (size_t)((double)fr * frac);
-        }
-        kiln_kvpool probe = {.block_size = bs, .window = x->free_window, .max_step = x->max_rows};
-        int64_t most = (int64_t)max_seqs * kiln_kvpool_blocks_for(&probe, max_ctx);
-        int64_t nb = (int64_t)(want / block_bytes);
-        if (nb > most) nb = most;
-        if (nb > (1LL << 30) / bs) nb = (1LL << 30) / bs;
-        if (nb < 1) {
-            st = kiln_err(err, KILN_ERR_NOMEM,
-                          "cuda executor: KV memory of %zu bytes holds no block of %d tokens (%zu bytes over %d layers)",
-                          want, bs, block_bytes, x->n_layers);
-            kiln_err_hint(err, "give more KV memory (kv_bytes, or a larger fraction of the free memory)");
-            goto fail;
-        }
-        x->kv_layer_bytes = (size_t)nb * (size_t)x->n_kv * (size_t)bs * (size_t)x->head_dim * (size_t)x->es;
-        char what[96];
-        snprintf(what, sizeof what, "the KV cache's K (%lld blocks of %d tokens)", (long long)nb, bs);
-        if ((st = cx_alloc(x, x->kv_layer_bytes * (size_t)x->n_layers, what, &x->kcache, err))) goto fail;
-        snprintf(what, sizeof what, "the KV cache's V (%lld blocks of %d tokens)", (long long)nb, bs);
-        if ((st = cx_alloc(x, x->kv_layer_bytes * (size_t)x->n_layers, what, &x->vcache, err))) goto fail;
-        if ((st = kiln_kvpool_init(&x->kv, max_seqs, max_ctx, bs, (int)nb, x->free_window, x->max_rows, err)))
-            goto fail;
-        x->stats.kv_pool_bytes = (int64_t)(2 * x->kv_layer_bytes * (size_t)x->n_layers);
-        x->stats.kv_blocks = nb;
-        x->stats.block_size = bs;
+    /* the step inputs */
+    layout_inputs(&x->in, x->max_rows, max_seqs, (max_ctx + x->block_size - 1) / x->block_size);
+    if ((st = cx_alloc(x, x->in.bytes, "the step inputs", &x->in_dev, err))) goto fail;
+    if ((st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuMemAllocHost((void **)&x->in_host, x->in.bytes))) ||
+        (st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuMemAllocHost((void **)&x->ids_host, (size_t)max_seqs * 4)))) {
+        kiln_err_prefix(err, "cuda executor: pinned host memory for the step inputs: ");
+        goto fail;
     }
-    if ((st = kiln_cuda_sync(&x->cu, err))) goto fail;
-    *out = &x->base;
+    memset(x->in_host, 0, x->in.bytes);
+    *out = x;
     return KILN_OK;
 fail:
     cx_destroy(&x->base);
     return st;
+}
+
+/* KV bytes of one block: every layer's K and V of this rank's KV heads. */
+static size_t kv_block_bytes(const cx *x) {
+    return (size_t)x->n_layers * (size_t)x->n_kv * (size_t)x->block_size * (size_t)x->head_dim * 2 * (size_t)x->es;
+}
+
+/* The KV blocks this executor's device can give it now: o->kv_bytes, else kv_fraction (0.9) of the
+ * free memory, divided among the `share` ranks on the device; at most what max_seqs full contexts
+ * need. Fewer than one block is KILN_ERR_NOMEM. */
+static kiln_status kv_fit(cx *x, const kiln_cuda_exec_opts *o, int share, int64_t *nb_out, kiln_error *err) {
+    const size_t block_bytes = kv_block_bytes(x);
+    size_t want;
+    if (o->kv_bytes > 0) {
+        want = (size_t)o->kv_bytes / (size_t)share;
+    } else {
+        size_t fr = 0, tot = 0;
+        kiln_status st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuMemGetInfo(&fr, &tot));
+        if (st) return st;
+        double frac = o->kv_fraction > 0 ? o->kv_fraction : 0.9;
+        want = (size_t)((double)fr * frac) / (size_t)share;
+    }
+    const int bs = x->block_size;
+    kiln_kvpool probe = {.block_size = bs, .window = x->free_window, .max_step = x->max_rows};
+    int64_t most = (int64_t)x->base.max_seqs * kiln_kvpool_blocks_for(&probe, x->base.max_context);
+    int64_t nb = (int64_t)(want / block_bytes);
+    if (nb > most) nb = most;
+    if (nb > (1LL << 30) / bs) nb = (1LL << 30) / bs;
+    if (nb < 1) {
+        kiln_err(err, KILN_ERR_NOMEM, "cuda executor: KV memory of %zu bytes holds no block of %d tokens (%zu bytes over "
+                 "%d layers)", want, bs, block_bytes, x->n_layers);
+        return kiln_err_hint(err, "give more KV memory (kv_bytes, or a larger fraction of the free memory)");
+    }
+    *nb_out = nb;
+    return KILN_OK;
+}
+
+/* The KV pool of nb blocks (the same count on every rank of a tensor-parallel engine). */
+static kiln_status kv_alloc(cx *x, int64_t nb, kiln_error *err) {
+    const int bs = x->block_size;
+    x->kv_layer_bytes = (size_t)nb * (size_t)x->n_kv * (size_t)bs * (size_t)x->head_dim * (size_t)x->es;
+    char what[96];
+    kiln_status st;
+    snprintf(what, sizeof what, "the KV cache's K (%lld blocks of %d tokens)", (long long)nb, bs);
+    if ((st = cx_alloc(x, x->kv_layer_bytes * (size_t)x->n_layers, what, &x->kcache, err))) return st;
+    snprintf(what, sizeof what, "the KV cache's V (%lld blocks of %d tokens)", (long long)nb, bs);
+    if ((st = cx_alloc(x, x->kv_layer_bytes * (size_t)x->n_layers, what, &x->vcache, err))) return st;
+    if ((st = kiln_kvpool_init(&x->kv, x->base.max_seqs, x->base.max_context, bs, (int)nb, x->free_window, x->max_rows,
+                               err)))
+        return st;
+    x->stats.kv_pool_bytes = (int64_t)(2 * x->kv_layer_bytes * (size_t)x->n_layers);
+    x->stats.kv_blocks = nb;
+    x->stats.block_size = bs;
+    return kiln_cuda_sync(&x->cu, err);
+}
+
+kiln_status kiln_cuda_executor_new(const kiln_model *m, const kiln_cuda_exec_opts *o, kiln_executor **out,
+                                   kiln_error *err) {
+    *out = NULL;
+    kiln_cuda_exec_opts def = {0};
+    if (!o) o = &def;
+    if (!m || !m->plan) return kiln_err(err, KILN_ERR_INVALID_ARG, "cuda executor: no model");
+    if (m->plan->n_ranks > 1) return kiln_cuda_tp_new(m, o, out, err);
+    if (o->n_devices > 1)
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "cuda executor: %d devices given for an engine of one rank",
+                        o->n_devices);
+    cx *x = NULL;
+    int64_t nb = 0;
+    kiln_status st = cx_new(m, o, 0, o->n_devices ? o->devices[0] : o->device, NULL, &x, err);
+    if (!st) st = kv_fit(x, o, 1, &nb, err);
+    if (!st) st = kv_alloc(x, nb, err);
+    if (st) {
+        if (x) cx_destroy(&x->base);
+        return st;
+    }
+    *out = &x->base;
+    return KILN_OK;
+}
+
+
+/* ---- one rank of a tensor-parallel engine, for the TP driver (kiln_cuda_rank.h) ---- */
+
+kiln_status kiln_cx_new(const kiln_model *m, const kiln_cuda_exec_opts *o, int rank, int device, CUstream stream,
+                        kiln_cx **out, kiln_error *err) {
+    return cx_new(m, o, rank, device, stream, out, err);
+}
+kiln_status kiln_cx_kv_fit(kiln_cx *x, const kiln_cuda_exec_opts *o, int share, int64_t *blocks, kiln_error *err) {
+    return kv_fit(x, o, share, blocks, err);
+}
+kiln_status kiln_cx_kv_alloc(kiln_cx *x, int64_t blocks, kiln_error *err) { return kv_alloc(x, blocks, err); }
+kiln_executor *kiln_cx_executor(kiln_cx *x) { return &x->base; }
+kiln_cuda *kiln_cx_cuda(kiln_cx *x) { return &x->cu; }
+CUstream kiln_cx_stream(const kiln_cx *x) { return x->stream; }
+CUevent kiln_cx_done(const kiln_cx *x) { return x->done; }
+int kiln_cx_program_size(const kiln_cx *x) { return x->n_prog; }
+bool kiln_cx_uses_graphs(const kiln_cx *x) { return !x->no_graphs && !x->profile; }
+int kiln_cx_bucket(const kiln_cx *x, int n) { return bucket(x, n); }
+void kiln_cx_tune_decode(kiln_cx *x, int B) { tune_decode(x, B); }
+
+kiln_status kiln_cx_step_begin(kiln_cx *x, const kiln_step *s, kiln_cx_shape *sh, kiln_error *err) {
+    return step_begin(x, s, sh, err);
+}
+kiln_status kiln_cx_run(kiln_cx *x, const kiln_cx_shape *sh, int from, int *stop, kiln_error *err) {
+    return run_range(x, sh, from, stop, err);
+}
+kiln_status kiln_cx_sample(kiln_cx *x, const kiln_cx_shape *sh, kiln_error *err) { return run_sample(x, sh, err); }
+kiln_status kiln_cx_step_end(kiln_cx *x, int n, bool sampled, kiln_error *err) { return step_end(x, n, sampled, err); }
+kiln_status kiln_cx_step_finish(kiln_cx *x, const kiln_step *s, const kiln_cx_shape *sh, bool sampled,
+                                kiln_error *err) {
+    return step_finish(x, s, sh, sampled, err);
+}
+
+void kiln_cx_coll(const kiln_cx *x, int i, const kiln_cx_shape *sh, kiln_cx_coll_desc *d) {
+    const cx_inst *in = &x->prog[i];
+    memset(d, 0, sizeof *d);
+    d->op = in->op;
+    d->gather = in->gather;
+    if (in->gather) {
+        d->in = x->logits_part;
+        d->out = x->logits;
+        d->tmp = x->gather_tmp;
+        d->rows = sh->B;
+        d->width = x->vocab_part;
+        d->out_width = x->vocab;
+        d->f32 = true;
+    } else {
+        d->in = bufp(x, in->x);
+        d->out = bufp(x, in->y);
+        d->rows = sh->T;
+        d->width = d->out_width = in->width;
+        d->f32 = x->f32;
+    }
+}
+
+void kiln_cx_mark(kiln_cx *x, int i, bool after) {
+    if (x->profile) x->cu.api.cuEventRecord(x->pev[2 * i + (after ? 1 : 0)], x->stream);
+}
+
+kiln_status kiln_cx_tp_sum(kiln_cx *x, const CUdeviceptr *in, const CUdeviceptr *out, int n_ranks, size_t n,
+                           bool f32, kiln_error *err) {
+    if (n_ranks > KILN_TP_LOCAL_MAX)
+        return kiln_err(err, KILN_ERR_UNSUPPORTED, "cuda executor: %d ranks on one device (at most %d)", n_ranks,
+                        KILN_TP_LOCAL_MAX);
+    kiln_tp_sum_params sp = {.n = (long long)n, .n_ranks = n_ranks, .f32 = f32};
+    for (int r = 0; r < n_ranks; r++) {
+        sp.in[r] = in[r];
+        sp.out[r] = out[r];
+    }
+    size_t blocks = (n + 255) / 256;
+    if (blocks > (size_t)x->cu.n_sm * 8) blocks = (size_t)x->cu.n_sm * 8;
+    if (blocks < 1) blocks = 1;
+    return launch(x, x->f_tp_sum, (unsigned)blocks, 1, 1, 256, 0, &sp, "kiln_tp_sum", err);
+}
+
+void kiln_cx_destroy(kiln_cx *x) {
+    if (x) cx_destroy(&x->base);
 }
