@@ -50,6 +50,7 @@ typedef struct gl_opts {
     int lengths[GL_MAX_LENGTHS], n_lengths;
     int decode, chunk, window, bos, batch;
     bool cpu; /* the fp32 CPU executor instead (to test this tool without a GPU) */
+    int gpus[64], n_gpus; /* --gpus 0,1: a tensor-parallel engine's GPU per rank */
 } gl_opts;
 
 /* Read IDS (raw int32) into *ids / *n, checking each id against vocab. */
@@ -280,7 +281,8 @@ out:
 static int usage(const char *argv0) {
     fprintf(stderr,
             "usage: %s ENGINE logits --ids IDS.i32 --lengths 1,17,512 --out DIR [--decode 4] [--chunk 2048] [--cpu]\n"
-            "       %s ENGINE ppl --ids TEXT.i32 --out NLL.f32 [--window 2048] [--bos ID] [--batch 32] [--cpu]\n",
+            "       %s ENGINE ppl --ids TEXT.i32 --out NLL.f32 [--window 2048] [--bos ID] [--batch 32] [--cpu]\n"
+            "  either with [--gpus 0,1]: the GPU of each rank of a tensor-parallel engine\n",
             argv0, argv0);
     return 2;
 }
@@ -311,7 +313,17 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--window") && v) ok = parse_int(v, 2, 1 << 20, &o.window);
         else if (!strcmp(a, "--bos") && v) ok = parse_int(v, 0, 1 << 30, &o.bos);
         else if (!strcmp(a, "--batch") && v) ok = parse_int(v, 1, 1024, &o.batch);
-        else if (!strcmp(a, "--lengths") && v) {
+        else if (!strcmp(a, "--gpus") && v) {
+            o.n_gpus = 0;
+            for (char *p = argv[i + 1]; *p && ok;) {
+                char *end;
+                long d = strtol(p, &end, 10);
+                if (end == p || d < 0 || d > 1023 || o.n_gpus == 64) ok = false;
+                else o.gpus[o.n_gpus++] = (int)d;
+                p = *end == ',' ? end + 1 : end;
+                if (*end && *end != ',') ok = false;
+            }
+        } else if (!strcmp(a, "--lengths") && v) {
             o.n_lengths = 0;
             for (char *p = argv[i + 1]; *p && ok;) {
                 char *end;
@@ -372,7 +384,8 @@ int main(int argc, char **argv) {
     }
     /* the KV pool is capped at what seqs x ctx needs; 0.5 leaves room for a
      * reference running on the same GPU */
-    kiln_cuda_exec_opts eo = {.max_seqs = seqs, .max_context = ctx, .max_step_tokens = step_tokens, .kv_fraction = 0.5};
+    kiln_cuda_exec_opts eo = {.max_seqs = seqs, .max_context = ctx, .max_step_tokens = step_tokens, .kv_fraction = 0.5,
+                              .devices = o.n_gpus ? o.gpus : NULL, .n_devices = o.n_gpus};
     if (o.cpu ? (kiln_model_load_f32(m, &err) || kiln_cpu_executor_new(m, seqs, ctx, 0, 0, &x, &err))
               : kiln_cuda_executor_new(m, &eo, &x, &err)) {
         fprintf(stderr, "executor: %s\n", err.msg);

@@ -66,6 +66,16 @@ ARCHS = {
                           original_max_position_embeddings=8192, rope_type="llama3"),
         rms_norm_eps=1e-5, bos_token_id=128000, eos_token_id=128001, tie_word_embeddings=False,
         attention_bias=False, mlp_bias=False),
+    # Llama-3.1-70B's shapes (141 GB in bf16 at 80 layers: use --layers to fit a disk)
+    "llama-3.1-70b": dict(
+        architectures=["LlamaForCausalLM"], model_type="llama",
+        hidden_size=8192, num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+        intermediate_size=28672, vocab_size=128256, max_position_embeddings=131072,
+        rope_theta=500000.0,
+        rope_scaling=dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                          original_max_position_embeddings=8192, rope_type="llama3"),
+        rms_norm_eps=1e-5, bos_token_id=128000, eos_token_id=128001, tie_word_embeddings=False,
+        attention_bias=False, mlp_bias=False),
     "tiny": dict(
         architectures=["MistralForCausalLM"], model_type="mistral",
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -706,15 +706,18 @@ static void test_window_recycling(void) {
 /* Three prompts batched (one mixed prefill step, then decode together), and
  * staggered (a prompt joins while another decodes; one leaves early): the
  * same ids as each alone. */
-static void test_batched_and_mixed(void) {
-    NEED_GPU();
+/* Engine eng run three ways (devices: a tensor-parallel engine's GPUs, NULL = the default): three
+ * prompts alone, batched (one prefill step, then decode together), and staggered (joining and leaving
+ * mid-run, mixed prefill/decode steps): the same greedy ids every way. */
+static void check_batched(const char *eng, const int *devices, int n_devices) {
     const int32_t p0[] = {1, 300, 310, 320, 330, 340, 350, 360}, p1[] = {1}, p2[] = {1, 400, 401, 402, 403, 404, 405,
                                                                                       406, 407, 408, 409, 410, 411};
     const int32_t *pr[3] = {p0, p1, p2};
     const int np[3] = {8, 1, 13}, NG = 40;
-    kiln_cuda_exec_opts o = {.max_seqs = 4, .max_context = 128, .kv_bytes = 32 << 20};
+    kiln_cuda_exec_opts o = {.max_seqs = 4, .max_context = 128, .kv_bytes = 32 << 20, .devices = devices,
+                             .n_devices = n_devices};
     gx G;
-    KT_REQUIRE(gx_open(&G, stories(), &o));
+    KT_REQUIRE(gx_open(&G, eng, &o));
     int32_t alone[3][40];
     for (int i = 0; i < 3; i++) KT_CHECK(gen_one(&G, i, pr[i], np[i], NG, 64, alone[i], NULL, NULL));
 
@@ -800,6 +803,11 @@ static void test_batched_and_mixed(void) {
         KT_CHECKF(d < 0, "staggered sequence %d differs from its single run at step %d", i, d);
     }
     gx_close(&G);
+}
+
+static void test_batched_and_mixed(void) {
+    NEED_GPU();
+    check_batched(stories(), NULL, 0);
 }
 
 /* The GPU sampler picks what runtime/sampler.c picks from the same logits. */
@@ -1196,13 +1204,17 @@ static void test_pycode_bf16(void) {
 /* A bf16 engine of tiny-mistral on the GPU against an HF f32 golden (gdir): logits within 3e-2
  * relative up to the first greedy difference, which may come only after a near-tie. gemv_max_m: the
  * measurement knob (0 = the executor's limits). */
+static const int *g_devices; /* the GPUs check_bf16_golden runs a tensor-parallel engine on (NULL: default) */
+static int g_n_devices;
+
 static void check_bf16_golden(const char *eng, const char *gdir, const char *label, int gemv_max_m) {
     json_error_t je;
     json_t *g = json_load_file(pathf("%s/golden.json", gdir), 0, &je);
     KT_REQUIRE(g != NULL && eng != NULL);
     /* the goldens of a mixture of experts (their cases carry HF's routing) */
     const bool moe_model = json_object_get(json_array_get(json_object_get(g, "cases"), 0), "routing") != NULL;
-    kiln_cuda_exec_opts o = {.max_seqs = 2, .max_context = 128, .kv_bytes = 16 << 20, .gemv_max_m = gemv_max_m};
+    kiln_cuda_exec_opts o = {.max_seqs = 2, .max_context = 128, .kv_bytes = 16 << 20, .gemv_max_m = gemv_max_m,
+                             .devices = g_devices, .n_devices = g_n_devices};
     gx G;
     KT_REQUIRE(gx_open(&G, eng, &o));
     const int V = G.vocab;
@@ -1386,6 +1398,88 @@ static void test_tuning_record(void) {
     free(r.gemms);
 }
 
+/* An engine split over tp ranks (kiln compile --tp), for this GPU, into eng (cap bytes); false when it
+ * did not compile. */
+static bool engine_tp(char *eng, size_t cap, const char *name, const char *ckpt, kiln_dtype dt, int tp) {
+    snprintf(eng, cap, "%s/%s.kiln", g_tmp, name);
+    if (access(eng, R_OK) == 0) return true;
+    kiln_compile_options opt = {.output_path = eng, .weight_dtype = dt, .targets = gpu_targets(), .tp = tp};
+    return kt_compile(ckpt, &opt) == KILN_OK;
+}
+
+static int gpu_count(void) {
+    kiln_cuda cu;
+    kiln_error err = {0};
+    int n = 0;
+    if (kiln_cuda_init(&cu, 0, &err) != KILN_OK) return 0;
+    if (cu.api.cuDeviceGetCount(&n) != CUDA_SUCCESS) n = 1;
+    kiln_cuda_free(&cu);
+    return n;
+}
+
+/* Tensor-parallel engines (kiln compile --tp N) against the same HF goldens as one rank, with every
+ * rank on GPU 0 (their partial sums added by kiln_tp_sum) and, on a host with N GPUs, a rank per GPU
+ * through NCCL: f32 engines within 1e-3 of HF with identical ids (stories260k at tp 2 and 4,
+ * tiny-mistral, tiny-llama3, tiny-qwen2; tiny-qwen3's head_dim 24 has no f32 GPU kernels), a bf16 one
+ * under the bf16 bound, and batched and staggered sequences giving their single runs' ids. */
+static void test_tensor_parallel(void) {
+    NEED_GPU();
+    const char *src = src_dir();
+    static const int on_one[4] = {0, 0, 0, 0}, own[4] = {0, 1, 2, 3};
+    const int n_gpus = gpu_count();
+    fprintf(stderr, "  %d GPU(s)\n", n_gpus);
+    static const char *const tiny[] = {"tiny-mistral", "tiny-llama3", "tiny-qwen2"};
+    char st2[300], st4[300], tmb[300], f32[3][300];
+    KT_REQUIRE(engine_tp(st2, sizeof st2, "stories-tp2", pathf("%s/models/stories260k", src), KILN_DTYPE_COUNT_, 2));
+    KT_REQUIRE(engine_tp(st4, sizeof st4, "stories-tp4", pathf("%s/models/stories260k", src), KILN_DTYPE_COUNT_, 4));
+    KT_REQUIRE(engine_tp(tmb, sizeof tmb, "tiny-mistral-bf16-tp2", pathf("%s/tests/data/tiny-mistral", src),
+                         KILN_DTYPE_COUNT_, 2));
+    for (int i = 0; i < 3; i++)
+        KT_REQUIRE(engine_tp(f32[i], sizeof f32[i], pathf("%s-f32-tp2", tiny[i]), pathf("%s/tests/data/%s", src, tiny[i]),
+                             KILN_DTYPE_F32, 2));
+    for (int mode = 0; mode < 2; mode++) { /* 0: every rank on GPU 0; 1: a GPU each (NCCL) */
+        if (mode == 1 && n_gpus < 2) {
+            fprintf(stderr, "  NCCL: skipped (one GPU)\n");
+            break;
+        }
+        const int *devs = mode ? own : on_one;
+        fprintf(stderr, "  %s\n", mode ? "a GPU per rank (NCCL)" : "every rank on GPU 0");
+        kiln_cuda_exec_opts o = {.max_seqs = 4, .max_context = 256, .kv_bytes = 64 << 20, .devices = devs,
+                                 .n_devices = 2};
+        check_golden(st2, pathf("%s/tests/golden/stories260k", src), &o, 64);
+        o.no_graphs = true;
+        check_golden(st2, pathf("%s/tests/golden/stories260k", src), &o, 7);
+        if (mode == 0 || n_gpus >= 4) {
+            kiln_cuda_exec_opts o4 = {.max_seqs = 4, .max_context = 256, .kv_bytes = 64 << 20, .devices = devs,
+                                      .n_devices = 4};
+            check_golden(st4, pathf("%s/tests/golden/stories260k", src), &o4, 64);
+        }
+        kiln_cuda_exec_opts ot = {.max_seqs = 2, .max_context = 128, .kv_bytes = 16 << 20, .devices = devs,
+                                  .n_devices = 2};
+        for (int i = 0; i < 3; i++) check_golden(f32[i], pathf("%s/tests/golden/%s", src, tiny[i]), &ot, 16);
+        g_devices = devs;
+        g_n_devices = 2;
+        check_bf16_golden(tmb, pathf("%s/tests/golden/tiny-mistral", src), "tiny-mistral bf16 tp2", 0);
+        g_devices = NULL;
+        g_n_devices = 0;
+        check_batched(st2, devs, 2);
+    }
+    /* refused by name before any GPU is touched */
+    kiln_model *m = NULL;
+    kiln_executor *x = NULL;
+    kiln_error err = {0};
+    KT_REQUIRE(kiln_model_open_ex(st4, 2, KILN_MODEL_NO_F32, &m, &err) == KILN_OK);
+    static const int mixed[4] = {0, 0, 1, 1};
+    kiln_cuda_exec_opts bad = {.max_seqs = 2, .devices = mixed, .n_devices = 4};
+    KT_EQ_INT(kiln_cuda_executor_new(m, &bad, &x, &err), KILN_ERR_UNSUPPORTED);
+    KT_CHECKF(strstr(err.msg, "share some GPUs but not all") != NULL, "%s", err.msg);
+    bad.n_devices = 3;
+    KT_EQ_INT(kiln_cuda_executor_new(m, &bad, &x, &err), KILN_ERR_INVALID_ARG);
+    KT_CHECKF(strstr(err.msg, "3 GPUs given for an engine of 4 ranks") != NULL, "%s", err.msg);
+    KT_CHECK(x == NULL);
+    kiln_model_close(m);
+}
+
 static void make_tmp(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/kiln-gpu-exec-XXXXXX");
     if (!mkdtemp(g_tmp)) snprintf(g_tmp, sizeof g_tmp, "/tmp");
@@ -1417,6 +1511,7 @@ int main(void) {
     RUN(test_quant_goldens);
     RUN(test_pycode_bf16);
     RUN(test_tuning_record);
+    RUN(test_tensor_parallel);
     remove_tmp();
     return KT_END();
 }
