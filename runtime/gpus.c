@@ -18,8 +18,9 @@
 #define SHOWN_ITEM 16
 
 kiln_status kiln_gpus_parse(const char *spec, kiln_gpu_list *out, kiln_error *err) {
-    *out = (kiln_gpu_list){0};
+    *out = (kiln_gpu_list){0}; /* and so it stays on failure: the list is written whole or not at all */
     if (!spec || !*spec) return KILN_OK;
+    kiln_gpu_list g = {0};
     const char *p = spec;
     for (int item = 1;; item++) {
         const char *start = p;
@@ -43,8 +44,11 @@ kiln_status kiln_gpus_parse(const char *spec, kiln_gpu_list *out, kiln_error *er
             return kiln_err_hint(err, "an engine has at most %d tensor-parallel ranks, and takes one device per rank",
                                  KILN_MAX_RANKS);
         }
-        out->ordinal[out->n++] = value;
-        if (!*p) return KILN_OK;
+        g.ordinal[g.n++] = value;
+        if (!*p) {
+            *out = g;
+            return KILN_OK;
+        }
         p++; /* the comma */
     }
 }

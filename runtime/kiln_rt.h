@@ -147,8 +147,9 @@ typedef struct kiln_gpu_list {
 
 /* Parse a device list ("0,1"; NULL or "" = none, n = 0) into *out (runtime/gpus.c): comma-separated
  * items of ASCII digits, each 0..KILN_GPU_ORDINAL_MAX, at most KILN_MAX_RANKS. Anything else is
- * KILN_ERR_INVALID_ARG with a message that quotes the list and names the item at fault, for the
- * caller to prefix ("gpus ", "--gpus "). The count against the engine's ranks is the caller's check. */
+ * KILN_ERR_INVALID_ARG (and *out empty) with a message that quotes the list and names the item at
+ * fault, for the caller to prefix ("gpus ", "--gpus "). The count against the engine's ranks is the
+ * caller's check. */
 kiln_status kiln_gpus_parse(const char *spec, kiln_gpu_list *out, kiln_error *err);
 /* The most kiln_ctx_options.tp_timeout_s may be, in seconds (a day: longer is surely a mistake). */
 #define KILN_TP_TIMEOUT_MAX_S 86400
