@@ -15,6 +15,7 @@
 
 #include "../format/kiln_ksec.h"
 #include "../format/kiln_engine.h"
+#include "../runtime/kiln_rt.h"
 
 int kiln_cli_fail(const char *cmd, const kiln_error *err, bool json) {
     const char *msg = err && err->msg[0] ? err->msg : "failed";
@@ -129,6 +130,32 @@ bool kiln_cli_parse_memory(const char *s, int64_t *bytes, double *fraction) {
     if (v > 9.0e18 || v != floor(v)) return false;
     *bytes = (int64_t)v;
     return true;
+}
+
+int kiln_cli_gpus_arg(const char *cmd, const char *s) {
+    kiln_gpu_list g;
+    kiln_error err = {0};
+    if (kiln_gpus_parse(s, &g, &err) != KILN_OK) return kiln_cli_usage_error(cmd, "--gpus %s", err.msg);
+    return KILN_EXIT_OK;
+}
+
+int kiln_cli_tp_timeout_arg(const char *cmd, const char *s, double *seconds) {
+    if (!kiln_cli_parse_float(s, 0, KILN_TP_TIMEOUT_MAX_S, seconds))
+        return kiln_cli_usage_error(cmd, "--tp-timeout '%s' is not a number of seconds in 0..%d (0 = 60)", s,
+                                    KILN_TP_TIMEOUT_MAX_S);
+    return KILN_EXIT_OK;
+}
+
+void kiln_cli_gpus_help(FILE *f, int width) {
+    static const char *const lines[][2] = {
+        {"--gpus LIST", "CUDA devices, one per tensor-parallel rank in rank order, e.g. 0,1"},
+        {"", "(default: rank r on GPU r); a plain engine takes one, the GPU to"},
+        {"", "run on; 0,0 puts both ranks on GPU 0"},
+        {"--tp-timeout S", "seconds a tensor-parallel step may take on the GPUs before every"},
+        {"", "rank's collectives are aborted (default 60)"},
+    };
+    for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++)
+        fprintf(f, "  %-*s%s\n", width - 2, lines[i][0], lines[i][1]);
 }
 
 static void tool_usage(const kiln_cli_tool *t, FILE *f) {

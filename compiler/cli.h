@@ -12,6 +12,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "../common/kiln_util.h"
 #include "../format/kiln_engine.h"
@@ -37,6 +38,16 @@ bool kiln_cli_parse_ids(const char *s, int32_t **ids, int *n);
  * `label`, its byte offset and the word. */
 kiln_status kiln_cli_parse_ids_text(const char *s, size_t len, const char *label, int32_t **ids, size_t *n,
                                     kiln_error *err);
+
+/* --gpus LIST and --tp-timeout SECONDS, which every command that makes a context takes (run, bench,
+ * perplexity, serve; kiln_ctx_options.gpus and .tp_timeout_s): checked here with the runtime's own
+ * parser (kiln_gpus_parse), so that a bad value is a usage error before the engine is read; the
+ * count against the engine's ranks is kiln_ctx_new's check. Each returns KILN_EXIT_OK, or
+ * KILN_EXIT_USAGE after reporting "kiln CMD: error: --gpus ..." naming the item at fault. */
+int kiln_cli_gpus_arg(const char *cmd, const char *s);
+int kiln_cli_tp_timeout_arg(const char *cmd, const char *s, double *seconds);
+/* Their --help lines, to follow an option column `width` characters wide (option and padding). */
+void kiln_cli_gpus_help(FILE *f, int width);
 
 /* What `kiln inspect` found in the kernels section (present = false: none). */
 typedef struct kiln_inspect_kernels {

@@ -42,9 +42,12 @@
  *
  * Output: a table, or with --json one JSON object per line per measurement:
  *   {"model", "dtype", "batch", "requests", "input_len", "output_len",
- *    "metric", "value", "unit", "device", "gpu", "commit"}
+ *    "metric", "value", "unit", "device", "gpu", "gpus", "commit"}
  * commit comes from the KILN_COMMIT environment variable, else the commit
- * the build was made from (kiln_build_commit); gpu is "none" on the CPU.
+ * the build was made from (kiln_build_commit); gpu is "none" on the CPU;
+ * gpus is each tensor-parallel rank's CUDA device as --gpus gave them, or
+ * the default (rank r on device r: "0" for a plain engine), "none" on the
+ * CPU.
  */
 #include <getopt.h>
 #include <jansson.h>
@@ -86,7 +89,9 @@ static void help(FILE *f) {
             "                       8192, fewer on a GPU short of memory; at least B): the chunked-\n"
             "                       prefill budget, which sizes the GPU's activations and scratch\n"
             "  --kv-memory X        KV memory: bytes (suffix K, M, G) or a fraction of free GPU\n"
-            "                       memory in (0, 1] (default: the context's default)\n"
+            "                       memory in (0, 1] (default: the context's default)\n");
+    kiln_cli_gpus_help(f, 23);
+    fprintf(f,
             "  --measure KNOBS      measurement knobs for the GPU, e.g. 'lt_tune=0,attn_waves=3':\n"
             "                       gemv_max_m=1..64, attn_waves=(0,64], lt_tune=0|1|2, pdl=0|1,\n"
             "                       graphs=0|1, moe_grouped=0|1 (docs/c-api.md: kiln_ctx_options.measure);\n"
@@ -102,7 +107,7 @@ static void help(FILE *f) {
             "                       dense bf16 TFLOP/s (default on an H200: 4.2,785)\n"
             "  --json               one JSON object per line per measurement: model, dtype, batch,\n"
             "                       requests, input_len, output_len, metric, value, unit, device,\n"
-            "                       gpu, commit\n"
+            "                       gpu, gpus (each rank's CUDA device, \"none\" on the CPU), commit\n"
             "  -h, --help           this help\n\n"
             "Exit codes: 0 success, 1 failure, 2 usage error.\n");
 }
@@ -287,16 +292,17 @@ out:
 typedef struct report {
     bool json;
     const char *model, *dtype, *device, *gpu, *commit;
+    const char *gpus; /* each rank's CUDA device ("0,1"), "none" on the CPU */
     int input_len, output_len;
 } report;
 
 static void emit(const report *rp, int batch, int requests, const char *metric, double value, const char *unit) {
     if (isnan(value)) return;
     if (rp->json) {
-        json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:s, s:f, s:s, s:s, s:s, s:s}", "model", rp->model,
-                              "dtype", rp->dtype, "batch", batch, "requests", requests, "input_len", rp->input_len,
-                              "output_len", rp->output_len, "metric", metric, "value", value, "unit", unit, "device",
-                              rp->device, "gpu", rp->gpu, "commit", rp->commit);
+        json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:s, s:f, s:s, s:s, s:s, s:s, s:s}", "model",
+                              rp->model, "dtype", rp->dtype, "batch", batch, "requests", requests, "input_len",
+                              rp->input_len, "output_len", rp->output_len, "metric", metric, "value", value, "unit",
+                              unit, "device", rp->device, "gpu", rp->gpu, "gpus", rp->gpus, "commit", rp->commit);
         char *s = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6)) : NULL;
         if (s) printf("%s\n", s);
         free(s);
@@ -343,10 +349,11 @@ static void emit_tuning(const report *rp, const bench_shape *sh, const char *tun
         printf("  tuning: %s\n", tuning);
         return;
     }
-    json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:s, s:i, s:s, s:s, s:s, s:s, s:s}", "model", rp->model,
-                          "dtype", rp->dtype, "batch", sh->batch, "requests", sh->requests, "input_len", rp->input_len,
-                          "output_len", rp->output_len, "metric", "tuning", "value", (int)shapes, "unit", "shapes",
-                          "tuning", tuning, "device", rp->device, "gpu", rp->gpu, "commit", rp->commit);
+    json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:s, s:i, s:s, s:s, s:s, s:s, s:s, s:s}", "model",
+                          rp->model, "dtype", rp->dtype, "batch", sh->batch, "requests", sh->requests, "input_len",
+                          rp->input_len, "output_len", rp->output_len, "metric", "tuning", "value", (int)shapes,
+                          "unit", "shapes", "tuning", tuning, "device", rp->device, "gpu", rp->gpu, "gpus", rp->gpus,
+                          "commit", rp->commit);
     char *s = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     if (s) printf("%s\n", s);
     free(s);
@@ -407,6 +414,8 @@ static char *weights_dtype(const char *meta) {
 typedef struct bench_args {
     long long batch, requests, in_len, out_len, warmup, reps, threads, max_ctx, max_step;
     const char *device, *path, *measure;
+    const char *gpus;  /* --gpus, checked (kiln_cli_gpus_arg); NULL = the default */
+    double tp_timeout; /* --tp-timeout, seconds; 0 = the runtime's */
     bool profile;
     double ceil_tbps, ceil_tflops; /* --ceilings; 0 = the device's known ones */
     const kiln_engine_src *builtin; /* the engine of a packaged executable, else NULL */
@@ -417,7 +426,8 @@ typedef struct bench_args {
 
 /* Parse argv into *a; KILN_EXIT_OK to go on, else the exit code (help printed, or a usage error). */
 static int parse_args(int argc, char **argv, const kiln_engine_src *builtin, bench_args *a, bool *done) {
-    enum { O_BATCH = 256, O_REQ, O_IN, O_OUT, O_DEV, O_WARM, O_REPS, O_THR, O_CTX, O_STEP, O_KV, O_JSON, O_MEASURE, O_PROFILE, O_CEIL };
+    enum { O_BATCH = 256, O_REQ, O_IN, O_OUT, O_DEV, O_WARM, O_REPS, O_THR, O_CTX, O_STEP, O_KV, O_JSON, O_MEASURE, O_PROFILE, O_CEIL,
+           O_GPUS, O_TPTIME };
     static const struct option longopts[] = {
         {"batch", required_argument, 0, O_BATCH},   {"requests", required_argument, 0, O_REQ},
         {"input-len", required_argument, 0, O_IN},  {"output-len", required_argument, 0, O_OUT},
@@ -427,11 +437,12 @@ static int parse_args(int argc, char **argv, const kiln_engine_src *builtin, ben
         {"kv-memory", required_argument, 0, O_KV},  {"json", no_argument, 0, O_JSON},
         {"measure", required_argument, 0, O_MEASURE}, {"profile", no_argument, 0, O_PROFILE},
         {"ceilings", required_argument, 0, O_CEIL},   {"help", no_argument, 0, 'h'},
+        {"gpus", required_argument, 0, O_GPUS},       {"tp-timeout", required_argument, 0, O_TPTIME},
         {0, 0, 0, 0}};
     *a = (bench_args){.batch = 1, .in_len = 128, .out_len = 128, .warmup = 1, .reps = 3, .device = "auto",
                      .builtin = builtin};
     *done = false;
-    int c;
+    int c, rc;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -485,6 +496,13 @@ static int parse_args(int argc, char **argv, const kiln_engine_src *builtin, ben
             break;
         case O_JSON: a->json = true; break;
         case O_MEASURE: a->measure = optarg; break;
+        case O_GPUS:
+            if ((rc = kiln_cli_gpus_arg("bench", optarg)) != KILN_EXIT_OK) return rc;
+            a->gpus = optarg;
+            break;
+        case O_TPTIME:
+            if ((rc = kiln_cli_tp_timeout_arg("bench", optarg, &a->tp_timeout)) != KILN_EXIT_OK) return rc;
+            break;
         case O_PROFILE: a->profile = true; break;
         case O_CEIL: {
             char *end = NULL;
@@ -604,6 +622,24 @@ static void emit_profile(kiln_ctx_t *ctx, const report *rp, const bench_args *a,
     free(g);
 }
 
+/* The "gpus" of --json: each rank's CUDA device, as --gpus gave them (kiln_ctx_new checked the list
+ * against the engine's ranks) or rank r on device r; "none" on the CPU. */
+static void rank_devices(const bench_args *a, const kiln_t *k, bool on_gpu, char *buf, size_t cap) {
+    if (!on_gpu) {
+        snprintf(buf, cap, "none");
+        return;
+    }
+    if (a->gpus && *a->gpus) {
+        snprintf(buf, cap, "%s", a->gpus);
+        return;
+    }
+    const kiln_model *m = kiln_api_model(k);
+    size_t used = 0;
+    buf[0] = 0;
+    for (uint32_t r = 0; m && r < m->plan->n_ranks && used < cap; r++)
+        used += (size_t)snprintf(buf + used, cap - used, r ? ",%u" : "%u", r);
+}
+
 /* Open the engine and a context for the arguments. */
 static kiln_status open_ctx(const bench_args *a, kiln_t **k, kiln_ctx_t **ctx, kiln_error *err) {
     kiln_engine_src src = a->builtin ? *a->builtin : (kiln_engine_src){.path = a->path};
@@ -630,6 +666,8 @@ static kiln_status open_ctx(const bench_args *a, kiln_t **k, kiln_ctx_t **ctx, k
     snprintf(knobs, sizeof knobs, "%s%s%s", a->measure ? a->measure : "", a->measure && *a->measure && a->profile ? "," : "",
              a->profile ? "profile=1" : "");
     o.measure = knobs[0] ? knobs : NULL;
+    o.gpus = a->gpus;
+    o.tp_timeout_s = a->tp_timeout;
     if ((st = kiln_ctx_new(*k, &o, ctx)) != KILN_OK) return kiln_err(err, st, "%s", kiln_last_error(*ctx));
     return KILN_OK;
 }
@@ -657,8 +695,10 @@ int kiln_cmd_bench_builtin(int argc, char **argv, const kiln_engine_src *builtin
     }
     dtype = weights_dtype(kiln_meta_json(k));
     bool on_gpu = strcmp(info.device, "gpu") == 0;
+    char gpus[KILN_MAX_RANKS * 5 + 1]; /* up to 64 ordinals of 0..1023 and their commas */
+    rank_devices(&a, k, on_gpu, gpus, sizeof gpus);
     report rp = {.json = a.json, .model = name, .dtype = dtype, .device = info.device,
-                 .gpu = on_gpu ? info.device_name : "none", .commit = commit_id(),
+                 .gpu = on_gpu ? info.device_name : "none", .gpus = gpus, .commit = commit_id(),
                  .input_len = (int)a.in_len, .output_len = (int)a.out_len};
     if (!a.json)
         printf("kiln bench %s: %s weights on %s (%s), batch %lld, %lld requests, input %lld, output %lld, "

@@ -47,7 +47,9 @@ static void help(FILE *f) {
             "                     token is scored too (the window then takes N + 1 positions)\n"
             "  --batch B          windows read side by side (default 8)\n"
             "  --device DEV       cpu, gpu or auto (default auto)\n"
-            "  --threads N        CPU threads (default: one per core)\n"
+            "  --threads N        CPU threads (default: one per core)\n");
+    kiln_cli_gpus_help(f, 21);
+    fprintf(f,
             "  --json             one JSON object: perplexity, nll_mean, bits_per_token, tokens,\n"
             "                     scored, windows, window, stride, bos, device, seconds\n"
             "  -h, --help         this help\n\n"
@@ -56,22 +58,25 @@ static void help(FILE *f) {
 
 typedef struct ppl_args {
     const char *path, *text_file, *ids_file, *device;
+    const char *gpus;  /* --gpus, checked (kiln_cli_gpus_arg); NULL = the default */
+    double tp_timeout; /* --tp-timeout, seconds; 0 = the runtime's */
     long long window, stride, batch, threads;
     bool bos, json;
 } ppl_args;
 
 static int parse_args(int argc, char **argv, ppl_args *a, bool *done) {
-    enum { O_TEXT = 256, O_IDS, O_WIN, O_STRIDE, O_BOS, O_BATCH, O_DEV, O_THR, O_JSON };
+    enum { O_TEXT = 256, O_IDS, O_WIN, O_STRIDE, O_BOS, O_BATCH, O_DEV, O_THR, O_JSON, O_GPUS, O_TPTIME };
     static const struct option longopts[] = {
         {"text-file", required_argument, 0, O_TEXT}, {"ids-file", required_argument, 0, O_IDS},
         {"window", required_argument, 0, O_WIN},     {"stride", required_argument, 0, O_STRIDE},
         {"bos", no_argument, 0, O_BOS},              {"batch", required_argument, 0, O_BATCH},
         {"device", required_argument, 0, O_DEV},     {"threads", required_argument, 0, O_THR},
         {"json", no_argument, 0, O_JSON},            {"help", no_argument, 0, 'h'},
+        {"gpus", required_argument, 0, O_GPUS},      {"tp-timeout", required_argument, 0, O_TPTIME},
         {0, 0, 0, 0}};
     *a = (ppl_args){.device = "auto", .batch = 8};
     *done = false;
-    int c;
+    int c, rc;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -101,6 +106,13 @@ static int parse_args(int argc, char **argv, ppl_args *a, bool *done) {
                 return kiln_cli_usage_error("perplexity", "--threads '%s' is not a number in 1..1024", optarg);
             break;
         case O_JSON: a->json = true; break;
+        case O_GPUS:
+            if ((rc = kiln_cli_gpus_arg("perplexity", optarg)) != KILN_EXIT_OK) return rc;
+            a->gpus = optarg;
+            break;
+        case O_TPTIME:
+            if ((rc = kiln_cli_tp_timeout_arg("perplexity", optarg, &a->tp_timeout)) != KILN_EXIT_OK) return rc;
+            break;
         case 'h':
             help(stdout);
             *done = true;
@@ -233,6 +245,8 @@ int kiln_cmd_perplexity(int argc, char **argv) {
     o.max_batch = (int32_t)a.batch;
     o.max_context = (int32_t)(N + a.bos);
     o.threads = (int32_t)a.threads;
+    o.gpus = a.gpus;
+    o.tp_timeout_s = a.tp_timeout;
     if ((st = kiln_ctx_new(k, &o, &ctx)) != KILN_OK) {
         kiln_err(&err, st, "%s", kiln_last_error(ctx));
         goto fail;

@@ -62,7 +62,9 @@ static void help(FILE *f) {
             "  --threads N           CPU threads (default: one per core)\n"
             "  --max-context N       context length to allocate (default: the model's)\n"
             "  --gpu-memory X        KV-cache memory on the GPU: bytes (suffix K, M, G) or a fraction\n"
-            "                        of the free memory after the weights (default 0.9)\n"
+            "                        of the free memory after the weights (default 0.9)\n");
+    kiln_cli_gpus_help(f, 24);
+    fprintf(f,
             "output:\n"
             "  --json                print one JSON object (prompt_ids, ids, text, stop_reason, timings)\n"
             "  --logprobs K          with --json: each generated token's log-probability under the model\n"
@@ -136,6 +138,8 @@ typedef struct run_opts {
     const char *engine;
     const char *prompt, *prompt_file, *ids_arg; /* at most one is set */
     const char *device;
+    const char *gpus;   /* --gpus, checked (kiln_cli_gpus_arg); NULL = the default */
+    double tp_timeout;  /* --tp-timeout, seconds; 0 = the runtime's */
     const char *system; /* --system, with --chat */
     long long max_tokens, top_k, threads, max_ctx, seed, logprobs; /* logprobs: -1 = off */
     double temperature, top_p, min_p, presence, frequency, repetition;
@@ -150,7 +154,7 @@ typedef struct run_opts {
 static int run_parse(int argc, char **argv, const kiln_engine_src *builtin, run_opts *o) {
     enum { O_PROMPT = 256, O_PFILE, O_IDS, O_MAX, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_DEV, O_THR, O_JSON, O_CTX,
            O_NOBOS, O_NOSPECIAL, O_IGNEOS, O_GPUMEM, O_BOS, O_CHAT, O_SYSTEM, O_MINP, O_PRES, O_FREQ, O_REP,
-           O_LOGPROBS };
+           O_LOGPROBS, O_GPUS, O_TPTIME };
     static const struct option longopts[] = {
         {"prompt", required_argument, 0, O_PROMPT},     {"prompt-file", required_argument, 0, O_PFILE},
         {"prompt-ids", required_argument, 0, O_IDS},    {"max-tokens", required_argument, 0, O_MAX},
@@ -164,11 +168,12 @@ static int run_parse(int argc, char **argv, const kiln_engine_src *builtin, run_
         {"chat", no_argument, 0, O_CHAT},               {"system", required_argument, 0, O_SYSTEM},
         {"min-p", required_argument, 0, O_MINP},        {"presence-penalty", required_argument, 0, O_PRES},
         {"frequency-penalty", required_argument, 0, O_FREQ}, {"repetition-penalty", required_argument, 0, O_REP},
-        {"logprobs", required_argument, 0, O_LOGPROBS},
+        {"logprobs", required_argument, 0, O_LOGPROBS}, {"gpus", required_argument, 0, O_GPUS},
+        {"tp-timeout", required_argument, 0, O_TPTIME},
         {0, 0, 0, 0}};
     *o = (run_opts){.device = "auto", .max_tokens = 128, .seed = -1, .top_p = 1, .repetition = 1, .logprobs = -1};
     bool bos = false;
-    int c;
+    int c, rc;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -214,6 +219,13 @@ static int run_parse(int argc, char **argv, const kiln_engine_src *builtin, run_
                 return kiln_cli_usage_error("run", "--seed '%s' is not a whole number >= 0", optarg);
             break;
         case O_DEV: o->device = optarg; break;
+        case O_GPUS:
+            if ((rc = kiln_cli_gpus_arg("run", optarg)) != KILN_EXIT_OK) return rc;
+            o->gpus = optarg;
+            break;
+        case O_TPTIME:
+            if ((rc = kiln_cli_tp_timeout_arg("run", optarg, &o->tp_timeout)) != KILN_EXIT_OK) return rc;
+            break;
         case O_THR:
             if (!kiln_cli_parse_int(optarg, 1, 256, &o->threads))
                 return kiln_cli_usage_error("run", "--threads '%s' is not a number in 1..256", optarg);
@@ -417,6 +429,8 @@ static kiln_status generate(const run_opts *o, kiln_t *k, const int32_t *ids, in
     co.threads = (int32_t)o->threads;
     co.kv_bytes = o->kv_bytes;
     if (o->kv_fraction > 0) co.kv_fraction = o->kv_fraction;
+    co.gpus = o->gpus;
+    co.tp_timeout_s = o->tp_timeout;
     double t0 = kiln_now();
     kiln_status st = kiln_ctx_new(k, &co, ctx);
     if (st != KILN_OK) return kiln_err(err, st, "%s", kiln_last_error(*ctx));

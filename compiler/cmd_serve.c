@@ -61,7 +61,9 @@ static void help(FILE *f) {
             "  --max-context N      tokens per request, prompt + output (default: the model's)\n"
             "  --kv-memory X        KV-cache memory: bytes (suffix K, M, G) or, on a GPU, a fraction of\n"
             "                       the free memory after the weights (default 0.9; CPU: max-batch full contexts)\n"
-            "  --threads N          CPU threads (default: one per core)\n"
+            "  --threads N          CPU threads (default: one per core)\n");
+    kiln_cli_gpus_help(f, 23);
+    fprintf(f,
             "  --api-key KEY        require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize\n"
             "  --model-name NAME    the model's name in requests (default: the engine file's base name)\n"
             "  --drain-seconds S    on SIGTERM, how long running requests may take to finish (default 30)\n"
@@ -70,6 +72,8 @@ static void help(FILE *f) {
 
 typedef struct serve_opts {
     const char *engine, *host, *device, *api_key, *model_name;
+    const char *gpus;  /* --gpus, checked (kiln_cli_gpus_arg); NULL = the default */
+    double tp_timeout; /* --tp-timeout, seconds; 0 = the runtime's */
     long long port, max_batch, max_queue, max_ctx, threads, drain_s;
     int64_t kv_bytes;
     double kv_fraction;
@@ -1139,7 +1143,8 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
 
 /* Returns -1 to go on, else the exit code. */
 static int serve_parse(int argc, char **argv, serve_opts *o) {
-    enum { O_HOST = 256, O_PORT, O_DEV, O_BATCH, O_QUEUE, O_KEY, O_NAME, O_DRAIN, O_CTX, O_THR, O_KVMEM };
+    enum { O_HOST = 256, O_PORT, O_DEV, O_BATCH, O_QUEUE, O_KEY, O_NAME, O_DRAIN, O_CTX, O_THR, O_KVMEM, O_GPUS,
+           O_TPTIME };
     static const struct option longopts[] = {
         {"host", required_argument, 0, O_HOST},       {"port", required_argument, 0, O_PORT},
         {"device", required_argument, 0, O_DEV},      {"max-batch", required_argument, 0, O_BATCH},
@@ -1147,10 +1152,11 @@ static int serve_parse(int argc, char **argv, serve_opts *o) {
         {"model-name", required_argument, 0, O_NAME}, {"drain-seconds", required_argument, 0, O_DRAIN},
         {"max-context", required_argument, 0, O_CTX}, {"threads", required_argument, 0, O_THR},
         {"kv-memory", required_argument, 0, O_KVMEM}, {"help", no_argument, 0, 'h'},
+        {"gpus", required_argument, 0, O_GPUS},       {"tp-timeout", required_argument, 0, O_TPTIME},
         {0, 0, 0, 0}};
     *o = (serve_opts){.host = "127.0.0.1", .device = "auto", .port = 8000, .max_batch = 8, .max_queue = 64,
                       .drain_s = 30};
-    int c;
+    int c, rc;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -1170,6 +1176,13 @@ static int serve_parse(int argc, char **argv, serve_opts *o) {
             bad = kiln_cli_parse_memory(optarg, &o->kv_bytes, &o->kv_fraction)
                       ? NULL
                       : "--kv-memory is bytes (e.g. 4G) or a fraction in (0, 1]";
+            break;
+        case O_GPUS:
+            if ((rc = kiln_cli_gpus_arg("serve", optarg)) != KILN_EXIT_OK) return rc;
+            o->gpus = optarg;
+            break;
+        case O_TPTIME:
+            if ((rc = kiln_cli_tp_timeout_arg("serve", optarg, &o->tp_timeout)) != KILN_EXIT_OK) return rc;
             break;
         case 'h': help(stdout); return KILN_EXIT_OK;
         default: return kiln_cli_usage_error("serve", "unknown or incomplete option '%s'", argv[optind - 1]);
@@ -1259,6 +1272,8 @@ static kiln_status load(server *s, kiln_error *err) {
     co.threads = (int32_t)s->o.threads;
     co.kv_bytes = s->o.kv_bytes;
     if (s->o.kv_fraction > 0) co.kv_fraction = s->o.kv_fraction;
+    co.gpus = s->o.gpus;
+    co.tp_timeout_s = s->o.tp_timeout;
     if ((st = kiln_ctx_new(s->k, &co, &s->ctx)) != KILN_OK) return kiln_err(err, st, "%s", kiln_last_error(s->ctx));
     kiln_ctx_info info = {.struct_size = sizeof info};
     if ((st = kiln_ctx_info_get(s->ctx, &info)) != KILN_OK) return kiln_err(err, st, "%s", kiln_last_error(s->ctx));

@@ -11,6 +11,9 @@
  *   float   finite and in [lo, hi]
  *   ids text (kiln_cli_parse_ids_text, `kiln perplexity --ids-file`) on success ids in
  *           0..INT32_MAX that print back, space-separated, to the same ids; on failure a message
+ *   gpus    (kiln_gpus_parse, runtime/gpus.c: --gpus and kiln_ctx_options.gpus) on success 0..64
+ *           ordinals in 0..1023, none for "" only, printed back "a,b,c" parse to the same; on
+ *           failure KILN_ERR_INVALID_ARG, a message and an empty list
  * Input: byte 0 picks the parser (and, for int/float, bytes 1..2 the range);
  * the rest is the argument text, cut at its first NUL like a real argv.
  *   ./fuzz_cli_values -max_total_time=30 fuzz/corpus/cli_values
@@ -22,6 +25,28 @@
 #include <string.h>
 
 #include "../compiler/cli.h"
+#include "../runtime/kiln_rt.h"
+
+static void check_gpus(const char *s) {
+    kiln_gpu_list g, again;
+    kiln_error err = {0};
+    kiln_status st = kiln_gpus_parse(s, &g, &err);
+    if (st != KILN_OK) {
+        if (st != KILN_ERR_INVALID_ARG || !err.msg[0] || g.n != 0) abort();
+        return;
+    }
+    if (g.n < 0 || g.n > KILN_MAX_RANKS || (g.n == 0) != (*s == 0)) abort();
+    char back[KILN_MAX_RANKS * 5 + 1];
+    size_t used = 0;
+    back[0] = 0;
+    for (int i = 0; i < g.n; i++) {
+        if (g.ordinal[i] < 0 || g.ordinal[i] > KILN_GPU_ORDINAL_MAX) abort();
+        used += (size_t)snprintf(back + used, sizeof back - used, i ? ",%d" : "%d", g.ordinal[i]);
+    }
+    if (kiln_gpus_parse(back, &again, &err) != KILN_OK || again.n != g.n ||
+        memcmp(again.ordinal, g.ordinal, (size_t)g.n * sizeof *g.ordinal) != 0)
+        abort();
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -105,12 +130,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!s) return 0;
     memcpy(s, data + 3, size - 3);
     s[size - 3] = 0;
-    switch (data[0] % 5) {
+    switch (data[0] % 6) {
     case 0: check_ids(s); break;
     case 1: check_memory(s); break;
     case 2: check_int(s, data[1], data[2]); break;
     case 3: check_float(s, data[1], data[2]); break;
-    default: check_ids_text(s); break;
+    case 4: check_ids_text(s); break;
+    default: check_gpus(s); break;
     }
     free(s);
     return 0;

@@ -19,7 +19,9 @@
  * This file is the one that holds the table, so it is a library of its own
  * (kiln_api) above kiln_rt and kiln_cuda, and no link points back down;
  * "auto" tries them in order and passes to the next only when one is
- * unavailable (KILN_ERR_DEVICE), never to hide another failure.
+ * unavailable (KILN_ERR_DEVICE), never to hide another failure. Options that
+ * only the GPU takes (measurement knobs, a device list) make "auto" the GPU
+ * or an error, never a quiet run on the CPU.
  */
 #include <pthread.h>
 #include <stddef.h>
@@ -149,7 +151,10 @@ void kiln_ctx_options_init(kiln_ctx_options *o) {
                             .kv_bytes = 0,
                             .kv_fraction = DEFAULT_KV_FRACTION,
                             .max_step_tokens = 0,
-                            .threads = 0};
+                            .threads = 0,
+                            .measure = NULL,
+                            .gpus = NULL,
+                            .tp_timeout_s = 0};
 }
 
 static kiln_status fail_ctx(kiln_ctx_t *c, kiln_error *e) {
@@ -207,18 +212,25 @@ static kiln_status parse_measure(const char *spec, kiln_measure_knobs *k, kiln_e
 /* The executors, in the order "auto" tries them. */
 static const kiln_executor_kind *const executor_kinds[] = {&kiln_executor_gpu, &kiln_executor_cpu};
 
+/* Whether "auto" tries `kind`: options that only some kinds take (knobs, a device list) leave the
+ * others out, whatever the engine; without them, a kind passes over engines it is not for (the GPU
+ * over an engine with no kernels). */
+static bool auto_tries(const kiln_executor_kind *kind, const kiln_model *m, const kiln_measure_knobs *mk,
+                       const kiln_gpu_list *gpus) {
+    if (mk->any || gpus->n) return (!mk->any || kind->takes_knobs) && (!gpus->n || kind->takes_gpus);
+    return !kind->auto_for || kind->auto_for(m);
+}
+
 /* The executor for device `dev` ("cpu", "gpu", "auto") into *x, its name into `device`. */
 static kiln_status new_executor(const kiln_t *k, const char *dev, const kiln_ctx_options *o,
-                                const kiln_measure_knobs *mk, kiln_executor **x, char *device, size_t cap,
-                                kiln_error *err) {
+                                const kiln_measure_knobs *mk, const kiln_gpu_list *gpus, kiln_executor **x,
+                                char *device, size_t cap, kiln_error *err) {
     const bool any = strcmp(dev, "auto") == 0;
     kiln_status st = KILN_ERR_DEVICE;
     for (size_t i = 0; i < sizeof executor_kinds / sizeof executor_kinds[0]; i++) {
         const kiln_executor_kind *kind = executor_kinds[i];
         if (!any && strcmp(dev, kind->device)) continue;
-        /* "auto": knobs never fall back to a kind that does not take them; without knobs, a kind
-         * passes over engines it is not for (the GPU over an engine with no kernels) */
-        if (any && (mk->any ? !kind->takes_knobs : kind->auto_for && !kind->auto_for(k->m))) continue;
+        if (any && !auto_tries(kind, k->m, mk, gpus)) continue;
         *err = (kiln_error){0};
         st = KILN_OK;
         if (kind->needs_f32) { /* the first context that needs them converts the weights */
@@ -226,7 +238,7 @@ static kiln_status new_executor(const kiln_t *k, const char *dev, const kiln_ctx
             st = kiln_model_load_f32(k->m, err);
             pthread_mutex_unlock((pthread_mutex_t *)&k->f32_lock);
         }
-        if (st == KILN_OK) st = kind->create(k->m, o, mk, x, err);
+        if (st == KILN_OK) st = kind->create(k->m, o, mk, gpus, x, err);
         if (st == KILN_OK) snprintf(device, cap, "%s", kind->device);
         if (st != KILN_ERR_DEVICE || !any) return st;
     }
@@ -256,6 +268,34 @@ static kiln_status check_ctx_options(const kiln_model *m, const kiln_ctx_options
     if (o->threads < 0 || o->threads > MAX_THREADS)
         return kiln_err(err, KILN_ERR_INVALID_ARG, "threads %d is outside 0..%d (0 = one per core)", o->threads,
                         MAX_THREADS);
+    if (!(o->tp_timeout_s >= 0 && o->tp_timeout_s <= (double)KILN_TP_TIMEOUT_MAX_S)) /* NaN too */
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "tp_timeout_s %g is outside 0..%g seconds (0 = 60)",
+                        o->tp_timeout_s, (double)KILN_TP_TIMEOUT_MAX_S);
+    return KILN_OK;
+}
+
+/* kiln_ctx_options.gpus parsed into *g and checked against the device and the engine: a list is the
+ * GPU's, and names one device per tensor-parallel rank. */
+static kiln_status check_gpus(const kiln_model *m, const char *spec, bool want_cpu, kiln_gpu_list *g,
+                              kiln_error *err) {
+    kiln_status st = kiln_gpus_parse(spec, g, err);
+    if (st != KILN_OK) return kiln_err_prefix(err, "gpus ");
+    if (g->n && want_cpu) {
+        kiln_err(err, KILN_ERR_INVALID_ARG, "gpus \"%.64s\" lists GPUs, which do not apply to device \"cpu\"", spec);
+        return kiln_err_hint(err, "drop the device list, or use device \"gpu\"");
+    }
+    const int ranks = (int)m->plan->n_ranks;
+    if (g->n && g->n != ranks) {
+        if (ranks == 1) {
+            kiln_err(err, KILN_ERR_INVALID_ARG, "gpus \"%.64s\" lists %d devices, but the engine has 1 rank (it is not "
+                     "tensor-parallel): give 1 device, the GPU to run on", spec, g->n);
+            return kiln_err_hint(err, "compile with --tp N for an engine that runs on N GPUs");
+        }
+        kiln_err(err, KILN_ERR_INVALID_ARG, "gpus \"%.64s\" lists %d device%s, but the engine has %d tensor-parallel "
+                 "ranks: give %d devices", spec, g->n, g->n == 1 ? "" : "s", ranks, ranks);
+        return kiln_err_hint(err, "one device per rank, in rank order: \"0,1\" runs rank 0 on GPU 0 and rank 1 on "
+                                  "GPU 1; the same device for every rank (\"0,0\") runs them all on one GPU");
+    }
     return KILN_OK;
 }
 
@@ -311,7 +351,15 @@ kiln_status kiln_ctx_new(const kiln_t *k, const kiln_ctx_options *opts, kiln_ctx
         kiln_err_prefix(&e, "kiln_ctx_new: ");
         return fail_new(c, &e);
     }
-    st = new_executor(k, dev, &o, &mk, &c->x, c->device, sizeof c->device, &e);
+    kiln_gpu_list gpus;
+    if ((st = check_gpus(k->m, o.gpus, want_cpu, &gpus, &e)) != KILN_OK) {
+        kiln_err_prefix(&e, "kiln_ctx_new: ");
+        return fail_new(c, &e);
+    }
+    st = new_executor(k, dev, &o, &mk, &gpus, &c->x, c->device, sizeof c->device, &e);
+    if (st == KILN_ERR_DEVICE && want_auto && gpus.n) /* say why "auto" did not take the CPU */
+        kiln_err_prefix(&e, "gpus \"%.64s\" asks for the GPU, so device \"auto\" does not fall back to the CPU: ",
+                        o.gpus);
     if (st == KILN_OK && c->x && kiln_model_shrank(k->m, &e)) { /* the upload read zeros past a new end */
         c->x->ops->destroy(c->x);
         c->x = NULL;

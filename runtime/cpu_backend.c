@@ -213,8 +213,8 @@ static int64_t cpu_kv_bytes_per_token(const kiln_model *m) {
 }
 
 static kiln_status cpu_create(const kiln_model *m, const kiln_ctx_options *o, const kiln_measure_knobs *k,
-                              kiln_executor **x, kiln_error *err) {
-    (void)k; /* none apply (kiln_ctx_new refuses them for "cpu") */
+                              const kiln_gpu_list *gpus, kiln_executor **x, kiln_error *err) {
+    (void)k, (void)gpus; /* neither applies (kiln_ctx_new refuses knobs and a device list for "cpu") */
     int64_t kv_tokens = 0;
     if (o->kv_bytes > 0) {
         int64_t per = cpu_kv_bytes_per_token(m);
@@ -231,4 +231,5 @@ static kiln_status cpu_create(const kiln_model *m, const kiln_ctx_options *o, co
 }
 
 const kiln_executor_kind kiln_executor_cpu = {
-    .device = "cpu", .needs_f32 = true, .takes_knobs = false, .auto_for = NULL, .create = cpu_create};
+    .device = "cpu", .needs_f32 = true, .takes_knobs = false, .takes_gpus = false, .auto_for = NULL,
+    .create = cpu_create};

@@ -165,6 +165,18 @@ typedef struct kiln_ctx_options {
      * NULL or "" = none. An unknown key or
      * a bad value is KILN_ERR_INVALID_ARG, and any knob with device "cpu" too. */
     const char *measure;
+    /* Since 0.4 (a caller built against an older kiln.h passes a smaller struct_size and gets the defaults). */
+    const char *gpus;        /* GPU only: comma-separated CUDA device ordinals, one per tensor-parallel rank in rank
+                                order ("0,1": rank 0 on GPU 0, rank 1 on GPU 1); a plain engine takes one (the GPU
+                                to run on). Items are digits only, each 0..1023; a device may repeat ("0,0": every
+                                rank on one GPU). NULL or "" = device r for rank r (device 0 for a plain engine).
+                                KILN_ERR_INVALID_ARG for a bad item (named), a count other than the engine's ranks
+                                or any list with device "cpu"; with "auto" a list asks for the GPU (no CPU
+                                fallback: KILN_ERR_DEVICE when there is none) */
+    double tp_timeout_s;     /* a tensor-parallel step that has not finished on every rank after this many seconds
+                                aborts every rank's collectives and fails, naming the rank; 0..86400, 0 = 60
+                                (default). Applies to GPU contexts of tensor-parallel engines; accepted and
+                                ignored otherwise */
 } kiln_ctx_options;
 
 /* Fill *o with the defaults above. */

@@ -137,6 +137,23 @@ typedef struct kiln_measure_knobs {
     bool any;          /* at least one knob was given */
 } kiln_measure_knobs;
 
+/* kiln_ctx_options.gpus parsed: the CUDA device of each tensor-parallel rank, in rank order. n = 0
+ * when none was given: rank r on device r (a plain engine, of one rank, on device 0). */
+#define KILN_GPU_ORDINAL_MAX 1023
+typedef struct kiln_gpu_list {
+    int n;                       /* 0..KILN_MAX_RANKS */
+    int ordinal[KILN_MAX_RANKS]; /* each 0..KILN_GPU_ORDINAL_MAX; a device may repeat ("0,0") */
+} kiln_gpu_list;
+
+/* Parse a device list ("0,1"; NULL or "" = none, n = 0) into *out (runtime/gpus.c): comma-separated
+ * items of ASCII digits, each 0..KILN_GPU_ORDINAL_MAX, at most KILN_MAX_RANKS. Anything else is
+ * KILN_ERR_INVALID_ARG (and *out empty) with a message that quotes the list and names the item at
+ * fault, for the caller to prefix ("gpus ", "--gpus "). The count against the engine's ranks is the
+ * caller's check. */
+kiln_status kiln_gpus_parse(const char *spec, kiln_gpu_list *out, kiln_error *err);
+/* The most kiln_ctx_options.tp_timeout_s may be, in seconds (a day: longer is surely a mistake). */
+#define KILN_TP_TIMEOUT_MAX_S 86400
+
 /* An executor, by the kiln_ctx_options.device that picks it. "auto" tries the kinds in
  * kiln_executor_kinds' order: one whose device is unavailable (KILN_ERR_DEVICE) passes to the
  * next; any other failure is the answer. */
@@ -146,8 +163,12 @@ typedef struct kiln_executor_kind {
     bool takes_knobs;    /* runs with measurement knobs (others refuse them, and "auto" with knobs skips it) */
     /* whether "auto" tries it for this engine (NULL: always); "gpu" asked by name still tries */
     bool (*auto_for)(const kiln_model *m);
+    bool takes_gpus;     /* runs on the devices of kiln_ctx_options.gpus (others refuse a list, and "auto"
+                            with one skips it) */
+    /* `gpus`: o->gpus parsed and checked against the engine's ranks (n = 0: none given); valid
+     * during the call only */
     kiln_status (*create)(const kiln_model *m, const kiln_ctx_options *o, const kiln_measure_knobs *k,
-                          struct kiln_executor **out, kiln_error *err);
+                          const kiln_gpu_list *gpus, struct kiln_executor **out, kiln_error *err);
 } kiln_executor_kind;
 
 /* The CPU executor's kind (runtime/cpu_backend.c). */

@@ -23,6 +23,7 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 m = {r["metric"]: r["value"] for r in rows if r["batch"] == 8}
 assert all(r["requests"] == (30 if r["batch"] == 8 else 1) for r in rows), rows
+assert all(r["device"] == "cpu" and r["gpu"] == "none" and r["gpus"] == "none" for r in rows), rows[0]
 assert m["e2e_output_tokens_per_s"] > 0 and m["e2e_total_tokens_per_s"] > m["e2e_output_tokens_per_s"], m
 for k in ("ttft", "tpot"):
     assert 0 < m[k + "_p50_ms"] <= m[k + "_p90_ms"] <= m[k + "_p99_ms"], (k, m)
@@ -42,5 +43,8 @@ expect 1 "apply to the GPU executor, not device \"cpu\"" -- "$KILN" bench "$T/ti
 expect 2 "do not apply to --device cpu" -- "$KILN" bench "$T/tiny.kiln" --device cpu --profile
 expect 2 "--ceilings '4' is not BW,TF" -- "$KILN" bench "$T/tiny.kiln" --profile --ceilings 4
 expect 2 "--ceilings goes with --profile" -- "$KILN" bench "$T/tiny.kiln" --ceilings 4,785
+# --gpus is checked like the other options (more in cli_tp.sh)
+expect 2 '--gpus "0,a": item 2 "a" is not a CUDA device ordinal' -- "$KILN" bench "$T/tiny.kiln" --gpus 0,a
+expect 1 'gpus "0" lists GPUs, which do not apply to device "cpu"' -- "$KILN" bench "$T/tiny.kiln" --device cpu --gpus 0
 "$KILN" bench --help | grep -q -- "--requests R" && ok || bad "bench --help lacks --requests"
 cli_summary

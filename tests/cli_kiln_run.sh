@@ -43,6 +43,8 @@ cmp -s "$T/i1" "$T/i2" && ok || bad "kiln-run inspect --json differs from kiln i
 "$RUN" bench "$T/s.kiln" --device cpu --threads 1 --input-len 8 --output-len 4 --reps 1 --warmup 0 --json \
     >"$T/bench" 2>"$T/err" && grep -q '"metric"' "$T/bench" && ok || bad "kiln-run bench: $(cat "$T/err")"
 expect 1 "kiln run: error" -- "$RUN" run "$T/nonexistent.kiln" --prompt-ids 1
+expect 2 'kiln run: error: --gpus "x": item 1 "x" is not a CUDA device ordinal' -- "$RUN" run "$T/s.kiln" --prompt-ids 1 --gpus x
+expect 1 'gpus "0" lists GPUs, which do not apply to device "cpu"' -- "$RUN" bench "$T/s.kiln" --device cpu --gpus 0
 
 # tokenize: an engine's tokenizer, as kiln's; tokenizer.json and directories refused with a hint
 tok=$SHARED/models/pycode-22m

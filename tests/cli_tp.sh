@@ -4,7 +4,11 @@
 #     divide are refused naming the config.json key (exit 1), leaving no file;
 #   - --dump-ir shows the pass tensor-parallel and its collectives;
 #   - inspect shows the ranks (text and --json);
-#   - the tp=2 engine runs on the CPU and gives the tp=1 engine's tokens.
+#   - the tp=2 engine runs on the CPU and gives the tp=1 engine's tokens;
+#   - --gpus (each rank's CUDA device) and --tp-timeout: a bad value is a
+#     usage error naming the item (exit 2) in every command that makes a
+#     context; a list of the wrong length (both counts named) or with
+#     --device cpu is refused (exit 1); with auto a list never runs on the CPU.
 #
 # usage: bash tests/cli_tp.sh KILN_EXE SOURCE_DIR SHARED_DIR
 set -u
@@ -69,5 +73,39 @@ PY
 "$KILN" run "$T/tp1.kiln" --device cpu --prompt-ids 1,5,9,33,100,7 --max-tokens 24 >"$T/a" 2>/dev/null || bad "run tp1"
 "$KILN" run "$T/tp2.kiln" --device cpu --prompt-ids 1,5,9,33,100,7 --max-tokens 24 >"$T/b" 2>/dev/null || bad "run tp2"
 if [ -s "$T/a" ] && cmp -s "$T/a" "$T/b"; then ok; else bad "tp2 tokens '$(cat "$T/b")' != tp1 '$(cat "$T/a")'"; fi
+
+# --gpus and --tp-timeout: checked before the engine is read, in every command that makes a context
+expect 2 '^kiln run: error: --gpus "x": item 1 "x" is not a CUDA device ordinal \(a whole number 0..1023\)' -- \
+    "$KILN" run "$T/tp2.kiln" --prompt-ids 1,5 --gpus x
+expect 2 '^kiln run: error: --gpus "0,": item 2 is empty' -- "$KILN" run "$T/tp2.kiln" --prompt-ids 1,5 --gpus 0,
+expect 2 '^kiln run: error: --gpus "0,-1": item 2 "-1" is not' -- "$KILN" run "$T/tp2.kiln" --prompt-ids 1,5 --gpus 0,-1
+expect 2 '^kiln bench: error: --gpus "1024": item 1 "1024" is not' -- "$KILN" bench "$T/tp2.kiln" --gpus 1024
+expect 2 '^kiln perplexity: error: --gpus " 0": item 1' -- "$KILN" perplexity "$T/tp2.kiln" --ids-file - --gpus " 0"
+expect 2 '^kiln serve: error: --gpus ",0": item 1 is empty' -- "$KILN" serve "$T/tp2.kiln" --gpus ,0
+expect 2 "^kiln run: error: --tp-timeout '-1' is not a number of seconds in 0..86400" -- \
+    "$KILN" run "$T/tp2.kiln" --prompt-ids 1,5 --tp-timeout -1
+expect 2 "^kiln serve: error: --tp-timeout 'nan'" -- "$KILN" serve "$T/tp2.kiln" --tp-timeout nan
+for cmd in run bench perplexity serve; do
+    "$KILN" $cmd --help | grep -q -- "--gpus LIST" && "$KILN" $cmd --help | grep -q -- "--tp-timeout S" && ok ||
+        bad "$cmd --help lacks --gpus or --tp-timeout"
+done
+# the count against the engine's ranks, both named; a list is the GPU's
+expect 1 'gpus "0" lists 1 device, but the engine has 2 tensor-parallel ranks: give 2 devices' -- \
+    "$KILN" run "$T/tp2.kiln" --prompt-ids 1,5 --device gpu --gpus 0
+expect 1 'gpus "0,1" lists 2 devices, but the engine has 1 rank' -- \
+    "$KILN" run "$T/tp1.kiln" --prompt-ids 1,5 --gpus 0,1
+expect 1 'gpus "0,1" lists GPUs, which do not apply to device "cpu"' -- \
+    "$KILN" run "$T/tp2.kiln" --prompt-ids 1,5 --device cpu --gpus 0,1
+# accepted: '' is the default list, a timeout is ignored on the CPU (same tokens as above)
+"$KILN" run "$T/tp2.kiln" --device cpu --prompt-ids 1,5,9,33,100,7 --max-tokens 24 --gpus '' --tp-timeout 5 \
+    >"$T/c" 2>/dev/null || bad "run tp2 --gpus '' --tp-timeout 5"
+if cmp -s "$T/a" "$T/c"; then ok; else bad "tp2 with --gpus '' gave '$(cat "$T/c")'"; fi
+# auto with a list: the GPU or an error, never the CPU (where there is no GPU: the reason, exit 1)
+"$KILN" run "$T/tp2.kiln" --prompt-ids 1,5 --max-tokens 2 --gpus 0,0 --json >"$T/out" 2>"$T/err"
+rc=$?
+if [ $rc -ne 0 ]; then
+    if [ $rc -eq 1 ] && grep -q 'does not fall back to the CPU' "$T/err"; then ok; else
+        bad "auto --gpus 0,0 exited $rc: $(cat "$T/err")"; fi
+elif grep -q '"device": *"gpu"' "$T/out"; then ok; else bad "auto --gpus 0,0 ran on: $(head -c 300 "$T/out")"; fi
 
 cli_summary

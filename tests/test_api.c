@@ -3,7 +3,8 @@
  * compiled from models/stories260k: open, contexts, requests through
  * polling and callbacks, stepping, cancel, KV-memory queueing, the
  * tokenizer, threads, and bad arguments (each a status plus a message that
- * says what is wrong). Generated ids are compared with HF's greedy ids in
+ * says what is wrong), the device list (gpus) against a plain and a tp=2
+ * engine among them. Generated ids are compared with HF's greedy ids in
  * tests/golden/stories260k/golden.json.
  */
 #include <jansson.h>
@@ -20,7 +21,7 @@
 #include "kt_fixture.h"
 #include "runtime/kiln.h"
 
-static char tmpdir[256], engine[512], tok_engine[512];
+static char tmpdir[256], engine[512], tok_engine[512], tp_engine[512];
 
 typedef struct golden_case {
     int32_t prompt[64];
@@ -274,6 +275,137 @@ static void test_ctx_options(void) {
     int64_t id;
     KT_EQ_INT(kiln_submit(NULL, gc[0].prompt, 1, NULL, &id), KILN_ERR_INVALID_ARG);
     kiln_ctx_free(NULL);
+    kiln_close(k);
+}
+
+/* A context on `k` with device `dev`, gpus `gpus`: *st its status, the context's device ("" when it
+ * failed) into `device`. */
+static void try_gpus(kiln_t *k, const char *dev, const char *gpus, kiln_status *st, char device[16]) {
+    kiln_ctx_options o;
+    kiln_ctx_options_init(&o);
+    o.device = dev;
+    o.gpus = gpus;
+    kiln_ctx_t *c = NULL;
+    *st = kiln_ctx_new(k, &o, &c);
+    kiln_ctx_info info = {.struct_size = sizeof info};
+    snprintf(device, 16, "%s", *st == KILN_OK && kiln_ctx_info_get(c, &info) == KILN_OK ? info.device : "");
+    kiln_ctx_free(c);
+}
+
+/* kiln_ctx_options.gpus and tp_timeout_s: every bad list refused before any executor is made (device
+ * "gpu", which this host may lack, so a refusal that came from the executor would show as
+ * KILN_ERR_DEVICE), naming the item or both counts; a list is never the CPU's. */
+static void test_ctx_gpus(void) {
+    kiln_t *k = NULL, *tp = NULL;
+    KT_REQUIRE(kiln_open(engine, 0, &k) == KILN_OK);
+    KT_REQUIRE(kiln_open(tp_engine, 0, &tp) == KILN_OK);
+    kiln_ctx_options o;
+    char many[200] = "0";
+    for (int i = 1; i < 65; i++) strcat(many, ",0");
+    static const struct {
+        const char *gpus, *msg;
+    } bad[] = {
+        {"a", "gpus \"a\": item 1 \"a\" is not a CUDA device ordinal"},
+        {"0,", "gpus \"0,\": item 2 is empty"},
+        {",0", "gpus \",0\": item 1 is empty"},
+        {"0,,1", "item 2 is empty"},
+        {"-1", "item 1 \"-1\" is not a CUDA device ordinal (a whole number 0..1023)"},
+        {"1024", "item 1 \"1024\" is not"},
+        {"0,1x", "item 2 \"1x\" is not"},
+        {"0, 1", "item 2 \" 1\" is not"},
+        {"00000", "item 1 \"00000\" is not"},
+        {NULL, "more than 64 devices"}, /* `many`: 65 items */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        kiln_ctx_options_init(&o);
+        o.device = "gpu";
+        o.gpus = bad[i].gpus ? bad[i].gpus : many;
+        expect_ctx_error(k, &o, KILN_ERR_INVALID_ARG, bad[i].msg);
+    }
+    /* counts against the engine's ranks */
+    kiln_ctx_options_init(&o);
+    o.device = "gpu";
+    o.gpus = "0,1";
+    expect_ctx_error(k, &o, KILN_ERR_INVALID_ARG, "gpus \"0,1\" lists 2 devices, but the engine has 1 rank");
+    o.gpus = "0";
+    expect_ctx_error(tp, &o, KILN_ERR_INVALID_ARG, "gpus \"0\" lists 1 device, but the engine has 2 tensor-parallel "
+                                                   "ranks: give 2 devices");
+    o.gpus = "0,1,2";
+    expect_ctx_error(tp, &o, KILN_ERR_INVALID_ARG, "lists 3 devices, but the engine has 2 tensor-parallel ranks");
+    o.device = "auto";
+    expect_ctx_error(tp, &o, KILN_ERR_INVALID_ARG, "lists 3 devices, but the engine has 2 tensor-parallel ranks");
+    /* a list is the GPU's: refused with device "cpu", even when its count fits */
+    kiln_ctx_options_init(&o);
+    o.device = "cpu";
+    o.gpus = "0";
+    expect_ctx_error(k, &o, KILN_ERR_INVALID_ARG, "gpus \"0\" lists GPUs, which do not apply to device \"cpu\"");
+    o.gpus = "0,1";
+    expect_ctx_error(tp, &o, KILN_ERR_INVALID_ARG, "do not apply to device \"cpu\"");
+    /* tp_timeout_s: 0..86400 */
+    const double bad_timeouts[] = {-1, 86401, NAN};
+    for (int i = 0; i < 3; i++) {
+        kiln_ctx_options_init(&o);
+        o.device = "cpu";
+        o.tp_timeout_s = bad_timeouts[i];
+        expect_ctx_error(tp, &o, KILN_ERR_INVALID_ARG, "tp_timeout_s");
+    }
+    kiln_ctx_options_init(&o);
+    o.device = "cpu";
+    o.tp_timeout_s = -1;
+    expect_ctx_error(tp, &o, KILN_ERR_INVALID_ARG, "tp_timeout_s -1 is outside 0..86400 seconds");
+
+    /* what is accepted: "" and NULL are the default list, a timeout is ignored on the CPU */
+    kiln_status st;
+    char dev[16];
+    try_gpus(k, "cpu", "", &st, dev);
+    KT_EQ_INT(st, KILN_OK);
+    KT_EQ_STR(dev, "cpu");
+    try_gpus(tp, "cpu", NULL, &st, dev);
+    KT_EQ_INT(st, KILN_OK);
+    kiln_ctx_options_init(&o);
+    o.device = "cpu";
+    o.tp_timeout_s = 86400;
+    kiln_ctx_t *c = NULL;
+    KT_EQ_INT(kiln_ctx_new(tp, &o, &c), KILN_OK);
+    kiln_ctx_free(c);
+    /* a caller built against 0.3 passes a struct that ends at measure: gpus and tp_timeout_s beyond it
+     * are not read (here they would be refused) */
+    kiln_ctx_options_init(&o);
+    o.device = "cpu";
+    o.gpus = "not read";
+    o.tp_timeout_s = -5;
+    o.struct_size = (uint32_t)(offsetof(kiln_ctx_options, measure) + sizeof o.measure);
+    c = NULL;
+    KT_EQ_INT(kiln_ctx_new(k, &o, &c), KILN_OK);
+    kiln_ctx_free(c);
+    o.struct_size = sizeof o;
+    expect_ctx_error(k, &o, KILN_ERR_INVALID_ARG, "tp_timeout_s -5");
+    o.tp_timeout_s = 0;
+    expect_ctx_error(k, &o, KILN_ERR_INVALID_ARG, "gpus \"not read\": item 1");
+
+    /* "auto" with a valid list is the GPU or an error, never the CPU: on a host or build without a
+     * GPU (device "gpu" says KILN_ERR_DEVICE), KILN_ERR_DEVICE saying why there is no fallback */
+    try_gpus(k, "gpu", NULL, &st, dev);
+    const bool no_gpu = st == KILN_ERR_DEVICE;
+    const struct {
+        kiln_t *k;
+        const char *gpus;
+    } valid[] = {{k, "0"}, {tp, "0,1"}, {tp, "0,0"}};
+    for (int i = 0; i < 3; i++) {
+        try_gpus(valid[i].k, "auto", valid[i].gpus, &st, dev);
+        KT_CHECKF(st != KILN_OK || strcmp(dev, "gpu") == 0, "auto with gpus \"%s\" ran on %s", valid[i].gpus, dev);
+        if (no_gpu) {
+            KT_EQ_INT(st, KILN_ERR_DEVICE);
+            kiln_ctx_options_init(&o);
+            o.gpus = valid[i].gpus;
+            expect_ctx_error(valid[i].k, &o, KILN_ERR_DEVICE, "does not fall back to the CPU");
+        }
+    }
+    /* without a list, "auto" still takes the CPU where there is no GPU */
+    try_gpus(tp, "auto", "", &st, dev);
+    KT_EQ_INT(st, KILN_OK);
+    if (no_gpu) KT_EQ_STR(dev, "cpu");
+    kiln_close(tp);
     kiln_close(k);
 }
 
@@ -841,6 +973,9 @@ static int make_engines(void) {
     snprintf(engine, sizeof engine, "%s/stories.kiln", tmpdir);
     kiln_compile_options opt = {.output_path = engine, .weight_dtype = KILN_DTYPE_COUNT_};
     if (kt_compile(ckpt, &opt) != KILN_OK) return -1;
+    snprintf(tp_engine, sizeof tp_engine, "%s/stories-tp2.kiln", tmpdir);
+    kiln_compile_options tpo = {.output_path = tp_engine, .weight_dtype = KILN_DTYPE_COUNT_, .tp = 2};
+    if (kt_compile(ckpt, &tpo) != KILN_OK) return -1;
     char tokjson[1024], dir[600], link[700], target[1100];
     snprintf(tokjson, sizeof tokjson, "%s/tokenizers/llama2/tokenizer.json", KILN_SHARED_DIR);
     if (access(tokjson, R_OK) != 0) return 0;
@@ -870,6 +1005,7 @@ static void remove_fixtures(void) {
     snprintf(p, sizeof p, "%s/ckpt", tmpdir);
     rmdir(p);
     unlink(engine);
+    if (tp_engine[0]) unlink(tp_engine);
     if (tok_engine[0]) unlink(tok_engine);
     rmdir(tmpdir);
 }
@@ -885,6 +1021,7 @@ int main(void) {
     KT_RUN(test_open);
     KT_RUN(test_open_errors);
     KT_RUN(test_ctx_options);
+    KT_RUN(test_ctx_gpus);
     KT_RUN(test_generate_batched);
     KT_RUN(test_step_and_sample);
     KT_RUN(test_submit_errors);

@@ -63,7 +63,7 @@ static void test_bench_json(void) {
     KT_EQ_INT(rc, 0);
     KT_REQUIRE(out);
     const char *fields[] = {"model", "dtype", "batch", "requests", "input_len", "output_len", "metric",
-                            "value", "unit", "device", "gpu", "commit"};
+                            "value", "unit", "device", "gpu", "gpus", "commit"};
     int seen_b1 = 0, seen_b3 = 0, lines = 0;
     bool load = false, tps = false, mspt = false, mem = false;
     for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
@@ -71,13 +71,14 @@ static void test_bench_json(void) {
         json_error_t je;
         json_t *j = json_loads(line, 0, &je);
         KT_REQUIRE(json_is_object(j));
-        KT_EQ_INT(json_object_size(j), 12);
+        KT_EQ_INT(json_object_size(j), 13);
         for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++)
             KT_CHECKF(json_object_get(j, fields[f]) != NULL, "line %d lacks \"%s\"", lines, fields[f]);
         KT_EQ_STR(json_string_value(json_object_get(j, "model")), "stories");
         KT_EQ_STR(json_string_value(json_object_get(j, "dtype")), "f32");
         KT_EQ_STR(json_string_value(json_object_get(j, "device")), "cpu");
         KT_EQ_STR(json_string_value(json_object_get(j, "gpu")), "none");
+        KT_EQ_STR(json_string_value(json_object_get(j, "gpus")), "none");
         KT_EQ_STR(json_string_value(json_object_get(j, "commit")), "test-commit");
         KT_EQ_INT(json_integer_value(json_object_get(j, "input_len")), 9);
         KT_EQ_INT(json_integer_value(json_object_get(j, "output_len")), 6);

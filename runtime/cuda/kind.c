@@ -1,24 +1,36 @@
 /*
  * kind.c — the GPU executor's kind (kiln_rt.h: kiln_executor_kind), which
  * kiln_ctx_new (runtime/api.c) picks by device "gpu" or "auto": the public
- * options and the measurement knobs mapped onto kiln_cuda_exec_opts.
+ * options, the measurement knobs and the device list (kiln_ctx_options.gpus,
+ * parsed and checked against the engine's ranks by kiln_ctx_new) mapped onto
+ * kiln_cuda_exec_opts.
+ *
+ * Devices: no list runs rank r on device r (device 0, n_devices 0); a list
+ * gives every rank's device (devices, n_devices = the engine's ranks, 1 for a
+ * plain engine) and device is its first, so an executor that reads only
+ * `device` runs a plain engine on the GPU asked for. `devices` points into
+ * kiln_ctx_new's kiln_gpu_list: valid during kiln_cuda_executor_new only.
  */
 #include "kiln_cuda_exec.h"
 
 #include "../kiln_rt.h"
 
 /* "auto" tries the GPU for an engine with a kernels section; without one (compiled for the CPU, or
- * for a model the GPU kernels do not take yet) it is the CPU's, unless knobs ask for the GPU. */
+ * for a model the GPU kernels do not take yet) it is the CPU's, unless knobs or a device list ask for the GPU. */
 static bool gpu_auto_for(const kiln_model *m) { return kiln_engine_find(&m->engine, KILN_SECTION_KERNELS) != NULL; }
 
 static kiln_status gpu_create(const kiln_model *m, const kiln_ctx_options *o, const kiln_measure_knobs *k,
-                              kiln_executor **x, kiln_error *err) {
+                              const kiln_gpu_list *gpus, kiln_executor **x, kiln_error *err) {
     kiln_cuda_exec_opts co = {.max_seqs = o->max_batch,
                               .max_context = o->max_context,
                               .max_step_tokens = o->max_step_tokens, /* 0: the executor sizes it from free memory */
                               .kv_bytes = o->kv_bytes,
                               .kv_fraction = o->kv_fraction,
                               .threads = o->threads,
+                              .device = gpus->n ? gpus->ordinal[0] : 0,
+                              .devices = gpus->n ? gpus->ordinal : NULL,
+                              .n_devices = gpus->n,
+                              .tp_timeout_s = o->tp_timeout_s, /* 0: the executor's 60 s */
                               .gemv_max_m = k->gemv_max_m,
                               .attn_waves = k->attn_waves,
                               .lt_tune = k->lt_tune < 0 ? 0 : k->lt_tune + 1,
@@ -31,4 +43,5 @@ static kiln_status gpu_create(const kiln_model *m, const kiln_ctx_options *o, co
 }
 
 const kiln_executor_kind kiln_executor_gpu = {
-    .device = "gpu", .needs_f32 = false, .takes_knobs = true, .auto_for = gpu_auto_for, .create = gpu_create};
+    .device = "gpu", .needs_f32 = false, .takes_knobs = true, .takes_gpus = true, .auto_for = gpu_auto_for,
+    .create = gpu_create};
