@@ -246,4 +246,36 @@ typedef struct kiln_tp_sum_params {
     int f32;                          /* elements are fp32 (else bf16) */
 } kiln_tp_sum_params;
 
+/* One-shot collectives between tensor-parallel ranks whose memory is mutually addressable (one device,
+ * or GPUs with peer access), one kernel per rank on its own stream, each block meeting its peers at a
+ * flag barrier in device memory (no host, so they replay in CUDA graphs). Kernel: kiln_tp_oneshot.
+ *   mode 0, all-reduce: each rank copies its partial `in` into its staging half, the blocks meet, then
+ *     every rank sums the ranks' staging copies in rank order (fp32, rounded once) into `out` (may be
+ *     `in`). Two staging halves alternate by call, so a call never overwrites what a peer may still read.
+ *   mode 1, gather: the blocks meet (every rank's slice in src[] is written), then rank 0 copies src[q]
+ *     [rows, width] (f32) to out columns q x width .. of its [rows, out_width] rows; the other ranks only
+ *     meet. The slices are not written again before the next step's collectives, which wait for rank 0.
+ * The barrier: block b of rank r writes the call number into flags[t][b * n_ranks + r] of every rank t
+ * and waits for its own flags[r][b * n_ranks + q] from every q; the call number is the block's counter
+ * (this rank's memory) plus one, the same on every rank since they run the same calls.
+ * A peer that does not arrive within timeout_ns (a GPU that stopped) does not hang the rank: the block
+ * writes q + 1 into `fault` (host memory the runtime reads after the step) and sets the rank's poison
+ * word, counter[KILN_TP_ONESHOT_BLOCKS], after which every call of this rank returns at once; the
+ * results are then garbage and the runtime fails the step and every later one. */
+#define KILN_TP_ONESHOT_BLOCKS 16
+typedef struct kiln_tp_oneshot_params {
+    kiln_dptr in, out;                     /* this rank's partial and sum (mode 0); rank 0's logits (mode 1) */
+    kiln_dptr stage[KILN_TP_LOCAL_MAX];    /* mode 0: every rank's staging, 2 halves of `half` bytes each */
+    kiln_dptr src[KILN_TP_LOCAL_MAX];      /* mode 1: every rank's slice */
+    kiln_dptr flags[KILN_TP_LOCAL_MAX];    /* every rank's uint32 [KILN_TP_ONESHOT_BLOCKS, n_ranks] */
+    kiln_dptr counter;                     /* this rank's uint32 [KILN_TP_ONESHOT_BLOCKS + 1]: calls, poison */
+    kiln_dptr fault;                       /* this rank's uint32 in mapped host memory: missing rank + 1 */
+    long long timeout_ns;                  /* how long a block waits for its peers */
+    long long n;                           /* mode 0: elements */
+    long long half;                        /* bytes of one staging half */
+    int rows, width, out_width;            /* mode 1 */
+    int rank, n_ranks, mode, f32;
+    int pad_;
+} kiln_tp_oneshot_params;
+
 #endif /* KILN_KERNEL_PARAMS_CUH */

@@ -52,3 +52,82 @@ extern "C" __global__ void __launch_bounds__(256) kiln_tp_sum(const kiln_tp_sum_
         }
     }
 }
+
+/*
+ * kiln_tp_oneshot: the one-shot all-reduce and gather (kiln_tp_oneshot_params).
+ * Launch: grid (KILN_TP_ONESHOT_BLOCKS), block 256, no shared memory; one launch per rank, each on its
+ * rank's stream, all resident at once (every rank's blocks spin at the barrier until all arrive).
+ */
+KILN_DEV unsigned kiln_ld_acquire_sys(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+KILN_DEV void kiln_st_release_sys(unsigned *p, unsigned v) {
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+KILN_DEV unsigned long long kiln_globaltimer(void) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+extern "C" __global__ void __launch_bounds__(256) kiln_tp_oneshot(const kiln_tp_oneshot_params p) {
+    kiln_pdl_wait();
+    __shared__ unsigned call;
+    const int b = blockIdx.x, nb = gridDim.x, R = p.n_ranks;
+    if (threadIdx.x == 0) call = ((volatile unsigned *)p.counter)[b] + 1u;
+    __syncthreads();
+    const unsigned c = call;
+    const long long half_off = (long long)(c & 1u) * p.half;
+    /* in 16-byte vectors (the host sends only n a multiple of one vector): this block's [lo, hi) */
+    const long long nv = p.mode == 0 ? p.n / (p.f32 ? 4 : 8) : 0;
+    const long long per = (nv + nb - 1) / nb, lo = b * per, hi = lo + per < nv ? lo + per : nv;
+    if (p.mode == 0) { /* my partial into my staging half */
+        uint4 *mine = (uint4 *)((char *)p.stage[p.rank] + half_off);
+        for (long long i = lo + threadIdx.x; i < hi; i += blockDim.x) mine[i] = ((const uint4 *)p.in)[i];
+    }
+    __syncthreads();
+    if (threadIdx.x < (unsigned)R) { /* meet: tell every rank, then wait for every rank (or the timeout) */
+        volatile unsigned *poison = (volatile unsigned *)p.counter + KILN_TP_ONESHOT_BLOCKS;
+        __threadfence_system();
+        kiln_st_release_sys((unsigned *)p.flags[threadIdx.x] + b * R + p.rank, c);
+        const unsigned *f = (const unsigned *)p.flags[p.rank] + b * R + threadIdx.x;
+        const unsigned long long t0 = kiln_globaltimer();
+        for (unsigned spin = 1; kiln_ld_acquire_sys(f) != c && !*poison; spin++)
+            if (!(spin & 255) && kiln_globaltimer() - t0 > (unsigned long long)p.timeout_ns) {
+                *(volatile unsigned *)p.fault = threadIdx.x + 1u;
+                *poison = 1u;
+                __threadfence_system();
+            }
+    }
+    __syncthreads();
+    if (p.mode == 0) {
+        for (long long i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+            float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (int r = 0; r < R; r++) {
+                const uint4 v = __ldcg((const uint4 *)((const char *)p.stage[r] + half_off) + i);
+                if (p.f32) {
+                    acc[0] += __uint_as_float(v.x), acc[1] += __uint_as_float(v.y);
+                    acc[2] += __uint_as_float(v.z), acc[3] += __uint_as_float(v.w);
+                } else {
+                    float f[8];
+                    kiln_unpack8(v, f);
+                    for (int k = 0; k < 8; k++) acc[k] += f[k];
+                }
+            }
+            ((uint4 *)p.out)[i] = p.f32 ? make_uint4(__float_as_uint(acc[0]), __float_as_uint(acc[1]),
+                                                     __float_as_uint(acc[2]), __float_as_uint(acc[3]))
+                                        : kiln_pack8(acc);
+        }
+    } else if (p.rank == 0) { /* rows x (R slices of width floats), in float4s (width % 4 == 0) */
+        const int w4 = p.width / 4, o4 = p.out_width / 4;
+        const long long total = (long long)p.rows * R * w4;
+        for (long long i = (long long)b * blockDim.x + threadIdx.x; i < total; i += (long long)nb * blockDim.x) {
+            const long long row = i / ((long long)R * w4);
+            const int col = (int)(i % ((long long)R * w4)), q = col / w4, j = col % w4;
+            ((uint4 *)p.out)[row * o4 + col] = __ldcg((const uint4 *)p.src[q] + row * w4 + j);
+        }
+    }
+    if (threadIdx.x == 0) ((volatile unsigned *)p.counter)[b] = c;
+}

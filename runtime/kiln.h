@@ -160,7 +160,10 @@ typedef struct kiln_ctx_options {
      * timed and reported on stderr), pdl=0|1, graphs=0|1, profile=0|1 (time every kernel, without
      * graphs: `kiln bench --profile`), recorded=0|1 (since 0.3; 0: leave the engine's tuning record
      * unused, its cuBLASLt algorithms and thresholds: the heuristic and the built-in defaults, for A/B
-     * against `kiln tune`), moe_grouped=0|1 (a mixture of experts' decode batches past
+     * against `kiln tune`), tp_oneshot=0|1|2 (since 0.4; a tensor-parallel engine's collectives: NCCL
+     * only (or, with every rank on one GPU, the sum on one stream; the default), the one-shot kernel
+     * where ranks can address each other's memory for small all-reduces and the gather, or for every
+     * collective), moe_grouped=0|1 (a mixture of experts' decode batches past
      * the pair GEMVs: every expert over the batch through cuBLASLt (default), or the grouped GEMVs).
      * NULL or "" = none. An unknown key or
      * a bad value is KILN_ERR_INVALID_ARG, and any knob with device "cpu" too. */

@@ -47,7 +47,8 @@
     X(cuEventElapsedTime)                                                                      \
     X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiate) X(cuGraphLaunch)       \
     X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuCtxGetCurrent) X(cuStreamWaitEvent)            \
-    X(cuMemcpy2DAsync) X(cuCtxGetLimit) X(cuLaunchKernelEx) X(cuEventQuery)
+    X(cuMemcpy2DAsync) X(cuCtxGetLimit) X(cuLaunchKernelEx) X(cuEventQuery) \
+    X(cuDeviceCanAccessPeer) X(cuCtxEnablePeerAccess)
 
 #define KILN_CU_MEMBER_(fn) __typeof__(fn) *fn;
 

@@ -40,6 +40,8 @@ expect 1 "measure: 'attn_waves=99' is not a known knob" -- "$KILN" bench "$T/tin
 expect 1 "apply to the GPU executor, not device \"cpu\"" -- "$KILN" bench "$T/tiny.kiln" --device cpu --measure lt_tune=0
 expect 1 "measure: 'moe_grouped=2' is not a known knob" -- "$KILN" bench "$T/tiny.kiln" --measure moe_grouped=2
 expect 1 "apply to the GPU executor, not device \"cpu\"" -- "$KILN" bench "$T/tiny.kiln" --device cpu --measure moe_grouped=1
+expect 1 "measure: 'tp_oneshot=3' is not a known knob" -- "$KILN" bench "$T/tiny.kiln" --measure tp_oneshot=3
+expect 1 "apply to the GPU executor, not device \"cpu\"" -- "$KILN" bench "$T/tiny.kiln" --device cpu --measure tp_oneshot=2
 expect 2 "do not apply to --device cpu" -- "$KILN" bench "$T/tiny.kiln" --device cpu --profile
 expect 2 "--ceilings '4' is not BW,TF" -- "$KILN" bench "$T/tiny.kiln" --profile --ceilings 4
 expect 2 "--ceilings goes with --profile" -- "$KILN" bench "$T/tiny.kiln" --ceilings 4,785

@@ -39,6 +39,7 @@
 
 #ifdef KILN_HAVE_CUDA
 #include "runtime/cuda/kiln_cuda_exec.h"
+#include "runtime/cuda/kiln_cuda_rank.h"
 #include "../format/kiln_ksec_read.h"
 #include "runtime/cuda/kiln_kvpool.h"
 #include "runtime/kiln_cuda.h"
@@ -703,19 +704,20 @@ static void test_window_recycling(void) {
     check_golden(eng, pathf("%s/tests/golden/tiny-mistral", src_dir()), &o, 8);
 }
 
-/* Three prompts batched (one mixed prefill step, then decode together), and
- * staggered (a prompt joins while another decodes; one leaves early): the
- * same ids as each alone. */
-/* Engine eng run three ways (devices: a tensor-parallel engine's GPUs, NULL = the default): three
- * prompts alone, batched (one prefill step, then decode together), and staggered (joining and leaving
- * mid-run, mixed prefill/decode steps): the same greedy ids every way. */
-static void check_batched(const char *eng, const int *devices, int n_devices) {
+/* Engine eng run three ways (tp: a tensor-parallel engine's GPUs and collectives, NULL = the
+ * default): three prompts alone, batched (one prefill step, then decode together), and staggered
+ * (joining and leaving mid-run, mixed prefill/decode steps): the same greedy ids every way. */
+static void check_batched(const char *eng, const kiln_cuda_exec_opts *tp) {
     const int32_t p0[] = {1, 300, 310, 320, 330, 340, 350, 360}, p1[] = {1}, p2[] = {1, 400, 401, 402, 403, 404, 405,
                                                                                       406, 407, 408, 409, 410, 411};
     const int32_t *pr[3] = {p0, p1, p2};
     const int np[3] = {8, 1, 13}, NG = 40;
-    kiln_cuda_exec_opts o = {.max_seqs = 4, .max_context = 128, .kv_bytes = 32 << 20, .devices = devices,
-                             .n_devices = n_devices};
+    kiln_cuda_exec_opts o = {.max_seqs = 4, .max_context = 128, .kv_bytes = 32 << 20};
+    if (tp) {
+        o.devices = tp->devices;
+        o.n_devices = tp->n_devices;
+        o.tp_oneshot = tp->tp_oneshot;
+    }
     gx G;
     KT_REQUIRE(gx_open(&G, eng, &o));
     int32_t alone[3][40];
@@ -807,7 +809,7 @@ static void check_batched(const char *eng, const int *devices, int n_devices) {
 
 static void test_batched_and_mixed(void) {
     NEED_GPU();
-    check_batched(stories(), NULL, 0);
+    check_batched(stories(), NULL);
 }
 
 /* The GPU sampler picks what runtime/sampler.c picks from the same logits. */
@@ -1204,8 +1206,7 @@ static void test_pycode_bf16(void) {
 /* A bf16 engine of tiny-mistral on the GPU against an HF f32 golden (gdir): logits within 3e-2
  * relative up to the first greedy difference, which may come only after a near-tie. gemv_max_m: the
  * measurement knob (0 = the executor's limits). */
-static const int *g_devices; /* the GPUs check_bf16_golden runs a tensor-parallel engine on (NULL: default) */
-static int g_n_devices;
+static kiln_cuda_exec_opts g_tp; /* the GPUs and collectives check_bf16_golden runs a tensor-parallel engine with */
 
 static void check_bf16_golden(const char *eng, const char *gdir, const char *label, int gemv_max_m) {
     json_error_t je;
@@ -1214,7 +1215,7 @@ static void check_bf16_golden(const char *eng, const char *gdir, const char *lab
     /* the goldens of a mixture of experts (their cases carry HF's routing) */
     const bool moe_model = json_object_get(json_array_get(json_object_get(g, "cases"), 0), "routing") != NULL;
     kiln_cuda_exec_opts o = {.max_seqs = 2, .max_context = 128, .kv_bytes = 16 << 20, .gemv_max_m = gemv_max_m,
-                             .devices = g_devices, .n_devices = g_n_devices};
+                             .devices = g_tp.devices, .n_devices = g_tp.n_devices, .tp_oneshot = g_tp.tp_oneshot};
     gx G;
     KT_REQUIRE(gx_open(&G, eng, &o));
     const int V = G.vocab;
@@ -1417,11 +1418,14 @@ static int gpu_count(void) {
     return n;
 }
 
-/* Tensor-parallel engines (kiln compile --tp N) against the same HF goldens as one rank, with every
- * rank on GPU 0 (their partial sums added by kiln_tp_sum) and, on a host with N GPUs, a rank per GPU
- * through NCCL: f32 engines within 1e-3 of HF with identical ids (stories260k at tp 2 and 4,
- * tiny-mistral, tiny-llama3, tiny-qwen2; tiny-qwen3's head_dim 24 has no f32 GPU kernels), a bf16 one
- * under the bf16 bound, and batched and staggered sequences giving their single runs' ids. */
+/* Tensor-parallel engines (kiln compile --tp N) against the same HF goldens as one rank, every way
+ * the ranks' partial sums can be added: every rank on GPU 0 on one stream (kiln_tp_sum), every rank on
+ * GPU 0 on a stream each through the one-shot kernel (tp_oneshot 2: its flags and staging, as between
+ * GPUs), and, on a host with N GPUs, a rank per GPU through NCCL with the one-shot kernel for small
+ * sums (auto), and through NCCL alone. f32 engines within 1e-3 of HF with identical ids (stories260k
+ * at tp 2 and 4, tiny-mistral, tiny-llama3, tiny-qwen2; tiny-qwen3's head_dim 24 has no f32 GPU
+ * kernels), a bf16 one under the bf16 bound, and batched and staggered sequences giving their single
+ * runs' ids. */
 static void test_tensor_parallel(void) {
     NEED_GPU();
     const char *src = src_dir();
@@ -1437,32 +1441,77 @@ static void test_tensor_parallel(void) {
     for (int i = 0; i < 3; i++)
         KT_REQUIRE(engine_tp(f32[i], sizeof f32[i], pathf("%s-f32-tp2", tiny[i]), pathf("%s/tests/data/%s", src, tiny[i]),
                              KILN_DTYPE_F32, 2));
-    for (int mode = 0; mode < 2; mode++) { /* 0: every rank on GPU 0; 1: a GPU each (NCCL) */
-        if (mode == 1 && n_gpus < 2) {
-            fprintf(stderr, "  NCCL: skipped (one GPU)\n");
-            break;
+    static const struct {
+        const char *name;
+        bool own_gpus;
+        int oneshot; /* kiln_cuda_exec_opts.tp_oneshot */
+    } modes[] = {{"every rank on GPU 0, one stream (kiln_tp_sum)", false, 0},
+                 {"every rank on GPU 0, a stream each (the one-shot kernel)", false, 2},
+                 {"a GPU per rank (NCCL, the one-shot kernel for small sums)", true, 0},
+                 {"a GPU per rank (NCCL alone)", true, 1}};
+    for (size_t mode = 0; mode < sizeof modes / sizeof modes[0]; mode++) {
+        if (modes[mode].own_gpus && n_gpus < 2) {
+            fprintf(stderr, "  %s: skipped (one GPU)\n", modes[mode].name);
+            continue;
         }
-        const int *devs = mode ? own : on_one;
-        fprintf(stderr, "  %s\n", mode ? "a GPU per rank (NCCL)" : "every rank on GPU 0");
+        const int *devs = modes[mode].own_gpus ? own : on_one;
+        fprintf(stderr, "  %s\n", modes[mode].name);
+        g_tp = (kiln_cuda_exec_opts){.devices = devs, .n_devices = 2, .tp_oneshot = modes[mode].oneshot};
         kiln_cuda_exec_opts o = {.max_seqs = 4, .max_context = 256, .kv_bytes = 64 << 20, .devices = devs,
-                                 .n_devices = 2};
+                                 .n_devices = 2, .tp_oneshot = g_tp.tp_oneshot};
         check_golden(st2, pathf("%s/tests/golden/stories260k", src), &o, 64);
         o.no_graphs = true;
         check_golden(st2, pathf("%s/tests/golden/stories260k", src), &o, 7);
-        if (mode == 0 || n_gpus >= 4) {
+        if (!modes[mode].own_gpus || n_gpus >= 4) {
             kiln_cuda_exec_opts o4 = {.max_seqs = 4, .max_context = 256, .kv_bytes = 64 << 20, .devices = devs,
-                                      .n_devices = 4};
+                                      .n_devices = 4, .tp_oneshot = g_tp.tp_oneshot};
             check_golden(st4, pathf("%s/tests/golden/stories260k", src), &o4, 64);
         }
         kiln_cuda_exec_opts ot = {.max_seqs = 2, .max_context = 128, .kv_bytes = 16 << 20, .devices = devs,
-                                  .n_devices = 2};
+                                  .n_devices = 2, .tp_oneshot = g_tp.tp_oneshot};
         for (int i = 0; i < 3; i++) check_golden(f32[i], pathf("%s/tests/golden/%s", src, tiny[i]), &ot, 16);
-        g_devices = devs;
-        g_n_devices = 2;
         check_bf16_golden(tmb, pathf("%s/tests/golden/tiny-mistral", src), "tiny-mistral bf16 tp2", 0);
-        g_devices = NULL;
-        g_n_devices = 0;
-        check_batched(st2, devs, 2);
+        check_batched(st2, &g_tp);
+        g_tp = (kiln_cuda_exec_opts){0};
+    }
+    /* a step that does not finish in time on every rank breaks the executor, naming the rank, and every
+     * later step fails with the same error. The stall: on the stream that every rank on one device
+     * shares, a lone one-shot collective whose peer never arrives, ahead of the step; it gives up after
+     * 3 s (writing the missing rank + 1 into its fault word), long after the step's 0.5 s timeout. */
+    {
+        kiln_cuda_exec_opts o = {.max_seqs = 2, .max_context = 64, .kv_bytes = 8 << 20, .devices = on_one,
+                                 .n_devices = 2, .tp_timeout_s = 0.5};
+        gx G;
+        KT_REQUIRE(gx_open(&G, st2, &o));
+        kiln_cx *r0 = kiln_cuda_tp_cx(G.x, 0);
+        KT_REQUIRE(r0 != NULL);
+        kiln_cuda *cu = kiln_cx_cuda(r0);
+        kiln_error err = {0};
+        CUdeviceptr scr = 0; /* flags of rank 0 and of the absent rank 1, the counters: zeros */
+        unsigned *fault = NULL;
+        KT_REQUIRE(kiln_cuda_make_current(cu, &err) == KILN_OK && cu->api.cuMemAlloc(&scr, 4096) == CUDA_SUCCESS &&
+                   cu->api.cuMemsetD8(scr, 0, 4096) == CUDA_SUCCESS &&
+                   cu->api.cuMemAllocHost((void **)&fault, sizeof *fault) == CUDA_SUCCESS);
+        *(volatile unsigned *)fault = 0;
+        kiln_tp_oneshot_params stall = {.flags = {scr, scr + 1024}, .counter = scr + 2048,
+                                        .fault = (CUdeviceptr)(uintptr_t)fault, .timeout_ns = 3000000000LL,
+                                        .n_ranks = 2, .rank = 0, .mode = 0}; /* n = 0: the barrier alone */
+        KT_REQUIRE(kiln_cx_tp_oneshot(r0, &stall, &err) == KILN_OK);
+        int32_t slot = 0, n_new = 3, start = 0, toks[3] = {1, 300, 310}, next = -2;
+        bool want = true, fits = false;
+        KT_REQUIRE(G.x->ops->reserve(G.x, slot, 8, &fits, &err) == KILN_OK && fits);
+        kiln_step s = {1, &slot, &n_new, &start, toks, &want, &GREEDY, &next, NULL, NULL};
+        KT_EQ_INT(G.x->ops->step(G.x, &s, &err), KILN_ERR_DEVICE);
+        KT_CHECKF(strstr(err.msg, "did not finish within 0.5 s") && strstr(err.msg, "rank 1 (GPU 0"), "%s", err.msg);
+        kiln_error again = {0};
+        KT_EQ_INT(G.x->ops->step(G.x, &s, &again), KILN_ERR_DEVICE);
+        KT_CHECKF(strcmp(again.msg, err.msg) == 0, "%s", again.msg);
+        KT_REQUIRE(kiln_cuda_make_current(cu, &err) == KILN_OK);
+        KT_CHECK(cu->api.cuStreamSynchronize(kiln_cx_stream(r0)) == CUDA_SUCCESS);
+        KT_EQ_INT((int)*(volatile unsigned *)fault, 2); /* the one-shot kernel's own timeout named rank 1 */
+        cu->api.cuMemFree(scr);
+        cu->api.cuMemFreeHost(fault);
+        gx_close(&G); /* and it goes away cleanly */
     }
     /* refused by name before any GPU is touched */
     kiln_model *m = NULL;

@@ -218,6 +218,7 @@ typedef struct cx {
     CUdeviceptr logits_part; /* tp: fp32 [max_seqs, vocab_part], the LM head's output before the gather */
     CUdeviceptr gather_tmp;  /* tp: fp32 [n_ranks, max_seqs, vocab_part], what an NCCL all-gather writes */
     CUfunction f_tp_sum;     /* the all-reduce of ranks on one device */
+    CUfunction f_tp_oneshot; /* the one-shot collectives of ranks that address each other's memory */
     /* the experts' scratch (moe_bytes()): routing, grouping, the grouped rows, their SwiGLU and outputs */
     int moe_e, moe_k, moe_f; /* the largest over the moe ops (0: none) */
     CUdeviceptr moe_scr, moe_sel, moe_wsel, moe_pos, moe_tok, moe_cnt, moe_xs, moe_act, moe_o;
@@ -2196,7 +2197,8 @@ static kiln_status cx_new(const kiln_model *m, const kiln_cuda_exec_opts *o, int
     if ((st = load_modules(x, err))) goto fail;
     if ((st = fn_get(x, "util", "kiln_gather_rows", &x->f_gather, NULL, err)) ||
         (st = fn_get(x, "sample", "kiln_sample", &x->f_sample, NULL, err)) ||
-        (x->n_ranks > 1 && (st = fn_get(x, "util", "kiln_tp_sum", &x->f_tp_sum, NULL, err))))
+        (x->n_ranks > 1 && ((st = fn_get(x, "util", "kiln_tp_sum", &x->f_tp_sum, NULL, err)) ||
+                            (st = fn_get(x, "util", "kiln_tp_oneshot", &x->f_tp_oneshot, NULL, err)))))
         goto fail;
     x->stream = stream;
     x->shared_stream = stream != NULL;
@@ -2463,6 +2465,18 @@ kiln_status kiln_cx_tp_sum(kiln_cx *x, const CUdeviceptr *in, const CUdeviceptr 
     if (blocks > (size_t)x->cu.n_sm * 8) blocks = (size_t)x->cu.n_sm * 8;
     if (blocks < 1) blocks = 1;
     return launch(x, x->f_tp_sum, (unsigned)blocks, 1, 1, 256, 0, &sp, "kiln_tp_sum", err);
+}
+
+size_t kiln_cx_widest_collective(const kiln_cx *x) {
+    size_t w = 0;
+    for (int i = 0; i < x->n_prog; i++)
+        if (x->prog[i].kind == I_COLL && !x->prog[i].gather && (size_t)x->prog[i].width * (size_t)x->es > w)
+            w = (size_t)x->prog[i].width * (size_t)x->es;
+    return w;
+}
+
+kiln_status kiln_cx_tp_oneshot(kiln_cx *x, const kiln_tp_oneshot_params *prm, kiln_error *err) {
+    return launch(x, x->f_tp_oneshot, KILN_TP_ONESHOT_BLOCKS, 1, 1, 256, 0, (void *)prm, "kiln_tp_oneshot", err);
 }
 
 void kiln_cx_destroy(kiln_cx *x) {

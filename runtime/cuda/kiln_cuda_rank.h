@@ -26,6 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../../kernels/params.cuh"
 #include "../kiln_cuda.h"
 #include "kiln_cuda_exec.h"
 
@@ -57,6 +58,8 @@ kiln_status kiln_cuda_tp_new(const kiln_model *m, const kiln_cuda_exec_opts *o, 
                              kiln_error *err);
 /* Rank `rank`'s executor of a multi-rank executor (NULL for any other executor or rank). */
 kiln_executor *kiln_cuda_tp_rank(kiln_executor *e, int rank);
+/* The same rank as the pieces below take (NULL likewise). */
+kiln_cx *kiln_cuda_tp_cx(kiln_executor *e, int rank);
 
 kiln_status kiln_cx_new(const kiln_model *m, const kiln_cuda_exec_opts *o, int rank, int device, CUstream stream,
                         kiln_cx **out, kiln_error *err);
@@ -84,6 +87,10 @@ void kiln_cx_mark(kiln_cx *x, int i, bool after);
 /* out[r] = sum of in[0..n_ranks) (n elements each) for every r, on x's stream: ranks on one device. */
 kiln_status kiln_cx_tp_sum(kiln_cx *x, const CUdeviceptr *in, const CUdeviceptr *out, int n_ranks, size_t n,
                            bool f32, kiln_error *err);
+/* Bytes per token row of the widest all-reduce of the program. */
+size_t kiln_cx_widest_collective(const kiln_cx *x);
+/* kiln_tp_oneshot on x's stream (the caller fills every rank's pointers). */
+kiln_status kiln_cx_tp_oneshot(kiln_cx *x, const kiln_tp_oneshot_params *prm, kiln_error *err);
 kiln_status kiln_cx_sample(kiln_cx *x, const kiln_cx_shape *sh, kiln_error *err);
 kiln_status kiln_cx_step_end(kiln_cx *x, int n, bool sampled, kiln_error *err);
 kiln_status kiln_cx_step_finish(kiln_cx *x, const kiln_step *s, const kiln_cx_shape *sh, bool sampled,

@@ -15,10 +15,18 @@
  *    issued for all ranks inside ncclGroupStart/End; all_reduce sums bf16
  *    (or f32) vectors in place, all_gather collects the LM head's f32
  *    slices, which rank 0 reorders into [B, vocab] rows for its sampler;
+ *  - where every rank can address every other's memory (peer access over
+ *    NVLink, enabled here), the one-shot kernel kiln_tp_oneshot takes the
+ *    all-reduces up to TP_ONESHOT_BYTES (a decode step's: latency-bound,
+ *    where NCCL's protocol costs more than the bytes) and the gather: each
+ *    rank's blocks meet their peers' at flags in device memory, then read
+ *    the peers' partials directly (tp_oneshot: 0 auto, 1 never, 2 always);
  *  - every rank on one device (a tp engine tested on a one-GPU host): the
  *    ranks share rank 0's stream and kiln_tp_sum adds their partials in rank
  *    order (the CPU executor's order, bit for bit in fp32); the gather is
- *    a strided copy per rank into rank 0's logits.
+ *    a strided copy per rank into rank 0's logits. With tp_oneshot 2 they
+ *    get a stream each and the one-shot kernel instead, which is how its
+ *    barrier is tested without a second GPU.
  * Rank 0 samples and reports; the other ranks' logits are not gathered.
  *
  * Failure: a step waits on every rank's `done` event by polling, checking
@@ -41,6 +49,7 @@
 
 #define TP_MAX_GRAPHS 24
 #define TP_DEFAULT_TIMEOUT_S 60.0
+#define TP_ONESHOT_BYTES (1u << 20) /* all-reduces up to this many bytes take the one-shot kernel (auto) */
 
 typedef struct tp_graph {
     int B;
@@ -52,9 +61,17 @@ typedef struct tpx {
     int n;              /* ranks */
     kiln_cx **r;        /* [n] */
     int *dev;           /* [n] CUDA device of each rank */
-    bool local;         /* every rank on one device: one stream, kiln_tp_sum */
+    bool same_device;   /* every rank on one device (for testing on one GPU) */
+    bool local;         /* ... and on one stream: kiln_tp_sum, the gather as copies */
+    bool oneshot;       /* kiln_tp_oneshot for all-reduces up to `half` bytes and the gather */
+    bool nccl_on;       /* NCCL for what the one-shot kernel does not take */
     kiln_nccl nccl;
     kiln_nccl_comm *comm; /* [n] (NCCL) */
+    /* the one-shot kernel's memory, per rank: staging (2 halves of `half` bytes), flags, counters and
+     * poison; and its fault word in mapped host memory (the peer it waited for in vain, + 1) */
+    CUdeviceptr *os_stage, *os_flags, *os_count;
+    unsigned **os_fault;
+    size_t half;
     tp_graph graphs[TP_MAX_GRAPHS];
     int n_graphs;
     double timeout_s;
@@ -67,7 +84,10 @@ typedef struct tpx {
 
 static kiln_status cur(tpx *t, int r, kiln_error *err) { return kiln_cuda_make_current(kiln_cx_cuda(t->r[r]), err); }
 
-static const char *mode_name(const tpx *t) { return t->local ? "one device" : "NCCL"; }
+static const char *mode_name(const tpx *t) {
+    return t->local ? "one device" : t->nccl_on ? (t->oneshot ? "NCCL and the one-shot kernel" : "NCCL")
+                                                : "the one-shot kernel";
+}
 
 /* "rank 1 (GPU 1, NVIDIA H200)" */
 static void rank_name(tpx *t, int r, char *buf, size_t cap) {
@@ -77,7 +97,7 @@ static void rank_name(tpx *t, int r, char *buf, size_t cap) {
 /* Abort every communicator (peers blocked in a collective return) and keep `err` as the executor's
  * state: every later step fails with it. */
 static kiln_status tp_break(tpx *t, kiln_error *err) {
-    if (!t->local && t->comm)
+    if (t->nccl_on && t->comm)
         for (int r = 0; r < t->n; r++)
             if (t->comm[r]) t->nccl.CommAbort(t->comm[r]);
     if (t->comm) memset(t->comm, 0, (size_t)t->n * sizeof *t->comm); /* aborted ones are freed */
@@ -121,11 +141,35 @@ static kiln_status run_coll(tpx *t, int i, kiln_error *err) {
         kiln_cx_mark(t->r[r], i, false);
     }
     const size_t count = (size_t)d[0].rows * (size_t)d[0].width;
-    if (t->local) {
+    const size_t es = d[0].f32 || d[0].gather ? 4 : 2;
+    if (t->oneshot && (d[0].gather ? d[0].width % 4 == 0 && d[0].out_width % 4 == 0
+                                   : count * es <= t->half && (count * es) % 16 == 0)) {
+        kiln_tp_oneshot_params prm = {.n = (long long)count, .half = (long long)t->half, .rows = d[0].rows,
+                                      .width = d[0].width, .out_width = d[0].out_width, .n_ranks = t->n,
+                                      .mode = d[0].gather ? 1 : 0, .f32 = d[0].f32 || d[0].gather,
+                                      .timeout_ns = (long long)(t->timeout_s * 1e9)};
+        for (int q = 0; q < t->n; q++) {
+            prm.stage[q] = t->os_stage[q];
+            prm.src[q] = d[q].in;
+            prm.flags[q] = t->os_flags[q];
+        }
+        for (int r = 0; r < t->n && !st; r++) {
+            prm.rank = r;
+            prm.in = d[r].in;
+            prm.out = d[r].out;
+            prm.counter = t->os_count[r];
+            prm.fault = (CUdeviceptr)(uintptr_t)t->os_fault[r]; /* unified addressing: the same pointer */
+            if (!(st = cur(t, r, err))) st = kiln_cx_tp_oneshot(t->r[r], &prm, err);
+        }
+    } else if (!t->local && !t->nccl_on) {
+        st = kiln_err(err, KILN_ERR_UNSUPPORTED, "tensor parallel: a %s of %zu bytes: the one-shot kernel takes at "
+                      "most %zu (and whole 16-byte vectors), and NCCL is off", d[0].gather ? "gather" : "sum",
+                      count * es, t->half);
+    } else if (t->local) {
         if ((st = cur(t, 0, err))) return st;
         st = d[0].gather ? gather_rows(t, &d[0], in, err) : kiln_cx_tp_sum(t->r[0], in, out, t->n, count, d[0].f32, err);
     } else {
-        kiln_nccl *nc = &t->nccl;
+        kiln_nccl *nc = &t->nccl; /* NCCL */
         if ((st = KILN_NCCL_CALL(nc, NULL, err, nc->GroupStart()))) return st;
         for (int r = 0; r < t->n && !st; r++) {
             CUstream s = kiln_cx_stream(t->r[r]);
@@ -280,7 +324,7 @@ static kiln_status wait_all(tpx *t, const kiln_step *s, kiln_error *err) {
             }
         }
         if (all) return KILN_OK;
-        for (int r = 0; !t->local && r < t->n; r++) {
+        for (int r = 0; t->nccl_on && t->comm && r < t->n; r++) {
             int ae = KILN_NCCL_SUCCESS;
             if (t->nccl.CommGetAsyncError(t->comm[r], &ae) == KILN_NCCL_SUCCESS && ae != KILN_NCCL_SUCCESS &&
                 ae != KILN_NCCL_IN_PROGRESS) {
@@ -302,7 +346,7 @@ static kiln_status wait_all(tpx *t, const kiln_step *s, kiln_error *err) {
                     rank_name(t, r, rn, sizeof rn);
                     o += (size_t)snprintf(late + o, sizeof late - o, "%s%s", o ? ", " : "", rn);
                 }
-            kiln_err(err, KILN_ERR_DEVICE, "tensor parallel (%s): step %lld (%d sequences) did not finish within %.0f s "
+            kiln_err(err, KILN_ERR_DEVICE, "tensor parallel (%s): step %lld (%d sequences) did not finish within %g s "
                      "on %s; every rank's collectives were aborted", mode_name(t), (long long)t->steps, s->n_seqs,
                      t->timeout_s, late);
             kiln_err_hint(err, "a GPU that stopped (nvidia-smi, the kernel log's Xid messages) or a peer link that "
@@ -316,6 +360,25 @@ static kiln_status wait_all(tpx *t, const kiln_step *s, kiln_error *err) {
             sched_yield();
         }
     }
+}
+
+/* After a step: a one-shot collective that gave up waiting for a peer (its fault word says which)
+ * made the step's results garbage, though every rank finished. */
+static kiln_status oneshot_faults(tpx *t, const kiln_step *s, kiln_error *err) {
+    for (int r = 0; t->oneshot && r < t->n; r++) {
+        const unsigned q = *(volatile unsigned *)t->os_fault[r];
+        if (!q) continue;
+        char rn[96], qn[96];
+        rank_name(t, r, rn, sizeof rn);
+        rank_name(t, (int)q - 1 < t->n ? (int)q - 1 : 0, qn, sizeof qn);
+        kiln_err(err, KILN_ERR_DEVICE, "tensor parallel (%s): in step %lld (%d sequences), %s waited %g s in a "
+                 "collective for %s, which never arrived", mode_name(t), (long long)t->steps, s->n_seqs, rn,
+                 t->timeout_s, qn);
+        kiln_err_hint(err, "a GPU that stopped (nvidia-smi, the kernel log's Xid messages) or a peer link that "
+                           "failed; a longer --tp-timeout if steps are that slow");
+        return tp_break(t, err);
+    }
+    return KILN_OK;
 }
 
 /* ---- the kiln_executor ---- */
@@ -350,7 +413,7 @@ static kiln_status tp_step(kiln_executor *e, const kiln_step *s, kiln_error *err
     }
     for (int r = 0; r < t->n; r++)
         if ((st = cur(t, r, err)) || (st = kiln_cx_step_end(t->r[r], s->n_seqs, r == 0, err))) return tp_break(t, err);
-    if ((st = wait_all(t, s, err))) return st;
+    if ((st = wait_all(t, s, err)) || (st = oneshot_faults(t, s, err))) return st;
     for (int r = 0; r < t->n; r++)
         if ((st = cur(t, r, err)) || (st = kiln_cx_step_finish(t->r[r], s, &t->sh[r], r == 0, err)))
             return tp_break(t, err);
@@ -391,9 +454,10 @@ static void tp_info(kiln_executor *e, kiln_executor_info *info) {
         if (r == 0) {
             *info = ri;
             char v[32] = "";
-            if (!t->local) kiln_nccl_version_str(&t->nccl, v, sizeof v);
-            snprintf(info->device_name, sizeof info->device_name, "%d x %.60s (tensor parallel, %s%s%s)", t->n,
-                     ri.device_name, t->local ? "every rank on one GPU" : "NCCL", v[0] ? " " : "", v);
+            if (t->nccl_on) kiln_nccl_version_str(&t->nccl, v, sizeof v);
+            snprintf(info->device_name, sizeof info->device_name, "%d x %.60s (tensor parallel, %s%s%s%s)", t->n,
+                     ri.device_name, t->same_device ? "every rank on one GPU" : "NCCL", v[0] ? " " : "", v,
+                     t->oneshot ? ", one-shot kernel" : "");
             continue;
         }
         info->device_bytes += ri.device_bytes;
@@ -425,6 +489,18 @@ static void tp_destroy(kiln_executor *e) {
     }
     for (int r = 0; t->comm && r < t->n; r++)
         if (t->comm[r]) t->nccl.CommDestroy(t->comm[r]);
+    for (int r = 0; t->os_stage && t->r && r < t->n; r++) {
+        if (!t->r[r] || cur(t, r, &(kiln_error){0})) continue;
+        kiln_cu_api *a = &kiln_cx_cuda(t->r[r])->api;
+        CUdeviceptr *ps[] = {&t->os_stage[r], &t->os_flags[r], &t->os_count[r]};
+        for (int i = 0; i < 3; i++)
+            if (*ps[i]) a->cuMemFree(*ps[i]);
+        if (t->os_fault[r]) a->cuMemFreeHost(t->os_fault[r]);
+    }
+    free(t->os_stage);
+    free(t->os_flags);
+    free(t->os_count);
+    free(t->os_fault);
     for (int r = t->n - 1; t->r && r >= 0; r--) /* rank 0 last: ranks on one device use its stream */
         if (t->r[r]) kiln_cx_destroy(t->r[r]);
     if (t->nccl.lib) kiln_nccl_unload(&t->nccl);
@@ -446,13 +522,70 @@ static const kiln_executor_ops tp_ops = {
     .profile = tp_profile,
 };
 
-kiln_executor *kiln_cuda_tp_rank(kiln_executor *e, int rank) {
+kiln_cx *kiln_cuda_tp_cx(kiln_executor *e, int rank) {
     if (!e || e->ops != &tp_ops) return NULL;
     tpx *t = (tpx *)e;
-    return rank >= 0 && rank < t->n ? kiln_cx_executor(t->r[rank]) : NULL;
+    return rank >= 0 && rank < t->n ? t->r[rank] : NULL;
+}
+
+kiln_executor *kiln_cuda_tp_rank(kiln_executor *e, int rank) {
+    kiln_cx *x = kiln_cuda_tp_cx(e, rank);
+    return x ? kiln_cx_executor(x) : NULL;
 }
 
 /* ---- creation ---- */
+
+/* The one-shot kernel's memory on every rank, when every rank can address every other's (one device,
+ * or peer access between every pair of GPUs, enabled here); else t->oneshot stays false (NCCL does it
+ * all) unless asked for (tp_oneshot 2), which is then an error. Staging holds the largest all-reduce
+ * it takes: TP_ONESHOT_BYTES (auto), or a whole step's (always). */
+static kiln_status oneshot_init(tpx *t, const kiln_cuda_exec_opts *o, kiln_error *err) {
+    kiln_status st;
+    for (int r = 0; r < t->n && !t->same_device; r++)
+        for (int q = 0; q < t->n; q++) {
+            if (q == r) continue;
+            kiln_cuda *cr = kiln_cx_cuda(t->r[r]), *cq = kiln_cx_cuda(t->r[q]);
+            int can = 0;
+            if (cr->api.cuDeviceCanAccessPeer(&can, cr->dev, cq->dev) != CUDA_SUCCESS || !can) {
+                if (o->tp_oneshot != 2) return KILN_OK; /* NCCL, which finds its own way */
+                return kiln_err(err, KILN_ERR_UNSUPPORTED, "tensor parallel: GPU %d cannot address GPU %d's memory "
+                                "(no peer access), which the one-shot kernel (tp_oneshot=2) needs", t->dev[r], t->dev[q]);
+            }
+            if ((st = cur(t, r, err))) return st;
+            CUresult e = cr->api.cuCtxEnablePeerAccess(cq->ctx, 0);
+            if (e != CUDA_SUCCESS && e != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) {
+                KILN_CU_CALL(cr, err, e);
+                return kiln_err_prefix(err, "tensor parallel: peer access from GPU %d to GPU %d: ", t->dev[r], t->dev[q]);
+            }
+        }
+    size_t most = TP_ONESHOT_BYTES;
+    if (o->tp_oneshot == 2) { /* every all-reduce of a step: its rows x the widest value */
+        const kiln_executor *x0 = kiln_cx_executor(t->r[0]);
+        most = (size_t)x0->max_step_tokens * (size_t)kiln_cx_widest_collective(t->r[0]);
+    }
+    t->half = (most + 255) / 256 * 256;
+    t->os_stage = calloc((size_t)t->n, sizeof *t->os_stage);
+    t->os_flags = calloc((size_t)t->n, sizeof *t->os_flags);
+    t->os_count = calloc((size_t)t->n, sizeof *t->os_count);
+    t->os_fault = calloc((size_t)t->n, sizeof *t->os_fault);
+    if (!t->os_stage || !t->os_flags || !t->os_count || !t->os_fault)
+        return kiln_err(err, KILN_ERR_NOMEM, "tensor parallel: out of memory");
+    const size_t fl = (size_t)KILN_TP_ONESHOT_BLOCKS * (size_t)t->n * 4, cn = (size_t)(KILN_TP_ONESHOT_BLOCKS + 1) * 4;
+    for (int r = 0; r < t->n; r++) {
+        kiln_cuda *cu = kiln_cx_cuda(t->r[r]);
+        if ((st = cur(t, r, err)) || (st = KILN_CU_CALL(cu, err, cu->api.cuMemAlloc(&t->os_stage[r], 2 * t->half))) ||
+            (st = KILN_CU_CALL(cu, err, cu->api.cuMemAlloc(&t->os_flags[r], fl))) ||
+            (st = KILN_CU_CALL(cu, err, cu->api.cuMemAlloc(&t->os_count[r], cn))) ||
+            (st = KILN_CU_CALL(cu, err, cu->api.cuMemsetD8(t->os_flags[r], 0, fl))) ||
+            (st = KILN_CU_CALL(cu, err, cu->api.cuMemsetD8(t->os_count[r], 0, cn))) ||
+            (st = KILN_CU_CALL(cu, err, cu->api.cuMemAllocHost((void **)&t->os_fault[r], sizeof(unsigned)))))
+            return kiln_err_prefix(err, "tensor parallel: the one-shot kernel's memory (%.1f MiB) on GPU %d: ",
+                                   (double)(2 * t->half) / 1048576.0, t->dev[r]);
+    }
+    for (int r = 0; r < t->n; r++) *(volatile unsigned *)t->os_fault[r] = 0;
+    t->oneshot = true;
+    return KILN_OK;
+}
 
 typedef struct make_job {
     const kiln_model *m;
@@ -473,16 +606,17 @@ static void *make_rank(void *arg) {
  * a thread each (each uploads its own weights). */
 static kiln_status make_ranks(tpx *t, const kiln_model *m, const kiln_cuda_exec_opts *o, kiln_error *err) {
     kiln_status st;
-    if (t->local) {
+    if (t->same_device) { /* one after another: each sees the memory the ones before took */
         for (int r = 0; r < t->n; r++) {
-            CUstream s = r ? kiln_cx_stream(t->r[0]) : NULL;
+            CUstream s = r && t->local ? kiln_cx_stream(t->r[0]) : NULL;
             if ((st = kiln_cx_new(m, o, r, t->dev[r], s, &t->r[r], err))) return st;
         }
         return KILN_OK;
     }
-    make_job *jobs = calloc((size_t)t->n, sizeof *jobs);
-    pthread_t *th = calloc((size_t)t->n, sizeof *th);
-    bool *started = calloc((size_t)t->n, sizeof *started);
+    const size_t nr = (unsigned)t->n; /* 2..KILN_MAX_RANKS */
+    make_job *jobs = calloc(nr, sizeof *jobs);
+    pthread_t *th = calloc(nr, sizeof *th);
+    bool *started = calloc(nr, sizeof *started);
     if (!jobs || !th || !started) {
         free(jobs);
         free(th);
@@ -539,19 +673,25 @@ kiln_status kiln_cuda_tp_new(const kiln_model *m, const kiln_cuda_exec_opts *o, 
         for (int q = 0; q < r; q++)
             if (t->dev[q] == t->dev[r]) same++;
     }
-    t->local = same > 0;
-    if (t->local && same != n * (n - 1) / 2) {
+    t->same_device = same > 0;
+    if (t->same_device && same != n * (n - 1) / 2) {
         st = kiln_err(err, KILN_ERR_UNSUPPORTED, "tensor parallel: ranks share some GPUs but not all (rank r on device "
                       "devices[r]); kiln runs the ranks each on its own GPU, or all on one");
         goto fail;
     }
-    if (t->local && n > KILN_TP_LOCAL_RANKS) {
-        st = kiln_err(err, KILN_ERR_UNSUPPORTED, "tensor parallel: %d ranks on one GPU (at most %d)", n,
-                      KILN_TP_LOCAL_RANKS);
+    /* collectives: ranks on one device add on one stream (kiln_tp_sum) unless the one-shot kernel is asked
+     * for (a stream each); ranks on their own GPUs take NCCL, and the one-shot kernel for small all-reduces
+     * and the gather where every pair has peer access (auto) or always (tp_oneshot 2) */
+    t->local = t->same_device && o->tp_oneshot != 2;
+    if (n > KILN_TP_LOCAL_RANKS && (t->same_device || o->tp_oneshot == 2)) {
+        st = kiln_err(err, KILN_ERR_UNSUPPORTED, "tensor parallel: %d ranks on one GPU or with the one-shot kernel "
+                      "(at most %d)", n, KILN_TP_LOCAL_RANKS);
         goto fail;
     }
-    if (!t->local && (st = kiln_nccl_load(&t->nccl, n, err))) goto fail; /* before any weight moves */
+    t->nccl_on = !t->same_device && o->tp_oneshot != 2;
+    if (t->nccl_on && (st = kiln_nccl_load(&t->nccl, n, err))) goto fail; /* before any weight moves */
     if ((st = make_ranks(t, m, o, err))) goto fail;
+    if (!t->local && o->tp_oneshot != 1 && n <= KILN_TP_LOCAL_RANKS && (st = oneshot_init(t, o, err))) goto fail;
     /* the same step budget and KV block count on every rank: the least any rank took or can take */
     int64_t nb = 0;
     int step = 0;
@@ -565,7 +705,7 @@ kiln_status kiln_cuda_tp_new(const kiln_model *m, const kiln_cuda_exec_opts *o, 
     }
     for (int r = 0; r < n; r++)
         if ((st = cur(t, r, err)) || (st = kiln_cx_kv_alloc(t->r[r], nb, err))) goto fail;
-    if (!t->local) {
+    if (t->nccl_on) {
         if (!(t->comm = calloc((size_t)n, sizeof *t->comm))) {
             st = kiln_err(err, KILN_ERR_NOMEM, "tensor parallel: out of memory");
             goto fail;
