@@ -49,6 +49,15 @@ int kiln_cli_tp_timeout_arg(const char *cmd, const char *s, double *seconds);
 /* Their --help lines, to follow an option column `width` characters wide (option and padding). */
 void kiln_cli_gpus_help(FILE *f, int width);
 
+/* `kiln compile --tune` (compiler/cmd_tune.c). kiln_cli_tune_probe: whether GPU 0 can be opened to tune
+ * on (before a compile spends its time); KILN_ERR_DEVICE / KILN_ERR_UNSUPPORTED (no CUDA in this kiln)
+ * with the reason. kiln_cli_tune_engine: tune the engine at path as `kiln tune PATH` does (its default
+ * batches and prefill sizes, GPU 0) and record it in place; the report as a JSON object into *json_out
+ * when json_out is given, else printed as text. On failure the engine is unchanged. */
+struct json_t;
+kiln_status kiln_cli_tune_probe(kiln_error *err);
+kiln_status kiln_cli_tune_engine(const char *path, struct json_t **json_out, kiln_error *err);
+
 /* What `kiln inspect` found in the kernels section (present = false: none). */
 typedef struct kiln_inspect_kernels {
     bool present;

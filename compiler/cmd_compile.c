@@ -89,6 +89,8 @@ static void help(FILE *f) {
                "  --kv-block-size N     tokens per KV-cache block the kernels are built for: a power of\n"
                "                        two from 1 to 256 (default 16; only with GPU targets)\n"
                "  --threads N           parallel NVRTC jobs (default: one per core; only with GPU targets)\n"
+               "  --tune                then time cuBLASLt's algorithms on this host's GPU 0 and record\n"
+               "                        them in the engine, as `kiln tune ENGINE` does (needs a GPU)\n"
                "  --allow-unused PAT    let checkpoint tensors matching the glob PAT stay unused (repeatable;\n"
                "                        by default every tensor must be used, except *rotary_emb.inv_freq)\n"
                "  --compress            zstd-compress the weights section\n"
@@ -124,7 +126,7 @@ static const char *checkpoint_quantized(const char *dir, char *buf, size_t n) {
     return quantized ? buf : NULL;
 }
 
-static int check_options(kiln_compile_options *opt, bool json, bool block_given, bool threads_given) {
+static int check_options(kiln_compile_options *opt, bool json, bool block_given, bool threads_given, bool tune) {
     kiln_error err = {0};
     if (!opt->targets) {
         /* the default targets need NVRTC; a build without CUDA makes CPU-only engines */
@@ -151,6 +153,9 @@ static int check_options(kiln_compile_options *opt, bool json, bool block_given,
     if (threads_given && !kernels)
         return kiln_cli_usage_error("compile", "--threads sets the parallel NVRTC jobs, and --target %s builds no "
                                                "kernels", opt->targets);
+    if (tune && !kernels)
+        return kiln_cli_usage_error("compile", "--tune measures the engine's GPU kernels, and --target %s makes "
+                                               "none", opt->targets);
     if (block_given && kiln_kernels_check_block_size(opt->kv_block_size, &err) != KILN_OK)
         return kiln_cli_usage_error("compile", "%s", err.msg);
     if (kiln_passes_check(opt->passes, &err) != KILN_OK) return kiln_cli_usage_error("compile", "%s", err.msg);
@@ -198,7 +203,9 @@ static void report_auto(const char *quant_json) {
     json_decref(q);
 }
 
-static void report(const char *dir, const kiln_compile_options *opt, const char *quant_json, double dt, bool json) {
+/* tuning: `--tune`'s report (taken), added to the JSON object as "tuning" */
+static void report(const char *dir, const kiln_compile_options *opt, const char *quant_json, double dt, bool json,
+                   json_t *tuning) {
     struct stat st;
     long long size = stat(opt->output_path, &st) == 0 ? (long long)st.st_size : -1;
     if (json) {
@@ -206,10 +213,12 @@ static void report(const char *dir, const kiln_compile_options *opt, const char 
                               (json_int_t)size, "seconds", dt);
         json_t *q = quant_json ? json_loads(quant_json, 0, NULL) : NULL;
         if (j && q) json_object_set_new(j, "quant", q); /* meta build.quant: --quant auto's choice and damage */
+        if (j && tuning) json_object_set_new(j, "tuning", tuning), tuning = NULL;
         char *s = json_dumps(j, JSON_COMPACT);
         printf("%s\n", s);
         free(s);
         json_decref(j);
+        json_decref(tuning);
     } else {
         report_auto(quant_json);
         fprintf(stderr, "kiln compile: wrote %s (%.1f MB) in %.2f s\n", opt->output_path, (double)size / 1e6, dt);
@@ -255,7 +264,7 @@ static int compile_standalone(const char *dir, kiln_compile_options *opt, bool j
 
 int kiln_cmd_compile(int argc, char **argv) {
     enum { O_FORCE = 256, O_GROUP, O_QHEAD, O_QMETHOD, O_QEMB, O_MAXW, O_TBITS, O_MAXPPL, O_CALIB, O_CALIB_IDS,
-           O_CALIB_TOKENS, O_AWQ };
+           O_CALIB_TOKENS, O_AWQ, O_TUNE };
     static const struct option longopts[] = {
         {"output", required_argument, 0, 'o'}, {"dtype", required_argument, 0, 'd'},
         {"passes", required_argument, 0, 'p'}, {"compress", no_argument, 0, 'z'},
@@ -270,14 +279,15 @@ int kiln_cmd_compile(int argc, char **argv) {
         {"max-weight-bytes", required_argument, 0, O_MAXW}, {"target-bits", required_argument, 0, O_TBITS},
         {"max-ppl-increase", required_argument, 0, O_MAXPPL}, {"calib", required_argument, 0, O_CALIB},
         {"calib-ids", required_argument, 0, O_CALIB_IDS}, {"calib-tokens", required_argument, 0, O_CALIB_TOKENS},
-        {"awq", no_argument, 0, O_AWQ},        {0, 0, 0, 0}};
+        {"awq", no_argument, 0, O_AWQ},        {"tune", no_argument, 0, O_TUNE},
+        {0, 0, 0, 0}};
     const char *quant = NULL, *quant_head = NULL, *quant_method = NULL, *quant_emb = NULL;
     long group = 128;
     bool calib_tokens_given = false;
     kiln_compile_options opt = {.weight_dtype = KILN_DTYPE_COUNT_, .dump_stream = stdout};
     const char *allow_unused[64]; /* --allow-unused patterns (pointing into argv) */
     opt.allow_unused = allow_unused;
-    bool json = false, standalone = false, block_given = false, threads_given = false;
+    bool json = false, standalone = false, block_given = false, threads_given = false, tune = false;
     int c;
     optind = 1;
     opterr = 0;
@@ -378,6 +388,7 @@ int kiln_cmd_compile(int argc, char **argv) {
             break;
         }
         case O_AWQ: opt.awq = true; break;
+        case O_TUNE: tune = true; break;
         case O_CALIB: opt.calib_path = optarg; break;
         case O_CALIB_IDS: opt.calib_ids_path = optarg; break;
         case O_CALIB_TOKENS: {
@@ -465,8 +476,17 @@ int kiln_cmd_compile(int argc, char **argv) {
     /* a signal or a shrinking input must not leave a temporary engine behind (common/guard.c);
      * installed before anything (NVRTC included) can start a thread */
     if (kiln_guard_install(&err) != KILN_OK) return kiln_cli_fail("compile", &err, json);
-    int rc = check_options(&opt, json, block_given, threads_given);
+    if (tune && standalone)
+        return kiln_cli_usage_error("compile", "--tune records into an engine file, not a --standalone executable "
+                                               "(compile, `kiln tune` the engine, then `kiln package` it)");
+    int rc = check_options(&opt, json, block_given, threads_given, tune);
     if (rc != KILN_EXIT_OK) return rc;
+    /* --tune: a GPU to measure on, before the compile spends its time */
+    if (tune && kiln_cli_tune_probe(&err) != KILN_OK) {
+        kiln_err_prefix(&err, "--tune: no GPU to tune on: ");
+        kiln_err_hint(&err, "compile without --tune, then run `kiln tune ENGINE` on a GPU host");
+        return kiln_cli_fail("compile", &err, json);
+    }
     /* with --json, stdout holds exactly the one JSON object: the IR dump goes to stderr */
     if (json) opt.dump_stream = stderr;
     const char *dir = argv[optind];
@@ -484,7 +504,17 @@ int kiln_cmd_compile(int argc, char **argv) {
         free(quant_json);
         return kiln_cli_fail("compile", &err, json);
     }
-    report(dir, &opt, quant_json, kiln_now() - t0, json);
+    const double dt = kiln_now() - t0;
+    if (!json) report(dir, &opt, quant_json, dt, false, NULL);
+    /* --tune: the written engine measured on this GPU and its record appended (a failure leaves the
+     * engine as written, untuned, and is the command's failure) */
+    json_t *tuning = NULL;
+    if (tune && kiln_cli_tune_engine(opt.output_path, json ? &tuning : NULL, &err) != KILN_OK) {
+        free(quant_json);
+        kiln_err_prefix(&err, "wrote %s, but tuning it failed (the engine runs untuned): ", opt.output_path);
+        return kiln_cli_fail("compile", &err, json);
+    }
+    if (json) report(dir, &opt, quant_json, dt, true, tuning);
     free(quant_json);
     return KILN_EXIT_OK;
 }

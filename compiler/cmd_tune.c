@@ -26,6 +26,7 @@
 #include "../runtime/kiln_rt.h"
 #ifdef KILN_HAVE_CUDA
 #include "../runtime/cuda/kiln_cuda_exec.h"
+#include "../runtime/kiln_cuda.h"
 #endif
 
 #define TUNE_MAX_LIST 32
@@ -84,6 +85,14 @@ typedef struct tune_args {
     bool log, dry_run, json;
 } tune_args;
 
+/* No options: the decode graphs' buckets and the prefill sizes up to 8192, GPU 0, built-in thresholds. */
+static void tune_defaults(tune_args *a) {
+    memset(a, 0, sizeof *a);
+    static const int def_batch[] = {1, 2, 4, 8, 16, 32, 64};
+    for (int i = 0; i < 7; i++) a->batch[a->n_batch++] = def_batch[i];
+    for (int r = 64; r <= 8192; r *= 2) a->prefill[a->n_prefill++] = r;
+}
+
 static int parse_args(int argc, char **argv, tune_args *a, bool *done) {
     enum { O_BATCH = 256, O_PREFILL, O_DEV, O_GEMV, O_QGEMV, O_ROPE, O_WAVES, O_LOG, O_DRY, O_JSON };
     static const struct option longopts[] = {
@@ -93,10 +102,7 @@ static int parse_args(int argc, char **argv, tune_args *a, bool *done) {
         {"attn-waves", required_argument, 0, O_WAVES},    {"log", no_argument, 0, O_LOG},
         {"dry-run", no_argument, 0, O_DRY},               {"json", no_argument, 0, O_JSON},
         {"help", no_argument, 0, 'h'},                    {0, 0, 0, 0}};
-    memset(a, 0, sizeof *a);
-    static const int def_batch[] = {1, 2, 4, 8, 16, 32, 64};
-    for (int i = 0; i < 7; i++) a->batch[a->n_batch++] = def_batch[i];
-    for (int r = 64; r <= 8192; r *= 2) a->prefill[a->n_prefill++] = r;
+    tune_defaults(a);
     *done = false;
     optind = 1;
     opterr = 0;
@@ -149,31 +155,43 @@ static int parse_args(int argc, char **argv, tune_args *a, bool *done) {
 #ifdef KILN_HAVE_CUDA
 static const char *dt(bool f32) { return f32 ? "f32" : "bf16"; }
 
-/* The report: text or one JSON object. */
-static void report(const tune_args *a, kiln_executor *x, const kiln_tuning_record *r, uint64_t size0, uint64_t size1) {
-    if (a->json) {
-        json_t *shapes = json_array();
-        for (uint32_t i = 0; i < r->n_gemms; i++) {
-            const kiln_tuning_gemm *g = &r->gemms[i];
-            char algo[256];
-            kiln_cuda_exec_algo_str(x, g->algo, algo, sizeof algo);
-            json_array_append_new(
-                shapes, json_pack("{s:i, s:i, s:i, s:s, s:s, s:b, s:f, s:o, s:i, s:i, s:s}", "m", (int)g->m, "n",
-                                  (int)g->n, "k", (int)g->k, "in", dt(g->flags & KILN_TUNING_IN_F32), "out",
-                                  dt(g->flags & KILN_TUNING_OUT_F32), "accumulate", (g->flags & KILN_TUNING_ACCUMULATE) != 0,
-                                  "us", (double)g->us, "heuristic_us",
-                                  g->heuristic_us > 0 ? json_real(g->heuristic_us) : json_null(), "candidates",
-                                  (int)g->candidates, "pick", (int)g->pick, "algo", algo));
+/* The report as one JSON object. */
+static json_t *report_json(const tune_args *a, kiln_executor *x, const kiln_tuning_record *r, uint64_t size0,
+                           uint64_t size1) {
+    json_t *shapes = json_array();
+    for (uint32_t i = 0; i < r->n_gemms; i++) {
+        const kiln_tuning_gemm *g = &r->gemms[i];
+        char algo[256];
+        kiln_cuda_exec_algo_str(x, g->algo, algo, sizeof algo);
+        json_array_append_new(
+            shapes, json_pack("{s:i, s:i, s:i, s:s, s:s, s:b, s:f, s:o, s:i, s:i, s:s}", "m", (int)g->m, "n",
+                              (int)g->n, "k", (int)g->k, "in", dt(g->flags & KILN_TUNING_IN_F32), "out",
+                              dt(g->flags & KILN_TUNING_OUT_F32), "accumulate", (g->flags & KILN_TUNING_ACCUMULATE) != 0,
+                              "us", (double)g->us, "heuristic_us",
+                              g->heuristic_us > 0 ? json_real(g->heuristic_us) : json_null(), "candidates",
+                              (int)g->candidates, "pick", (int)g->pick, "algo", algo));
+    }
+    char sm[16];
+    snprintf(sm, sizeof sm, "sm_%u", r->sm);
+    json_t *o = json_pack("{s:s, s:s, s:s, s:I, s:i, s:o, s:{s:i, s:i, s:i, s:f}, s:f, s:b, s:I, s:I}", "engine",
+                          a->path, "sm", sm, "device", r->device, "cublaslt_version", (json_int_t)r->lt_version,
+                          "driver_version", r->driver_version, "shapes", shapes, "thresholds", "gemv_max_m",
+                          (int)r->gemv_max_m, "qgemv_max_m", (int)r->qgemv_max_m, "rope_split_max_t",
+                          (int)r->rope_split_max_t, "attn_waves", (double)r->attn_waves, "seconds",
+                          (double)r->seconds, "written", !a->dry_run, "bytes_before", (json_int_t)size0,
+                          "bytes_after", (json_int_t)size1);
+    return o;
+}
+
+/* The report: text, one JSON object on stdout (--json), or that object into *json_out (compile --tune). */
+static void report(const tune_args *a, kiln_executor *x, const kiln_tuning_record *r, uint64_t size0, uint64_t size1,
+                   json_t **json_out) {
+    if (a->json || json_out) {
+        json_t *o = report_json(a, x, r, size0, size1);
+        if (json_out) {
+            *json_out = o;
+            return;
         }
-        char sm[16];
-        snprintf(sm, sizeof sm, "sm_%u", r->sm);
-        json_t *o = json_pack("{s:s, s:s, s:s, s:I, s:i, s:o, s:{s:i, s:i, s:i, s:f}, s:f, s:b, s:I, s:I}", "engine",
-                              a->path, "sm", sm, "device", r->device, "cublaslt_version", (json_int_t)r->lt_version,
-                              "driver_version", r->driver_version, "shapes", shapes, "thresholds", "gemv_max_m",
-                              (int)r->gemv_max_m, "qgemv_max_m", (int)r->qgemv_max_m, "rope_split_max_t",
-                              (int)r->rope_split_max_t, "attn_waves", (double)r->attn_waves, "seconds",
-                              (double)r->seconds, "written", !a->dry_run, "bytes_before", (json_int_t)size0,
-                              "bytes_after", (json_int_t)size1);
         char *s = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6)) : NULL;
         if (s) printf("%s\n", s);
         free(s);
@@ -223,11 +241,9 @@ static kiln_status measure(const tune_args *a, kiln_model *m, kiln_executor **xo
     return kiln_cuda_exec_tune(*xo, a->batch, a->n_batch, a->prefill, a->n_prefill, a->log ? stderr : NULL, rec, err);
 }
 
-int kiln_cmd_tune(int argc, char **argv) {
-    tune_args a;
-    bool done;
-    int rc = parse_args(argc, argv, &a, &done);
-    if (rc != KILN_EXIT_OK || done) return rc;
+/* Measure, record and report (report's json_out); on failure the error is in *err, the engine unchanged. */
+static kiln_status tune_run(const tune_args *ap, json_t **json_out, kiln_error *errp) {
+    const tune_args a = *ap;
     kiln_error err = {0};
     kiln_model *m = NULL;
     kiln_executor *x = NULL;
@@ -272,11 +288,10 @@ int kiln_cmd_tune(int argc, char **argv) {
         kiln_engine_close(&e);
         if (st) goto fail;
     }
-    report(&a, x, &rec, size0, size1);
-    rc = KILN_EXIT_OK;
+    report(&a, x, &rec, size0, size1, json_out);
     goto out;
 fail:
-    rc = kiln_cli_fail("tune", &err, a.json);
+    *errp = err;
 out:
     if (x) x->ops->destroy(x);
     kiln_model_close(m);
@@ -284,17 +299,40 @@ out:
     kiln_tuning_free(&check);
     free(rec.gemms);
     kiln_buf_free(&bytes);
-    return rc;
+    return st;
+}
+
+kiln_status kiln_cli_tune_probe(kiln_error *err) {
+    kiln_cuda cu;
+    kiln_status st = kiln_cuda_init(&cu, 0, err);
+    if (st) return st;
+    kiln_cuda_free(&cu);
+    return KILN_OK;
 }
 #else
+static kiln_status tune_run(const tune_args *a, struct json_t **json_out, kiln_error *err) {
+    (void)a, (void)json_out;
+    return kiln_cli_tune_probe(err);
+}
+
+kiln_status kiln_cli_tune_probe(kiln_error *err) {
+    kiln_err(err, KILN_ERR_UNSUPPORTED, "this kiln was built without CUDA: tuning measures on a GPU");
+    return kiln_err_hint(err, "build kiln with the CUDA toolkit and run `kiln tune` on the GPU host");
+}
+#endif
+
 int kiln_cmd_tune(int argc, char **argv) {
     tune_args a;
     bool done;
     int rc = parse_args(argc, argv, &a, &done);
     if (rc != KILN_EXIT_OK || done) return rc;
     kiln_error err = {0};
-    kiln_err(&err, KILN_ERR_UNSUPPORTED, "this kiln was built without CUDA: tuning measures on a GPU");
-    kiln_err_hint(&err, "build kiln with the CUDA toolkit and run `kiln tune` on the GPU host");
-    return kiln_cli_fail("tune", &err, a.json);
+    return tune_run(&a, NULL, &err) == KILN_OK ? KILN_EXIT_OK : kiln_cli_fail("tune", &err, a.json);
 }
-#endif
+
+kiln_status kiln_cli_tune_engine(const char *path, struct json_t **json_out, kiln_error *err) {
+    tune_args a;
+    tune_defaults(&a);
+    a.path = path;
+    return tune_run(&a, json_out, err);
+}

@@ -4,8 +4,10 @@
 # (no GPU here, or an engine without GPU kernels on a GPU host) exits 1 with
 # "kiln tune: error:" and the --json error object, and leaves the engine
 # byte-identical; `kiln inspect` says "tuning: none" and --json "tuning": [].
-# The measurement itself runs in test_gpu_exec (test_tuning_record) and the
-# append in test_tuning.
+# `kiln compile --tune`'s refusals, and without a GPU its failure before any
+# compile. The measurement itself runs in test_gpu_exec (test_tuning_record),
+# the append in test_tuning, and compile --tune on a GPU in bench/gpu_tp_run.sh
+# (step tune).
 #
 # usage: bash tests/cli_tune.sh KILN_EXE SOURCE_DIR SHARED_DIR
 set -u
@@ -33,6 +35,18 @@ rc=$?
 [ "$rc" -eq 1 ] && python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["error"]["message"]' "$T/out" \
     && ok || bad "tune --json failure: exit $rc, $(cat "$T/out")"
 expect 1 "cannot open" -- "$KILN" tune "$T/missing.kiln"
+
+# kiln compile --tune: refused with --target none and --standalone (usage, exit 2); on a host without a
+# GPU it fails (exit 1) before compiling, so no engine is written
+expect 2 "--tune measures the engine's GPU kernels, and --target none makes none" -- \
+    "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/t.kiln" --target none --tune
+expect 2 "--tune records into an engine file, not a --standalone executable" -- \
+    "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/t" --standalone --tune
+if ! "$KILN" tune "$T/m.kiln" 2>&1 | grep -q "no GPU kernels"; then # no usable GPU here
+    expect 1 "kiln compile: error: --tune: no GPU to tune on: .*(no CUDA driver|without CUDA|no CUDA device)" -- \
+        "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/t.kiln" --tune
+    [ ! -e "$T/t.kiln" ] && ok || bad "compile --tune without a GPU wrote an engine"
+fi
 
 "$KILN" inspect "$T/m.kiln" | grep -q "^tuning: none" && ok || bad "inspect: no 'tuning: none' line"
 "$KILN" inspect --json "$T/m.kiln" | python3 -c 'import json,sys; assert json.load(sys.stdin)["tuning"] == []' \
