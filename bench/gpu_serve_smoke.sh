@@ -6,7 +6,8 @@
 # exits 0. Writes $OUT/serve_smoke.txt with a CHECK line per claim.
 #
 #     BIN=.carry/x/bin ENGINE=/tmp/kiln-deploy/text.kiln bash bench/gpu_serve_smoke.sh
-# (the engine from bench/gpu_deploy_run.sh, or any engine with a tokenizer)
+# (the engine from bench/gpu_deploy_run.sh, or any engine with a tokenizer; ARGS: more options for both
+# serve and run, e.g. ARGS="--gpus 0,0" for a tensor-parallel engine with every rank on GPU 0)
 set -u
 BIN=${BIN:-build-rel}
 ENGINE=${ENGINE:?an engine with a tokenizer}
@@ -14,12 +15,13 @@ OUT=${OUT:-out}
 PORT=${PORT:-18473}
 PROMPT=${PROMPT:-And God said}
 N=${N:-24}
+ARGS=${ARGS:-}
 mkdir -p "$OUT"
 R="$OUT/serve_smoke.txt"
 : >"$R"
 check() { if eval "$2"; then echo "CHECK PASS: $1" | tee -a "$R"; else echo "CHECK FAIL: $1" | tee -a "$R"; fi; }
 
-"$BIN/kiln-run" serve "$ENGINE" --device gpu --port "$PORT" --model-name m >"$OUT/serve.log" 2>&1 &
+"$BIN/kiln-run" serve "$ENGINE" --device gpu $ARGS --port "$PORT" --model-name m >"$OUT/serve.log" 2>&1 &
 pid=$!
 for _ in $(seq 100); do
     curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break
@@ -27,7 +29,7 @@ for _ in $(seq 100); do
         2>/dev/null && break
     sleep 0.2
 done
-want=$("$BIN/kiln-run" run "$ENGINE" --prompt "$PROMPT" --max-tokens "$N" --temperature 0 --device gpu --json |
+want=$("$BIN/kiln-run" run "$ENGINE" --prompt "$PROMPT" --max-tokens "$N" --temperature 0 --device gpu $ARGS --json |
        python3 -c 'import json, sys; print(json.load(sys.stdin)["text"])')
 python3 - "$PORT" "$PROMPT" "$N" "$want" >>"$R" 2>&1 <<'EOF'
 import json, sys, urllib.request
