@@ -68,7 +68,8 @@ typedef struct kiln_cuda_exec_opts {
     int tp_oneshot;      /* measurement knob tp_oneshot: the one-shot collective kernel (kiln_tp_oneshot) between
                             ranks that can address each other's memory: 0 = auto (GPUs with peer access: all-reduces
                             up to 1 MiB and the logits' gather; NCCL above; ranks on one device: kiln_tp_sum on one
-                            stream), 1 = never, 2 = every collective (ranks on one device get a stream each) */
+                            stream), 1 = never, 2 = every collective (ranks on one device get a stream each). The
+                            C API's GPU kind passes 1 unless the knob asks (runtime/cuda/kind.c) */
     bool no_graphs;      /* run decode steps without CUDA graphs (for measuring their gain) */
     bool no_pdl;         /* launch kernels the ordinary way instead of with programmatic dependent
                             launch (which is used on sm_90+ unless this is set) */

@@ -20,7 +20,9 @@
  *    all-reduces up to TP_ONESHOT_BYTES (a decode step's: latency-bound,
  *    where NCCL's protocol costs more than the bytes) and the gather: each
  *    rank's blocks meet their peers' at flags in device memory, then read
- *    the peers' partials directly (tp_oneshot: 0 auto, 1 never, 2 always);
+ *    the peers' partials directly (kiln_cuda_exec_opts.tp_oneshot: 0 auto,
+ *    1 never, 2 always; the C API passes never unless --measure tp_oneshot
+ *    asks, since it is not yet timed against NCCL between two GPUs);
  *  - every rank on one device (a tp engine tested on a one-GPU host): the
  *    ranks share rank 0's stream and kiln_tp_sum adds their partials in rank
  *    order (the CPU executor's order, bit for bit in fp32); the gather is
