@@ -242,9 +242,7 @@ static kiln_status measure(const tune_args *a, kiln_model *m, kiln_executor **xo
 }
 
 /* Measure, record and report (report's json_out); on failure the error is in *err, the engine unchanged. */
-static kiln_status tune_run(const tune_args *ap, json_t **json_out, kiln_error *errp) {
-    const tune_args a = *ap;
-    kiln_error err = {0};
+static kiln_status tune_run(const tune_args *a, json_t **json_out, kiln_error *err) {
     kiln_model *m = NULL;
     kiln_executor *x = NULL;
     kiln_tuning t = {0}, check = {0};
@@ -252,47 +250,44 @@ static kiln_status tune_run(const tune_args *ap, json_t **json_out, kiln_error *
     kiln_buf bytes = {0};
     uint64_t size0 = 0, size1 = 0;
     bool present = false;
-    kiln_status st = kiln_model_open_ex(a.path, 0, KILN_MODEL_NO_F32, &m, &err);
-    if (st) goto fail;
-    if ((st = kiln_tuning_load(&m->engine, &t, &present, &err))) goto fail; /* a corrupt one is not replaced silently */
-    if ((st = measure(&a, m, &x, &rec, &err))) goto fail;
+    kiln_status st = kiln_model_open_ex(a->path, 0, KILN_MODEL_NO_F32, &m, err);
+    if (st) goto out;
+    if ((st = kiln_tuning_load(&m->engine, &t, &present, err))) goto out; /* a corrupt one is not replaced silently */
+    if ((st = measure(a, m, &x, &rec, err))) goto out;
     if (rec.n_gemms == 0) {
-        kiln_err(&err, KILN_ERR_UNSUPPORTED, "%s: no GEMM of these steps runs through cuBLASLt on this GPU (the GEMV "
-                 "takes them all): nothing to record", a.path);
-        kiln_err_hint(&err, "give larger --batch or --prefill sizes");
+        kiln_err(err, KILN_ERR_UNSUPPORTED, "%s: no GEMM of these steps runs through cuBLASLt on this GPU (the GEMV "
+                 "takes them all): nothing to record", a->path);
+        kiln_err_hint(err, "give larger --batch or --prefill sizes");
         st = KILN_ERR_UNSUPPORTED;
-        goto fail;
+        goto out;
     }
     size0 = size1 = m->engine.size;
-    if (!a.dry_run) {
+    if (!a->dry_run) {
         /* the executor keeps the mapping: the append only adds bytes past the end and rewrites the
          * header, which nothing reads after the open */
         kiln_tuning_record copy = rec;
         copy.gemms = malloc((size_t)rec.n_gemms * sizeof *rec.gemms);
         if (!copy.gemms) {
-            st = kiln_err(&err, KILN_ERR_NOMEM, "tune: out of memory");
-            goto fail;
+            st = kiln_err(err, KILN_ERR_NOMEM, "tune: out of memory");
+            goto out;
         }
         memcpy(copy.gemms, rec.gemms, (size_t)rec.n_gemms * sizeof *rec.gemms);
-        if ((st = kiln_tuning_put(&t, &copy, &err))) {
+        if ((st = kiln_tuning_put(&t, &copy, err))) {
             free(copy.gemms);
-            goto fail;
+            goto out;
         }
-        if ((st = kiln_tuning_write(&t, &bytes, &err))) goto fail;
-        if ((st = kiln_engine_put_section(a.path, KILN_SECTION_TUNING, bytes.data, bytes.len, &size0, &size1, &err)))
-            goto fail;
+        if ((st = kiln_tuning_write(&t, &bytes, err))) goto out;
+        if ((st = kiln_engine_put_section(a->path, KILN_SECTION_TUNING, bytes.data, bytes.len, &size0, &size1, err)))
+            goto out;
         /* read back as a runtime will */
         kiln_engine e;
-        if ((st = kiln_engine_open(a.path, &e, &err))) goto fail;
-        st = kiln_tuning_load(&e, &check, &present, &err);
+        if ((st = kiln_engine_open(a->path, &e, err))) goto out;
+        st = kiln_tuning_load(&e, &check, &present, err);
         kiln_engine_close(&e);
-        if (st) goto fail;
+        if (st) goto out;
     }
-    report(&a, x, &rec, size0, size1, json_out);
-    goto out;
-fail:
-    *errp = err;
-out:
+    report(a, x, &rec, size0, size1, json_out);
+out: /* st: KILN_OK, or the error in *err */
     if (x) x->ops->destroy(x);
     kiln_model_close(m);
     kiln_tuning_free(&t);
