@@ -243,24 +243,32 @@ static void bench_gemv(bench *b, bool quick) {
 static void bench_gemv_quant(bench *b) {
     static const int shapes[][3] = {{1, 6144, 4096}, {1, 4096, 4096}, {1, 28672, 4096}, {1, 4096, 14336},
                                     {1, 32000, 4096}, {8, 28672, 4096}, {8, 4096, 14336}};
+    /* tensor cores (rows 0): warps (K split), steps in flight, q4's arithmetic, 16-row tiles a warp;
+     * CUDA cores (q8/fp8, rows > 0): warps, steps in flight, rows a warp; fp8: 1 with the hardware's
+     * E4M3 conversion, 2 through bf16 (GEMV_FP8_CVT 0) */
     static const struct {
-        int bits, group, warps, unroll, deq;
-    } v[] = {{4, 128, 2, 2, 0},  {4, 128, 4, 2, 0},  {4, 128, 8, 2, 0}, {4, 128, 16, 2, 0}, {4, 128, 4, 4, 0},
-             {4, 128, 8, 4, 0},  {4, 128, 8, 1, 0},  {4, 128, 16, 1, 0}, {4, 128, 8, 2, 2}, {4, 32, 8, 2, 1},
-             {4, 32, 16, 2, 1},  {8, 0, 8, 4, 0},    {8, 0, 16, 2, 0},   {8, 0, 4, 4, 0}};
+        int bits, group, warps, unroll, deq, tiles, rows, fp8;
+    } v[] = {{4, 128, 8, 2, 0, 1, 0, 0}, {4, 128, 16, 1, 0, 1, 0, 0}, {4, 128, 8, 2, 2, 1, 0, 0},
+             {4, 32, 8, 2, 1, 1, 0, 0},  {8, 0, 8, 4, 0, 1, 0, 0},    {8, 0, 16, 2, 0, 1, 0, 0},
+             {8, 0, 4, 2, 0, 1, 2, 0},   {8, 0, 8, 2, 0, 1, 2, 0},    {8, 0, 16, 2, 0, 1, 1, 0},
+             {8, 0, 8, 4, 0, 1, 0, 1},   {8, 0, 4, 2, 0, 1, 2, 1},    {8, 0, 8, 2, 0, 1, 2, 1},
+             {8, 0, 4, 2, 0, 1, 2, 2},   {8, 0, 8, 2, 0, 1, 2, 2}};
     enum { NV = sizeof v / sizeof v[0] };
     CUmodule mods[NV] = {0};
     CUfunction fn[NV];
     for (int i = 0; i < NV; i++) {
-        char d[9][32];
+        char d[10][32];
         snprintf(d[0], 32, "GEMV_WARPS=%d", v[i].warps);
         snprintf(d[1], 32, "GEMV_UNROLL=%d", v[i].unroll);
-        snprintf(d[2], 32, "GEMV_MMA=1");
+        snprintf(d[2], 32, "GEMV_MMA=%d", v[i].rows == 0);
         snprintf(d[3], 32, "GEMV_QUANT=%d", v[i].bits);
         snprintf(d[4], 32, "GEMV_GROUP=%d", v[i].group);
         snprintf(d[5], 32, "GEMV_QDEQ=%d", v[i].deq);
-        const char *defs[] = {d[0], d[1], d[2], d[3], d[4], d[5]};
-        fn[i] = build(b, "gemv.cuh", "kiln_gemv", defs, 6, &mods[i]);
+        snprintf(d[6], 32, "GEMV_QT=%d", v[i].tiles);
+        snprintf(d[7], 32, "GEMV_ROWS=%d", v[i].rows ? v[i].rows : 2);
+        snprintf(d[8], 32, v[i].fp8 ? "GEMV_FP8=1" : "GEMV_FP8=0");
+        const char *defs[] = {d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], "GEMV_FP8_CVT=0"};
+        fn[i] = build(b, "gemv.cuh", "kiln_gemv", defs, v[i].fp8 == 2 ? 10 : 9, &mods[i]);
     }
     kiln_error err = {0};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -284,7 +292,8 @@ static void bench_gemv_quant(bench *b) {
             const double bytes = (double)wbytes + 2.0 * M * K + 2.0 * M * N, flops = 2.0 * M * N * K;
             for (int i = 0; i < NV; i++) {
                 if (v[i].bits != bits || v[i].group != group) continue;
-                const kiln_gemv_cfg cfg = {v[i].warps, 0, v[i].unroll, 8, 1};
+                const kiln_gemv_cfg cfg = v[i].rows ? (kiln_gemv_cfg){v[i].warps, v[i].rows, v[i].unroll, 1, 0}
+                                                    : (kiln_gemv_cfg){v[i].warps, v[i].tiles, v[i].unroll, 8, 1};
                 const kiln_cuda_dims d = kiln_gemv_dims(&cfg, M, N);
                 float ms[REPS];
                 for (int r = 0; r < REPS; r++) {
@@ -304,8 +313,14 @@ static void bench_gemv_quant(bench *b) {
                 }
                 qsort(ms, REPS, sizeof ms[0], cmp_f);
                 char name[64];
-                snprintf(name, sizeof name, "q%dg%d w%d u%d %s", bits, group, v[i].warps, v[i].unroll,
-                         bits == 8 ? "" : v[i].deq == 0 ? "exact" : v[i].deq == 1 ? "f32" : "none");
+                if (v[i].rows)
+                    snprintf(name, sizeof name, "%s cc w%d r%d u%d", v[i].fp8 == 1 ? "fp8" : v[i].fp8 ? "fp8/bf16" : "q8",
+                             v[i].warps, v[i].rows, v[i].unroll);
+                else if (v[i].fp8)
+                    snprintf(name, sizeof name, "fp8 w%d u%d", v[i].warps, v[i].unroll);
+                else
+                    snprintf(name, sizeof name, "q%dg%d w%d u%d t%d %s", bits, group, v[i].warps, v[i].unroll,
+                             v[i].tiles, bits == 8 ? "" : v[i].deq == 0 ? "exact" : v[i].deq == 1 ? "f32" : "none");
                 report(b, "gemv_quant", name, M, N, K, ms[REPS / 2] * 1e-3 / b->iters, bytes, flops);
             }
             for (int c = 0; c < ncopies; c++) kiln_cuda_release(&b->cu, w[c]);

@@ -209,6 +209,36 @@ static kiln_status add_gemv(kset *s, const char *epi, int n, int k, kiln_error *
     return KILN_OK;
 }
 
+/* The CUDA-core GEMV over a q8 or fp8 [n, k] weight (gemv.cuh's kiln_gemv_ccq), module variant
+ * "<dtype>.cc", which the runtime takes for one-token steps (kiln_gpu_bench --quant on the H200,
+ * docs/quantization.md: 52-89 % of the bandwidth ceiling against the tensor cores' 39-69 %). */
+static kiln_status add_gemv_quant_cc(kset *s, const char *epi, int n, int k, int qt, kiln_error *err) {
+    char name[KILN_KSEC_NAME_MAX], variant[24];
+    kiln_status st;
+    snprintf(variant, sizeof variant, "%s.cc", kiln_dtype_name((kiln_dtype)qt));
+    kiln_ksec_gemv_name(name, sizeof name, epi, n, k, variant);
+    kmod *m = new_mod(s, name, err, &st);
+    if (!m) return st;
+    const bool swiglu = strcmp(epi, "swiglu") == 0, f32out = strcmp(epi, "f32out") == 0;
+    memset(m->cfg, 0, sizeof m->cfg);
+    (void)n, (void)k; /* 4 warps of 2 rows, 2 steps in flight: within 1-3 % of the best on every shape */
+    m->cfg[0] = 4, m->cfg[1] = 2, m->cfg[2] = 2, m->cfg[3] = 1; /* x rows per warp; CUDA cores */
+    m->cfg[5] = f32out;
+    m->cfg[6] = swiglu;
+    m->cfg[7] = qt;
+    def_i(m, "GEMV_WARPS", m->cfg[0]);
+    def_i(m, "GEMV_ROWS", m->cfg[1]);
+    def_i(m, "GEMV_UNROLL", m->cfg[2]);
+    def_i(m, "GEMV_MT", 1);
+    def_i(m, "GEMV_MMA", 0);
+    def_i(m, "GEMV_OUT_F32", f32out);
+    def_i(m, "GEMV_SWIGLU", swiglu);
+    def_i(m, "GEMV_QUANT", 8);
+    def_i(m, "GEMV_FP8", qt == KILN_DTYPE_FP8);
+    include(m, "gemv.cuh");
+    return KILN_OK;
+}
+
 /* The GEMV over a quantized [n, k] weight of dtype qt (q8, fp8, q4gG): one module, the tensor-core
  * variant with the codes dequantized in registers, for every M up to the runtime's GEMV limit
  * (gemv.cuh, GEMV_QUANT); steps with more rows dequantize into a dense copy for cuBLASLt (module
@@ -222,10 +252,12 @@ static kiln_status add_gemv_quant(kset *s, const char *epi, int n, int k, int qt
     const bool swiglu = strcmp(epi, "swiglu") == 0, f32out = strcmp(epi, "f32out") == 0;
     const int group = kiln_quant_group(qt), bits = group ? 4 : 8;
     memset(m->cfg, 0, sizeof m->cfg);
-    /* warps (K split over them) and steps in flight, the best of kiln_gpu_bench --quant on the H200
-     * (docs/quantization.md): the tall-K and small-N shapes want the K split */
-    if (bits == 4) m->cfg[0] = k >= 8192 ? 16 : 8, m->cfg[2] = k >= 8192 ? 1 : 2;
-    else m->cfg[0] = k >= 8192 || n <= 4096 ? 16 : 8, m->cfg[2] = k >= 8192 || n <= 4096 ? 2 : 4;
+    /* warps (K split over them), 16-row tiles a warp and steps in flight, the best of kiln_gpu_bench
+     * --quant on the H200 (docs/quantization.md): the tall-K and small-N shapes want the K split, and
+     * q4's tall K two tiles a warp (down_proj 4096x14336: 20-25 % faster than one at M = 1 and 8;
+     * elsewhere more tiles were no faster, or slower) */
+    if (bits == 4) m->cfg[0] = k >= 8192 ? 16 : 8, m->cfg[1] = k >= 8192 ? 2 : 1, m->cfg[2] = k >= 8192 ? 1 : 2;
+    else m->cfg[0] = k >= 8192 || n <= 4096 ? 16 : 8, m->cfg[1] = 1, m->cfg[2] = k >= 8192 || n <= 4096 ? 2 : 4;
     m->cfg[3] = 8, m->cfg[4] = 1;                /* x rows per block; tensor cores */
     m->cfg[5] = f32out;
     m->cfg[6] = swiglu;
@@ -240,7 +272,9 @@ static kiln_status add_gemv_quant(kset *s, const char *epi, int n, int k, int qt
     def_i(m, "GEMV_QUANT", bits);
     def_i(m, "GEMV_GROUP", group);
     def_i(m, "GEMV_FP8", qt == KILN_DTYPE_FP8);
+    def_i(m, "GEMV_QT", m->cfg[1]);
     include(m, "gemv.cuh");
+    if (bits == 8 && (st = add_gemv_quant_cc(s, epi, n, k, qt, err))) return st;
     if ((m = new_mod(s, "dequant", err, &st)) != NULL) {
         m->cfg[0] = 256;
         def_i(m, "DEQUANT_THREADS", 256);

@@ -66,6 +66,8 @@
  *                once per step whatever its number of tokens (decode batches:
  *                every expert is read, only the routed products computed).
  *                Launch: grid (ceil(N / 16), E), block GEMV_WARPS*32.
+ *   GEMV_QT      with GEMV_QUANT: 16-row tiles of W per warp (1..4), each step's x and (q4) its
+ *                group sums of x shared by them; grid y is ceil(N / (16 GEMV_QT))
  *   GEMV_SPLIT   with GEMV_SWIGLU: W's rows are F gate rows, then F up rows
  *                (an expert's [2F, H] as checkpoints store it) instead of
  *                interleaved; logical row 2f reads gate row f, 2f+1 up row f
@@ -107,6 +109,14 @@
 #ifndef GEMV_TILES
 #define GEMV_TILES 4
 #endif
+#ifndef GEMV_QT
+/* the quantized GEMV (GEMV_QUANT): tiles of 16 rows of W per warp, sharing each step's x loads and
+ * (q4) the group sums of x; the grid's y walks N in GEMV_QT * 16 rows (kiln_gemv_dims: cfg rows) */
+#define GEMV_QT 1
+#endif
+#if GEMV_QT < 1 || GEMV_QT > 4 || (GEMV_QT > 1 && !GEMV_QUANT)
+#error "GEMV_QT: 1..4 tiles, and more than one only for the quantized GEMV"
+#endif
 #if GEMV_MOE == 1 && (GEMV_MMA || GEMV_MT != 1)
 #error "GEMV_MOE 1: the CUDA-core variant with GEMV_MT 1"
 #endif
@@ -139,8 +149,9 @@
 #if GEMV_QUANT == 4 && GEMV_QDEQ == 0 && GEMV_GROUP % 128
 #error "GEMV_QDEQ 0 (exact per group) needs groups of a multiple of 128 columns (one warp step)"
 #endif
-#if GEMV_QUANT && !(GEMV_MMA && (GEMV_QUANT == 8 || (GEMV_QUANT == 4 && GEMV_GROUP >= 32 && GEMV_GROUP % 32 == 0)))
-#error "GEMV_QUANT: 8, or 4 with GEMV_GROUP a multiple of 32, in the tensor-core variant (GEMV_MMA)"
+#if GEMV_QUANT && !((GEMV_MMA && (GEMV_QUANT == 8 || (GEMV_QUANT == 4 && GEMV_GROUP >= 32 && GEMV_GROUP % 32 == 0))) || \
+                    (!GEMV_MMA && GEMV_QUANT == 8 && !GEMV_MOE && !GEMV_SPLIT && !KILN_F32))
+#error "GEMV_QUANT: 8, or 4 with GEMV_GROUP a multiple of 32, in the tensor-core variant (GEMV_MMA); 8 on CUDA cores"
 #endif
 
 #if GEMV_SWIGLU && (GEMV_ROWS % 2)
@@ -195,6 +206,79 @@ KILN_DEV int kiln_gemv_wrow(const kiln_gemv_params &p, int row) {
     return row;
 #endif
 }
+
+#if GEMV_QUANT
+KILN_DEV unsigned kiln_bf2_fma(unsigned a, unsigned b, unsigned c) {
+    unsigned d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+/* q8: the 4 int8 codes of one word (byte i = column i) as 2 bf16x2 words (columns 0,1 and 2,3),
+ * exact: 0x4B0000uu is 2^23 + uu in fp32, uu = code + 128. The row's scale comes in the epilogue. */
+KILN_DEV void kiln_q8_deq(unsigned w, unsigned (&o)[2]) {
+    const unsigned u = w ^ 0x80808080u;
+    const float f0 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7440)) - 8388736.0f;
+    const float f1 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7441)) - 8388736.0f;
+    const float f2 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7442)) - 8388736.0f;
+    const float f3 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7443)) - 8388736.0f;
+    o[0] = kiln_f2bf2(f0, f1);
+    o[1] = kiln_f2bf2(f2, f3);
+}
+
+/* fp8: the 4 E4M3 codes of one word (byte i = column i) as 2 bf16x2 words (columns 0,1 and 2,3),
+ * exact. E4M3's sign, exponent and mantissa fields moved into bf16's (sign to bit 15, the 7 other bits
+ * to bits 10..4) make a bf16 whose value is the code's times 2^-120, subnormals included (both
+ * formats' subnormals continue their normals the same way: bias 7 against 127); one bf16x2 fma by
+ * 2^120 (0x7B80) restores it exactly (bf16 arithmetic keeps subnormals). NaN codes (never written)
+ * would come out as large finite values. The row's scale comes in the epilogue. */
+KILN_DEV void kiln_fp8_deq(unsigned w, unsigned (&o)[2]) {
+    const unsigned lo = __byte_perm(w, 0u, 0x1404); /* bytes 0 and 1 into the high bytes of each half */
+    const unsigned hi = __byte_perm(w, 0u, 0x3424); /* bytes 2 and 3 */
+    const unsigned a = (lo & 0x80008000u) | ((lo >> 4) & 0x07F007F0u);
+    const unsigned b = (hi & 0x80008000u) | ((hi >> 4) & 0x07F007F0u);
+    o[0] = kiln_bf2_fma(a, 0x7B807B80u, 0x80008000u);
+    o[1] = kiln_bf2_fma(b, 0x7B807B80u, 0x80008000u);
+}
+
+/* q8 on CUDA cores: the 4 int8 codes of one word in fp32, exact (kiln_q8_deq's values). */
+KILN_DEV void kiln_q8_f32(unsigned w, float (&f)[4]) {
+    const unsigned u = w ^ 0x80808080u;
+    f[0] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7440)) - 8388736.0f;
+    f[1] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7441)) - 8388736.0f;
+    f[2] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7442)) - 8388736.0f;
+    f[3] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7443)) - 8388736.0f;
+}
+/* fp8 on CUDA cores: the 4 E4M3 codes of one word (byte i = column i) in fp32, exact. On sm_89 and
+ * later (GEMV_FP8_CVT 1, the default there) the hardware's conversion, two codes an instruction,
+ * to f16 (which holds every E4M3 value, subnormals included) and then to fp32; elsewhere (or with
+ * GEMV_FP8_CVT 0, for kiln_gpu_bench) kiln_fp8_deq's exact bf16, widened. */
+#ifndef GEMV_FP8_CVT
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define GEMV_FP8_CVT 1
+#else
+#define GEMV_FP8_CVT 0
+#endif
+#endif
+KILN_DEV void kiln_fp8_f32(unsigned w, float (&f)[4]) {
+#if GEMV_FP8_CVT
+    asm("{\n\t.reg .b16 a, b, c, d;\n\t.reg .b32 p, q;\n\t"
+        "mov.b32 {a, b}, %4;\n\t"
+        "cvt.rn.f16x2.e4m3x2 p, a;\n\tcvt.rn.f16x2.e4m3x2 q, b;\n\t"
+        "mov.b32 {a, b}, p;\n\tmov.b32 {c, d}, q;\n\t"
+        "cvt.f32.f16 %0, a;\n\tcvt.f32.f16 %1, b;\n\tcvt.f32.f16 %2, c;\n\tcvt.f32.f16 %3, d;\n\t}"
+        : "=f"(f[0]), "=f"(f[1]), "=f"(f[2]), "=f"(f[3])
+        : "r"(w));
+#else
+    unsigned o[2];
+    kiln_fp8_deq(w, o);
+    f[0] = __uint_as_float(o[0] << 16);
+    f[1] = __uint_as_float(o[0] & 0xFFFF0000u);
+    f[2] = __uint_as_float(o[1] << 16);
+    f[3] = __uint_as_float(o[1] & 0xFFFF0000u);
+#endif
+}
+#endif /* GEMV_QUANT */
 
 #if !GEMV_MMA
 
@@ -327,11 +411,122 @@ template <bool NORM> KILN_DEV void kiln_gemv_cc(const kiln_gemv_params &p) {
     kiln_gemv_store(p, acc, row0, m0, lane);
 }
 
+#if GEMV_QUANT
+/* The quantized GEMV on CUDA cores (GEMV_QUANT 8: q8 or, with GEMV_FP8, fp8; common/quant.c's layout:
+ * int8/E4M3 codes row-major, then one fp32 scale per row), for one-token steps. As kiln_gemv_cc: a
+ * warp owns GEMV_ROWS rows and GEMV_MT x rows, lanes walk K in 16-byte chunks of codes (16 columns),
+ * so a warp reads 512 contiguous bytes of each row per step, GEMV_UNROLL x GEMV_ROWS loads in flight
+ * per lane; the 16 x values of a chunk (two 16-byte loads, L1 hits) are widened to fp32 once for
+ * the rows. Each code becomes its exact fp32 value (q8: a byte permute into 2^23 + code + 128 and
+ * one subtract; fp8: kiln_fp8_deq's exact bf16, widened) and one fma; the row's scale multiplies
+ * the warp's sum. Where the tensor-core variant multiplies 16 rows by 8 x rows per instruction (7
+ * of them idle at one token), this spends about 3 (q8) or 4 (fp8) instructions a weight, under the
+ * issue rate at the bandwidth ceiling. Needs K % 16 == 0, ldx % 8 == 0 and 16-byte aligned codes, x
+ * and norm_w (the runtime checks K; the others hold for every buffer it makes). */
+template <bool NORM> KILN_DEV void kiln_gemv_ccq(const kiln_gemv_params &p) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row0 = (blockIdx.x * GEMV_WARPS + warp) * GEMV_ROWS;
+    const int m0 = blockIdx.y * GEMV_MT;
+    const int kv = p.K / 16; /* 16-byte chunks of codes per row */
+    const unsigned char *wr[GEMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++) wr[r] = (const unsigned char *)p.w + (size_t)min(row0 + r, p.N - 1) * p.K;
+    if (row0 < p.N) { /* the codes need no earlier kernel: start pulling them before waiting */
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++)
+#pragma unroll
+            for (int u = 0; u < GEMV_UNROLL; u++)
+                if (lane + 32 * u < kv) kiln_prefetch_l2(wr[r] + (size_t)(lane + 32 * u) * 16);
+    }
+    kiln_pdl_wait();
+    if (row0 >= p.N) return; /* whole warp leaves together */
+    const kiln_bf16 *xr[GEMV_MT];
+#pragma unroll
+    for (int m = 0; m < GEMV_MT; m++) xr[m] = (const kiln_bf16 *)p.x + (size_t)min(m0 + m, p.M - 1) * p.ldx;
+    const kiln_bf16 *nw = (const kiln_bf16 *)p.norm_w;
+    float acc[GEMV_ROWS][GEMV_MT], ss[GEMV_MT];
+#pragma unroll
+    for (int m = 0; m < GEMV_MT; m++) {
+        ss[m] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++) acc[r][m] = 0.0f;
+    }
+    for (int c0 = lane; c0 < kv; c0 += 32 * GEMV_UNROLL) {
+        uint4 wv[GEMV_UNROLL][GEMV_ROWS];
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; u++) {
+            const int c = c0 + 32 * u;
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; r++)
+                wv[u][r] = c < kv ? kiln_ld_stream(wr[r] + (size_t)c * 16) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; u++) {
+            const int c = c0 + 32 * u;
+            if (c >= kv) break; /* later u are past K too */
+            float g[16];
+            if (NORM) {
+                kiln_unpack8(kiln_ld16(nw + (size_t)c * 16), g);
+                kiln_unpack8(kiln_ld16(nw + (size_t)c * 16 + 8), g + 8);
+            }
+#pragma unroll
+            for (int m = 0; m < GEMV_MT; m++) {
+                float xf[16];
+                kiln_unpack8(kiln_ld16(xr[m] + (size_t)c * 16), xf);
+                kiln_unpack8(kiln_ld16(xr[m] + (size_t)c * 16 + 8), xf + 8);
+                if (NORM)
+#pragma unroll
+                    for (int e = 0; e < 16; e++) {
+                        ss[m] = fmaf(xf[e], xf[e], ss[m]);
+                        xf[e] *= g[e];
+                    }
+#pragma unroll
+                for (int r = 0; r < GEMV_ROWS; r++) {
+                    const unsigned wd[4] = {wv[u][r].x, wv[u][r].y, wv[u][r].z, wv[u][r].w};
+#pragma unroll
+                    for (int q = 0; q < 4; q++) {
+                        float f[4];
+#if GEMV_FP8
+                        kiln_fp8_f32(wd[q], f);
+#else
+                        kiln_q8_f32(wd[q], f);
+#endif
+#pragma unroll
+                        for (int e = 0; e < 4; e++) acc[r][m] = fmaf(f[e], xf[4 * q + e], acc[r][m]);
+                    }
+                }
+            }
+        }
+    }
+    kiln_pdl_launch(); /* every load issued: let the next kernel launch */
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++) {
+        const float sc = ((const float *)p.wscale)[min(row0 + r, p.N - 1)];
+#pragma unroll
+        for (int m = 0; m < GEMV_MT; m++) acc[r][m] = kiln_warp_sum(acc[r][m]) * sc;
+    }
+    if (NORM)
+#pragma unroll
+        for (int m = 0; m < GEMV_MT; m++) {
+            const float inv = rsqrtf(kiln_warp_sum(ss[m]) / (float)p.K + p.norm_eps);
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; r++) acc[r][m] *= inv;
+        }
+    kiln_gemv_store(p, acc, row0, m0, lane);
+}
+#endif /* GEMV_QUANT */
+
 /* As many resident warps per SM as the plain kernel had before the norm
  * path's extra registers (48 with 8+ warps per block, else 32): one block
  * fewer per SM would add a wave (the QKV grid at one token is 5.8 blocks of
  * 8 warps per SM). */
+#if GEMV_QUANT
+/* the quantized one: at least 24 warps (up to 85 registers a thread: the codes in flight, 16 x values
+ * and, with a folded norm, 16 of its weights) */
+#define GEMV_MIN_BLOCKS ((24 + GEMV_WARPS - 1) / GEMV_WARPS)
+#else
 #define GEMV_MIN_BLOCKS (((GEMV_WARPS >= 8 ? 48 : 32) + GEMV_WARPS - 1) / GEMV_WARPS)
+#endif
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS)
     kiln_gemv(const kiln_gemv_params p) {
 #if GEMV_MOE
@@ -345,6 +540,9 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS)
     q.residual = 0;
     q.M = 1;
     kiln_gemv_cc<false>(q);
+#elif GEMV_QUANT
+    if (p.norm_w) kiln_gemv_ccq<true>(p);
+    else kiln_gemv_ccq<false>(p);
 #else
     if (p.norm_w) kiln_gemv_cc<true>(p);
     else kiln_gemv_cc<false>(p);
@@ -598,12 +796,6 @@ KILN_DEV void kiln_gemv_grouped(const kiln_gemv_params &p, float (*red)[16][8 + 
 #define GEMV_QK (GEMV_QUANT == 4 ? 32 : 16)
 #define GEMV_QSTEP (4 * GEMV_QK)
 
-KILN_DEV unsigned kiln_bf2_fma(unsigned a, unsigned b, unsigned c) {
-    unsigned d;
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-
 /* q4: the 8 codes of one word (nibble i = column i) as 4 bf16x2 words pairing columns (0,4), (1,5),
  * (2,6), (3,7). GEMV_QDEQ 0: 128 + c, exact in bf16 (0x4300 | c: one instruction per pair; the 128
  * and the group's scale and minimum are applied to the sums); 1: bf16(c * s + lo) computed in fp32
@@ -629,33 +821,6 @@ KILN_DEV void kiln_q4_pairs(uint4 v, unsigned (&o)[4]) {
     o[2] = __byte_perm(v.y, v.w, 0x5410);
     o[3] = __byte_perm(v.y, v.w, 0x7632);
 }
-/* q8: the 4 int8 codes of one word (byte i = column i) as 2 bf16x2 words (columns 0,1 and 2,3),
- * exact: 0x4B0000uu is 2^23 + uu in fp32, uu = code + 128. The row's scale comes in the epilogue. */
-KILN_DEV void kiln_q8_deq(unsigned w, unsigned (&o)[2]) {
-    const unsigned u = w ^ 0x80808080u;
-    const float f0 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7440)) - 8388736.0f;
-    const float f1 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7441)) - 8388736.0f;
-    const float f2 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7442)) - 8388736.0f;
-    const float f3 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7443)) - 8388736.0f;
-    o[0] = kiln_f2bf2(f0, f1);
-    o[1] = kiln_f2bf2(f2, f3);
-}
-
-/* fp8: the 4 E4M3 codes of one word (byte i = column i) as 2 bf16x2 words (columns 0,1 and 2,3),
- * exact. E4M3's sign, exponent and mantissa fields moved into bf16's (sign to bit 15, the 7 other bits
- * to bits 10..4) make a bf16 whose value is the code's times 2^-120, subnormals included (both
- * formats' subnormals continue their normals the same way: bias 7 against 127); one bf16x2 fma by
- * 2^120 (0x7B80) restores it exactly (bf16 arithmetic keeps subnormals). NaN codes (never written)
- * would come out as large finite values. The row's scale comes in the epilogue. */
-KILN_DEV void kiln_fp8_deq(unsigned w, unsigned (&o)[2]) {
-    const unsigned lo = __byte_perm(w, 0u, 0x1404); /* bytes 0 and 1 into the high bytes of each half */
-    const unsigned hi = __byte_perm(w, 0u, 0x3424); /* bytes 2 and 3 */
-    const unsigned a = (lo & 0x80008000u) | ((lo >> 4) & 0x07F007F0u);
-    const unsigned b = (hi & 0x80008000u) | ((hi >> 4) & 0x07F007F0u);
-    o[0] = kiln_bf2_fma(a, 0x7B807B80u, 0x80008000u);
-    o[1] = kiln_bf2_fma(b, 0x7B807B80u, 0x80008000u);
-}
-
 /* The tensor-core GEMV over a quantized W (GEMV_QUANT 8 or 4; common/quant.c's layout). As the bf16
  * variant: a warp owns 16 rows of W and 8 rows of x, the block's warps split K, and each lane
  * (g, t) loads 16 bytes of codes of rows g and g + 8 (GEMV_QK columns) and the same columns of x
@@ -677,51 +842,68 @@ template <bool NORM>
 KILN_DEV void kiln_gemv_mmaq(const kiln_gemv_params &p, float (*red)[16][8 + 1], float (*ss_s)[8]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int n0 = blockIdx.y * 16, m0 = blockIdx.x * 8;
-    const int ra = min(n0 + g, p.N - 1), rb = min(n0 + g + 8, p.N - 1);
+    const int n0 = blockIdx.y * 16 * GEMV_QT, m0 = blockIdx.x * 8;
     const size_t row_bytes = (size_t)p.K * GEMV_QUANT / 8;
-    const unsigned char *wa = (const unsigned char *)p.w + (size_t)ra * row_bytes;
-    const unsigned char *wb = (const unsigned char *)p.w + (size_t)rb * row_bytes;
+    /* tile i: rows n0 + 16 i + g (a) and + 8 (b), clamped */
+    const unsigned char *wa[GEMV_QT], *wb[GEMV_QT];
 #if GEMV_QUANT == 4
     const int ng = p.K / GEMV_GROUP;
-    const float *sa = (const float *)p.wscale + (size_t)ra * ng, *sb = (const float *)p.wscale + (size_t)rb * ng;
-    const float *la = (const float *)p.wmin + (size_t)ra * ng, *lb = (const float *)p.wmin + (size_t)rb * ng;
+    const float *sa[GEMV_QT], *sb[GEMV_QT], *la[GEMV_QT], *lb[GEMV_QT];
 #endif
+#pragma unroll
+    for (int i = 0; i < GEMV_QT; i++) {
+        const int ra = min(n0 + 16 * i + g, p.N - 1), rb = min(n0 + 16 * i + g + 8, p.N - 1);
+        wa[i] = (const unsigned char *)p.w + (size_t)ra * row_bytes;
+        wb[i] = (const unsigned char *)p.w + (size_t)rb * row_bytes;
+#if GEMV_QUANT == 4
+        sa[i] = (const float *)p.wscale + (size_t)ra * ng, sb[i] = (const float *)p.wscale + (size_t)rb * ng;
+        la[i] = (const float *)p.wmin + (size_t)ra * ng, lb[i] = (const float *)p.wmin + (size_t)rb * ng;
+#endif
+    }
     const int nsteps = (p.K + GEMV_QSTEP - 1) / GEMV_QSTEP;
     const int per = (nsteps + GEMV_WARPS - 1) / GEMV_WARPS;
     const int s_lo = warp * per, s_hi = min(nsteps, s_lo + per);
     /* the codes need no earlier kernel: start pulling the first round before waiting */
     for (int s0 = s_lo; s0 < min(s_hi, s_lo + GEMV_UNROLL); s0++) {
         const int k = s0 * GEMV_QSTEP + GEMV_QK * t;
-        kiln_prefetch_l2(wa + (size_t)k * GEMV_QUANT / 8);
-        kiln_prefetch_l2(wb + (size_t)k * GEMV_QUANT / 8);
+#pragma unroll
+        for (int i = 0; i < GEMV_QT; i++) {
+            kiln_prefetch_l2(wa[i] + (size_t)k * GEMV_QUANT / 8);
+            kiln_prefetch_l2(wb[i] + (size_t)k * GEMV_QUANT / 8);
+        }
     }
     kiln_pdl_wait();
     const kiln_bf16 *xr = (const kiln_bf16 *)p.x + (size_t)min(m0 + g, p.M - 1) * p.ldx;
     const kiln_bf16 *nw = (const kiln_bf16 *)p.norm_w;
-    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float c[GEMV_QT][4];
+#pragma unroll
+    for (int i = 0; i < GEMV_QT; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
     float sd[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* NORM: x·x^T */
     constexpr int QX = GEMV_QK / 8;         /* 16-byte loads of x per lane and step */
-    /* a round: the codes (and q4's scales) of GEMV_UNROLL steps loaded first, all in flight at once;
-     * then step by step x (an L1/L2 hit: every warp reads it) and the arithmetic */
+    /* a round: the codes (and q4's scales) of GEMV_UNROLL steps of every tile loaded first, all in
+     * flight at once; then step by step x (an L1/L2 hit: every warp reads it), shared by the tiles,
+     * and the arithmetic */
     for (int s0 = s_lo; s0 < s_hi; s0 += GEMV_UNROLL) {
-        uint4 va[GEMV_UNROLL], vb[GEMV_UNROLL];
+        uint4 va[GEMV_UNROLL][GEMV_QT], vb[GEMV_UNROLL][GEMV_QT];
 #if GEMV_QUANT == 4
-        float gs[GEMV_UNROLL][4]; /* scale a, min a, scale b, min b */
+        float gs[GEMV_UNROLL][GEMV_QT][4]; /* scale a, min a, scale b, min b */
 #endif
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; u++) {
             const int k = (s0 + u) * GEMV_QSTEP + GEMV_QK * t;
             const bool ok = s0 + u < s_hi && k < p.K;
-            va[u] = ok ? kiln_ld_stream(wa + (size_t)k * GEMV_QUANT / 8) : make_uint4(0, 0, 0, 0);
-            vb[u] = ok ? kiln_ld_stream(wb + (size_t)k * GEMV_QUANT / 8) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int i = 0; i < GEMV_QT; i++) {
+                va[u][i] = ok ? kiln_ld_stream(wa[i] + (size_t)k * GEMV_QUANT / 8) : make_uint4(0, 0, 0, 0);
+                vb[u][i] = ok ? kiln_ld_stream(wb[i] + (size_t)k * GEMV_QUANT / 8) : make_uint4(0, 0, 0, 0);
 #if GEMV_QUANT == 4
-            const int gi = ok ? k / GEMV_GROUP : 0;
-            gs[u][0] = ok ? __ldg(sa + gi) : 0.0f;
-            gs[u][1] = ok ? __ldg(la + gi) : 0.0f;
-            gs[u][2] = ok ? __ldg(sb + gi) : 0.0f;
-            gs[u][3] = ok ? __ldg(lb + gi) : 0.0f;
+                const int gi = ok ? k / GEMV_GROUP : 0;
+                gs[u][i][0] = ok ? __ldg(sa[i] + gi) : 0.0f;
+                gs[u][i][1] = ok ? __ldg(la[i] + gi) : 0.0f;
+                gs[u][i][2] = ok ? __ldg(sb[i] + gi) : 0.0f;
+                gs[u][i][3] = ok ? __ldg(lb[i] + gi) : 0.0f;
 #endif
+            }
         }
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; u++) {
@@ -734,7 +916,9 @@ KILN_DEV void kiln_gemv_mmaq(const kiln_gemv_params &p, float (*red)[16][8 + 1],
                 vn[j] = NORM && ok ? kiln_ld16(nw + k + 8 * j) : make_uint4(0, 0, 0, 0);
             }
 #if GEMV_QUANT == 4 && GEMV_QDEQ == 0
-            float dw[4] = {0.0f, 0.0f, 0.0f, 0.0f}, dx[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* this group's sums */
+            float dw[GEMV_QT][4], dx[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* this group's sums */
+#pragma unroll
+            for (int i = 0; i < GEMV_QT; i++) dw[i][0] = dw[i][1] = dw[i][2] = dw[i][3] = 0.0f;
 #endif
 #pragma unroll
             for (int j = 0; j < QX; j++) {
@@ -749,55 +933,75 @@ KILN_DEV void kiln_gemv_mmaq(const kiln_gemv_params &p, float (*red)[16][8 + 1],
                     xv.w = kiln_bf2_fma(xv.w, n.w, 0x80008000u);
                 }
 #if GEMV_QUANT == 4
-                /* word j of the codes holds the columns of x load j */
-                const unsigned wja = j == 0 ? va[u].x : j == 1 ? va[u].y : j == 2 ? va[u].z : va[u].w;
-                const unsigned wjb = j == 0 ? vb[u].x : j == 1 ? vb[u].y : j == 2 ? vb[u].z : vb[u].w;
-                unsigned A[4], B[4], X[4];
-                kiln_q4_deq(wja, gs[u][0], gs[u][1], A);
-                kiln_q4_deq(wjb, gs[u][2], gs[u][3], B);
+                unsigned X[4];
                 kiln_q4_pairs(xv, X);
 #if GEMV_QDEQ == 0
-                /* sum (128 + c) x and, with A all ones, sum x: for every x row of the tile */
-                kiln_mma_bf16(dw, A[0], B[0], A[1], B[1], X[0], X[1]);
-                kiln_mma_bf16(dw, A[2], B[2], A[3], B[3], X[2], X[3]);
+                /* with A all ones, the group's sum of x for every x row of the tile: once for the tiles */
                 kiln_mma_bf16(dx, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u, X[0], X[1]);
                 kiln_mma_bf16(dx, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u, X[2], X[3]);
-#else
-                kiln_mma_bf16(c, A[0], B[0], A[1], B[1], X[0], X[1]);
-                kiln_mma_bf16(c, A[2], B[2], A[3], B[3], X[2], X[3]);
 #endif
+#pragma unroll
+                for (int i = 0; i < GEMV_QT; i++) {
+                    /* word j of the codes holds the columns of x load j */
+                    const uint4 a4 = va[u][i], b4 = vb[u][i];
+                    const unsigned wja = j == 0 ? a4.x : j == 1 ? a4.y : j == 2 ? a4.z : a4.w;
+                    const unsigned wjb = j == 0 ? b4.x : j == 1 ? b4.y : j == 2 ? b4.z : b4.w;
+                    unsigned A[4], B[4];
+                    kiln_q4_deq(wja, gs[u][i][0], gs[u][i][1], A);
+                    kiln_q4_deq(wjb, gs[u][i][2], gs[u][i][3], B);
+#if GEMV_QDEQ == 0
+                    /* sum (128 + c) x for every x row of the tile */
+                    kiln_mma_bf16(dw[i], A[0], B[0], A[1], B[1], X[0], X[1]);
+                    kiln_mma_bf16(dw[i], A[2], B[2], A[3], B[3], X[2], X[3]);
 #else
-                /* words 2j and 2j + 1 of the codes hold the 8 columns of x load j */
-                unsigned A0[2], A1[2], B0[2], B1[2];
+                    kiln_mma_bf16(c[i], A[0], B[0], A[1], B[1], X[0], X[1]);
+                    kiln_mma_bf16(c[i], A[2], B[2], A[3], B[3], X[2], X[3]);
+#endif
+                }
+#else
+#pragma unroll
+                for (int i = 0; i < GEMV_QT; i++) {
+                    /* words 2j and 2j + 1 of the codes hold the 8 columns of x load j */
+                    const uint4 a4 = va[u][i], b4 = vb[u][i];
+                    unsigned A0[2], A1[2], B0[2], B1[2];
 #if GEMV_FP8
-                kiln_fp8_deq(j == 0 ? va[u].x : va[u].z, A0);
-                kiln_fp8_deq(j == 0 ? va[u].y : va[u].w, A1);
-                kiln_fp8_deq(j == 0 ? vb[u].x : vb[u].z, B0);
-                kiln_fp8_deq(j == 0 ? vb[u].y : vb[u].w, B1);
+                    kiln_fp8_deq(j == 0 ? a4.x : a4.z, A0);
+                    kiln_fp8_deq(j == 0 ? a4.y : a4.w, A1);
+                    kiln_fp8_deq(j == 0 ? b4.x : b4.z, B0);
+                    kiln_fp8_deq(j == 0 ? b4.y : b4.w, B1);
 #else
-                kiln_q8_deq(j == 0 ? va[u].x : va[u].z, A0);
-                kiln_q8_deq(j == 0 ? va[u].y : va[u].w, A1);
-                kiln_q8_deq(j == 0 ? vb[u].x : vb[u].z, B0);
-                kiln_q8_deq(j == 0 ? vb[u].y : vb[u].w, B1);
+                    kiln_q8_deq(j == 0 ? a4.x : a4.z, A0);
+                    kiln_q8_deq(j == 0 ? a4.y : a4.w, A1);
+                    kiln_q8_deq(j == 0 ? b4.x : b4.z, B0);
+                    kiln_q8_deq(j == 0 ? b4.y : b4.w, B1);
 #endif
-                kiln_mma_bf16(c, A0[0], B0[0], A0[1], B0[1], xv.x, xv.y);
-                kiln_mma_bf16(c, A1[0], B1[0], A1[1], B1[1], xv.z, xv.w);
+                    kiln_mma_bf16(c[i], A0[0], B0[0], A0[1], B0[1], xv.x, xv.y);
+                    kiln_mma_bf16(c[i], A1[0], B1[0], A1[1], B1[1], xv.z, xv.w);
+                }
 #endif
             }
 #if GEMV_QUANT == 4 && GEMV_QDEQ == 0
             /* w = c s + lo = (128 + c) s + (lo - 128 s): rows g (c0, c1) and g + 8 (c2, c3), in fp32 */
-            const float oa = fmaf(-128.0f, gs[u][0], gs[u][1]), ob = fmaf(-128.0f, gs[u][2], gs[u][3]);
-            c[0] = fmaf(gs[u][0], dw[0], fmaf(oa, dx[0], c[0]));
-            c[1] = fmaf(gs[u][0], dw[1], fmaf(oa, dx[1], c[1]));
-            c[2] = fmaf(gs[u][2], dw[2], fmaf(ob, dx[2], c[2]));
-            c[3] = fmaf(gs[u][2], dw[3], fmaf(ob, dx[3], c[3]));
+#pragma unroll
+            for (int i = 0; i < GEMV_QT; i++) {
+                const float *q = gs[u][i];
+                const float oa = fmaf(-128.0f, q[0], q[1]), ob = fmaf(-128.0f, q[2], q[3]);
+                c[i][0] = fmaf(q[0], dw[i][0], fmaf(oa, dx[0], c[i][0]));
+                c[i][1] = fmaf(q[0], dw[i][1], fmaf(oa, dx[1], c[i][1]));
+                c[i][2] = fmaf(q[2], dw[i][2], fmaf(ob, dx[2], c[i][2]));
+                c[i][3] = fmaf(q[2], dw[i][3], fmaf(ob, dx[3], c[i][3]));
+            }
 #endif
         }
     }
     kiln_pdl_launch(); /* every load issued: let the next kernel launch */
     /* x·x^T's diagonal: lane (g, t) holds row g's columns 2t and 2t + 1 */
     if (NORM && t == (g >> 1)) ss_s[warp][g] = sd[g & 1];
-    kiln_gemv_mma_out<NORM>(p, c, red, ss_s, n0, m0);
+#pragma unroll
+    for (int i = 0; i < GEMV_QT; i++) {
+        if (i) __syncthreads(); /* red is reused by the next tile */
+        if (n0 + 16 * i < p.N) kiln_gemv_mma_out<NORM>(p, c[i], red, ss_s, n0 + 16 * i, m0); /* uniform */
+    }
 }
 #endif /* GEMV_QUANT */
 

@@ -164,7 +164,9 @@ typedef struct kiln_ctx_options {
      * only (or, with every rank on one GPU, the sum on one stream; the default), the one-shot kernel
      * where ranks can address each other's memory for small all-reduces and the gather, or for every
      * collective), moe_grouped=0|1 (a mixture of experts' decode batches past
-     * the pair GEMVs: every expert over the batch through cuBLASLt (default), or the grouped GEMVs).
+     * the pair GEMVs: every expert over the batch through cuBLASLt (default), or the grouped GEMVs),
+     * qgemv_cc=0|1 (since 0.5; one-token steps over q8/fp8 weights: the CUDA-core GEMV where the engine
+     * has it (1, the default) or the tensor-core one (0)).
      * NULL or "" = none. An unknown key or
      * a bad value is KILN_ERR_INVALID_ARG, and any knob with device "cpu" too. */
     const char *measure;

@@ -313,22 +313,29 @@ static void test_gemv_quant(void) {
     for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; vi++) {
         const int qt = variants[vi].qt, group = kiln_quant_group(qt), bits = group ? 4 : 8;
         const int out_f32 = variants[vi].out_f32, swiglu = variants[vi].swiglu, residual = variants[vi].residual;
-        for (int warps = 4; warps <= 16; warps *= 4) {
+        /* tensor cores: warps (K split) and 16-row tiles per warp (GEMV_QT; N = 40 and 96 leave tiles
+         * past N); CUDA cores (q8 and fp8): warps and rows per warp (N = 130 is not a multiple) */
+        static const int wt[][3] = {{4, 1, 1}, {16, 1, 1}, {8, 2, 1}, {8, 4, 1}, {4, 4, 0}, {8, 1, 0}};
+        for (size_t wi = 0; wi < sizeof wt / sizeof wt[0]; wi++) {
+            const int warps = wt[wi][0], tiles = wt[wi][2] ? wt[wi][1] : 1, mma = wt[wi][2];
+            const int rows = mma ? 2 : swiglu && wt[wi][1] % 2 ? wt[wi][1] + 1 : wt[wi][1]; /* SwiGLU: pairs */
+            if (!mma && bits == 4) continue; /* q4 runs on the tensor cores only */
             char d[11][32];
             snprintf(d[0], 32, "GEMV_WARPS=%d", warps);
-            snprintf(d[1], 32, "GEMV_ROWS=2");
+            snprintf(d[1], 32, "GEMV_ROWS=%d", rows);
             snprintf(d[2], 32, "GEMV_UNROLL=2");
             snprintf(d[3], 32, "GEMV_MT=1");
             snprintf(d[4], 32, "GEMV_OUT_F32=%d", out_f32);
             snprintf(d[5], 32, "GEMV_SWIGLU=%d", swiglu);
-            snprintf(d[6], 32, "GEMV_MMA=1");
+            snprintf(d[6], 32, "GEMV_MMA=%d", mma);
             snprintf(d[7], 32, "GEMV_QUANT=%d", bits);
             snprintf(d[8], 32, "GEMV_GROUP=%d", group);
             snprintf(d[9], 32, "GEMV_FP8=%d", qt == KILN_DTYPE_FP8);
-            const char *defs[10] = {d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9]};
+            snprintf(d[10], 32, "GEMV_QT=%d", tiles);
+            const char *defs[11] = {d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10]};
             kfn k;
-            KT_REQUIRE(kbuild(&k, "gemv.cuh", "kiln_gemv", defs, 10));
-            const kiln_gemv_cfg cfg = {warps, 0, 2, 8, 1};
+            KT_REQUIRE(kbuild(&k, "gemv.cuh", "kiln_gemv", defs, 11));
+            const kiln_gemv_cfg cfg = mma ? (kiln_gemv_cfg){warps, tiles, 2, 8, 1} : (kiln_gemv_cfg){warps, rows, 2, 1, 0};
             for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
                 const int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2], nout = swiglu ? N / 2 : N;
                 if (group && K % group) continue;
@@ -392,8 +399,9 @@ static void test_gemv_quant(void) {
                         void *out = host_from(y, ysz);
                         const double e = out_f32 ? rel_err_f32(out, ref, (size_t)M * nout)
                                                  : rel_err_bf16(out, ref, (size_t)M * nout);
-                        KT_CHECKF(e < TOL_BF16, "gemv %s M=%d N=%d K=%d (warps %d, f32 %d, swiglu %d, res %d, norm %d): "
-                                  "rel err %g", kiln_dtype_name((kiln_dtype)qt), M, N, K, warps, out_f32, swiglu,
+                        KT_CHECKF(e < TOL_BF16, "gemv %s M=%d N=%d K=%d (%s, warps %d, tiles/rows %d, f32 %d, swiglu %d, "
+                                  "res %d, norm %d): rel err %g", kiln_dtype_name((kiln_dtype)qt), M, N, K,
+                                  mma ? "tensor cores" : "CUDA cores", warps, mma ? tiles : rows, out_f32, swiglu,
                                   residual, norm, e);
                         if (rep == 1 && !r) KT_CHECKF(memcmp(out, first, ysz) == 0, "gemv %s: a second run differs",
                                                       kiln_dtype_name((kiln_dtype)qt));
@@ -442,36 +450,47 @@ static void test_gemv_fp8_codes(void) {
     for (int i = 0; i < N * K; i++) bad += kiln_bf16_to_f32(dh[i]) != kiln_e4m3_to_f32(wq[i]);
     KT_CHECKF(bad == 0, "dequant fp8: %d codes not exact", bad);
     free(dh);
-    const char *defs[] = {"GEMV_WARPS=4", "GEMV_ROWS=2", "GEMV_UNROLL=2", "GEMV_MT=1", "GEMV_OUT_F32=1",
-                          "GEMV_SWIGLU=0", "GEMV_MMA=1", "GEMV_QUANT=8", "GEMV_GROUP=0", "GEMV_FP8=1"};
-    kfn k;
-    KT_REQUIRE(kbuild(&k, "gemv.cuh", "kiln_gemv", defs, 10));
-    const kiln_gemv_cfg cfg = {4, 0, 2, 8, 1};
+    /* the tensor-core GEMV, and the CUDA-core one with the hardware's E4M3 conversion (sm_89 and
+     * later) and through bf16 */
+    static const struct {
+        const char *what, *mma, *cvt;
+        kiln_gemv_cfg cfg;
+    } gv[] = {{"tensor cores", "GEMV_MMA=1", "GEMV_FP8_CVT=0", {4, 0, 2, 8, 1}},
+              {"CUDA cores, hardware conversion", "GEMV_MMA=0", "GEMV_FP8_CVT=1", {4, 2, 2, 1, 0}},
+              {"CUDA cores, through bf16", "GEMV_MMA=0", "GEMV_FP8_CVT=0", {4, 2, 2, 1, 0}}};
     uint16_t xh[M * K];
     CUdeviceptr x = dev_alloc(sizeof xh), y = dev_alloc((size_t)M * N * 4);
-    bad = 0;
-    for (int c0 = 0; c0 < K / M; c0++) {
-        memset(xh, 0, sizeof xh);
-        for (int m = 0; m < M; m++) xh[m * K + c0 + m * (K / M)] = kiln_f32_to_bf16(1.0f);
-        KT_CHECK(g_cu.api.cuMemcpyHtoD(x, xh, sizeof xh) == CUDA_SUCCESS);
-        kiln_gemv_params p = {x, w, y, 0, M, N, K, K, N, 0, 0, 1e-5f, 0, w + so, 0, 0, 0, 0, 0};
-        KT_CHECK(klaunch(k.fn, "kiln_gemv (fp8)", kiln_gemv_dims(&cfg, M, N), &p));
-        float *out = host_from(y, (size_t)M * N * 4);
-        for (int m = 0; m < M; m++)
-            for (int n = 0; n < N; n++) {
-                const float want = kiln_e4m3_to_f32(wq[n * K + c0 + m * (K / M)]);
-                if (out[m * N + n] != want) {
-                    if (bad < 5) fprintf(stderr, "  code 0x%02x: %g, want %g\n", wq[n * K + c0 + m * (K / M)],
-                                         (double)out[m * N + n], (double)want);
-                    bad++;
+    for (size_t gi = 0; gi < sizeof gv / sizeof gv[0]; gi++) {
+        if (gi == 1 && g_cu.sm < 89) continue; /* no E4M3 conversion instruction before sm_89 */
+        const char *defs[] = {"GEMV_WARPS=4", "GEMV_ROWS=2",  "GEMV_UNROLL=2", "GEMV_MT=1",  "GEMV_OUT_F32=1",
+                              "GEMV_SWIGLU=0", gv[gi].mma,     "GEMV_QUANT=8",  "GEMV_GROUP=0", "GEMV_FP8=1",
+                              gv[gi].cvt};
+        kfn k;
+        KT_REQUIRE(kbuild(&k, "gemv.cuh", "kiln_gemv", defs, 11));
+        bad = 0;
+        for (int c0 = 0; c0 < K / M; c0++) {
+            memset(xh, 0, sizeof xh);
+            for (int m = 0; m < M; m++) xh[m * K + c0 + m * (K / M)] = kiln_f32_to_bf16(1.0f);
+            KT_CHECK(g_cu.api.cuMemcpyHtoD(x, xh, sizeof xh) == CUDA_SUCCESS);
+            kiln_gemv_params p = {x, w, y, 0, M, N, K, K, N, 0, 0, 1e-5f, 0, w + so, 0, 0, 0, 0, 0};
+            KT_CHECK(klaunch(k.fn, "kiln_gemv (fp8)", kiln_gemv_dims(&gv[gi].cfg, M, N), &p));
+            float *out = host_from(y, (size_t)M * N * 4);
+            for (int m = 0; m < M; m++)
+                for (int n = 0; n < N; n++) {
+                    const float want = kiln_e4m3_to_f32(wq[n * K + c0 + m * (K / M)]);
+                    if (out[m * N + n] != want) {
+                        if (bad < 5) fprintf(stderr, "  %s: code 0x%02x: %g, want %g\n", gv[gi].what,
+                                             wq[n * K + c0 + m * (K / M)], (double)out[m * N + n], (double)want);
+                        bad++;
+                    }
                 }
-            }
-        free(out);
+            free(out);
+        }
+        KT_CHECKF(bad == 0, "gemv fp8 (%s): %d outputs not the exact code", gv[gi].what, bad);
+        kfree(&k);
     }
-    KT_CHECKF(bad == 0, "gemv fp8: %d outputs not the exact code", bad);
     kiln_cuda_release(&g_cu, w); kiln_cuda_release(&g_cu, dd); kiln_cuda_release(&g_cu, x);
     kiln_cuda_release(&g_cu, y);
-    kfree(&k);
     kfree(&kd);
     free(wq);
 }

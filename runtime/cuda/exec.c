@@ -237,6 +237,7 @@ typedef struct cx {
     bool pdl;
     CUdeviceptr attn_cnt; /* int32 [max_seqs, n_kv]: decode attention's split counters, zero between launches */
     int gemv_max_m; /* most tokens per step the tensor-core GEMV takes (else cuBLASLt) */
+    bool qgemv_cc;    /* one-token steps over q8/fp8 weights on the CUDA-core GEMV (measure knob qgemv_cc=0: not) */
     bool moe_grouped; /* measure knob moe_grouped=1: decode batches past the experts' pair GEMVs run the
                          grouped tensor-core GEMVs instead of every expert through cuBLASLt */
     int qgemv_max_m; /* ... the quantized GEMV takes (else dequantize + cuBLASLt) */
@@ -510,6 +511,14 @@ static kiln_status gemm_setup(cx *x, cx_gemm *g, int dw, cx_epi epi, kiln_error 
             return st;
         g->m1 = g->mma;
         g->c1 = g->cmma;
+        /* q8/fp8: one-token steps on the CUDA-core GEMV where the engine has it (engines before
+         * kiln 0.5 do not; measure knob qgemv_cc=0 keeps the tensor cores) */
+        char cc[24];
+        snprintf(cc, sizeof cc, "%s.cc", kiln_dtype_name((kiln_dtype)g->qt));
+        kiln_ksec_gemv_name(name, sizeof name, epis[epi], g->n, g->k, cc);
+        if (x->qgemv_cc && kiln_ksec_find(&x->ks, name) &&
+            (st = gemv_fn(x, epis[epi], g->n, g->k, cc, &g->m1, &g->c1, err)))
+            return st;
         if (!x->f_dequant) {
             if ((st = fn_get(x, "dequant", "kiln_dequant", &x->f_dequant, &km, err))) return st;
             x->dequant_threads = km->cfg[0] > 0 ? km->cfg[0] : 256;
@@ -2126,6 +2135,7 @@ static kiln_status cx_new(const kiln_model *m, const kiln_cuda_exec_opts *o, int
     x->pw = kiln_plan_rank_weights(p, (uint32_t)rank);
     x->no_graphs = o->no_graphs;
     x->moe_grouped = o->moe_grouped;
+    x->qgemv_cc = !o->no_qgemv_cc;
     x->hidden = p->hidden_size;
     x->n_kv = p->n_kv_heads;
     x->head_dim = p->head_dim;

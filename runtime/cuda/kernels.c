@@ -45,7 +45,8 @@ kiln_cuda_dims kiln_gemv_dims(const kiln_gemv_cfg *c, int M, int N) {
     kiln_cuda_dims d = {{1, 1, 1}, {1, 1, 1}, 0};
     if (c->mma) { /* x tiles first, so the blocks reading the same 16 rows of W run together */
         d.grid[0] = (unsigned)((M + 7) / 8);
-        d.grid[1] = (unsigned)((N + 15) / 16);
+        const int rows = 16 * (c->rows > 1 ? c->rows : 1); /* the quantized GEMV's GEMV_QT tiles */
+        d.grid[1] = (unsigned)((N + rows - 1) / rows);
     } else {
         int per_block = c->warps * c->rows;
         d.grid[0] = (unsigned)((N + per_block - 1) / per_block);

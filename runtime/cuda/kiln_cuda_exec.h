@@ -88,6 +88,7 @@ typedef struct kiln_cuda_exec_opts {
     int qgemv_max_m;      /* most tokens per step the quantized GEMV takes; 0 = gemv_max_m if set, else the record's
                              or CX_QGEMV_MAX_M */
     int rope_split_max_t; /* steps of at most this many tokens spread rope_kv over heads; 0 = the record's or 64 */
+    bool no_qgemv_cc;    /* one-token steps over q8/fp8 weights keep the tensor-core GEMV (measure knob qgemv_cc=0) */
     bool moe_grouped;    /* decode batches past the experts' pair GEMVs run the grouped tensor-core GEMVs (bf16
                             engines) instead of every expert over the batch through cuBLASLt (measured slower) */
 } kiln_cuda_exec_opts;
