@@ -28,6 +28,14 @@ handed to a writer thread (safetensors.torch.save_file) while the next shard
 is drawn. Mistral-7B (14.5 GB) is meant to take well under a minute on a
 16-core host with an H200 writing into the page cache.
 
+With --fp8-block BN the projections (q/k/v/o, gate/up/down; not the
+embedding, the LM head or experts) are written as a block-FP8 checkpoint
+does it (DeepSeek-V3, Qwen3-FP8, transformers' FineGrainedFP8): <proj>.weight
+F8_E4M3 and <proj>.weight_scale_inv F32 [out/BN, in/128], each block's scale
+max|w| / 448 and the codes torch's float8_e4m3fn cast of w / scale, with
+quantization_config {"quant_method": "fp8", "fmt": "e4m3",
+"activation_scheme": "dynamic", "weight_block_size": [BN, 128]}.
+
 Usage:
   python3 bench/make_checkpoint.py --arch mistral-7b --out /tmp/mistral-7b
   python3 bench/make_checkpoint.py --arch llama-3.1-8b --layers 4 --out /tmp/llama-4l
@@ -211,6 +219,11 @@ def tensor_plan(cfg):
     return plan
 
 
+def is_proj(name):
+    """a dense layer's projection (what block-FP8 checkpoints quantize): q/k/v/o and gate/up/down"""
+    return ".experts." not in name and name.endswith(("_proj.weight",)) and (".self_attn." in name or ".mlp." in name)
+
+
 def numel(shape):
     n = 1
     for s in shape:
@@ -257,7 +270,11 @@ def main(argv=None):
                     help="max bytes per shard, e.g. 5GB (default, as save_pretrained), 500MB, 20000")
     ap.add_argument("--device", default="auto", help="where to draw the weights: auto (cuda if available), cuda, cpu")
     ap.add_argument("--writers", type=int, default=3, help="shard-writing threads")
+    ap.add_argument("--fp8-block", type=int, default=0, metavar="BN",
+                    help="write the projections as block FP8 with blocks of BN rows and 128 columns")
     a = ap.parse_args(argv)
+    if a.fp8_block < 0:
+        ap.error("--fp8-block must be positive")
     if a.layers is not None and a.layers < 1:
         ap.error("--layers must be >= 1")
     if a.writers < 1:
@@ -278,6 +295,13 @@ def main(argv=None):
     dtype, dtype_name = DTYPES[a.dtype]
     cfg = make_config(a.arch, a.layers, dtype_name)
     plan = tensor_plan(cfg)
+    bn = a.fp8_block
+    if bn:
+        cfg["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                      "weight_block_size": [bn, 128]}
+        for name, shape, _ in plan:
+            if is_proj(name) and (shape[0] % bn or shape[1] % 128):
+                ap.error(f"--fp8-block {bn}: {name} {list(shape)} is not whole blocks of {bn} x 128")
     esize = torch.empty((), dtype=dtype).element_size()
     shards = split_shards(plan, esize, shard_size)
     n = len(shards)
@@ -301,6 +325,14 @@ def main(argv=None):
             return t.normal_(1.0, NORM_STD, generator=gen)
         return t.normal_(0.0, WEIGHT_STD, generator=gen)
 
+    def fp8_block(w):
+        """codes (float8_e4m3fn) and scales [out/bn, in/128] (f32) of w, as block-FP8 quantizers make them"""
+        n, k = w.shape
+        b = w.float().reshape(n // bn, bn, k // 128, 128)
+        s = b.abs().amax(dim=(1, 3)) / 448.0
+        q = (b / s[:, None, :, None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        return q.reshape(n, k), s
+
     def write_shard(tensors, path):
         save_file(tensors, path, {"format": "pt"})
         os.chmod(path, 0o644)  # safetensors creates 0600; save_pretrained's files are 0644
@@ -311,6 +343,11 @@ def main(argv=None):
             tensors = {}
             for name, shape, kind in shard:
                 t = draw(shape, kind)
+                if bn and is_proj(name):
+                    t, sc = fp8_block(t)
+                    sname = name[:-len("weight")] + "weight_scale_inv"
+                    tensors[sname] = sc.cpu()
+                    weight_map[sname] = fname
                 tensors[name] = t.cpu() if t.device.type != "cpu" else t
                 weight_map[name] = fname
             futs.append(pool.submit(write_shard, tensors, os.path.join(a.out, fname)))
@@ -330,7 +367,8 @@ def main(argv=None):
     with open(os.path.join(a.out, "random_weights.json"), "w") as f:
         json.dump({"generator": "bench/make_checkpoint.py", "arch": a.arch, "layers": cfg["num_hidden_layers"],
                    "seed": a.seed, "matrix": f"normal(0, {WEIGHT_STD})", "norm": f"normal(1, {NORM_STD})",
-                   "dtype": dtype_name, "device": dev, "torch": torch.__version__}, f, indent=2)
+                   "dtype": dtype_name, "device": dev, "torch": torch.__version__,
+                   "fp8_block": [bn, 128] if bn else None}, f, indent=2)
         f.write("\n")
     secs = time.time() - t0
     print(json.dumps({"checkpoint": os.path.abspath(a.out), "arch": a.arch, "layers": cfg["num_hidden_layers"],

@@ -234,7 +234,8 @@ static kiln_status add_gemv_quant_cc(kset *s, const char *epi, int n, int k, int
     def_i(m, "GEMV_OUT_F32", f32out);
     def_i(m, "GEMV_SWIGLU", swiglu);
     def_i(m, "GEMV_QUANT", 8);
-    def_i(m, "GEMV_FP8", qt == KILN_DTYPE_FP8);
+    def_i(m, "GEMV_FP8", kiln_quant_is_fp8(qt));
+    def_i(m, "GEMV_GROUP", kiln_quant_group(qt)); /* fp8g128: a scale per row and 128 columns */
     include(m, "gemv.cuh");
     return KILN_OK;
 }
@@ -250,7 +251,7 @@ static kiln_status add_gemv_quant(kset *s, const char *epi, int n, int k, int qt
     kmod *m = new_mod(s, name, err, &st);
     if (!m) return st;
     const bool swiglu = strcmp(epi, "swiglu") == 0, f32out = strcmp(epi, "f32out") == 0;
-    const int group = kiln_quant_group(qt), bits = group ? 4 : 8;
+    const int group = kiln_quant_group(qt), bits = kiln_quant_bits(qt);
     memset(m->cfg, 0, sizeof m->cfg);
     /* warps (K split over them), 16-row tiles a warp and steps in flight, the best of kiln_gpu_bench
      * --quant on the H200 (docs/quantization.md): the tall-K and small-N shapes want the K split, and
@@ -271,7 +272,7 @@ static kiln_status add_gemv_quant(kset *s, const char *epi, int n, int k, int qt
     def_i(m, "GEMV_SWIGLU", swiglu);
     def_i(m, "GEMV_QUANT", bits);
     def_i(m, "GEMV_GROUP", group);
-    def_i(m, "GEMV_FP8", qt == KILN_DTYPE_FP8);
+    def_i(m, "GEMV_FP8", kiln_quant_is_fp8(qt));
     def_i(m, "GEMV_QT", m->cfg[1]);
     include(m, "gemv.cuh");
     if (bits == 8 && (st = add_gemv_quant_cc(s, epi, n, k, qt, err))) return st;
@@ -645,8 +646,8 @@ int kiln_kernels_unsupported_weight(const kiln_plan *p, const char **why) {
         if (!kiln_dtype_is_quant((int)w->dtype)) continue;
         if (q < 0) q = (int)i;
         /* the GEMV's 16-byte loads of codes: 16 columns (q8, fp8), a group (q4) */
-        if (w->ndim != 2 || (!kiln_quant_group((int)w->dtype) && w->shape[1] % 16)) {
-            if (why) *why = "the GPU kernels read q8 and fp8 matrices whose columns are a multiple of 16";
+        if (w->ndim != 2 || (kiln_quant_bits((int)w->dtype) == 8 && w->shape[1] % 16)) {
+            if (why) *why = "the GPU kernels read q8, fp8 and fp8g128 matrices whose columns are a multiple of 16";
             return (int)i;
         }
     }

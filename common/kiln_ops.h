@@ -41,6 +41,11 @@ typedef enum kiln_dtype {
     /* Read from checkpoints only (the E4M3 codes of an FP8 checkpoint's projections, one byte an
      * element: safetensors F8_E4M3), never in an engine: they become fp8 weights (kiln_qsrc). */
     KILN_DTYPE_F8E4M3 = 10,
+    /* fp8g128 (dtype 11): FP8 E4M3 codes as fp8, with one f32 scale per row and group of 128 columns
+     * (the last group the rest of the row when 128 does not divide K), [N, ceil(K/128)] after the codes
+     * (q4g128's scales, no minimums): w = e4m3(q) * scale[n][k / 128]. What block-FP8 checkpoints
+     * (weight_block_size [bn, 128]) are read into, exactly. */
+    KILN_DTYPE_FP8G128 = 11,
     KILN_DTYPE_COUNT_
 } kiln_dtype;
 
@@ -48,14 +53,19 @@ const char *kiln_dtype_name(kiln_dtype t);        /* "f32", "f16", "bf16", "i32"
 int kiln_dtype_size(kiln_dtype t);                /* bytes per element (0 for quantized: kiln_weight_nbytes) */
 int kiln_dtype_from_name(const char *name);       /* -1 when unknown */
 /* Quantized formats (common/quant.c). */
-int kiln_dtype_is_quant(int t);                   /* q8, q4g*, fp8 */
+int kiln_dtype_is_quant(int t);                   /* q8, q4g*, fp8, fp8g128 */
+int kiln_quant_bits(int t);                       /* bits a code: 4 (q4g*) or 8 (q8, fp8, fp8g128); 0 if not quantized */
+int kiln_quant_is_fp8(int t);                     /* fp8 or fp8g128: E4M3 codes */
 /* FP8 E4M3 ("e4m3fn": 1 sign, 4 exponent bits with bias 7, 3 mantissa bits, no infinities, 0x7F and
  * 0xFF NaN, largest finite 448, subnormals down to 2^-9). kiln_e4m3_to_f32 is exact (NaN for the two
  * NaN codes); kiln_f32_to_e4m3 rounds to nearest even and saturates finite values past 448 to
  * +-448 (a NaN gives 0x7F; callers refuse NaN and infinities first). */
 float kiln_e4m3_to_f32(uint8_t c);
 uint8_t kiln_f32_to_e4m3(float x);
-int kiln_quant_group(int t);                      /* columns per scale: 0 = the whole row (q8) */
+int kiln_quant_group(int t);                      /* columns per scale: 0 = the whole row (q8, fp8) */
+/* Scales per row of a [n, k] weight of dtype t: k / G for q4gG, ceil(k / 128) for fp8g128 (its last
+ * group holds the rest of the row), 1 for q8 and fp8. */
+int64_t kiln_quant_groups(int t, int64_t k);
 /* Where a quantized [n, k] weight's f32 scales start (bytes from its first), and where q4's f32
  * group minimums start, right after the scales (0 for q8, which has none). */
 uint64_t kiln_quant_scales_offset(int t, int64_t n, int64_t k);
@@ -106,6 +116,7 @@ typedef enum kiln_qsrc_format {
     KILN_QSRC_CT = 3,     /* compressed-tensors pack-quantized */
     KILN_QSRC_FP8 = 4,    /* quant_method "fp8", one scale per tensor (AutoFP8, vLLM, transformers) */
     KILN_QSRC_CT_FP8 = 5, /* compressed-tensors float-quantized, one scale per tensor or per row */
+    KILN_QSRC_FP8_BLOCK = 6, /* quant_method "fp8" with weight_block_size: one scale per block */
 } kiln_qsrc_format;
 typedef struct kiln_qsrc {
     kiln_qsrc_format format;
@@ -113,9 +124,10 @@ typedef struct kiln_qsrc {
     const uint8_t *qweight, *qzeros, *scales; /* the checkpoint's bytes (owned by the front end) */
     kiln_dtype scales_dtype;                /* KILN_DTYPE_F16 or _BF16; FP8: also _F32 */
     int fp8_row_scales;                     /* FP8: 1 = one scale per row, 0 = one for the tensor */
+    int block_n, block_k;                   /* FP8_BLOCK: rows and columns a scale covers (k: 128) */
 } kiln_qsrc;
 /* The flat index into the scales of `s` (layouts above) of row `row`, group `gi` of its [n, k]
- * matrix, grouped by G columns (FP8: 0, or the row with per-row scales). */
+ * matrix, grouped by G columns (FP8: 0, or the row with per-row scales; block FP8: the block's). */
 int64_t kiln_qsrc_scale_index(const kiln_qsrc *s, int64_t n, int64_t k, int g, int64_t row, int64_t gi);
 /* Row `row` of the [n, k] matrix `s` holds into row `dst_row` of a q4gG weight of dst_rows rows
  * at `out` (t = KILN_DTYPE_Q4G<G>, G the checkpoint's group): codes as they are, scale s, minimum
@@ -127,6 +139,8 @@ int64_t kiln_quant_repack_row(const kiln_qsrc *s, int t, int64_t n, int64_t k, i
 /* Row `row` of the FP8 checkpoint matrix `s` (KILN_QSRC_FP8 / _CT_FP8, [n, k]) into row `dst_row` of
  * an fp8 weight of dst_rows rows at `out`: the k codes copied, the row's scale (the tensor's or the
  * row's, converted to f32 exactly) as its f32 scale, so every value is the checkpoint's exactly.
+ * A block-FP8 matrix (KILN_QSRC_FP8_BLOCK: scales [ceil(n / block_n), ceil(k / 128)], row-major) goes into
+ * an fp8g128 weight instead: the codes copied, each group's scale that of its block.
  * Returns -1, or the column of the row's first NaN code (0x7F or 0xFF; the row is then not used). */
 int64_t kiln_quant_repack_fp8_row(const kiln_qsrc *s, int64_t k, int64_t row, int64_t dst_rows, int64_t dst_row,
                                   uint8_t *out);

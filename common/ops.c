@@ -7,8 +7,8 @@
 
 static const char *const dtype_names[KILN_DTYPE_COUNT_] = {"f32", "f16",   "bf16",  "i32",
                                                           "q8",  "q4g32", "q4g64", "q4g128", "i64",
-                                                          "fp8", "f8e4m3"};
-static const int dtype_sizes[KILN_DTYPE_COUNT_] = {4, 2, 2, 4, 0, 0, 0, 0, 8, 0, 1};
+                                                          "fp8", "f8e4m3", "fp8g128"};
+static const int dtype_sizes[KILN_DTYPE_COUNT_] = {4, 2, 2, 4, 0, 0, 0, 0, 8, 0, 1, 0};
 
 const char *kiln_dtype_name(kiln_dtype t) {
     return (unsigned)t < KILN_DTYPE_COUNT_ ? dtype_names[t] : "?";

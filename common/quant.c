@@ -20,7 +20,9 @@
  * cancel in q - z) and a symmetric matrix, which has no zeros, gets z = 8.
  * kiln_quant_repack_fp8_row reads an FP8 checkpoint's matrix (E4M3 codes
  * with one scale per tensor or per row) into fp8: the codes are copied and
- * the row's scale becomes its f32 scale, so nothing is rounded.
+ * the row's scale becomes its f32 scale, so nothing is rounded; a block-FP8
+ * one (a scale per block of 128 x 128) into fp8g128, which has a scale per
+ * row and group of 128 columns: each group gets its block's.
  */
 #include "kiln_ops.h"
 #include "kiln_util.h"
@@ -29,7 +31,13 @@
 #include <stdbool.h>
 #include <string.h>
 
-int kiln_dtype_is_quant(int t) { return (t >= KILN_DTYPE_Q8 && t <= KILN_DTYPE_Q4G128) || t == KILN_DTYPE_FP8; }
+int kiln_dtype_is_quant(int t) {
+    return (t >= KILN_DTYPE_Q8 && t <= KILN_DTYPE_Q4G128) || t == KILN_DTYPE_FP8 || t == KILN_DTYPE_FP8G128;
+}
+
+int kiln_quant_bits(int t) { return !kiln_dtype_is_quant(t) ? 0 : t >= KILN_DTYPE_Q4G32 && t <= KILN_DTYPE_Q4G128 ? 4 : 8; }
+
+int kiln_quant_is_fp8(int t) { return t == KILN_DTYPE_FP8 || t == KILN_DTYPE_FP8G128; }
 
 float kiln_e4m3_to_f32(uint8_t c) {
     const int e = (c >> 3) & 15, m = c & 7;
@@ -65,14 +73,20 @@ int kiln_quant_group(int t) {
     case KILN_DTYPE_Q4G32: return 32;
     case KILN_DTYPE_Q4G64: return 64;
     case KILN_DTYPE_Q4G128: return 128;
+    case KILN_DTYPE_FP8G128: return 128;
     default: return 0;
     }
 }
 
 static uint64_t align16(uint64_t n) { return (n + 15) & ~(uint64_t)15; }
 
+int64_t kiln_quant_groups(int t, int64_t k) {
+    const int g = kiln_quant_group(t);
+    return !g ? 1 : t == KILN_DTYPE_FP8G128 ? (k + g - 1) / g : k / g;
+}
+
 /* Bytes of the codes of a [n, k] weight of quantized dtype t. */
-static uint64_t code_bytes(int t, uint64_t n, uint64_t k) { return kiln_quant_group(t) ? n * k / 2 : n * k; }
+static uint64_t code_bytes(int t, uint64_t n, uint64_t k) { return kiln_quant_bits(t) == 4 ? n * k / 2 : n * k; }
 
 uint64_t kiln_weight_nbytes(int t, int ndim, const int64_t *shape) {
     if (t < 0 || t >= KILN_DTYPE_COUNT_ || ndim < 1 || ndim > KILN_MAX_DIMS) return 0;
@@ -87,9 +101,9 @@ uint64_t kiln_weight_nbytes(int t, int ndim, const int64_t *shape) {
     if (ndim != 2) return 0;
     const uint64_t n = (uint64_t)shape[0], k = (uint64_t)shape[1];
     const int g = kiln_quant_group(t);
-    if (g && (k % (uint64_t)g || k % 2)) return 0;
-    const uint64_t groups = g ? k / (uint64_t)g : 1;
-    return align16(code_bytes(t, n, k)) + n * groups * 4 * (g ? 2 : 1);
+    if (kiln_quant_bits(t) == 4 && (k % (uint64_t)g || k % 2)) return 0;
+    const uint64_t groups = (uint64_t)kiln_quant_groups(t, (int64_t)k);
+    return align16(code_bytes(t, n, k)) + n * groups * 4 * (kiln_quant_bits(t) == 4 ? 2 : 1); /* q4: minimums */
 }
 
 uint64_t kiln_quant_scales_offset(int t, int64_t n, int64_t k) {
@@ -97,8 +111,8 @@ uint64_t kiln_quant_scales_offset(int t, int64_t n, int64_t k) {
 }
 
 uint64_t kiln_quant_mins_offset(int t, int64_t n, int64_t k) {
-    const int g = kiln_quant_group(t);
-    return g ? kiln_quant_scales_offset(t, n, k) + (uint64_t)n * (uint64_t)(k / g) * 4 : 0;
+    return kiln_quant_bits(t) == 4 ? kiln_quant_scales_offset(t, n, k) + (uint64_t)n * (uint64_t)kiln_quant_groups(t, k) * 4
+                                   : 0;
 }
 
 /* The 4-bit code of x in the range starting at lo with step s (round to nearest, clamped). */
@@ -127,7 +141,7 @@ void kiln_quant_row(int t, int64_t n_rows, int64_t k, int64_t row, const float *
 
 void kiln_quant_row_ex(int t, int64_t n_rows, int64_t k, int64_t row, const float *w, uint8_t *out, int method) {
     const int g = kiln_quant_group(t);
-    const int64_t groups = g ? k / g : 1;
+    const int64_t groups = kiln_quant_groups(t, k);
     uint8_t *scales = out + align16(code_bytes(t, (uint64_t)n_rows, (uint64_t)k)); /* f32s, by memcpy */
     if (t == KILN_DTYPE_Q8) {
         float mx = 0;
@@ -141,13 +155,18 @@ void kiln_quant_row_ex(int t, int64_t n_rows, int64_t k, int64_t row, const floa
         memcpy(scales + (size_t)row * 4, &s, sizeof s);
         return;
     }
-    if (t == KILN_DTYPE_FP8) {
-        float mx = 0;
-        for (int64_t j = 0; j < k; j++) mx = fabsf(w[j]) > mx ? fabsf(w[j]) : mx;
-        const float s = mx / 448.0f;
-        uint8_t *q = out + (size_t)row * (size_t)k;
-        for (int64_t j = 0; j < k; j++) q[j] = s > 0 ? kiln_f32_to_e4m3(w[j] / s) : 0;
-        memcpy(scales + (size_t)row * 4, &s, sizeof s);
+    if (kiln_quant_is_fp8(t)) { /* scale max|w| / 448 per row (fp8) or per group (fp8g128) */
+        const int64_t gk = g ? g : k;
+        for (int64_t gi = 0; gi < groups; gi++) {
+            const float *x = w + gi * gk;
+            const int64_t len = k - gi * gk < gk ? k - gi * gk : gk; /* fp8g128's last group: the rest */
+            float mx = 0;
+            for (int64_t j = 0; j < len; j++) mx = fabsf(x[j]) > mx ? fabsf(x[j]) : mx;
+            const float s = mx / 448.0f;
+            uint8_t *q = out + (size_t)row * (size_t)k + (size_t)(gi * gk);
+            for (int64_t j = 0; j < len; j++) q[j] = s > 0 ? kiln_f32_to_e4m3(x[j] / s) : 0;
+            memcpy(scales + ((size_t)row * (size_t)groups + (size_t)gi) * 4, &s, sizeof s);
+        }
         return;
     }
     uint8_t *mins = out + kiln_quant_mins_offset(t, n_rows, k);
@@ -181,7 +200,7 @@ void kiln_quant_row_ex(int t, int64_t n_rows, int64_t k, int64_t row, const floa
 
 void kiln_dequant_rows(int t, const uint8_t *data, int64_t n_rows, int64_t k, int64_t r0, int64_t count, float *out) {
     const int g = kiln_quant_group(t);
-    const int64_t groups = g ? k / g : 1;
+    const int64_t groups = kiln_quant_groups(t, k);
     const uint8_t *sb = data + align16(code_bytes(t, (uint64_t)n_rows, (uint64_t)k));
     const uint8_t *mb = data + kiln_quant_mins_offset(t, n_rows, k); /* q4 */
     for (int64_t r = r0; r < r0 + count; r++) {
@@ -193,11 +212,14 @@ void kiln_dequant_rows(int t, const uint8_t *data, int64_t n_rows, int64_t k, in
             for (int64_t j = 0; j < k; j++) o[j] = (float)q[j] * s;
             continue;
         }
-        if (t == KILN_DTYPE_FP8) {
-            float s;
-            memcpy(&s, sb + (size_t)r * 4, 4);
+        if (kiln_quant_is_fp8(t)) {
+            const int64_t gk = g ? g : k;
             const uint8_t *q = data + (size_t)r * (size_t)k;
-            for (int64_t j = 0; j < k; j++) o[j] = kiln_e4m3_to_f32(q[j]) * s;
+            for (int64_t gi = 0; gi < groups; gi++) {
+                float s;
+                memcpy(&s, sb + ((size_t)r * (size_t)groups + (size_t)gi) * 4, 4);
+                for (int64_t j = gi * gk; j < (gi + 1) * gk && j < k; j++) o[j] = kiln_e4m3_to_f32(q[j]) * s;
+            }
             continue;
         }
         const uint8_t *q = data + (size_t)r * (size_t)k / 2;
@@ -223,6 +245,8 @@ static const int awq_nibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 
 int64_t kiln_qsrc_scale_index(const kiln_qsrc *s, int64_t n, int64_t k, int g, int64_t row, int64_t gi) {
     if (s->format == KILN_QSRC_FP8 || s->format == KILN_QSRC_CT_FP8) return s->fp8_row_scales ? row : 0;
+    if (s->format == KILN_QSRC_FP8_BLOCK) /* [ceil(n / block_n), ceil(k / block_k)], row-major */
+        return row / s->block_n * ((k + s->block_k - 1) / s->block_k) + gi;
     return s->format == KILN_QSRC_CT ? row * (k / g) + gi /* [n, k/G] */
                                      : gi * n + row;      /* [k/G, n] */
 }
@@ -275,8 +299,14 @@ int64_t kiln_quant_repack_fp8_row(const kiln_qsrc *s, int64_t k, int64_t row, in
     for (int64_t c = 0; c < k; c++)
         if ((src[c] & 0x7F) == 0x7F) return c; /* E4M3's two NaN codes */
     memcpy(out + (size_t)dst_row * (size_t)k, src, (size_t)k);
-    const float sc = kiln_qsrc_scale_f32(s->scales, s->scales_dtype, kiln_qsrc_scale_index(s, 0, k, 0, row, 0));
-    memcpy(out + kiln_quant_scales_offset(KILN_DTYPE_FP8, dst_rows, k) + (size_t)dst_row * 4, &sc, sizeof sc);
+    const bool block = s->format == KILN_QSRC_FP8_BLOCK; /* into fp8g128: a scale per group of 128 */
+    const int t = block ? KILN_DTYPE_FP8G128 : KILN_DTYPE_FP8;
+    const int64_t groups = kiln_quant_groups(t, k);
+    for (int64_t gi = 0; gi < groups; gi++) {
+        const float sc = kiln_qsrc_scale_f32(s->scales, s->scales_dtype, kiln_qsrc_scale_index(s, 0, k, 128, row, gi));
+        memcpy(out + kiln_quant_scales_offset(t, dst_rows, k) + ((size_t)dst_row * (size_t)groups + (size_t)gi) * 4,
+               &sc, sizeof sc);
+    }
     return -1;
 }
 

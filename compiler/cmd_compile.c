@@ -454,7 +454,7 @@ int kiln_cmd_compile(int argc, char **argv) {
         return kiln_cli_usage_error("compile", "--quant-method applies with --quant, --quant-head or "
                                                "--quant-embedding");
     opt.quant_method = !quant_method || !strcmp(quant_method, "mse") ? KILN_QUANT_MSE : KILN_QUANT_RTN;
-    if (group != 128 && !(quant && !q_auto && kiln_quant_group(opt.quant)) && !(quant_head && !strcmp(quant_head, "int4")) &&
+    if (group != 128 && !(quant && !q_auto && kiln_quant_bits(opt.quant) == 4) && !(quant_head && !strcmp(quant_head, "int4")) &&
         !(quant_emb && !strcmp(quant_emb, "int4")))
         return kiln_cli_usage_error("compile", "--group-size applies to int4 (--quant int4, --quant-head int4 or "
                                                "--quant-embedding int4; --quant auto tries groups of 32, 64 and "

@@ -89,7 +89,7 @@ static kiln_status check_tp(const kiln_checkpoint *ck, int n, kiln_error *err) {
 /* meta build.quant.checkpoint of an FP8 checkpoint: what its quantization_config declared, and that its
  * activations stay unquantized (static input scales are read and checked, not applied). */
 static json_t *fp8_checkpoint_json(const kiln_ckpt_quant *cq) {
-    const char *scales = cq->fp8_channel ? "channel" : "tensor";
+    const char *scales = cq->fp8_block_n ? "block" : cq->fp8_channel ? "channel" : "tensor";
     const char *inputs = cq->static_input ? "static (input scales read and checked, not applied)" : "dynamic or none";
     json_t *j = cq->method == KILN_CKPT_QUANT_FP8
                     ? json_pack("{s:s, s:s, s:s}", "quant_method", "fp8", "fmt", "e4m3", "activation_scheme",
@@ -98,6 +98,7 @@ static json_t *fp8_checkpoint_json(const kiln_ckpt_quant *cq) {
                                 "float-quantized", "type", "float", "num_bits", 8, "strategy", scales, "symmetric", 1);
     if (j) {
         json_object_set_new(j, "weight_scales", json_string(scales));
+        if (cq->fp8_block_n) json_object_set_new(j, "weight_block_size", json_pack("[i, i]", cq->fp8_block_n, 128));
         json_object_set_new(j, "input_activations", json_string(inputs));
         json_object_set_new(j, "activations_in_engine", json_string("unquantized (kiln's fp8 is weight-only)"));
     }
@@ -160,12 +161,14 @@ static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const k
         for (int v = 0; v < g->n_values; v++)
             nq += !g->values[v].dead && g->values[v].kind == KILN_VALUE_WEIGHT && kiln_dtype_is_quant(g->values[v].dtype);
         /* a quantized checkpoint's projections: fp8, or the format its groups give, repacked as they came */
-        const kiln_dtype ckq = cq->fp8 ? KILN_DTYPE_FP8 : cq->group_size == 32 ? KILN_DTYPE_Q4G32
-                               : cq->group_size == 64                          ? KILN_DTYPE_Q4G64
-                                                                               : KILN_DTYPE_Q4G128;
+        const kiln_dtype ckq = cq->fp8_block_n         ? KILN_DTYPE_FP8G128
+                               : cq->fp8                ? KILN_DTYPE_FP8
+                               : cq->group_size == 32   ? KILN_DTYPE_Q4G32
+                               : cq->group_size == 64   ? KILN_DTYPE_Q4G64
+                                                        : KILN_DTYPE_Q4G128;
         /* --quant-method chooses int4 groups' ranges only: int8 and fp8 always round to nearest */
-        const bool q4 = opt->quant == KILN_QUANT_AUTO || kiln_quant_group(opt->quant) > 0 ||
-                        kiln_quant_group(opt->quant_head) > 0 || kiln_quant_group(opt->quant_embedding) > 0;
+        const bool q4 = opt->quant == KILN_QUANT_AUTO || kiln_quant_bits(opt->quant) == 4 ||
+                        kiln_quant_bits(opt->quant_head) == 4 || kiln_quant_bits(opt->quant_embedding) == 4;
         char method[96];
         snprintf(method, sizeof method, "%s%s",
                  q4 && opt->quant_method == KILN_QUANT_MSE ? "least squared error range (q4)" : "round to nearest",

@@ -39,8 +39,8 @@
  * (format pack-quantized, int weights, strategy group, symmetric or not,
  * no quantized activations; cfg_quant_ct) with groups of 32, 64 or 128
  * (cfg_quant; docs/quantization.md), and for FP8 E4M3 weights with one scale
- * per tensor (quant_method fp8 without weight_block_size, activation_scheme
- * dynamic or static; cfg_quant_fp8) or per tensor or channel
+ * per tensor or per block of [bn, 128] (quant_method fp8 without or with
+ * weight_block_size, activation_scheme dynamic or static; cfg_quant_fp8) or per tensor or channel
  * (compressed-tensors float-quantized, symmetric, FP8 or no input
  * activations; cfg_quant_ct_fp8); any other method, version, format, bit
  * width, group or block, a quantized lm_head, a non-empty dynamic map, a KV
@@ -441,13 +441,12 @@ static kiln_status cfg_quant_ct_weights(cfg_ctx *c, json_t *w, const char *at, k
     return KILN_OK;
 }
 
-/* The refusal of block-wise FP8 scales (quant_method fp8's weight_block_size, compressed-tensors' strategy
- * block), the field being `key` with value `shown`. */
+/* The refusal of compressed-tensors' block-wise FP8 scales (strategy block), the field being `key` with
+ * value `shown`. */
 static kiln_status cfg_quant_refuse_block(cfg_ctx *c, const char *key, const char *shown) {
-    return cfg_quant_refuse(c, key, shown, "block-wise FP8 (a scale per block of the weight, e.g. weight_block_size "
-                                           "[128,128] with weight_scale_inv) is not read yet: kiln's fp8 format has "
-                                           "one scale per row, which cannot hold a block's scales exactly; FP8 with "
-                                           "one scale per tensor or per channel is read");
+    return cfg_quant_refuse(c, key, shown, "block-wise FP8 in compressed-tensors (a scale per block of the weight) "
+                                           "is not read yet; FP8 with one scale per tensor or per channel is, and "
+                                           "quant_method fp8 with weight_block_size [bn, 128]");
 }
 
 /* compressed-tensors "float-quantized": the settings a group's "weights" must have: FP8 E4M3 (type
@@ -661,9 +660,10 @@ static kiln_status cfg_quant_ct(cfg_ctx *c, json_t *qc, kiln_ckpt_quant *q) {
 
 /* quantization_config of an FP8 checkpoint with quant_method "fp8" (AutoFP8, vLLM, transformers'
  * FineGrainedFP8Config): E4M3 weights (fmt e4m3) with one scale per tensor (weight_block_size absent or
- * null), activation_scheme dynamic or static (static: an input scale per projection, which the importer
- * reads and checks; kiln's fp8 is weight-only). Block scales, another fmt, FP8 embeddings (transformers'
- * modules_to_convert) and a KV cache scheme are refused naming the field. Projections left unquantized
+ * null) or per block of [bn, 128] (weight_block_size [bn, 128]: weight_scale_inv, read into fp8g128),
+ * activation_scheme dynamic or static (static: an input scale per projection, which the importer
+ * reads and checks; kiln's fp8 is weight-only). Blocks of other than 128 columns, another fmt, FP8
+ * embeddings (transformers' modules_to_convert) and a KV cache scheme are refused naming the field. Projections left unquantized
  * (ignored_layers, modules_to_not_convert) are refused by the importer, naming them. */
 static kiln_status cfg_quant_fp8(cfg_ctx *c, json_t *qc, kiln_ckpt_quant *q) {
     char shown[96];
@@ -679,7 +679,17 @@ static kiln_status cfg_quant_fp8(cfg_ctx *c, json_t *qc, kiln_ckpt_quant *q) {
     if (strcmp(fmt, "e4m3") != 0)
         return cfg_quant_refuse(c, "fmt", shown, "kiln reads E4M3 FP8 weights only");
     json_t *v = cfg_get(qc, "weight_block_size");
-    if (v) return cfg_quant_refuse_block(c, "weight_block_size", json_show(v, shown, sizeof shown));
+    if (v) { /* [rows, columns] a scale covers: columns 128 (kiln's fp8g128), rows any */
+        json_t *bn = json_is_array(v) && json_array_size(v) == 2 ? json_array_get(v, 0) : NULL;
+        json_t *bk = bn ? json_array_get(v, 1) : NULL;
+        if (!bn || !json_is_integer(bn) || !json_is_integer(bk))
+            return cfg_type_err(c, "quantization_config.weight_block_size", v, "[rows, columns] or null");
+        if (json_integer_value(bk) != 128 || json_integer_value(bn) < 1 || json_integer_value(bn) > (1 << 20))
+            return cfg_quant_refuse(c, "weight_block_size", json_show(v, shown, sizeof shown),
+                                    "kiln reads block-wise FP8 with blocks of 128 columns (and 1 to 2^20 rows), "
+                                    "as DeepSeek-V3 and Qwen3-FP8's [128, 128]");
+        q->fp8_block_n = (int)json_integer_value(bn);
+    }
     if ((v = cfg_get(qc, "kv_cache_scheme")))
         return cfg_quant_refuse(c, "kv_cache_scheme", json_show(v, shown, sizeof shown),
                                 "an FP8 KV cache is not built (its k_scale and v_scale are not read)");

@@ -269,24 +269,26 @@ static int ct_weight(importer *im, const char *base, int64_t n, int64_t k) {
 }
 
 /* The scale tensor <base>.<suffix> of an FP8 projection: F32, F16 or BF16, of shape [] or [1] (one for
- * the tensor; rows 0) or [rows, 1] (one per output row), every value finite and > 0 (checked here, so the
- * writer copies them as they are). Marks it used; NULL (error set) otherwise. */
-static const kiln_st_tensor *fp8_scale(importer *im, const char *base, const char *suffix, int64_t rows) {
+ * the tensor; rows 0) or [rows, cols] (one per output row: cols 1; one per block: the block grid), every
+ * value finite and > 0 (checked here, so the writer copies them as they are). Marks it used; NULL (error
+ * set) otherwise. */
+static const kiln_st_tensor *fp8_scale(importer *im, const char *base, const char *suffix, int64_t rows,
+                                       int64_t cols) {
     char name[KILN_NAME_MAX + 24];
     snprintf(name, sizeof name, "%s.%s", base, suffix);
     const ptrdiff_t at = find_index(im->ck, name);
-    const int64_t one = 1, per_row[2] = {rows, 1};
+    const int64_t one = 1, grid[2] = {rows, cols};
     /* a scalar [] (AutoFP8, transformers) or [1] (compressed-tensors, vLLM) for one per tensor */
-    const kiln_st_tensor *t = rows ? checked_tensor_dt(im, name, 2, per_row, DT_FLOAT, "F32, F16 and BF16")
+    const kiln_st_tensor *t = rows ? checked_tensor_dt(im, name, 2, grid, DT_FLOAT, "F32, F16 and BF16")
                               : at >= 0 && im->ck->index[at]->ndim == 0
                                   ? checked_tensor_dt(im, name, 0, NULL, DT_FLOAT, "F32, F16 and BF16")
                                   : checked_tensor_dt(im, name, 1, &one, DT_FLOAT, "F32, F16 and BF16");
     if (!t) return NULL;
-    for (int64_t i = 0; i < (rows ? rows : 1); i++) {
+    for (int64_t i = 0; i < (rows ? rows * cols : 1); i++) {
         const float f = kiln_qsrc_scale_f32(t->data, t->dtype, i);
         if (isfinite(f) && f > 0) continue;
         char where[48] = "";
-        if (rows) snprintf(where, sizeof where, " [%lld,0]", (long long)i);
+        if (rows) snprintf(where, sizeof where, " [%lld,%lld]", (long long)(i / cols), (long long)(i % cols));
         kiln_err(im->err, KILN_ERR_PARSE, "%s: tensor '%s' (%s): element %lld%s is %g: an FP8 scale must be finite "
                  "and positive", im->ck->dir, name, kiln_dtype_name(t->dtype), (long long)i, where, (double)f);
         kiln_err_hint(im->err, "the checkpoint is damaged (re-download or re-export it)");
@@ -298,7 +300,9 @@ static const kiln_st_tensor *fp8_scale(importer *im, const char *base, const cha
 /* The [n, k] projection `base` of an FP8 checkpoint (config.c: quant_method fp8, one scale per tensor;
  * compressed-tensors float-quantized, one per tensor or per row) as an fp8 weight whose source is
  * <base>.weight, E4M3 codes [n, k] (F8_E4M3), and <base>.weight_scale (fp8_scale; transformers names a
- * per-tensor one weight_scale_inv, read when weight_scale is absent). With static activation scales
+ * per-tensor one weight_scale_inv, read when weight_scale is absent); with weight_block_size [bn, 128]
+ * (DeepSeek-V3, Qwen3-FP8) an fp8g128 weight whose scales are <base>.weight_scale_inv, one per block,
+ * [ceil(n / bn), ceil(k / 128)]. With static activation scales
  * <base>.input_scale (transformers: activation_scale) is read and checked the same way, and not used
  * further: kiln's fp8 is weight-only. The writer copies the codes, refusing NaN codes
  * (kiln_quant_repack_fp8_row); the value is code * scale exactly, as the checkpoint means it. */
@@ -323,14 +327,17 @@ static int fp8_weight(importer *im, const char *base, int64_t n, int64_t k) {
     if (!tw) return -1;
     const char *scale = "weight_scale", *input = "input_scale";
     snprintf(alt, sizeof alt, "%s.weight_scale", base);
-    if (!ct && find_index(im->ck, alt) < 0) scale = "weight_scale_inv"; /* transformers' per-tensor name */
+    const int bn = cq->fp8_block_n; /* block FP8: weight_scale_inv [ceil(n / bn), ceil(k / 128)] */
+    if (!ct && (bn || find_index(im->ck, alt) < 0)) scale = "weight_scale_inv"; /* transformers' name */
     snprintf(alt, sizeof alt, "%s.input_scale", base);
     if (!ct && find_index(im->ck, alt) < 0) input = "activation_scale";
-    const kiln_st_tensor *ts = fp8_scale(im, base, scale, cq->fp8_channel ? n : 0);
-    if (!ts || (cq->static_input && !fp8_scale(im, base, input, 0))) return -1;
-    const kiln_qsrc q = {.format = ct ? KILN_QSRC_CT_FP8 : KILN_QSRC_FP8, .qweight = tw->data, .scales = ts->data,
-                         .scales_dtype = ts->dtype, .fp8_row_scales = cq->fp8_channel};
-    return kiln_ir_weight_prequantized(im->g, name, KILN_DTYPE_FP8, want, &q, im->err);
+    const kiln_st_tensor *ts = bn ? fp8_scale(im, base, scale, (n + bn - 1) / bn, (k + 127) / 128)
+                                  : fp8_scale(im, base, scale, cq->fp8_channel ? n : 0, 1);
+    if (!ts || (cq->static_input && !fp8_scale(im, base, input, 0, 1))) return -1;
+    const kiln_qsrc q = {.format = bn ? KILN_QSRC_FP8_BLOCK : ct ? KILN_QSRC_CT_FP8 : KILN_QSRC_FP8,
+                         .qweight = tw->data, .scales = ts->data, .scales_dtype = ts->dtype,
+                         .fp8_row_scales = cq->fp8_channel, .block_n = bn, .block_k = bn ? 128 : 0};
+    return kiln_ir_weight_prequantized(im->g, name, bn ? KILN_DTYPE_FP8G128 : KILN_DTYPE_FP8, want, &q, im->err);
 }
 
 /* Projection `what` of layer l ("self_attn.q_proj"...), [n, k]: its .weight, or in a quantized

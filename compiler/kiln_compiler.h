@@ -54,7 +54,8 @@ typedef enum kiln_ckpt_quant_method {
     KILN_CKPT_QUANT_GPTQ = 2, /* GPTQ, checkpoint_format "gptq" (v1) or "gptq_v2" */
     KILN_CKPT_QUANT_CT = 3,   /* compressed-tensors: "pack-quantized" int4 groups (W4A16), or (fp8) "float-quantized"
                                  FP8 E4M3 with one scale per tensor or per channel */
-    KILN_CKPT_QUANT_FP8 = 4,  /* quant_method "fp8" (AutoFP8, vLLM, transformers), one scale per tensor */
+    KILN_CKPT_QUANT_FP8 = 4,  /* quant_method "fp8" (AutoFP8, vLLM, transformers), one scale per tensor or, with
+                                 weight_block_size, per block (DeepSeek-V3, Qwen3-FP8) */
 } kiln_ckpt_quant_method;
 
 typedef struct kiln_ckpt_quant {
@@ -66,6 +67,8 @@ typedef struct kiln_ckpt_quant {
                                  compressed-tensors: sym is weights.symmetric (no zero points) */
     bool fp8;                 /* FP8 E4M3 weights (method FP8, or CT float-quantized) */
     bool fp8_channel;         /* FP8: one scale per output row (CT strategy channel), else one per tensor */
+    int fp8_block_n;          /* FP8 (method fp8): weight_block_size [fp8_block_n, 128], a scale per block of that
+                                 many rows and 128 columns (weight_scale_inv); 0 = none */
     bool static_input;        /* FP8: static input activation scales (input_scale tensors, one per projection):
                                  read and checked, not applied (kiln's fp8 is weight-only: activations stay
                                  in the engine's dtype) */

@@ -66,8 +66,12 @@ int kiln_ir_weight(kiln_graph *g, const char *name, kiln_dtype dt, int ndim, con
 
 int kiln_ir_weight_prequantized(kiln_graph *g, const char *name, kiln_dtype dt, const int64_t shape[2],
                                 const kiln_qsrc *q, kiln_error *err) {
-    const bool fp8 = q->format == KILN_QSRC_FP8 || q->format == KILN_QSRC_CT_FP8; /* else 4-bit groups */
-    if (!(fp8 ? dt == KILN_DTYPE_FP8 : kiln_quant_group(dt) != 0) || !kiln_weight_nbytes(dt, 2, shape) ||
+    const bool fp8 = q->format == KILN_QSRC_FP8 || q->format == KILN_QSRC_CT_FP8 ||
+                     q->format == KILN_QSRC_FP8_BLOCK; /* else 4-bit groups */
+    const bool dt_ok = q->format == KILN_QSRC_FP8_BLOCK ? dt == KILN_DTYPE_FP8G128 && q->block_n > 0 && q->block_k == 128
+                       : fp8                            ? dt == KILN_DTYPE_FP8
+                                                        : kiln_quant_bits(dt) == 4;
+    if (!dt_ok || !kiln_weight_nbytes(dt, 2, shape) ||
         q->format == KILN_QSRC_NONE) {
         kiln_err(err, KILN_ERR_VERIFY, "pre-quantized weight %s: dtype %s, shape [%lld,%lld]", name,
                  kiln_dtype_name(dt), (long long)shape[0], (long long)shape[1]);

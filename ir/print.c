@@ -36,8 +36,10 @@ static void print_ref(const kiln_graph *g, int v, FILE *f) {
     if (val->kind == KILN_VALUE_WEIGHT && q->format != KILN_QSRC_NONE)
         fprintf(f, "{%s from %s}", kiln_dtype_name(val->dtype), q->format == KILN_QSRC_AWQ    ? "awq"
                                                                  : q->format == KILN_QSRC_GPTQ ? "gptq"
-                                                                 : q->format == KILN_QSRC_FP8  ? "fp8"
-                                                                                               : "compressed-tensors");
+                                                                 : q->format == KILN_QSRC_FP8 ||
+                                                                           q->format == KILN_QSRC_FP8_BLOCK
+                                                                     ? "fp8"
+                                                                     : "compressed-tensors");
     else if (val->kind == KILN_VALUE_INPUT)
         fprintf(f, "%%%d(%s)", v, val->name);
     else

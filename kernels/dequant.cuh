@@ -3,8 +3,9 @@
  * the element type, for steps with more rows than the quantized GEMV takes:
  * cuBLASLt then multiplies the dense copy (prefill, large decode batches).
  * The values are common/quant.c's, computed the same way in fp32
- * (q8: code * scale; fp8: the E4M3 code's value * scale; q4: code * scale +
- * min, one fma) and rounded once.
+ * (q8: code * scale; fp8: the E4M3 code's value * scale, the scale the
+ * row's or, fp8g128, the row's 128 columns'; q4: code * scale + min, one fma)
+ * and rounded once.
  * Kernel: kiln_dequant (kiln_dequant_params, params.cuh); one thread per 8
  * columns, a 1-D grid of ceil(N * K / 8 / DEQUANT_THREADS) blocks of
  * DEQUANT_THREADS. Needs K % 8 == 0 (the runtime checks).
@@ -24,7 +25,8 @@ extern "C" __global__ void __launch_bounds__(DEQUANT_THREADS) kiln_dequant(const
     float f[8];
     if (p.bits == 8) {
         const uint2 w = *(const uint2 *)((const unsigned char *)p.w + n * p.K + k);
-        const float s = ((const float *)p.wscale)[n];
+        /* one scale a row, or (fp8g128, group 128) a row's 128 columns: 8 | 128, so all 8 share it */
+        const float s = ((const float *)p.wscale)[p.group ? n * (size_t)((p.K + p.group - 1) / p.group) + k / p.group : n];
 #pragma unroll
         for (int e = 0; e < 8; e++) {
             const unsigned word = e < 4 ? w.x : w.y;

@@ -153,6 +153,9 @@
                     (!GEMV_MMA && GEMV_QUANT == 8 && !GEMV_MOE && !GEMV_SPLIT && !KILN_F32))
 #error "GEMV_QUANT: 8, or 4 with GEMV_GROUP a multiple of 32, in the tensor-core variant (GEMV_MMA); 8 on CUDA cores"
 #endif
+#if GEMV_QUANT == 8 && GEMV_GROUP && !(GEMV_GROUP == 128 && GEMV_FP8)
+#error "GEMV_QUANT 8 with groups: fp8g128 (GEMV_FP8, GEMV_GROUP 128)"
+#endif
 
 #if GEMV_SWIGLU && (GEMV_ROWS % 2)
 #error "GEMV_SWIGLU needs an even GEMV_ROWS (gate and up rows pair up inside a warp)"
@@ -451,14 +454,26 @@ template <bool NORM> KILN_DEV void kiln_gemv_ccq(const kiln_gemv_params &p) {
 #pragma unroll
         for (int r = 0; r < GEMV_ROWS; r++) acc[r][m] = 0.0f;
     }
+#if GEMV_GROUP
+    const int ng = (p.K + GEMV_GROUP - 1) / GEMV_GROUP; /* fp8g128: scales a row */
+#endif
     for (int c0 = lane; c0 < kv; c0 += 32 * GEMV_UNROLL) {
         uint4 wv[GEMV_UNROLL][GEMV_ROWS];
+#if GEMV_GROUP
+        float gsc[GEMV_UNROLL][GEMV_ROWS]; /* each chunk's group scale (16 | 128: a chunk is in one group) */
+#endif
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; u++) {
             const int c = c0 + 32 * u;
 #pragma unroll
-            for (int r = 0; r < GEMV_ROWS; r++)
+            for (int r = 0; r < GEMV_ROWS; r++) {
                 wv[u][r] = c < kv ? kiln_ld_stream(wr[r] + (size_t)c * 16) : make_uint4(0, 0, 0, 0);
+#if GEMV_GROUP
+                gsc[u][r] = c < kv ? __ldg((const float *)p.wscale + (size_t)min(row0 + r, p.N - 1) * ng +
+                                           c * 16 / GEMV_GROUP)
+                                   : 0.0f;
+#endif
+            }
         }
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; u++) {
@@ -483,6 +498,7 @@ template <bool NORM> KILN_DEV void kiln_gemv_ccq(const kiln_gemv_params &p) {
 #pragma unroll
                 for (int r = 0; r < GEMV_ROWS; r++) {
                     const unsigned wd[4] = {wv[u][r].x, wv[u][r].y, wv[u][r].z, wv[u][r].w};
+                    float d = 0.0f; /* the chunk's dot: with groups, scaled by its group's scale */
 #pragma unroll
                     for (int q = 0; q < 4; q++) {
                         float f[4];
@@ -492,8 +508,13 @@ template <bool NORM> KILN_DEV void kiln_gemv_ccq(const kiln_gemv_params &p) {
                         kiln_q8_f32(wd[q], f);
 #endif
 #pragma unroll
-                        for (int e = 0; e < 4; e++) acc[r][m] = fmaf(f[e], xf[4 * q + e], acc[r][m]);
+                        for (int e = 0; e < 4; e++) d = fmaf(f[e], xf[4 * q + e], d);
                     }
+#if GEMV_GROUP
+                    acc[r][m] = fmaf(gsc[u][r], d, acc[r][m]);
+#else
+                    acc[r][m] += d;
+#endif
                 }
             }
         }
@@ -501,7 +522,7 @@ template <bool NORM> KILN_DEV void kiln_gemv_ccq(const kiln_gemv_params &p) {
     kiln_pdl_launch(); /* every load issued: let the next kernel launch */
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; r++) {
-        const float sc = ((const float *)p.wscale)[min(row0 + r, p.N - 1)];
+        const float sc = GEMV_GROUP ? 1.0f : ((const float *)p.wscale)[min(row0 + r, p.N - 1)]; /* the row's */
 #pragma unroll
         for (int m = 0; m < GEMV_MT; m++) acc[r][m] = kiln_warp_sum(acc[r][m]) * sc;
     }
@@ -606,7 +627,7 @@ KILN_DEV void kiln_gemv_mma_out(const kiln_gemv_params &p, const float (&c)[4], 
             gs *= inv;
             us *= inv;
         }
-#if GEMV_QUANT == 8
+#if GEMV_QUANT == 8 && !GEMV_GROUP
         gs *= ((const float *)p.wscale)[row];
         us *= ((const float *)p.wscale)[row + 1];
 #endif
@@ -620,7 +641,7 @@ KILN_DEV void kiln_gemv_mma_out(const kiln_gemv_params &p, const float (&c)[4], 
 #pragma unroll
         for (int wi = 0; wi < GEMV_WARPS; wi++) v += red[wi][r][m];
         if (NORM) v *= kiln_gemv_norm_inv(p, ss_s, m);
-#if GEMV_QUANT == 8
+#if GEMV_QUANT == 8 && !GEMV_GROUP
         v *= ((const float *)p.wscale)[row];
 #endif
         const size_t o = (size_t)(m0 + m) * p.ldy + row;
@@ -795,6 +816,8 @@ KILN_DEV void kiln_gemv_grouped(const kiln_gemv_params &p, float (*red)[16][8 + 
  * side by side, as in the bf16 variant). */
 #define GEMV_QK (GEMV_QUANT == 4 ? 32 : 16)
 #define GEMV_QSTEP (4 * GEMV_QK)
+/* per-step sums scaled afterwards: q4's exact groups (with the group sums of x), fp8g128's groups */
+#define GEMV_QSUMS ((GEMV_QUANT == 4 && GEMV_QDEQ == 0) || (GEMV_QUANT == 8 && GEMV_GROUP))
 
 /* q4: the 8 codes of one word (nibble i = column i) as 4 bf16x2 words pairing columns (0,4), (1,5),
  * (2,6), (3,7). GEMV_QDEQ 0: 128 + c, exact in bf16 (0x4300 | c: one instruction per pair; the 128
@@ -846,8 +869,8 @@ KILN_DEV void kiln_gemv_mmaq(const kiln_gemv_params &p, float (*red)[16][8 + 1],
     const size_t row_bytes = (size_t)p.K * GEMV_QUANT / 8;
     /* tile i: rows n0 + 16 i + g (a) and + 8 (b), clamped */
     const unsigned char *wa[GEMV_QT], *wb[GEMV_QT];
-#if GEMV_QUANT == 4
-    const int ng = p.K / GEMV_GROUP;
+#if GEMV_GROUP /* q4's groups; fp8g128's (the last group may be short) */
+    const int ng = (p.K + GEMV_GROUP - 1) / GEMV_GROUP;
     const float *sa[GEMV_QT], *sb[GEMV_QT], *la[GEMV_QT], *lb[GEMV_QT];
 #endif
 #pragma unroll
@@ -855,9 +878,9 @@ KILN_DEV void kiln_gemv_mmaq(const kiln_gemv_params &p, float (*red)[16][8 + 1],
         const int ra = min(n0 + 16 * i + g, p.N - 1), rb = min(n0 + 16 * i + g + 8, p.N - 1);
         wa[i] = (const unsigned char *)p.w + (size_t)ra * row_bytes;
         wb[i] = (const unsigned char *)p.w + (size_t)rb * row_bytes;
-#if GEMV_QUANT == 4
+#if GEMV_GROUP
         sa[i] = (const float *)p.wscale + (size_t)ra * ng, sb[i] = (const float *)p.wscale + (size_t)rb * ng;
-        la[i] = (const float *)p.wmin + (size_t)ra * ng, lb[i] = (const float *)p.wmin + (size_t)rb * ng;
+        la[i] = (const float *)p.wmin + (size_t)ra * ng, lb[i] = (const float *)p.wmin + (size_t)rb * ng; /* q4 */
 #endif
     }
     const int nsteps = (p.K + GEMV_QSTEP - 1) / GEMV_QSTEP;
@@ -885,8 +908,8 @@ KILN_DEV void kiln_gemv_mmaq(const kiln_gemv_params &p, float (*red)[16][8 + 1],
      * and the arithmetic */
     for (int s0 = s_lo; s0 < s_hi; s0 += GEMV_UNROLL) {
         uint4 va[GEMV_UNROLL][GEMV_QT], vb[GEMV_UNROLL][GEMV_QT];
-#if GEMV_QUANT == 4
-        float gs[GEMV_UNROLL][GEMV_QT][4]; /* scale a, min a, scale b, min b */
+#if GEMV_GROUP
+        float gs[GEMV_UNROLL][GEMV_QT][4]; /* scale a, min a, scale b, min b (fp8g128: no minimums) */
 #endif
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; u++) {
@@ -896,12 +919,12 @@ KILN_DEV void kiln_gemv_mmaq(const kiln_gemv_params &p, float (*red)[16][8 + 1],
             for (int i = 0; i < GEMV_QT; i++) {
                 va[u][i] = ok ? kiln_ld_stream(wa[i] + (size_t)k * GEMV_QUANT / 8) : make_uint4(0, 0, 0, 0);
                 vb[u][i] = ok ? kiln_ld_stream(wb[i] + (size_t)k * GEMV_QUANT / 8) : make_uint4(0, 0, 0, 0);
-#if GEMV_QUANT == 4
+#if GEMV_GROUP
                 const int gi = ok ? k / GEMV_GROUP : 0;
                 gs[u][i][0] = ok ? __ldg(sa[i] + gi) : 0.0f;
-                gs[u][i][1] = ok ? __ldg(la[i] + gi) : 0.0f;
+                gs[u][i][1] = ok && GEMV_QUANT == 4 ? __ldg(la[i] + gi) : 0.0f;
                 gs[u][i][2] = ok ? __ldg(sb[i] + gi) : 0.0f;
-                gs[u][i][3] = ok ? __ldg(lb[i] + gi) : 0.0f;
+                gs[u][i][3] = ok && GEMV_QUANT == 4 ? __ldg(lb[i] + gi) : 0.0f;
 #endif
             }
         }
@@ -915,8 +938,8 @@ KILN_DEV void kiln_gemv_mmaq(const kiln_gemv_params &p, float (*red)[16][8 + 1],
                 vx[j] = ok ? kiln_ld16(xr + k + 8 * j) : make_uint4(0, 0, 0, 0);
                 vn[j] = NORM && ok ? kiln_ld16(nw + k + 8 * j) : make_uint4(0, 0, 0, 0);
             }
-#if GEMV_QUANT == 4 && GEMV_QDEQ == 0
-            float dw[GEMV_QT][4], dx[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* this group's sums */
+#if GEMV_QSUMS
+            float dw[GEMV_QT][4], dx[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* this step's sums (part of one group) */
 #pragma unroll
             for (int i = 0; i < GEMV_QT; i++) dw[i][0] = dw[i][1] = dw[i][2] = dw[i][3] = 0.0f;
 #endif
@@ -975,8 +998,13 @@ KILN_DEV void kiln_gemv_mmaq(const kiln_gemv_params &p, float (*red)[16][8 + 1],
                     kiln_q8_deq(j == 0 ? b4.x : b4.z, B0);
                     kiln_q8_deq(j == 0 ? b4.y : b4.w, B1);
 #endif
+#if GEMV_GROUP /* fp8g128: the group's scale comes after the step */
+                    kiln_mma_bf16(dw[i], A0[0], B0[0], A0[1], B0[1], xv.x, xv.y);
+                    kiln_mma_bf16(dw[i], A1[0], B1[0], A1[1], B1[1], xv.z, xv.w);
+#else
                     kiln_mma_bf16(c[i], A0[0], B0[0], A0[1], B0[1], xv.x, xv.y);
                     kiln_mma_bf16(c[i], A1[0], B1[0], A1[1], B1[1], xv.z, xv.w);
+#endif
                 }
 #endif
             }
@@ -990,6 +1018,15 @@ KILN_DEV void kiln_gemv_mmaq(const kiln_gemv_params &p, float (*red)[16][8 + 1],
                 c[i][1] = fmaf(q[0], dw[i][1], fmaf(oa, dx[1], c[i][1]));
                 c[i][2] = fmaf(q[2], dw[i][2], fmaf(ob, dx[2], c[i][2]));
                 c[i][3] = fmaf(q[2], dw[i][3], fmaf(ob, dx[3], c[i][3]));
+            }
+#elif GEMV_QUANT == 8 && GEMV_GROUP
+            /* fp8g128: the step lies in one group of 128 columns; rows g (c0, c1) and g + 8 (c2, c3) */
+#pragma unroll
+            for (int i = 0; i < GEMV_QT; i++) {
+                c[i][0] = fmaf(gs[u][i][0], dw[i][0], c[i][0]);
+                c[i][1] = fmaf(gs[u][i][0], dw[i][1], c[i][1]);
+                c[i][2] = fmaf(gs[u][i][2], dw[i][2], c[i][2]);
+                c[i][3] = fmaf(gs[u][i][2], dw[i][3], c[i][3]);
             }
 #endif
         }

@@ -283,8 +283,17 @@ d=$(mkqckpt f-names tiny-mistral-fp8-tensor)
 st_rewrite "$d/model.safetensors" 'import re; [t.__setitem__(re.sub(r"weight_scale$", "weight_scale_inv", re.sub(r"input_scale$", "activation_scale", k)), t.pop(k)) for k in list(t) if k.endswith(("weight_scale", "input_scale"))]'
 expect 0 "wrote" -- "$KILN" compile "$d" -o "$T/f8n.kiln" --target none
 cmp -s "$T/f8t.kiln" "$T/f8n.kiln" && ok || bad "weight_scale_inv / activation_scale names gave another engine"
-# block-wise FP8 (DeepSeek-V3 / Qwen3-FP8: weight_block_size [128,128], weight_scale_inv per block)
-compile_fails 1 'quantization_config.weight_block_size" is \[128,128\]: block-wise FP8 \(a scale per block' "$SRC/tests/data/tiny-mistral-fp8-block"
+# block-wise FP8 (DeepSeek-V3 / Qwen3-FP8: weight_block_size [128,128], weight_scale_inv per block) is
+# read (test_golden checks its values); blocks of other than 128 columns are refused by name, and so
+# are a block scale grid of the wrong shape and a bad scale
+d=$(mkqckpt f-blk64 tiny-mistral-fp8-block); edit_json "$d/config.json" 'd["quantization_config"]["weight_block_size"] = [128, 64]'
+compile_fails 1 'quantization_config.weight_block_size" is \[128,64\]: kiln reads block-wise FP8 with blocks of 128 columns' "$d"
+d=$(mkqckpt f-blkshape tiny-mistral-fp8-block)
+st_rewrite "$d/model.safetensors" 'k = "model.layers.0.self_attn.q_proj.weight_scale_inv"; t[k][1] = [2, 1]; t[k][2] = t[k][2] * 2'
+compile_fails 1 "model.layers.0.self_attn.q_proj.weight_scale_inv" "$d"
+d=$(mkqckpt f-blkzero tiny-mistral-fp8-block)
+st_rewrite "$d/model.safetensors" 't["model.layers.1.mlp.down_proj.weight_scale_inv"][2][0:4] = bytes(4)'
+compile_fails 1 "tensor 'model.layers.1.mlp.down_proj.weight_scale_inv' \(f32\): element 0 \[0,0\] is 0: an FP8 scale must be finite and positive" "$d"
 d=$(mkqckpt f-ctblock tiny-mistral-fp8-channel)
 edit_json "$d/config.json" "$CTG[\"weights\"][\"strategy\"] = \"block\"; $CTG[\"weights\"][\"block_structure\"] = [128, 128]"
 compile_fails 1 'config_groups.group_0.weights.strategy" is "block": block-wise FP8' "$d"

@@ -747,10 +747,23 @@ static void test_fp8_config(void) {
     KT_EQ_INT(parse_with("quantization_config", "{\"quant_method\": \"fp8\", \"activation_scheme\": \"Static\", "
                          "\"ignored_layers\": [\"lm_head\"], \"fmt\": \"e4m3\", \"weight_block_size\": null, "
                          "\"kv_cache_scheme\": null, \"modules_to_convert\": []}", &m, &e), KILN_OK);
-    KT_CHECK(m.quant.fp8 && m.quant.static_input);
+    KT_CHECK(m.quant.fp8 && m.quant.static_input && !m.quant.fp8_block_n);
+    /* block FP8 (DeepSeek-V3, Qwen3-FP8): blocks of 128 columns and any rows */
+    KT_EQ_INT(parse_with("quantization_config", "{\"quant_method\": \"fp8\", \"activation_scheme\": \"dynamic\", "
+                         "\"fmt\": \"e4m3\", \"weight_block_size\": [128, 128]}", &m, &e), KILN_OK);
+    KT_CHECK(m.quant.fp8 && m.quant.fp8_block_n == 128 && !m.quant.fp8_channel);
+    KT_EQ_INT(parse_with("quantization_config", "{\"quant_method\": \"fp8\", \"weight_block_size\": [1, 128]}", &m, &e),
+              KILN_OK);
+    KT_EQ_INT(m.quant.fp8_block_n, 1);
     static const struct { const char *qc; kiln_status code; const char *needle; } bad[] = {
-        {"{\"quant_method\": \"fp8\", \"activation_scheme\": \"dynamic\", \"fmt\": \"e4m3\", \"weight_block_size\": "
-         "[128, 128]}", KILN_ERR_UNSUPPORTED, "\"quantization_config.weight_block_size\" is [128,128]: block-wise FP8"},
+        {"{\"quant_method\": \"fp8\", \"weight_block_size\": [128, 64]}", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.weight_block_size\" is [128,64]: kiln reads block-wise FP8 with blocks of 128 columns"},
+        {"{\"quant_method\": \"fp8\", \"weight_block_size\": [0, 128]}", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.weight_block_size\" is [0,128]"},
+        {"{\"quant_method\": \"fp8\", \"weight_block_size\": [128]}", KILN_ERR_PARSE,
+         "\"quantization_config.weight_block_size\" is [128]"},
+        {"{\"quant_method\": \"fp8\", \"weight_block_size\": \"128x128\"}", KILN_ERR_PARSE,
+         "\"quantization_config.weight_block_size\" is \"128x128\""},
         {"{\"quant_method\": \"fp8\", \"activation_scheme\": \"per-token\"}", KILN_ERR_UNSUPPORTED,
          "\"quantization_config.activation_scheme\" is \"per-token\""},
         {"{\"quant_method\": \"fp8\", \"fmt\": \"e5m2\"}", KILN_ERR_UNSUPPORTED,

@@ -211,6 +211,9 @@ static void test_fp8_ct_checkpoint_channel(void) { check_quant_checkpoint_as("ti
 static void test_fp8_ct_checkpoint_tensor_static(void) {
     check_quant_checkpoint_as("tiny-mistral-fp8-ct-tensor", KILN_DTYPE_FP8);
 }
+/* block FP8 (weight_block_size [128, 128]): the codes copied, each row's groups of 128 columns the scale of
+ * their block (fp8g128; tiny-mistral's 64-column matrices have one short group a row) */
+static void test_fp8_checkpoint_block(void) { check_quant_checkpoint_as("tiny-mistral-fp8-block", KILN_DTYPE_FP8G128); }
 
 static void test_stories260k(void) { check_model("models/stories260k", "tests/golden/stories260k", KILN_DTYPE_COUNT_); }
 static void test_tiny_mistral_sliding_window(void) {
@@ -584,6 +587,7 @@ int main(void) {
     KT_RUN(test_fp8_checkpoint_tensor_static);
     KT_RUN(test_fp8_ct_checkpoint_channel);
     KT_RUN(test_fp8_ct_checkpoint_tensor_static);
+    KT_RUN(test_fp8_checkpoint_block);
     KT_RUN(test_sharded_equals_single);
     KT_RUN(test_pycode_text);
     KT_RUN(test_score_against_hf);

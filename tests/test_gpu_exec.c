@@ -391,6 +391,31 @@ static void test_kernels_section_quant(void) {
     KT_CHECK(kiln_ksec_find(&ks, "dequant") != NULL);
     kiln_ksec_free(&ks);
     kiln_model_close(m);
+    /* block FP8 read into fp8g128: the GEMVs (tensor cores, and the CUDA-core one for one-token steps) with
+     * E4M3 codes in groups of 128 columns, dtype 11 in cfg[7] */
+    const char *eb = pathf("%s/tm_fp8g128_k.kiln", g_tmp);
+    kiln_compile_options ob = {.output_path = eb, .weight_dtype = KILN_DTYPE_BF16, .targets = "sm_90"};
+    KT_REQUIRE(kt_compile(pathf("%s/tests/data/tiny-mistral-fp8-block", src_dir()), &ob) == KILN_OK);
+    KT_REQUIRE(kiln_model_open_ex(eb, 1, KILN_MODEL_NO_F32, &m, &err) == KILN_OK);
+    s = kiln_engine_find(&m->engine, KILN_SECTION_KERNELS);
+    KT_REQUIRE(s != NULL);
+    KT_REQUIRE(kiln_ksec_parse(m->engine.data + s->offset, s->stored_size, &ks, &err) == KILN_OK);
+    static const char *const fb_mods[] = {"gemv.plain.128x64.fp8g128", "gemv.swiglu.256x64.fp8g128",
+                                          "gemv.plain.64x128.fp8g128.cc", "gemv.swiglu.256x64.fp8g128.cc"};
+    for (size_t i = 0; i < sizeof fb_mods / sizeof fb_mods[0]; i++) {
+        const kiln_ksec_module *e = kiln_ksec_find(&ks, fb_mods[i]);
+        KT_CHECKF(e != NULL, "no module %s", fb_mods[i]);
+        if (!e) continue;
+        char *src = strndup(e->source, e->source_len);
+        KT_CONTAINS(src, "#define GEMV_QUANT 8");
+        KT_CONTAINS(src, "#define GEMV_FP8 1");
+        KT_CONTAINS(src, "#define GEMV_GROUP 128");
+        KT_CONTAINS(src, strstr(fb_mods[i], ".cc") ? "#define GEMV_MMA 0" : "#define GEMV_MMA 1");
+        free(src);
+        KT_EQ_INT(e->cfg[7], KILN_DTYPE_FP8G128);
+    }
+    kiln_ksec_free(&ks);
+    kiln_model_close(m);
     /* f32 with quantized matrices: the kernels compute in f32 and read no codes */
     const char *e32 = pathf("%s/tm_q8_f32.kiln", g_tmp);
     kiln_compile_options o32 = {.output_path = e32, .weight_dtype = KILN_DTYPE_F32, .targets = "sm_90",
@@ -1300,10 +1325,12 @@ static void test_quant_goldens(void) {
                           pathf("%s (prompts of more than 8 tokens dequantized)", qs[i].name), 8);
     }
     /* published AWQ, GPTQ, compressed-tensors and FP8 checkpoints (make_quant_ckpt_goldens.py), repacked into
-     * q4g32 or fp8 at compile time: the same kernels, against HF on an independent dequantization */
+     * q4g32, fp8 or (block FP8) fp8g128 at compile time: the same kernels, against HF on an independent
+     * dequantization */
     static const char *const pub[] = {"tiny-mistral-awq",       "tiny-mistral-gptq",         "tiny-mistral-gptq-asym",
                                       "tiny-mistral-gptq-v2",   "tiny-mistral-ct",           "tiny-mistral-ct-asym",
-                                      "tiny-mistral-fp8-tensor", "tiny-mistral-fp8-channel", "tiny-mistral-fp8-ct-tensor"};
+                                      "tiny-mistral-fp8-tensor", "tiny-mistral-fp8-channel", "tiny-mistral-fp8-ct-tensor",
+                                      "tiny-mistral-fp8-block"};
     for (size_t i = 0; i < sizeof pub / sizeof pub[0]; i++) {
         const char *eng = pathf("%s/%s.kiln", g_tmp, pub[i]);
         kiln_compile_options opt = {.output_path = eng, .weight_dtype = KILN_DTYPE_COUNT_, .targets = gpu_targets()};

@@ -304,14 +304,17 @@ static void test_gemv_quant(void) {
         {KILN_DTYPE_Q8, 0, 0, 1},    {KILN_DTYPE_Q4G32, 0, 0, 0}, {KILN_DTYPE_Q4G128, 0, 0, 0},
         {KILN_DTYPE_Q4G128, 0, 1, 0}, {KILN_DTYPE_Q4G64, 1, 0, 0}, {KILN_DTYPE_Q4G128, 0, 0, 1},
         {KILN_DTYPE_FP8, 0, 0, 0},   {KILN_DTYPE_FP8, 0, 1, 0},   {KILN_DTYPE_FP8, 1, 0, 0},
-        {KILN_DTYPE_FP8, 0, 0, 1},
+        {KILN_DTYPE_FP8, 0, 0, 1},   {KILN_DTYPE_FP8G128, 0, 0, 0}, {KILN_DTYPE_FP8G128, 0, 1, 0},
+        {KILN_DTYPE_FP8G128, 1, 0, 0}, {KILN_DTYPE_FP8G128, 0, 0, 1},
     };
-    static const int shapes[][3] = {{1, 96, 4096}, {3, 40, 512}, {8, 130, 1024}, {2, 16, 128}, {5, 64, 14336}};
+    /* K = 320: fp8g128's last group of 64 columns (q4 takes only whole groups) */
+    static const int shapes[][3] = {{1, 96, 4096}, {3, 40, 512}, {8, 130, 1024}, {2, 16, 128}, {5, 64, 14336},
+                                    {1, 24, 320}, {4, 40, 320}};
     kfn kd;
     const char *ddefs[] = {"DEQUANT_THREADS=256"};
     KT_REQUIRE(kbuild(&kd, "dequant.cuh", "kiln_dequant", ddefs, 1));
     for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; vi++) {
-        const int qt = variants[vi].qt, group = kiln_quant_group(qt), bits = group ? 4 : 8;
+        const int qt = variants[vi].qt, group = kiln_quant_group(qt), bits = kiln_quant_bits(qt);
         const int out_f32 = variants[vi].out_f32, swiglu = variants[vi].swiglu, residual = variants[vi].residual;
         /* tensor cores: warps (K split) and 16-row tiles per warp (GEMV_QT; N = 40 and 96 leave tiles
          * past N); CUDA cores (q8 and fp8): warps and rows per warp (N = 130 is not a multiple) */
@@ -330,7 +333,7 @@ static void test_gemv_quant(void) {
             snprintf(d[6], 32, "GEMV_MMA=%d", mma);
             snprintf(d[7], 32, "GEMV_QUANT=%d", bits);
             snprintf(d[8], 32, "GEMV_GROUP=%d", group);
-            snprintf(d[9], 32, "GEMV_FP8=%d", qt == KILN_DTYPE_FP8);
+            snprintf(d[9], 32, "GEMV_FP8=%d", kiln_quant_is_fp8(qt));
             snprintf(d[10], 32, "GEMV_QT=%d", tiles);
             const char *defs[11] = {d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10]};
             kfn k;
@@ -338,7 +341,7 @@ static void test_gemv_quant(void) {
             const kiln_gemv_cfg cfg = mma ? (kiln_gemv_cfg){warps, tiles, 2, 8, 1} : (kiln_gemv_cfg){warps, rows, 2, 1, 0};
             for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
                 const int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2], nout = swiglu ? N / 2 : N;
-                if (group && K % group) continue;
+                if (bits == 4 && K % group) continue;
                 /* the weights, quantized and dequantized as the compiler and the CPU executor do */
                 float *wf = malloc(sizeof(float) * (size_t)N * K), *wd = malloc(sizeof(float) * (size_t)N * K);
                 for (size_t i = 0; i < (size_t)N * K; i++) wf[i] = 0.02f * rnd_normal();
@@ -351,7 +354,7 @@ static void test_gemv_quant(void) {
                 const CUdeviceptr ws = w + so, wm = group ? w + kiln_quant_mins_offset(qt, N, K) : 0;
                 /* the dequant kernel: every element within one bf16 rounding of quant.c's value */
                 CUdeviceptr dd = dev_alloc((size_t)N * K * 2);
-                kiln_dequant_params dq = {w, ws, wm, dd, N, K, bits, group, qt == KILN_DTYPE_FP8, 0};
+                kiln_dequant_params dq = {w, ws, wm, dd, N, K, bits, group, kiln_quant_is_fp8(qt), 0};
                 KT_CHECK(klaunch(kd.fn, "kiln_dequant", dims((unsigned)(((size_t)N * K / 8 + 255) / 256), 1, 1, 256, 0),
                                  &dq));
                 uint16_t *dh = host_from(dd, (size_t)N * K * 2);

@@ -166,6 +166,49 @@ static void test_fp8_rows(void) {
     free(w), free(back), free(q);
 }
 
+/* fp8g128: fp8's codes with a scale per row and 128 columns (the last group the rest of the row): the
+ * size, each group's scale max|w| / 448 over its columns, the codes kiln_f32_to_e4m3(w / scale), and the
+ * values back exactly e4m3(code) * scale. K = 320: two full groups and one of 64. */
+static void test_fp8g128_rows(void) {
+    const int64_t n = 5, k = 320, ng = 3;
+    KT_EQ_INT((int)kiln_quant_groups(KILN_DTYPE_FP8G128, k), 3);
+    KT_EQ_INT((int)kiln_quant_groups(KILN_DTYPE_FP8G128, 256), 2);
+    KT_EQ_INT((int)kiln_quant_groups(KILN_DTYPE_Q4G128, 256), 2);
+    KT_EQ_INT((int)kiln_quant_groups(KILN_DTYPE_FP8, k), 1);
+    KT_EQ_INT(kiln_quant_bits(KILN_DTYPE_FP8G128), 8);
+    KT_EQ_INT(kiln_quant_bits(KILN_DTYPE_Q4G32), 4);
+    KT_EQ_INT(kiln_quant_bits(KILN_DTYPE_BF16), 0);
+    KT_CHECK(kiln_quant_is_fp8(KILN_DTYPE_FP8G128) && kiln_quant_is_fp8(KILN_DTYPE_FP8) && !kiln_quant_is_fp8(KILN_DTYPE_Q8));
+    KT_EQ_INT(kiln_dtype_from_name("fp8g128"), KILN_DTYPE_FP8G128);
+    KT_CHECK(kiln_dtype_is_quant(KILN_DTYPE_FP8G128));
+    /* codes, then at 16 bytes the [n, ceil(k / 128)] scales; no minimums */
+    KT_EQ_INT((int)kiln_weight_nbytes(KILN_DTYPE_FP8G128, 2, (int64_t[]){n, k}), 1600 + 5 * 3 * 4);
+    KT_EQ_INT((int)kiln_weight_nbytes(KILN_DTYPE_FP8G128, 2, (int64_t[]){3, 64}), 192 + 3 * 4);
+    KT_EQ_INT((int)kiln_quant_scales_offset(KILN_DTYPE_FP8G128, 3, 5), 16);
+    KT_EQ_INT((int)kiln_quant_mins_offset(KILN_DTYPE_FP8G128, n, k), 0);
+    float *w = malloc(sizeof(float) * n * k), *back = malloc(sizeof(float) * n * k);
+    for (int64_t i = 0; i < n * k; i++) w[i] = normal() * (float)(1 + (i % k) / 128) * 0.01f; /* groups differ */
+    const uint64_t nb = kiln_weight_nbytes(KILN_DTYPE_FP8G128, 2, (int64_t[]){n, k});
+    uint8_t *q = calloc(nb, 1);
+    for (int64_t r = 0; r < n; r++) kiln_quant_row(KILN_DTYPE_FP8G128, n, k, r, w + r * k, q);
+    kiln_dequant_rows(KILN_DTYPE_FP8G128, q, n, k, 0, n, back);
+    int bad = 0;
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t gi = 0; gi < ng; gi++) {
+            float mx = 0, sc;
+            for (int64_t j = gi * 128; j < (gi + 1) * 128 && j < k; j++) mx = fmaxf(mx, fabsf(w[r * k + j]));
+            memcpy(&sc, q + kiln_quant_scales_offset(KILN_DTYPE_FP8G128, n, k) + 4 * (r * ng + gi), 4);
+            bad += sc != mx / 448.0f;
+            for (int64_t j = gi * 128; j < (gi + 1) * 128 && j < k; j++) {
+                const uint8_t c = q[r * k + j];
+                bad += c != kiln_f32_to_e4m3(w[r * k + j] / sc);
+                bad += back[r * k + j] != kiln_e4m3_to_f32(c) * sc;
+            }
+        }
+    KT_CHECKF(bad == 0, "fp8g128: %d scales, codes or values off", bad);
+    free(w), free(back), free(q);
+}
+
 static void test_round_trip(void) {
     round_trip(KILN_DTYPE_Q8);
     round_trip(KILN_DTYPE_Q4G32);
@@ -333,6 +376,58 @@ static void check_repack_fp8(kiln_qsrc_format fmt, bool per_row, kiln_dtype sdt)
     free(out);
 }
 
+/* A block-FP8 checkpoint's [N, K] matrix with scales per block of BN rows and 128 columns, [ceil(N / BN),
+ * ceil(K / 128)] of dtype sdt, repacked into rows OFF.. of an fp8g128 weight: the codes as they are, each
+ * row's group g the scale of block (row / BN, g), every value e4m3(code) * scale exactly. K = 320: the
+ * last block 64 columns wide; N = 10 with BN = 4: the last block 2 rows high. */
+static void check_repack_fp8_block(int bn, kiln_dtype sdt) {
+    enum { N = 10, K = 320, OFF = 2, ROWS = N + 3, KB = 3 };
+    static uint8_t codes[N * K], sb[N * KB * 4];
+    float sc[N * KB];
+    for (int i = 0; i < N * K; i++) {
+        uint8_t c = (uint8_t)(unit() * 256);
+        codes[i] = (c & 0x7F) == 0x7F ? (uint8_t)(c - 1) : c;
+    }
+    const int nbr = (N + bn - 1) / bn;
+    for (int i = 0; i < nbr * KB; i++) {
+        const float f = (float)(0.001 + unit() * 0.01);
+        if (sdt == KILN_DTYPE_F32) {
+            uint32_t u;
+            memcpy(&u, &f, 4);
+            kiln_wr_u32(sb + 4 * i, u);
+            sc[i] = f;
+        } else {
+            const uint16_t h = kiln_f32_to_bf16(f);
+            sb[2 * i] = (uint8_t)h, sb[2 * i + 1] = (uint8_t)(h >> 8);
+            sc[i] = kiln_bf16_to_f32(h);
+        }
+    }
+    const kiln_qsrc src = {.format = KILN_QSRC_FP8_BLOCK, .qweight = codes, .scales = sb, .scales_dtype = sdt,
+                           .block_n = bn, .block_k = 128};
+    uint8_t *out = calloc(kiln_weight_nbytes(KILN_DTYPE_FP8G128, 2, (int64_t[]){ROWS, K}), 1);
+    float row[K];
+    int exact = 1;
+    for (int n = 0; n < N; n++) KT_EQ_INT((int)kiln_quant_repack_fp8_row(&src, K, n, ROWS, OFF + n, out), -1);
+    for (int n = 0; n < N; n++) {
+        exact &= memcmp(out + (size_t)(OFF + n) * K, codes + (size_t)n * K, K) == 0;
+        KT_EQ_INT((int)kiln_qsrc_scale_index(&src, N, K, 128, n, 2), n / bn * KB + 2);
+        kiln_dequant_rows(KILN_DTYPE_FP8G128, out, ROWS, K, OFF + n, 1, row);
+        for (int k = 0; k < K; k++)
+            exact &= row[k] == kiln_e4m3_to_f32(codes[n * K + k]) * sc[n / bn * KB + k / 128];
+    }
+    KT_CHECKF(exact, "block FP8 %dx128, %s scales: repacked codes or values differ", bn, kiln_dtype_name(sdt));
+    codes[7 * K + 300] = 0xFF; /* a NaN code in the short last block is reported */
+    KT_EQ_INT((int)kiln_quant_repack_fp8_row(&src, K, 7, ROWS, OFF + 7, out), 300);
+    codes[7 * K + 300] = 0;
+    free(out);
+}
+
+static void test_repack_fp8_block_checkpoint(void) {
+    check_repack_fp8_block(128, KILN_DTYPE_F32);
+    check_repack_fp8_block(4, KILN_DTYPE_F32);
+    check_repack_fp8_block(1, KILN_DTYPE_BF16);
+}
+
 static void test_repack_fp8_checkpoint(void) {
     check_repack_fp8(KILN_QSRC_FP8, false, KILN_DTYPE_F32);
     check_repack_fp8(KILN_QSRC_FP8, false, KILN_DTYPE_BF16);
@@ -455,5 +550,7 @@ int main(void) {
     KT_RUN(test_mse_method);
     KT_RUN(test_repack_checkpoint);
     KT_RUN(test_repack_fp8_checkpoint);
+    KT_RUN(test_repack_fp8_block_checkpoint);
+    KT_RUN(test_fp8g128_rows);
     return KT_END();
 }

@@ -993,7 +993,8 @@ static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUde
         return launch(x, m1 ? g->m1 : g->mma, d.grid[0], d.grid[1], 1, d.block[0], 0, &prm, "kiln_gemv", err);
     }
     if (g->qt) { /* more rows than the quantized GEMV takes: a dense copy for cuBLASLt */
-        kiln_dequant_params dp = {w, wscale, wmin, x->deq_tmp, g->n, g->k, group ? 4 : 8, group, g->qt == KILN_DTYPE_FP8, 0};
+        kiln_dequant_params dp = {w,    wscale, wmin, x->deq_tmp, g->n, g->k, kiln_quant_bits(g->qt), group,
+                                  kiln_quant_is_fp8(g->qt), 0};
         const size_t th = (size_t)x->dequant_threads, blocks = ((size_t)g->n * (size_t)g->k / 8 + th - 1) / th;
         kiln_status st = launch(x, x->f_dequant, (unsigned)blocks, 1, 1, (unsigned)th, 0, &dp, "kiln_dequant", err);
         if (st) return st;
