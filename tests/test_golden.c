@@ -174,7 +174,8 @@ static void test_tiny_mistral_fp8(void) {
 /* A published quantized checkpoint (AWQ, GPTQ, compressed-tensors, FP8; tests/golden/make_quant_ckpt_goldens.py)
  * read as it is: against HF run on an independent numpy dequantization of the stored tensors, with the
  * default pipeline (q/k/v and gate/up packed from the repacked matrices) and none. Every projection is
- * `dtype` (q4g32, the checkpoints' group, or fp8), the embedding and LM head bf16 as in the checkpoint. */
+ * `dtype` (q4g32, the checkpoints' group, fp8 or fp8g128), the embedding and LM head bf16 (tiny-llama3's f16)
+ * as in the checkpoint. */
 static void check_quant_checkpoint_as(const char *name, kiln_dtype dtype) {
     char ckpt[256], golden[256], out[512];
     snprintf(ckpt, sizeof ckpt, "tests/data/%s", name);
@@ -191,7 +192,8 @@ static void check_quant_checkpoint_as(const char *name, kiln_dtype dtype) {
         for (uint32_t i = 0; i < m->plan->n_weights; i++) {
             const kiln_plan_weight *w = &m->plan->weights[i];
             nq += w->dtype == (uint32_t)dtype;
-            if (strstr(w->name, "embed_tokens") || strstr(w->name, "lm_head")) KT_EQ_INT(w->dtype, KILN_DTYPE_BF16);
+            if (strstr(w->name, "embed_tokens") || strstr(w->name, "lm_head")) /* as in the checkpoint */
+                KT_EQ_INT(w->dtype, strstr(name, "llama3") ? KILN_DTYPE_F16 : KILN_DTYPE_BF16);
         }
         KT_EQ_INT(nq, (k == 0 ? 4 : 7) * 2);
         kiln_model_close(m);
@@ -214,6 +216,11 @@ static void test_fp8_ct_checkpoint_tensor_static(void) {
 /* block FP8 (weight_block_size [128, 128]): the codes copied, each row's groups of 128 columns the scale of
  * their block (fp8g128; tiny-mistral's 64-column matrices have one short group a row) */
 static void test_fp8_checkpoint_block(void) { check_quant_checkpoint_as("tiny-mistral-fp8-block", KILN_DTYPE_FP8G128); }
+/* tiny-llama3's 192-wide MLP: scales that differ along gate/up's rows (two row blocks) and down's columns (two
+ * groups, the second 64 wide) */
+static void test_fp8_checkpoint_block_rows_cols(void) {
+    check_quant_checkpoint_as("tiny-llama3-fp8-block", KILN_DTYPE_FP8G128);
+}
 
 static void test_stories260k(void) { check_model("models/stories260k", "tests/golden/stories260k", KILN_DTYPE_COUNT_); }
 static void test_tiny_mistral_sliding_window(void) {
@@ -588,6 +595,7 @@ int main(void) {
     KT_RUN(test_fp8_ct_checkpoint_channel);
     KT_RUN(test_fp8_ct_checkpoint_tensor_static);
     KT_RUN(test_fp8_checkpoint_block);
+    KT_RUN(test_fp8_checkpoint_block_rows_cols);
     KT_RUN(test_sharded_equals_single);
     KT_RUN(test_pycode_text);
     KT_RUN(test_score_against_hf);
