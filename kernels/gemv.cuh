@@ -312,6 +312,26 @@ KILN_DEV void kiln_gemv_store(const kiln_gemv_params &p, float (&acc)[GEMV_ROWS]
 #endif
 }
 
+/* The CUDA-core GEMVs' end: each lane's sums reduced over the warp and multiplied by the row's scale
+ * sc[r] (the quantized GEMV's; 1 for bf16), with NORM by rsqrt(mean(x^2) + eps) from the lanes' sums of
+ * squares ss, then written (kiln_gemv_store). */
+template <bool NORM>
+KILN_DEV void kiln_gemv_cc_finish(const kiln_gemv_params &p, float (&acc)[GEMV_ROWS][GEMV_MT], const float (&ss)[GEMV_MT],
+                                  const float (&sc)[GEMV_ROWS], int row0, int m0, int lane) {
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++)
+#pragma unroll
+        for (int m = 0; m < GEMV_MT; m++) acc[r][m] = kiln_warp_sum(acc[r][m]) * sc[r];
+    if (NORM)
+#pragma unroll
+        for (int m = 0; m < GEMV_MT; m++) {
+            const float inv = rsqrtf(kiln_warp_sum(ss[m]) / (float)p.K + p.norm_eps);
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; r++) acc[r][m] *= inv;
+        }
+    kiln_gemv_store(p, acc, row0, m0, lane);
+}
+
 template <bool NORM> KILN_DEV void kiln_gemv_cc(const kiln_gemv_params &p) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row0 = (blockIdx.x * GEMV_WARPS + warp) * GEMV_ROWS;
@@ -400,18 +420,10 @@ template <bool NORM> KILN_DEV void kiln_gemv_cc(const kiln_gemv_params &p) {
         }
     }
     kiln_pdl_launch(); /* every load issued: let the next kernel launch */
+    float one[GEMV_ROWS];
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++)
-#pragma unroll
-        for (int m = 0; m < GEMV_MT; m++) acc[r][m] = kiln_warp_sum(acc[r][m]);
-    if (NORM)
-#pragma unroll
-        for (int m = 0; m < GEMV_MT; m++) {
-            const float inv = rsqrtf(kiln_warp_sum(ss[m]) / (float)p.K + p.norm_eps);
-#pragma unroll
-            for (int r = 0; r < GEMV_ROWS; r++) acc[r][m] *= inv;
-        }
-    kiln_gemv_store(p, acc, row0, m0, lane);
+    for (int r = 0; r < GEMV_ROWS; r++) one[r] = 1.0f;
+    kiln_gemv_cc_finish<NORM>(p, acc, ss, one, row0, m0, lane);
 }
 
 #if GEMV_QUANT
@@ -520,20 +532,10 @@ template <bool NORM> KILN_DEV void kiln_gemv_ccq(const kiln_gemv_params &p) {
         }
     }
     kiln_pdl_launch(); /* every load issued: let the next kernel launch */
+    float sc[GEMV_ROWS]; /* the row's scale; fp8g128's groups were scaled on the way */
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++) {
-        const float sc = GEMV_GROUP ? 1.0f : ((const float *)p.wscale)[min(row0 + r, p.N - 1)]; /* the row's */
-#pragma unroll
-        for (int m = 0; m < GEMV_MT; m++) acc[r][m] = kiln_warp_sum(acc[r][m]) * sc;
-    }
-    if (NORM)
-#pragma unroll
-        for (int m = 0; m < GEMV_MT; m++) {
-            const float inv = rsqrtf(kiln_warp_sum(ss[m]) / (float)p.K + p.norm_eps);
-#pragma unroll
-            for (int r = 0; r < GEMV_ROWS; r++) acc[r][m] *= inv;
-        }
-    kiln_gemv_store(p, acc, row0, m0, lane);
+    for (int r = 0; r < GEMV_ROWS; r++) sc[r] = GEMV_GROUP ? 1.0f : ((const float *)p.wscale)[min(row0 + r, p.N - 1)];
+    kiln_gemv_cc_finish<NORM>(p, acc, ss, sc, row0, m0, lane);
 }
 #endif /* GEMV_QUANT */
 
