@@ -441,12 +441,11 @@ static kiln_status cfg_quant_ct_weights(cfg_ctx *c, json_t *w, const char *at, k
     return KILN_OK;
 }
 
-/* The refusal of compressed-tensors' block-wise FP8 scales (strategy block), the field being `key` with
- * value `shown`. */
+/* The refusal of a compressed-tensors block_structure under another strategy than "block", the field
+ * being `key` with value `shown`. */
 static kiln_status cfg_quant_refuse_block(cfg_ctx *c, const char *key, const char *shown) {
-    return cfg_quant_refuse(c, key, shown, "block-wise FP8 in compressed-tensors (a scale per block of the weight) "
-                                           "is not read yet; FP8 with one scale per tensor or per channel is, and "
-                                           "quant_method fp8 with weight_block_size [bn, 128]");
+    return cfg_quant_refuse(c, key, shown, "block-wise FP8 scales are read with strategy \"block\" (block_structure "
+                                           "[bn, 128]), not with a block_structure under another strategy");
 }
 
 /* compressed-tensors "float-quantized": the settings a group's "weights" must have: FP8 E4M3 (type
@@ -479,10 +478,25 @@ static kiln_status cfg_quant_ct_fp8_weights(cfg_ctx *c, json_t *w, const char *a
     json_t *group = cfg_get(w, "group_size");
     if (!strategy) strategy = group ? "group" : "tensor"; /* as QuantizationArgs' validator infers it */
     snprintf(key, sizeof key, "%s.strategy", at), snprintf(shown, sizeof shown, "\"%.64s\"", strategy);
-    if (strcmp(strategy, "block") == 0) return cfg_quant_refuse_block(c, key, shown);
-    if (strcmp(strategy, "tensor") != 0 && strcmp(strategy, "channel") != 0)
-        return cfg_quant_refuse(c, key, shown, "FP8 weights with one scale per tensor (strategy \"tensor\") or per "
-                                               "output channel (\"channel\") are read; per-group scales are not");
+    const bool block = strcmp(strategy, "block") == 0; /* llm-compressor's FP8_BLOCK: block_structure [bn, 128] */
+    if (!block && strcmp(strategy, "tensor") != 0 && strcmp(strategy, "channel") != 0)
+        return cfg_quant_refuse(c, key, shown, "FP8 weights with one scale per tensor (strategy \"tensor\"), per "
+                                               "output channel (\"channel\") or per block (\"block\") are read; "
+                                               "per-group scales are not");
+    if (block) {
+        json_t *bs = cfg_get(w, "block_structure");
+        json_t *bn = json_is_array(bs) && json_array_size(bs) == 2 ? json_array_get(bs, 0) : NULL;
+        json_t *bk = bn ? json_array_get(bs, 1) : NULL;
+        snprintf(key, sizeof key, "%s.block_structure", at);
+        char full[256];
+        snprintf(full, sizeof full, "quantization_config.%s", key);
+        if (!bs) return cfg_missing(c, full);
+        if (!bn || !json_is_integer(bn) || !json_is_integer(bk)) return cfg_type_err(c, full, bs, "[rows, columns]");
+        if (json_integer_value(bk) != 128 || json_integer_value(bn) < 1 || json_integer_value(bn) > (1 << 20))
+            return cfg_quant_refuse(c, key, json_show(bs, shown, sizeof shown),
+                                    "kiln reads block-wise FP8 with blocks of 128 columns (and 1 to 2^20 rows)");
+        q->fp8_block_n = (int)json_integer_value(bn);
+    }
     if (sym && !json_is_true(sym)) {
         snprintf(key, sizeof key, "%s.symmetric", at);
         return cfg_quant_refuse(c, key, "false", "asymmetric FP8 weights (with a weight_zero_point) are not read");
@@ -495,7 +509,7 @@ static kiln_status cfg_quant_ct_fp8_weights(cfg_ctx *c, json_t *w, const char *a
     };
     for (size_t i = 0; i < sizeof unread / sizeof unread[0]; i++) {
         json_t *v = cfg_get(w, unread[i][0]);
-        if (!v || json_is_false(v)) continue;
+        if (!v || json_is_false(v) || (block && i == 3)) continue; /* a block's structure: read above */
         snprintf(key, sizeof key, "%s.%s", at, unread[i][0]);
         json_show(v, shown, sizeof shown);
         return unread[i][1] ? cfg_quant_refuse(c, key, shown, unread[i][1]) : cfg_quant_refuse_block(c, key, shown);

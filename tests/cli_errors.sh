@@ -294,9 +294,12 @@ compile_fails 1 "model.layers.0.self_attn.q_proj.weight_scale_inv" "$d"
 d=$(mkqckpt f-blkzero tiny-mistral-fp8-block)
 st_rewrite "$d/model.safetensors" 't["model.layers.1.mlp.down_proj.weight_scale_inv"][2][0:4] = bytes(4)'
 compile_fails 1 "tensor 'model.layers.1.mlp.down_proj.weight_scale_inv' \(f32\): element 0 \[0,0\] is 0: an FP8 scale must be finite and positive" "$d"
-d=$(mkqckpt f-ctblock tiny-mistral-fp8-channel)
+d=$(mkqckpt f-ctblock tiny-mistral-fp8-channel) # compressed-tensors' FP8_BLOCK is read (test_golden), not [128, 64]
+edit_json "$d/config.json" "$CTG[\"weights\"][\"strategy\"] = \"block\"; $CTG[\"weights\"][\"block_structure\"] = [128, 64]"
+compile_fails 1 'config_groups.group_0.weights.block_structure" is \[128,64\]: kiln reads block-wise FP8 with blocks of 128 columns' "$d"
+d=$(mkqckpt f-ctblock2 tiny-mistral-fp8-channel) # a block config over per-channel scales: the scale's shape
 edit_json "$d/config.json" "$CTG[\"weights\"][\"strategy\"] = \"block\"; $CTG[\"weights\"][\"block_structure\"] = [128, 128]"
-compile_fails 1 'config_groups.group_0.weights.strategy" is "block": block-wise FP8' "$d"
+compile_fails 1 "model.layers.0.self_attn.q_proj.weight_scale" "$d"
 # an FP8 KV cache (k_scale / v_scale) is not built: the scheme refused by name, and so are its tensors
 d=$(mkqckpt f-kv tiny-mistral-fp8-tensor); edit_json "$d/config.json" 'd["quantization_config"]["kv_cache_scheme"] = "static"'
 compile_fails 1 'quantization_config.kv_cache_scheme" is "static": an FP8 KV cache is not built' "$d"

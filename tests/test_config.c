@@ -817,9 +817,19 @@ static void test_compressed_tensors_fp8_config(void) {
                          ct_fp8_config(b, sizeof b, ", \"strategy\": null", "", ", \"input_activations\": null"),
                          &m, &e), KILN_OK);
     KT_CHECK(m.quant.fp8 && !m.quant.fp8_channel && !m.quant.static_input);
+    /* llm-compressor's FP8_BLOCK: block weights [128, 128], dynamic inputs per group of 128 (nothing stored) */
+    KT_EQ_INT(parse_with("quantization_config",
+                         ct_fp8_config(b, sizeof b, ", \"strategy\": \"block\", \"block_structure\": [128, 128]",
+                                       ", \"strategy\": \"group\", \"group_size\": 128", ""), &m, &e), KILN_OK);
+    KT_CHECK(m.quant.fp8 && m.quant.fp8_block_n == 128 && !m.quant.fp8_channel && !m.quant.static_input);
     static const struct { const char *w, *in, *g; kiln_status code; const char *needle; } bad[] = {
-        {", \"strategy\": \"block\", \"block_structure\": [128, 128]", "", "", KILN_ERR_UNSUPPORTED,
-         "\"quantization_config.config_groups.group_0.weights.strategy\" is \"block\": block-wise FP8"},
+        {", \"strategy\": \"block\", \"block_structure\": [128, 64]", "", "", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.config_groups.group_0.weights.block_structure\" is [128,64]: kiln reads block-wise FP8 "
+         "with blocks of 128 columns"},
+        {", \"strategy\": \"block\"", "", "", KILN_ERR_MISSING,
+         "\"quantization_config.config_groups.group_0.weights.block_structure\""},
+        {", \"strategy\": \"block\", \"block_structure\": \"128x128\"", "", "", KILN_ERR_PARSE,
+         "\"quantization_config.config_groups.group_0.weights.block_structure\" is \"128x128\""},
         {", \"block_structure\": [128, 128]", "", "", KILN_ERR_UNSUPPORTED,
          "\"quantization_config.config_groups.group_0.weights.block_structure\" is [128,128]: block-wise FP8"},
         {", \"strategy\": \"group\", \"group_size\": 128", "", "", KILN_ERR_UNSUPPORTED,

@@ -221,6 +221,8 @@ static void test_fp8_checkpoint_block(void) { check_quant_checkpoint_as("tiny-mi
 static void test_fp8_checkpoint_block_rows_cols(void) {
     check_quant_checkpoint_as("tiny-llama3-fp8-block", KILN_DTYPE_FP8G128);
 }
+/* compressed-tensors' FP8_BLOCK (strategy block, block_structure [128, 128], bf16 weight_scale per block) */
+static void test_fp8_ct_checkpoint_block(void) { check_quant_checkpoint_as("tiny-llama3-fp8-ct-block", KILN_DTYPE_FP8G128); }
 
 static void test_stories260k(void) { check_model("models/stories260k", "tests/golden/stories260k", KILN_DTYPE_COUNT_); }
 static void test_tiny_mistral_sliding_window(void) {
@@ -596,6 +598,7 @@ int main(void) {
     KT_RUN(test_fp8_ct_checkpoint_tensor_static);
     KT_RUN(test_fp8_checkpoint_block);
     KT_RUN(test_fp8_checkpoint_block_rows_cols);
+    KT_RUN(test_fp8_ct_checkpoint_block);
     KT_RUN(test_sharded_equals_single);
     KT_RUN(test_pycode_text);
     KT_RUN(test_score_against_hf);

@@ -1330,7 +1330,7 @@ static void test_quant_goldens(void) {
     static const char *const pub[] = {"tiny-mistral-awq",       "tiny-mistral-gptq",         "tiny-mistral-gptq-asym",
                                       "tiny-mistral-gptq-v2",   "tiny-mistral-ct",           "tiny-mistral-ct-asym",
                                       "tiny-mistral-fp8-tensor", "tiny-mistral-fp8-channel", "tiny-mistral-fp8-ct-tensor",
-                                      "tiny-mistral-fp8-block", "tiny-llama3-fp8-block"};
+                                      "tiny-mistral-fp8-block", "tiny-llama3-fp8-block", "tiny-llama3-fp8-ct-block"};
     for (size_t i = 0; i < sizeof pub / sizeof pub[0]; i++) {
         const char *eng = pathf("%s/%s.kiln", g_tmp, pub[i]);
         kiln_compile_options opt = {.output_path = eng, .weight_dtype = KILN_DTYPE_COUNT_, .targets = gpu_targets()};

@@ -45,6 +45,9 @@ llm-compressor do), not by kiln:
                                          per-tensor ones)
   tests/data/tiny-llama3-fp8-block       the same from tiny-llama3 (MLP 192 wide: gate/up 2 row
                                          blocks, down 2 column blocks, the second of each short)
+  tests/data/tiny-llama3-fp8-ct-block    compressed-tensors "float-quantized", llm-compressor's FP8_BLOCK:
+                                         strategy block, block_structure [128, 128], weight_scale BF16
+                                         [ceil(out/128), ceil(in/128)], inputs dynamic per group of 128
 
 The embedding, norms and LM head stay bf16 as in tiny-mistral. Each
 config.json carries the quantization_config transformers / AutoAWQ /
@@ -272,6 +275,9 @@ FP8_CHECKPOINTS = [
     # tiny-llama3's 192-wide MLP: gate/up two row blocks (128 + 64 rows), down two column blocks (128 + 64
     # columns), so scales differ along rows and columns of one matrix
     ("tiny-llama3-fp8-block", "fp8", "block", "dynamic", torch.float32, mg.ID_PROMPTS[1:], "tiny-llama3"),
+    # llm-compressor's FP8_BLOCK: compressed-tensors strategy "block", block_structure [128, 128], weight_scale
+    # per block (bf16), input activations dynamic per group of 128 (nothing stored)
+    ("tiny-llama3-fp8-ct-block", "ct", "block", "dynamic", torch.bfloat16, mg.ID_PROMPTS[1:], "tiny-llama3"),
 ]
 FP8_MAX = 448.0
 FP8_BLOCK = 128
@@ -352,11 +358,15 @@ def fp8_quant_config(producer, scales, acts):
         return {"activation_scheme": acts, "ignored_layers": ["lm_head"], "quant_method": "fp8"}
     # llm-compressor's FP8_DYNAMIC (channel weights, dynamic per-token inputs) and FP8 (tensor weights, static
     # tensor inputs) schemes as QuantizationConfig.model_dump writes them
-    weights = {"actorder": None, "block_structure": None, "dynamic": False, "group_size": None, "num_bits": 8,
-               "observer": "minmax", "observer_kwargs": {}, "strategy": scales, "symmetric": True, "type": "float"}
-    inputs = {"actorder": None, "block_structure": None, "dynamic": acts == "dynamic", "group_size": None,
-              "num_bits": 8, "observer": None if acts == "dynamic" else "minmax", "observer_kwargs": {},
-              "strategy": "token" if acts == "dynamic" else "tensor", "symmetric": True, "type": "float"}
+    block = scales == "block"  # FP8_BLOCK: weights per 128 x 128 block, inputs dynamic per group of 128
+    weights = {"actorder": None, "block_structure": [FP8_BLOCK, FP8_BLOCK] if block else None, "dynamic": False,
+               "group_size": None, "num_bits": 8, "observer": "minmax", "observer_kwargs": {}, "strategy": scales,
+               "symmetric": True, "type": "float"}
+    inputs = {"actorder": None, "block_structure": None, "dynamic": acts == "dynamic",
+              "group_size": FP8_BLOCK if block else None, "num_bits": 8,
+              "observer": None if acts == "dynamic" else "minmax", "observer_kwargs": {},
+              "strategy": "group" if block else "token" if acts == "dynamic" else "tensor", "symmetric": True,
+              "type": "float"}
     return {"config_groups": {"group_0": {"format": "float-quantized", "input_activations": inputs,
                                           "output_activations": None, "targets": ["Linear"], "weights": weights}},
             "format": "float-quantized", "global_compression_ratio": None, "ignore": ["lm_head"],
@@ -380,7 +390,8 @@ def make_fp8_one(name, producer, scales, acts, sdt, prompts, base="tiny-mistral"
         codes, s = fp8_quantize(v.float().numpy(), scales, sdt)
         scalar = producer == "fp8" and scales == "tensor" and ".layers.0." in k  # AutoFP8's 0-dim scalars
         out[k] = codes
-        out[base + (".weight_scale_inv" if scales == "block" else ".weight_scale")] = s.reshape(()) if scalar else s
+        inv = scales == "block" and producer == "fp8"  # DeepSeek's name; compressed-tensors keeps weight_scale
+        out[base + (".weight_scale_inv" if inv else ".weight_scale")] = s.reshape(()) if scalar else s
         if acts == "static":
             x = torch.tensor([amax[base] / FP8_MAX], dtype=torch.float32).to(sdt)
             mg.check(float(x) > 0, "%s: input scale 0" % base)
