@@ -33,7 +33,8 @@ static void help(FILE *f) {
             "                        gets --quant-head, the embedding and norms keep --dtype\n"
             "                        (docs/quantization.md). Quantized engines run on both executors\n"
             "                        (on the GPU in bf16 and f16 engines)\n"
-            "  --group-size G        int4 groups: 32, 64 or 128 columns (default 128)\n"
+            "  --group-size G        int4 groups: 32, 64 or 128 columns (default 128); with --quant fp8,\n"
+            "                        128 gives the projections a scale per row and 128 columns (fp8g128)\n"
             "  --quant-head H        the LM head's format: int8 (default with --quant), fp8, int4, or keep\n"
             "  --quant-embedding E   the embedding table's format (and a tied LM head's): keep (default),\n"
             "                        int8, fp8 or int4\n"
@@ -283,6 +284,7 @@ int kiln_cmd_compile(int argc, char **argv) {
         {0, 0, 0, 0}};
     const char *quant = NULL, *quant_head = NULL, *quant_method = NULL, *quant_emb = NULL;
     long group = 128;
+    bool group_set = false; /* --group-size given */
     bool calib_tokens_given = false;
     kiln_compile_options opt = {.weight_dtype = KILN_DTYPE_COUNT_, .dump_stream = stdout};
     const char *allow_unused[64]; /* --allow-unused patterns (pointing into argv) */
@@ -350,6 +352,7 @@ int kiln_cmd_compile(int argc, char **argv) {
             group = strtol(optarg, &end, 10);
             if (!*optarg || *end || (group != 32 && group != 64 && group != 128))
                 return kiln_cli_usage_error("compile", "--group-size '%s': expected 32, 64 or 128", optarg);
+            group_set = true;
             break;
         }
         case O_QMETHOD:
@@ -415,6 +418,12 @@ int kiln_cmd_compile(int argc, char **argv) {
     /* int8, fp8 and int4's dtypes (int4: in groups of --group-size) */
 #define QFMT(name) (!strcmp(name, "int8") ? KILN_DTYPE_Q8 : !strcmp(name, "fp8") ? KILN_DTYPE_FP8 : q4)
     if (quant) opt.quant = q_auto ? KILN_QUANT_AUTO : QFMT(quant);
+    /* --quant fp8 --group-size 128: the projections' scales per row and 128 columns (fp8g128) */
+    const bool fp8_groups = quant && !strcmp(quant, "fp8") && group_set;
+    if (fp8_groups && group != 128)
+        return kiln_cli_usage_error("compile", "--group-size %ld with --quant fp8: fp8 takes groups of 128 columns "
+                                               "(or none: a scale per row)", group);
+    if (fp8_groups) opt.quant = KILN_DTYPE_FP8G128;
     /* --quant auto: exactly one budget; the budgets and the calibration only with it */
     const int n_budgets = (opt.max_weight_bytes > 0) + (opt.target_bits > 0) + (opt.max_ppl_increase > 0);
     if (q_auto && n_budgets != 1)
@@ -454,11 +463,11 @@ int kiln_cmd_compile(int argc, char **argv) {
         return kiln_cli_usage_error("compile", "--quant-method applies with --quant, --quant-head or "
                                                "--quant-embedding");
     opt.quant_method = !quant_method || !strcmp(quant_method, "mse") ? KILN_QUANT_MSE : KILN_QUANT_RTN;
-    if (group != 128 && !(quant && !q_auto && kiln_quant_bits(opt.quant) == 4) && !(quant_head && !strcmp(quant_head, "int4")) &&
-        !(quant_emb && !strcmp(quant_emb, "int4")))
+    if (group_set && !fp8_groups && !(quant && !q_auto && kiln_quant_bits(opt.quant) == 4) &&
+        !(quant_head && !strcmp(quant_head, "int4")) && !(quant_emb && !strcmp(quant_emb, "int4")))
         return kiln_cli_usage_error("compile", "--group-size applies to int4 (--quant int4, --quant-head int4 or "
-                                               "--quant-embedding int4; --quant auto tries groups of 32, 64 and "
-                                               "128 itself)");
+                                               "--quant-embedding int4) and to --quant fp8 (128: fp8g128); "
+                                               "--quant auto tries groups of 32, 64 and 128 itself");
     if (quant_emb && strcmp(quant_emb, "keep")) opt.quant_embedding = QFMT(quant_emb);
     if (quant) opt.quant_head = !quant_head ? KILN_DTYPE_Q8 : strcmp(quant_head, "keep") ? QFMT(quant_head) : 0;
     else if (quant_head && strcmp(quant_head, "keep")) /* a quantized checkpoint's LM head: keep by default */

@@ -119,6 +119,15 @@ expect 2 "--group-size '48': expected 32, 64 or 128" -- \
     "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" --quant int4 --group-size 48
 expect 2 "--group-size applies to int4" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" --quant int8 \
     --group-size 64
+# 128, the default, given with a format it does not apply to is refused too (not silently ignored)
+expect 2 "--group-size applies to int4" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" --quant int8 \
+    --group-size 128
+# --quant fp8 --group-size 128: fp8g128 (a scale per row and 128 columns); other groups refused
+expect 2 "--group-size 64 with --quant fp8: fp8 takes groups of 128 columns" -- \
+    "$KILN" compile "$SRC/tests/data/tiny-llama3" -o "$T/q.kiln" --quant fp8 --group-size 64
+expect 0 "wrote" -- "$KILN" compile "$SRC/tests/data/tiny-llama3" -o "$T/f8g.kiln" --quant fp8 --group-size 128 --target none
+"$KILN" inspect "$T/f8g.kiln" | grep -q "quantization: fp8g128 (projections)" && ok || bad "--quant fp8 --group-size 128 did not give fp8g128"
+expect 0 "stop: max_tokens" -- "$KILN" run "$T/f8g.kiln" --prompt-ids 1,5,9 --max-tokens 4 --device cpu
 expect 2 "--quant-head applies with --quant" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" \
     --quant-head int8
 expect 2 "--quant-method 'gptq': expected rtn or mse" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" \
