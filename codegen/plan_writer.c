@@ -452,8 +452,7 @@ static void quant_rows(void *arg, int part) {
     for (int64_t r = n * part / j->parts; r < n * (part + 1) / j->parts && st == KILN_OK; r++) {
         int64_t pr;
         const kiln_value *src = row_part(j->g, j->val, r, &pr);
-        if (src->qsrc.format == KILN_QSRC_FP8 || src->qsrc.format == KILN_QSRC_CT_FP8 ||
-            src->qsrc.format == KILN_QSRC_FP8_BLOCK) { /* codes copied */
+        if (kiln_qsrc_is_fp8(&src->qsrc)) { /* codes copied */
             const int64_t c = kiln_quant_repack_fp8_row(&src->qsrc, k, pr, n, r, j->out);
             if (c >= 0) st = bad_code(src, pr, c, &j->err[part]);
         } else if (src->qsrc.format != KILN_QSRC_NONE) { /* quantized in the checkpoint: repacked, not rounded again */

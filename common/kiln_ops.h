@@ -126,6 +126,9 @@ typedef struct kiln_qsrc {
     int fp8_row_scales;                     /* FP8: 1 = one scale per row, 0 = one for the tensor */
     int block_n, block_k;                   /* FP8_BLOCK: rows and columns a scale covers (k: 128) */
 } kiln_qsrc;
+/* Whether `s` is an FP8 checkpoint's matrix (E4M3 codes, repacked by kiln_quant_repack_fp8_row), not a
+ * 4-bit one (kiln_quant_repack_row) or none. */
+int kiln_qsrc_is_fp8(const kiln_qsrc *s);
 /* The flat index into the scales of `s` (layouts above) of row `row`, group `gi` of its [n, k]
  * matrix, grouped by G columns (FP8: 0, or the row with per-row scales; block FP8: the block's). */
 int64_t kiln_qsrc_scale_index(const kiln_qsrc *s, int64_t n, int64_t k, int g, int64_t row, int64_t gi);

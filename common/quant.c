@@ -243,6 +243,10 @@ static uint32_t word_at(const uint8_t *p, uint64_t i) { return kiln_rd_u32(p + 4
 /* Where AutoAWQ puts column j of 8 (its pack order 0, 2, 4, 6, 1, 3, 5, 7 inverted): the nibble. */
 static const int awq_nibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 
+int kiln_qsrc_is_fp8(const kiln_qsrc *s) {
+    return s->format == KILN_QSRC_FP8 || s->format == KILN_QSRC_CT_FP8 || s->format == KILN_QSRC_FP8_BLOCK;
+}
+
 int64_t kiln_qsrc_scale_index(const kiln_qsrc *s, int64_t n, int64_t k, int g, int64_t row, int64_t gi) {
     if (s->format == KILN_QSRC_FP8 || s->format == KILN_QSRC_CT_FP8) return s->fp8_row_scales ? row : 0;
     if (s->format == KILN_QSRC_FP8_BLOCK) /* [ceil(n / block_n), ceil(k / block_k)], row-major */

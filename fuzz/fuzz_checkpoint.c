@@ -79,8 +79,7 @@ static void convert_all(const kiln_graph *g) {
         if (val->kind != KILN_VALUE_WEIGHT || val->pack != KILN_PACK_NONE || !val->src) continue;
         if (val->qsrc.format != KILN_QSRC_NONE) { /* quantized in the checkpoint: repacked row by row */
             uint8_t *out = malloc(kiln_weight_nbytes(val->dtype, 2, val->shape));
-            const bool fp8 = val->qsrc.format == KILN_QSRC_FP8 || val->qsrc.format == KILN_QSRC_CT_FP8 ||
-                             val->qsrc.format == KILN_QSRC_FP8_BLOCK;
+            const bool fp8 = kiln_qsrc_is_fp8(&val->qsrc);
             for (int64_t r = 0; out && r < val->shape[0]; r++)
                 if (fp8) kiln_quant_repack_fp8_row(&val->qsrc, val->shape[1], r, val->shape[0], r, out);
                 else kiln_quant_repack_row(&val->qsrc, val->dtype, val->shape[0], val->shape[1], r, val->shape[0], r, out);

@@ -66,8 +66,7 @@ int kiln_ir_weight(kiln_graph *g, const char *name, kiln_dtype dt, int ndim, con
 
 int kiln_ir_weight_prequantized(kiln_graph *g, const char *name, kiln_dtype dt, const int64_t shape[2],
                                 const kiln_qsrc *q, kiln_error *err) {
-    const bool fp8 = q->format == KILN_QSRC_FP8 || q->format == KILN_QSRC_CT_FP8 ||
-                     q->format == KILN_QSRC_FP8_BLOCK; /* else 4-bit groups */
+    const bool fp8 = kiln_qsrc_is_fp8(q); /* else 4-bit groups */
     const bool dt_ok = q->format == KILN_QSRC_FP8_BLOCK ? dt == KILN_DTYPE_FP8G128 && q->block_n > 0 && q->block_k == 128
                        : fp8                            ? dt == KILN_DTYPE_FP8
                                                         : kiln_quant_bits(dt) == 4;
