@@ -215,13 +215,13 @@ static kiln_status add_gemv(kset *s, const char *epi, int n, int k, kiln_error *
 static kiln_status add_gemv_quant_cc(kset *s, const char *epi, int n, int k, int qt, kiln_error *err) {
     char name[KILN_KSEC_NAME_MAX], variant[24];
     kiln_status st;
-    snprintf(variant, sizeof variant, "%s.cc", kiln_dtype_name((kiln_dtype)qt));
+    kiln_ksec_gemv_cc_variant(variant, sizeof variant, kiln_dtype_name((kiln_dtype)qt));
     kiln_ksec_gemv_name(name, sizeof name, epi, n, k, variant);
     kmod *m = new_mod(s, name, err, &st);
     if (!m) return st;
     const bool swiglu = strcmp(epi, "swiglu") == 0, f32out = strcmp(epi, "f32out") == 0;
     memset(m->cfg, 0, sizeof m->cfg);
-    (void)n, (void)k; /* 4 warps of 2 rows, 2 steps in flight: within 1-3 % of the best on every shape */
+    /* 4 warps of 2 rows, 2 steps in flight: within 1-3 % of the best on every shape */
     m->cfg[0] = 4, m->cfg[1] = 2, m->cfg[2] = 2, m->cfg[3] = 1; /* x rows per warp; CUDA cores */
     m->cfg[5] = f32out;
     m->cfg[6] = swiglu;

@@ -78,5 +78,10 @@ enum { KILN_KSEC_CUBIN = 0, KILN_KSEC_PTX = 1 };
 static inline void kiln_ksec_gemv_name(char *buf, size_t cap, const char *epi, int n, int k, const char *variant) {
     snprintf(buf, cap, "gemv.%s.%dx%d.%s", epi, n, k, variant);
 }
+/* The variant of the CUDA-core GEMV over a q8/fp8/fp8g128 weight of dtype name `dtype`, for one-token steps
+ * (beside the tensor-core variant named `dtype`): "<dtype>.cc". */
+static inline void kiln_ksec_gemv_cc_variant(char *buf, size_t cap, const char *dtype) {
+    snprintf(buf, cap, "%s.cc", dtype);
+}
 
 #endif /* KILN_KSEC_H */

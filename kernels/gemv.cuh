@@ -941,9 +941,12 @@ KILN_DEV void kiln_gemv_mmaq(const kiln_gemv_params &p, float (*red)[16][8 + 1],
                 vn[j] = NORM && ok ? kiln_ld16(nw + k + 8 * j) : make_uint4(0, 0, 0, 0);
             }
 #if GEMV_QSUMS
-            float dw[GEMV_QT][4], dx[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* this step's sums (part of one group) */
+            float dw[GEMV_QT][4]; /* this step's sums (part of one group) */
 #pragma unroll
             for (int i = 0; i < GEMV_QT; i++) dw[i][0] = dw[i][1] = dw[i][2] = dw[i][3] = 0.0f;
+#endif
+#if GEMV_QUANT == 4 && GEMV_QDEQ == 0
+            float dx[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* q4: the group's sums of x */
 #endif
 #pragma unroll
             for (int j = 0; j < QX; j++) {

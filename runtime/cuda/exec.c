@@ -514,7 +514,7 @@ static kiln_status gemm_setup(cx *x, cx_gemm *g, int dw, cx_epi epi, kiln_error 
         /* q8/fp8: one-token steps on the CUDA-core GEMV where the engine has it (engines before
          * kiln 0.5 do not; measure knob qgemv_cc=0 keeps the tensor cores) */
         char cc[24];
-        snprintf(cc, sizeof cc, "%s.cc", kiln_dtype_name((kiln_dtype)g->qt));
+        kiln_ksec_gemv_cc_variant(cc, sizeof cc, kiln_dtype_name((kiln_dtype)g->qt));
         kiln_ksec_gemv_name(name, sizeof name, epis[epi], g->n, g->k, cc);
         if (x->qgemv_cc && kiln_ksec_find(&x->ks, name) &&
             (st = gemv_fn(x, epis[epi], g->n, g->k, cc, &g->m1, &g->c1, err)))
@@ -979,7 +979,7 @@ static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUde
     /* a quantized W: its scales (and q4's minimums) after the codes (common/quant.c) */
     const CUdeviceptr wscale = g->qt ? w + kiln_quant_scales_offset(g->qt, g->n, g->k) : 0;
     const int group = kiln_quant_group(g->qt);
-    const CUdeviceptr wmin = group ? w + kiln_quant_mins_offset(g->qt, g->n, g->k) : 0;
+    const CUdeviceptr wmin = kiln_quant_bits(g->qt) == 4 ? w + kiln_quant_mins_offset(g->qt, g->n, g->k) : 0;
     if (gemv_path(x, g, M)) {
         bool m1 = M == 1 || !g->mma;
         const kiln_gemv_cfg *c = m1 ? &g->c1 : &g->cmma;
