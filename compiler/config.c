@@ -441,6 +441,23 @@ static kiln_status cfg_quant_ct_weights(cfg_ctx *c, json_t *w, const char *at, k
     return KILN_OK;
 }
 
+/* A block-FP8 block size `v`, [rows, columns] (quant_method fp8's weight_block_size, compressed-tensors'
+ * block_structure; `key` the field under quantization_config): 128 columns (kiln's fp8g128) and 1 to 2^20
+ * rows, into *rows; refused naming the field otherwise. */
+static kiln_status cfg_fp8_block(cfg_ctx *c, json_t *v, const char *key, int *rows) {
+    char full[256], shown[96];
+    snprintf(full, sizeof full, "quantization_config.%s", key);
+    json_t *bn = json_is_array(v) && json_array_size(v) == 2 ? json_array_get(v, 0) : NULL;
+    json_t *bk = bn ? json_array_get(v, 1) : NULL;
+    if (!bn || !json_is_integer(bn) || !json_is_integer(bk)) return cfg_type_err(c, full, v, "[rows, columns]");
+    if (json_integer_value(bk) != 128 || json_integer_value(bn) < 1 || json_integer_value(bn) > (1 << 20))
+        return cfg_quant_refuse(c, key, json_show(v, shown, sizeof shown),
+                                "kiln reads block-wise FP8 with blocks of 128 columns (and 1 to 2^20 rows), as "
+                                "DeepSeek-V3, Qwen3-FP8 and llm-compressor's FP8_BLOCK write [128, 128]");
+    *rows = (int)json_integer_value(bn);
+    return KILN_OK;
+}
+
 /* The refusal of a compressed-tensors block_structure under another strategy than "block", the field
  * being `key` with value `shown`. */
 static kiln_status cfg_quant_refuse_block(cfg_ctx *c, const char *key, const char *shown) {
@@ -485,17 +502,13 @@ static kiln_status cfg_quant_ct_fp8_weights(cfg_ctx *c, json_t *w, const char *a
                                                "per-group scales are not");
     if (block) {
         json_t *bs = cfg_get(w, "block_structure");
-        json_t *bn = json_is_array(bs) && json_array_size(bs) == 2 ? json_array_get(bs, 0) : NULL;
-        json_t *bk = bn ? json_array_get(bs, 1) : NULL;
         snprintf(key, sizeof key, "%s.block_structure", at);
-        char full[256];
-        snprintf(full, sizeof full, "quantization_config.%s", key);
-        if (!bs) return cfg_missing(c, full);
-        if (!bn || !json_is_integer(bn) || !json_is_integer(bk)) return cfg_type_err(c, full, bs, "[rows, columns]");
-        if (json_integer_value(bk) != 128 || json_integer_value(bn) < 1 || json_integer_value(bn) > (1 << 20))
-            return cfg_quant_refuse(c, key, json_show(bs, shown, sizeof shown),
-                                    "kiln reads block-wise FP8 with blocks of 128 columns (and 1 to 2^20 rows)");
-        q->fp8_block_n = (int)json_integer_value(bn);
+        if (!bs) {
+            char full[256];
+            snprintf(full, sizeof full, "quantization_config.%s", key);
+            return cfg_missing(c, full);
+        }
+        if ((st = cfg_fp8_block(c, bs, key, &q->fp8_block_n))) return st;
     }
     if (sym && !json_is_true(sym)) {
         snprintf(key, sizeof key, "%s.symmetric", at);
@@ -693,17 +706,7 @@ static kiln_status cfg_quant_fp8(cfg_ctx *c, json_t *qc, kiln_ckpt_quant *q) {
     if (strcmp(fmt, "e4m3") != 0)
         return cfg_quant_refuse(c, "fmt", shown, "kiln reads E4M3 FP8 weights only");
     json_t *v = cfg_get(qc, "weight_block_size");
-    if (v) { /* [rows, columns] a scale covers: columns 128 (kiln's fp8g128), rows any */
-        json_t *bn = json_is_array(v) && json_array_size(v) == 2 ? json_array_get(v, 0) : NULL;
-        json_t *bk = bn ? json_array_get(v, 1) : NULL;
-        if (!bn || !json_is_integer(bn) || !json_is_integer(bk))
-            return cfg_type_err(c, "quantization_config.weight_block_size", v, "[rows, columns] or null");
-        if (json_integer_value(bk) != 128 || json_integer_value(bn) < 1 || json_integer_value(bn) > (1 << 20))
-            return cfg_quant_refuse(c, "weight_block_size", json_show(v, shown, sizeof shown),
-                                    "kiln reads block-wise FP8 with blocks of 128 columns (and 1 to 2^20 rows), "
-                                    "as DeepSeek-V3 and Qwen3-FP8's [128, 128]");
-        q->fp8_block_n = (int)json_integer_value(bn);
-    }
+    if (v && (st = cfg_fp8_block(c, v, "weight_block_size", &q->fp8_block_n))) return st; /* [rows, columns] */
     if ((v = cfg_get(qc, "kv_cache_scheme")))
         return cfg_quant_refuse(c, "kv_cache_scheme", json_show(v, shown, sizeof shown),
                                 "an FP8 KV cache is not built (its k_scale and v_scale are not read)");
