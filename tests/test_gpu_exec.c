@@ -327,6 +327,14 @@ static void put_module(uint8_t *r, const char *name, uint64_t off, uint64_t len,
 /* A quantized engine's kernels section (no GPU needed, NVRTC is): the quantized GEMV modules per
  * weight (GEMV_QUANT, GEMV_GROUP, the dtype in cfg[7]) and the dequant module; an f32 engine with
  * quantized matrices gets no kernels and says why. */
+/* Engine `eng` opened without its f32 copies, and its kernels section parsed into *ks. */
+static bool open_kernels(const char *eng, kiln_model **m, kiln_ksec *ks) {
+    kiln_error err = {0};
+    if (kiln_model_open_ex(eng, 1, KILN_MODEL_NO_F32, m, &err) != KILN_OK) return false;
+    const kiln_engine_section *s = kiln_engine_find(&(*m)->engine, KILN_SECTION_KERNELS);
+    return s && kiln_ksec_parse((*m)->engine.data + s->offset, s->stored_size, ks, &err) == KILN_OK;
+}
+
 static void test_kernels_section_quant(void) {
     kiln_error err = {0};
     int ver = 0;
@@ -336,11 +344,8 @@ static void test_kernels_section_quant(void) {
                                 .quant = KILN_DTYPE_Q4G32, .quant_head = KILN_DTYPE_Q8};
     KT_REQUIRE(kt_compile(pathf("%s/tests/data/tiny-mistral", src_dir()), &opt) == KILN_OK);
     kiln_model *m = NULL;
-    KT_REQUIRE(kiln_model_open_ex(eng, 1, KILN_MODEL_NO_F32, &m, &err) == KILN_OK);
-    const kiln_engine_section *s = kiln_engine_find(&m->engine, KILN_SECTION_KERNELS);
-    KT_REQUIRE(s != NULL);
     kiln_ksec ks;
-    KT_REQUIRE(kiln_ksec_parse(m->engine.data + s->offset, s->stored_size, &ks, &err) == KILN_OK);
+    KT_REQUIRE(open_kernels(eng, &m, &ks));
     KT_EQ_INT(ks.elem, KILN_KSEC_ELEM_BF16);
     /* tiny-mistral: q/k/v 64 + 32 + 32 rows over hidden 64, gate/up 2 x 128, down 64 x 128, head 256 x 64 */
     static const struct {
@@ -372,10 +377,7 @@ static void test_kernels_section_quant(void) {
     kiln_compile_options o8 = {.output_path = e8, .weight_dtype = KILN_DTYPE_BF16, .targets = "sm_90",
                                .quant = KILN_DTYPE_FP8, .quant_head = KILN_DTYPE_FP8};
     KT_REQUIRE(kt_compile(pathf("%s/tests/data/tiny-mistral", src_dir()), &o8) == KILN_OK);
-    KT_REQUIRE(kiln_model_open_ex(e8, 1, KILN_MODEL_NO_F32, &m, &err) == KILN_OK);
-    s = kiln_engine_find(&m->engine, KILN_SECTION_KERNELS);
-    KT_REQUIRE(s != NULL);
-    KT_REQUIRE(kiln_ksec_parse(m->engine.data + s->offset, s->stored_size, &ks, &err) == KILN_OK);
+    KT_REQUIRE(open_kernels(e8, &m, &ks));
     static const char *const fp8_mods[] = {"gemv.plain.128x64.fp8", "gemv.swiglu.256x64.fp8", "gemv.plain.64x128.fp8",
                                            "gemv.f32out.256x64.fp8"};
     for (size_t i = 0; i < sizeof fp8_mods / sizeof fp8_mods[0]; i++) {
@@ -396,10 +398,7 @@ static void test_kernels_section_quant(void) {
     const char *eb = pathf("%s/tm_fp8g128_k.kiln", g_tmp);
     kiln_compile_options ob = {.output_path = eb, .weight_dtype = KILN_DTYPE_BF16, .targets = "sm_90"};
     KT_REQUIRE(kt_compile(pathf("%s/tests/data/tiny-mistral-fp8-block", src_dir()), &ob) == KILN_OK);
-    KT_REQUIRE(kiln_model_open_ex(eb, 1, KILN_MODEL_NO_F32, &m, &err) == KILN_OK);
-    s = kiln_engine_find(&m->engine, KILN_SECTION_KERNELS);
-    KT_REQUIRE(s != NULL);
-    KT_REQUIRE(kiln_ksec_parse(m->engine.data + s->offset, s->stored_size, &ks, &err) == KILN_OK);
+    KT_REQUIRE(open_kernels(eb, &m, &ks));
     static const char *const fb_mods[] = {"gemv.plain.128x64.fp8g128", "gemv.swiglu.256x64.fp8g128",
                                           "gemv.plain.64x128.fp8g128.cc", "gemv.swiglu.256x64.fp8g128.cc"};
     for (size_t i = 0; i < sizeof fb_mods / sizeof fb_mods[0]; i++) {

@@ -330,6 +330,28 @@ static void check_repack(kiln_qsrc_format fmt, int zero_offset, bool sym, kiln_d
     free(row);
 }
 
+/* n random E4M3 codes, every finite one possible (the two NaN codes moved one down). */
+static void random_finite_e4m3(uint8_t *codes, int n) {
+    for (int i = 0; i < n; i++) {
+        uint8_t c = (uint8_t)(unit() * 256);
+        codes[i] = (c & 0x7F) == 0x7F ? (uint8_t)(c - 1) : c;
+    }
+}
+
+/* Scale i of a checkpoint's scales of dtype sdt (F32, F16 or BF16, little-endian) set to f as that dtype
+ * rounds it; returns the stored value (exact in f32). */
+static float put_scale(uint8_t *sb, int i, kiln_dtype sdt, float f) {
+    if (sdt == KILN_DTYPE_F32) {
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        kiln_wr_u32(sb + 4 * i, u);
+        return f;
+    }
+    const uint16_t h = sdt == KILN_DTYPE_BF16 ? kiln_f32_to_bf16(f) : kiln_f32_to_f16(f);
+    sb[2 * i] = (uint8_t)h, sb[2 * i + 1] = (uint8_t)(h >> 8);
+    return sdt == KILN_DTYPE_BF16 ? kiln_bf16_to_f32(h) : kiln_f16_to_f32(h);
+}
+
 /* An FP8 checkpoint's [N, K] E4M3 matrix (every finite code, in random order) with one scale per tensor
  * or per row, of dtype sdt, repacked into rows OFF.. of an fp8 weight: the codes as they are, each value
  * e4m3(code) * scale exactly (the scale converted to f32 exactly); a NaN code (0x7F, 0xFF) returns its column. */
@@ -337,23 +359,8 @@ static void check_repack_fp8(kiln_qsrc_format fmt, bool per_row, kiln_dtype sdt)
     enum { N = 12, K = 96, OFF = 3, ROWS = N + 5 };
     static uint8_t codes[N * K], sb[N * 4];
     float sc[N];
-    for (int i = 0; i < N * K; i++) {
-        uint8_t c = (uint8_t)(unit() * 256);
-        codes[i] = (c & 0x7F) == 0x7F ? (uint8_t)(c - 1) : c; /* every finite code may appear */
-    }
-    for (int r = 0; r < (per_row ? N : 1); r++) {
-        const float f = (float)(0.001 + unit() * 0.01);
-        if (sdt == KILN_DTYPE_F32) {
-            uint32_t u;
-            memcpy(&u, &f, 4);
-            kiln_wr_u32(sb + 4 * r, u);
-            sc[r] = f;
-        } else {
-            const uint16_t h = sdt == KILN_DTYPE_BF16 ? kiln_f32_to_bf16(f) : kiln_f32_to_f16(f);
-            sb[2 * r] = (uint8_t)h, sb[2 * r + 1] = (uint8_t)(h >> 8);
-            sc[r] = sdt == KILN_DTYPE_BF16 ? kiln_bf16_to_f32(h) : kiln_f16_to_f32(h);
-        }
-    }
+    random_finite_e4m3(codes, N * K);
+    for (int r = 0; r < (per_row ? N : 1); r++) sc[r] = put_scale(sb, r, sdt, (float)(0.001 + unit() * 0.01));
     const kiln_qsrc src = {.format = fmt, .qweight = codes, .scales = sb, .scales_dtype = sdt, .fp8_row_scales = per_row};
     uint8_t *out = calloc(kiln_weight_nbytes(KILN_DTYPE_FP8, 2, (int64_t[]){ROWS, K}), 1);
     float row[K];
@@ -384,24 +391,9 @@ static void check_repack_fp8_block(int bn, kiln_dtype sdt) {
     enum { N = 10, K = 320, OFF = 2, ROWS = N + 3, KB = 3 };
     static uint8_t codes[N * K], sb[N * KB * 4];
     float sc[N * KB];
-    for (int i = 0; i < N * K; i++) {
-        uint8_t c = (uint8_t)(unit() * 256);
-        codes[i] = (c & 0x7F) == 0x7F ? (uint8_t)(c - 1) : c;
-    }
+    random_finite_e4m3(codes, N * K);
     const int nbr = (N + bn - 1) / bn;
-    for (int i = 0; i < nbr * KB; i++) {
-        const float f = (float)(0.001 + unit() * 0.01);
-        if (sdt == KILN_DTYPE_F32) {
-            uint32_t u;
-            memcpy(&u, &f, 4);
-            kiln_wr_u32(sb + 4 * i, u);
-            sc[i] = f;
-        } else {
-            const uint16_t h = kiln_f32_to_bf16(f);
-            sb[2 * i] = (uint8_t)h, sb[2 * i + 1] = (uint8_t)(h >> 8);
-            sc[i] = kiln_bf16_to_f32(h);
-        }
-    }
+    for (int i = 0; i < nbr * KB; i++) sc[i] = put_scale(sb, i, sdt, (float)(0.001 + unit() * 0.01));
     const kiln_qsrc src = {.format = KILN_QSRC_FP8_BLOCK, .qweight = codes, .scales = sb, .scales_dtype = sdt,
                            .block_n = bn, .block_k = 128};
     uint8_t *out = calloc(kiln_weight_nbytes(KILN_DTYPE_FP8G128, 2, (int64_t[]){ROWS, K}), 1);
