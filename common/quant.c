@@ -68,6 +68,14 @@ uint8_t kiln_f32_to_e4m3(float x) {
     return sign | code;
 }
 
+void kiln_act_fp8_row(const float *x, int64_t k, uint8_t *codes, float *scale) {
+    float amax = 0.0f;
+    for (int64_t j = 0; j < k; j++) amax = fmaxf(amax, fabsf(x[j]));
+    const float inv = amax > 0.0f ? 448.0f / amax : 0.0f;
+    *scale = amax / 448.0f;
+    for (int64_t j = 0; j < k; j++) codes[j] = kiln_f32_to_e4m3(x[j] * inv);
+}
+
 int kiln_quant_group(int t) {
     switch (t) {
     case KILN_DTYPE_Q4G32: return 32;

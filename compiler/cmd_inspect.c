@@ -307,8 +307,8 @@ static json_t *tuning_json(const kiln_model *m) {
             const kiln_tuning_gemm *g = &r->gemms[j];
             json_array_append_new(
                 shapes, json_pack("{s:i, s:i, s:i, s:s, s:s, s:b, s:f, s:o, s:i, s:i}", "m", (int)g->m, "n", (int)g->n,
-                                  "k", (int)g->k, "in", g->flags & KILN_TUNING_IN_F32 ? "f32" : "bf16", "out",
-                                  g->flags & KILN_TUNING_OUT_F32 ? "f32" : "bf16", "accumulate",
+                                  "k", (int)g->k, "in", kiln_tuning_in_type(g->flags), "out",
+                                  kiln_tuning_out_type(g->flags), "accumulate",
                                   (g->flags & KILN_TUNING_ACCUMULATE) != 0, "us", (double)g->us, "heuristic_us",
                                   g->heuristic_us > 0 ? json_real(g->heuristic_us) : json_null(), "candidates",
                                   (int)g->candidates, "pick", (int)g->pick));

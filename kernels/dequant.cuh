@@ -56,3 +56,62 @@ extern "C" __global__ void __launch_bounds__(DEQUANT_THREADS) kiln_dequant(const
     *(uint4 *)out = kiln_pack8(f);
 #endif
 }
+
+/* ---- per-token FP8 activations for W8A8 (kiln_act_fp8_params, params.cuh) ---- */
+#ifndef ACTQ_THREADS
+#define ACTQ_THREADS 256
+#endif
+
+/* x (|x| <= 448 up to rounding) as E4M3, nearest even, saturated: the hardware conversion on
+ * sm_89+, elsewhere common/quant.c's kiln_f32_to_e4m3 written out (the same codes). */
+KILN_DEV unsigned kiln_e4m3_rn(float x) {
+#if __CUDA_ARCH__ >= 890
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(x));
+    return r & 0xFFu;
+#else
+    const unsigned sign = __float_as_uint(x) >> 31 << 7;
+    const float a = fabsf(x);
+    unsigned code;
+    if (a >= 448.0f) code = 0x7Eu;
+    else if (a < 0.015625f) code = (unsigned)rintf(a * 512.0f); /* subnormals m 2^-9 */
+    else {
+        int ex;
+        const float f = frexpf(a, &ex);
+        const int c = ((ex + 6) << 3) + (int)rintf((f * 2.0f - 1.0f) * 8.0f);
+        code = (unsigned)(c > 0x7E ? 0x7E : c);
+    }
+    return sign | code;
+#endif
+}
+
+#if !KILN_F32
+extern "C" __global__ void __launch_bounds__(ACTQ_THREADS) kiln_act_fp8(const kiln_act_fp8_params p) {
+    __shared__ float scratch[32];
+    kiln_pdl_wait();
+    const int row = blockIdx.x;
+    if (row >= p.M) return;
+    const uint4 *x = (const uint4 *)((const kiln_elem *)p.x + (size_t)row * p.K);
+    const int nch = p.K / 8;
+    float amax = 0.0f;
+    for (int c = threadIdx.x; c < nch; c += ACTQ_THREADS) {
+        float f[8];
+        kiln_unpack8(x[c], f);
+#pragma unroll
+        for (int e = 0; e < 8; e++) amax = fmaxf(amax, fabsf(f[e]));
+    }
+    amax = kiln_block_max(amax, scratch);
+    kiln_pdl_launch();
+    const float inv = amax > 0.0f ? 448.0f / amax : 0.0f;
+    if (threadIdx.x == 0) ((float *)p.scales)[row] = amax / 448.0f;
+    uint2 *out = (uint2 *)((unsigned char *)p.codes + (size_t)row * p.K);
+    for (int c = threadIdx.x; c < nch; c += ACTQ_THREADS) {
+        float f[8];
+        kiln_unpack8(x[c], f);
+        unsigned w[2] = {0, 0};
+#pragma unroll
+        for (int e = 0; e < 8; e++) w[e >> 2] |= kiln_e4m3_rn(f[e] * inv) << (8 * (e & 3));
+        out[c] = make_uint2(w[0], w[1]);
+    }
+}
+#endif

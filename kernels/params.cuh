@@ -90,6 +90,18 @@ typedef struct kiln_dequant_params {
     int fp8, pad_; /* bits 8: the codes are FP8 E4M3 (fp8), not int8 (q8) */
 } kiln_dequant_params;
 
+/* Per-token FP8 quantization of a GEMM's input for W8A8 (fp8 weights through cuBLASLt's FP8
+ * GEMM): for each row m of x, amax = max |x[m, k]|, scale[m] = amax / 448 and
+ * codes[m, k] = E4M3(x[m, k] * (448 / amax)), rounded to nearest even and saturated at 448
+ * (common/quant.c kiln_act_fp8_row does the same in C; a row of zeros gets scale 0 and codes 0).
+ * Kernel: kiln_act_fp8, one block of ACTQ_THREADS per row; K % 8 == 0. */
+typedef struct kiln_act_fp8_params {
+    kiln_dptr x;      /* bf16 [M, K] */
+    kiln_dptr codes;  /* E4M3 [M, K] */
+    kiln_dptr scales; /* f32 [M] */
+    int M, K;
+} kiln_act_fp8_params;
+
 /* residual[m] = x[m] + residual[m] (rounded to bf16; skipped when x = 0);
  * out[m] = w * rmsnorm(residual[m]). One block per row. Kernel: kiln_rmsnorm. */
 typedef struct kiln_rmsnorm_params {

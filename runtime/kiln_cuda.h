@@ -217,6 +217,14 @@ kiln_status kiln_cublaslt_gemm_bf16(kiln_cublaslt *lt, int M, int N, int K, CUde
  * weights, for one). */
 kiln_status kiln_cublaslt_gemm_ex(kiln_cublaslt *lt, bool in_f32, bool out_f32, int M, int N, int K, CUdeviceptr x,
                                   CUdeviceptr w, CUdeviceptr y, bool accumulate, CUstream stream, kiln_error *err);
+/* W8A8: y[M,N] = (x_scale[m] * w_scale[n]) * sum_k x[m,k] W[n,k] (+ y when accumulate), x and W
+ * FP8 E4M3 codes (row-major [M,K] and [N,K], K % 16 == 0), the scales f32 [M] and [N] (16-byte
+ * aligned), y bf16 or fp32 (out_f32): cuBLASLt's FP8 GEMM with outer-vector scales (sm_89+,
+ * cuBLASLt 12.9+). KILN_ERR_UNSUPPORTED when the library has no algorithm for it (the caller
+ * then takes another route). */
+kiln_status kiln_cublaslt_gemm_fp8(kiln_cublaslt *lt, bool out_f32, int M, int N, int K, CUdeviceptr x,
+                                   CUdeviceptr x_scale, CUdeviceptr w, CUdeviceptr w_scale, CUdeviceptr y,
+                                   bool accumulate, CUstream stream, kiln_error *err);
 /*
  * Pick the algorithm of gemm_ex's shape (in_f32, out_f32, M, N, K,
  * accumulate) by timing: the heuristic's first 12 answers that fit the

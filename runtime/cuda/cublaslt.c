@@ -70,6 +70,7 @@ typedef struct kiln_lt_api {
 
 typedef struct kiln_lt_plan {
     int M, N, K, accumulate, valid, in_f32, out_f32;
+    int fp8; /* W8A8: E4M3 x and W, a scale per row of each (kiln_cublaslt_gemm_fp8) */
     int tuned; /* kiln_cublaslt_tune ran on it (whatever it found): never evicted, never tuned again */
     int recorded; /* its algorithm came from the engine's tuning record (kiln_cublaslt_use_recorded) */
     float us, heur_us; /* tuning's measurement: the chosen algorithm's time (0: not measured), the heuristic's first's (-1: did not run) */
@@ -197,22 +198,37 @@ static kiln_status pref_make(const kiln_cublaslt *lt, cublasLtMatmulPreference_t
 }
 
 /* A GEMM's flags as the tuning section writes them (format/kiln_tuning.h). */
-static uint32_t lt_flags(bool in_f32, bool out_f32, bool accumulate) {
+static uint32_t lt_flags(bool in_f32, bool out_f32, bool fp8, bool accumulate) {
     return (in_f32 ? KILN_TUNING_IN_F32 : 0u) | (out_f32 ? KILN_TUNING_OUT_F32 : 0u) |
-           (accumulate ? KILN_TUNING_ACCUMULATE : 0u);
+           (accumulate ? KILN_TUNING_ACCUMULATE : 0u) | (fp8 ? KILN_TUNING_FP8 : 0u);
 }
 
 /* The plan of this shape: the cached one, or a new one (descriptors and the
  * heuristic's first algorithm) in a free or evictable slot. */
-static kiln_status plan_get(kiln_cublaslt *lt, bool in_f32, bool out_f32, int M, int N, int K, bool accumulate,
-                            kiln_lt_plan **out, kiln_error *err) {
+/* The scales of an FP8 plan's next runs: descriptor attributes, read when a GEMM is queued (or captured),
+ * and needed (non-null) by the heuristic too. */
+static kiln_status plan_scales(kiln_cublaslt *lt, const kiln_lt_plan *pl, CUdeviceptr x_scale, CUdeviceptr w_scale,
+                               kiln_error *err) {
+    const void *a = (const void *)(uintptr_t)w_scale, *b = (const void *)(uintptr_t)x_scale;
+    kiln_status st;
+    if ((st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                                             &a, sizeof a))))
+        return st;
+    return KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                                          &b, sizeof b));
+}
+
+/* fp8: the plan of kiln_cublaslt_gemm_fp8, its scale pointers x_scale and w_scale (0 otherwise). */
+static kiln_status plan_get(kiln_cublaslt *lt, bool in_f32, bool out_f32, bool fp8, int M, int N, int K,
+                            bool accumulate, CUdeviceptr x_scale, CUdeviceptr w_scale, kiln_lt_plan **out,
+                            kiln_error *err) {
     *out = NULL;
     if (M <= 0 || N <= 0 || K <= 0)
         return kiln_err(err, KILN_ERR_INVALID_ARG, "cuBLASLt GEMM: bad shape M=%d N=%d K=%d", M, N, K);
     for (int i = 0; i < KILN_LT_PLANS; i++) {
         kiln_lt_plan *c = &lt->plans[i];
         if (c->valid && c->M == M && c->N == N && c->K == K && c->accumulate == (int)accumulate &&
-            c->in_f32 == (int)in_f32 && c->out_f32 == (int)out_f32) {
+            c->in_f32 == (int)in_f32 && c->out_f32 == (int)out_f32 && c->fp8 == (int)fp8) {
             *out = c;
             return KILN_OK;
         }
@@ -230,17 +246,24 @@ static kiln_status plan_get(kiln_cublaslt *lt, bool in_f32, bool out_f32, int M,
     cublasLtMatmulPreference_t pref = NULL;
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     /* fp32 compute: strict fp32 for f32 data (no TF32), fp32 accumulation for bf16 */
-    cudaDataType_t tin = in_f32 ? CUDA_R_32F : CUDA_R_16BF, tout = out_f32 ? CUDA_R_32F : CUDA_R_16BF;
+    cudaDataType_t tin = fp8 ? CUDA_R_8F_E4M3 : in_f32 ? CUDA_R_32F : CUDA_R_16BF, tout = out_f32 ? CUDA_R_32F : CUDA_R_16BF;
+    /* W8A8: cuBLASLt's FP8 GEMM ("TN", as every GEMM here) with an outer-vector scale each: W's per output
+     * channel (op(A)'s N rows), x's per token (op(B)'s M columns); the products are accumulated in fp32 */
+    const cublasLtMatmulMatrixScale_t vec = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
     if ((st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatmulDescCreate(&pl->op, CUBLAS_COMPUTE_32F, CUDA_R_32F))) ||
+        (fp8 && (st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                                                                                     &vec, sizeof vec)))) ||
+        (fp8 && (st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                                                                                     &vec, sizeof vec)))) ||
         (st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta))) ||
         (st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb))) ||
         (st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatrixLayoutCreate(&pl->la, tin, (uint64_t)K, (uint64_t)N, K))) ||
         (st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatrixLayoutCreate(&pl->lb, tin, (uint64_t)K, (uint64_t)M, K))) ||
         (st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatrixLayoutCreate(&pl->lc, tout, (uint64_t)N, (uint64_t)M, N))) ||
-        (st = pref_make(lt, &pref, err)))
+        (st = pref_make(lt, &pref, err)) || (fp8 && (st = plan_scales(lt, pl, x_scale, w_scale, err))))
         goto out;
     /* the engine's recorded algorithm for this shape, if the library accepts it for these descriptors */
-    const kiln_tuning_gemm *rg = lt->rec.n_gemms ? kiln_tuning_find(&lt->rec, M, N, K, lt_flags(in_f32, out_f32, accumulate)) : NULL;
+    const kiln_tuning_gemm *rg = lt->rec.n_gemms ? kiln_tuning_find(&lt->rec, M, N, K, lt_flags(in_f32, out_f32, fp8, accumulate)) : NULL;
     if (rg) {
         cublasLtMatmulAlgo_t a;
         cublasLtMatmulHeuristicResult_t chk;
@@ -261,16 +284,19 @@ static kiln_status plan_get(kiln_cublaslt *lt, bool in_f32, bool out_f32, int M,
     cublasLtMatmulHeuristicResult_t heur;
     int found = 0;
     if ((st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatmulAlgoGetHeuristic(lt->handle, pl->op, pl->la, pl->lb, pl->lc, pl->lc,
-                                                                     pref, 1, &heur, &found))))
+                                                                     pref, 1, &heur, &found)))) {
+        if (fp8) st = err->code = KILN_ERR_UNSUPPORTED; /* this library or GPU has no W8A8 for the shape */
         goto out;
+    }
     if (found < 1) {
         st = kiln_err(err, KILN_ERR_UNSUPPORTED, "cuBLASLt: no algorithm for %s GEMM M=%d N=%d K=%d",
-                      in_f32 ? "f32" : "bf16", M, N, K);
+                      fp8 ? "FP8 (W8A8)" : in_f32 ? "f32" : "bf16", M, N, K);
         goto out;
     }
     pl->algo = heur.algo;
 made:
     pl->M = M, pl->N = N, pl->K = K, pl->accumulate = accumulate, pl->in_f32 = in_f32, pl->out_f32 = out_f32;
+    pl->fp8 = fp8;
     pl->valid = 1;
     *out = pl;
 out:
@@ -293,9 +319,20 @@ static kiln_status plan_run(kiln_cublaslt *lt, const kiln_lt_plan *pl, const cub
 kiln_status kiln_cublaslt_gemm_ex(kiln_cublaslt *lt, bool in_f32, bool out_f32, int M, int N, int K, CUdeviceptr x,
                                   CUdeviceptr w, CUdeviceptr y, bool accumulate, CUstream stream, kiln_error *err) {
     kiln_lt_plan *pl = NULL;
-    kiln_status st = plan_get(lt, in_f32, out_f32, M, N, K, accumulate, &pl, err);
+    kiln_status st = plan_get(lt, in_f32, out_f32, false, M, N, K, accumulate, 0, 0, &pl, err);
     if (st) return st;
     if ((st = plan_run(lt, pl, &pl->algo, x, w, y, stream, err))) kiln_err_prefix(err, "GEMM M=%d N=%d K=%d: ", M, N, K);
+    return st;
+}
+
+kiln_status kiln_cublaslt_gemm_fp8(kiln_cublaslt *lt, bool out_f32, int M, int N, int K, CUdeviceptr x,
+                                   CUdeviceptr x_scale, CUdeviceptr w, CUdeviceptr w_scale, CUdeviceptr y,
+                                   bool accumulate, CUstream stream, kiln_error *err) {
+    kiln_lt_plan *pl = NULL;
+    kiln_status st = plan_get(lt, false, out_f32, true, M, N, K, accumulate, x_scale, w_scale, &pl, err);
+    if (st) return st;
+    if ((st = plan_scales(lt, pl, x_scale, w_scale, err)) || (st = plan_run(lt, pl, &pl->algo, x, w, y, stream, err)))
+        kiln_err_prefix(err, "FP8 GEMM M=%d N=%d K=%d: ", M, N, K);
     return st;
 }
 
@@ -371,7 +408,7 @@ kiln_status kiln_cublaslt_tune(kiln_cublaslt *lt, bool in_f32, bool out_f32, int
     if (n_w < 1 || !w)
         return kiln_err(err, KILN_ERR_INVALID_ARG, "cuBLASLt tuning: no weight to time M=%d N=%d K=%d on", M, N, K);
     kiln_lt_plan *pl = NULL;
-    kiln_status st = plan_get(lt, in_f32, out_f32, M, N, K, accumulate, &pl, err);
+    kiln_status st = plan_get(lt, in_f32, out_f32, false, M, N, K, accumulate, 0, 0, &pl, err);
     if (st) return kiln_err_prefix(err, "cuBLASLt tuning M=%d N=%d K=%d: ", M, N, K);
     if (pl->tuned) return KILN_OK;
     char shape[96];
@@ -491,7 +528,7 @@ int kiln_cublaslt_export(const kiln_cublaslt *lt, kiln_tuning_gemm *out, int cap
             kiln_tuning_gemm *g = &out[n];
             memset(g, 0, sizeof *g);
             g->m = (uint32_t)p->M, g->n = (uint32_t)p->N, g->k = (uint32_t)p->K;
-            g->flags = lt_flags(p->in_f32, p->out_f32, p->accumulate);
+            g->flags = lt_flags(p->in_f32, p->out_f32, p->fp8, p->accumulate);
             g->us = p->us, g->heuristic_us = p->heur_us;
             g->candidates = (uint32_t)p->n_cand, g->pick = (uint32_t)p->pick;
             _Static_assert(sizeof p->algo == KILN_TUNING_ALGO_SIZE, "cublasLtMatmulAlgo_t is 64 bytes");
