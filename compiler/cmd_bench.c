@@ -94,7 +94,7 @@ static void help(FILE *f) {
     fprintf(f,
             "  --measure KNOBS      measurement knobs for the GPU, e.g. 'lt_tune=0,attn_waves=3':\n"
             "                       gemv_max_m=1..64, attn_waves=(0,64], lt_tune=0|1|2, pdl=0|1,\n"
-            "                       graphs=0|1, moe_grouped=0|1, qgemv_cc=0|1, tp_oneshot=0|1|2\n"
+            "                       graphs=0|1, moe_grouped=0|1, qgemv_cc=0|1, w8a8=0|1, tp_oneshot=0|1|2\n"
             "                       (docs/c-api.md: kiln_ctx_options.measure);\n"
             "                       for A/B\n"
             "                       comparisons of how one plan runs; fusions are compile options\n"
@@ -546,7 +546,7 @@ static int parse_args(int argc, char **argv, const kiln_engine_src *builtin, ben
 
 typedef struct prof_group {
     char what[96];
-    int decode, count;
+    int decode, count, fp8; /* fp8: some row ran W8A8 (kiln_profile_row.fp8) */
     int64_t steps;
     double ms, bytes, flops;
 } prof_group;
@@ -577,6 +577,7 @@ static void emit_profile(kiln_ctx_t *ctx, const report *rp, const bench_args *a,
         g[j].ms += rows[i].ms;
         g[j].bytes += rows[i].bytes;
         g[j].flops += rows[i].flops;
+        g[j].fp8 |= rows[i].fp8;
     }
     double tbps = a->ceil_tbps, tflops = a->ceil_tflops;
     if (!(tbps > 0) && strstr(gpu, "H200")) tbps = 4.2, tflops = 785; /* ../shared/BENCHMARKS.md's ceilings */
@@ -596,8 +597,9 @@ static void emit_profile(kiln_ctx_t *ctx, const report *rp, const bench_args *a,
             if (g[j].decode != d) continue;
             const double ms = g[j].ms / (double)steps, sec = g[j].ms / 1e3;
             const double gbps = sec > 0 ? g[j].bytes / sec / 1e9 : 0, tf = sec > 0 ? g[j].flops / sec / 1e12 : 0;
-            const bool compute = tbps > 0 && g[j].bytes > 0 && g[j].flops / g[j].bytes > tflops / tbps;
-            const double frac = !(tbps > 0) ? NAN : compute ? tf / tflops : gbps / (tbps * 1e3);
+            const double peak = g[j].fp8 ? 2 * tflops : tflops; /* FP8 tensor cores: twice bf16's rate */
+            const bool compute = tbps > 0 && g[j].bytes > 0 && g[j].flops / g[j].bytes > peak / tbps;
+            const double frac = !(tbps > 0) ? NAN : compute ? tf / peak : gbps / (tbps * 1e3);
             if (rp->json) {
                 json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:s, s:o, s:s, s:s}", "metric",
                                       "profile", "step", d ? "decode" : "prefill", "op", g[j].what, "count", g[j].count,

@@ -47,7 +47,9 @@ static void help(FILE *f) {
             "                     token is scored too (the window then takes N + 1 positions)\n"
             "  --batch B          windows read side by side (default 8)\n"
             "  --device DEV       cpu, gpu or auto (default auto)\n"
-            "  --threads N        CPU threads (default: one per core)\n");
+            "  --threads N        CPU threads (default: one per core)\n"
+            "  --measure KNOBS    the GPU's measurement knobs, as kiln bench takes them (e.g.\n"
+            "                     'w8a8=0': the quality of another kernel route on the same engine)\n");
     kiln_cli_gpus_help(f, 21);
     fprintf(f,
             "  --json             one JSON object: perplexity, nll_mean, bits_per_token, tokens,\n"
@@ -57,7 +59,7 @@ static void help(FILE *f) {
 }
 
 typedef struct ppl_args {
-    const char *path, *text_file, *ids_file, *device;
+    const char *path, *text_file, *ids_file, *device, *measure;
     const char *gpus;  /* --gpus, checked (kiln_cli_gpus_arg); NULL = the default */
     double tp_timeout; /* --tp-timeout, seconds; 0 = the runtime's */
     long long window, stride, batch, threads;
@@ -65,7 +67,7 @@ typedef struct ppl_args {
 } ppl_args;
 
 static int parse_args(int argc, char **argv, ppl_args *a, bool *done) {
-    enum { O_TEXT = 256, O_IDS, O_WIN, O_STRIDE, O_BOS, O_BATCH, O_DEV, O_THR, O_JSON, O_GPUS, O_TPTIME };
+    enum { O_TEXT = 256, O_IDS, O_WIN, O_STRIDE, O_BOS, O_BATCH, O_DEV, O_THR, O_JSON, O_GPUS, O_TPTIME, O_MEASURE };
     static const struct option longopts[] = {
         {"text-file", required_argument, 0, O_TEXT}, {"ids-file", required_argument, 0, O_IDS},
         {"window", required_argument, 0, O_WIN},     {"stride", required_argument, 0, O_STRIDE},
@@ -73,6 +75,7 @@ static int parse_args(int argc, char **argv, ppl_args *a, bool *done) {
         {"device", required_argument, 0, O_DEV},     {"threads", required_argument, 0, O_THR},
         {"json", no_argument, 0, O_JSON},            {"help", no_argument, 0, 'h'},
         {"gpus", required_argument, 0, O_GPUS},      {"tp-timeout", required_argument, 0, O_TPTIME},
+        {"measure", required_argument, 0, O_MEASURE},
         {0, 0, 0, 0}};
     *a = (ppl_args){.device = "auto", .batch = 8};
     *done = false;
@@ -106,6 +109,7 @@ static int parse_args(int argc, char **argv, ppl_args *a, bool *done) {
                 return kiln_cli_usage_error("perplexity", "--threads '%s' is not a number in 1..1024", optarg);
             break;
         case O_JSON: a->json = true; break;
+        case O_MEASURE: a->measure = optarg; break;
         case O_GPUS:
             if ((rc = kiln_cli_gpus_arg("perplexity", optarg)) != KILN_EXIT_OK) return rc;
             a->gpus = optarg;
@@ -247,6 +251,7 @@ int kiln_cmd_perplexity(int argc, char **argv) {
     o.threads = (int32_t)a.threads;
     o.gpus = a.gpus;
     o.tp_timeout_s = a.tp_timeout;
+    o.measure = a.measure;
     if ((st = kiln_ctx_new(k, &o, &ctx)) != KILN_OK) {
         kiln_err(&err, st, "%s", kiln_last_error(ctx));
         goto fail;

@@ -100,7 +100,12 @@ static json_t *fp8_checkpoint_json(const kiln_ckpt_quant *cq) {
         json_object_set_new(j, "weight_scales", json_string(scales));
         if (cq->fp8_block_n) json_object_set_new(j, "weight_block_size", json_pack("[i, i]", cq->fp8_block_n, 128));
         json_object_set_new(j, "input_activations", json_string(inputs));
-        json_object_set_new(j, "activations_in_engine", json_string("unquantized (kiln's fp8 is weight-only)"));
+        /* what kiln does with them (docs/quantization.md, "On the GPU"): its own dynamic scales, not the
+         * checkpoint's static ones */
+        json_object_set_new(j, "activations_in_engine",
+                            json_string(cq->fp8_block_n ? "unquantized (fp8g128 is weight-only)"
+                                                        : "E4M3 with a scale per token (dynamic) in GPU steps past "
+                                                          "the quantized GEMV on sm_89+ (W8A8); unquantized elsewhere"));
     }
     return j;
 }

@@ -88,6 +88,7 @@ typedef struct kiln_profile_row {
     double ms;            /* GPU time, summed over those steps */
     double bytes, flops;  /* device memory traffic and floating-point work, summed (estimates: the
                              operands read and written once) */
+    int fp8;              /* 1: its GEMM ran on FP8 tensor cores (W8A8), whose peak is twice bf16's */
 } kiln_profile_row;
 
 typedef struct kiln_executor_ops {

@@ -80,6 +80,7 @@ _Static_assert(KILN_TP_LOCAL_RANKS == KILN_TP_LOCAL_MAX, "kiln_cuda_rank.h and k
  * dequantize + cuBLASLt above: on the H200, Mistral-7B int4 decode at batch 16 / 32 / 64 ran 3,156 /
  * 3,616 / 3,965 tok/s through the GEMV and 1,377 / 2,690 / 5,303 through cuBLASLt */
 #define CX_QGEMV_MAX_M 32
+#define CX_ACTQ_THREADS 256 /* kiln_act_fp8's block (dequant.cuh's ACTQ_THREADS default) */
 #define CX_LT_WORKSPACE (32u << 20)
 #define CX_DEFAULT_SEQS 8
 /* The default step budget (new tokens per step, all sequences together), as vLLM's
@@ -196,6 +197,7 @@ typedef struct cx {
     int max_rows; /* token rows of every activation buffer: the step budget */
     int free_window; /* window that lets KV blocks go (0 = keep all) */
     CUfunction f_gather, f_sample, f_rope, f_dequant;
+    CUfunction f_act8; /* kiln_act_fp8 (W8A8's per-token activations), when w8a8 */
     int dequant_threads;
     int rope_threads;
     cx_attn attn[CX_MAX_ATTN];
@@ -214,6 +216,10 @@ typedef struct cx {
     /* scratch */
     CUdeviceptr qkv_tmp, q_tmp, gu_tmp, lm_x, logits, part_o, part_ml, ids, in_dev, kcache, vcache;
     CUdeviceptr deq_tmp; /* a quantized W dequantized, for steps past the quantized GEMV (max n x k elements) */
+    /* W8A8 (fp8 weights past the quantized GEMV on sm_89+, unless measure knob w8a8=0): a GEMM's input
+     * quantized per token, E4M3 [rows, k] and the tokens' f32 scales */
+    bool w8a8;
+    CUdeviceptr act8, act8_scale;
     int vocab_part;          /* tp: the LM head's rows on this rank (its slice of the vocabulary) */
     CUdeviceptr logits_part; /* tp: fp32 [max_seqs, vocab_part], the LM head's output before the gather */
     CUdeviceptr gather_tmp;  /* tp: fp32 [n_ranks, max_seqs, vocab_part], what an NCCL all-gather writes */
@@ -522,6 +528,11 @@ static kiln_status gemm_setup(cx *x, cx_gemm *g, int dw, cx_epi epi, kiln_error 
         if (!x->f_dequant) {
             if ((st = fn_get(x, "dequant", "kiln_dequant", &x->f_dequant, &km, err))) return st;
             x->dequant_threads = km->cfg[0] > 0 ? km->cfg[0] : 256;
+        }
+        /* W8A8 where the engine's dequant module has the activations' kernel (kiln 0.5 on) */
+        if (g->qt == KILN_DTYPE_FP8 && x->w8a8 && !x->f_act8) {
+            kiln_error ig = {0};
+            if (fn_get(x, "dequant", "kiln_act_fp8", &x->f_act8, NULL, &ig)) x->w8a8 = false;
         }
     } else {
         if ((st = gemv_fn(x, epis[epi], g->n, g->k, "m1", &g->m1, &g->c1, err))) return st;
@@ -970,6 +981,40 @@ static bool norm_folds(const cx *x, int i, const cx_shape *sh) {
 /* Whether cuBLASLt writes GEMM g's output in fp32 (f32 engines, the logits). */
 static bool lt_out_f32(const cx *x, const cx_gemm *g) { return x->f32 || g->epi == EPI_F32OUT; }
 
+/* The widest k of an fp8 GEMM (W8A8's quantized activations are rows x that bytes); 0 without one. */
+static size_t act8_cols(const cx *x) {
+    size_t k = 0;
+    for (int i = 0; i < x->n_prog && x->w8a8; i++) {
+        const cx_inst *in = &x->prog[i];
+        if ((in->kind == I_QKV || in->kind == I_GEMM || in->kind == I_LMHEAD) && in->g.qt == KILN_DTYPE_FP8 &&
+            (size_t)in->g.k > k)
+            k = (size_t)in->g.k;
+    }
+    return k;
+}
+
+/* Whether GEMM g, past the quantized GEMV, runs W8A8 (else its weight is dequantized for a bf16 GEMM). */
+static bool w8a8_runs(const cx *x, const cx_gemm *g) { return g->qt == KILN_DTYPE_FP8 && x->w8a8; }
+
+/* run_gemm's W8A8 route for an fp8 W (codes w, per-row scales wscale): the M rows of x quantized per
+ * token (kiln_act_fp8), then cuBLASLt's FP8 GEMM with both scale vectors; a SwiGLU GEMM through the
+ * gate/up scratch. KILN_ERR_UNSUPPORTED (nothing written but the scratch) when cuBLASLt has no FP8
+ * algorithm for the shape. */
+static kiln_status run_gemm_fp8(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUdeviceptr w, CUdeviceptr wscale,
+                                CUdeviceptr out, bool res, kiln_error *err) {
+    kiln_act_fp8_params ap = {in, x->act8, x->act8_scale, M, g->k};
+    kiln_status st = launch(x, x->f_act8, (unsigned)M, 1, 1, CX_ACTQ_THREADS, 0, &ap, "kiln_act_fp8", err);
+    if (st) return st;
+    const bool swiglu = g->epi == EPI_SWIGLU;
+    if ((st = kiln_cublaslt_gemm_fp8(x->lt, lt_out_f32(x, g), M, g->n, g->k, x->act8, x->act8_scale, w, wscale,
+                                     swiglu ? x->gu_tmp : out, swiglu ? false : res, x->stream, err)) ||
+        !swiglu)
+        return st;
+    kiln_cuda_dims d = kiln_swiglu_dims(g->n / 2, M, g->swiglu_threads, 8);
+    kiln_swiglu_params sp = {x->gu_tmp, out, M, 0};
+    return launch(x, g->swiglu, d.grid[0], d.grid[1], 1, d.block[0], 0, &sp, "kiln_swiglu", err);
+}
+
 /* y = x·W^T (+ y when res) for M rows; with norm (a folded NORM instruction),
  * x is its residual input and the GEMV normalises it on the way in. */
 static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUdeviceptr out, bool res,
@@ -991,6 +1036,13 @@ static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUde
         }
         kiln_cuda_dims d = kiln_gemv_dims(c, M, g->n);
         return launch(x, m1 ? g->m1 : g->mma, d.grid[0], d.grid[1], 1, d.block[0], 0, &prm, "kiln_gemv", err);
+    }
+    if (w8a8_runs(x, g)) { /* W8A8: x quantized per token, cuBLASLt's FP8 GEMM */
+        kiln_status st = run_gemm_fp8(x, g, M, in, w, wscale, out, res, err);
+        if (st != KILN_ERR_UNSUPPORTED) return st;
+        /* this cuBLASLt has no FP8 algorithm for the shape: the dequantized route from now on */
+        x->w8a8 = false;
+        *err = (kiln_error){0};
     }
     if (g->qt) { /* more rows than the quantized GEMV takes: a dense copy for cuBLASLt */
         kiln_dequant_params dp = {w,    wscale, wmin, x->deq_tmp, g->n, g->k, kiln_quant_bits(g->qt), group,
@@ -1305,8 +1357,11 @@ static void prof_cost(const cx *x, int i, const cx_shape *sh, double ctx, double
         const double M = in->kind == I_LMHEAD ? B : T, N = in->g.n, K = in->g.k;
         const double out_es = in->g.epi == EPI_F32OUT ? 4 : es;
         const double wbytes = (double)dw_bytes(x, &x->dw[in->g.dw]);
-        const bool deq = in->g.qt && !gemv_path(x, &in->g, (int)M); /* written dense, read by cuBLASLt */
-        *bytes = wbytes + (deq ? 2 * N * K * es : 0) + M * K * es + M * (in->g.epi == EPI_SWIGLU ? N / 2 : N) * out_es;
+        const bool gemm = in->g.qt && !gemv_path(x, &in->g, (int)M), w8a8 = gemm && w8a8_runs(x, &in->g);
+        const bool deq = gemm && !w8a8; /* written dense, read by cuBLASLt */
+        /* W8A8: x read and written as E4M3 codes, read again by the GEMM */
+        *bytes = wbytes + (deq ? 2 * N * K * es : 0) + M * K * es + (w8a8 ? 2 * M * K : 0) +
+                 M * (in->g.epi == EPI_SWIGLU ? N / 2 : N) * out_es;
         if (in->res >= 0) *bytes += M * N * es;
         *flops = 2 * M * N * K;
         break;
@@ -1353,6 +1408,11 @@ static void prof_add(cx *x, const kiln_step *s, const cx_shape *sh) {
         r->bytes += b;
         r->flops += f;
         r->steps = x->prof_steps[d];
+        if (i < x->n_prog && (x->prog[i].kind == I_QKV || x->prog[i].kind == I_GEMM || x->prog[i].kind == I_LMHEAD)) {
+            const cx_gemm *g = &x->prog[i].g;
+            const int M = x->prog[i].kind == I_LMHEAD ? sh->B : sh->T;
+            r->fp8 = g->qt && !gemv_path(x, g, M) && w8a8_runs(x, g);
+        }
         if (!qkv) continue;
         /* rope_kv: rotate q and k, write k and v into the KV cache (skipped at decode with +decode_rope) */
         kiln_profile_row *rr = &x->prof[d * per + x->n_prog + 1 + i];
@@ -1496,6 +1556,7 @@ static void tune_rows(cx *x, int B, bool decode, FILE *log) {
         if (in->kind == I_LMHEAD && !decode) continue; /* prefill: one row per sequence, not B */
         const cx_gemm *g = &in->g;
         if (gemv_path(x, g, B)) continue; /* at decode every GEMM has B rows, the LM head's too */
+        if (w8a8_runs(x, g)) continue; /* W8A8 takes the heuristic's FP8 algorithm (untimed) */
         /* the arguments run_gemm gives kiln_cublaslt_gemm_ex; cuBLASLt reads a quantized weight's dense copy */
         const bool acc = in->kind == I_GEMM && in->res >= 0 && g->epi != EPI_SWIGLU;
         tune_add(x, sh, &n_sh, B, g->n, g->k, acc, lt_out_f32(x, g), g->qt ? x->deq_tmp : dwp(x, g->dw), &xb, &yb);
@@ -1783,7 +1844,7 @@ static void cx_destroy(kiln_executor *e) {
         CUdeviceptr *ps[] = {&x->dweights, &x->deq_tmp,     &x->qkv_tmp,   &x->q_tmp,    &x->gu_tmp,
                              &x->lm_x,     &x->logits,      &x->part_o,    &x->part_ml,  &x->attn_cnt,
                              &x->ids,      &x->in_dev,      &x->kcache,    &x->vcache,   &x->moe_scr,
-                             &x->logits_part, &x->gather_tmp};
+                             &x->logits_part, &x->gather_tmp, &x->act8, &x->act8_scale};
         for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) cx_release(x, ps[i]);
         if (x->in_host) x->cu.api.cuMemFreeHost(x->in_host);
         if (x->ids_host) x->cu.api.cuMemFreeHost(x->ids_host);
@@ -1835,6 +1896,7 @@ bool kiln_cuda_exec_get_stats(kiln_executor *e, kiln_cuda_exec_stats *st) {
     kiln_cublaslt_recorded_counts(x->lt, &st->tuning_used, &st->tuning_refused);
     st->gemv_max_m = x->gemv_max_m;
     st->qgemv_max_m = x->qgemv_max_m;
+    st->w8a8 = x->w8a8 && act8_cols(x) > 0;
     st->rope_split_max_t = x->rope_split_max_t;
     st->attn_waves = x->attn_waves;
     return true;
@@ -2009,7 +2071,7 @@ static size_t scratch_bytes(const cx *x, int rows, int max_blocks) {
     for (int i = 0; i < x->n_bufs; i++) b += R * x->bufs[i].bytes;
     b += R * (nh + 2 * (size_t)x->n_kv) * hd * es + R * nh * hd * es;
     if ((R > (size_t)gu_rows(x) || x->moe_e) && x->ffn_max > 0) b += R * 2 * (size_t)x->ffn_max * es;
-    if (R > (size_t)x->qgemv_max_m) b += deq_bytes(x);
+    if (R > (size_t)x->qgemv_max_m) b += deq_bytes(x) + R * act8_cols(x) + R * 4;
     b += moe_bytes(x, rows, NULL);
     b += S * (size_t)x->hidden * es + S * (size_t)x->vocab * 4 + S * nh * z * hd * 4 + S * nh * z * 2 * 4 +
          S * (size_t)x->n_kv * 4 + S * 4;
@@ -2137,6 +2199,7 @@ static kiln_status cx_new(const kiln_model *m, const kiln_cuda_exec_opts *o, int
     x->no_graphs = o->no_graphs;
     x->moe_grouped = o->moe_grouped;
     x->qgemv_cc = !o->no_qgemv_cc;
+    x->w8a8 = !o->no_w8a8; /* and sm_89+, bf16, once the device is known (below) */
     x->hidden = p->hidden_size;
     x->n_kv = p->n_kv_heads;
     x->head_dim = p->head_dim;
@@ -2194,6 +2257,7 @@ static kiln_status cx_new(const kiln_model *m, const kiln_cuda_exec_opts *o, int
         goto fail;
     }
     x->f32 = x->ks.elem == KILN_KSEC_ELEM_F32;
+    x->w8a8 = x->w8a8 && !x->f32 && x->cu.sm >= 89; /* FP8 tensor cores: Ada and Hopper on */
     x->es = x->f32 ? 4 : 2;
     x->stats.f32 = x->f32;
     x->block_size = x->ks.block_size;
@@ -2279,6 +2343,9 @@ static kiln_status cx_new(const kiln_model *m, const kiln_cuda_exec_opts *o, int
              (st = cx_alloc(x, R * 2 * (size_t)x->ffn_max * es, "the gate/up scratch", &x->gu_tmp, err))) ||
             (R > (size_t)x->qgemv_max_m && deq_bytes(x) > 0 &&
              (st = cx_alloc(x, deq_bytes(x), "the dequantized weight scratch", &x->deq_tmp, err))) ||
+            (R > (size_t)x->qgemv_max_m && act8_cols(x) > 0 &&
+             ((st = cx_alloc(x, R * act8_cols(x), "the FP8 activations", &x->act8, err)) ||
+              (st = cx_alloc(x, R * 4, "the FP8 activations' scales", &x->act8_scale, err)))) ||
             (st = cx_alloc(x, (size_t)max_seqs * (size_t)x->hidden * es, "the LM head input", &x->lm_x, err)) ||
             (st = cx_alloc(x, (size_t)max_seqs * (size_t)x->vocab * 4, "the logits", &x->logits, err)) ||
             (st = cx_alloc(x, (size_t)max_seqs * (size_t)x->n_heads * (size_t)zmax * (size_t)x->head_dim * 4,

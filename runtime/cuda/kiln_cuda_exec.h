@@ -89,6 +89,8 @@ typedef struct kiln_cuda_exec_opts {
                              or CX_QGEMV_MAX_M */
     int rope_split_max_t; /* steps of at most this many tokens spread rope_kv over heads; 0 = the record's or 64 */
     bool no_qgemv_cc;    /* one-token steps over q8/fp8 weights keep the tensor-core GEMV (measure knob qgemv_cc=0) */
+    bool no_w8a8;        /* fp8 weights past the quantized GEMV: dequantize for a bf16 GEMM instead of quantizing the
+                            activations per token for cuBLASLt's FP8 GEMM (measure knob w8a8=0) */
     bool moe_grouped;    /* decode batches past the experts' pair GEMVs run the grouped tensor-core GEMVs (bf16
                             engines) instead of every expert over the batch through cuBLASLt (measured slower) */
 } kiln_cuda_exec_opts;
@@ -122,6 +124,7 @@ typedef struct kiln_cuda_exec_stats {
     int tuning_refused;       /* entries cublasLtMatmulAlgoCheck refused (the heuristic's answer ran instead) */
     int gemv_max_m, qgemv_max_m, rope_split_max_t;
     double attn_waves;
+    bool w8a8;                /* fp8 weights past the quantized GEMV run cuBLASLt's FP8 GEMM (W8A8) */
 } kiln_cuda_exec_stats;
 
 /* Fill *st for an executor made by kiln_cuda_executor_new (false for another kind). */
