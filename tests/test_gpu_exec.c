@@ -1232,14 +1232,24 @@ static void test_pycode_bf16(void) {
  * measurement knob (0 = the executor's limits). */
 static kiln_cuda_exec_opts g_tp; /* the GPUs and collectives check_bf16_golden runs a tensor-parallel engine with */
 
-static void check_bf16_golden(const char *eng, const char *gdir, const char *label, int gemv_max_m) {
+/* The bounds of check_bf16_golden_b (flags): every step within 3e-2 by default; G_LOOSE, a model whose bf16
+ * rounding alone moves some steps' logits further (tiny-llama3: hidden 64, tied embeddings; its unquantized
+ * bf16 engine is checked the same way in test_tiny_bf16): the median step within 6e-2, every step within
+ * 0.25; G_W8A8, an fp8 engine's GEMM steps with the activations rounded to E4M3 per token (W8A8) against
+ * HF's weight-only model: every step within 0.12, the median within 6e-2. A wrong layout or scale moves
+ * every step by O(1). G_NO_W8A8: those steps dequantize the weights instead (measure knob w8a8=0). */
+enum { G_LOOSE = 1, G_W8A8 = 2, G_NO_W8A8 = 4 };
+static void check_bf16_golden_b(const char *eng, const char *gdir, const char *label, int gemv_max_m, int flags) {
+    const bool loose = flags & (G_LOOSE | G_W8A8);
+    const double worst_bound = flags & G_LOOSE ? 0.25 : flags & G_W8A8 ? 0.12 : 3e-2;
     json_error_t je;
     json_t *g = json_load_file(pathf("%s/golden.json", gdir), 0, &je);
     KT_REQUIRE(g != NULL && eng != NULL);
     /* the goldens of a mixture of experts (their cases carry HF's routing) */
     const bool moe_model = json_object_get(json_array_get(json_object_get(g, "cases"), 0), "routing") != NULL;
     kiln_cuda_exec_opts o = {.max_seqs = 2, .max_context = 128, .kv_bytes = 16 << 20, .gemv_max_m = gemv_max_m,
-                             .devices = g_tp.devices, .n_devices = g_tp.n_devices, .tp_oneshot = g_tp.tp_oneshot};
+                             .devices = g_tp.devices, .n_devices = g_tp.n_devices, .tp_oneshot = g_tp.tp_oneshot,
+                             .no_w8a8 = (flags & G_NO_W8A8) != 0};
     gx G;
     KT_REQUIRE(gx_open(&G, eng, &o));
     const int V = G.vocab;
@@ -1277,11 +1287,12 @@ static void check_bf16_golden(const char *eng, const char *gdir, const char *lab
         /* A mixture of experts in bf16 sends a token whose router scores nearly tie to another expert
          * than HF's fp32 now and then, which moves that step's logits far (the ids rarely): there the
          * median step is held to the bound, elsewhere every step. */
-        if (moe_model) KT_CHECKF(med < 3e-2, "%s case %zu: logits rel err median %.3g", label, ci, med);
-        else KT_CHECKF(worst < 3e-2, "%s case %zu: logits rel err %.3g", label, ci, worst);
+        if (moe_model || loose)
+            KT_CHECKF(med < (loose ? 6e-2 : 3e-2), "%s case %zu: logits rel err median %.3g", label, ci, med);
+        if (!moe_model || loose) KT_CHECKF(worst < worst_bound, "%s case %zu: logits rel err %.3g", label, ci, worst);
         /* ids may differ after a near-tie: of the logits, or (a mixture of experts) of the router, which
          * shows as an earlier step's logits far from HF's */
-        KT_CHECKF(d < 0 || ours < 0.5 || (moe_model && n_big > 0), "%s case %zu: ids differ at step %d, margin "
+        KT_CHECKF(d < 0 || ours < 0.5 || ((moe_model || loose) && n_big > 0), "%s case %zu: ids differ at step %d, margin "
                   "%.3f", label, ci, d, ours);
         golden_case_free(&gc);
         free(ids);
@@ -1291,19 +1302,28 @@ static void check_bf16_golden(const char *eng, const char *gdir, const char *lab
     json_decref(g);
 }
 
-/* tiny-mistral in its own bf16: the bf16 kernels (tensor-core GEMV, window 8) near HF f32. */
+static void check_bf16_golden(const char *eng, const char *gdir, const char *label, int gemv_max_m) {
+    check_bf16_golden_b(eng, gdir, label, gemv_max_m, 0);
+}
+
+/* tiny-mistral in its own bf16: the bf16 kernels (tensor-core GEMV, window 8) near HF f32; tiny-llama3 in
+ * bf16, whose rounding alone moves its worst steps to 0.06-0.19 of HF f32's logits on the H200 (hence the
+ * loose bound for it and its quantized goldens). */
 static void test_tiny_bf16(void) {
     NEED_GPU();
     check_bf16_golden(engine_for("tiny-mistral-bf16", pathf("%s/tests/data/tiny-mistral", src_dir()),
                                  KILN_DTYPE_COUNT_, NULL, 0),
                       pathf("%s/tests/golden/tiny-mistral", src_dir()), "tiny-mistral bf16", 0);
+    check_bf16_golden_b(engine_for("tiny-llama3-bf16", pathf("%s/tests/data/tiny-llama3", src_dir()),
+                                   KILN_DTYPE_BF16, NULL, 0),
+                        pathf("%s/tests/golden/tiny-llama3", src_dir()), "tiny-llama3 bf16", 0, G_LOOSE);
 }
 
 /* Quantized engines on the GPU against HF on the same rounded weights (make_goldens.py --only
  * quant; the options the goldens name): with the executor's limits (every step through the
  * quantized GEMV: the prompts have 8 and 20 tokens) and with the GEMV stopped at 8 rows (the
- * 20-token prompt dequantizes each matrix for cuBLASLt); the int8 embedding table is dequantized
- * at load. */
+ * 20-token prompt dequantizes each matrix for cuBLASLt or, fp8 on sm_89+, runs W8A8 as well); the
+ * int8 embedding table is dequantized at load. */
 static void test_quant_goldens(void) {
     NEED_GPU();
     static const struct {
@@ -1313,15 +1333,20 @@ static void test_quant_goldens(void) {
               {"tiny-mistral-int4g32", KILN_DTYPE_Q4G32, KILN_DTYPE_Q8, 0},
               {"tiny-mistral-fp8", KILN_DTYPE_FP8, KILN_DTYPE_FP8, KILN_DTYPE_FP8}};
     for (size_t i = 0; i < sizeof qs / sizeof qs[0]; i++) {
-        const char *eng = pathf("%s/%s.kiln", g_tmp, qs[i].name);
+        char eng[1024]; /* not pathf's: its 8 buffers turn over within the checks below */
+        snprintf(eng, sizeof eng, "%s/%s.kiln", g_tmp, qs[i].name);
         kiln_compile_options opt = {.output_path = eng, .weight_dtype = KILN_DTYPE_BF16, .targets = gpu_targets(),
                                     .quant = qs[i].quant, .quant_head = qs[i].quant_head,
                                     .quant_embedding = qs[i].quant_embedding,
                                     .quant_method = KILN_QUANT_RTN};
         KT_CHECK(kt_compile(pathf("%s/tests/data/tiny-mistral", src_dir()), &opt) == KILN_OK);
         check_bf16_golden(eng, pathf("%s/tests/golden/%s", src_dir(), qs[i].name), qs[i].name, 0);
-        check_bf16_golden(eng, pathf("%s/tests/golden/%s", src_dir(), qs[i].name),
-                          pathf("%s (prompts of more than 8 tokens dequantized)", qs[i].name), 8);
+        const bool fp8 = qs[i].quant == KILN_DTYPE_FP8;
+        check_bf16_golden_b(eng, pathf("%s/tests/golden/%s", src_dir(), qs[i].name),
+                            pathf("%s (prompts of more than 8 tokens dequantized)", qs[i].name), 8, fp8 ? G_NO_W8A8 : 0);
+        if (fp8 && g_sm >= 89) /* the same steps W8A8: E4M3 activations through cuBLASLt's FP8 GEMM */
+            check_bf16_golden_b(eng, pathf("%s/tests/golden/%s", src_dir(), qs[i].name),
+                                pathf("%s (prompts of more than 8 tokens W8A8)", qs[i].name), 8, G_W8A8);
     }
     /* published AWQ, GPTQ, compressed-tensors and FP8 checkpoints (make_quant_ckpt_goldens.py), repacked into
      * q4g32, fp8 or (block FP8) fp8g128 at compile time: the same kernels, against HF on an independent
@@ -1334,7 +1359,8 @@ static void test_quant_goldens(void) {
         const char *eng = pathf("%s/%s.kiln", g_tmp, pub[i]);
         kiln_compile_options opt = {.output_path = eng, .weight_dtype = KILN_DTYPE_COUNT_, .targets = gpu_targets()};
         KT_CHECK(kt_compile(pathf("%s/tests/data/%s", src_dir(), pub[i]), &opt) == KILN_OK);
-        check_bf16_golden(eng, pathf("%s/tests/golden/%s", src_dir(), pub[i]), pub[i], 0);
+        check_bf16_golden_b(eng, pathf("%s/tests/golden/%s", src_dir(), pub[i]), pub[i], 0,
+                            strncmp(pub[i], "tiny-llama3", 11) == 0 ? G_LOOSE : 0);
     }
 }
 

@@ -1566,6 +1566,93 @@ static void test_grid_limits(void) {
  * survive), then the tuned GEMM checked against the CPU: whatever algorithm
  * the timing kept must compute the same product. KILN_LT_TUNE=2 prints the
  * candidates and times. */
+/* W8A8: kiln_act_fp8 (per-token E4M3 activations) bit-exact against common/quant.c's
+ * kiln_act_fp8_row, and cuBLASLt's FP8 GEMM with outer-vector scales (kiln_cublaslt_gemm_fp8)
+ * against the same codes multiplied in double: bf16 and fp32 outputs, with and without the
+ * residual accumulated (bounds: bf16 rounding; fp32 the tensor cores' FP8 accumulation, about 2^-14
+ * a chunk of K, against O(1) for a wrong scale or layout). Rows of zeros, a row with one outlier and a short M are among the inputs;
+ * the weights are quantized by the compiler's kiln_quant_row. */
+static void test_w8a8(void) {
+    NEED_GPU();
+    if (g_cu.sm < 89) KT_SKIP("sm_%d: FP8 tensor cores start at sm_89", g_cu.sm);
+    kfn ka;
+    const char *defs[] = {"ACTQ_THREADS=256"};
+    KT_REQUIRE(kbuild(&ka, "dequant.cuh", "kiln_act_fp8", defs, 1));
+    kiln_error err = {0};
+    kiln_cublaslt *lt = NULL;
+    KT_REQUIRE(kiln_cublaslt_create(&g_cu, 32u << 20, &lt, &err) == KILN_OK);
+    static const struct { int M, N, K, out_f32, acc; } cs[] = {
+        {1, 64, 64, 0, 0}, {37, 96, 320, 0, 1}, {64, 256, 4096, 1, 0}, {130, 512, 1024, 0, 0}, {16, 48, 14336, 1, 1},
+    };
+    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+        const int M = cs[ci].M, N = cs[ci].N, K = cs[ci].K, out_f32 = cs[ci].out_f32, acc = cs[ci].acc;
+        float *xf, *rf = NULL;
+        uint16_t *xh = rand_bf16((size_t)M * K, 1.0f, &xf);
+        if (M > 2) { /* a row of zeros; a row of small values with one outlier */
+            for (int k = 0; k < K; k++) xh[(size_t)K + k] = 0, xf[(size_t)K + k] = 0.0f;
+            for (int k = 0; k < K; k++) xf[2 * (size_t)K + k] = kiln_bf16_to_f32(xh[2 * (size_t)K + k] = kiln_f32_to_bf16(xf[2 * (size_t)K + k] * 1e-3f));
+            xh[2 * (size_t)K + 7] = kiln_f32_to_bf16(300.0f), xf[2 * (size_t)K + 7] = 300.0f;
+        }
+        /* the weights as the compiler quantizes them: codes [N, K], then f32 scales [N] */
+        const int64_t shape[2] = {N, K};
+        const size_t wbytes = (size_t)kiln_weight_nbytes(KILN_DTYPE_FP8, 2, shape);
+        uint8_t *wq = malloc(wbytes);
+        float *row = malloc(sizeof(float) * (size_t)K);
+        for (int n = 0; n < N; n++) {
+            for (int k = 0; k < K; k++) row[k] = rnd_normal() * 0.02f;
+            kiln_quant_row(KILN_DTYPE_FP8, N, K, n, row, wq);
+        }
+        const size_t so = (size_t)kiln_quant_scales_offset(KILN_DTYPE_FP8, N, K);
+        const float *ws = (const float *)(wq + so);
+        /* quant.c's activations */
+        uint8_t *xc = malloc((size_t)M * K);
+        float *xs = malloc(sizeof(float) * (size_t)M);
+        for (int m = 0; m < M; m++) kiln_act_fp8_row(xf + (size_t)m * K, K, xc + (size_t)m * K, &xs[m]);
+        const size_t eo = out_f32 ? 4 : 2, ybytes = (size_t)M * N * eo;
+        void *rh = acc ? rand_host((size_t)M * N, out_f32, 1.0f, &rf) : NULL;
+        CUdeviceptr x = dev_from(xh, (size_t)M * K * 2), w = dev_from(wq, wbytes), c = dev_alloc((size_t)M * K),
+                    cs_ = dev_alloc((size_t)M * 4), y = acc ? dev_from(rh, ybytes) : dev_alloc(ybytes);
+        KT_CHECK(g_cu.api.cuMemsetD8(c, 0xAA, (size_t)M * K) == CUDA_SUCCESS);
+        kiln_act_fp8_params ap = {x, c, cs_, M, K};
+        KT_CHECK(klaunch(ka.fn, "kiln_act_fp8", dims((unsigned)M, 1, 1, 256, 0), &ap));
+        uint8_t *gc = host_from(c, (size_t)M * K);
+        float *gs = host_from(cs_, (size_t)M * 4);
+        size_t bad = 0;
+        for (size_t i = 0; i < (size_t)M * K; i++) bad += gc[i] != xc[i];
+        int bad_s = 0;
+        for (int m = 0; m < M; m++) bad_s += memcmp(&gs[m], &xs[m], 4) != 0;
+        KT_CHECKF(bad == 0 && bad_s == 0, "act_fp8 M=%d K=%d: %zu codes and %d scales differ from quant.c's", M, K, bad,
+                  bad_s);
+        /* the GEMM over quant.c's codes, in double */
+        double *ref = malloc(sizeof(double) * (size_t)M * N);
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) {
+                double sum = 0;
+                for (int k = 0; k < K; k++)
+                    sum += (double)kiln_e4m3_to_f32(xc[(size_t)m * K + k]) * kiln_e4m3_to_f32(wq[(size_t)n * K + k]);
+                ref[(size_t)m * N + n] = sum * xs[m] * ws[n] + (acc ? rf[(size_t)m * N + n] : 0.0);
+            }
+        kiln_status st = kiln_cublaslt_gemm_fp8(lt, out_f32, M, N, K, c, cs_, w, w + so, y, acc, NULL, &err);
+        KT_CHECKF(st == KILN_OK, "FP8 GEMM M=%d N=%d K=%d: %s", M, N, K, err.msg);
+        if (st == KILN_OK) {
+            kiln_error se = {0};
+            KT_CHECK(kiln_cuda_sync(&g_cu, &se) == KILN_OK);
+            void *out = host_from(y, ybytes);
+            const double e = out_f32 ? rel_err_f32(out, ref, (size_t)M * N) : rel_err_bf16(out, ref, (size_t)M * N);
+            KT_CHECKF(e < (out_f32 ? 1e-3 : 4e-3), "FP8 GEMM M=%d N=%d K=%d out %s%s: rel err %g", M, N, K,
+                      out_f32 ? "f32" : "bf16", acc ? " accumulate" : "", e);
+            free(out);
+        }
+        CUdeviceptr ps[] = {x, w, c, cs_, y};
+        for (size_t i = 0; i < 5; i++) kiln_cuda_release(&g_cu, ps[i]);
+        free(gc); free(gs); free(ref); free(xc); free(xs); free(wq); free(row);
+        rand_host_free(xh, xf);
+        if (rh) rand_host_free(rh, rf);
+    }
+    kiln_cublaslt_destroy(lt);
+    kfree(&ka);
+}
+
 static void test_cublaslt_tune(void) {
     NEED_GPU();
     static const struct { int M, N, K, in_f32, out_f32, acc; } cs[] = {
@@ -1808,6 +1895,7 @@ int main(void) {
     KT_RUN(test_attn_prefill);
     KT_RUN(test_swiglu);
     KT_RUN(test_cublaslt_tune);
+    KT_RUN(test_w8a8);
     KT_RUN(test_sample);
     KT_RUN(test_moe);
     if (g_state > 0) kiln_cuda_free(&g_cu);

@@ -166,6 +166,41 @@ static void test_fp8_rows(void) {
     free(w), free(back), free(q);
 }
 
+/* W8A8's per-token activations (kiln_act_fp8_row, which the GPU's kiln_act_fp8 matches bit for bit):
+ * scale amax / 448; the largest |x| becomes +-448 exactly; every value comes back within half an E4M3
+ * step (2^-4 relative for normals, 2^-10 of the scale for subnormals) with its sign; a row of zeros
+ * gets scale 0 and zero codes; a row whose values are all tiny scales up (no flush to zero). */
+static void test_act_fp8_rows(void) {
+    const int64_t k = 4096;
+    float *x = malloc(sizeof(float) * k);
+    uint8_t *c = malloc(k);
+    for (int rep = 0; rep < 4; rep++) {
+        const float mag = rep == 0 ? 1.0f : rep == 1 ? 1e-6f : rep == 2 ? 3e4f : 1.0f;
+        for (int64_t j = 0; j < k; j++) x[j] = normal() * mag;
+        if (rep == 3) x[11] = 500.0f; /* an outlier: much of the row subnormal */
+        float s = -1, amax = 0;
+        for (int64_t j = 0; j < k; j++) amax = fmaxf(amax, fabsf(x[j]));
+        kiln_act_fp8_row(x, k, c, &s);
+        KT_CHECK(s == amax / 448.0f);
+        int bad = 0, top = 0;
+        for (int64_t j = 0; j < k; j++) {
+            const float y = kiln_e4m3_to_f32(c[j]) * s;
+            if (!(fabsf(x[j] - y) <= fabsf(x[j]) / 16 * (1 + 1e-5f) + s * 0x1p-10f)) bad++;
+            if (x[j] != 0 && y != 0 && (x[j] < 0) != (y < 0)) bad++;
+            if (fabsf(x[j]) == amax) top += (c[j] & 0x7F) == 0x7E;
+        }
+        KT_CHECKF(bad == 0 && top >= 1, "row %d (scale %g): %d values off, %d at 448", rep, (double)s, bad, top);
+    }
+    for (int64_t j = 0; j < k; j++) x[j] = 0.0f;
+    float s = -1;
+    kiln_act_fp8_row(x, k, c, &s);
+    KT_CHECK(s == 0.0f);
+    int nz = 0;
+    for (int64_t j = 0; j < k; j++) nz += c[j] != 0;
+    KT_EQ_INT(nz, 0);
+    free(x), free(c);
+}
+
 /* fp8g128: fp8's codes with a scale per row and 128 columns (the last group the rest of the row): the
  * size, each group's scale max|w| / 448 over its columns, the codes kiln_f32_to_e4m3(w / scale), and the
  * values back exactly e4m3(code) * scale. K = 320: two full groups and one of 64. */
@@ -544,5 +579,6 @@ int main(void) {
     KT_RUN(test_repack_fp8_checkpoint);
     KT_RUN(test_repack_fp8_block_checkpoint);
     KT_RUN(test_fp8g128_rows);
+    KT_RUN(test_act_fp8_rows);
     return KT_END();
 }
