@@ -1570,8 +1570,8 @@ static void test_grid_limits(void) {
  * kiln_act_fp8_row, and cuBLASLt's FP8 GEMM with outer-vector scales (kiln_cublaslt_gemm_fp8)
  * against the same codes multiplied in double: bf16 and fp32 outputs, with and without the
  * residual accumulated (bounds: bf16 rounding; fp32 the tensor cores' FP8 accumulation, about 2^-14
- * a chunk of K, against O(1) for a wrong scale or layout). Rows of zeros, a row with one outlier and a short M are among the inputs;
- * the weights are quantized by the compiler's kiln_quant_row. */
+ * a chunk of K, against O(1) for a wrong scale or layout). Rows of zeros, a row with one outlier and a
+ * short M are among the inputs; the weights are quantized by the compiler's kiln_quant_row. */
 static void test_w8a8(void) {
     NEED_GPU();
     if (g_cu.sm < 89) KT_SKIP("sm_%d: FP8 tensor cores start at sm_89", g_cu.sm);
@@ -1590,7 +1590,11 @@ static void test_w8a8(void) {
         uint16_t *xh = rand_bf16((size_t)M * K, 1.0f, &xf);
         if (M > 2) { /* a row of zeros; a row of small values with one outlier */
             for (int k = 0; k < K; k++) xh[(size_t)K + k] = 0, xf[(size_t)K + k] = 0.0f;
-            for (int k = 0; k < K; k++) xf[2 * (size_t)K + k] = kiln_bf16_to_f32(xh[2 * (size_t)K + k] = kiln_f32_to_bf16(xf[2 * (size_t)K + k] * 1e-3f));
+            for (int k = 0; k < K; k++) {
+                const size_t i = 2 * (size_t)K + k;
+                xh[i] = kiln_f32_to_bf16(xf[i] * 1e-3f);
+                xf[i] = kiln_bf16_to_f32(xh[i]);
+            }
             xh[2 * (size_t)K + 7] = kiln_f32_to_bf16(300.0f), xf[2 * (size_t)K + 7] = 300.0f;
         }
         /* the weights as the compiler quantizes them: codes [N, K], then f32 scales [N] */
