@@ -245,6 +245,11 @@ kiln_status kiln_cublaslt_gemm_fp8(kiln_cublaslt *lt, bool out_f32, int M, int N
 kiln_status kiln_cublaslt_tune(kiln_cublaslt *lt, bool in_f32, bool out_f32, int M, int N, int K, bool accumulate,
                                const CUdeviceptr *w, int n_w, CUdeviceptr x, CUdeviceptr y, CUstream stream, FILE *log,
                                kiln_error *err);
+/* The same for kiln_cublaslt_gemm_fp8's shape: w the weights' E4M3 codes, x [M,K] E4M3 scratch, the
+ * scales x_scale [M] and w_scale [N] any f32 values (the timing does not depend on them). */
+kiln_status kiln_cublaslt_tune_fp8(kiln_cublaslt *lt, bool out_f32, int M, int N, int K, bool accumulate,
+                                   const CUdeviceptr *w, int n_w, CUdeviceptr x, CUdeviceptr x_scale,
+                                   CUdeviceptr w_scale, CUdeviceptr y, CUstream stream, FILE *log, kiln_error *err);
 
 /* ---- the engine's tuning record (format/kiln_tuning.h) ---- */
 

@@ -1569,8 +1569,9 @@ static void test_grid_limits(void) {
 /* W8A8: kiln_act_fp8 (per-token E4M3 activations) bit-exact against common/quant.c's
  * kiln_act_fp8_row, and cuBLASLt's FP8 GEMM with outer-vector scales (kiln_cublaslt_gemm_fp8)
  * against the same codes multiplied in double: bf16 and fp32 outputs, with and without the
- * residual accumulated (bounds: bf16 rounding; fp32 the tensor cores' FP8 accumulation, about 2^-14
- * a chunk of K, against O(1) for a wrong scale or layout). Rows of zeros, a row with one outlier and a
+ * residual accumulated, before and after kiln_cublaslt_tune_fp8 picks its algorithm (bounds: bf16
+ * rounding; fp32 the tensor cores' FP8 accumulation, about 2^-14 a chunk of K, against O(1) for a
+ * wrong scale or layout). Rows of zeros, a row with one outlier and a
  * short M are among the inputs; the weights are quantized by the compiler's kiln_quant_row. */
 static void test_w8a8(void) {
     NEED_GPU();
@@ -1646,6 +1647,28 @@ static void test_w8a8(void) {
             KT_CHECKF(e < (out_f32 ? 1e-3 : 4e-3), "FP8 GEMM M=%d N=%d K=%d out %s%s: rel err %g", M, N, K,
                       out_f32 ? "f32" : "bf16", acc ? " accumulate" : "", e);
             free(out);
+            /* timed (kiln_cublaslt_tune_fp8, on scratch), the same GEMM again with the algorithm it kept */
+            CUstream ts = NULL;
+            KT_REQUIRE(g_cu.api.cuStreamCreate(&ts, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+            CUdeviceptr sx = dev_alloc((size_t)M * K), ss = dev_alloc((size_t)M * 4), sy = dev_alloc(ybytes);
+            KT_CHECK(g_cu.api.cuMemsetD8(sx, 0x38, (size_t)M * K) == CUDA_SUCCESS &&
+                     g_cu.api.cuMemsetD8(ss, 0x3c, (size_t)M * 4) == CUDA_SUCCESS &&
+                     g_cu.api.cuMemsetD8(sy, 0, ybytes) == CUDA_SUCCESS);
+            KT_CHECKF(kiln_cublaslt_tune_fp8(lt, out_f32, M, N, K, acc, &w, 1, sx, ss, w + so, sy, ts, NULL, &err) ==
+                          KILN_OK, "FP8 tuning M=%d N=%d K=%d: %s", M, N, K, err.msg);
+            if (acc) { /* y accumulated once already: back to the residual */
+                kiln_error ue = {0};
+                KT_CHECK(kiln_cuda_upload(&g_cu, y, rh, ybytes, &ue) == KILN_OK);
+            }
+            KT_CHECK(kiln_cublaslt_gemm_fp8(lt, out_f32, M, N, K, c, cs_, w, w + so, y, acc, NULL, &err) == KILN_OK);
+            kiln_error se2 = {0};
+            KT_CHECK(kiln_cuda_sync(&g_cu, &se2) == KILN_OK);
+            out = host_from(y, ybytes);
+            const double e2 = out_f32 ? rel_err_f32(out, ref, (size_t)M * N) : rel_err_bf16(out, ref, (size_t)M * N);
+            KT_CHECKF(e2 < (out_f32 ? 1e-3 : 4e-3), "FP8 GEMM M=%d N=%d K=%d after tuning: rel err %g", M, N, K, e2);
+            free(out);
+            kiln_cuda_release(&g_cu, sx), kiln_cuda_release(&g_cu, ss), kiln_cuda_release(&g_cu, sy);
+            g_cu.api.cuStreamDestroy(ts);
         }
         CUdeviceptr ps[] = {x, w, c, cs_, y};
         for (size_t i = 0; i < 5; i++) kiln_cuda_release(&g_cu, ps[i]);

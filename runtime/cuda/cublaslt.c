@@ -402,17 +402,19 @@ out:
     return st;
 }
 
-kiln_status kiln_cublaslt_tune(kiln_cublaslt *lt, bool in_f32, bool out_f32, int M, int N, int K, bool accumulate,
-                               const CUdeviceptr *w, int n_w, CUdeviceptr x, CUdeviceptr y, CUstream stream, FILE *log,
-                               kiln_error *err) {
+/* kiln_cublaslt_tune and _tune_fp8: fp8 with the scale pointers its runs are timed with. */
+static kiln_status tune_shape(kiln_cublaslt *lt, bool in_f32, bool out_f32, bool fp8, int M, int N, int K,
+                              bool accumulate, const CUdeviceptr *w, int n_w, CUdeviceptr x, CUdeviceptr x_scale,
+                              CUdeviceptr w_scale, CUdeviceptr y, CUstream stream, FILE *log, kiln_error *err) {
     if (n_w < 1 || !w)
         return kiln_err(err, KILN_ERR_INVALID_ARG, "cuBLASLt tuning: no weight to time M=%d N=%d K=%d on", M, N, K);
     kiln_lt_plan *pl = NULL;
-    kiln_status st = plan_get(lt, in_f32, out_f32, false, M, N, K, accumulate, 0, 0, &pl, err);
+    kiln_status st = plan_get(lt, in_f32, out_f32, fp8, M, N, K, accumulate, x_scale, w_scale, &pl, err);
+    if (!st && fp8) st = plan_scales(lt, pl, x_scale, w_scale, err); /* a plan made before has others */
     if (st) return kiln_err_prefix(err, "cuBLASLt tuning M=%d N=%d K=%d: ", M, N, K);
     if (pl->tuned) return KILN_OK;
     char shape[96];
-    snprintf(shape, sizeof shape, "%s M=%d N=%d K=%d %s-out%s", in_f32 ? "f32" : "bf16", M, N, K,
+    snprintf(shape, sizeof shape, "%s M=%d N=%d K=%d %s-out%s", fp8 ? "fp8" : in_f32 ? "f32" : "bf16", M, N, K,
              out_f32 ? "f32" : "bf16", accumulate ? " accumulate" : "");
     if (pl->recorded && lt->n_pinned < KILN_LT_PINNED_MAX) { /* the engine's record decides: no timing */
         pl->tuned = 1;
@@ -485,6 +487,18 @@ kiln_status kiln_cublaslt_tune(kiln_cublaslt *lt, bool in_f32, bool out_f32, int
                     shape, best, found, (double)us[best], (kiln_now() - t0) * 1e3);
     }
     return KILN_OK;
+}
+
+kiln_status kiln_cublaslt_tune(kiln_cublaslt *lt, bool in_f32, bool out_f32, int M, int N, int K, bool accumulate,
+                               const CUdeviceptr *w, int n_w, CUdeviceptr x, CUdeviceptr y, CUstream stream, FILE *log,
+                               kiln_error *err) {
+    return tune_shape(lt, in_f32, out_f32, false, M, N, K, accumulate, w, n_w, x, 0, 0, y, stream, log, err);
+}
+
+kiln_status kiln_cublaslt_tune_fp8(kiln_cublaslt *lt, bool out_f32, int M, int N, int K, bool accumulate,
+                                   const CUdeviceptr *w, int n_w, CUdeviceptr x, CUdeviceptr x_scale,
+                                   CUdeviceptr w_scale, CUdeviceptr y, CUstream stream, FILE *log, kiln_error *err) {
+    return tune_shape(lt, false, out_f32, true, M, N, K, accumulate, w, n_w, x, x_scale, w_scale, y, stream, log, err);
 }
 
 /* ---- the engine's tuning record ---- */

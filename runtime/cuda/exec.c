@@ -1510,20 +1510,22 @@ static int bucket(const cx *x, int n) {
 /* One cuBLASLt shape of a step to time (tune_rows), with up to CX_TUNE_WEIGHTS of the weights it reads. */
 typedef struct tune_shape {
     int n, k;
-    bool acc, out_f32;
-    CUdeviceptr w[CX_TUNE_WEIGHTS];
+    bool acc, out_f32, fp8; /* fp8: W8A8 (the weights' codes, ws the first one's scales) */
+    CUdeviceptr w[CX_TUNE_WEIGHTS], ws;
     int n_w;
 } tune_shape;
 
-/* Add weight w of shape (n, k, acc, out_f32) to the shapes of a step of B rows, growing the scratch
- * sizes xb (B x K inputs) and yb (B x N outputs). */
-static void tune_add(const cx *x, tune_shape *sh, int *n_sh, int B, int n, int k, bool acc, bool of, CUdeviceptr w,
-                     size_t *xb, size_t *yb) {
+/* Add weight w of shape (n, k, acc, out_f32, fp8 with scales ws) to the shapes of a step of B rows,
+ * growing the scratch sizes xb (B x K inputs) and yb (B x N outputs). */
+static void tune_add(const cx *x, tune_shape *sh, int *n_sh, int B, int n, int k, bool acc, bool of, bool fp8,
+                     CUdeviceptr w, CUdeviceptr ws, size_t *xb, size_t *yb) {
     int j = 0;
-    while (j < *n_sh && !(sh[j].n == n && sh[j].k == k && sh[j].acc == acc && sh[j].out_f32 == of)) j++;
+    while (j < *n_sh &&
+           !(sh[j].n == n && sh[j].k == k && sh[j].acc == acc && sh[j].out_f32 == of && sh[j].fp8 == fp8))
+        j++;
     if (j == *n_sh) {
         if (*n_sh == CX_TUNE_SHAPES) return;
-        sh[j] = (tune_shape){.n = n, .k = k, .acc = acc, .out_f32 = of};
+        sh[j] = (tune_shape){.n = n, .k = k, .acc = acc, .out_f32 = of, .fp8 = fp8, .ws = ws};
         (*n_sh)++;
         size_t bx = (size_t)B * (size_t)k * (size_t)x->es, by = (size_t)B * (size_t)n * (of ? 4u : (size_t)x->es);
         if (bx > *xb) *xb = bx;
@@ -1545,10 +1547,10 @@ static void tune_rows(cx *x, int B, bool decode, FILE *log) {
             if (!decode || moe_pairs(x, mo, B) || (x->moe_grouped && mo->gg_gu)) continue;
             const size_t es = (size_t)x->es, H = (size_t)x->hidden, F = (size_t)mo->f;
             for (int e = 0; e < mo->E && e < CX_TUNE_WEIGHTS; e++) {
-                tune_add(x, sh, &n_sh, B, (int)(2 * F), (int)H, false, x->f32,
-                         dwp(x, mo->dw_gu) + (size_t)e * 2 * F * H * es, &xb, &yb);
-                tune_add(x, sh, &n_sh, B, (int)H, (int)F, false, true, dwp(x, mo->dw_down) + (size_t)e * H * F * es,
-                         &xb, &yb);
+                tune_add(x, sh, &n_sh, B, (int)(2 * F), (int)H, false, x->f32, false,
+                         dwp(x, mo->dw_gu) + (size_t)e * 2 * F * H * es, 0, &xb, &yb);
+                tune_add(x, sh, &n_sh, B, (int)H, (int)F, false, true, false,
+                         dwp(x, mo->dw_down) + (size_t)e * H * F * es, 0, &xb, &yb);
             }
             continue;
         }
@@ -1556,14 +1558,17 @@ static void tune_rows(cx *x, int B, bool decode, FILE *log) {
         if (in->kind == I_LMHEAD && !decode) continue; /* prefill: one row per sequence, not B */
         const cx_gemm *g = &in->g;
         if (gemv_path(x, g, B)) continue; /* at decode every GEMM has B rows, the LM head's too */
-        if (w8a8_runs(x, g)) continue; /* W8A8 takes the heuristic's FP8 algorithm (untimed) */
-        /* the arguments run_gemm gives kiln_cublaslt_gemm_ex; cuBLASLt reads a quantized weight's dense copy */
-        const bool acc = in->kind == I_GEMM && in->res >= 0 && g->epi != EPI_SWIGLU;
-        tune_add(x, sh, &n_sh, B, g->n, g->k, acc, lt_out_f32(x, g), g->qt ? x->deq_tmp : dwp(x, g->dw), &xb, &yb);
+        /* the arguments run_gemm gives kiln_cublaslt_gemm_ex (cuBLASLt reads a quantized weight's dense
+         * copy) or, W8A8, kiln_cublaslt_gemm_fp8 (the codes as stored) */
+        const bool acc = in->kind == I_GEMM && in->res >= 0 && g->epi != EPI_SWIGLU, fp8 = w8a8_runs(x, g);
+        const CUdeviceptr w = dwp(x, g->dw);
+        tune_add(x, sh, &n_sh, B, g->n, g->k, acc, lt_out_f32(x, g), fp8, g->qt && !fp8 ? x->deq_tmp : w,
+                 fp8 ? w + kiln_quant_scales_offset(g->qt, g->n, g->k) : 0, &xb, &yb);
     }
     if (n_sh == 0) return;
     const double t0 = kiln_now();
-    const size_t yoff = (xb + 255) / 256 * 256, bytes = yoff + yb;
+    const size_t yoff = (xb + 255) / 256 * 256, soff = yoff + (yb + 255) / 256 * 256; /* W8A8's x scales last */
+    const size_t bytes = soff + (size_t)B * 4;
     CUdeviceptr scratch = 0;
     kiln_error e = {0};
     if (cx_alloc(x, bytes, "the cuBLASLt tuning scratch", &scratch, &e) ||
@@ -1572,9 +1577,13 @@ static void tune_rows(cx *x, int B, bool decode, FILE *log) {
     } else {
         for (int j = 0; j < n_sh; j++) {
             kiln_error te = {0};
-            if (kiln_cublaslt_tune(x->lt, x->f32, sh[j].out_f32, B, sh[j].n, sh[j].k, sh[j].acc, sh[j].w, sh[j].n_w,
-                                   scratch, scratch + yoff, x->stream, log, &te) &&
-                log)
+            const kiln_status ts =
+                sh[j].fp8 ? kiln_cublaslt_tune_fp8(x->lt, sh[j].out_f32, B, sh[j].n, sh[j].k, sh[j].acc, sh[j].w,
+                                                   sh[j].n_w, scratch, scratch + soff, sh[j].ws, scratch + yoff,
+                                                   x->stream, log, &te)
+                          : kiln_cublaslt_tune(x->lt, x->f32, sh[j].out_f32, B, sh[j].n, sh[j].k, sh[j].acc, sh[j].w,
+                                               sh[j].n_w, scratch, scratch + yoff, x->stream, log, &te);
+            if (ts && log)
                 fprintf(log, "kiln lt-tune: %s %d, N=%d K=%d not tuned: %s\n", decode ? "decode batch" : "prefill rows",
                         B, sh[j].n, sh[j].k, te.msg);
         }
@@ -2039,7 +2048,7 @@ static size_t tune_bytes(const cx *x) {
         if ((size_t)in->g.n > n) n = (size_t)in->g.n;
     }
     const size_t S = (size_t)x->base.max_seqs;
-    return k ? align256(S * k * (size_t)x->es) + S * n * 4 : 0;
+    return k ? align256(S * k * (size_t)x->es) + align256(S * n * 4) + S * 4 : 0; /* x, y, W8A8's x scales */
 }
 
 /* The experts' scratch for steps of `rows` tokens, and its parts' offsets (into off[8], when given):
