@@ -53,8 +53,8 @@ extern const size_t kiln_calib_default_len;
 enum { MIN_CALIB_TOKENS = 32 };
 
 /* The formats a projection may take besides keep, smallest damage first in a tie. */
-static const int quant_formats[] = {KILN_DTYPE_Q8,    KILN_DTYPE_FP8,    KILN_DTYPE_Q4G32,
-                                    KILN_DTYPE_Q4G64, KILN_DTYPE_Q4G128};
+static const int quant_formats[] = {KILN_DTYPE_Q8,    KILN_DTYPE_FP8,    KILN_DTYPE_FP8G128,
+                                    KILN_DTYPE_Q4G32, KILN_DTYPE_Q4G64,  KILN_DTYPE_Q4G128};
 enum { N_FORMATS = sizeof quant_formats / sizeof quant_formats[0] };
 
 /* One projection matrix: its plan weight and, per option (0 = keep), the dtype and its damage. */
