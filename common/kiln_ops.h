@@ -62,10 +62,11 @@ int kiln_quant_is_fp8(int t);                     /* fp8 or fp8g128: E4M3 codes 
  * +-448 (a NaN gives 0x7F; callers refuse NaN and infinities first). */
 float kiln_e4m3_to_f32(uint8_t c);
 uint8_t kiln_f32_to_e4m3(float x);
-/* W8A8's per-token activations (the GPU's kiln_act_fp8, dequant.cuh, computes the same): amax =
- * max |x[j]| over the k values, *scale = amax / 448, codes[j] = kiln_f32_to_e4m3(x[j] * (448 /
- * amax)); a row of zeros gets scale 0 and zero codes. */
-void kiln_act_fp8_row(const float *x, int64_t k, uint8_t *codes, float *scale);
+/* W8A8's per-token activations (the GPU's kiln_act_fp8 and kiln_act_fp8g, dequant.cuh, compute the
+ * same): per group of `group` columns (0 = the whole row; the last group the rest), amax = max |x[j]|
+ * over it, its scale amax / 448 and codes[j] = kiln_f32_to_e4m3(x[j] * (448 / amax)); a group of
+ * zeros gets scale 0 and zero codes. scales gets one value a group, in order. */
+void kiln_act_fp8_row(const float *x, int64_t k, int group, uint8_t *codes, float *scales);
 int kiln_quant_group(int t);                      /* columns per scale: 0 = the whole row (q8, fp8) */
 /* Scales per row of a [n, k] weight of dtype t: k / G for q4gG, ceil(k / 128) for fp8g128 (its last
  * group holds the rest of the row), 1 for q8 and fp8. */

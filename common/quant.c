@@ -68,12 +68,16 @@ uint8_t kiln_f32_to_e4m3(float x) {
     return sign | code;
 }
 
-void kiln_act_fp8_row(const float *x, int64_t k, uint8_t *codes, float *scale) {
-    float amax = 0.0f;
-    for (int64_t j = 0; j < k; j++) amax = fmaxf(amax, fabsf(x[j]));
-    const float inv = amax > 0.0f ? 448.0f / amax : 0.0f;
-    *scale = amax / 448.0f;
-    for (int64_t j = 0; j < k; j++) codes[j] = kiln_f32_to_e4m3(x[j] * inv);
+void kiln_act_fp8_row(const float *x, int64_t k, int group, uint8_t *codes, float *scales) {
+    const int64_t g = group > 0 ? group : k;
+    for (int64_t j0 = 0, gi = 0; j0 < k; j0 += g, gi++) {
+        const int64_t j1 = j0 + g < k ? j0 + g : k;
+        float amax = 0.0f;
+        for (int64_t j = j0; j < j1; j++) amax = fmaxf(amax, fabsf(x[j]));
+        const float inv = amax > 0.0f ? 448.0f / amax : 0.0f;
+        scales[gi] = amax / 448.0f;
+        for (int64_t j = j0; j < j1; j++) codes[j] = kiln_f32_to_e4m3(x[j] * inv);
+    }
 }
 
 int kiln_quant_group(int t) {

@@ -63,10 +63,16 @@
 #define KILN_TUNING_MAX_GEMMS 4096
 #define KILN_TUNING_DEVICE_MAX 128
 
-enum { KILN_TUNING_IN_F32 = 1, KILN_TUNING_OUT_F32 = 2, KILN_TUNING_ACCUMULATE = 4, KILN_TUNING_FP8 = 8 /* W8A8 */ };
+enum {
+    KILN_TUNING_IN_F32 = 1,
+    KILN_TUNING_OUT_F32 = 2,
+    KILN_TUNING_ACCUMULATE = 4,
+    KILN_TUNING_FP8 = 8,      /* W8A8 */
+    KILN_TUNING_FP8_B128 = 16 /* with FP8: scales per 128 columns (fp8g128) */
+};
 /* A GEMM's input and output types by name, for kiln tune and kiln inspect */
 static inline const char *kiln_tuning_in_type(uint32_t flags) {
-    return flags & KILN_TUNING_FP8 ? "fp8" : flags & KILN_TUNING_IN_F32 ? "f32" : "bf16";
+    return flags & KILN_TUNING_FP8_B128 ? "fp8g128" : flags & KILN_TUNING_FP8 ? "fp8" : flags & KILN_TUNING_IN_F32 ? "f32" : "bf16";
 }
 static inline const char *kiln_tuning_out_type(uint32_t flags) { return flags & KILN_TUNING_OUT_F32 ? "f32" : "bf16"; }
 

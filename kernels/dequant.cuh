@@ -114,4 +114,45 @@ extern "C" __global__ void __launch_bounds__(ACTQ_THREADS) kiln_act_fp8(const ki
         out[c] = make_uint2(w[0], w[1]);
     }
 }
+
+/* The same with a scale per token and 128 columns (fp8g128's W8A8; the last group the rest of the row),
+ * written group-major: scales[g * M + row], as cuBLASLt's VEC128_32F reads them. A group is 16
+ * chunks of 8, so the 16 lanes of a half-warp own one and reduce its amax by shuffles; ACTQ_THREADS
+ * (a multiple of 32) chunks a pass keep groups within a pass. */
+extern "C" __global__ void __launch_bounds__(ACTQ_THREADS) kiln_act_fp8g(const kiln_act_fp8_params p) {
+    kiln_pdl_wait();
+    const int row = blockIdx.x;
+    if (row >= p.M) return;
+    const uint4 *x = (const uint4 *)((const kiln_elem *)p.x + (size_t)row * p.K);
+    uint2 *out = (uint2 *)((unsigned char *)p.codes + (size_t)row * p.K);
+    const int nch = p.K / 8;
+    const bool pad = row >= p.rows; /* a row past x's, for M's multiple of 4: zeros */
+    kiln_pdl_launch();
+    for (int c0 = 0; c0 < nch; c0 += ACTQ_THREADS) { /* every thread each pass: the shuffles need all */
+        const int c = c0 + threadIdx.x;
+        float f[8] = {0, 0, 0, 0, 0, 0, 0, 0}, amax = 0.0f;
+        if (c < nch && !pad) kiln_unpack8(x[c], f);
+#pragma unroll
+        for (int e = 0; e < 8; e++) amax = fmaxf(amax, fabsf(f[e]));
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(KILN_FULL_MASK, amax, o));
+        if (c >= nch) continue;
+        const float inv = amax > 0.0f ? 448.0f / amax : 0.0f;
+        if ((c & 15) == 0) ((float *)p.scales)[(size_t)(c >> 4) * p.M + row] = amax / 448.0f;
+        unsigned w[2] = {0, 0};
+#pragma unroll
+        for (int e = 0; e < 8; e++) w[e >> 2] |= kiln_e4m3_rn(f[e] * inv) << (8 * (e & 3));
+        out[c] = make_uint2(w[0], w[1]);
+    }
+}
 #endif
+
+/* out[c * rows + r] = in[r * cols + c] (fp32): fp8g128's scales [N][groups] group-major for cuBLASLt's
+ * VEC128_32F, once per matrix at load. One thread an element. */
+extern "C" __global__ void __launch_bounds__(256) kiln_transpose_f32(const kiln_transpose_params p) {
+    kiln_pdl_wait();
+    const size_t i = (size_t)blockIdx.x * 256 + threadIdx.x;
+    if (i >= (size_t)p.rows * p.cols) return;
+    const size_t r = i / p.cols, c = i % p.cols;
+    ((float *)p.out)[c * p.rows + r] = ((const float *)p.in)[i];
+}

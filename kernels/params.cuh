@@ -94,13 +94,23 @@ typedef struct kiln_dequant_params {
  * GEMM): for each row m of x, amax = max |x[m, k]|, scale[m] = amax / 448 and
  * codes[m, k] = E4M3(x[m, k] * (448 / amax)), rounded to nearest even and saturated at 448
  * (common/quant.c kiln_act_fp8_row does the same in C; a row of zeros gets scale 0 and codes 0).
- * Kernel: kiln_act_fp8, one block of ACTQ_THREADS per row; K % 8 == 0. */
+ * Kernel: kiln_act_fp8, one block of ACTQ_THREADS per row; K % 8 == 0. kiln_act_fp8g (fp8g128):
+ * the same per row and 128 columns (the last group the rest), scales [ceil(K / 128)][M], M a
+ * multiple of 4 (cuBLASLt's 128-column scales): rows from `rows` to M get zero codes and scales. */
 typedef struct kiln_act_fp8_params {
     kiln_dptr x;      /* bf16 [M, K] */
     kiln_dptr codes;  /* E4M3 [M, K] */
     kiln_dptr scales; /* f32 [M] */
     int M, K;
+    int rows, pad_; /* kiln_act_fp8g: rows of x (<= M) */
 } kiln_act_fp8_params;
+
+/* out[c, r] = in[r, c]: an fp32 [rows, cols] matrix transposed. Kernel: kiln_transpose_f32, one thread an
+ * element in blocks of 256. */
+typedef struct kiln_transpose_params {
+    kiln_dptr in, out;
+    int rows, cols;
+} kiln_transpose_params;
 
 /* residual[m] = x[m] + residual[m] (rounded to bf16; skipped when x = 0);
  * out[m] = w * rmsnorm(residual[m]). One block per row. Kernel: kiln_rmsnorm. */

@@ -199,7 +199,7 @@ static kiln_status parse_measure(const char *spec, kiln_measure_knobs *k, kiln_e
         else if (!strcmp(key, "recorded") && whole && (d == 0 || d == 1)) k->recorded = (int)d;
         else if (!strcmp(key, "moe_grouped") && whole && (d == 0 || d == 1)) k->moe_grouped = (int)d;
         else if (!strcmp(key, "qgemv_cc") && whole && (d == 0 || d == 1)) k->qgemv_cc = (int)d;
-        else if (!strcmp(key, "w8a8") && whole && (d == 0 || d == 1)) k->w8a8 = (int)d;
+        else if (!strcmp(key, "w8a8") && whole && d >= 0 && d <= 2) k->w8a8 = (int)d;
         else if (!strcmp(key, "tp_oneshot") && whole && d >= 0 && d <= 2) k->tp_oneshot = (int)d;
         else
             goto bad;
@@ -208,7 +208,7 @@ static kiln_status parse_measure(const char *spec, kiln_measure_knobs *k, kiln_e
     bad:
         kiln_err(err, KILN_ERR_INVALID_ARG, "measure: '%s' is not a known knob with a value in its range", shown);
         return kiln_err_hint(err, "knobs: gemv_max_m=1..64, attn_waves=(0,64], lt_tune=0|1|2, pdl=0|1, graphs=0|1, "
-                                  "profile=0|1, recorded=0|1, moe_grouped=0|1, qgemv_cc=0|1, w8a8=0|1, tp_oneshot=0|1|2");
+                                  "profile=0|1, recorded=0|1, moe_grouped=0|1, qgemv_cc=0|1, w8a8=0|1|2, tp_oneshot=0|1|2");
     }
     return KILN_OK;
 }

@@ -220,9 +220,11 @@ kiln_status kiln_cublaslt_gemm_ex(kiln_cublaslt *lt, bool in_f32, bool out_f32, 
 /* W8A8: y[M,N] = (x_scale[m] * w_scale[n]) * sum_k x[m,k] W[n,k] (+ y when accumulate), x and W
  * FP8 E4M3 codes (row-major [M,K] and [N,K], K % 16 == 0), the scales f32 [M] and [N] (16-byte
  * aligned), y bf16 or fp32 (out_f32): cuBLASLt's FP8 GEMM with outer-vector scales (sm_89+,
- * cuBLASLt 12.9+). KILN_ERR_UNSUPPORTED when the library has no algorithm for it (the caller
- * then takes another route). */
-kiln_status kiln_cublaslt_gemm_fp8(kiln_cublaslt *lt, bool out_f32, int M, int N, int K, CUdeviceptr x,
+ * cuBLASLt 12.9+). block128: a scale per 128 columns instead, for each group g of K (the last the
+ * rest) y[m,n] = sum_g x_scale[g M + m] w_scale[g N + n] sum_{k in g} x[m,k] W[n,k] (group-major
+ * scales; M a multiple of 4: cuBLASLt 130100 on the H200 has no algorithm otherwise). KILN_ERR_UNSUPPORTED when the library has no algorithm for it (the caller then takes
+ * another route). */
+kiln_status kiln_cublaslt_gemm_fp8(kiln_cublaslt *lt, bool out_f32, bool block128, int M, int N, int K, CUdeviceptr x,
                                    CUdeviceptr x_scale, CUdeviceptr w, CUdeviceptr w_scale, CUdeviceptr y,
                                    bool accumulate, CUstream stream, kiln_error *err);
 /*
@@ -247,7 +249,7 @@ kiln_status kiln_cublaslt_tune(kiln_cublaslt *lt, bool in_f32, bool out_f32, int
                                kiln_error *err);
 /* The same for kiln_cublaslt_gemm_fp8's shape: w the weights' E4M3 codes, x [M,K] E4M3 scratch, the
  * scales x_scale [M] and w_scale [N] any f32 values (the timing does not depend on them). */
-kiln_status kiln_cublaslt_tune_fp8(kiln_cublaslt *lt, bool out_f32, int M, int N, int K, bool accumulate,
+kiln_status kiln_cublaslt_tune_fp8(kiln_cublaslt *lt, bool out_f32, bool block128, int M, int N, int K, bool accumulate,
                                    const CUdeviceptr *w, int n_w, CUdeviceptr x, CUdeviceptr x_scale,
                                    CUdeviceptr w_scale, CUdeviceptr y, CUstream stream, FILE *log, kiln_error *err);
 

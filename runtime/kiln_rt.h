@@ -133,7 +133,7 @@ typedef struct kiln_measure_knobs {
     int pdl, graphs;   /* -1 = default, else 0/1 */
     int moe_grouped;   /* -1 = default, else 0/1 */
     int qgemv_cc;      /* -1 = default, else 0/1 */
-    int w8a8;          /* -1 = default, else 0/1 */
+    int w8a8;          /* -1 = default, else 0/1/2 */
     int tp_oneshot;    /* -1 = default, else 0 (never), 1 (auto), 2 (every collective): kiln_cuda_exec_opts.tp_oneshot */
     bool profile;
     int recorded;      /* -1 = default (the engine's tuning record is used), 0 = not used */

@@ -56,8 +56,8 @@ done
 "$KILN" perplexity "$E" --text-file "$TEXT" --window 64 --device cpu --measure w8a8=0 >"$T/q" 2>"$T/err" &&
     bad "--measure w8a8=0 accepted on the CPU" ||
     { grep -q "apply to the GPU executor, not device \"cpu\"" "$T/err" && ok || bad "--measure on the CPU: $(cat "$T/err")"; }
-"$KILN" perplexity "$E" --text-file "$TEXT" --window 64 --device cpu --measure w8a8=2 >"$T/q" 2>"$T/err" &&
-    bad "--measure w8a8=2 accepted" || { grep -q "'w8a8=2' is not a known knob" "$T/err" && ok || bad "--measure w8a8=2: $(cat "$T/err")"; }
+"$KILN" perplexity "$E" --text-file "$TEXT" --window 64 --device cpu --measure w8a8=3 >"$T/q" 2>"$T/err" &&
+    bad "--measure w8a8=3 accepted" || { grep -q "'w8a8=3' is not a known knob" "$T/err" && ok || bad "--measure w8a8=3: $(cat "$T/err")"; }
 # the text form prints the numbers a person reads
 "$KILN" perplexity "$E" --text-file "$TEXT" --window 64 --device cpu >"$T/out" 2>&1 &&
     grep -Eq "^perplexity [0-9.]+ over 356 of 362 tokens \(6 windows of 64 every 64; mean NLL [0-9.]+, [0-9.]+ bits per token; cpu" "$T/out" &&

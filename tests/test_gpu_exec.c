@@ -1238,7 +1238,7 @@ static kiln_cuda_exec_opts g_tp; /* the GPUs and collectives check_bf16_golden r
  * 0.25; G_W8A8, an fp8 engine's GEMM steps with the activations rounded to E4M3 per token (W8A8) against
  * HF's weight-only model: every step within 0.12, the median within 6e-2. A wrong layout or scale moves
  * every step by O(1). G_NO_W8A8: those steps dequantize the weights instead (measure knob w8a8=0). */
-enum { G_LOOSE = 1, G_W8A8 = 2, G_NO_W8A8 = 4 };
+enum { G_LOOSE = 1, G_W8A8 = 2, G_NO_W8A8 = 4 }; /* G_W8A8 includes fp8g128's (measure knob w8a8=2) */
 static void check_bf16_golden_b(const char *eng, const char *gdir, const char *label, int gemv_max_m, int flags) {
     const bool loose = flags & (G_LOOSE | G_W8A8);
     const double worst_bound = flags & G_LOOSE ? 0.25 : flags & G_W8A8 ? 0.12 : 3e-2;
@@ -1249,7 +1249,7 @@ static void check_bf16_golden_b(const char *eng, const char *gdir, const char *l
     const bool moe_model = json_object_get(json_array_get(json_object_get(g, "cases"), 0), "routing") != NULL;
     kiln_cuda_exec_opts o = {.max_seqs = 2, .max_context = 128, .kv_bytes = 16 << 20, .gemv_max_m = gemv_max_m,
                              .devices = g_tp.devices, .n_devices = g_tp.n_devices, .tp_oneshot = g_tp.tp_oneshot,
-                             .no_w8a8 = (flags & G_NO_W8A8) != 0};
+                             .no_w8a8 = (flags & G_NO_W8A8) != 0, .w8a8_g128 = (flags & G_W8A8) != 0};
     gx G;
     KT_REQUIRE(gx_open(&G, eng, &o));
     const int V = G.vocab;
@@ -1361,6 +1361,13 @@ static void test_quant_goldens(void) {
         KT_CHECK(kt_compile(pathf("%s/tests/data/%s", src_dir(), pub[i]), &opt) == KILN_OK);
         check_bf16_golden_b(eng, pathf("%s/tests/golden/%s", src_dir(), pub[i]), pub[i], 0,
                             strncmp(pub[i], "tiny-llama3", 11) == 0 ? G_LOOSE : 0);
+        /* W8A8 on the 20-token prompt: per-row scales (fp8-channel) and per 128 columns (fp8-block, fp8g128) */
+        if (g_sm >= 89 && (!strcmp(pub[i], "tiny-mistral-fp8-channel") || !strcmp(pub[i], "tiny-mistral-fp8-block"))) {
+            char e2[1024];
+            snprintf(e2, sizeof e2, "%s", eng);
+            check_bf16_golden_b(e2, pathf("%s/tests/golden/%s", src_dir(), pub[i]),
+                                pathf("%s (prompts of more than 8 tokens W8A8)", pub[i]), 8, G_W8A8);
+        }
     }
 }
 

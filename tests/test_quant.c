@@ -180,7 +180,7 @@ static void test_act_fp8_rows(void) {
         if (rep == 3) x[11] = 500.0f; /* an outlier: much of the row subnormal */
         float s = -1, amax = 0;
         for (int64_t j = 0; j < k; j++) amax = fmaxf(amax, fabsf(x[j]));
-        kiln_act_fp8_row(x, k, c, &s);
+        kiln_act_fp8_row(x, k, 0, c, &s);
         KT_CHECK(s == amax / 448.0f);
         int bad = 0, top = 0;
         for (int64_t j = 0; j < k; j++) {
@@ -191,9 +191,24 @@ static void test_act_fp8_rows(void) {
         }
         KT_CHECKF(bad == 0 && top >= 1, "row %d (scale %g): %d values off, %d at 448", rep, (double)s, bad, top);
     }
+    /* groups of 128 over 320 columns (the last 64): each group's own scale, its largest at 448 */
+    for (int64_t j = 0; j < 320; j++) x[j] = normal() * (j < 128 ? 1.0f : j < 256 ? 1e-3f : 50.0f);
+    float gs[3] = {-1, -1, -1};
+    kiln_act_fp8_row(x, 320, 128, c, gs);
+    for (int g = 0; g < 3; g++) {
+        float amax = 0;
+        int top = 0, bad = 0;
+        for (int64_t j = g * 128; j < 320 && j < (g + 1) * 128; j++) amax = fmaxf(amax, fabsf(x[j]));
+        for (int64_t j = g * 128; j < 320 && j < (g + 1) * 128; j++) {
+            top += fabsf(x[j]) == amax && (c[j] & 0x7F) == 0x7E;
+            bad += !(fabsf(x[j] - kiln_e4m3_to_f32(c[j]) * gs[g]) <= fabsf(x[j]) / 16 * (1 + 1e-5f) + gs[g] * 0x1p-10f);
+        }
+        KT_CHECKF(gs[g] == amax / 448.0f && top >= 1 && bad == 0, "group %d: scale %g (amax %g), %d off", g,
+                  (double)gs[g], (double)amax, bad);
+    }
     for (int64_t j = 0; j < k; j++) x[j] = 0.0f;
     float s = -1;
-    kiln_act_fp8_row(x, k, c, &s);
+    kiln_act_fp8_row(x, k, 0, c, &s);
     KT_CHECK(s == 0.0f);
     int nz = 0;
     for (int64_t j = 0; j < k; j++) nz += c[j] != 0;

@@ -70,7 +70,7 @@ typedef struct kiln_lt_api {
 
 typedef struct kiln_lt_plan {
     int M, N, K, accumulate, valid, in_f32, out_f32;
-    int fp8; /* W8A8: E4M3 x and W, a scale per row of each (kiln_cublaslt_gemm_fp8) */
+    int fp8; /* W8A8 (kiln_cublaslt_gemm_fp8): E4M3 x and W, 1 = a scale per row of each, 2 = per row and 128 columns */
     int tuned; /* kiln_cublaslt_tune ran on it (whatever it found): never evicted, never tuned again */
     int recorded; /* its algorithm came from the engine's tuning record (kiln_cublaslt_use_recorded) */
     float us, heur_us; /* tuning's measurement: the chosen algorithm's time (0: not measured), the heuristic's first's (-1: did not run) */
@@ -198,9 +198,10 @@ static kiln_status pref_make(const kiln_cublaslt *lt, cublasLtMatmulPreference_t
 }
 
 /* A GEMM's flags as the tuning section writes them (format/kiln_tuning.h). */
-static uint32_t lt_flags(bool in_f32, bool out_f32, bool fp8, bool accumulate) {
+static uint32_t lt_flags(bool in_f32, bool out_f32, int fp8, bool accumulate) {
     return (in_f32 ? KILN_TUNING_IN_F32 : 0u) | (out_f32 ? KILN_TUNING_OUT_F32 : 0u) |
-           (accumulate ? KILN_TUNING_ACCUMULATE : 0u) | (fp8 ? KILN_TUNING_FP8 : 0u);
+           (accumulate ? KILN_TUNING_ACCUMULATE : 0u) | (fp8 ? KILN_TUNING_FP8 : 0u) |
+           (fp8 == 2 ? KILN_TUNING_FP8_B128 : 0u);
 }
 
 /* The plan of this shape: the cached one, or a new one (descriptors and the
@@ -218,8 +219,9 @@ static kiln_status plan_scales(kiln_cublaslt *lt, const kiln_lt_plan *pl, CUdevi
                                                                           &b, sizeof b));
 }
 
-/* fp8: the plan of kiln_cublaslt_gemm_fp8, its scale pointers x_scale and w_scale (0 otherwise). */
-static kiln_status plan_get(kiln_cublaslt *lt, bool in_f32, bool out_f32, bool fp8, int M, int N, int K,
+/* fp8 (1 outer-vector scales, 2 per 128 columns): the plan of kiln_cublaslt_gemm_fp8, its scale pointers
+ * x_scale and w_scale (0 otherwise). */
+static kiln_status plan_get(kiln_cublaslt *lt, bool in_f32, bool out_f32, int fp8, int M, int N, int K,
                             bool accumulate, CUdeviceptr x_scale, CUdeviceptr w_scale, kiln_lt_plan **out,
                             kiln_error *err) {
     *out = NULL;
@@ -248,8 +250,11 @@ static kiln_status plan_get(kiln_cublaslt *lt, bool in_f32, bool out_f32, bool f
     /* fp32 compute: strict fp32 for f32 data (no TF32), fp32 accumulation for bf16 */
     cudaDataType_t tin = fp8 ? CUDA_R_8F_E4M3 : in_f32 ? CUDA_R_32F : CUDA_R_16BF, tout = out_f32 ? CUDA_R_32F : CUDA_R_16BF;
     /* W8A8: cuBLASLt's FP8 GEMM ("TN", as every GEMM here) with an outer-vector scale each: W's per output
-     * channel (op(A)'s N rows), x's per token (op(B)'s M columns); the products are accumulated in fp32 */
-    const cublasLtMatmulMatrixScale_t vec = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+     * channel (op(A)'s N rows), x's per token (op(B)'s M columns); or (fp8g128) a scale per 128 of K for
+     * each row of both, group-major ([K/128][N] and [K/128][M]: measured on the H200, cuBLASLt 130100);
+     * the products are accumulated in fp32 */
+    const cublasLtMatmulMatrixScale_t vec =
+        fp8 == 2 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
     if ((st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatmulDescCreate(&pl->op, CUBLAS_COMPUTE_32F, CUDA_R_32F))) ||
         (fp8 && (st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
                                                                                      &vec, sizeof vec)))) ||
@@ -290,7 +295,8 @@ static kiln_status plan_get(kiln_cublaslt *lt, bool in_f32, bool out_f32, bool f
     }
     if (found < 1) {
         st = kiln_err(err, KILN_ERR_UNSUPPORTED, "cuBLASLt: no algorithm for %s GEMM M=%d N=%d K=%d",
-                      fp8 ? "FP8 (W8A8)" : in_f32 ? "f32" : "bf16", M, N, K);
+                      fp8 == 2 ? "FP8 (W8A8, 128-column scales)" : fp8 ? "FP8 (W8A8)" : in_f32 ? "f32" : "bf16", M, N,
+                      K);
         goto out;
     }
     pl->algo = heur.algo;
@@ -319,17 +325,17 @@ static kiln_status plan_run(kiln_cublaslt *lt, const kiln_lt_plan *pl, const cub
 kiln_status kiln_cublaslt_gemm_ex(kiln_cublaslt *lt, bool in_f32, bool out_f32, int M, int N, int K, CUdeviceptr x,
                                   CUdeviceptr w, CUdeviceptr y, bool accumulate, CUstream stream, kiln_error *err) {
     kiln_lt_plan *pl = NULL;
-    kiln_status st = plan_get(lt, in_f32, out_f32, false, M, N, K, accumulate, 0, 0, &pl, err);
+    kiln_status st = plan_get(lt, in_f32, out_f32, 0, M, N, K, accumulate, 0, 0, &pl, err);
     if (st) return st;
     if ((st = plan_run(lt, pl, &pl->algo, x, w, y, stream, err))) kiln_err_prefix(err, "GEMM M=%d N=%d K=%d: ", M, N, K);
     return st;
 }
 
-kiln_status kiln_cublaslt_gemm_fp8(kiln_cublaslt *lt, bool out_f32, int M, int N, int K, CUdeviceptr x,
+kiln_status kiln_cublaslt_gemm_fp8(kiln_cublaslt *lt, bool out_f32, bool block128, int M, int N, int K, CUdeviceptr x,
                                    CUdeviceptr x_scale, CUdeviceptr w, CUdeviceptr w_scale, CUdeviceptr y,
                                    bool accumulate, CUstream stream, kiln_error *err) {
     kiln_lt_plan *pl = NULL;
-    kiln_status st = plan_get(lt, false, out_f32, true, M, N, K, accumulate, x_scale, w_scale, &pl, err);
+    kiln_status st = plan_get(lt, false, out_f32, block128 ? 2 : 1, M, N, K, accumulate, x_scale, w_scale, &pl, err);
     if (st) return st;
     if ((st = plan_scales(lt, pl, x_scale, w_scale, err)) || (st = plan_run(lt, pl, &pl->algo, x, w, y, stream, err)))
         kiln_err_prefix(err, "FP8 GEMM M=%d N=%d K=%d: ", M, N, K);
@@ -403,7 +409,7 @@ out:
 }
 
 /* kiln_cublaslt_tune and _tune_fp8: fp8 with the scale pointers its runs are timed with. */
-static kiln_status tune_shape(kiln_cublaslt *lt, bool in_f32, bool out_f32, bool fp8, int M, int N, int K,
+static kiln_status tune_shape(kiln_cublaslt *lt, bool in_f32, bool out_f32, int fp8, int M, int N, int K,
                               bool accumulate, const CUdeviceptr *w, int n_w, CUdeviceptr x, CUdeviceptr x_scale,
                               CUdeviceptr w_scale, CUdeviceptr y, CUstream stream, FILE *log, kiln_error *err) {
     if (n_w < 1 || !w)
@@ -414,7 +420,7 @@ static kiln_status tune_shape(kiln_cublaslt *lt, bool in_f32, bool out_f32, bool
     if (st) return kiln_err_prefix(err, "cuBLASLt tuning M=%d N=%d K=%d: ", M, N, K);
     if (pl->tuned) return KILN_OK;
     char shape[96];
-    snprintf(shape, sizeof shape, "%s M=%d N=%d K=%d %s-out%s", fp8 ? "fp8" : in_f32 ? "f32" : "bf16", M, N, K,
+    snprintf(shape, sizeof shape, "%s M=%d N=%d K=%d %s-out%s", fp8 == 2 ? "fp8g128" : fp8 ? "fp8" : in_f32 ? "f32" : "bf16", M, N, K,
              out_f32 ? "f32" : "bf16", accumulate ? " accumulate" : "");
     if (pl->recorded && lt->n_pinned < KILN_LT_PINNED_MAX) { /* the engine's record decides: no timing */
         pl->tuned = 1;
@@ -492,13 +498,14 @@ static kiln_status tune_shape(kiln_cublaslt *lt, bool in_f32, bool out_f32, bool
 kiln_status kiln_cublaslt_tune(kiln_cublaslt *lt, bool in_f32, bool out_f32, int M, int N, int K, bool accumulate,
                                const CUdeviceptr *w, int n_w, CUdeviceptr x, CUdeviceptr y, CUstream stream, FILE *log,
                                kiln_error *err) {
-    return tune_shape(lt, in_f32, out_f32, false, M, N, K, accumulate, w, n_w, x, 0, 0, y, stream, log, err);
+    return tune_shape(lt, in_f32, out_f32, 0, M, N, K, accumulate, w, n_w, x, 0, 0, y, stream, log, err);
 }
 
-kiln_status kiln_cublaslt_tune_fp8(kiln_cublaslt *lt, bool out_f32, int M, int N, int K, bool accumulate,
+kiln_status kiln_cublaslt_tune_fp8(kiln_cublaslt *lt, bool out_f32, bool block128, int M, int N, int K, bool accumulate,
                                    const CUdeviceptr *w, int n_w, CUdeviceptr x, CUdeviceptr x_scale,
                                    CUdeviceptr w_scale, CUdeviceptr y, CUstream stream, FILE *log, kiln_error *err) {
-    return tune_shape(lt, false, out_f32, true, M, N, K, accumulate, w, n_w, x, x_scale, w_scale, y, stream, log, err);
+    return tune_shape(lt, false, out_f32, block128 ? 2 : 1, M, N, K, accumulate, w, n_w, x, x_scale, w_scale, y, stream,
+                      log, err);
 }
 
 /* ---- the engine's tuning record ---- */

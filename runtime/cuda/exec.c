@@ -81,6 +81,9 @@ _Static_assert(KILN_TP_LOCAL_RANKS == KILN_TP_LOCAL_MAX, "kiln_cuda_rank.h and k
  * 3,616 / 3,965 tok/s through the GEMV and 1,377 / 2,690 / 5,303 through cuBLASLt */
 #define CX_QGEMV_MAX_M 32
 #define CX_ACTQ_THREADS 256 /* kiln_act_fp8's block (dequant.cuh's ACTQ_THREADS default) */
+/* Rows of the buffers a step's GEMMs write (activations, QKV and gate/up scratch, logits): fp8g128's W8A8
+ * runs a multiple of 4 (run_gemm_fp8). */
+static size_t rows4(size_t r) { return (r + 3) & ~(size_t)3; }
 #define CX_LT_WORKSPACE (32u << 20)
 #define CX_DEFAULT_SEQS 8
 /* The default step budget (new tokens per step, all sequences together), as vLLM's
@@ -98,6 +101,8 @@ typedef struct cx_dw {
     int64_t rows, cols;  /* device shape (a vector is one row) */
     int qt;              /* quantized (q8, q4g*) and uploaded as stored, for the GEMV; 0 = dense */
     uint64_t offset;     /* in the device weights buffer, 256-aligned */
+    bool gscales;        /* fp8g128 for W8A8: its scales also group-major ([groups][rows], cuBLASLt's VEC128_32F) */
+    uint64_t gs_offset;  /* ... at this offset of the weights buffer, filled at load (kiln_transpose_f32) */
 } cx_dw;
 
 typedef enum { EPI_PLAIN = 0, EPI_SWIGLU = 1, EPI_F32OUT = 2 } cx_epi;
@@ -197,7 +202,10 @@ typedef struct cx {
     int max_rows; /* token rows of every activation buffer: the step budget */
     int free_window; /* window that lets KV blocks go (0 = keep all) */
     CUfunction f_gather, f_sample, f_rope, f_dequant;
-    CUfunction f_act8; /* kiln_act_fp8 (W8A8's per-token activations), when w8a8 */
+    CUfunction f_act8;  /* kiln_act_fp8 (W8A8's per-token activations), when w8a8 */
+    CUfunction f_act8g; /* kiln_act_fp8g and kiln_transpose_f32 (fp8g128's W8A8: scales per 128 columns), */
+    CUfunction f_gt;    /* when the engine has them (w8a8_g128) */
+    bool w8a8_g128;
     int dequant_threads;
     int rope_threads;
     cx_attn attn[CX_MAX_ATTN];
@@ -487,6 +495,21 @@ static cx_inst *emit(cx *x, cx_ikind kind, int op, kiln_error *err) {
 
 /* The GEMV module of an n x k weight with epilogue epi and variant ("m1", "mma", or a quantized
  * dtype's name): its kernel and launch shape. */
+/* After the upload: fp8g128 weights that W8A8 reads get their scales group-major too. */
+static kiln_status gscales_fill(cx *x, kiln_error *err) {
+    for (int i = 0; i < x->n_dw; i++) {
+        const cx_dw *d = &x->dw[i];
+        if (!d->gscales) continue;
+        const int groups = (int)kiln_quant_groups(d->qt, d->cols);
+        kiln_transpose_params tp = {x->dweights + d->offset + kiln_quant_scales_offset(d->qt, d->rows, d->cols),
+                                    x->dweights + d->gs_offset, (int)d->rows, groups};
+        const size_t n = (size_t)d->rows * (size_t)groups;
+        kiln_status st = launch(x, x->f_gt, (unsigned)((n + 255) / 256), 1, 1, 256, 0, &tp, "kiln_transpose_f32", err);
+        if (st) return st;
+    }
+    return KILN_CU_CALL(&x->cu, err, x->cu.api.cuStreamSynchronize(x->stream));
+}
+
 static kiln_status gemv_fn(cx *x, const char *epi, int n, int k, const char *variant, CUfunction *fn,
                            kiln_gemv_cfg *cfg, kiln_error *err) {
     char name[KILN_KSEC_NAME_MAX];
@@ -529,11 +552,18 @@ static kiln_status gemm_setup(cx *x, cx_gemm *g, int dw, cx_epi epi, kiln_error 
             if ((st = fn_get(x, "dequant", "kiln_dequant", &x->f_dequant, &km, err))) return st;
             x->dequant_threads = km->cfg[0] > 0 ? km->cfg[0] : 256;
         }
-        /* W8A8 where the engine's dequant module has the activations' kernel (kiln 0.5 on) */
+        /* W8A8 where the engine's dequant module has the activations' kernels (kiln 0.5 on) */
         if (g->qt == KILN_DTYPE_FP8 && x->w8a8 && !x->f_act8) {
             kiln_error ig = {0};
             if (fn_get(x, "dequant", "kiln_act_fp8", &x->f_act8, NULL, &ig)) x->w8a8 = false;
         }
+        if (g->qt == KILN_DTYPE_FP8G128 && x->w8a8 && x->w8a8_g128 && !x->f_act8g) {
+            kiln_error ig = {0};
+            if (fn_get(x, "dequant", "kiln_act_fp8g", &x->f_act8g, NULL, &ig) ||
+                fn_get(x, "dequant", "kiln_transpose_f32", &x->f_gt, NULL, &ig))
+                x->w8a8_g128 = false;
+        }
+        if (g->qt == KILN_DTYPE_FP8G128 && x->w8a8 && x->w8a8_g128) x->dw[dw].gscales = true;
     } else {
         if ((st = gemv_fn(x, epis[epi], g->n, g->k, "m1", &g->m1, &g->c1, err))) return st;
         if (!x->f32 && (st = gemv_fn(x, epis[epi], g->n, g->k, "mma", &g->mma, &g->cmma, err))) return st;
@@ -982,32 +1012,55 @@ static bool norm_folds(const cx *x, int i, const cx_shape *sh) {
 static bool lt_out_f32(const cx *x, const cx_gemm *g) { return x->f32 || g->epi == EPI_F32OUT; }
 
 /* The widest k of an fp8 GEMM (W8A8's quantized activations are rows x that bytes); 0 without one. */
-static size_t act8_cols(const cx *x) {
-    size_t k = 0;
-    for (int i = 0; i < x->n_prog && x->w8a8; i++) {
+static bool w8a8_runs(const cx *x, const cx_gemm *g);
+
+/* The widest k of a W8A8 GEMM (its quantized activations are rows x that bytes; 0 without one), and the
+ * most scales a row of them has (1, or fp8g128's groups). */
+static size_t act8_cols(const cx *x, size_t *scales) {
+    size_t k = 0, sc = 1;
+    for (int i = 0; i < x->n_prog; i++) {
         const cx_inst *in = &x->prog[i];
-        if ((in->kind == I_QKV || in->kind == I_GEMM || in->kind == I_LMHEAD) && in->g.qt == KILN_DTYPE_FP8 &&
-            (size_t)in->g.k > k)
-            k = (size_t)in->g.k;
+        if (!(in->kind == I_QKV || in->kind == I_GEMM || in->kind == I_LMHEAD) || !w8a8_runs(x, &in->g)) continue;
+        if ((size_t)in->g.k > k) k = (size_t)in->g.k;
+        const size_t g = (size_t)kiln_quant_groups(in->g.qt, in->g.k);
+        if (g > sc) sc = g;
     }
+    if (scales) *scales = sc;
     return k;
 }
 
 /* Whether GEMM g, past the quantized GEMV, runs W8A8 (else its weight is dequantized for a bf16 GEMM). */
-static bool w8a8_runs(const cx *x, const cx_gemm *g) { return g->qt == KILN_DTYPE_FP8 && x->w8a8; }
+static bool w8a8_runs(const cx *x, const cx_gemm *g) {
+    return x->w8a8 && (g->qt == KILN_DTYPE_FP8 || (g->qt == KILN_DTYPE_FP8G128 && x->w8a8_g128));
+}
+/* W8A8 with scales per 128 columns (fp8g128) rather than per row */
+static bool w8a8_g(const cx_gemm *g) { return g->qt == KILN_DTYPE_FP8G128; }
+/* The weight scales W8A8's GEMM reads: per row after the codes, or fp8g128's group-major copy. */
+static CUdeviceptr w8a8_wscale(const cx *x, const cx_gemm *g) {
+    const cx_dw *d = &x->dw[g->dw];
+    return x->dweights + (w8a8_g(g) ? d->gs_offset : d->offset + kiln_quant_scales_offset(g->qt, g->n, g->k));
+}
 
-/* run_gemm's W8A8 route for an fp8 W (codes w, per-row scales wscale): the M rows of x quantized per
- * token (kiln_act_fp8), then cuBLASLt's FP8 GEMM with both scale vectors; a SwiGLU GEMM through the
+/* run_gemm's W8A8 route for an fp8 or fp8g128 W (codes w): the M rows of x quantized per token
+ * (kiln_act_fp8) or per token and 128 columns (kiln_act_fp8g), then cuBLASLt's FP8 GEMM with both
+ * operands' scales (w8a8_wscale); a SwiGLU GEMM through the
  * gate/up scratch. KILN_ERR_UNSUPPORTED (nothing written but the scratch) when cuBLASLt has no FP8
  * algorithm for the shape. */
-static kiln_status run_gemm_fp8(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUdeviceptr w, CUdeviceptr wscale,
-                                CUdeviceptr out, bool res, kiln_error *err) {
-    kiln_act_fp8_params ap = {in, x->act8, x->act8_scale, M, g->k};
-    kiln_status st = launch(x, x->f_act8, (unsigned)M, 1, 1, CX_ACTQ_THREADS, 0, &ap, "kiln_act_fp8", err);
+static kiln_status run_gemm_fp8(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUdeviceptr w, CUdeviceptr out,
+                                bool res, kiln_error *err) {
+    const bool grp = w8a8_g(g);
+    /* 128-column scales: M padded to a multiple of 4 (cuBLASLt reads each group's token scales 16-byte
+     * aligned); the pad rows' codes are zeros, their outputs land in rows the buffers have (rows4) and
+     * no later instruction reads */
+    const int Mp = grp ? (int)rows4((size_t)M) : M;
+    kiln_act_fp8_params ap = {in, x->act8, x->act8_scale, Mp, g->k, M, 0};
+    kiln_status st = launch(x, grp ? x->f_act8g : x->f_act8, (unsigned)Mp, 1, 1, CX_ACTQ_THREADS, 0, &ap,
+                            grp ? "kiln_act_fp8g" : "kiln_act_fp8", err);
     if (st) return st;
     const bool swiglu = g->epi == EPI_SWIGLU;
-    if ((st = kiln_cublaslt_gemm_fp8(x->lt, lt_out_f32(x, g), M, g->n, g->k, x->act8, x->act8_scale, w, wscale,
-                                     swiglu ? x->gu_tmp : out, swiglu ? false : res, x->stream, err)) ||
+    if ((st = kiln_cublaslt_gemm_fp8(x->lt, lt_out_f32(x, g), grp, Mp, g->n, g->k, x->act8, x->act8_scale, w,
+                                     w8a8_wscale(x, g), swiglu ? x->gu_tmp : out, swiglu ? false : res, x->stream,
+                                     err)) ||
         !swiglu)
         return st;
     kiln_cuda_dims d = kiln_swiglu_dims(g->n / 2, M, g->swiglu_threads, 8);
@@ -1038,10 +1091,11 @@ static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUde
         return launch(x, m1 ? g->m1 : g->mma, d.grid[0], d.grid[1], 1, d.block[0], 0, &prm, "kiln_gemv", err);
     }
     if (w8a8_runs(x, g)) { /* W8A8: x quantized per token, cuBLASLt's FP8 GEMM */
-        kiln_status st = run_gemm_fp8(x, g, M, in, w, wscale, out, res, err);
+        kiln_status st = run_gemm_fp8(x, g, M, in, w, out, res, err);
         if (st != KILN_ERR_UNSUPPORTED) return st;
         /* this cuBLASLt has no FP8 algorithm for the shape: the dequantized route from now on */
-        x->w8a8 = false;
+        if (w8a8_g(g)) x->w8a8_g128 = false;
+        else x->w8a8 = false;
         *err = (kiln_error){0};
     }
     if (g->qt) { /* more rows than the quantized GEMV takes: a dense copy for cuBLASLt */
@@ -1510,14 +1564,15 @@ static int bucket(const cx *x, int n) {
 /* One cuBLASLt shape of a step to time (tune_rows), with up to CX_TUNE_WEIGHTS of the weights it reads. */
 typedef struct tune_shape {
     int n, k;
-    bool acc, out_f32, fp8; /* fp8: W8A8 (the weights' codes, ws the first one's scales) */
+    bool acc, out_f32;
+    int fp8; /* W8A8: 1 (scales per row), 2 (fp8g128: per 128 columns); the weights' codes, ws the first one's scales */
     CUdeviceptr w[CX_TUNE_WEIGHTS], ws;
     int n_w;
 } tune_shape;
 
 /* Add weight w of shape (n, k, acc, out_f32, fp8 with scales ws) to the shapes of a step of B rows,
  * growing the scratch sizes xb (B x K inputs) and yb (B x N outputs). */
-static void tune_add(const cx *x, tune_shape *sh, int *n_sh, int B, int n, int k, bool acc, bool of, bool fp8,
+static void tune_add(const cx *x, tune_shape *sh, int *n_sh, int B, int n, int k, bool acc, bool of, int fp8,
                      CUdeviceptr w, CUdeviceptr ws, size_t *xb, size_t *yb) {
     int j = 0;
     while (j < *n_sh &&
@@ -1527,7 +1582,8 @@ static void tune_add(const cx *x, tune_shape *sh, int *n_sh, int B, int n, int k
         if (*n_sh == CX_TUNE_SHAPES) return;
         sh[j] = (tune_shape){.n = n, .k = k, .acc = acc, .out_f32 = of, .fp8 = fp8, .ws = ws};
         (*n_sh)++;
-        size_t bx = (size_t)B * (size_t)k * (size_t)x->es, by = (size_t)B * (size_t)n * (of ? 4u : (size_t)x->es);
+        const size_t Bp = fp8 == 2 ? rows4((size_t)B) : (size_t)B; /* run_gemm_fp8's padded M */
+        size_t bx = Bp * (size_t)k * (size_t)x->es, by = Bp * (size_t)n * (of ? 4u : (size_t)x->es);
         if (bx > *xb) *xb = bx;
         if (by > *yb) *yb = by;
     }
@@ -1547,9 +1603,9 @@ static void tune_rows(cx *x, int B, bool decode, FILE *log) {
             if (!decode || moe_pairs(x, mo, B) || (x->moe_grouped && mo->gg_gu)) continue;
             const size_t es = (size_t)x->es, H = (size_t)x->hidden, F = (size_t)mo->f;
             for (int e = 0; e < mo->E && e < CX_TUNE_WEIGHTS; e++) {
-                tune_add(x, sh, &n_sh, B, (int)(2 * F), (int)H, false, x->f32, false,
+                tune_add(x, sh, &n_sh, B, (int)(2 * F), (int)H, false, x->f32, 0,
                          dwp(x, mo->dw_gu) + (size_t)e * 2 * F * H * es, 0, &xb, &yb);
-                tune_add(x, sh, &n_sh, B, (int)H, (int)F, false, true, false,
+                tune_add(x, sh, &n_sh, B, (int)H, (int)F, false, true, 0,
                          dwp(x, mo->dw_down) + (size_t)e * H * F * es, 0, &xb, &yb);
             }
             continue;
@@ -1561,14 +1617,15 @@ static void tune_rows(cx *x, int B, bool decode, FILE *log) {
         /* the arguments run_gemm gives kiln_cublaslt_gemm_ex (cuBLASLt reads a quantized weight's dense
          * copy) or, W8A8, kiln_cublaslt_gemm_fp8 (the codes as stored) */
         const bool acc = in->kind == I_GEMM && in->res >= 0 && g->epi != EPI_SWIGLU, fp8 = w8a8_runs(x, g);
-        const CUdeviceptr w = dwp(x, g->dw);
-        tune_add(x, sh, &n_sh, B, g->n, g->k, acc, lt_out_f32(x, g), fp8, g->qt && !fp8 ? x->deq_tmp : w,
-                 fp8 ? w + kiln_quant_scales_offset(g->qt, g->n, g->k) : 0, &xb, &yb);
+        tune_add(x, sh, &n_sh, B, g->n, g->k, acc, lt_out_f32(x, g), fp8 ? 1 + w8a8_g(g) : 0,
+                 g->qt && !fp8 ? x->deq_tmp : dwp(x, g->dw), fp8 ? w8a8_wscale(x, g) : 0, &xb, &yb);
     }
     if (n_sh == 0) return;
     const double t0 = kiln_now();
     const size_t yoff = (xb + 255) / 256 * 256, soff = yoff + (yb + 255) / 256 * 256; /* W8A8's x scales last */
-    const size_t bytes = soff + (size_t)B * 4;
+    size_t a8s = 1; /* W8A8's x scales a row */
+    act8_cols(x, &a8s);
+    const size_t bytes = soff + rows4((size_t)B) * 4 * a8s;
     CUdeviceptr scratch = 0;
     kiln_error e = {0};
     if (cx_alloc(x, bytes, "the cuBLASLt tuning scratch", &scratch, &e) ||
@@ -1578,7 +1635,8 @@ static void tune_rows(cx *x, int B, bool decode, FILE *log) {
         for (int j = 0; j < n_sh; j++) {
             kiln_error te = {0};
             const kiln_status ts =
-                sh[j].fp8 ? kiln_cublaslt_tune_fp8(x->lt, sh[j].out_f32, B, sh[j].n, sh[j].k, sh[j].acc, sh[j].w,
+                sh[j].fp8 ? kiln_cublaslt_tune_fp8(x->lt, sh[j].out_f32, sh[j].fp8 == 2,
+                                                   sh[j].fp8 == 2 ? (int)rows4((size_t)B) : B, sh[j].n, sh[j].k, sh[j].acc, sh[j].w,
                                                    sh[j].n_w, scratch, scratch + soff, sh[j].ws, scratch + yoff,
                                                    x->stream, log, &te)
                           : kiln_cublaslt_tune(x->lt, x->f32, sh[j].out_f32, B, sh[j].n, sh[j].k, sh[j].acc, sh[j].w,
@@ -1905,7 +1963,7 @@ bool kiln_cuda_exec_get_stats(kiln_executor *e, kiln_cuda_exec_stats *st) {
     kiln_cublaslt_recorded_counts(x->lt, &st->tuning_used, &st->tuning_refused);
     st->gemv_max_m = x->gemv_max_m;
     st->qgemv_max_m = x->qgemv_max_m;
-    st->w8a8 = x->w8a8 && act8_cols(x) > 0;
+    st->w8a8 = act8_cols(x, NULL) > 0;
     st->rope_split_max_t = x->rope_split_max_t;
     st->attn_waves = x->attn_waves;
     return true;
@@ -2047,8 +2105,10 @@ static size_t tune_bytes(const cx *x) {
         if ((size_t)in->g.k > k) k = (size_t)in->g.k;
         if ((size_t)in->g.n > n) n = (size_t)in->g.n;
     }
-    const size_t S = (size_t)x->base.max_seqs;
-    return k ? align256(S * k * (size_t)x->es) + align256(S * n * 4) + S * 4 : 0; /* x, y, W8A8's x scales */
+    const size_t S = rows4((size_t)x->base.max_seqs);
+    size_t a8s = 1;
+    act8_cols(x, &a8s);
+    return k ? align256(S * k * (size_t)x->es) + align256(S * n * 4) + S * 4 * a8s : 0; /* x, y, W8A8's x scales */
 }
 
 /* The experts' scratch for steps of `rows` tokens, and its parts' offsets (into off[8], when given):
@@ -2074,13 +2134,14 @@ static size_t moe_bytes(const cx *x, int rows, size_t off[8]) {
  * input, logits, attention partials and sampled ids (max_seqs x width), the step inputs, and the
  * decode GEMM tuning's temporary buffers. The same sizes the creation allocates. */
 static size_t scratch_bytes(const cx *x, int rows, int max_blocks) {
-    const size_t R = (size_t)rows, es = (size_t)x->es, S = (size_t)x->base.max_seqs, z = (size_t)x->zmax;
+    const size_t R = rows4((size_t)rows), es = (size_t)x->es, S = rows4((size_t)x->base.max_seqs), z = (size_t)x->zmax;
     const size_t nh = (size_t)x->n_heads, hd = (size_t)x->head_dim;
     size_t b = 0;
     for (int i = 0; i < x->n_bufs; i++) b += R * x->bufs[i].bytes;
     b += R * (nh + 2 * (size_t)x->n_kv) * hd * es + R * nh * hd * es;
     if ((R > (size_t)gu_rows(x) || x->moe_e) && x->ffn_max > 0) b += R * 2 * (size_t)x->ffn_max * es;
-    if (R > (size_t)x->qgemv_max_m) b += deq_bytes(x) + R * act8_cols(x) + R * 4;
+    size_t a8s = 1;
+    if (R > (size_t)x->qgemv_max_m) b += deq_bytes(x) + R * act8_cols(x, &a8s) + R * a8s * 4;
     b += moe_bytes(x, rows, NULL);
     b += S * (size_t)x->hidden * es + S * (size_t)x->vocab * 4 + S * nh * z * hd * 4 + S * nh * z * 2 * 4 +
          S * (size_t)x->n_kv * 4 + S * 4;
@@ -2209,6 +2270,7 @@ static kiln_status cx_new(const kiln_model *m, const kiln_cuda_exec_opts *o, int
     x->moe_grouped = o->moe_grouped;
     x->qgemv_cc = !o->no_qgemv_cc;
     x->w8a8 = !o->no_w8a8; /* and sm_89+, bf16, once the device is known (below) */
+    x->w8a8_g128 = o->w8a8_g128; /* measure knob w8a8=2; and the engine's kernels for it (gemm_setup) */
     x->hidden = p->hidden_size;
     x->n_kv = p->n_kv_heads;
     x->head_dim = p->head_dim;
@@ -2322,6 +2384,11 @@ static kiln_status cx_new(const kiln_model *m, const kiln_cuda_exec_opts *o, int
             x->dw[i].offset = off;
             off = align256(off + (size_t)dw_bytes(x, &x->dw[i]));
         }
+        for (int i = 0; i < x->n_dw; i++) /* fp8g128's group-major scales for W8A8, after every weight */
+            if (x->dw[i].gscales) {
+                x->dw[i].gs_offset = off;
+                off = align256(off + (size_t)x->dw[i].rows * (size_t)kiln_quant_groups(x->dw[i].qt, x->dw[i].cols) * 4);
+            }
         x->dweights_bytes = off;
         x->zmax = zmax_of(x);
         size_t fr = 0, tot = 0;
@@ -2332,13 +2399,14 @@ static kiln_status cx_new(const kiln_model *m, const kiln_cuda_exec_opts *o, int
         if ((st = cx_alloc(x, off, "the weights", &x->dweights, err))) goto fail;
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         int threads = o->threads > 0 ? o->threads : cores > 16 ? 16 : cores > 0 ? (int)cores : 1;
-        if ((st = upload_weights(x, threads, err))) goto fail;
+        if ((st = upload_weights(x, threads, err)) || (st = gscales_fill(x, err))) goto fail;
         x->stats.weight_bytes = (int64_t)off;
     }
 
     /* activations and scratch */
     {
-        const size_t R = (size_t)x->max_rows, es = (size_t)x->es;
+        const size_t R = rows4((size_t)x->max_rows), es = (size_t)x->es;
+        size_t a8s = 1; /* W8A8's scales a row of activations */
         for (int i = 0; i < x->n_bufs; i++) {
             char what[64];
             snprintf(what, sizeof what, "activation buffer %d", i);
@@ -2352,11 +2420,11 @@ static kiln_status cx_new(const kiln_model *m, const kiln_cuda_exec_opts *o, int
              (st = cx_alloc(x, R * 2 * (size_t)x->ffn_max * es, "the gate/up scratch", &x->gu_tmp, err))) ||
             (R > (size_t)x->qgemv_max_m && deq_bytes(x) > 0 &&
              (st = cx_alloc(x, deq_bytes(x), "the dequantized weight scratch", &x->deq_tmp, err))) ||
-            (R > (size_t)x->qgemv_max_m && act8_cols(x) > 0 &&
-             ((st = cx_alloc(x, R * act8_cols(x), "the FP8 activations", &x->act8, err)) ||
-              (st = cx_alloc(x, R * 4, "the FP8 activations' scales", &x->act8_scale, err)))) ||
+            (R > (size_t)x->qgemv_max_m && act8_cols(x, &a8s) > 0 &&
+             ((st = cx_alloc(x, R * act8_cols(x, &a8s), "the FP8 activations", &x->act8, err)) ||
+              (st = cx_alloc(x, R * a8s * 4, "the FP8 activations' scales", &x->act8_scale, err)))) ||
             (st = cx_alloc(x, (size_t)max_seqs * (size_t)x->hidden * es, "the LM head input", &x->lm_x, err)) ||
-            (st = cx_alloc(x, (size_t)max_seqs * (size_t)x->vocab * 4, "the logits", &x->logits, err)) ||
+            (st = cx_alloc(x, rows4((size_t)max_seqs) * (size_t)x->vocab * 4, "the logits", &x->logits, err)) ||
             (st = cx_alloc(x, (size_t)max_seqs * (size_t)x->n_heads * (size_t)zmax * (size_t)x->head_dim * 4,
                            "the attention split partials", &x->part_o, err)) ||
             (st = cx_alloc(x, (size_t)max_seqs * (size_t)x->n_heads * (size_t)zmax * 2 * 4,
