@@ -204,8 +204,8 @@ typedef struct cx {
     CUfunction f_gather, f_sample, f_rope, f_dequant;
     CUfunction f_act8;  /* kiln_act_fp8 (W8A8's per-token activations), when w8a8 */
     CUfunction f_act8g; /* kiln_act_fp8g and kiln_transpose_f32 (fp8g128's W8A8: scales per 128 columns), */
-    CUfunction f_gt;    /* when the engine has them (w8a8_g128) */
-    bool w8a8_g128;
+    CUfunction f_gt;    /* when the engine has them */
+    bool w8a8_g128;     /* fp8g128 runs W8A8 too (measure knob w8a8=2, the engine's kernels, cuBLASLt's algorithms) */
     int dequant_threads;
     int rope_threads;
     cx_attn attn[CX_MAX_ATTN];
@@ -493,8 +493,6 @@ static cx_inst *emit(cx *x, cx_ikind kind, int op, kiln_error *err) {
     return in;
 }
 
-/* The GEMV module of an n x k weight with epilogue epi and variant ("m1", "mma", or a quantized
- * dtype's name): its kernel and launch shape. */
 /* After the upload: fp8g128 weights that W8A8 reads get their scales group-major too. */
 static kiln_status gscales_fill(cx *x, kiln_error *err) {
     for (int i = 0; i < x->n_dw; i++) {
@@ -510,6 +508,8 @@ static kiln_status gscales_fill(cx *x, kiln_error *err) {
     return KILN_CU_CALL(&x->cu, err, x->cu.api.cuStreamSynchronize(x->stream));
 }
 
+/* The GEMV module of an n x k weight with epilogue epi and variant ("m1", "mma", or a quantized
+ * dtype's name): its kernel and launch shape. */
 static kiln_status gemv_fn(cx *x, const char *epi, int n, int k, const char *variant, CUfunction *fn,
                            kiln_gemv_cfg *cfg, kiln_error *err) {
     char name[KILN_KSEC_NAME_MAX];
@@ -1011,7 +1011,6 @@ static bool norm_folds(const cx *x, int i, const cx_shape *sh) {
 /* Whether cuBLASLt writes GEMM g's output in fp32 (f32 engines, the logits). */
 static bool lt_out_f32(const cx *x, const cx_gemm *g) { return x->f32 || g->epi == EPI_F32OUT; }
 
-/* The widest k of an fp8 GEMM (W8A8's quantized activations are rows x that bytes); 0 without one. */
 static bool w8a8_runs(const cx *x, const cx_gemm *g);
 
 /* The widest k of a W8A8 GEMM (its quantized activations are rows x that bytes; 0 without one), and the
@@ -1043,9 +1042,8 @@ static CUdeviceptr w8a8_wscale(const cx *x, const cx_gemm *g) {
 
 /* run_gemm's W8A8 route for an fp8 or fp8g128 W (codes w): the M rows of x quantized per token
  * (kiln_act_fp8) or per token and 128 columns (kiln_act_fp8g), then cuBLASLt's FP8 GEMM with both
- * operands' scales (w8a8_wscale); a SwiGLU GEMM through the
- * gate/up scratch. KILN_ERR_UNSUPPORTED (nothing written but the scratch) when cuBLASLt has no FP8
- * algorithm for the shape. */
+ * operands' scales (w8a8_wscale); a SwiGLU GEMM through the gate/up scratch. KILN_ERR_UNSUPPORTED
+ * (nothing written but the scratch) when cuBLASLt has no FP8 algorithm for the shape. */
 static kiln_status run_gemm_fp8(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUdeviceptr w, CUdeviceptr out,
                                 bool res, kiln_error *err) {
     const bool grp = w8a8_g(g);
