@@ -453,6 +453,7 @@ static void info_fill(kiln_ctx_t *c, kiln_ctx_info *info) {
     info->kernels_load_seconds = xi.kernels_load_seconds;
     info->kernels_jitted = xi.kernels_jitted;
     snprintf(info->tuning, sizeof info->tuning, "%s", xi.tuning);
+    info->gemm_fp8 = xi.gemm_fp8;
     struct rusage ru;
     if (getrusage(RUSAGE_SELF, &ru) == 0) info->host_peak_bytes = (int64_t)ru.ru_maxrss * 1024; /* Linux: kB */
     info->steps = ss.steps;

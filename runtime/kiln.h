@@ -234,6 +234,11 @@ typedef struct kiln_ctx_info {
                                     thresholds still apply), "none (heuristic)", "off (...)" (knob recorded=0);
                                     ", N refused by cuBLASLt" when cublasLtMatmulAlgoCheck refused recorded ones;
                                     empty on the CPU */
+    /* Since 0.5 */
+    int32_t gemm_fp8;            /* matrices whose GEMM steps (prefill, batches past the quantized GEMV) run
+                                    W8A8 now: the activations quantized per token for FP8 tensor cores (an
+                                    fp8 engine on sm_89+; 0 on the CPU, for other formats and with measure
+                                    knob w8a8=0, or once cuBLASLt had no algorithm for a shape) */
 } kiln_ctx_info;
 
 /* Describe the context. */

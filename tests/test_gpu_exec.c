@@ -1298,6 +1298,12 @@ static void check_bf16_golden_b(const char *eng, const char *gdir, const char *l
         free(ids);
         free(lg);
     }
+    if (flags & (G_W8A8 | G_NO_W8A8)) { /* the route asked for is the one that ran (no silent fallback) */
+        kiln_executor_info xi = {0};
+        G.x->ops->info(G.x, &xi);
+        KT_CHECKF((flags & G_W8A8) ? xi.gemm_fp8 > 0 : xi.gemm_fp8 == 0, "%s: %d matrices ran W8A8", label,
+                  xi.gemm_fp8);
+    }
     gx_close(&G);
     json_decref(g);
 }

@@ -1876,6 +1876,16 @@ static kiln_status cx_step(kiln_executor *e, const kiln_step *s, kiln_error *err
     return step_finish(x, s, &sh, true, err);
 }
 
+/* Matrices whose GEMM steps run W8A8 now (for kiln_ctx_info.gemm_fp8). */
+static int w8a8_count(const cx *x) {
+    int n = 0;
+    for (int i = 0; i < x->n_prog; i++) {
+        const cx_inst *in = &x->prog[i];
+        n += (in->kind == I_QKV || in->kind == I_GEMM || in->kind == I_LMHEAD) && w8a8_runs(x, &in->g);
+    }
+    return n;
+}
+
 static void cx_info(kiln_executor *e, kiln_executor_info *info) {
     cx *x = (cx *)e;
     snprintf(info->device_name, sizeof info->device_name, "%.127s", x->cu.name);
@@ -1888,6 +1898,7 @@ static void cx_info(kiln_executor *e, kiln_executor_info *info) {
     info->scratch_bytes = x->scratch_bytes;
     info->kernels_load_seconds = x->stats.modules_seconds;
     info->kernels_jitted = x->stats.jitted;
+    info->gemm_fp8 = w8a8_count(x);
     int used = 0, refused = 0;
     kiln_cublaslt_recorded_counts(x->lt, &used, &refused);
     if (refused)
@@ -1961,7 +1972,7 @@ bool kiln_cuda_exec_get_stats(kiln_executor *e, kiln_cuda_exec_stats *st) {
     kiln_cublaslt_recorded_counts(x->lt, &st->tuning_used, &st->tuning_refused);
     st->gemv_max_m = x->gemv_max_m;
     st->qgemv_max_m = x->qgemv_max_m;
-    st->w8a8 = act8_cols(x, NULL) > 0;
+    st->w8a8 = w8a8_count(x) > 0;
     st->rope_split_max_t = x->rope_split_max_t;
     st->attn_waves = x->attn_waves;
     return true;
