@@ -10,8 +10,13 @@
 #   bench    Mistral-7B shapes (random weights, bench/make_checkpoint.py), bf16 and --quant fp8:
 #            prefill of 2048 tokens and decode at $BATCHES (128 in / 128 out), fp8 with and without
 #            W8A8; a --profile of the fp8 prefill; then Llama-3.1-8B shapes --quant fp8 at $LBATCHES
+#   block    with BLOCK=1 (instead of bench): Mistral-7B shapes as a block-FP8 checkpoint (fp8g128),
+#            prefill of 2048 and 2047 tokens (rows not a multiple of 4: the padded steps) and decode at
+#            batch 64 and 61, W8A8 with 128-column scales (--measure w8a8=2) against dequantized, and
+#            the gemm_fp8_matrices each run reports
 # Run from the repository root with the binaries in $BIN:
 #   BIN=.carry/bin PPL_ENGINE=.carry/q/pycode-fp8.kiln EVAL=.carry/q/eval.txt OUT=$OUT bash bench/gpu_w8a8_check.sh
+#   BLOCK=1 BIN=.carry/bin OUT=$OUT bash bench/gpu_w8a8_check.sh      # the tests, then the block part
 set -u
 BIN=${BIN:-build-dev}
 OUT=${OUT:-out}
@@ -23,6 +28,7 @@ W=${WORK:-/tmp/kiln-w8a8}
 val() { grep "\"$1\"" | tail -1 | sed 's/.*"value":\([0-9.e+-]*\).*/\1/'; }
 K=$BIN/kiln
 (
+    [ "${BLOCK:-0}" = 1 ] && exit 0 # the block part makes its own checkpoint
     timeout 120 python3 bench/make_checkpoint.py --arch mistral-7b --out "$W/m7" || exit 1
     timeout 90 "$K" compile "$W/m7" -o "$W/m7-bf16.kiln" --target sm_90
     timeout 120 "$K" compile "$W/m7" -o "$W/m7-fp8.kiln" --target sm_90 --quant fp8
@@ -50,6 +56,21 @@ b1() { # NAME SECONDS ENGINE ARGS...: one kiln bench into $OUT/bench.jsonl
     part "$n" "$s" "$K" bench "$e" --json "$@"
     grep '^{' "$OUT/$n.log" | sed "s|^{|{\"run\": \"$n\", |" >>"$OUT/bench.jsonl"
 }
+if [ "${BLOCK:-0}" = 1 ]; then
+    part block_build 200 bash -c "python3 bench/make_checkpoint.py --arch mistral-7b --fp8-block 128 --out $W/m7b &&
+        $K compile $W/m7b -o $W/m7b.kiln --target sm_90; rm -rf $W/m7b"
+    for run in "2048 1" "2047 1" "128 64" "128 61"; do
+        # shellcheck disable=SC2086 # "LEN BATCH" as two words
+        set -- $run
+        for mk in w8a8=2 w8a8=0; do
+            if [ "$2" = 1 ]; then len=(--input-len "$1" --output-len 1); else len=(--input-len 128 --output-len 128); fi
+            b1 "block_${1}_b${2}_${mk/=/}" 60 "$W/m7b.kiln" --batch "$2" "${len[@]}" --reps 3 --measure "$mk"
+        done
+    done
+    grep -h '"gemm_fp8_matrices"\|"prefill_ms"\|"decode_tokens_per_s"' "$OUT"/block_*.log | cut -c1-160 >>"$S"
+    echo "total: $((SECONDS - t0)) s" | tee -a "$S"
+    exit 0
+fi
 while kill -0 $build 2>/dev/null && [ ! -f "$W/m7-fp8.kiln" ]; do sleep 2; done
 sleep 1
 for round in 1 2; do
