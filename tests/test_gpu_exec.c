@@ -335,6 +335,24 @@ static bool open_kernels(const char *eng, kiln_model **m, kiln_ksec *ks) {
     return s && kiln_ksec_parse((*m)->engine.data + s->offset, s->stored_size, ks, &err) == KILN_OK;
 }
 
+/* The GEMV modules `mods` of an FP8 weight dtype (fp8, fp8g128) in *ks: E4M3 codes (GEMV_QUANT 8,
+ * GEMV_FP8 1), the dtype's group, the tensor cores unless the name ends in ".cc" (the CUDA-core
+ * one-token GEMV), the dtype in cfg[7]. */
+static void check_fp8_gemvs(const kiln_ksec *ks, const char *const *mods, size_t n, int dtype) {
+    for (size_t i = 0; i < n; i++) {
+        const kiln_ksec_module *e = kiln_ksec_find(ks, mods[i]);
+        KT_CHECKF(e != NULL, "no module %s", mods[i]);
+        if (!e) continue;
+        char *src = strndup(e->source, e->source_len);
+        KT_CONTAINS(src, "#define GEMV_QUANT 8");
+        KT_CONTAINS(src, "#define GEMV_FP8 1");
+        KT_CONTAINS(src, pathf("#define GEMV_GROUP %d", kiln_quant_group(dtype)));
+        KT_CONTAINS(src, strstr(mods[i], ".cc") ? "#define GEMV_MMA 0" : "#define GEMV_MMA 1");
+        free(src);
+        KT_EQ_INT(e->cfg[7], dtype);
+    }
+}
+
 static void test_kernels_section_quant(void) {
     kiln_error err = {0};
     int ver = 0;
@@ -380,16 +398,7 @@ static void test_kernels_section_quant(void) {
     KT_REQUIRE(open_kernels(e8, &m, &ks));
     static const char *const fp8_mods[] = {"gemv.plain.128x64.fp8", "gemv.swiglu.256x64.fp8", "gemv.plain.64x128.fp8",
                                            "gemv.f32out.256x64.fp8"};
-    for (size_t i = 0; i < sizeof fp8_mods / sizeof fp8_mods[0]; i++) {
-        const kiln_ksec_module *e = kiln_ksec_find(&ks, fp8_mods[i]);
-        KT_CHECKF(e != NULL, "no module %s", fp8_mods[i]);
-        if (!e) continue;
-        char *src = strndup(e->source, e->source_len);
-        KT_CONTAINS(src, "#define GEMV_QUANT 8");
-        KT_CONTAINS(src, "#define GEMV_FP8 1");
-        free(src);
-        KT_EQ_INT(e->cfg[7], KILN_DTYPE_FP8);
-    }
+    check_fp8_gemvs(&ks, fp8_mods, sizeof fp8_mods / sizeof fp8_mods[0], KILN_DTYPE_FP8);
     KT_CHECK(kiln_ksec_find(&ks, "dequant") != NULL);
     kiln_ksec_free(&ks);
     kiln_model_close(m);
@@ -401,18 +410,7 @@ static void test_kernels_section_quant(void) {
     KT_REQUIRE(open_kernels(eb, &m, &ks));
     static const char *const fb_mods[] = {"gemv.plain.128x64.fp8g128", "gemv.swiglu.256x64.fp8g128",
                                           "gemv.plain.64x128.fp8g128.cc", "gemv.swiglu.256x64.fp8g128.cc"};
-    for (size_t i = 0; i < sizeof fb_mods / sizeof fb_mods[0]; i++) {
-        const kiln_ksec_module *e = kiln_ksec_find(&ks, fb_mods[i]);
-        KT_CHECKF(e != NULL, "no module %s", fb_mods[i]);
-        if (!e) continue;
-        char *src = strndup(e->source, e->source_len);
-        KT_CONTAINS(src, "#define GEMV_QUANT 8");
-        KT_CONTAINS(src, "#define GEMV_FP8 1");
-        KT_CONTAINS(src, "#define GEMV_GROUP 128");
-        KT_CONTAINS(src, strstr(fb_mods[i], ".cc") ? "#define GEMV_MMA 0" : "#define GEMV_MMA 1");
-        free(src);
-        KT_EQ_INT(e->cfg[7], KILN_DTYPE_FP8G128);
-    }
+    check_fp8_gemvs(&ks, fb_mods, sizeof fb_mods / sizeof fb_mods[0], KILN_DTYPE_FP8G128);
     kiln_ksec_free(&ks);
     kiln_model_close(m);
     /* f32 with quantized matrices: the kernels compute in f32 and read no codes */
