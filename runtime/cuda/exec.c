@@ -1094,7 +1094,7 @@ static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUde
         /* this cuBLASLt has no FP8 algorithm for the shape: the dequantized route from now on */
         if (w8a8_g(g)) x->w8a8_g128 = false;
         else x->w8a8 = false;
-        *err = (kiln_error){0};
+        kiln_err_clear(err);
     }
     if (g->qt) { /* more rows than the quantized GEMV takes: a dense copy for cuBLASLt */
         kiln_dequant_params dp = {w,    wscale, wmin, x->deq_tmp, g->n, g->k, kiln_quant_bits(g->qt), group,
@@ -1972,7 +1972,6 @@ bool kiln_cuda_exec_get_stats(kiln_executor *e, kiln_cuda_exec_stats *st) {
     kiln_cublaslt_recorded_counts(x->lt, &st->tuning_used, &st->tuning_refused);
     st->gemv_max_m = x->gemv_max_m;
     st->qgemv_max_m = x->qgemv_max_m;
-    st->w8a8 = w8a8_count(x) > 0;
     st->rope_split_max_t = x->rope_split_max_t;
     st->attn_waves = x->attn_waves;
     return true;
@@ -2415,7 +2414,8 @@ static kiln_status cx_new(const kiln_model *m, const kiln_cuda_exec_opts *o, int
     /* activations and scratch */
     {
         const size_t R = rows4((size_t)x->max_rows), es = (size_t)x->es;
-        size_t a8s = 1; /* W8A8's scales a row of activations */
+        size_t a8s = 1; /* W8A8's quantized activations: k8 columns and a8s scales a row */
+        const size_t k8 = act8_cols(x, &a8s);
         for (int i = 0; i < x->n_bufs; i++) {
             char what[64];
             snprintf(what, sizeof what, "activation buffer %d", i);
@@ -2429,8 +2429,8 @@ static kiln_status cx_new(const kiln_model *m, const kiln_cuda_exec_opts *o, int
              (st = cx_alloc(x, R * 2 * (size_t)x->ffn_max * es, "the gate/up scratch", &x->gu_tmp, err))) ||
             (R > (size_t)x->qgemv_max_m && deq_bytes(x) > 0 &&
              (st = cx_alloc(x, deq_bytes(x), "the dequantized weight scratch", &x->deq_tmp, err))) ||
-            (R > (size_t)x->qgemv_max_m && act8_cols(x, &a8s) > 0 &&
-             ((st = cx_alloc(x, R * act8_cols(x, &a8s), "the FP8 activations", &x->act8, err)) ||
+            (R > (size_t)x->qgemv_max_m && k8 > 0 &&
+             ((st = cx_alloc(x, R * k8, "the FP8 activations", &x->act8, err)) ||
               (st = cx_alloc(x, R * a8s * 4, "the FP8 activations' scales", &x->act8_scale, err)))) ||
             (st = cx_alloc(x, (size_t)max_seqs * (size_t)x->hidden * es, "the LM head input", &x->lm_x, err)) ||
             (st = cx_alloc(x, rows4((size_t)max_seqs) * (size_t)x->vocab * 4, "the logits", &x->logits, err)) ||

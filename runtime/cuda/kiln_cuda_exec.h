@@ -126,7 +126,6 @@ typedef struct kiln_cuda_exec_stats {
     int tuning_refused;       /* entries cublasLtMatmulAlgoCheck refused (the heuristic's answer ran instead) */
     int gemv_max_m, qgemv_max_m, rope_split_max_t;
     double attn_waves;
-    bool w8a8;                /* fp8 weights past the quantized GEMV run cuBLASLt's FP8 GEMM (W8A8) */
 } kiln_cuda_exec_stats;
 
 /* Fill *st for an executor made by kiln_cuda_executor_new (false for another kind). */
