@@ -26,6 +26,15 @@ static float normal(void) {
     return (float)(sqrt(-2.0 * log(u > 1e-300 ? u : 1e-300)) * cos(6.283185307179586 * v));
 }
 
+/* An [n, k] matrix w quantized to dtype t row by row (kiln_quant_row_ex with `method`) into a new
+ * buffer of its bytes, and dequantized back into `back` (n x k floats). */
+static uint8_t *quant_all(int t, int64_t n, int64_t k, const float *w, int method, float *back) {
+    uint8_t *q = calloc(kiln_weight_nbytes(t, 2, (int64_t[]){n, k}), 1);
+    for (int64_t r = 0; r < n; r++) kiln_quant_row_ex(t, n, k, r, w + r * k, q, method);
+    kiln_dequant_rows(t, q, n, k, 0, n, back);
+    return q;
+}
+
 static void test_sizes(void) {
     KT_EQ_INT((int)kiln_weight_nbytes(KILN_DTYPE_Q8, 2, (int64_t[]){3, 5}), 16 + 12);   /* codes to 16, 3 scales */
     KT_EQ_INT((int)kiln_weight_nbytes(KILN_DTYPE_Q4G32, 2, (int64_t[]){2, 64}), 64 + 32); /* 2x2 scales and mins */
@@ -51,10 +60,7 @@ static void round_trip(int t) {
     for (int64_t j = 0; j < k; j++) w[6 * k + j] = 0.0f;  /* all zeros */
     for (int64_t j = 0; j < k; j++) w[7 * k + j] = -0.75f; /* constant */
     w[8 * k + 3] = 1e4f;                                     /* an outlier */
-    const uint64_t nb = kiln_weight_nbytes(t, 2, (int64_t[]){n, k});
-    uint8_t *q = calloc(nb, 1);
-    for (int64_t r = 0; r < n; r++) kiln_quant_row(t, n, k, r, w + r * k, q);
-    kiln_dequant_rows(t, q, n, k, 0, n, back);
+    uint8_t *q = quant_all(t, n, k, w, KILN_QUANT_RTN, back);
     int bad = 0;
     for (int64_t r = 0; r < n; r++)
         for (int64_t c0 = 0; c0 < k; c0 += g) {
@@ -141,10 +147,7 @@ static void test_fp8_rows(void) {
     for (int64_t i = 0; i < n * k; i++) w[i] = normal() * (float)(1 + (i / k)) * 0.01f;
     for (int64_t j = 0; j < k; j++) w[4 * k + j] = 0.0f;
     w[5 * k + 7] = 300.0f; /* an outlier: most of the row goes subnormal or zero */
-    const uint64_t nb = kiln_weight_nbytes(KILN_DTYPE_FP8, 2, (int64_t[]){n, k});
-    uint8_t *q = calloc(nb, 1);
-    for (int64_t r = 0; r < n; r++) kiln_quant_row_ex(KILN_DTYPE_FP8, n, k, r, w + r * k, q, KILN_QUANT_MSE);
-    kiln_dequant_rows(KILN_DTYPE_FP8, q, n, k, 0, n, back);
+    uint8_t *q = quant_all(KILN_DTYPE_FP8, n, k, w, KILN_QUANT_MSE, back);
     int bad = 0, sub = 0;
     for (int64_t r = 0; r < n; r++) {
         float mx = 0, s;
@@ -238,10 +241,7 @@ static void test_fp8g128_rows(void) {
     KT_EQ_INT((int)kiln_quant_mins_offset(KILN_DTYPE_FP8G128, n, k), 0);
     float *w = malloc(sizeof(float) * n * k), *back = malloc(sizeof(float) * n * k);
     for (int64_t i = 0; i < n * k; i++) w[i] = normal() * (float)(1 + (i % k) / 128) * 0.01f; /* groups differ */
-    const uint64_t nb = kiln_weight_nbytes(KILN_DTYPE_FP8G128, 2, (int64_t[]){n, k});
-    uint8_t *q = calloc(nb, 1);
-    for (int64_t r = 0; r < n; r++) kiln_quant_row(KILN_DTYPE_FP8G128, n, k, r, w + r * k, q);
-    kiln_dequant_rows(KILN_DTYPE_FP8G128, q, n, k, 0, n, back);
+    uint8_t *q = quant_all(KILN_DTYPE_FP8G128, n, k, w, KILN_QUANT_RTN, back);
     int bad = 0;
     for (int64_t r = 0; r < n; r++)
         for (int64_t gi = 0; gi < ng; gi++) {
