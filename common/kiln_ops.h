@@ -8,6 +8,7 @@
 #ifndef KILN_OPS_H
 #define KILN_OPS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #define KILN_MAX_DIMS 4
@@ -67,6 +68,19 @@ uint8_t kiln_f32_to_e4m3(float x);
  * over it, its scale amax / 448 and codes[j] = kiln_f32_to_e4m3(x[j] * (448 / amax)); a group of
  * zeros gets scale 0 and zero codes. scales gets one value a group, in order. */
 void kiln_act_fp8_row(const float *x, int64_t k, int group, uint8_t *codes, float *scales);
+/* The KV cache's 8-bit codes (attention +kv_fp8, +kv_int8): x / scale (one IEEE division) as E4M3
+ * (kiln_f32_to_e4m3: nearest even, saturated at 448) or as int8 (nearest even, clamped to [-127, 127]);
+ * and a code's value times its scale. The CPU executor stores k and v this way and the GPU kernels
+ * compute the same codes (kernels/common.cuh, kiln_kv_code8). */
+uint8_t kiln_kv_code(float x, float scale, bool int8);
+float kiln_kv_value(uint8_t code, float scale, bool int8);
+/* A KV head's scale from the largest |x| calibration saw there (amax > 0, finite): fp8 amax / 224, so
+ * values up to twice what calibration saw keep E4M3's relative precision (it is a float format: the
+ * headroom costs range at the bottom only, 2^-15 of amax and below); int8 amax / 127. Either way
+ * rounded up to a bf16 value (kiln_kv_scale_bf16: the GPU holds the scales as bf16 vectors, so both
+ * executors then use the same number). */
+float kiln_kv_scale_for(float amax, bool int8);
+float kiln_kv_scale_bf16(float s);
 int kiln_quant_group(int t);                      /* columns per scale: 0 = the whole row (q8, fp8) */
 /* Scales per row of a [n, k] weight of dtype t: k / G for q4gG, ceil(k / 128) for fp8g128 (its last
  * group holds the rest of the row), 1 for q8 and fp8. */
@@ -232,7 +246,13 @@ enum {
     /* moe: the top_k probabilities weight the experts as they are, not renormalised to sum 1 (the op's
      * structure, from config.json: Qwen3-MoE's norm_topk_prob false) */
     KILN_FLAG_MOE_NO_RENORM = 1u << 5,
-    KILN_FLAG_ALL_ = (1u << 6) - 1
+    /* attention: the layer's KV cache holds 8-bit codes, FP8 E4M3 or int8 (pass quantize-kv, --kv-dtype),
+     * each K and V element code = round(x / scale[kv head]) (saturated: E4M3 at +-448, int8 at +-127),
+     * read back as code * scale; the op then takes a fifth input, kv_scale [2 * n_kv_heads] f32: the K
+     * scales of the kv heads, then the V scales (kiln_kv_code, kiln_kv_value in common/kiln_ops.h) */
+    KILN_FLAG_KV_FP8 = 1u << 6,
+    KILN_FLAG_KV_INT8 = 1u << 7,
+    KILN_FLAG_ALL_ = (1u << 8) - 1
 };
 
 /* Attributes of an op; each kind reads the fields its comment above names. */

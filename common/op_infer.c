@@ -47,6 +47,7 @@ int kiln_op_n_in(kiln_op_kind k) {
 
 int kiln_op_n_in_with(kiln_op_kind k, const kiln_op_attrs *a) {
     int n = kiln_op_n_in(k);
+    if (n >= 0 && a && k == KILN_OP_ATTENTION && (a->flags & (KILN_FLAG_KV_FP8 | KILN_FLAG_KV_INT8))) return n + 1;
     if (n < 0 || !a || (k != KILN_OP_QKV_ROPE && k != KILN_OP_QKV_ROPE_PACKED)) return n;
     if (a->flags & KILN_FLAG_QKV_BIAS) n += k == KILN_OP_QKV_ROPE ? 3 : 1;
     if (a->flags & KILN_FLAG_QK_NORM) n += 2;
@@ -166,7 +167,8 @@ int kiln_op_infer(kiln_op_kind kind, const kiln_tensor_desc *in, int n_in, const
     if ((unsigned)kind >= KILN_OP_COUNT_ || kiln_op_n_in(kind) < 0) return BAD("unknown op kind %d", (int)kind);
     const char *opn = kiln_op_name(kind);
     const bool qkv = kind == KILN_OP_QKV_ROPE || kind == KILN_OP_QKV_ROPE_PACKED;
-    const uint32_t allowed = kind == KILN_OP_ATTENTION ? KILN_FLAG_DECODE_ROPE | KILN_FLAG_MERGE_SPLITS
+    const uint32_t allowed = kind == KILN_OP_ATTENTION ? KILN_FLAG_DECODE_ROPE | KILN_FLAG_MERGE_SPLITS |
+                                                             KILN_FLAG_KV_FP8 | KILN_FLAG_KV_INT8
                              : kind == KILN_OP_RMSNORM ? KILN_FLAG_FOLD_INTO_GEMV
                              : qkv                     ? KILN_FLAG_QKV_BIAS | KILN_FLAG_QK_NORM
                              : kind == KILN_OP_MOE     ? KILN_FLAG_MOE_NO_RENORM
@@ -256,6 +258,12 @@ int kiln_op_infer(kiln_op_kind kind, const kiln_tensor_desc *in, int n_in, const
             return BAD("attention: q/k/v widths %lld/%lld/%lld do not match heads %d/%d x %d", (long long)w0,
                        (long long)wk, (long long)wv, a->n_heads, a->n_kv_heads, a->head_dim);
         if (a->layer < 0 || a->window < 0) return BAD("attention: bad layer %d or window %d", a->layer, a->window);
+        if ((a->flags & KILN_FLAG_KV_FP8) && (a->flags & KILN_FLAG_KV_INT8))
+            return BAD("attention: +kv_fp8 and +kv_int8 together");
+        if ((a->flags & (KILN_FLAG_KV_FP8 | KILN_FLAG_KV_INT8)) &&
+            (!in[4].is_weight || in[4].ndim != 1 || in[4].shape[0] != 2 * (int64_t)a->n_kv_heads ||
+             in[4].dtype != KILN_DTYPE_F32))
+            return BAD("attention: kv_scale %s must be an f32 vector of 2 x %d kv heads", nm(&in[4]), a->n_kv_heads);
         make_act(&out[0], w0);
         return KILN_OK;
     }

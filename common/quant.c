@@ -68,6 +68,28 @@ uint8_t kiln_f32_to_e4m3(float x) {
     return sign | code;
 }
 
+uint8_t kiln_kv_code(float x, float scale, bool int8) {
+    const float y = x / scale;
+    if (!int8) return kiln_f32_to_e4m3(y);
+    if (isnan(y)) return 0;
+    const float r = rintf(fminf(fmaxf(y, -127.0f), 127.0f));
+    return (uint8_t)(int8_t)r;
+}
+
+float kiln_kv_value(uint8_t code, float scale, bool int8) {
+    return (int8 ? (float)(int8_t)code : kiln_e4m3_to_f32(code)) * scale;
+}
+
+float kiln_kv_scale_bf16(float s) {
+    uint32_t u;
+    memcpy(&u, &s, sizeof u);
+    if ((u & 0xFFFFu) && isfinite(s)) u = (u & 0xFFFF0000u) + 0x10000u; /* up, in magnitude */
+    memcpy(&s, &u, sizeof s);
+    return s;
+}
+
+float kiln_kv_scale_for(float amax, bool int8) { return kiln_kv_scale_bf16(int8 ? amax / 127.0f : amax / 224.0f); }
+
 void kiln_act_fp8_row(const float *x, int64_t k, int group, uint8_t *codes, float *scales) {
     const int64_t g = group > 0 ? group : k;
     for (int64_t j0 = 0, gi = 0; j0 < k; j0 += g, gi++) {

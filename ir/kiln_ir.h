@@ -118,6 +118,11 @@ typedef struct kiln_graph {
      * a projection not listed, or listed with dtype 0, keeps its dtype. Not owned by the graph. */
     const struct kiln_quant_pick *quant_picks;
     int n_quant_picks;
+    /* --kv-dtype fp8|int8, read by the pass quantize-kv: KILN_FLAG_KV_FP8 or _KV_INT8 (0 = the KV cache
+     * keeps the element type), and every layer's scales, [n_layers][2 * n_kv_heads] (K's kv heads, then
+     * V's: compiler/kv_calib.c). Not owned by the graph. */
+    uint32_t kv_flag;
+    const float *kv_scales;
 } kiln_graph;
 
 /* One projection matrix's format under --quant auto: the weight's name as the graph (and the plan)

@@ -72,6 +72,8 @@ static void print_attrs(const kiln_op *op, FILE *f) {
     /* the lowering decisions passes recorded: what the GPU fuses at run time */
     if (a->flags & KILN_FLAG_DECODE_ROPE) fprintf(f, " +decode_rope");
     if (a->flags & KILN_FLAG_MERGE_SPLITS) fprintf(f, " +merge_splits");
+    if (a->flags & KILN_FLAG_KV_FP8) fprintf(f, " +kv_fp8");
+    if (a->flags & KILN_FLAG_KV_INT8) fprintf(f, " +kv_int8");
     if (a->flags & KILN_FLAG_FOLD_INTO_GEMV) fprintf(f, " +fold_into_gemv");
     /* the optional inputs a qkv_rope carries */
     if (a->flags & KILN_FLAG_QKV_BIAS) fprintf(f, " +qkv_bias");

@@ -36,6 +36,9 @@ int kiln_pass_dce(kiln_graph *g, kiln_error *err);
 /* quantize: the matrices of the projections (and the LM head's) to kiln_graph.quant_weights
  * (.quant_head); runs after the list whenever either is set (passes/quantize.c) */
 int kiln_pass_quantize(kiln_graph *g, kiln_error *err);
+/* quantize-kv (--kv-dtype): every attention op gets kiln_graph.kv_flag and its layer's kv_scale weight
+ * (from kiln_graph.kv_scales) as its fifth input. */
+int kiln_pass_quantize_kv(kiln_graph *g, kiln_error *err);
 int kiln_pass_plan_memory(kiln_graph *g, kiln_error *err);
 /* Split the graph over g->tp_request ranks (tensor_parallel.c); a no-op when it is 0 or 1. */
 int kiln_pass_tensor_parallel(kiln_graph *g, kiln_error *err);

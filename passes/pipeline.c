@@ -42,6 +42,10 @@ static const kiln_pass quant_pass = {"quantize", "the projections' matrices (and
                                                  "formats (q8, q4gG): round to nearest per row or group",
                                      kiln_pass_quantize, false};
 
+static const kiln_pass kv_pass = {"quantize-kv", "the KV cache in 8 bits (--kv-dtype fp8|int8): attention gets "
+                                                 "+kv_fp8 or +kv_int8 and its layer's calibrated scales per kv head",
+                                  kiln_pass_quantize_kv, false};
+
 static const kiln_pass memory_pass = {"plan-memory", "assign activation buffers by lifetime", kiln_pass_plan_memory,
                                       true};
 
@@ -125,5 +129,6 @@ kiln_status kiln_passes_run(kiln_graph *g, const char *list, FILE *dump, kiln_er
     }
     if ((g->quant_weights || g->quant_head || g->quant_embedding || g->n_quant_picks) && (st = run_one(g, &quant_pass, dump, err)) != KILN_OK)
         return st;
+    if (g->kv_flag && (st = run_one(g, &kv_pass, dump, err)) != KILN_OK) return st;
     return run_one(g, &memory_pass, dump, err);
 }

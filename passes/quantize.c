@@ -19,6 +19,7 @@
 #include "kiln_passes.h"
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
 
 static bool used_by_embedding(const kiln_graph *g, int v) {
@@ -68,6 +69,37 @@ int kiln_pass_quantize(kiln_graph *g, kiln_error *err) {
         case KILN_OP_EMBEDDING: n += quantize_one(g, op->in[1], g->quant_embedding, true); break;
         default: break;
         }
+    }
+    return n;
+}
+
+int kiln_pass_quantize_kv(kiln_graph *g, kiln_error *err) {
+    if (!g->kv_flag) return 0;
+    if (!g->kv_scales || g->n_ranks > 1) {
+        kiln_err(err, KILN_ERR_INTERNAL, "quantize-kv: %s", g->kv_scales ? "a tensor-parallel graph" : "no scales");
+        return -1;
+    }
+    const int nkv = g->info.n_kv_heads;
+    int n = 0;
+    for (int i = 0; i < g->n_ops; i++) {
+        if (g->ops[i].dead || g->ops[i].kind != KILN_OP_ATTENTION) continue;
+        const kiln_op_attrs *a = &g->ops[i].attrs;
+        if (a->n_kv_heads != nkv || a->layer < 0 || a->layer >= g->info.n_layers ||
+            (a->flags & (KILN_FLAG_KV_FP8 | KILN_FLAG_KV_INT8))) {
+            kiln_err(err, KILN_ERR_VERIFY, "quantize-kv: attention op %d (layer %d, %d kv heads) is not one it takes",
+                     i, a->layer, a->n_kv_heads);
+            return -1;
+        }
+        char name[KILN_NAME_MAX];
+        snprintf(name, sizeof name, "model.layers.%d.self_attn.kv_scale", a->layer);
+        const int64_t shape[1] = {2 * (int64_t)nkv};
+        const int v = kiln_ir_weight(g, name, KILN_DTYPE_F32, 1, shape, g->kv_scales + (size_t)a->layer * 2 * nkv,
+                                     KILN_DTYPE_F32, err);
+        if (v < 0) return -1;
+        kiln_op *op = &g->ops[i];
+        op->in[op->n_in++] = v;
+        op->attrs.flags |= g->kv_flag;
+        n++;
     }
     return n;
 }
