@@ -63,12 +63,16 @@ static void help(FILE *f) {
             "                        them ÷ s) before rounding; with auto, searched for int4 g128 and\n"
             "                        auto then measures the scaled model; the engine's format is\n"
             "                        unchanged (docs/quantization.md)\n"
+            "  --kv-dtype T          the KV cache's elements: bf16 (default: the engine's element type),\n"
+            "                        fp8 (E4M3) or int8, with a scale per kv head of each layer for K\n"
+            "                        and for V, from the largest value the calibration tokens put there\n"
+            "                        (CPU); half the KV memory a token takes (docs/quantization.md)\n"
             "  --calib FILE          calibration text (UTF-8, the checkpoint's tokenizer, after BOS);\n"
             "                        default: kiln's built-in text (English prose, C and Python)\n"
             "  --calib-ids FILE      calibration token ids instead (a JSON array, or ids separated by\n"
             "                        whitespace or commas, as `kiln perplexity --ids-file`)\n"
-            "  --calib-tokens N      calibration tokens used, 32..65536 (default 512 with --quant auto,\n"
-            "                        2048 with --awq)\n"
+            "  --calib-tokens N      calibration tokens used, 32..65536 (default 512 with --quant auto\n"
+            "                        and --kv-dtype, 2048 with --awq)\n"
             "  --passes LIST         comma-separated passes to run, in that order, instead of the default\n"
             "                        pipeline (marked *); 'none' runs none (memory planning always runs).\n"
             "                        Every fusion the GPU runs is one of these, shown by --dump-ir:\n");
@@ -265,7 +269,7 @@ static int compile_standalone(const char *dir, kiln_compile_options *opt, bool j
 
 int kiln_cmd_compile(int argc, char **argv) {
     enum { O_FORCE = 256, O_GROUP, O_QHEAD, O_QMETHOD, O_QEMB, O_MAXW, O_TBITS, O_MAXPPL, O_CALIB, O_CALIB_IDS,
-           O_CALIB_TOKENS, O_AWQ, O_TUNE };
+           O_CALIB_TOKENS, O_AWQ, O_TUNE, O_KV };
     static const struct option longopts[] = {
         {"output", required_argument, 0, 'o'}, {"dtype", required_argument, 0, 'd'},
         {"passes", required_argument, 0, 'p'}, {"compress", no_argument, 0, 'z'},
@@ -281,6 +285,7 @@ int kiln_cmd_compile(int argc, char **argv) {
         {"max-ppl-increase", required_argument, 0, O_MAXPPL}, {"calib", required_argument, 0, O_CALIB},
         {"calib-ids", required_argument, 0, O_CALIB_IDS}, {"calib-tokens", required_argument, 0, O_CALIB_TOKENS},
         {"awq", no_argument, 0, O_AWQ},        {"tune", no_argument, 0, O_TUNE},
+        {"kv-dtype", required_argument, 0, O_KV},
         {0, 0, 0, 0}};
     const char *quant = NULL, *quant_head = NULL, *quant_method = NULL, *quant_emb = NULL;
     long group = 128;
@@ -392,6 +397,11 @@ int kiln_cmd_compile(int argc, char **argv) {
         }
         case O_AWQ: opt.awq = true; break;
         case O_TUNE: tune = true; break;
+        case O_KV:
+            if (strcmp(optarg, "bf16") && strcmp(optarg, "fp8") && strcmp(optarg, "int8"))
+                return kiln_cli_usage_error("compile", "--kv-dtype '%s': expected bf16, fp8 or int8", optarg);
+            opt.kv_dtype = !strcmp(optarg, "fp8") ? KILN_FLAG_KV_FP8 : !strcmp(optarg, "int8") ? KILN_FLAG_KV_INT8 : 0;
+            break;
         case O_CALIB: opt.calib_path = optarg; break;
         case O_CALIB_IDS: opt.calib_ids_path = optarg; break;
         case O_CALIB_TOKENS: {
@@ -439,14 +449,15 @@ int kiln_cmd_compile(int argc, char **argv) {
     if (opt.awq && !quant)
         return kiln_cli_usage_error("compile", "--awq needs --quant int8, fp8, int4 or auto (the formats its scales "
                                     "are searched for)");
-    if (!q_auto && !opt.awq && (opt.calib_path || opt.calib_ids_path || calib_tokens_given))
-        return kiln_cli_usage_error("compile", "--%s applies with --quant auto or --awq (the calibration they measure "
-                                    "on)", opt.calib_path ? "calib" : opt.calib_ids_path ? "calib-ids" : "calib-tokens");
+    if (!q_auto && !opt.awq && !opt.kv_dtype && (opt.calib_path || opt.calib_ids_path || calib_tokens_given))
+        return kiln_cli_usage_error("compile", "--%s applies with --quant auto, --awq or --kv-dtype fp8|int8 (the "
+                                    "calibration they measure on)",
+                                    opt.calib_path ? "calib" : opt.calib_ids_path ? "calib-ids" : "calib-tokens");
     if (opt.calib_path && opt.calib_ids_path)
         return kiln_cli_usage_error("compile", "--calib and --calib-ids: give one calibration");
     /* auto: pycode-22m takes about 2 s a candidate on 2 cores at 512; --awq runs the calibration once, and
      * 512 tokens were too few there (docs/quantization.md) */
-    if (!opt.calib_tokens) opt.calib_tokens = q_auto ? 512 : 2048; /* with both, auto's (the same tokens for both) */
+    if (!opt.calib_tokens) opt.calib_tokens = q_auto || !opt.awq ? 512 : 2048; /* with both, auto's (the same tokens) */
     /* a published quantized checkpoint (config.json quantization_config) is read as it is: no --quant, and
      * --quant-head / --quant-embedding apply to its dense LM head and embedding without one */
     char ckq_buf[64];

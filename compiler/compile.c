@@ -12,6 +12,7 @@
 #include "kiln_compiler.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -282,6 +283,7 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
     bool have_tok = false, have_gen = false, have_chat = false;
     kiln_quant_auto qa = {0};
     kiln_quant_awq aw = {0};
+    kiln_kv_calib kvc = {0};
     kiln_generation_config gen;
     kiln_kernel_targets targets;
     kiln_status st = kiln_kernel_targets_parse(opt->targets ? opt->targets : "none", &targets, err);
@@ -318,6 +320,15 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
                       "supported yet", ck.config.quant.method ? "a quantized checkpoint" : "--quant", opt->tp);
         goto out;
     }
+    if (opt->kv_dtype && opt->tp > 1) {
+        st = kiln_err(err, KILN_ERR_UNSUPPORTED, "--kv-dtype %s with --tp %d: an 8-bit KV cache in tensor-parallel "
+                      "engines is not supported yet", opt->kv_dtype == KILN_FLAG_KV_INT8 ? "int8" : "fp8", opt->tp);
+        goto out;
+    }
+    if (opt->kv_dtype && opt->kv_dtype != KILN_FLAG_KV_FP8 && opt->kv_dtype != KILN_FLAG_KV_INT8) {
+        st = kiln_err(err, KILN_ERR_INVALID_ARG, "kv_dtype 0x%x: not KILN_FLAG_KV_FP8 or KILN_FLAG_KV_INT8", opt->kv_dtype);
+        goto out;
+    }
     if (opt->awq && !opt->quant) {
         st = kiln_err(err, KILN_ERR_INVALID_ARG, "--awq needs --quant (the format its scales are searched for)");
         goto out;
@@ -329,6 +340,7 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
         if (opt->awq) o.awq_scales = &aw;
         if ((st = kiln_quant_auto_run(ckpt_dir, &o, &qa, err)) != KILN_OK) goto out;
     }
+    if (opt->kv_dtype && !opt->kv_scales && (st = kiln_kv_calib_run(ckpt_dir, opt, &kvc, err)) != KILN_OK) goto out;
     if ((st = kiln_import_ex(&ck, &io, &g, err)) != KILN_OK) goto out;
     const kiln_quant_awq *scales = opt->awq ? &aw : opt->awq_scales;
     if (scales && (st = kiln_quant_awq_apply(scales, g, err)) != KILN_OK) goto out;
@@ -339,6 +351,23 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
     g->quant_head = opt->quant_head;
     g->quant_embedding = opt->quant_embedding;
     g->quant_method = opt->quant_method;
+    g->kv_flag = opt->kv_dtype;
+    if (opt->kv_scales && opt->kv_dtype) { /* given: as bf16 values too (kiln_kv_scale_for) */
+        const size_t n = (size_t)ck.config.n_layers * 2 * (size_t)ck.config.n_kv_heads;
+        if (!(kvc.scales = malloc(n * sizeof *kvc.scales))) {
+            st = kiln_err(err, KILN_ERR_NOMEM, "out of memory");
+            goto out;
+        }
+        for (size_t i = 0; i < n; i++) {
+            kvc.scales[i] = kiln_kv_scale_bf16(opt->kv_scales[i]);
+            if (!(kvc.scales[i] > 0) || !isfinite(kvc.scales[i])) {
+                st = kiln_err(err, KILN_ERR_INVALID_ARG, "kv_scales[%zu] = %g: scales must be positive and finite", i,
+                              opt->kv_scales[i]);
+                goto out;
+            }
+        }
+    }
+    g->kv_scales = kvc.scales;
     if ((st = kiln_passes_run(g, opt->passes, opt->dump_ir ? (FILE *)opt->dump_stream : NULL, err)) != KILN_OK)
         goto out;
     if ((st = kiln_plan_serialize(g, &plan, err)) != KILN_OK) goto out;
@@ -429,6 +458,15 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
         goto out;
     json_t *meta = make_meta(&ck, g, opt, have_gen ? &gen : NULL, wbytes, have_tok ? &tok : NULL, &targets, no_gpu,
                              qa.report, aw.report);
+    if (meta && opt->kv_dtype) /* the KV cache's codes and where their scales came from */
+        json_object_set_new(
+            json_object_get(meta, "build"), "kv_cache",
+            json_pack("{s:s, s:s, s:O*}", "dtype", opt->kv_dtype == KILN_FLAG_KV_INT8 ? "int8" : "fp8", "scales",
+                      opt->kv_scales ? "given (kiln_compile_options.kv_scales)"
+                      : opt->kv_dtype == KILN_FLAG_KV_INT8
+                          ? "per kv head of each layer, K and V: the calibration's largest |x| / 127"
+                          : "per kv head of each layer, K and V: the calibration's largest |x| / 224",
+                      "calibration", kvc.report));
     if (meta && qa.report) {
         /* the choice counted each matrix padded to its alignment: exact, or over when a projection is the
          * last weight; more would break the budget, a bug never shipped */
@@ -469,6 +507,7 @@ out:
     kiln_graph_free(g);
     kiln_quant_auto_free(&qa);
     kiln_quant_awq_free(&aw);
+    kiln_kv_calib_free(&kvc);
     kiln_checkpoint_close(&ck);
     return st;
 }

@@ -297,6 +297,9 @@ typedef struct kiln_compile_options {
                                   exact: the engine computes what the unscaled one does) */
     const struct kiln_quant_awq *awq_scales; /* scales found already, applied at import (--awq with --quant
                                   auto: its calibration engine measures the scaled model) */
+    uint32_t kv_dtype;         /* --kv-dtype: KILN_FLAG_KV_FP8 or KILN_FLAG_KV_INT8 (the KV cache in 8 bits, scales
+                                  calibrated: compiler/kv_calib.c); 0 = the engine's element type */
+    const float *kv_scales;    /* tests: the scales to use instead of calibrating, [n_layers][2 * n_kv_heads] */
     char **quant_report;       /* optional out: meta build.quant as JSON text (malloc'd), for --json */
     bool gpu_if_possible;      /* the targets are a default, not asked for: a plan with an op the GPU cannot
                                   run yet gets no kernels section (a note on stderr names the op) instead of
@@ -327,6 +330,18 @@ void kiln_quant_auto_free(kiln_quant_auto *qa);
  * compile with every weight dense and `passes` (NULL = the compile's), written beside the output,
  * opened for the CPU executor and unlinked. kiln_calib_tokens: the calibration's token ids (--calib,
  * --calib-ids or the built-in text, after BOS) and a record of their source. `what` starts messages. */
+/* compiler/kv_calib.c (--kv-dtype fp8|int8): each layer's KV scales, [n_layers][2 * n_kv_heads] (K's
+ * kv heads, then V's), from the calibration run on the CPU executor, and the record of how (meta
+ * build.kv_cache's "calibration"). */
+typedef struct kiln_kv_calib {
+    float *scales;
+    int n_layers, n_kv_heads;
+    struct json_t *report;
+} kiln_kv_calib;
+kiln_status kiln_kv_calib_run(const char *ckpt_dir, const kiln_compile_options *opt, kiln_kv_calib *out,
+                              kiln_error *err);
+void kiln_kv_calib_free(kiln_kv_calib *k);
+
 struct kiln_model;
 kiln_status kiln_calib_model(const char *ckpt_dir, const kiln_compile_options *opt, const char *what,
                              const char *passes, struct kiln_model **out, kiln_error *err);

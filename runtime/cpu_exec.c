@@ -59,6 +59,8 @@ struct kiln_cpu_ctx {
     void *moe_trace_user;
     kiln_cpu_op_trace_fn op_trace; /* activation trace (calibration); NULL = none */
     void *op_trace_user;
+    kiln_cpu_kv_trace_fn kv_trace; /* KV trace (calibration); NULL = none */
+    void *kv_trace_user;
 };
 
 static void use_rank(kiln_cpu_ctx *c, int r) {
@@ -136,6 +138,11 @@ void kiln_cpu_ctx_reset(kiln_cpu_ctx *c) { c->pos = 0; }
 void kiln_cpu_ctx_set_op_trace(kiln_cpu_ctx *c, kiln_cpu_op_trace_fn fn, void *user) {
     c->op_trace = fn;
     c->op_trace_user = user;
+}
+
+void kiln_cpu_ctx_set_kv_trace(kiln_cpu_ctx *c, kiln_cpu_kv_trace_fn fn, void *user) {
+    c->kv_trace = fn;
+    c->kv_trace_user = user;
 }
 
 void kiln_cpu_ctx_set_moe_trace(kiln_cpu_ctx *c, kiln_cpu_moe_trace_fn fn, void *user) {
@@ -237,16 +244,32 @@ static void rope(float *x, const int32_t *pos, int64_t rows, int heads, int hd, 
         }
 }
 
-/* Append k, v of the new tokens to the layer's cache, then attend. */
+/* Row x of a kv width into the cache: as it is, or (kvs: an 8-bit KV cache, +kv_fp8 / +kv_int8) each
+ * element as its code's value, kiln_kv_code then kiln_kv_value with its kv head's scale. */
+static void kv_store(float *dst, const float *x, size_t kvw, int hd, const float *kvs, bool int8) {
+    if (!kvs) {
+        memcpy(dst, x, kvw * sizeof(float));
+        return;
+    }
+    for (size_t i = 0; i < kvw; i++) {
+        const float s = kvs[i / (size_t)hd];
+        dst[i] = kiln_kv_value(kiln_kv_code(x[i], s, int8), s, int8);
+    }
+}
+
+/* Append k, v of the new tokens to the layer's cache (kvs: an 8-bit cache's scales, K's kv heads then
+ * V's), then attend. */
 static void attention(kiln_cpu_ctx *c, const kiln_op_attrs *a, const float *q, const float *k, const float *v,
-                      float *out, int64_t rows) {
+                      const float *kvs, float *out, int64_t rows) {
     const int hd = a->head_dim, nh = a->n_heads, nkv = a->n_kv_heads, group = nh / nkv;
     const size_t kvw = c->kv_width;
     float *kc = c->kcache + (size_t)a->layer * (size_t)c->max_context * kvw;
     float *vc = c->vcache + (size_t)a->layer * (size_t)c->max_context * kvw;
+    if (c->kv_trace) c->kv_trace(c->kv_trace_user, a->layer, k, v, (int)rows, (int64_t)kvw);
+    const bool int8 = (a->flags & KILN_FLAG_KV_INT8) != 0;
     for (int64_t t = 0; t < rows; t++) {
-        memcpy(kc + (size_t)c->positions[t] * kvw, k + t * (int64_t)kvw, kvw * sizeof(float));
-        memcpy(vc + (size_t)c->positions[t] * kvw, v + t * (int64_t)kvw, kvw * sizeof(float));
+        kv_store(kc + (size_t)c->positions[t] * kvw, k + t * (int64_t)kvw, kvw, hd, kvs, int8);
+        kv_store(vc + (size_t)c->positions[t] * kvw, v + t * (int64_t)kvw, kvw, hd, kvs ? kvs + nkv : NULL, int8);
     }
     const float scale = 1.0f / sqrtf((float)hd);
     float *scores = malloc((size_t)c->max_context * sizeof *scores);
@@ -500,7 +523,8 @@ kiln_status kiln_cpu_forward(kiln_cpu_ctx *c, const int32_t *tokens, int n, bool
             break;
         }
         case KILN_OP_ATTENTION:
-            attention(c, a, act(c, in[0]), act(c, in[1]), act(c, in[2]), act(c, o[0]), n);
+            attention(c, a, act(c, in[0]), act(c, in[1]), act(c, in[2]),
+                      (a->flags & (KILN_FLAG_KV_FP8 | KILN_FLAG_KV_INT8)) ? wt(c, in[4]) : NULL, act(c, o[0]), n);
             break;
         case KILN_OP_ADD_RMSNORM: {
             const float *x = act(c, in[0]), *r = act(c, in[1]);

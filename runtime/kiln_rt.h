@@ -102,6 +102,10 @@ void kiln_cpu_ctx_set_moe_trace(kiln_cpu_ctx *c, kiln_cpu_moe_trace_fn fn, void 
 typedef void (*kiln_cpu_op_trace_fn)(void *user, uint32_t op, const float *x, int n, int64_t width, int pos0);
 /* Set (or clear, fn NULL) the context's activation trace. */
 void kiln_cpu_ctx_set_op_trace(kiln_cpu_ctx *c, kiln_cpu_op_trace_fn fn, void *user);
+/* KV trace (calibration: compiler/kv_calib.c): called by every attention op with its rows' k (after RoPE)
+ * and v, [n, kv_width] each, as they go into the layer's KV cache (before an 8-bit cache rounds them). */
+typedef void (*kiln_cpu_kv_trace_fn)(void *user, int layer, const float *k, const float *v, int n, int64_t kv_width);
+void kiln_cpu_ctx_set_kv_trace(kiln_cpu_ctx *c, kiln_cpu_kv_trace_fn fn, void *user);
 
 /* The indices of the k largest of v[0..n), in the order torch.topk(v, k) gives them on the CPU, ties
  * included (runtime/topk.c says how). NaN counts as the largest, as there. */
