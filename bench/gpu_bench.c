@@ -378,7 +378,7 @@ static void bench_attn_decode(bench *b) {
             kiln_cuda_alloc(&b->cu, (size_t)B * NH * splits * HD * 4, &po, &err) ||
             kiln_cuda_alloc(&b->cu, (size_t)B * NH * splits * 8, &pml, &err))
             die("attn alloc", &err);
-        kiln_attn_decode_params p = {q, k, v, dbt, dl, o, po, pml, 0.0883883f, B, nbpS, splits, part, 0, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0};
+        kiln_attn_decode_params p = {q, k, v, dbt, dl, o, po, pml, 0.0883883f, B, nbpS, splits, part, 0, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0, 0};
         attn_ctx a = {fd, fc, {{NKV, (unsigned)B, (unsigned)splits}, {128, 1, 1}, kiln_attn_decode_smem(NH, NKV, HD, BS, PART, 4)},
                       {{NH, (unsigned)B, 1}, {128, 1, 1}, 0}, &p, splits > 1};
         double sec = time_launches(b, attn_launch, &a, 20);
@@ -440,13 +440,13 @@ static void bench_attn_prefill(bench *b) {
             kiln_cuda_alloc(&b->cu, 4, &dl, &err) || kiln_cuda_upload(&b->cu, dl, &T, 4, &err) ||
             kiln_cuda_alloc(&b->cu, 8, &ds, &err) || kiln_cuda_upload(&b->cu, ds, starts, 8, &err))
             die("prefill alloc", &err);
-        kiln_attn_prefill_params p = {q, k, v, dbt, dl, ds, o, 0.0883883f, 1, nb, 0};
+        kiln_attn_prefill_params p = {q, k, v, dbt, dl, ds, o, 0.0883883f, 1, nb, 0, 0};
         double flops = 4.0 * NH * HD * ((double)T * (T + 1) / 2);
         for (size_t vi = 0; vi < sizeof vs / sizeof vs[0]; vi++) {
             const int mt = vs[vi].mt;
             if (mt == 0 && T > 2048) continue; /* ~10 ms a launch: not worth the wait */
             attn_ctx a = {vs[vi].f, NULL,
-                          mt ? kiln_attn_prefill_mma_dims(vs[vi].warps, mt, NH, 1, T, HD)
+                          mt ? kiln_attn_prefill_mma_dims(vs[vi].warps, mt, NH, 1, T, HD, false)
                              : (kiln_cuda_dims){{(unsigned)((T + 63) / 64), NH, 1}, {128, 1, 1},
                                                 kiln_attn_prefill_smem(HD)},
                           {{0}, {0}, 0}, &p, 0};

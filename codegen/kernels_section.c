@@ -414,6 +414,19 @@ static kiln_status plan_modules(const kiln_plan *p, int block_size, kset *s, kil
     s->f32 = true;
     for (uint32_t i = 0; i < p->n_weights; i++)
         if (p->weights[i].dtype != KILN_DTYPE_F32) s->f32 = false;
+    /* the KV cache's codes: one kind for every layer (one rope_kv module writes them all) */
+    s->kv8 = -1;
+    for (uint32_t i = 0; i < p->n_ops; i++) {
+        if (p->ops[i].kind != KILN_OP_ATTENTION) continue;
+        const uint32_t f = p->ops[i].attrs.flags;
+        const int k = f & KILN_FLAG_KV_FP8 ? 1 : f & KILN_FLAG_KV_INT8 ? 2 : 0;
+        if (s->kv8 >= 0 && k != s->kv8)
+            return UNSUP("layer %d: its KV cache's element type differs from the layers' before it",
+                         p->ops[i].attrs.layer);
+        s->kv8 = k;
+    }
+    if (s->kv8 < 0) s->kv8 = 0;
+    if (s->kv8 && s->f32) return UNSUP("an 8-bit KV cache (--kv-dtype) in an f32 engine: its kernels are bf16");
     kmod *m = new_mod(s, "util", err, &st);
     if (st) return st;
     include(m, "util.cuh");
@@ -462,6 +475,8 @@ static kiln_status plan_modules(const kiln_plan *p, int block_size, kset *s, kil
                 m = new_mod(s, "rope_kv", err, &st);
                 if (!m) break;
                 m->cfg[0] = 128;
+                m->cfg[1] = s->kv8;
+                if (s->kv8) def_i(m, "KILN_KV8", s->kv8);
                 def_i(m, "N_HEADS", a->n_heads);
                 def_i(m, "N_KV_HEADS", a->n_kv_heads);
                 def_i(m, "HEAD_DIM", a->head_dim);
@@ -501,15 +516,17 @@ static kiln_status plan_modules(const kiln_plan *p, int block_size, kset *s, kil
                 def_i(m, "HEAD_DIM", a->head_dim);
                 def_i(m, "BLOCK_SIZE", block_size);
                 def_i(m, "WINDOW", a->window);
+                if (s->kv8) def_i(m, "KILN_KV8", s->kv8);
                 if (kind == 0) {
                     /* splits of up to 1024 tokens: at batch 64 and contexts up to 1024 one block per
                      * (sequence, kv head) fills the H200 in one wave, with no combine step */
-                    m->cfg[0] = 1024, m->cfg[1] = 4;
+                    m->cfg[0] = 1024, m->cfg[1] = 4, m->cfg[2] = s->kv8;
                     def_i(m, "PARTITION", 1024);
                     def_i(m, "ATTN_WARPS", 4);
                     include(m, "attn_decode.cuh");
                 } else {
                     m->cfg[0] = !s->f32 && a->head_dim % 16 == 0; /* kiln_attn_prefill_mma exists */
+                    m->cfg[1] = s->kv8;
                     include(m, "attn_prefill.cuh");
                 }
             }

@@ -62,6 +62,7 @@ typedef struct kiln_kernel_modules {
     int n;
     int n_sources; /* modules that own their source: what NVRTC compiles, per target SM */
     bool f32;      /* built for f32 (every weight is f32), else bf16 */
+    int kv8;       /* the KV cache in 8 bits: 1 FP8 E4M3, 2 int8 (attention +kv_fp8 / +kv_int8: KILN_KV8), 0 = elements */
 } kiln_kernel_modules;
 
 /* The modules a checked plan needs with a KV block size (0 = 16), their

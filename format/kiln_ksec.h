@@ -37,10 +37,12 @@
  * Module names and cfg (the runtime finds modules by name):
  *   "util"                          kiln_gather_rows
  *   "rmsnorm.e<eps bits, 8 hex>"    kiln_rmsnorm; cfg[0] = NORM_THREADS
- *   "rope_kv"                       kiln_rope_kv; cfg[0] = ROPE_THREADS
+ *   "rope_kv"                       kiln_rope_kv; cfg[0] = ROPE_THREADS, cfg[1] = KILN_KV8 (the KV cache's
+ *                                   codes: 0 elements, 1 FP8 E4M3, 2 int8)
  *   "attn_decode.w<window>"         kiln_attn_decode, kiln_attn_decode_combine;
- *                                   cfg[0] = PARTITION, cfg[1] = ATTN_WARPS
- *   "attn_prefill.w<window>"        kiln_attn_prefill (+ kiln_attn_prefill_mma and kiln_attn_prefill_mma16 when cfg[0] = 1)
+ *                                   cfg[0] = PARTITION, cfg[1] = ATTN_WARPS, cfg[2] = KILN_KV8
+ *   "attn_prefill.w<window>"        kiln_attn_prefill (+ kiln_attn_prefill_mma and kiln_attn_prefill_mma16 when cfg[0] = 1);
+ *                                   cfg[1] = KILN_KV8
  *   "swiglu.f<ffn>"                 kiln_swiglu, gate/up interleaved; cfg[0] = SWIGLU_THREADS
  *   "sample"                        kiln_sample; cfg[0] = SAMPLE_THREADS
  *   "gemv.<epi>.<N>x<K>.<variant>"  kiln_gemv; epi: plain, swiglu (N = 2 FFN,

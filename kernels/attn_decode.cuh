@@ -114,6 +114,24 @@
 
 #define KILN_LOG2E 1.4426950408889634f
 
+/* What a lane loads of one token's K or V: KILN_VEC elements, 16 bytes of bf16 (8 fp32 with KILN_F32
+ * are 4 a lane), or 8 bytes of codes with an 8-bit cache (KILN_KV8); widened by kiln_kvc_unpack
+ * (codes without their scale: K's is folded into q, V's into the output). */
+#if KILN_KV8
+typedef uint2 kiln_kvc;
+KILN_DEV void kiln_kvc_unpack(uint2 v, float f[8]) { kiln_kv_dec8(v, f); }
+KILN_DEV void kiln_kvc_cp(unsigned dst, const void *src) { kiln_cp8(dst, src, 8); }
+KILN_DEV uint2 kiln_kvc_zero(void) { return make_uint2(0, 0); }
+#define KILN_KV_ES 1
+#else
+typedef uint4 kiln_kvc;
+KILN_DEV void kiln_kvc_unpack(uint4 v, float f[KILN_VEC]) { kiln_unpackv(v, f); }
+KILN_DEV void kiln_kvc_cp(unsigned dst, const void *src) { kiln_cp16(dst, src, 16); }
+KILN_DEV uint4 kiln_kvc_zero(void) { return make_uint4(0, 0, 0, 0); }
+#define KILN_KV_ES ((int)sizeof(kiln_elem))
+#endif
+
+
 /* log2 of a power of two; how many times n halves evenly, at most `most` times */
 static constexpr __host__ __device__ int kiln_log2i(int n) { return n > 1 ? 1 + kiln_log2i(n / 2) : 0; }
 static constexpr __host__ __device__ int kiln_halvings(int n, int most) { return most > 0 && n % 2 == 0 ? 1 + kiln_halvings(n / 2, most - 1) : 0; }
@@ -216,16 +234,16 @@ KILN_DEV void kiln_attn_merge(const kiln_attn_decode_params &p, int b, int hq0, 
  * flight while one is computed, without holding registers; a thread reads back only what it copied
  * itself, so no barrier is needed, only its own cp.async.wait_group. kvb: [KS][U][2 (K, V)][threads]. */
 template <int KS, int U, int NT>
-KILN_DEV void kiln_attn_issue(uint4 (*kvb)[U][2][NT], int step, int tw, int t1, int tnew, const kiln_elem *kc,
-                              const kiln_elem *vc, const int *blocks, int fb, int h, int j) {
+KILN_DEV void kiln_attn_issue(kiln_kvc (*kvb)[U][2][NT], int step, int tw, int t1, int tnew, const unsigned char *kc,
+                              const unsigned char *vc, const int *blocks, int fb, int h, int j) {
     constexpr int NG = NT / (HEAD_DIM / KILN_VEC);
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const int t = tw + (step * U + u) * NG;
         if (t < t1 && t != tnew) { /* the rest is never read from the ring */
-            const size_t at = kiln_kv_at(blocks[t / BLOCK_SIZE - fb], h, t % BLOCK_SIZE, j * KILN_VEC);
-            kiln_cp16(kiln_saddr(&kvb[step % KS][u][0][threadIdx.x]), kc + at, 16);
-            kiln_cp16(kiln_saddr(&kvb[step % KS][u][1][threadIdx.x]), vc + at, 16);
+            const size_t at = kiln_kv_at(blocks[t / BLOCK_SIZE - fb], h, t % BLOCK_SIZE, j * KILN_VEC) * KILN_KV_ES;
+            kiln_kvc_cp(kiln_saddr(&kvb[step % KS][u][0][threadIdx.x]), kc + at);
+            kiln_kvc_cp(kiln_saddr(&kvb[step % KS][u][1][threadIdx.x]), vc + at);
         }
     }
     kiln_cp_commit(); /* one group per step, empty past the end, so the counting stays uniform */
@@ -233,20 +251,21 @@ KILN_DEV void kiln_attn_issue(uint4 (*kvb)[U][2][NT], int step, int tw, int t1, 
 /* K and V of the step's tokens for a thread: from its ring stage; zeros past t1 (their scores are
  * masked, and a zero V keeps 0 * V finite); the new token (t == tnew, fused RoPE) from knew/vnew. */
 template <int KS, int U, int NT>
-KILN_DEV void kiln_attn_take(const uint4 (*kvb)[U][2][NT], int step, int tw, int t1, int tnew, const kiln_elem *knew,
-                             const kiln_elem *vnew, int j, uint4 (&kr)[U], uint4 (&vr)[U]) {
+KILN_DEV void kiln_attn_take(const kiln_kvc (*kvb)[U][2][NT], int step, int tw, int t1, int tnew,
+                             const unsigned char *knew, const unsigned char *vnew, int j, kiln_kvc (&kr)[U],
+                             kiln_kvc (&vr)[U]) {
     constexpr int NG = NT / (HEAD_DIM / KILN_VEC);
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const int t = tw + (step * U + u) * NG;
         if (t == tnew) {
-            kr[u] = *(const uint4 *)(knew + j * KILN_VEC);
-            vr[u] = *(const uint4 *)(vnew + j * KILN_VEC);
+            kr[u] = *(const kiln_kvc *)(knew + j * KILN_VEC * KILN_KV_ES);
+            vr[u] = *(const kiln_kvc *)(vnew + j * KILN_VEC * KILN_KV_ES);
         } else if (t < t1) {
             kr[u] = kvb[step % KS][u][0][threadIdx.x];
             vr[u] = kvb[step % KS][u][1][threadIdx.x];
         } else {
-            kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
+            kr[u] = vr[u] = kiln_kvc_zero();
         }
     }
 }
@@ -265,7 +284,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MINB) kiln_at
     /* ring stages: ATTN_STAGES, fewer when the block's shared memory would pass 48 KB (the dynamic
      * part as the host sizes it, knew/vnew and the rope angles, the ring) */
     constexpr int DYN = KILN_ATTN_DECODE_SMEM(G, HEAD_DIM, BLOCK_SIZE, PARTITION, ATTN_WARPS);
-    constexpr int STAGE = U * 2 * NT * 16, ROOM = 48 * 1024 - DYN - HEAD_DIM * (2 * (int)sizeof(kiln_elem) + 8) - 64;
+    constexpr int STAGE = U * 2 * NT * (int)sizeof(kiln_kvc), ROOM = 48 * 1024 - DYN - HEAD_DIM * (2 * (int)sizeof(kiln_elem) + 8) - 64;
     constexpr int KS = ROOM / STAGE >= ATTN_STAGES ? ATTN_STAGES : (ROOM / STAGE > 1 ? ROOM / STAGE : 1);
     extern __shared__ float smem[];
     float *red = smem;                             /* [ATTN_WARPS][G][HEAD_DIM] each warp's o */
@@ -296,12 +315,13 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MINB) kiln_at
         const int nb = t1 > t0 ? (t1 - 1) / BLOCK_SIZE - fb + 1 : 0;
         for (int i = threadIdx.x; i < nb; i += NT) blocks[i] = bt[fb + i];
     }
-    const kiln_elem *kc = (const kiln_elem *)p.k_cache, *vc = (const kiln_elem *)p.v_cache;
+    const unsigned char *kc = (const unsigned char *)p.k_cache, *vc = (const unsigned char *)p.v_cache;
 
     /* Fused RoPE (p.qkv): the rope angles need only the position (a step input), so they are computed
      * before the wait, one dim per thread, into shared memory (q and k of a token share them). */
     constexpr int QKVW = (N_HEADS + 2 * N_KV_HEADS) * HEAD_DIM, HALF = HEAD_DIM / 2;
-    __shared__ __align__(16) kiln_elem knew[HEAD_DIM], vnew[HEAD_DIM];
+    /* the new token's k and v as the cache holds them (elements, or codes with KILN_KV8) */
+    __shared__ __align__(16) unsigned char knew[HEAD_DIM * KILN_KV_ES], vnew[HEAD_DIM * KILN_KV_ES];
     __shared__ float rcs[HEAD_DIM], rsn[HEAD_DIM];
     const int pos = rope ? ((const int *)p.positions)[b] : 0;
     const int tnew = rope ? L - 1 : -1; /* the token whose k and v come from the QKV output */
@@ -318,7 +338,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MINB) kiln_at
      * steps' K and V are issued here, before the wait (the new token's come from knew/vnew). */
     const int tw = t0 + warp * TPW + lane / LPT;
     const int nsteps = t0 + warp * TPW < t1 ? (t1 - t0 - warp * TPW + NG * U - 1) / (NG * U) : 0; /* warp-uniform */
-    __shared__ __align__(16) uint4 kvb[KS][U][2][NT];
+    __shared__ __align__(16) kiln_kvc kvb[KS][U][2][NT];
 #pragma unroll
     for (int i = 0; i < KS - 1; i++) kiln_attn_issue<KS, U, NT>(kvb, i, tw, t1, tnew, kc, vc, blocks, fb, h, j);
     if (rope) kiln_pdl_wait();
@@ -330,13 +350,24 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MINB) kiln_at
         for (int d = threadIdx.x; d < HEAD_DIM; d += NT) {
             const kiln_elem kv = kiln_f2e(
                 kiln_rope_rot(kiln_e2f(kx[d]), kiln_e2f(kx[d < HALF ? d + HALF : d - HALF]), rcs[d], rsn[d], d < HALF));
-            knew[d] = kv;
-            vnew[d] = vx[d];
+            const size_t at = kiln_kv_at(slot / BLOCK_SIZE, h, slot % BLOCK_SIZE, d);
+#if KILN_KV8 /* rope_kv's codes: of the rounded k, and v */
+            const unsigned char kq = (unsigned char)kiln_kv_code8(kiln_e2f(kv), kiln_kv_scale(p.kv_scale, h));
+            const unsigned char vq = (unsigned char)kiln_kv_code8(kiln_e2f(vx[d]), kiln_kv_scale(p.kv_scale, N_KV_HEADS + h));
+            knew[d] = kq;
+            vnew[d] = vq;
             if (slot >= 0) {
-                const size_t at = kiln_kv_at(slot / BLOCK_SIZE, h, slot % BLOCK_SIZE, d);
+                ((unsigned char *)p.k_cache)[at] = kq;
+                ((unsigned char *)p.v_cache)[at] = vq;
+            }
+#else
+            ((kiln_elem *)knew)[d] = kv;
+            ((kiln_elem *)vnew)[d] = vx[d];
+            if (slot >= 0) {
                 ((kiln_elem *)p.k_cache)[at] = kv;
                 ((kiln_elem *)p.v_cache)[at] = vx[d];
             }
+#endif
         }
     }
 
@@ -344,7 +375,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MINB) kiln_at
      * rounded to the element type as the rope kernel stores it). */
     float q[G][KILN_VEC];
     {
-        const float qs = p.scale * KILN_LOG2E;
+        /* an 8-bit cache's K scale is folded in here: q . (code * s) = (q * s) . code */
+        const float qs = p.scale * KILN_LOG2E * (KILN_KV8 ? kiln_kv_scale(p.kv_scale, h) : 1.0f);
         if (rope) {
 #pragma unroll
             for (int g = 0; g < G; g++) {
@@ -385,7 +417,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MINB) kiln_at
         const int t = tw + i * NG * U;
         kiln_attn_issue<KS, U, NT>(kvb, i + KS - 1, tw, t1, tnew, kc, vc, blocks, fb, h, j);
         kiln_cp_wait<KS - 1>(); /* step i has landed */
-        uint4 kr[U], vr[U];
+        kiln_kvc kr[U], vr[U];
         kiln_attn_take<KS, U, NT>(kvb, i, tw, t1, tnew, knew, vnew, j, kr, vr);
         /* scores x[u*G + g] = q_g . k_u, summed over the group's LPT lanes by a reduce-scatter (each
          * level sends half the values, keeps the other half: NV/2 + NV/4 + ... shuffles, not NV per
@@ -394,7 +426,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MINB) kiln_at
 #pragma unroll
         for (int u = 0; u < U; u++) {
             float k[KILN_VEC];
-            kiln_unpackv(kr[u], k);
+            kiln_kvc_unpack(kr[u], k);
 #pragma unroll
             for (int g = 0; g < G; g++) {
                 float a = 0.0f;
@@ -444,7 +476,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MINB) kiln_at
 #pragma unroll
         for (int u = 0; u < U; u++) { /* tokens in order within the group */
             float v[KILN_VEC];
-            kiln_unpackv(vr[u], v);
+            kiln_kvc_unpack(vr[u], v);
 #pragma unroll
             for (int g = 0; g < G; g++) {
                 l[g] += s[u][g];
@@ -482,6 +514,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MINB) kiln_at
     __syncthreads();
 
     __shared__ int is_last;
+    /* an 8-bit cache's V scale: o = sum p (code * s) = s * sum p code */
+    const float vsc = KILN_KV8 ? kiln_kv_scale(p.kv_scale, N_KV_HEADS + h) : 1.0f;
     for (int i = threadIdx.x; i < G * HEAD_DIM; i += NT) {
         const int g = i / HEAD_DIM, d = i % HEAD_DIM;
         float mx = KILN_NEG_INF;
@@ -495,6 +529,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MINB) kiln_at
             acc = fmaf(f, red[(w * G + g) * HEAD_DIM + d], acc);
             sum = fmaf(f, wml[(w * G + g) * 2 + 1], sum);
         }
+        if (KILN_KV8) acc *= vsc;
         const int hq = h * G + g;
         if (nsplit <= 1) {
             ((kiln_elem *)p.out)[((size_t)b * N_HEADS + hq) * HEAD_DIM + d] = kiln_f2e(sum > 0.0f ? acc / sum : 0.0f);

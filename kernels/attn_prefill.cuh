@@ -90,8 +90,14 @@ extern "C" __global__ void __launch_bounds__(128) kiln_attn_prefill(const kiln_a
             float kv = 0.0f, vv = 0.0f;
             if (t <= p_last) {
                 const size_t at = kiln_kv_at(bt[t / BLOCK_SIZE], h, t % BLOCK_SIZE, d);
+#if KILN_KV8
+                (void)kc, (void)vc;
+                kv = kiln_kv_get8((const void *)p.k_cache, at, kiln_kv_scale(p.kv_scale, h));
+                vv = kiln_kv_get8((const void *)p.v_cache, at, kiln_kv_scale(p.kv_scale, N_KV_HEADS + h));
+#else
                 kv = kiln_e2f(kc[at]);
                 vv = kiln_e2f(vc[at]);
+#endif
             }
             k_s[c * QS + d] = kv;
             v_s[c * QS + d] = vv;
@@ -234,6 +240,9 @@ extern "C" __global__ void __launch_bounds__(128) kiln_attn_prefill(const kiln_a
 #ifndef PF_MMA_SYNCS
 #define PF_MMA_SYNCS 1
 #endif
+#if KILN_KV8 && PF_MMA_SYNCS != 1
+#error "an 8-bit KV cache stages K and V together (PF_MMA_SYNCS 1)"
+#endif
 
 KILN_DEV void kiln_pf_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
@@ -278,6 +287,9 @@ template <int MT> KILN_DEV void kiln_pf_mma_body(const kiln_attn_prefill_params 
     kiln_bf16 *k_s = (kiln_bf16 *)smem_pf;  /* [2][BK][RS] */
     kiln_bf16 *v_s = k_s + 2 * TILE;         /* [2][BK][RS] */
     kiln_bf16 *q_s = v_s + 2 * TILE;         /* [BQ][RS] q * scale * log2(e), only when !QREG */
+    /* KILN_KV8: the codes as they come, [2 (K, V)][2][BK][HEAD_DIM] bytes after q_s (its room is
+     * counted either way), widened into k_s / v_s by the thread that copied them */
+    unsigned char *raw = (unsigned char *)(q_s + BQ * RS);
     kiln_pdl_wait();
 
     const int hq = blockIdx.y, b = blockIdx.z, h = hq / G;
@@ -307,8 +319,69 @@ template <int MT> KILN_DEV void kiln_pf_mma_body(const kiln_attn_prefill_params 
      * cp.async group (PF_MMA_SYNCS 1) or two, K then V (2). Chunk i = tid + j * THREADS of a tile is row i / CH, 16 bytes at dim
      * 8 * (i % CH): the lanes of a warp read whole 256-byte rows. */
     const unsigned ks_addr = kiln_saddr(k_s), vs_addr = kiln_saddr(v_s);
+#if KILN_KV8
+    /* 16 codes a chunk: row i / CH8, dims 16 * (i % CH8) */
+    constexpr int CH8 = HEAD_DIM / 16, LOADS8 = (BK * CH8 + THREADS - 1) / THREADS;
+    const unsigned char *kh8 = (const unsigned char *)p.k_cache + (size_t)h * BLOCK_SIZE * HEAD_DIM;
+    const unsigned char *vh8 = (const unsigned char *)p.v_cache + (size_t)h * BLOCK_SIZE * HEAD_DIM;
+    const unsigned raw_addr = kiln_saddr(raw);
+    auto chunk8 = [&](int kt, int j, int ids, size_t &off, unsigned &r, unsigned &c) {
+        const int i = tid + j * THREADS;
+        r = (unsigned)i / CH8, c = (unsigned)i % CH8;
+        const unsigned key = (unsigned)kt + r;
+        const bool in = (BK * CH8 % THREADS == 0 || i < BK * CH8) && (int)key <= p_last;
+        int blk;
+        if constexpr (NBT <= 32)
+            blk = __shfl_sync(KILN_FULL_MASK, ids, (int)(key / BLOCK_SIZE - (unsigned)kt / BLOCK_SIZE));
+        else
+            blk = in ? bt[key / BLOCK_SIZE] : 0;
+        off = in ? (size_t)(unsigned)blk * (N_KV_HEADS * BLOCK_SIZE * HEAD_DIM) + (key % BLOCK_SIZE) * HEAD_DIM + c * 16 : 0;
+        return in;
+    };
+    /* this thread's chunks of the tile in raw buffer st, widened into k_s / v_s[st] (exact in bf16) */
+    auto widen8 = [&](int st) {
+#pragma unroll
+        for (int j = 0; j < LOADS8; j++) {
+            const int i = tid + j * THREADS;
+            if (BK * CH8 % THREADS != 0 && i >= BK * CH8) continue;
+            const int r = i / CH8, c = i % CH8;
+#pragma unroll
+            for (int kv = 0; kv < 2; kv++) {
+                const uint4 w = *(const uint4 *)(raw + ((kv * 2 + st) * BK + r) * HEAD_DIM + c * 16);
+                const unsigned ws[4] = {w.x, w.y, w.z, w.w};
+                float f[16];
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    float g4[4];
+                    kiln_kv_dec4(ws[q], g4);
+#pragma unroll
+                    for (int e = 0; e < 4; e++) f[4 * q + e] = g4[e];
+                }
+                kiln_bf16 *dst = (kv ? v_s : k_s) + st * TILE + r * RS + c * 16;
+                *(uint4 *)dst = kiln_pack8(f);
+                *(uint4 *)(dst + 8) = kiln_pack8(f + 8);
+            }
+        }
+    };
+#endif
     const kiln_bf16 *kh = kc + (size_t)h * BLOCK_SIZE * HEAD_DIM, *vh = vc + (size_t)h * BLOCK_SIZE * HEAD_DIM;
     auto stage = [&](int kt, int st, int ids) {
+#if KILN_KV8
+        /* the codes into raw buffer st, one cp.async group: widened after the wait (widen8) */
+#pragma unroll
+        for (int j = 0; j < LOADS8; j++) {
+            size_t off;
+            unsigned r, c;
+            const bool in = chunk8(kt, j, ids, off, r, c);
+            if (BK * CH8 % THREADS == 0 || tid + j * THREADS < BK * CH8) {
+                const unsigned d = (unsigned)((st * BK + r) * HEAD_DIM + c * 16);
+                kiln_cp16(raw_addr + d, kh8 + off, in ? 16 : 0);
+                kiln_cp16(raw_addr + (unsigned)(2 * BK * HEAD_DIM) + d, vh8 + off, in ? 16 : 0);
+            }
+        }
+        kiln_cp_commit();
+        return;
+#endif
         /* chunk j of this thread: the global offset (0 past the last query: zero-filled) and the
          * byte offset in shared memory; false past the last key or the tile */
         auto chunk = [&](int j, size_t &off, unsigned &dst) {
@@ -372,7 +445,9 @@ template <int MT> KILN_DEV void kiln_pf_mma_body(const kiln_attn_prefill_params 
     /* q pre-scaled by scale*log2(e), rounded to bf16 once: as A fragments in registers (MT 1), or
      * staged in q_s (row r: query min(r, nq - 1)) and read by ldmatrix at each k-step (MT 2:
      * 32 rows x HEAD_DIM would take 64 registers). */
-    const float qsc = p.scale * PF_LOG2E;
+    /* an 8-bit cache's K scale folds into q, its V scale into the output (at the end) */
+    const float qsc = p.scale * PF_LOG2E * (KILN_KV8 ? kiln_kv_scale(p.kv_scale, h) : 1.0f);
+    const float vsc = KILN_KV8 ? kiln_kv_scale(p.kv_scale, N_KV_HEADS + h) : 1.0f;
     const kiln_bf16 *qg = (const kiln_bf16 *)p.q;
     unsigned qa[QREG ? DK : 1][4];
     if constexpr (QREG) {
@@ -423,6 +498,9 @@ template <int MT> KILN_DEV void kiln_pf_mma_body(const kiln_attn_prefill_params 
             kiln_cp_wait<0>();
         else
             kiln_cp_wait<1>();
+#if KILN_KV8
+        widen8(st); /* k_s, v_s[st] were last read in iteration it - 2: the barrier of it - 1 is past */
+#endif
         __syncthreads();
         if (it + 1 < n_tiles) {
             stage(kt + BK, st ^ 1, ids_next);
@@ -561,7 +639,7 @@ template <int MT> KILN_DEV void kiln_pf_mma_body(const kiln_attn_prefill_params 
     kiln_bf16 *out = (kiln_bf16 *)p.out;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
-        const float inv0 = l[mt][0] > 0.0f ? 1.0f / l[mt][0] : 0.0f, inv1 = l[mt][1] > 0.0f ? 1.0f / l[mt][1] : 0.0f;
+        const float inv0 = l[mt][0] > 0.0f ? vsc / l[mt][0] : 0.0f, inv1 = l[mt][1] > 0.0f ? vsc / l[mt][1] : 0.0f;
         const int r0 = w0 + 16 * mt + g, r1 = r0 + 8;
 #pragma unroll
         for (int i = 0; i < DT; i++) {

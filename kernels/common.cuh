@@ -167,6 +167,15 @@ KILN_DEV void kiln_cp16(unsigned dst, const void *src, int src_bytes) {
     asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 #endif
 }
+/* cp.async of 8 bytes (through L1: .cg takes 16 only); src_bytes 0 writes 8 zeros. */
+KILN_DEV void kiln_cp8(unsigned dst, const void *src, int src_bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+#else
+    const uint2 v = src_bytes ? *(const uint2 *)src : make_uint2(0, 0);
+    asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(dst), "r"(v.x), "r"(v.y) : "memory");
+#endif
+}
 KILN_DEV void kiln_cp_commit(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;" ::: "memory");
@@ -204,6 +213,153 @@ KILN_DEV float kiln_rope_freq(int i, int head_dim, float theta, int llama3, floa
  * first = d < head_dim/2: x cos - partner sin, else x cos + partner sin. */
 KILN_DEV float kiln_rope_rot(float x, float partner, float c, float s, bool first) {
     return first ? __fsub_rn(__fmul_rn(x, c), __fmul_rn(partner, s)) : __fadd_rn(__fmul_rn(x, c), __fmul_rn(partner, s));
+}
+
+/* ---- 8-bit codes: int8 (q8) and FP8 E4M3 (fp8), widened exactly; E4M3 rounding ---- */
+KILN_DEV unsigned kiln_bf2_fma(unsigned a, unsigned b, unsigned c) {
+    unsigned d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+/* q8: the 4 int8 codes of one word (byte i = column i) as 2 bf16x2 words (columns 0,1 and 2,3),
+ * exact: 0x4B0000uu is 2^23 + uu in fp32, uu = code + 128. The row's scale comes in the epilogue. */
+KILN_DEV void kiln_q8_deq(unsigned w, unsigned (&o)[2]) {
+    const unsigned u = w ^ 0x80808080u;
+    const float f0 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7440)) - 8388736.0f;
+    const float f1 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7441)) - 8388736.0f;
+    const float f2 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7442)) - 8388736.0f;
+    const float f3 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7443)) - 8388736.0f;
+    o[0] = kiln_f2bf2(f0, f1);
+    o[1] = kiln_f2bf2(f2, f3);
+}
+
+/* fp8: the 4 E4M3 codes of one word (byte i = column i) as 2 bf16x2 words (columns 0,1 and 2,3),
+ * exact. E4M3's sign, exponent and mantissa fields moved into bf16's (sign to bit 15, the 7 other bits
+ * to bits 10..4) make a bf16 whose value is the code's times 2^-120, subnormals included (both
+ * formats' subnormals continue their normals the same way: bias 7 against 127); one bf16x2 fma by
+ * 2^120 (0x7B80) restores it exactly (bf16 arithmetic keeps subnormals). NaN codes (never written)
+ * would come out as large finite values. The row's scale comes in the epilogue. */
+KILN_DEV void kiln_fp8_deq(unsigned w, unsigned (&o)[2]) {
+    const unsigned lo = __byte_perm(w, 0u, 0x1404); /* bytes 0 and 1 into the high bytes of each half */
+    const unsigned hi = __byte_perm(w, 0u, 0x3424); /* bytes 2 and 3 */
+    const unsigned a = (lo & 0x80008000u) | ((lo >> 4) & 0x07F007F0u);
+    const unsigned b = (hi & 0x80008000u) | ((hi >> 4) & 0x07F007F0u);
+    o[0] = kiln_bf2_fma(a, 0x7B807B80u, 0x80008000u);
+    o[1] = kiln_bf2_fma(b, 0x7B807B80u, 0x80008000u);
+}
+
+/* q8 on CUDA cores: the 4 int8 codes of one word in fp32, exact (kiln_q8_deq's values). */
+KILN_DEV void kiln_q8_f32(unsigned w, float (&f)[4]) {
+    const unsigned u = w ^ 0x80808080u;
+    f[0] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7440)) - 8388736.0f;
+    f[1] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7441)) - 8388736.0f;
+    f[2] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7442)) - 8388736.0f;
+    f[3] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7443)) - 8388736.0f;
+}
+/* fp8 on CUDA cores: the 4 E4M3 codes of one word (byte i = column i) in fp32, exact. On sm_89 and
+ * later (GEMV_FP8_CVT 1, the default there) the hardware's conversion, two codes an instruction,
+ * to f16 (which holds every E4M3 value, subnormals included) and then to fp32; elsewhere (or with
+ * GEMV_FP8_CVT 0, for kiln_gpu_bench) kiln_fp8_deq's exact bf16, widened. */
+#ifndef GEMV_FP8_CVT
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define GEMV_FP8_CVT 1
+#else
+#define GEMV_FP8_CVT 0
+#endif
+#endif
+KILN_DEV void kiln_fp8_f32(unsigned w, float (&f)[4]) {
+#if GEMV_FP8_CVT
+    asm("{\n\t.reg .b16 a, b, c, d;\n\t.reg .b32 p, q;\n\t"
+        "mov.b32 {a, b}, %4;\n\t"
+        "cvt.rn.f16x2.e4m3x2 p, a;\n\tcvt.rn.f16x2.e4m3x2 q, b;\n\t"
+        "mov.b32 {a, b}, p;\n\tmov.b32 {c, d}, q;\n\t"
+        "cvt.f32.f16 %0, a;\n\tcvt.f32.f16 %1, b;\n\tcvt.f32.f16 %2, c;\n\tcvt.f32.f16 %3, d;\n\t}"
+        : "=f"(f[0]), "=f"(f[1]), "=f"(f[2]), "=f"(f[3])
+        : "r"(w));
+#else
+    unsigned o[2];
+    kiln_fp8_deq(w, o);
+    f[0] = __uint_as_float(o[0] << 16);
+    f[1] = __uint_as_float(o[0] & 0xFFFF0000u);
+    f[2] = __uint_as_float(o[1] << 16);
+    f[3] = __uint_as_float(o[1] & 0xFFFF0000u);
+#endif
+}
+
+/* x (|x| <= 448 up to rounding) as E4M3, nearest even, saturated: the hardware conversion on
+ * sm_89+, elsewhere common/quant.c's kiln_f32_to_e4m3 written out (the same codes). */
+KILN_DEV unsigned kiln_e4m3_rn(float x) {
+#if __CUDA_ARCH__ >= 890
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(x));
+    return r & 0xFFu;
+#else
+    const unsigned sign = __float_as_uint(x) >> 31 << 7;
+    const float a = fabsf(x);
+    unsigned code;
+    if (a >= 448.0f) code = 0x7Eu;
+    else if (a < 0.015625f) code = (unsigned)rintf(a * 512.0f); /* subnormals m 2^-9 */
+    else {
+        int ex;
+        const float f = frexpf(a, &ex);
+        const int c = ((ex + 6) << 3) + (int)rintf((f * 2.0f - 1.0f) * 8.0f);
+        code = (unsigned)(c > 0x7E ? 0x7E : c);
+    }
+    return sign | code;
+#endif
+}
+
+/* ---- an 8-bit KV cache (KILN_KV8 1: FP8 E4M3, 2: int8; attention +kv_fp8 / +kv_int8) ----
+ * The cache holds one byte per element in the bf16 cache's layout; a kv head's K and V each have a
+ * scale (kv_scale, [2][N_KV_HEADS]). kiln_kv_code8 is common/quant.c's kiln_kv_code: x / scale (one
+ * IEEE division) rounded to nearest even, E4M3 saturated at 448 or int8 clamped to +-127;
+ * kiln_kv_dec4 widens the 4 codes of a word (byte i = element i) to floats, exactly, without the
+ * scale (the kernels fold K's into q and V's into the output). */
+#ifndef KILN_KV8
+#define KILN_KV8 0
+#endif
+#if KILN_KV8 && KILN_F32
+#error "an 8-bit KV cache (KILN_KV8) is for bf16 engines"
+#endif
+KILN_DEV unsigned kiln_kv_code8(float x, float scale) {
+    const float y = __fdiv_rn(x, scale);
+#if KILN_KV8 == 2
+    return y != y ? 0u : (unsigned)(int)rintf(fminf(fmaxf(y, -127.0f), 127.0f)) & 0xFFu;
+#else
+    return kiln_e4m3_rn(y);
+#endif
+}
+KILN_DEV void kiln_kv_dec4(unsigned w, float (&f)[4]) {
+#if KILN_KV8 == 2
+    kiln_q8_f32(w, f);
+#else
+    kiln_fp8_f32(w, f);
+#endif
+}
+/* Scale i of a layer's kv_scale weight, which the executor uploads in the element type like every
+ * vector weight (the compiler makes the scales bf16 values: kiln_kv_scale_for). */
+KILN_DEV float kiln_kv_scale(kiln_dptr scales, int i) { return kiln_e2f(((const kiln_elem *)scales)[i]); }
+/* Element `at` of an 8-bit cache, times its scale. */
+KILN_DEV float kiln_kv_get8(const void *cache, size_t at, float scale) {
+    float f[4];
+    kiln_kv_dec4((unsigned)((const unsigned char *)cache)[at], f);
+    return f[0] * scale;
+}
+/* f[0..7] as 8 codes (a uint2, 8-byte aligned) at dst */
+KILN_DEV void kiln_kv_store8(unsigned char *dst, const float f[8], float scale) {
+    unsigned w[2] = {0u, 0u};
+#pragma unroll
+    for (int e = 0; e < 8; e++) w[e >> 2] |= kiln_kv_code8(f[e], scale) << (8 * (e & 3));
+    *(uint2 *)dst = make_uint2(w[0], w[1]);
+}
+/* 8 codes (a uint2) widened into f[0..7] */
+KILN_DEV void kiln_kv_dec8(uint2 w, float f[8]) {
+    float a[4], b[4];
+    kiln_kv_dec4(w.x, a);
+    kiln_kv_dec4(w.y, b);
+#pragma unroll
+    for (int e = 0; e < 4; e++) f[e] = a[e], f[4 + e] = b[e];
 }
 
 #if defined(N_KV_HEADS) && defined(BLOCK_SIZE) && defined(HEAD_DIM)

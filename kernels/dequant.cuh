@@ -62,28 +62,7 @@ extern "C" __global__ void __launch_bounds__(DEQUANT_THREADS) kiln_dequant(const
 #define ACTQ_THREADS 256
 #endif
 
-/* x (|x| <= 448 up to rounding) as E4M3, nearest even, saturated: the hardware conversion on
- * sm_89+, elsewhere common/quant.c's kiln_f32_to_e4m3 written out (the same codes). */
-KILN_DEV unsigned kiln_e4m3_rn(float x) {
-#if __CUDA_ARCH__ >= 890
-    unsigned short r;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(x));
-    return r & 0xFFu;
-#else
-    const unsigned sign = __float_as_uint(x) >> 31 << 7;
-    const float a = fabsf(x);
-    unsigned code;
-    if (a >= 448.0f) code = 0x7Eu;
-    else if (a < 0.015625f) code = (unsigned)rintf(a * 512.0f); /* subnormals m 2^-9 */
-    else {
-        int ex;
-        const float f = frexpf(a, &ex);
-        const int c = ((ex + 6) << 3) + (int)rintf((f * 2.0f - 1.0f) * 8.0f);
-        code = (unsigned)(c > 0x7E ? 0x7E : c);
-    }
-    return sign | code;
-#endif
-}
+/* kiln_e4m3_rn: common.cuh */
 
 #if !KILN_F32
 extern "C" __global__ void __launch_bounds__(ACTQ_THREADS) kiln_act_fp8(const kiln_act_fp8_params p) {

@@ -210,78 +210,7 @@ KILN_DEV int kiln_gemv_wrow(const kiln_gemv_params &p, int row) {
 #endif
 }
 
-#if GEMV_QUANT
-KILN_DEV unsigned kiln_bf2_fma(unsigned a, unsigned b, unsigned c) {
-    unsigned d;
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-
-/* q8: the 4 int8 codes of one word (byte i = column i) as 2 bf16x2 words (columns 0,1 and 2,3),
- * exact: 0x4B0000uu is 2^23 + uu in fp32, uu = code + 128. The row's scale comes in the epilogue. */
-KILN_DEV void kiln_q8_deq(unsigned w, unsigned (&o)[2]) {
-    const unsigned u = w ^ 0x80808080u;
-    const float f0 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7440)) - 8388736.0f;
-    const float f1 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7441)) - 8388736.0f;
-    const float f2 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7442)) - 8388736.0f;
-    const float f3 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7443)) - 8388736.0f;
-    o[0] = kiln_f2bf2(f0, f1);
-    o[1] = kiln_f2bf2(f2, f3);
-}
-
-/* fp8: the 4 E4M3 codes of one word (byte i = column i) as 2 bf16x2 words (columns 0,1 and 2,3),
- * exact. E4M3's sign, exponent and mantissa fields moved into bf16's (sign to bit 15, the 7 other bits
- * to bits 10..4) make a bf16 whose value is the code's times 2^-120, subnormals included (both
- * formats' subnormals continue their normals the same way: bias 7 against 127); one bf16x2 fma by
- * 2^120 (0x7B80) restores it exactly (bf16 arithmetic keeps subnormals). NaN codes (never written)
- * would come out as large finite values. The row's scale comes in the epilogue. */
-KILN_DEV void kiln_fp8_deq(unsigned w, unsigned (&o)[2]) {
-    const unsigned lo = __byte_perm(w, 0u, 0x1404); /* bytes 0 and 1 into the high bytes of each half */
-    const unsigned hi = __byte_perm(w, 0u, 0x3424); /* bytes 2 and 3 */
-    const unsigned a = (lo & 0x80008000u) | ((lo >> 4) & 0x07F007F0u);
-    const unsigned b = (hi & 0x80008000u) | ((hi >> 4) & 0x07F007F0u);
-    o[0] = kiln_bf2_fma(a, 0x7B807B80u, 0x80008000u);
-    o[1] = kiln_bf2_fma(b, 0x7B807B80u, 0x80008000u);
-}
-
-/* q8 on CUDA cores: the 4 int8 codes of one word in fp32, exact (kiln_q8_deq's values). */
-KILN_DEV void kiln_q8_f32(unsigned w, float (&f)[4]) {
-    const unsigned u = w ^ 0x80808080u;
-    f[0] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7440)) - 8388736.0f;
-    f[1] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7441)) - 8388736.0f;
-    f[2] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7442)) - 8388736.0f;
-    f[3] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7443)) - 8388736.0f;
-}
-/* fp8 on CUDA cores: the 4 E4M3 codes of one word (byte i = column i) in fp32, exact. On sm_89 and
- * later (GEMV_FP8_CVT 1, the default there) the hardware's conversion, two codes an instruction,
- * to f16 (which holds every E4M3 value, subnormals included) and then to fp32; elsewhere (or with
- * GEMV_FP8_CVT 0, for kiln_gpu_bench) kiln_fp8_deq's exact bf16, widened. */
-#ifndef GEMV_FP8_CVT
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-#define GEMV_FP8_CVT 1
-#else
-#define GEMV_FP8_CVT 0
-#endif
-#endif
-KILN_DEV void kiln_fp8_f32(unsigned w, float (&f)[4]) {
-#if GEMV_FP8_CVT
-    asm("{\n\t.reg .b16 a, b, c, d;\n\t.reg .b32 p, q;\n\t"
-        "mov.b32 {a, b}, %4;\n\t"
-        "cvt.rn.f16x2.e4m3x2 p, a;\n\tcvt.rn.f16x2.e4m3x2 q, b;\n\t"
-        "mov.b32 {a, b}, p;\n\tmov.b32 {c, d}, q;\n\t"
-        "cvt.f32.f16 %0, a;\n\tcvt.f32.f16 %1, b;\n\tcvt.f32.f16 %2, c;\n\tcvt.f32.f16 %3, d;\n\t}"
-        : "=f"(f[0]), "=f"(f[1]), "=f"(f[2]), "=f"(f[3])
-        : "r"(w));
-#else
-    unsigned o[2];
-    kiln_fp8_deq(w, o);
-    f[0] = __uint_as_float(o[0] << 16);
-    f[1] = __uint_as_float(o[0] & 0xFFFF0000u);
-    f[2] = __uint_as_float(o[1] << 16);
-    f[3] = __uint_as_float(o[1] & 0xFFFF0000u);
-#endif
-}
-#endif /* GEMV_QUANT */
+/* the codes' widening (kiln_q8_deq, kiln_fp8_deq, kiln_q8_f32, kiln_fp8_f32): common.cuh */
 
 #if !GEMV_MMA
 

@@ -137,6 +137,7 @@ typedef struct kiln_rope_kv_params {
     kiln_dptr k_norm;
     int T;
     int pad_;
+    kiln_dptr kv_scale;  /* KILN_KV8 (an 8-bit cache): bf16 [2][N_KV_HEADS], K's scales then V's; else 0 */
 } kiln_rope_kv_params;
 
 /* Decode attention: one query token per sequence over its paged KV cache
@@ -174,6 +175,7 @@ typedef struct kiln_attn_decode_params {
     kiln_dptr slots;        /* int32 [B]: its KV slot, block_id * BLOCK_SIZE + offset */
     float rope_theta, rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_orig_max_pos;
     int rope_llama3;
+    kiln_dptr kv_scale;     /* KILN_KV8 (an 8-bit cache of codes): bf16 [2][N_KV_HEADS], K's scales then V's */
 } kiln_attn_decode_params;
 
 #if defined(__CUDACC__)
@@ -214,6 +216,7 @@ typedef struct kiln_attn_prefill_params {
     float scale;
     int B, max_blocks;
     int pad_;
+    kiln_dptr kv_scale;     /* KILN_KV8: bf16 [2][N_KV_HEADS], K's scales then V's */
 } kiln_attn_prefill_params;
 
 /* out[m, f] = silu(gu[m, f]) * gu[m, FFN + f] (gate half then up half), or with

@@ -169,12 +169,28 @@ extern "C" __global__ void __launch_bounds__(ROPE_THREADS) kiln_rope_kv(const ki
                 ra[e] = kiln_round(kiln_rope_rot(a[e], b[e], c, sn, true));
                 rb[e] = kiln_round(kiln_rope_rot(b[e], a[e], c, sn, false));
             }
-            *(uint4 *)(dst + i0) = kiln_packv(ra);
-            *(uint4 *)(dst + i0 + HALF) = kiln_packv(rb);
+            if (KILN_KV8 && head >= N_HEADS) { /* codes of the rounded values (decode attention's too) */
+                unsigned char *k8 = (unsigned char *)p.k_cache + kiln_kv_at(blk, head - N_HEADS, off, 0);
+                const float ks = kiln_kv_scale(p.kv_scale, head - N_HEADS);
+                kiln_kv_store8(k8 + i0, ra, ks);
+                kiln_kv_store8(k8 + i0 + HALF, rb, ks);
+            } else {
+                *(uint4 *)(dst + i0) = kiln_packv(ra);
+                *(uint4 *)(dst + i0 + HALF) = kiln_packv(rb);
+            }
         } else {
             const float c = cs_s[i0], sn = sn_s[i0];
-            dst[i0] = kiln_f2e(kiln_rope_rot(a[0], b[0], c, sn, true));
-            dst[i0 + HALF] = kiln_f2e(kiln_rope_rot(b[0], a[0], c, sn, false));
+            const float ra = kiln_round(kiln_rope_rot(a[0], b[0], c, sn, true));
+            const float rb = kiln_round(kiln_rope_rot(b[0], a[0], c, sn, false));
+            if (KILN_KV8 && head >= N_HEADS) {
+                unsigned char *k8 = (unsigned char *)p.k_cache + kiln_kv_at(blk, head - N_HEADS, off, 0);
+                const float ks = kiln_kv_scale(p.kv_scale, head - N_HEADS);
+                k8[i0] = (unsigned char)kiln_kv_code8(ra, ks);
+                k8[i0 + HALF] = (unsigned char)kiln_kv_code8(rb, ks);
+            } else {
+                dst[i0] = kiln_f2e(ra);
+                dst[i0 + HALF] = kiln_f2e(rb);
+            }
         }
     }
     /* v: copied into the cache (with its bias), by the block with the last unit */
@@ -185,9 +201,15 @@ extern "C" __global__ void __launch_bounds__(ROPE_THREADS) kiln_rope_kv(const ki
             const int kh = j / HEAD_DIM, d = j % HEAD_DIM;
 #if QKV_BIAS
             (void)v;
-            vc[kiln_kv_at(blk, kh, off, d)] = kiln_f2e(kiln_qkv_at(row, bias, V0 + j));
+            const kiln_elem x = kiln_f2e(kiln_qkv_at(row, bias, V0 + j));
 #else
-            vc[kiln_kv_at(blk, kh, off, d)] = v[j];
+            const kiln_elem x = v[j];
+#endif
+#if KILN_KV8
+            ((unsigned char *)p.v_cache)[kiln_kv_at(blk, kh, off, d)] =
+                (unsigned char)kiln_kv_code8(kiln_e2f(x), kiln_kv_scale(p.kv_scale, N_KV_HEADS + kh));
+#else
+            vc[kiln_kv_at(blk, kh, off, d)] = x;
 #endif
         }
     }

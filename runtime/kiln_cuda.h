@@ -173,10 +173,11 @@ unsigned kiln_attn_prefill_smem(int head_dim);
  * KILN_PF_MMA_WARPS is their warps per block (PF_MMA_WARPS) as compiled by codegen, which leaves
  * the kernel's default. */
 #define KILN_PF_MMA_WARPS 4
-unsigned kiln_attn_prefill_mma_smem(int head_dim, int warps, int mt);
+unsigned kiln_attn_prefill_mma_smem(int head_dim, int warps, int mt, bool kv8);
 /* Grid, block and shared memory of kiln_attn_prefill_mma (mt 2) or _mma16 (mt 1) compiled with
- * PF_MMA_WARPS = warps, for a batch of B sequences whose longest chunk has max_q queries. */
-kiln_cuda_dims kiln_attn_prefill_mma_dims(int warps, int mt, int n_heads, int B, int max_q, int head_dim);
+ * PF_MMA_WARPS = warps, for a batch of B sequences whose longest chunk has max_q queries; kv8: built
+ * for an 8-bit KV cache (KILN_KV8), which stages the codes too. */
+kiln_cuda_dims kiln_attn_prefill_mma_dims(int warps, int mt, int n_heads, int B, int max_q, int head_dim, bool kv8);
 /* Splits kiln_attn_decode needs for a context of `len` tokens. */
 int kiln_attn_decode_splits(int len, int window, int partition);
 /* The split size for a decode step: short enough that batch x kv heads x

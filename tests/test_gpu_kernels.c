@@ -762,7 +762,7 @@ static void test_rope_kv(void) {
             dev_poison16(kc, cache_n * 2);
             dev_poison16(vc, cache_n * 2);
             kiln_rope_kv_params p = {qkv, qo, kc, vc, dpos, dslot, c->bias ? dbias : 0, c->norm ? dqn : 0,
-                                     c->norm ? dkn : 0, T, 0};
+                                     c->norm ? dkn : 0, T, 0, 0};
             /* a block per head slice (grid.y = heads + 1, the decode launch) first, then a block per
              * token: the same bits, and the second is checked against the references below */
             KT_CHECK(klaunch(k.fn, "kiln_rope_kv", dims((unsigned)T, (unsigned)(c->nh + c->nkv + 1), 1, 128, 0), &p));
@@ -995,7 +995,7 @@ static void test_attn_decode(void) {
         dev_poison16(o, qn * 2);
         dev_poison32(po, (size_t)B * c->nh * max_splits * c->hd * 4);
         float scale = 1.0f / sqrtf((float)c->hd);
-        kiln_attn_decode_params p = {q, pc.k, pc.v, pc.dbt, pc.dlens, o, po, pml, scale, B, pc.max_blocks, max_splits, part, 0, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0};
+        kiln_attn_decode_params p = {q, pc.k, pc.v, pc.dbt, pc.dlens, o, po, pml, scale, B, pc.max_blocks, max_splits, part, 0, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0, 0};
         unsigned smem = kiln_attn_decode_smem(c->nh, c->nkv, c->hd, c->bs, 512, 4);
         KT_CHECK(klaunch(k.fn, "kiln_attn_decode", dims((unsigned)c->nkv, (unsigned)B, (unsigned)max_splits, 128, smem), &p));
         if (max_splits > 1)
@@ -1018,7 +1018,7 @@ static void test_attn_decode(void) {
             dev_poison16(o, qn * 2);
             dev_poison32(po, (size_t)B * c->nh * room * c->hd * 4);
             kiln_attn_decode_params pa = {q, pc.k, pc.v, pc.dbt, pc.dlens, o, po, pml, scale, B, pc.max_blocks,
-                                          auto_splits, 0, want, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0};
+                                          auto_splits, 0, want, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0, 0};
             KT_CHECK(klaunch(k.fn, "kiln_attn_decode", dims((unsigned)c->nkv, (unsigned)B, (unsigned)auto_splits, 128, smem), &pa));
             KT_CHECK(klaunch(comb, "kiln_attn_decode_combine", dims((unsigned)c->nh, (unsigned)B, 1, (unsigned)((c->hd + 31) / 32 * 32), 0), &pa));
             oh = host_from(o, qn * 2);
@@ -1042,7 +1042,7 @@ static void test_attn_decode(void) {
                 /* reference bits: the two-kernel path with the same parameters */
                 kiln_attn_decode_params pf = {q, pc.k, pc.v, pc.dbt, pc.dlens, o, po, pml, scale, B, pc.max_blocks,
                                               aut ? auto_splits : max_splits, aut ? 0 : part, aut ? 16 : 0, 0,
-                                              0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0};
+                                              0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0, 0};
                 unsigned z = (unsigned)pf.max_splits;
                 dev_poison16(o, qn * 2);
                 KT_CHECK(klaunch(k.fn, "kiln_attn_decode", dims((unsigned)c->nkv, (unsigned)B, z, 128, smem), &pf));
@@ -1099,11 +1099,11 @@ static void test_attn_decode(void) {
             const size_t cn = (size_t)pc.nblocks * c->nkv * c->bs * c->hd * 2;
             uint16_t *k0 = host_from(pc.k, cn), *v0 = host_from(pc.v, cn);
             /* the two-kernel way */
-            kiln_rope_kv_params rp = {dqkv, qrot, pc.k, pc.v, dpos, dslot, 0, 0, 0, B, 0};
+            kiln_rope_kv_params rp = {dqkv, qrot, pc.k, pc.v, dpos, dslot, 0, 0, 0, B, 0, 0};
             KT_CHECK(klaunch(kr.fn, "kiln_rope_kv", dims((unsigned)B, 1, 1, 128, 0), &rp));
             dev_poison16(o, qn * 2);
             kiln_attn_decode_params pr = {qrot, pc.k, pc.v, pc.dbt, pc.dlens, o, po, pml, scale, B, pc.max_blocks,
-                                          auto_splits, 0, 16, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0};
+                                          auto_splits, 0, 16, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0, 0};
             KT_CHECK(klaunch(k.fn, "kiln_attn_decode", dims((unsigned)c->nkv, (unsigned)B, (unsigned)auto_splits, 128, smem), &pr));
             KT_CHECK(klaunch(comb, "kiln_attn_decode_combine", dims((unsigned)c->nh, (unsigned)B, 1, (unsigned)((c->hd + 31) / 32 * 32), 0), &pr));
             uint16_t *want_o = host_from(o, qn * 2), *want_k = host_from(pc.k, cn), *want_v = host_from(pc.v, cn);
@@ -1117,7 +1117,7 @@ static void test_attn_decode(void) {
             dev_poison16(o, qn * 2);
             kiln_attn_decode_params pf = {0, pc.k, pc.v, pc.dbt, pc.dlens, o, po, pml, scale, B, pc.max_blocks,
                                           auto_splits, 0, 16, cnt, dqkv, dpos, dslot,
-                                          l3 ? 5e5f : 1e6f, 8.0f, 1.0f, 4.0f, 8192.0f, l3};
+                                          l3 ? 5e5f : 1e6f, 8.0f, 1.0f, 4.0f, 8192.0f, l3, 0};
             KT_CHECK(klaunch(k.fn, "kiln_attn_decode (fused rope)", dims((unsigned)c->nkv, (unsigned)B, (unsigned)auto_splits, 128, smem), &pf));
             uint16_t *got_o = host_from(o, qn * 2), *got_k = host_from(pc.k, cn), *got_v = host_from(pc.v, cn);
             size_t dio = 0, dik = 0, div = 0;
@@ -1193,7 +1193,7 @@ static void test_attn_prefill(void) {
         uint16_t *qh = rand_bf16(qn, 1.0f, &qf);
         CUdeviceptr q = dev_from(qh, qn * 2), o = dev_alloc(qn * 2), dst = dev_from(starts, sizeof starts);
         float scale = 1.0f / sqrtf((float)c->hd);
-        kiln_attn_prefill_params p = {q, pc.k, pc.v, pc.dbt, pc.dlens, dst, o, scale, B, pc.max_blocks, 0};
+        kiln_attn_prefill_params p = {q, pc.k, pc.v, pc.dbt, pc.dlens, dst, o, scale, B, pc.max_blocks, 0, 0};
         double *ref = malloc(sizeof(double) * qn);
         for (int b = 0; b < B; b++)
             for (int i = 0; i < qlen[b]; i++)
@@ -1209,7 +1209,7 @@ static void test_attn_prefill(void) {
                          w, vs[vi].warps_alt ? 2 : 1);
             else
                 snprintf(what, sizeof what, "kiln_attn_prefill");
-            kiln_cuda_dims dm = mt ? kiln_attn_prefill_mma_dims(w, mt, c->nh, B, max_q, c->hd)
+            kiln_cuda_dims dm = mt ? kiln_attn_prefill_mma_dims(w, mt, c->nh, B, max_q, c->hd, false)
                                    : dims((unsigned)((max_q + 63) / 64), (unsigned)c->nh, (unsigned)B, 128,
                                           kiln_attn_prefill_smem(c->hd));
             dev_poison16(o, qn * 2);
@@ -1538,7 +1538,7 @@ static void test_grid_limits(void) {
         KT_CHECKF(kiln_cuda_dims_check(&d, "kiln_swiglu", &err) == KILN_OK, "swiglu M=%d: %s", rows[i], err.msg);
         d = kiln_swiglu_dims(7, rows[i], 256, 8);
         KT_CHECKF(kiln_cuda_dims_check(&d, "kiln_swiglu", &err) == KILN_OK, "swiglu F=7 M=%d: %s", rows[i], err.msg);
-        d = kiln_attn_prefill_mma_dims(KILN_PF_MMA_WARPS, 1, 128, 1024, rows[i], 128);
+        d = kiln_attn_prefill_mma_dims(KILN_PF_MMA_WARPS, 1, 128, 1024, rows[i], 128, false);
         KT_CHECKF(kiln_cuda_dims_check(&d, "kiln_attn_prefill_mma16", &err) == KILN_OK, "prefill max_q=%d: %s",
                   rows[i], err.msg);
     }

@@ -147,6 +147,7 @@ typedef struct cx_inst {
     int x, y, res;  /* buffer ids (-1 = none) */
     int dw;         /* EMBED table, NORM weight */
     int dw_bias, dw_qn, dw_kn; /* QKV: its packed bias and q/k norm weights (+qkv_bias, +qk_norm), -1 = none */
+    int dw_kvs;                /* QKV, ATTN: the layer's kv_scale (an 8-bit KV cache), -1 = none */
     int layer;      /* QKV, ATTN */
     int attn;       /* ATTN: index into attn[] */
     CUfunction fn;  /* NORM: the rmsnorm kernel */
@@ -198,6 +199,7 @@ typedef struct cx {
     int n_mods;     /* entries of mods set; those with ks.modules[i].owner == i are loaded and unloaded */
     bool f32;
     int es; /* device element size */
+    int kv8, kv_es; /* the KV cache: 1 FP8 E4M3 codes, 2 int8 codes (+kv_fp8, +kv_int8), 0 elements; bytes an element */
     int hidden, n_heads, n_kv, head_dim, vocab, n_layers, block_size, ffn_max;
     int max_rows; /* token rows of every activation buffer: the step budget */
     int free_window; /* window that lets KV blocks go (0 = keep all) */
@@ -577,6 +579,15 @@ static kiln_status gemm_setup(cx *x, cx_gemm *g, int dw, cx_epi epi, kiln_error 
     return KILN_OK;
 }
 
+/* Module km was built for the KV cache the plan has (cfg[at] = KILN_KV8): an engine whose kernels
+ * would read the cache as another type is refused, not run. */
+static kiln_status kv8_check(cx *x, const kiln_ksec_module *km, int at, kiln_error *err) {
+    if (km->cfg[at] == x->kv8) return KILN_OK;
+    return kiln_err(err, KILN_ERR_FORMAT, "cuda executor: kernel module %s is built for a KV cache of %s, the plan's "
+                    "attention keeps %s", km->name, km->cfg[at] == 1 ? "FP8 codes" : km->cfg[at] == 2 ? "int8 codes"
+                    : "elements", x->kv8 == 1 ? "FP8 codes" : x->kv8 == 2 ? "int8 codes" : "elements");
+}
+
 static int attn_get(cx *x, int window, kiln_error *err) {
     for (int i = 0; i < x->n_attn; i++)
         if (x->attn[i].window == window) return i;
@@ -595,17 +606,18 @@ static int attn_get(cx *x, int window, kiln_error *err) {
         return -1;
     a->partition = km->cfg[0];
     a->warps = km->cfg[1];
+    if (kv8_check(x, km, 2, err)) return -1;
     a->smem_decode =
         kiln_attn_decode_smem(x->n_heads, x->n_kv, x->head_dim, x->block_size, a->partition, a->warps);
     snprintf(name, sizeof name, "attn_prefill.w%d", window);
-    if (fn_get(x, name, "kiln_attn_prefill", &a->prefill, &km, err)) return -1;
+    if (fn_get(x, name, "kiln_attn_prefill", &a->prefill, &km, err) || kv8_check(x, km, 1, err)) return -1;
     /* The tensor-core kernels: _mma16 always (so an engine from before it existed, whose _mma had
      * 16 rows per warp, fails here instead of running wrong), _mma (32 rows per warp) where the
      * kernel has it (head_dim <= 128: above, O alone would take 256 registers a thread) and its
      * shared memory fits (not on sm_86/89 at head_dim 128). */
     a->smem_prefill = kiln_attn_prefill_smem(x->head_dim);
-    a->smem_prefill_mma = kiln_attn_prefill_mma_smem(x->head_dim, KILN_PF_MMA_WARPS, 2);
-    a->smem_prefill_mma16 = kiln_attn_prefill_mma_smem(x->head_dim, KILN_PF_MMA_WARPS, 1);
+    a->smem_prefill_mma = kiln_attn_prefill_mma_smem(x->head_dim, KILN_PF_MMA_WARPS, 2, x->kv8 != 0);
+    a->smem_prefill_mma16 = kiln_attn_prefill_mma_smem(x->head_dim, KILN_PF_MMA_WARPS, 1, x->kv8 != 0);
     if (km->cfg[0] && fn_get(x, name, "kiln_attn_prefill_mma16", &a->prefill_mma16, NULL, err)) return -1;
     if (km->cfg[0] && x->head_dim <= 128 && a->smem_prefill_mma <= (unsigned)x->cu.smem_optin &&
         fn_get(x, name, "kiln_attn_prefill_mma", &a->prefill_mma, NULL, err))
@@ -818,11 +830,12 @@ static kiln_status build_program(cx *x, kiln_error *err) {
                 const kiln_ksec_module *km = NULL;
                 if ((st = fn_get(x, "rope_kv", "kiln_rope_kv", &x->f_rope, &km, err))) goto out;
                 x->rope_threads = km->cfg[0];
+                if ((st = kv8_check(x, km, 1, err))) goto out;
             }
             if (!(ins = emit(x, I_QKV, (int)i, err))) goto nomem;
             ins->x = vb[in[0]];
             ins->layer = a->layer;
-            ins->dw_bias = ins->dw_qn = ins->dw_kn = -1; /* the optional inputs after positions */
+            ins->dw_bias = ins->dw_qn = ins->dw_kn = ins->dw_kvs = -1; /* the optional inputs after positions */
             uint32_t extra = 3;
             if ((a->flags & KILN_FLAG_QKV_BIAS) && (st = value_weight(x, in[extra++], true, &ins->dw_bias, err)))
                 goto out;
@@ -858,6 +871,11 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             }
             if (!(ins = emit(x, I_ATTN, (int)i, err))) goto nomem;
             ins->layer = a->layer;
+            ins->dw_kvs = -1;
+            if (x->kv8) { /* the scales the layer's codes are written (rope) and read (attention) with */
+                if ((st = value_weight(x, in[4], true, &ins->dw_kvs, err))) goto out;
+                x->prog[qkv_inst].dw_kvs = ins->dw_kvs;
+            }
             ins->rope = p->ops[qkv_op].attrs;
             ins->rope_in_attn = x->prog[qkv_inst].rope_in_attn = (a->flags & KILN_FLAG_DECODE_ROPE) != 0;
             ins->merge = (a->flags & KILN_FLAG_MERGE_SPLITS) != 0;
@@ -1285,7 +1303,8 @@ static kiln_status run_range(cx *x, const cx_shape *sh, int from, int *stop, kil
                                       in->dw_qn >= 0 ? dwp(x, in->dw_qn) : 0,
                                       in->dw_kn >= 0 ? dwp(x, in->dw_kn) : 0,
                                       T,
-                                      0};
+                                      0,
+                                      in->dw_kvs >= 0 ? dwp(x, in->dw_kvs) : 0};
             /* a few tokens: a block per head (and one for v), else a block per token (rope_kv.cuh) */
             const unsigned slices = T <= x->rope_split_max_t ? (unsigned)(x->n_heads + x->n_kv + 1) : 1u;
             st = launch(x, x->f_rope, (unsigned)T, slices, 1, (unsigned)x->rope_threads, 0, &rp, "kiln_rope_kv", err);
@@ -1302,7 +1321,8 @@ static kiln_status run_range(cx *x, const cx_shape *sh, int from, int *stop, kil
                                               .out = bufp(x, in->y), .part_o = x->part_o, .part_ml = x->part_ml,
                                               .scale = scale, .B = B, .max_blocks = x->kv.max_blocks,
                                               .max_splits = z, .partition = 0, .splits_want = splits_want(x, B),
-                                              .counters = in->merge ? x->attn_cnt : 0};
+                                              .counters = in->merge ? x->attn_cnt : 0,
+                                              .kv_scale = in->dw_kvs >= 0 ? dwp(x, in->dw_kvs) : 0};
                 if (in->rope_in_attn) {
                     const kiln_op_attrs *r = &in->rope;
                     dp.qkv = x->qkv_tmp;
@@ -1322,15 +1342,17 @@ static kiln_status run_range(cx *x, const cx_shape *sh, int from, int *stop, kil
                                 (unsigned)((x->head_dim + 31) / 32 * 32), 0, &dp, "kiln_attn_decode_combine", err);
             } else {
                 kiln_attn_prefill_params pp = {x->q_tmp, kc, vc, inp(x, x->in.bt), inp(x, x->in.lens),
-                                               inp(x, x->in.qstart), bufp(x, in->y), scale, B, x->kv.max_blocks, 0};
+                                               inp(x, x->in.qstart), bufp(x, in->y), scale, B, x->kv.max_blocks, 0,
+                                               in->dw_kvs >= 0 ? dwp(x, in->dw_kvs) : 0};
                 if (a->prefill_mma16) {
                     /* 32 query rows per warp, unless that grid would not give every SM a block (short
                      * prompts): the 16-row kernel has twice the blocks */
                     kiln_cuda_dims d = kiln_attn_prefill_mma_dims(KILN_PF_MMA_WARPS, 2, x->n_heads, B, sh->max_q,
-                                                                  x->head_dim);
+                                                                  x->head_dim, x->kv8 != 0);
                     bool r32 = a->prefill_mma && (int64_t)d.grid[0] * d.grid[1] * d.grid[2] >= x->cu.n_sm;
                     if (!r32)
-                        d = kiln_attn_prefill_mma_dims(KILN_PF_MMA_WARPS, 1, x->n_heads, B, sh->max_q, x->head_dim);
+                        d = kiln_attn_prefill_mma_dims(KILN_PF_MMA_WARPS, 1, x->n_heads, B, sh->max_q, x->head_dim,
+                                                       x->kv8 != 0);
                     st = launch(x, r32 ? a->prefill_mma : a->prefill_mma16, d.grid[0], d.grid[1], d.grid[2],
                                 d.block[0], d.smem, &pp, r32 ? "kiln_attn_prefill_mma" : "kiln_attn_prefill_mma16",
                                 err);
@@ -2296,7 +2318,14 @@ static kiln_status cx_new(const kiln_model *m, const kiln_cuda_exec_opts *o, int
             kiln_err_hint(err, "run this engine on the CPU");
             goto fail;
         }
+        const int k8 = op->attrs.flags & KILN_FLAG_KV_FP8 ? 1 : op->attrs.flags & KILN_FLAG_KV_INT8 ? 2 : 0;
+        if (x->n_heads && k8 != x->kv8) {
+            st = kiln_err(err, KILN_ERR_UNSUPPORTED, "cuda executor: plan op %u (attention) keeps its KV cache in "
+                          "another element type than the layers before it", i);
+            goto fail;
+        }
         x->n_heads = op->attrs.n_heads;
+        x->kv8 = k8;
     }
 
     /* the device first: without one, that is the answer (KILN_ERR_DEVICE) whatever the engine holds */
@@ -2338,6 +2367,7 @@ static kiln_status cx_new(const kiln_model *m, const kiln_cuda_exec_opts *o, int
     x->f32 = x->ks.elem == KILN_KSEC_ELEM_F32;
     x->w8a8 = x->w8a8 && !x->f32 && x->cu.sm >= 89; /* FP8 tensor cores: Ada and Hopper on */
     x->es = x->f32 ? 4 : 2;
+    x->kv_es = x->kv8 ? 1 : x->es;
     x->stats.f32 = x->f32;
     x->block_size = x->ks.block_size;
     if (o->block_size && o->block_size != x->block_size) {
@@ -2481,7 +2511,7 @@ fail:
 
 /* KV bytes of one block: every layer's K and V of this rank's KV heads. */
 static size_t kv_block_bytes(const cx *x) {
-    return (size_t)x->n_layers * (size_t)x->n_kv * (size_t)x->block_size * (size_t)x->head_dim * 2 * (size_t)x->es;
+    return (size_t)x->n_layers * (size_t)x->n_kv * (size_t)x->block_size * (size_t)x->head_dim * 2 * (size_t)x->kv_es;
 }
 
 /* The KV blocks this executor's device can give it now: o->kv_bytes, else kv_fraction (0.9) of the
@@ -2517,7 +2547,7 @@ static kiln_status kv_fit(cx *x, const kiln_cuda_exec_opts *o, int share, int64_
 /* The KV pool of nb blocks (the same count on every rank of a tensor-parallel engine). */
 static kiln_status kv_alloc(cx *x, int64_t nb, kiln_error *err) {
     const int bs = x->block_size;
-    x->kv_layer_bytes = (size_t)nb * (size_t)x->n_kv * (size_t)bs * (size_t)x->head_dim * (size_t)x->es;
+    x->kv_layer_bytes = (size_t)nb * (size_t)x->n_kv * (size_t)bs * (size_t)x->head_dim * (size_t)x->kv_es;
     char what[96];
     kiln_status st;
     snprintf(what, sizeof what, "the KV cache's K (%lld blocks of %d tokens)", (long long)nb, bs);

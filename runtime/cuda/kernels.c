@@ -65,17 +65,18 @@ unsigned kiln_attn_prefill_smem(int head_dim) {
     return (unsigned)(4 * (64 * (head_dim + 1) + 2 * 32 * (head_dim + 1) + 64 * 33));
 }
 
-unsigned kiln_attn_prefill_mma_smem(int head_dim, int warps, int mt) {
-    /* 2 stages x (K, V) x 64 keys, plus (mt > 1) the block's 16 * mt * warps q rows; padded rows, bf16 */
-    int rows = 2 * 2 * 64 + (mt > 1 ? 16 * mt * warps : 0);
-    return (unsigned)(rows * (head_dim + 8) * 2);
+unsigned kiln_attn_prefill_mma_smem(int head_dim, int warps, int mt, bool kv8) {
+    /* 2 stages x (K, V) x 64 keys, plus (mt > 1, or kv8) the block's 16 * mt * warps q rows; padded rows,
+     * bf16; with kv8 the codes' buffers after them, (K, V) x 2 stages x 64 keys x head_dim bytes */
+    int rows = 2 * 2 * 64 + (mt > 1 || kv8 ? 16 * mt * warps : 0);
+    return (unsigned)(rows * (head_dim + 8) * 2 + (kv8 ? 2 * 2 * 64 * head_dim : 0));
 }
 
-kiln_cuda_dims kiln_attn_prefill_mma_dims(int warps, int mt, int n_heads, int B, int max_q, int head_dim) {
+kiln_cuda_dims kiln_attn_prefill_mma_dims(int warps, int mt, int n_heads, int B, int max_q, int head_dim, bool kv8) {
     int rows = 16 * mt * warps;
     kiln_cuda_dims d = {{(unsigned)((max_q + rows - 1) / rows), (unsigned)n_heads, (unsigned)B},
                         {(unsigned)(32 * warps), 1, 1},
-                        kiln_attn_prefill_mma_smem(head_dim, warps, mt)};
+                        kiln_attn_prefill_mma_smem(head_dim, warps, mt, kv8)};
     return d;
 }
 
