@@ -1375,6 +1375,109 @@ static void test_quant_goldens(void) {
     }
 }
 
+/* An 8-bit KV cache (--kv-dtype fp8 | int8, calibrated on the built-in text): the GPU against the CPU
+ * executor on the same engine, which stores every k and v element as its code's value (kiln_kv_code),
+ * teacher-forced on the GPU's greedy ids. A prompt of 150 tokens in chunks of 64 (prefill attention reads
+ * the earlier chunks' codes from the cache; tiny-mistral's window of 8 recycles them), then 24 decode
+ * steps (the fused RoPE writes the codes). The bf16 cache of the same model is measured the same way
+ * beside it; a wrong scale or layout moves every step by O(1). Then capacity: the same KV memory holds
+ * twice the tokens. Also the engine built as PTX for compute_80, JIT-compiled here: the kernels' own
+ * E4M3 rounding (no cvt.satfinite before sm_89) must give the hardware's codes. */
+static void kv8_run(const char *eng, int64_t kv_bytes, int np, int ng, float *lg, int32_t *ids, int64_t *cap) {
+    /* kv_bytes, not max_seqs x max_context, must bound the capacity: 64 KiB is 256 tokens of tiny-mistral's
+     * bf16 cache (2 layers x 2 kv heads x 16 dims x K, V x 2 bytes) */
+    kiln_cuda_exec_opts o = {.max_seqs = 16, .max_context = 256, .kv_bytes = kv_bytes};
+    gx G;
+    KT_REQUIRE(gx_open(&G, eng, &o));
+    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)np);
+    for (int i = 0; i < np; i++) prompt[i] = 1 + (int32_t)((i * 7919u + 13u) % (unsigned)(G.vocab - 1));
+    KT_CHECK(gen_one(&G, 0, prompt, np, ng, 64, ids, lg, NULL));
+    kiln_executor_info xi = {0};
+    G.x->ops->info(G.x, &xi);
+    *cap = xi.kv_capacity_tokens;
+    free(prompt);
+    gx_close(&G);
+}
+
+static void check_kv8(const char *ckpt, const char *label, int64_t kv_bytes, double med_bound, double worst_bound) {
+    const int np = 150, ng = 24;
+    static const uint32_t kinds[] = {0, KILN_FLAG_KV_FP8, KILN_FLAG_KV_INT8};
+    int64_t cap[3] = {0};
+    for (int ki = 0; ki < 3; ki++) {
+        char eng[1024];
+        snprintf(eng, sizeof eng, "%s/%s-kv%d.kiln", g_tmp, label, ki);
+        /* calibration ids (tiny-mistral has no tokenizer for the built-in text) */
+        char ids_file[1024];
+        snprintf(ids_file, sizeof ids_file, "%s/kv8-calib.ids", g_tmp);
+        FILE *f = fopen(ids_file, "w");
+        KT_REQUIRE(f != NULL);
+        for (int i = 0; i < 512; i++) fprintf(f, "%d ", (i * 104729 + 11) % 250);
+        fclose(f);
+        kiln_compile_options opt = {.output_path = eng, .weight_dtype = KILN_DTYPE_BF16, .targets = gpu_targets(),
+                                    .kv_dtype = kinds[ki], .calib_tokens = 512, .calib_ids_path = ids_file};
+        KT_REQUIRE(kt_compile(ckpt, &opt) == KILN_OK);
+        kiln_model *m = NULL;
+        kiln_error err = {0};
+        KT_REQUIRE(kiln_model_open(eng, 2, &m, &err) == KILN_OK);
+        const int V = m->plan->vocab_size;
+        float *lg = malloc(sizeof(float) * (size_t)ng * (size_t)V);
+        int32_t *ids = calloc((size_t)ng, sizeof *ids);
+        kv8_run(eng, kv_bytes, np, ng, lg, ids, &cap[ki]);
+        /* the CPU on the prompt and the GPU's ids: logits at every generated step */
+        int32_t *all = malloc(sizeof(int32_t) * (size_t)(np + ng));
+        for (int i = 0; i < np; i++) all[i] = 1 + (int32_t)((i * 7919u + 13u) % (unsigned)(V - 1));
+        memcpy(all + np, ids, sizeof(int32_t) * (size_t)ng);
+        float *ref = malloc(sizeof(float) * (size_t)(np + ng) * (size_t)V);
+        kiln_cpu_ctx *c = NULL;
+        KT_REQUIRE(kiln_model_load_f32(m, &err) == KILN_OK &&
+                   kiln_cpu_ctx_new(m, 256, np + ng, 2, &c, &err) == KILN_OK);
+        KT_REQUIRE(kiln_cpu_forward(c, all, np + ng - 1, true, ref, &err) == KILN_OK);
+        double errs[24], worst = 0;
+        for (int k = 0; k < ng; k++) {
+            errs[k] = rel_l2(lg + (size_t)k * V, ref + (size_t)(np - 1 + k) * V, (size_t)V);
+            if (!(errs[k] <= worst)) worst = errs[k];
+        }
+        qsort(errs, (size_t)ng, sizeof *errs, cmp_double);
+        fprintf(stderr, "  %s kv %s: GPU vs CPU logits rel err median %.3g, worst %.3g over %d steps; KV holds %lld "
+                "tokens\n", label, ki == 0 ? "bf16" : ki == 1 ? "fp8" : "int8", errs[ng / 2], worst, ng,
+                (long long)cap[ki]);
+        KT_CHECKF(errs[ng / 2] < med_bound && worst < worst_bound, "%s kv%d: median %.3g worst %.3g", label, ki,
+                  errs[ng / 2], worst);
+        if (ki == 1 && g_sm >= 89) { /* the same engine as PTX for compute_80: the software E4M3 rounding */
+            char ptx[1024];
+            snprintf(ptx, sizeof ptx, "%s/%s-kv1-ptx.kiln", g_tmp, label);
+            opt.output_path = ptx;
+            opt.targets = "compute_80";
+            KT_REQUIRE(kt_compile(ckpt, &opt) == KILN_OK);
+            float *lp = malloc(sizeof(float) * (size_t)ng * (size_t)V);
+            int32_t *ip = calloc((size_t)ng, sizeof *ip);
+            int64_t cp = 0;
+            kv8_run(ptx, kv_bytes, np, ng, lp, ip, &cp);
+            int same = 0;
+            for (int k = 0; k < ng; k++) same += ip[k] == ids[k];
+            const double e = rel_l2(lp, lg, (size_t)ng * (size_t)V);
+            fprintf(stderr, "  %s kv fp8 as compute_80 PTX: %d of %d ids the same, logits rel diff %.3g\n", label,
+                    same, ng, e);
+            KT_CHECKF(same == ng && e < 2e-3, "%s: the compute_80 fp8 cache differs (%d ids, %.3g)", label, same, e);
+            free(lp), free(ip);
+        }
+        kiln_cpu_ctx_free(c);
+        free(ref), free(all), free(lg), free(ids);
+        kiln_model_close(m);
+    }
+    for (int ki = 1; ki < 3; ki++)
+        KT_CHECKF(cap[ki] >= 2 * cap[0] - 16 && cap[ki] <= 2 * cap[0] + 16, "%s: KV of 16 MiB holds %lld tokens with "
+                  "8-bit codes, %lld in bf16 (want twice)", label, (long long)cap[ki], (long long)cap[0]);
+}
+
+static void test_kv8(void) {
+    NEED_GPU();
+    check_kv8(pathf("%s/tests/data/tiny-mistral", src_dir()), "tiny-mistral", 64 << 10, 6e-2, 0.15);
+    const char *pc = pathf("%s/models/pycode-22m", shared_dir());
+    if (access(pathf("%s/config.json", pc), R_OK) == 0) check_kv8(pc, "pycode-22m", 16 << 20, 6e-2, 0.15);
+    else fprintf(stderr, "  pycode-22m: not found in %s, skipped\n", shared_dir());
+}
+
 /* Write record r as the engine's tuning section (replacing any). */
 static bool put_record(const char *eng, const kiln_tuning_record *r) {
     kiln_tuning t = {0};
@@ -1621,6 +1724,7 @@ int main(void) {
     RUN(test_tiny_bf16);
     RUN(test_moe);
     RUN(test_quant_goldens);
+    RUN(test_kv8);
     RUN(test_pycode_bf16);
     RUN(test_tuning_record);
     RUN(test_tensor_parallel);
