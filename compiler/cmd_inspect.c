@@ -577,6 +577,18 @@ static void print_text(const char *path, const kiln_model *m, json_t *meta, cons
                json_object_get(q, "embedding") ? json_string_value(json_object_get(q, "embedding")) : "keep",
                (long long)json_integer_value(json_object_get(q, "matrices")),
                json_string_value(json_object_get(q, "method")));
+    json_t *kv = json_object_get(json_object_get(meta, "build"), "kv_cache");
+    if (kv) { /* --kv-dtype: the cache's codes and where their scales came from */
+        json_t *cal = json_object_get(kv, "calibration");
+        printf("kv cache: %s codes, scales %s", json_string_value(json_object_get(kv, "dtype")),
+               json_string_value(json_object_get(kv, "scales")));
+        if (cal)
+            printf(" (%s, %lld tokens; largest |k| %.4g, |v| %.4g)",
+                   json_string_value(json_object_get(json_object_get(cal, "source"), "source")),
+                   (long long)json_integer_value(json_object_get(cal, "tokens")),
+                   json_real_value(json_object_get(cal, "k_max")), json_real_value(json_object_get(cal, "v_max")));
+        printf("\n");
+    }
     json_t *qa = json_object_get(q, "auto"), *lines = auto_layers(m, meta);
     if (qa && lines) { /* --quant auto: the budget, the measured damage and each layer's formats */
         json_t *b = json_object_get(qa, "budget"), *tb = json_object_get(b, "target_bits");

@@ -157,6 +157,23 @@ expect 1 "GPU|gpu" -- "$KILN" run "$T/q.kiln" --prompt-ids 1,2 --max-tokens 2 --
 "$KILN" run "$T/q.kiln" --prompt-ids 1,2 --max-tokens 2 --device auto 2>&1 | grep -q " on cpu" && ok ||
     bad "--device auto did not take the CPU for an engine without GPU kernels"
 
+# an 8-bit KV cache (--kv-dtype): its scales calibrated (tiny-mistral has no tokenizer for the built-in text:
+# ids), shown by inspect, run on the CPU; bad values and a calibration too short refused
+KV="$SRC/tests/data/tiny-mistral"
+expect 2 "--kv-dtype 'fp16': expected bf16, fp8 or int8" -- "$KILN" compile "$KV" -o "$T/kv.kiln" --kv-dtype fp16
+expect 1 "no tokenizer.json.*built-in calibration text" -- "$KILN" compile "$KV" -o "$T/kv.kiln" --target none --kv-dtype fp8
+expect 1 "calibration has 6 tokens; at least 32" -- "$KILN" compile "$KV" -o "$T/kv.kiln" --target none --kv-dtype fp8 \
+    --calib-ids "$T/q.ids"
+no_file "$T/kv.kiln"
+for i in $(seq 1 64); do printf '%d ' $((i * 37 % 250)); done >"$T/kv.ids"
+expect 0 "wrote" -- "$KILN" compile "$KV" -o "$T/kv.kiln" --target none --kv-dtype int8 --calib-ids "$T/kv.ids"
+"$KILN" inspect "$T/kv.kiln" | grep -Eq "^kv cache: int8 codes, scales per kv head of each layer.*file of token ids, 64 tokens" &&
+    ok || bad "inspect of an int8 KV engine: $("$KILN" inspect "$T/kv.kiln" | grep 'kv cache')"
+"$KILN" run "$T/kv.kiln" --prompt-ids 1,2,3 --max-tokens 4 --device cpu >/dev/null 2>"$T/err" && ok ||
+    bad "an int8 KV engine on the CPU: $(cat "$T/err")"
+expect 1 "--kv-dtype fp8 with --tp 2.*not supported" -- "$KILN" compile "$KV" -o "$T/kv2.kiln" --target none \
+    --kv-dtype fp8 --calib-ids "$T/kv.ids" --tp 2
+
 # published quantized checkpoints (AWQ gemm, GPTQ, compressed-tensors pack-quantized): read as they are; what kiln does not read is refused by name
 QA="$SRC/tests/data/tiny-mistral-awq"
 expect 0 "wrote" -- "$KILN" compile "$QA" -o "$T/qa.kiln" --target none
