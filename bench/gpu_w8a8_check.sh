@@ -12,8 +12,9 @@
 #            W8A8; a --profile of the fp8 prefill; then Llama-3.1-8B shapes --quant fp8 at $LBATCHES
 #   block    with BLOCK=1 (instead of bench): Mistral-7B shapes as a block-FP8 checkpoint (fp8g128),
 #            prefill of 2048 and 2047 tokens (rows not a multiple of 4: the padded steps) and decode at
-#            batch 64 and 61, W8A8 with 128-column scales (--measure w8a8=2) against dequantized, and
-#            the gemm_fp8_matrices each run reports
+#            batch 64 and 61, W8A8 with 128-column scales (the default; --measure w8a8=2 says it) against
+#            dequantized (w8a8=1), and the gemm_fp8_matrices each run reports
+# SKIP_KERNELS=1 leaves out the kernel tests; EXEC_TESTS names test_gpu_exec's tests (KILN_TEST_ONLY)
 # Run from the repository root with the binaries in $BIN:
 #   BIN=.carry/bin PPL_ENGINE=.carry/q/pycode-fp8.kiln EVAL=.carry/q/eval.txt OUT=$OUT bash bench/gpu_w8a8_check.sh
 #   BLOCK=1 BIN=.carry/bin OUT=$OUT bash bench/gpu_w8a8_check.sh      # the tests, then the block part
@@ -38,9 +39,9 @@ K=$BIN/kiln
     rm -rf "$W/l8"
 ) >"$OUT/build.log" 2>&1 &
 build=$!
-part kernels 150 env KILN_TEST_ONLY=test_w8a8,test_gemv_fp8_codes,test_gemv_quant,test_cublaslt_tune \
+[ "${SKIP_KERNELS:-0}" = 1 ] || part kernels 150 env KILN_TEST_ONLY=test_w8a8,test_gemv_fp8_codes,test_gemv_quant,test_cublaslt_tune \
     "$BIN/test_gpu_kernels"
-part exec 150 env KILN_TEST_ONLY=test_quant_goldens,test_tiny_bf16,test_stories_f32 "$BIN/test_gpu_exec"
+part exec 150 env KILN_TEST_ONLY=${EXEC_TESTS:-test_quant_goldens,test_tiny_bf16,test_stories_f32} "$BIN/test_gpu_exec"
 if [ -n "${PPL_ENGINE:-}" ]; then
     for mk in ${PPL_MEASURES:-default gemv_max_m=1 gemv_max_m=1,w8a8=0}; do
         if [ "$mk" = default ]; then ma=(); else ma=(--measure "$mk"); fi
@@ -62,7 +63,7 @@ if [ "${BLOCK:-0}" = 1 ]; then
     for run in "2048 1" "2047 1" "128 64" "128 61"; do
         # shellcheck disable=SC2086 # "LEN BATCH" as two words
         set -- $run
-        for mk in w8a8=2 w8a8=0; do
+        for mk in w8a8=2 w8a8=1; do
             if [ "$2" = 1 ]; then len=(--input-len "$1" --output-len 1); else len=(--input-len 128 --output-len 128); fi
             b1 "block_${1}_b${2}_${mk/=/}" 60 "$W/m7b.kiln" --batch "$2" "${len[@]}" --reps 3 --measure "$mk"
         done

@@ -168,8 +168,8 @@ typedef struct kiln_ctx_options {
      * qgemv_cc=0|1 (since 0.5; one-token steps over q8/fp8 weights: the CUDA-core GEMV where the engine
      * has it (1, the default) or the tensor-core one (0)), w8a8=0|1|2 (since 0.5; an fp8 engine's steps
      * past the quantized GEMV on sm_89+: cuBLASLt's FP8 GEMM over the activations quantized per token
-     * (1, the default) or the weights dequantized to bf16 for a bf16 GEMM (0); 2: fp8g128 matrices as
-     * well, with scales per 128 columns (not yet the default)).
+     * (2, the default: fp8g128 matrices as well, with scales per 128 columns; 1: fp8 matrices only, fp8g128
+     * dequantized) or the weights dequantized to bf16 for a bf16 GEMM (0)).
      * NULL or "" = none. An unknown key or
      * a bad value is KILN_ERR_INVALID_ARG, and any knob with device "cpu" too. */
     const char *measure;

@@ -207,7 +207,7 @@ typedef struct cx {
     CUfunction f_act8;  /* kiln_act_fp8 (W8A8's per-token activations), when w8a8 */
     CUfunction f_act8g; /* kiln_act_fp8g and kiln_transpose_f32 (fp8g128's W8A8: scales per 128 columns), */
     CUfunction f_gt;    /* when the engine has them */
-    bool w8a8_g128;     /* fp8g128 runs W8A8 too (measure knob w8a8=2, the engine's kernels, cuBLASLt's algorithms) */
+    bool w8a8_g128;     /* fp8g128 runs W8A8 too (unless measure knob w8a8=1; the engine's kernels, cuBLASLt's algorithms) */
     int dequant_threads;
     int rope_threads;
     cx_attn attn[CX_MAX_ATTN];
@@ -2300,7 +2300,7 @@ static kiln_status cx_new(const kiln_model *m, const kiln_cuda_exec_opts *o, int
     x->moe_grouped = o->moe_grouped;
     x->qgemv_cc = !o->no_qgemv_cc;
     x->w8a8 = !o->no_w8a8; /* and sm_89+, bf16, once the device is known (below) */
-    x->w8a8_g128 = o->w8a8_g128; /* measure knob w8a8=2; and the engine's kernels for it (gemm_setup) */
+    x->w8a8_g128 = !o->no_w8a8_g128; /* not with measure knob w8a8=1; and the engine's kernels for it (gemm_setup) */
     x->hidden = p->hidden_size;
     x->n_kv = p->n_kv_heads;
     x->head_dim = p->head_dim;

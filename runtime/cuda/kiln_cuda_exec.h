@@ -91,8 +91,7 @@ typedef struct kiln_cuda_exec_opts {
     bool no_qgemv_cc;    /* one-token steps over q8/fp8 weights keep the tensor-core GEMV (measure knob qgemv_cc=0) */
     bool no_w8a8;        /* fp8 weights past the quantized GEMV: dequantize for a bf16 GEMM instead of quantizing the
                             activations per token for cuBLASLt's FP8 GEMM (measure knob w8a8=0) */
-    bool w8a8_g128;      /* fp8g128 weights too (measure knob w8a8=2; off by default: its M-padding has not run on a
-                            GPU yet, docs/quantization.md) */
+    bool no_w8a8_g128;   /* fp8g128 weights dequantize for a bf16 GEMM where fp8 ones run W8A8 (measure knob w8a8=1) */
     bool moe_grouped;    /* decode batches past the experts' pair GEMVs run the grouped tensor-core GEMVs (bf16
                             engines) instead of every expert over the batch through cuBLASLt (measured slower) */
 } kiln_cuda_exec_opts;

@@ -41,7 +41,7 @@ static kiln_status gpu_create(const kiln_model *m, const kiln_ctx_options *o, co
                               .moe_grouped = k->moe_grouped == 1,
                               .no_qgemv_cc = k->qgemv_cc == 0,
                               .no_w8a8 = k->w8a8 == 0,
-                              .w8a8_g128 = k->w8a8 == 2,
+                              .no_w8a8_g128 = k->w8a8 == 1,
                               /* knob 0 (default) never, 1 auto, 2 always; the executor's 1 never, 0 auto,
                                * 2 always. Off by default until it measures faster than NCCL between GPUs */
                               .tp_oneshot = k->tp_oneshot == 1 ? 0 : k->tp_oneshot == 2 ? 2 : 1};
