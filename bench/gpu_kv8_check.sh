@@ -29,13 +29,6 @@ K=$BIN/kiln
 build=$!
 [ "${SKIP_KERNELS:-0}" = 1 ] || part kernels 120 env KILN_TEST_ONLY=test_rope_kv,test_attn_decode,test_attn_prefill,test_w8a8 "$BIN/test_gpu_kernels"
 part exec 200 env KILN_TEST_ONLY=${EXEC_TESTS:-test_kv8,test_tiny_bf16,test_quant_goldens} "$BIN/test_gpu_exec"
-b1() { # NAME SECONDS ENGINE ARGS...: one kiln bench into $OUT/bench.jsonl
-    local n=$1 s=$2 e=$3
-    shift 3
-    [ -f "$e" ] && [ "$(left)" -gt $((s + 10)) ] || { echo "$n: skipped" >>"$S"; return; }
-    part "$n" "$s" "$K" bench "$e" --json "$@"
-    grep '^{' "$OUT/$n.log" | sed "s|^{|{\"run\": \"$n\", |" >>"$OUT/bench.jsonl"
-}
 wait $build
 echo "build: $(grep -h 'wrote\|error\|Elapsed\|Maximum resident' "$OUT/build.log" | tr '\n' ' ')" >>"$S"
 for round in 1 2; do

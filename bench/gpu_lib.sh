@@ -25,3 +25,13 @@ part() {
     echo "$name: rc $rc, $((SECONDS - t0)) s, $(grep -E 'passed|failed' "$OUT/$name.log" | tail -1)" | tee -a "$S"
     return $rc
 }
+
+# b1 NAME SECONDS ENGINE ARGS...: `$K bench ENGINE --json ARGS` as part NAME (skipped when the engine is
+# missing or the budget too short), its JSON lines into $OUT/bench.jsonl with "run": NAME
+b1() { # NAME SECONDS ENGINE ARGS...: one kiln bench into $OUT/bench.jsonl
+    local n=$1 s=$2 e=$3
+    shift 3
+    [ -f "$e" ] && [ "$(left)" -gt $((s + 10)) ] || { echo "$n: skipped" >>"$S"; return; }
+    part "$n" "$s" "$K" bench "$e" --json "$@"
+    grep '^{' "$OUT/$n.log" | sed "s|^{|{\"run\": \"$n\", |" >>"$OUT/bench.jsonl"
+}

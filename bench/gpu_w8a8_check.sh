@@ -50,13 +50,6 @@ if [ -n "${PPL_ENGINE:-}" ]; then
         grep '^{' "$OUT/$n.log" | sed "s|^{|{\"measure\": \"$mk\", |" >>"$OUT/ppl.jsonl"
     done
 fi
-b1() { # NAME SECONDS ENGINE ARGS...: one kiln bench into $OUT/bench.jsonl
-    local n=$1 s=$2 e=$3
-    shift 3
-    [ -f "$e" ] && [ "$(left)" -gt $((s + 10)) ] || { echo "$n: skipped" >>"$S"; return; }
-    part "$n" "$s" "$K" bench "$e" --json "$@"
-    grep '^{' "$OUT/$n.log" | sed "s|^{|{\"run\": \"$n\", |" >>"$OUT/bench.jsonl"
-}
 if [ "${BLOCK:-0}" = 1 ]; then
     part block_build 200 bash -c "python3 bench/make_checkpoint.py --arch mistral-7b --fp8-block 128 --out $W/m7b &&
         $K compile $W/m7b -o $W/m7b.kiln --target sm_90; rm -rf $W/m7b"
