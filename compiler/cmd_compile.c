@@ -401,6 +401,7 @@ int kiln_cmd_compile(int argc, char **argv) {
             if (strcmp(optarg, "bf16") && strcmp(optarg, "fp8") && strcmp(optarg, "int8"))
                 return kiln_cli_usage_error("compile", "--kv-dtype '%s': expected bf16, fp8 or int8", optarg);
             opt.kv_dtype = !strcmp(optarg, "fp8") ? KILN_FLAG_KV_FP8 : !strcmp(optarg, "int8") ? KILN_FLAG_KV_INT8 : 0;
+            opt.kv_bf16 = !opt.kv_dtype;
             break;
         case O_CALIB: opt.calib_path = optarg; break;
         case O_CALIB_IDS: opt.calib_ids_path = optarg; break;

@@ -340,7 +340,18 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
         if (opt->awq) o.awq_scales = &aw;
         if ((st = kiln_quant_auto_run(ckpt_dir, &o, &qa, err)) != KILN_OK) goto out;
     }
-    if (opt->kv_dtype && !opt->kv_scales && (st = kiln_kv_calib_run(ckpt_dir, opt, &kvc, err)) != KILN_OK) goto out;
+    /* the KV cache: --kv-dtype's codes; a compressed-tensors kv_cache_scheme's FP8 ones with its own scales
+     * unless --kv-dtype bf16 (its k_scale / v_scale are then read and checked, not applied) */
+    const bool kv_ckpt = ck.config.quant.kv_fp8 && !opt->kv_bf16 && !opt->kv_scales;
+    if (ck.config.quant.kv_fp8 && opt->kv_dtype == KILN_FLAG_KV_INT8) {
+        st = kiln_err(err, KILN_ERR_INVALID_ARG, "%s: --kv-dtype int8, but the checkpoint's kv_cache_scheme gives FP8 "
+                      "KV scales", ckpt_dir);
+        kiln_err_hint(err, "compile it without --kv-dtype (or --kv-dtype fp8) to use them, or with --kv-dtype bf16");
+        goto out;
+    }
+    const uint32_t kv_flag = kv_ckpt ? KILN_FLAG_KV_FP8 : opt->kv_bf16 ? 0 : opt->kv_dtype;
+    if (kv_flag && !kv_ckpt && !opt->kv_scales && (st = kiln_kv_calib_run(ckpt_dir, opt, &kvc, err)) != KILN_OK)
+        goto out;
     if ((st = kiln_import_ex(&ck, &io, &g, err)) != KILN_OK) goto out;
     const kiln_quant_awq *scales = opt->awq ? &aw : opt->awq_scales;
     if (scales && (st = kiln_quant_awq_apply(scales, g, err)) != KILN_OK) goto out;
@@ -351,18 +362,19 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
     g->quant_head = opt->quant_head;
     g->quant_embedding = opt->quant_embedding;
     g->quant_method = opt->quant_method;
-    g->kv_flag = opt->kv_dtype;
-    if (opt->kv_scales && opt->kv_dtype) { /* given: as bf16 values too (kiln_kv_scale_for) */
+    g->kv_flag = kv_flag;
+    const float *kv_given = opt->kv_scales ? opt->kv_scales : kv_ckpt ? g->kv_ckpt_scales : NULL;
+    if (kv_given && kv_flag) { /* given, or the checkpoint's: as bf16 values too (kiln_kv_scale_for) */
         const size_t n = (size_t)ck.config.n_layers * 2 * (size_t)ck.config.n_kv_heads;
         if (!(kvc.scales = malloc(n * sizeof *kvc.scales))) {
             st = kiln_err(err, KILN_ERR_NOMEM, "out of memory");
             goto out;
         }
         for (size_t i = 0; i < n; i++) {
-            kvc.scales[i] = kiln_kv_scale_bf16(opt->kv_scales[i]);
+            kvc.scales[i] = kiln_kv_scale_bf16(kv_given[i]);
             if (!(kvc.scales[i] > 0) || !isfinite(kvc.scales[i])) {
                 st = kiln_err(err, KILN_ERR_INVALID_ARG, "kv_scales[%zu] = %g: scales must be positive and finite", i,
-                              opt->kv_scales[i]);
+                              kv_given[i]);
                 goto out;
             }
         }
@@ -458,12 +470,14 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
         goto out;
     json_t *meta = make_meta(&ck, g, opt, have_gen ? &gen : NULL, wbytes, have_tok ? &tok : NULL, &targets, no_gpu,
                              qa.report, aw.report);
-    if (meta && opt->kv_dtype) /* the KV cache's codes and where their scales came from */
+    if (meta && kv_flag) /* the KV cache's codes and where their scales came from */
         json_object_set_new(
             json_object_get(meta, "build"), "kv_cache",
-            json_pack("{s:s, s:s, s:O*}", "dtype", opt->kv_dtype == KILN_FLAG_KV_INT8 ? "int8" : "fp8", "scales",
+            json_pack("{s:s, s:s, s:O*}", "dtype", kv_flag == KILN_FLAG_KV_INT8 ? "int8" : "fp8", "scales",
                       opt->kv_scales ? "given (kiln_compile_options.kv_scales)"
-                      : opt->kv_dtype == KILN_FLAG_KV_INT8
+                      : kv_ckpt ? "the checkpoint's (compressed-tensors kv_cache_scheme: k_scale and v_scale per layer), "
+                                  "as bf16 values rounded up"
+                      : kv_flag == KILN_FLAG_KV_INT8
                           ? "per kv head of each layer, K and V: the calibration's largest |x| / 127"
                           : "per kv head of each layer, K and V: the calibration's largest |x| / 224",
                       "calibration", kvc.report));

@@ -585,6 +585,39 @@ static bool ct_target_ok(const char *t) {
     return false;
 }
 
+/* kv_cache_scheme of a compressed-tensors checkpoint: FP8 (num_bits 8, type float) with static scales per
+ * tensor (strategy tensor, dynamic false, symmetric), the ones vLLM reads: each layer's
+ * self_attn.k_scale and v_scale (compiler/import.c), so the engine's KV cache holds E4M3 codes of
+ * k / k_scale and v / v_scale. Anything else is refused naming the field. */
+static kiln_status cfg_quant_ct_kv(cfg_ctx *c, json_t *kv, kiln_ckpt_quant *q) {
+    char shown[96];
+    if (!json_is_object(kv)) return cfg_type_err(c, "quantization_config.kv_cache_scheme", kv, "an object (a scheme)");
+    json_t *bits = cfg_get(kv, "num_bits");
+    if (!json_is_integer(bits) || json_integer_value(bits) != 8)
+        return cfg_quant_refuse(c, "kv_cache_scheme.num_bits", bits ? json_show(bits, shown, sizeof shown) : "absent",
+                                "kiln reads an FP8 (8-bit float) KV cache scheme only");
+    static const char *const want[][3] = {{"type", "float", "kiln reads an FP8 (type float) KV cache only"},
+                                          {"strategy", "tensor", "kiln reads static KV scales per tensor only"}};
+    for (size_t i = 0; i < 2; i++) {
+        json_t *v = cfg_get(kv, want[i][0]);
+        if (json_is_string(v) && strcmp(json_string_value(v), want[i][1]) == 0) continue;
+        char key[64];
+        snprintf(key, sizeof key, "kv_cache_scheme.%s", want[i][0]);
+        return cfg_quant_refuse(c, key, v ? json_show(v, shown, sizeof shown) : "absent", want[i][2]);
+    }
+    static const char *const flags[][3] = {{"dynamic", "f", "kiln reads static KV scales (dynamic false) only"},
+                                           {"symmetric", "t", "kiln reads symmetric KV scales only"}};
+    for (size_t i = 0; i < 2; i++) {
+        json_t *v = cfg_get(kv, flags[i][0]);
+        if (!v || json_is_null(v) || (json_is_boolean(v) && json_is_true(v) == (flags[i][1][0] == 't'))) continue;
+        char key[64];
+        snprintf(key, sizeof key, "kv_cache_scheme.%s", flags[i][0]);
+        return cfg_quant_refuse(c, key, json_show(v, shown, sizeof shown), flags[i][2]);
+    }
+    q->kv_fp8 = true;
+    return KILN_OK;
+}
+
 /* quantization_config of a compressed-tensors checkpoint (llm-compressor's W4A16): format
  * "pack-quantized" (top level or per group), config groups that all have the same settings
  * (cfg_quant_ct_weights), target Linear layers or projections and quantize no activations; no KV
@@ -601,8 +634,9 @@ static kiln_status cfg_quant_ct(cfg_ctx *c, json_t *qc, kiln_ckpt_quant *q) {
         snprintf(shown, sizeof shown, "\"%.64s\"", status);
         return cfg_quant_refuse(c, "quantization_status", shown, "only compressed (packed) checkpoints are read");
     }
+    json_t *kvs = cfg_get(qc, "kv_cache_scheme");
+    if (kvs && !json_is_null(kvs) && (st = cfg_quant_ct_kv(c, kvs, q))) return st;
     static const char *const none[][2] = {
-        {"kv_cache_scheme", "a quantized KV cache is not read"},
         {"sparsity_config", "sparse checkpoints are not read"},
         {"transform_config", "transformed (rotated) weights are not read"},
     };
@@ -709,7 +743,7 @@ static kiln_status cfg_quant_fp8(cfg_ctx *c, json_t *qc, kiln_ckpt_quant *q) {
     if (v && (st = cfg_fp8_block(c, v, "weight_block_size", &q->fp8_block_n))) return st; /* [rows, columns] */
     if ((v = cfg_get(qc, "kv_cache_scheme")))
         return cfg_quant_refuse(c, "kv_cache_scheme", json_show(v, shown, sizeof shown),
-                                "an FP8 KV cache is not built (its k_scale and v_scale are not read)");
+                                "its k_scale and v_scale are read from compressed-tensors checkpoints only");
     if ((v = cfg_get(qc, "modules_to_convert")) && !(json_is_array(v) && json_array_size(v) == 0))
         return cfg_quant_refuse(c, "modules_to_convert", json_show(v, shown, sizeof shown),
                                 "FP8 modules other than the projections (embedding tables) are not read");

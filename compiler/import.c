@@ -517,6 +517,26 @@ static int expert_weights(importer *im, int64_t l, int w[3]) {
         if ((x) < 0) goto fail;    \
     } while (0)
 
+/* A compressed-tensors kv_cache_scheme's static FP8 scales of layer l, self_attn.k_scale and v_scale (one
+ * per tensor, finite and positive: fp8_scale), into kiln_graph.kv_ckpt_scales ([n_layers][2 * kv heads],
+ * K's then V's, each layer's value for all its kv heads), which compile.c applies (pass quantize-kv). */
+static kiln_status kv_ckpt_scales(importer *im, int64_t l) {
+    const int64_t nkv = im->ck->config.n_kv_heads;
+    kiln_graph *g = im->g;
+    if (!g->kv_ckpt_scales &&
+        !(g->kv_ckpt_scales = calloc((size_t)(im->ck->config.n_layers * 2 * nkv), sizeof *g->kv_ckpt_scales)))
+        return kiln_err(im->err, KILN_ERR_NOMEM, "out of memory");
+    char base[64];
+    snprintf(base, sizeof base, "model.layers.%lld.self_attn", (long long)l);
+    for (int kv = 0; kv < 2; kv++) {
+        const kiln_st_tensor *t = fp8_scale(im, base, kv ? "v_scale" : "k_scale", 0, 1);
+        if (!t) return im->err->code;
+        for (int64_t h = 0; h < nkv; h++)
+            g->kv_ckpt_scales[(l * 2 + kv) * nkv + h] = kiln_qsrc_scale_f32(t->data, t->dtype, 0);
+    }
+    return KILN_OK;
+}
+
 static kiln_status import_with(importer *im, kiln_dtype weight_dtype) {
     const kiln_model_config *c = &im->ck->config;
     kiln_graph *g = im->g;
@@ -569,6 +589,7 @@ static kiln_status import_with(importer *im, kiln_dtype weight_dtype) {
         TRY(q = layer_op(im, l, "q_rope", KILN_OP_ROPE, (int[]){q, g->positions}, 2, &rq));
         TRY(k = layer_op(im, l, "k_rope", KILN_OP_ROPE, (int[]){k, g->positions}, 2, &rk));
         TRY(a = layer_op(im, l, "attn", KILN_OP_ATTENTION, (int[]){q, k, v, g->positions}, 4, &att));
+        if (c->quant.kv_fp8 && kv_ckpt_scales(im, l) != KILN_OK) return err->code;
         TRY(w1 = proj_weight(im, l, "self_attn.o_proj", H, q_out));
         TRY(o = layer_op(im, l, "attn_out", KILN_OP_LINEAR, (int[]){a, w1}, 2, NULL));
         TRY(x = layer_op(im, l, "resid1", KILN_OP_ADD, (int[]){x, o}, 2, NULL));

@@ -72,6 +72,8 @@ typedef struct kiln_ckpt_quant {
     bool static_input;        /* FP8: static input activation scales (input_scale tensors, one per projection):
                                  read and checked, not applied (kiln's fp8 is weight-only: activations stay
                                  in the engine's dtype) */
+    bool kv_fp8;              /* compressed-tensors kv_cache_scheme: an FP8 KV cache with a static scale per layer
+                                 for K and for V (self_attn.k_scale, v_scale; compiler/import.c) */
 } kiln_ckpt_quant;
 
 /* "awq", "gptq", "gptq_v2", "compressed-tensors" or "fp8" ("none" when not quantized): for messages and the
@@ -300,6 +302,7 @@ typedef struct kiln_compile_options {
     uint32_t kv_dtype;         /* --kv-dtype: KILN_FLAG_KV_FP8 or KILN_FLAG_KV_INT8 (the KV cache in 8 bits, scales
                                   calibrated: compiler/kv_calib.c); 0 = the engine's element type */
     const float *kv_scales;    /* tests: the scales to use instead of calibrating, [n_layers][2 * n_kv_heads] */
+    bool kv_bf16;              /* --kv-dtype bf16 given: also a kv_cache_scheme checkpoint's KV cache stays bf16 */
     char **quant_report;       /* optional out: meta build.quant as JSON text (malloc'd), for --json */
     bool gpu_if_possible;      /* the targets are a default, not asked for: a plan with an op the GPU cannot
                                   run yet gets no kernels section (a note on stderr names the op) instead of

@@ -308,8 +308,9 @@ static kiln_status calibration_engine(const char *ckpt_dir, const kiln_compile_o
     o.quant = 0; /* every weight dense: the reference is the unquantized model */
     o.quant_head = 0;
     o.quant_embedding = 0;
-    o.kv_dtype = 0; /* the KV cache in the element type: the reference */
+    o.kv_dtype = 0; /* the KV cache in the element type (a kv_cache_scheme checkpoint's too): the reference */
     o.kv_scales = NULL;
+    o.kv_bf16 = true;
     o.targets = "none";
     o.gpu_if_possible = false;
     o.progress = NULL;

@@ -26,6 +26,7 @@ void kiln_graph_free(kiln_graph *g) {
     }
     free(g->values);
     free(g->ops);
+    free(g->kv_ckpt_scales);
     free(g);
 }
 

@@ -123,6 +123,9 @@ typedef struct kiln_graph {
      * V's: compiler/kv_calib.c). Not owned by the graph. */
     uint32_t kv_flag;
     const float *kv_scales;
+    /* a compressed-tensors checkpoint's kv_cache_scheme: its static k_scale / v_scale per layer, as kv_scales
+     * lays them out (the import reads them; owned by the graph), or NULL */
+    float *kv_ckpt_scales;
 } kiln_graph;
 
 /* One projection matrix's format under --quant auto: the weight's name as the graph (and the plan)

@@ -266,7 +266,7 @@ edit_json "$d/config.json" "$CTG[\"input_activations\"] = {\"num_bits\": 8, \"ty
 compile_fails 1 'config_groups.group_0.input_activations" is .*W4A8' "$d"
 d=$(mkqckpt c-kv tiny-mistral-ct)
 edit_json "$d/config.json" 'd["quantization_config"]["kv_cache_scheme"] = {"num_bits": 8, "type": "float", "strategy": "tensor"}'
-compile_fails 1 'quantization_config.kv_cache_scheme" is .*KV cache' "$d"
+compile_fails 1 "tensor 'model.layers.0.self_attn.k_scale' is missing" "$d"
 # act-order "group" as the tensors show it: a weight_g_idx the config does not declare is left unused
 d=$(mkqckpt c-gidx tiny-mistral-ct)
 st_rewrite "$d/model.safetensors" 't["model.layers.0.mlp.up_proj.weight_g_idx"] = ["I32", [64], bytearray(256)]'
@@ -328,7 +328,7 @@ edit_json "$d/config.json" "$CTG[\"weights\"][\"strategy\"] = \"block\"; $CTG[\"
 compile_fails 1 "model.layers.0.self_attn.q_proj.weight_scale" "$d"
 # an FP8 KV cache (k_scale / v_scale) is not built: the scheme refused by name, and so are its tensors
 d=$(mkqckpt f-kv tiny-mistral-fp8-tensor); edit_json "$d/config.json" 'd["quantization_config"]["kv_cache_scheme"] = "static"'
-compile_fails 1 'quantization_config.kv_cache_scheme" is "static": an FP8 KV cache is not built' "$d"
+compile_fails 1 'quantization_config.kv_cache_scheme" is "static": its k_scale and v_scale are read from compressed-tensors' "$d"
 d=$(mkqckpt f-kscale tiny-mistral-fp8-tensor)
 st_rewrite "$d/model.safetensors" 't["model.layers.0.self_attn.k_scale"] = ["F32", [], bytearray(b"\x00\x00\x80\x3f")]'
 compile_fails 1 "tensor 'model.layers.0.self_attn.k_scale' is in the checkpoint but not used" "$d"

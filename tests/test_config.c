@@ -710,7 +710,7 @@ static void test_compressed_tensors_config(void) {
         {"", ", \"weights\": null", "", KILN_ERR_UNSUPPORTED,
          "\"quantization_config.config_groups.group_0.weights\" is null"},
         {"", "", ", \"kv_cache_scheme\": {\"num_bits\": 8, \"type\": \"float\"}", KILN_ERR_UNSUPPORTED,
-         "\"quantization_config.kv_cache_scheme\" is {"},
+         "\"quantization_config.kv_cache_scheme.strategy\" is absent: kiln reads static KV scales per tensor only"},
         {"", "", ", \"sparsity_config\": {\"format\": \"sparse-24-bitmask\"}", KILN_ERR_UNSUPPORTED,
          "\"quantization_config.sparsity_config\" is {"},
         {"", "", ", \"transform_config\": {\"config_groups\": {}}", KILN_ERR_UNSUPPORTED,
@@ -769,7 +769,8 @@ static void test_fp8_config(void) {
         {"{\"quant_method\": \"fp8\", \"fmt\": \"e5m2\"}", KILN_ERR_UNSUPPORTED,
          "\"quantization_config.fmt\" is \"e5m2\": kiln reads E4M3"},
         {"{\"quant_method\": \"fp8\", \"kv_cache_scheme\": \"static\"}", KILN_ERR_UNSUPPORTED,
-         "\"quantization_config.kv_cache_scheme\" is \"static\": an FP8 KV cache is not built"},
+         "\"quantization_config.kv_cache_scheme\" is \"static\": its k_scale and v_scale are read from compressed-tensors "
+         "checkpoints only"},
         {"{\"quant_method\": \"fp8\", \"modules_to_convert\": [\"embed_tokens\"]}", KILN_ERR_UNSUPPORTED,
          "\"quantization_config.modules_to_convert\" is [\"embed_tokens\"]"},
         {"{\"quant_method\": \"fp8\", \"ignored_layers\": \"lm_head\"}", KILN_ERR_PARSE,

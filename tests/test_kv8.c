@@ -11,6 +11,11 @@
  *    calibration ids; its logits over 150 tokens stay near the bf16-KV engine's but are not its own
  *    (the cache rounds); scales given by hand that clip everything move them far (the scales are used).
  * 3. Refusals: both flags, a kv_scale of the wrong shape (verifier), --tp with --kv-dtype.
+ * 4. A compressed-tensors checkpoint's kv_cache_scheme (made here from tiny-mistral-fp8-ct-tensor with
+ *    k_scale / v_scale tensors of our choosing): its scales become the plan's (bf16, rounded up), the
+ *    engine computes what those scales given by hand compute, --kv-dtype bf16 leaves the cache bf16
+ *    (the original checkpoint's logits), int8 is refused; schemes other than static FP8 per tensor, a
+ *    missing scale and a negative one are refused naming the field or the tensor.
  */
 #include <jansson.h>
 #include <math.h>
@@ -201,6 +206,151 @@ static void test_engine(void) {
     free(lc), free(tiny), free(ref), free(amax);
 }
 
+/* ---- a compressed-tensors checkpoint with kv_cache_scheme (static FP8 K and V scales per layer) ----
+ * Made here from tests/data/tiny-mistral-fp8-ct-tensor: its config.json with the scheme `scheme` (JSON),
+ * its tensors, and kv.safetensors holding each layer's self_attn.k_scale and v_scale (F32 [1]: ks[l],
+ * vs[l]; a NULL vs leaves v_scale out), tied together by model.safetensors.index.json. */
+static const char *ct_src(void) { return KILN_SOURCE_DIR "/tests/data/tiny-mistral-fp8-ct-tensor"; }
+
+static bool copy_file(const char *from, const char *to) {
+    char cmd[2200];
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", from, to);
+    return system(cmd) == 0;
+}
+
+static bool make_ct_kv(const char *dir, const char *scheme, const float *ks, const float *vs, int layers) {
+    char cmd[1200], p[1100];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", dir, dir);
+    if (system(cmd) != 0) return false;
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    if (!copy_file(KILN_SOURCE_DIR "/tests/data/tiny-mistral-fp8-ct-tensor/model.safetensors", p)) return false;
+    json_t *cfg = json_load_file(KILN_SOURCE_DIR "/tests/data/tiny-mistral-fp8-ct-tensor/config.json", 0, NULL);
+    json_t *sc = json_loads(scheme, 0, NULL);
+    if (!cfg || !sc) return false;
+    json_object_set_new(json_object_get(cfg, "quantization_config"), "kv_cache_scheme", sc);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    if (json_dump_file(cfg, p, JSON_INDENT(1)) != 0) return false;
+    json_decref(cfg);
+    /* the index: every tensor of model.safetensors, then the scales in kv.safetensors */
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    FILE *f = fopen(p, "rb");
+    uint8_t len8[8];
+    if (!f || fread(len8, 1, 8, f) != 8) return false;
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = hl << 8 | len8[i];
+    char *hdr = calloc(1, (size_t)hl + 1);
+    if (!hdr || fread(hdr, 1, (size_t)hl, f) != (size_t)hl) return false;
+    fclose(f);
+    json_t *h = json_loads(hdr, 0, NULL), *map = json_object();
+    free(hdr);
+    const char *name;
+    json_t *v;
+    json_object_foreach(h, name, v) if (strcmp(name, "__metadata__")) json_object_set_new(map, name, json_string("model.safetensors"));
+    json_decref(h);
+    json_t *kvh = json_object();
+    float data[64];
+    int n = 0;
+    for (int l = 0; l < layers; l++)
+        for (int kv = 0; kv < 2; kv++) {
+            if (kv && !vs) continue;
+            char t[96];
+            snprintf(t, sizeof t, "model.layers.%d.self_attn.%s", l, kv ? "v_scale" : "k_scale");
+            json_object_set_new(kvh, t, json_pack("{s:s, s:[i], s:[i, i]}", "dtype", "F32", "shape", 1, "data_offsets",
+                                                  4 * n, 4 * n + 4));
+            json_object_set_new(map, t, json_string("kv.safetensors"));
+            data[n++] = kv ? vs[l] : ks[l];
+        }
+    char *kt = json_dumps(kvh, JSON_COMPACT);
+    json_decref(kvh);
+    size_t kl = strlen(kt), pad = (8 - kl % 8) % 8;
+    snprintf(p, sizeof p, "%s/kv.safetensors", dir);
+    f = fopen(p, "wb");
+    if (!f) return false;
+    const uint64_t L = kl + pad;
+    for (int i = 0; i < 8; i++) fputc((int)(L >> (8 * i) & 0xFF), f);
+    fwrite(kt, 1, kl, f);
+    for (size_t i = 0; i < pad; i++) fputc(' ', f);
+    fwrite(data, sizeof(float), (size_t)n, f); /* little-endian hosts only, as the tests run */
+    fclose(f);
+    free(kt);
+    json_t *idx = json_pack("{s:{}, s:o}", "metadata", "weight_map", map);
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    const int rc = json_dump_file(idx, p, 0);
+    json_decref(idx);
+    return rc == 0;
+}
+
+static const char *const CT_SCHEME = "{\"num_bits\": 8, \"type\": \"float\", \"strategy\": \"tensor\", \"dynamic\": false, "
+                                     "\"symmetric\": true, \"group_size\": null, \"observer\": \"minmax\"}";
+
+static kiln_status compile_ct(const char *ckpt, const char *out, uint32_t kv, bool bf16, const float *scales) {
+    kiln_compile_options o = {.output_path = out, .kv_dtype = kv, .kv_bf16 = bf16, .kv_scales = scales, .force = true};
+    return kt_compile(ckpt, &o);
+}
+
+static void test_ct_kv_scheme(void) {
+    const float ks[2] = {0.0371f, 0.0519f}, vs[2] = {0.00412f, 0.00633f};
+    char ck[1024], e[1024], e2[1024], e3[1024], e4[1024]; /* tmp_path's buffers turn over */
+    snprintf(ck, sizeof ck, "%s", tmp_path("ct-kv"));
+    snprintf(e, sizeof e, "%s", tmp_path("ct-kv.kiln"));
+    snprintf(e2, sizeof e2, "%s", tmp_path("ct-given.kiln"));
+    snprintf(e3, sizeof e3, "%s", tmp_path("ct-bf16.kiln"));
+    snprintf(e4, sizeof e4, "%s", tmp_path("ct-plain.kiln"));
+    KT_REQUIRE(make_ct_kv(ck, CT_SCHEME, ks, vs, 2));
+    /* read as they are: every attention op +kv_fp8 with the layer's scales (rounded up to bf16) on every head */
+    KT_REQUIRE(compile_ct(ck, e, 0, false, NULL) == KILN_OK);
+    float *s = NULL;
+    engine_scales(e, KILN_FLAG_KV_FP8, &s);
+    KT_REQUIRE(s != NULL);
+    float given[2 * 2 * 2];
+    for (int l = 0; l < 2; l++)
+        for (int h = 0; h < 2; h++) {
+            KT_CHECK(s[l * 4 + h] == kiln_kv_scale_bf16(ks[l]) && s[l * 4 + 2 + h] == kiln_kv_scale_bf16(vs[l]));
+            KT_CHECK(s[l * 4 + h] >= ks[l] && s[l * 4 + h] < ks[l] * (1 + 1.0f / 128));
+            given[l * 4 + h] = ks[l], given[l * 4 + 2 + h] = vs[l];
+        }
+    free(s);
+    /* the same numbers as those scales given to the original checkpoint's compile: the same logits */
+    KT_REQUIRE(compile_ct(ct_src(), e2, KILN_FLAG_KV_FP8, false, given) == KILN_OK);
+    int32_t toks[N_TOK];
+    for (int i = 0; i < N_TOK; i++) toks[i] = (i * 104729 + 7) % 250;
+    int V = 0, V2 = 0;
+    float *a = logits_of(e, toks, N_TOK, &V), *b = logits_of(e2, toks, N_TOK, &V2);
+    KT_REQUIRE(a && b && V == V2);
+    KT_CHECK(memcmp(a, b, sizeof(float) * (size_t)N_TOK * V) == 0);
+    /* --kv-dtype bf16: the scales read and checked, the cache in bf16: the original checkpoint's logits */
+    KT_REQUIRE(compile_ct(ck, e3, 0, true, NULL) == KILN_OK);
+    KT_REQUIRE(compile_ct(ct_src(), e4, 0, false, NULL) == KILN_OK);
+    float *c = logits_of(e3, toks, N_TOK, &V), *d = logits_of(e4, toks, N_TOK, &V2);
+    KT_REQUIRE(c && d);
+    KT_CHECK(memcmp(c, d, sizeof(float) * (size_t)N_TOK * V) == 0);
+    KT_CHECK(memcmp(a, d, sizeof(float) * (size_t)N_TOK * V) != 0); /* the FP8 cache rounds */
+    free(a), free(b), free(c), free(d);
+    KT_EQ_INT(compile_ct(ck, tmp_path("x.kiln"), KILN_FLAG_KV_INT8, false, NULL), KILN_ERR_INVALID_ARG);
+    /* schemes kiln does not read, a missing or bad scale: refused by name */
+    static const struct {
+        const char *scheme, *want;
+    } bad[] = {{"{\"num_bits\": 4, \"type\": \"float\", \"strategy\": \"tensor\"}", "kv_cache_scheme.num_bits"},
+               {"{\"num_bits\": 8, \"type\": \"int\", \"strategy\": \"tensor\"}", "kv_cache_scheme.type"},
+               {"{\"num_bits\": 8, \"type\": \"float\", \"strategy\": \"head\"}", "kv_cache_scheme.strategy"},
+               {"{\"num_bits\": 8, \"type\": \"float\", \"strategy\": \"tensor\", \"dynamic\": true}", "kv_cache_scheme.dynamic"},
+               {"{\"num_bits\": 8, \"type\": \"float\", \"strategy\": \"tensor\", \"symmetric\": false}", "kv_cache_scheme.symmetric"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        KT_REQUIRE(make_ct_kv(ck, bad[i].scheme, ks, vs, 2));
+        kiln_compile_options o = {.output_path = tmp_path("x.kiln"), .force = true};
+        kiln_error err = {0};
+        KT_EQ_INT(kiln_compile(ck, &o, &err), KILN_ERR_UNSUPPORTED);
+        KT_CHECKF(strstr(err.msg, bad[i].want) != NULL, "%s: %s", bad[i].want, err.msg);
+    }
+    KT_REQUIRE(make_ct_kv(ck, CT_SCHEME, ks, NULL, 2));
+    kiln_compile_options o = {.output_path = tmp_path("x.kiln"), .force = true};
+    kiln_error err = {0};
+    KT_CHECK(kiln_compile(ck, &o, &err) != KILN_OK && strstr(err.msg, "model.layers.0.self_attn.v_scale") != NULL);
+    const float neg[2] = {0.0371f, -1.0f};
+    KT_REQUIRE(make_ct_kv(ck, CT_SCHEME, neg, vs, 2));
+    KT_CHECK(kiln_compile(ck, &o, &err) != KILN_OK && strstr(err.msg, "model.layers.1.self_attn.k_scale") != NULL);
+}
+
 static void test_refusals(void) {
     kiln_compile_options o = {.output_path = tmp_path("tp.kiln"), .kv_dtype = KILN_FLAG_KV_FP8, .tp = 2,
                               .force = true};
@@ -243,6 +393,7 @@ int main(void) {
     KT_RUN(test_codes);
     KT_RUN(test_engine);
     KT_RUN(test_refusals);
+    KT_RUN(test_ct_kv_scheme);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "  could not remove %s\n", tmpdir);
