@@ -49,6 +49,12 @@
  * 8 splits ahead, summing in split order, so both give the same bits
  * (kiln_attn_merge).
  *
+ * With KILN_KV8 (1 FP8 E4M3, 2 int8: an 8-bit cache, attention +kv_fp8 /
+ * +kv_int8) the cache holds one code per element in the same layout: a lane
+ * streams 8 bytes of codes per token (cp.async.ca; kiln_kvc), widened
+ * exactly (kiln_kv_dec8), p.kv_scale's K scale of the head folded into q and
+ * its V scale into the output; the fused RoPE writes codes (kiln_kv_code8,
+ * as rope_kv does) and keeps them in knew/vnew.
  * Constants: N_HEADS, N_KV_HEADS, HEAD_DIM (8..256 a power of two; 4..128
  * with KILN_F32), BLOCK_SIZE, WINDOW (0 = full attention), PARTITION (the
  * longest split; it sizes only the block-id list in shared memory; default
@@ -114,8 +120,8 @@
 
 #define KILN_LOG2E 1.4426950408889634f
 
-/* What a lane loads of one token's K or V: KILN_VEC elements, 16 bytes of bf16 (8 fp32 with KILN_F32
- * are 4 a lane), or 8 bytes of codes with an 8-bit cache (KILN_KV8); widened by kiln_kvc_unpack
+/* What a lane loads of one token's K or V: KILN_VEC elements, 16 bytes (8 bf16, or 4 fp32 with KILN_F32),
+ * or 8 bytes of codes with an 8-bit cache (KILN_KV8); widened by kiln_kvc_unpack
  * (codes without their scale: K's is folded into q, V's into the output). */
 #if KILN_KV8
 typedef uint2 kiln_kvc;

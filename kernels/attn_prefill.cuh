@@ -220,6 +220,11 @@ extern "C" __global__ void __launch_bounds__(128) kiln_attn_prefill(const kiln_a
  * tile touches, loaded one tile ahead; a chunk takes its row's by a shuffle
  * (BLOCK_SIZE 1 and 2, where a tile spans over 32 blocks, load per chunk).
  *
+ * With KILN_KV8 (an 8-bit cache) each thread copies 16-code chunks of K and
+ * V into raw buffers after q_s and, once its own copies have landed, widens
+ * them into the bf16 tiles (exact), before the tile's barrier; K's scale is
+ * folded into q and V's into the output (the f32-FMA kernel above multiplies
+ * each element by its scale instead).
  * Needs HEAD_DIM % 16 == 0 and bf16 (not KILN_F32). Launch (kernels.c,
  * kiln_attn_prefill_mma_dims): grid (ceil(max_q_len / (16 * MT *
  * PF_MMA_WARPS)), N_HEADS, B), block 32 * PF_MMA_WARPS, dynamic shared

@@ -24,6 +24,9 @@
  *     fp32 (eps QK_NORM_EPS), rounded, and scaled by p.q_norm / p.k_norm
  *     [HEAD_DIM], rounded again (Qwen3RMSNorm), before the rotation.
  *
+ * With KILN_KV8 (an 8-bit cache) k and v go into the cache as codes of their
+ * rounded values, kiln_kv_code8 with p.kv_scale's scale of their kv head.
+ *
  * Constants: N_HEADS, N_KV_HEADS, HEAD_DIM (even), BLOCK_SIZE, ROPE_THETA
  * (float), ROPE_LLAMA3 (0/1) with ROPE_FACTOR, ROPE_LOW_FREQ_FACTOR,
  * ROPE_HIGH_FREQ_FACTOR, ROPE_ORIG_MAX_POS; ROPE_THREADS (default 128);
