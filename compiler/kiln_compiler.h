@@ -338,7 +338,6 @@ void kiln_quant_auto_free(kiln_quant_auto *qa);
  * build.kv_cache's "calibration"). */
 typedef struct kiln_kv_calib {
     float *scales;
-    int n_layers, n_kv_heads;
     struct json_t *report;
 } kiln_kv_calib;
 kiln_status kiln_kv_calib_run(const char *ckpt_dir, const kiln_compile_options *opt, kiln_kv_calib *out,
@@ -348,11 +347,6 @@ void kiln_kv_calib_free(kiln_kv_calib *k);
 struct kiln_model;
 kiln_status kiln_calib_model(const char *ckpt_dir, const kiln_compile_options *opt, const char *what,
                              const char *passes, struct kiln_model **out, kiln_error *err);
-/* kiln_calib_model(ckpt_dir, opt, what, passes), then fn(ckpt_dir, opt, model, out), then the model closed. */
-typedef kiln_status (*kiln_calib_fn)(const char *ckpt_dir, const kiln_compile_options *opt, struct kiln_model *m,
-                                     void *out, kiln_error *err);
-kiln_status kiln_calib_run(const char *ckpt_dir, const kiln_compile_options *opt, const char *what,
-                           const char *passes, kiln_calib_fn fn, void *out, kiln_error *err);
 kiln_status kiln_calib_tokens(const kiln_compile_options *opt, const struct kiln_model *m, const char *what,
                               int32_t **ids, size_t *n, struct json_t **source, kiln_error *err);
 

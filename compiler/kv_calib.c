@@ -98,7 +98,6 @@ static kiln_status run(const kiln_compile_options *opt, kiln_model *m, kiln_kv_c
         if (i % (2 * (size_t)a.n_kv) < (size_t)a.n_kv) kmax = x > kmax ? x : kmax;
         else vmax = x > vmax ? x : vmax;
     }
-    out->n_layers = a.n_layers, out->n_kv_heads = a.n_kv;
     out->report = json_pack("{s:o, s:i, s:f, s:f, s:i}", "source", calib, "tokens", n_toks, "k_max", kmax, "v_max",
                             vmax, "heads_never_nonzero", unseen);
     calib = NULL;
@@ -109,16 +108,13 @@ out:
     return st;
 }
 
-static kiln_status run_fn(const char *ckpt_dir, const kiln_compile_options *opt, kiln_model *m, void *out,
-                          kiln_error *err) {
-    (void)ckpt_dir;
-    return run(opt, m, out, err);
-}
-
 kiln_status kiln_kv_calib_run(const char *ckpt_dir, const kiln_compile_options *opt, kiln_kv_calib *out,
                               kiln_error *err) {
     memset(out, 0, sizeof *out);
-    kiln_status st = kiln_calib_run(ckpt_dir, opt, "--kv-dtype", NULL, run_fn, out, err);
+    kiln_model *m = NULL;
+    kiln_status st = kiln_calib_model(ckpt_dir, opt, "--kv-dtype", NULL, &m, err);
+    if (st == KILN_OK) st = run(opt, m, out, err);
+    kiln_model_close(m);
     if (st != KILN_OK) kiln_kv_calib_free(out);
     return st;
 }

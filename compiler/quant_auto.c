@@ -632,24 +632,13 @@ kiln_status kiln_calib_model(const char *ckpt_dir, const kiln_compile_options *o
     return st;
 }
 
-kiln_status kiln_calib_run(const char *ckpt_dir, const kiln_compile_options *opt, const char *what,
-                           const char *passes, kiln_calib_fn fn, void *out, kiln_error *err) {
-    kiln_model *m = NULL;
-    kiln_status st = kiln_calib_model(ckpt_dir, opt, what, passes, &m, err);
-    if (st == KILN_OK) st = fn(ckpt_dir, opt, m, out, err);
-    kiln_model_close(m);
-    return st;
-}
-
-static kiln_status choose_fn(const char *ckpt_dir, const kiln_compile_options *opt, kiln_model *m, void *out,
-                             kiln_error *err) {
-    return choose(ckpt_dir, opt, m, out, err);
-}
-
 kiln_status kiln_quant_auto_run(const char *ckpt_dir, const kiln_compile_options *opt, kiln_quant_auto *out,
                                 kiln_error *err) {
     memset(out, 0, sizeof *out);
-    kiln_status st = kiln_calib_run(ckpt_dir, opt, "--quant auto", NULL, choose_fn, out, err);
+    kiln_model *m = NULL;
+    kiln_status st = kiln_calib_model(ckpt_dir, opt, "--quant auto", NULL, &m, err);
+    if (st == KILN_OK) st = choose(ckpt_dir, opt, m, out, err);
+    kiln_model_close(m);
     if (st != KILN_OK) kiln_quant_auto_free(out);
     return st;
 }

@@ -617,16 +617,13 @@ out:
     return st;
 }
 
-static kiln_status run_fn(const char *ckpt_dir, const kiln_compile_options *opt, kiln_model *m, void *out,
-                          kiln_error *err) {
-    (void)ckpt_dir;
-    return run(opt, m, out, err);
-}
-
 kiln_status kiln_quant_awq_run(const char *ckpt_dir, const kiln_compile_options *opt, kiln_quant_awq *out,
                                kiln_error *err) {
     memset(out, 0, sizeof *out);
-    kiln_status st = kiln_calib_run(ckpt_dir, opt, "--awq", "", run_fn, out, err);
+    kiln_model *m = NULL;
+    kiln_status st = kiln_calib_model(ckpt_dir, opt, "--awq", "", &m, err);
+    if (st == KILN_OK) st = run(opt, m, out, err);
+    kiln_model_close(m);
     if (st != KILN_OK) kiln_quant_awq_free(out);
     return st;
 }
