@@ -418,8 +418,7 @@ static kiln_status plan_modules(const kiln_plan *p, int block_size, kset *s, kil
     s->kv8 = -1;
     for (uint32_t i = 0; i < p->n_ops; i++) {
         if (p->ops[i].kind != KILN_OP_ATTENTION) continue;
-        const uint32_t f = p->ops[i].attrs.flags;
-        const int k = f & KILN_FLAG_KV_FP8 ? 1 : f & KILN_FLAG_KV_INT8 ? 2 : 0;
+        const int k = kiln_kv8_of(p->ops[i].attrs.flags);
         if (s->kv8 >= 0 && k != s->kv8)
             return UNSUP("layer %d: its KV cache's element type differs from the layers' before it",
                          p->ops[i].attrs.layer);

@@ -255,6 +255,12 @@ enum {
     KILN_FLAG_ALL_ = (1u << 8) - 1
 };
 
+/* The KV cache an attention op's flags give it: 1 FP8 E4M3 codes (+kv_fp8), 2 int8 codes (+kv_int8), 0 the
+ * element type; the kernels' KILN_KV8 and what their modules' cfg records (format/kiln_ksec.h). */
+static inline int kiln_kv8_of(uint32_t flags) {
+    return flags & KILN_FLAG_KV_FP8 ? 1 : flags & KILN_FLAG_KV_INT8 ? 2 : 0;
+}
+
 /* Attributes of an op; each kind reads the fields its comment above names. */
 typedef struct kiln_op_attrs {
     int32_t layer;          /* attention, qkv_rope: which layer's KV cache; moe: its layer (for traces) */

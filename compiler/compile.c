@@ -329,6 +329,11 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
         st = kiln_err(err, KILN_ERR_INVALID_ARG, "kv_dtype 0x%x: not KILN_FLAG_KV_FP8 or KILN_FLAG_KV_INT8", opt->kv_dtype);
         goto out;
     }
+    if ((opt->kv_bf16 && opt->kv_dtype) || (opt->kv_scales && !opt->kv_dtype)) { /* neither silently ignored */
+        st = kiln_err(err, KILN_ERR_INVALID_ARG, "%s", opt->kv_bf16 ? "kv_bf16 with kv_dtype: give one KV cache type"
+                                                                    : "kv_scales without kv_dtype (fp8 or int8)");
+        goto out;
+    }
     if (opt->awq && !opt->quant) {
         st = kiln_err(err, KILN_ERR_INVALID_ARG, "--awq needs --quant (the format its scales are searched for)");
         goto out;

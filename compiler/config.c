@@ -605,14 +605,18 @@ static kiln_status cfg_quant_ct_kv(cfg_ctx *c, json_t *kv, kiln_ckpt_quant *q) {
         snprintf(key, sizeof key, "kv_cache_scheme.%s", want[i][0]);
         return cfg_quant_refuse(c, key, v ? json_show(v, shown, sizeof shown) : "absent", want[i][2]);
     }
-    static const char *const flags[][3] = {{"dynamic", "f", "kiln reads static KV scales (dynamic false) only"},
-                                           {"symmetric", "t", "kiln reads symmetric KV scales only"}};
+    static const struct {
+        const char *key;
+        bool want; /* absent or null is taken as it */
+        const char *why;
+    } flags[] = {{"dynamic", false, "kiln reads static KV scales (dynamic false) only"},
+                 {"symmetric", true, "kiln reads symmetric KV scales only"}};
     for (size_t i = 0; i < 2; i++) {
-        json_t *v = cfg_get(kv, flags[i][0]);
-        if (!v || json_is_null(v) || (json_is_boolean(v) && json_is_true(v) == (flags[i][1][0] == 't'))) continue;
+        json_t *v = cfg_get(kv, flags[i].key);
+        if (!v || json_is_null(v) || (json_is_boolean(v) && json_is_true(v) == flags[i].want)) continue;
         char key[64];
-        snprintf(key, sizeof key, "kv_cache_scheme.%s", flags[i][0]);
-        return cfg_quant_refuse(c, key, json_show(v, shown, sizeof shown), flags[i][2]);
+        snprintf(key, sizeof key, "kv_cache_scheme.%s", flags[i].key);
+        return cfg_quant_refuse(c, key, json_show(v, shown, sizeof shown), flags[i].why);
     }
     q->kv_fp8 = true;
     return KILN_OK;

@@ -358,6 +358,13 @@ static void test_refusals(void) {
     o.tp = 0;
     o.kv_dtype = 0x3;
     KT_EQ_INT(kt_compile(mistral(), &o), KILN_ERR_INVALID_ARG);
+    /* contradictory options are refused, not one of them ignored */
+    const float one[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    kiln_compile_options c1 = {.output_path = tmp_path("c.kiln"), .kv_dtype = KILN_FLAG_KV_FP8, .kv_bf16 = true,
+                               .force = true};
+    KT_EQ_INT(kt_compile(mistral(), &c1), KILN_ERR_INVALID_ARG);
+    kiln_compile_options c2 = {.output_path = tmp_path("c.kiln"), .kv_scales = one, .force = true};
+    KT_EQ_INT(kt_compile(mistral(), &c2), KILN_ERR_INVALID_ARG);
     /* the verifier: an attention op with both flags, or a kv_scale of the wrong shape */
     kiln_op_attrs a = {.layer = 0, .n_heads = 4, .n_kv_heads = 2, .head_dim = 8, .flags = KILN_FLAG_KV_FP8};
     kiln_tensor_desc in[5] = {

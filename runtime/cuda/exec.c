@@ -581,11 +581,11 @@ static kiln_status gemm_setup(cx *x, cx_gemm *g, int dw, cx_epi epi, kiln_error 
 
 /* Module km was built for the KV cache the plan has (cfg[at] = KILN_KV8): an engine whose kernels
  * would read the cache as another type is refused, not run. */
+static const char *kv8_name(int kv8) { return kv8 == 1 ? "FP8 codes" : kv8 == 2 ? "int8 codes" : "elements"; }
 static kiln_status kv8_check(cx *x, const kiln_ksec_module *km, int at, kiln_error *err) {
     if (km->cfg[at] == x->kv8) return KILN_OK;
     return kiln_err(err, KILN_ERR_FORMAT, "cuda executor: kernel module %s is built for a KV cache of %s, the plan's "
-                    "attention keeps %s", km->name, km->cfg[at] == 1 ? "FP8 codes" : km->cfg[at] == 2 ? "int8 codes"
-                    : "elements", x->kv8 == 1 ? "FP8 codes" : x->kv8 == 2 ? "int8 codes" : "elements");
+                    "attention keeps %s", km->name, kv8_name(km->cfg[at]), kv8_name(x->kv8));
 }
 
 static int attn_get(cx *x, int window, kiln_error *err) {
@@ -2318,7 +2318,7 @@ static kiln_status cx_new(const kiln_model *m, const kiln_cuda_exec_opts *o, int
             kiln_err_hint(err, "run this engine on the CPU");
             goto fail;
         }
-        const int k8 = op->attrs.flags & KILN_FLAG_KV_FP8 ? 1 : op->attrs.flags & KILN_FLAG_KV_INT8 ? 2 : 0;
+        const int k8 = kiln_kv8_of(op->attrs.flags);
         if (x->n_heads && k8 != x->kv8) {
             st = kiln_err(err, KILN_ERR_UNSUPPORTED, "cuda executor: plan op %u (attention) keeps its KV cache in "
                           "another element type than the layers before it", i);
