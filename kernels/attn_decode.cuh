@@ -137,7 +137,6 @@ KILN_DEV uint4 kiln_kvc_zero(void) { return make_uint4(0, 0, 0, 0); }
 #define KILN_KV_ES ((int)sizeof(kiln_elem))
 #endif
 
-
 /* log2 of a power of two; how many times n halves evenly, at most `most` times */
 static constexpr __host__ __device__ int kiln_log2i(int n) { return n > 1 ? 1 + kiln_log2i(n / 2) : 0; }
 static constexpr __host__ __device__ int kiln_halvings(int n, int most) { return most > 0 && n % 2 == 0 ? 1 + kiln_halvings(n / 2, most - 1) : 0; }

@@ -324,25 +324,30 @@ template <int MT> KILN_DEV void kiln_pf_mma_body(const kiln_attn_prefill_params 
      * cp.async group (PF_MMA_SYNCS 1) or two, K then V (2). Chunk i = tid + j * THREADS of a tile is row i / CH, 16 bytes at dim
      * 8 * (i % CH): the lanes of a warp read whole 256-byte rows. */
     const unsigned ks_addr = kiln_saddr(k_s), vs_addr = kiln_saddr(v_s);
+    /* Chunk i of the tile starting at key kt (its block ids in `ids`), chunks of w elements (8: 16 bytes
+     * of bf16; 16: 16 bytes of codes): its row r and column chunk c, and the element offset of its first
+     * element from the head's base (0 past the last query: zero-filled); false past the last key or the
+     * tile. Every lane runs the shuffle. */
+    auto locate = [&](int kt, int ids, int i, int w, unsigned &r, unsigned &c, size_t &off) {
+        const int nch = HEAD_DIM / w;
+        r = (unsigned)i / nch, c = (unsigned)i % nch;
+        const unsigned key = (unsigned)kt + r;
+        const bool in = (BK * nch % THREADS == 0 || i < BK * nch) && (int)key <= p_last;
+        int blk;
+        if constexpr (NBT <= 32)
+            blk = __shfl_sync(KILN_FULL_MASK, ids, (int)(key / BLOCK_SIZE - (unsigned)kt / BLOCK_SIZE));
+        else
+            blk = in ? bt[key / BLOCK_SIZE] : 0;
+        off = (size_t)(unsigned)blk * (N_KV_HEADS * BLOCK_SIZE * HEAD_DIM) + (key % BLOCK_SIZE) * HEAD_DIM + c * w;
+        if (!in) off = 0;
+        return in;
+    };
 #if KILN_KV8
     /* 16 codes a chunk: row i / CH8, dims 16 * (i % CH8) */
     constexpr int CH8 = HEAD_DIM / 16, LOADS8 = (BK * CH8 + THREADS - 1) / THREADS;
     const unsigned char *kh8 = (const unsigned char *)p.k_cache + (size_t)h * BLOCK_SIZE * HEAD_DIM;
     const unsigned char *vh8 = (const unsigned char *)p.v_cache + (size_t)h * BLOCK_SIZE * HEAD_DIM;
     const unsigned raw_addr = kiln_saddr(raw);
-    auto chunk8 = [&](int kt, int j, int ids, size_t &off, unsigned &r, unsigned &c) {
-        const int i = tid + j * THREADS;
-        r = (unsigned)i / CH8, c = (unsigned)i % CH8;
-        const unsigned key = (unsigned)kt + r;
-        const bool in = (BK * CH8 % THREADS == 0 || i < BK * CH8) && (int)key <= p_last;
-        int blk;
-        if constexpr (NBT <= 32)
-            blk = __shfl_sync(KILN_FULL_MASK, ids, (int)(key / BLOCK_SIZE - (unsigned)kt / BLOCK_SIZE));
-        else
-            blk = in ? bt[key / BLOCK_SIZE] : 0;
-        off = in ? (size_t)(unsigned)blk * (N_KV_HEADS * BLOCK_SIZE * HEAD_DIM) + (key % BLOCK_SIZE) * HEAD_DIM + c * 16 : 0;
-        return in;
-    };
     /* this thread's chunks of the tile in raw buffer st, widened into k_s / v_s[st] (exact in bf16) */
     auto widen8 = [&](int st) {
 #pragma unroll
@@ -377,7 +382,7 @@ template <int MT> KILN_DEV void kiln_pf_mma_body(const kiln_attn_prefill_params 
         for (int j = 0; j < LOADS8; j++) {
             size_t off;
             unsigned r, c;
-            const bool in = chunk8(kt, j, ids, off, r, c);
+            const bool in = locate(kt, ids, tid + j * THREADS, 16, r, c, off);
             if (BK * CH8 % THREADS == 0 || tid + j * THREADS < BK * CH8) {
                 const unsigned d = (unsigned)((st * BK + r) * HEAD_DIM + c * 16);
                 kiln_cp16(raw_addr + d, kh8 + off, in ? 16 : 0);
@@ -390,16 +395,8 @@ template <int MT> KILN_DEV void kiln_pf_mma_body(const kiln_attn_prefill_params 
         /* chunk j of this thread: the global offset (0 past the last query: zero-filled) and the
          * byte offset in shared memory; false past the last key or the tile */
         auto chunk = [&](int j, size_t &off, unsigned &dst) {
-            const int i = tid + j * THREADS;
-            const unsigned r = (unsigned)i / CH, c = (unsigned)i % CH, key = (unsigned)kt + r;
-            const bool in = (BK * CH % THREADS == 0 || i < BK * CH) && (int)key <= p_last;
-            int blk;
-            if constexpr (NBT <= 32)
-                blk = __shfl_sync(KILN_FULL_MASK, ids, (int)(key / BLOCK_SIZE - (unsigned)kt / BLOCK_SIZE));
-            else
-                blk = in ? bt[key / BLOCK_SIZE] : 0;
-            off = (size_t)(unsigned)blk * (N_KV_HEADS * BLOCK_SIZE * HEAD_DIM) + (key % BLOCK_SIZE) * HEAD_DIM + c * 8;
-            if (!in) off = 0;
+            unsigned r, c;
+            const bool in = locate(kt, ids, tid + j * THREADS, 8, r, c, off);
             dst = (unsigned)((st * TILE + r * RS + c * 8) * 2);
             return in;
         };

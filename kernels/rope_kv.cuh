@@ -123,7 +123,7 @@ extern "C" __global__ void __launch_bounds__(ROPE_THREADS) kiln_rope_kv(const ki
     __syncthreads();
     const int blk = slot / BLOCK_SIZE, off = slot % BLOCK_SIZE;
     kiln_elem *q_out = (kiln_elem *)p.q_out + (size_t)t * N_HEADS * HEAD_DIM;
-    kiln_elem *kc = (kiln_elem *)p.k_cache, *vc = (kiln_elem *)p.v_cache;
+    kiln_elem *kc = (kiln_elem *)p.k_cache;
 
     /* Rotated pairs (head, i), (head, i + HALF) over the q heads then the k heads; KILN_VEC pairs
      * per step in 16-byte chunks when HALF allows, else one at a time. */
@@ -135,6 +135,10 @@ extern "C" __global__ void __launch_bounds__(ROPE_THREADS) kiln_rope_kv(const ki
         kiln_elem *dst = head < N_HEADS ? q_out + head * HEAD_DIM
                                         : kc + kiln_kv_at(blk, head - N_HEADS, off, 0);
         if (head >= N_HEADS && slot < 0) continue;
+        /* an 8-bit cache (KILN_KV8): a k head's codes and its scale */
+        const bool k8 = KILN_KV8 && head >= N_HEADS;
+        unsigned char *k8p = (unsigned char *)p.k_cache + (k8 ? kiln_kv_at(blk, head - N_HEADS, off, 0) : 0);
+        const float ks = k8 ? kiln_kv_scale(p.kv_scale, head - N_HEADS) : 1.0f;
         float a[KILN_VEC], b[KILN_VEC];
         if (VEC == KILN_VEC) {
             kiln_unpackv(*(const uint4 *)(src + i0), a);
@@ -172,11 +176,9 @@ extern "C" __global__ void __launch_bounds__(ROPE_THREADS) kiln_rope_kv(const ki
                 ra[e] = kiln_round(kiln_rope_rot(a[e], b[e], c, sn, true));
                 rb[e] = kiln_round(kiln_rope_rot(b[e], a[e], c, sn, false));
             }
-            if (KILN_KV8 && head >= N_HEADS) { /* codes of the rounded values (decode attention's too) */
-                unsigned char *k8 = (unsigned char *)p.k_cache + kiln_kv_at(blk, head - N_HEADS, off, 0);
-                const float ks = kiln_kv_scale(p.kv_scale, head - N_HEADS);
-                kiln_kv_store8(k8 + i0, ra, ks);
-                kiln_kv_store8(k8 + i0 + HALF, rb, ks);
+            if (k8) { /* codes of the rounded values (decode attention's too) */
+                kiln_kv_store8(k8p + i0, ra, ks);
+                kiln_kv_store8(k8p + i0 + HALF, rb, ks);
             } else {
                 *(uint4 *)(dst + i0) = kiln_packv(ra);
                 *(uint4 *)(dst + i0 + HALF) = kiln_packv(rb);
@@ -185,11 +187,9 @@ extern "C" __global__ void __launch_bounds__(ROPE_THREADS) kiln_rope_kv(const ki
             const float c = cs_s[i0], sn = sn_s[i0];
             const float ra = kiln_round(kiln_rope_rot(a[0], b[0], c, sn, true));
             const float rb = kiln_round(kiln_rope_rot(b[0], a[0], c, sn, false));
-            if (KILN_KV8 && head >= N_HEADS) {
-                unsigned char *k8 = (unsigned char *)p.k_cache + kiln_kv_at(blk, head - N_HEADS, off, 0);
-                const float ks = kiln_kv_scale(p.kv_scale, head - N_HEADS);
-                k8[i0] = (unsigned char)kiln_kv_code8(ra, ks);
-                k8[i0 + HALF] = (unsigned char)kiln_kv_code8(rb, ks);
+            if (k8) {
+                k8p[i0] = (unsigned char)kiln_kv_code8(ra, ks);
+                k8p[i0 + HALF] = (unsigned char)kiln_kv_code8(rb, ks);
             } else {
                 dst[i0] = kiln_f2e(ra);
                 dst[i0 + HALF] = kiln_f2e(rb);
@@ -212,7 +212,7 @@ extern "C" __global__ void __launch_bounds__(ROPE_THREADS) kiln_rope_kv(const ki
             ((unsigned char *)p.v_cache)[kiln_kv_at(blk, kh, off, d)] =
                 (unsigned char)kiln_kv_code8(kiln_e2f(x), kiln_kv_scale(p.kv_scale, N_KV_HEADS + kh));
 #else
-            vc[kiln_kv_at(blk, kh, off, d)] = x;
+            ((kiln_elem *)p.v_cache)[kiln_kv_at(blk, kh, off, d)] = x;
 #endif
         }
     }
