@@ -245,19 +245,28 @@ static void bench_gemv_quant(bench *b) {
                                     {1, 32000, 4096}, {8, 28672, 4096}, {8, 4096, 14336}};
     /* tensor cores (rows 0): warps (K split), steps in flight, q4's arithmetic, 16-row tiles a warp;
      * CUDA cores (q8/fp8, rows > 0): warps, steps in flight, rows a warp; fp8: 1 with the hardware's
-     * E4M3 conversion, 2 through bf16 (GEMV_FP8_CVT 0) */
+     * E4M3 conversion, 2 through bf16 (GEMV_FP8_CVT 0); q4 on CUDA cores (rows > 0): warps splitting
+     * K, rows loaded together, rows a block, 32-column chunks a thread (cpl), the codes' widening
+     * (cvt: GEMV_Q4CVT) and blocks an SM the registers must allow (minb, 0: the kernel's default) */
     static const struct {
-        int bits, group, warps, unroll, deq, tiles, rows, fp8;
-    } v[] = {{4, 128, 8, 2, 0, 1, 0, 0}, {4, 128, 16, 1, 0, 1, 0, 0}, {4, 128, 8, 2, 2, 1, 0, 0},
-             {4, 32, 8, 2, 1, 1, 0, 0},  {8, 0, 8, 4, 0, 1, 0, 0},    {8, 0, 16, 2, 0, 1, 0, 0},
-             {8, 0, 4, 2, 0, 1, 2, 0},   {8, 0, 8, 2, 0, 1, 2, 0},    {8, 0, 16, 2, 0, 1, 1, 0},
-             {8, 0, 8, 4, 0, 1, 0, 1},   {8, 0, 4, 2, 0, 1, 2, 1},    {8, 0, 8, 2, 0, 1, 2, 1},
-             {8, 0, 4, 2, 0, 1, 2, 2},   {8, 0, 8, 2, 0, 1, 2, 2}};
+        int bits, group, warps, unroll, deq, tiles, rows, fp8, cpl, cvt, minb;
+    } v[] = {{4, 128, 8, 2, 0, 1, 0, 0, 0, 0, 0},  {4, 128, 16, 1, 0, 1, 0, 0, 0, 0, 0}, {4, 128, 8, 2, 2, 1, 0, 0, 0, 0, 0},
+             {4, 32, 8, 2, 1, 1, 0, 0, 0, 0, 0},   {8, 0, 8, 4, 0, 1, 0, 0, 0, 0, 0},    {8, 0, 16, 2, 0, 1, 0, 0, 0, 0, 0},
+             {8, 0, 4, 2, 0, 1, 2, 0, 0, 0, 0},    {8, 0, 8, 2, 0, 1, 2, 0, 0, 0, 0},    {8, 0, 16, 2, 0, 1, 1, 0, 0, 0, 0},
+             {8, 0, 8, 4, 0, 1, 0, 1, 0, 0, 0},    {8, 0, 4, 2, 0, 1, 2, 1, 0, 0, 0},    {8, 0, 8, 2, 0, 1, 2, 1, 0, 0, 0},
+             {8, 0, 4, 2, 0, 1, 2, 2, 0, 0, 0},    {8, 0, 8, 2, 0, 1, 2, 2, 0, 0, 0},
+             {4, 128, 4, 8, 0, 1, 8, 0, 1, 1, 0},  {4, 128, 4, 4, 0, 1, 16, 0, 1, 1, 0},
+             {4, 128, 4, 4, 0, 1, 32, 0, 1, 1, 0}, {4, 128, 4, 8, 0, 1, 16, 0, 1, 1, 0},
+             {4, 128, 4, 4, 0, 1, 16, 0, 1, 0, 0}, {4, 128, 4, 2, 0, 1, 16, 0, 1, 1, 0},
+             {4, 128, 4, 4, 0, 1, 8, 0, 1, 1, 0},  {4, 128, 2, 4, 0, 1, 16, 0, 2, 1, 0},
+             {4, 128, 14, 4, 0, 1, 16, 0, 1, 1, 1}, {4, 128, 16, 4, 0, 1, 16, 0, 1, 1, 1},
+             {4, 128, 14, 8, 0, 1, 16, 0, 1, 1, 1}, {4, 128, 8, 4, 0, 1, 16, 0, 2, 1, 1},
+             {4, 128, 7, 4, 0, 1, 16, 0, 2, 1, 1}};
     enum { NV = sizeof v / sizeof v[0] };
     CUmodule mods[NV] = {0};
     CUfunction fn[NV];
     for (int i = 0; i < NV; i++) {
-        char d[10][32];
+        char d[13][32];
         snprintf(d[0], 32, "GEMV_WARPS=%d", v[i].warps);
         snprintf(d[1], 32, "GEMV_UNROLL=%d", v[i].unroll);
         snprintf(d[2], 32, "GEMV_MMA=%d", v[i].rows == 0);
@@ -267,8 +276,12 @@ static void bench_gemv_quant(bench *b) {
         snprintf(d[6], 32, "GEMV_QT=%d", v[i].tiles);
         snprintf(d[7], 32, "GEMV_ROWS=%d", v[i].rows ? v[i].rows : 2);
         snprintf(d[8], 32, v[i].fp8 ? "GEMV_FP8=1" : "GEMV_FP8=0");
-        const char *defs[] = {d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], "GEMV_FP8_CVT=0"};
-        fn[i] = build(b, "gemv.cuh", "kiln_gemv", defs, v[i].fp8 == 2 ? 10 : 9, &mods[i]);
+        snprintf(d[9], 32, "GEMV_CPL=%d", v[i].cpl > 0 ? v[i].cpl : 1);
+        snprintf(d[10], 32, "GEMV_Q4CVT=%d", v[i].cvt);
+        snprintf(d[11], 32, v[i].fp8 == 2 ? "GEMV_FP8_CVT=0" : "GEMV_FP8_CVT_DEFAULT=1");
+        snprintf(d[12], 32, v[i].minb ? "GEMV_MINB=%d" : "GEMV_MINB_DEFAULT=%d", v[i].minb);
+        const char *defs[] = {d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12]};
+        fn[i] = build(b, "gemv.cuh", "kiln_gemv", defs, 13, &mods[i]);
     }
     kiln_error err = {0};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -292,7 +305,7 @@ static void bench_gemv_quant(bench *b) {
             const double bytes = (double)wbytes + 2.0 * M * K + 2.0 * M * N, flops = 2.0 * M * N * K;
             for (int i = 0; i < NV; i++) {
                 if (v[i].bits != bits || v[i].group != group) continue;
-                const kiln_gemv_cfg cfg = v[i].rows ? (kiln_gemv_cfg){v[i].warps, v[i].rows, v[i].unroll, 1, 0}
+                const kiln_gemv_cfg cfg = v[i].rows ? (kiln_gemv_cfg){v[i].warps, v[i].rows, v[i].unroll, 1, bits == 4 ? 2 : 0}
                                                     : (kiln_gemv_cfg){v[i].warps, v[i].tiles, v[i].unroll, 8, 1};
                 const kiln_cuda_dims d = kiln_gemv_dims(&cfg, M, N);
                 float ms[REPS];
@@ -313,7 +326,10 @@ static void bench_gemv_quant(bench *b) {
                 }
                 qsort(ms, REPS, sizeof ms[0], cmp_f);
                 char name[64];
-                if (v[i].rows)
+                if (v[i].rows && bits == 4)
+                    snprintf(name, sizeof name, "q4g%d cc w%d r%d u%d c%d cvt%d b%d", group, v[i].warps, v[i].rows,
+                             v[i].unroll, v[i].cpl, v[i].cvt, v[i].minb);
+                else if (v[i].rows)
                     snprintf(name, sizeof name, "%s cc w%d r%d u%d", v[i].fp8 == 1 ? "fp8" : v[i].fp8 ? "fp8/bf16" : "q8",
                              v[i].warps, v[i].rows, v[i].unroll);
                 else if (v[i].fp8)

@@ -146,12 +146,13 @@
  * wrong results: the floor of the loads) */
 #define GEMV_QDEQ (GEMV_GROUP % 128 == 0 ? 0 : 1)
 #endif
-#if GEMV_QUANT == 4 && GEMV_QDEQ == 0 && GEMV_GROUP % 128
+#if GEMV_QUANT == 4 && GEMV_MMA && GEMV_QDEQ == 0 && GEMV_GROUP % 128
 #error "GEMV_QDEQ 0 (exact per group) needs groups of a multiple of 128 columns (one warp step)"
 #endif
 #if GEMV_QUANT && !((GEMV_MMA && (GEMV_QUANT == 8 || (GEMV_QUANT == 4 && GEMV_GROUP >= 32 && GEMV_GROUP % 32 == 0))) || \
-                    (!GEMV_MMA && GEMV_QUANT == 8 && !GEMV_MOE && !GEMV_SPLIT && !KILN_F32))
-#error "GEMV_QUANT: 8, or 4 with GEMV_GROUP a multiple of 32, in the tensor-core variant (GEMV_MMA); 8 on CUDA cores"
+                    (!GEMV_MMA && (GEMV_QUANT == 8 || (GEMV_QUANT == 4 && GEMV_GROUP >= 32 && GEMV_GROUP % 32 == 0 && \
+                                                       GEMV_MT == 1)) && !GEMV_MOE && !GEMV_SPLIT && !KILN_F32))
+#error "GEMV_QUANT: 8, or 4 with GEMV_GROUP a multiple of 32 (on CUDA cores with GEMV_MT 1), bf16 only"
 #endif
 #if GEMV_QUANT == 8 && GEMV_GROUP && !(GEMV_GROUP == 128 && GEMV_FP8)
 #error "GEMV_QUANT 8 with groups: fp8g128 (GEMV_FP8, GEMV_GROUP 128)"
@@ -466,13 +467,261 @@ template <bool NORM> KILN_DEV void kiln_gemv_ccq(const kiln_gemv_params &p) {
     for (int r = 0; r < GEMV_ROWS; r++) sc[r] = GEMV_GROUP ? 1.0f : ((const float *)p.wscale)[min(row0 + r, p.N - 1)];
     kiln_gemv_cc_finish<NORM>(p, acc, ss, sc, row0, m0, lane);
 }
+
+#if GEMV_QUANT == 4
+/* q4 on CUDA cores, for one-token steps (the runtime's GEMV_MMA 2 launch: grid (ceil(N / GEMV_ROWS),
+ * M), block GEMV_WARPS * 32). Unlike the q8 kernel above, the block's threads split K and share its
+ * GEMV_ROWS rows: thread t owns the 32-column chunks t, t + T, ... (T threads; 16 bytes of codes a
+ * chunk, so a warp reads 512 contiguous bytes of a row), keeps their x in fp32 registers for all the
+ * rows (up to GEMV_CPL chunks a pass; a longer K takes more passes), and loads GEMV_UNROLL rows'
+ * codes, scales and minimums at once. x is widened once a block instead of once per row, which at
+ * 4 bits a weight would cost as much as the codes. Each code becomes an fp32 value with an offset,
+ * without a conversion instruction, and one fma:
+ *   GEMV_Q4CVT 0: a byte permute or shift puts a code at bits 12..15 (odd columns) or 16..19 (even
+ *     columns) of a word, and one lop3 ORs in the exponent of 2048 or 128, whose unit in the last
+ *     place is then 1: the word is 2048 + c or 128 + c, exactly (11 integer instructions a word
+ *     of 8 codes);
+ *   GEMV_Q4CVT 1: one lop3 makes two f16 1024 + c (even columns) or 1024 + 16c (odd columns;
+ *     their x is divided by 16, exactly), widened to fp32 by cvt (5 integer instructions and 8
+ *     conversions a word).
+ * The chunk's sum of (offset + c) x then loses its offsets' part, which is the same for every row
+ * (bsum: computed with x), and the group's scale and minimum give s (sum - bsum) + lo sum(x): the
+ * weights exactly c s + lo. (The offsets' part is at most 2048 times the sum's, so fp32 keeps about
+ * 13 bits beyond it: far under the bf16 rounding of the output.) A chunk lies in one group (G >= 32).
+ * The threads' sums meet by a reduce-scatter over each warp and shared memory across warps.
+ * Needs K % 32 == 0, G >= 32, 16-byte aligned codes, x and norm_w, ldx % 8 == 0 and GEMV_ROWS a
+ * power of two from 2 to 32. */
+#ifndef GEMV_CPL
+#define GEMV_CPL 1
+#endif
+#ifndef GEMV_Q4CVT
+#define GEMV_Q4CVT 0
+#endif
+#ifndef GEMV_Q4PF
+#define GEMV_Q4PF GEMV_UNROLL /* rows whose first chunks go toward L2 before the wait (at most GEMV_ROWS) */
+#endif
+#if GEMV_UNROLL < 2 || GEMV_UNROLL > 32 || (GEMV_UNROLL & (GEMV_UNROLL - 1)) || GEMV_ROWS % GEMV_UNROLL || GEMV_GROUP < 32
+#error "the q4 CUDA-core GEMV needs GEMV_UNROLL a power of two from 2 to 32, GEMV_ROWS a multiple of it, and GEMV_GROUP >= 32"
+#endif
+
+/* d + the dot of one chunk's 32 codes (as offset values, see above) with x[0..31] (x[odd] / 16 with
+ * GEMV_Q4CVT 1). Word q holds columns 8q..8q+7, column 2b in the low nibble of byte b. */
+KILN_DEV float kiln_q4_dot32(uint4 v, const float (&x)[32], float d) {
+    const unsigned wd[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const unsigned w = wd[q];
+        const float *xq = x + 8 * q;
+#if GEMV_Q4CVT == 0
+        /* bytes 1 and 2 of: w (columns 3, 4), w << 8 (1, 2), w >> 8 (5, 6), bytes 3 and 0 of w (7, 0) */
+        const unsigned s[4] = {__byte_perm(w, 0u, 0x0030), w << 8, w, w >> 8};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            d = fmaf(__uint_as_float((s[i] & 0x000F0000u) | 0x43000000u), xq[2 * i], d);     /* 128 + c */
+            d = fmaf(__uint_as_float((s[i] & 0x0000F000u) | 0x45000000u), xq[(2 * i + 7) & 7], d); /* 2048 + c */
+        }
+#else
+        const unsigned t = w >> 8;
+        const unsigned h[4] = {(w & 0x000F000Fu) | 0x64006400u, (w & 0x00F000F0u) | 0x64006400u,
+                               (t & 0x000F000Fu) | 0x64006400u, (t & 0x00F000F0u) | 0x64006400u};
+        /* h[0]: columns 0, 4; h[1]: 1, 5 (times 16); h[2]: 2, 6; h[3]: 3, 7 (times 16) */
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float lo, hi;
+            asm("{\n\t.reg .b16 a, b;\n\tmov.b32 {a, b}, %2;\n\tcvt.f32.f16 %0, a;\n\tcvt.f32.f16 %1, b;\n\t}"
+                : "=f"(lo), "=f"(hi)
+                : "r"(h[i]));
+            d = fmaf(lo, xq[i], d);
+            d = fmaf(hi, xq[i + 4], d);
+        }
+#endif
+    }
+    return d;
+}
+
+/* Sums v[0..R-1] over the warp, row by row, leaving row *row's sum in the returned value: a
+ * reduce-scatter (each shuffle level sends half the rows a lane still holds: R - 1 shuffles for
+ * log2 R levels), then shuffles over the lanes that hold the same row. */
+template <int R> KILN_DEV float kiln_warp_reduce_rows(float (&v)[R], int lane, int *row) {
+    int r = 0;
+#pragma unroll
+    for (int half = R / 2, off = 16; half >= 1; half /= 2, off /= 2) {
+        const bool up = (lane & off) != 0;
+#pragma unroll
+        for (int i = 0; i < half; i++) {
+            const float send = up ? v[i] : v[i + half], keep = up ? v[i + half] : v[i];
+            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+        }
+        if (up) r += half;
+    }
+    float s = v[0];
+#pragma unroll
+    for (int off = 16 / R; off >= 1; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
+    *row = r;
+    return s;
+}
+
+/* One thread's x for its chunks c0 + j T (j < GEMV_CPL) of x row xr: fp32 in xf (odd columns / 16
+ * with GEMV_Q4CVT 1; times the norm weight with NORM, the squares added to *ss), the offsets' part
+ * of each chunk's sum (bsum) and its sum of x (xsum); chunks past nch are zero. */
+template <bool NORM>
+KILN_DEV void kiln_q4_loadx(const kiln_bf16 *xr, const kiln_bf16 *nw, int c0, int nch, float (&xf)[GEMV_CPL][32],
+                            float (&bsum)[GEMV_CPL], float (&xsum)[GEMV_CPL], float *ss) {
+#pragma unroll
+    for (int j = 0; j < GEMV_CPL; j++) {
+        const int c = c0 + j * GEMV_WARPS * 32;
+        float se = 0.0f, so = 0.0f; /* sums of x over the even and the odd columns */
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float f[8];
+            kiln_unpack8(c < nch ? kiln_ld16(xr + (size_t)c * 32 + 8 * e) : make_uint4(0, 0, 0, 0), f);
+            if (NORM) {
+                float g[8];
+                kiln_unpack8(c < nch ? kiln_ld16(nw + (size_t)c * 32 + 8 * e) : make_uint4(0, 0, 0, 0), g);
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    *ss = fmaf(f[i], f[i], *ss);
+                    f[i] *= g[i];
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i += 2) {
+                se += f[i];
+                so += f[i + 1];
+                xf[j][8 * e + i] = f[i];
+                xf[j][8 * e + i + 1] = GEMV_Q4CVT ? f[i + 1] * 0.0625f : f[i + 1];
+            }
+        }
+        bsum[j] = GEMV_Q4CVT ? fmaf(1024.0f, se, 64.0f * so) : fmaf(128.0f, se, 2048.0f * so);
+        xsum[j] = se + so;
+    }
+}
+
+/* The codes, scales and minimums of GEMV_UNROLL rows from r0 (wr: the block's row pointers) at one
+ * thread's chunks c0 + j T, issued together. */
+struct kiln_q4_rows {
+    uint4 w[GEMV_UNROLL][GEMV_CPL];
+    float s[GEMV_UNROLL][GEMV_CPL], lo[GEMV_UNROLL][GEMV_CPL];
+};
+KILN_DEV void kiln_q4_loadw(const kiln_gemv_params &p, const unsigned char *const (&wr)[GEMV_ROWS], int row0, int r0,
+                            int c0, int nch, kiln_q4_rows &q) {
+    const int ng = p.K / GEMV_GROUP;
+#pragma unroll
+    for (int u = 0; u < GEMV_UNROLL; u++)
+#pragma unroll
+        for (int j = 0; j < GEMV_CPL; j++) {
+            const int c = c0 + j * GEMV_WARPS * 32;
+            const size_t gi = (size_t)min(row0 + r0 + u, p.N - 1) * ng + (size_t)(c * 32 / GEMV_GROUP);
+            q.w[u][j] = c < nch ? kiln_ld_stream(wr[r0 + u] + (size_t)c * 16) : make_uint4(0, 0, 0, 0);
+            q.s[u][j] = c < nch ? __ldg((const float *)p.wscale + gi) : 0.0f;
+            q.lo[u][j] = c < nch ? __ldg((const float *)p.wmin + gi) : 0.0f;
+        }
+}
+/* acc[u] += row u's part over the thread's chunks: s (sum - bsum) + lo sum(x) */
+KILN_DEV void kiln_q4_rows_dot(const kiln_q4_rows &q, const float (&xf)[GEMV_CPL][32], const float (&bsum)[GEMV_CPL],
+                               const float (&xsum)[GEMV_CPL], float (&acc)[GEMV_UNROLL]) {
+#pragma unroll
+    for (int u = 0; u < GEMV_UNROLL; u++)
+#pragma unroll
+        for (int j = 0; j < GEMV_CPL; j++) {
+            const float d = kiln_q4_dot32(q.w[u][j], xf[j], 0.0f);
+            acc[u] = fmaf(q.s[u][j], d - bsum[j], fmaf(q.lo[u][j], xsum[j], acc[u]));
+        }
+}
+
+template <bool NORM> KILN_DEV void kiln_gemv_ccq4(const kiln_gemv_params &p) {
+    constexpr int T = GEMV_WARPS * 32, R = GEMV_ROWS, U = GEMV_UNROLL, CPL = GEMV_CPL;
+    /* each warp's sums of a group of U rows (two groups' buffers: one barrier a group), and its sum of
+     * squares */
+    __shared__ float red[2][GEMV_WARPS][U];
+    __shared__ float red_ss[GEMV_WARPS];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int row0 = blockIdx.x * R, m = blockIdx.y;
+    const int nch = p.K / 32;
+    const size_t rb = (size_t)p.K / 2; /* bytes of codes a row */
+    const unsigned char *wr[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) wr[r] = (const unsigned char *)p.w + (size_t)min(row0 + r, p.N - 1) * rb;
+    /* the codes need no earlier kernel: start pulling the first GEMV_Q4PF rows' before waiting */
+#pragma unroll
+    for (int r = 0; r < GEMV_Q4PF; r++)
+#pragma unroll
+        for (int j = 0; j < CPL; j++)
+            if (tid + j * T < nch) kiln_prefetch_l2(wr[r] + (size_t)(tid + j * T) * 16);
+    kiln_pdl_wait();
+    const kiln_bf16 *xr = (const kiln_bf16 *)p.x + (size_t)m * p.ldx;
+    const kiln_bf16 *nw = (const kiln_bf16 *)p.norm_w;
+    const bool one = nch <= T * CPL; /* one pass: x stays in registers for all the rows */
+    float xf[CPL][32], bsum[CPL], xsum[CPL], ss = 0.0f, inv = 1.0f;
+    kiln_q4_rows q[2];
+    if (one) {
+        kiln_q4_loadw(p, wr, row0, 0, tid, nch, q[0]); /* the first rows' codes in flight while x arrives */
+        kiln_q4_loadx<NORM>(xr, nw, tid, nch, xf, bsum, xsum, &ss);
+    }
+#pragma unroll
+    for (int g = 0; g < R / U; g++) {
+        float acc[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) acc[u] = 0.0f;
+        if (one) {
+            if (g + 1 < R / U) kiln_q4_loadw(p, wr, row0, (g + 1) * U, tid, nch, q[(g + 1) & 1]); /* the next group's */
+            kiln_q4_rows_dot(q[g & 1], xf, bsum, xsum, acc);
+        } else {
+            for (int c0 = tid; c0 < nch; c0 += T * CPL) { /* a K past 32 T CPL columns: x again each pass */
+                kiln_q4_loadw(p, wr, row0, g * U, c0, nch, q[0]);
+                float s0 = 0.0f;
+                kiln_q4_loadx<NORM>(xr, nw, c0, nch, xf, bsum, xsum, &s0);
+                if (g == 0) ss += s0;
+                kiln_q4_rows_dot(q[0], xf, bsum, xsum, acc);
+            }
+        }
+        if (g == R / U - 1) kiln_pdl_launch(); /* every load issued: let the next kernel launch */
+        int row;
+        const float v = kiln_warp_reduce_rows<U>(acc, lane, &row);
+        if ((lane & (32 / U - 1)) == 0) red[g & 1][warp][row] = v;
+        if (NORM && g == 0) {
+            const float w = kiln_warp_sum(ss);
+            if (lane == 0) red_ss[warp] = w;
+        }
+        __syncthreads();
+        if (NORM && g == 0) {
+            float t = 0.0f;
+            for (int i = 0; i < GEMV_WARPS; i++) t += red_ss[i];
+            inv = rsqrtf(t / (float)p.K + p.norm_eps);
+        }
+        const int r0 = row0 + g * U;
+#if GEMV_SWIGLU
+        /* rows (2f, 2f+1) = (gate_f, up_f): one output per pair */
+        if (tid < U / 2 && r0 + 2 * tid + 1 < p.N) {
+            float a = 0.0f, b = 0.0f;
+            for (int i = 0; i < GEMV_WARPS; i++) { /* in warp order: the same bits every run */
+                a += red[g & 1][i][2 * tid];
+                b += red[g & 1][i][2 * tid + 1];
+            }
+            kiln_gemv_put(p, (size_t)m * p.ldy + r0 / 2 + tid, kiln_silu(a * inv) * (b * inv));
+        }
+#else
+        if (tid < U && r0 + tid < p.N) {
+            float a = 0.0f;
+            for (int i = 0; i < GEMV_WARPS; i++) a += red[g & 1][i][tid];
+            kiln_gemv_put(p, (size_t)m * p.ldy + r0 + tid, a * inv);
+        }
+#endif
+    }
+}
+#endif /* GEMV_QUANT == 4 */
 #endif /* GEMV_QUANT */
 
 /* As many resident warps per SM as the plain kernel had before the norm
  * path's extra registers (48 with 8+ warps per block, else 32): one block
  * fewer per SM would add a wave (the QKV grid at one token is 5.8 blocks of
  * 8 warps per SM). */
-#if GEMV_QUANT
+#if defined(GEMV_MINB)
+#define GEMV_MIN_BLOCKS GEMV_MINB /* codegen's or the bench's choice */
+#elif GEMV_QUANT == 4 && !GEMV_MMA
+/* q4 on CUDA cores: 16 warps an SM at least (x in registers, GEMV_UNROLL rows of codes in flight) */
+#define GEMV_MIN_BLOCKS ((16 + GEMV_WARPS - 1) / GEMV_WARPS)
+#elif GEMV_QUANT
 /* the quantized one: at least 24 warps (up to 85 registers a thread: the codes in flight, 16 x values
  * and, with a folded norm, 16 of its weights) */
 #define GEMV_MIN_BLOCKS ((24 + GEMV_WARPS - 1) / GEMV_WARPS)
@@ -492,6 +741,9 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS)
     q.residual = 0;
     q.M = 1;
     kiln_gemv_cc<false>(q);
+#elif GEMV_QUANT == 4
+    if (p.norm_w) kiln_gemv_ccq4<true>(p);
+    else kiln_gemv_ccq4<false>(p);
 #elif GEMV_QUANT
     if (p.norm_w) kiln_gemv_ccq<true>(p);
     else kiln_gemv_ccq<false>(p);

@@ -157,8 +157,10 @@ kiln_cuda_dims kiln_swiglu_dims(int ffn, int M, int threads, int vec);
 /* The GEMV's compile-time shape (gemv.cuh's GEMV_* constants). */
 typedef struct kiln_gemv_cfg {
     int warps, rows, unroll, mt;
-    int mma; /* GEMV_MMA: tensor-core variant (16 rows x 8 x-rows per block; mt ignored, and rows the
-              * quantized GEMV's 16-row tiles per warp, GEMV_QT: 0 or 1 is one) */
+    int mma; /* 1: GEMV_MMA, the tensor-core variant (16 rows x 8 x-rows per block; mt ignored, and rows
+              * the quantized GEMV's 16-row tiles per warp, GEMV_QT: 0 or 1 is one); 2: the q4 CUDA-core
+              * GEMV (GEMV_MMA 0, GEMV_QUANT 4), whose block's warps split K over `rows` rows, one x row
+              * a block (mt ignored) */
 } kiln_gemv_cfg;
 
 /* Grid and block of kiln_gemv for an M x K by N x K product (the tensor-core

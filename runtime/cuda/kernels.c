@@ -43,7 +43,10 @@ kiln_cuda_dims kiln_swiglu_dims(int ffn, int M, int threads, int vec) {
 
 kiln_cuda_dims kiln_gemv_dims(const kiln_gemv_cfg *c, int M, int N) {
     kiln_cuda_dims d = {{1, 1, 1}, {1, 1, 1}, 0};
-    if (c->mma) { /* x tiles first, so the blocks reading the same 16 rows of W run together */
+    if (c->mma == 2) { /* the q4 CUDA-core GEMV: the block's warps split K over its `rows` rows */
+        d.grid[0] = (unsigned)((N + c->rows - 1) / c->rows);
+        d.grid[1] = (unsigned)M;
+    } else if (c->mma) { /* x tiles first, so the blocks reading the same 16 rows of W run together */
         d.grid[0] = (unsigned)((M + 7) / 8);
         const int rows = 16 * (c->rows > 1 ? c->rows : 1); /* the quantized GEMV's GEMV_QT tiles */
         d.grid[1] = (unsigned)((N + rows - 1) / rows);
