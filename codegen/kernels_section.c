@@ -209,9 +209,10 @@ static kiln_status add_gemv(kset *s, const char *epi, int n, int k, kiln_error *
     return KILN_OK;
 }
 
-/* The CUDA-core GEMV over a q8 or fp8 [n, k] weight (gemv.cuh's kiln_gemv_ccq), module variant
- * "<dtype>.cc", which the runtime takes for one-token steps (kiln_gpu_bench --quant on the H200,
- * docs/quantization.md: 52-89 % of the bandwidth ceiling against the tensor cores' 39-69 %). */
+/* The CUDA-core GEMV over a quantized [n, k] weight (gemv.cuh's kiln_gemv_ccq, and kiln_gemv_ccq4 for
+ * q4), module variant "<dtype>.cc" ("<dtype>.ck" for q4), which the runtime takes for one-token steps
+ * (kiln_gpu_bench --quant on the H200, docs/quantization.md: q8/fp8 at 52-89 % of the bandwidth
+ * ceiling against the tensor cores' 39-69 %). */
 static kiln_status add_gemv_quant_cc(kset *s, const char *epi, int n, int k, int qt, kiln_error *err) {
     char name[KILN_KSEC_NAME_MAX], variant[24];
     kiln_status st;
@@ -221,8 +222,21 @@ static kiln_status add_gemv_quant_cc(kset *s, const char *epi, int n, int k, int
     if (!m) return st;
     const bool swiglu = strcmp(epi, "swiglu") == 0, f32out = strcmp(epi, "f32out") == 0;
     memset(m->cfg, 0, sizeof m->cfg);
-    /* 4 warps of 2 rows, 2 steps in flight: within 1-3 % of the best on every shape */
-    m->cfg[0] = 4, m->cfg[1] = 2, m->cfg[2] = 2, m->cfg[3] = 1; /* x rows per warp; CUDA cores */
+    const int bits = kiln_quant_bits(qt);
+    if (bits == 4) {
+        /* q4: 4 warps splitting K (a 32-column chunk a thread and pass: 4096 columns a pass), 8 rows a
+         * block, 4 loaded together, the codes widened through f16 (GEMV_Q4CVT 1). In the Mistral-7B
+         * int4 step on the H200 (docs/quantization.md) this beat 16 rows a block (1.21x), 8 rows loaded
+         * together (1.07x), 4 (1.03x) or 2 rows a block and 8 or 14 warps for K = 14336 (one pass
+         * there; 1.05x and 1.26x), and the tensor cores (1.14x). */
+        m->cfg[0] = 4, m->cfg[1] = 8, m->cfg[2] = 4, m->cfg[3] = 1, m->cfg[4] = 2;
+        def_i(m, "GEMV_CPL", 1);
+        def_i(m, "GEMV_Q4CVT", 1);
+        def_i(m, "GEMV_MINB", 4);
+    } else {
+        /* 4 warps of 2 rows, 2 steps in flight: within 1-3 % of the best on every shape */
+        m->cfg[0] = 4, m->cfg[1] = 2, m->cfg[2] = 2, m->cfg[3] = 1; /* x rows per warp; CUDA cores */
+    }
     m->cfg[5] = f32out;
     m->cfg[6] = swiglu;
     m->cfg[7] = qt;
@@ -233,7 +247,7 @@ static kiln_status add_gemv_quant_cc(kset *s, const char *epi, int n, int k, int
     def_i(m, "GEMV_MMA", 0);
     def_i(m, "GEMV_OUT_F32", f32out);
     def_i(m, "GEMV_SWIGLU", swiglu);
-    def_i(m, "GEMV_QUANT", 8);
+    def_i(m, "GEMV_QUANT", bits);
     def_i(m, "GEMV_FP8", kiln_quant_is_fp8(qt));
     def_i(m, "GEMV_GROUP", kiln_quant_group(qt)); /* fp8g128: a scale per row and 128 columns */
     include(m, "gemv.cuh");
@@ -275,7 +289,7 @@ static kiln_status add_gemv_quant(kset *s, const char *epi, int n, int k, int qt
     def_i(m, "GEMV_FP8", kiln_quant_is_fp8(qt));
     def_i(m, "GEMV_QT", m->cfg[1]);
     include(m, "gemv.cuh");
-    if (bits == 8 && (st = add_gemv_quant_cc(s, epi, n, k, qt, err))) return st;
+    if ((st = add_gemv_quant_cc(s, epi, n, k, qt, err))) return st;
     if ((m = new_mod(s, "dequant", err, &st)) != NULL) {
         m->cfg[0] = 256;
         def_i(m, "DEQUANT_THREADS", 256);

@@ -48,7 +48,10 @@
  *   "gemv.<epi>.<N>x<K>.<variant>"  kiln_gemv; epi: plain, swiglu (N = 2 FFN,
  *                                   interleaved rows), f32out (logits);
  *                                   variant: m1 (one token), mma (2..8 tokens);
- *                                   cfg = {warps, rows, unroll, mt, mma, out_f32, swiglu, 0}
+ *                                   quantized: <dtype> (tensor cores), <dtype>.cc (q8/fp8 on CUDA
+ *                                   cores, one token), <dtype>.ck (q4 on CUDA cores, one token);
+ *                                   cfg = {warps, rows, unroll, mt, mma, out_f32, swiglu, dtype}
+ *                                   (mma 2: .ck's launch, rows a block, its warps splitting K)
  */
 #ifndef KILN_KSEC_H
 #define KILN_KSEC_H
@@ -80,10 +83,12 @@ enum { KILN_KSEC_CUBIN = 0, KILN_KSEC_PTX = 1 };
 static inline void kiln_ksec_gemv_name(char *buf, size_t cap, const char *epi, int n, int k, const char *variant) {
     snprintf(buf, cap, "gemv.%s.%dx%d.%s", epi, n, k, variant);
 }
-/* The variant of the CUDA-core GEMV over a q8/fp8/fp8g128 weight of dtype name `dtype`, for one-token steps
- * (beside the tensor-core variant named `dtype`): "<dtype>.cc". */
+/* The variant of the CUDA-core GEMV over a quantized weight of dtype name `dtype`, for one-token steps
+ * (beside the tensor-core variant named `dtype`): "<dtype>.cc" for q8/fp8/fp8g128; "<dtype>.ck" for
+ * q4 (engines from 2026-12-02 on: its block's warps split K, cfg[4] = 2, a launch that earlier
+ * runtimes, which look for "<dtype>.cc" only, do not know: they keep the tensor cores). */
 static inline void kiln_ksec_gemv_cc_variant(char *buf, size_t cap, const char *dtype) {
-    snprintf(buf, cap, "%s.cc", dtype);
+    snprintf(buf, cap, "%s.%s", dtype, dtype[0] == 'q' && dtype[1] == '4' ? "ck" : "cc");
 }
 
 #endif /* KILN_KSEC_H */

@@ -386,6 +386,22 @@ static void test_kernels_section_quant(void) {
         KT_EQ_INT(e->cfg[4], 1);
         KT_EQ_INT(e->cfg[7], want[i].dtype);
     }
+    /* and q4's CUDA-core GEMV for one-token steps: variant ".ck", the block's warps splitting K (cfg[4] 2) */
+    static const char *const q4cc[] = {"gemv.plain.128x64.q4g32.ck", "gemv.swiglu.256x64.q4g32.ck",
+                                       "gemv.plain.64x128.q4g32.ck"};
+    for (size_t i = 0; i < sizeof q4cc / sizeof q4cc[0]; i++) {
+        const kiln_ksec_module *e = kiln_ksec_find(&ks, q4cc[i]);
+        KT_CHECKF(e != NULL, "no module %s", q4cc[i]);
+        if (!e) continue;
+        char *src = strndup(e->source, e->source_len);
+        KT_CONTAINS(src, "#define GEMV_QUANT 4");
+        KT_CONTAINS(src, "#define GEMV_GROUP 32");
+        KT_CONTAINS(src, "#define GEMV_MMA 0");
+        free(src);
+        KT_EQ_INT(e->cfg[4], 2);
+        KT_EQ_INT(e->cfg[7], KILN_DTYPE_Q4G32);
+    }
+    KT_CHECK(kiln_ksec_find(&ks, "gemv.plain.128x64.q4g32.cc") == NULL); /* a name runtimes before 0.6 take */
     KT_CHECK(kiln_ksec_find(&ks, "dequant") != NULL);
     KT_CHECK(kiln_ksec_find(&ks, "gemv.plain.128x64.m1") == NULL); /* no bf16 GEMV for a quantized weight */
     kiln_ksec_free(&ks);

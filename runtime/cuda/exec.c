@@ -253,7 +253,7 @@ typedef struct cx {
     bool pdl;
     CUdeviceptr attn_cnt; /* int32 [max_seqs, n_kv]: decode attention's split counters, zero between launches */
     int gemv_max_m; /* most tokens per step the tensor-core GEMV takes (else cuBLASLt) */
-    bool qgemv_cc;    /* one-token steps over q8/fp8 weights on the CUDA-core GEMV (measure knob qgemv_cc=0: not) */
+    bool qgemv_cc;    /* one-token steps over quantized weights on the CUDA-core GEMV (measure knob qgemv_cc=0: not) */
     bool moe_grouped; /* measure knob moe_grouped=1: decode batches past the experts' pair GEMVs run the
                          grouped tensor-core GEMVs instead of every expert through cuBLASLt */
     int qgemv_max_m; /* ... the quantized GEMV takes (else dequantize + cuBLASLt) */
@@ -542,7 +542,7 @@ static kiln_status gemm_setup(cx *x, cx_gemm *g, int dw, cx_epi epi, kiln_error 
             return st;
         g->m1 = g->mma;
         g->c1 = g->cmma;
-        /* q8/fp8: one-token steps on the CUDA-core GEMV where the engine has it (engines before
+        /* one-token steps on the CUDA-core GEMV where the engine has it (q8/fp8 engines before
          * kiln 0.5 do not; measure knob qgemv_cc=0 keeps the tensor cores) */
         char cc[24];
         kiln_ksec_gemv_cc_variant(cc, sizeof cc, kiln_dtype_name((kiln_dtype)g->qt));

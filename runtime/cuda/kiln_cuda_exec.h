@@ -88,7 +88,7 @@ typedef struct kiln_cuda_exec_opts {
     int qgemv_max_m;      /* most tokens per step the quantized GEMV takes; 0 = gemv_max_m if set, else the record's
                              or CX_QGEMV_MAX_M */
     int rope_split_max_t; /* steps of at most this many tokens spread rope_kv over heads; 0 = the record's or 64 */
-    bool no_qgemv_cc;    /* one-token steps over q8/fp8 weights keep the tensor-core GEMV (measure knob qgemv_cc=0) */
+    bool no_qgemv_cc;    /* one-token steps over quantized weights keep the tensor-core GEMV (measure knob qgemv_cc=0) */
     bool no_w8a8;        /* fp8 weights past the quantized GEMV: dequantize for a bf16 GEMM instead of quantizing the
                             activations per token for cuBLASLt's FP8 GEMM (measure knob w8a8=0) */
     bool no_w8a8_g128;   /* fp8g128 weights dequantize for a bf16 GEMM where fp8 ones run W8A8 (measure knob w8a8=1) */
