@@ -278,10 +278,12 @@ static void bench_gemv_quant(bench *b) {
         snprintf(d[8], 32, v[i].fp8 ? "GEMV_FP8=1" : "GEMV_FP8=0");
         snprintf(d[9], 32, "GEMV_CPL=%d", v[i].cpl > 0 ? v[i].cpl : 1);
         snprintf(d[10], 32, "GEMV_Q4CVT=%d", v[i].cvt);
-        snprintf(d[11], 32, v[i].fp8 == 2 ? "GEMV_FP8_CVT=0" : "GEMV_FP8_CVT_DEFAULT=1");
-        snprintf(d[12], 32, v[i].minb ? "GEMV_MINB=%d" : "GEMV_MINB_DEFAULT=%d", v[i].minb);
-        const char *defs[] = {d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12]};
-        fn[i] = build(b, "gemv.cuh", "kiln_gemv", defs, 13, &mods[i]);
+        int nd = 11; /* and, where the variant asks, the fp8 route and the blocks an SM */
+        if (v[i].fp8 == 2) snprintf(d[nd++], 32, "GEMV_FP8_CVT=0");
+        if (v[i].minb) snprintf(d[nd++], 32, "GEMV_MINB=%d", v[i].minb);
+        const char *defs[13];
+        for (int j = 0; j < nd; j++) defs[j] = d[j];
+        fn[i] = build(b, "gemv.cuh", "kiln_gemv", defs, nd, &mods[i]);
     }
     kiln_error err = {0};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {

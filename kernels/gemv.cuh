@@ -489,13 +489,14 @@ template <bool NORM> KILN_DEV void kiln_gemv_ccq(const kiln_gemv_params &p) {
  * weights exactly c s + lo. (The offsets' part is at most 2048 times the sum's, so fp32 keeps about
  * 13 bits beyond it: far under the bf16 rounding of the output.) A chunk lies in one group (G >= 32).
  * The threads' sums meet by a reduce-scatter over each warp and shared memory across warps.
- * Needs K % 32 == 0, G >= 32, 16-byte aligned codes, x and norm_w, ldx % 8 == 0 and GEMV_ROWS a
- * power of two from 2 to 32. */
+ * Needs K % 32 == 0, G >= 32, 16-byte aligned codes, x and norm_w, ldx % 8 == 0, GEMV_UNROLL a
+ * power of two from 2 to 32 and GEMV_ROWS a multiple of it; a grid that does not cover N rows and M
+ * x rows traps (a launch shape from another kind of module would otherwise skip outputs silently). */
 #ifndef GEMV_CPL
 #define GEMV_CPL 1
 #endif
 #ifndef GEMV_Q4CVT
-#define GEMV_Q4CVT 0
+#define GEMV_Q4CVT 1 /* the faster of the two on the H200 (docs/quantization.md) */
 #endif
 #ifndef GEMV_Q4PF
 #define GEMV_Q4PF GEMV_UNROLL /* rows whose first chunks go toward L2 before the wait (at most GEMV_ROWS) */
@@ -637,6 +638,7 @@ template <bool NORM> KILN_DEV void kiln_gemv_ccq4(const kiln_gemv_params &p) {
     __shared__ float red_ss[GEMV_WARPS];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int row0 = blockIdx.x * R, m = blockIdx.y;
+    if ((long long)gridDim.x * R < p.N || (int)gridDim.y < p.M) __trap(); /* see the header: never a silent gap */
     const int nch = p.K / 32;
     const size_t rb = (size_t)p.K / 2; /* bytes of codes a row */
     const unsigned char *wr[R];

@@ -518,8 +518,15 @@ static kiln_status gemv_fn(cx *x, const char *epi, int n, int k, const char *var
     const kiln_ksec_module *km = NULL;
     kiln_ksec_gemv_name(name, sizeof name, epi, n, k, variant);
     kiln_status st = fn_get(x, name, "kiln_gemv", fn, &km, err);
-    if (st == KILN_OK) *cfg = (kiln_gemv_cfg){km->cfg[0], km->cfg[1], km->cfg[2], km->cfg[3], km->cfg[4]};
-    return st;
+    if (st) return st;
+    /* the launch kinds this runtime knows (kiln_gemv_dims): another would get a wrong grid, silently */
+    if (km->cfg[0] < 1 || km->cfg[1] < 0 || km->cfg[4] < 0 || km->cfg[4] > 2 || (km->cfg[4] == 2 && km->cfg[1] < 1)) {
+        kiln_err(err, KILN_ERR_FORMAT, "cuda executor: GEMV module '%s' has a launch this runtime does not know "
+                 "(warps %d, rows %d, kind %d)", name, km->cfg[0], km->cfg[1], km->cfg[4]);
+        return kiln_err_hint(err, "the engine was built by another kiln; recompile it with this one");
+    }
+    *cfg = (kiln_gemv_cfg){km->cfg[0], km->cfg[1], km->cfg[2], km->cfg[3], km->cfg[4]};
+    return KILN_OK;
 }
 
 static kiln_status gemm_setup(cx *x, cx_gemm *g, int dw, cx_epi epi, kiln_error *err) {
