@@ -252,7 +252,10 @@ enum {
      * scales of the kv heads, then the V scales (kiln_kv_code, kiln_kv_value in common/kiln_ops.h) */
     KILN_FLAG_KV_FP8 = 1u << 6,
     KILN_FLAG_KV_INT8 = 1u << 7,
-    KILN_FLAG_ALL_ = (1u << 8) - 1
+    /* rmsnorm, with KILN_FLAG_FOLD_INTO_GEMV: the fold applies only to steps of one token (the next
+     * projection's one-row GEMV; longer steps run the norm kernel): pass fold-norm-into-q4-gemv */
+    KILN_FLAG_FOLD_ONE_TOKEN = 1u << 8,
+    KILN_FLAG_ALL_ = (1u << 9) - 1
 };
 
 /* The KV cache an attention op's flags give it: 1 FP8 E4M3 codes (+kv_fp8), 2 int8 codes (+kv_int8), 0 the

@@ -169,13 +169,15 @@ int kiln_op_infer(kiln_op_kind kind, const kiln_tensor_desc *in, int n_in, const
     const bool qkv = kind == KILN_OP_QKV_ROPE || kind == KILN_OP_QKV_ROPE_PACKED;
     const uint32_t allowed = kind == KILN_OP_ATTENTION ? KILN_FLAG_DECODE_ROPE | KILN_FLAG_MERGE_SPLITS |
                                                              KILN_FLAG_KV_FP8 | KILN_FLAG_KV_INT8
-                             : kind == KILN_OP_RMSNORM ? KILN_FLAG_FOLD_INTO_GEMV
+                             : kind == KILN_OP_RMSNORM ? KILN_FLAG_FOLD_INTO_GEMV | KILN_FLAG_FOLD_ONE_TOKEN
                              : qkv                     ? KILN_FLAG_QKV_BIAS | KILN_FLAG_QK_NORM
                              : kind == KILN_OP_MOE     ? KILN_FLAG_MOE_NO_RENORM
                                                        : 0;
     if (a && (a->flags & ~(uint32_t)KILN_FLAG_ALL_))
         return BAD("%s: unknown lowering flags 0x%x", opn, a->flags & ~(uint32_t)KILN_FLAG_ALL_);
     if (a && (a->flags & ~allowed)) return BAD("%s: lowering flags 0x%x do not apply to it", opn, a->flags);
+    if (a && (a->flags & KILN_FLAG_FOLD_ONE_TOKEN) && !(a->flags & KILN_FLAG_FOLD_INTO_GEMV))
+        return BAD("%s: +one_token without +fold_into_gemv", opn);
     /* ranks: required by the collectives, optional on embedding (vocab-parallel), refused elsewhere */
     const bool collective = kind == KILN_OP_ALL_REDUCE || kind == KILN_OP_ALL_GATHER;
     const int32_t ranks = a ? a->ranks : 0;

@@ -22,6 +22,7 @@ typedef struct kiln_pass {
     const char *contract; /* one line: what it does */
     kiln_pass_fn run;
     bool in_default;      /* part of the default pipeline (else only by name in --passes) */
+    bool after_quantize;  /* runs after quantize (it reads the matrices' formats), wherever it is listed */
 } kiln_pass;
 
 int kiln_pass_fuse_add_rmsnorm(kiln_graph *g, kiln_error *err);
@@ -32,6 +33,7 @@ int kiln_pass_pack_weights(kiln_graph *g, kiln_error *err);
 int kiln_pass_decode_attention_rope(kiln_graph *g, kiln_error *err);
 int kiln_pass_decode_attention_merge(kiln_graph *g, kiln_error *err);
 int kiln_pass_fold_norm_into_gemv(kiln_graph *g, kiln_error *err);
+int kiln_pass_fold_norm_into_q4_gemv(kiln_graph *g, kiln_error *err);
 int kiln_pass_dce(kiln_graph *g, kiln_error *err);
 /* quantize: the matrices of the projections (and the LM head's) to kiln_graph.quant_weights
  * (.quant_head); runs after the list whenever either is set (passes/quantize.c) */

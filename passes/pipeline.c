@@ -9,45 +9,48 @@
 /* Every pass, in the default pipeline's order; `--passes` runs the ones it names in the order given. */
 static const kiln_pass pipeline[] = {
     {"fuse-add-rmsnorm", "residual add followed by RMSNorm → add_rmsnorm (both results)", kiln_pass_fuse_add_rmsnorm,
-     true},
-    {"fuse-qkv-rope", "q/k/v projections of one input + RoPE on q and k → qkv_rope", kiln_pass_fuse_qkv_rope, true},
-    {"fuse-gate-up-swiglu", "silu(gate(x)) * up(x) → gate_up_swiglu", kiln_pass_fuse_gate_up_swiglu, true},
+     true, false},
+    {"fuse-qkv-rope", "q/k/v projections of one input + RoPE on q and k → qkv_rope", kiln_pass_fuse_qkv_rope, true, false},
+    {"fuse-gate-up-swiglu", "silu(gate(x)) * up(x) → gate_up_swiglu", kiln_pass_fuse_gate_up_swiglu, true, false},
     {"fuse-linear-residual", "add_rmsnorm(linear(h), r) → rmsnorm(linear_add(h, W, r)): the projection adds into "
                              "the residual stream",
-     kiln_pass_fuse_linear_residual, true},
+     kiln_pass_fuse_linear_residual, true, false},
     {"pack-weights", "qkv_rope and gate_up_swiglu weights into the GPU's layout at compile time: [Wq; Wk; Wv] and "
                      "gate/up rows interleaved (the _packed ops)",
-     kiln_pass_pack_weights, true},
+     kiln_pass_pack_weights, true, false},
     {"decode-attention-rope", "attention after qkv_rope rotates q, k and writes the KV cache itself at decode "
                               "(+decode_rope)",
-     kiln_pass_decode_attention_rope, true},
+     kiln_pass_decode_attention_rope, true, false},
     {"decode-attention-merge", "attention's last split block merges the splits at decode (+merge_splits; measured "
                                "slower on the H200)",
-     kiln_pass_decode_attention_merge, false},
+     kiln_pass_decode_attention_merge, false, false},
     {"fold-norm-into-gemv", "an RMSNorm read only by the next projection is done in its GEMV prologue at decode "
                             "(+fold_into_gemv; drops HF's bf16 rounding of the normed input)",
-     kiln_pass_fold_norm_into_gemv, false},
-    {"dce", "drop ops and weights nothing uses", kiln_pass_dce, true},
+     kiln_pass_fold_norm_into_gemv, false, false},
+    {"fold-norm-into-q4-gemv", "after quantize: an RMSNorm read only by the next projection, whose matrices are "
+                               "q4, is done in its GEMV prologue at one-token steps (+fold_into_gemv +one_token)",
+     kiln_pass_fold_norm_into_q4_gemv, true, true},
+    {"dce", "drop ops and weights nothing uses", kiln_pass_dce, true, false},
 };
 
 /* Run before the list when --tp N > 1: the fusions then work on one rank's graph. */
 static const kiln_pass tp_pass = {"tensor-parallel", "split over --tp N ranks: q/k/v, gate/up by rows (heads, KV heads "
                                                      "among ranks), o_proj, down_proj by columns + all_reduce, "
                                                      "embedding and LM head by vocabulary + all_reduce / all_gather",
-                                  kiln_pass_tensor_parallel, false};
+                                  kiln_pass_tensor_parallel, false, false};
 
 const kiln_pass *kiln_pass_tensor_parallel_entry(void) { return &tp_pass; }
 
 static const kiln_pass quant_pass = {"quantize", "the projections' matrices (and the LM head's) to the --quant "
                                                  "formats (q8, q4gG): round to nearest per row or group",
-                                     kiln_pass_quantize, false};
+                                     kiln_pass_quantize, false, false};
 
 static const kiln_pass kv_pass = {"quantize-kv", "the KV cache in 8 bits (--kv-dtype fp8|int8): attention gets "
                                                  "+kv_fp8 or +kv_int8 and its layer's calibrated scales per kv head",
-                                  kiln_pass_quantize_kv, false};
+                                  kiln_pass_quantize_kv, false, false};
 
 static const kiln_pass memory_pass = {"plan-memory", "assign activation buffers by lifetime", kiln_pass_plan_memory,
-                                      true};
+                                      true, false};
 
 const kiln_pass *kiln_passes_default(int *n) {
     *n = (int)(sizeof pipeline / sizeof pipeline[0]);
@@ -108,6 +111,24 @@ kiln_status kiln_passes_check(const char *list, kiln_error *err) {
     return KILN_OK;
 }
 
+/* The passes of `list` (checked; NULL = the default pipeline) whose after_quantize is `late`, in order. */
+static kiln_status run_list(kiln_graph *g, const char *list, bool late, FILE *dump, kiln_error *err) {
+    kiln_status st = KILN_OK;
+    if (!list) {
+        for (size_t i = 0; i < sizeof pipeline / sizeof pipeline[0] && st == KILN_OK; i++)
+            if (pipeline[i].in_default && pipeline[i].after_quantize == late) st = run_one(g, &pipeline[i], dump, err);
+    } else if (strcmp(list, "") != 0 && strcmp(list, "none") != 0) {
+        char buf[PASS_LIST_MAX];
+        snprintf(buf, sizeof buf, "%s", list); /* fits: checked by kiln_passes_check */
+        char *save = NULL;
+        for (char *name = strtok_r(buf, ",", &save); name && st == KILN_OK; name = strtok_r(NULL, ",", &save)) {
+            const kiln_pass *p = kiln_pass_find(name);
+            if (p->after_quantize == late) st = run_one(g, p, dump, err);
+        }
+    }
+    return st;
+}
+
 kiln_status kiln_passes_run(kiln_graph *g, const char *list, FILE *dump, kiln_error *err) {
     kiln_status st = kiln_passes_check(list, err);
     if (st != KILN_OK) return st;
@@ -117,18 +138,10 @@ kiln_status kiln_passes_run(kiln_graph *g, const char *list, FILE *dump, kiln_er
         kiln_ir_print(g, dump);
     }
     if (g->tp_request > 1 && (st = run_one(g, &tp_pass, dump, err)) != KILN_OK) return st;
-    if (!list) {
-        for (size_t i = 0; i < sizeof pipeline / sizeof pipeline[0]; i++)
-            if (pipeline[i].in_default && (st = run_one(g, &pipeline[i], dump, err)) != KILN_OK) return st;
-    } else if (strcmp(list, "") != 0 && strcmp(list, "none") != 0) {
-        char buf[PASS_LIST_MAX];
-        snprintf(buf, sizeof buf, "%s", list); /* fits: checked above */
-        char *save = NULL;
-        for (char *name = strtok_r(buf, ",", &save); name; name = strtok_r(NULL, ",", &save))
-            if ((st = run_one(g, kiln_pass_find(name), dump, err)) != KILN_OK) return st;
-    }
+    if ((st = run_list(g, list, false, dump, err)) != KILN_OK) return st;
     if ((g->quant_weights || g->quant_head || g->quant_embedding || g->n_quant_picks) && (st = run_one(g, &quant_pass, dump, err)) != KILN_OK)
         return st;
+    if ((st = run_list(g, list, true, dump, err)) != KILN_OK) return st;
     if (g->kv_flag && (st = run_one(g, &kv_pass, dump, err)) != KILN_OK) return st;
     return run_one(g, &memory_pass, dump, err);
 }

@@ -507,6 +507,75 @@ static void test_dump_ir_prints_each_pass(void) {
     kiln_graph_free(g);
 }
 
+/* Norms folded at one-token steps by the default pipeline's fold-norm-into-q4-gemv: count them. */
+static int one_token_folds(const kiln_graph *g) {
+    int n = 0;
+    for (int i = 0; i < g->n_ops; i++)
+        n += !g->ops[i].dead && g->ops[i].kind == KILN_OP_RMSNORM &&
+             g->ops[i].attrs.flags == (KILN_FLAG_FOLD_INTO_GEMV | KILN_FLAG_FOLD_ONE_TOKEN);
+    return n;
+}
+
+/* stories260k with the projections (and with `tied` its embedding, which is its LM head) quantized as
+ * asked and `list` as --passes: the norms it folds. */
+static int q4_folds(int quant, int tied, const char *list, char **dump) {
+    kiln_error err = {0};
+    kiln_graph *g = stories_graph();
+    if (!g) return -1;
+    g->quant_weights = quant;
+    g->quant_head = g->quant_embedding = tied; /* its LM head is the embedding table */
+    size_t len = 0;
+    FILE *f = dump ? open_memstream(dump, &len) : NULL;
+    int n = kiln_passes_run(g, list, f, &err) == KILN_OK ? one_token_folds(g) : -1;
+    if (f) fclose(f);
+    if (n < 0) fprintf(stderr, "  passes: %s\n", err.msg);
+    kiln_graph_free(g);
+    return n;
+}
+
+/* fold-norm-into-q4-gemv runs after quantize, wherever it is listed, and flags only the norms whose
+ * projection is q4: stories260k's q/k/v and gate/up read 64 columns (q4g32 takes them, q4g128 does
+ * not and leaves q8), its down_proj reads no norm, its LM head is its embedding table. */
+static void test_fold_norm_into_q4_gemv(void) {
+    const int layers = 5;
+    char *dump = NULL;
+    KT_EQ_INT(q4_folds(KILN_DTYPE_Q4G32, 0, NULL, &dump), 2 * layers);
+    KT_REQUIRE(dump);
+    const char *quant = strstr(dump, ";; after quantize"), *fold = strstr(dump, ";; after fold-norm-into-q4-gemv");
+    KT_CHECK(quant && fold && quant < fold);
+    KT_CONTAINS(dump, "+fold_into_gemv +one_token");
+    free(dump);
+    KT_EQ_INT(q4_folds(KILN_DTYPE_Q4G32, KILN_DTYPE_Q4G32, NULL, NULL), 2 * layers + 1); /* the final norm too */
+    KT_EQ_INT(q4_folds(KILN_DTYPE_Q4G32, KILN_DTYPE_Q8, NULL, NULL), 2 * layers);
+    KT_EQ_INT(q4_folds(0, KILN_DTYPE_Q4G32, NULL, NULL), 1); /* only the final norm */
+    KT_EQ_INT(q4_folds(KILN_DTYPE_Q4G128, 0, NULL, NULL), 0); /* every matrix fell back to q8 */
+    KT_EQ_INT(q4_folds(KILN_DTYPE_Q8, 0, NULL, NULL), 0);
+    KT_EQ_INT(q4_folds(KILN_DTYPE_FP8, 0, NULL, NULL), 0);
+    KT_EQ_INT(q4_folds(0, 0, NULL, NULL), 0);
+    /* named first in --passes, it still runs after quantize; left out, it does not run */
+    KT_EQ_INT(q4_folds(KILN_DTYPE_Q4G32, 0, "fold-norm-into-q4-gemv,fuse-add-rmsnorm,fuse-qkv-rope,fuse-gate-up-swiglu,"
+                       "fuse-linear-residual,dce", NULL),
+              2 * layers);
+    KT_EQ_INT(q4_folds(KILN_DTYPE_Q4G32, 0, "fuse-add-rmsnorm,fuse-qkv-rope,fuse-gate-up-swiglu,fuse-linear-residual,dce", NULL), 0);
+    /* the general fold (every GEMV step) comes first and is left as it is */
+    KT_EQ_INT(q4_folds(KILN_DTYPE_Q4G32, 0,
+                       "fuse-add-rmsnorm,fuse-qkv-rope,fuse-gate-up-swiglu,fuse-linear-residual,fold-norm-into-gemv,"
+                       "fold-norm-into-q4-gemv,dce", NULL),
+              0);
+    /* +one_token means nothing without the fold: the verifier refuses it */
+    kiln_error err = {0};
+    kiln_graph *g = stories_graph();
+    KT_REQUIRE(g);
+    for (int i = 0; i < g->n_ops; i++)
+        if (!g->ops[i].dead && g->ops[i].kind == KILN_OP_RMSNORM) {
+            g->ops[i].attrs.flags = KILN_FLAG_FOLD_ONE_TOKEN;
+            break;
+        }
+    KT_EQ_INT(kiln_ir_verify(g, &err), KILN_ERR_VERIFY);
+    KT_CONTAINS(err.msg, "+one_token without +fold_into_gemv");
+    kiln_graph_free(g);
+}
+
 int main(void) {
     KT_RUN(test_builder_infers_and_rejects_shapes);
     KT_RUN(test_verifier_catches_broken_graphs);
@@ -518,6 +587,7 @@ int main(void) {
     KT_RUN(test_plan_round_trip_and_checks);
     KT_RUN(test_moe_stacks_and_plan);
     KT_RUN(test_dump_ir_prints_each_pass);
+    KT_RUN(test_fold_norm_into_q4_gemv);
     if (ck_open) kiln_checkpoint_close(&ck);
     return KT_END();
 }

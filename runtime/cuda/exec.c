@@ -14,7 +14,9 @@
  *   embedding            EMBED   gather rows of the table
  *   rmsnorm              NORM    rmsnorm kernel, x = 0; with +fold_into_gemv
  *                                (pass fold-norm-into-gemv) done at decode by
- *                                the next GEMV's prologue instead
+ *                                the next GEMV's prologue instead; with
+ *                                +one_token (fold-norm-into-q4-gemv) only at
+ *                                steps of one token
  *   add_rmsnorm(a, b)    NORM    rmsnorm kernel adding x into the residual
  *                                in place (the sum takes the buffer of the
  *                                input that dies here)
@@ -153,6 +155,7 @@ typedef struct cx_inst {
     CUfunction fn;  /* NORM: the rmsnorm kernel */
     int threads;    /* NORM block size */
     bool fold;      /* NORM: +fold_into_gemv, and the next GEMM/QKV/LMHEAD reads its output as its input */
+    bool fold1;     /* NORM: +one_token, so the fold applies only to steps of one token */
     bool rope_in_attn; /* QKV and ATTN: +decode_rope on the attention: at decode it rotates and stores */
     bool merge;     /* ATTN: +merge_splits */
     float eps;      /* NORM */
@@ -749,6 +752,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             ins->eps = a->eps;
             ins->fold = (a->flags & KILN_FLAG_FOLD_INTO_GEMV) && uses[yv] == 1; /* checked against the next
                                                                                    instruction below */
+            ins->fold1 = (a->flags & KILN_FLAG_FOLD_ONE_TOKEN) != 0;
             if ((st = value_weight(x, wv, true, &ins->dw, err))) goto out;
             if (!add) {
                 ins->res = vb[in[0]];
@@ -1029,6 +1033,8 @@ static bool norm_folds(const cx *x, int i, const cx_shape *sh) {
     const cx_inst *n = &x->prog[i];
     if (n->kind != I_NORM || !n->fold) return false;
     const cx_inst *g = &x->prog[i + 1]; /* exists: fold was set only then */
+    const int rows = g->kind == I_LMHEAD ? sh->B : sh->T;
+    if (n->fold1 && rows != 1) return false; /* +one_token: longer steps run the norm kernel */
     if (g->kind == I_LMHEAD) return sh->decode && gemv_path(x, &g->g, sh->B); /* prefill gathers the normed rows */
     return gemv_path(x, &g->g, sh->T);
 }
