@@ -209,20 +209,21 @@ static kiln_status add_gemv(kset *s, const char *epi, int n, int k, kiln_error *
     return KILN_OK;
 }
 
-/* The CUDA-core GEMV over a quantized [n, k] weight (gemv.cuh's kiln_gemv_ccq, and kiln_gemv_ccq4 for
- * q4), module variant "<dtype>.cc" ("<dtype>.ck" for q4), which the runtime takes for one-token steps
- * (kiln_gpu_bench --quant on the H200, docs/quantization.md: q8/fp8 at 52-89 % of the bandwidth
- * ceiling against the tensor cores' 39-69 %). */
+/* The CUDA-core GEMV over a quantized [n, k] weight (gemv.cuh's kiln_gemv_ck for q4 and fp8,
+ * kiln_quant_gemv_ck: module variant "<dtype>.ck"; kiln_gemv_ccq for q8 and fp8g128: "<dtype>.cc"),
+ * which the runtime takes for one-token steps (kiln_gpu_bench --quant on the H200, docs/quantization.md: q8/fp8 at 52-89 %
+ * of the bandwidth ceiling against the tensor cores' 39-69 %). */
 static kiln_status add_gemv_quant_cc(kset *s, const char *epi, int n, int k, int qt, kiln_error *err) {
     char name[KILN_KSEC_NAME_MAX], variant[24];
     kiln_status st;
-    kiln_ksec_gemv_cc_variant(variant, sizeof variant, kiln_dtype_name((kiln_dtype)qt));
+    const int bits = kiln_quant_bits(qt);
+    const bool ck = kiln_quant_gemv_ck(qt);
+    kiln_ksec_gemv_cc_variant(variant, sizeof variant, kiln_dtype_name((kiln_dtype)qt), ck);
     kiln_ksec_gemv_name(name, sizeof name, epi, n, k, variant);
     kmod *m = new_mod(s, name, err, &st);
     if (!m) return st;
     const bool swiglu = strcmp(epi, "swiglu") == 0, f32out = strcmp(epi, "f32out") == 0;
     memset(m->cfg, 0, sizeof m->cfg);
-    const int bits = kiln_quant_bits(qt);
     if (bits == 4) {
         /* q4: 4 warps splitting K (a 32-column chunk a thread and pass: 4096 columns a pass), 8 rows a
          * block, 4 loaded together, the codes widened through f16 (GEMV_Q4CVT 1). In the Mistral-7B
@@ -233,6 +234,15 @@ static kiln_status add_gemv_quant_cc(kset *s, const char *epi, int n, int k, int
         def_i(m, "GEMV_CPL", 1);
         def_i(m, "GEMV_Q4CVT", 1);
         def_i(m, "GEMV_MINB", 4);
+    } else if (ck) {
+        /* fp8: 4 warps splitting K, 16 columns a chunk, 2 chunks a thread and pass (4096 columns a pass), 8
+         * rows a block, 4 loaded together. With the norms folded in at one token (fold-norm-into-ck-gemv)
+         * the fp8 7B step on the H200 was 4 % faster than on kiln_gemv_ccq; q8 on this kernel was 13 %
+         * slower (10 % with one chunk a pass, 6 % with the norms folded), so q8 stays there. */
+        m->cfg[0] = 4, m->cfg[1] = 8, m->cfg[2] = 4, m->cfg[3] = 1, m->cfg[4] = 2;
+        def_i(m, "GEMV_CPL", 2);
+        def_i(m, "GEMV_MINB", 4);
+        def_i(m, "GEMV_CK", 1);
     } else {
         /* 4 warps of 2 rows, 2 steps in flight: within 1-3 % of the best on every shape */
         m->cfg[0] = 4, m->cfg[1] = 2, m->cfg[2] = 2, m->cfg[3] = 1; /* x rows per warp; CUDA cores */

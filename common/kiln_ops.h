@@ -57,6 +57,11 @@ int kiln_dtype_from_name(const char *name);       /* -1 when unknown */
 int kiln_dtype_is_quant(int t);                   /* q8, q4g*, fp8, fp8g128 */
 int kiln_quant_bits(int t);                       /* bits a code: 4 (q4g*) or 8 (q8, fp8, fp8g128); 0 if not quantized */
 int kiln_quant_is_fp8(int t);                     /* fp8 or fp8g128: E4M3 codes */
+/* Whether a matrix of dtype t takes its one-token GEMV on the CUDA-core kernel whose block's warps split
+ * K and share x (kernels/gemv.cuh kiln_gemv_ck; module variant ".ck"): q4g* and fp8, the measured faster
+ * there (docs/quantization.md; q8 and fp8g128 keep kiln_gemv_ccq, ".cc"). Codegen emits that kernel and
+ * the pass fold-norm-into-ck-gemv folds norms into it, both by this. */
+int kiln_quant_gemv_ck(int t);
 /* FP8 E4M3 ("e4m3fn": 1 sign, 4 exponent bits with bias 7, 3 mantissa bits, no infinities, 0x7F and
  * 0xFF NaN, largest finite 448, subnormals down to 2^-9). kiln_e4m3_to_f32 is exact (NaN for the two
  * NaN codes); kiln_f32_to_e4m3 rounds to nearest even and saturates finite values past 448 to
@@ -253,7 +258,7 @@ enum {
     KILN_FLAG_KV_FP8 = 1u << 6,
     KILN_FLAG_KV_INT8 = 1u << 7,
     /* rmsnorm, with KILN_FLAG_FOLD_INTO_GEMV: the fold applies only to steps of one token (the next
-     * projection's one-row GEMV; longer steps run the norm kernel): pass fold-norm-into-q4-gemv */
+     * projection's one-row GEMV; longer steps run the norm kernel): pass fold-norm-into-ck-gemv */
     KILN_FLAG_FOLD_ONE_TOKEN = 1u << 8,
     KILN_FLAG_ALL_ = (1u << 9) - 1
 };

@@ -39,6 +39,10 @@ int kiln_quant_bits(int t) { return !kiln_dtype_is_quant(t) ? 0 : t >= KILN_DTYP
 
 int kiln_quant_is_fp8(int t) { return t == KILN_DTYPE_FP8 || t == KILN_DTYPE_FP8G128; }
 
+int kiln_quant_gemv_ck(int t) {
+    return t == KILN_DTYPE_Q4G32 || t == KILN_DTYPE_Q4G64 || t == KILN_DTYPE_Q4G128 || t == KILN_DTYPE_FP8;
+}
+
 float kiln_e4m3_to_f32(uint8_t c) {
     const int e = (c >> 3) & 15, m = c & 7;
     if (e == 15 && m == 7) return NAN;

@@ -56,6 +56,7 @@
 #ifndef KILN_KSEC_H
 #define KILN_KSEC_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -83,12 +84,14 @@ enum { KILN_KSEC_CUBIN = 0, KILN_KSEC_PTX = 1 };
 static inline void kiln_ksec_gemv_name(char *buf, size_t cap, const char *epi, int n, int k, const char *variant) {
     snprintf(buf, cap, "gemv.%s.%dx%d.%s", epi, n, k, variant);
 }
-/* The variant of the CUDA-core GEMV over a quantized weight of dtype name `dtype`, for one-token steps
- * (beside the tensor-core variant named `dtype`): "<dtype>.cc" for q8/fp8/fp8g128; "<dtype>.ck" for
- * q4 (engines from 2026-12-02 on: its block's warps split K, cfg[4] = 2, a launch that earlier
- * runtimes, which look for "<dtype>.cc" only, do not know: they keep the tensor cores). */
-static inline void kiln_ksec_gemv_cc_variant(char *buf, size_t cap, const char *dtype) {
-    snprintf(buf, cap, "%s.%s", dtype, dtype[0] == 'q' && dtype[1] == '4' ? "ck" : "cc");
+/* The variants of the CUDA-core GEMV over a quantized weight of dtype name `dtype`, for one-token steps
+ * (beside the tensor-core variant named `dtype`): "<dtype>.cc", a warp's rows over all of K (cfg[4] =
+ * 0), or "<dtype>.ck", the block's warps splitting K (cfg[4] = 2; which dtypes take it is codegen's
+ * kiln_quant_gemv_ck: q4 in engines from 2026-12-02 on, fp8 from the commit after 912f7b4). A matrix has
+ * at most one of the two; a runtime takes ".ck" where it is, else ".cc". Runtimes before ".ck" look for
+ * ".cc" only and keep the tensor cores. */
+static inline void kiln_ksec_gemv_cc_variant(char *buf, size_t cap, const char *dtype, bool ck) {
+    snprintf(buf, cap, "%s.%s", dtype, ck ? "ck" : "cc");
 }
 
 #endif /* KILN_KSEC_H */

@@ -157,6 +157,15 @@
 #if GEMV_QUANT == 8 && GEMV_GROUP && !(GEMV_GROUP == 128 && GEMV_FP8)
 #error "GEMV_QUANT 8 with groups: fp8g128 (GEMV_FP8, GEMV_GROUP 128)"
 #endif
+/* The quantized GEMV on CUDA cores whose block's warps split K (kiln_gemv_ck, the runtime's GEMV_MMA 2
+ * launch): always for q4, on request (GEMV_CK 1: codegen's choice for fp8) for q8 and fp8; else q8/fp8
+ * take kiln_gemv_ccq, a warp's rows over all of K. */
+#ifndef GEMV_CK
+#define GEMV_CK (GEMV_QUANT == 4 && !GEMV_MMA)
+#endif
+#if GEMV_CK && (GEMV_MMA || !(GEMV_QUANT == 4 || (GEMV_QUANT == 8 && !GEMV_GROUP)))
+#error "GEMV_CK: q4, q8 or fp8 (not fp8g128) on CUDA cores"
+#endif
 
 #if GEMV_SWIGLU && (GEMV_ROWS % 2)
 #error "GEMV_SWIGLU needs an even GEMV_ROWS (gate and up rows pair up inside a warp)"
@@ -468,8 +477,8 @@ template <bool NORM> KILN_DEV void kiln_gemv_ccq(const kiln_gemv_params &p) {
     kiln_gemv_cc_finish<NORM>(p, acc, ss, sc, row0, m0, lane);
 }
 
-#if GEMV_QUANT == 4
-/* q4 on CUDA cores, for one-token steps (the runtime's GEMV_MMA 2 launch: grid (ceil(N / GEMV_ROWS),
+#if GEMV_CK
+/* q4 (and with GEMV_CK q8, fp8) on CUDA cores, for one-token steps (the runtime's GEMV_MMA 2 launch: grid (ceil(N / GEMV_ROWS),
  * M), block GEMV_WARPS * 32). Unlike the q8 kernel above, the block's threads split K and share its
  * GEMV_ROWS rows: thread t owns the 32-column chunks t, t + T, ... (T threads; 16 bytes of codes a
  * chunk, so a warp reads 512 contiguous bytes of a row), keeps their x in fp32 registers for all the
@@ -489,7 +498,9 @@ template <bool NORM> KILN_DEV void kiln_gemv_ccq(const kiln_gemv_params &p) {
  * weights exactly c s + lo. (The offsets' part is at most 2048 times the sum's, so fp32 keeps about
  * 13 bits beyond it: far under the bf16 rounding of the output.) A chunk lies in one group (G >= 32).
  * The threads' sums meet by a reduce-scatter over each warp and shared memory across warps.
- * Needs K % 32 == 0, G >= 32, 16-byte aligned codes, x and norm_w, ldx % 8 == 0, GEMV_UNROLL a
+ * q8 and fp8 (GEMV_QUANT 8, GEMV_CK 1): the same, with 16-column chunks (16 bytes of codes) widened
+ * as kiln_gemv_ccq does (kiln_q8_f32, kiln_fp8_f32: exact, no offset), and the row's scale on the sum.
+ * Needs K % 32 == 0 (q8: % 16), G >= 32, 16-byte aligned codes, x and norm_w, ldx % 8 == 0, GEMV_UNROLL a
  * power of two from 2 to 32 and GEMV_ROWS a multiple of it; a grid that does not cover N rows and M
  * x rows traps (a launch shape from another kind of module would otherwise skip outputs silently). */
 #ifndef GEMV_CPL
@@ -501,13 +512,33 @@ template <bool NORM> KILN_DEV void kiln_gemv_ccq(const kiln_gemv_params &p) {
 #ifndef GEMV_Q4PF
 #define GEMV_Q4PF GEMV_UNROLL /* rows whose first chunks go toward L2 before the wait (at most GEMV_ROWS) */
 #endif
-#if GEMV_UNROLL < 2 || GEMV_UNROLL > 32 || (GEMV_UNROLL & (GEMV_UNROLL - 1)) || GEMV_ROWS % GEMV_UNROLL || GEMV_GROUP < 32
-#error "the q4 CUDA-core GEMV needs GEMV_UNROLL a power of two from 2 to 32, GEMV_ROWS a multiple of it, and GEMV_GROUP >= 32"
+#if GEMV_UNROLL < 2 || GEMV_UNROLL > 32 || (GEMV_UNROLL & (GEMV_UNROLL - 1)) || GEMV_ROWS % GEMV_UNROLL || \
+    (GEMV_QUANT == 4 && GEMV_GROUP < 32)
+#error "the CUDA-core GEMV splitting K needs GEMV_UNROLL a power of two from 2 to 32, GEMV_ROWS a multiple of it, and (q4) GEMV_GROUP >= 32"
 #endif
+#define GEMV_CKC (GEMV_QUANT == 4 ? 32 : 16) /* columns a chunk (16 bytes of codes) */
 
+#if GEMV_QUANT == 8
+/* d + the dot of one chunk's 16 codes (q8 or fp8, exact values) with x[0..15]. */
+KILN_DEV float kiln_ck_dot(uint4 v, const float (&x)[GEMV_CKC], float d) {
+    const unsigned wd[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        float f[4];
+#if GEMV_FP8
+        kiln_fp8_f32(wd[q], f);
+#else
+        kiln_q8_f32(wd[q], f);
+#endif
+#pragma unroll
+        for (int e = 0; e < 4; e++) d = fmaf(f[e], x[4 * q + e], d);
+    }
+    return d;
+}
+#else
 /* d + the dot of one chunk's 32 codes (as offset values, see above) with x[0..31] (x[odd] / 16 with
  * GEMV_Q4CVT 1). Word q holds columns 8q..8q+7, column 2b in the low nibble of byte b. */
-KILN_DEV float kiln_q4_dot32(uint4 v, const float (&x)[32], float d) {
+KILN_DEV float kiln_ck_dot(uint4 v, const float (&x)[GEMV_CKC], float d) {
     const unsigned wd[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int q = 0; q < 4; q++) {
@@ -539,6 +570,7 @@ KILN_DEV float kiln_q4_dot32(uint4 v, const float (&x)[32], float d) {
     }
     return d;
 }
+#endif /* GEMV_QUANT */
 
 /* Sums v[0..R-1] over the warp, row by row, leaving row *row's sum in the returned value: a
  * reduce-scatter (each shuffle level sends half the rows a lane still holds: R - 1 shuffles for
@@ -562,23 +594,23 @@ template <int R> KILN_DEV float kiln_warp_reduce_rows(float (&v)[R], int lane, i
     return s;
 }
 
-/* One thread's x for its chunks c0 + j T (j < GEMV_CPL) of x row xr: fp32 in xf (odd columns / 16
- * with GEMV_Q4CVT 1; times the norm weight with NORM, the squares added to *ss), the offsets' part
- * of each chunk's sum (bsum) and its sum of x (xsum); chunks past nch are zero. */
+/* One thread's x for its chunks c0 + j T (j < GEMV_CPL) of x row xr: fp32 in xf (q4: odd columns / 16
+ * with GEMV_Q4CVT 1; times the norm weight with NORM, the squares added to *ss), and for q4 the
+ * offsets' part of each chunk's sum (bsum) and its sum of x (xsum); chunks past nch are zero. */
 template <bool NORM>
-KILN_DEV void kiln_q4_loadx(const kiln_bf16 *xr, const kiln_bf16 *nw, int c0, int nch, float (&xf)[GEMV_CPL][32],
+KILN_DEV void kiln_ck_loadx(const kiln_bf16 *xr, const kiln_bf16 *nw, int c0, int nch, float (&xf)[GEMV_CPL][GEMV_CKC],
                             float (&bsum)[GEMV_CPL], float (&xsum)[GEMV_CPL], float *ss) {
 #pragma unroll
     for (int j = 0; j < GEMV_CPL; j++) {
         const int c = c0 + j * GEMV_WARPS * 32;
         float se = 0.0f, so = 0.0f; /* sums of x over the even and the odd columns */
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
+        for (int e = 0; e < GEMV_CKC / 8; e++) {
             float f[8];
-            kiln_unpack8(c < nch ? kiln_ld16(xr + (size_t)c * 32 + 8 * e) : make_uint4(0, 0, 0, 0), f);
+            kiln_unpack8(c < nch ? kiln_ld16(xr + (size_t)c * GEMV_CKC + 8 * e) : make_uint4(0, 0, 0, 0), f);
             if (NORM) {
                 float g[8];
-                kiln_unpack8(c < nch ? kiln_ld16(nw + (size_t)c * 32 + 8 * e) : make_uint4(0, 0, 0, 0), g);
+                kiln_unpack8(c < nch ? kiln_ld16(nw + (size_t)c * GEMV_CKC + 8 * e) : make_uint4(0, 0, 0, 0), g);
 #pragma unroll
                 for (int i = 0; i < 8; i++) {
                     *ss = fmaf(f[i], f[i], *ss);
@@ -590,7 +622,7 @@ KILN_DEV void kiln_q4_loadx(const kiln_bf16 *xr, const kiln_bf16 *nw, int c0, in
                 se += f[i];
                 so += f[i + 1];
                 xf[j][8 * e + i] = f[i];
-                xf[j][8 * e + i + 1] = GEMV_Q4CVT ? f[i + 1] * 0.0625f : f[i + 1];
+                xf[j][8 * e + i + 1] = GEMV_QUANT == 4 && GEMV_Q4CVT ? f[i + 1] * 0.0625f : f[i + 1];
             }
         }
         bsum[j] = GEMV_Q4CVT ? fmaf(1024.0f, se, 64.0f * so) : fmaf(128.0f, se, 2048.0f * so);
@@ -598,39 +630,51 @@ KILN_DEV void kiln_q4_loadx(const kiln_bf16 *xr, const kiln_bf16 *nw, int c0, in
     }
 }
 
-/* The codes, scales and minimums of GEMV_UNROLL rows from r0 (wr: the block's row pointers) at one
- * thread's chunks c0 + j T, issued together. */
-struct kiln_q4_rows {
+/* The codes (q4: and the groups' scales and minimums) of GEMV_UNROLL rows from r0 (wr: the block's row
+ * pointers) at one thread's chunks c0 + j T, issued together. */
+struct kiln_ck_rows {
     uint4 w[GEMV_UNROLL][GEMV_CPL];
+#if GEMV_QUANT == 4
     float s[GEMV_UNROLL][GEMV_CPL], lo[GEMV_UNROLL][GEMV_CPL];
+#endif
 };
-KILN_DEV void kiln_q4_loadw(const kiln_gemv_params &p, const unsigned char *const (&wr)[GEMV_ROWS], int row0, int r0,
-                            int c0, int nch, kiln_q4_rows &q) {
+KILN_DEV void kiln_ck_loadw(const kiln_gemv_params &p, const unsigned char *const (&wr)[GEMV_ROWS], int row0, int r0,
+                            int c0, int nch, kiln_ck_rows &q) {
+#if GEMV_QUANT == 4
     const int ng = p.K / GEMV_GROUP;
+#endif
 #pragma unroll
     for (int u = 0; u < GEMV_UNROLL; u++)
 #pragma unroll
         for (int j = 0; j < GEMV_CPL; j++) {
             const int c = c0 + j * GEMV_WARPS * 32;
-            const size_t gi = (size_t)min(row0 + r0 + u, p.N - 1) * ng + (size_t)(c * 32 / GEMV_GROUP);
             q.w[u][j] = c < nch ? kiln_ld_stream(wr[r0 + u] + (size_t)c * 16) : make_uint4(0, 0, 0, 0);
+#if GEMV_QUANT == 4
+            const size_t gi = (size_t)min(row0 + r0 + u, p.N - 1) * ng + (size_t)(c * 32 / GEMV_GROUP);
             q.s[u][j] = c < nch ? __ldg((const float *)p.wscale + gi) : 0.0f;
             q.lo[u][j] = c < nch ? __ldg((const float *)p.wmin + gi) : 0.0f;
+#endif
         }
 }
-/* acc[u] += row u's part over the thread's chunks: s (sum - bsum) + lo sum(x) */
-KILN_DEV void kiln_q4_rows_dot(const kiln_q4_rows &q, const float (&xf)[GEMV_CPL][32], const float (&bsum)[GEMV_CPL],
+/* acc[u] += row u's part over the thread's chunks: q4 s (sum - bsum) + lo sum(x); q8 the sum (the
+ * row's scale comes after the reduction) */
+KILN_DEV void kiln_ck_rows_dot(const kiln_ck_rows &q, const float (&xf)[GEMV_CPL][GEMV_CKC], const float (&bsum)[GEMV_CPL],
                                const float (&xsum)[GEMV_CPL], float (&acc)[GEMV_UNROLL]) {
 #pragma unroll
     for (int u = 0; u < GEMV_UNROLL; u++)
 #pragma unroll
         for (int j = 0; j < GEMV_CPL; j++) {
-            const float d = kiln_q4_dot32(q.w[u][j], xf[j], 0.0f);
+#if GEMV_QUANT == 4
+            const float d = kiln_ck_dot(q.w[u][j], xf[j], 0.0f);
             acc[u] = fmaf(q.s[u][j], d - bsum[j], fmaf(q.lo[u][j], xsum[j], acc[u]));
+#else
+            acc[u] = kiln_ck_dot(q.w[u][j], xf[j], acc[u]);
+            (void)bsum, (void)xsum;
+#endif
         }
 }
 
-template <bool NORM> KILN_DEV void kiln_gemv_ccq4(const kiln_gemv_params &p) {
+template <bool NORM> KILN_DEV void kiln_gemv_ck(const kiln_gemv_params &p) {
     constexpr int T = GEMV_WARPS * 32, R = GEMV_ROWS, U = GEMV_UNROLL, CPL = GEMV_CPL;
     /* each warp's sums of a group of U rows (two groups' buffers: one barrier a group), and its sum of
      * squares */
@@ -639,8 +683,8 @@ template <bool NORM> KILN_DEV void kiln_gemv_ccq4(const kiln_gemv_params &p) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int row0 = blockIdx.x * R, m = blockIdx.y;
     if ((long long)gridDim.x * R < p.N || (int)gridDim.y < p.M) __trap(); /* see the header: never a silent gap */
-    const int nch = p.K / 32;
-    const size_t rb = (size_t)p.K / 2; /* bytes of codes a row */
+    const int nch = p.K / GEMV_CKC;
+    const size_t rb = (size_t)p.K * GEMV_QUANT / 8; /* bytes of codes a row */
     const unsigned char *wr[R];
 #pragma unroll
     for (int r = 0; r < R; r++) wr[r] = (const unsigned char *)p.w + (size_t)min(row0 + r, p.N - 1) * rb;
@@ -654,11 +698,11 @@ template <bool NORM> KILN_DEV void kiln_gemv_ccq4(const kiln_gemv_params &p) {
     const kiln_bf16 *xr = (const kiln_bf16 *)p.x + (size_t)m * p.ldx;
     const kiln_bf16 *nw = (const kiln_bf16 *)p.norm_w;
     const bool one = nch <= T * CPL; /* one pass: x stays in registers for all the rows */
-    float xf[CPL][32], bsum[CPL], xsum[CPL], ss = 0.0f, inv = 1.0f;
-    kiln_q4_rows q[2];
+    float xf[CPL][GEMV_CKC], bsum[CPL], xsum[CPL], ss = 0.0f, inv = 1.0f;
+    kiln_ck_rows q[2];
     if (one) {
-        kiln_q4_loadw(p, wr, row0, 0, tid, nch, q[0]); /* the first rows' codes in flight while x arrives */
-        kiln_q4_loadx<NORM>(xr, nw, tid, nch, xf, bsum, xsum, &ss);
+        kiln_ck_loadw(p, wr, row0, 0, tid, nch, q[0]); /* the first rows' codes in flight while x arrives */
+        kiln_ck_loadx<NORM>(xr, nw, tid, nch, xf, bsum, xsum, &ss);
     }
 #pragma unroll
     for (int g = 0; g < R / U; g++) {
@@ -666,15 +710,15 @@ template <bool NORM> KILN_DEV void kiln_gemv_ccq4(const kiln_gemv_params &p) {
 #pragma unroll
         for (int u = 0; u < U; u++) acc[u] = 0.0f;
         if (one) {
-            if (g + 1 < R / U) kiln_q4_loadw(p, wr, row0, (g + 1) * U, tid, nch, q[(g + 1) & 1]); /* the next group's */
-            kiln_q4_rows_dot(q[g & 1], xf, bsum, xsum, acc);
+            if (g + 1 < R / U) kiln_ck_loadw(p, wr, row0, (g + 1) * U, tid, nch, q[(g + 1) & 1]); /* the next group's */
+            kiln_ck_rows_dot(q[g & 1], xf, bsum, xsum, acc);
         } else {
             for (int c0 = tid; c0 < nch; c0 += T * CPL) { /* a K past 32 T CPL columns: x again each pass */
-                kiln_q4_loadw(p, wr, row0, g * U, c0, nch, q[0]);
+                kiln_ck_loadw(p, wr, row0, g * U, c0, nch, q[0]);
                 float s0 = 0.0f;
-                kiln_q4_loadx<NORM>(xr, nw, c0, nch, xf, bsum, xsum, &s0);
+                kiln_ck_loadx<NORM>(xr, nw, c0, nch, xf, bsum, xsum, &s0);
                 if (g == 0) ss += s0;
-                kiln_q4_rows_dot(q[0], xf, bsum, xsum, acc);
+                kiln_ck_rows_dot(q[0], xf, bsum, xsum, acc);
             }
         }
         if (g == R / U - 1) kiln_pdl_launch(); /* every load issued: let the next kernel launch */
@@ -692,6 +736,8 @@ template <bool NORM> KILN_DEV void kiln_gemv_ccq4(const kiln_gemv_params &p) {
             inv = rsqrtf(t / (float)p.K + p.norm_eps);
         }
         const int r0 = row0 + g * U;
+        /* q8/fp8: the row's scale on its sum (q4's groups were scaled on the way) */
+#define GEMV_CK_SC(r) (GEMV_QUANT == 8 ? __ldg((const float *)p.wscale + min(r, p.N - 1)) : 1.0f)
 #if GEMV_SWIGLU
         /* rows (2f, 2f+1) = (gate_f, up_f): one output per pair */
         if (tid < U / 2 && r0 + 2 * tid + 1 < p.N) {
@@ -700,18 +746,19 @@ template <bool NORM> KILN_DEV void kiln_gemv_ccq4(const kiln_gemv_params &p) {
                 a += red[g & 1][i][2 * tid];
                 b += red[g & 1][i][2 * tid + 1];
             }
-            kiln_gemv_put(p, (size_t)m * p.ldy + r0 / 2 + tid, kiln_silu(a * inv) * (b * inv));
+            kiln_gemv_put(p, (size_t)m * p.ldy + r0 / 2 + tid,
+                          kiln_silu(a * inv * GEMV_CK_SC(r0 + 2 * tid)) * (b * inv * GEMV_CK_SC(r0 + 2 * tid + 1)));
         }
 #else
         if (tid < U && r0 + tid < p.N) {
             float a = 0.0f;
             for (int i = 0; i < GEMV_WARPS; i++) a += red[g & 1][i][tid];
-            kiln_gemv_put(p, (size_t)m * p.ldy + r0 + tid, a * inv);
+            kiln_gemv_put(p, (size_t)m * p.ldy + r0 + tid, a * inv * GEMV_CK_SC(r0 + tid));
         }
 #endif
     }
 }
-#endif /* GEMV_QUANT == 4 */
+#endif /* GEMV_CK */
 #endif /* GEMV_QUANT */
 
 /* As many resident warps per SM as the plain kernel had before the norm
@@ -720,7 +767,7 @@ template <bool NORM> KILN_DEV void kiln_gemv_ccq4(const kiln_gemv_params &p) {
  * 8 warps per SM). */
 #if defined(GEMV_MINB)
 #define GEMV_MIN_BLOCKS GEMV_MINB /* codegen's or the bench's choice */
-#elif GEMV_QUANT == 4 && !GEMV_MMA
+#elif GEMV_CK
 /* q4 on CUDA cores: 16 warps an SM at least (x in registers, GEMV_UNROLL rows of codes in flight) */
 #define GEMV_MIN_BLOCKS ((16 + GEMV_WARPS - 1) / GEMV_WARPS)
 #elif GEMV_QUANT
@@ -743,9 +790,9 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS)
     q.residual = 0;
     q.M = 1;
     kiln_gemv_cc<false>(q);
-#elif GEMV_QUANT == 4
-    if (p.norm_w) kiln_gemv_ccq4<true>(p);
-    else kiln_gemv_ccq4<false>(p);
+#elif GEMV_CK
+    if (p.norm_w) kiln_gemv_ck<true>(p);
+    else kiln_gemv_ck<false>(p);
 #elif GEMV_QUANT
     if (p.norm_w) kiln_gemv_ccq<true>(p);
     else kiln_gemv_ccq<false>(p);

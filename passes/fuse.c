@@ -307,27 +307,27 @@ int kiln_pass_fold_norm_into_gemv(kiln_graph *g, kiln_error *err) {
     return n;
 }
 
-/* Whether every matrix projection op multiplies by is q4 (in groups of any size). */
-static bool projection_q4(const kiln_graph *g, const kiln_op *op) {
+/* Whether every matrix projection op multiplies by takes its one-token GEMV on the kernel whose block's
+ * warps split K (kiln_quant_gemv_ck: q4 in groups of any size, fp8). */
+static bool projection_ck(const kiln_graph *g, const kiln_op *op) {
     const int n_w = op->kind == KILN_OP_QKV_ROPE ? 3 : op->kind == KILN_OP_GATE_UP_SWIGLU ? 2 : 1;
-    for (int j = 1; j <= n_w; j++) {
-        const int t = g->values[op->in[j]].dtype;
-        if (t != KILN_DTYPE_Q4G32 && t != KILN_DTYPE_Q4G64 && t != KILN_DTYPE_Q4G128) return false;
-    }
+    for (int j = 1; j <= n_w; j++)
+        if (!kiln_quant_gemv_ck(g->values[op->in[j]].dtype)) return false;
     return true;
 }
 
-/* fold-norm-into-q4-gemv (after quantize): as fold-norm-into-gemv, for the norms whose projection's
- * matrices are q4, and at steps of one token only (+fold_into_gemv +one_token). There the q4 GEMV on
- * CUDA cores (gemv.cuh kiln_gemv_ccq4) holds the block's whole x row anyway, so the sum of squares is
- * one block reduction; measured 8 % faster per int4 7B step on the H200, and slower at 8 tokens (the
- * tensor-core GEMV) and for q8 and bf16 at any step (docs/quantization.md). */
-int kiln_pass_fold_norm_into_q4_gemv(kiln_graph *g, kiln_error *err) {
+/* fold-norm-into-ck-gemv (after quantize): as fold-norm-into-gemv, for the norms whose projection's
+ * matrices take the one-token GEMV whose block's warps split K (gemv.cuh kiln_gemv_ck: q4 and fp8),
+ * and at steps of one token only (+fold_into_gemv +one_token). That kernel's block holds the whole x
+ * row anyway, so the sum of squares is one block reduction; measured 8 % faster per int4 7B step and
+ * 4 % per fp8 one on the H200, and slower at 8 tokens (the tensor-core GEMV) and for q8 and bf16 at
+ * any step (docs/quantization.md). */
+int kiln_pass_fold_norm_into_ck_gemv(kiln_graph *g, kiln_error *err) {
     (void)err;
     int n = 0;
     for (int i = 0; i + 1 < g->n_ops; i++) {
         const kiln_op *nx = fold_target(g, i);
-        if (!nx || !projection_q4(g, nx)) continue;
+        if (!nx || !projection_ck(g, nx)) continue;
         g->ops[i].attrs.flags |= KILN_FLAG_FOLD_INTO_GEMV | KILN_FLAG_FOLD_ONE_TOKEN;
         n++;
     }

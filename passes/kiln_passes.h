@@ -33,7 +33,7 @@ int kiln_pass_pack_weights(kiln_graph *g, kiln_error *err);
 int kiln_pass_decode_attention_rope(kiln_graph *g, kiln_error *err);
 int kiln_pass_decode_attention_merge(kiln_graph *g, kiln_error *err);
 int kiln_pass_fold_norm_into_gemv(kiln_graph *g, kiln_error *err);
-int kiln_pass_fold_norm_into_q4_gemv(kiln_graph *g, kiln_error *err);
+int kiln_pass_fold_norm_into_ck_gemv(kiln_graph *g, kiln_error *err);
 int kiln_pass_dce(kiln_graph *g, kiln_error *err);
 /* quantize: the matrices of the projections (and the LM head's) to kiln_graph.quant_weights
  * (.quant_head); runs after the list whenever either is set (passes/quantize.c) */

@@ -27,9 +27,10 @@ static const kiln_pass pipeline[] = {
     {"fold-norm-into-gemv", "an RMSNorm read only by the next projection is done in its GEMV prologue at decode "
                             "(+fold_into_gemv; drops HF's bf16 rounding of the normed input)",
      kiln_pass_fold_norm_into_gemv, false, false},
-    {"fold-norm-into-q4-gemv", "after quantize: an RMSNorm read only by the next projection, whose matrices are "
-                               "q4, is done in its GEMV prologue at one-token steps (+fold_into_gemv +one_token)",
-     kiln_pass_fold_norm_into_q4_gemv, true, true},
+    {"fold-norm-into-ck-gemv", "after quantize: an RMSNorm read only by the next projection, whose matrices are "
+                               "q4 or fp8, is done in its one-token GEMV (warps splitting K) at one-token steps "
+                               "(+fold_into_gemv +one_token)",
+     kiln_pass_fold_norm_into_ck_gemv, true, true},
     {"dce", "drop ops and weights nothing uses", kiln_pass_dce, true, false},
 };
 

@@ -347,9 +347,12 @@ static void check_fp8_gemvs(const kiln_ksec *ks, const char *const *mods, size_t
         KT_CONTAINS(src, "#define GEMV_QUANT 8");
         KT_CONTAINS(src, "#define GEMV_FP8 1");
         KT_CONTAINS(src, pathf("#define GEMV_GROUP %d", kiln_quant_group(dtype)));
-        KT_CONTAINS(src, strstr(mods[i], ".cc") ? "#define GEMV_MMA 0" : "#define GEMV_MMA 1");
+        const bool ck = strstr(mods[i], ".ck") != NULL;
+        KT_CONTAINS(src, strstr(mods[i], ".cc") || ck ? "#define GEMV_MMA 0" : "#define GEMV_MMA 1");
+        if (ck) KT_CONTAINS(src, "#define GEMV_CK 1");
         free(src);
         KT_EQ_INT(e->cfg[7], dtype);
+        KT_EQ_INT(e->cfg[4], ck ? 2 : strstr(mods[i], ".cc") ? 0 : 1);
     }
 }
 
@@ -402,6 +405,10 @@ static void test_kernels_section_quant(void) {
         KT_EQ_INT(e->cfg[7], KILN_DTYPE_Q4G32);
     }
     KT_CHECK(kiln_ksec_find(&ks, "gemv.plain.128x64.q4g32.cc") == NULL); /* a name runtimes before 0.6 take */
+    /* the q8 LM head keeps the warp-per-rows kernel (".cc") */
+    const kiln_ksec_module *hq = kiln_ksec_find(&ks, "gemv.f32out.256x64.q8.cc");
+    KT_CHECK(hq != NULL && hq->cfg[4] == 0);
+    KT_CHECK(kiln_ksec_find(&ks, "gemv.f32out.256x64.q8.ck") == NULL);
     KT_CHECK(kiln_ksec_find(&ks, "dequant") != NULL);
     KT_CHECK(kiln_ksec_find(&ks, "gemv.plain.128x64.m1") == NULL); /* no bf16 GEMV for a quantized weight */
     kiln_ksec_free(&ks);
@@ -412,9 +419,12 @@ static void test_kernels_section_quant(void) {
                                .quant = KILN_DTYPE_FP8, .quant_head = KILN_DTYPE_FP8};
     KT_REQUIRE(kt_compile(pathf("%s/tests/data/tiny-mistral", src_dir()), &o8) == KILN_OK);
     KT_REQUIRE(open_kernels(e8, &m, &ks));
-    static const char *const fp8_mods[] = {"gemv.plain.128x64.fp8", "gemv.swiglu.256x64.fp8", "gemv.plain.64x128.fp8",
-                                           "gemv.f32out.256x64.fp8"};
+    /* and for one-token steps fp8's CUDA-core GEMV whose block's warps split K (".ck", cfg[4] 2), not ".cc" */
+    static const char *const fp8_mods[] = {"gemv.plain.128x64.fp8",    "gemv.swiglu.256x64.fp8",    "gemv.plain.64x128.fp8",
+                                           "gemv.f32out.256x64.fp8",   "gemv.plain.128x64.fp8.ck", "gemv.swiglu.256x64.fp8.ck",
+                                           "gemv.plain.64x128.fp8.ck", "gemv.f32out.256x64.fp8.ck"};
     check_fp8_gemvs(&ks, fp8_mods, sizeof fp8_mods / sizeof fp8_mods[0], KILN_DTYPE_FP8);
+    KT_CHECK(kiln_ksec_find(&ks, "gemv.plain.128x64.fp8.cc") == NULL);
     KT_CHECK(kiln_ksec_find(&ks, "dequant") != NULL);
     kiln_ksec_free(&ks);
     kiln_model_close(m);

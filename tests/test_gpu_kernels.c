@@ -319,18 +319,23 @@ static void test_gemv_quant(void) {
         /* tensor cores: warps (K split) and 16-row tiles per warp (GEMV_QT; N = 40 and 96 leave tiles
          * past N); CUDA cores: warps and rows per warp (q8 and fp8; N = 130 is not a multiple), twice
          * that many rows a block for q4 */
-        static const int wt[][3] = {{4, 1, 1}, {16, 1, 1}, {8, 2, 1}, {8, 4, 1}, {4, 4, 0}, {8, 1, 0}};
+        /* (last column 2) q8 and fp8 on CUDA cores with the block's warps splitting K (GEMV_CK): 8 rows a
+         * block loaded 4 at a time with two 16-column chunks a thread and pass, and 4 rows loaded 2 at a
+         * time with one (K = 14336 takes several passes with either) */
+        static const int wt[][3] = {{4, 1, 1}, {16, 1, 1}, {8, 2, 1}, {8, 4, 1}, {4, 4, 0}, {8, 1, 0}, {4, 2, 2}, {8, 1, 2}};
         for (size_t wi = 0; wi < sizeof wt / sizeof wt[0]; wi++) {
-            const int warps = wt[wi][0], tiles = wt[wi][2] ? wt[wi][1] : 1, mma = wt[wi][2];
+            const int warps = wt[wi][0], mma = wt[wi][2] == 1, tiles = mma ? wt[wi][1] : 1;
+            const bool ck8 = wt[wi][2] == 2;
+            if (ck8 && (bits == 4 || group)) continue; /* q4 splits K in the rows above; fp8g128 never */
             /* q4 on CUDA cores: the block's rows shared by its warps, which split K, loaded 4 or 2 rows at a
              * time (16 rows: 4 groups, double-buffered), in both ways of widening the codes, one with two
              * 32-column chunks a thread and pass (K = 14336 takes several passes with either) */
-            const bool q4cc = !mma && bits == 4;
-            const int rows = mma ? 2 : q4cc ? 4 * wt[wi][1] : swiglu && wt[wi][1] % 2 ? wt[wi][1] + 1 : wt[wi][1];
-            char d[13][32];
+            const bool q4cc = !mma && bits == 4, ck = q4cc || ck8;
+            const int rows = mma ? 2 : ck ? 4 * wt[wi][1] : swiglu && wt[wi][1] % 2 ? wt[wi][1] + 1 : wt[wi][1];
+            char d[14][32];
             snprintf(d[0], 32, "GEMV_WARPS=%d", warps);
             snprintf(d[1], 32, "GEMV_ROWS=%d", rows);
-            snprintf(d[2], 32, "GEMV_UNROLL=%d", q4cc && warps == 4 ? 4 : 2); /* q4: rows loaded together */
+            snprintf(d[2], 32, "GEMV_UNROLL=%d", ck && warps == 4 ? 4 : 2); /* split K: rows loaded together */
             snprintf(d[3], 32, "GEMV_MT=1");
             snprintf(d[4], 32, "GEMV_OUT_F32=%d", out_f32);
             snprintf(d[5], 32, "GEMV_SWIGLU=%d", swiglu);
@@ -339,13 +344,14 @@ static void test_gemv_quant(void) {
             snprintf(d[8], 32, "GEMV_GROUP=%d", group);
             snprintf(d[9], 32, "GEMV_FP8=%d", kiln_quant_is_fp8(qt));
             snprintf(d[10], 32, "GEMV_QT=%d", tiles);
-            snprintf(d[11], 32, "GEMV_CPL=%d", q4cc && warps == 8 ? 2 : 1);
+            snprintf(d[11], 32, "GEMV_CPL=%d", q4cc ? (warps == 8 ? 2 : 1) : ck8 && warps == 4 ? 2 : 1);
             snprintf(d[12], 32, "GEMV_Q4CVT=%d", q4cc && warps == 8 ? 1 : 0);
-            const char *defs[13] = {d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12]};
+            snprintf(d[13], 32, "GEMV_CK=%d", ck);
+            const char *defs[14] = {d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13]};
             kfn k;
-            KT_REQUIRE(kbuild(&k, "gemv.cuh", "kiln_gemv", defs, 13));
+            KT_REQUIRE(kbuild(&k, "gemv.cuh", "kiln_gemv", defs, 14));
             const kiln_gemv_cfg cfg = mma ? (kiln_gemv_cfg){warps, tiles, 2, 8, 1}
-                                          : (kiln_gemv_cfg){warps, rows, 2, 1, q4cc ? 2 : 0};
+                                          : (kiln_gemv_cfg){warps, rows, 2, 1, ck ? 2 : 0};
             for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
                 const int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2], nout = swiglu ? N / 2 : N;
                 if (bits == 4 && K % group) continue;
@@ -411,7 +417,8 @@ static void test_gemv_quant(void) {
                                                  : rel_err_bf16(out, ref, (size_t)M * nout);
                         KT_CHECKF(e < TOL_BF16, "gemv %s M=%d N=%d K=%d (%s, warps %d, tiles/rows %d, f32 %d, swiglu %d, "
                                   "res %d, norm %d): rel err %g", kiln_dtype_name((kiln_dtype)qt), M, N, K,
-                                  mma ? "tensor cores" : "CUDA cores", warps, mma ? tiles : rows, out_f32, swiglu,
+                                  mma ? "tensor cores" : ck ? "CUDA cores, K split" : "CUDA cores", warps, mma ? tiles : rows,
+                                  out_f32, swiglu,
                                   residual, norm, e);
                         if (rep == 1 && !r) KT_CHECKF(memcmp(out, first, ysz) == 0, "gemv %s: a second run differs",
                                                       kiln_dtype_name((kiln_dtype)qt));

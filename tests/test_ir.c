@@ -507,7 +507,7 @@ static void test_dump_ir_prints_each_pass(void) {
     kiln_graph_free(g);
 }
 
-/* Norms folded at one-token steps by the default pipeline's fold-norm-into-q4-gemv: count them. */
+/* Norms folded at one-token steps by the default pipeline's fold-norm-into-ck-gemv: count them. */
 static int one_token_folds(const kiln_graph *g) {
     int n = 0;
     for (int i = 0; i < g->n_ops; i++)
@@ -533,15 +533,15 @@ static int q4_folds(int quant, int tied, const char *list, char **dump) {
     return n;
 }
 
-/* fold-norm-into-q4-gemv runs after quantize, wherever it is listed, and flags only the norms whose
- * projection is q4: stories260k's q/k/v and gate/up read 64 columns (q4g32 takes them, q4g128 does
+/* fold-norm-into-ck-gemv runs after quantize, wherever it is listed, and flags only the norms whose
+ * projection is q4 or fp8 (q8 and fp8g128 take another one-token kernel): stories260k's q/k/v and gate/up read 64 columns (q4g32 takes them, q4g128 does
  * not and leaves q8), its down_proj reads no norm, its LM head is its embedding table. */
-static void test_fold_norm_into_q4_gemv(void) {
+static void test_fold_norm_into_ck_gemv(void) {
     const int layers = 5;
     char *dump = NULL;
     KT_EQ_INT(q4_folds(KILN_DTYPE_Q4G32, 0, NULL, &dump), 2 * layers);
     KT_REQUIRE(dump);
-    const char *quant = strstr(dump, ";; after quantize"), *fold = strstr(dump, ";; after fold-norm-into-q4-gemv");
+    const char *quant = strstr(dump, ";; after quantize"), *fold = strstr(dump, ";; after fold-norm-into-ck-gemv");
     KT_CHECK(quant && fold && quant < fold);
     KT_CONTAINS(dump, "+fold_into_gemv +one_token");
     free(dump);
@@ -550,17 +550,18 @@ static void test_fold_norm_into_q4_gemv(void) {
     KT_EQ_INT(q4_folds(0, KILN_DTYPE_Q4G32, NULL, NULL), 1); /* only the final norm */
     KT_EQ_INT(q4_folds(KILN_DTYPE_Q4G128, 0, NULL, NULL), 0); /* every matrix fell back to q8 */
     KT_EQ_INT(q4_folds(KILN_DTYPE_Q8, 0, NULL, NULL), 0);
-    KT_EQ_INT(q4_folds(KILN_DTYPE_FP8, 0, NULL, NULL), 0);
+    KT_EQ_INT(q4_folds(KILN_DTYPE_FP8, 0, NULL, NULL), 2 * layers); /* fp8 takes the same kernel */
+    KT_EQ_INT(q4_folds(KILN_DTYPE_FP8G128, 0, NULL, NULL), 0);
     KT_EQ_INT(q4_folds(0, 0, NULL, NULL), 0);
     /* named first in --passes, it still runs after quantize; left out, it does not run */
-    KT_EQ_INT(q4_folds(KILN_DTYPE_Q4G32, 0, "fold-norm-into-q4-gemv,fuse-add-rmsnorm,fuse-qkv-rope,fuse-gate-up-swiglu,"
+    KT_EQ_INT(q4_folds(KILN_DTYPE_Q4G32, 0, "fold-norm-into-ck-gemv,fuse-add-rmsnorm,fuse-qkv-rope,fuse-gate-up-swiglu,"
                        "fuse-linear-residual,dce", NULL),
               2 * layers);
     KT_EQ_INT(q4_folds(KILN_DTYPE_Q4G32, 0, "fuse-add-rmsnorm,fuse-qkv-rope,fuse-gate-up-swiglu,fuse-linear-residual,dce", NULL), 0);
     /* the general fold (every GEMV step) comes first and is left as it is */
     KT_EQ_INT(q4_folds(KILN_DTYPE_Q4G32, 0,
                        "fuse-add-rmsnorm,fuse-qkv-rope,fuse-gate-up-swiglu,fuse-linear-residual,fold-norm-into-gemv,"
-                       "fold-norm-into-q4-gemv,dce", NULL),
+                       "fold-norm-into-ck-gemv,dce", NULL),
               0);
     /* +one_token means nothing without the fold: the verifier refuses it */
     kiln_error err = {0};
@@ -587,7 +588,7 @@ int main(void) {
     KT_RUN(test_plan_round_trip_and_checks);
     KT_RUN(test_moe_stacks_and_plan);
     KT_RUN(test_dump_ir_prints_each_pass);
-    KT_RUN(test_fold_norm_into_q4_gemv);
+    KT_RUN(test_fold_norm_into_ck_gemv);
     if (ck_open) kiln_checkpoint_close(&ck);
     return KT_END();
 }

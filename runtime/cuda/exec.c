@@ -15,7 +15,7 @@
  *   rmsnorm              NORM    rmsnorm kernel, x = 0; with +fold_into_gemv
  *                                (pass fold-norm-into-gemv) done at decode by
  *                                the next GEMV's prologue instead; with
- *                                +one_token (fold-norm-into-q4-gemv) only at
+ *                                +one_token (fold-norm-into-ck-gemv) only at
  *                                steps of one token
  *   add_rmsnorm(a, b)    NORM    rmsnorm kernel adding x into the residual
  *                                in place (the sum takes the buffer of the
@@ -555,11 +555,13 @@ static kiln_status gemm_setup(cx *x, cx_gemm *g, int dw, cx_epi epi, kiln_error 
         /* one-token steps on the CUDA-core GEMV where the engine has it (q8/fp8 engines before
          * kiln 0.5 do not; measure knob qgemv_cc=0 keeps the tensor cores) */
         char cc[24];
-        kiln_ksec_gemv_cc_variant(cc, sizeof cc, kiln_dtype_name((kiln_dtype)g->qt));
-        kiln_ksec_gemv_name(name, sizeof name, epis[epi], g->n, g->k, cc);
-        if (x->qgemv_cc && kiln_ksec_find(&x->ks, name) &&
-            (st = gemv_fn(x, epis[epi], g->n, g->k, cc, &g->m1, &g->c1, err)))
-            return st;
+        for (int ck = 1; ck >= 0 && x->qgemv_cc; ck--) { /* the K-splitting one (".ck") where the engine has it */
+            kiln_ksec_gemv_cc_variant(cc, sizeof cc, kiln_dtype_name((kiln_dtype)g->qt), ck);
+            kiln_ksec_gemv_name(name, sizeof name, epis[epi], g->n, g->k, cc);
+            if (!kiln_ksec_find(&x->ks, name)) continue;
+            if ((st = gemv_fn(x, epis[epi], g->n, g->k, cc, &g->m1, &g->c1, err))) return st;
+            break;
+        }
         if (!x->f_dequant) {
             if ((st = fn_get(x, "dequant", "kiln_dequant", &x->f_dequant, &km, err))) return st;
             x->dequant_threads = km->cfg[0] > 0 ? km->cfg[0] : 256;
