@@ -260,8 +260,18 @@ enum {
     /* rmsnorm, with KILN_FLAG_FOLD_INTO_GEMV: the fold applies only to steps of one token (the next
      * projection's one-row GEMV; longer steps run the norm kernel): pass fold-norm-into-ck-gemv */
     KILN_FLAG_FOLD_ONE_TOKEN = 1u << 8,
-    KILN_FLAG_ALL_ = (1u << 9) - 1
+    /* a projection (linear, linear_add, qkv_rope(_packed), gate_up_swiglu(_packed), lm_head) whose matrices
+     * are all fp8 or fp8g128: steps of more than KILN_QGEMV_MAX_ROWS rows quantize its input to E4M3, a
+     * scale per token (per 128 columns for fp8g128; kiln_act_fp8_row), and multiply the codes (W8A8);
+     * shorter steps read the input as it is: pass w8a8. Both executors do so. */
+    KILN_FLAG_ACT_FP8 = 1u << 9,
+    KILN_FLAG_ALL_ = (1u << 10) - 1
 };
+
+/* The most rows a step multiplies through the quantized GEMV by default (the GPU executor's qgemv_max_m,
+ * which an engine's tuning record or a measurement knob can change); a longer step over a +act_fp8
+ * projection runs W8A8, on both executors. */
+#define KILN_QGEMV_MAX_ROWS 32
 
 /* The KV cache an attention op's flags give it: 1 FP8 E4M3 codes (+kv_fp8), 2 int8 codes (+kv_int8), 0 the
  * element type; the kernels' KILN_KV8 and what their modules' cfg records (format/kiln_ksec.h). */

@@ -76,6 +76,7 @@ static void print_attrs(const kiln_op *op, FILE *f) {
     if (a->flags & KILN_FLAG_KV_INT8) fprintf(f, " +kv_int8");
     if (a->flags & KILN_FLAG_FOLD_INTO_GEMV) fprintf(f, " +fold_into_gemv");
     if (a->flags & KILN_FLAG_FOLD_ONE_TOKEN) fprintf(f, " +one_token");
+    if (a->flags & KILN_FLAG_ACT_FP8) fprintf(f, " +act_fp8");
     /* the optional inputs a qkv_rope carries */
     if (a->flags & KILN_FLAG_QKV_BIAS) fprintf(f, " +qkv_bias");
     if (a->flags & KILN_FLAG_QK_NORM) fprintf(f, " +qk_norm(eps=%g)", a->eps);

@@ -31,6 +31,9 @@ static const kiln_pass pipeline[] = {
                                "q4 or fp8, is done in its one-token GEMV (warps splitting K) at one-token steps "
                                "(+fold_into_gemv +one_token)",
      kiln_pass_fold_norm_into_ck_gemv, true, true},
+    {"w8a8", "after quantize: a projection whose matrices are fp8 / fp8g128 quantizes its input to E4M3 per "
+             "token at steps past the quantized GEMV and multiplies the codes (+act_fp8)",
+     kiln_pass_w8a8, true, true},
     {"dce", "drop ops and weights nothing uses", kiln_pass_dce, true, false},
 };
 

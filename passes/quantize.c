@@ -73,6 +73,36 @@ int kiln_pass_quantize(kiln_graph *g, kiln_error *err) {
     return n;
 }
 
+/* w8a8 (after quantize): every projection whose matrices are all fp8 or fp8g128 gets +act_fp8, so that
+ * its steps past the quantized GEMV quantize the input per token and multiply E4M3 by E4M3 (the FP8
+ * tensor cores on the GPU, the same codes on the CPU). Without the pass those steps dequantize the
+ * weights and multiply in the activations' dtype. */
+int kiln_pass_w8a8(kiln_graph *g, kiln_error *err) {
+    (void)err;
+    int n = 0;
+    for (int i = 0; i < g->n_ops; i++) {
+        kiln_op *op = &g->ops[i];
+        if (op->dead || (op->attrs.flags & KILN_FLAG_ACT_FP8)) continue;
+        int n_w;
+        switch (op->kind) {
+        case KILN_OP_LINEAR:
+        case KILN_OP_LINEAR_ADD:
+        case KILN_OP_LM_HEAD:
+        case KILN_OP_QKV_ROPE_PACKED:
+        case KILN_OP_GATE_UP_SWIGLU_PACKED: n_w = 1; break;
+        case KILN_OP_QKV_ROPE: n_w = 3; break;
+        case KILN_OP_GATE_UP_SWIGLU: n_w = 2; break;
+        default: continue;
+        }
+        bool fp8 = true;
+        for (int j = 1; j <= n_w; j++) fp8 = fp8 && kiln_quant_is_fp8(g->values[op->in[j]].dtype);
+        if (!fp8) continue;
+        op->attrs.flags |= KILN_FLAG_ACT_FP8;
+        n++;
+    }
+    return n;
+}
+
 int kiln_pass_quantize_kv(kiln_graph *g, kiln_error *err) {
     if (!g->kv_flag) return 0;
     if (!g->kv_scales || g->n_ranks > 1) {

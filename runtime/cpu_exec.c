@@ -61,6 +61,11 @@ struct kiln_cpu_ctx {
     void *op_trace_user;
     kiln_cpu_kv_trace_fn kv_trace; /* KV trace (calibration); NULL = none */
     void *kv_trace_user;
+    /* W8A8 (+act_fp8 ops): the step's input rows as E4M3 codes read back (max_step × aq_k), one row's
+     * codes and scales; NULL when no op has the flag */
+    float *aq, *aq_scales;
+    uint8_t *aq_codes;
+    int64_t aq_k;
 };
 
 static void use_rank(kiln_cpu_ctx *c, int r) {
@@ -105,6 +110,17 @@ kiln_status kiln_cpu_ctx_new(const kiln_model *m, int max_context, int max_step_
             if (!rk->slots[s]) goto nomem;
         }
     }
+    for (uint32_t i = 0; i < p->n_ops; i++) /* the widest input a +act_fp8 op quantizes */
+        if (p->ops[i].attrs.flags & KILN_FLAG_ACT_FP8) {
+            const kiln_plan_value *x = &p->values[p->ops[i].in[0]];
+            if (x->shape[x->ndim - 1] > c->aq_k) c->aq_k = x->shape[x->ndim - 1];
+        }
+    if (c->aq_k) {
+        c->aq = malloc((size_t)max_step_tokens * (size_t)c->aq_k * sizeof(float));
+        c->aq_codes = malloc((size_t)c->aq_k);
+        c->aq_scales = malloc((size_t)(c->aq_k / 128 + 1) * sizeof(float));
+        if (!c->aq || !c->aq_codes || !c->aq_scales) goto nomem;
+    }
     use_rank(c, 0);
     *out = c;
     return KILN_OK;
@@ -127,6 +143,9 @@ void kiln_cpu_ctx_free(kiln_cpu_ctx *c) {
     }
     free(c->ranks);
     free(c->positions);
+    free(c->aq);
+    free(c->aq_codes);
+    free(c->aq_scales);
     free(c);
 }
 
@@ -380,6 +399,24 @@ static const float *wt(const kiln_cpu_ctx *c, int32_t v) { return c->w[c->p->val
 static int64_t width(const kiln_cpu_ctx *c, int32_t v) { return c->p->values[v].shape[2]; }
 static int64_t wrows(const kiln_cpu_ctx *c, int32_t v) { return c->p->values[v].shape[0]; }
 
+/* A projection's input rows r0 .. r0 + rows - 1 as its matrices multiply them: with +act_fp8 (pass w8a8)
+ * in a step of more rows than the quantized GEMV takes (KILN_QGEMV_MAX_ROWS), each row quantized to
+ * E4M3 with a scale per token (per 128 columns over fp8g128 matrices; kiln_act_fp8_row, the codes the
+ * GPU's kiln_act_fp8 makes) and read back as code x scale into c->aq, so that the f32 product is the
+ * GPU's W8A8 one up to fp32 rounding; otherwise the rows as they are. */
+static const float *proj_input(kiln_cpu_ctx *c, const kiln_plan_op *op, int64_t r0, int64_t rows) {
+    const int64_t k = width(c, op->in[0]);
+    const float *x = act(c, op->in[0]) + r0 * k;
+    if (!(op->attrs.flags & KILN_FLAG_ACT_FP8) || rows <= KILN_QGEMV_MAX_ROWS) return x;
+    const int group = c->p->weights[c->p->values[op->in[1]].weight].dtype == KILN_DTYPE_FP8G128 ? 128 : 0;
+    for (int64_t t = 0; t < rows; t++) {
+        kiln_act_fp8_row(x + t * k, k, group, c->aq_codes, c->aq_scales);
+        for (int64_t j = 0; j < k; j++)
+            c->aq[t * k + j] = kiln_e4m3_to_f32(c->aq_codes[j]) * c->aq_scales[group ? j / group : 0];
+    }
+    return c->aq;
+}
+
 /* all_reduce and all_gather, in memory, once the last rank has run op `op`: every rank's input is
  * ready. The sum adds the ranks in rank order (NCCL's ring adds in another order, so GPU sums may
  * differ from these in the last bits); the gather puts rank r's row block at columns r × width.
@@ -499,12 +536,12 @@ kiln_status kiln_cpu_forward(kiln_cpu_ctx *c, const int32_t *tokens, int n, bool
             break;
         }
         case KILN_OP_LINEAR:
-            matmul(c, act(c, in[0]), wt(c, in[1]), act(c, o[0]), n, width(c, in[0]), width(c, o[0]));
+            matmul(c, proj_input(c, op, 0, n), wt(c, in[1]), act(c, o[0]), n, width(c, in[0]), width(c, o[0]));
             break;
         case KILN_OP_LINEAR_ADD: { /* the product, then the residual added: the rounding of linear + add */
             float *y = act(c, o[0]);
             const float *r = act(c, in[2]);
-            matmul(c, act(c, in[0]), wt(c, in[1]), y, n, width(c, in[0]), width(c, o[0]));
+            matmul(c, proj_input(c, op, 0, n), wt(c, in[1]), y, n, width(c, in[0]), width(c, o[0]));
             for (int64_t k = 0; k < n * width(c, o[0]); k++) y[k] = y[k] + r[k];
             break;
         }
@@ -512,7 +549,7 @@ kiln_status kiln_cpu_forward(kiln_cpu_ctx *c, const int32_t *tokens, int n, bool
             /* only the rows the caller wants */
             int64_t k = width(c, in[0]), v = width(c, o[0]);
             int first = all_logits ? 0 : n - 1;
-            matmul(c, act(c, in[0]) + first * k, wt(c, in[1]), act(c, o[0]) + first * v, n - first, k, v);
+            matmul(c, proj_input(c, op, first, n - first), wt(c, in[1]), act(c, o[0]) + first * v, n - first, k, v);
             break;
         }
         case KILN_OP_ROPE: {
@@ -536,7 +573,7 @@ kiln_status kiln_cpu_forward(kiln_cpu_ctx *c, const int32_t *tokens, int n, bool
         }
         case KILN_OP_QKV_ROPE: {
             int64_t k = width(c, in[0]);
-            const float *x = act(c, in[0]);
+            const float *x = proj_input(c, op, 0, n);
             matmul(c, x, wt(c, in[1]), act(c, o[0]), n, k, wrows(c, in[1]));
             matmul(c, x, wt(c, in[2]), act(c, o[1]), n, k, wrows(c, in[2]));
             matmul(c, x, wt(c, in[3]), act(c, o[2]), n, k, wrows(c, in[3]));
@@ -549,7 +586,7 @@ kiln_status kiln_cpu_forward(kiln_cpu_ctx *c, const int32_t *tokens, int n, bool
         case KILN_OP_QKV_ROPE_PACKED: {
             /* W = [Wq; Wk; Wv]: each output from its rows of W, the same products as unpacked */
             int64_t k = width(c, in[0]), nq = width(c, o[0]), nk = width(c, o[1]);
-            const float *x = act(c, in[0]), *w = wt(c, in[1]);
+            const float *x = proj_input(c, op, 0, n), *w = wt(c, in[1]);
             matmul(c, x, w, act(c, o[0]), n, k, nq);
             matmul(c, x, w + nq * k, act(c, o[1]), n, k, nk);
             matmul(c, x, w + (nq + nk) * k, act(c, o[2]), n, k, nk);
@@ -568,7 +605,7 @@ kiln_status kiln_cpu_forward(kiln_cpu_ctx *c, const int32_t *tokens, int n, bool
             float *g = act(c, o[0]);
             float *t = malloc((size_t)(n * 2 * f) * sizeof *t);
             if (!t) return kiln_err(err, KILN_ERR_NOMEM, "forward: out of memory");
-            matmul(c, act(c, in[0]), wt(c, in[1]), t, n, k, 2 * f);
+            matmul(c, proj_input(c, op, 0, n), wt(c, in[1]), t, n, k, 2 * f);
             for (int64_t r = 0; r < n; r++)
                 for (int64_t e = 0; e < f; e++) g[r * f + e] = silu(t[r * 2 * f + 2 * e]) * t[r * 2 * f + 2 * e + 1];
             free(t);
@@ -580,8 +617,9 @@ kiln_status kiln_cpu_forward(kiln_cpu_ctx *c, const int32_t *tokens, int n, bool
             float *g = act(c, o[0]);
             float *u = malloc((size_t)(n * f) * sizeof *u);
             if (!u) return kiln_err(err, KILN_ERR_NOMEM, "forward: out of memory");
-            matmul(c, act(c, in[0]), wt(c, in[1]), g, n, k, f);
-            matmul(c, act(c, in[0]), wt(c, in[2]), u, n, k, f);
+            const float *x = proj_input(c, op, 0, n);
+            matmul(c, x, wt(c, in[1]), g, n, k, f);
+            matmul(c, x, wt(c, in[2]), u, n, k, f);
             for (int64_t e = 0; e < n * f; e++) g[e] = silu(g[e]) * u[e];
             free(u);
             break;

@@ -167,7 +167,7 @@ typedef struct kiln_ctx_options {
      * the pair GEMVs: every expert over the batch through cuBLASLt (default), or the grouped GEMVs),
      * qgemv_cc=0|1 (since 0.5; one-token steps over q8/fp8 weights, and q4 in engines from 2026-12-02:
      * the CUDA-core GEMV where the engine has it (1, the default) or the tensor-core one (0)), w8a8=0|1|2 (since 0.5; an fp8 engine's steps
-     * past the quantized GEMV on sm_89+: cuBLASLt's FP8 GEMM over the activations quantized per token
+     * past the quantized GEMV on sm_89+, over the matrices its plan marks +act_fp8: cuBLASLt's FP8 GEMM over the activations quantized per token
      * (2, the default: fp8g128 matrices as well, with scales per 128 columns; 1: fp8 matrices only, fp8g128
      * dequantized) or the weights dequantized to bf16 for a bf16 GEMM (0)).
      * NULL or "" = none. An unknown key or

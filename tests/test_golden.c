@@ -39,6 +39,13 @@ static char *src_path(const char *rel) {
     return b;
 }
 
+/* The default pipeline without w8a8: fp8 matrices multiply the activations as they are at every step, the
+ * weight-only numerics the HF goldens hold (with w8a8, steps past 32 rows round the activations to E4M3:
+ * test_w8a8_cpu). */
+#define PASSES_NO_W8A8                                                                                                 \
+    "fuse-add-rmsnorm,fuse-qkv-rope,fuse-gate-up-swiglu,fuse-linear-residual,pack-weights,decode-attention-rope,"     \
+    "dce,fold-norm-into-ck-gemv"
+
 static int compile_to(const char *ckpt, const char *passes, const char *out, kiln_dtype dt) {
     kiln_compile_options opt = {.output_path = out, .weight_dtype = dt, .passes = passes};
     return kt_compile(ckpt, &opt);
@@ -133,7 +140,7 @@ static void check_model(const char *ckpt_rel, const char *golden_rel, kiln_dtype
  * gate/up quantized as one) and none (each matrix alone) must both match. */
 static void check_quant(const char *golden_rel, int quant, int head, int embedding) {
     char out[512];
-    const char *pass_sets[2] = {NULL, "none"};
+    const char *pass_sets[2] = {kiln_quant_is_fp8(quant) ? PASSES_NO_W8A8 : NULL, "none"};
     for (int k = 0; k < 2; k++) {
         snprintf(out, sizeof out, "%s/quant-%d.kiln", tmpdir, k);
         kiln_compile_options opt = {.output_path = out, .weight_dtype = KILN_DTYPE_COUNT_, .passes = pass_sets[k],
@@ -180,7 +187,7 @@ static void check_quant_checkpoint_as(const char *name, kiln_dtype dtype) {
     char ckpt[256], golden[256], out[512];
     snprintf(ckpt, sizeof ckpt, "tests/data/%s", name);
     snprintf(golden, sizeof golden, "tests/golden/%s", name);
-    const char *pass_sets[2] = {NULL, "none"};
+    const char *pass_sets[2] = {kiln_quant_is_fp8(dtype) ? PASSES_NO_W8A8 : NULL, "none"};
     for (int k = 0; k < 2; k++) {
         snprintf(out, sizeof out, "%s/qckpt-%d.kiln", tmpdir, k);
         KT_REQUIRE(compile_to(src_path(ckpt), pass_sets[k], out, KILN_DTYPE_COUNT_) == KILN_OK);
@@ -200,6 +207,83 @@ static void check_quant_checkpoint_as(const char *name, kiln_dtype dtype) {
         unlink(out);
     }
 }
+/* W8A8 on the CPU (pass w8a8, +act_fp8): an fp8 engine with the default pipeline against the same engine
+ * without the pass, over golden case 0's whole sequence in one step (80 rows: past KILN_QGEMV_MAX_ROWS,
+ * so every projection's input is rounded to E4M3 per token, or per 128 columns for fp8g128) and over its
+ * first 32 tokens (the quantized GEMV's steps, which read the activations as they are: the same bits).
+ * Against HF's weight-only logits, W8A8 stays within the bound the GPU's W8A8 is held to (0.12), and moves
+ * the logits off the weight-only ones. */
+static double rel_l2f(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+static void check_w8a8_cpu(const char *ckpt_rel, const char *golden_rel, int quant, int flagged) {
+    char eng[2][512];
+    kiln_model *m[2] = {NULL, NULL};
+    kiln_error err = {0};
+    for (int k = 0; k < 2; k++) {
+        snprintf(eng[k], sizeof eng[k], "%s/w8a8-%d.kiln", tmpdir, k);
+        kiln_compile_options opt = {.output_path = eng[k], .weight_dtype = KILN_DTYPE_COUNT_,
+                                    .passes = k ? PASSES_NO_W8A8 : NULL, .quant = quant, .quant_head = quant,
+                                    .quant_embedding = quant,
+                                    .quant_method = KILN_QUANT_RTN};
+        KT_REQUIRE(kt_compile(src_path(ckpt_rel), &opt) == KILN_OK);
+        KT_REQUIRE(kiln_model_open(eng[k], 2, &m[k], &err) == KILN_OK);
+        int n = 0;
+        for (uint32_t i = 0; i < m[k]->plan->n_ops; i++) n += (m[k]->plan->ops[i].attrs.flags & KILN_FLAG_ACT_FP8) != 0;
+        KT_EQ_INT(n, k ? 0 : flagged);
+    }
+    char path[1024];
+    snprintf(path, sizeof path, "%s/golden.json", src_path(golden_rel));
+    json_error_t je;
+    json_t *g = json_load_file(path, 0, &je);
+    KT_REQUIRE(g != NULL);
+    golden_case gc;
+    golden_case_read(json_array_get(json_object_get(g, "cases"), 0), src_path(golden_rel), &gc);
+    const int T = gc.positions, V = gc.vocab;
+    KT_REQUIRE(T > KILN_QGEMV_MAX_ROWS && gc.logits != NULL);
+    int32_t *seq = malloc((size_t)T * sizeof *seq);
+    memcpy(seq, gc.prompt, (size_t)gc.np * sizeof *seq);
+    memcpy(seq + gc.np, gc.greedy, (size_t)gc.ng * sizeof *seq);
+    float *lg[2], *sh[2];
+    for (int k = 0; k < 2; k++) {
+        lg[k] = malloc(sizeof(float) * (size_t)T * V);
+        sh[k] = malloc(sizeof(float) * (size_t)KILN_QGEMV_MAX_ROWS * V);
+        kiln_cpu_ctx *c = NULL;
+        KT_REQUIRE(kiln_cpu_ctx_new(m[k], 0, T, 2, &c, &err) == KILN_OK);
+        KT_CHECK(kiln_cpu_forward(c, seq, T, true, lg[k], &err) == KILN_OK);
+        kiln_cpu_ctx_reset(c);
+        KT_CHECK(kiln_cpu_forward(c, seq, KILN_QGEMV_MAX_ROWS, true, sh[k], &err) == KILN_OK);
+        kiln_cpu_ctx_free(c);
+    }
+    const size_t all = (size_t)T * V;
+    const double w8 = rel_l2f(lg[0], gc.logits, all), wo = rel_l2f(lg[1], gc.logits, all), moved = rel_l2f(lg[0], lg[1], all);
+    fprintf(stderr, "  %s: W8A8 over %d rows: logits rel err %.3g against HF's weight-only (without w8a8 %.2g), "
+            "%.3g off the weight-only engine\n", ckpt_rel, T, w8, wo, moved);
+    KT_CHECKF(w8 < 0.12 && moved > 1e-3 && wo < 1e-3, "%s: W8A8 %.3g, weight-only %.3g, moved %.3g", ckpt_rel, w8, wo,
+              moved);
+    KT_CHECKF(memcmp(sh[0], sh[1], sizeof(float) * (size_t)KILN_QGEMV_MAX_ROWS * V) == 0,
+              "%s: a %d-row step differs with +act_fp8 (it is the quantized GEMV's)", ckpt_rel, KILN_QGEMV_MAX_ROWS);
+    for (int k = 0; k < 2; k++) {
+        free(lg[k]), free(sh[k]);
+        kiln_model_close(m[k]);
+        unlink(eng[k]);
+    }
+    free(seq);
+    golden_case_free(&gc);
+    json_decref(g);
+}
+static void test_w8a8_cpu(void) {
+    /* per layer: packed q/k/v, o_proj, gate/up, down; and the LM head (fp8 too) */
+    check_w8a8_cpu("tests/data/tiny-mistral", "tests/golden/tiny-mistral-fp8", KILN_DTYPE_FP8, 4 * 2 + 1);
+    /* block FP8 read as it is (fp8g128: a scale per token and 128 columns; its LM head stays bf16) */
+    check_w8a8_cpu("tests/data/tiny-mistral-fp8-block", "tests/golden/tiny-mistral-fp8-block", 0, 4 * 2);
+}
+
 static void check_quant_checkpoint(const char *name) { check_quant_checkpoint_as(name, KILN_DTYPE_Q4G32); }
 static void test_awq_checkpoint(void) { check_quant_checkpoint("tiny-mistral-awq"); }
 static void test_gptq_checkpoint_sym(void) { check_quant_checkpoint("tiny-mistral-gptq"); }
@@ -587,6 +671,7 @@ int main(void) {
     KT_RUN(test_tiny_mistral_int8);
     KT_RUN(test_tiny_mistral_int4);
     KT_RUN(test_tiny_mistral_fp8);
+    KT_RUN(test_w8a8_cpu);
     KT_RUN(test_awq_checkpoint);
     KT_RUN(test_gptq_checkpoint_sym);
     KT_RUN(test_gptq_checkpoint_asym_desc_act);

@@ -1496,6 +1496,68 @@ static void check_kv8(const char *ckpt, const char *label, int64_t kv_bytes, dou
                   "8-bit codes, %lld in bf16 (want twice)", label, (long long)cap[ki], (long long)cap[0]);
 }
 
+/* W8A8 (+act_fp8, pass w8a8): a prefill of more than KILN_QGEMV_MAX_ROWS tokens on the GPU quantizes each
+ * projection's input per token (per 128 columns for fp8g128) for cuBLASLt's FP8 GEMM; the CPU executor
+ * runs the same plan with the same codes (kiln_act_fp8_row) in f32. The GPU's logits after a 48-token
+ * prompt must be within bf16's 3e-2 of the CPU's on that plan, and nearer them than to the CPU's
+ * weight-only ones (the same engine compiled without the pass): activations rounded to E4M3 move the
+ * logits by several percent (test_golden's test_w8a8_cpu), bf16 by less. */
+static void check_w8a8_matches_cpu(const char *ckpt_rel, int quant) {
+    const int np = 48;
+    char eng[2][1024];
+    kiln_model *m[2] = {NULL, NULL};
+    kiln_error err = {0};
+    for (int k = 0; k < 2; k++) {
+        snprintf(eng[k], sizeof eng[k], "%s/w8a8-%d.kiln", g_tmp, k);
+        kiln_compile_options opt = {.output_path = eng[k], .weight_dtype = quant ? KILN_DTYPE_BF16 : KILN_DTYPE_COUNT_,
+                                    .targets = gpu_targets(), .quant = quant, .quant_head = quant,
+                                    .quant_embedding = quant, .quant_method = KILN_QUANT_RTN,
+                                    .passes = k ? "fuse-add-rmsnorm,fuse-qkv-rope,fuse-gate-up-swiglu,fuse-linear-"
+                                                  "residual,pack-weights,decode-attention-rope,dce,fold-norm-into-ck-gemv"
+                                                : NULL};
+        KT_REQUIRE(kt_compile(pathf("%s/%s", src_dir(), ckpt_rel), &opt) == KILN_OK);
+        KT_REQUIRE(kiln_model_open(eng[k], 2, &m[k], &err) == KILN_OK && kiln_model_load_f32(m[k], &err) == KILN_OK);
+    }
+    const int V = m[0]->plan->vocab_size;
+    int32_t prompt[48];
+    for (int i = 0; i < np; i++) prompt[i] = 1 + (int32_t)((i * 7919u + 13u) % (unsigned)(V - 1));
+    float *cpu[2];
+    for (int k = 0; k < 2; k++) {
+        cpu[k] = malloc(sizeof(float) * (size_t)V);
+        kiln_cpu_ctx *c = NULL;
+        KT_REQUIRE(kiln_cpu_ctx_new(m[k], 128, np, 2, &c, &err) == KILN_OK);
+        KT_REQUIRE(kiln_cpu_forward(c, prompt, np, false, cpu[k], &err) == KILN_OK);
+        kiln_cpu_ctx_free(c);
+    }
+    kiln_cuda_exec_opts o = {.max_seqs = 1, .max_context = 128, .kv_bytes = 16 << 20};
+    gx G;
+    KT_REQUIRE(gx_open(&G, eng[0], &o));
+    kiln_executor_info info = {0};
+    float *gpu = malloc(sizeof(float) * (size_t)V);
+    int32_t id = 0;
+    KT_CHECK(gen_one(&G, 1, prompt, np, 1, 64, &id, gpu, NULL)); /* one 48-row prefill step */
+    G.x->ops->info(G.x, &info);
+    const double e8 = rel_l2(gpu, cpu[0], (size_t)V), ewo = rel_l2(gpu, cpu[1], (size_t)V);
+    fprintf(stderr, "  %s: GPU W8A8 prefill (%d matrices) vs the CPU's W8A8 logits rel err %.3g, vs its weight-only "
+            "%.3g\n", ckpt_rel, info.gemm_fp8, e8, ewo);
+    KT_CHECK(info.gemm_fp8 > 0);
+    KT_CHECKF(e8 < 3e-2 && e8 < ewo, "%s: GPU W8A8 %.3g from the CPU's W8A8, %.3g from its weight-only", ckpt_rel, e8,
+              ewo);
+    gx_close(&G);
+    free(gpu);
+    for (int k = 0; k < 2; k++) {
+        free(cpu[k]);
+        kiln_model_close(m[k]);
+    }
+}
+
+static void test_w8a8_matches_cpu(void) {
+    NEED_GPU();
+    if (g_sm < 89) KT_SKIP("W8A8 needs FP8 tensor cores (sm_89+); this GPU is sm_%d", g_sm);
+    check_w8a8_matches_cpu("tests/data/tiny-mistral", KILN_DTYPE_FP8);
+    check_w8a8_matches_cpu("tests/data/tiny-mistral-fp8-block", 0);
+}
+
 static void test_kv8(void) {
     NEED_GPU();
     check_kv8(pathf("%s/tests/data/tiny-mistral", src_dir()), "tiny-mistral", 64 << 10, 6e-2, 0.15);
@@ -1750,6 +1812,7 @@ int main(void) {
     RUN(test_tiny_bf16);
     RUN(test_moe);
     RUN(test_quant_goldens);
+    RUN(test_w8a8_matches_cpu);
     RUN(test_kv8);
     RUN(test_pycode_bf16);
     RUN(test_tuning_record);

@@ -577,6 +577,53 @@ static void test_fold_norm_into_ck_gemv(void) {
     kiln_graph_free(g);
 }
 
+/* w8a8 (default, after quantize) flags the projections whose matrices are fp8 or fp8g128 with +act_fp8;
+ * the verifier refuses the flag over other matrices and on ops that multiply nothing. */
+static void test_w8a8_pass(void) {
+    const int layers = 5; /* stories260k: packed q/k/v, o_proj, gate/up, down a layer; its LM head is the
+                             embedding table, which keeps its dtype here */
+    static const struct {
+        int quant, want;
+    } cases[] = {{KILN_DTYPE_FP8, 4 * layers}, {KILN_DTYPE_FP8G128, 4 * layers}, {KILN_DTYPE_Q8, 0},
+                 {KILN_DTYPE_Q4G32, 0}, {0, 0}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        kiln_error err = {0};
+        kiln_graph *g = stories_graph();
+        KT_REQUIRE(g);
+        g->quant_weights = cases[ci].quant;
+        KT_REQUIRE(kiln_passes_run(g, NULL, NULL, &err) == KILN_OK);
+        int n = 0;
+        for (int i = 0; i < g->n_ops; i++) n += !g->ops[i].dead && (g->ops[i].attrs.flags & KILN_FLAG_ACT_FP8);
+        KT_EQ_INT(n, cases[ci].want);
+        if (cases[ci].quant == KILN_DTYPE_FP8) {
+            /* the flag over an f32 matrix (the LM head's), and on an rmsnorm, fail the verifier */
+            for (int i = 0; i < g->n_ops; i++)
+                if (!g->ops[i].dead && g->ops[i].kind == KILN_OP_LM_HEAD) g->ops[i].attrs.flags |= KILN_FLAG_ACT_FP8;
+            KT_EQ_INT(kiln_ir_verify(g, &err), KILN_ERR_VERIFY);
+            KT_CONTAINS(err.msg, "+act_fp8 over");
+            for (int i = 0; i < g->n_ops; i++)
+                if (!g->ops[i].dead && g->ops[i].kind == KILN_OP_LM_HEAD) g->ops[i].attrs.flags &= ~KILN_FLAG_ACT_FP8;
+            KT_EQ_INT(kiln_ir_verify(g, &err), KILN_OK);
+            for (int i = 0; i < g->n_ops; i++)
+                if (!g->ops[i].dead && g->ops[i].kind == KILN_OP_RMSNORM) {
+                    g->ops[i].attrs.flags = KILN_FLAG_ACT_FP8;
+                    break;
+                }
+            KT_EQ_INT(kiln_ir_verify(g, &err), KILN_ERR_VERIFY);
+            KT_CONTAINS(err.msg, "do not apply");
+        }
+        kiln_graph_free(g);
+    }
+    /* left out of --passes, it flags nothing */
+    kiln_error err = {0};
+    kiln_graph *g = stories_graph();
+    KT_REQUIRE(g);
+    g->quant_weights = KILN_DTYPE_FP8;
+    KT_REQUIRE(kiln_passes_run(g, "fuse-add-rmsnorm,fuse-qkv-rope,fuse-gate-up-swiglu,dce", NULL, &err) == KILN_OK);
+    for (int i = 0; i < g->n_ops; i++) KT_CHECK(g->ops[i].dead || !(g->ops[i].attrs.flags & KILN_FLAG_ACT_FP8));
+    kiln_graph_free(g);
+}
+
 int main(void) {
     KT_RUN(test_builder_infers_and_rejects_shapes);
     KT_RUN(test_verifier_catches_broken_graphs);
@@ -589,6 +636,7 @@ int main(void) {
     KT_RUN(test_moe_stacks_and_plan);
     KT_RUN(test_dump_ir_prints_each_pass);
     KT_RUN(test_fold_norm_into_ck_gemv);
+    KT_RUN(test_w8a8_pass);
     if (ck_open) kiln_checkpoint_close(&ck);
     return KT_END();
 }

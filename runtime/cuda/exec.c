@@ -81,7 +81,7 @@ _Static_assert(KILN_TP_LOCAL_RANKS == KILN_TP_LOCAL_MAX, "kiln_cuda_rank.h and k
 /* The quantized GEMV takes steps of up to this many rows (x tiles of 8, the weights re-read from L2),
  * dequantize + cuBLASLt above: on the H200, Mistral-7B int4 decode at batch 16 / 32 / 64 ran 3,156 /
  * 3,616 / 3,965 tok/s through the GEMV and 1,377 / 2,690 / 5,303 through cuBLASLt */
-#define CX_QGEMV_MAX_M 32
+#define CX_QGEMV_MAX_M KILN_QGEMV_MAX_ROWS
 #define CX_ACTQ_THREADS 256 /* kiln_act_fp8's block (dequant.cuh's ACTQ_THREADS default) */
 /* Rows of the buffers a step's GEMMs write (activations, QKV and gate/up scratch, logits): fp8g128's W8A8
  * runs a multiple of 4 (run_gemm_fp8). */
@@ -116,6 +116,7 @@ typedef struct cx_gemm {
     CUfunction m1, mma;  /* GEMV modules (mma = 0 on the f32 path); a quantized W: both its GEMV */
     kiln_gemv_cfg c1, cmma;
     int qt;              /* W's quantized dtype (q8, q4g*), or 0 */
+    bool act8;           /* +act_fp8 (pass w8a8): steps past the quantized GEMV run W8A8 */
     CUfunction swiglu;   /* prefill swiglu kernel (EPI_SWIGLU) */
     int swiglu_threads;
 } cx_gemm;
@@ -532,13 +533,14 @@ static kiln_status gemv_fn(cx *x, const char *epi, int n, int k, const char *var
     return KILN_OK;
 }
 
-static kiln_status gemm_setup(cx *x, cx_gemm *g, int dw, cx_epi epi, kiln_error *err) {
+static kiln_status gemm_setup(cx *x, cx_gemm *g, int dw, cx_epi epi, const kiln_op_attrs *a, kiln_error *err) {
     const cx_dw *d = &x->dw[dw];
     g->dw = dw;
     g->n = (int)d->rows;
     g->k = (int)d->cols;
     g->epi = epi;
     g->qt = d->qt;
+    g->act8 = (a->flags & KILN_FLAG_ACT_FP8) != 0; /* fp8 / fp8g128: checked with the plan (kiln_op_infer) */
     static const char *epis[] = {"plain", "swiglu", "f32out"};
     char name[KILN_KSEC_NAME_MAX];
     const kiln_ksec_module *km = NULL;
@@ -567,17 +569,17 @@ static kiln_status gemm_setup(cx *x, cx_gemm *g, int dw, cx_epi epi, kiln_error 
             x->dequant_threads = km->cfg[0] > 0 ? km->cfg[0] : 256;
         }
         /* W8A8 where the engine's dequant module has the activations' kernels (kiln 0.5 on) */
-        if (g->qt == KILN_DTYPE_FP8 && x->w8a8 && !x->f_act8) {
+        if (g->qt == KILN_DTYPE_FP8 && g->act8 && x->w8a8 && !x->f_act8) {
             kiln_error ig = {0};
             if (fn_get(x, "dequant", "kiln_act_fp8", &x->f_act8, NULL, &ig)) x->w8a8 = false;
         }
-        if (g->qt == KILN_DTYPE_FP8G128 && x->w8a8 && x->w8a8_g128 && !x->f_act8g) {
+        if (g->qt == KILN_DTYPE_FP8G128 && g->act8 && x->w8a8 && x->w8a8_g128 && !x->f_act8g) {
             kiln_error ig = {0};
             if (fn_get(x, "dequant", "kiln_act_fp8g", &x->f_act8g, NULL, &ig) ||
                 fn_get(x, "dequant", "kiln_transpose_f32", &x->f_gt, NULL, &ig))
                 x->w8a8_g128 = false;
         }
-        if (g->qt == KILN_DTYPE_FP8G128 && x->w8a8 && x->w8a8_g128) x->dw[dw].gscales = true;
+        if (g->qt == KILN_DTYPE_FP8G128 && g->act8 && x->w8a8 && x->w8a8_g128) x->dw[dw].gscales = true;
     } else {
         if ((st = gemv_fn(x, epis[epi], g->n, g->k, "m1", &g->m1, &g->c1, err))) return st;
         if (!x->f32 && (st = gemv_fn(x, epis[epi], g->n, g->k, "mma", &g->mma, &g->cmma, err))) return st;
@@ -794,7 +796,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             if ((st = value_weight(x, in[1], false, &dw, err))) goto out;
             if (!(ins = emit(x, I_GEMM, (int)i, err))) goto nomem;
             ins->x = vb[in[0]];
-            if ((st = gemm_setup(x, &ins->g, dw, EPI_PLAIN, err))) goto out;
+            if ((st = gemm_setup(x, &ins->g, dw, EPI_PLAIN, a, err))) goto out;
             if ((st = value_buf(x, vb, o[0], err))) goto out;
             ins->y = vb[o[0]];
             break;
@@ -822,7 +824,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             if (!(ins = emit(x, I_GEMM, (int)i, err))) goto nomem;
             ins->x = vb[in[0]];
             ins->y = ins->res = vb[o[0]];
-            if ((st = gemm_setup(x, &ins->g, dw, EPI_PLAIN, err))) goto out;
+            if ((st = gemm_setup(x, &ins->g, dw, EPI_PLAIN, a, err))) goto out;
             break;
         }
         case KILN_OP_QKV_ROPE:
@@ -856,7 +858,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
                 if ((st = value_weight(x, in[extra++], true, &ins->dw_qn, err))) goto out;
                 if ((st = value_weight(x, in[extra++], true, &ins->dw_kn, err))) goto out;
             }
-            if ((st = gemm_setup(x, &ins->g, dw, EPI_PLAIN, err))) goto out;
+            if ((st = gemm_setup(x, &ins->g, dw, EPI_PLAIN, a, err))) goto out;
             for (int j = 0; j < 3; j++) virt[o[j]] = 1;
             qkv_op = (int)i;
             qkv_inst = x->n_prog - 1;
@@ -909,7 +911,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             if ((st = value_weight(x, in[1], false, &dw, err))) goto out;
             if (!(ins = emit(x, I_GEMM, (int)i, err))) goto nomem;
             ins->x = vb[in[0]];
-            if ((st = gemm_setup(x, &ins->g, dw, EPI_SWIGLU, err))) goto out;
+            if ((st = gemm_setup(x, &ins->g, dw, EPI_SWIGLU, a, err))) goto out;
             if ((st = value_buf(x, vb, o[0], err))) goto out;
             ins->y = vb[o[0]];
             break;
@@ -923,7 +925,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             if ((st = value_weight(x, in[1], false, &dw, err))) goto out;
             if (!(ins = emit(x, I_LMHEAD, (int)i, err))) goto nomem;
             ins->x = vb[in[0]];
-            if ((st = gemm_setup(x, &ins->g, dw, EPI_F32OUT, err))) goto out;
+            if ((st = gemm_setup(x, &ins->g, dw, EPI_F32OUT, a, err))) goto out;
             x->has_lm_head = true;
             if (o[0] != p->logits) { /* tp: this rank's slice of the vocabulary, gathered next */
                 ins->part = true;
@@ -1063,7 +1065,7 @@ static size_t act8_cols(const cx *x, size_t *scales) {
 
 /* Whether GEMM g, past the quantized GEMV, runs W8A8 (else its weight is dequantized for a bf16 GEMM). */
 static bool w8a8_runs(const cx *x, const cx_gemm *g) {
-    return x->w8a8 && (g->qt == KILN_DTYPE_FP8 || (g->qt == KILN_DTYPE_FP8G128 && x->w8a8_g128));
+    return g->act8 && x->w8a8 && (g->qt == KILN_DTYPE_FP8 || (g->qt == KILN_DTYPE_FP8G128 && x->w8a8_g128));
 }
 /* W8A8 with scales per 128 columns (fp8g128) rather than per row */
 static bool w8a8_g(const cx_gemm *g) { return g->qt == KILN_DTYPE_FP8G128; }
