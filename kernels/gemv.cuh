@@ -377,6 +377,23 @@ template <bool NORM> KILN_DEV void kiln_gemv_cc(const kiln_gemv_params &p) {
  * of them idle at one token), this spends about 3 (q8) or 4 (fp8) instructions a weight, under the
  * issue rate at the bandwidth ceiling. Needs K % 16 == 0, ldx % 8 == 0 and 16-byte aligned codes, x
  * and norm_w (the runtime checks K; the others hold for every buffer it makes). */
+/* d + the dot of 16 8-bit codes (q8, or fp8 with GEMV_FP8: word q holds columns 4q..4q+3), each widened to
+ * its exact fp32 value, with x[0..15]. */
+KILN_DEV float kiln_q8_dot16(uint4 v, const float *x, float d) {
+    const unsigned wd[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        float f[4];
+#if GEMV_FP8
+        kiln_fp8_f32(wd[q], f);
+#else
+        kiln_q8_f32(wd[q], f);
+#endif
+#pragma unroll
+        for (int e = 0; e < 4; e++) d = fmaf(f[e], x[4 * q + e], d);
+    }
+    return d;
+}
 template <bool NORM> KILN_DEV void kiln_gemv_ccq(const kiln_gemv_params &p) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row0 = (blockIdx.x * GEMV_WARPS + warp) * GEMV_ROWS;
@@ -448,19 +465,8 @@ template <bool NORM> KILN_DEV void kiln_gemv_ccq(const kiln_gemv_params &p) {
                     }
 #pragma unroll
                 for (int r = 0; r < GEMV_ROWS; r++) {
-                    const unsigned wd[4] = {wv[u][r].x, wv[u][r].y, wv[u][r].z, wv[u][r].w};
-                    float d = 0.0f; /* the chunk's dot: with groups, scaled by its group's scale */
-#pragma unroll
-                    for (int q = 0; q < 4; q++) {
-                        float f[4];
-#if GEMV_FP8
-                        kiln_fp8_f32(wd[q], f);
-#else
-                        kiln_q8_f32(wd[q], f);
-#endif
-#pragma unroll
-                        for (int e = 0; e < 4; e++) d = fmaf(f[e], xf[4 * q + e], d);
-                    }
+                    /* the chunk's dot: with groups, scaled by its group's scale */
+                    const float d = kiln_q8_dot16(wv[u][r], xf, 0.0f);
 #if GEMV_GROUP
                     acc[r][m] = fmaf(gsc[u][r], d, acc[r][m]);
 #else
@@ -520,21 +526,7 @@ template <bool NORM> KILN_DEV void kiln_gemv_ccq(const kiln_gemv_params &p) {
 
 #if GEMV_QUANT == 8
 /* d + the dot of one chunk's 16 codes (q8 or fp8, exact values) with x[0..15]. */
-KILN_DEV float kiln_ck_dot(uint4 v, const float (&x)[GEMV_CKC], float d) {
-    const unsigned wd[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        float f[4];
-#if GEMV_FP8
-        kiln_fp8_f32(wd[q], f);
-#else
-        kiln_q8_f32(wd[q], f);
-#endif
-#pragma unroll
-        for (int e = 0; e < 4; e++) d = fmaf(f[e], x[4 * q + e], d);
-    }
-    return d;
-}
+KILN_DEV float kiln_ck_dot(uint4 v, const float (&x)[GEMV_CKC], float d) { return kiln_q8_dot16(v, x, d); }
 #else
 /* d + the dot of one chunk's 32 codes (as offset values, see above) with x[0..31] (x[odd] / 16 with
  * GEMV_Q4CVT 1). Word q holds columns 8q..8q+7, column 2b in the low nibble of byte b. */
