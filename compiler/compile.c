@@ -320,11 +320,6 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
                       "supported yet", ck.config.quant.method ? "a quantized checkpoint" : "--quant", opt->tp);
         goto out;
     }
-    if (opt->kv_dtype && opt->tp > 1) {
-        st = kiln_err(err, KILN_ERR_UNSUPPORTED, "--kv-dtype %s with --tp %d: an 8-bit KV cache in tensor-parallel "
-                      "engines is not supported yet", opt->kv_dtype == KILN_FLAG_KV_INT8 ? "int8" : "fp8", opt->tp);
-        goto out;
-    }
     if (opt->kv_dtype && opt->kv_dtype != KILN_FLAG_KV_FP8 && opt->kv_dtype != KILN_FLAG_KV_INT8) {
         st = kiln_err(err, KILN_ERR_INVALID_ARG, "kv_dtype 0x%x: not KILN_FLAG_KV_FP8 or KILN_FLAG_KV_INT8", opt->kv_dtype);
         goto out;

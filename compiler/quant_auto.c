@@ -311,6 +311,7 @@ static kiln_status calibration_engine(const char *ckpt_dir, const kiln_compile_o
     o.kv_dtype = 0; /* the KV cache in the element type (a kv_cache_scheme checkpoint's too): the reference */
     o.kv_scales = NULL;
     o.kv_bf16 = true;
+    o.tp = 1; /* the whole model: calibration's activations and KV heads are the unsplit ones */
     o.targets = "none";
     o.gpu_if_possible = false;
     o.progress = NULL;

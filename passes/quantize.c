@@ -103,28 +103,50 @@ int kiln_pass_w8a8(kiln_graph *g, kiln_error *err) {
     return n;
 }
 
+/* Layer `layer`'s kv_scale weight: [K scales of the kv heads; V scales] (f32 from g->kv_scales). In a
+ * tensor-parallel graph each rank holds its own kv heads' scales, so the weight is packed from a K part
+ * and a V part, each sharded by rows: rank r's is [K of its heads; V of its heads], the layout its
+ * attention op reads (one rank's n_kv_heads). */
+static int kv_scale_weight(kiln_graph *g, int layer, int nkv, int ranks, kiln_error *err) {
+    char name[KILN_NAME_MAX];
+    snprintf(name, sizeof name, "model.layers.%d.self_attn.kv_scale", layer);
+    const float *src = g->kv_scales + (size_t)layer * 2 * (size_t)nkv;
+    if (ranks <= 1) {
+        const int64_t shape[1] = {2 * (int64_t)nkv};
+        return kiln_ir_weight(g, name, KILN_DTYPE_F32, 1, shape, src, KILN_DTYPE_F32, err);
+    }
+    int parts[2];
+    for (int j = 0; j < 2; j++) {
+        char pn[KILN_NAME_MAX + 4];
+        snprintf(pn, sizeof pn, "%s.%c", name, j ? 'v' : 'k');
+        const int64_t shape[1] = {nkv};
+        if ((parts[j] = kiln_ir_weight(g, pn, KILN_DTYPE_F32, 1, shape, src + (size_t)j * nkv, KILN_DTYPE_F32, err)) < 0)
+            return -1;
+        g->values[parts[j]].shape[0] = nkv / ranks; /* one rank's heads */
+        g->values[parts[j]].shard = KILN_SHARD_ROWS;
+    }
+    return kiln_ir_weight_packed(g, name, KILN_PACK_CONCAT_ROWS, parts, 2, err);
+}
+
 int kiln_pass_quantize_kv(kiln_graph *g, kiln_error *err) {
     if (!g->kv_flag) return 0;
-    if (!g->kv_scales || g->n_ranks > 1) {
-        kiln_err(err, KILN_ERR_INTERNAL, "quantize-kv: %s", g->kv_scales ? "a tensor-parallel graph" : "no scales");
+    if (!g->kv_scales) {
+        kiln_err(err, KILN_ERR_INTERNAL, "quantize-kv: no scales");
         return -1;
     }
-    const int nkv = g->info.n_kv_heads;
+    /* g->kv_scales holds the whole model's kv heads; a tensor-parallel graph's info and ops one rank's */
+    const int ranks = g->n_ranks > 1 ? g->n_ranks : 1, nkv = g->info.n_kv_heads * ranks;
     int n = 0;
     for (int i = 0; i < g->n_ops; i++) {
         if (g->ops[i].dead || g->ops[i].kind != KILN_OP_ATTENTION) continue;
         const kiln_op_attrs *a = &g->ops[i].attrs;
-        if (a->n_kv_heads != nkv || a->layer < 0 || a->layer >= g->info.n_layers ||
+        if (a->n_kv_heads != nkv / ranks || a->layer < 0 || a->layer >= g->info.n_layers ||
             (a->flags & (KILN_FLAG_KV_FP8 | KILN_FLAG_KV_INT8))) {
             kiln_err(err, KILN_ERR_VERIFY, "quantize-kv: attention op %d (layer %d, %d kv heads) is not one it takes",
                      i, a->layer, a->n_kv_heads);
             return -1;
         }
-        char name[KILN_NAME_MAX];
-        snprintf(name, sizeof name, "model.layers.%d.self_attn.kv_scale", a->layer);
-        const int64_t shape[1] = {2 * (int64_t)nkv};
-        const int v = kiln_ir_weight(g, name, KILN_DTYPE_F32, 1, shape, g->kv_scales + (size_t)a->layer * 2 * nkv,
-                                     KILN_DTYPE_F32, err);
+        const int v = kv_scale_weight(g, a->layer, nkv, ranks, err);
         if (v < 0) return -1;
         kiln_op *op = &g->ops[i];
         op->in[op->n_in++] = v;

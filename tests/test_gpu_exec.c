@@ -1412,7 +1412,8 @@ static void test_quant_goldens(void) {
 static void kv8_run(const char *eng, int64_t kv_bytes, int np, int ng, float *lg, int32_t *ids, int64_t *cap) {
     /* kv_bytes, not max_seqs x max_context, must bound the capacity: 64 KiB is 256 tokens of tiny-mistral's
      * bf16 cache (2 layers x 2 kv heads x 16 dims x K, V x 2 bytes) */
-    kiln_cuda_exec_opts o = {.max_seqs = 16, .max_context = 256, .kv_bytes = kv_bytes};
+    kiln_cuda_exec_opts o = {.max_seqs = 16, .max_context = 256, .kv_bytes = kv_bytes, .devices = g_tp.devices,
+                             .n_devices = g_tp.n_devices}; /* a tensor-parallel engine's ranks: g_tp's GPUs */
     gx G;
     KT_REQUIRE(gx_open(&G, eng, &o));
     int32_t *prompt = malloc(sizeof(int32_t) * (size_t)np);
@@ -1425,7 +1426,8 @@ static void kv8_run(const char *eng, int64_t kv_bytes, int np, int ng, float *lg
     gx_close(&G);
 }
 
-static void check_kv8(const char *ckpt, const char *label, int64_t kv_bytes, double med_bound, double worst_bound) {
+static void check_kv8(const char *ckpt, const char *label, int64_t kv_bytes, double med_bound, double worst_bound,
+                      int tp) {
     const int np = 150, ng = 24;
     static const uint32_t kinds[] = {0, KILN_FLAG_KV_FP8, KILN_FLAG_KV_INT8};
     int64_t cap[3] = {0};
@@ -1440,7 +1442,7 @@ static void check_kv8(const char *ckpt, const char *label, int64_t kv_bytes, dou
         for (int i = 0; i < 512; i++) fprintf(f, "%d ", (i * 104729 + 11) % 250);
         fclose(f);
         kiln_compile_options opt = {.output_path = eng, .weight_dtype = KILN_DTYPE_BF16, .targets = gpu_targets(),
-                                    .kv_dtype = kinds[ki], .calib_tokens = 512, .calib_ids_path = ids_file};
+                                    .kv_dtype = kinds[ki], .calib_tokens = 512, .calib_ids_path = ids_file, .tp = tp};
         KT_REQUIRE(kt_compile(ckpt, &opt) == KILN_OK);
         kiln_model *m = NULL;
         kiln_error err = {0};
@@ -1560,9 +1562,15 @@ static void test_w8a8_matches_cpu(void) {
 
 static void test_kv8(void) {
     NEED_GPU();
-    check_kv8(pathf("%s/tests/data/tiny-mistral", src_dir()), "tiny-mistral", 64 << 10, 6e-2, 0.15);
+    check_kv8(pathf("%s/tests/data/tiny-mistral", src_dir()), "tiny-mistral", 64 << 10, 6e-2, 0.15, 1);
+    /* --tp 2, both ranks on GPU 0: each rank's kv head in 8 bits with its shard of the scales, against the
+     * CPU running the same tensor-parallel plan */
+    static const int on_one[2] = {0, 0};
+    g_tp = (kiln_cuda_exec_opts){.devices = on_one, .n_devices = 2};
+    check_kv8(pathf("%s/tests/data/tiny-mistral", src_dir()), "tiny-mistral-tp2", 64 << 10, 6e-2, 0.15, 2);
+    g_tp = (kiln_cuda_exec_opts){0};
     const char *pc = pathf("%s/models/pycode-22m", shared_dir());
-    if (access(pathf("%s/config.json", pc), R_OK) == 0) check_kv8(pc, "pycode-22m", 16 << 20, 6e-2, 0.15);
+    if (access(pathf("%s/config.json", pc), R_OK) == 0) check_kv8(pc, "pycode-22m", 16 << 20, 6e-2, 0.15, 1);
     else fprintf(stderr, "  pycode-22m: not found in %s, skipped\n", shared_dir());
 }
 

@@ -183,8 +183,17 @@ static void test_refuses_indivisible(void) {
     kiln_checkpoint_close(&ck);
 }
 
+/* The KV cache the engines below get (0: the element type; KILN_FLAG_KV_FP8 / _INT8: 8 bits), with
+ * g_kv_scales as its scales, or (NULL) calibrated on g_kv_ids. */
+static uint32_t g_kv;
+static const float *g_kv_scales;
+static char g_kv_ids[512];
+
 static int compile(const char *ckpt, const char *passes, int tp, const char *out) {
-    kiln_compile_options opt = {.output_path = out, .weight_dtype = KILN_DTYPE_COUNT_, .passes = passes, .tp = tp};
+    kiln_compile_options opt = {.output_path = out, .weight_dtype = KILN_DTYPE_COUNT_, .passes = passes, .tp = tp,
+                                .kv_dtype = g_kv, .kv_scales = g_kv ? g_kv_scales : NULL,
+                                .calib_ids_path = g_kv && !g_kv_scales ? g_kv_ids : NULL,
+                                .calib_tokens = g_kv && !g_kv_scales ? 256 : 0};
     return kt_compile(ckpt, &opt);
 }
 
@@ -419,6 +428,56 @@ static void test_logits_stories260k(void) { /* a trained model: 8/4 heads, ffn 1
     check_tp_logits(src_path("models/stories260k"), "none", 4, 32);
 }
 
+/* An 8-bit KV cache (--kv-dtype fp8|int8) split with the heads: each rank's attention holds its kv
+ * heads' codes and reads its shard of each layer's scales ([K of its heads; V of its heads]), so the
+ * tp=N plan gives the tp=1 logits to fp32 rounding as with a bf16 cache: with given scales, and with
+ * scales calibrated (on the whole model, whatever --tp says, so both engines get the same ones). */
+static void test_logits_kv8(void) {
+    static float scales[5 * 2 * 4]; /* stories260k's 5 layers x 2 x 4 kv heads, the most here */
+    for (size_t i = 0; i < sizeof scales / sizeof scales[0]; i++) scales[i] = 0.02f + 0.005f * (float)(i % 7);
+    snprintf(g_kv_ids, sizeof g_kv_ids, "%s/kv-calib.ids", tmpdir);
+    FILE *f = fopen(g_kv_ids, "w");
+    KT_REQUIRE(f != NULL);
+    for (int i = 0; i < 256; i++) fprintf(f, "%d ", (i * 104729 + 11) % 250);
+    fclose(f);
+    const uint32_t kinds[2] = {KILN_FLAG_KV_FP8, KILN_FLAG_KV_INT8};
+    for (int k = 0; k < 2; k++) {
+        g_kv = kinds[k];
+        g_kv_scales = scales;
+        check_tp_logits(src_path("tests/data/tiny-mistral"), NULL, 2, 20);  /* 2 kv heads: one a rank */
+        check_tp_logits(src_path("models/stories260k"), NULL, 4, 32);      /* 4 kv heads over 4 ranks */
+        g_kv_scales = NULL;                                                 /* calibrated */
+        check_tp_logits(src_path("tests/data/tiny-mistral"), NULL, 2, 20);
+    }
+    /* the engine: rank r's kv_scale shard is [K scales of its heads; V scales of its heads] */
+    g_kv = KILN_FLAG_KV_FP8;
+    g_kv_scales = scales;
+    char en[512];
+    snprintf(en, sizeof en, "%s/kv8-tp4.kiln", tmpdir);
+    KT_REQUIRE(compile(src_path("models/stories260k"), NULL, 4, en) == KILN_OK);
+    kiln_model *m = NULL;
+    kiln_error err = {0};
+    KT_REQUIRE(kiln_model_open(en, 1, &m, &err) == KILN_OK);
+    int seen = 0;
+    for (int r = 0; r < 4; r++)
+        for (uint32_t i = 0; i < m->plan->n_weights; i++) {
+            const kiln_plan_weight *w = &m->plan->weights[i];
+            int layer = -1;
+            const char *tail = strstr(w->name, ".self_attn.kv_scale");
+            if (!tail || strcmp(tail, ".self_attn.kv_scale") || sscanf(w->name, "model.layers.%d.", &layer) != 1) continue;
+            KT_EQ_INT(w->shape[0], 2); /* one kv head a rank: its K scale, its V scale */
+            const float *got = m->wf32[(size_t)r * m->plan->n_weights + i];
+            KT_CHECK(got[0] == kiln_kv_scale_bf16(scales[layer * 8 + r]) &&
+                     got[1] == kiln_kv_scale_bf16(scales[layer * 8 + 4 + r]));
+            seen++;
+        }
+    KT_EQ_INT(seen, 4 * 5);
+    kiln_model_close(m);
+    unlink(en);
+    g_kv = 0;
+    g_kv_scales = NULL;
+}
+
 static void test_logits_pycode(void) { /* the shared 22M-parameter model: 6/2 heads, vocab 32000 */
     char ckpt[1024];
     snprintf(ckpt, sizeof ckpt, "%s/models/pycode-22m", KILN_SHARED_DIR);
@@ -441,6 +500,7 @@ int main(void) {
     KT_RUN(test_logits_tiny_qwen2);
     KT_RUN(test_logits_stories260k);
     KT_RUN(test_logits_pycode);
+    KT_RUN(test_logits_kv8);
     fprintf(stderr, "  max |tpN - tp1| logit over all models: %.3g\n", max_logit_diff_seen);
     rmdir(tmpdir);
     return KT_END();
