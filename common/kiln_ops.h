@@ -224,6 +224,9 @@ typedef enum kiln_op_kind {
 } kiln_op_kind;
 
 const char *kiln_op_name(kiln_op_kind k);  /* "embedding", "rmsnorm"... */
+/* The name `--dump-ir` and `kiln inspect` give lowering flag `bit` (one KILN_FLAG_* bit): "decode_rope",
+ * "act_fp8"...; NULL for a bit that is no flag. */
+const char *kiln_flag_name(uint32_t bit);
 int kiln_op_from_name(const char *name);   /* -1 when unknown */
 
 typedef enum kiln_rope_scaling {

@@ -46,6 +46,22 @@ static const char *const op_names[KILN_OP_COUNT_] = {
 };
 
 /* The table may have gaps (kinds other branches number): a gap has no name and is unknown. */
+const char *kiln_flag_name(uint32_t bit) {
+    switch (bit) {
+    case KILN_FLAG_DECODE_ROPE: return "decode_rope";
+    case KILN_FLAG_MERGE_SPLITS: return "merge_splits";
+    case KILN_FLAG_FOLD_INTO_GEMV: return "fold_into_gemv";
+    case KILN_FLAG_QKV_BIAS: return "qkv_bias";
+    case KILN_FLAG_QK_NORM: return "qk_norm";
+    case KILN_FLAG_MOE_NO_RENORM: return "no_renorm";
+    case KILN_FLAG_KV_FP8: return "kv_fp8";
+    case KILN_FLAG_KV_INT8: return "kv_int8";
+    case KILN_FLAG_FOLD_ONE_TOKEN: return "one_token";
+    case KILN_FLAG_ACT_FP8: return "act_fp8";
+    default: return NULL;
+    }
+}
+
 const char *kiln_op_name(kiln_op_kind k) {
     return (unsigned)k < KILN_OP_COUNT_ && op_names[k] ? op_names[k] : "?";
 }

@@ -405,9 +405,15 @@ static json_t *plan_json(const kiln_plan *p) {
         json_t *n = json_object_get(ops, name);
         json_object_set_new(ops, name, json_integer(n ? json_integer_value(n) + 1 : 1));
     }
-    return json_pack("{s:i, s:i, s:i, s:i, s:o, s:i, s:f}", "values", (int)p->n_values, "ops_total", (int)p->n_ops,
-                     "weights", (int)p->n_weights, "buffer_slots", (int)p->n_slots, "ops", ops, "ranks",
-                     (int)p->n_ranks, "bits_per_weight", bits_per_weight(p));
+    json_t *flags = json_object(); /* ops carrying each lowering flag (the passes' decisions, --dump-ir's +names) */
+    for (uint32_t bit = 1; bit & KILN_FLAG_ALL_; bit <<= 1) {
+        int n = 0;
+        for (uint32_t i = 0; i < p->n_ops; i++) n += (p->ops[i].attrs.flags & bit) != 0;
+        if (n) json_object_set_new(flags, kiln_flag_name(bit), json_integer(n));
+    }
+    return json_pack("{s:i, s:i, s:i, s:i, s:o, s:o, s:i, s:f}", "values", (int)p->n_values, "ops_total", (int)p->n_ops,
+                     "weights", (int)p->n_weights, "buffer_slots", (int)p->n_slots, "ops", ops, "flags", flags,
+                     "ranks", (int)p->n_ranks, "bits_per_weight", bits_per_weight(p));
 }
 
 /* The dtype names in a bit set ("bf16", "f16+bf16"), appended to out. */
@@ -627,6 +633,11 @@ static void print_text(const char *path, const kiln_model *m, json_t *meta, cons
     json_t *v;
     json_object_foreach(json_object_get(json_object_get(meta, "plan"), "ops"), key, v) {
         printf(" %s×%lld", key, (long long)json_integer_value(v));
+    }
+    json_t *flags = json_object_get(json_object_get(meta, "plan"), "flags");
+    if (json_object_size(flags)) {
+        printf("\nlowering:");
+        json_object_foreach(flags, key, v) printf(" +%s×%lld", key, (long long)json_integer_value(v));
     }
     if (m->tokenizer)
         printf("\ntokenizer: %u ids\nsections:\n", kiln_tokenizer_vocab_size(m->tokenizer));

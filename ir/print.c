@@ -69,19 +69,13 @@ static void print_attrs(const kiln_op *op, FILE *f) {
     default: break;
     }
     if (a->ranks) fprintf(f, " ranks=%d", a->ranks);
-    /* the lowering decisions passes recorded: what the GPU fuses at run time */
-    if (a->flags & KILN_FLAG_DECODE_ROPE) fprintf(f, " +decode_rope");
-    if (a->flags & KILN_FLAG_MERGE_SPLITS) fprintf(f, " +merge_splits");
-    if (a->flags & KILN_FLAG_KV_FP8) fprintf(f, " +kv_fp8");
-    if (a->flags & KILN_FLAG_KV_INT8) fprintf(f, " +kv_int8");
-    if (a->flags & KILN_FLAG_FOLD_INTO_GEMV) fprintf(f, " +fold_into_gemv");
-    if (a->flags & KILN_FLAG_FOLD_ONE_TOKEN) fprintf(f, " +one_token");
-    if (a->flags & KILN_FLAG_ACT_FP8) fprintf(f, " +act_fp8");
-    /* the optional inputs a qkv_rope carries */
-    if (a->flags & KILN_FLAG_QKV_BIAS) fprintf(f, " +qkv_bias");
-    if (a->flags & KILN_FLAG_QK_NORM) fprintf(f, " +qk_norm(eps=%g)", a->eps);
-    /* a moe whose top-k weights are not renormalised */
-    if (a->flags & KILN_FLAG_MOE_NO_RENORM) fprintf(f, " +no_renorm");
+    /* the lowering decisions passes recorded (what the GPU fuses at run time) and the optional inputs an op
+     * carries, in bit order; qk_norm with its eps */
+    for (uint32_t bit = 1; bit & KILN_FLAG_ALL_; bit <<= 1)
+        if (a->flags & bit) {
+            if (bit == KILN_FLAG_QK_NORM) fprintf(f, " +qk_norm(eps=%g)", a->eps);
+            else fprintf(f, " +%s", kiln_flag_name(bit));
+        }
 }
 
 void kiln_ir_print(const kiln_graph *g, FILE *f) {

@@ -122,8 +122,12 @@ static int kt_selected_(const char *name) {
         }                                                                            \
     } while (0)
 
-#define KT_END()                                                                     \
-    (printf("%d passed, %d failed, %d skipped\n", kt_passed_, kt_failed_, kt_skipped_), \
-     kt_failed_ ? 1 : 0)
+/* The summary line and the exit status main must return (`return KT_END();`): a result left unused is a
+ * compile warning, since a main that drops it exits 0 whatever failed. */
+__attribute__((warn_unused_result)) static inline int kt_end_(void) {
+    printf("%d passed, %d failed, %d skipped\n", kt_passed_, kt_failed_, kt_skipped_);
+    return kt_failed_ ? 1 : 0;
+}
+#define KT_END() kt_end_()
 
 #endif /* KILN_KT_H */

@@ -473,5 +473,5 @@ int main(void) {
     KT_RUN(test_section);
     KT_RUN(test_bad_messages);
     KT_RUN(test_public_api);
-    KT_END();
+    return KT_END();
 }

@@ -418,5 +418,5 @@ int main(void) {
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
-    KT_END();
+    return KT_END();
 }
