@@ -397,14 +397,15 @@ static const kiln_value *row_part(const kiln_graph *g, const kiln_value *val, in
     return part;
 }
 
-/* Row pr of the plain matrix `part` as checked floats: its source elements through kiln_weight_convert to
- * f32, so a NaN or Inf is refused naming the part and the element. */
-static kiln_status read_row(const kiln_value *part, int64_t pr, float *row, kiln_error *err) {
+/* Row pr of rank `rank`'s shard (of n_ranks; the whole matrix when it is not sharded) of the plain matrix
+ * `part` as checked floats: its source elements through kiln_weight_convert to f32, so a NaN or Inf is
+ * refused naming the part and the element. */
+static kiln_status read_row(const kiln_value *part, int rank, int n_ranks, int64_t pr, float *row, kiln_error *err) {
     const int64_t k = part->shape[1];
     kiln_value as_f32 = *part;
     as_f32.dtype = KILN_DTYPE_F32;
     const size_t ss = (size_t)kiln_dtype_size(part->src_dtype);
-    const uint64_t first = (uint64_t)pr * (uint64_t)k;
+    const uint64_t first = shard_row_start(part, rank, n_ranks, (uint64_t)pr);
     return kiln_weight_convert(&as_f32, first, part->src + first * ss, (uint8_t *)row, (size_t)k, err);
 }
 
@@ -439,6 +440,7 @@ typedef struct quant_job {
     const kiln_graph *g;
     const kiln_value *val;
     uint8_t *out;
+    int rank, n_ranks; /* whose shard (tensor parallelism; 0 of 1 otherwise) */
     int parts;
     kiln_status st[64];
     kiln_error err[64];
@@ -458,7 +460,7 @@ static void quant_rows(void *arg, int part) {
         } else if (src->qsrc.format != KILN_QSRC_NONE) { /* quantized in the checkpoint: repacked, not rounded again */
             const int64_t bad = kiln_quant_repack_row(&src->qsrc, j->val->dtype, src->shape[0], k, pr, n, r, j->out);
             if (bad >= 0) st = bad_scale(src, bad, &j->err[part]);
-        } else if ((st = read_row(src, pr, row, &j->err[part])) == KILN_OK) {
+        } else if ((st = read_row(src, j->rank, j->n_ranks, pr, row, &j->err[part])) == KILN_OK) {
             kiln_quant_row_ex(j->val->dtype, n, k, r, row, j->out, j->g->quant_method);
         }
     }
@@ -470,8 +472,10 @@ static void quant_rows(void *arg, int part) {
  * graph's method, common/quant.c; the pass quantize gave it the dtype), or, for a matrix that came
  * quantized from the checkpoint, repacked (kiln_quant_repack_row, _fp8_row), into the weight's bytes, rows split
  * over the process-wide pool, which are then written in one piece. The first failing part's error
- * (in row order) is the one reported. */
-static kiln_status write_quantized(const kiln_graph *g, const kiln_value *val, kiln_engine_writer *w,
+ * (in row order) is the one reported. With tensor parallelism, rank `rank`'s shard: the rows of its
+ * shard of each part (their columns for a row-parallel matrix), quantized as that rank's [n, k] matrix
+ * (compile.c refuses checkpoint-quantized matrices there). */
+static kiln_status write_quantized(const kiln_graph *g, const kiln_value *val, int rank, kiln_engine_writer *w,
                                    kiln_error *err) {
     const uint64_t nbytes = weight_bytes(val);
     uint8_t *out = calloc(nbytes ? nbytes : 1, 1);
@@ -481,7 +485,8 @@ static kiln_status write_quantized(const kiln_graph *g, const kiln_value *val, k
         return kiln_err(err, KILN_ERR_NOMEM, "out of memory quantizing %s", val->name);
     }
     const int ways = kiln_pool_ways(kiln_pool_shared());
-    *j = (quant_job){.g = g, .val = val, .out = out, .parts = ways < 1 ? 1 : ways > 64 ? 64 : ways};
+    *j = (quant_job){.g = g, .val = val, .out = out, .rank = rank, .n_ranks = ranks_of(g),
+                     .parts = ways < 1 ? 1 : ways > 64 ? 64 : ways};
     if (j->parts > val->shape[0]) j->parts = (int)val->shape[0];
     kiln_pool_for(kiln_pool_shared(), j->parts, j->parts, quant_rows, j);
     kiln_status st = KILN_OK;
@@ -512,7 +517,7 @@ kiln_status kiln_weights_write(const kiln_graph *g, kiln_engine_writer *w, uint6
             uint64_t pad = kiln_align_up(offset, KILN_PLAN_WEIGHT_ALIGN) - offset;
             if (pad && (st = kiln_engine_writer_write(w, zeros, pad, err)) != KILN_OK) break;
             offset += pad;
-            st = kiln_dtype_is_quant(val->dtype) ? write_quantized(g, val, w, err) /* one rank */
+            st = kiln_dtype_is_quant(val->dtype) ? write_quantized(g, val, r, w, err)
                  : val->pack != KILN_PACK_NONE   ? write_packed(g, val, r, buf, CHUNK, w, err)
                                                  : write_shard(val, r, ranks_of(g), buf, CHUNK, w, err);
             offset += weight_bytes(val);

@@ -485,9 +485,9 @@ int kiln_cmd_compile(int argc, char **argv) {
     else if (quant_head && strcmp(quant_head, "keep")) /* a quantized checkpoint's LM head: keep by default */
         opt.quant_head = QFMT(quant_head);
 #undef QFMT
-    if (opt.quant && opt.tp > 1)
-        return kiln_cli_usage_error("compile", "--quant with --tp %d: quantized tensor-parallel engines are not "
-                                               "supported yet", opt.tp);
+    if ((opt.quant == KILN_QUANT_AUTO || opt.awq) && opt.tp > 1)
+        return kiln_cli_usage_error("compile", "%s with --tp %d: not supported yet (give one format: --quant "
+                                               "int8|fp8|int4)", opt.awq ? "--awq" : "--quant auto", opt.tp);
     if (optind != argc - 1)
         return kiln_cli_usage_error("compile", optind >= argc ? "missing the checkpoint directory"
                                                               : "expected one checkpoint directory");

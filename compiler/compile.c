@@ -315,9 +315,15 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
         kiln_err_hint(err, "compile it without --quant: its projections are read as they are");
         goto out;
     }
-    if ((opt->quant || opt->quant_head || opt->quant_embedding || ck.config.quant.method) && opt->tp > 1) {
-        st = kiln_err(err, KILN_ERR_UNSUPPORTED, "%s with --tp %d: quantized tensor-parallel engines are not "
-                      "supported yet", ck.config.quant.method ? "a quantized checkpoint" : "--quant", opt->tp);
+    /* --quant with --tp: each rank's shard of a matrix is quantized as that rank's matrix (its rows, or for a
+     * row-parallel one its columns of each row). Not yet: matrices that come quantized (they would be
+     * repacked shard by shard), --quant auto (its measurements are of the whole model) and --awq. */
+    if ((ck.config.quant.method || opt->quant == KILN_QUANT_AUTO || opt->awq) && opt->tp > 1) {
+        st = kiln_err(err, KILN_ERR_UNSUPPORTED, "%s with --tp %d: not supported yet",
+                      ck.config.quant.method ? "a quantized checkpoint" : opt->awq ? "--awq" : "--quant auto", opt->tp);
+        kiln_err_hint(err, ck.config.quant.method ? "compile it without --tp, or from its unquantized checkpoint with "
+                                                    "--quant and --tp"
+                                                  : "give one format (--quant int8|fp8|int4) with --tp");
         goto out;
     }
     if (opt->kv_dtype && opt->kv_dtype != KILN_FLAG_KV_FP8 && opt->kv_dtype != KILN_FLAG_KV_INT8) {

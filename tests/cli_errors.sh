@@ -138,8 +138,13 @@ expect 2 "--quant-embedding 'int2': expected int8, fp8, int4 or keep" -- "$KILN"
     -o "$T/q.kiln" --quant int8 --quant-embedding int2
 expect 2 "--quant-method applies with --quant" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" \
     --quant-method mse
-expect 2 "--quant with --tp 2" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" --quant int8 --tp 2
+expect 2 "--quant auto with --tp 2: not supported yet" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" \
+    --quant auto --max-weight-bytes 1M --tp 2
 no_file "$T/q.kiln"
+# --quant with --tp: each rank's shard quantized as its own matrix (test_tp checks the logits against tp 1)
+expect 0 "wrote" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/qtp.kiln" --target none --quant int8 --tp 2
+"$KILN" run "$T/qtp.kiln" --prompt-ids 1,2,3 --max-tokens 4 --device cpu >/dev/null 2>"$T/err" && ok ||
+    bad "a tensor-parallel int8 engine on the CPU: $(cat "$T/err")"
 expect 0 "wrote" -- "$KILN" compile "$SRC/tests/data/tiny-mistral" -o "$T/q.kiln" --quant int4 --group-size 32 \
     --target none
 "$KILN" inspect "$T/q.kiln" | grep -Eq "^weights: .*bits per weight\), dtype .*q4g32.*q8|q8.*q4g32" && ok ||

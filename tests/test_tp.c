@@ -189,8 +189,11 @@ static uint32_t g_kv;
 static const float *g_kv_scales;
 static char g_kv_ids[512];
 
+static int g_quant; /* --quant for the engines below (0: none; the LM head then int8, as the CLI's default) */
+
 static int compile(const char *ckpt, const char *passes, int tp, const char *out) {
     kiln_compile_options opt = {.output_path = out, .weight_dtype = KILN_DTYPE_COUNT_, .passes = passes, .tp = tp,
+                                .quant = g_quant, .quant_head = g_quant ? KILN_DTYPE_Q8 : 0,
                                 .kv_dtype = g_kv, .kv_scales = g_kv ? g_kv_scales : NULL,
                                 .calib_ids_path = g_kv && !g_kv_scales ? g_kv_ids : NULL,
                                 .calib_tokens = g_kv && !g_kv_scales ? 256 : 0};
@@ -382,7 +385,7 @@ static void check_tp_logits(const char *ckpt, const char *passes, int n, int len
               passes ? passes : "default", n, max_diff, range);
     fprintf(stderr, "  %s --passes %s --tp %d: %d positions, max |tp%d - tp1| logit %.3g (range %.3g)\n", ckpt,
             passes ? passes : "default", n, len, n, max_diff, range);
-    if (max_diff > max_logit_diff_seen) max_logit_diff_seen = max_diff;
+    if (max_diff > max_logit_diff_seen && !g_quant) max_logit_diff_seen = max_diff;
     /* greedy decoding, token by token through each rank's KV cache */
     kiln_cpu_ctx_reset(c1);
     kiln_cpu_ctx_reset(cn);
@@ -478,6 +481,115 @@ static void test_logits_kv8(void) {
     g_kv_scales = NULL;
 }
 
+/* All logits of one forward over `len` tokens of the engine compiled from ckpt with g_quant at --tp tp. */
+static float *quant_logits(const char *ckpt, int tp, int len, int *vocab) {
+    char e[512];
+    snprintf(e, sizeof e, "%s/ql-%d.kiln", tmpdir, tp);
+    kiln_model *m = NULL;
+    kiln_error err = {0};
+    if (compile(ckpt, NULL, tp, e) != KILN_OK || kiln_model_open(e, 2, &m, &err) != KILN_OK) return NULL;
+    *vocab = m->plan->vocab_size;
+    int32_t *toks = malloc((size_t)len * sizeof *toks);
+    float *l = malloc((size_t)len * (size_t)*vocab * sizeof *l);
+    for (int i = 0; i < len; i++) toks[i] = (int32_t)((i * 7919 + 13) % *vocab);
+    kiln_cpu_ctx *c = NULL;
+    if (kiln_cpu_ctx_new(m, 0, len, 2, &c, &err) != KILN_OK || kiln_cpu_forward(c, toks, len, true, l, &err) != KILN_OK) {
+        fprintf(stderr, "  %s: %s\n", e, err.msg);
+        free(l);
+        l = NULL;
+    }
+    kiln_cpu_ctx_free(c);
+    kiln_model_close(m);
+    unlink(e);
+    free(toks);
+    return l;
+}
+
+static double rel_l2(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+/* q8 / fp8 at --tp n: a row-parallel shard (o_proj, down_proj) gets its own scale per row over its
+ * columns, so its codes are another rounding of the same weights than tp=1's: the tp=n engine must be
+ * as near the unquantized model as the tp=1 one (its logits' relative error at most 1.5 x tp=1's). */
+static void check_tp_quant_noise(const char *ckpt, int quant, int n, int len) {
+    int V = 0;
+    g_quant = 0;
+    float *dense = quant_logits(ckpt, 1, len, &V);
+    g_quant = quant;
+    float *q1 = quant_logits(ckpt, 1, len, &V), *qn = quant_logits(ckpt, n, len, &V);
+    g_quant = 0;
+    KT_REQUIRE(dense && q1 && qn);
+    const size_t all = (size_t)len * (size_t)V;
+    const double e1 = rel_l2(q1, dense, all), en = rel_l2(qn, dense, all);
+    fprintf(stderr, "  %s --quant %s: logits rel err against the unquantized model %.3g at tp 1, %.3g at tp %d\n",
+            ckpt, kiln_dtype_name((kiln_dtype)quant), e1, en, n);
+    KT_CHECKF(en <= 1.5 * e1 + 1e-4 && e1 > 0, "%s --quant %s --tp %d: %.3g against tp 1's %.3g", ckpt,
+              kiln_dtype_name((kiln_dtype)quant), n, en, e1);
+    free(dense), free(q1), free(qn);
+}
+
+/* --quant with --tp: each rank's shard of a matrix quantized as that rank's matrix. q4g32 on tiny-mistral:
+ * a row-parallel shard's columns are whole groups of the row and the other matrices keep whole rows, so
+ * every code and scale is the tp=1 engine's: the tp=1 logits to fp32 rounding and the same tokens. q8 and
+ * fp8 (and stories260k, whose down_proj columns take no q4 group: q8): check_tp_quant_noise; and rank r's
+ * int8 o_proj shard, dequantized, is the dense weight's columns of that rank within half a step of its own
+ * per-row scale (max |w| / 127). */
+static void test_logits_quant(void) {
+    g_quant = KILN_DTYPE_Q4G32;
+    check_tp_logits(src_path("tests/data/tiny-mistral"), NULL, 2, 20);
+    check_tp_logits(src_path("tests/data/tiny-mistral"), "none", 2, 20);
+    g_quant = 0;
+    check_tp_quant_noise(src_path("models/stories260k"), KILN_DTYPE_Q4G32, 2, 32);
+    const int q8[2] = {KILN_DTYPE_Q8, KILN_DTYPE_FP8};
+    for (int k = 0; k < 2; k++) {
+        check_tp_quant_noise(src_path("tests/data/tiny-mistral"), q8[k], 2, 20);
+        check_tp_quant_noise(src_path("models/stories260k"), q8[k], 4, 32);
+    }
+    /* the int8 o_proj shards against the dense weight */
+    char ed[512], eq[512];
+    snprintf(ed, sizeof ed, "%s/dense.kiln", tmpdir);
+    snprintf(eq, sizeof eq, "%s/q8tp2.kiln", tmpdir);
+    g_quant = 0;
+    KT_REQUIRE(compile(src_path("tests/data/tiny-mistral"), NULL, 1, ed) == KILN_OK);
+    g_quant = KILN_DTYPE_Q8;
+    KT_REQUIRE(compile(src_path("tests/data/tiny-mistral"), NULL, 2, eq) == KILN_OK);
+    g_quant = 0;
+    kiln_model *md = NULL, *mq = NULL;
+    kiln_error err = {0};
+    KT_REQUIRE(kiln_model_open(ed, 1, &md, &err) == KILN_OK && kiln_model_open(eq, 1, &mq, &err) == KILN_OK);
+    const char *name = "model.layers.1.self_attn.o_proj.weight";
+    int wd = -1, wq = -1;
+    for (uint32_t i = 0; i < md->plan->n_weights; i++)
+        if (!strcmp(md->plan->weights[i].name, name)) wd = (int)i;
+    for (uint32_t i = 0; i < mq->plan->n_weights; i++)
+        if (!strcmp(mq->plan->weights[i].name, name)) wq = (int)i;
+    KT_REQUIRE(wd >= 0 && wq >= 0);
+    KT_EQ_INT(mq->plan->weights[wq].dtype, KILN_DTYPE_Q8);
+    const int64_t N = md->plan->weights[wd].shape[0], K = md->plan->weights[wd].shape[1], C = K / 2;
+    KT_EQ_INT(mq->plan->weights[wq].shape[1], C);
+    size_t bad = 0;
+    for (int r = 0; r < 2; r++) {
+        const float *dense = md->wf32[wd], *got = mq->wf32[(size_t)r * mq->plan->n_weights + (size_t)wq];
+        for (int64_t n = 0; n < N; n++) {
+            float amax = 0;
+            for (int64_t c = 0; c < C; c++) amax = fmaxf(amax, fabsf(dense[n * K + r * C + c]));
+            for (int64_t c = 0; c < C; c++)
+                bad += !(fabsf(got[n * C + c] - dense[n * K + r * C + c]) <= amax / 127 * 0.5f * 1.001f + 1e-7f);
+        }
+    }
+    KT_CHECKF(bad == 0, "%zu int8 o_proj shard elements off the dense slice by more than half their row's step", bad);
+    kiln_model_close(md);
+    kiln_model_close(mq);
+    unlink(ed);
+    unlink(eq);
+}
+
 static void test_logits_pycode(void) { /* the shared 22M-parameter model: 6/2 heads, vocab 32000 */
     char ckpt[1024];
     snprintf(ckpt, sizeof ckpt, "%s/models/pycode-22m", KILN_SHARED_DIR);
@@ -501,6 +613,7 @@ int main(void) {
     KT_RUN(test_logits_stories260k);
     KT_RUN(test_logits_pycode);
     KT_RUN(test_logits_kv8);
+    KT_RUN(test_logits_quant);
     fprintf(stderr, "  max |tpN - tp1| logit over all models: %.3g\n", max_logit_diff_seen);
     rmdir(tmpdir);
     return KT_END();
