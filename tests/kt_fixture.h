@@ -6,6 +6,7 @@
 #ifndef KT_FIXTURE_H
 #define KT_FIXTURE_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +26,18 @@ static inline kiln_status kt_compile(const char *ckpt, const kiln_compile_option
     kiln_status st = kiln_compile(ckpt, opt, &err);
     if (st != KILN_OK) fprintf(stderr, "  compile %s: %s\n", ckpt, err.msg);
     return st;
+}
+
+/* ||a - b|| / ||b|| over n values (||a - b|| when b is all zeros); a NaN in a gives +inf. */
+static inline double kt_rel_l2(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i])) return INFINITY;
+        const double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
 #endif

@@ -213,14 +213,6 @@ static void check_quant_checkpoint_as(const char *name, kiln_dtype dtype) {
  * first 32 tokens (the quantized GEMV's steps, which read the activations as they are: the same bits).
  * Against HF's weight-only logits, W8A8 stays within the bound the GPU's W8A8 is held to (0.12), and moves
  * the logits off the weight-only ones. */
-static double rel_l2f(const float *a, const float *b, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        den += (double)b[i] * b[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
 static void check_w8a8_cpu(const char *ckpt_rel, const char *golden_rel, int quant, int flagged) {
     char eng[2][512];
     kiln_model *m[2] = {NULL, NULL};
@@ -261,7 +253,8 @@ static void check_w8a8_cpu(const char *ckpt_rel, const char *golden_rel, int qua
         kiln_cpu_ctx_free(c);
     }
     const size_t all = (size_t)T * V;
-    const double w8 = rel_l2f(lg[0], gc.logits, all), wo = rel_l2f(lg[1], gc.logits, all), moved = rel_l2f(lg[0], lg[1], all);
+    const double w8 = kt_rel_l2(lg[0], gc.logits, all), wo = kt_rel_l2(lg[1], gc.logits, all);
+    const double moved = kt_rel_l2(lg[0], lg[1], all);
     fprintf(stderr, "  %s: W8A8 over %d rows: logits rel err %.3g against HF's weight-only (without w8a8 %.2g), "
             "%.3g off the weight-only engine\n", ckpt_rel, T, w8, wo, moved);
     KT_CHECKF(w8 < 0.12 && moved > 1e-3 && wo < 1e-3, "%s: W8A8 %.3g, weight-only %.3g, moved %.3g", ckpt_rel, w8, wo,

@@ -80,17 +80,6 @@ static int compile_engine(const char *ckpt, kiln_dtype dt, const char *passes, c
 /* ---- goldens ---- */
 
 
-/* ||a - b|| / ||b|| over n values; NaN gives +inf. */
-static double rel_l2(const float *a, const float *b, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (isnan(a[i])) return INFINITY;
-        double d = (double)a[i] - b[i];
-        num += d * d;
-        den += (double)b[i] * b[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
 
 /* Top-1 minus top-2 of a row. */
 static double margin(const float *x, int n) {
@@ -670,7 +659,7 @@ static void check_golden(const char *eng, const char *golden_dir, const kiln_cud
         double worst = 0, worst_abs = 0;
         for (int k = 0; want && k < ng; k++) {
             const float *w = want + (size_t)(np - 1 + k) * V, *r = got + (size_t)k * V;
-            double e = rel_l2(r, w, (size_t)V);
+            double e = kt_rel_l2(r, w, (size_t)V);
             if (!(e <= worst)) worst = e;
             for (int v = 0; v < V; v++) {
                 double a = fabs((double)r[v] - w[v]);
@@ -686,7 +675,7 @@ static void check_golden(const char *eng, const char *golden_dir, const kiln_cud
             KT_CHECK(gen_one(&G, 0, prompt, np, 1, 1, &one, NULL, pl));
             double pw = 0;
             for (int t = 0; t < np; t++) {
-                double e = rel_l2(pl + (size_t)t * V, want + (size_t)t * V, (size_t)V);
+                double e = kt_rel_l2(pl + (size_t)t * V, want + (size_t)t * V, (size_t)V);
                 if (!(e <= pw)) pw = e;
             }
             KT_CHECKF(pw <= 1e-3, "%s case %zu: prompt logits (one token per step) rel err %.3g", golden_dir, ci, pw);
@@ -1098,7 +1087,7 @@ static void check_moe_batch(const char *eng, const char *label, bool bf16, bool 
         G.x->ops->release(G.x, q);
         int d = -1;
         for (int k = 0; k < NG && d < 0; k++) {
-            errs[n_err++] = rel_l2(bl + ((size_t)q * NG + k) * V, al + ((size_t)q * NG + k) * V, (size_t)V);
+            errs[n_err++] = kt_rel_l2(bl + ((size_t)q * NG + k) * V, al + ((size_t)q * NG + k) * V, (size_t)V);
             if (got[q][k] != alone[q][k]) d = k;
         }
         if (d < 0) continue;
@@ -1235,7 +1224,7 @@ static void test_pycode_bf16(void) {
             json_t *pl = json_object_get(f32, "prompt_last_logits");
             float *ref = pl ? golden_read_f32(pathf("%s/%s", gdir, json_string_value(pl)), (size_t)V) : NULL;
             if (ref) {
-                double e = rel_l2(lg, ref, (size_t)V);
+                double e = kt_rel_l2(lg, ref, (size_t)V);
                 fprintf(stderr, "  pycode case 0: last prompt logits, bf16 kiln vs f32 HF: rel err %.3g\n", e);
                 KT_CHECKF(e < 5e-2, "pycode prompt logits rel err %.3g", e);
                 free(ref);
@@ -1297,7 +1286,7 @@ static void check_bf16_golden_b(const char *eng, const char *gdir, const char *l
         int upto = d < 0 ? ng : d + 1, n_big = 0;
         double *errs = malloc(sizeof(double) * (size_t)upto);
         for (int k = 0; want && k < upto; k++) {
-            double e = errs[k] = rel_l2(lg + (size_t)k * V, want + (size_t)(np - 1 + k) * V, (size_t)V);
+            double e = errs[k] = kt_rel_l2(lg + (size_t)k * V, want + (size_t)(np - 1 + k) * V, (size_t)V);
             if (!(e <= worst)) worst = e;
             n_big += !(e < 3e-2);
         }
@@ -1462,7 +1451,7 @@ static void check_kv8(const char *ckpt, const char *label, int64_t kv_bytes, dou
         KT_REQUIRE(kiln_cpu_forward(c, all, np + ng - 1, true, ref, &err) == KILN_OK);
         double errs[24], worst = 0;
         for (int k = 0; k < ng; k++) {
-            errs[k] = rel_l2(lg + (size_t)k * V, ref + (size_t)(np - 1 + k) * V, (size_t)V);
+            errs[k] = kt_rel_l2(lg + (size_t)k * V, ref + (size_t)(np - 1 + k) * V, (size_t)V);
             if (!(errs[k] <= worst)) worst = errs[k];
         }
         qsort(errs, (size_t)ng, sizeof *errs, cmp_double);
@@ -1483,7 +1472,7 @@ static void check_kv8(const char *ckpt, const char *label, int64_t kv_bytes, dou
             kv8_run(ptx, kv_bytes, np, ng, lp, ip, &cp);
             int same = 0;
             for (int k = 0; k < ng; k++) same += ip[k] == ids[k];
-            const double e = rel_l2(lp, lg, (size_t)ng * (size_t)V);
+            const double e = kt_rel_l2(lp, lg, (size_t)ng * (size_t)V);
             fprintf(stderr, "  %s kv fp8 as compute_80 PTX: %d of %d ids the same, logits rel diff %.3g\n", label,
                     same, ng, e);
             KT_CHECKF(same == ng && e < 2e-3, "%s: the compute_80 fp8 cache differs (%d ids, %.3g)", label, same, e);
@@ -1539,7 +1528,7 @@ static void check_w8a8_matches_cpu(const char *ckpt_rel, int quant) {
     int32_t id = 0;
     KT_REQUIRE(gen_one(&G, 1, prompt, np, 1, 64, &id, gpu, NULL)); /* one 48-row prefill step */
     G.x->ops->info(G.x, &info);
-    const double e8 = rel_l2(gpu, cpu[0], (size_t)V), ewo = rel_l2(gpu, cpu[1], (size_t)V);
+    const double e8 = kt_rel_l2(gpu, cpu[0], (size_t)V), ewo = kt_rel_l2(gpu, cpu[1], (size_t)V);
     fprintf(stderr, "  %s: GPU W8A8 prefill (%d matrices) vs the CPU's W8A8 logits rel err %.3g, vs its weight-only "
             "%.3g\n", ckpt_rel, info.gemm_fp8, e8, ewo);
     KT_CHECK(info.gemm_fp8 > 0);

@@ -85,14 +85,6 @@ static float *logits_of(const char *engine, const int32_t *toks, int n, int *voc
     return out;
 }
 
-static double rel_l2(const float *a, const float *b, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        den += (double)b[i] * b[i];
-    }
-    return sqrt(num / (den > 0 ? den : 1));
-}
 
 /* The largest |k| and |v| of each (layer, kv head) the CPU sees over the calibration ids. */
 typedef struct amax_ctx {
@@ -188,7 +180,7 @@ static void test_engine(void) {
         int v2 = 0;
         float *lg = logits_of(engs[k], toks, N_TOK, &v2);
         KT_REQUIRE(lg != NULL && v2 == V);
-        const double e = rel_l2(lg, ref, (size_t)N_TOK * V);
+        const double e = kt_rel_l2(lg, ref, (size_t)N_TOK * V);
         fprintf(stderr, "  %s: logits over %d tokens rel err %.3g from the bf16 KV cache's\n", k ? "int8" : "fp8",
                 N_TOK, e);
         KT_CHECKF(e > 0 && e < 0.06, "%s: rel err %.3g", engs[k], e);
@@ -201,7 +193,7 @@ static void test_engine(void) {
     KT_REQUIRE(compile_kv(ec, KILN_FLAG_KV_INT8, tiny) == KILN_OK);
     float *lc = logits_of(ec, toks, N_TOK, &V);
     KT_REQUIRE(lc != NULL);
-    const double ecl = rel_l2(lc, ref, (size_t)N_TOK * V);
+    const double ecl = kt_rel_l2(lc, ref, (size_t)N_TOK * V);
     KT_CHECKF(ecl > 0.2, "clipping scales moved the logits by %.3g only", ecl);
     free(lc), free(tiny), free(ref), free(amax);
 }

@@ -505,14 +505,6 @@ static float *quant_logits(const char *ckpt, int tp, int len, int *vocab) {
     return l;
 }
 
-static double rel_l2(const float *a, const float *b, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        den += (double)b[i] * b[i];
-    }
-    return sqrt(num / (den > 0 ? den : 1));
-}
 
 /* q8 / fp8 at --tp n: a row-parallel shard (o_proj, down_proj) gets its own scale per row over its
  * columns, so its codes are another rounding of the same weights than tp=1's: the tp=n engine must be
@@ -526,7 +518,7 @@ static void check_tp_quant_noise(const char *ckpt, int quant, int n, int len) {
     g_quant = 0;
     KT_REQUIRE(dense && q1 && qn);
     const size_t all = (size_t)len * (size_t)V;
-    const double e1 = rel_l2(q1, dense, all), en = rel_l2(qn, dense, all);
+    const double e1 = kt_rel_l2(q1, dense, all), en = kt_rel_l2(qn, dense, all);
     fprintf(stderr, "  %s --quant %s: logits rel err against the unquantized model %.3g at tp 1, %.3g at tp %d\n",
             ckpt, kiln_dtype_name((kiln_dtype)quant), e1, en, n);
     KT_CHECKF(en <= 1.5 * e1 + 1e-4 && e1 > 0, "%s --quant %s --tp %d: %.3g against tp 1's %.3g", ckpt,
