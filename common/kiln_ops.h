@@ -227,6 +227,10 @@ const char *kiln_op_name(kiln_op_kind k);  /* "embedding", "rmsnorm"... */
 /* The name `--dump-ir` and `kiln inspect` give lowering flag `bit` (one KILN_FLAG_* bit): "decode_rope",
  * "act_fp8"...; NULL for a bit that is no flag. */
 const char *kiln_flag_name(uint32_t bit);
+/* How many matrices projection op kind k multiplies its input by (its inputs 1..n: 3 for qkv_rope, 2 for
+ * gate_up_swiglu, 1 for linear, linear_add, lm_head and the packed ops); 0 for an op that is no
+ * projection. */
+int kiln_op_matrices(kiln_op_kind k);
 int kiln_op_from_name(const char *name);   /* -1 when unknown */
 
 typedef enum kiln_rope_scaling {

@@ -162,32 +162,25 @@ static int check_qkv_extras(const char *opn, const kiln_tensor_desc *ex, const k
     return 1;
 }
 
-/* How many matrices a projection multiplies by (inputs 1..n). */
-static int proj_matrices(kiln_op_kind kind) {
-    return kind == KILN_OP_QKV_ROPE ? 3 : kind == KILN_OP_GATE_UP_SWIGLU ? 2 : 1;
-}
-
 int kiln_op_infer(kiln_op_kind kind, const kiln_tensor_desc *in, int n_in, const kiln_op_attrs *a,
                   kiln_tensor_desc *out, kiln_error *err) {
     if ((unsigned)kind >= KILN_OP_COUNT_ || kiln_op_n_in(kind) < 0) return BAD("unknown op kind %d", (int)kind);
     const char *opn = kiln_op_name(kind);
     const bool qkv = kind == KILN_OP_QKV_ROPE || kind == KILN_OP_QKV_ROPE_PACKED;
-    const bool proj = qkv || kind == KILN_OP_LINEAR || kind == KILN_OP_LINEAR_ADD || kind == KILN_OP_LM_HEAD ||
-                      kind == KILN_OP_GATE_UP_SWIGLU || kind == KILN_OP_GATE_UP_SWIGLU_PACKED;
     const uint32_t allowed = (kind == KILN_OP_ATTENTION ? KILN_FLAG_DECODE_ROPE | KILN_FLAG_MERGE_SPLITS |
                                                               KILN_FLAG_KV_FP8 | KILN_FLAG_KV_INT8
                               : kind == KILN_OP_RMSNORM ? KILN_FLAG_FOLD_INTO_GEMV | KILN_FLAG_FOLD_ONE_TOKEN
                               : qkv                     ? KILN_FLAG_QKV_BIAS | KILN_FLAG_QK_NORM
                               : kind == KILN_OP_MOE     ? KILN_FLAG_MOE_NO_RENORM
                                                         : 0) |
-                             (proj ? KILN_FLAG_ACT_FP8 : 0);
+                             (kiln_op_matrices(kind) ? KILN_FLAG_ACT_FP8 : 0);
     if (a && (a->flags & ~(uint32_t)KILN_FLAG_ALL_))
         return BAD("%s: unknown lowering flags 0x%x", opn, a->flags & ~(uint32_t)KILN_FLAG_ALL_);
     if (a && (a->flags & ~allowed)) return BAD("%s: lowering flags 0x%x do not apply to it", opn, a->flags);
     if (a && (a->flags & KILN_FLAG_FOLD_ONE_TOKEN) && !(a->flags & KILN_FLAG_FOLD_INTO_GEMV))
         return BAD("%s: +one_token without +fold_into_gemv", opn);
     if (a && (a->flags & KILN_FLAG_ACT_FP8)) /* W8A8 multiplies E4M3 codes by E4M3 codes */
-        for (int j = 1; j <= proj_matrices(kind) && j < n_in; j++)
+        for (int j = 1; j <= kiln_op_matrices(kind) && j < n_in; j++)
             if (!in[j].is_weight || !kiln_quant_is_fp8(in[j].dtype))
                 return BAD("%s: +act_fp8 over %s, which is not fp8 or fp8g128", opn, nm(&in[j]));
     /* ranks: required by the collectives, optional on embedding (vocab-parallel), refused elsewhere */

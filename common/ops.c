@@ -45,7 +45,6 @@ static const char *const op_names[KILN_OP_COUNT_] = {
     [KILN_OP_ALL_GATHER] = "all_gather",
 };
 
-/* The table may have gaps (kinds other branches number): a gap has no name and is unknown. */
 const char *kiln_flag_name(uint32_t bit) {
     switch (bit) {
     case KILN_FLAG_DECODE_ROPE: return "decode_rope";
@@ -62,6 +61,20 @@ const char *kiln_flag_name(uint32_t bit) {
     }
 }
 
+int kiln_op_matrices(kiln_op_kind k) {
+    switch (k) {
+    case KILN_OP_QKV_ROPE: return 3;
+    case KILN_OP_GATE_UP_SWIGLU: return 2;
+    case KILN_OP_LINEAR:
+    case KILN_OP_LINEAR_ADD:
+    case KILN_OP_LM_HEAD:
+    case KILN_OP_QKV_ROPE_PACKED:
+    case KILN_OP_GATE_UP_SWIGLU_PACKED: return 1;
+    default: return 0;
+    }
+}
+
+/* The table may have gaps (kinds other branches number): a gap has no name and is unknown. */
 const char *kiln_op_name(kiln_op_kind k) {
     return (unsigned)k < KILN_OP_COUNT_ && op_names[k] ? op_names[k] : "?";
 }

@@ -286,10 +286,8 @@ static const kiln_op *fold_target(const kiln_graph *g, int i) {
     while (j < g->n_ops && g->ops[j].dead) j++;
     if (j == g->n_ops) return NULL;
     const kiln_op *nx = &g->ops[j];
-    bool proj = nx->kind == KILN_OP_LINEAR || nx->kind == KILN_OP_LINEAR_ADD || nx->kind == KILN_OP_QKV_ROPE ||
-                nx->kind == KILN_OP_GATE_UP_SWIGLU || nx->kind == KILN_OP_LM_HEAD ||
-                nx->kind == KILN_OP_QKV_ROPE_PACKED || nx->kind == KILN_OP_GATE_UP_SWIGLU_PACKED;
-    if (!proj || nx->in[0] != rn->out[0] || kiln_ir_use_count(g, rn->out[0]) != 1) return NULL;
+    if (!kiln_op_matrices(nx->kind) || nx->in[0] != rn->out[0] || kiln_ir_use_count(g, rn->out[0]) != 1)
+        return NULL;
     return nx;
 }
 
@@ -310,8 +308,7 @@ int kiln_pass_fold_norm_into_gemv(kiln_graph *g, kiln_error *err) {
 /* Whether every matrix projection op multiplies by takes its one-token GEMV on the kernel whose block's
  * warps split K (kiln_quant_gemv_ck: q4 in groups of any size, fp8). */
 static bool projection_ck(const kiln_graph *g, const kiln_op *op) {
-    const int n_w = op->kind == KILN_OP_QKV_ROPE ? 3 : op->kind == KILN_OP_GATE_UP_SWIGLU ? 2 : 1;
-    for (int j = 1; j <= n_w; j++)
+    for (int j = 1; j <= kiln_op_matrices(op->kind); j++)
         if (!kiln_quant_gemv_ck(g->values[op->in[j]].dtype)) return false;
     return true;
 }

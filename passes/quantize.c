@@ -83,17 +83,8 @@ int kiln_pass_w8a8(kiln_graph *g, kiln_error *err) {
     for (int i = 0; i < g->n_ops; i++) {
         kiln_op *op = &g->ops[i];
         if (op->dead || (op->attrs.flags & KILN_FLAG_ACT_FP8)) continue;
-        int n_w;
-        switch (op->kind) {
-        case KILN_OP_LINEAR:
-        case KILN_OP_LINEAR_ADD:
-        case KILN_OP_LM_HEAD:
-        case KILN_OP_QKV_ROPE_PACKED:
-        case KILN_OP_GATE_UP_SWIGLU_PACKED: n_w = 1; break;
-        case KILN_OP_QKV_ROPE: n_w = 3; break;
-        case KILN_OP_GATE_UP_SWIGLU: n_w = 2; break;
-        default: continue;
-        }
+        const int n_w = kiln_op_matrices(op->kind);
+        if (!n_w) continue;
         bool fp8 = true;
         for (int j = 1; j <= n_w; j++) fp8 = fp8 && kiln_quant_is_fp8(g->values[op->in[j]].dtype);
         if (!fp8) continue;
