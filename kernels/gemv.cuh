@@ -366,17 +366,6 @@ template <bool NORM> KILN_DEV void kiln_gemv_cc(const kiln_gemv_params &p) {
 }
 
 #if GEMV_QUANT
-/* The quantized GEMV on CUDA cores (GEMV_QUANT 8: q8 or, with GEMV_FP8, fp8; common/quant.c's layout:
- * int8/E4M3 codes row-major, then one fp32 scale per row), for one-token steps. As kiln_gemv_cc: a
- * warp owns GEMV_ROWS rows and GEMV_MT x rows, lanes walk K in 16-byte chunks of codes (16 columns),
- * so a warp reads 512 contiguous bytes of each row per step, GEMV_UNROLL x GEMV_ROWS loads in flight
- * per lane; the 16 x values of a chunk (two 16-byte loads, L1 hits) are widened to fp32 once for
- * the rows. Each code becomes its exact fp32 value (q8: a byte permute into 2^23 + code + 128 and
- * one subtract; fp8: kiln_fp8_deq's exact bf16, widened) and one fma; the row's scale multiplies
- * the warp's sum. Where the tensor-core variant multiplies 16 rows by 8 x rows per instruction (7
- * of them idle at one token), this spends about 3 (q8) or 4 (fp8) instructions a weight, under the
- * issue rate at the bandwidth ceiling. Needs K % 16 == 0, ldx % 8 == 0 and 16-byte aligned codes, x
- * and norm_w (the runtime checks K; the others hold for every buffer it makes). */
 /* d + the dot of 16 8-bit codes (q8, or fp8 with GEMV_FP8: word q holds columns 4q..4q+3), each widened to
  * its exact fp32 value, with x[0..15]. */
 KILN_DEV float kiln_q8_dot16(uint4 v, const float *x, float d) {
@@ -394,6 +383,17 @@ KILN_DEV float kiln_q8_dot16(uint4 v, const float *x, float d) {
     }
     return d;
 }
+/* The quantized GEMV on CUDA cores (GEMV_QUANT 8: q8 or, with GEMV_FP8, fp8; common/quant.c's layout:
+ * int8/E4M3 codes row-major, then one fp32 scale per row), for one-token steps. As kiln_gemv_cc: a
+ * warp owns GEMV_ROWS rows and GEMV_MT x rows, lanes walk K in 16-byte chunks of codes (16 columns),
+ * so a warp reads 512 contiguous bytes of each row per step, GEMV_UNROLL x GEMV_ROWS loads in flight
+ * per lane; the 16 x values of a chunk (two 16-byte loads, L1 hits) are widened to fp32 once for
+ * the rows. Each code becomes its exact fp32 value (q8: a byte permute into 2^23 + code + 128 and
+ * one subtract; fp8: kiln_fp8_deq's exact bf16, widened) and one fma; the row's scale multiplies
+ * the warp's sum. Where the tensor-core variant multiplies 16 rows by 8 x rows per instruction (7
+ * of them idle at one token), this spends about 3 (q8) or 4 (fp8) instructions a weight, under the
+ * issue rate at the bandwidth ceiling. Needs K % 16 == 0, ldx % 8 == 0 and 16-byte aligned codes, x
+ * and norm_w (the runtime checks K; the others hold for every buffer it makes). */
 template <bool NORM> KILN_DEV void kiln_gemv_ccq(const kiln_gemv_params &p) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row0 = (blockIdx.x * GEMV_WARPS + warp) * GEMV_ROWS;
@@ -666,6 +666,11 @@ KILN_DEV void kiln_ck_rows_dot(const kiln_ck_rows &q, const float (&xf)[GEMV_CPL
         }
 }
 
+/* q8/fp8: row r's scale, for its reduced sum (q4's groups were scaled on the way: 1) */
+KILN_DEV float kiln_ck_row_scale(const kiln_gemv_params &p, int r) {
+    return GEMV_QUANT == 8 ? __ldg((const float *)p.wscale + min(r, p.N - 1)) : 1.0f;
+}
+
 template <bool NORM> KILN_DEV void kiln_gemv_ck(const kiln_gemv_params &p) {
     constexpr int T = GEMV_WARPS * 32, R = GEMV_ROWS, U = GEMV_UNROLL, CPL = GEMV_CPL;
     /* each warp's sums of a group of U rows (two groups' buffers: one barrier a group), and its sum of
@@ -728,8 +733,6 @@ template <bool NORM> KILN_DEV void kiln_gemv_ck(const kiln_gemv_params &p) {
             inv = rsqrtf(t / (float)p.K + p.norm_eps);
         }
         const int r0 = row0 + g * U;
-        /* q8/fp8: the row's scale on its sum (q4's groups were scaled on the way) */
-#define GEMV_CK_SC(r) (GEMV_QUANT == 8 ? __ldg((const float *)p.wscale + min(r, p.N - 1)) : 1.0f)
 #if GEMV_SWIGLU
         /* rows (2f, 2f+1) = (gate_f, up_f): one output per pair */
         if (tid < U / 2 && r0 + 2 * tid + 1 < p.N) {
@@ -739,13 +742,13 @@ template <bool NORM> KILN_DEV void kiln_gemv_ck(const kiln_gemv_params &p) {
                 b += red[g & 1][i][2 * tid + 1];
             }
             kiln_gemv_put(p, (size_t)m * p.ldy + r0 / 2 + tid,
-                          kiln_silu(a * inv * GEMV_CK_SC(r0 + 2 * tid)) * (b * inv * GEMV_CK_SC(r0 + 2 * tid + 1)));
+                          kiln_silu(a * inv * kiln_ck_row_scale(p, r0 + 2 * tid)) * (b * inv * kiln_ck_row_scale(p, r0 + 2 * tid + 1)));
         }
 #else
         if (tid < U && r0 + tid < p.N) {
             float a = 0.0f;
             for (int i = 0; i < GEMV_WARPS; i++) a += red[g & 1][i][tid];
-            kiln_gemv_put(p, (size_t)m * p.ldy + r0 + tid, a * inv * GEMV_CK_SC(r0 + tid));
+            kiln_gemv_put(p, (size_t)m * p.ldy + r0 + tid, a * inv * kiln_ck_row_scale(p, r0 + tid));
         }
 #endif
     }
