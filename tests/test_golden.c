@@ -39,13 +39,6 @@ static char *src_path(const char *rel) {
     return b;
 }
 
-/* The default pipeline without w8a8: fp8 matrices multiply the activations as they are at every step, the
- * weight-only numerics the HF goldens hold (with w8a8, steps past 32 rows round the activations to E4M3:
- * test_w8a8_cpu). */
-#define PASSES_NO_W8A8                                                                                                 \
-    "fuse-add-rmsnorm,fuse-qkv-rope,fuse-gate-up-swiglu,fuse-linear-residual,pack-weights,decode-attention-rope,"     \
-    "dce,fold-norm-into-ck-gemv"
-
 static int compile_to(const char *ckpt, const char *passes, const char *out, kiln_dtype dt) {
     kiln_compile_options opt = {.output_path = out, .weight_dtype = dt, .passes = passes};
     return kt_compile(ckpt, &opt);
