@@ -32,7 +32,9 @@
  *      0 u32 m       rows it was timed at: a decode batch, or a prefill step size; a GEMM of M rows uses the
  *                    entry with m = M, else the one with m = M rounded up to a power of two (1..1<<20)
  *      4 u32 n   8 u32 k   (1..1<<24 each)
- *     12 u32 flags   1 = x and W fp32 (else bf16), 2 = y fp32 (else bf16), 4 = accumulate (y += ...); no others
+ *     12 u32 flags   1 = x and W fp32 (else bf16), 2 = y fp32 (else bf16), 4 = accumulate (y += ...),
+ *                    8 = W8A8 (x and W E4M3 codes with their scales; not with 1), 16 = with 8, W's and x's
+ *                    scales per 128 columns (fp8g128); no others
  *     16 f32 us      the chosen algorithm's measured time per GEMM, microseconds (> 0)
  *     20 f32 heuristic_us  the heuristic's first answer's, or -1 when it did not run
  *     24 u32 candidates    algorithms timed    28 u32 pick  the chosen one's rank in the heuristic's list

@@ -65,9 +65,16 @@ static kiln_status check_record(const kiln_tuning_record *r, uint32_t i, const c
                             "%s: tuning record %u (sm_%u), GEMM %u: shape M=%u N=%u K=%u is outside 1..2^20 x "
                             "1..2^24 x 1..2^24",
                             label, i, r->sm, j, g->m, g->n, g->k);
-        if (g->flags & ~7u)
+        const uint32_t known = KILN_TUNING_IN_F32 | KILN_TUNING_OUT_F32 | KILN_TUNING_ACCUMULATE | KILN_TUNING_FP8 |
+                               KILN_TUNING_FP8_B128;
+        if (g->flags & ~known)
             return kiln_err(err, KILN_ERR_FORMAT, "%s: tuning record %u (sm_%u), GEMM %u: unknown flags 0x%x", label, i,
                             r->sm, j, g->flags);
+        /* W8A8 multiplies E4M3 codes: not with fp32 inputs; 128-column scales only with it */
+        if (((g->flags & KILN_TUNING_FP8) && (g->flags & KILN_TUNING_IN_F32)) ||
+            ((g->flags & KILN_TUNING_FP8_B128) && !(g->flags & KILN_TUNING_FP8)))
+            return kiln_err(err, KILN_ERR_FORMAT, "%s: tuning record %u (sm_%u), GEMM %u: flags 0x%x do not go "
+                            "together", label, i, r->sm, j, g->flags);
         if (!(g->us > 0 && isfinite(g->us)) || !(isfinite(g->heuristic_us) && (g->heuristic_us > 0 || g->heuristic_us == -1)))
             return kiln_err(err, KILN_ERR_FORMAT,
                             "%s: tuning record %u (sm_%u), GEMM %u: times %g us / heuristic %g us (need > 0; the "

@@ -143,8 +143,22 @@ static void test_refusals(void) {
     refused(c, n, KILN_ERR_FORMAT, "attn_waves");
     FRESH(), kiln_wr_u32(c + G + KILN_TUNING_GEMM_SIZE + 4, 0);
     refused(c, n, KILN_ERR_FORMAT, "GEMM 1: shape M=32 N=0");
-    FRESH(), kiln_wr_u32(c + G + 12, 8);
-    refused(c, n, KILN_ERR_FORMAT, "GEMM 0: unknown flags 0x8");
+    FRESH(), kiln_wr_u32(c + G + 12, 32);
+    refused(c, n, KILN_ERR_FORMAT, "GEMM 0: unknown flags 0x20");
+    FRESH(), kiln_wr_u32(c + G + 12, KILN_TUNING_FP8 | KILN_TUNING_IN_F32);
+    refused(c, n, KILN_ERR_FORMAT, "GEMM 0: flags 0x9 do not go together");
+    FRESH(), kiln_wr_u32(c + G + 12, KILN_TUNING_FP8_B128);
+    refused(c, n, KILN_ERR_FORMAT, "GEMM 0: flags 0x10 do not go together");
+    /* W8A8 entries (what kiln tune records for an fp8 or fp8g128 engine's GEMMs past the GEMV) read back */
+    static const uint32_t fp8_flags[] = {KILN_TUNING_FP8, KILN_TUNING_FP8 | KILN_TUNING_FP8_B128,
+                                         KILN_TUNING_FP8 | KILN_TUNING_OUT_F32 | KILN_TUNING_ACCUMULATE};
+    for (size_t i = 0; i < sizeof fp8_flags / sizeof fp8_flags[0]; i++) {
+        kiln_tuning t8;
+        FRESH(), kiln_wr_u32(c + G + 12, fp8_flags[i]);
+        KT_EQ_INT(kiln_tuning_parse(c, n, "fp8", &t8, &err), KILN_OK);
+        KT_EQ_INT((int)t8.records[0].gemms[0].flags, (int)fp8_flags[i]);
+        kiln_tuning_free(&t8);
+    }
     FRESH(), kiln_wr_u32(c + G + 16, 0);
     refused(c, n, KILN_ERR_FORMAT, "GEMM 0: times 0 us");
     FRESH(), kiln_wr_u32(c + G + 28, 12);
