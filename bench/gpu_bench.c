@@ -437,15 +437,25 @@ static void bench_attn_prefill(bench *b) {
         kiln_cuda_module_function(&b->cu, mp, "kiln_attn_prefill_mma16", &fpm16, &err) ||
         kiln_cuda_module_function(&b->cu, mp2, "kiln_attn_prefill_mma16", &fpm16s2, &err))
         die("prefill mma", &err);
+    /* sm_90: the wgmma kernel as the runtime compiles it, and with one warpgroup a block */
+    CUfunction fwg = NULL, fwg1 = NULL;
+    CUmodule mw1 = NULL;
+    if (b->cu.sm == 90) {
+        if (kiln_cuda_module_function(&b->cu, mp, "kiln_attn_prefill_wg", &fwg, &err)) die("prefill wg", &err);
+        defs[5] = "PF_WG_GROUPS=1";
+        fwg1 = build(b, "attn_prefill.cuh", "kiln_attn_prefill_wg", defs, 6, &mw1);
+    }
     const struct {
         CUfunction f;
-        int warps, mt, syncs; /* mt 0: the fp32 kernel */
+        int warps, mt, syncs; /* mt 0: the fp32 kernel; 3: wgmma, warps = warpgroups */
     } vs[] = {{fp, 4, 0, 0},
               {fpm, KILN_PF_MMA_WARPS, 2, 1},
               {fpm16, KILN_PF_MMA_WARPS, 1, 1},
               {fpms2, KILN_PF_MMA_WARPS, 2, 2},
               {fpm16s2, KILN_PF_MMA_WARPS, 1, 2},
-              {fpm4, alt, 2, 1}};
+              {fpm4, alt, 2, 1},
+              {fwg, KILN_PF_WG_GROUPS, 3, 1},
+              {fwg1, 1, 3, 1}};
     static const int Ts[] = {512, 2048, 4096};
     for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
         int T = Ts[ti], nb = (T + BS - 1) / BS;
@@ -460,17 +470,35 @@ static void bench_attn_prefill(bench *b) {
             die("prefill alloc", &err);
         kiln_attn_prefill_params p = {q, k, v, dbt, dl, ds, o, 0.0883883f, 1, nb, 0, 0};
         double flops = 4.0 * NH * HD * ((double)T * (T + 1) / 2);
+        uint16_t *o_ref = NULL; /* the default mma.sync kernel's output, for the wgmma ones */
         for (size_t vi = 0; vi < sizeof vs / sizeof vs[0]; vi++) {
             const int mt = vs[vi].mt;
             if (mt == 0 && T > 2048) continue; /* ~10 ms a launch: not worth the wait */
-            attn_ctx a = {vs[vi].f, NULL,
-                          mt ? kiln_attn_prefill_mma_dims(vs[vi].warps, mt, NH, 1, T, HD, false)
-                             : (kiln_cuda_dims){{(unsigned)((T + 63) / 64), NH, 1}, {128, 1, 1},
-                                                kiln_attn_prefill_smem(HD)},
-                          {{0}, {0}, 0}, &p, 0};
+            if (!vs[vi].f) continue;
+            kiln_cuda_dims dm = mt == 3 ? kiln_attn_prefill_wg_dims(vs[vi].warps, NH, 1, T, HD)
+                                : mt ? kiln_attn_prefill_mma_dims(vs[vi].warps, mt, NH, 1, T, HD, false)
+                                     : (kiln_cuda_dims){{(unsigned)((T + 63) / 64), NH, 1}, {128, 1, 1},
+                                                        kiln_attn_prefill_smem(HD)};
+            attn_ctx a = {vs[vi].f, NULL, dm, {{0}, {0}, 0}, &p, 0};
             double sec = time_launches(b, attn_launch, &a, mt ? 10 : 3);
+            const size_t on = (size_t)T * NH * HD;
+            uint16_t *oh = malloc(on * 2);
+            if (!oh || kiln_cuda_download(&b->cu, oh, o, on * 2, &err)) die("prefill download", &err);
+            if (vi == 1) o_ref = oh;
+            else if (mt == 3 && o_ref) {
+                double num = 0, den = 0;
+                for (size_t i = 0; i < on; i++) {
+                    const double x = kiln_bf16_to_f32(oh[i]), y = kiln_bf16_to_f32(o_ref[i]);
+                    num += (x - y) * (x - y), den += y * y;
+                }
+                fprintf(stderr, "prefill attention wgmma (%d warpgroups) T=%d against mma.sync: rel diff %.3g\n",
+                        vs[vi].warps, T, den > 0 ? sqrt(num / den) : sqrt(num));
+            }
+            if (vi != 1) free(oh);
             char vname[48];
-            if (mt)
+            if (mt == 3)
+                snprintf(vname, sizeof vname, "wgmma bf16 g%d k128", vs[vi].warps);
+            else if (mt)
                 snprintf(vname, sizeof vname, "mma.sync bf16 w%d r%d s%d", vs[vi].warps, 16 * mt, vs[vi].syncs);
             else
                 snprintf(vname, sizeof vname, "fp32 fma");
@@ -481,7 +509,9 @@ static void bench_attn_prefill(bench *b) {
         kiln_cuda_release(&b->cu, k); kiln_cuda_release(&b->cu, v); kiln_cuda_release(&b->cu, q); kiln_cuda_release(&b->cu, o);
         kiln_cuda_release(&b->cu, dbt); kiln_cuda_release(&b->cu, dl); kiln_cuda_release(&b->cu, ds);
         free(bt);
+        free(o_ref);
     }
+    kiln_cuda_module_unload(&b->cu, mw1);
     kiln_cuda_module_unload(&b->cu, mp);
     kiln_cuda_module_unload(&b->cu, mp2);
     kiln_cuda_module_unload(&b->cu, mp4);

@@ -272,7 +272,13 @@ enum {
      * scale per token (per 128 columns for fp8g128; kiln_act_fp8_row), and multiply the codes (W8A8);
      * shorter steps read the input as it is: pass w8a8. Both executors do so. */
     KILN_FLAG_ACT_FP8 = 1u << 9,
-    KILN_FLAG_ALL_ = (1u << 10) - 1
+    /* gate_up_swiglu(_packed) whose product is read only by the next op, a +act_fp8 projection over fp8
+     * (per-row) matrices: at the steps where that projection runs W8A8, the SwiGLU writes its E4M3 codes
+     * and per-token scales (the ones the projection would make of it) instead of the bf16 product:
+     * pass swiglu-out-fp8. The GPU executor does so; the CPU's f32 products quantize at the projection,
+     * the same codes up to the products' rounding. */
+    KILN_FLAG_OUT_FP8 = 1u << 10,
+    KILN_FLAG_ALL_ = (1u << 11) - 1
 };
 
 /* The most rows a step multiplies through the quantized GEMV by default (the GPU executor's qgemv_max_m,

@@ -172,7 +172,9 @@ int kiln_op_infer(kiln_op_kind kind, const kiln_tensor_desc *in, int n_in, const
                               : kind == KILN_OP_RMSNORM ? KILN_FLAG_FOLD_INTO_GEMV | KILN_FLAG_FOLD_ONE_TOKEN
                               : qkv                     ? KILN_FLAG_QKV_BIAS | KILN_FLAG_QK_NORM
                               : kind == KILN_OP_MOE     ? KILN_FLAG_MOE_NO_RENORM
-                                                        : 0) |
+                              : kind == KILN_OP_GATE_UP_SWIGLU || kind == KILN_OP_GATE_UP_SWIGLU_PACKED
+                                  ? KILN_FLAG_OUT_FP8
+                                  : 0) |
                              (kiln_op_matrices(kind) ? KILN_FLAG_ACT_FP8 : 0);
     if (a && (a->flags & ~(uint32_t)KILN_FLAG_ALL_))
         return BAD("%s: unknown lowering flags 0x%x", opn, a->flags & ~(uint32_t)KILN_FLAG_ALL_);

@@ -57,6 +57,7 @@ const char *kiln_flag_name(uint32_t bit) {
     case KILN_FLAG_KV_INT8: return "kv_int8";
     case KILN_FLAG_FOLD_ONE_TOKEN: return "one_token";
     case KILN_FLAG_ACT_FP8: return "act_fp8";
+    case KILN_FLAG_OUT_FP8: return "out_fp8";
     default: return NULL;
     }
 }

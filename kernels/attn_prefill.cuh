@@ -667,4 +667,373 @@ extern "C" __global__ void __launch_bounds__(PF_MMA_WARPS * 32) kiln_attn_prefil
 extern "C" __global__ void __launch_bounds__(PF_MMA_WARPS * 32) kiln_attn_prefill_mma16(const kiln_attn_prefill_params p) {
     kiln_pf_mma_body<1>(p);
 }
+
+/* ------------------------------------------------------------------------
+ * kiln_attn_prefill_wg — the same contract on Hopper's warpgroup MMA
+ * (wgmma.mma_async, sm_90a; NVRTC compiles sm_90 cubins as sm_90a, and
+ * the kernel exists only there): FlashAttention-2's loop with both products
+ * on wgmma, S = q k^T from shared memory (q and K as descriptors) and
+ * O += P v with P straight from S's registers.
+ *
+ * A block of PF_WG_GROUPS warpgroups (128 threads each) takes 64 *
+ * PF_WG_GROUPS queries of one head; each warpgroup owns 64 of them and
+ * walks key tiles of PF_WG_BK = 128. Per tile and warpgroup: S (64 x 128
+ * fp32, 64 registers a thread) is HEAD_DIM / 16 wgmma m64n128k16 from q_s
+ * and the tile's K; the online softmax runs on S's registers as in the
+ * mma.sync kernel (wgmma's accumulator rows are mma.sync's: warp w of the
+ * group holds rows 16w + g and 16w + g + 8, lane quad t columns 8n + 2t,
+ * 8n + 2t + 1 of each n8 chunk); P is packed to bf16 A fragments in
+ * registers, which is wgmma's A-from-registers layout; O (64 x HEAD_DIM)
+ * += 8 wgmma m64n{HEAD_DIM}k16 reading V as a transposed (MN-major) B.
+ * Pipelined within a group (FlashAttention-3's intra-warpgroup overlap):
+ * at tile j, S of j and P v of j - 1 are issued together, the softmax of j
+ * runs while P v of j - 1 does, and P v of the last tile comes after the
+ * loop; O's rescale by the softmax of j - 1 comes just before P v of j - 1.
+ * Each group waits for its own wgmmas before it touches their registers.
+ *
+ * Shared memory holds every tile in the 128-byte swizzle wgmma reads: a
+ * tile of R rows is HEAD_DIM / 64 panels of [R][64] bf16 (128 bytes a
+ * row), panels 1024-byte aligned, and the 16-byte chunk c of row r sits at
+ * chunk c ^ (r & 7) of its row (kiln_wg_swz). K and V share the layout
+ * ([key][d], the cache's own): K is S's B operand K-major (the dims
+ * contiguous), V is O's B operand MN-major (d contiguous), so one copy
+ * serves both. Descriptors: K-major (q, K) leading offset unused, stride
+ * 1024 (8 rows of 128 bytes), a k16 step 32 bytes further in the panel and
+ * past 64 dims the next panel; MN-major (V) leading offset one panel (R
+ * rows x 128 bytes: the next 64 dims), stride 1024 (the next 8 keys), a
+ * k16 step 16 rows (2048 bytes) further.
+ *
+ * Loads: q once (scaled by scale * log2(e), rounded to bf16, swizzled by
+ * plain stores), K and V by 16-byte cp.async as the mma.sync kernel
+ * stages them (block ids a tile ahead, zero fill past the last query) into
+ * PF_WG_STAGES = 3 stages (tile j + 1 loading while j is multiplied and
+ * j - 1's V is still read by P v), then fence.proxy.async so wgmma (the
+ * async proxy) sees the generic proxy's writes, and one barrier per tile.
+ * Masks as in the mma.sync kernel; every group walks every tile of its
+ * block (one none of its rows sees is masked whole), so the groups meet
+ * the same barriers. Not with an 8-bit cache (KILN_KV8) nor f32: those
+ * keep kiln_attn_prefill_mma. Launch (kernels.c,
+ * kiln_attn_prefill_wg_dims): grid (N_HEADS, ceil(max_q_len / (64 *
+ * PF_WG_GROUPS)), B) — heads first, so that blocks start in the order of
+ * their query tiles, the longest (causal) first over all heads, and the
+ * short ones fill the tail —, block 128 * PF_WG_GROUPS, dynamic shared memory
+ * kiln_attn_prefill_wg_smem = (64 * PF_WG_GROUPS + 3 stages x (K + V) x
+ * PF_WG_BK) x HEAD_DIM x 2 + 1024 (the alignment): 230,400 bytes at
+ * HEAD_DIM 128 (sm_90 opts in to 232,448).
+ * ---------------------------------------------------------------------- */
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && (HEAD_DIM == 64 || HEAD_DIM == 128) && !KILN_F32 && !KILN_KV8
+#define KILN_HAVE_PF_WG 1
+#ifndef PF_WG_GROUPS
+#define PF_WG_GROUPS 2 /* must match KILN_PF_WG_GROUPS in runtime/kiln_cuda.h */
+#endif
+#define PF_WG_BK 128
+#define PF_WG_STAGES 3 /* K and V tiles in flight, in use and waiting for P v: KILN_PF_WG_STAGES */
+
+/* byte offset of element (r, d) in a swizzled tile of `rows` rows (see above) */
+KILN_DEV unsigned kiln_wg_swz(int r, int d, int rows) {
+    return (unsigned)((d >> 6) * rows * 128 + r * 128 + ((((d >> 3) & 7) ^ (r & 7)) << 4) + (d & 7) * 2);
+}
+/* a shared-memory matrix descriptor, 128-byte swizzle */
+KILN_DEV unsigned long long kiln_wg_desc(unsigned saddr, unsigned lbo, unsigned sbo) {
+    return (unsigned long long)((saddr & 0x3FFFFu) >> 4) | (unsigned long long)(lbo >> 4) << 16 | (unsigned long long)(sbo >> 4) << 32 |
+           (unsigned long long)1 << 62;
+}
+KILN_DEV void kiln_wg_fence(void) { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+KILN_DEV void kiln_wg_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+KILN_DEV void kiln_wg_wait0(void) { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+KILN_DEV void kiln_wg_wait1(void) { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
+KILN_DEV void kiln_fence_async_smem(void) { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+/* keeps the compiler from moving reads or writes of wgmma's registers across the fences and waits */
+template <int N> KILN_DEV void kiln_wg_regs(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+/* and P's registers stay P's until the wgmmas reading them are done */
+template <int N> KILN_DEV void kiln_wg_pa(unsigned (&a)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+r"(a[i][e])::"memory");
+}
+
+KILN_DEV void kiln_wg_ss_n128(float (&d)[64], unsigned long long da, unsigned long long db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 :
+                 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(acc));
+}
+
+KILN_DEV void kiln_wg_rs(float (&d)[64], const unsigned (&a)[4], unsigned long long db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 :
+                 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+KILN_DEV void kiln_wg_rs(float (&d)[32], const unsigned (&a)[4], unsigned long long db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 :
+                 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+extern "C" __global__ void __launch_bounds__(128 * PF_WG_GROUPS, 1) kiln_attn_prefill_wg(const kiln_attn_prefill_params p) {
+    constexpr int G = N_HEADS / N_KV_HEADS;
+    constexpr int THREADS = 128 * PF_WG_GROUPS, BQ = 64 * PF_WG_GROUPS, BK = PF_WG_BK;
+    constexpr int CH = HEAD_DIM / 8;                       /* 16-byte chunks per row */
+    constexpr int TILEB = BK * HEAD_DIM * 2;               /* bytes of a staged K or V tile */
+    constexpr int QB = 64 * HEAD_DIM * 2;                  /* bytes of one group's q rows */
+    constexpr int LOADS = BK * CH / THREADS;               /* chunks per thread per tile */
+    constexpr int NT = BK / 8, DT = HEAD_DIM / 8;          /* n8 chunks of S and of O */
+    static_assert(BK * CH % THREADS == 0, "whole chunks per thread");
+    kiln_pdl_wait();
+    /* 1024-byte aligned: q_s [GROUPS][64 rows], then k_s [STAGES], v_s [STAGES] tiles */
+    const unsigned base = (kiln_saddr(smem_pf) + 1023u) & ~1023u;
+    const unsigned q_s = base, k_s = q_s + PF_WG_GROUPS * QB, v_s = k_s + PF_WG_STAGES * TILEB;
+    unsigned char *gbase = (unsigned char *)smem_pf + (base - kiln_saddr(smem_pf)); /* q_s as a pointer */
+
+    const int hq = blockIdx.x, b = blockIdx.z, h = hq / G;
+    const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wq = (tid >> 5) & 3, g = lane >> 2, t = lane & 3;
+    const int qs0 = ((const int *)p.q_starts)[b];
+    const int q_len = ((const int *)p.q_starts)[b + 1] - qs0;
+    const int qi0 = (gridDim.y - 1 - blockIdx.y) * BQ; /* every head's longest (latest) tiles start first */
+    if (qi0 >= q_len) return;
+    const int L = ((const int *)p.seq_lens)[b];
+    const int nq = min(BQ, q_len - qi0);
+    const int p_first = L - q_len + qi0, p_last = p_first + nq - 1;
+    const int k_lo = WINDOW > 0 ? max(0, p_first - WINDOW + 1) : 0;
+    const int kt0 = k_lo / BK * BK, n_tiles = p_last / BK - k_lo / BK + 1;
+    const int *bt = (const int *)p.block_tables + (size_t)b * p.max_blocks;
+    const kiln_bf16 *kh = (const kiln_bf16 *)p.k_cache + (size_t)h * BLOCK_SIZE * HEAD_DIM;
+    const kiln_bf16 *vh = (const kiln_bf16 *)p.v_cache + (size_t)h * BLOCK_SIZE * HEAD_DIM;
+
+    constexpr int NBT = (BK + BLOCK_SIZE - 1) / BLOCK_SIZE + 1; /* blocks a tile touches; > 32: per chunk */
+    const int b_last = p_last / BLOCK_SIZE;
+    auto block_ids = [&](int kt) {
+        const int i = kt / BLOCK_SIZE + lane;
+        return NBT <= 32 && lane < NBT && i <= b_last ? bt[i] : 0;
+    };
+    /* the K and V tile starting at key kt into stage st, one cp.async group */
+    auto stage = [&](int kt, int st, int ids) {
+#pragma unroll
+        for (int j = 0; j < LOADS; j++) {
+            const int i = tid + j * THREADS, r = i / CH, c = i % CH;
+            const unsigned key = (unsigned)(kt + r);
+            const bool in = (int)key <= p_last;
+            int blk;
+            if constexpr (NBT <= 32)
+                blk = __shfl_sync(KILN_FULL_MASK, ids, (int)(key / BLOCK_SIZE - (unsigned)kt / BLOCK_SIZE));
+            else
+                blk = in ? bt[key / BLOCK_SIZE] : 0;
+            const size_t off = in ? (size_t)(unsigned)blk * (N_KV_HEADS * BLOCK_SIZE * HEAD_DIM) +
+                                        (key % BLOCK_SIZE) * HEAD_DIM + c * 8
+                                  : 0;
+            const unsigned dst = (unsigned)(st * TILEB) + kiln_wg_swz(r, c * 8, BK);
+            kiln_cp16(k_s + dst, kh + off, in ? 16 : 0);
+            kiln_cp16(v_s + dst, vh + off, in ? 16 : 0);
+        }
+        kiln_cp_commit();
+    };
+    stage(kt0, 0, block_ids(kt0));
+    int ids_next = n_tiles > 1 ? block_ids(kt0 + BK) : 0;
+
+    /* q * scale * log2(e) as bf16, row r of the block: query min(r, nq - 1) */
+    const float qsc = p.scale * PF_LOG2E;
+    const kiln_bf16 *qg = (const kiln_bf16 *)p.q;
+    for (int i = tid; i < BQ * CH; i += THREADS) {
+        const int r = i / CH, c = i % CH;
+        float f[8];
+        kiln_unpack8(kiln_ld16(qg + ((size_t)(qs0 + qi0 + min(r, nq - 1)) * N_HEADS + hq) * HEAD_DIM + c * 8), f);
+#pragma unroll
+        for (int e = 0; e < 8; e++) f[e] *= qsc;
+        *(uint4 *)(gbase + (r >> 6) * QB + kiln_wg_swz(r & 63, c * 8, 64)) = kiln_pack8(f);
+    }
+
+    /* this thread's rows: 64 wg + 16 wq + g and + 8 of the block (clamped to the last query) */
+    const int w0 = wg * 64;
+    const bool live = w0 < nq;
+    const int qpos0 = p_first + min(w0 + 16 * wq + g, nq - 1), qpos1 = p_first + min(w0 + 16 * wq + g + 8, nq - 1);
+    const int wq_first = p_first + min(w0, nq - 1), wq_last = p_first + min(w0 + 63, nq - 1);
+    const unsigned qw = q_s + (unsigned)(wg * QB);
+
+    float o[DT * 4], m0 = KILN_NEG_INF, m1 = KILN_NEG_INF, l0 = 0.0f, l1 = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DT * 4; i++) o[i] = 0.0f;
+    unsigned pa[BK / 16][4]; /* P of the last softmax as bf16 A fragments, 16 keys a k-step */
+
+    /* S = q k^T of the tile in stage st, issued (not waited for) */
+    auto issue_s = [&](float (&s)[NT * 4], int st) {
+        const unsigned kb = k_s + (unsigned)(st * TILEB);
+#pragma unroll
+        for (int i = 0; i < NT * 4; i++) s[i] = 0.0f; /* overwritten (scale-d 0 at the first k-step) */
+        kiln_wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < HEAD_DIM / 16; kk++) {
+            const unsigned koff = (unsigned)((kk >> 2) * BK * 128 + (kk & 3) * 32);
+            const unsigned qoff = (unsigned)((kk >> 2) * 64 * 128 + (kk & 3) * 32);
+            kiln_wg_ss_n128(s, kiln_wg_desc(qw + qoff, 16, 1024), kiln_wg_desc(kb + koff, 16, 1024), kk);
+        }
+        kiln_wg_commit();
+    };
+    /* O *= alpha, then O += P v of the tile in stage st, issued */
+    auto issue_pv = [&](float al0, float al1, int st) {
+#pragma unroll
+        for (int i = 0; i < DT; i++) {
+            o[4 * i] *= al0;
+            o[4 * i + 1] *= al0;
+            o[4 * i + 2] *= al1;
+            o[4 * i + 3] *= al1;
+        }
+        const unsigned vb = v_s + (unsigned)(st * TILEB);
+        kiln_wg_regs(o);
+        kiln_wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++)
+            kiln_wg_rs(o, pa[kk], kiln_wg_desc(vb + (unsigned)(kk * 16 * 128), BK * 128, 1024)); /* n = HEAD_DIM */
+        kiln_wg_commit();
+    };
+    /* the online softmax over S of the tile at key kt (in place: S becomes the unnormalised p); m, l
+     * updated, the factor for O into al0, al1 */
+    auto softmax = [&](float (&s)[NT * 4], int kt, float &al0, float &al1) {
+        const bool mask = kt + BK - 1 > wq_first || (WINDOW > 0 && kt <= wq_last - WINDOW);
+        if (mask) {
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int key = kt + n * 8 + 2 * t + e;
+                    if (key > qpos0 || (WINDOW > 0 && qpos0 - key >= WINDOW)) s[4 * n + e] = KILN_NEG_INF;
+                    if (key > qpos1 || (WINDOW > 0 && qpos1 - key >= WINDOW)) s[4 * n + 2 + e] = KILN_NEG_INF;
+                }
+        }
+        float tm0 = KILN_NEG_INF, tm1 = KILN_NEG_INF;
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            tm0 = fmaxf(tm0, fmaxf(s[4 * n], s[4 * n + 1]));
+            tm1 = fmaxf(tm1, fmaxf(s[4 * n + 2], s[4 * n + 3]));
+        }
+        tm0 = fmaxf(tm0, __shfl_xor_sync(KILN_FULL_MASK, tm0, 1));
+        tm0 = fmaxf(tm0, __shfl_xor_sync(KILN_FULL_MASK, tm0, 2));
+        tm1 = fmaxf(tm1, __shfl_xor_sync(KILN_FULL_MASK, tm1, 1));
+        tm1 = fmaxf(tm1, __shfl_xor_sync(KILN_FULL_MASK, tm1, 2));
+        const float mn0 = fmaxf(m0, tm0), mn1 = fmaxf(m1, tm1);
+        /* reference point: the new max, or 0 for a row that has seen nothing (exp2(-inf) = 0) */
+        const float r0 = mn0 == KILN_NEG_INF ? 0.0f : mn0, r1 = mn1 == KILN_NEG_INF ? 0.0f : mn1;
+        al0 = kiln_pf_exp2(m0 - r0);
+        al1 = kiln_pf_exp2(m1 - r1);
+        float rs0 = 0.0f, rs1 = 0.0f;
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            s[4 * n] = kiln_pf_exp2(s[4 * n] - r0);
+            s[4 * n + 1] = kiln_pf_exp2(s[4 * n + 1] - r0);
+            s[4 * n + 2] = kiln_pf_exp2(s[4 * n + 2] - r1);
+            s[4 * n + 3] = kiln_pf_exp2(s[4 * n + 3] - r1);
+            rs0 += s[4 * n] + s[4 * n + 1];
+            rs1 += s[4 * n + 2] + s[4 * n + 3];
+        }
+        rs0 += __shfl_xor_sync(KILN_FULL_MASK, rs0, 1);
+        rs0 += __shfl_xor_sync(KILN_FULL_MASK, rs0, 2);
+        rs1 += __shfl_xor_sync(KILN_FULL_MASK, rs1, 1);
+        rs1 += __shfl_xor_sync(KILN_FULL_MASK, rs1, 2);
+        l0 = l0 * al0 + rs0;
+        l1 = l1 * al1 + rs1;
+        m0 = mn0;
+        m1 = mn1;
+    };
+    /* P (bf16 A fragments, 16 keys a k-step) from the p of softmax; wgmma's A-from-registers layout */
+    auto pack_p = [&](const float (&s)[NT * 4]) {
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            pa[n >> 1][(n & 1) * 2] = kiln_f2bf2(s[4 * n], s[4 * n + 1]);
+            pa[n >> 1][(n & 1) * 2 + 1] = kiln_f2bf2(s[4 * n + 2], s[4 * n + 3]);
+        }
+    };
+    /* tile `it`'s K and V (and q) are everyone's and visible to wgmma once this returns; the loads of
+     * tile it + 1 are issued into the stage that tile it - 2 left */
+    auto landed = [&](int it) {
+        kiln_cp_wait<0>();       /* this thread's chunks of tile `it` */
+        kiln_fence_async_smem(); /* ... and, with q's stores, visible to wgmma (the async proxy) */
+        __syncthreads();         /* everyone's; and every group is past tile it - 2's wgmmas */
+        if (it + 1 < n_tiles) {
+            stage(kt0 + (it + 1) * BK, (it + 1) % PF_WG_STAGES, ids_next);
+            if (it + 2 < n_tiles) ids_next = block_ids(kt0 + (it + 2) * BK);
+        }
+    };
+
+    /* Tile 0 alone; then at tile it: S of it and P v of it - 1 in flight together, the softmax of it
+     * while P v runs; last, P v of the last tile. Every warpgroup walks every tile of the block (a
+     * tile none of its rows sees is masked whole), so that the barriers stay matched. */
+    float s[NT * 4], al0 = 1.0f, al1 = 1.0f;
+    landed(0);
+    issue_s(s, 0);
+    kiln_wg_wait0();
+    kiln_wg_regs(s);
+    softmax(s, kt0, al0, al1);
+    pack_p(s);
+    for (int it = 1; it < n_tiles; it++) {
+        landed(it);
+        issue_s(s, it % PF_WG_STAGES);
+        issue_pv(al0, al1, (it - 1) % PF_WG_STAGES);
+        kiln_wg_wait1(); /* S of it (the older group) */
+        kiln_wg_regs(s);
+        softmax(s, kt0 + it * BK, al0, al1);
+        kiln_wg_wait0(); /* P v of it - 1 */
+        kiln_wg_regs(o);
+        kiln_wg_pa(pa);
+        pack_p(s);
+    }
+    issue_pv(al0, al1, (n_tiles - 1) % PF_WG_STAGES);
+    kiln_wg_wait0();
+    kiln_wg_regs(o);
+    kiln_wg_pa(pa);
+    kiln_cp_wait<0>(); /* nothing may be in flight when the block exits */
+    if (!live) return;
+    kiln_bf16 *out = (kiln_bf16 *)p.out;
+    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    const int row0 = w0 + 16 * wq + g, row1 = row0 + 8;
+#pragma unroll
+    for (int i = 0; i < DT; i++) {
+        const int d = i * 8 + 2 * t;
+        if (row0 < nq)
+            *(unsigned *)(out + ((size_t)(qs0 + qi0 + row0) * N_HEADS + hq) * HEAD_DIM + d) =
+                kiln_f2bf2(o[4 * i] * inv0, o[4 * i + 1] * inv0);
+        if (row1 < nq)
+            *(unsigned *)(out + ((size_t)(qs0 + qi0 + row1) * N_HEADS + hq) * HEAD_DIM + d) =
+                kiln_f2bf2(o[4 * i + 2] * inv1, o[4 * i + 3] * inv1);
+    }
+}
+#endif /* sm_90a, HEAD_DIM 64 or 128, bf16 */
+
 #endif /* HEAD_DIM % 16 == 0 && !KILN_F32 */

@@ -222,10 +222,11 @@ typedef struct kiln_attn_prefill_params {
 /* out[m, f] = silu(gu[m, f]) * gu[m, FFN + f] (gate half then up half), or with
  * SWIGLU_INTERLEAVED silu(gu[m, 2f]) * gu[m, 2f + 1]. Kernel: kiln_swiglu. */
 typedef struct kiln_swiglu_params {
-    kiln_dptr gu;  /* bf16 [M, 2*FFN] */
-    kiln_dptr out; /* bf16 [M, FFN] */
+    kiln_dptr gu;     /* bf16 [M, 2*FFN] */
+    kiln_dptr out;    /* bf16 [M, FFN]; kiln_swiglu_fp8: E4M3 codes [M, FFN] */
     int M;
     int pad_;
+    kiln_dptr scales; /* kiln_swiglu_fp8: f32 [M], each row's scale */
 } kiln_swiglu_params;
 
 /* One token per row of logits: greedy (temperature <= 0), else softmax at

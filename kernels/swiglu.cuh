@@ -32,12 +32,10 @@
 
 KILN_DEV float kiln_silu_f(float g) { return g / (1.0f + expf(-g)); }
 
-/* One row m: the 16-byte path's chunk c, or the scalar path's element c. */
-KILN_DEV void kiln_swiglu_row(const kiln_swiglu_params &p, size_t m, int c) {
-    const kiln_elem *row = (const kiln_elem *)p.gu + m * 2 * FFN;
-    kiln_elem *out = (kiln_elem *)p.out + m * FFN;
 #if FFN % KILN_VEC == 0
-    float g[KILN_VEC], u[KILN_VEC], o[KILN_VEC];
+/* The KILN_VEC products of a row's 16-byte output chunk c, in fp32. */
+KILN_DEV void kiln_swiglu_vec(const kiln_elem *row, int c, float (&o)[KILN_VEC]) {
+    float g[KILN_VEC], u[KILN_VEC];
 #if SWIGLU_INTERLEAVED
     /* 2*KILN_VEC inputs: pairs (gate, up) for KILN_VEC outputs */
     float a[KILN_VEC], b[KILN_VEC];
@@ -56,6 +54,16 @@ KILN_DEV void kiln_swiglu_row(const kiln_swiglu_params &p, size_t m, int c) {
 #endif
 #pragma unroll
     for (int e = 0; e < KILN_VEC; e++) o[e] = kiln_silu_f(g[e]) * u[e];
+}
+#endif
+
+/* One row m: the 16-byte path's chunk c, or the scalar path's element c. */
+KILN_DEV void kiln_swiglu_row(const kiln_swiglu_params &p, size_t m, int c) {
+    const kiln_elem *row = (const kiln_elem *)p.gu + m * 2 * FFN;
+    kiln_elem *out = (kiln_elem *)p.out + m * FFN;
+#if FFN % KILN_VEC == 0
+    float o[KILN_VEC];
+    kiln_swiglu_vec(row, c, o);
     *(uint4 *)(out + (size_t)c * KILN_VEC) = kiln_packv(o);
 #else
 #if SWIGLU_INTERLEAVED
@@ -77,3 +85,50 @@ extern "C" __global__ void __launch_bounds__(SWIGLU_THREADS) kiln_swiglu(const k
     if (c >= n) return;
     for (size_t m = blockIdx.y; m < (size_t)p.M; m += gridDim.y) kiln_swiglu_row(p, m, c);
 }
+
+/* kiln_swiglu_fp8 — the same products quantized for the W8A8 GEMM that reads them (+out_fp8, pass
+ * swiglu-out-fp8): row m's E4M3 codes into p.out (bytes, [M, FFN]) and its scale amax / 448 into
+ * p.scales[m], as kiln_act_fp8 would make them from the bf16 row but from the fp32 products (no bf16
+ * rounding in between, as the CPU executor's kiln_act_fp8_row of its f32 row). The bf16 row is never
+ * written: the [M, FFN] bf16 write and its read back by kiln_act_fp8 go away. One block a row
+ * (grid-strided over rows), the row's products in registers between the block's amax and the codes;
+ * SWIGLU_FP8_THREADS (1024) threads a block, so that a step of few rows (64) still spreads each row's
+ * FFN products over many threads. Needs FFN % 8 == 0 and bf16. Launch: grid min(M, 65535), block
+ * SWIGLU_FP8_THREADS (KILN_SWIGLU_FP8_THREADS). */
+#if !KILN_F32 && FFN % KILN_VEC == 0
+#ifndef SWIGLU_FP8_THREADS
+#define SWIGLU_FP8_THREADS 1024
+#endif
+#define SWIGLU_FP8_CH ((FFN / KILN_VEC + SWIGLU_FP8_THREADS - 1) / SWIGLU_FP8_THREADS) /* chunks a thread */
+extern "C" __global__ void __launch_bounds__(SWIGLU_FP8_THREADS) kiln_swiglu_fp8(const kiln_swiglu_params p) {
+    __shared__ float scratch[32];
+    kiln_pdl_wait();
+    constexpr int n = FFN / KILN_VEC;
+    for (size_t m = blockIdx.x; m < (size_t)p.M; m += gridDim.x) {
+        const kiln_elem *row = (const kiln_elem *)p.gu + m * 2 * FFN;
+        float o[SWIGLU_FP8_CH][KILN_VEC], amax = 0.0f;
+#pragma unroll
+        for (int j = 0; j < SWIGLU_FP8_CH; j++) {
+            const int c = threadIdx.x + j * SWIGLU_FP8_THREADS;
+            if (c < n) {
+                kiln_swiglu_vec(row, c, o[j]);
+#pragma unroll
+                for (int e = 0; e < KILN_VEC; e++) amax = fmaxf(amax, fabsf(o[j][e]));
+            }
+        }
+        amax = kiln_block_max(amax, scratch);
+        const float inv = amax > 0.0f ? 448.0f / amax : 0.0f;
+        if (threadIdx.x == 0) ((float *)p.scales)[m] = amax / 448.0f;
+        uint2 *out = (uint2 *)((unsigned char *)p.out + m * FFN);
+#pragma unroll
+        for (int j = 0; j < SWIGLU_FP8_CH; j++) {
+            const int c = threadIdx.x + j * SWIGLU_FP8_THREADS;
+            if (c >= n) continue;
+            unsigned w[2] = {0, 0};
+#pragma unroll
+            for (int e = 0; e < KILN_VEC; e++) w[e >> 2] |= kiln_e4m3_rn(o[j][e] * inv) << (8 * (e & 3));
+            out[c] = make_uint2(w[0], w[1]);
+        }
+    }
+}
+#endif

@@ -155,7 +155,7 @@ typedef struct kiln_ctx_options {
     /* Since 0.2. Measurement knobs, for benchmarking only (`kiln bench --measure`): comma-separated
      * key=value pairs that change how the GPU runs the same plan, never what it computes beyond
      * rounding: gemv_max_m=N (1..64: most tokens per step the tensor-core GEMV, and the quantized
-     * one, take before cuBLASLt), attn_waves=W (decode attention's splits aim for W waves of the GPU, 0 < W <= 64;
+     * one, take before cuBLASLt; a +act_fp8 matrix runs W8A8 past 32 tokens whatever N), attn_waves=W (decode attention's splits aim for W waves of the GPU, 0 < W <= 64;
      * default 2), lt_tune=0|1|2 (cuBLASLt algorithms at decode: the heuristic's, timed (default),
      * timed and reported on stderr), pdl=0|1, graphs=0|1, profile=0|1 (time every kernel, without
      * graphs: `kiln bench --profile`), recorded=0|1 (since 0.3; 0: leave the engine's tuning record
@@ -169,7 +169,9 @@ typedef struct kiln_ctx_options {
      * the CUDA-core GEMV where the engine has it (1, the default) or the tensor-core one (0)), w8a8=0|1|2 (since 0.5; an fp8 engine's steps
      * past the quantized GEMV on sm_89+, over the matrices its plan marks +act_fp8: cuBLASLt's FP8 GEMM over the activations quantized per token
      * (2, the default: fp8g128 matrices as well, with scales per 128 columns; 1: fp8 matrices only, fp8g128
-     * dequantized) or the weights dequantized to bf16 for a bf16 GEMM (0)).
+     * dequantized) or the weights dequantized to bf16 for a bf16 GEMM (0)), prefill_wg=0|1 (since 0.5; prefill
+     * attention on sm_90 over a bf16 KV cache in engines from 2026-12-02: the wgmma kernel (1, the default) or
+     * the mma.sync one (0)).
      * NULL or "" = none. An unknown key or
      * a bad value is KILN_ERR_INVALID_ARG, and any knob with device "cpu" too. */
     const char *measure;

@@ -153,6 +153,8 @@ kiln_status kiln_cuda_dims_check(const kiln_cuda_dims *d, const char *what, kiln
  * block and `vec` elements per 16-byte chunk (8 bf16, 4 fp32): grid y is min(M, 65535), the kernel
  * strides over the rows. */
 kiln_cuda_dims kiln_swiglu_dims(int ffn, int M, int threads, int vec);
+/* kiln_swiglu_fp8's block (swiglu.cuh's SWIGLU_FP8_THREADS) */
+#define KILN_SWIGLU_FP8_THREADS 1024
 
 /* The GEMV's compile-time shape (gemv.cuh's GEMV_* constants). */
 typedef struct kiln_gemv_cfg {
@@ -180,6 +182,14 @@ unsigned kiln_attn_prefill_mma_smem(int head_dim, int warps, int mt, bool kv8);
  * PF_MMA_WARPS = warps, for a batch of B sequences whose longest chunk has max_q queries; kv8: built
  * for an 8-bit KV cache (KILN_KV8), which stages the codes too. */
 kiln_cuda_dims kiln_attn_prefill_mma_dims(int warps, int mt, int n_heads, int B, int max_q, int head_dim, bool kv8);
+/* kiln_attn_prefill_wg (sm_90a's wgmma; attn_prefill.cuh): `groups` warpgroups of 64 query rows a block
+ * (the kernel's PF_WG_GROUPS, KILN_PF_WG_GROUPS as codegen compiles it), key tiles of 128 in
+ * KILN_PF_WG_STAGES stages; its shared memory and launch dimensions for a batch of B sequences whose
+ * longest chunk has max_q queries. */
+#define KILN_PF_WG_GROUPS 2
+#define KILN_PF_WG_STAGES 3
+unsigned kiln_attn_prefill_wg_smem(int head_dim, int groups);
+kiln_cuda_dims kiln_attn_prefill_wg_dims(int groups, int n_heads, int B, int max_q, int head_dim);
 /* Splits kiln_attn_decode needs for a context of `len` tokens. */
 int kiln_attn_decode_splits(int len, int window, int partition);
 /* The split size for a decode step: short enough that batch x kv heads x

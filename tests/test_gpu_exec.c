@@ -1603,6 +1603,24 @@ static void check_w8a8_matches_cpu(const char *ckpt_rel, int quant) {
             "%.3g from its weight-only); weight-only (%d W8A8 matrices) GPU vs CPU %.3g\n", ckpt_rel, fp8_mats[0], e8,
             d_cpu, fp8_mats[1], ewo);
     KT_CHECK(fp8_mats[0] > 0 && fp8_mats[1] == 0);
+    /* a quantized GEMV threshold past 48 (a tuning record's or the knob's) leaves the +act_fp8 matrices W8A8
+     * past KILN_QGEMV_MAX_ROWS, as on the CPU: the same kernels, the same logits */
+    {
+        kiln_cuda_exec_opts o64 = o;
+        o64.qgemv_max_m = 64;
+        gx G;
+        KT_REQUIRE(gx_open(&G, eng[0], &o64));
+        float *g64 = malloc(sizeof(float) * (size_t)V);
+        int32_t id = 0;
+        KT_REQUIRE(gen_one(&G, 1, prompt, np, 1, 64, &id, g64, NULL));
+        kiln_executor_info info = {0};
+        G.x->ops->info(G.x, &info);
+        const double d64 = kt_rel_l2(g64, gpu[0], (size_t)V);
+        KT_CHECKF(info.gemm_fp8 == fp8_mats[0] && d64 == 0, "%s: qgemv_max_m 64: %d W8A8 matrices (%d), logits %.3g off",
+                  ckpt_rel, info.gemm_fp8, fp8_mats[0], d64);
+        gx_close(&G);
+        free(g64);
+    }
     KT_CHECKF(e8 < 1.5 * d_cpu && ewo < 3e-2, "%s: GPU W8A8 %.3g from the CPU's W8A8 (which is %.3g from weight-only); "
               "weight-only GPU vs CPU %.3g", ckpt_rel, e8, d_cpu, ewo);
     for (int k = 0; k < 2; k++) free(gpu[k]);
@@ -1716,6 +1734,35 @@ static void test_tuning_record(void) {
     KT_REQUIRE(kiln_cuda_exec_get_stats(G.x, &cs));
     KT_CONTAINS(cs.tuning, "off (heuristic");
     KT_EQ_INT(cs.gemv_max_m, KILN_GEMV_MAX_M);
+    gx_close(&G);
+    free(r.gemms);
+    if (g_sm < 89) return;
+    /* an fp8 engine's W8A8 GEMMs (prefill steps past KILN_QGEMV_MAX_ROWS): recorded with their FP8 flags (the
+     * section's reader refused them once, so kiln tune failed on every W8A8 engine), read back and used */
+    char e8[1024];
+    snprintf(e8, sizeof e8, "%s/tiny-mistral-fp8-tuned.kiln", g_tmp);
+    kiln_compile_options opt = {.output_path = e8, .weight_dtype = KILN_DTYPE_BF16, .targets = gpu_targets(),
+                                .quant = KILN_DTYPE_FP8, .quant_head = KILN_DTYPE_Q8, .quant_method = KILN_QUANT_RTN};
+    KT_REQUIRE(kt_compile(pathf("%s/tests/data/tiny-mistral", src_dir()), &opt) == KILN_OK);
+    KT_REQUIRE(gx_open(&G, e8, &o));
+    const int rows8[] = {64};
+    st = kiln_cuda_exec_tune(G.x, batches, 0, rows8, 1, NULL, &r, &err);
+    gx_close(&G);
+    KT_REQUIRE(st == KILN_OK);
+    int n8 = 0;
+    for (uint32_t i = 0; i < r.n_gemms; i++) n8 += (r.gemms[i].flags & KILN_TUNING_FP8) != 0;
+    fprintf(stderr, "  fp8: %u shapes tuned, %d of them W8A8\n", r.n_gemms, n8);
+    KT_CHECK(n8 >= 4); /* qkv, o_proj, gate/up, down at M = 64 */
+    KT_REQUIRE(put_record(e8, &r));
+    KT_REQUIRE(gx_open(&G, e8, &d));
+    int32_t p48[48], ids8[2];
+    for (int i = 0; i < 48; i++) p48[i] = (i * 37 + 5) % G.vocab;
+    KT_CHECK(gen_one(&G, 0, p48, 48, 2, 64, ids8, NULL, NULL)); /* a 48-token prefill: bucket 64's W8A8 GEMMs */
+    KT_REQUIRE(kiln_cuda_exec_get_stats(G.x, &cs));
+    fprintf(stderr, "  fp8 reloaded: tuning %s, %d entries used, %d refused\n", cs.tuning, cs.tuning_used,
+            cs.tuning_refused);
+    KT_CHECK(cs.tuning_used >= 4);
+    KT_EQ_INT(cs.tuning_refused, 0);
     gx_close(&G);
     free(r.gemms);
 }

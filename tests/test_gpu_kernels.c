@@ -1175,9 +1175,10 @@ static void test_attn_prefill(void) {
     /* variants: the fp32 FMA kernel, then the tensor-core kernels (mt 2: kiln_attn_prefill_mma,
      * 32 rows per warp; mt 1: kiln_attn_prefill_mma16) as the runtime compiles them
      * (KILN_PF_MMA_WARPS, one barrier per key tile) and with the other block size (4 or 8 warps)
-     * and the two-barrier pipeline (PF_MMA_SYNCS=2) */
+     * and the two-barrier pipeline (PF_MMA_SYNCS=2); on sm_90 with head_dim 64 or 128 the wgmma
+     * kernel (mt 3: kiln_attn_prefill_wg), which NVRTC's sm_90a cubin must then hold */
     const int alt = KILN_PF_MMA_WARPS == 4 ? 8 : 4;
-    static const struct { int warps_alt, mt; } vs[] = {{0, 0}, {0, 2}, {0, 1}, {1, 2}, {1, 1}};
+    static const struct { int warps_alt, mt; } vs[] = {{0, 0}, {0, 2}, {0, 1}, {1, 2}, {1, 1}, {0, 3}};
     for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
         const attn_cfg *c = &cfgs[ci];
         char d[9][40];
@@ -1194,6 +1195,9 @@ static void test_attn_prefill(void) {
         KT_REQUIRE(kfn_get(&k, "kiln_attn_prefill_mma", &fmma[0][2]) && kfn_get(&k, "kiln_attn_prefill_mma16", &fmma[0][1]) &&
                    kfn_get(&k4, "kiln_attn_prefill_mma16", &fmma[1][1]));
         fmma[1][2] = k4.fn;
+        const bool wg = g_cu.sm == 90 && (c->hd == 64 || c->hd == 128);
+        CUfunction fwg = NULL;
+        if (wg) KT_REQUIRE(kfn_get(&k, "kiln_attn_prefill_wg", &fwg));
         paged pc;
         paged_make(&pc, c, B, ctx);
         int starts[B + 1] = {0}, max_q = 0;
@@ -1217,17 +1221,21 @@ static void test_attn_prefill(void) {
                 }
         for (size_t vi = 0; vi < sizeof vs / sizeof vs[0]; vi++) {
             const int mt = vs[vi].mt, w = vs[vi].warps_alt ? alt : KILN_PF_MMA_WARPS;
+            if (mt == 3 && !wg) continue;
             char what[64];
-            if (mt)
+            if (mt == 3)
+                snprintf(what, sizeof what, "kiln_attn_prefill_wg");
+            else if (mt)
                 snprintf(what, sizeof what, "kiln_attn_prefill_mma%s (%d warps, %d barriers)", mt == 1 ? "16" : "",
                          w, vs[vi].warps_alt ? 2 : 1);
             else
                 snprintf(what, sizeof what, "kiln_attn_prefill");
-            kiln_cuda_dims dm = mt ? kiln_attn_prefill_mma_dims(w, mt, c->nh, B, max_q, c->hd, false)
-                                   : dims((unsigned)((max_q + 63) / 64), (unsigned)c->nh, (unsigned)B, 128,
-                                          kiln_attn_prefill_smem(c->hd));
+            kiln_cuda_dims dm = mt == 3 ? kiln_attn_prefill_wg_dims(KILN_PF_WG_GROUPS, c->nh, B, max_q, c->hd)
+                                : mt ? kiln_attn_prefill_mma_dims(w, mt, c->nh, B, max_q, c->hd, false)
+                                     : dims((unsigned)((max_q + 63) / 64), (unsigned)c->nh, (unsigned)B, 128,
+                                            kiln_attn_prefill_smem(c->hd));
             dev_poison16(o, qn * 2);
-            KT_CHECK(klaunch(mt ? fmma[vs[vi].warps_alt][mt] : k.fn, what, dm, &p));
+            KT_CHECK(klaunch(mt == 3 ? fwg : mt ? fmma[vs[vi].warps_alt][mt] : k.fn, what, dm, &p));
             uint16_t *oh = host_from(o, qn * 2);
             for (int b = 0; b < B; b++) {
                 size_t off = (size_t)starts[b] * c->nh * c->hd, n = (size_t)qlen[b] * c->nh * c->hd;
@@ -1249,6 +1257,43 @@ static void test_attn_prefill(void) {
 /* SwiGLU                                                               */
 /* =================================================================== */
 
+/* kiln_swiglu_fp8 (+out_fp8) against common/quant.c's kiln_act_fp8_row of the fp32 products from the same
+ * bf16 inputs (gf): each row's scale within 1e-6 (the GPU's and the C library's expf may differ in the last
+ * bit, so the amax may), and every code the reference's or, for products that land within a rounding of a
+ * tie, one E4M3 step from it, at most one in 10,000. */
+static void check_swiglu_fp8(kfn *k, int F, int M, CUdeviceptr gu, const float *gf) {
+    CUfunction fn;
+    KT_REQUIRE(kfn_get(k, "kiln_swiglu_fp8", &fn));
+    CUdeviceptr c = dev_alloc((size_t)M * F), s = dev_alloc((size_t)M * 4);
+    kiln_swiglu_params p = {gu, c, M, 0, s};
+    KT_CHECK(klaunch(fn, "kiln_swiglu_fp8", dims((unsigned)M < 65535u ? (unsigned)M : 65535u, 1, 1,
+                                                   KILN_SWIGLU_FP8_THREADS, 0), &p));
+    uint8_t *ch = host_from(c, (size_t)M * F), *rc = malloc((size_t)F);
+    float *sh = host_from(s, (size_t)M * 4), *row = malloc(sizeof(float) * (size_t)F), rs = 0;
+    size_t off = 0, far = 0;
+    double worst_s = 0;
+    for (int m = 0; m < M; m++) {
+        for (int f = 0; f < F; f++) {
+            const float g = gf[(size_t)m * 2 * F + f], u = gf[(size_t)m * 2 * F + F + f];
+            row[f] = g / (1.0f + expf(-g)) * u;
+        }
+        kiln_act_fp8_row(row, F, 0, rc, &rs);
+        const double ds = fabs((double)sh[m] - rs) / (rs > 0 ? rs : 1);
+        if (ds > worst_s) worst_s = ds;
+        for (int f = 0; f < F; f++) {
+            const uint8_t a = ch[(size_t)m * F + f], b = rc[f];
+            if (a == b) continue;
+            off++;
+            if ((a & 0x80) != (b & 0x80) || abs((a & 0x7F) - (b & 0x7F)) > 1) far++;
+        }
+    }
+    KT_CHECKF(worst_s < 1e-6 && far == 0 && off * 10000 <= (size_t)M * F,
+              "swiglu_fp8 FFN=%d M=%d: scales within %g, %zu codes differ (%zu by more than a step)", F, M, worst_s,
+              off, far);
+    kiln_cuda_release(&g_cu, c); kiln_cuda_release(&g_cu, s);
+    free(ch), free(rc), free(sh), free(row);
+}
+
 static void test_swiglu(void) {
     NEED_GPU();
     /* rows past grid y's 65,535 (a 100,000-token prefill step) with the small FFNs only: the CPU
@@ -1269,7 +1314,7 @@ static void test_swiglu(void) {
             uint16_t *gh = rand_bf16((size_t)M * 2 * F, 2.0f, &gf);
             CUdeviceptr gu = dev_from(gh, (size_t)M * 2 * F * 2), o = dev_alloc((size_t)M * F * 2);
             dev_poison16(o, (size_t)M * F * 2);
-            kiln_swiglu_params p = {gu, o, M, 0};
+            kiln_swiglu_params p = {gu, o, M, 0, 0};
             kiln_cuda_dims sd = kiln_swiglu_dims(F, M, 256, 8);
             KT_CHECK(sd.grid[1] <= KILN_CUDA_GRID_YZ_MAX);
             KT_CHECK(klaunch(k.fn, "kiln_swiglu", sd, &p));
@@ -1282,6 +1327,7 @@ static void test_swiglu(void) {
                 }
             double e = rel_err_bf16(oh, ref, (size_t)M * F);
             KT_CHECKF(e < TOL_BF16, "swiglu FFN=%d M=%d: rel err %g", F, M, e);
+            if (F % 8 == 0) check_swiglu_fp8(&k, F, M, gu, gf);
             kiln_cuda_release(&g_cu, gu); kiln_cuda_release(&g_cu, o);
             free(gh); free(gf); free(oh); free(ref);
         }

@@ -9,6 +9,7 @@
 #include "codegen/kiln_codegen.h"
 #include "compiler/kiln_compiler.h"
 #include "kt.h"
+#include "kt_fixture.h"
 #include "passes/kiln_passes.h"
 #include "../format/kiln_plan.h"
 
@@ -624,6 +625,43 @@ static void test_w8a8_pass(void) {
     kiln_graph_free(g);
 }
 
+/* swiglu-out-fp8 (default, after w8a8) flags each layer's gate_up_swiglu +out_fp8 when down_proj after it
+ * runs W8A8 over per-row fp8, and no other: not fp8g128's (scales per 128 columns), int8's or bf16's, nor
+ * without w8a8 (no +act_fp8 to write codes for); the verifier refuses the flag on other ops. */
+static void test_swiglu_out_fp8_pass(void) {
+    const int layers = 5;
+    static const struct {
+        int quant;
+        const char *passes;
+        int want;
+    } cases[] = {{KILN_DTYPE_FP8, NULL, layers}, {KILN_DTYPE_FP8G128, NULL, 0}, {KILN_DTYPE_Q8, NULL, 0}, {0, NULL, 0},
+                 {KILN_DTYPE_FP8, PASSES_NO_W8A8 ",swiglu-out-fp8", 0}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        kiln_error err = {0};
+        kiln_graph *g = stories_graph();
+        KT_REQUIRE(g);
+        g->quant_weights = cases[ci].quant;
+        KT_REQUIRE(kiln_passes_run(g, cases[ci].passes, NULL, &err) == KILN_OK);
+        int n = 0;
+        for (int i = 0; i < g->n_ops; i++)
+            if (!g->ops[i].dead && (g->ops[i].attrs.flags & KILN_FLAG_OUT_FP8)) {
+                KT_CHECK(g->ops[i].kind == KILN_OP_GATE_UP_SWIGLU_PACKED);
+                n++;
+            }
+        KT_EQ_INT(n, cases[ci].want);
+        if (ci == 0) {
+            for (int i = 0; i < g->n_ops; i++)
+                if (!g->ops[i].dead && g->ops[i].kind == KILN_OP_LINEAR_ADD) {
+                    g->ops[i].attrs.flags |= KILN_FLAG_OUT_FP8;
+                    break;
+                }
+            KT_EQ_INT(kiln_ir_verify(g, &err), KILN_ERR_VERIFY);
+            KT_CONTAINS(err.msg, "do not apply");
+        }
+        kiln_graph_free(g);
+    }
+}
+
 int main(void) {
     KT_RUN(test_builder_infers_and_rejects_shapes);
     KT_RUN(test_verifier_catches_broken_graphs);
@@ -637,6 +675,7 @@ int main(void) {
     KT_RUN(test_dump_ir_prints_each_pass);
     KT_RUN(test_fold_norm_into_ck_gemv);
     KT_RUN(test_w8a8_pass);
+    KT_RUN(test_swiglu_out_fp8_pass);
     if (ck_open) kiln_checkpoint_close(&ck);
     return KT_END();
 }

@@ -295,7 +295,9 @@ static kiln_status compile_once(const char *src, const char *name, const char *c
     }
     /* Options; each owned string is freed at the end. */
     char tmp[4200];
-    snprintf(tmp, sizeof tmp, "--gpu-architecture=%s", arch);
+    /* an sm_90 cubin is built as sm_90a: it runs only on sm_90 either way, and the 'a' features
+     * (wgmma: kiln_attn_prefill_wg) exist only there */
+    snprintf(tmp, sizeof tmp, "--gpu-architecture=%s%s", arch, cubin && !strcmp(arch, "sm_90") ? "a" : "");
     owned[n_owned] = strdup(tmp);
     opts[n_opts++] = owned[n_owned++];
     snprintf(tmp, sizeof tmp, "-I%s", kiln_nvrtc_include_dir());

@@ -119,14 +119,18 @@ typedef struct cx_gemm {
     bool act8;           /* +act_fp8 (pass w8a8): steps past the quantized GEMV run W8A8 */
     CUfunction swiglu;   /* prefill swiglu kernel (EPI_SWIGLU) */
     int swiglu_threads;
+    bool out8;           /* +out_fp8 (pass swiglu-out-fp8) and the next instruction is the W8A8 GEMM reading
+                            the product: at its W8A8 steps the SwiGLU writes its codes (swiglu_codes) */
+    CUfunction swiglu8;  /* kiln_swiglu_fp8, with out8 */
 } cx_gemm;
 
 typedef struct cx_attn {
     int window;
     CUfunction decode, combine, prefill;
     CUfunction prefill_mma, prefill_mma16; /* tensor cores, 32 and 16 query rows per warp (NULL: none) */
+    CUfunction prefill_wg;                 /* wgmma (sm_90a cubins of a bf16 cache; NULL: none) */
     int partition, warps;
-    unsigned smem_decode, smem_prefill, smem_prefill_mma, smem_prefill_mma16;
+    unsigned smem_decode, smem_prefill, smem_prefill_mma, smem_prefill_mma16, smem_prefill_wg;
 } cx_attn;
 
 /* A moe op (Mixtral's experts): its weights, constants and kernels. run_moe says which path a step takes. */
@@ -258,6 +262,7 @@ typedef struct cx {
     CUdeviceptr attn_cnt; /* int32 [max_seqs, n_kv]: decode attention's split counters, zero between launches */
     int gemv_max_m; /* most tokens per step the tensor-core GEMV takes (else cuBLASLt) */
     bool qgemv_cc;    /* one-token steps over quantized weights on the CUDA-core GEMV (measure knob qgemv_cc=0: not) */
+    bool prefill_wg;  /* prefill attention on the wgmma kernel where the engine has it (measure knob prefill_wg=0: not) */
     bool moe_grouped; /* measure knob moe_grouped=1: decode batches past the experts' pair GEMVs run the
                          grouped tensor-core GEMVs instead of every expert through cuBLASLt */
     int qgemv_max_m; /* ... the quantized GEMV takes (else dequantize + cuBLASLt) */
@@ -588,6 +593,10 @@ static kiln_status gemm_setup(cx *x, cx_gemm *g, int dw, cx_epi epi, const kiln_
         snprintf(name, sizeof name, "swiglu.f%d", g->n / 2);
         if ((st = fn_get(x, name, "kiln_swiglu", &g->swiglu, &km, err))) return st;
         g->swiglu_threads = km->cfg[0];
+        if (a->flags & KILN_FLAG_OUT_FP8) { /* an engine whose module lacks the kernel writes bf16 */
+            kiln_error none = {0};
+            g->out8 = fn_get(x, name, "kiln_swiglu_fp8", &g->swiglu8, NULL, &none) == KILN_OK;
+        }
         if (g->n / 2 > x->ffn_max) x->ffn_max = g->n / 2;
     }
     return KILN_OK;
@@ -636,10 +645,17 @@ static int attn_get(cx *x, int window, kiln_error *err) {
     if (km->cfg[0] && x->head_dim <= 128 && a->smem_prefill_mma <= (unsigned)x->cu.smem_optin &&
         fn_get(x, name, "kiln_attn_prefill_mma", &a->prefill_mma, NULL, err))
         return -1;
+    /* the wgmma kernel where the module has it (sm_90a cubins built since 2026-12-02, a bf16 cache) and
+     * its shared memory fits; measure knob prefill_wg=0 keeps mma.sync */
+    a->smem_prefill_wg = kiln_attn_prefill_wg_smem(x->head_dim, KILN_PF_WG_GROUPS);
+    if (km->cfg[0] && x->prefill_wg && !x->kv8 && a->smem_prefill_wg <= (unsigned)x->cu.smem_optin) {
+        kiln_error none = {0};
+        if (fn_get(x, name, "kiln_attn_prefill_wg", &a->prefill_wg, NULL, &none)) a->prefill_wg = NULL;
+    }
     /* raise the shared-memory limits once, outside any graph capture */
-    unsigned need[4] = {a->smem_decode, a->smem_prefill, a->smem_prefill_mma, a->smem_prefill_mma16};
-    CUfunction fs[4] = {a->decode, a->prefill, a->prefill_mma, a->prefill_mma16};
-    for (int i = 0; i < 4; i++)
+    unsigned need[5] = {a->smem_decode, a->smem_prefill, a->smem_prefill_mma, a->smem_prefill_mma16, a->smem_prefill_wg};
+    CUfunction fs[5] = {a->decode, a->prefill, a->prefill_mma, a->prefill_mma16, a->prefill_wg};
+    for (int i = 0; i < 5; i++)
         if (fs[i] && kiln_cuda_func_smem(&x->cu, fs[i], need[i], "attention", err)) {
             if (err->code == KILN_ERR_DEVICE) err->code = KILN_ERR_UNSUPPORTED;
             kiln_err_prefix(err, "cuda executor: ");
@@ -912,6 +928,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             if (!(ins = emit(x, I_GEMM, (int)i, err))) goto nomem;
             ins->x = vb[in[0]];
             if ((st = gemm_setup(x, &ins->g, dw, EPI_SWIGLU, a, err))) goto out;
+            ins->g.out8 = ins->g.out8 && uses[o[0]] == 1; /* and the reader is the next instruction: below */
             if ((st = value_buf(x, vb, o[0], err))) goto out;
             ins->y = vb[o[0]];
             break;
@@ -1004,6 +1021,14 @@ static kiln_status build_program(cx *x, kiln_error *err) {
         n->fold = n->fold && n->x < 0 && g && (g->kind == I_QKV || g->kind == I_GEMM || g->kind == I_LMHEAD) &&
                   g->x == n->y && g->g.k == x->hidden;
     }
+    /* a SwiGLU writes codes only for the next instruction, a W8A8 GEMM over fp8 rows reading its product */
+    for (int i = 0; i < x->n_prog; i++) {
+        cx_inst *s = &x->prog[i];
+        if (s->kind != I_GEMM || !s->g.out8) continue;
+        const cx_inst *g = i + 1 < x->n_prog ? &x->prog[i + 1] : NULL;
+        s->g.out8 = g && g->kind == I_GEMM && g->x == s->y && g->g.act8 && g->g.qt == KILN_DTYPE_FP8 &&
+                    g->g.k == s->g.n / 2;
+    }
     if (x->free_window < 0) x->free_window = 0;
     goto out;
 nomem:
@@ -1024,11 +1049,24 @@ static CUdeviceptr inp(const cx *x, size_t off) { return x->in_dev + off; }
 
 typedef kiln_cx_shape cx_shape;
 
+static bool w8a8_runs(const cx *x, const cx_gemm *g);
+static size_t act8_cols(const cx *x, size_t *scales);
+/* The most rows a step multiplies by quantized matrix g through the quantized GEMV: qgemv_max_m
+ * (CX_QGEMV_MAX_M, the tuning record's or the knob's), but for a W8A8 one (+act_fp8) never more than
+ * KILN_QGEMV_MAX_ROWS, the steps past which the plan's flag says are W8A8, on the CPU executor as here. */
+static int qgemv_rows(const cx *x, const cx_gemm *g) {
+    return x->qgemv_max_m > KILN_QGEMV_MAX_ROWS && w8a8_runs(x, g) ? KILN_QGEMV_MAX_ROWS : x->qgemv_max_m;
+}
+/* The fewest rows past which some step dequantizes or quantizes activations (their scratch is needed) */
+static int qgemv_rows_min(const cx *x) {
+    return x->qgemv_max_m > KILN_QGEMV_MAX_ROWS && act8_cols(x, NULL) > 0 ? KILN_QGEMV_MAX_ROWS : x->qgemv_max_m;
+}
+
 /* Whether a step of M rows runs GEMM g as a GEMV: the CUDA-core GEMV up to KILN_GEMV_MAX_M rows, the
  * tensor-core one up to gemv_max_m (KILN_GEMV_MAX_M unless the measurement knob says otherwise),
- * the quantized one up to qgemv_max_m (CX_QGEMV_MAX_M, or the knob's value); cuBLASLt above. */
+ * the quantized one up to qgemv_rows; cuBLASLt above. */
 static bool gemv_path(const cx *x, const cx_gemm *g, int M) {
-    if (g->qt) return M <= x->qgemv_max_m;
+    if (g->qt) return M <= qgemv_rows(x, g);
     return M <= (g->mma ? x->gemv_max_m : KILN_GEMV_MAX_M);
 }
 
@@ -1045,8 +1083,6 @@ static bool norm_folds(const cx *x, int i, const cx_shape *sh) {
 
 /* Whether cuBLASLt writes GEMM g's output in fp32 (f32 engines, the logits). */
 static bool lt_out_f32(const cx *x, const cx_gemm *g) { return x->f32 || g->epi == EPI_F32OUT; }
-
-static bool w8a8_runs(const cx *x, const cx_gemm *g);
 
 /* The widest k of a W8A8 GEMM (its quantized activations are rows x that bytes; 0 without one), and the
  * most scales a row of them has (1, or fp8g128's groups). */
@@ -1075,36 +1111,71 @@ static CUdeviceptr w8a8_wscale(const cx *x, const cx_gemm *g) {
     return x->dweights + (w8a8_g(g) ? d->gs_offset : d->offset + kiln_quant_scales_offset(g->qt, g->n, g->k));
 }
 
+/* What a GEMM of a step hands on in E4M3 (+out_fp8): codes_out, a SwiGLU GEMM writes the next GEMM's codes
+ * instead of its bf16 product; codes_in (the SwiGLU GEMM before, or NULL), this W8A8 GEMM reads them. */
+typedef struct cx_gemm_io {
+    bool codes_out;
+    const cx_gemm *codes_in;
+} cx_gemm_io;
+
+/* Whether SwiGLU GEMM instruction i writes codes in a step of T rows: +out_fp8, and the GEMM after it runs
+ * W8A8 at T rows. */
+static bool swiglu_codes(const cx *x, int i, int T) {
+    if (i < 0 || i + 1 >= x->n_prog || x->prog[i].kind != I_GEMM || !x->prog[i].g.out8) return false;
+    const cx_gemm *nx = &x->prog[i + 1].g;
+    return w8a8_runs(x, nx) && !gemv_path(x, nx, T);
+}
+
+/* The SwiGLU of gate/up GEMM g's product (x->gu_tmp) over M rows: bf16 into out, or with codes (+out_fp8)
+ * the E4M3 codes and per-token scales of the W8A8 GEMM after it into x->act8 and x->act8_scale. */
+static kiln_status run_swiglu(cx *x, const cx_gemm *g, int M, CUdeviceptr out, bool codes, kiln_error *err) {
+    kiln_swiglu_params sp = {x->gu_tmp, codes ? x->act8 : out, M, 0, codes ? x->act8_scale : 0};
+    if (codes)
+        return launch(x, g->swiglu8, (unsigned)M < KILN_CUDA_GRID_YZ_MAX ? (unsigned)M : KILN_CUDA_GRID_YZ_MAX, 1, 1,
+                      KILN_SWIGLU_FP8_THREADS, 0, &sp, "kiln_swiglu_fp8", err);
+    kiln_cuda_dims d = kiln_swiglu_dims(g->n / 2, M, g->swiglu_threads, x->f32 ? 4 : 8);
+    return launch(x, g->swiglu, d.grid[0], d.grid[1], 1, d.block[0], 0, &sp, "kiln_swiglu", err);
+}
+
 /* run_gemm's W8A8 route for an fp8 or fp8g128 W (codes w): the M rows of x quantized per token
  * (kiln_act_fp8) or per token and 128 columns (kiln_act_fp8g), then cuBLASLt's FP8 GEMM with both
  * operands' scales (w8a8_wscale); a SwiGLU GEMM through the gate/up scratch. KILN_ERR_UNSUPPORTED
  * (nothing written but the scratch) when cuBLASLt has no FP8 algorithm for the shape. */
 static kiln_status run_gemm_fp8(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUdeviceptr w, CUdeviceptr out,
-                                bool res, kiln_error *err) {
+                                bool res, const cx_gemm_io *io, kiln_error *err) {
     const bool grp = w8a8_g(g);
     /* 128-column scales: M padded to a multiple of 4 (cuBLASLt reads each group's token scales 16-byte
      * aligned); the pad rows' codes are zeros, their outputs land in rows the buffers have (rows4) and
      * no later instruction reads */
     const int Mp = grp ? (int)rows4((size_t)M) : M;
     kiln_act_fp8_params ap = {in, x->act8, x->act8_scale, Mp, g->k, M, 0};
-    kiln_status st = launch(x, grp ? x->f_act8g : x->f_act8, (unsigned)Mp, 1, 1, CX_ACTQ_THREADS, 0, &ap,
-                            grp ? "kiln_act_fp8g" : "kiln_act_fp8", err);
-    if (st) return st;
-    const bool swiglu = g->epi == EPI_SWIGLU;
-    if ((st = kiln_cublaslt_gemm_fp8(x->lt, lt_out_f32(x, g), grp, Mp, g->n, g->k, x->act8, x->act8_scale, w,
-                                     w8a8_wscale(x, g), swiglu ? x->gu_tmp : out, swiglu ? false : res, x->stream,
-                                     err)) ||
-        !swiglu)
+    kiln_status st = KILN_OK;
+    if (!io->codes_in && (st = launch(x, grp ? x->f_act8g : x->f_act8, (unsigned)Mp, 1, 1, CX_ACTQ_THREADS, 0, &ap,
+                                      grp ? "kiln_act_fp8g" : "kiln_act_fp8", err)))
         return st;
-    kiln_cuda_dims d = kiln_swiglu_dims(g->n / 2, M, g->swiglu_threads, 8);
-    kiln_swiglu_params sp = {x->gu_tmp, out, M, 0};
-    return launch(x, g->swiglu, d.grid[0], d.grid[1], 1, d.block[0], 0, &sp, "kiln_swiglu", err);
+    const bool swiglu = g->epi == EPI_SWIGLU;
+    st = kiln_cublaslt_gemm_fp8(x->lt, lt_out_f32(x, g), grp, Mp, g->n, g->k, x->act8, x->act8_scale, w,
+                                w8a8_wscale(x, g), swiglu ? x->gu_tmp : out, swiglu ? false : res, x->stream, err);
+    if (st == KILN_ERR_UNSUPPORTED && io->codes_in) {
+        /* the dequantized route reads the bf16 product, which the SwiGLU before wrote as codes: once more
+         * from its gate/up product, still in gu_tmp */
+        kiln_error e2 = {0};
+        if (run_swiglu(x, io->codes_in, M, in, false, &e2)) {
+            *err = e2;
+            return e2.code;
+        }
+    }
+    if (st || !swiglu) return st;
+    return run_swiglu(x, g, M, out, io->codes_out, err);
 }
 
 /* y = x·W^T (+ y when res) for M rows; with norm (a folded NORM instruction),
- * x is its residual input and the GEMV normalises it on the way in. */
+ * x is its residual input and the GEMV normalises it on the way in; io (NULL: neither) says whether a
+ * SwiGLU GEMM writes the next W8A8 GEMM's codes, and whether this one reads codes a SwiGLU wrote. */
 static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUdeviceptr out, bool res,
-                            const cx_inst *norm, kiln_error *err) {
+                            const cx_inst *norm, const cx_gemm_io *io, kiln_error *err) {
+    static const cx_gemm_io plain = {false, NULL};
+    if (!io) io = &plain;
     CUdeviceptr w = dwp(x, g->dw);
     const int ldy = g->epi == EPI_SWIGLU ? g->n / 2 : g->n;
     /* a quantized W: its scales (and q4's minimums) after the codes (common/quant.c) */
@@ -1124,7 +1195,7 @@ static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUde
         return launch(x, m1 ? g->m1 : g->mma, d.grid[0], d.grid[1], 1, d.block[0], 0, &prm, "kiln_gemv", err);
     }
     if (w8a8_runs(x, g)) { /* W8A8: x quantized per token, cuBLASLt's FP8 GEMM */
-        kiln_status st = run_gemm_fp8(x, g, M, in, w, out, res, err);
+        kiln_status st = run_gemm_fp8(x, g, M, in, w, out, res, io, err);
         if (st != KILN_ERR_UNSUPPORTED) return st;
         /* this cuBLASLt has no FP8 algorithm for the shape: the dequantized route from now on */
         if (w8a8_g(g)) x->w8a8_g128 = false;
@@ -1143,9 +1214,7 @@ static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUde
         kiln_status st = kiln_cublaslt_gemm_ex(x->lt, x->f32, lt_out_f32(x, g), M, g->n, g->k, in, w, x->gu_tmp,
                                                false, x->stream, err);
         if (st) return st;
-        kiln_cuda_dims d = kiln_swiglu_dims(g->n / 2, M, g->swiglu_threads, x->f32 ? 4 : 8);
-        kiln_swiglu_params sp = {x->gu_tmp, out, M, 0};
-        return launch(x, g->swiglu, d.grid[0], d.grid[1], 1, d.block[0], 0, &sp, "kiln_swiglu", err);
+        return run_swiglu(x, g, M, out, io->codes_out, err);
     }
     return kiln_cublaslt_gemm_ex(x->lt, x->f32, lt_out_f32(x, g), M, g->n, g->k, in, w, out, res, x->stream, err);
 }
@@ -1202,7 +1271,7 @@ static kiln_status run_moe(cx *x, const cx_inst *in, const cx_shape *sh, kiln_er
     }
     if (sh->decode && !(x->moe_grouped && mo->gg_gu)) { /* every expert over every token; o is [E, T, H] */
         for (int e = 0; e < E && !st; e++) {
-            kiln_swiglu_params sp = {x->gu_tmp, x->moe_act, T, 0};
+            kiln_swiglu_params sp = {x->gu_tmp, x->moe_act, T, 0, 0};
             kiln_cuda_dims d = kiln_swiglu_dims(F, T, mo->swiglu_threads, x->f32 ? 4 : 8);
             if ((st = kiln_cublaslt_gemm_ex(x->lt, x->f32, x->f32, T, 2 * F, H, X,
                                             wgu + (size_t)e * 2 * (size_t)F * (size_t)H * es, x->gu_tmp, false,
@@ -1246,7 +1315,7 @@ static kiln_status run_moe(cx *x, const cx_inst *in, const cx_shape *sh, kiln_er
             return kiln_err(err, KILN_ERR_INTERNAL, "cuda executor: expert %d of layer %d has %d of %d rows at %d", e,
                             x->p->ops[in->op].attrs.layer, n, T * K, off[e]);
         const CUdeviceptr act = x->moe_act + (size_t)off[e] * (size_t)F * es;
-        kiln_swiglu_params sp = {x->gu_tmp, act, n, 0};
+        kiln_swiglu_params sp = {x->gu_tmp, act, n, 0, 0};
         kiln_cuda_dims d = kiln_swiglu_dims(F, n, mo->swiglu_threads, x->f32 ? 4 : 8);
         if ((st = kiln_cublaslt_gemm_ex(x->lt, x->f32, x->f32, n, 2 * F, H, x->moe_xs + (size_t)off[e] * H * es,
                                         wgu + (size_t)e * 2 * (size_t)F * (size_t)H * es, x->gu_tmp, false, x->stream,
@@ -1307,7 +1376,7 @@ static kiln_status run_range(cx *x, const cx_shape *sh, int from, int *stop, kil
                                                           (size_t)T * (size_t)in->width * (size_t)x->es, x->stream));
             break;
         case I_QKV: {
-            if ((st = run_gemm(x, &in->g, T, bufp(x, in->x), x->qkv_tmp, false, norm, err))) break;
+            if ((st = run_gemm(x, &in->g, T, bufp(x, in->x), x->qkv_tmp, false, norm, NULL, err))) break;
             if (x->profile) x->cu.api.cuEventRecord(x->pev_mid[i], x->stream);
             if (sh->decode && in->rope_in_attn) break; /* decode attention rotates and stores */
             kiln_rope_kv_params rp = {x->qkv_tmp,
@@ -1361,7 +1430,11 @@ static kiln_status run_range(cx *x, const cx_shape *sh, int from, int *stop, kil
                 kiln_attn_prefill_params pp = {x->q_tmp, kc, vc, inp(x, x->in.bt), inp(x, x->in.lens),
                                                inp(x, x->in.qstart), bufp(x, in->y), scale, B, x->kv.max_blocks, 0,
                                                in->dw_kvs >= 0 ? dwp(x, in->dw_kvs) : 0};
-                if (a->prefill_mma16) {
+                if (a->prefill_wg) {
+                    kiln_cuda_dims d = kiln_attn_prefill_wg_dims(KILN_PF_WG_GROUPS, x->n_heads, B, sh->max_q, x->head_dim);
+                    st = launch(x, a->prefill_wg, d.grid[0], d.grid[1], d.grid[2], d.block[0], d.smem, &pp,
+                                "kiln_attn_prefill_wg", err);
+                } else if (a->prefill_mma16) {
                     /* 32 query rows per warp, unless that grid would not give every SM a block (short
                      * prompts): the 16-row kernel has twice the blocks */
                     kiln_cuda_dims d = kiln_attn_prefill_mma_dims(KILN_PF_MMA_WARPS, 2, x->n_heads, B, sh->max_q,
@@ -1380,7 +1453,11 @@ static kiln_status run_range(cx *x, const cx_shape *sh, int from, int *stop, kil
             }
             break;
         }
-        case I_GEMM: st = run_gemm(x, &in->g, T, bufp(x, in->x), bufp(x, in->y), in->res >= 0, norm, err); break;
+        case I_GEMM: {
+            const cx_gemm_io io = {swiglu_codes(x, i, T), swiglu_codes(x, i - 1, T) ? &x->prog[i - 1].g : NULL};
+            st = run_gemm(x, &in->g, T, bufp(x, in->x), bufp(x, in->y), in->res >= 0, norm, &io, err);
+            break;
+        }
         case I_MOE: st = run_moe(x, in, sh, err); break;
         case I_LMHEAD: {
             CUdeviceptr src = bufp(x, in->x);
@@ -1391,7 +1468,7 @@ static kiln_status run_range(cx *x, const cx_shape *sh, int from, int *stop, kil
                     break;
                 src = x->lm_x;
             }
-            st = run_gemm(x, &in->g, B, src, in->part ? x->logits_part : x->logits, false, norm, err);
+            st = run_gemm(x, &in->g, B, src, in->part ? x->logits_part : x->logits, false, norm, NULL, err);
             break;
         }
         case I_COLL: break; /* not reached: the loop stops before it */
@@ -2188,7 +2265,7 @@ static size_t scratch_bytes(const cx *x, int rows, int max_blocks) {
     b += R * (nh + 2 * (size_t)x->n_kv) * hd * es + R * nh * hd * es;
     if ((R > (size_t)gu_rows(x) || x->moe_e) && x->ffn_max > 0) b += R * 2 * (size_t)x->ffn_max * es;
     size_t a8s = 1;
-    if (R > (size_t)x->qgemv_max_m) b += deq_bytes(x) + R * act8_cols(x, &a8s) + R * a8s * 4;
+    if (R > (size_t)qgemv_rows_min(x)) b += deq_bytes(x) + R * act8_cols(x, &a8s) + R * a8s * 4;
     b += moe_bytes(x, rows, NULL);
     b += S * (size_t)x->hidden * es + S * (size_t)x->vocab * 4 + S * nh * z * hd * 4 + S * nh * z * 2 * 4 +
          S * (size_t)x->n_kv * 4 + S * 4;
@@ -2316,6 +2393,7 @@ static kiln_status cx_new(const kiln_model *m, const kiln_cuda_exec_opts *o, int
     x->no_graphs = o->no_graphs;
     x->moe_grouped = o->moe_grouped;
     x->qgemv_cc = !o->no_qgemv_cc;
+    x->prefill_wg = !o->no_prefill_wg;
     x->w8a8 = !o->no_w8a8; /* and sm_89+, bf16, once the device is known (below) */
     x->w8a8_g128 = !o->no_w8a8_g128; /* not with measure knob w8a8=1; and the engine's kernels for it (gemm_setup) */
     x->hidden = p->hidden_size;
@@ -2474,9 +2552,9 @@ static kiln_status cx_new(const kiln_model *m, const kiln_cuda_exec_opts *o, int
             (st = cx_alloc(x, R * (size_t)x->n_heads * (size_t)x->head_dim * es, "the q scratch", &x->q_tmp, err)) ||
             ((R > (size_t)gu_rows(x) || x->moe_e) && x->ffn_max > 0 &&
              (st = cx_alloc(x, R * 2 * (size_t)x->ffn_max * es, "the gate/up scratch", &x->gu_tmp, err))) ||
-            (R > (size_t)x->qgemv_max_m && deq_bytes(x) > 0 &&
+            (R > (size_t)qgemv_rows_min(x) && deq_bytes(x) > 0 &&
              (st = cx_alloc(x, deq_bytes(x), "the dequantized weight scratch", &x->deq_tmp, err))) ||
-            (R > (size_t)x->qgemv_max_m && k8 > 0 &&
+            (R > (size_t)qgemv_rows_min(x) && k8 > 0 &&
              ((st = cx_alloc(x, R * k8, "the FP8 activations", &x->act8, err)) ||
               (st = cx_alloc(x, R * a8s * 4, "the FP8 activations' scales", &x->act8_scale, err)))) ||
             (st = cx_alloc(x, (size_t)max_seqs * (size_t)x->hidden * es, "the LM head input", &x->lm_x, err)) ||

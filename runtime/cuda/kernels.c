@@ -83,6 +83,19 @@ kiln_cuda_dims kiln_attn_prefill_mma_dims(int warps, int mt, int n_heads, int B,
     return d;
 }
 
+unsigned kiln_attn_prefill_wg_smem(int head_dim, int groups) {
+    /* the block's q rows and the stages' (K, V) x 128 keys, bf16, and 1024 bytes to align them */
+    return (unsigned)((64 * groups + KILN_PF_WG_STAGES * 2 * 128) * head_dim * 2 + 1024);
+}
+
+kiln_cuda_dims kiln_attn_prefill_wg_dims(int groups, int n_heads, int B, int max_q, int head_dim) {
+    const int rows = 64 * groups;
+    kiln_cuda_dims d = {{(unsigned)n_heads, (unsigned)((max_q + rows - 1) / rows), (unsigned)B},
+                        {(unsigned)(128 * groups), 1, 1},
+                        kiln_attn_prefill_wg_smem(head_dim, groups)};
+    return d;
+}
+
 int kiln_attn_decode_splits(int len, int window, int partition) {
     int n = (window > 0 && len > window) ? window : len;
     return n <= 0 ? 1 : (n + partition - 1) / partition;

@@ -92,6 +92,8 @@ typedef struct kiln_cuda_exec_opts {
     bool no_w8a8;        /* fp8 weights past the quantized GEMV: dequantize for a bf16 GEMM instead of quantizing the
                             activations per token for cuBLASLt's FP8 GEMM (measure knob w8a8=0) */
     bool no_w8a8_g128;   /* fp8g128 weights dequantize for a bf16 GEMM where fp8 ones run W8A8 (measure knob w8a8=1) */
+    bool no_prefill_wg;  /* prefill attention keeps mma.sync where the engine has the wgmma kernel (measure knob
+                            prefill_wg=0) */
     bool moe_grouped;    /* decode batches past the experts' pair GEMVs run the grouped tensor-core GEMVs (bf16
                             engines) instead of every expert over the batch through cuBLASLt (measured slower) */
 } kiln_cuda_exec_opts;
