@@ -1214,7 +1214,9 @@ static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUde
         kiln_status st = kiln_cublaslt_gemm_ex(x->lt, x->f32, lt_out_f32(x, g), M, g->n, g->k, in, w, x->gu_tmp,
                                                false, x->stream, err);
         if (st) return st;
-        return run_swiglu(x, g, M, out, io->codes_out, err);
+        /* codes only while the next GEMM still runs W8A8: a fallback of this one above (cuBLASLt without an FP8
+         * algorithm) turned W8A8 off for the fp8 matrices after it too */
+        return run_swiglu(x, g, M, out, io->codes_out && x->w8a8, err);
     }
     return kiln_cublaslt_gemm_ex(x->lt, x->f32, lt_out_f32(x, g), M, g->n, g->k, in, w, out, res, x->stream, err);
 }
