@@ -294,7 +294,9 @@ template <int MT> KILN_DEV void kiln_pf_mma_body(const kiln_attn_prefill_params 
     kiln_bf16 *q_s = v_s + 2 * TILE;         /* [BQ][RS] q * scale * log2(e), only when !QREG */
     /* KILN_KV8: the codes as they come, [2 (K, V)][2][BK][HEAD_DIM] bytes after q_s (its room is
      * counted either way), widened into k_s / v_s by the thread that copied them */
+#if KILN_KV8
     unsigned char *raw = (unsigned char *)(q_s + BQ * RS);
+#endif
     kiln_pdl_wait();
 
     const int hq = blockIdx.y, b = blockIdx.z, h = hq / G;

@@ -1621,7 +1621,11 @@ static void prof_name(cx *x) {
                 snprintf(r->what, sizeof r->what, "%s %dx%d", opn, in->g.n, in->g.k);
             else if (in->kind == I_COPY)
                 snprintf(r->what, sizeof r->what, "%s (copy)", opn);
-            else
+            else if (in->kind == I_ATTN && !d) { /* prefill: which kernel, for an A/B of it */
+                const cx_attn *a = &x->attn[in->attn];
+                snprintf(r->what, sizeof r->what, "%s (%s)", opn,
+                         a->prefill_wg ? "wgmma" : a->prefill_mma16 ? "mma.sync" : "fp32 fma");
+            } else
                 snprintf(r->what, sizeof r->what, "%s",
                          in->kind == I_EMBED || in->kind == I_ATTN || in->kind == I_NORM || in->kind == I_COLL
                              ? opn
