@@ -1754,6 +1754,7 @@ static void test_tuning_record(void) {
     fprintf(stderr, "  fp8: %u shapes tuned, %d of them W8A8\n", r.n_gemms, n8);
     KT_CHECK(n8 >= 4); /* qkv, o_proj, gate/up, down at M = 64 */
     KT_REQUIRE(put_record(e8, &r));
+    d.no_recorded = false; /* the record is used (the knob case above turned it off) */
     KT_REQUIRE(gx_open(&G, e8, &d));
     int32_t p48[48], ids8[2];
     for (int i = 0; i < 48; i++) p48[i] = (i * 37 + 5) % G.vocab;
