@@ -277,18 +277,28 @@ int kiln_pass_decode_attention_merge(kiln_graph *g, kiln_error *err) {
     return n;
 }
 
-/* The projection that an rmsnorm (op i) can fold into: the next live op, when it is a projection
- * reading the norm's output as its input and nothing else reads that output; NULL otherwise. */
-static const kiln_op *fold_target(const kiln_graph *g, int i) {
-    const kiln_op *rn = &g->ops[i];
-    if (rn->dead || rn->kind != KILN_OP_RMSNORM || (rn->attrs.flags & KILN_FLAG_FOLD_INTO_GEMV)) return NULL;
+const kiln_op *kiln_pass_sole_projection(const kiln_graph *g, int i) {
+    const kiln_op *op = &g->ops[i];
     int j = i + 1;
     while (j < g->n_ops && g->ops[j].dead) j++;
-    if (j == g->n_ops) return NULL;
+    if (op->dead || j == g->n_ops) return NULL;
     const kiln_op *nx = &g->ops[j];
-    if (!kiln_op_matrices(nx->kind) || nx->in[0] != rn->out[0] || kiln_ir_use_count(g, rn->out[0]) != 1)
+    if (!kiln_op_matrices(nx->kind) || nx->in[0] != op->out[0] || kiln_ir_use_count(g, op->out[0]) != 1)
         return NULL;
     return nx;
+}
+
+bool kiln_pass_matrices_are(const kiln_graph *g, const kiln_op *op, int (*ok)(int dtype)) {
+    for (int j = 1; j <= kiln_op_matrices(op->kind); j++)
+        if (!ok(g->values[op->in[j]].dtype)) return false;
+    return true;
+}
+
+/* The projection that an rmsnorm (op i) can fold into (kiln_pass_sole_projection); NULL otherwise. */
+static const kiln_op *fold_target(const kiln_graph *g, int i) {
+    const kiln_op *rn = &g->ops[i];
+    if (rn->kind != KILN_OP_RMSNORM || (rn->attrs.flags & KILN_FLAG_FOLD_INTO_GEMV)) return NULL;
+    return kiln_pass_sole_projection(g, i);
 }
 
 /* fold-norm-into-gemv: an rmsnorm whose one reader is the next op, a projection reading it as its
@@ -305,14 +315,6 @@ int kiln_pass_fold_norm_into_gemv(kiln_graph *g, kiln_error *err) {
     return n;
 }
 
-/* Whether every matrix projection op multiplies by takes its one-token GEMV on the kernel whose block's
- * warps split K (kiln_quant_gemv_ck: q4 in groups of any size, fp8). */
-static bool projection_ck(const kiln_graph *g, const kiln_op *op) {
-    for (int j = 1; j <= kiln_op_matrices(op->kind); j++)
-        if (!kiln_quant_gemv_ck(g->values[op->in[j]].dtype)) return false;
-    return true;
-}
-
 /* fold-norm-into-ck-gemv (after quantize): as fold-norm-into-gemv, for the norms whose projection's
  * matrices take the one-token GEMV whose block's warps split K (gemv.cuh kiln_gemv_ck: q4 and fp8),
  * and at steps of one token only (+fold_into_gemv +one_token). That kernel's block holds the whole x
@@ -324,7 +326,8 @@ int kiln_pass_fold_norm_into_ck_gemv(kiln_graph *g, kiln_error *err) {
     int n = 0;
     for (int i = 0; i + 1 < g->n_ops; i++) {
         const kiln_op *nx = fold_target(g, i);
-        if (!nx || !projection_ck(g, nx)) continue;
+        /* every matrix takes the one-token GEMV whose warps split K (q4 in groups of any size, fp8) */
+        if (!nx || !kiln_pass_matrices_are(g, nx, kiln_quant_gemv_ck)) continue;
         g->ops[i].attrs.flags |= KILN_FLAG_FOLD_INTO_GEMV | KILN_FLAG_FOLD_ONE_TOKEN;
         n++;
     }

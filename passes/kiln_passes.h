@@ -25,6 +25,13 @@ typedef struct kiln_pass {
     bool after_quantize;  /* runs after quantize (it reads the matrices' formats), wherever it is listed */
 } kiln_pass;
 
+/* Helpers the passes share (passes/fuse.c). The next live op after op i when it is a projection whose
+ * input is op i's first output and nothing else reads that output (a fold or a handed-on format can go
+ * from op i into it); NULL otherwise, or when op i is dead. */
+const kiln_op *kiln_pass_sole_projection(const kiln_graph *g, int i);
+/* Whether ok(dtype) holds for every matrix projection op multiplies by (kiln_op_matrices). */
+bool kiln_pass_matrices_are(const kiln_graph *g, const kiln_op *op, int (*ok)(int dtype));
+
 int kiln_pass_fuse_add_rmsnorm(kiln_graph *g, kiln_error *err);
 int kiln_pass_fuse_qkv_rope(kiln_graph *g, kiln_error *err);
 int kiln_pass_fuse_gate_up_swiglu(kiln_graph *g, kiln_error *err);

@@ -82,17 +82,16 @@ int kiln_pass_w8a8(kiln_graph *g, kiln_error *err) {
     int n = 0;
     for (int i = 0; i < g->n_ops; i++) {
         kiln_op *op = &g->ops[i];
-        if (op->dead || (op->attrs.flags & KILN_FLAG_ACT_FP8)) continue;
-        const int n_w = kiln_op_matrices(op->kind);
-        if (!n_w) continue;
-        bool fp8 = true;
-        for (int j = 1; j <= n_w; j++) fp8 = fp8 && kiln_quant_is_fp8(g->values[op->in[j]].dtype);
-        if (!fp8) continue;
+        if (op->dead || (op->attrs.flags & KILN_FLAG_ACT_FP8) || !kiln_op_matrices(op->kind) ||
+            !kiln_pass_matrices_are(g, op, kiln_quant_is_fp8))
+            continue;
         op->attrs.flags |= KILN_FLAG_ACT_FP8;
         n++;
     }
     return n;
 }
+
+static int is_fp8_rows(int dtype) { return dtype == KILN_DTYPE_FP8; } /* fp8 with a scale a row */
 
 /* swiglu-out-fp8 (after w8a8): a gate_up_swiglu(_packed) whose product the next live op alone reads, as
  * the input of a +act_fp8 projection over fp8 (per-row) matrices, gets +out_fp8: at the steps where that
@@ -104,20 +103,11 @@ int kiln_pass_swiglu_out_fp8(kiln_graph *g, kiln_error *err) {
     int n = 0;
     for (int i = 0; i < g->n_ops; i++) {
         kiln_op *op = &g->ops[i];
-        if (op->dead || (op->attrs.flags & KILN_FLAG_OUT_FP8) ||
+        if (op->attrs.flags & KILN_FLAG_OUT_FP8 ||
             (op->kind != KILN_OP_GATE_UP_SWIGLU && op->kind != KILN_OP_GATE_UP_SWIGLU_PACKED))
             continue;
-        int j = i + 1;
-        while (j < g->n_ops && g->ops[j].dead) j++;
-        if (j == g->n_ops) continue;
-        const kiln_op *nx = &g->ops[j];
-        const int n_w = kiln_op_matrices(nx->kind);
-        if (!n_w || !(nx->attrs.flags & KILN_FLAG_ACT_FP8) || nx->in[0] != op->out[0] ||
-            kiln_ir_use_count(g, op->out[0]) != 1)
-            continue;
-        bool fp8 = true;
-        for (int k = 1; k <= n_w; k++) fp8 = fp8 && g->values[nx->in[k]].dtype == KILN_DTYPE_FP8;
-        if (!fp8) continue;
+        const kiln_op *nx = kiln_pass_sole_projection(g, i);
+        if (!nx || !(nx->attrs.flags & KILN_FLAG_ACT_FP8) || !kiln_pass_matrices_are(g, nx, is_fp8_rows)) continue;
         op->attrs.flags |= KILN_FLAG_OUT_FP8;
         n++;
     }
