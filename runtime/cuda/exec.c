@@ -325,6 +325,14 @@ static kiln_status fn_get(cx *x, const char *module, const char *entry, CUfuncti
     return kiln_cuda_module_function(&x->cu, x->mods[km - x->ks.modules], entry, out, err);
 }
 
+/* An entry the module may lack (engines from an older kiln): whether it has it; *out NULL when not. */
+static bool fn_has(cx *x, const char *module, const char *entry, CUfunction *out) {
+    kiln_error ig = {0};
+    if (fn_get(x, module, entry, out, NULL, &ig) == KILN_OK) return true;
+    *out = NULL;
+    return false;
+}
+
 /* One cuModuleLoadData per distinct source (per owning module); a sharing
  * module resolves to its owner's CUmodule. */
 static kiln_status load_modules(cx *x, kiln_error *err) {
@@ -574,16 +582,13 @@ static kiln_status gemm_setup(cx *x, cx_gemm *g, int dw, cx_epi epi, const kiln_
             x->dequant_threads = km->cfg[0] > 0 ? km->cfg[0] : 256;
         }
         /* W8A8 where the engine's dequant module has the activations' kernels (kiln 0.5 on) */
-        if (g->qt == KILN_DTYPE_FP8 && g->act8 && x->w8a8 && !x->f_act8) {
-            kiln_error ig = {0};
-            if (fn_get(x, "dequant", "kiln_act_fp8", &x->f_act8, NULL, &ig)) x->w8a8 = false;
-        }
-        if (g->qt == KILN_DTYPE_FP8G128 && g->act8 && x->w8a8 && x->w8a8_g128 && !x->f_act8g) {
-            kiln_error ig = {0};
-            if (fn_get(x, "dequant", "kiln_act_fp8g", &x->f_act8g, NULL, &ig) ||
-                fn_get(x, "dequant", "kiln_transpose_f32", &x->f_gt, NULL, &ig))
-                x->w8a8_g128 = false;
-        }
+        if (g->qt == KILN_DTYPE_FP8 && g->act8 && x->w8a8 && !x->f_act8 &&
+            !fn_has(x, "dequant", "kiln_act_fp8", &x->f_act8))
+            x->w8a8 = false;
+        if (g->qt == KILN_DTYPE_FP8G128 && g->act8 && x->w8a8 && x->w8a8_g128 && !x->f_act8g &&
+            !(fn_has(x, "dequant", "kiln_act_fp8g", &x->f_act8g) &&
+              fn_has(x, "dequant", "kiln_transpose_f32", &x->f_gt)))
+            x->w8a8_g128 = false;
         if (g->qt == KILN_DTYPE_FP8G128 && g->act8 && x->w8a8 && x->w8a8_g128) x->dw[dw].gscales = true;
     } else {
         if ((st = gemv_fn(x, epis[epi], g->n, g->k, "m1", &g->m1, &g->c1, err))) return st;
@@ -593,10 +598,8 @@ static kiln_status gemm_setup(cx *x, cx_gemm *g, int dw, cx_epi epi, const kiln_
         snprintf(name, sizeof name, "swiglu.f%d", g->n / 2);
         if ((st = fn_get(x, name, "kiln_swiglu", &g->swiglu, &km, err))) return st;
         g->swiglu_threads = km->cfg[0];
-        if (a->flags & KILN_FLAG_OUT_FP8) { /* an engine whose module lacks the kernel writes bf16 */
-            kiln_error none = {0};
-            g->out8 = fn_get(x, name, "kiln_swiglu_fp8", &g->swiglu8, NULL, &none) == KILN_OK;
-        }
+        /* an engine whose module lacks the kernel writes bf16 */
+        g->out8 = (a->flags & KILN_FLAG_OUT_FP8) && fn_has(x, name, "kiln_swiglu_fp8", &g->swiglu8);
         if (g->n / 2 > x->ffn_max) x->ffn_max = g->n / 2;
     }
     return KILN_OK;
@@ -648,14 +651,13 @@ static int attn_get(cx *x, int window, kiln_error *err) {
     /* the wgmma kernel where the module has it (sm_90a cubins built since 2026-12-02, a bf16 cache) and
      * its shared memory fits; measure knob prefill_wg=0 keeps mma.sync */
     a->smem_prefill_wg = kiln_attn_prefill_wg_smem(x->head_dim, KILN_PF_WG_GROUPS);
-    if (km->cfg[0] && x->prefill_wg && !x->kv8 && a->smem_prefill_wg <= (unsigned)x->cu.smem_optin) {
-        kiln_error none = {0};
-        if (fn_get(x, name, "kiln_attn_prefill_wg", &a->prefill_wg, NULL, &none)) a->prefill_wg = NULL;
-    }
+    if (km->cfg[0] && x->prefill_wg && !x->kv8 && a->smem_prefill_wg <= (unsigned)x->cu.smem_optin)
+        fn_has(x, name, "kiln_attn_prefill_wg", &a->prefill_wg);
     /* raise the shared-memory limits once, outside any graph capture */
-    unsigned need[5] = {a->smem_decode, a->smem_prefill, a->smem_prefill_mma, a->smem_prefill_mma16, a->smem_prefill_wg};
-    CUfunction fs[5] = {a->decode, a->prefill, a->prefill_mma, a->prefill_mma16, a->prefill_wg};
-    for (int i = 0; i < 5; i++)
+    const unsigned need[] = {a->smem_decode, a->smem_prefill, a->smem_prefill_mma, a->smem_prefill_mma16,
+                             a->smem_prefill_wg};
+    const CUfunction fs[] = {a->decode, a->prefill, a->prefill_mma, a->prefill_mma16, a->prefill_wg};
+    for (size_t i = 0; i < sizeof fs / sizeof fs[0]; i++)
         if (fs[i] && kiln_cuda_func_smem(&x->cu, fs[i], need[i], "attention", err)) {
             if (err->code == KILN_ERR_DEVICE) err->code = KILN_ERR_UNSUPPORTED;
             kiln_err_prefix(err, "cuda executor: ");
