@@ -214,7 +214,7 @@ static kiln_status read_model(loader *L) {
     if (r.bad) return KILN_ERR_FORMAT;
     if (type != KILN_TOK_MODEL_BPE)
         return kiln_err(L->err, KILN_ERR_UNSUPPORTED, "tokenizer blob: model type %u is not supported (1 = BPE)", type);
-    if (t->model_flags & ~0xFu)
+    if (t->model_flags & ~(uint32_t)KILN_TOK_MF_ALL_)
         return kiln_err(L->err, KILN_ERR_FORMAT, "tokenizer blob: MODL has unknown flags 0x%x", t->model_flags);
     return KILN_OK;
 }
