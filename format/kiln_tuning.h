@@ -70,7 +70,9 @@ enum {
     KILN_TUNING_OUT_F32 = 2,
     KILN_TUNING_ACCUMULATE = 4,
     KILN_TUNING_FP8 = 8,      /* W8A8 */
-    KILN_TUNING_FP8_B128 = 16 /* with FP8: scales per 128 columns (fp8g128) */
+    KILN_TUNING_FP8_B128 = 16, /* with FP8: scales per 128 columns (fp8g128) */
+    KILN_TUNING_FLAGS_ALL_ = KILN_TUNING_IN_F32 | KILN_TUNING_OUT_F32 | KILN_TUNING_ACCUMULATE | KILN_TUNING_FP8 |
+                             KILN_TUNING_FP8_B128 /* what a reader knows: a new bit goes here too */
 };
 /* A GEMM's input and output types by name, for kiln tune and kiln inspect */
 static inline const char *kiln_tuning_in_type(uint32_t flags) {

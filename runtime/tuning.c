@@ -65,9 +65,7 @@ static kiln_status check_record(const kiln_tuning_record *r, uint32_t i, const c
                             "%s: tuning record %u (sm_%u), GEMM %u: shape M=%u N=%u K=%u is outside 1..2^20 x "
                             "1..2^24 x 1..2^24",
                             label, i, r->sm, j, g->m, g->n, g->k);
-        const uint32_t known = KILN_TUNING_IN_F32 | KILN_TUNING_OUT_F32 | KILN_TUNING_ACCUMULATE | KILN_TUNING_FP8 |
-                               KILN_TUNING_FP8_B128;
-        if (g->flags & ~known)
+        if (g->flags & ~(uint32_t)KILN_TUNING_FLAGS_ALL_)
             return kiln_err(err, KILN_ERR_FORMAT, "%s: tuning record %u (sm_%u), GEMM %u: unknown flags 0x%x", label, i,
                             r->sm, j, g->flags);
         /* W8A8 multiplies E4M3 codes: not with fp32 inputs; 128-column scales only with it */
