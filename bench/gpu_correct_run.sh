@@ -28,6 +28,7 @@ LENGTHS=${LENGTHS:-1,17,512,4096,6000}
 DECODE=${DECODE:-4}
 ARCH=${ARCH:-mistral-7b} # tiny, with LENGTHS=1,17,100,300 GL_FLAGS=--cpu, tries this script without a GPU
 GL_FLAGS=${GL_FLAGS:-}
+PPL=${PPL:-1} # 0: the logits part only (pycode-22m and the eval text not carried)
 mkdir -p "$OUT" "$W/lg" "$W/ppl"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/kiln-cache} PYTHONUNBUFFERED=1
@@ -48,6 +49,7 @@ echo "== env: $(grep -m1 -i h200 "$OUT/env.log"; grep -m1 ^torch "$OUT/env.log")
 # ---- ppl (background): engine, ids, kiln, HF --------------------------------
 (
   set -e
+  [ "$PPL" = 1 ] || { echo "ppl: skipped (PPL=0)"; exit 0; }
   timeout 60 "$BIN/kiln" compile "$PY" -o "$W/py.kiln" --target sm_90
   python3 bench/perplexity.py ids --tokenizer "$PY/tokenizer.json" --text "$TEXT" --out "$W/ppl/text.i32"
   # 32 windows per step (cuBLASLt GEMMs), then 8 (the decode GEMV kernels)

@@ -48,7 +48,8 @@
     X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiate) X(cuGraphLaunch)       \
     X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuCtxGetCurrent) X(cuStreamWaitEvent)            \
     X(cuMemcpy2DAsync) X(cuCtxGetLimit) X(cuLaunchKernelEx) X(cuEventQuery) \
-    X(cuDeviceCanAccessPeer) X(cuCtxEnablePeerAccess)
+    X(cuDeviceCanAccessPeer) X(cuCtxEnablePeerAccess)                                        \
+    X(cuModuleGetFunctionCount) X(cuModuleEnumerateFunctions) X(cuFuncGetName)
 
 #define KILN_CU_MEMBER_(fn) __typeof__(fn) *fn;
 
@@ -114,6 +115,10 @@ int kiln_cuda_pick_image(const kiln_cuda_image *images, int n_images, int device
 
 kiln_status kiln_cuda_module_function(kiln_cuda *cu, CUmodule mod, const char *name, CUfunction *out,
                                       kiln_error *err);
+/* Whether module `mod` holds entry `name` (*out its handle, else NULL), found among the module's
+ * functions rather than by asking for the name, so that an entry a module may lack (one compiled only
+ * for some targets) is not a failed driver call (compute-sanitizer reports those). */
+bool kiln_cuda_module_has(kiln_cuda *cu, CUmodule mod, const char *name, CUfunction *out);
 void kiln_cuda_module_unload(kiln_cuda *cu, CUmodule mod);
 
 /* Launch geometry of one kernel launch. */

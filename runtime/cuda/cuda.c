@@ -6,6 +6,7 @@
 
 #include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define KILN_STR_(x) #x
@@ -134,6 +135,22 @@ kiln_status kiln_cuda_module_function(kiln_cuda *cu, CUmodule mod, const char *n
     kiln_status st = KILN_CU_CALL(cu, err, cu->api.cuModuleGetFunction(out, mod, name));
     if (st) kiln_err_prefix(err, "kernel '%s': ", name);
     return st;
+}
+
+bool kiln_cuda_module_has(kiln_cuda *cu, CUmodule mod, const char *name, CUfunction *out) {
+    *out = NULL;
+    unsigned n = 0;
+    if (cu->api.cuModuleGetFunctionCount(&n, mod) != CUDA_SUCCESS || n == 0) return false;
+    CUfunction *fs = malloc((size_t)n * sizeof *fs);
+    if (!fs) return false;
+    if (cu->api.cuModuleEnumerateFunctions(fs, n, mod) == CUDA_SUCCESS)
+        for (unsigned i = 0; i < n && !*out; i++) {
+            const char *fname = NULL;
+            if (cu->api.cuFuncGetName(&fname, fs[i]) == CUDA_SUCCESS && fname && strcmp(fname, name) == 0)
+                *out = fs[i];
+        }
+    free(fs);
+    return *out != NULL;
 }
 
 void kiln_cuda_module_unload(kiln_cuda *cu, CUmodule mod) {

@@ -325,12 +325,12 @@ static kiln_status fn_get(cx *x, const char *module, const char *entry, CUfuncti
     return kiln_cuda_module_function(&x->cu, x->mods[km - x->ks.modules], entry, out, err);
 }
 
-/* An entry the module may lack (engines from an older kiln): whether it has it; *out NULL when not. */
+/* An entry the module may lack (engines from an older kiln, kernels built only for some targets): whether
+ * it has it; *out NULL when not. */
 static bool fn_has(cx *x, const char *module, const char *entry, CUfunction *out) {
-    kiln_error ig = {0};
-    if (fn_get(x, module, entry, out, NULL, &ig) == KILN_OK) return true;
+    const kiln_ksec_module *km = kiln_ksec_find(&x->ks, module);
     *out = NULL;
-    return false;
+    return km && kiln_cuda_module_has(&x->cu, x->mods[km - x->ks.modules], entry, out);
 }
 
 /* One cuModuleLoadData per distinct source (per owning module); a sharing
