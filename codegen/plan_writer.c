@@ -78,7 +78,7 @@ kiln_status kiln_plan_serialize(const kiln_graph *g, kiln_buf *b, kiln_error *er
     }
     const int ranks = ranks_of(g);
     kiln_buf_append(b, KILN_PLAN_MAGIC, 4);
-    kiln_buf_u32(b, ranks > 1 ? KILN_PLAN_VERSION_TP : KILN_PLAN_VERSION);
+    kiln_buf_u32(b, KILN_PLAN_VERSION);
     kiln_buf_u32(b, (uint32_t)n.n_values);
     kiln_buf_u32(b, (uint32_t)g->n_ops);
     kiln_buf_u32(b, (uint32_t)n.n_weights);
@@ -90,7 +90,7 @@ kiln_status kiln_plan_serialize(const kiln_graph *g, kiln_buf *b, kiln_error *er
     const int32_t hdr[6] = {info->n_layers, info->n_kv_heads, info->head_dim,
                             info->hidden_size, info->vocab_size, info->max_context};
     for (int i = 0; i < 6; i++) kiln_buf_u32(b, (uint32_t)hdr[i]);
-    kiln_buf_u32(b, ranks > 1 ? (uint32_t)ranks : 0); /* version 2: reserved (0) */
+    kiln_buf_u32(b, (uint32_t)ranks);
     for (int s = 0; s < n_slots; s++) {
         kiln_buf_u32(b, slot_width[s]);
         kiln_buf_u32(b, KILN_DTYPE_F32);

@@ -224,6 +224,13 @@ typedef enum kiln_op_kind {
 } kiln_op_kind;
 
 const char *kiln_op_name(kiln_op_kind k);  /* "embedding", "rmsnorm"... */
+/* The inputs that output `out` of op kind k may overwrite in place, a bit per input index (0: none):
+ * add_rmsnorm's sum over either addend, linear_add's y over its residual r, all_reduce's sum over this
+ * rank's part. Memory planning (passes/plan_memory.c) gives such an output the slot of one of these
+ * inputs when that input has no later reader, the plan reader allows an output to share a slot with
+ * an input only so, and both executors compute these outputs element by element, each element after
+ * reading the inputs' elements at its index. */
+uint32_t kiln_op_inplace(kiln_op_kind k, int out);
 /* The name `--dump-ir` and `kiln inspect` give lowering flag `bit` (one KILN_FLAG_* bit): "decode_rope",
  * "act_fp8"...; NULL for a bit that is no flag. */
 const char *kiln_flag_name(uint32_t bit);

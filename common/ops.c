@@ -45,6 +45,16 @@ static const char *const op_names[KILN_OP_COUNT_] = {
     [KILN_OP_ALL_GATHER] = "all_gather",
 };
 
+uint32_t kiln_op_inplace(kiln_op_kind k, int out) {
+    if (out != 0) return 0;
+    switch (k) {
+    case KILN_OP_ADD_RMSNORM: return 1u << 0 | 1u << 1;
+    case KILN_OP_LINEAR_ADD: return 1u << 2;
+    case KILN_OP_ALL_REDUCE: return 1u << 0;
+    default: return 0;
+    }
+}
+
 const char *kiln_flag_name(uint32_t bit) {
     switch (bit) {
     case KILN_FLAG_DECODE_ROPE: return "decode_rope";

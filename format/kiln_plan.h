@@ -41,6 +41,14 @@
  * all_gather (attribute ranks) join the ranks. Each rank's weights lie in
  * one range of the weights section, starting at a multiple of
  * KILN_PLAN_RANK_ALIGN, so a rank can map its own range only.
+ *
+ * Version 4 (engine format 2.7; every plan, one rank or several): version 3's layout with header offset 60 =
+ * n_ranks (1..KILN_MAX_RANKS). Memory planning may give an output the slot of an input that the op
+ * reads last and may overwrite in place (kiln_op_inplace: add_rmsnorm's sum, linear_add's y,
+ * all_reduce's sum), and a +fold_into_gemv RMSNorm's input stays in its slot until its output's last
+ * reader. The reader checks every slot's lifetimes: no op writes a slot whose value a later op reads,
+ * nor one it reads itself but in place (runtime/plan.c). Versions 2 and 3 are still read (no output
+ * shares an input's slot there); an older kiln refuses version 4 by its number.
  */
 #ifndef KILN_PLAN_H
 #define KILN_PLAN_H
@@ -52,8 +60,10 @@
 #include "../common/kiln_util.h"
 
 #define KILN_PLAN_MAGIC "KPLN"
-#define KILN_PLAN_VERSION 2     /* what a plan of one rank is written as */
-#define KILN_PLAN_VERSION_TP 3  /* a plan of several ranks (tensor parallelism) */
+#define KILN_PLAN_VERSION 4         /* what every plan is written as */
+#define KILN_PLAN_VERSION_ONE 2     /* read: a plan of one rank, no output in an input's slot */
+#define KILN_PLAN_VERSION_TP 3      /* read: a plan of several ranks (tensor parallelism), the same */
+#define KILN_PLAN_VERSION_INPLACE 4 /* from this version outputs may take a dying input's slot */
 #define KILN_PLAN_RANK_ALIGN 4096 /* each rank's weights start at a multiple of this in the weights section */
 #define KILN_PLAN_HEADER_SIZE 64
 #define KILN_PLAN_SLOT_SIZE 8
@@ -98,6 +108,7 @@ typedef struct kiln_plan {
     uint32_t n_values, n_ops, n_weights, n_slots;
     int32_t tokens, positions, logits;
     int32_t n_layers, n_kv_heads, head_dim, hidden_size, vocab_size, max_context;
+    uint32_t version;  /* 2, 3 or 4 (KILN_PLAN_VERSION*) */
     uint32_t n_ranks;  /* tensor-parallel ranks (1: a version 2 plan); n_kv_heads is one rank's */
     kiln_plan_slot *slots;
     kiln_plan_value *values;

@@ -185,6 +185,7 @@ typedef struct matmul_job {
     const float *x;    /* [rows, k] */
     const float *w;    /* [n, k] */
     float *y;          /* [rows, n] */
+    const float *res;  /* [rows, n] added to each product (linear_add's residual, which y may be), or NULL */
     int64_t rows, k, n;
     int parts;         /* output columns split in this many ranges, one task each */
 } matmul_job;
@@ -195,21 +196,29 @@ static void matmul_range(void *arg, int part) {
     int64_t n0 = j->n * part / j->parts, n1 = j->n * (part + 1) / j->parts;
     for (int64_t o = n0; o < n1; o++) {
         const float *wr = j->w + o * j->k;
-        for (int64_t t = 0; t < j->rows; t++) j->y[t * j->n + o] = dot(j->x + t * j->k, wr, j->k);
+        for (int64_t t = 0; t < j->rows; t++) {
+            const float d = dot(j->x + t * j->k, wr, j->k); /* rounded to f32, then the residual added */
+            j->y[t * j->n + o] = j->res ? d + j->res[t * j->n + o] : d;
+        }
     }
 }
 
-/* y[rows, n] = x[rows, k] · w[n, k]^T, split over output columns on the
+/* y[rows, n] = x[rows, k] · w[n, k]^T (+ res), split over output columns on the
  * process-wide pool, at most c->threads ways. Each y element is one dot()
  * whatever the split, so results do not depend on the number of threads. */
-static void matmul(const kiln_cpu_ctx *c, const float *x, const float *w, float *y, int64_t rows, int64_t k,
-                   int64_t n) {
+static void matmul_add(const kiln_cpu_ctx *c, const float *x, const float *w, float *y, const float *res,
+                       int64_t rows, int64_t k, int64_t n) {
     int ways = c->threads;
     if ((double)rows * (double)k * (double)n < 2e6) ways = 1;
     if (ways > 16) ways = 16;
     if (ways > n) ways = n > 0 ? (int)n : 1;
-    matmul_job j = {x, w, y, rows, k, n, ways};
+    matmul_job j = {x, w, y, res, rows, k, n, ways};
     kiln_pool_for(c->pool, ways, ways, matmul_range, &j);
+}
+
+static void matmul(const kiln_cpu_ctx *c, const float *x, const float *w, float *y, int64_t rows, int64_t k,
+                   int64_t n) {
+    matmul_add(c, x, w, y, NULL, rows, k, n);
 }
 
 static void rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) {
@@ -539,10 +548,9 @@ kiln_status kiln_cpu_forward(kiln_cpu_ctx *c, const int32_t *tokens, int n, bool
             matmul(c, proj_input(c, op, 0, n), wt(c, in[1]), act(c, o[0]), n, width(c, in[0]), width(c, o[0]));
             break;
         case KILN_OP_LINEAR_ADD: { /* the product, then the residual added: the rounding of linear + add */
-            float *y = act(c, o[0]);
-            const float *r = act(c, in[2]);
-            matmul(c, proj_input(c, op, 0, n), wt(c, in[1]), y, n, width(c, in[0]), width(c, o[0]));
-            for (int64_t k = 0; k < n * width(c, o[0]); k++) y[k] = y[k] + r[k];
+            /* y may be r's slot (in place, plan memory): each element is read before it is written */
+            matmul_add(c, proj_input(c, op, 0, n), wt(c, in[1]), act(c, o[0]), act(c, in[2]), n, width(c, in[0]),
+                       width(c, o[0]));
             break;
         }
         case KILN_OP_LM_HEAD: {

@@ -80,10 +80,48 @@ static kiln_status check_weight(const kiln_plan_weight *w, uint32_t i, uint64_t 
     return KILN_OK;
 }
 
+/* Whether output j of op (the i-th) may take slot-owner u's slot in place: u is an input of the op at
+ * an index kiln_op_inplace allows and at no other, and op i is its last reader (version 4 plans). */
+static bool inplace_ok(const kiln_plan *p, const kiln_plan_op *op, uint32_t j, int32_t u, const int64_t *last,
+                       uint32_t i) {
+    if (p->version < KILN_PLAN_VERSION_INPLACE || last[u] != (int64_t)i) return false;
+    const uint32_t can = kiln_op_inplace((kiln_op_kind)op->kind, (int)j);
+    bool at = false;
+    for (uint32_t k = 0; k < op->n_in; k++)
+        if (op->in[k] == u) {
+            if (k >= 32 || !(can >> k & 1)) return false;
+            at = true;
+        }
+    return at;
+}
+
 static kiln_status check_ops(const kiln_plan *p, kiln_error *err) {
     char *defined = calloc(p->n_values ? p->n_values : 1, 1);
-    if (!defined) return kiln_err(err, KILN_ERR_NOMEM, "plan: out of memory");
+    int64_t *last = malloc((p->n_values ? p->n_values : 1) * sizeof *last);
+    int32_t *owner = malloc((p->n_slots ? p->n_slots : 1) * sizeof *owner);
+    if (!defined || !last || !owner) {
+        free(defined);
+        free(last);
+        free(owner);
+        return kiln_err(err, KILN_ERR_NOMEM, "plan: out of memory");
+    }
     kiln_status st = KILN_OK;
+    /* each value's last reader (the logits: past the end; version 4: a folded norm's input lives as long
+     * as its output, whose reader's GEMV reads that input) and the value each slot holds */
+    for (uint32_t v = 0; v < p->n_values; v++) last[v] = -1;
+    for (uint32_t s = 0; s < p->n_slots; s++) owner[s] = -1;
+    for (uint32_t i = 0; i < p->n_ops; i++)
+        for (uint32_t j = 0; j < p->ops[i].n_in; j++)
+            if (p->ops[i].in[j] >= 0 && (uint32_t)p->ops[i].in[j] < p->n_values) last[p->ops[i].in[j]] = i;
+    last[p->logits] = p->n_ops;
+    if (p->version >= KILN_PLAN_VERSION_INPLACE)
+        for (uint32_t i = 0; i < p->n_ops; i++) {
+            const kiln_plan_op *op = &p->ops[i];
+            if (op->kind == KILN_OP_RMSNORM && (op->attrs.flags & KILN_FLAG_FOLD_INTO_GEMV) && op->n_in >= 1 &&
+                op->n_out >= 1 && op->in[0] >= 0 && (uint32_t)op->in[0] < p->n_values && op->out[0] >= 0 &&
+                (uint32_t)op->out[0] < p->n_values && last[op->out[0]] > last[op->in[0]])
+                last[op->in[0]] = last[op->out[0]];
+        }
     for (uint32_t v = 0; v < p->n_values; v++) defined[v] = p->values[v].kind != KILN_PV_ACT;
     for (uint32_t i = 0; i < p->n_ops && st == KILN_OK; i++) {
         const kiln_plan_op *op = &p->ops[i];
@@ -140,15 +178,19 @@ static kiln_status check_ops(const kiln_plan *p, kiln_error *err) {
             }
             defined[v] = 1;
         }
-        /* no op may write a slot it reads */
-        for (uint32_t j = 0; j < op->n_out && st == KILN_OK; j++)
-            for (uint32_t k = 0; k < op->n_in; k++) {
-                const kiln_plan_value *a = &p->values[op->out[j]], *b = &p->values[op->in[k]];
-                if (b->kind == KILN_PV_ACT && a->slot == b->slot) {
-                    st = BAD("op %u (%s) writes slot %d that it reads", i, kiln_op_name(op->kind), a->slot);
-                    break;
-                }
+        /* an output's slot must hold no value that is still to be read, but for an input this op may
+         * overwrite in place (kiln_op_inplace, version 4) whose last reader it is */
+        for (uint32_t j = 0; j < op->n_out && st == KILN_OK; j++) {
+            const int32_t s = p->values[op->out[j]].slot, u = owner[s];
+            if (u >= 0 && last[u] >= (int64_t)i && !inplace_ok(p, op, j, u, last, i)) {
+                st = last[u] == (int64_t)i
+                         ? BAD("op %u (%s) writes slot %d that it reads", i, kiln_op_name(op->kind), s)
+                         : BAD("op %u (%s) writes slot %d over value %d, which op %lld still reads", i,
+                               kiln_op_name(op->kind), s, u, (long long)last[u]);
+                break;
             }
+        }
+        for (uint32_t j = 0; j < op->n_out && st == KILN_OK; j++) owner[p->values[op->out[j]].slot] = op->out[j];
         for (uint32_t j = 0; j < op->n_out && st == KILN_OK; j++)
             for (uint32_t k = j + 1; k < op->n_out; k++)
                 if (p->values[op->out[j]].slot == p->values[op->out[k]].slot) {
@@ -158,6 +200,8 @@ static kiln_status check_ops(const kiln_plan *p, kiln_error *err) {
     }
     if (st == KILN_OK && !defined[p->logits]) st = BAD("the logits value %d is never computed", p->logits);
     free(defined);
+    free(last);
+    free(owner);
     return st;
 }
 
@@ -177,10 +221,12 @@ kiln_status kiln_plan_parse(const uint8_t *d, size_t size, uint64_t weights_size
     if (size < KILN_PLAN_HEADER_SIZE) return BAD("section is %zu bytes, shorter than its header", size);
     if (memcmp(d, KILN_PLAN_MAGIC, 4) != 0) return BAD("bad magic");
     uint32_t version = kiln_rd_u32(d + 4);
-    if (version != KILN_PLAN_VERSION && version != KILN_PLAN_VERSION_TP) {
-        kiln_err(err, KILN_ERR_VERSION, "plan: version %u, this runtime reads versions %d and %d", version,
-                 KILN_PLAN_VERSION, KILN_PLAN_VERSION_TP);
-        return kiln_err_hint(err, "recompile the engine from its checkpoint with this kiln (kiln compile)");
+    if (version != KILN_PLAN_VERSION_ONE && version != KILN_PLAN_VERSION_TP && version != KILN_PLAN_VERSION) {
+        kiln_err(err, KILN_ERR_VERSION, "plan: version %u, this runtime reads versions %d to %d", version,
+                 KILN_PLAN_VERSION_ONE, KILN_PLAN_VERSION);
+        return kiln_err_hint(err, version > KILN_PLAN_VERSION
+                                      ? "the engine was compiled by a newer kiln: run it with that kiln, or recompile it with this one"
+                                      : "recompile the engine from its checkpoint with this kiln (kiln compile)");
     }
     kiln_plan *p = calloc(1, sizeof *p);
     if (!p) return kiln_err(err, KILN_ERR_NOMEM, "plan: out of memory");
@@ -198,9 +244,11 @@ kiln_status kiln_plan_parse(const uint8_t *d, size_t size, uint64_t weights_size
     p->hidden_size = rd_i32(d + 48);
     p->vocab_size = rd_i32(d + 52);
     p->max_context = rd_i32(d + 56);
-    p->n_ranks = version == KILN_PLAN_VERSION_TP ? kiln_rd_u32(d + 60) : 1; /* version 2: reserved */
+    p->version = version;
+    p->n_ranks = version == KILN_PLAN_VERSION_ONE ? 1 : kiln_rd_u32(d + 60); /* version 2: reserved */
     if (p->n_ranks < (version == KILN_PLAN_VERSION_TP ? 2u : 1u) || p->n_ranks > KILN_MAX_RANKS) {
-        st = BAD("version %u plan for %u tensor-parallel ranks (2..%d)", version, p->n_ranks, KILN_MAX_RANKS);
+        st = BAD("version %u plan for %u tensor-parallel ranks (%u..%d)", version, p->n_ranks,
+                 version == KILN_PLAN_VERSION_TP ? 2u : 1u, KILN_MAX_RANKS);
         goto fail;
     }
     if (p->n_values > KILN_PLAN_MAX_ITEMS || p->n_ops > KILN_PLAN_MAX_ITEMS || p->n_weights > KILN_PLAN_MAX_ITEMS ||

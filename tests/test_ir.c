@@ -227,13 +227,15 @@ static void test_dce_removes_unused_and_keeps_output(void) {
     kiln_graph_free(g);
 }
 
-/* After memory planning no op reads and writes one slot, and no two values
- * that are live at once share a slot. */
-static void test_memory_planning_never_aliases_live_values(void) {
+/* After memory planning no two values that are live at once share a slot, but for an output that
+ * overwrites, in place, an input its op reads last (kiln_op_inplace): every linear_add's y takes its
+ * residual's slot (the default passes) and every add_rmsnorm's sum one of its addends' (the passes
+ * fuse-add-rmsnorm and dce alone) here. */
+static void check_memory_planning(const char *passes) {
     kiln_error err = {0};
     kiln_graph *g = stories_graph();
     KT_REQUIRE(g);
-    KT_REQUIRE(kiln_passes_run(g, NULL, NULL, &err) == KILN_OK);
+    KT_REQUIRE(kiln_passes_run(g, passes, NULL, &err) == KILN_OK);
     int n_slots = 0;
     for (int v = 0; v < g->n_values; v++)
         if (!g->values[v].dead && g->values[v].kind == KILN_VALUE_ACT) {
@@ -246,20 +248,53 @@ static void test_memory_planning_never_aliases_live_values(void) {
         for (int j = 0; j < g->ops[i].n_in; j++) last[g->ops[i].in[j]] = i;
     }
     last[g->logits] = g->n_ops;
+    int in_place = 0, linear_adds = 0, add_norms = 0;
+    for (int i = 0; i < g->n_ops; i++) {
+        const kiln_op *op = &g->ops[i];
+        if (op->kind == KILN_OP_LINEAR_ADD) {
+            linear_adds++;
+            KT_CHECK(g->values[op->out[0]].slot == g->values[op->in[2]].slot);
+        } else if (op->kind == KILN_OP_ADD_RMSNORM) {
+            add_norms++;
+            KT_CHECK(g->values[op->out[0]].slot == g->values[op->in[0]].slot ||
+                     g->values[op->out[0]].slot == g->values[op->in[1]].slot);
+            KT_CHECK(g->values[op->out[1]].slot != g->values[op->in[0]].slot &&
+                     g->values[op->out[1]].slot != g->values[op->in[1]].slot);
+        }
+    }
+    KT_CHECKF(passes ? add_norms > 0 : linear_adds > 0, "%s: %d linear_add, %d add_rmsnorm", passes ? passes : "default",
+              linear_adds, add_norms);
     int overlaps = 0;
     for (int a = 0; a < g->n_values; a++)
         for (int b = a + 1; b < g->n_values; b++) {
             const kiln_value *va = &g->values[a], *vb = &g->values[b];
             if (va->dead || vb->dead || va->kind != KILN_VALUE_ACT || vb->kind != KILN_VALUE_ACT) continue;
             if (va->slot != vb->slot) continue;
-            /* lifetimes [def, last] must not overlap (touching at one op is an in/out clash too) */
-            if (!(last[a] < def[b] || last[b] < def[a])) overlaps++;
+            /* lifetimes [def, last] must not overlap, but where the later value is an output that its op
+             * (the earlier value's last reader) writes over it in place */
+            const int first = def[a] <= def[b] ? a : b, second = first == a ? b : a;
+            if (last[first] < def[second]) continue;
+            const kiln_op *op = &g->ops[def[second]];
+            bool ok = false;
+            for (int j = 0; j < op->n_out; j++)
+                for (int k = 0; k < op->n_in; k++)
+                    if (op->out[j] == second && op->in[k] == first && last[first] == def[second] &&
+                        (kiln_op_inplace(op->kind, j) >> k & 1))
+                        ok = true;
+            if (ok) in_place++;
+            else overlaps++;
         }
+    KT_CHECK(in_place >= linear_adds + add_norms);
     KT_EQ_INT(overlaps, 0);
     KT_CHECK(n_slots < 20); /* far fewer buffers than activations */
     free(def);
     free(last);
     kiln_graph_free(g);
+}
+
+static void test_memory_planning_never_aliases_live_values(void) {
+    check_memory_planning(NULL);
+    check_memory_planning("fuse-add-rmsnorm,dce");
 }
 
 static void test_unknown_pass_is_refused(void) {
@@ -363,6 +398,36 @@ static void test_plan_round_trip_and_checks(void) {
     kiln_wr_u32(copy + heads_at + 8, KILN_ATTR_N_HEADS);
     KT_EQ_INT(kiln_plan_parse(copy, b.len, wsize, &p, &err), KILN_ERR_FORMAT);
     KT_CONTAINS(err.msg, "out of order");
+    /* slots: this plan's linear_adds write y over their residual in place, which version 2 (no output in
+     * an input's slot) does not allow */
+    memcpy(copy, b.data, b.len);
+    kiln_wr_u32(copy + 4, KILN_PLAN_VERSION_ONE);
+    KT_EQ_INT(kiln_plan_parse(copy, b.len, wsize, &p, &err), KILN_ERR_FORMAT);
+    KT_CONTAINS(err.msg, "that it reads");
+    /* a newer kiln's plan */
+    memcpy(copy, b.data, b.len);
+    kiln_wr_u32(copy + 4, KILN_PLAN_VERSION + 1);
+    KT_EQ_INT(kiln_plan_parse(copy, b.len, wsize, &p, &err), KILN_ERR_VERSION);
+    KT_CONTAINS(err.msg, "newer kiln");
+    /* the first attention's output moved into the residual stream's slot, whose value the o_proj's
+     * linear_add reads after it: refused, not computed over */
+    const int32_t attn_out = (int32_t)kiln_rd_u32(b.data + first_attn + KILN_PLAN_OP_HEADER_SIZE +
+                                                  4 * kiln_rd_u32(b.data + first_attn + 4));
+    const size_t values_at = KILN_PLAN_HEADER_SIZE + (size_t)kiln_rd_u32(b.data + 20) * KILN_PLAN_SLOT_SIZE;
+    size_t first_la = 0;
+    for (size_t at = ops_at, i = 0; i < (size_t)g->n_ops; i++) {
+        if (kiln_rd_u32(b.data + at) == KILN_OP_LINEAR_ADD && !first_la) first_la = at;
+        at += KILN_PLAN_OP_HEADER_SIZE + 4 * (kiln_rd_u32(b.data + at + 4) + kiln_rd_u32(b.data + at + 8)) +
+              KILN_PLAN_ATTR_SIZE * kiln_rd_u32(b.data + at + 12);
+    }
+    KT_REQUIRE(first_la > first_attn);
+    const int32_t resid = (int32_t)kiln_rd_u32(b.data + first_la + KILN_PLAN_OP_HEADER_SIZE + 4 * 2);
+    const uint32_t resid_slot = kiln_rd_u32(b.data + values_at + (size_t)resid * KILN_PLAN_VALUE_SIZE + 12);
+    KT_CHECK(resid_slot != kiln_rd_u32(b.data + values_at + (size_t)attn_out * KILN_PLAN_VALUE_SIZE + 12));
+    memcpy(copy, b.data, b.len);
+    kiln_wr_u32(copy + values_at + (size_t)attn_out * KILN_PLAN_VALUE_SIZE + 12, resid_slot);
+    KT_EQ_INT(kiln_plan_parse(copy, b.len, wsize, &p, &err), KILN_ERR_FORMAT);
+    KT_CONTAINS(err.msg, "still reads");
     free(copy);
     kiln_buf_free(&b);
     kiln_graph_free(g);

@@ -329,7 +329,8 @@ static void test_plan_reader_refusals(void) {
     kiln_plan_free(p);
     kiln_wr_u32(b + 60, 3); /* 3 ranks: the weight table no longer fits the section */
     KT_EQ_INT(kiln_plan_parse(b, n, wsize, &p, &err), KILN_ERR_FORMAT);
-    kiln_wr_u32(b + 60, 1); /* version 3 of one rank */
+    kiln_wr_u32(b + 4, KILN_PLAN_VERSION_TP); /* version 3 (a reader's older format) of one rank */
+    kiln_wr_u32(b + 60, 1);
     KT_EQ_INT(kiln_plan_parse(b, n, wsize, &p, &err), KILN_ERR_FORMAT);
     KT_CHECKF(strstr(err.msg, "ranks") != NULL, "%s", err.msg);
     memcpy(b, d, n);

@@ -18,11 +18,12 @@
  *                                +one_token (fold-norm-into-ck-gemv) only at
  *                                steps of one token
  *   add_rmsnorm(a, b)    NORM    rmsnorm kernel adding x into the residual
- *                                in place (the sum takes the buffer of the
- *                                input that dies here)
+ *                                in place (the sum in the slot of the addend
+ *                                plan memory gave it; else a copy first)
  *   linear_add(h, W, r)  GEMM    with the residual as the output: y = r + hW^T
- *                                in r's buffer when r dies here (pass
- *                                fuse-linear-residual: o_proj, down_proj)
+ *                                in r's buffer when plan memory gave y r's
+ *                                slot (pass fuse-linear-residual: o_proj,
+ *                                down_proj)
  *   qkv_rope + attention QKV     one GEMM over [Wq; Wk; Wv], then rope_kv
  *                                (rotated q out, k and v into the KV cache)
  *                                except at decode with +decode_rope (pass
@@ -36,8 +37,10 @@
  *                                GEMV's fused epilogue, or cuBLASLt + swiglu
  *   linear               GEMM
  *   lm_head              LMHEAD  on each sequence's last token only
- * and then SAMPLE. Buffers are assigned by liveness (a value's buffer is
- * reused once its last reader has run). Ops with no GPU kernel (the
+ * and then SAMPLE. Each activation lives in its plan slot's buffer (memory
+ * planning chose the slots and which outputs overwrite an input in place;
+ * the plan reader checked their lifetimes): one device buffer per slot that
+ * an instruction uses, of the slot's width in the engine's element type. Ops with no GPU kernel (the
  * unfused rope/add/mul/silu of `--passes none`) are refused by name.
  *
  * A step: host-side checks and KV blocks (kiln_kvpool.h), the step's
@@ -173,10 +176,9 @@ typedef struct cx_inst {
     cx_moe moe;     /* MOE */
 } cx_inst;
 
-typedef struct cx_buf {
+typedef struct cx_buf { /* one plan slot that some instruction reads or writes */
     size_t bytes;   /* per token row: the buffer holds max_rows rows */
     CUdeviceptr p;
-    bool busy;      /* during program building */
 } cx_buf;
 
 typedef struct cx_graph {
@@ -230,6 +232,7 @@ typedef struct cx {
     int n_prog, cap_prog;
     cx_buf *bufs;
     int n_bufs, cap_bufs;
+    int *slot_bufs;  /* plan slot -> its cx_buf (-1: no instruction uses the slot) */
     bool has_lm_head;
     /* scratch */
     CUdeviceptr qkv_tmp, q_tmp, gu_tmp, lm_x, logits, part_o, part_ml, ids, in_dev, kcache, vcache;
@@ -473,24 +476,27 @@ nomem:
 
 /* ---- the program ---- */
 
-static int buf_get(cx *x, size_t bytes, kiln_error *err) {
-    for (int i = 0; i < x->n_bufs; i++)
-        if (!x->bufs[i].busy && x->bufs[i].bytes == bytes) {
-            x->bufs[i].busy = true;
-            return i;
-        }
+/* The buffer of plan slot `slot` (a cx_buf index), made at its first use: memory planning
+ * (passes/plan_memory.c) chose which values share it, and the plan reader checked their lifetimes. */
+static int slot_buf(cx *x, int32_t slot, kiln_error *err) {
+    if (!x->slot_bufs) {
+        x->slot_bufs = malloc((x->p->n_slots ? x->p->n_slots : 1) * sizeof *x->slot_bufs);
+        if (!x->slot_bufs) goto nomem;
+        for (uint32_t i = 0; i < x->p->n_slots; i++) x->slot_bufs[i] = -1;
+    }
+    if (x->slot_bufs[slot] >= 0) return x->slot_bufs[slot];
     if (x->n_bufs == x->cap_bufs) {
         int cap = x->cap_bufs ? 2 * x->cap_bufs : 16;
         cx_buf *n = realloc(x->bufs, (size_t)cap * sizeof *n);
-        if (!n) {
-            kiln_err(err, KILN_ERR_NOMEM, "cuda executor: out of memory");
-            return -1;
-        }
+        if (!n) goto nomem;
         x->bufs = n;
         x->cap_bufs = cap;
     }
-    x->bufs[x->n_bufs] = (cx_buf){bytes, 0, true};
-    return x->n_bufs++;
+    x->bufs[x->n_bufs] = (cx_buf){(size_t)x->p->slots[slot].width * (size_t)x->es, 0};
+    return x->slot_bufs[slot] = x->n_bufs++;
+nomem:
+    kiln_err(err, KILN_ERR_NOMEM, "cuda executor: out of memory");
+    return -1;
 }
 
 static cx_inst *emit(cx *x, cx_ikind kind, int op, kiln_error *err) {
@@ -681,10 +687,16 @@ static kiln_status value_weight(cx *x, int32_t v, bool dense, int *dw, kiln_erro
     return *dw < 0 ? err->code : KILN_OK;
 }
 
-/* A buffer of value v's width (token rows of it) for activation value v, into vb[v]. */
+/* The buffer of activation value v's plan slot, into vb[v]. */
 static kiln_status value_buf(cx *x, int32_t *vb, int32_t v, kiln_error *err) {
-    vb[v] = buf_get(x, (size_t)vwidth(x->p, v) * (size_t)x->es, err);
+    vb[v] = slot_buf(x, x->p->values[v].slot, err);
     return vb[v] < 0 ? KILN_ERR_NOMEM : KILN_OK;
+}
+/* Whether plan memory put activation values a and b in one slot (an op's output over an input it
+ * overwrites in place). */
+static bool same_slot(const cx *x, int32_t a, int32_t b) {
+    return x->p->values[a].kind == KILN_PV_ACT && x->p->values[b].kind == KILN_PV_ACT &&
+           x->p->values[a].slot == x->p->values[b].slot;
 }
 
 /* A moe op's weights and kernels (modules named as codegen/kernels_section.c's add_moe names them). */
@@ -725,19 +737,15 @@ static kiln_status build_program(cx *x, kiln_error *err) {
     const kiln_plan *p = x->p;
     const uint32_t nv = p->n_values;
     kiln_status st = KILN_OK;
-    int32_t *last = malloc(nv * sizeof *last), *uses = calloc(nv, sizeof *uses), *vb = malloc(nv * sizeof *vb);
+    int32_t *uses = calloc(nv, sizeof *uses), *vb = malloc(nv * sizeof *vb);
     uint8_t *virt = calloc(nv, 1);
-    if (!last || !uses || !vb || !virt) {
+    if (!uses || !vb || !virt) {
         st = kiln_err(err, KILN_ERR_NOMEM, "cuda executor: out of memory");
         goto out;
     }
-    for (uint32_t v = 0; v < nv; v++) last[v] = -1, vb[v] = -1;
+    for (uint32_t v = 0; v < nv; v++) vb[v] = -1;
     for (uint32_t i = 0; i < p->n_ops; i++)
-        for (uint32_t j = 0; j < p->ops[i].n_in; j++) {
-            int32_t v = p->ops[i].in[j];
-            last[v] = (int32_t)i;
-            uses[v]++;
-        }
+        for (uint32_t j = 0; j < p->ops[i].n_in; j++) uses[p->ops[i].in[j]]++;
     int qkv_op = -1, qkv_inst = -1; /* the qkv_rope op (and its instruction) whose q, k, v await their attention */
     int32_t lm_part = -1;           /* tp: the LM head's slice of the logits, which the all_gather reads */
     bool gathered = false;
@@ -778,16 +786,12 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             if ((st = value_weight(x, wv, true, &ins->dw, err))) goto out;
             if (!add) {
                 ins->res = vb[in[0]];
-            } else if (last[in[0]] == (int32_t)i && vb[in[0]] >= 0 && p->values[in[0]].kind == KILN_PV_ACT) {
-                ins->res = vb[in[0]];
-                ins->x = vb[in[1]];
-                vb[o[0]] = vb[in[0]];
-                vb[in[0]] = -1;
-            } else if (last[in[1]] == (int32_t)i && vb[in[1]] >= 0 && p->values[in[1]].kind == KILN_PV_ACT) {
-                ins->res = vb[in[1]];
-                ins->x = vb[in[0]];
-                vb[o[0]] = vb[in[1]];
-                vb[in[1]] = -1;
+            } else if (same_slot(x, o[0], in[0]) || same_slot(x, o[0], in[1])) {
+                /* the sum in place over the addend whose slot plan memory gave it */
+                const int k = same_slot(x, o[0], in[0]) ? 0 : 1;
+                ins->res = vb[in[k]];
+                ins->x = vb[in[1 - k]];
+                vb[o[0]] = vb[in[k]];
             } else {
                 /* both inputs live on: the sum needs its own buffer (copy a, add b) */
                 if ((st = value_buf(x, vb, o[0], err))) goto out;
@@ -820,8 +824,8 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             break;
         }
         case KILN_OP_LINEAR_ADD: {
-            /* y = r + hW^T: the GEMM accumulates into r's buffer, which the sum takes over when r dies
-             * here; else r is copied into y's own buffer first */
+            /* y = r + hW^T: the GEMM accumulates into r's buffer when plan memory gave y r's slot (r dies
+             * here); else r is copied into y's own buffer first */
             int dw;
             if ((st = value_weight(x, in[1], false, &dw, err))) goto out;
             const int32_t r = in[2];
@@ -829,7 +833,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
                 st = unsupported_op(x, i, "its residual is not an activation this executor holds", err);
                 goto out;
             }
-            if (last[r] != (int32_t)i || r == in[0]) {
+            if (!same_slot(x, o[0], r)) {
                 if ((st = value_buf(x, vb, o[0], err))) goto out;
                 if (!(ins = emit(x, I_COPY, (int)i, err))) goto nomem;
                 ins->x = vb[r];
@@ -837,7 +841,6 @@ static kiln_status build_program(cx *x, kiln_error *err) {
                 ins->width = (int)vwidth(p, o[0]);
             } else {
                 vb[o[0]] = vb[r];
-                vb[r] = -1; /* ownership moves to the sum */
             }
             if (!(ins = emit(x, I_GEMM, (int)i, err))) goto nomem;
             ins->x = vb[in[0]];
@@ -962,9 +965,8 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             if (!(ins = emit(x, I_COLL, (int)i, err))) goto nomem;
             ins->x = vb[in[0]];
             ins->width = (int)vwidth(p, o[0]);
-            if (last[in[0]] == (int32_t)i && vwidth(p, in[0]) == ins->width) { /* in place: the sum takes the buffer */
+            if (same_slot(x, o[0], in[0])) { /* in place: plan memory gave the sum the part's slot */
                 vb[o[0]] = vb[in[0]];
-                vb[in[0]] = -1;
             } else if ((st = value_buf(x, vb, o[0], err))) {
                 goto out;
             }
@@ -1002,26 +1004,20 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             st = unsupported_op(x, i, "its input is not an activation this executor holds", err);
             goto out;
         }
-        /* inputs whose last reader this was give their buffers back */
-        for (uint32_t j = 0; j < op->n_in; j++) {
-            int32_t v = in[j];
-            if (last[v] == (int32_t)i && vb[v] >= 0) {
-                x->bufs[vb[v]].busy = false;
-                vb[v] = -1;
-            }
-        }
     }
     if (!x->has_lm_head) st = kiln_err(err, KILN_ERR_UNSUPPORTED, "cuda executor: the plan has no lm_head op");
     else if (lm_part >= 0 && !gathered)
         st = kiln_err(err, KILN_ERR_UNSUPPORTED, "cuda executor: the LM head's slices of the vocabulary are never "
                       "gathered into the plan's logits");
-    /* a norm folds into the GEMV after it when that GEMV reads its output over the whole hidden width */
+    /* a norm folds into the GEMV after it when that GEMV reads its output over the whole hidden width and
+     * does not write over the norm's input (which plan memory keeps alive for +fold_into_gemv since plan
+     * version 4) */
     for (int i = 0; i < x->n_prog; i++) {
         cx_inst *n = &x->prog[i];
         if (n->kind != I_NORM) continue;
         const cx_inst *g = i + 1 < x->n_prog ? &x->prog[i + 1] : NULL;
         n->fold = n->fold && n->x < 0 && g && (g->kind == I_QKV || g->kind == I_GEMM || g->kind == I_LMHEAD) &&
-                  g->x == n->y && g->g.k == x->hidden;
+                  g->x == n->y && g->g.k == x->hidden && (g->y < 0 || g->y != n->res);
     }
     /* a SwiGLU writes codes only for the next instruction, a W8A8 GEMM over fp8 rows reading its product */
     for (int i = 0; i < x->n_prog; i++) {
@@ -1036,7 +1032,6 @@ static kiln_status build_program(cx *x, kiln_error *err) {
 nomem:
     st = KILN_ERR_NOMEM;
 out:
-    free(last);
     free(uses);
     free(vb);
     free(virt);
@@ -2065,6 +2060,7 @@ static void cx_destroy(kiln_executor *e) {
     free(x->dw);
     free(x->prog);
     free(x->bufs);
+    free(x->slot_bufs);
     free(x->pev);
     free(x->pev_mid);
     free(x->prof);
