@@ -2,7 +2,8 @@
  * cmd_tune.c — `kiln tune ENGINE`: measure, on this GPU, the cuBLASLt
  * algorithm of every GEMM shape the engine's decode graphs (the batches of
  * --batch) and prefill steps (the sizes of --prefill) run, and record the
- * choices with the executor's thresholds in the engine's tuning section
+ * choices, the GEMV token limits it measures (measure_limit in
+ * runtime/cuda/exec.c) and the executor's other thresholds in the engine's tuning section
  * (format/kiln_tuning.h), replacing the record of this GPU's SM and name if
  * there is one. Every later load on this GPU type then runs the same
  * algorithms (as long as the cuBLASLt version matches) instead of asking
@@ -36,8 +37,9 @@ static void help(FILE *f) {
     fprintf(f,
             "tune ENGINE.kiln [options]\n\n"
             "Measure this GPU's fastest cuBLASLt algorithm for every GEMM shape the engine's decode\n"
-            "and prefill steps run, and record them (with the executor's thresholds) in the engine,\n"
-            "for this GPU's SM: later loads on this GPU type run the same kernels every time.\n"
+            "and prefill steps run and the GEMV token limits (below which the GEMV beats cuBLASLt),\n"
+            "and record them with the executor's other thresholds in the engine, for this GPU's SM:\n"
+            "later loads on this GPU type run the same kernels every time.\n"
             "The engine file is changed in place; a failure leaves it unchanged.\n\n"
             "options:\n"
             "  --batch LIST           decode batch sizes to tune, e.g. 1,8,64 (default\n"
@@ -45,8 +47,10 @@ static void help(FILE *f) {
             "  --prefill LIST         prefill step sizes in tokens (default 64,128,...,8192; steps of\n"
             "                         other sizes use the entry of the next power of two)\n"
             "  --device N             CUDA device ordinal (default 0)\n"
-            "  --gemv-max-m N         record this bf16 GEMV token limit (1..64; default: the built-in 8)\n"
-            "  --qgemv-max-m N        record this quantized GEMV token limit (1..64; default 32)\n"
+            "  --gemv-max-m N         record this bf16 GEMV token limit (1..64) instead of measuring\n"
+            "                         it (default: measured: the largest decode bucket, up to 64 and to\n"
+            "                         --batch's largest, to which the GEMV ran no slower than cuBLASLt)\n"
+            "  --qgemv-max-m N        the same for the weight-only quantized GEMV (W8A8 matrices keep 32)\n"
             "  --rope-split-max-t N   record this RoPE split limit (1..65536; default 64)\n"
             "  --attn-waves W         record this decode-attention waves target ((0,64]; default 2)\n"
             "  --log                  each candidate's time on stderr\n"

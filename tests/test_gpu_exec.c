@@ -1680,12 +1680,29 @@ static void test_tuning_record(void) {
                                  KILN_DTYPE_COUNT_, NULL, 0);
     KT_REQUIRE(eng != NULL);
     gx G;
-    kiln_cuda_exec_opts o = {.max_seqs = 32, .max_context = 256, .kv_bytes = 64 << 20, .no_recorded = true};
-    KT_REQUIRE(gx_open(&G, eng, &o));
+    /* measured GEMV limits (none given): a decode bucket of 1..32 rows for the bf16 one, and the
+     * quantized one left alone (no quantized matrix) */
     const int batches[] = {16, 32}, rows[] = {16, 32};
     kiln_tuning_record r;
     kiln_error err = {0};
-    kiln_status st = kiln_cuda_exec_tune(G.x, batches, 2, rows, 2, NULL, &r, &err);
+    kiln_cuda_exec_opts om = {.max_seqs = 32, .max_context = 256, .kv_bytes = 64 << 20, .no_recorded = true};
+    KT_REQUIRE(gx_open(&G, eng, &om));
+    kiln_status st = kiln_cuda_exec_tune(G.x, batches, 2, rows, 2, stderr, &r, &err);
+    kiln_cuda_exec_stats ms;
+    KT_REQUIRE(kiln_cuda_exec_get_stats(G.x, &ms));
+    gx_close(&G);
+    KT_REQUIRE(st == KILN_OK);
+    fprintf(stderr, "  measured: gemv_max_m %u, qgemv_max_m %u\n", r.gemv_max_m, r.qgemv_max_m);
+    KT_CHECKF(r.gemv_max_m >= 1 && r.gemv_max_m <= 32 && (r.gemv_max_m & (r.gemv_max_m - 1)) == 0,
+              "gemv_max_m %u", r.gemv_max_m);
+    KT_EQ_INT(ms.gemv_max_m, (int)r.gemv_max_m); /* what the executor now runs is what it records */
+    KT_EQ_INT(r.qgemv_max_m, KILN_QGEMV_MAX_ROWS);
+    free(r.gemms);
+    /* a limit given is recorded as given, not measured */
+    kiln_cuda_exec_opts o = {.max_seqs = 32, .max_context = 256, .kv_bytes = 64 << 20, .no_recorded = true,
+                             .gemv_max_m = KILN_GEMV_MAX_M, .qgemv_max_m = KILN_QGEMV_MAX_ROWS};
+    KT_REQUIRE(gx_open(&G, eng, &o));
+    st = kiln_cuda_exec_tune(G.x, batches, 2, rows, 2, NULL, &r, &err);
     gx_close(&G);
     KT_REQUIRE(st == KILN_OK);
     fprintf(stderr, "  tuned: %u shapes on sm_%u \"%s\", cuBLASLt %llu in %.2f s\n", r.n_gemms, r.sm, r.device,
@@ -1753,6 +1770,17 @@ static void test_tuning_record(void) {
     for (uint32_t i = 0; i < r.n_gemms; i++) n8 += (r.gemms[i].flags & KILN_TUNING_FP8) != 0;
     fprintf(stderr, "  fp8: %u shapes tuned, %d of them W8A8\n", r.n_gemms, n8);
     KT_CHECK(n8 >= 4); /* qkv, o_proj, gate/up, down at M = 64 */
+    /* measured on the fp8 engine: the quantized GEMV's limit from its one weight-only matrix (the q8 LM
+     * head), the W8A8 matrices keeping KILN_QGEMV_MAX_ROWS whatever it is */
+    kiln_tuning_record rm;
+    KT_REQUIRE(gx_open(&G, e8, &om));
+    st = kiln_cuda_exec_tune(G.x, batches, 0, rows8, 1, stderr, &rm, &err);
+    gx_close(&G);
+    KT_REQUIRE(st == KILN_OK);
+    fprintf(stderr, "  fp8 measured: gemv_max_m %u, qgemv_max_m %u\n", rm.gemv_max_m, rm.qgemv_max_m);
+    KT_CHECKF(rm.qgemv_max_m >= 1 && rm.qgemv_max_m <= 32 && (rm.qgemv_max_m & (rm.qgemv_max_m - 1)) == 0,
+              "qgemv_max_m %u", rm.qgemv_max_m);
+    free(rm.gemms);
     KT_REQUIRE(put_record(e8, &r));
     d.no_recorded = false; /* the record is used (the knob case above turned it off) */
     KT_REQUIRE(gx_open(&G, e8, &d));

@@ -264,6 +264,7 @@ typedef struct cx {
     bool pdl;
     CUdeviceptr attn_cnt; /* int32 [max_seqs, n_kv]: decode attention's split counters, zero between launches */
     int gemv_max_m; /* most tokens per step the tensor-core GEMV takes (else cuBLASLt) */
+    bool gemv_fixed, qgemv_fixed; /* gemv_max_m / qgemv_max_m given by the caller: kiln tune keeps, not measures, them */
     bool qgemv_cc;    /* one-token steps over quantized weights on the CUDA-core GEMV (measure knob qgemv_cc=0: not) */
     bool prefill_wg;  /* prefill attention on the wgmma kernel where the engine has it (measure knob prefill_wg=0: not) */
     bool moe_grouped; /* measure knob moe_grouped=1: decode batches past the experts' pair GEMVs run the
@@ -1773,6 +1774,111 @@ static void tune_rows(cx *x, int B, bool decode, FILE *log) {
     }
 }
 
+/* ---- measured thresholds (kiln tune) ---- */
+
+/* Whether matrix g is one whose GEMV limit measure_limit sets: a dense bf16/f16 matrix's tensor-core GEMV
+ * (gemv_max_m; f32 engines' CUDA-core GEMV keeps KILN_GEMV_MAX_M) or a weight-only quantized one's
+ * (qgemv_max_m; a W8A8 matrix's limit is KILN_QGEMV_MAX_ROWS, where the CPU's numerics switch too). */
+static bool limit_covers(const cx *x, const cx_gemm *g, bool quant) {
+    return quant ? g->qt && !g->act8 && !w8a8_runs(x, g) : !g->qt && g->mma;
+}
+
+/* GPU time (ms, the least of 5 rounds after 2 warm-up rounds) of one decode step's GEMMs of B rows over
+ * the matrices limit_covers takes (the LM head's included), with the limit at `limit` (B: the GEMV,
+ * B - 1: cuBLASLt, after dequantizing a quantized matrix); x and y in `scratch`. Negative on failure. */
+static double time_gemms(cx *x, bool quant, int B, int limit, CUdeviceptr xin, CUdeviceptr yout, CUevent ev[2]) {
+    int *lim = quant ? &x->qgemv_max_m : &x->gemv_max_m, keep = *lim;
+    *lim = limit;
+    double best = -1;
+    kiln_error e = {0};
+    for (int round = 0; round < 7; round++) {
+        if (round >= 2 && KILN_CU_CALL(&x->cu, &e, x->cu.api.cuEventRecord(ev[0], x->stream))) break;
+        for (int i = 0; i < x->n_prog; i++) {
+            const cx_inst *in = &x->prog[i];
+            if ((in->kind != I_QKV && in->kind != I_GEMM && in->kind != I_LMHEAD) || !limit_covers(x, &in->g, quant))
+                continue;
+            const bool acc = in->kind == I_GEMM && in->res >= 0 && in->g.epi != EPI_SWIGLU;
+            if (run_gemm(x, &in->g, B, xin, yout, acc, NULL, NULL, &e)) goto out;
+        }
+        float ms = 0;
+        if (round >= 2 && (KILN_CU_CALL(&x->cu, &e, x->cu.api.cuEventRecord(ev[1], x->stream)) ||
+                           KILN_CU_CALL(&x->cu, &e, x->cu.api.cuEventSynchronize(ev[1])) ||
+                           KILN_CU_CALL(&x->cu, &e, x->cu.api.cuEventElapsedTime(&ms, ev[0], ev[1]))))
+            goto out;
+        if (round >= 2 && (best < 0 || ms < best)) best = ms;
+    }
+out:
+    x->cu.api.cuStreamSynchronize(x->stream);
+    *lim = keep;
+    return e.code ? -1 : best;
+}
+
+/* kiln tune: the most rows a step runs through the GEMV (quant: the quantized one) before cuBLASLt is
+ * faster on this GPU, from the decode buckets 2, 4, ... up to max_seqs (at most 64, the GEMV's tile
+ * limit): the largest bucket up to which every bucket's GEMMs (the engine's, of B rows) took no longer
+ * through the GEMV than through cuBLASLt with its tuned algorithms. `fallback` when nothing could be
+ * measured (no matrix of the kind, or a failure: then logged). */
+static int measure_limit(cx *x, bool quant, int fallback, FILE *log) {
+    bool any = false;
+    size_t kmax = 0, nmax = 0;
+    for (int i = 0; i < x->n_prog; i++) {
+        const cx_inst *in = &x->prog[i];
+        if ((in->kind != I_QKV && in->kind != I_GEMM && in->kind != I_LMHEAD) || !limit_covers(x, &in->g, quant))
+            continue;
+        any = true;
+        if ((size_t)in->g.k > kmax) kmax = (size_t)in->g.k;
+        if ((size_t)in->g.n > nmax) nmax = (size_t)in->g.n;
+    }
+    int top = x->base.max_seqs < 64 ? x->base.max_seqs : 64;
+    if (top > x->max_rows) top = x->max_rows;
+    /* cuBLASLt's side needs the gate/up product's scratch (dense) or the dequantized copy's (quantized),
+     * which exist when the executor's steps may take more rows than the GEMV limit it was made with */
+    if (!any || top < 2 || (quant ? !x->deq_tmp : x->ffn_max > 0 && !x->gu_tmp)) {
+        if (any && top >= 2 && log)
+            fprintf(log, "kiln tune: %s GEMV limit not measured: steps of %d rows take no cuBLASLt route here\n",
+                    quant ? "quantized" : "bf16", x->max_rows);
+        return fallback;
+    }
+    const size_t xb = ((size_t)top * kmax * (size_t)x->es + 255) / 256 * 256, bytes = xb + (size_t)top * nmax * 4;
+    CUdeviceptr scratch = 0;
+    CUevent ev[2] = {0, 0};
+    kiln_error e = {0};
+    int limit = 1;
+    if (cx_alloc(x, bytes, "the GEMV limit's scratch", &scratch, &e) ||
+        KILN_CU_CALL(&x->cu, &e, x->cu.api.cuMemsetD8Async(scratch, 0x3c, bytes, x->stream)) ||
+        KILN_CU_CALL(&x->cu, &e, x->cu.api.cuEventCreate(&ev[0], CU_EVENT_DEFAULT)) ||
+        KILN_CU_CALL(&x->cu, &e, x->cu.api.cuEventCreate(&ev[1], CU_EVENT_DEFAULT))) {
+        if (log) fprintf(log, "kiln tune: %s GEMV limit not measured: %s\n", quant ? "quantized" : "bf16", e.msg);
+        limit = fallback;
+        goto out;
+    }
+    for (int B = 2; B <= top; B *= 2) {
+        int *lim = quant ? &x->qgemv_max_m : &x->gemv_max_m, keep = *lim;
+        *lim = B - 1; /* cuBLASLt's algorithms for these B-row shapes, timed as for the decode graphs */
+        tune_rows(x, B, true, log);
+        *lim = keep;
+        const double g = time_gemms(x, quant, B, B, scratch, scratch + xb, ev),
+                     l = time_gemms(x, quant, B, B - 1, scratch, scratch + xb, ev);
+        if (log)
+            fprintf(log, "kiln tune: %s GEMMs of %d rows: GEMV %.3f ms, cuBLASLt %.3f ms a step\n",
+                    quant ? "quantized" : "bf16", B, g, l);
+        if (g < 0 || l < 0) {
+            if (limit == 1) limit = fallback;
+            break;
+        }
+        if (g > l) break;
+        limit = B;
+    }
+out:
+    for (int i = 0; i < 2; i++)
+        if (ev[i]) x->cu.api.cuEventDestroy(ev[i]);
+    if (scratch) {
+        cx_release(x, &scratch);
+        x->bytes_now -= (int64_t)bytes;
+    }
+    return limit;
+}
+
 /* Before batch B's decode graph is captured (lt_tune 0: the heuristic's, 2: reported on stderr). */
 static void tune_decode(cx *x, int B) {
     if (x->lt_tune) tune_rows(x, B, true, x->lt_tune >= 2 ? stderr : NULL);
@@ -2113,6 +2219,9 @@ kiln_status kiln_cuda_exec_tune(kiln_executor *e, const int *batches, int n_batc
     kiln_status st = kiln_cuda_make_current(&x->cu, err);
     if (st) return st;
     const double t0 = kiln_now();
+    /* the GEMV limits first (unless given): the shapes each side of them then run are what is tuned */
+    if (!x->gemv_fixed && !x->f32) x->gemv_max_m = measure_limit(x, false, x->gemv_max_m, log);
+    if (!x->qgemv_fixed) x->qgemv_max_m = measure_limit(x, true, x->qgemv_max_m, log);
     for (int i = 0; i < n_batches; i++) tune_rows(x, batches[i], true, log);
     for (int i = 0; i < n_rows; i++) tune_rows(x, rows[i], false, log);
     const int n = kiln_cublaslt_export(x->lt, NULL, 0);
@@ -2333,6 +2442,8 @@ static kiln_status tuning_apply(cx *x, const kiln_cuda_exec_opts *o, kiln_error 
     if (st) return st;
     const kiln_tuning_record *r = present && !o->no_recorded ? kiln_tuning_pick(&t, x->cu.sm, x->cu.name) : NULL;
     x->gemv_max_m = o->gemv_max_m > 0 ? o->gemv_max_m : r && r->gemv_max_m ? (int)r->gemv_max_m : KILN_GEMV_MAX_M;
+    x->gemv_fixed = o->gemv_max_m > 0;
+    x->qgemv_fixed = o->qgemv_max_m > 0 || o->gemv_max_m > 0;
     x->qgemv_max_m = o->qgemv_max_m > 0  ? o->qgemv_max_m
                      : o->gemv_max_m > 0 ? o->gemv_max_m
                      : r && r->qgemv_max_m ? (int)r->qgemv_max_m
