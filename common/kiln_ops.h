@@ -238,6 +238,9 @@ const char *kiln_flag_name(uint32_t bit);
  * gate_up_swiglu, 1 for linear, linear_add, lm_head and the packed ops); 0 for an op that is no
  * projection. */
 int kiln_op_matrices(kiln_op_kind k);
+/* The lowering flags (KILN_FLAG_*) an op of kind k may carry: the plan reader and the IR verifier
+ * refuse any other. */
+uint32_t kiln_op_flags_allowed(kiln_op_kind k);
 int kiln_op_from_name(const char *name);   /* -1 when unknown */
 
 typedef enum kiln_rope_scaling {
@@ -350,7 +353,9 @@ int kiln_op_attrs_encode(const kiln_op_attrs *a, uint32_t keys[KILN_ATTR_COUNT_]
 int kiln_op_attr_set(kiln_op_attrs *a, uint32_t key, uint32_t val);
 
 /* Number of outputs an op kind has, and the input count it takes (-1: unknown kind); an op of
- * that kind with attributes `a` takes kiln_op_n_in_with (the optional inputs its flags name). */
+ * that kind with attributes `a` takes kiln_op_n_in_with (the optional inputs its flags name). These,
+ * kiln_op_name, kiln_op_matrices, kiln_op_flags_allowed and kiln_op_inplace read one table, a row per
+ * op kind (common/ops.c). */
 int kiln_op_n_out(kiln_op_kind k);
 int kiln_op_n_in(kiln_op_kind k);
 int kiln_op_n_in_with(kiln_op_kind k, const kiln_op_attrs *a);

@@ -10,41 +10,6 @@
 #include <stdbool.h>
 #include <string.h>
 
-int kiln_op_n_out(kiln_op_kind k) {
-    switch (k) {
-    case KILN_OP_ADD_RMSNORM: return 2;
-    case KILN_OP_QKV_ROPE:
-    case KILN_OP_QKV_ROPE_PACKED: return 3;
-    default: return 1;
-    }
-}
-
-int kiln_op_n_in(kiln_op_kind k) {
-    switch (k) {
-    case KILN_OP_SILU:
-    case KILN_OP_ALL_REDUCE:
-    case KILN_OP_ALL_GATHER: return 1;
-    case KILN_OP_BIAS_ADD:
-    case KILN_OP_EMBEDDING:
-    case KILN_OP_RMSNORM:
-    case KILN_OP_ADD:
-    case KILN_OP_LINEAR:
-    case KILN_OP_ROPE:
-    case KILN_OP_MUL:
-    case KILN_OP_LM_HEAD:
-    case KILN_OP_GATE_UP_SWIGLU_PACKED:
-    case KILN_OP_HEAD_RMSNORM: return 2;
-    case KILN_OP_ADD_RMSNORM:
-    case KILN_OP_GATE_UP_SWIGLU:
-    case KILN_OP_LINEAR_ADD:
-    case KILN_OP_QKV_ROPE_PACKED: return 3;
-    case KILN_OP_ATTENTION:
-    case KILN_OP_MOE: return 4;
-    case KILN_OP_QKV_ROPE: return 5;
-    default: return -1;
-    }
-}
-
 int kiln_op_n_in_with(kiln_op_kind k, const kiln_op_attrs *a) {
     int n = kiln_op_n_in(k);
     if (n >= 0 && a && k == KILN_OP_ATTENTION && (a->flags & (KILN_FLAG_KV_FP8 | KILN_FLAG_KV_INT8))) return n + 1;
@@ -166,16 +131,7 @@ int kiln_op_infer(kiln_op_kind kind, const kiln_tensor_desc *in, int n_in, const
                   kiln_tensor_desc *out, kiln_error *err) {
     if ((unsigned)kind >= KILN_OP_COUNT_ || kiln_op_n_in(kind) < 0) return BAD("unknown op kind %d", (int)kind);
     const char *opn = kiln_op_name(kind);
-    const bool qkv = kind == KILN_OP_QKV_ROPE || kind == KILN_OP_QKV_ROPE_PACKED;
-    const uint32_t allowed = (kind == KILN_OP_ATTENTION ? KILN_FLAG_DECODE_ROPE | KILN_FLAG_MERGE_SPLITS |
-                                                              KILN_FLAG_KV_FP8 | KILN_FLAG_KV_INT8
-                              : kind == KILN_OP_RMSNORM ? KILN_FLAG_FOLD_INTO_GEMV | KILN_FLAG_FOLD_ONE_TOKEN
-                              : qkv                     ? KILN_FLAG_QKV_BIAS | KILN_FLAG_QK_NORM
-                              : kind == KILN_OP_MOE     ? KILN_FLAG_MOE_NO_RENORM
-                              : kind == KILN_OP_GATE_UP_SWIGLU || kind == KILN_OP_GATE_UP_SWIGLU_PACKED
-                                  ? KILN_FLAG_OUT_FP8
-                                  : 0) |
-                             (kiln_op_matrices(kind) ? KILN_FLAG_ACT_FP8 : 0);
+    const uint32_t allowed = kiln_op_flags_allowed(kind);
     if (a && (a->flags & ~(uint32_t)KILN_FLAG_ALL_))
         return BAD("%s: unknown lowering flags 0x%x", opn, a->flags & ~(uint32_t)KILN_FLAG_ALL_);
     if (a && (a->flags & ~allowed)) return BAD("%s: lowering flags 0x%x do not apply to it", opn, a->flags);

@@ -22,38 +22,54 @@ int kiln_dtype_from_name(const char *name) {
     return -1;
 }
 
-static const char *const op_names[KILN_OP_COUNT_] = {
-    [KILN_OP_EMBEDDING] = "embedding",
-    [KILN_OP_RMSNORM] = "rmsnorm",
-    [KILN_OP_ADD] = "add",
-    [KILN_OP_LINEAR] = "linear",
-    [KILN_OP_ROPE] = "rope",
-    [KILN_OP_ATTENTION] = "attention",
-    [KILN_OP_SILU] = "silu",
-    [KILN_OP_MUL] = "mul",
-    [KILN_OP_LM_HEAD] = "lm_head",
-    [KILN_OP_ADD_RMSNORM] = "add_rmsnorm",
-    [KILN_OP_QKV_ROPE] = "qkv_rope",
-    [KILN_OP_GATE_UP_SWIGLU] = "gate_up_swiglu",
-    [KILN_OP_LINEAR_ADD] = "linear_add",
-    [KILN_OP_QKV_ROPE_PACKED] = "qkv_rope_packed",
-    [KILN_OP_GATE_UP_SWIGLU_PACKED] = "gate_up_swiglu_packed",
-    [KILN_OP_HEAD_RMSNORM] = "head_rmsnorm",
-    [KILN_OP_BIAS_ADD] = "bias_add",
-    [KILN_OP_MOE] = "moe",
-    [KILN_OP_ALL_REDUCE] = "all_reduce",
-    [KILN_OP_ALL_GATHER] = "all_gather",
+/* Every op kind's fixed facts, one row each; adding an op starts here (docs/architecture.md, *Adding an
+ * op*), and its shape rules go in op_infer.c. n_in: the inputs without the optional ones its flags
+ * bring (kiln_op_n_in_with); matrices: how many weights a projection multiplies its input by (its
+ * inputs 1..matrices); flags: the lowering flags that apply to it (KILN_FLAG_ACT_FP8 applies to every
+ * projection besides); inplace: the inputs its first output may overwrite in place (kiln_op_inplace).
+ * A kind with no row (a gap another branch numbers) is unknown. */
+typedef struct op_info {
+    const char *name;
+    int8_t n_in, n_out, matrices;
+    uint32_t flags, inplace;
+} op_info;
+
+static const op_info op_table[KILN_OP_COUNT_] = {
+    [KILN_OP_EMBEDDING] = {"embedding", 2, 1, 0, 0, 0},
+    [KILN_OP_RMSNORM] = {"rmsnorm", 2, 1, 0, KILN_FLAG_FOLD_INTO_GEMV | KILN_FLAG_FOLD_ONE_TOKEN, 0},
+    [KILN_OP_ADD] = {"add", 2, 1, 0, 0, 0},
+    [KILN_OP_LINEAR] = {"linear", 2, 1, 1, 0, 0},
+    [KILN_OP_ROPE] = {"rope", 2, 1, 0, 0, 0},
+    [KILN_OP_ATTENTION] = {"attention", 4, 1, 0,
+                           KILN_FLAG_DECODE_ROPE | KILN_FLAG_MERGE_SPLITS | KILN_FLAG_KV_FP8 | KILN_FLAG_KV_INT8, 0},
+    [KILN_OP_SILU] = {"silu", 1, 1, 0, 0, 0},
+    [KILN_OP_MUL] = {"mul", 2, 1, 0, 0, 0},
+    [KILN_OP_LM_HEAD] = {"lm_head", 2, 1, 1, 0, 0},
+    [KILN_OP_ADD_RMSNORM] = {"add_rmsnorm", 3, 2, 0, 0, 1u << 0 | 1u << 1}, /* the sum over either addend */
+    [KILN_OP_QKV_ROPE] = {"qkv_rope", 5, 3, 3, KILN_FLAG_QKV_BIAS | KILN_FLAG_QK_NORM, 0},
+    [KILN_OP_GATE_UP_SWIGLU] = {"gate_up_swiglu", 3, 1, 2, KILN_FLAG_OUT_FP8, 0},
+    [KILN_OP_LINEAR_ADD] = {"linear_add", 3, 1, 1, 0, 1u << 2}, /* y over its residual r */
+    [KILN_OP_QKV_ROPE_PACKED] = {"qkv_rope_packed", 3, 3, 1, KILN_FLAG_QKV_BIAS | KILN_FLAG_QK_NORM, 0},
+    [KILN_OP_GATE_UP_SWIGLU_PACKED] = {"gate_up_swiglu_packed", 2, 1, 1, KILN_FLAG_OUT_FP8, 0},
+    [KILN_OP_HEAD_RMSNORM] = {"head_rmsnorm", 2, 1, 0, 0, 0},
+    [KILN_OP_BIAS_ADD] = {"bias_add", 2, 1, 0, 0, 0},
+    [KILN_OP_MOE] = {"moe", 4, 1, 0, KILN_FLAG_MOE_NO_RENORM, 0},
+    [KILN_OP_ALL_REDUCE] = {"all_reduce", 1, 1, 0, 0, 1u << 0}, /* the sum over this rank's part */
+    [KILN_OP_ALL_GATHER] = {"all_gather", 1, 1, 0, 0, 0},
 };
 
-uint32_t kiln_op_inplace(kiln_op_kind k, int out) {
-    if (out != 0) return 0;
-    switch (k) {
-    case KILN_OP_ADD_RMSNORM: return 1u << 0 | 1u << 1;
-    case KILN_OP_LINEAR_ADD: return 1u << 2;
-    case KILN_OP_ALL_REDUCE: return 1u << 0;
-    default: return 0;
-    }
+static const op_info *op_row(kiln_op_kind k) {
+    return (unsigned)k < KILN_OP_COUNT_ && op_table[k].name ? &op_table[k] : NULL;
 }
+
+int kiln_op_n_in(kiln_op_kind k) { return op_row(k) ? op_row(k)->n_in : -1; }
+int kiln_op_n_out(kiln_op_kind k) { return op_row(k) ? op_row(k)->n_out : 1; }
+int kiln_op_matrices(kiln_op_kind k) { return op_row(k) ? op_row(k)->matrices : 0; }
+uint32_t kiln_op_flags_allowed(kiln_op_kind k) {
+    const op_info *r = op_row(k);
+    return r ? r->flags | (r->matrices ? (uint32_t)KILN_FLAG_ACT_FP8 : 0u) : 0u;
+}
+uint32_t kiln_op_inplace(kiln_op_kind k, int out) { return out == 0 && op_row(k) ? op_row(k)->inplace : 0; }
 
 const char *kiln_flag_name(uint32_t bit) {
     switch (bit) {
@@ -72,27 +88,11 @@ const char *kiln_flag_name(uint32_t bit) {
     }
 }
 
-int kiln_op_matrices(kiln_op_kind k) {
-    switch (k) {
-    case KILN_OP_QKV_ROPE: return 3;
-    case KILN_OP_GATE_UP_SWIGLU: return 2;
-    case KILN_OP_LINEAR:
-    case KILN_OP_LINEAR_ADD:
-    case KILN_OP_LM_HEAD:
-    case KILN_OP_QKV_ROPE_PACKED:
-    case KILN_OP_GATE_UP_SWIGLU_PACKED: return 1;
-    default: return 0;
-    }
-}
-
-/* The table may have gaps (kinds other branches number): a gap has no name and is unknown. */
-const char *kiln_op_name(kiln_op_kind k) {
-    return (unsigned)k < KILN_OP_COUNT_ && op_names[k] ? op_names[k] : "?";
-}
+const char *kiln_op_name(kiln_op_kind k) { return op_row(k) ? op_row(k)->name : "?"; }
 
 int kiln_op_from_name(const char *name) {
     for (int i = 0; i < KILN_OP_COUNT_; i++)
-        if (op_names[i] && strcmp(name, op_names[i]) == 0) return i;
+        if (op_table[i].name && strcmp(name, op_table[i].name) == 0) return i;
     return -1;
 }
 

@@ -51,6 +51,32 @@ static kiln_graph *small_graph(void) {
     return g;
 }
 
+/* The op table (common/ops.c): a row for every kind, names that read back, counts within the plan's
+ * limits, in-place inputs and matrices among an op's inputs, and what the passes and executors rely on. */
+static void test_op_table(void) {
+    for (int k = 0; k < KILN_OP_COUNT_; k++) {
+        const char *n = kiln_op_name((kiln_op_kind)k);
+        KT_CHECKF(strcmp(n, "?") != 0 && kiln_op_from_name(n) == k, "op kind %d: '%s'", k, n);
+        const int ni = kiln_op_n_in((kiln_op_kind)k), no = kiln_op_n_out((kiln_op_kind)k);
+        KT_CHECKF(ni >= 1 && ni <= KILN_MAX_OP_IN && no >= 1 && no <= KILN_MAX_OP_OUT, "%s: %d in, %d out", n, ni, no);
+        KT_CHECKF(kiln_op_matrices((kiln_op_kind)k) < ni, "%s", n);
+        KT_CHECKF((kiln_op_inplace((kiln_op_kind)k, 0) >> ni) == 0 && kiln_op_inplace((kiln_op_kind)k, 1) == 0, "%s", n);
+        KT_CHECKF((kiln_op_flags_allowed((kiln_op_kind)k) & ~(uint32_t)KILN_FLAG_ALL_) == 0, "%s", n);
+        /* W8A8 applies to exactly the projections */
+        KT_CHECKF(!(kiln_op_flags_allowed((kiln_op_kind)k) & KILN_FLAG_ACT_FP8) == !kiln_op_matrices((kiln_op_kind)k),
+                  "%s", n);
+    }
+    KT_EQ_INT(kiln_op_n_in(KILN_OP_COUNT_), -1);
+    KT_CHECK(strcmp(kiln_op_name(KILN_OP_COUNT_), "?") == 0 && kiln_op_from_name("nonesuch") == -1);
+    KT_EQ_INT((int)kiln_op_inplace(KILN_OP_LINEAR_ADD, 0), 1 << 2); /* y over r, never over x */
+    KT_EQ_INT((int)kiln_op_inplace(KILN_OP_ADD_RMSNORM, 1), 0);      /* the normed output never in place */
+    KT_EQ_INT((int)kiln_op_inplace(KILN_OP_LINEAR, 0), 0);
+    KT_EQ_INT(kiln_op_n_out(KILN_OP_QKV_ROPE_PACKED), 3);
+    KT_EQ_INT(kiln_op_matrices(KILN_OP_QKV_ROPE), 3);
+    KT_CHECK(kiln_op_flags_allowed(KILN_OP_ATTENTION) & KILN_FLAG_DECODE_ROPE);
+    KT_CHECK(!(kiln_op_flags_allowed(KILN_OP_LINEAR) & KILN_FLAG_FOLD_INTO_GEMV));
+}
+
 static void test_builder_infers_and_rejects_shapes(void) {
     kiln_graph *g = small_graph();
     kiln_error err = {0};
@@ -728,6 +754,7 @@ static void test_swiglu_out_fp8_pass(void) {
 }
 
 int main(void) {
+    KT_RUN(test_op_table);
     KT_RUN(test_builder_infers_and_rejects_shapes);
     KT_RUN(test_verifier_catches_broken_graphs);
     KT_RUN(test_fusion_passes_on_stories260k);
