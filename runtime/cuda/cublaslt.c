@@ -65,7 +65,9 @@ typedef struct kiln_lt_api {
  * them); at most KILN_LT_PINNED_MAX of them, so room always remains. */
 #define KILN_LT_PLANS 128
 #define KILN_LT_PINNED_MAX 96
+#ifndef KILN_LT_CANDIDATES
 #define KILN_LT_CANDIDATES 12 /* heuristic answers timed per tuned shape */
+#endif
 #define KILN_LT_TUNE_RUNS 6   /* GEMMs per timed graph launch (estimate: ~60 ms per decode batch of Mistral-7B) */
 
 typedef struct kiln_lt_plan {
