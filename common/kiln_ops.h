@@ -231,6 +231,10 @@ const char *kiln_op_name(kiln_op_kind k);  /* "embedding", "rmsnorm"... */
  * an input only so, and both executors compute these outputs element by element, each element after
  * reading the inputs' elements at its index. */
 uint32_t kiln_op_inplace(kiln_op_kind k, int out);
+/* Whether output `out` of an op of kind k over inputs in[0 .. n_in) may overwrite value v in place: v is
+ * one of the inputs, and at no index kiln_op_inplace leaves out (the rule memory planning applies and the
+ * plan reader checks; whether v has a later reader is theirs to know). */
+bool kiln_op_inplace_over(kiln_op_kind k, int out, const int32_t *in, int n_in, int32_t v);
 /* The name `--dump-ir` and `kiln inspect` give lowering flag `bit` (one KILN_FLAG_* bit): "decode_rope",
  * "act_fp8"...; NULL for a bit that is no flag. */
 const char *kiln_flag_name(uint32_t bit);

@@ -71,6 +71,17 @@ uint32_t kiln_op_flags_allowed(kiln_op_kind k) {
 }
 uint32_t kiln_op_inplace(kiln_op_kind k, int out) { return out == 0 && op_row(k) ? op_row(k)->inplace : 0; }
 
+bool kiln_op_inplace_over(kiln_op_kind k, int out, const int32_t *in, int n_in, int32_t v) {
+    const uint32_t can = kiln_op_inplace(k, out);
+    bool at = false;
+    for (int i = 0; i < n_in; i++)
+        if (in[i] == v) {
+            if (i >= 32 || !(can >> i & 1)) return false;
+            at = true;
+        }
+    return at;
+}
+
 const char *kiln_flag_name(uint32_t bit) {
     switch (bit) {
     case KILN_FLAG_DECODE_ROPE: return "decode_rope";

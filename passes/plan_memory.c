@@ -21,23 +21,18 @@
 
 #include <stdlib.h>
 
-/* Input index of op i that output j may overwrite in place (-1: none): the first input in
- * kiln_op_inplace's set that is an activation of the output's width whose last reader is op i and that
- * appears at no input index outside that set. */
+/* Input index of op i that output j may overwrite in place (-1: none): the first input that
+ * kiln_op_inplace_over allows, an activation of the output's width whose last reader is op i. */
 static int inplace_input(const kiln_graph *g, int i, int j, const int *last_use) {
     const kiln_op *op = &g->ops[i];
-    const uint32_t can = kiln_op_inplace(op->kind, j);
     const kiln_value *o = &g->values[op->out[j]];
-    for (int b = 0; b < op->n_in && b < 32; b++) {
-        if (!(can >> b & 1)) continue;
+    for (int b = 0; b < op->n_in; b++) {
         const int v = op->in[b];
         const kiln_value *x = &g->values[v];
-        if (x->kind != KILN_VALUE_ACT || last_use[v] != i || x->slot < 0 ||
-            x->shape[x->ndim - 1] != o->shape[o->ndim - 1])
-            continue;
-        bool elsewhere = false;
-        for (int k = 0; k < op->n_in && !elsewhere; k++) elsewhere = op->in[k] == v && !(k < 32 && can >> k & 1);
-        if (!elsewhere) return b;
+        if (x->kind == KILN_VALUE_ACT && last_use[v] == i && x->slot >= 0 &&
+            x->shape[x->ndim - 1] == o->shape[o->ndim - 1] &&
+            kiln_op_inplace_over(op->kind, j, op->in, op->n_in, v))
+            return b;
     }
     return -1;
 }

@@ -84,15 +84,8 @@ static kiln_status check_weight(const kiln_plan_weight *w, uint32_t i, uint64_t 
  * an index kiln_op_inplace allows and at no other, and op i is its last reader (version 4 plans). */
 static bool inplace_ok(const kiln_plan *p, const kiln_plan_op *op, uint32_t j, int32_t u, const int64_t *last,
                        uint32_t i) {
-    if (p->version < KILN_PLAN_VERSION_INPLACE || last[u] != (int64_t)i) return false;
-    const uint32_t can = kiln_op_inplace((kiln_op_kind)op->kind, (int)j);
-    bool at = false;
-    for (uint32_t k = 0; k < op->n_in; k++)
-        if (op->in[k] == u) {
-            if (k >= 32 || !(can >> k & 1)) return false;
-            at = true;
-        }
-    return at;
+    return p->version >= KILN_PLAN_VERSION_INPLACE && last[u] == (int64_t)i &&
+           kiln_op_inplace_over((kiln_op_kind)op->kind, (int)j, op->in, (int)op->n_in, u);
 }
 
 static kiln_status check_ops(const kiln_plan *p, kiln_error *err) {

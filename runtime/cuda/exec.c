@@ -176,6 +176,9 @@ typedef struct cx_inst {
     cx_moe moe;     /* MOE */
 } cx_inst;
 
+/* Whether instruction `in` multiplies by a matrix (its g): QKV, GEMM and LMHEAD. */
+static bool has_gemm(const cx_inst *in) { return in->kind == I_QKV || in->kind == I_GEMM || in->kind == I_LMHEAD; }
+
 typedef struct cx_buf { /* one plan slot that some instruction reads or writes */
     size_t bytes;   /* per token row: the buffer holds max_rows rows */
     CUdeviceptr p;
@@ -480,24 +483,19 @@ nomem:
 /* The buffer of plan slot `slot` (a cx_buf index), made at its first use: memory planning
  * (passes/plan_memory.c) chose which values share it, and the plan reader checked their lifetimes. */
 static int slot_buf(cx *x, int32_t slot, kiln_error *err) {
-    if (!x->slot_bufs) {
-        x->slot_bufs = malloc((x->p->n_slots ? x->p->n_slots : 1) * sizeof *x->slot_bufs);
-        if (!x->slot_bufs) goto nomem;
-        for (uint32_t i = 0; i < x->p->n_slots; i++) x->slot_bufs[i] = -1;
-    }
     if (x->slot_bufs[slot] >= 0) return x->slot_bufs[slot];
     if (x->n_bufs == x->cap_bufs) {
         int cap = x->cap_bufs ? 2 * x->cap_bufs : 16;
         cx_buf *n = realloc(x->bufs, (size_t)cap * sizeof *n);
-        if (!n) goto nomem;
+        if (!n) {
+            kiln_err(err, KILN_ERR_NOMEM, "cuda executor: out of memory");
+            return -1;
+        }
         x->bufs = n;
         x->cap_bufs = cap;
     }
     x->bufs[x->n_bufs] = (cx_buf){(size_t)x->p->slots[slot].width * (size_t)x->es, 0};
     return x->slot_bufs[slot] = x->n_bufs++;
-nomem:
-    kiln_err(err, KILN_ERR_NOMEM, "cuda executor: out of memory");
-    return -1;
 }
 
 static cx_inst *emit(cx *x, cx_ikind kind, int op, kiln_error *err) {
@@ -740,11 +738,13 @@ static kiln_status build_program(cx *x, kiln_error *err) {
     kiln_status st = KILN_OK;
     int32_t *uses = calloc(nv, sizeof *uses), *vb = malloc(nv * sizeof *vb);
     uint8_t *virt = calloc(nv, 1);
-    if (!uses || !vb || !virt) {
+    x->slot_bufs = malloc((p->n_slots ? p->n_slots : 1) * sizeof *x->slot_bufs);
+    if (!uses || !vb || !virt || !x->slot_bufs) {
         st = kiln_err(err, KILN_ERR_NOMEM, "cuda executor: out of memory");
         goto out;
     }
     for (uint32_t v = 0; v < nv; v++) vb[v] = -1;
+    for (uint32_t s = 0; s < p->n_slots; s++) x->slot_bufs[s] = -1;
     for (uint32_t i = 0; i < p->n_ops; i++)
         for (uint32_t j = 0; j < p->ops[i].n_in; j++) uses[p->ops[i].in[j]]++;
     int qkv_op = -1, qkv_inst = -1; /* the qkv_rope op (and its instruction) whose q, k, v await their attention */
@@ -1000,8 +1000,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             goto out;
         }
         if (ins && ((ins->kind == I_NORM && (ins->res < 0 || (op->kind == KILN_OP_ADD_RMSNORM && ins->x < 0))) ||
-                    ((ins->kind == I_GEMM || ins->kind == I_QKV || ins->kind == I_LMHEAD || ins->kind == I_MOE) &&
-                     ins->x < 0))) {
+                    ((has_gemm(ins) || ins->kind == I_MOE) && ins->x < 0))) {
             st = unsupported_op(x, i, "its input is not an activation this executor holds", err);
             goto out;
         }
@@ -1017,7 +1016,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
         cx_inst *n = &x->prog[i];
         if (n->kind != I_NORM) continue;
         const cx_inst *g = i + 1 < x->n_prog ? &x->prog[i + 1] : NULL;
-        n->fold = n->fold && n->x < 0 && g && (g->kind == I_QKV || g->kind == I_GEMM || g->kind == I_LMHEAD) &&
+        n->fold = n->fold && n->x < 0 && g && has_gemm(g) &&
                   g->x == n->y && g->g.k == x->hidden && (g->y < 0 || g->y != n->res);
     }
     /* a SwiGLU writes codes only for the next instruction, a W8A8 GEMM over fp8 rows reading its product */
@@ -1088,7 +1087,7 @@ static size_t act8_cols(const cx *x, size_t *scales) {
     size_t k = 0, sc = 1;
     for (int i = 0; i < x->n_prog; i++) {
         const cx_inst *in = &x->prog[i];
-        if (!(in->kind == I_QKV || in->kind == I_GEMM || in->kind == I_LMHEAD) || !w8a8_runs(x, &in->g)) continue;
+        if (!has_gemm(in) || !w8a8_runs(x, &in->g)) continue;
         if ((size_t)in->g.k > k) k = (size_t)in->g.k;
         const size_t g = (size_t)kiln_quant_groups(in->g.qt, in->g.k);
         if (g > sc) sc = g;
@@ -1576,7 +1575,7 @@ static void prof_add(cx *x, const kiln_step *s, const cx_shape *sh) {
         r->bytes += b;
         r->flops += f;
         r->steps = x->prof_steps[d];
-        if (i < x->n_prog && (x->prog[i].kind == I_QKV || x->prog[i].kind == I_GEMM || x->prog[i].kind == I_LMHEAD)) {
+        if (i < x->n_prog && has_gemm(&x->prog[i])) {
             const cx_gemm *g = &x->prog[i].g;
             const int M = x->prog[i].kind == I_LMHEAD ? sh->B : sh->T;
             r->fp8 = g->qt && !gemv_path(x, g, M) && w8a8_runs(x, g);
@@ -1615,7 +1614,7 @@ static void prof_name(cx *x) {
             const cx_inst *in = &x->prog[i];
             r->op = in->op;
             const char *opn = kiln_op_name((kiln_op_kind)x->p->ops[in->op].kind);
-            if (in->kind == I_QKV || in->kind == I_GEMM || in->kind == I_LMHEAD)
+            if (has_gemm(in))
                 snprintf(r->what, sizeof r->what, "%s %dx%d", opn, in->g.n, in->g.k);
             else if (in->kind == I_COPY)
                 snprintf(r->what, sizeof r->what, "%s (copy)", opn);
@@ -1728,7 +1727,7 @@ static void tune_rows(cx *x, int B, bool decode, FILE *log) {
             }
             continue;
         }
-        if (in->kind != I_QKV && in->kind != I_GEMM && in->kind != I_LMHEAD) continue;
+        if (!has_gemm(in)) continue;
         if (in->kind == I_LMHEAD && !decode) continue; /* prefill: one row per sequence, not B */
         const cx_gemm *g = &in->g;
         if (gemv_path(x, g, B)) continue; /* at decode every GEMM has B rows, the LM head's too */
@@ -1776,27 +1775,25 @@ static void tune_rows(cx *x, int B, bool decode, FILE *log) {
 
 /* ---- measured thresholds (kiln tune) ---- */
 
-/* Whether matrix g is one whose GEMV limit measure_limit sets: a dense bf16/f16 matrix's tensor-core GEMV
- * (gemv_max_m; f32 engines' CUDA-core GEMV keeps KILN_GEMV_MAX_M) or a weight-only quantized one's
- * (qgemv_max_m; a W8A8 matrix's limit is KILN_QGEMV_MAX_ROWS, where the CPU's numerics switch too). */
-static bool limit_covers(const cx *x, const cx_gemm *g, bool quant) {
-    return quant ? g->qt && !g->act8 && !w8a8_runs(x, g) : !g->qt && g->mma;
+/* Whether instruction `in` multiplies by a matrix whose GEMV limit measure_limit sets: a dense bf16/f16
+ * matrix's tensor-core GEMV (gemv_max_m; f32 engines' CUDA-core GEMV keeps KILN_GEMV_MAX_M) or a
+ * weight-only quantized one's (qgemv_max_m; a +act_fp8 matrix's limit is KILN_QGEMV_MAX_ROWS, where the
+ * CPU's numerics switch too). */
+static bool limit_covers(const cx_inst *in, bool quant) {
+    return has_gemm(in) && (quant ? in->g.qt && !in->g.act8 : !in->g.qt && in->g.mma);
 }
 
 /* GPU time (ms, the least of 5 rounds after 2 warm-up rounds) of one decode step's GEMMs of B rows over
- * the matrices limit_covers takes (the LM head's included), with the limit at `limit` (B: the GEMV,
- * B - 1: cuBLASLt, after dequantizing a quantized matrix); x and y in `scratch`. Negative on failure. */
-static double time_gemms(cx *x, bool quant, int B, int limit, CUdeviceptr xin, CUdeviceptr yout, CUevent ev[2]) {
-    int *lim = quant ? &x->qgemv_max_m : &x->gemv_max_m, keep = *lim;
-    *lim = limit;
+ * the matrices limit_covers takes (the LM head's included), through the route the limits in effect give
+ * them; x and y at xin, yout. Negative on failure. */
+static double time_gemms(cx *x, bool quant, int B, CUdeviceptr xin, CUdeviceptr yout, CUevent ev[2]) {
     double best = -1;
     kiln_error e = {0};
     for (int round = 0; round < 7; round++) {
         if (round >= 2 && KILN_CU_CALL(&x->cu, &e, x->cu.api.cuEventRecord(ev[0], x->stream))) break;
         for (int i = 0; i < x->n_prog; i++) {
             const cx_inst *in = &x->prog[i];
-            if ((in->kind != I_QKV && in->kind != I_GEMM && in->kind != I_LMHEAD) || !limit_covers(x, &in->g, quant))
-                continue;
+            if (!limit_covers(in, quant)) continue;
             const bool acc = in->kind == I_GEMM && in->res >= 0 && in->g.epi != EPI_SWIGLU;
             if (run_gemm(x, &in->g, B, xin, yout, acc, NULL, NULL, &e)) goto out;
         }
@@ -1809,7 +1806,6 @@ static double time_gemms(cx *x, bool quant, int B, int limit, CUdeviceptr xin, C
     }
 out:
     x->cu.api.cuStreamSynchronize(x->stream);
-    *lim = keep;
     return e.code ? -1 : best;
 }
 
@@ -1823,8 +1819,7 @@ static int measure_limit(cx *x, bool quant, int fallback, FILE *log) {
     size_t kmax = 0, nmax = 0;
     for (int i = 0; i < x->n_prog; i++) {
         const cx_inst *in = &x->prog[i];
-        if ((in->kind != I_QKV && in->kind != I_GEMM && in->kind != I_LMHEAD) || !limit_covers(x, &in->g, quant))
-            continue;
+        if (!limit_covers(in, quant)) continue;
         any = true;
         if ((size_t)in->g.k > kmax) kmax = (size_t)in->g.k;
         if ((size_t)in->g.n > nmax) nmax = (size_t)in->g.n;
@@ -1843,7 +1838,8 @@ static int measure_limit(cx *x, bool quant, int fallback, FILE *log) {
     CUdeviceptr scratch = 0;
     CUevent ev[2] = {0, 0};
     kiln_error e = {0};
-    int limit = 1;
+    int limit = 1, *lim = quant ? &x->qgemv_max_m : &x->gemv_max_m;
+    const int keep = *lim;
     if (cx_alloc(x, bytes, "the GEMV limit's scratch", &scratch, &e) ||
         KILN_CU_CALL(&x->cu, &e, x->cu.api.cuMemsetD8Async(scratch, 0x3c, bytes, x->stream)) ||
         KILN_CU_CALL(&x->cu, &e, x->cu.api.cuEventCreate(&ev[0], CU_EVENT_DEFAULT)) ||
@@ -1853,12 +1849,11 @@ static int measure_limit(cx *x, bool quant, int fallback, FILE *log) {
         goto out;
     }
     for (int B = 2; B <= top; B *= 2) {
-        int *lim = quant ? &x->qgemv_max_m : &x->gemv_max_m, keep = *lim;
-        *lim = B - 1; /* cuBLASLt's algorithms for these B-row shapes, timed as for the decode graphs */
+        *lim = B - 1; /* cuBLASLt, with its algorithms for these B-row shapes timed as for the decode graphs */
         tune_rows(x, B, true, log);
-        *lim = keep;
-        const double g = time_gemms(x, quant, B, B, scratch, scratch + xb, ev),
-                     l = time_gemms(x, quant, B, B - 1, scratch, scratch + xb, ev);
+        const double l = time_gemms(x, quant, B, scratch, scratch + xb, ev);
+        *lim = B; /* the GEMV */
+        const double g = time_gemms(x, quant, B, scratch, scratch + xb, ev);
         if (log)
             fprintf(log, "kiln tune: %s GEMMs of %d rows: GEMV %.3f ms, cuBLASLt %.3f ms a step\n",
                     quant ? "quantized" : "bf16", B, g, l);
@@ -1870,6 +1865,7 @@ static int measure_limit(cx *x, bool quant, int fallback, FILE *log) {
         limit = B;
     }
 out:
+    *lim = keep;
     for (int i = 0; i < 2; i++)
         if (ev[i]) x->cu.api.cuEventDestroy(ev[i]);
     if (scratch) {
@@ -2106,7 +2102,7 @@ static int w8a8_count(const cx *x) {
     int n = 0;
     for (int i = 0; i < x->n_prog; i++) {
         const cx_inst *in = &x->prog[i];
-        n += (in->kind == I_QKV || in->kind == I_GEMM || in->kind == I_LMHEAD) && w8a8_runs(x, &in->g);
+        n += has_gemm(in) && w8a8_runs(x, &in->g);
     }
     return n;
 }
@@ -2316,7 +2312,7 @@ static size_t deq_bytes(const cx *x) {
     size_t b = 0;
     for (int i = 0; i < x->n_prog; i++) {
         const cx_inst *in = &x->prog[i];
-        if ((in->kind == I_QKV || in->kind == I_GEMM || in->kind == I_LMHEAD) && in->g.qt &&
+        if (has_gemm(in) && in->g.qt &&
             (size_t)in->g.n * (size_t)in->g.k * (size_t)x->es > b)
             b = (size_t)in->g.n * (size_t)in->g.k * (size_t)x->es;
     }
@@ -2337,7 +2333,7 @@ static size_t tune_bytes(const cx *x) {
             n = 2 * f > n ? 2 * f : n;
             continue;
         }
-        if (in->kind != I_QKV && in->kind != I_GEMM && in->kind != I_LMHEAD) continue;
+        if (!has_gemm(in)) continue;
         if (gemv_path(x, &in->g, x->base.max_seqs)) continue;
         if ((size_t)in->g.k > k) k = (size_t)in->g.k;
         if ((size_t)in->g.n > n) n = (size_t)in->g.n;
