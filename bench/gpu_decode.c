@@ -68,7 +68,7 @@ typedef struct seqs {
 } seqs;
 
 static kiln_status run_step(kiln_executor *x, seqs *s, kiln_error *err) {
-    kiln_step st = {s->n, s->slot, s->n_new, s->start, s->toks, s->want, s->samp, s->next, NULL, NULL};
+    kiln_step st = {s->n, s->slot, s->n_new, s->start, s->toks, s->want, s->samp, s->next, NULL, NULL, NULL};
     return x->ops->step(x, &st, err);
 }
 

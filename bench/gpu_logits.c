@@ -109,13 +109,13 @@ static kiln_status logits_one(kiln_executor *x, const int32_t *ids, int L, int d
         n_new = L - pos < chunk ? L - pos : chunk;
         start = pos;
         want = pos + n_new == L;
-        kiln_step s = {1, &slot, &n_new, &start, ids + pos, &want, &samp, &next, want ? rows : NULL, NULL};
+        kiln_step s = {1, &slot, &n_new, &start, ids + pos, &want, &samp, &next, want ? rows : NULL, NULL, NULL};
         if ((st = x->ops->step(x, &s, err))) goto out;
         (*chunks)++;
     }
     for (int k = 1; k <= decode; k++) {
         n_new = 1, start = L + k - 1, want = true;
-        kiln_step s = {1, &slot, &n_new, &start, ids + L + k - 1, &want, &samp, &next, rows + (size_t)k * V, NULL};
+        kiln_step s = {1, &slot, &n_new, &start, ids + L + k - 1, &want, &samp, &next, rows + (size_t)k * V, NULL, NULL};
         if ((st = x->ops->step(x, &s, err))) goto out;
     }
 out:
@@ -243,7 +243,7 @@ static int run_ppl(kiln_executor *x, const gl_opts *o, const int32_t *text, int 
                 k++;
             }
             if (!k) break;
-            kiln_step s = {k, slot, n_new, start, tok, want, samp, next, logits, NULL};
+            kiln_step s = {k, slot, n_new, start, tok, want, samp, next, logits, NULL, NULL};
             if (x->ops->step(x, &s, &err)) {
                 fprintf(stderr, "ppl: step at position %d of windows %d..%d: %s\n", t, g0, g0 + G - 1, err.msg);
                 goto out;

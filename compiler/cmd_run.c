@@ -70,6 +70,9 @@ static void help(FILE *f) {
             "  --logprobs K          with --json: each generated token's log-probability under the model\n"
             "                        (before temperature and penalties) and its K most likely\n"
             "                        alternatives (0..20), as \"logprobs\": [{id, logprob, top: [...]}]\n"
+            "  --prompt-logprobs K   with --json: the same for each prompt token, as \"prompt_logprobs\"\n"
+            "                        (null for the first, which has no context); with --max-tokens 0\n"
+            "                        the prompt is only scored\n"
             "  -h, --help            this help\n");
 }
 
@@ -84,6 +87,8 @@ typedef struct run_out {
     bool first;
     kiln_request_options sampling; /* what the request ran with (for --json) */
     kiln_token_info *info;         /* --logprobs: each generated token's, [cap] */
+    kiln_token_info *pinfo;        /* --prompt-logprobs: each prompt token's but the first's, [n_p] */
+    int n_p, cap_p;
     double ctx_s, kernels_s;       /* kiln_ctx_new, and the kernel modules' load in it (a PTX JIT included) */
     bool jitted;                   /* the engine had no cubin for this GPU: its PTX was JIT-compiled */
 } run_out;
@@ -128,7 +133,19 @@ static int32_t on_token(void *user, int64_t request, int32_t id, int32_t finishe
 static int32_t on_token_info(void *user, int64_t request, const kiln_token_info *t, int32_t finished,
                              int32_t stop_reason) {
     (void)request;
-    return took(user, t ? t->token : -1, t, finished, stop_reason);
+    run_out *o = user;
+    if (t && t->prompt) { /* --prompt-logprobs: kept for the JSON */
+        if (o->n_p == o->cap_p) {
+            int cap = o->cap_p ? 2 * o->cap_p : 256;
+            kiln_token_info *v = realloc(o->pinfo, (size_t)cap * sizeof *v);
+            if (!v) return 1; /* out of memory: stop the request */
+            o->pinfo = v;
+            o->cap_p = cap;
+        }
+        o->pinfo[o->n_p++] = *t;
+        return 0;
+    }
+    return took(o, t ? t->token : -1, t, finished, stop_reason);
 }
 
 #define PROMPT_MAX_BYTES (256u << 20) /* a prompt file or stdin larger than this is refused */
@@ -141,7 +158,7 @@ typedef struct run_opts {
     const char *gpus;   /* --gpus, checked (kiln_cli_gpus_arg); NULL = the default */
     double tp_timeout;  /* --tp-timeout, seconds; 0 = the runtime's */
     const char *system; /* --system, with --chat */
-    long long max_tokens, top_k, threads, max_ctx, seed, logprobs; /* logprobs: -1 = off */
+    long long max_tokens, top_k, threads, max_ctx, seed, logprobs, prompt_logprobs; /* -1 = off */
     double temperature, top_p, min_p, presence, frequency, repetition;
     bool json, no_bos, no_special, ignore_eos, chat;
     bool temp_set, top_k_set, top_p_set; /* else the engine's defaults (generation_config.json) */
@@ -154,7 +171,7 @@ typedef struct run_opts {
 static int run_parse(int argc, char **argv, const kiln_engine_src *builtin, run_opts *o) {
     enum { O_PROMPT = 256, O_PFILE, O_IDS, O_MAX, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_DEV, O_THR, O_JSON, O_CTX,
            O_NOBOS, O_NOSPECIAL, O_IGNEOS, O_GPUMEM, O_BOS, O_CHAT, O_SYSTEM, O_MINP, O_PRES, O_FREQ, O_REP,
-           O_LOGPROBS, O_GPUS, O_TPTIME };
+           O_LOGPROBS, O_GPUS, O_TPTIME, O_PLOGPROBS };
     static const struct option longopts[] = {
         {"prompt", required_argument, 0, O_PROMPT},     {"prompt-file", required_argument, 0, O_PFILE},
         {"prompt-ids", required_argument, 0, O_IDS},    {"max-tokens", required_argument, 0, O_MAX},
@@ -169,9 +186,11 @@ static int run_parse(int argc, char **argv, const kiln_engine_src *builtin, run_
         {"min-p", required_argument, 0, O_MINP},        {"presence-penalty", required_argument, 0, O_PRES},
         {"frequency-penalty", required_argument, 0, O_FREQ}, {"repetition-penalty", required_argument, 0, O_REP},
         {"logprobs", required_argument, 0, O_LOGPROBS}, {"gpus", required_argument, 0, O_GPUS},
+        {"prompt-logprobs", required_argument, 0, O_PLOGPROBS},
         {"tp-timeout", required_argument, 0, O_TPTIME},
         {0, 0, 0, 0}};
-    *o = (run_opts){.device = "auto", .max_tokens = 128, .seed = -1, .top_p = 1, .repetition = 1, .logprobs = -1};
+    *o = (run_opts){.device = "auto", .max_tokens = 128, .seed = -1, .top_p = 1, .repetition = 1, .logprobs = -1,
+                    .prompt_logprobs = -1};
     bool bos = false;
     int c, rc;
     optind = 1;
@@ -250,6 +269,11 @@ static int run_parse(int argc, char **argv, const kiln_engine_src *builtin, run_
                 return kiln_cli_usage_error("run", "--logprobs '%s' is not a number in 0..%d", optarg,
                                             KILN_MAX_LOGPROBS);
             break;
+        case O_PLOGPROBS:
+            if (!kiln_cli_parse_int(optarg, 0, KILN_MAX_LOGPROBS, &o->prompt_logprobs))
+                return kiln_cli_usage_error("run", "--prompt-logprobs '%s' is not a number in 0..%d", optarg,
+                                            KILN_MAX_LOGPROBS);
+            break;
         case O_SYSTEM: o->system = optarg; break;
         case 'h': help(stdout); return KILN_EXIT_OK;
         default: return kiln_cli_usage_error("run", "unknown or incomplete option '%s'", argv[optind - 1]);
@@ -267,8 +291,9 @@ static int run_parse(int argc, char **argv, const kiln_engine_src *builtin, run_
                                                                  : "--no-special cannot go with --chat: the template's "
                                                                    "special tokens must stay special");
     if (bos && o->no_bos) return kiln_cli_usage_error("run", "--bos and --no-bos contradict each other");
-    if (o->logprobs >= 0 && !o->json)
-        return kiln_cli_usage_error("run", "--logprobs goes with --json (the log-probabilities are printed there)");
+    if ((o->logprobs >= 0 || o->prompt_logprobs >= 0) && !o->json)
+        return kiln_cli_usage_error("run", "--%s goes with --json (the log-probabilities are printed there)",
+                                    o->logprobs >= 0 ? "logprobs" : "prompt-logprobs");
     if (o->ids_arg && (bos || o->no_bos || o->no_special))
         return kiln_cli_usage_error("run", "--bos, --no-bos and --no-special apply to text prompts, not --prompt-ids");
     if (strcmp(o->device, "cpu") != 0 && strcmp(o->device, "auto") != 0 && strcmp(o->device, "gpu") != 0)
@@ -444,9 +469,11 @@ static kiln_status generate(const run_opts *o, kiln_t *k, const int32_t *ids, in
     ro.max_tokens = (int32_t)o->max_tokens;
     ro.seed = (uint64_t)o->seed;
     ro.ignore_eos = o->ignore_eos;
-    ro.on_token = o->logprobs >= 0 ? NULL : on_token;
-    ro.on_token_info = o->logprobs >= 0 ? on_token_info : NULL;
+    const bool with_info = o->logprobs >= 0 || o->prompt_logprobs >= 0;
+    ro.on_token = with_info ? NULL : on_token;
+    ro.on_token_info = with_info ? on_token_info : NULL;
     ro.logprobs = (int32_t)o->logprobs;
+    ro.prompt_logprobs = (int32_t)o->prompt_logprobs;
     ro.user = out;
     int64_t id;
     out->sampling = ro;
@@ -455,6 +482,14 @@ static kiln_status generate(const run_opts *o, kiln_t *k, const int32_t *ids, in
         return kiln_err(err, st, "%s", kiln_last_error(*ctx));
     if (out->stop == KILN_STOP_ERROR) return kiln_err(err, KILN_ERR_DEVICE, "%s", kiln_last_error(*ctx));
     return KILN_OK;
+}
+
+/* One token's log-probabilities: {id, logprob, top: [{id, logprob}...]}. */
+static json_t *token_json(const kiln_token_info *t) {
+    json_t *top = json_array();
+    for (int a = 0; a < t->n_top; a++)
+        json_array_append_new(top, json_pack("{s:i, s:f}", "id", t->top_token[a], "logprob", (double)t->top_logprob[a]));
+    return json_pack("{s:i, s:f, s:o}", "id", t->token, "logprob", (double)t->logprob, "top", top);
 }
 
 /* --json: one object with the prompt, the ids, the text and the timings. */
@@ -496,16 +531,14 @@ static kiln_status print_json(const run_opts *o, const kiln_t *k, const int32_t 
                                                  (double)so->repetition_penalty));
     if (o->logprobs >= 0) { /* each generated token's, with its alternatives */
         json_t *lp = json_array();
-        for (int i = 0; i < out->n_ids; i++) {
-            const kiln_token_info *t = &out->info[i];
-            json_t *top = json_array();
-            for (int a = 0; a < t->n_top; a++)
-                json_array_append_new(top, json_pack("{s:i, s:f}", "id", t->top_token[a], "logprob",
-                                                     (double)t->top_logprob[a]));
-            json_array_append_new(lp, json_pack("{s:i, s:f, s:o}", "id", t->token, "logprob", (double)t->logprob,
-                                                "top", top));
-        }
+        for (int i = 0; i < out->n_ids; i++) json_array_append_new(lp, token_json(&out->info[i]));
         json_object_set_new(j, "logprobs", lp);
+    }
+    if (o->prompt_logprobs >= 0) { /* each prompt token's but the first's */
+        json_t *lp = json_array();
+        if (n > 0) json_array_append_new(lp, json_null());
+        for (int i = 0; i < out->n_p; i++) json_array_append_new(lp, token_json(&out->pinfo[i]));
+        json_object_set_new(j, "prompt_logprobs", lp);
     }
     char *s = json_dumps(j, JSON_COMPACT);
     if (s) printf("%s\n", s);
@@ -594,6 +627,7 @@ out_fail:
 out_free:
     free(out.ids);
     free(out.info);
+    free(out.pinfo);
     free(text);
     free(ids);
     if (out.has_stream) kiln_tok_stream_free(&out.stream);

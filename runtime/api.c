@@ -475,7 +475,8 @@ void kiln_request_options_init(kiln_request_options *o) {
                                 .max_tokens = DEFAULT_MAX_TOKENS,
                                 .top_p = 1.0f,
                                 .repetition_penalty = 1.0f,
-                                .logprobs = -1};
+                                .logprobs = -1,
+                                .prompt_logprobs = -1};
 }
 
 kiln_status kiln_request_options_init_from_engine(const kiln_t *k, kiln_request_options *o) {
@@ -528,6 +529,8 @@ kiln_status kiln_submit(kiln_ctx_t *c, const int32_t *prompt, int32_t n_prompt, 
                                     .repetition = o.repetition_penalty},
                             .logprobs = o.logprobs != -1,
                             .top_logprobs = o.logprobs,
+                            .prompt_logprobs = o.prompt_logprobs != -1,
+                            .prompt_top_logprobs = o.prompt_logprobs,
                             .max_tokens = o.max_tokens,
                             .ignore_eos = o.ignore_eos != 0,
                             .cb = o.on_token,
@@ -595,7 +598,8 @@ kiln_status kiln_score(kiln_ctx_t *c, const int32_t *const *seqs, const int32_t 
         kiln_err_prefix(&e, "kiln_score: ");
         return fail_ctx(c, &e);
     }
-    kiln_status st = kiln_score_seqs(c->x, kiln_sched_max_seqs(c->s), seqs, lens, n_seqs, logprobs, &e);
+    kiln_status st = kiln_score_seqs(c->x, kiln_sched_max_seqs(c->s), kiln_sched_max_step_tokens(c->s), seqs, lens,
+                                     n_seqs, logprobs, &e);
     kiln_sched_exclusive_end(c->s);
     return st == KILN_OK ? KILN_OK : fail_ctx(c, &e);
 }

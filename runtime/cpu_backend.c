@@ -118,15 +118,22 @@ static kiln_status cpu_step(kiln_executor *x, const kiln_step *s, kiln_error *er
     for (int i = 0; i < s->n_seqs; i++) {
         kiln_cpu_ctx *ctx = c->ctx[s->slot[i]];
         int chunk = kiln_cpu_ctx_max_step(ctx);
+        const bool out = s->logits && (!s->want_logits || s->want_logits[i]);
+        const bool all = out && s->all_logits && s->all_logits[i]; /* every row, straight into s->logits */
         for (int done = 0; done < s->n_new[i];) {
             int n = s->n_new[i] - done < chunk ? s->n_new[i] - done : chunk;
-            if ((st = kiln_cpu_forward(ctx, tokens + done, n, false, c->logits, err)) != KILN_OK)
+            float *dst = all ? s->logits + (size_t)(row + done) * (size_t)vocab : c->logits;
+            if ((st = kiln_cpu_forward(ctx, tokens + done, n, all, dst, err)) != KILN_OK)
                 return kiln_err_prefix(err, "cpu executor: slot %d: ", s->slot[i]);
             done += n;
         }
         tokens += s->n_new[i];
-        if (s->logits && (!s->want_logits || s->want_logits[i]))
+        if (all) {
+            row += s->n_new[i];
+            memcpy(c->logits, s->logits + (size_t)(row - 1) * (size_t)vocab, (size_t)vocab * sizeof(float));
+        } else if (out) {
             memcpy(s->logits + (size_t)row++ * (size_t)vocab, c->logits, (size_t)vocab * sizeof(float));
+        }
         s->next[i] = -1;
         if (s->want_token[i]) {
             int64_t pos = (int64_t)s->start[i] + s->n_new[i]; /* position of the token being produced */
@@ -187,7 +194,8 @@ kiln_status kiln_cpu_executor_new(const kiln_model *m, int max_seqs, int max_con
                               .max_seqs = max_seqs,
                               .max_context = max_context,
                               .max_step_tokens = full < (1 << 30) ? (int)full : 1 << 30,
-                              .vocab = m->plan->vocab_size};
+                              .vocab = m->plan->vocab_size,
+                              .all_logits = true};
     c->m = m;
     c->threads = threads > 0 ? threads : 1;
     c->kv_tokens = kv_tokens;

@@ -262,7 +262,8 @@ typedef int32_t (*kiln_token_callback)(void *user, int64_t request, int32_t toke
 /* The most alternatives a token can report (kiln_request_options.logprobs). */
 #define KILN_MAX_LOGPROBS 20
 
-/* One generated token with its log-probabilities, for kiln_token_info_callback. */
+/* One generated token (or, with prompt_logprobs, one prompt token) with its log-probabilities, for
+ * kiln_token_info_callback. */
 typedef struct kiln_token_info {
     int32_t token;   /* the token id */
     float logprob;   /* its log-probability under the model: the log-softmax of the logits, before
@@ -272,6 +273,10 @@ typedef struct kiln_token_info {
     float top_logprob[KILN_MAX_LOGPROBS]; /* their log-probabilities */
     double queue_seconds; /* how long the request waited from kiln_submit to its first slot (the same in
                              every call) */
+    /* Since 0.5 */
+    int32_t prompt;   /* 1: a token of the prompt (kiln_request_options.prompt_logprobs), not generated */
+    int32_t position; /* the token's position in the sequence: 1 .. n_prompt − 1 for prompt tokens,
+                         n_prompt, n_prompt + 1, ... for generated ones */
 } kiln_token_info;
 
 /* As kiln_token_callback, with the token's log-probabilities: `t` is the
@@ -308,6 +313,16 @@ typedef struct kiln_request_options {
                                  on_token_info (required then) */
     kiln_token_info_callback on_token_info; /* instead of on_token: tokens with their log-probabilities
                                                (NULL = none, default; not both) */
+    /* Since 0.5 */
+    int32_t prompt_logprobs; /* -1 = off (default); 0..KILN_MAX_LOGPROBS: report the log-probability of
+                                every prompt token but the first (which has no context) and this many
+                                alternatives, through on_token_info (required then) with `prompt` set, in
+                                position order before the first generated token; each once, preemption
+                                or not. With max_tokens 0 the request reads its prompt for them, then
+                                finishes (KILN_STOP_MAX_TOKENS) without generating. The prompt is read
+                                as any prompt is (chunked prefill, the LM head run over every row) on
+                                executors that return every row's logits, one token a step on the
+                                others (a tensor-parallel GPU engine) */
 } kiln_request_options;
 
 /* Fill *o with the defaults above. */
@@ -355,8 +370,10 @@ int32_t kiln_pending(kiln_ctx_t *ctx);
  * logprobs[s][i] = log p(seqs[s][i + 1] | seqs[s][0 .. i]) for i < lens[s] - 1, the model's
  * log-softmax (no temperature or penalties), as kiln_token_info.logprob. Each sequence has 2 ..
  * max_context ids of the vocabulary and is read from position 0 (its first id is context only, so a
- * caller that wants it scored puts BOS first). The sequences run max_batch at a time, one token per
- * step on the same path as generation, so `kiln perplexity` and generated tokens' logprobs agree.
+ * caller that wants it scored puts BOS first). The sequences run max_batch at a time, read as
+ * prompts are (chunked prefill, every position's logits; since 0.5), so the values are those
+ * prompt_logprobs gives; on an executor that returns only last rows (a tensor-parallel GPU engine)
+ * one token a step.
  * The context must be idle: no request queued or running and no thread stepping
  * (KILN_ERR_INVALID_ARG otherwise); requests submitted meanwhile wait. Other refusals:
  * KILN_ERR_INVALID_ARG for NULL pointers, n_seqs < 1, a length out of range or an id outside the

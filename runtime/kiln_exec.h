@@ -57,6 +57,9 @@ typedef struct kiln_step {
                                   want_logits NULL, every sequence's, row i for sequence i; else only
                                   those flagged, packed in sequence order (row k for the k-th flagged) */
     const bool *want_logits;   /* optional [n_seqs] (with logits): which rows to return */
+    const bool *all_logits;    /* optional [n_seqs] (with logits; only where the executor's all_logits is
+                                  set): sequences that return the logits of every new token, n_new rows in
+                                  position order, in place of the last one's row (prompt logprobs, scoring) */
 } kiln_step;
 
 typedef struct kiln_executor kiln_executor;
@@ -116,7 +119,11 @@ struct kiln_executor {
     int max_context;     /* tokens per sequence */
     int max_step_tokens; /* new tokens per step, all sequences together */
     int vocab;
+    bool all_logits;     /* honours kiln_step.all_logits (else a step asking it is refused) */
 };
+
+/* Rows of logits step s returns: per returned sequence 1, or n_new where all_logits flags it. */
+int64_t kiln_step_logit_rows(const kiln_step *s);
 
 /* The random number in [0, 1) used to sample the token at `position`. */
 double kiln_sample_uniform(uint64_t seed, int64_t position);
@@ -141,9 +148,10 @@ void kiln_logprobs(const float *logits, int vocab, int32_t token, int n_top, flo
 
 /* Teacher-forced scoring (runtime/score.c): for each of the n sequences s (lens[s] >= 2 tokens, each
  * at most the executor's context), out[s][i] = log p(seqs[s][i + 1] | seqs[s][0..i]) for
- * i < lens[s] - 1, read one token per step in slots 0..max_seqs-1 (which must be free; they are
- * free again after). */
-kiln_status kiln_score_seqs(kiln_executor *x, int max_seqs, const int32_t *const *seqs, const int32_t *lens, int n,
-                            float *const *out, kiln_error *err);
+ * i < lens[s] - 1, in slots 0..max_seqs-1 (which must be free; they are free again after). Read as
+ * prompts are (chunks of up to max_step tokens a step, every position's logits returned) where the
+ * executor's all_logits is set, else one token per step. */
+kiln_status kiln_score_seqs(kiln_executor *x, int max_seqs, int max_step, const int32_t *const *seqs,
+                            const int32_t *lens, int n, float *const *out, kiln_error *err);
 
 #endif /* KILN_EXEC_H */

@@ -78,6 +78,10 @@ typedef struct kiln_sched_request {
     kiln_penalties pen;      /* zeros = none (repetition 0 is taken as 1) */
     bool logprobs;           /* deliver log-probabilities (needs cb_info)... */
     int top_logprobs;        /* ...with this many alternatives, 0..KILN_MAX_LOGPROBS */
+    bool prompt_logprobs;    /* deliver each prompt token's log-probability but the first's (cb_info, prompt =
+                                1) before the first generated token; with max_tokens 0 the request reads its
+                                prompt for them and then finishes... */
+    int prompt_top_logprobs; /* ...with this many alternatives, 0..KILN_MAX_LOGPROBS */
     int max_tokens;
     bool ignore_eos;
     kiln_token_callback cb;  /* NULL (and no cb_info): tokens are kept for kiln_sched_poll */

@@ -43,6 +43,8 @@ typedef struct sched_req {
     kiln_sampling samp;
     kiln_penalties pen;
     int logprobs;          /* -1 = none */
+    int prompt_lp;         /* prompt logprobs' alternatives, -1 = none */
+    int lp_next;           /* the next prompt position whose log-probability is due (1.. n_prompt − 1) */
     bool host;             /* sampled on the host: penalties, min-p or logprobs */
     int max_tokens;
     bool ignore_eos;
@@ -63,6 +65,11 @@ typedef struct sched_req {
 } sched_req;
 
 static int n_known(const sched_req *r) { return r->n_prompt + r->n_gen; }
+/* Whether some of r's prompt log-probabilities are still to be delivered. */
+static bool lp_due(const sched_req *r) { return r->prompt_lp >= 0 && r->lp_next < r->n_prompt; }
+
+/* The most logits rows a step returns for prompt log-probabilities (bounds the host's buffer). */
+#define SCHED_PROMPT_LP_ROWS 512
 
 struct kiln_sched {
     pthread_mutex_t lock; /* recursive: callbacks run with it held and may call back in */
@@ -78,7 +85,8 @@ struct kiln_sched {
     bool busy;
     /* the step under construction */
     int32_t *st_slot, *st_n_new, *st_start, *st_next, *st_tokens;
-    bool *st_want, *st_host;
+    bool *st_want, *st_host, *st_all; /* st_all: every row's logits (prompt logprobs due in the chunk) */
+    bool *st_rows;                    /* logits rows returned: st_host or st_all */
     kiln_sampling *st_samp;
     sched_req **st_req;
     sched_req **order; /* [max_seqs] scratch: running requests in admission order */
@@ -145,12 +153,14 @@ kiln_status kiln_sched_new(kiln_executor *x, const kiln_sched_opts *o, kiln_sche
     s->st_next = malloc(ns * sizeof *s->st_next);
     s->st_want = malloc(ns * sizeof *s->st_want);
     s->st_host = malloc(ns * sizeof *s->st_host);
+    s->st_all = malloc(ns * sizeof *s->st_all);
+    s->st_rows = malloc(ns * sizeof *s->st_rows);
     s->st_samp = malloc(ns * sizeof *s->st_samp);
     s->st_req = malloc(ns * sizeof *s->st_req);
     s->order = malloc(ns * sizeof *s->order);
     s->st_tokens = malloc((size_t)max_step * sizeof *s->st_tokens);
     if (!s->eos || !s->running || !s->st_slot || !s->st_n_new || !s->st_start || !s->st_next || !s->st_want ||
-        !s->st_host || !s->st_samp || !s->st_req || !s->order || !s->st_tokens) {
+        !s->st_host || !s->st_all || !s->st_rows || !s->st_samp || !s->st_req || !s->order || !s->st_tokens) {
         kiln_sched_free(s);
         return kiln_err(err, KILN_ERR_NOMEM, "scheduler: out of memory for %d slots", max_seqs);
     }
@@ -190,6 +200,8 @@ void kiln_sched_free(kiln_sched *s) {
     free(s->st_next);
     free(s->st_want);
     free(s->st_host);
+    free(s->st_all);
+    free(s->st_rows);
     free(s->st_samp);
     free(s->st_req);
     free(s->order);
@@ -328,6 +340,14 @@ kiln_status kiln_sched_submit(kiln_sched *s, const kiln_sched_request *q, int64_
                  q->top_logprobs);
         return kiln_err_hint(err, "set the request's on_token_info callback, or logprobs -1");
     }
+    if (q->prompt_logprobs && (q->prompt_top_logprobs < 0 || q->prompt_top_logprobs > KILN_MAX_LOGPROBS))
+        return kiln_err(err, KILN_ERR_INVALID_ARG, "submit: prompt logprobs %d must be -1 (off) or 0..%d",
+                        q->prompt_top_logprobs, KILN_MAX_LOGPROBS);
+    if (q->prompt_logprobs && !q->cb_info) {
+        kiln_err(err, KILN_ERR_INVALID_ARG, "submit: prompt logprobs %d need on_token_info to deliver them",
+                 q->prompt_top_logprobs);
+        return kiln_err_hint(err, "set the request's on_token_info callback, or prompt_logprobs -1");
+    }
 
     int64_t need = (int64_t)q->n_prompt + (q->max_tokens > 0 ? q->max_tokens - 1 : 0);
     if (need > s->max_context) need = s->max_context;
@@ -355,6 +375,8 @@ kiln_status kiln_sched_submit(kiln_sched *s, const kiln_sched_request *q, int64_
     r->samp = q->samp;
     r->pen = *pen;
     r->logprobs = q->logprobs ? q->top_logprobs : -1;
+    r->prompt_lp = q->prompt_logprobs ? q->prompt_top_logprobs : -1;
+    r->lp_next = 1;
     r->host = sm->min_p > 0 || pen->presence != 0 || pen->frequency != 0 || pen->repetition != 1 || q->logprobs;
     r->max_tokens = q->max_tokens;
     r->ignore_eos = q->ignore_eos;
@@ -473,7 +495,7 @@ static kiln_status admit(kiln_sched *s, kiln_error *err) {
     kiln_status first = KILN_OK;
     while (s->queue_head && s->n_running < s->max_seqs) {
         sched_req *r = s->queue_head;
-        if (r->max_tokens == 0) {
+        if (r->max_tokens == 0 && !lp_due(r)) { /* else it reads its prompt for the log-probabilities */
             finish(s, r, KILN_STOP_MAX_TOKENS, false);
             continue;
         }
@@ -514,7 +536,9 @@ static kiln_status admit(kiln_sched *s, kiln_error *err) {
     return first;
 }
 
-/* Add sequence n of the step: `chunk` tokens of r from n_cached on. */
+/* Add sequence n of the step: `chunk` tokens of r from n_cached on. Its rows predict positions
+ * n_cached + 1 .. n_cached + chunk: every row's logits come back where prompt log-probabilities
+ * are due among those. */
 static void step_add(kiln_sched *s, int n, sched_req *r, int chunk, int used) {
     s->st_req[n] = r;
     s->st_slot[n] = r->slot;
@@ -522,6 +546,10 @@ static void step_add(kiln_sched *s, int n, sched_req *r, int chunk, int used) {
     s->st_start[n] = r->n_cached;
     s->st_want[n] = r->n_cached + chunk == n_known(r);
     s->st_host[n] = s->st_want[n] && r->host;
+    const int lo = r->n_cached + 1 > r->lp_next ? r->n_cached + 1 : r->lp_next;
+    const int hi = r->n_cached + chunk < r->n_prompt - 1 ? r->n_cached + chunk : r->n_prompt - 1;
+    s->st_all[n] = lp_due(r) && lo <= hi;
+    s->st_rows[n] = s->st_host[n] || s->st_all[n];
     s->st_samp[n] = r->samp;
     memcpy(s->st_tokens + used, r->toks + r->n_cached, (size_t)chunk * sizeof *s->st_tokens);
 }
@@ -535,12 +563,19 @@ static int build_step(kiln_sched *s) {
         if (!r || r->cancel || n_known(r) - r->n_cached != 1) continue;
         step_add(s, n++, r, 1, used++);
     }
-    int np = running_in_order(s);
+    int np = running_in_order(s), lp_rows = SCHED_PROMPT_LP_ROWS;
     for (int i = 0; i < np && used < s->max_step; i++) {
         sched_req *r = s->order[i];
         if (r->cancel || n_known(r) - r->n_cached <= 1) continue;
         int chunk = n_known(r) - r->n_cached;
         if (chunk > s->max_step - used) chunk = s->max_step - used;
+        if (lp_due(r)) { /* every row comes back: within the rows left, or one token a step on an executor
+                            that returns only the last row */
+            const int cap = s->x->all_logits ? lp_rows : 1;
+            if (cap < 1) continue;
+            if (chunk > cap) chunk = cap;
+            lp_rows -= chunk;
+        }
         step_add(s, n++, r, chunk, used);
         used += chunk;
     }
@@ -592,6 +627,31 @@ static int32_t host_sample(kiln_sched *s, sched_req *r, const float *row, int64_
     return tok;
 }
 
+/* Logits rows step s returns for its first n sequences: 1 each where st_rows, n_new where st_all. */
+static int step_rows(const kiln_sched *s, int n) {
+    int rows = 0;
+    for (int i = 0; i < n; i++) rows += s->st_rows[i] ? (s->st_all[i] ? s->st_n_new[i] : 1) : 0;
+    return rows;
+}
+
+/* Hand over the prompt log-probabilities due among the rows ([n_new, vocab]) of r's chunk from
+ * position `start`: row j predicts the token at start + j + 1. Returns false when the callback asked
+ * to cancel. */
+static bool deliver_prompt(kiln_sched *s, sched_req *r, const float *rows, int start, int n_new) {
+    const int V = s->x->vocab;
+    for (int j = 0; j < n_new; j++) {
+        const int p = start + j + 1;
+        if (p < r->lp_next || p >= r->n_prompt) continue;
+        kiln_token_info ti = {.token = r->toks[p], .n_top = r->prompt_lp, .queue_seconds = r->queue_s,
+                              .prompt = 1, .position = p};
+        kiln_logprobs(rows + (size_t)j * (size_t)V, V, ti.token, r->prompt_lp, &ti.logprob, ti.top_token,
+                      ti.top_logprob);
+        r->lp_next = p + 1;
+        if (r->cb_info(r->user, r->id, &ti, 0, -1) != 0) return false;
+    }
+    return true;
+}
+
 /* Record tok as r's next token and hand it over; returns false when the
  * callback asked to cancel (or, with *st set, when memory ran out). */
 static bool deliver(kiln_sched *s, sched_req *r, kiln_token_info *ti, bool finished, kiln_stop_reason why,
@@ -610,6 +670,7 @@ static bool deliver(kiln_sched *s, sched_req *r, kiln_token_info *ti, bool finis
     }
     r->toks[n_known(r)] = ti->token;
     ti->queue_seconds = r->queue_s;
+    ti->position = n_known(r);
     r->n_gen++;
     s->stats.tokens_out++;
     int32_t fin = finished ? 1 : 0, reason = finished ? (int32_t)why : -1;
@@ -636,20 +697,19 @@ kiln_status kiln_sched_step(kiln_sched *s, bool *ran, kiln_error *err) {
         if (err) *err = ae;
     }
     int n = build_step(s);
-    int n_host = 0;
-    for (int i = 0; i < n; i++) n_host += s->st_host[i];
-    if (n_host > 0) {
+    int n_rows = step_rows(s, n);
+    if (n_rows > 0) {
         kiln_error he = {0};
-        kiln_status hst = host_buffers(s, n_host, &he);
+        kiln_status hst = host_buffers(s, n_rows, &he);
         if (hst != KILN_OK) {
             for (int i = 0; i < n; i++)
-                if (s->st_host[i]) finish(s, s->st_req[i], KILN_STOP_ERROR, false);
+                if (s->st_rows[i]) finish(s, s->st_req[i], KILN_STOP_ERROR, false);
             if (status == KILN_OK) {
                 status = hst;
                 if (err) *err = he;
             }
             n = build_step(s);
-            n_host = 0;
+            n_rows = step_rows(s, n);
         }
     }
     if (n == 0) {
@@ -666,8 +726,9 @@ kiln_status kiln_sched_step(kiln_sched *s, bool *ran, kiln_error *err) {
                       .want_token = s->st_want,
                       .samp = s->st_samp,
                       .next = s->st_next,
-                      .logits = n_host ? s->h_rows : NULL,
-                      .want_logits = n_host ? s->st_host : NULL};
+                      .logits = n_rows ? s->h_rows : NULL,
+                      .want_logits = n_rows ? s->st_rows : NULL,
+                      .all_logits = n_rows ? s->st_all : NULL};
     /* The model runs without the lock: others may submit, flag cancels, poll. */
     pthread_mutex_unlock(&s->lock);
     kiln_error xe = {0};
@@ -687,9 +748,21 @@ kiln_status kiln_sched_step(kiln_sched *s, bool *ran, kiln_error *err) {
         int row = 0;
         for (int i = 0; i < n; i++) {
             sched_req *r = s->st_req[i];
-            const float *logits = s->st_host[i] ? s->h_rows + (size_t)row++ * (size_t)s->x->vocab : NULL;
+            const size_t V = (size_t)s->x->vocab;
+            const float *rows = s->st_rows[i] ? s->h_rows + (size_t)row * V : NULL; /* this sequence's rows */
+            row += s->st_rows[i] ? (s->st_all[i] ? s->st_n_new[i] : 1) : 0;
+            const float *logits = s->st_host[i] ? s->h_rows + (size_t)(row - 1) * V : NULL; /* its last row */
             r->n_cached += s->st_n_new[i];
-            if (!s->st_want[i] || r->cancel) continue; /* prefill chunk, or cancelled meanwhile */
+            if (r->cancel) continue; /* cancelled meanwhile */
+            if (s->st_all[i] && !deliver_prompt(s, r, rows, s->st_start[i], s->st_n_new[i])) {
+                finish(s, r, KILN_STOP_CANCELLED, false);
+                continue;
+            }
+            if (!s->st_want[i]) continue; /* prefill chunk */
+            if (r->max_tokens == 0) { /* it read its prompt for the log-probabilities only */
+                finish(s, r, KILN_STOP_MAX_TOKENS, false);
+                continue;
+            }
             kiln_token_info ti = {.token = s->st_next[i]};
             if (logits) ti.token = host_sample(s, r, logits, (int64_t)s->st_start[i] + s->st_n_new[i], &ti);
             int32_t tok = ti.token;

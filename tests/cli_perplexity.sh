@@ -4,7 +4,8 @@
 # tests/golden/make_ppl_golden.py with transformers in float32): the same token, window and scored
 # counts, and the mean NLL within 1e-5 relative. Ids given as a JSON array, as plain whitespace-
 # separated ids and through stdin score the same. `kiln run --logprobs` against HF's log-softmax of
-# the stories260k golden. Bad input exits 1 or 2 naming what is wrong.
+# the stories260k golden, and `kiln run --prompt-logprobs` against the same. Bad input exits 1 or 2
+# naming what is wrong.
 #
 # usage: bash tests/cli_perplexity.sh KILN_EXE SOURCE_DIR [SHARED_DIR]
 set -u
@@ -97,6 +98,41 @@ PY
 else
     bad "kiln run --logprobs exited $?: $(cat "$T/err")"
 fi
+# kiln run --prompt-logprobs: the same case's prompt and greedy ids as one prompt, scored alone
+# (--max-tokens 0): each position's log-probability and alternatives against HF's log-softmax
+seq=$(python3 -c "import json,sys; c=json.load(open(sys.argv[1]))['cases'][1]; print(','.join(map(str, c['prompt'] + c['greedy'][:12])))" "$G/golden.json")
+if "$KILN" run "$T/s.kiln" --prompt-ids "$seq" --max-tokens 0 --prompt-logprobs 3 --json --device cpu \
+    >"$T/prun.json" 2>"$T/err"; then
+    python3 - "$G" "$T/prun.json" <<'PY' && ok || bad "kiln run --prompt-logprobs differs from HF"
+import json, math, sys
+from array import array
+g = json.load(open(sys.argv[1] + "/golden.json"))["cases"][1]
+run = json.load(open(sys.argv[2]))
+V = g["vocab"]
+seq = g["prompt"] + g["greedy"][:12]
+flat = array("f")
+with open(sys.argv[1] + "/" + g["logits"], "rb") as f:
+    flat.frombytes(f.read())
+if sys.byteorder != "little":
+    flat.byteswap()
+assert run["ids"] == [] and run["stop_reason"] == "max_tokens", (run["ids"], run["stop_reason"])
+lp = run["prompt_logprobs"]
+assert len(lp) == len(seq) and lp[0] is None, len(lp)
+for p in range(1, len(seq)):
+    row = [float(v) for v in flat[(p - 1) * V:p * V]]
+    m = max(row)
+    lse = m + math.log(sum(math.exp(v - m) for v in row))
+    t = lp[p]
+    assert t["id"] == seq[p] and abs(t["logprob"] - (row[seq[p]] - lse)) < 1e-4, (p, t)
+    assert [a["id"] for a in t["top"]] == sorted(range(V), key=lambda k: -row[k])[:3], (p, t["top"])
+    for a in t["top"]:
+        assert abs(a["logprob"] - (row[a["id"]] - lse)) < 1e-4, (p, a)
+PY
+else
+    bad "kiln run --prompt-logprobs exited $?: $(cat "$T/err")"
+fi
+expect 2 "--prompt-logprobs goes with --json" -- "$KILN" run "$T/s.kiln" --prompt-ids 1 --prompt-logprobs 1 --device cpu
+expect 2 "--prompt-logprobs '-1' is not a number in 0..20" -- "$KILN" run "$T/s.kiln" --prompt-ids 1 --prompt-logprobs -1 --json
 expect 2 "--logprobs goes with --json" -- "$KILN" run "$T/s.kiln" --prompt-ids 1 --logprobs 1 --device cpu
 expect 2 "--logprobs '21' is not a number in 0..20" -- "$KILN" run "$T/s.kiln" --prompt-ids 1 --logprobs 21 --json
 

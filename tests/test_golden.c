@@ -584,9 +584,38 @@ static void test_pycode_text(void) {
     unlink(out);
 }
 
+/* What a request's prompt_logprobs delivered (collect_prompt_lp). */
+typedef struct prompt_lps {
+    const int32_t *seq;
+    int n, next, generated, stop, bad;
+    float lp[128], top_lp[128][2];
+    int32_t top[128][2];
+} prompt_lps;
+
+static int32_t collect_prompt_lp(void *user, int64_t id, const kiln_token_info *t, int32_t finished, int32_t why) {
+    prompt_lps *p = user;
+    if (finished) p->stop = why;
+    if (!t) return 0;
+    if (!t->prompt) {
+        p->generated++;
+        return 0;
+    }
+    /* in position order, each once, the prompt's own token, two alternatives */
+    if (t->position != p->next || t->token != p->seq[t->position] || t->n_top != 2 || p->n >= 128) {
+        p->bad++;
+        return 0;
+    }
+    p->next++;
+    p->lp[p->n] = t->logprob;
+    for (int a = 0; a < 2; a++) p->top[p->n][a] = t->top_token[a], p->top_lp[p->n][a] = t->top_logprob[a];
+    p->n++;
+    return 0;
+}
+
 /* kiln_score (the C API's teacher forcing, `kiln perplexity`'s path) against HF's log-softmax of the
  * golden logits: every case of tiny-mistral (sliding window 8 over 73..92 positions) scored at once,
- * each position's log-probability of the next id within 2e-4 of the logit range. */
+ * each position's log-probability of the next id within 2e-4 of the logit range; then each case
+ * as a prompt with prompt_logprobs (kiln_request_options), against kiln_score's and HF's. */
 static void test_score_against_hf(void) {
     char out[512];
     snprintf(out, sizeof out, "%s/score.kiln", tmpdir);
@@ -630,6 +659,45 @@ static void test_score_against_hf(void) {
         KT_CHECKF(worst <= 2e-4 * gcs[i].range, "case %d: log-probability off HF's by %.3g (logit range %.3g)", i,
                   worst, gcs[i].range);
         fprintf(stderr, "  case %d: %d positions scored, max |log p - HF's| %.3g\n", i, lens[i] - 1, worst);
+    }
+    /* the same sequences as prompts with prompt_logprobs 2 and max_tokens 0, through kiln_submit: each
+     * position once, in order, equal to kiln_score's, the alternatives HF's two most likely */
+    for (int i = 0; i < nc; i++) {
+        prompt_lps got = {.seq = seqs[i], .n = 0, .next = 1};
+        kiln_request_options ro;
+        kiln_request_options_init(&ro);
+        ro.max_tokens = 0;
+        ro.prompt_logprobs = 2;
+        ro.on_token_info = collect_prompt_lp;
+        ro.user = &got;
+        int64_t id = 0;
+        KT_REQUIRE(kiln_submit(c, seqs[i], lens[i], &ro, &id) == KILN_OK);
+        KT_REQUIRE(kiln_run(c) == KILN_OK);
+        KT_EQ_INT(got.stop, KILN_STOP_MAX_TOKENS);
+        KT_EQ_INT(got.generated, 0);
+        KT_EQ_INT(got.n, lens[i] - 1);
+        double worst = 0, worst_top = 0;
+        for (int t = 0; t < got.n && t + 1 < lens[i]; t++) {
+            worst = fmax(worst, fabs((double)got.lp[t] - (double)lps[i][t]));
+            const float *row = gcs[i].logits + (size_t)t * (size_t)gcs[i].vocab;
+            double mx = row[0], sum = 0;
+            for (int v = 1; v < gcs[i].vocab; v++) mx = row[v] > mx ? row[v] : mx;
+            for (int v = 0; v < gcs[i].vocab; v++) sum += exp((double)row[v] - mx);
+            for (int a = 0; a < 2; a++) /* HF's log-probability of the alternative kiln names */
+                worst_top = fmax(worst_top, fabs((double)row[got.top[t][a]] - mx - log(sum) - (double)got.top_lp[t][a]));
+            KT_CHECKF(row[got.top[t][0]] >= row[got.top[t][1]] && got.top_lp[t][0] >= got.top_lp[t][1],
+                      "case %d position %d: alternatives out of order", i, t + 1);
+            double second = -INFINITY; /* HF's second largest logit */
+            for (int v = 0; v < gcs[i].vocab; v++)
+                if (v != got.top[t][0] && row[v] > second) second = row[v];
+            KT_CHECKF(row[got.top[t][0]] == mx && (mx - row[got.top[t][1]]) <= (mx - second) + 2e-4 * gcs[i].range,
+                      "case %d position %d: kiln's alternatives %d, %d are not HF's two most likely", i, t + 1,
+                      got.top[t][0], got.top[t][1]);
+        }
+        KT_CHECKF(worst <= 1e-5, "case %d: prompt log-probabilities off kiln_score's by %.3g", i, worst);
+        KT_CHECKF(worst_top <= 2e-4 * gcs[i].range, "case %d: alternatives' log-probabilities off HF's by %.3g", i,
+                  worst_top);
+        KT_CHECK(got.bad == 0);
     }
     kiln_ctx_free(c);
     kiln_close(k);

@@ -574,7 +574,7 @@ static const kiln_sampling GREEDY = {0.0f, 0, 1.0f, 0, 0.0f};
 /* One step over n sequences; returns the status (messages to stderr). */
 static kiln_status step(kiln_executor *x, int n, const int32_t *slot, const int32_t *n_new, const int32_t *start,
                         const int32_t *toks, const bool *want, const kiln_sampling *samp, int32_t *next, float *logits) {
-    kiln_step s = {n, slot, n_new, start, toks, want, samp, next, logits, NULL};
+    kiln_step s = {n, slot, n_new, start, toks, want, samp, next, logits, NULL, NULL};
     kiln_error err = {0};
     kiln_status st = x->ops->step(x, &s, &err);
     if (st) fprintf(stderr, "  step: %s\n", err.msg);
@@ -670,8 +670,8 @@ static void check_golden(const char *eng, const char *golden_dir, const kiln_cud
         fprintf(stderr, "  %s case %zu (chunk %d): ids %s, logits rel err %.2g, max abs %.2g (%.2g of range)\n",
                 golden_dir, ci, chunk, diff < 0 ? "identical" : "DIFFER", worst, worst_abs, worst_abs / range);
         /* 2. the prompt one token at a time: every prompt position's logits */
-        if (want && chunk > 1) {
-            int32_t one;
+        if (want && chunk > 1 && 2 * np <= G.x->max_step_tokens && G.x->max_seqs >= 2) {
+            int32_t one = -1;
             KT_CHECK(gen_one(&G, 0, prompt, np, 1, 1, &one, NULL, pl));
             double pw = 0;
             for (int t = 0; t < np; t++) {
@@ -680,6 +680,38 @@ static void check_golden(const char *eng, const char *golden_dir, const kiln_cud
             }
             KT_CHECKF(pw <= 1e-3, "%s case %zu: prompt logits (one token per step) rel err %.3g", golden_dir, ci, pw);
             KT_EQ_INT(one, greedy[0]);
+            /* 3. the prompt as one chunk returning every row (kiln_step.all_logits, the LM head again over
+             * the final norm's rows, max_seqs at a time) beside the same prompt returning its last row */
+            float *rows = malloc(sizeof(float) * (size_t)(np + 1) * (size_t)V);
+            int32_t slot2[2] = {0, 1}, nn[2] = {np, np}, st0[2] = {0, 0}, nx[2] = {-2, -2};
+            int32_t *toks2 = malloc(sizeof(int32_t) * 2 * (size_t)np);
+            memcpy(toks2, prompt, sizeof(int32_t) * (size_t)np);
+            memcpy(toks2 + np, prompt, sizeof(int32_t) * (size_t)np);
+            bool want2[2] = {true, true}, all2[2] = {true, false}, fits = false;
+            kiln_sampling samp2[2] = {GREEDY, GREEDY};
+            kiln_error err = {0};
+            for (int q = 0; q < 2; q++) KT_CHECK(G.x->ops->reserve(G.x, q, np, &fits, &err) == KILN_OK && fits);
+            kiln_step ms = {2, slot2, nn, st0, toks2, want2, samp2, nx, rows, NULL, all2};
+            if (!G.x->all_logits) { /* a tensor-parallel engine: refused by name */
+                KT_EQ_INT(G.x->ops->step(G.x, &ms, &err), np > 1 ? KILN_ERR_UNSUPPORTED : KILN_OK);
+                if (np > 1) KT_CONTAINS(err.msg, "tensor-parallel");
+            } else {
+                KT_CHECKF(G.x->ops->step(G.x, &ms, &err) == KILN_OK, "every row's logits: %s", err.msg);
+                double aw = 0;
+                for (int t = 0; t < np; t++) {
+                    double e = kt_rel_l2(rows + (size_t)t * V, want + (size_t)t * V, (size_t)V);
+                    if (!(e <= aw)) aw = e;
+                }
+                double lw = kt_rel_l2(rows + (size_t)np * V, want + (size_t)(np - 1) * V, (size_t)V);
+                KT_CHECKF(aw <= 1e-3 && lw <= 1e-3, "%s case %zu: every row's logits rel err %.3g, the other's last %.3g",
+                          golden_dir, ci, aw, lw);
+                KT_EQ_INT(nx[0], greedy[0]);
+                KT_EQ_INT(nx[1], greedy[0]);
+                fprintf(stderr, "  %s case %zu: %d rows of logits in one step, rel err %.2g\n", golden_dir, ci, np, aw);
+            }
+            for (int q = 0; q < 2; q++) G.x->ops->release(G.x, q);
+            free(rows);
+            free(toks2);
         }
         golden_case_free(&gc);
         free(ids);
@@ -910,7 +942,7 @@ static void test_sampler_agrees(void) {
             KT_REQUIRE(step(G.x, B, slot, n_new, start, toks, want, samp, next, lg) == KILN_OK);
             continue;
         }
-        kiln_step ms = {B, slot, n_new, start, toks, want, samp, next, packed, wl};
+        kiln_step ms = {B, slot, n_new, start, toks, want, samp, next, packed, wl, NULL};
         KT_REQUIRE(G.x->ops->step(G.x, &ms, &err) == KILN_OK);
     }
     for (int i = 0; i < B; i++)
@@ -955,7 +987,7 @@ static void test_limits(void) {
     int32_t toks[61];
     for (int i = 0; i < 61; i++) toks[i] = 1 + i;
     bool want = true;
-    kiln_step s = {1, &slot, &n, &start, toks, &want, &GREEDY, &next, NULL, NULL};
+    kiln_step s = {1, &slot, &n, &start, toks, &want, &GREEDY, &next, NULL, NULL, NULL};
     KT_EQ_INT(G.x->ops->step(G.x, &s, &err), KILN_ERR_INTERNAL);
     KT_CONTAINS(err.msg, "past its reserve");
     toks[3] = 512; /* outside the vocabulary */
@@ -1897,7 +1929,7 @@ static void test_tensor_parallel(void) {
         int32_t slot = 0, n_new = 3, start = 0, toks[3] = {1, 300, 310}, next = -2;
         bool want = true, fits = false;
         KT_REQUIRE(G.x->ops->reserve(G.x, slot, 8, &fits, &err) == KILN_OK && fits);
-        kiln_step s = {1, &slot, &n_new, &start, toks, &want, &GREEDY, &next, NULL, NULL};
+        kiln_step s = {1, &slot, &n_new, &start, toks, &want, &GREEDY, &next, NULL, NULL, NULL};
         KT_EQ_INT(G.x->ops->step(G.x, &s, &err), KILN_ERR_DEVICE);
         KT_CHECKF(strstr(err.msg, "did not finish within 0.5 s") && strstr(err.msg, "rank 1 (GPU 0"), "%s", err.msg);
         kiln_error again = {0};

@@ -87,6 +87,10 @@ typedef struct job {
     kiln_penalties pen; /* zeros = none */
     int logprobs;       /* > 0: this many alternatives through the info callback (use_cb) */
     float lp[600];      /* the delivered log-probability of each token */
+    int prompt_lp;      /* > 0: prompt log-probabilities with prompt_lp - 1 alternatives (use_cb) */
+    int cancel_at_pos;  /* > 0: cancel from the prompt log-probability of this position */
+    float plp[64];      /* the prompt's, position 1 on */
+    int n_plp, plp_bad; /* delivered; delivered out of order, twice, after a generated token or wrong */
     int32_t top0[600];  /* the most likely alternative of each token */
     /* results */
     int64_t id;
@@ -114,6 +118,19 @@ static int32_t job_cb(void *user, int64_t id, int32_t token, int32_t finished, i
 
 static int32_t job_info_cb(void *user, int64_t id, const kiln_token_info *t, int32_t finished, int32_t reason) {
     job *j = user;
+    if (t && t->prompt) {
+        const bool ok = !finished && j->n_got == 0 && t->position == j->n_plp + 1 && t->position < j->n_prompt &&
+                        t->token == j->prompt[t->position] && t->n_top == j->prompt_lp - 1 && j->n_plp < 64;
+        if (!ok) {
+            j->plp_bad++;
+            return 0;
+        }
+        for (int i = 1; i < t->n_top; i++) KT_CHECK(t->top_logprob[i] <= t->top_logprob[i - 1]);
+        if (t->n_top > 0) KT_CHECK(t->top_logprob[0] >= t->logprob);
+        j->plp[j->n_plp++] = t->logprob;
+        return j->cancel_at_pos > 0 && t->position >= j->cancel_at_pos;
+    }
+    if (t) KT_EQ_INT(t->position, j->n_prompt + j->n_got);
     if (t && j->n_got < 600) {
         j->lp[j->n_got] = t->logprob;
         KT_EQ_INT(t->n_top, j->logprobs);
@@ -124,6 +141,7 @@ static int32_t job_info_cb(void *user, int64_t id, const kiln_token_info *t, int
 }
 
 static int g_lookahead; /* kv_lookahead of the schedulers run_jobs makes (0 = default) */
+static bool g_last_rows; /* run_jobs' executors return only each sequence's last row of logits */
 
 static kiln_sampling greedy(void) { return (kiln_sampling){.temperature = 0, .top_p = 1}; }
 
@@ -158,6 +176,7 @@ static kiln_sched_stats run_jobs(const kiln_model *m, int max_seqs, int max_cont
         x->ops->destroy(x);
         return st;
     }
+    if (g_last_rows) x->all_logits = false;
     for (int step = 0; step < 100000; step++) {
         bool more = false;
         for (int i = 0; i < n_jobs; i++) {
@@ -168,8 +187,10 @@ static kiln_sched_stats run_jobs(const kiln_model *m, int max_seqs, int max_cont
                                         .samp = j->samp,
                                         .max_tokens = j->max_tokens,
                                         .ignore_eos = j->ignore_eos,
-                                        .cb = j->use_cb && !j->logprobs ? job_cb : NULL,
-                                        .cb_info = j->use_cb && j->logprobs ? job_info_cb : NULL,
+                                        .cb = j->use_cb && !j->logprobs && !j->prompt_lp ? job_cb : NULL,
+                                        .cb_info = j->use_cb && (j->logprobs || j->prompt_lp) ? job_info_cb : NULL,
+                                        .prompt_logprobs = j->prompt_lp > 0,
+                                        .prompt_top_logprobs = j->prompt_lp - 1,
                                         .pen = j->pen,
                                         .logprobs = j->logprobs > 0,
                                         .top_logprobs = j->logprobs,
@@ -1048,6 +1069,67 @@ static void test_preemption(void) {
     }
 }
 
+/* Prompt log-probabilities (kiln_sched_request.prompt_logprobs): each position once, in order, before
+ * the generated tokens, equal to kiln_score_seqs' over the same ids, and generation as without them;
+ * whether the prompt is read in chunks beside other requests, one token a step (an executor that
+ * returns only each sequence's last row), or preempted and resumed; with max_tokens 0 the prompt is
+ * read for them alone; a callback's cancel stops the request. */
+static void test_prompt_logprobs(void) {
+    KT_REQUIRE(stories);
+    golden_case gc[3];
+    KT_REQUIRE(load_golden("stories260k", gc, 3) == 3);
+    float ref[3][64];
+    kiln_executor *x = NULL;
+    kiln_error err = {0};
+    KT_REQUIRE(kiln_cpu_executor_new(stories, 1, 0, 0, 2, &x, &err) == KILN_OK);
+    for (int c = 0; c < 3; c++) {
+        if (gc[c].n_prompt < 2) continue;
+        const int32_t *seq = gc[c].prompt;
+        float *out = ref[c];
+        KT_REQUIRE(kiln_score_seqs(x, 1, 64, &seq, &gc[c].n_prompt, 1, &out, &err) == KILN_OK);
+    }
+    x->ops->destroy(x);
+    for (int mode = 0; mode < 3; mode++) { /* chunks beside others; one token a step; preemption */
+        job jobs[10];
+        for (int i = 0; i < 10; i++) {
+            const golden_case *g = &gc[i % 3];
+            jobs[i] = (job){.prompt = g->prompt, .n_prompt = g->n_prompt, .max_tokens = i % 4 == 0 ? 0 : 12,
+                            .ignore_eos = true, .submit_step = i / 3, .use_cb = i != 9,
+                            .prompt_lp = i == 9 ? 0 : 1 + 4 * (i % 2), .logprobs = i == 5 ? 2 : 0,
+                            .samp = i % 2 ? greedy() : (kiln_sampling){.temperature = 0.8f, .top_p = 0.9f,
+                                                                       .seed = 5 + (uint64_t)i}};
+        }
+        jobs[7].cancel_at_pos = mode == 0 ? 3 : 0; /* a 20-token prompt */
+        g_last_rows = mode == 1;
+        g_lookahead = mode == 2 ? 1 : 0;
+        kiln_sched_stats st = run_jobs(stories, 4, 0, mode == 2 ? 48 : 0, 8, jobs, 10);
+        g_last_rows = false;
+        g_lookahead = 0;
+        if (mode == 2) KT_CHECKF(st.preemptions >= 1, "no preemption");
+        for (int i = 0; i < 10; i++) {
+            const job *j = &jobs[i];
+            KT_EQ_INT(j->plp_bad, 0);
+            if (j->cancel_at_pos) {
+                KT_EQ_INT(j->stop, KILN_STOP_CANCELLED);
+                KT_EQ_INT(j->n_plp, j->cancel_at_pos);
+                KT_EQ_INT(j->n_got, 0);
+                continue;
+            }
+            KT_EQ_INT(j->n_plp, j->prompt_lp ? j->n_prompt - 1 : 0);
+            for (int t = 0; t < j->n_plp; t++)
+                KT_CHECKF(fabsf(j->plp[t] - ref[i % 3][t]) <= 1e-5f, "mode %d job %d position %d: %g against %g",
+                          mode, i, t + 1, (double)j->plp[t], (double)ref[i % 3][t]);
+            KT_EQ_INT(j->stop, KILN_STOP_MAX_TOKENS);
+            KT_EQ_INT(j->n_got, j->max_tokens);
+            job plain = *j, alone;
+            plain.prompt_lp = 0;
+            plain.logprobs = 0;
+            run_alone_sched(stories, 0, &plain, &alone);
+            expect_same_tokens(j, &alone, "prompt logprobs", i);
+        }
+    }
+}
+
 /* Out-of-range options are refused at submit, naming them. */
 static void test_option_ranges(void) {
     KT_REQUIRE(stories);
@@ -1069,6 +1151,11 @@ static void test_option_ranges(void) {
         {{.samp = {.top_p = 1}, .logprobs = true, .top_logprobs = 21, .cb_info = job_info_cb}, "logprobs"},
         {{.samp = {.top_p = 1}, .logprobs = true, .top_logprobs = 2}, "on_token_info"},
         {{.samp = {.top_p = 1}, .cb = job_cb, .cb_info = job_info_cb}, "not both"},
+        {{.samp = {.top_p = 1}, .prompt_logprobs = true, .prompt_top_logprobs = 21, .cb_info = job_info_cb},
+         "prompt logprobs"},
+        {{.samp = {.top_p = 1}, .prompt_logprobs = true, .prompt_top_logprobs = -1, .cb_info = job_info_cb},
+         "prompt logprobs"},
+        {{.samp = {.top_p = 1}, .prompt_logprobs = true, .cb = job_cb}, "on_token_info"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         bad[i].r.prompt = p;
@@ -1109,6 +1196,7 @@ int main(void) {
     KT_RUN(test_logprobs_reference);
     KT_RUN(test_penalties_end_to_end);
     KT_RUN(test_preemption);
+    KT_RUN(test_prompt_logprobs);
     KT_RUN(test_option_ranges);
     kiln_model_close(stories);
     kiln_model_close(mistral);

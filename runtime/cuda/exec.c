@@ -246,6 +246,8 @@ typedef struct cx {
     CUdeviceptr act8, act8_scale;
     int vocab_part;          /* tp: the LM head's rows on this rank (its slice of the vocabulary) */
     CUdeviceptr logits_part; /* tp: fp32 [max_seqs, vocab_part], the LM head's output before the gather */
+    CUdeviceptr rows_x, rows_logits; /* every row's logits (logits_rows): [rows_n, hidden], fp32 [rows_n, vocab] */
+    int rows_n;                      /* their rows: 0 = not allocated yet, -1 = no room (the step's buffers) */
     CUdeviceptr gather_tmp;  /* tp: fp32 [n_ranks, max_seqs, vocab_part], what an NCCL all-gather writes */
     CUfunction f_tp_sum;     /* the all-reduce of ranks on one device */
     CUfunction f_tp_oneshot; /* the one-shot collectives of ranks that address each other's memory */
@@ -1924,6 +1926,13 @@ static void cx_release_slot(kiln_executor *e, int slot) {
     kiln_kvpool_release(&x->kv, slot);
 }
 
+/* Whether step s returns every new token's logits for its sequence i (kiln_step.all_logits) and has
+ * more than one of them. */
+static bool all_rows(const kiln_step *s, int i) {
+    return s->logits && (!s->want_logits || s->want_logits[i]) && s->all_logits && s->all_logits[i] &&
+           s->n_new[i] > 1;
+}
+
 static kiln_status check_step(cx *x, const kiln_step *s, int *T_out, int *max_q, bool *decode, kiln_error *err) {
     const kiln_executor *e = &x->base;
     if (s->n_seqs < 1 || s->n_seqs > e->max_seqs)
@@ -1958,6 +1967,10 @@ static kiln_status check_step(cx *x, const kiln_step *s, int *T_out, int *max_q,
     if (T > e->max_step_tokens)
         return kiln_err(err, KILN_ERR_INVALID_ARG, "cuda executor: %lld new tokens in one step (at most %d)",
                         (long long)T, e->max_step_tokens);
+    for (int i = 0; i < s->n_seqs && !e->all_logits; i++)
+        if (all_rows(s, i))
+            return kiln_err(err, KILN_ERR_UNSUPPORTED, "cuda executor: every new token's logits (prompt logprobs, "
+                                                       "scoring) are not built for tensor-parallel engines");
     for (int64_t t = 0; t < T; t++)
         if (s->tokens[t] < 0 || s->tokens[t] >= x->vocab)
             return kiln_err(err, KILN_ERR_INVALID_ARG, "cuda executor: token id %d at index %lld is outside the vocabulary (0..%d)",
@@ -1966,26 +1979,97 @@ static kiln_status check_step(cx *x, const kiln_step *s, int *T_out, int *max_q,
     return KILN_OK;
 }
 
-/* The rows of logits the step asked for (kiln_exec.h): all n, or the
- * flagged ones packed, each run of consecutive flagged rows in one copy. */
+/* Device memory for every row's logits (logits_rows), allocated at first use: about this much. */
+#define CX_ROWS_BYTES ((size_t)64 << 20)
+
+/* The rows logits_rows runs at a time: its own buffers of up to 128 rows (CX_ROWS_BYTES), allocated at
+ * first use (x->rows_x, x->rows_logits), or else the LM head's input and the logits buffers of the
+ * step (max_seqs rows). */
+static int rows_chunk(cx *x, CUdeviceptr *in, CUdeviceptr *out) {
+    const size_t per = (size_t)x->vocab * 4 + (size_t)x->hidden * (size_t)x->es;
+    int want = (int)(CX_ROWS_BYTES / per);
+    if (want > 128) want = 128;
+    if (want > x->base.max_step_tokens) want = x->base.max_step_tokens; /* the indices go where the tokens do */
+    if (want > x->base.max_seqs && !x->rows_n) {
+        kiln_error ig = {0};
+        if (cx_alloc(x, (size_t)want * (size_t)x->hidden * (size_t)x->es, "every row's LM head input", &x->rows_x,
+                     &ig) == KILN_OK &&
+            cx_alloc(x, (size_t)want * (size_t)x->vocab * 4, "every row's logits", &x->rows_logits, &ig) == KILN_OK)
+            x->rows_n = want;
+        else /* no room: the step's buffers, max_seqs rows at a time */
+            x->rows_n = -1;
+    }
+    if (x->rows_n > 0) {
+        *in = x->rows_x, *out = x->rows_logits;
+        return x->rows_n;
+    }
+    *in = x->lm_x, *out = x->logits;
+    return x->base.max_seqs;
+}
+
+/* The logits of n consecutive rows of the step, from row `first` on, into out ([n, vocab] on the host):
+ * the LM head run again over the final norm's output, rows_chunk() rows at a time. A step with a
+ * prompt chunk leaves that norm's output of every row in the LM head's input slot (prefill gathers
+ * the normed rows; no norm folds into the LM head). */
+static kiln_status logits_rows(cx *x, int first, int n, float *out, int n_src, kiln_error *err) {
+    const cx_inst *lm = NULL;
+    for (int i = 0; i < x->n_prog && !lm; i++)
+        if (x->prog[i].kind == I_LMHEAD) lm = &x->prog[i];
+    if (!lm) return kiln_err(err, KILN_ERR_INTERNAL, "no LM head");
+    CUdeviceptr in = 0, logits = 0;
+    const int C = rows_chunk(x, &in, &logits);
+    int32_t *idx = (int32_t *)(void *)(x->in_host + x->in.tokens); /* the step's tokens are no longer needed */
+    const size_t row = (size_t)x->vocab * sizeof(float);
+    kiln_status st = KILN_OK;
+    for (int r0 = 0; r0 < n && !st; r0 += C) {
+        const int c = n - r0 < C ? n - r0 : C;
+        for (int j = 0; j < c; j++) idx[j] = first + r0 + j;
+        kiln_gather_params gp = {bufp(x, lm->x), inp(x, x->in.tokens), in, c, x->hidden * x->es, n_src, 0};
+        if ((st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuMemcpyHtoDAsync(inp(x, x->in.tokens), idx, (size_t)c * 4,
+                                                                         x->stream))) ||
+            (st = launch(x, x->f_gather, (unsigned)c, 1, 1, 128, 0, &gp, "kiln_gather_rows (every row)", err)) ||
+            (st = run_gemm(x, &lm->g, c, in, logits, false, NULL, NULL, err)) ||
+            (st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuStreamSynchronize(x->stream))))
+            break;
+        st = kiln_cuda_download(&x->cu, (char *)out + (size_t)r0 * row, logits, (size_t)c * row, err);
+    }
+    return st ? kiln_err_prefix(err, "every row's logits: ") : KILN_OK;
+}
+
+/* The rows of logits the step asked for (kiln_exec.h): each returned sequence's last row from the
+ * step's logits (runs of consecutive ones in one copy), then every row of those all_rows() names
+ * (logits_rows, which reuses the logits buffer: so after the others). */
 static kiln_status download_logits(cx *x, const kiln_step *s, kiln_error *err) {
     const size_t row = (size_t)x->vocab * sizeof(float);
-    if (!s->want_logits) return kiln_cuda_download(&x->cu, s->logits, x->logits, (size_t)s->n_seqs * row, err);
+    kiln_status st = KILN_OK;
     size_t out = 0;
-    for (int i = 0; i < s->n_seqs;) {
-        if (!s->want_logits[i]) {
+    for (int i = 0; i < s->n_seqs && !st;) {
+        if (s->want_logits && !s->want_logits[i]) {
+            i++;
+            continue;
+        }
+        if (all_rows(s, i)) {
+            out += (size_t)s->n_new[i];
             i++;
             continue;
         }
         int j = i;
-        while (j < s->n_seqs && s->want_logits[j]) j++;
-        kiln_status st = kiln_cuda_download(&x->cu, (char *)s->logits + out * row, x->logits + (size_t)i * row,
-                                            (size_t)(j - i) * row, err);
-        if (st) return st;
+        while (j < s->n_seqs && (!s->want_logits || s->want_logits[j]) && !all_rows(s, j)) j++;
+        st = kiln_cuda_download(&x->cu, (char *)s->logits + out * row, x->logits + (size_t)i * row,
+                                (size_t)(j - i) * row, err);
         out += (size_t)(j - i);
         i = j;
     }
-    return KILN_OK;
+    int first = 0, T = 0;
+    for (int i = 0; i < s->n_seqs; i++) T += s->n_new[i];
+    out = 0;
+    for (int i = 0; i < s->n_seqs && !st; first += s->n_new[i], i++) {
+        if (s->want_logits && !s->want_logits[i]) continue;
+        if (all_rows(s, i))
+            st = logits_rows(x, first, s->n_new[i], (float *)(void *)((char *)s->logits + out * row), T, err);
+        out += all_rows(s, i) ? (size_t)s->n_new[i] : 1;
+    }
+    return st;
 }
 
 /* A step's first part: checks, KV blocks, the inputs staged and copied up (on the stream); *sh the
@@ -2141,7 +2225,8 @@ static void cx_destroy(kiln_executor *e) {
         CUdeviceptr *ps[] = {&x->dweights, &x->deq_tmp,     &x->qkv_tmp,   &x->q_tmp,    &x->gu_tmp,
                              &x->lm_x,     &x->logits,      &x->part_o,    &x->part_ml,  &x->attn_cnt,
                              &x->ids,      &x->in_dev,      &x->kcache,    &x->vcache,   &x->moe_scr,
-                             &x->logits_part, &x->gather_tmp, &x->act8, &x->act8_scale};
+                             &x->logits_part, &x->gather_tmp, &x->act8, &x->act8_scale, &x->rows_x,
+                             &x->rows_logits};
         for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) cx_release(x, ps[i]);
         if (x->in_host) x->cu.api.cuMemFreeHost(x->in_host);
         if (x->ids_host) x->cu.api.cuMemFreeHost(x->ids_host);
@@ -2495,7 +2580,10 @@ static kiln_status cx_new(const kiln_model *m, const kiln_cuda_exec_opts *o, int
                               .max_seqs = max_seqs,
                               .max_context = max_ctx,
                               .max_step_tokens = 0, /* choose_step, once the weights' size is known */
-                              .vocab = p->vocab_size};
+                              .vocab = p->vocab_size,
+                              /* every row's logits: the LM head again over the final norm's rows (one
+                                 rank's; a tensor-parallel engine's LM head is split over the ranks) */
+                              .all_logits = p->n_ranks < 2};
     x->m = m;
     x->p = p;
     x->rank = rank;
