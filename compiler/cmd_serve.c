@@ -129,6 +129,8 @@ typedef struct server {
  * waiter sleeps on, shared by its choices (jobs); freed with the last job. */
 typedef struct group {
     serve_request req;
+    char *echo;        /* echo: the prompt's text (malloc'd), before each choice's */
+    size_t echo_len;
     pthread_cond_t cv; /* signalled when any choice has text or finishes */
     int refs;          /* jobs alive (mu held) */
     char rid[40];
@@ -182,6 +184,7 @@ static void job_free(job *j) {
     if (!j) return;
     if (j->free_group) {
         serve_request_free(&j->g->req);
+        free(j->g->echo);
         pthread_cond_destroy(&j->g->cv);
         free(j->g);
     }
@@ -292,7 +295,9 @@ static int32_t on_token(void *user, int64_t request, const kiln_token_info *t, i
     job *dead = NULL;
     server *s = j->s;
     pthread_mutex_lock(&s->mu);
-    if (t && !j->stop_hit) {
+    if (t && t->prompt) { /* echo with logprobs: a prompt token's entry, before the generated ones */
+        lp_push(j, t);
+    } else if (t && !j->stop_hit) {
         double now = kiln_now();
         if (j->n_gen++ == 0) {
             hist_add(&s->met.ttft, now - j->t0);
@@ -490,6 +495,7 @@ static void request_options(server *s, job *j, kiln_request_options *ro) {
     ro->frequency_penalty = (float)r->frequency_penalty;
     ro->repetition_penalty = (float)r->repetition_penalty;
     ro->logprobs = r->logprobs;
+    if (r->echo && r->logprobs >= 0) ro->prompt_logprobs = r->logprobs; /* the prompt's entries too */
     int32_t room = s->max_context - j->n_prompt;
     ro->max_tokens = r->max_tokens >= 0 ? r->max_tokens : r->kind == SERVE_KIND_COMPLETION ? 16 : room;
     ro->on_token_info = on_token;
@@ -556,6 +562,24 @@ static void conn_drop_unsubmitted(server *s, conn *c, bool linked) {
     for (int i = 0; i < nd; i++) job_free(dead[i]);
 }
 
+/* echo: the prompt's text into g->echo, as given, or the ids decoded. */
+static kiln_status echo_text(server *s, group *g, const int32_t *ids, int32_t n, serve_error *e) {
+    if (g->req.prompt) {
+        g->echo = malloc(g->req.prompt_len + 1);
+        if (!g->echo) return serve_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        memcpy(g->echo, g->req.prompt, g->req.prompt_len);
+        g->echo_len = g->req.prompt_len;
+        return KILN_OK;
+    }
+    kiln_error ke = {0};
+    if (!s->tok)
+        return serve_error_set(e, 400, "invalid_request_error", NULL, "echo",
+                               "the engine has no tokenizer to write the prompt's text; hint: leave echo out");
+    if (kiln_tokenizer_decode(s->tok, ids, (size_t)n, false, &g->echo, &g->echo_len, &ke) != KILN_OK)
+        return serve_error_set(e, 500, "server_error", NULL, NULL, "echo: %s", ke.msg);
+    return KILN_OK;
+}
+
 /* Make the request's n choices, admit and submit them (*r and ids are taken over). On failure *e is
  * set, nothing is left running and false is returned. */
 static bool conn_start(server *s, conn *c, serve_request *r, int32_t *ids, int32_t n, serve_error *e) {
@@ -591,8 +615,17 @@ static bool conn_start(server *s, conn *c, serve_request *r, int32_t *ids, int32
         return false;
     }
     kiln_status st = KILN_OK;
+    if (g->req.echo && (st = echo_text(s, g, ids, n, e)) != KILN_OK) {
+        conn_drop_unsubmitted(s, c, true);
+        free(ids);
+        return false;
+    }
     for (int i = 0; i < c->n_jobs && st == KILN_OK; i++) {
         job *j = c->jobs[i];
+        if (g->req.echo && g->req.logprobs >= 0) { /* the first prompt token's entry: no context, no number */
+            kiln_token_info first = {.token = ids[0], .n_top = -1, .prompt = 1};
+            lp_push(j, &first);
+        }
         kiln_request_options ro;
         request_options(s, j, &ro);
         int64_t id = 0;
@@ -686,6 +719,14 @@ static json_t *logprobs_json(const server *s, bool want, bool chat, const kiln_t
         const kiln_token_info *t = &lps[i];
         json_t *text = token_text(s, t->token);
         json_array_append(toks, text);
+        if (t->n_top < 0) { /* echo: the prompt's first token has no context, so no numbers (null, as OpenAI) */
+            json_array_append_new(lpv, json_null());
+            json_array_append_new(tops, json_null());
+            json_array_append_new(offs, json_integer((json_int_t)*text_off));
+            *text_off += text ? json_string_length(text) : 0;
+            json_decref(text);
+            continue;
+        }
         json_array_append_new(lpv, json_real((double)t->logprob));
         json_t *top = json_object();
         for (int32_t k = 0; k < t->n_top; k++) {
@@ -711,6 +752,14 @@ static json_t *final_json(const server *s, conn *c) {
     for (int i = 0; i < c->n_jobs; i++) {
         job *j = c->jobs[i];
         json_t *text = json_stringn((const char *)j->text.data, j->text.len);
+        if (g->echo) { /* the prompt's text first */
+            kiln_buf b = {0};
+            kiln_buf_append(&b, g->echo, g->echo_len);
+            kiln_buf_append(&b, j->text.data, j->text.len);
+            json_decref(text);
+            text = b.failed ? NULL : json_stringn((const char *)b.data, b.len);
+            kiln_buf_free(&b);
+        }
         json_t *lp = logprobs_json(s, g->req.logprobs >= 0, chat, j->lps, j->n_lps, &j->lp_text_off);
         json_array_append_new(choices, chat ? json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", j->index,
                                                         "message", "role", "assistant", "content", text, "logprobs",

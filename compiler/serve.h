@@ -62,6 +62,8 @@ typedef struct serve_request {
     int32_t logprobs;            /* -1 = none, else alternatives per token (completions: logprobs;
                                     chat: top_logprobs with logprobs true) */
     bool add_special;            /* tokenize: add_special_tokens (default true); chat: add_generation_prompt */
+    bool echo;                   /* completions: the prompt's text before the completion's, and with
+                                    logprobs its tokens' entries before the generated ones' */
 } serve_request;
 
 /* Parse `len` bytes of a request body of `kind` into *out. On failure

@@ -38,11 +38,13 @@ static kiln_status unsupported(serve_error *err, const char *param, const char *
                            "'%s' is not supported by kiln serve yet (%s); hint: leave it out", param, why);
 }
 
-/* Fields that would change the result but are not supported: absent, null or neutral, else refused. */
-static kiln_status refuse_unsupported(const json_t *o, serve_error *err) {
+/* Fields that would change the result but are not supported: absent, null or neutral, else refused.
+ * `echo` is a completions field (parse_echo). */
+static kiln_status refuse_unsupported(const json_t *o, serve_kind kind, serve_error *err) {
     static const char *const present[] = {"tools", "functions", "logit_bias", "suffix", "echo", "tool_choice",
                                           "function_call"};
     for (size_t i = 0; i < sizeof present / sizeof present[0]; i++) {
+        if (kind == SERVE_KIND_COMPLETION && strcmp(present[i], "echo") == 0) continue;
         json_t *v = json_object_get(o, present[i]);
         if (!v || json_is_null(v) || json_is_false(v)) continue;
         if ((json_is_array(v) && json_array_size(v) == 0) || (json_is_object(v) && json_object_size(v) == 0)) continue;
@@ -258,11 +260,14 @@ static kiln_status parse_fields(const json_t *o, serve_kind kind, serve_request 
     switch (kind) {
     case SERVE_KIND_COMPLETION:
         if (!prompt) return bad(err, "prompt", "is required");
-        if ((st = refuse_unsupported(o, err)) || (st = parse_prompt(prompt, r, err))) return st;
-        return parse_sampling(o, r, err);
+        if ((st = refuse_unsupported(o, kind, err)) || (st = parse_prompt(prompt, r, err)) ||
+            (st = parse_sampling(o, r, err)) || (st = get_bool(o, "echo", &r->echo, err)))
+            return st;
+        if (r->echo && r->stream) return unsupported(err, "echo", "not with stream yet");
+        return KILN_OK;
     case SERVE_KIND_CHAT:
         r->add_special = true; /* add_generation_prompt */
-        if ((st = refuse_unsupported(o, err)) || (st = parse_messages(msgs, r, err))) return st;
+        if ((st = refuse_unsupported(o, kind, err)) || (st = parse_messages(msgs, r, err))) return st;
         if ((st = get_bool(o, "add_generation_prompt", &r->add_special, err))) return st;
         return parse_sampling(o, r, err);
     case SERVE_KIND_TOKENIZE:

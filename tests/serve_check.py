@@ -201,9 +201,17 @@ def check_chat(s):
 def check_errors(s):
     st, r, _ = s.post("/v1/completions", b"{not json", KEY)
     check(st == 400 and r["error"]["type"] == "invalid_request_error", "malformed JSON: %d %r" % (st, r))
-    st, r, _ = s.post("/v1/completions", {"model": "kjv", "prompt": P, "echo": True}, KEY)
-    check(st == 400 and r["error"]["param"] == "echo" and r["error"]["code"] == "unsupported_parameter",
+    st, r, _ = s.post("/v1/completions", {"model": "kjv", "prompt": P, "suffix": "x"}, KEY)
+    check(st == 400 and r["error"]["param"] == "suffix" and r["error"]["code"] == "unsupported_parameter",
           "unsupported field: %d %r" % (st, r))
+    st, r, _ = s.post("/v1/completions", {"model": "kjv", "prompt": P, "echo": True, "stream": True}, KEY)
+    check(st == 400 and r["error"]["param"] == "echo" and r["error"]["code"] == "unsupported_parameter",
+          "echo with stream: %d %r" % (st, r))
+    st, r, _ = s.post("/v1/chat/completions", {"model": "kjv", "messages": [{"role": "user", "content": "x"}],
+                                                "echo": True}, KEY)
+    check(st == 400 and r["error"]["param"] == "echo", "chat echo: %d %r" % (st, r))
+    st, r, _ = s.post("/v1/completions", {"model": "kjv", "prompt": P, "echo": "yes"}, KEY)
+    check(st == 400 and r["error"]["param"] == "echo", "echo not a boolean: %d %r" % (st, r))
     for body, param in (({"n": 17}, "n"), ({"n": 2, "best_of": 3}, "best_of"), ({"min_p": 2}, "min_p"),
                         ({"presence_penalty": 2.5}, "presence_penalty"), ({"repetition_penalty": 0}, "repetition_penalty"),
                         ({"logprobs": 21}, "logprobs"), ({"logprobs": True}, "logprobs"), ({"top_logprobs": 2}, "top_logprobs")):
@@ -314,6 +322,33 @@ def check_sampling_features(s):
               "greedy token is the most likely: %r" % lp["top_logprobs"][:3])
         check("".join(lp["tokens"]) == r["choices"][0]["text"] == greedy, "tokens join to the text: %r" % lp["tokens"])
         check(lp["text_offset"] == [sum(len(t.encode()) for t in lp["tokens"][:i]) for i in range(24)], "text_offset")
+    # echo: the prompt's text before the completion's; with logprobs its tokens' entries first (the first
+    # null), the numbers of `kiln run --prompt-logprobs` over the same prompt; max_tokens 0 scores it alone
+    prun = json.loads(subprocess.run([KILN, "run", eng, "--prompt", P, "--max-tokens", "0", "--prompt-logprobs", "2",
+                                      "--device", DEVICE, "--json"], capture_output=True, text=True, timeout=120,
+                                     check=True).stdout)
+    want_lp = [None] + [e["logprob"] for e in prun["prompt_logprobs"][1:]]
+    n_p = len(prun["prompt_ids"])
+    st, r, _ = s.post("/v1/completions", dict(base, max_tokens=0, echo=True, logprobs=2, temperature=0), KEY)
+    lp = r["choices"][0]["logprobs"] if st == 200 else None
+    check(st == 200 and r["choices"][0]["text"] == P and r["usage"]["completion_tokens"] == 0 and
+          r["choices"][0]["finish_reason"] == "length", "echo, max_tokens 0: %r" % r)
+    ok = lp is not None and len(lp["tokens"]) == n_p and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    check(ok, "echo logprobs shape %r" % lp)
+    if ok:
+        tol = 1e-5 if DEVICE == "cpu" else 2e-2
+        check(all(abs(a - b) <= tol for a, b in zip(lp["token_logprobs"][1:], want_lp[1:])),
+              "echo logprobs %r vs kiln run --prompt-logprobs %r" % (lp["token_logprobs"], want_lp))
+        check(all(len(t) == 2 and max(t.values()) >= x for t, x in zip(lp["top_logprobs"][1:], lp["token_logprobs"][1:])),
+              "echo top_logprobs %r" % lp["top_logprobs"])
+    st, r, _ = s.post("/v1/completions", dict(base, max_tokens=6, echo=True, logprobs=0, temperature=0), KEY)
+    lp = r["choices"][0]["logprobs"] if st == 200 else None
+    want6 = kiln_run(eng, P, 6, extra=["--temperature", "0", "--ignore-eos"])["text"]
+    check(st == 200 and r["choices"][0]["text"] == P + want6 and lp is not None and len(lp["tokens"]) == n_p + 6 and
+          lp["text_offset"] == [sum(len(t.encode()) for t in lp["tokens"][:i]) for i in range(n_p + 6)],
+          "echo with 6 tokens: %r, want %r" % (r, P + want6))
+    st, r, _ = s.post("/v1/completions", dict(base, max_tokens=0, echo=True), KEY)
+    check(st == 200 and r["choices"][0]["text"] == P and r["choices"][0]["logprobs"] is None, "echo alone: %r" % r)
     # logprobs (chat), streamed and not: the same numbers
     msgs = [{"role": "user", "content": "Who made the light?"}]
     cb = {"model": "kjv", "messages": msgs, "max_tokens": 12, "temperature": 0, "logprobs": True, "top_logprobs": 2}
