@@ -481,6 +481,9 @@ kiln_status kiln_compile(const char *ckpt_dir, const kiln_compile_options *opt, 
             json_object_get(meta, "build"), "kv_cache",
             json_pack("{s:s, s:s, s:O*}", "dtype", kv_flag == KILN_FLAG_KV_INT8 ? "int8" : "fp8", "scales",
                       opt->kv_scales ? "given (kiln_compile_options.kv_scales)"
+                      : kv_ckpt && ck.config.quant.kv_per_head
+                          ? "the checkpoint's (compressed-tensors kv_cache_scheme attn_head: k_scale and v_scale per kv "
+                            "head of each layer), as bf16 values rounded up"
                       : kv_ckpt ? "the checkpoint's (compressed-tensors kv_cache_scheme: k_scale and v_scale per layer), "
                                   "as bf16 values rounded up"
                       : kv_flag == KILN_FLAG_KV_INT8

@@ -585,10 +585,10 @@ static bool ct_target_ok(const char *t) {
     return false;
 }
 
-/* kv_cache_scheme of a compressed-tensors checkpoint: FP8 (num_bits 8, type float) with static scales per
- * tensor (strategy tensor, dynamic false, symmetric), the ones vLLM reads: each layer's
- * self_attn.k_scale and v_scale (compiler/import.c), so the engine's KV cache holds E4M3 codes of
- * k / k_scale and v / v_scale. Anything else is refused naming the field. */
+/* kv_cache_scheme of a compressed-tensors checkpoint: FP8 (num_bits 8, type float) with static scales
+ * (dynamic false, symmetric) per tensor (strategy tensor) or per kv head (attn_head), the ones vLLM reads:
+ * each layer's self_attn.k_scale and v_scale (compiler/import.c), so the engine's KV cache holds E4M3
+ * codes of k / k_scale and v / v_scale. Anything else is refused naming the field. */
 static kiln_status cfg_quant_ct_kv(cfg_ctx *c, json_t *kv, kiln_ckpt_quant *q) {
     char shown[96];
     if (!json_is_object(kv)) return cfg_type_err(c, "quantization_config.kv_cache_scheme", kv, "an object (a scheme)");
@@ -597,10 +597,14 @@ static kiln_status cfg_quant_ct_kv(cfg_ctx *c, json_t *kv, kiln_ckpt_quant *q) {
         return cfg_quant_refuse(c, "kv_cache_scheme.num_bits", bits ? json_show(bits, shown, sizeof shown) : "absent",
                                 "kiln reads an FP8 (8-bit float) KV cache scheme only");
     static const char *const want[][3] = {{"type", "float", "kiln reads an FP8 (type float) KV cache only"},
-                                          {"strategy", "tensor", "kiln reads static KV scales per tensor only"}};
+                                          {"strategy", "tensor",
+                                           "kiln reads static KV scales per tensor or per head (attn_head) only"}};
+    json_t *strategy = cfg_get(kv, "strategy");
+    q->kv_per_head = json_is_string(strategy) && strcmp(json_string_value(strategy), "attn_head") == 0;
     for (size_t i = 0; i < 2; i++) {
         json_t *v = cfg_get(kv, want[i][0]);
         if (json_is_string(v) && strcmp(json_string_value(v), want[i][1]) == 0) continue;
+        if (i == 1 && q->kv_per_head) continue;
         char key[64];
         snprintf(key, sizeof key, "kv_cache_scheme.%s", want[i][0]);
         return cfg_quant_refuse(c, key, v ? json_show(v, shown, sizeof shown) : "absent", want[i][2]);

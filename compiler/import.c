@@ -518,8 +518,9 @@ static int expert_weights(importer *im, int64_t l, int w[3]) {
     } while (0)
 
 /* A compressed-tensors kv_cache_scheme's static FP8 scales of layer l, self_attn.k_scale and v_scale (one
- * per tensor, finite and positive: fp8_scale), into kiln_graph.kv_ckpt_scales ([n_layers][2 * kv heads],
- * K's then V's, each layer's value for all its kv heads), which compile.c applies (pass quantize-kv). */
+ * per tensor, [] or [1]: fp8_scale; strategy attn_head: one per kv head, [n_kv_heads, 1, 1] as
+ * compressed-tensors makes them; finite and positive), into kiln_graph.kv_ckpt_scales ([n_layers][2 * kv
+ * heads], K's then V's; a per-tensor value on every kv head), which compile.c applies (pass quantize-kv). */
 static kiln_status kv_ckpt_scales(importer *im, int64_t l) {
     const int64_t nkv = im->ck->config.n_kv_heads;
     kiln_graph *g = im->g;
@@ -528,11 +529,27 @@ static kiln_status kv_ckpt_scales(importer *im, int64_t l) {
         return kiln_err(im->err, KILN_ERR_NOMEM, "out of memory");
     char base[64];
     snprintf(base, sizeof base, "model.layers.%lld.self_attn", (long long)l);
+    const bool per_head = im->ck->config.quant.kv_per_head;
     for (int kv = 0; kv < 2; kv++) {
-        const kiln_st_tensor *t = fp8_scale(im, base, kv ? "v_scale" : "k_scale", 0, 1);
-        if (!t) return im->err->code;
+        const char *suffix = kv ? "v_scale" : "k_scale";
+        const kiln_st_tensor *t = NULL;
+        if (per_head) {
+            char name[KILN_NAME_MAX + 24];
+            snprintf(name, sizeof name, "%s.%s", base, suffix);
+            const int64_t shape[3] = {nkv, 1, 1};
+            if (!(t = checked_tensor_dt(im, name, 3, shape, DT_FLOAT, "F32, F16 and BF16"))) return im->err->code;
+            for (int64_t h = 0; h < nkv; h++) {
+                const float f = kiln_qsrc_scale_f32(t->data, t->dtype, h);
+                if (isfinite(f) && f > 0) continue;
+                kiln_err(im->err, KILN_ERR_PARSE, "%s: tensor '%s' (%s): kv head %lld's scale is %g: an FP8 scale must "
+                         "be finite and positive", im->ck->dir, name, kiln_dtype_name(t->dtype), (long long)h, (double)f);
+                return kiln_err_hint(im->err, "the checkpoint is damaged (re-download or re-export it)");
+            }
+        } else if (!(t = fp8_scale(im, base, suffix, 0, 1))) {
+            return im->err->code;
+        }
         for (int64_t h = 0; h < nkv; h++)
-            g->kv_ckpt_scales[(l * 2 + kv) * nkv + h] = kiln_qsrc_scale_f32(t->data, t->dtype, 0);
+            g->kv_ckpt_scales[(l * 2 + kv) * nkv + h] = kiln_qsrc_scale_f32(t->data, t->dtype, per_head ? h : 0);
     }
     return KILN_OK;
 }

@@ -73,7 +73,8 @@ typedef struct kiln_ckpt_quant {
                                  read and checked, not applied (kiln's fp8 is weight-only: activations stay
                                  in the engine's dtype) */
     bool kv_fp8;              /* compressed-tensors kv_cache_scheme: an FP8 KV cache with a static scale per layer
-                                 for K and for V (self_attn.k_scale, v_scale; compiler/import.c) */
+                                 for K and for V (self_attn.k_scale, v_scale; compiler/import.c)... */
+    bool kv_per_head;         /* ...or, strategy attn_head, one per kv head ([n_kv_heads, 1, 1]) */
 } kiln_ckpt_quant;
 
 /* "awq", "gptq", "gptq_v2", "compressed-tensors" or "fp8" ("none" when not quantized): for messages and the

@@ -12,7 +12,7 @@
  *    (the cache rounds); scales given by hand that clip everything move them far (the scales are used).
  * 3. Refusals: both flags, a kv_scale of the wrong shape (verifier), --tp with --kv-dtype.
  * 4. A compressed-tensors checkpoint's kv_cache_scheme (made here from tiny-mistral-fp8-ct-tensor with
- *    k_scale / v_scale tensors of our choosing): its scales become the plan's (bf16, rounded up), the
+ *    k_scale / v_scale tensors of our choosing, per tensor or per kv head): its scales become the plan's (bf16, rounded up), the
  *    engine computes what those scales given by hand compute, --kv-dtype bf16 leaves the cache bf16
  *    (the original checkpoint's logits), int8 is refused; schemes other than static FP8 per tensor, a
  *    missing scale and a negative one are refused naming the field or the tensor.
@@ -201,7 +201,8 @@ static void test_engine(void) {
 /* ---- a compressed-tensors checkpoint with kv_cache_scheme (static FP8 K and V scales per layer) ----
  * Made here from tests/data/tiny-mistral-fp8-ct-tensor: its config.json with the scheme `scheme` (JSON),
  * its tensors, and kv.safetensors holding each layer's self_attn.k_scale and v_scale (F32 [1]: ks[l],
- * vs[l]; a NULL vs leaves v_scale out), tied together by model.safetensors.index.json. */
+ * vs[l]; with nh > 1, [nh, 1, 1] as compressed-tensors writes attn_head scales: ks[l * nh + h]; a NULL
+ * vs leaves v_scale out), tied together by model.safetensors.index.json. */
 static const char *ct_src(void) { return KILN_SOURCE_DIR "/tests/data/tiny-mistral-fp8-ct-tensor"; }
 
 static bool copy_file(const char *from, const char *to) {
@@ -210,7 +211,7 @@ static bool copy_file(const char *from, const char *to) {
     return system(cmd) == 0;
 }
 
-static bool make_ct_kv(const char *dir, const char *scheme, const float *ks, const float *vs, int layers) {
+static bool make_ct_kv_n(const char *dir, const char *scheme, const float *ks, const float *vs, int layers, int nh) {
     char cmd[1200], p[1100];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", dir, dir);
     if (system(cmd) != 0) return false;
@@ -247,10 +248,11 @@ static bool make_ct_kv(const char *dir, const char *scheme, const float *ks, con
             if (kv && !vs) continue;
             char t[96];
             snprintf(t, sizeof t, "model.layers.%d.self_attn.%s", l, kv ? "v_scale" : "k_scale");
-            json_object_set_new(kvh, t, json_pack("{s:s, s:[i], s:[i, i]}", "dtype", "F32", "shape", 1, "data_offsets",
-                                                  4 * n, 4 * n + 4));
+            json_t *shape = nh > 1 ? json_pack("[i, i, i]", nh, 1, 1) : json_pack("[i]", 1);
+            json_object_set_new(kvh, t, json_pack("{s:s, s:o, s:[i, i]}", "dtype", "F32", "shape", shape,
+                                                  "data_offsets", 4 * n, 4 * (n + nh)));
             json_object_set_new(map, t, json_string("kv.safetensors"));
-            data[n++] = kv ? vs[l] : ks[l];
+            for (int k = 0; k < nh; k++) data[n++] = kv ? vs[l * nh + k] : ks[l * nh + k];
         }
     char *kt = json_dumps(kvh, JSON_COMPACT);
     json_decref(kvh);
@@ -270,6 +272,10 @@ static bool make_ct_kv(const char *dir, const char *scheme, const float *ks, con
     const int rc = json_dump_file(idx, p, 0);
     json_decref(idx);
     return rc == 0;
+}
+
+static bool make_ct_kv(const char *dir, const char *scheme, const float *ks, const float *vs, int layers) {
+    return make_ct_kv_n(dir, scheme, ks, vs, layers, 1);
 }
 
 static const char *const CT_SCHEME = "{\"num_bits\": 8, \"type\": \"float\", \"strategy\": \"tensor\", \"dynamic\": false, "
@@ -343,6 +349,52 @@ static void test_ct_kv_scheme(void) {
     KT_CHECK(kiln_compile(ck, &o, &err) != KILN_OK && strstr(err.msg, "model.layers.1.self_attn.k_scale") != NULL);
 }
 
+/* strategy attn_head: a scale per kv head ([n_kv, 1, 1]) becomes each head's, computing what the same
+ * scales given by hand compute; a per-tensor [1] under attn_head, or a per-head one under tensor, is
+ * refused naming the tensor; a head's bad scale names the tensor and the head. */
+static void test_ct_kv_per_head(void) {
+    const float ks[4] = {0.0371f, 0.0213f, 0.0519f, 0.0802f}, vs[4] = {0.00412f, 0.00977f, 0.00633f, 0.0021f};
+    static const char *const HEAD = "{\"num_bits\": 8, \"type\": \"float\", \"strategy\": \"attn_head\", "
+                                    "\"dynamic\": false, \"symmetric\": true}";
+    char ck[1024], e[1024], e2[1024];
+    snprintf(ck, sizeof ck, "%s", tmp_path("ct-head"));
+    snprintf(e, sizeof e, "%s", tmp_path("ct-head.kiln"));
+    snprintf(e2, sizeof e2, "%s", tmp_path("ct-head-given.kiln"));
+    KT_REQUIRE(make_ct_kv_n(ck, HEAD, ks, vs, 2, 2));
+    KT_REQUIRE(compile_ct(ck, e, 0, false, NULL) == KILN_OK);
+    float *s = NULL;
+    engine_scales(e, KILN_FLAG_KV_FP8, &s);
+    KT_REQUIRE(s != NULL);
+    float given[8];
+    for (int l = 0; l < 2; l++)
+        for (int h = 0; h < 2; h++) {
+            KT_CHECKF(s[l * 4 + h] == kiln_kv_scale_bf16(ks[l * 2 + h]) &&
+                          s[l * 4 + 2 + h] == kiln_kv_scale_bf16(vs[l * 2 + h]),
+                      "layer %d head %d: %g %g against %g %g", l, h, (double)s[l * 4 + h], (double)s[l * 4 + 2 + h],
+                      (double)ks[l * 2 + h], (double)vs[l * 2 + h]);
+            given[l * 4 + h] = ks[l * 2 + h], given[l * 4 + 2 + h] = vs[l * 2 + h];
+        }
+    free(s);
+    KT_REQUIRE(compile_ct(ct_src(), e2, KILN_FLAG_KV_FP8, false, given) == KILN_OK);
+    int32_t toks[N_TOK];
+    for (int i = 0; i < N_TOK; i++) toks[i] = (i * 7919 + 3) % 250;
+    int V = 0, V2 = 0;
+    float *a = logits_of(e, toks, N_TOK, &V), *b = logits_of(e2, toks, N_TOK, &V2);
+    KT_REQUIRE(a && b && V == V2);
+    KT_CHECK(memcmp(a, b, sizeof(float) * (size_t)N_TOK * V) == 0);
+    free(a), free(b);
+    kiln_compile_options o = {.output_path = tmp_path("x.kiln"), .force = true};
+    kiln_error err = {0};
+    KT_REQUIRE(make_ct_kv_n(ck, HEAD, ks, vs, 2, 1)); /* [1] where a scale per head is due */
+    KT_CHECK(kiln_compile(ck, &o, &err) != KILN_OK && strstr(err.msg, "model.layers.0.self_attn.k_scale") != NULL);
+    KT_REQUIRE(make_ct_kv_n(ck, CT_SCHEME, ks, vs, 2, 2)); /* [2, 1, 1] under strategy tensor */
+    KT_CHECK(kiln_compile(ck, &o, &err) != KILN_OK && strstr(err.msg, "model.layers.0.self_attn.k_scale") != NULL);
+    const float bad[4] = {0.0371f, 0.0213f, 0.0519f, NAN};
+    KT_REQUIRE(make_ct_kv_n(ck, HEAD, ks, bad, 2, 2));
+    KT_CHECK(kiln_compile(ck, &o, &err) != KILN_OK && strstr(err.msg, "model.layers.1.self_attn.v_scale") != NULL &&
+             strstr(err.msg, "kv head 1") != NULL);
+}
+
 static void test_refusals(void) {
     kiln_compile_options o = {.output_path = tmp_path("tp.kiln"), .kv_dtype = KILN_FLAG_KV_FP8, .tp = 2,
                               .force = true};
@@ -393,6 +445,7 @@ int main(void) {
     KT_RUN(test_engine);
     KT_RUN(test_refusals);
     KT_RUN(test_ct_kv_scheme);
+    KT_RUN(test_ct_kv_per_head);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "  could not remove %s\n", tmpdir);
