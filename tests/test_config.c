@@ -710,7 +710,10 @@ static void test_compressed_tensors_config(void) {
         {"", ", \"weights\": null", "", KILN_ERR_UNSUPPORTED,
          "\"quantization_config.config_groups.group_0.weights\" is null"},
         {"", "", ", \"kv_cache_scheme\": {\"num_bits\": 8, \"type\": \"float\"}", KILN_ERR_UNSUPPORTED,
-         "\"quantization_config.kv_cache_scheme.strategy\" is absent: kiln reads static KV scales per tensor only"},
+         "\"quantization_config.kv_cache_scheme.strategy\" is absent: kiln reads static KV scales per tensor or per "
+         "head (attn_head) only"},
+        {"", "", ", \"kv_cache_scheme\": {\"num_bits\": 8, \"type\": \"float\", \"strategy\": \"channel\"}",
+         KILN_ERR_UNSUPPORTED, "\"quantization_config.kv_cache_scheme.strategy\" is \"channel\": kiln reads static KV"},
         {"", "", ", \"sparsity_config\": {\"format\": \"sparse-24-bitmask\"}", KILN_ERR_UNSUPPORTED,
          "\"quantization_config.sparsity_config\" is {"},
         {"", "", ", \"transform_config\": {\"config_groups\": {}}", KILN_ERR_UNSUPPORTED,
