@@ -754,6 +754,47 @@ static void test_tiny_goldens(void) {
     check_golden(tq, pathf("%s/tests/golden/tiny-qwen2", src_dir()), &o, 16);
 }
 
+/* Every row's logits through the step's own buffers (logits_rows' fallback, taken when the step budget
+ * is no larger than max_seqs): stories260k case 2's prompt read 4 tokens a step with all_logits, each
+ * row against HF's logits. */
+static void test_every_row_small_step(void) {
+    NEED_GPU();
+    json_error_t je;
+    const char *gd = pathf("%s/tests/golden/stories260k", src_dir());
+    json_t *g = json_load_file(pathf("%s/golden.json", gd), 0, &je);
+    KT_REQUIRE(g != NULL);
+    golden_case gc;
+    golden_case_read(json_array_get(json_object_get(g, "cases"), 2), gd, &gc);
+    kiln_cuda_exec_opts o = {.max_seqs = 4, .max_context = 256, .max_step_tokens = 4, .kv_bytes = 16 << 20};
+    gx G;
+    KT_REQUIRE(gx_open(&G, stories(), &o));
+    const int V = gc.vocab, np = gc.np;
+    KT_REQUIRE(np > 4 && G.x->max_step_tokens == 4);
+    float *rows = malloc(sizeof(float) * 4 * (size_t)V);
+    kiln_error err = {0};
+    bool fits = false, want = false, all = true;
+    KT_REQUIRE(G.x->ops->reserve(G.x, 0, np, &fits, &err) == KILN_OK && fits);
+    double worst = 0;
+    for (int pos = 0; pos < np; pos += 4) {
+        int32_t slot = 0, n = np - pos < 4 ? np - pos : 4, start = pos, next = -2;
+        want = pos + n == np;
+        kiln_step st = {1, &slot, &n, &start, gc.prompt + pos, &want, &GREEDY, &next, rows, NULL, &all};
+        KT_REQUIRE(G.x->ops->step(G.x, &st, &err) == KILN_OK);
+        for (int r = 0; r < n; r++) {
+            double e = kt_rel_l2(rows + (size_t)r * V, gc.logits + (size_t)(pos + r) * V, (size_t)V);
+            if (!(e <= worst)) worst = e;
+        }
+        if (want) KT_EQ_INT(next, gc.greedy[0]);
+    }
+    KT_CHECKF(worst <= 1e-3, "every row through the step's buffers: rel err %.3g", worst);
+    fprintf(stderr, "  %d rows, 4 a step through the step's buffers: rel err %.2g\n", np, worst);
+    G.x->ops->release(G.x, 0);
+    free(rows);
+    golden_case_free(&gc);
+    gx_close(&G);
+    json_decref(g);
+}
+
 /* Sliding window with the fewest blocks: blocks of 4, steps of at most 8
  * tokens, a pool of exactly the blocks one sequence needs at once (5), so
  * 92-token sequences run only if the window's old blocks come back. */
@@ -1978,6 +2019,7 @@ int main(void) {
     RUN(test_pycode_sources);
     RUN(test_stories_f32);
     RUN(test_tiny_goldens);
+    RUN(test_every_row_small_step);
     RUN(test_window_recycling);
     RUN(test_batched_and_mixed);
     RUN(test_sampler_agrees);
