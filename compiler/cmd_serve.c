@@ -153,6 +153,7 @@ typedef struct job {
     int32_t n_prompt, n_gen;
     int32_t reason;     /* kiln_stop_reason once done */
     bool done, stop_hit, client_gone, role_sent, fin_sent, free_group;
+    bool echo_sent;     /* stream with echo: the prompt's text went out (in the choice's first chunk) */
     double t0, t_last;
     kiln_token_info *lps; /* with logprobs: each generated token's */
     int32_t n_lps, cap_lps, lps_sent;
@@ -845,19 +846,32 @@ static void sse_chunk(conn *c, const sse_part *p, int prompt_tokens, int gen_tok
     free(s);
 }
 
-/* Copy what job j has to send into *p (mu held) and mark it sent; false when nothing. */
+/* p->delta = the choice's unsent visible text (j->sent up to `upto`), after the prompt's text when the
+ * request echoes it and that has not gone out yet (mu held). False when out of memory. */
+static bool sse_delta(job *j, size_t upto, sse_part *p) {
+    const group *g = j->g;
+    const size_t pre = g->echo && !j->echo_sent ? g->echo_len : 0, n = pre + (upto - j->sent);
+    if (n == 0) return true;
+    if (!(p->delta = malloc(n))) return false;
+    if (pre) memcpy(p->delta, g->echo, pre);
+    memcpy(p->delta + pre, j->text.data + j->sent, upto - j->sent);
+    p->n = n;
+    j->echo_sent = true;
+    j->sent = upto;
+    return true;
+}
+
+/* Copy what job j has to send into *p (mu held) and mark it sent; false when nothing. With echo the
+ * prompt's text goes with the choice's first text (or its finish), so that the prompt tokens'
+ * log-probabilities, which arrive with the prefill, are in the same chunk. */
 static bool sse_take(conn *c, job *j, sse_part *p) {
     memset(p, 0, sizeof *p);
     p->j = j;
     if (j->visible > j->sent || (c->chat && !j->role_sent)) {
         p->role = c->chat && !j->role_sent;
         j->role_sent = true;
-        if (j->visible > j->sent && (p->delta = malloc(j->visible - j->sent))) {
-            memcpy(p->delta, j->text.data + j->sent, j->visible - j->sent);
-            p->n = j->visible - j->sent;
-        }
-        if (!p->delta && c->chat && !p->role) return false; /* out of memory: try again next time */
-        if (p->delta || p->role) j->sent = j->visible;
+        if (j->visible > j->sent && !sse_delta(j, j->visible, p) && !p->role)
+            return false; /* out of memory: try again next time */
         if (j->n_lps > j->lps_sent && (p->lps = malloc((size_t)(j->n_lps - j->lps_sent) * sizeof *p->lps))) {
             memcpy(p->lps, j->lps + j->lps_sent, (size_t)(j->n_lps - j->lps_sent) * sizeof *p->lps);
             p->n_lps = j->n_lps - j->lps_sent;
@@ -883,6 +897,7 @@ static void sse_fill(conn *c) {
             sse_part *p = &parts[np++];
             memset(p, 0, sizeof *p);
             p->j = j;
+            sse_delta(j, j->sent, p); /* echo with no text generated (max_tokens 0, or all of it a stop string) */
             if (j->n_lps > j->lps_sent && (p->lps = malloc((size_t)(j->n_lps - j->lps_sent) * sizeof *p->lps))) {
                 memcpy(p->lps, j->lps + j->lps_sent, (size_t)(j->n_lps - j->lps_sent) * sizeof *p->lps);
                 p->n_lps = j->n_lps - j->lps_sent;

@@ -263,7 +263,6 @@ static kiln_status parse_fields(const json_t *o, serve_kind kind, serve_request 
         if ((st = refuse_unsupported(o, kind, err)) || (st = parse_prompt(prompt, r, err)) ||
             (st = parse_sampling(o, r, err)) || (st = get_bool(o, "echo", &r->echo, err)))
             return st;
-        if (r->echo && r->stream) return unsupported(err, "echo", "not with stream yet");
         return KILN_OK;
     case SERVE_KIND_CHAT:
         r->add_special = true; /* add_generation_prompt */

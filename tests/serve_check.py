@@ -204,9 +204,6 @@ def check_errors(s):
     st, r, _ = s.post("/v1/completions", {"model": "kjv", "prompt": P, "suffix": "x"}, KEY)
     check(st == 400 and r["error"]["param"] == "suffix" and r["error"]["code"] == "unsupported_parameter",
           "unsupported field: %d %r" % (st, r))
-    st, r, _ = s.post("/v1/completions", {"model": "kjv", "prompt": P, "echo": True, "stream": True}, KEY)
-    check(st == 400 and r["error"]["param"] == "echo" and r["error"]["code"] == "unsupported_parameter",
-          "echo with stream: %d %r" % (st, r))
     st, r, _ = s.post("/v1/chat/completions", {"model": "kjv", "messages": [{"role": "user", "content": "x"}],
                                                 "echo": True}, KEY)
     check(st == 400 and r["error"]["param"] == "echo", "chat echo: %d %r" % (st, r))
@@ -349,6 +346,27 @@ def check_sampling_features(s):
           "echo with 6 tokens: %r, want %r" % (r, P + want6))
     st, r, _ = s.post("/v1/completions", dict(base, max_tokens=0, echo=True), KEY)
     check(st == 200 and r["choices"][0]["text"] == P and r["choices"][0]["logprobs"] is None, "echo alone: %r" % r)
+    # echo streamed: the same text and log-probabilities as not streamed, the prompt's text and its
+    # tokens' entries in the first chunk (with the first generated token's), and alone at max_tokens 0
+    for mt, lp in ((6, 0), (0, 2), (5, None)):
+        b = dict(base, max_tokens=mt, echo=True, temperature=0)
+        if lp is not None:
+            b["logprobs"] = lp
+        st, whole, _ = s.post("/v1/completions", b, KEY)
+        st2, raw, _ = s.req("POST", "/v1/completions", json.dumps(dict(b, stream=True)), {"Authorization": "Bearer " + KEY})
+        chunks, done = sse(raw)
+        text = stream_text(chunks)
+        first = next((c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["text"]), None)
+        toks = [t for c in chunks if c["choices"] and c["choices"][0]["logprobs"] for t in c["choices"][0]["logprobs"]["tokens"]]
+        lps = [x for c in chunks if c["choices"] and c["choices"][0]["logprobs"]
+               for x in c["choices"][0]["logprobs"]["token_logprobs"]]
+        wl = whole["choices"][0]["logprobs"] if st == 200 else None
+        check(st == 200 and st2 == 200 and done and text == whole["choices"][0]["text"] and text.startswith(P) and
+              first is not None and first["text"].startswith(P) and
+              (lp is None or (toks == wl["tokens"] and lps == wl["token_logprobs"] and
+                              len(first["logprobs"]["tokens"]) >= n_p)) and
+              (lp is not None or all(c["choices"][0]["logprobs"] is None for c in chunks if c["choices"])),
+              "echo streamed (max_tokens %d, logprobs %r): %r vs %r" % (mt, lp, chunks[:2], whole))
     # logprobs (chat), streamed and not: the same numbers
     msgs = [{"role": "user", "content": "Who made the light?"}]
     cb = {"model": "kjv", "messages": msgs, "max_tokens": 12, "temperature": 0, "logprobs": True, "top_logprobs": 2}
