@@ -35,3 +35,11 @@ b1() { # NAME SECONDS ENGINE ARGS...: one kiln bench into $OUT/bench.jsonl
     part "$n" "$s" "$K" bench "$e" --json "$@"
     grep '^{' "$OUT/$n.log" | sed "s|^{|{\"run\": \"$n\", |" >>"$OUT/bench.jsonl"
 }
+
+# metric_at NAME METRIC BATCH: the value of METRIC at batch BATCH in run NAME's JSON lines ($OUT/NAME.log), "-" when none
+metric_at() {
+    python3 -c 'import json,sys
+v=[d["value"] for d in map(json.loads,(l for l in open(sys.argv[1]) if l.startswith("{")))
+   if d.get("metric")==sys.argv[2] and d.get("batch")==int(sys.argv[3])]
+print(v[-1] if v else "-")' "$OUT/$1.log" "$2" "$3" 2>/dev/null || echo -
+}

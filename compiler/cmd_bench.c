@@ -94,7 +94,8 @@ static void help(FILE *f) {
     fprintf(f,
             "  --measure KNOBS      measurement knobs for the GPU, e.g. 'lt_tune=0,attn_waves=3':\n"
             "                       gemv_max_m=1..64, attn_waves=(0,64], lt_tune=0|1|2, pdl=0|1,\n"
-            "                       graphs=0|1, moe_grouped=0|1, qgemv_cc=0|1, w8a8=0|1|2, tp_oneshot=0|1|2\n"
+            "                       graphs=0|1, moe_grouped=0|1, qgemv_cc=0|1, w8a8=0|1|2, tp_oneshot=0|1|2,\n"
+            "                       prefill_wg=0|1, lt_search=0|1, w8a8_fast=0|1\n"
             "                       (docs/c-api.md: kiln_ctx_options.measure);\n"
             "                       for A/B\n"
             "                       comparisons of how one plan runs; fusions are compile options\n"

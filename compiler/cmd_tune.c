@@ -53,6 +53,9 @@ static void help(FILE *f) {
             "  --qgemv-max-m N        the same for the weight-only quantized GEMV (W8A8 matrices keep 32)\n"
             "  --rope-split-max-t N   record this RoPE split limit (1..65536; default 64)\n"
             "  --attn-waves W         record this decode-attention waves target ((0,64]; default 2)\n"
+            "  --search               time variants of cuBLASLt's fastest heuristic answers too\n"
+            "                         (other tiles, split-K; where a GEMM's tiles fill less than a\n"
+            "                         wave of the GPU): slower to tune, measured no faster on the H200\n"
             "  --log                  each candidate's time on stderr\n"
             "  --dry-run              measure and report; do not change the engine\n"
             "  --json                 one JSON object on stdout\n"
@@ -86,7 +89,7 @@ typedef struct tune_args {
     int batch[TUNE_MAX_LIST], n_batch, prefill[TUNE_MAX_LIST], n_prefill;
     long long device, gemv_max_m, qgemv_max_m, rope_split_max_t;
     double attn_waves;
-    bool log, dry_run, json;
+    bool log, dry_run, json, search;
 } tune_args;
 
 /* No options: the decode graphs' buckets and the prefill sizes up to 8192, GPU 0, built-in thresholds. */
@@ -98,14 +101,15 @@ static void tune_defaults(tune_args *a) {
 }
 
 static int parse_args(int argc, char **argv, tune_args *a, bool *done) {
-    enum { O_BATCH = 256, O_PREFILL, O_DEV, O_GEMV, O_QGEMV, O_ROPE, O_WAVES, O_LOG, O_DRY, O_JSON };
+    enum { O_BATCH = 256, O_PREFILL, O_DEV, O_GEMV, O_QGEMV, O_ROPE, O_WAVES, O_LOG, O_DRY, O_JSON, O_SEARCH };
     static const struct option longopts[] = {
         {"batch", required_argument, 0, O_BATCH},         {"prefill", required_argument, 0, O_PREFILL},
         {"device", required_argument, 0, O_DEV},          {"gemv-max-m", required_argument, 0, O_GEMV},
         {"qgemv-max-m", required_argument, 0, O_QGEMV},   {"rope-split-max-t", required_argument, 0, O_ROPE},
         {"attn-waves", required_argument, 0, O_WAVES},    {"log", no_argument, 0, O_LOG},
         {"dry-run", no_argument, 0, O_DRY},               {"json", no_argument, 0, O_JSON},
-        {"help", no_argument, 0, 'h'},                    {0, 0, 0, 0}};
+        {"search", no_argument, 0, O_SEARCH},           {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
     tune_defaults(a);
     *done = false;
     optind = 1;
@@ -143,6 +147,7 @@ static int parse_args(int argc, char **argv, tune_args *a, bool *done) {
             break;
         case O_LOG: a->log = true; break;
         case O_DRY: a->dry_run = true; break;
+        case O_SEARCH: a->search = true; break;
         case O_JSON: a->json = true; break;
         case 'h':
             help(stdout);
@@ -237,7 +242,8 @@ static kiln_status measure(const tune_args *a, kiln_model *m, kiln_executor **xo
                              .gemv_max_m = (int)a->gemv_max_m,
                              .qgemv_max_m = (int)a->qgemv_max_m,
                              .rope_split_max_t = (int)a->rope_split_max_t,
-                             .attn_waves = a->attn_waves};
+                             .attn_waves = a->attn_waves,
+                             .lt_search = a->search};
     if (m->plan->max_context < 1) return kiln_err(err, KILN_ERR_FORMAT, "%s: the plan has no context", a->path);
     kiln_status st = kiln_cuda_executor_new(m, &o, xo, err);
     if (st) return st;

@@ -37,7 +37,8 @@
  *                    scales per 128 columns (fp8g128); no others
  *     16 f32 us      the chosen algorithm's measured time per GEMM, microseconds (> 0)
  *     20 f32 heuristic_us  the heuristic's first answer's, or -1 when it did not run
- *     24 u32 candidates    algorithms timed    28 u32 pick  the chosen one's rank in the heuristic's list
+ *     24 u32 candidates    algorithms timed    28 u32 pick  the chosen one's rank: in the heuristic's
+ *                          list, then split-K variants after its answers (runtime/cuda/cublaslt.c)
  *     32 u8[32] reserved (0)
  *     64 u8[64] the cublasLtMatmulAlgo_t, as the library gave it (opaque)
  *

@@ -265,6 +265,15 @@ kiln_status kiln_cublaslt_gemm_fp8(kiln_cublaslt *lt, bool out_f32, bool block12
 kiln_status kiln_cublaslt_tune(kiln_cublaslt *lt, bool in_f32, bool out_f32, int M, int N, int K, bool accumulate,
                                const CUdeviceptr *w, int n_w, CUdeviceptr x, CUdeviceptr y, CUstream stream, FILE *log,
                                kiln_error *err);
+/* Whether tuning also times variants of the heuristic's fastest answers (other tiles, split-K) where
+ * those fill less than a wave of the GPU (runtime/cuda/cublaslt.c; off by default). */
+void kiln_cublaslt_set_search(kiln_cublaslt *lt, bool on);
+/* Whether W8A8 plans with a scale per row (not fp8g128's 128-column scales, for which cuBLASLt 130100
+ * has none) made from now on ask for FP8 fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM: the tensor
+ * cores' partial sums are not periodically promoted to fp32; faster, a little less exact; off until
+ * set — the executor sets it unless told not to). Set it before the first FP8 GEMM: plans already made
+ * keep what they have. */
+void kiln_cublaslt_set_fp8_fast_accum(kiln_cublaslt *lt, bool on);
 /* The same for kiln_cublaslt_gemm_fp8's shape: w the weights' E4M3 codes, x [M,K] E4M3 scratch, the
  * scales x_scale [M] and w_scale [N] any f32 values (the timing does not depend on them). */
 kiln_status kiln_cublaslt_tune_fp8(kiln_cublaslt *lt, bool out_f32, bool block128, int M, int N, int K, bool accumulate,

@@ -42,6 +42,9 @@ expect 1 "measure: 'moe_grouped=2' is not a known knob" -- "$KILN" bench "$T/tin
 expect 1 "apply to the GPU executor, not device \"cpu\"" -- "$KILN" bench "$T/tiny.kiln" --device cpu --measure moe_grouped=1
 expect 1 "measure: 'tp_oneshot=3' is not a known knob" -- "$KILN" bench "$T/tiny.kiln" --measure tp_oneshot=3
 expect 1 "apply to the GPU executor, not device \"cpu\"" -- "$KILN" bench "$T/tiny.kiln" --device cpu --measure tp_oneshot=2
+expect 1 "measure: 'lt_search=2' is not a known knob" -- "$KILN" bench "$T/tiny.kiln" --measure lt_search=2
+expect 1 "apply to the GPU executor, not device \"cpu\"" -- "$KILN" bench "$T/tiny.kiln" --device cpu --measure lt_search=1
+expect 1 "measure: 'w8a8_fast=2' is not a known knob" -- "$KILN" bench "$T/tiny.kiln" --measure w8a8_fast=2
 expect 2 "do not apply to --device cpu" -- "$KILN" bench "$T/tiny.kiln" --device cpu --profile
 expect 2 "--ceilings '4' is not BW,TF" -- "$KILN" bench "$T/tiny.kiln" --profile --ceilings 4
 expect 2 "--ceilings goes with --profile" -- "$KILN" bench "$T/tiny.kiln" --ceilings 4,785

@@ -29,6 +29,8 @@ expect 2 "--attn-waves '0' is not a number" -- "$KILN" tune "$T/m.kiln" --attn-w
 expect 2 "expected one engine file" -- "$KILN" tune
 expect 2 "unknown or incomplete option '--nope'" -- "$KILN" tune "$T/m.kiln" --nope
 expect 1 "kiln tune: error: .*(no CUDA driver|without CUDA|no CUDA device|no GPU kernels)" -- "$KILN" tune "$T/m.kiln"
+expect 1 "kiln tune: error: .*(no CUDA driver|without CUDA|no CUDA device|no GPU kernels)" -- "$KILN" tune "$T/m.kiln" \
+    --search # an option, not a usage error
 cmp -s "$T/m.kiln" "$T/orig.kiln" && ok || bad "a failed tune changed the engine"
 "$KILN" tune --json "$T/m.kiln" >"$T/out" 2>/dev/null
 rc=$?

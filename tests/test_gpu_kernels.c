@@ -1635,7 +1635,7 @@ static void test_grid_limits(void) {
  * FP8 accumulation, about 2^-14 a chunk of K, against O(1) for a wrong scale or layout). Rows of zeros
  * and a row with one outlier are among the inputs; the weights are quantized by the compiler's
  * kiln_quant_row. */
-static void w8a8_case(kiln_cublaslt *lt, kfn *ka, int qt, int M, int N, int K, int out_f32, int acc) {
+static void w8a8_case(kiln_cublaslt *lt, kfn *ka, int qt, int M, int N, int K, int out_f32, int acc, bool fast) {
     const bool grp = qt == KILN_DTYPE_FP8G128;
     const int G = grp ? (K + 127) / 128 : 1, Mp = grp ? (M + 3) & ~3 : M; /* 128-column scales: M padded to 4 */
     kiln_error err = {0};
@@ -1738,8 +1738,11 @@ static void w8a8_case(kiln_cublaslt *lt, kfn *ka, int qt, int M, int N, int K, i
         KT_CHECK(kiln_cuda_sync(&g_cu, &se) == KILN_OK);
         void *out = host_from(y, ybytes);
         const double e = out_f32 ? rel_err_f32(out, ref, (size_t)M * N) : rel_err_bf16(out, ref, (size_t)M * N);
-        KT_CHECKF(e < (out_f32 ? 1e-3 : 4e-3), "%s GEMM M=%d N=%d K=%d out %s%s%s: rel err %g", what, M, N, K,
-                  out_f32 ? "f32" : "bf16", acc ? " accumulate" : "", pass ? ", tuned" : "", e);
+        if (fast && !grp) fprintf(stderr, "  %s fast accumulation M=%d N=%d K=%d out %s%s: rel err %.3g\n", what, M, N, K,
+                          out_f32 ? "f32" : "bf16", pass ? ", tuned" : "", e);
+        KT_CHECKF(e < (fast && !grp ? 1e-2 : out_f32 ? 1e-3 : 4e-3), "%s GEMM M=%d N=%d K=%d out %s%s%s%s: rel err %g", what, M,
+                  N, K, out_f32 ? "f32" : "bf16", acc ? " accumulate" : "", pass ? ", tuned" : "",
+                  fast && !grp ? ", fast accumulation" : "", e);
         free(out);
     }
     CUdeviceptr ps[] = {x, w, c, cs, y};
@@ -1766,7 +1769,17 @@ static void test_w8a8(void) {
     for (int q = 0; q < 2; q++)
         for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++)
             w8a8_case(lt, &ka, q ? KILN_DTYPE_FP8G128 : KILN_DTYPE_FP8, cs[ci].M, cs[ci].N, cs[ci].K, cs[ci].out_f32,
-                      cs[ci].acc);
+                      cs[ci].acc, false);
+    kiln_cublaslt_destroy(lt);
+    /* the executor's default (measure knob w8a8_fast=1): the same products with FP8 fast accumulation for
+     * fp8 (partial sums never promoted to fp32; measured 1.1e-3 to 2.1e-3 on the H200), within 1e-2 (a
+     * wrong scale or layout is O(1)); fp8g128 has none and must still run. The errors are printed */
+    KT_REQUIRE(kiln_cublaslt_create(&g_cu, 32u << 20, &lt, &err) == KILN_OK);
+    kiln_cublaslt_set_fp8_fast_accum(lt, true);
+    for (int q = 0; q < 2; q++)
+        for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++)
+            w8a8_case(lt, &ka, q ? KILN_DTYPE_FP8G128 : KILN_DTYPE_FP8, cs[ci].M, cs[ci].N, cs[ci].K, cs[ci].out_f32,
+                      cs[ci].acc, true);
     kiln_cublaslt_destroy(lt);
     kfree(&ka);
 }
@@ -1775,12 +1788,14 @@ static void test_cublaslt_tune(void) {
     NEED_GPU();
     static const struct { int M, N, K, in_f32, out_f32, acc; } cs[] = {
         {16, 256, 512, 0, 0, 0}, {33, 1000, 136, 0, 0, 1}, {64, 512, 256, 0, 1, 0}, {12, 64, 64, 1, 1, 1},
+        {16, 256, 32768, 0, 0, 1}, /* a tile or two over a long K: a split-K variant wins by far */
     };
     const char *env = getenv("KILN_LT_TUNE");
     FILE *log = env && atoi(env) >= 2 ? stderr : NULL;
     kiln_error err = {0};
     kiln_cublaslt *lt = NULL;
     KT_REQUIRE(kiln_cublaslt_create(&g_cu, 32u << 20, &lt, &err) == KILN_OK);
+    kiln_cublaslt_set_search(lt, true); /* the variants too: whichever wins must compute the same product */
     CUstream stream = NULL;
     KT_REQUIRE(g_cu.api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
     /* the other shapes: up to 140 x 64 by 64 x 64, in f32 or bf16, on zeros */
@@ -1808,6 +1823,21 @@ static void test_cublaslt_tune(void) {
             KT_CHECKF(kiln_cublaslt_tune(lt, cs[ci].in_f32, cs[ci].out_f32, M, N, K, cs[ci].acc, w, 3, sx, sy, stream,
                                          log, &err) == KILN_OK,
                       "tune M=%d N=%d K=%d: %s", M, N, K, err.msg);
+        if (K >= 32768) { /* the kept algorithm splits K (its partial sums in fp32: the check below) */
+            kiln_tuning_gemm got[16]; /* the tuned plans so far: one a case */
+            const int ng = kiln_cublaslt_export(lt, got, 16);
+            int split = 0;
+            for (int i = 0; i < ng && i < 16; i++)
+                if ((int)got[i].m == M && (int)got[i].n == N && (int)got[i].k == K) {
+                    char desc[256];
+                    kiln_cublaslt_algo_str(lt, got[i].algo, desc, sizeof desc);
+                    const char *sp = strstr(desc, "splitK ");
+                    split = sp ? atoi(sp + 7) : -1;
+                    fprintf(stderr, "  M=%d N=%d K=%d: %s, %.1f us (heuristic's first %.1f), pick %u of %u\n", M, N, K,
+                            desc, (double)got[i].us, (double)got[i].heuristic_us, got[i].pick, got[i].candidates);
+                }
+            KT_CHECKF(split > 1, "M=%d N=%d K=%d: tuning kept splitK %d", M, N, K, split);
+        }
         for (int m = 1; m <= 140; m++) /* other shapes through the cache (their results are not looked at) */
             KT_CHECKF(kiln_cublaslt_gemm_ex(lt, cs[ci].in_f32, cs[ci].out_f32, m, 64, 64, cx, cw, cy, false, stream,
                                             &err) == KILN_OK,

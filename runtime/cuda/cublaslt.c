@@ -21,6 +21,24 @@
  * CUDA graph, launched once to warm up and once between two events. The
  * graph keeps host launch cost out of the number, as in the decode graph.
  *
+ * Beyond the heuristic (off unless kiln_cublaslt_set_search turns it on):
+ * where the fastest answer's tiles fill less than a wave of the GPU (decode
+ * batches, a short prefill: M = 128 by N = 4096 is 32 to 64 tiles for 132
+ * SMs), tuning also times that answer with each other tile its algorithm
+ * offers (up to KILN_LT_TILE_MAX), then split-K variants of the fastest
+ * KILN_LT_SPLIT_BASES candidates so far (cublasLtMatmulAlgoConfigSetAttribute:
+ * 2 to 16 splits, up to KILN_LT_SPLIT_WAVES waves, partial sums reduced in
+ * fp32 in the workspace — CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE, never the
+ * bf16 output type). Every variant is accepted by cublasLtMatmulAlgoCheck
+ * before it is timed. (The heuristic's own answers may split K already: it
+ * chose 23 to 25 splits for M = 16, N = 256, K = 32768, where 16 measured
+ * 13 % faster on the H200.) Measured on the H200 with cuBLASLt 130100 for
+ * Mistral-7B's shapes (docs/benchmarks.md), the variants won by 0–4 % at
+ * 2 to 64 rows and never at 128 or 2048, and a 128-token prefill or decode
+ * at batch 8 and 64 did not move beyond run-to-run noise, while tuning a
+ * shape took 3 to 10 times longer: so it stays off by default, for `kiln
+ * tune --search` to try on other GPUs and shapes.
+ *
  * Recorded algorithms: an engine's tuning record (format/kiln_tuning.h,
  * written by `kiln tune` from kiln_cublaslt_export's measurements) gives
  * the algorithm of each shape it has; plan_get takes it instead of the
@@ -51,7 +69,8 @@
     X(cublasLtMatmulDescSetAttribute) X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy)                 \
     X(cublasLtMatmulPreferenceCreate) X(cublasLtMatmulPreferenceDestroy) X(cublasLtMatmulPreferenceSetAttribute)   \
     X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmul) X(cublasLtMatmulAlgoConfigGetAttribute)                   \
-    X(cublasLtMatmulAlgoCheck) X(cublasLtGetVersion)
+    X(cublasLtMatmulAlgoCheck) X(cublasLtGetVersion) X(cublasLtMatmulAlgoCapGetAttribute)                          \
+    X(cublasLtMatmulAlgoConfigSetAttribute)
 #define KILN_LT_MEMBER_(fn) __typeof__(fn) *fn;
 typedef struct kiln_lt_api {
     void *lib; /* dlopen handle of libcublasLt */
@@ -68,6 +87,9 @@ typedef struct kiln_lt_api {
 #ifndef KILN_LT_CANDIDATES
 #define KILN_LT_CANDIDATES 12 /* heuristic answers timed per tuned shape */
 #endif
+#define KILN_LT_SPLIT_BASES 2 /* the fastest candidates that split-K variants are made of */
+#define KILN_LT_TILE_MAX 24   /* other tiles of the fastest heuristic answer timed, at most */
+#define KILN_LT_SPLIT_WAVES 2.0f /* variants up to this many waves of the GPU's SMs */
 #define KILN_LT_TUNE_RUNS 6   /* GEMMs per timed graph launch (estimate: ~60 ms per decode batch of Mistral-7B) */
 
 typedef struct kiln_lt_plan {
@@ -92,6 +114,9 @@ struct kiln_cublaslt {
     int next_victim;
     int n_pinned;     /* plans with tuned set */
     CUevent ev[2];    /* tuning's timing events, made on first use */
+    bool search;      /* tuning times variants of the heuristic's answers too (kiln_cublaslt_set_search) */
+    bool fp8_fast;    /* W8A8 plans with a scale per row made from now on use FP8 fast accumulation
+                         (kiln_cublaslt_set_fp8_fast_accum) */
     /* the engine's record for this GPU (kiln_cublaslt_use_recorded): its GEMM entries and, per entry,
      * 1 = used by some plan, 2 = refused by cublasLtMatmulAlgoCheck */
     kiln_tuning_record rec;
@@ -255,6 +280,7 @@ static kiln_status plan_get(kiln_cublaslt *lt, bool in_f32, bool out_f32, int fp
      * channel (op(A)'s N rows), x's per token (op(B)'s M columns); or (fp8g128) a scale per 128 of K for
      * each row of both, group-major ([K/128][N] and [K/128][M]: measured on the H200, cuBLASLt 130100);
      * the products are accumulated in fp32 */
+    const int8_t fast = 1; /* FP8 fast accumulation: the tensor cores' partial sums never promoted to fp32 */
     const cublasLtMatmulMatrixScale_t vec =
         fp8 == 2 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
     if ((st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatmulDescCreate(&pl->op, CUBLAS_COMPUTE_32F, CUDA_R_32F))) ||
@@ -262,6 +288,9 @@ static kiln_status plan_get(kiln_cublaslt *lt, bool in_f32, bool out_f32, int fp
                                                                                      &vec, sizeof vec)))) ||
         (fp8 && (st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
                                                                                      &vec, sizeof vec)))) ||
+        (fp8 == 1 && lt->fp8_fast && /* cuBLASLt 130100 has no fast accumulation with 128-column scales */
+         (st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast,
+                                                                              sizeof fast)))) ||
         (st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta))) ||
         (st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb))) ||
         (st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatrixLayoutCreate(&pl->la, tin, (uint64_t)K, (uint64_t)N, K))) ||
@@ -410,6 +439,81 @@ out:
     return st;
 }
 
+static const int lt_splits[] = {2, 3, 4, 5, 6, 8, 12, 16}; /* split-K counts a variant may take */
+#define KILN_LT_SPLITS ((int)(sizeof lt_splits / sizeof lt_splits[0]))
+
+/* Up to KILN_LT_SPLITS split-K variants of `base` (whose tiles make `waves` waves of the GPU) on plan
+ * `pl`, appended at out[*n..cap): those with at most KILN_LT_SPLIT_WAVES waves and 64 columns of K a
+ * split, whose partial sums the library reduces in fp32 (see the top of the file), and that
+ * cublasLtMatmulAlgoCheck accepts within the workspace. */
+static void split_variants(kiln_cublaslt *lt, const kiln_lt_plan *pl, const cublasLtMatmulAlgo_t *base, float waves,
+                           cublasLtMatmulHeuristicResult_t *out, int *n, int cap) {
+    int32_t can = 0;
+    uint32_t mask = 0;
+    size_t got = 0;
+    kiln_error ig = {0};
+    if (KILN_CUBLASLT_CALL(&ig, lt->api.cublasLtMatmulAlgoCapGetAttribute(base, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &can,
+                                                                          sizeof can, &got)) ||
+        !can ||
+        KILN_CUBLASLT_CALL(&ig, lt->api.cublasLtMatmulAlgoCapGetAttribute(base, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK,
+                                                                          &mask, sizeof mask, &got)) ||
+        !(mask & CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE) || !(waves > 0))
+        return;
+    const uint32_t red = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    for (int i = 0; i < KILN_LT_SPLITS && *n < cap; i++) {
+        const int32_t sk = lt_splits[i];
+        if (waves * (float)sk > KILN_LT_SPLIT_WAVES || pl->K / sk < 64) break;
+        cublasLtMatmulAlgo_t a = *base;
+        cublasLtMatmulHeuristicResult_t r;
+        memset(&r, 0, sizeof r);
+        if (KILN_CUBLASLT_CALL(&ig, lt->api.cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &sk,
+                                                                                 sizeof sk)) ||
+            KILN_CUBLASLT_CALL(&ig, lt->api.cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+                                                                                 &red, sizeof red)) ||
+            KILN_CUBLASLT_CALL(&ig, lt->api.cublasLtMatmulAlgoCheck(lt->handle, pl->op, pl->la, pl->lb, pl->lc, pl->lc, &a,
+                                                                    &r)) ||
+            r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize > lt->workspace_bytes)
+            continue;
+        r.algo = a;
+        out[(*n)++] = r;
+    }
+}
+
+/* Up to KILN_LT_TILE_MAX variants of `base` (whose tiles make `waves` waves of the GPU: only under one)
+ * with another of the tiles its algorithm offers (CUBLASLT_ALGO_CAP_TILE_IDS), the rest of its
+ * configuration kept, that cublasLtMatmulAlgoCheck accepts for plan `pl` within the workspace; appended
+ * at out[*n..cap). */
+static void tile_variants(kiln_cublaslt *lt, const kiln_lt_plan *pl, const cublasLtMatmulAlgo_t *base, float waves,
+                          cublasLtMatmulHeuristicResult_t *out, int *n, int cap) {
+    size_t need = 0, got = 0;
+    kiln_error ig = {0};
+    if (!(waves > 0) || waves > 1.0f ||
+        KILN_CUBLASLT_CALL(&ig, lt->api.cublasLtMatmulAlgoCapGetAttribute(base, CUBLASLT_ALGO_CAP_TILE_IDS, NULL, 0, &need)) ||
+        need < sizeof(uint32_t))
+        return;
+    uint32_t *tiles = malloc(need);
+    if (!tiles) return;
+    const long own = algo_cfg(lt, base, CUBLASLT_ALGO_CONFIG_TILE_ID, 4);
+    if (!KILN_CUBLASLT_CALL(&ig, lt->api.cublasLtMatmulAlgoCapGetAttribute(base, CUBLASLT_ALGO_CAP_TILE_IDS, tiles, need,
+                                                                           &got)))
+        for (size_t i = 0, added = 0; i < got / sizeof *tiles && added < KILN_LT_TILE_MAX && *n < cap; i++) {
+            if (tiles[i] == CUBLASLT_MATMUL_TILE_UNDEFINED || (long)tiles[i] == own) continue;
+            cublasLtMatmulAlgo_t a = *base;
+            cublasLtMatmulHeuristicResult_t r;
+            memset(&r, 0, sizeof r);
+            if (KILN_CUBLASLT_CALL(&ig, lt->api.cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_TILE_ID,
+                                                                                     &tiles[i], sizeof tiles[i])) ||
+                KILN_CUBLASLT_CALL(&ig, lt->api.cublasLtMatmulAlgoCheck(lt->handle, pl->op, pl->la, pl->lb, pl->lc, pl->lc,
+                                                                        &a, &r)) ||
+                r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize > lt->workspace_bytes)
+                continue;
+            r.algo = a;
+            out[(*n)++] = r;
+            added++;
+        }
+    free(tiles);
+}
+
 /* kiln_cublaslt_tune and _tune_fp8: fp8 with the scale pointers its runs are timed with. */
 static kiln_status tune_shape(kiln_cublaslt *lt, bool in_f32, bool out_f32, int fp8, int M, int N, int K,
                               bool accumulate, const CUdeviceptr *w, int n_w, CUdeviceptr x, CUdeviceptr x_scale,
@@ -438,8 +542,9 @@ static kiln_status tune_shape(kiln_cublaslt *lt, bool in_f32, bool out_f32, int 
     lt->n_pinned++;
 
     cublasLtMatmulPreference_t pref = NULL;
-    cublasLtMatmulHeuristicResult_t cand[KILN_LT_CANDIDATES];
-    float us[KILN_LT_CANDIDATES];
+    enum { CAP = KILN_LT_CANDIDATES + KILN_LT_TILE_MAX + KILN_LT_SPLIT_BASES * KILN_LT_SPLITS };
+    cublasLtMatmulHeuristicResult_t cand[CAP];
+    float us[CAP];
     int found = 0, best = -1;
     kiln_error why = {0}; /* a failure here is not the caller's: the heuristic's first answer stays */
     if (pref_make(lt, &pref, &why) ||
@@ -457,7 +562,33 @@ static kiln_status tune_shape(kiln_cublaslt *lt, bool in_f32, bool out_f32, int 
     }
     double t0 = kiln_now();
     if (log) fprintf(log, "kiln lt-tune: %s: timing %d candidates over %d weights\n", shape, found, n_w);
-    for (int i = 0; i < found; i++) {
+    /* phase 0: the heuristic's answers; 1: other tiles of the fastest of them; 2: split-K variants of
+     * the two fastest so far. A phase's candidates are made once the ones before it are timed. */
+    int phase = 0;
+    for (int i = 0;; i++) {
+        while (i == found && phase < 2 && lt->search) {
+            const int before = found, n_base = phase == 0 ? 1 : KILN_LT_SPLIT_BASES;
+            phase++;
+            int order[KILN_LT_SPLIT_BASES], n_order = 0;
+            for (int b = 0; b < n_base; b++) { /* the fastest candidates timed, in order */
+                int f = -1;
+                for (int j = 0; j < before; j++) {
+                    bool taken = false;
+                    for (int q = 0; q < n_order; q++) taken |= order[q] == j;
+                    if (!taken && us[j] > 0 && (f < 0 || us[j] < us[f])) f = j;
+                }
+                if (f >= 0) order[n_order++] = f;
+            }
+            for (int b = 0; b < n_order; b++) {
+                const cublasLtMatmulHeuristicResult_t base = cand[order[b]];
+                if (phase == 1) tile_variants(lt, pl, &base.algo, base.wavesCount, cand, &found, CAP);
+                else split_variants(lt, pl, &base.algo, base.wavesCount, cand, &found, CAP);
+            }
+            if (log && found > before)
+                fprintf(log, "kiln lt-tune: %s: timing %d %s variants\n", shape, found - before,
+                        phase == 1 ? "tile" : "split-K");
+        }
+        if (i >= found) break;
         us[i] = -1;
         char desc[192] = "";
         if (log) algo_str(lt, &cand[i].algo, desc, sizeof desc);
@@ -496,6 +627,10 @@ static kiln_status tune_shape(kiln_cublaslt *lt, bool in_f32, bool out_f32, int 
     }
     return KILN_OK;
 }
+
+void kiln_cublaslt_set_search(kiln_cublaslt *lt, bool on) { lt->search = on; }
+
+void kiln_cublaslt_set_fp8_fast_accum(kiln_cublaslt *lt, bool on) { lt->fp8_fast = on; }
 
 kiln_status kiln_cublaslt_tune(kiln_cublaslt *lt, bool in_f32, bool out_f32, int M, int N, int K, bool accumulate,
                                const CUdeviceptr *w, int n_w, CUdeviceptr x, CUdeviceptr y, CUstream stream, FILE *log,

@@ -2685,6 +2685,8 @@ static kiln_status cx_new(const kiln_model *m, const kiln_cuda_exec_opts *o, int
         goto fail;
     if ((st = kiln_cublaslt_create(&x->cu, CX_LT_WORKSPACE, &x->lt, err))) goto fail;
     x->bytes_now += CX_LT_WORKSPACE;
+    kiln_cublaslt_set_search(x->lt, o->lt_search);
+    kiln_cublaslt_set_fp8_fast_accum(x->lt, !o->no_w8a8_fast_accum);
     if ((st = tuning_apply(x, o, err))) goto fail; /* thresholds and recorded algorithms, before the program */
 
     /* the program (host side) */
