@@ -854,7 +854,7 @@ static bool sse_delta(job *j, size_t upto, sse_part *p) {
     if (n == 0) return true;
     if (!(p->delta = malloc(n))) return false;
     if (pre) memcpy(p->delta, g->echo, pre);
-    memcpy(p->delta + pre, j->text.data + j->sent, upto - j->sent);
+    if (upto > j->sent) memcpy(p->delta + pre, j->text.data + j->sent, upto - j->sent); /* text.data NULL when none */
     p->n = n;
     j->echo_sent = true;
     j->sent = upto;
