@@ -439,6 +439,21 @@ out:
     return st;
 }
 
+/* Append variant `a` of plan `pl`'s algorithm at out[*n] (the caller keeps *n < cap) when
+ * cublasLtMatmulAlgoCheck accepts it within the workspace; whether it did. */
+static bool variant_add(kiln_cublaslt *lt, const kiln_lt_plan *pl, const cublasLtMatmulAlgo_t *a,
+                        cublasLtMatmulHeuristicResult_t *out, int *n) {
+    cublasLtMatmulHeuristicResult_t r;
+    memset(&r, 0, sizeof r);
+    kiln_error ig = {0};
+    if (KILN_CUBLASLT_CALL(&ig, lt->api.cublasLtMatmulAlgoCheck(lt->handle, pl->op, pl->la, pl->lb, pl->lc, pl->lc, a, &r)) ||
+        r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize > lt->workspace_bytes)
+        return false;
+    r.algo = *a;
+    out[(*n)++] = r;
+    return true;
+}
+
 static const int lt_splits[] = {2, 3, 4, 5, 6, 8, 12, 16}; /* split-K counts a variant may take */
 #define KILN_LT_SPLITS ((int)(sizeof lt_splits / sizeof lt_splits[0]))
 
@@ -464,18 +479,11 @@ static void split_variants(kiln_cublaslt *lt, const kiln_lt_plan *pl, const cubl
         const int32_t sk = lt_splits[i];
         if (waves * (float)sk > KILN_LT_SPLIT_WAVES || pl->K / sk < 64) break;
         cublasLtMatmulAlgo_t a = *base;
-        cublasLtMatmulHeuristicResult_t r;
-        memset(&r, 0, sizeof r);
-        if (KILN_CUBLASLT_CALL(&ig, lt->api.cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &sk,
-                                                                                 sizeof sk)) ||
-            KILN_CUBLASLT_CALL(&ig, lt->api.cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
-                                                                                 &red, sizeof red)) ||
-            KILN_CUBLASLT_CALL(&ig, lt->api.cublasLtMatmulAlgoCheck(lt->handle, pl->op, pl->la, pl->lb, pl->lc, pl->lc, &a,
-                                                                    &r)) ||
-            r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize > lt->workspace_bytes)
-            continue;
-        r.algo = a;
-        out[(*n)++] = r;
+        if (!KILN_CUBLASLT_CALL(&ig, lt->api.cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &sk,
+                                                                                  sizeof sk)) &&
+            !KILN_CUBLASLT_CALL(&ig, lt->api.cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+                                                                                  &red, sizeof red)))
+            variant_add(lt, pl, &a, out, n);
     }
 }
 
@@ -499,19 +507,29 @@ static void tile_variants(kiln_cublaslt *lt, const kiln_lt_plan *pl, const cubla
         for (size_t i = 0, added = 0; i < got / sizeof *tiles && added < KILN_LT_TILE_MAX && *n < cap; i++) {
             if (tiles[i] == CUBLASLT_MATMUL_TILE_UNDEFINED || (long)tiles[i] == own) continue;
             cublasLtMatmulAlgo_t a = *base;
-            cublasLtMatmulHeuristicResult_t r;
-            memset(&r, 0, sizeof r);
-            if (KILN_CUBLASLT_CALL(&ig, lt->api.cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_TILE_ID,
-                                                                                     &tiles[i], sizeof tiles[i])) ||
-                KILN_CUBLASLT_CALL(&ig, lt->api.cublasLtMatmulAlgoCheck(lt->handle, pl->op, pl->la, pl->lb, pl->lc, pl->lc,
-                                                                        &a, &r)) ||
-                r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize > lt->workspace_bytes)
-                continue;
-            r.algo = a;
-            out[(*n)++] = r;
-            added++;
+            if (!KILN_CUBLASLT_CALL(&ig, lt->api.cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_TILE_ID,
+                                                                                      &tiles[i], sizeof tiles[i])) &&
+                variant_add(lt, pl, &a, out, n))
+                added++;
         }
     free(tiles);
+}
+
+/* The indices of the k fastest of candidates 0..n-1 that ran (us > 0), fastest first, into order;
+ * returns how many there are (at most k). */
+static int fastest_timed(const float *us, int n, int k, int *order) {
+    int m = 0;
+    while (m < k) {
+        int f = -1;
+        for (int j = 0; j < n; j++) {
+            bool taken = false;
+            for (int q = 0; q < m; q++) taken |= order[q] == j;
+            if (!taken && us[j] > 0 && (f < 0 || us[j] < us[f])) f = j;
+        }
+        if (f < 0) break;
+        order[m++] = f;
+    }
+    return m;
 }
 
 /* kiln_cublaslt_tune and _tune_fp8: fp8 with the scale pointers its runs are timed with. */
@@ -567,18 +585,10 @@ static kiln_status tune_shape(kiln_cublaslt *lt, bool in_f32, bool out_f32, int 
     int phase = 0;
     for (int i = 0;; i++) {
         while (i == found && phase < 2 && lt->search) {
-            const int before = found, n_base = phase == 0 ? 1 : KILN_LT_SPLIT_BASES;
+            const int before = found;
             phase++;
-            int order[KILN_LT_SPLIT_BASES], n_order = 0;
-            for (int b = 0; b < n_base; b++) { /* the fastest candidates timed, in order */
-                int f = -1;
-                for (int j = 0; j < before; j++) {
-                    bool taken = false;
-                    for (int q = 0; q < n_order; q++) taken |= order[q] == j;
-                    if (!taken && us[j] > 0 && (f < 0 || us[j] < us[f])) f = j;
-                }
-                if (f >= 0) order[n_order++] = f;
-            }
+            int order[KILN_LT_SPLIT_BASES];
+            const int n_order = fastest_timed(us, before, phase == 1 ? 1 : KILN_LT_SPLIT_BASES, order);
             for (int b = 0; b < n_order; b++) {
                 const cublasLtMatmulHeuristicResult_t base = cand[order[b]];
                 if (phase == 1) tile_variants(lt, pl, &base.algo, base.wavesCount, cand, &found, CAP);
