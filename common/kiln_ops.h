@@ -292,7 +292,12 @@ enum {
      * pass swiglu-out-fp8. The GPU executor does so; the CPU's f32 products quantize at the projection,
      * the same codes up to the products' rounding. */
     KILN_FLAG_OUT_FP8 = 1u << 10,
-    KILN_FLAG_ALL_ = (1u << 11) - 1
+    /* a +act_fp8 projection over fp8 (per-row) matrices: its W8A8 GEMMs on the GPU use FP8 fast
+     * accumulation (cuBLASLt's CUBLASLT_MATMUL_DESC_FAST_ACCUM: the tensor cores' partial sums are not
+     * promoted to fp32 along K; faster, a little less exact: docs/quantization.md): pass
+     * w8a8-fast-accum. Without it they promote. The CPU executor accumulates in f32 either way. */
+    KILN_FLAG_FP8_FAST = 1u << 11,
+    KILN_FLAG_ALL_ = (1u << 12) - 1
 };
 
 /* The most rows a step multiplies through the quantized GEMV by default (the GPU executor's qgemv_max_m,

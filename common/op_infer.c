@@ -141,6 +141,12 @@ int kiln_op_infer(kiln_op_kind kind, const kiln_tensor_desc *in, int n_in, const
         for (int j = 1; j <= kiln_op_matrices(kind) && j < n_in; j++)
             if (!in[j].is_weight || !kiln_quant_is_fp8(in[j].dtype))
                 return BAD("%s: +act_fp8 over %s, which is not fp8 or fp8g128", opn, nm(&in[j]));
+    if (a && (a->flags & KILN_FLAG_FP8_FAST)) { /* fast accumulation: the per-row W8A8 GEMMs only */
+        if (!(a->flags & KILN_FLAG_ACT_FP8)) return BAD("%s: +fast_accum without +act_fp8", opn);
+        for (int j = 1; j <= kiln_op_matrices(kind) && j < n_in; j++)
+            if (in[j].dtype != KILN_DTYPE_FP8)
+                return BAD("%s: +fast_accum over %s, which is not fp8 with a scale a row", opn, nm(&in[j]));
+    }
     /* ranks: required by the collectives, optional on embedding (vocab-parallel), refused elsewhere */
     const bool collective = kind == KILN_OP_ALL_REDUCE || kind == KILN_OP_ALL_GATHER;
     const int32_t ranks = a ? a->ranks : 0;

@@ -25,8 +25,8 @@ int kiln_dtype_from_name(const char *name) {
 /* Every op kind's fixed facts, one row each; adding an op starts here (docs/architecture.md, *Adding an
  * op*), and its shape rules go in op_infer.c. n_in: the inputs without the optional ones its flags
  * bring (kiln_op_n_in_with); matrices: how many weights a projection multiplies its input by (its
- * inputs 1..matrices); flags: the lowering flags that apply to it (KILN_FLAG_ACT_FP8 applies to every
- * projection besides); inplace: the inputs its first output may overwrite in place (kiln_op_inplace).
+ * inputs 1..matrices); flags: the lowering flags that apply to it (KILN_FLAG_ACT_FP8 and KILN_FLAG_FP8_FAST apply
+ * to every projection besides); inplace: the inputs its first output may overwrite in place (kiln_op_inplace).
  * A kind with no row (a gap another branch numbers) is unknown. */
 typedef struct op_info {
     const char *name;
@@ -67,7 +67,7 @@ int kiln_op_n_out(kiln_op_kind k) { return op_row(k) ? op_row(k)->n_out : 1; }
 int kiln_op_matrices(kiln_op_kind k) { return op_row(k) ? op_row(k)->matrices : 0; }
 uint32_t kiln_op_flags_allowed(kiln_op_kind k) {
     const op_info *r = op_row(k);
-    return r ? r->flags | (r->matrices ? (uint32_t)KILN_FLAG_ACT_FP8 : 0u) : 0u;
+    return r ? r->flags | (r->matrices ? (uint32_t)(KILN_FLAG_ACT_FP8 | KILN_FLAG_FP8_FAST) : 0u) : 0u;
 }
 uint32_t kiln_op_inplace(kiln_op_kind k, int out) { return out == 0 && op_row(k) ? op_row(k)->inplace : 0; }
 
@@ -95,6 +95,7 @@ const char *kiln_flag_name(uint32_t bit) {
     case KILN_FLAG_FOLD_ONE_TOKEN: return "one_token";
     case KILN_FLAG_ACT_FP8: return "act_fp8";
     case KILN_FLAG_OUT_FP8: return "out_fp8";
+    case KILN_FLAG_FP8_FAST: return "fast_accum";
     default: return NULL;
     }
 }

@@ -306,10 +306,11 @@ static json_t *tuning_json(const kiln_model *m) {
         for (uint32_t j = 0; j < r->n_gemms; j++) {
             const kiln_tuning_gemm *g = &r->gemms[j];
             json_array_append_new(
-                shapes, json_pack("{s:i, s:i, s:i, s:s, s:s, s:b, s:f, s:o, s:i, s:i}", "m", (int)g->m, "n", (int)g->n,
-                                  "k", (int)g->k, "in", kiln_tuning_in_type(g->flags), "out",
+                shapes, json_pack("{s:i, s:i, s:i, s:s, s:s, s:b, s:b, s:f, s:o, s:i, s:i}", "m", (int)g->m, "n",
+                                  (int)g->n, "k", (int)g->k, "in", kiln_tuning_in_type(g->flags), "out",
                                   kiln_tuning_out_type(g->flags), "accumulate",
-                                  (g->flags & KILN_TUNING_ACCUMULATE) != 0, "us", (double)g->us, "heuristic_us",
+                                  (g->flags & KILN_TUNING_ACCUMULATE) != 0, "fast_accum",
+                                  (g->flags & KILN_TUNING_FP8_FAST) != 0, "us", (double)g->us, "heuristic_us",
                                   g->heuristic_us > 0 ? json_real(g->heuristic_us) : json_null(), "candidates",
                                   (int)g->candidates, "pick", (int)g->pick));
         }

@@ -172,9 +172,10 @@ static json_t *report_json(const tune_args *a, kiln_executor *x, const kiln_tuni
         char algo[256];
         kiln_cuda_exec_algo_str(x, g->algo, algo, sizeof algo);
         json_array_append_new(
-            shapes, json_pack("{s:i, s:i, s:i, s:s, s:s, s:b, s:f, s:o, s:i, s:i, s:s}", "m", (int)g->m, "n",
+            shapes, json_pack("{s:i, s:i, s:i, s:s, s:s, s:b, s:b, s:f, s:o, s:i, s:i, s:s}", "m", (int)g->m, "n",
                               (int)g->n, "k", (int)g->k, "in", kiln_tuning_in_type(g->flags), "out",
                               kiln_tuning_out_type(g->flags), "accumulate", (g->flags & KILN_TUNING_ACCUMULATE) != 0,
+                              "fast_accum", (g->flags & KILN_TUNING_FP8_FAST) != 0,
                               "us", (double)g->us, "heuristic_us",
                               g->heuristic_us > 0 ? json_real(g->heuristic_us) : json_null(), "candidates",
                               (int)g->candidates, "pick", (int)g->pick, "algo", algo));
@@ -213,8 +214,9 @@ static void report(const tune_args *a, kiln_executor *x, const kiln_tuning_recor
         const kiln_tuning_gemm *g = &r->gemms[i];
         char algo[256], types[32], gain[16] = "";
         kiln_cuda_exec_algo_str(x, g->algo, algo, sizeof algo);
-        snprintf(types, sizeof types, "%s->%s%s", kiln_tuning_in_type(g->flags), kiln_tuning_out_type(g->flags),
-                 g->flags & KILN_TUNING_ACCUMULATE ? " accumulate" : "");
+        snprintf(types, sizeof types, "%s->%s%s%s", kiln_tuning_in_type(g->flags), kiln_tuning_out_type(g->flags),
+                 g->flags & KILN_TUNING_ACCUMULATE ? " accumulate" : "",
+                 g->flags & KILN_TUNING_FP8_FAST ? " fast" : "");
         if (g->heuristic_us > 0) snprintf(gain, sizeof gain, "%+.1f%%", 100.0 * (g->us - g->heuristic_us) / g->heuristic_us);
         printf("  %6u %6u %6u %-22s %10.2f %10.2f %7s  #%u of %u: %s\n", g->m, g->n, g->k, types, (double)g->us,
                (double)g->heuristic_us, gain, g->pick, g->candidates, algo);

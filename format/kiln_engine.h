@@ -43,7 +43,7 @@
 
 #define KILN_ENGINE_MAGIC "KILNENG"  /* 8 bytes with the NUL */
 #define KILN_ENGINE_MAJOR 2       /* 2: piecewise section checksums; 1 (XXH64) is still read */
-#define KILN_ENGINE_MINOR 7       /* 1: meta.generation has sampling defaults (do_sample, temperature, top_k,
+#define KILN_ENGINE_MINOR 8       /* 1: meta.generation has sampling defaults (do_sample, temperature, top_k,
                                      top_p), and the chat section (kind 6); 2: the plan section is version 2
                                      (variable ops, keyed attributes with the passes' lowering flags); 3: plans
                                      may hold ops 16-19 (bias_add, moe, all_reduce, all_gather), the flags
@@ -58,7 +58,9 @@
                                      attention flags kv_fp8 and kv_int8 (an 8-bit KV cache, with a fifth
                                      input kv_scale), which a reader of 2.5 refuses as unknown flags; 7: plan
                                      version 4 (outputs in a dying input's slot, in place), which a reader
-                                     of 2.6 refuses by the plan's version */
+                                     of 2.6 refuses by the plan's version; 8: the projection flag fast_accum
+                                     (W8A8 with FP8 fast accumulation) and the tuning entries' flag 32,
+                                     which a reader of 2.7 refuses as unknown flags */
 #define KILN_ENGINE_HASH_PIECE (16u << 20) /* bytes per checksum piece (format 2) */
 #define KILN_ENGINE_HEADER_SIZE 64
 #define KILN_ENGINE_ENTRY_SIZE 64

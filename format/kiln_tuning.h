@@ -34,7 +34,8 @@
  *      4 u32 n   8 u32 k   (1..1<<24 each)
  *     12 u32 flags   1 = x and W fp32 (else bf16), 2 = y fp32 (else bf16), 4 = accumulate (y += ...),
  *                    8 = W8A8 (x and W E4M3 codes with their scales; not with 1), 16 = with 8, W's and x's
- *                    scales per 128 columns (fp8g128); no others
+ *                    scales per 128 columns (fp8g128), 32 = with 8 and not 16, FP8 fast accumulation (the
+ *                    plan's +fast_accum); no others
  *     16 f32 us      the chosen algorithm's measured time per GEMM, microseconds (> 0)
  *     20 f32 heuristic_us  the heuristic's first answer's, or -1 when it did not run
  *     24 u32 candidates    algorithms timed    28 u32 pick  the chosen one's rank: in the heuristic's
@@ -72,8 +73,9 @@ enum {
     KILN_TUNING_ACCUMULATE = 4,
     KILN_TUNING_FP8 = 8,      /* W8A8 */
     KILN_TUNING_FP8_B128 = 16, /* with FP8: scales per 128 columns (fp8g128) */
+    KILN_TUNING_FP8_FAST = 32, /* with FP8, not B128: FP8 fast accumulation (+fast_accum) */
     KILN_TUNING_FLAGS_ALL_ = KILN_TUNING_IN_F32 | KILN_TUNING_OUT_F32 | KILN_TUNING_ACCUMULATE | KILN_TUNING_FP8 |
-                             KILN_TUNING_FP8_B128 /* what a reader knows: a new bit goes here too */
+                             KILN_TUNING_FP8_B128 | KILN_TUNING_FP8_FAST /* what a reader knows: a new bit goes here too */
 };
 /* A GEMM's input and output types by name, for kiln tune and kiln inspect */
 static inline const char *kiln_tuning_in_type(uint32_t flags) {

@@ -34,6 +34,9 @@ static const kiln_pass pipeline[] = {
     {"w8a8", "after quantize: a projection whose matrices are fp8 / fp8g128 quantizes its input to E4M3 per "
              "token at steps past the quantized GEMV and multiplies the codes (+act_fp8)",
      kiln_pass_w8a8, true, true},
+    {"w8a8-fast-accum", "after w8a8: a W8A8 projection over fp8 matrices (a scale a row) accumulates its GPU "
+                        "GEMMs with FP8 fast accumulation, partial sums not promoted to fp32 (+fast_accum)",
+     kiln_pass_w8a8_fast_accum, true, true},
     {"swiglu-out-fp8", "after w8a8: a SwiGLU read only by the next projection, a W8A8 one over fp8 matrices, "
                        "writes that projection's E4M3 codes and scales itself at its W8A8 steps (+out_fp8)",
      kiln_pass_swiglu_out_fp8, true, true},

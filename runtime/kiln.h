@@ -173,9 +173,10 @@ typedef struct kiln_ctx_options {
      * attention on sm_90 over a bf16 KV cache in engines from 2026-12-02: the wgmma kernel (1, the default) or
      * the mma.sync one (0)), lt_search=0|1 (since 0.5; cuBLASLt tuning at decode times the heuristic's answers
      * only (0, the default) or also variants of the fastest, other tiles and split-K, where their tiles fill
-     * less than a wave (1)), w8a8_fast=0|1 (since 0.5; W8A8 GEMMs over fp8 weights with cuBLASLt's FP8 fast
-     * accumulation, the tensor cores' partial sums never promoted to fp32 (1, the default), or promoted (0);
-     * fp8g128 has none).
+     * less than a wave (1)), w8a8_fast=0|1 (since 0.5; the W8A8 GEMMs that the plan marks +fast_accum
+     * (pass w8a8-fast-accum: fp8 weights with a scale a row) use cuBLASLt's FP8 fast accumulation, the tensor
+     * cores' partial sums not promoted to fp32 (1, the default), or promote them all the same (0); GEMMs
+     * without the flag always promote).
      * NULL or "" = none. An unknown key or
      * a bad value is KILN_ERR_INVALID_ARG, and any knob with device "cpu" too. */
     const char *measure;

@@ -235,14 +235,23 @@ kiln_status kiln_cublaslt_gemm_bf16(kiln_cublaslt *lt, int M, int N, int K, CUde
  * weights, for one). */
 kiln_status kiln_cublaslt_gemm_ex(kiln_cublaslt *lt, bool in_f32, bool out_f32, int M, int N, int K, CUdeviceptr x,
                                   CUdeviceptr w, CUdeviceptr y, bool accumulate, CUstream stream, kiln_error *err);
+/* W8A8's scales and accumulation (kiln_cublaslt_gemm_fp8): a scale per row of x and of W, with the
+ * tensor cores' partial sums promoted to fp32 along K or (fast: the plan's +fast_accum) not, or a scale
+ * per row and 128 columns (fp8g128; cuBLASLt 130100 has no fast accumulation for it). */
+typedef enum kiln_lt_fp8 {
+    KILN_LT_FP8_ROWS = 1,
+    KILN_LT_FP8_BLOCK128 = 2,
+    KILN_LT_FP8_ROWS_FAST = 3,
+} kiln_lt_fp8;
 /* W8A8: y[M,N] = (x_scale[m] * w_scale[n]) * sum_k x[m,k] W[n,k] (+ y when accumulate), x and W
  * FP8 E4M3 codes (row-major [M,K] and [N,K], K % 16 == 0), the scales f32 [M] and [N] (16-byte
  * aligned), y bf16 or fp32 (out_f32): cuBLASLt's FP8 GEMM with outer-vector scales (sm_89+,
- * cuBLASLt 12.9+). block128: a scale per 128 columns instead, for each group g of K (the last the
- * rest) y[m,n] = sum_g x_scale[g M + m] w_scale[g N + n] sum_{k in g} x[m,k] W[n,k] (group-major
- * scales; M a multiple of 4: cuBLASLt 130100 on the H200 has no algorithm otherwise). KILN_ERR_UNSUPPORTED when the library has no algorithm for it (the caller then takes
- * another route). */
-kiln_status kiln_cublaslt_gemm_fp8(kiln_cublaslt *lt, bool out_f32, bool block128, int M, int N, int K, CUdeviceptr x,
+ * cuBLASLt 12.9+). KILN_LT_FP8_BLOCK128: a scale per 128 columns instead, for each group g of K (the
+ * last the rest) y[m,n] = sum_g x_scale[g M + m] w_scale[g N + n] sum_{k in g} x[m,k] W[n,k]
+ * (group-major scales; M a multiple of 4: cuBLASLt 130100 on the H200 has no algorithm otherwise).
+ * KILN_ERR_UNSUPPORTED when the library has no algorithm for it (the caller then takes another
+ * route). */
+kiln_status kiln_cublaslt_gemm_fp8(kiln_cublaslt *lt, bool out_f32, kiln_lt_fp8 mode, int M, int N, int K, CUdeviceptr x,
                                    CUdeviceptr x_scale, CUdeviceptr w, CUdeviceptr w_scale, CUdeviceptr y,
                                    bool accumulate, CUstream stream, kiln_error *err);
 /*
@@ -268,15 +277,9 @@ kiln_status kiln_cublaslt_tune(kiln_cublaslt *lt, bool in_f32, bool out_f32, int
 /* Whether tuning also times variants of the heuristic's fastest answers (other tiles, split-K) where
  * those fill less than a wave of the GPU (runtime/cuda/cublaslt.c; off by default). */
 void kiln_cublaslt_set_search(kiln_cublaslt *lt, bool on);
-/* Whether W8A8 plans with a scale per row (not fp8g128's 128-column scales, for which cuBLASLt 130100
- * has none) made from now on ask for FP8 fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM: the tensor
- * cores' partial sums are not periodically promoted to fp32; faster, a little less exact; off until
- * set — the executor sets it unless told not to). Set it before the first FP8 GEMM: plans already made
- * keep what they have. */
-void kiln_cublaslt_set_fp8_fast_accum(kiln_cublaslt *lt, bool on);
 /* The same for kiln_cublaslt_gemm_fp8's shape: w the weights' E4M3 codes, x [M,K] E4M3 scratch, the
  * scales x_scale [M] and w_scale [N] any f32 values (the timing does not depend on them). */
-kiln_status kiln_cublaslt_tune_fp8(kiln_cublaslt *lt, bool out_f32, bool block128, int M, int N, int K, bool accumulate,
+kiln_status kiln_cublaslt_tune_fp8(kiln_cublaslt *lt, bool out_f32, kiln_lt_fp8 mode, int M, int N, int K, bool accumulate,
                                    const CUdeviceptr *w, int n_w, CUdeviceptr x, CUdeviceptr x_scale,
                                    CUdeviceptr w_scale, CUdeviceptr y, CUstream stream, FILE *log, kiln_error *err);
 

@@ -68,9 +68,11 @@ static kiln_status check_record(const kiln_tuning_record *r, uint32_t i, const c
         if (g->flags & ~(uint32_t)KILN_TUNING_FLAGS_ALL_)
             return kiln_err(err, KILN_ERR_FORMAT, "%s: tuning record %u (sm_%u), GEMM %u: unknown flags 0x%x", label, i,
                             r->sm, j, g->flags);
-        /* W8A8 multiplies E4M3 codes: not with fp32 inputs; 128-column scales only with it */
+        /* W8A8 multiplies E4M3 codes: not with fp32 inputs; 128-column scales only with it, fast
+         * accumulation only with it and a scale a row */
         if (((g->flags & KILN_TUNING_FP8) && (g->flags & KILN_TUNING_IN_F32)) ||
-            ((g->flags & KILN_TUNING_FP8_B128) && !(g->flags & KILN_TUNING_FP8)))
+            ((g->flags & KILN_TUNING_FP8_B128) && !(g->flags & KILN_TUNING_FP8)) ||
+            ((g->flags & KILN_TUNING_FP8_FAST) && (g->flags & KILN_TUNING_FP8_B128 || !(g->flags & KILN_TUNING_FP8))))
             return kiln_err(err, KILN_ERR_FORMAT, "%s: tuning record %u (sm_%u), GEMM %u: flags 0x%x do not go "
                             "together", label, i, r->sm, j, g->flags);
         if (!(g->us > 0 && isfinite(g->us)) || !(isfinite(g->heuristic_us) && (g->heuristic_us > 0 || g->heuristic_us == -1)))

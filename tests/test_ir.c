@@ -684,10 +684,35 @@ static void test_w8a8_pass(void) {
         KT_REQUIRE(g);
         g->quant_weights = cases[ci].quant;
         KT_REQUIRE(kiln_passes_run(g, NULL, NULL, &err) == KILN_OK);
-        int n = 0;
-        for (int i = 0; i < g->n_ops; i++) n += !g->ops[i].dead && (g->ops[i].attrs.flags & KILN_FLAG_ACT_FP8);
+        int n = 0, nf = 0;
+        for (int i = 0; i < g->n_ops; i++) {
+            n += !g->ops[i].dead && (g->ops[i].attrs.flags & KILN_FLAG_ACT_FP8);
+            nf += !g->ops[i].dead && (g->ops[i].attrs.flags & KILN_FLAG_FP8_FAST);
+        }
         KT_EQ_INT(n, cases[ci].want);
+        /* w8a8-fast-accum: every W8A8 projection over per-row fp8, none over fp8g128 (no fast mode) */
+        KT_EQ_INT(nf, cases[ci].quant == KILN_DTYPE_FP8 ? cases[ci].want : 0);
+        if (cases[ci].quant == KILN_DTYPE_FP8G128) { /* the flag there fails the verifier, naming the matrix */
+            for (int i = 0; i < g->n_ops && nf == 0; i++)
+                if (!g->ops[i].dead && (g->ops[i].attrs.flags & KILN_FLAG_ACT_FP8)) {
+                    g->ops[i].attrs.flags |= KILN_FLAG_FP8_FAST;
+                    nf = 1;
+                }
+            KT_EQ_INT(kiln_ir_verify(g, &err), KILN_ERR_VERIFY);
+            KT_CONTAINS(err.msg, "+fast_accum over");
+            KT_CONTAINS(err.msg, "not fp8 with a scale a row");
+        }
         if (cases[ci].quant == KILN_DTYPE_FP8) {
+            /* +fast_accum without +act_fp8 fails the verifier */
+            for (int i = 0; i < g->n_ops; i++)
+                if (!g->ops[i].dead && (g->ops[i].attrs.flags & KILN_FLAG_FP8_FAST)) {
+                    g->ops[i].attrs.flags &= ~KILN_FLAG_ACT_FP8;
+                    KT_EQ_INT(kiln_ir_verify(g, &err), KILN_ERR_VERIFY);
+                    KT_CONTAINS(err.msg, "+fast_accum without +act_fp8");
+                    g->ops[i].attrs.flags |= KILN_FLAG_ACT_FP8;
+                    break;
+                }
+            KT_EQ_INT(kiln_ir_verify(g, &err), KILN_OK);
             /* the flag over an f32 matrix (the LM head's), and on an rmsnorm, fail the verifier */
             for (int i = 0; i < g->n_ops; i++)
                 if (!g->ops[i].dead && g->ops[i].kind == KILN_OP_LM_HEAD) g->ops[i].attrs.flags |= KILN_FLAG_ACT_FP8;
@@ -712,7 +737,20 @@ static void test_w8a8_pass(void) {
     KT_REQUIRE(g);
     g->quant_weights = KILN_DTYPE_FP8;
     KT_REQUIRE(kiln_passes_run(g, "fuse-add-rmsnorm,fuse-qkv-rope,fuse-gate-up-swiglu,dce", NULL, &err) == KILN_OK);
-    for (int i = 0; i < g->n_ops; i++) KT_CHECK(g->ops[i].dead || !(g->ops[i].attrs.flags & KILN_FLAG_ACT_FP8));
+    for (int i = 0; i < g->n_ops; i++)
+        KT_CHECK(g->ops[i].dead || !(g->ops[i].attrs.flags & (KILN_FLAG_ACT_FP8 | KILN_FLAG_FP8_FAST)));
+    kiln_graph_free(g);
+    /* w8a8 without w8a8-fast-accum: W8A8 that promotes its partial sums */
+    g = stories_graph();
+    KT_REQUIRE(g);
+    g->quant_weights = KILN_DTYPE_FP8;
+    KT_REQUIRE(kiln_passes_run(g, "fuse-add-rmsnorm,fuse-qkv-rope,fuse-gate-up-swiglu,w8a8,dce", NULL, &err) == KILN_OK);
+    int n8 = 0;
+    for (int i = 0; i < g->n_ops; i++) {
+        n8 += !g->ops[i].dead && (g->ops[i].attrs.flags & KILN_FLAG_ACT_FP8);
+        KT_CHECK(g->ops[i].dead || !(g->ops[i].attrs.flags & KILN_FLAG_FP8_FAST));
+    }
+    KT_EQ_INT(n8, 4 * layers);
     kiln_graph_free(g);
 }
 

@@ -143,8 +143,13 @@ static void test_refusals(void) {
     refused(c, n, KILN_ERR_FORMAT, "attn_waves");
     FRESH(), kiln_wr_u32(c + G + KILN_TUNING_GEMM_SIZE + 4, 0);
     refused(c, n, KILN_ERR_FORMAT, "GEMM 1: shape M=32 N=0");
-    FRESH(), kiln_wr_u32(c + G + 12, 32);
-    refused(c, n, KILN_ERR_FORMAT, "GEMM 0: unknown flags 0x20");
+    FRESH(), kiln_wr_u32(c + G + 12, 64);
+    refused(c, n, KILN_ERR_FORMAT, "GEMM 0: unknown flags 0x40");
+    /* fast accumulation: only with W8A8 and a scale a row */
+    FRESH(), kiln_wr_u32(c + G + 12, KILN_TUNING_FP8_FAST);
+    refused(c, n, KILN_ERR_FORMAT, "GEMM 0: flags 0x20 do not go together");
+    FRESH(), kiln_wr_u32(c + G + 12, KILN_TUNING_FP8 | KILN_TUNING_FP8_B128 | KILN_TUNING_FP8_FAST);
+    refused(c, n, KILN_ERR_FORMAT, "GEMM 0: flags 0x38 do not go together");
     FRESH(), kiln_wr_u32(c + G + 12, KILN_TUNING_FP8 | KILN_TUNING_IN_F32);
     refused(c, n, KILN_ERR_FORMAT, "GEMM 0: flags 0x9 do not go together");
     FRESH(), kiln_wr_u32(c + G + 12, KILN_TUNING_FP8_B128);

@@ -94,7 +94,7 @@ typedef struct kiln_lt_api {
 
 typedef struct kiln_lt_plan {
     int M, N, K, accumulate, valid, in_f32, out_f32;
-    int fp8; /* W8A8 (kiln_cublaslt_gemm_fp8): E4M3 x and W, 1 = a scale per row of each, 2 = per row and 128 columns */
+    int fp8; /* W8A8 (kiln_cublaslt_gemm_fp8): E4M3 x and W, a kiln_lt_fp8 (scales, accumulation), or 0 */
     int tuned; /* kiln_cublaslt_tune ran on it (whatever it found): never evicted, never tuned again */
     int recorded; /* its algorithm came from the engine's tuning record (kiln_cublaslt_use_recorded) */
     float us, heur_us; /* tuning's measurement: the chosen algorithm's time (0: not measured), the heuristic's first's (-1: did not run) */
@@ -115,8 +115,6 @@ struct kiln_cublaslt {
     int n_pinned;     /* plans with tuned set */
     CUevent ev[2];    /* tuning's timing events, made on first use */
     bool search;      /* tuning times variants of the heuristic's answers too (kiln_cublaslt_set_search) */
-    bool fp8_fast;    /* W8A8 plans with a scale per row made from now on use FP8 fast accumulation
-                         (kiln_cublaslt_set_fp8_fast_accum) */
     /* the engine's record for this GPU (kiln_cublaslt_use_recorded): its GEMM entries and, per entry,
      * 1 = used by some plan, 2 = refused by cublasLtMatmulAlgoCheck */
     kiln_tuning_record rec;
@@ -228,7 +226,8 @@ static kiln_status pref_make(const kiln_cublaslt *lt, cublasLtMatmulPreference_t
 static uint32_t lt_flags(bool in_f32, bool out_f32, int fp8, bool accumulate) {
     return (in_f32 ? KILN_TUNING_IN_F32 : 0u) | (out_f32 ? KILN_TUNING_OUT_F32 : 0u) |
            (accumulate ? KILN_TUNING_ACCUMULATE : 0u) | (fp8 ? KILN_TUNING_FP8 : 0u) |
-           (fp8 == 2 ? KILN_TUNING_FP8_B128 : 0u);
+           (fp8 == KILN_LT_FP8_BLOCK128 ? KILN_TUNING_FP8_B128 : 0u) |
+           (fp8 == KILN_LT_FP8_ROWS_FAST ? KILN_TUNING_FP8_FAST : 0u);
 }
 
 /* The plan of this shape: the cached one, or a new one (descriptors and the
@@ -246,7 +245,7 @@ static kiln_status plan_scales(kiln_cublaslt *lt, const kiln_lt_plan *pl, CUdevi
                                                                           &b, sizeof b));
 }
 
-/* fp8 (1 outer-vector scales, 2 per 128 columns): the plan of kiln_cublaslt_gemm_fp8, its scale pointers
+/* fp8 (a kiln_lt_fp8, or 0): the plan of kiln_cublaslt_gemm_fp8, its scale pointers
  * x_scale and w_scale (0 otherwise). */
 static kiln_status plan_get(kiln_cublaslt *lt, bool in_f32, bool out_f32, int fp8, int M, int N, int K,
                             bool accumulate, CUdeviceptr x_scale, CUdeviceptr w_scale, kiln_lt_plan **out,
@@ -282,13 +281,13 @@ static kiln_status plan_get(kiln_cublaslt *lt, bool in_f32, bool out_f32, int fp
      * the products are accumulated in fp32 */
     const int8_t fast = 1; /* FP8 fast accumulation: the tensor cores' partial sums never promoted to fp32 */
     const cublasLtMatmulMatrixScale_t vec =
-        fp8 == 2 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+        fp8 == KILN_LT_FP8_BLOCK128 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
     if ((st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatmulDescCreate(&pl->op, CUBLAS_COMPUTE_32F, CUDA_R_32F))) ||
         (fp8 && (st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
                                                                                      &vec, sizeof vec)))) ||
         (fp8 && (st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
                                                                                      &vec, sizeof vec)))) ||
-        (fp8 == 1 && lt->fp8_fast && /* cuBLASLt 130100 has no fast accumulation with 128-column scales */
+        (fp8 == KILN_LT_FP8_ROWS_FAST &&
          (st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast,
                                                                               sizeof fast)))) ||
         (st = KILN_CUBLASLT_CALL(err, lt->api.cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta))) ||
@@ -326,7 +325,7 @@ static kiln_status plan_get(kiln_cublaslt *lt, bool in_f32, bool out_f32, int fp
     }
     if (found < 1) {
         st = kiln_err(err, KILN_ERR_UNSUPPORTED, "cuBLASLt: no algorithm for %s GEMM M=%d N=%d K=%d",
-                      fp8 == 2 ? "FP8 (W8A8, 128-column scales)" : fp8 ? "FP8 (W8A8)" : in_f32 ? "f32" : "bf16", M, N,
+                      fp8 == KILN_LT_FP8_BLOCK128 ? "FP8 (W8A8, 128-column scales)" : fp8 == KILN_LT_FP8_ROWS_FAST ? "FP8 (W8A8, fast accumulation)" : fp8 ? "FP8 (W8A8)" : in_f32 ? "f32" : "bf16", M, N,
                       K);
         goto out;
     }
@@ -362,11 +361,11 @@ kiln_status kiln_cublaslt_gemm_ex(kiln_cublaslt *lt, bool in_f32, bool out_f32, 
     return st;
 }
 
-kiln_status kiln_cublaslt_gemm_fp8(kiln_cublaslt *lt, bool out_f32, bool block128, int M, int N, int K, CUdeviceptr x,
+kiln_status kiln_cublaslt_gemm_fp8(kiln_cublaslt *lt, bool out_f32, kiln_lt_fp8 mode, int M, int N, int K, CUdeviceptr x,
                                    CUdeviceptr x_scale, CUdeviceptr w, CUdeviceptr w_scale, CUdeviceptr y,
                                    bool accumulate, CUstream stream, kiln_error *err) {
     kiln_lt_plan *pl = NULL;
-    kiln_status st = plan_get(lt, false, out_f32, block128 ? 2 : 1, M, N, K, accumulate, x_scale, w_scale, &pl, err);
+    kiln_status st = plan_get(lt, false, out_f32, (int)mode, M, N, K, accumulate, x_scale, w_scale, &pl, err);
     if (st) return st;
     if ((st = plan_scales(lt, pl, x_scale, w_scale, err)) || (st = plan_run(lt, pl, &pl->algo, x, w, y, stream, err)))
         kiln_err_prefix(err, "FP8 GEMM M=%d N=%d K=%d: ", M, N, K);
@@ -544,7 +543,7 @@ static kiln_status tune_shape(kiln_cublaslt *lt, bool in_f32, bool out_f32, int 
     if (st) return kiln_err_prefix(err, "cuBLASLt tuning M=%d N=%d K=%d: ", M, N, K);
     if (pl->tuned) return KILN_OK;
     char shape[96];
-    snprintf(shape, sizeof shape, "%s M=%d N=%d K=%d %s-out%s", fp8 == 2 ? "fp8g128" : fp8 ? "fp8" : in_f32 ? "f32" : "bf16", M, N, K,
+    snprintf(shape, sizeof shape, "%s M=%d N=%d K=%d %s-out%s", fp8 == KILN_LT_FP8_BLOCK128 ? "fp8g128" : fp8 == KILN_LT_FP8_ROWS_FAST ? "fp8-fast" : fp8 ? "fp8" : in_f32 ? "f32" : "bf16", M, N, K,
              out_f32 ? "f32" : "bf16", accumulate ? " accumulate" : "");
     if (pl->recorded && lt->n_pinned < KILN_LT_PINNED_MAX) { /* the engine's record decides: no timing */
         pl->tuned = 1;
@@ -640,18 +639,16 @@ static kiln_status tune_shape(kiln_cublaslt *lt, bool in_f32, bool out_f32, int 
 
 void kiln_cublaslt_set_search(kiln_cublaslt *lt, bool on) { lt->search = on; }
 
-void kiln_cublaslt_set_fp8_fast_accum(kiln_cublaslt *lt, bool on) { lt->fp8_fast = on; }
-
 kiln_status kiln_cublaslt_tune(kiln_cublaslt *lt, bool in_f32, bool out_f32, int M, int N, int K, bool accumulate,
                                const CUdeviceptr *w, int n_w, CUdeviceptr x, CUdeviceptr y, CUstream stream, FILE *log,
                                kiln_error *err) {
     return tune_shape(lt, in_f32, out_f32, 0, M, N, K, accumulate, w, n_w, x, 0, 0, y, stream, log, err);
 }
 
-kiln_status kiln_cublaslt_tune_fp8(kiln_cublaslt *lt, bool out_f32, bool block128, int M, int N, int K, bool accumulate,
+kiln_status kiln_cublaslt_tune_fp8(kiln_cublaslt *lt, bool out_f32, kiln_lt_fp8 mode, int M, int N, int K, bool accumulate,
                                    const CUdeviceptr *w, int n_w, CUdeviceptr x, CUdeviceptr x_scale,
                                    CUdeviceptr w_scale, CUdeviceptr y, CUstream stream, FILE *log, kiln_error *err) {
-    return tune_shape(lt, false, out_f32, block128 ? 2 : 1, M, N, K, accumulate, w, n_w, x, x_scale, w_scale, y, stream,
+    return tune_shape(lt, false, out_f32, (int)mode, M, N, K, accumulate, w, n_w, x, x_scale, w_scale, y, stream,
                       log, err);
 }
 

@@ -120,6 +120,7 @@ typedef struct cx_gemm {
     kiln_gemv_cfg c1, cmma;
     int qt;              /* W's quantized dtype (q8, q4g*), or 0 */
     bool act8;           /* +act_fp8 (pass w8a8): steps past the quantized GEMV run W8A8 */
+    bool fast8;          /* +fast_accum (pass w8a8-fast-accum): those GEMMs with FP8 fast accumulation */
     CUfunction swiglu;   /* prefill swiglu kernel (EPI_SWIGLU) */
     int swiglu_threads;
     bool out8;           /* +out_fp8 (pass swiglu-out-fp8) and the next instruction is the W8A8 GEMM reading
@@ -221,6 +222,7 @@ typedef struct cx {
     CUfunction f_act8g; /* kiln_act_fp8g and kiln_transpose_f32 (fp8g128's W8A8: scales per 128 columns), */
     CUfunction f_gt;    /* when the engine has them */
     bool w8a8_g128;     /* fp8g128 runs W8A8 too (unless measure knob w8a8=1; the engine's kernels, cuBLASLt's algorithms) */
+    bool w8a8_fast;     /* +fast_accum is followed (unless measure knob w8a8_fast=0) */
     int dequant_threads;
     int rope_threads;
     cx_attn attn[CX_MAX_ATTN];
@@ -561,6 +563,7 @@ static kiln_status gemm_setup(cx *x, cx_gemm *g, int dw, cx_epi epi, const kiln_
     g->epi = epi;
     g->qt = d->qt;
     g->act8 = (a->flags & KILN_FLAG_ACT_FP8) != 0; /* fp8 / fp8g128: checked with the plan (kiln_op_infer) */
+    g->fast8 = (a->flags & KILN_FLAG_FP8_FAST) && x->w8a8_fast; /* fp8 (a scale a row) only: kiln_op_infer */
     static const char *epis[] = {"plain", "swiglu", "f32out"};
     char name[KILN_KSEC_NAME_MAX];
     const kiln_ksec_module *km = NULL;
@@ -1104,6 +1107,10 @@ static bool w8a8_runs(const cx *x, const cx_gemm *g) {
 }
 /* W8A8 with scales per 128 columns (fp8g128) rather than per row */
 static bool w8a8_g(const cx_gemm *g) { return g->qt == KILN_DTYPE_FP8G128; }
+/* Its scales and accumulation, as cuBLASLt is asked for them */
+static kiln_lt_fp8 w8a8_mode(const cx_gemm *g) {
+    return w8a8_g(g) ? KILN_LT_FP8_BLOCK128 : g->fast8 ? KILN_LT_FP8_ROWS_FAST : KILN_LT_FP8_ROWS;
+}
 /* The weight scales W8A8's GEMM reads: per row after the codes, or fp8g128's group-major copy. */
 static CUdeviceptr w8a8_wscale(const cx *x, const cx_gemm *g) {
     const cx_dw *d = &x->dw[g->dw];
@@ -1153,7 +1160,7 @@ static kiln_status run_gemm_fp8(cx *x, const cx_gemm *g, int M, CUdeviceptr in, 
                                       grp ? "kiln_act_fp8g" : "kiln_act_fp8", err)))
         return st;
     const bool swiglu = g->epi == EPI_SWIGLU;
-    st = kiln_cublaslt_gemm_fp8(x->lt, lt_out_f32(x, g), grp, Mp, g->n, g->k, x->act8, x->act8_scale, w,
+    st = kiln_cublaslt_gemm_fp8(x->lt, lt_out_f32(x, g), w8a8_mode(g), Mp, g->n, g->k, x->act8, x->act8_scale, w,
                                 w8a8_wscale(x, g), swiglu ? x->gu_tmp : out, swiglu ? false : res, x->stream, err);
     if (st == KILN_ERR_UNSUPPORTED && io->codes_in) {
         /* the dequantized route reads the bf16 product, which the SwiGLU before wrote as codes: once more
@@ -1684,7 +1691,7 @@ static int bucket(const cx *x, int n) {
 typedef struct tune_shape {
     int n, k;
     bool acc, out_f32;
-    int fp8; /* W8A8: 1 (scales per row), 2 (fp8g128: per 128 columns); the weights' codes, ws the first one's scales */
+    int fp8; /* W8A8: a kiln_lt_fp8 (scales per row or per 128 columns, fast accumulation), else 0; the weights' codes, ws the first one's scales */
     CUdeviceptr w[CX_TUNE_WEIGHTS], ws;
     int n_w;
 } tune_shape;
@@ -1701,7 +1708,7 @@ static void tune_add(const cx *x, tune_shape *sh, int *n_sh, int B, int n, int k
         if (*n_sh == CX_TUNE_SHAPES) return;
         sh[j] = (tune_shape){.n = n, .k = k, .acc = acc, .out_f32 = of, .fp8 = fp8, .ws = ws};
         (*n_sh)++;
-        const size_t Bp = fp8 == 2 ? rows4((size_t)B) : (size_t)B; /* run_gemm_fp8's padded M */
+        const size_t Bp = fp8 == KILN_LT_FP8_BLOCK128 ? rows4((size_t)B) : (size_t)B; /* run_gemm_fp8's padded M */
         size_t bx = Bp * (size_t)k * (size_t)x->es, by = Bp * (size_t)n * (of ? 4u : (size_t)x->es);
         if (bx > *xb) *xb = bx;
         if (by > *yb) *yb = by;
@@ -1736,7 +1743,7 @@ static void tune_rows(cx *x, int B, bool decode, FILE *log) {
         /* the arguments run_gemm gives kiln_cublaslt_gemm_ex (cuBLASLt reads a quantized weight's dense
          * copy) or, W8A8, kiln_cublaslt_gemm_fp8 (the codes as stored) */
         const bool acc = in->kind == I_GEMM && in->res >= 0 && g->epi != EPI_SWIGLU, fp8 = w8a8_runs(x, g);
-        tune_add(x, sh, &n_sh, B, g->n, g->k, acc, lt_out_f32(x, g), fp8 ? 1 + w8a8_g(g) : 0,
+        tune_add(x, sh, &n_sh, B, g->n, g->k, acc, lt_out_f32(x, g), fp8 ? (int)w8a8_mode(g) : 0,
                  g->qt && !fp8 ? x->deq_tmp : dwp(x, g->dw), fp8 ? w8a8_wscale(x, g) : 0, &xb, &yb);
     }
     if (n_sh == 0) return;
@@ -1754,8 +1761,8 @@ static void tune_rows(cx *x, int B, bool decode, FILE *log) {
         for (int j = 0; j < n_sh; j++) {
             kiln_error te = {0};
             const kiln_status ts =
-                sh[j].fp8 ? kiln_cublaslt_tune_fp8(x->lt, sh[j].out_f32, sh[j].fp8 == 2,
-                                                   sh[j].fp8 == 2 ? (int)rows4((size_t)B) : B, sh[j].n, sh[j].k, sh[j].acc, sh[j].w,
+                sh[j].fp8 ? kiln_cublaslt_tune_fp8(x->lt, sh[j].out_f32, (kiln_lt_fp8)sh[j].fp8,
+                                                   sh[j].fp8 == KILN_LT_FP8_BLOCK128 ? (int)rows4((size_t)B) : B, sh[j].n, sh[j].k, sh[j].acc, sh[j].w,
                                                    sh[j].n_w, scratch, scratch + soff, sh[j].ws, scratch + yoff,
                                                    x->stream, log, &te)
                           : kiln_cublaslt_tune(x->lt, x->f32, sh[j].out_f32, B, sh[j].n, sh[j].k, sh[j].acc, sh[j].w,
@@ -2595,6 +2602,7 @@ static kiln_status cx_new(const kiln_model *m, const kiln_cuda_exec_opts *o, int
     x->prefill_wg = !o->no_prefill_wg;
     x->w8a8 = !o->no_w8a8; /* and sm_89+, bf16, once the device is known (below) */
     x->w8a8_g128 = !o->no_w8a8_g128; /* not with measure knob w8a8=1; and the engine's kernels for it (gemm_setup) */
+    x->w8a8_fast = !o->no_w8a8_fast_accum;
     x->hidden = p->hidden_size;
     x->n_kv = p->n_kv_heads;
     x->head_dim = p->head_dim;
@@ -2686,7 +2694,6 @@ static kiln_status cx_new(const kiln_model *m, const kiln_cuda_exec_opts *o, int
     if ((st = kiln_cublaslt_create(&x->cu, CX_LT_WORKSPACE, &x->lt, err))) goto fail;
     x->bytes_now += CX_LT_WORKSPACE;
     kiln_cublaslt_set_search(x->lt, o->lt_search);
-    kiln_cublaslt_set_fp8_fast_accum(x->lt, !o->no_w8a8_fast_accum);
     if ((st = tuning_apply(x, o, err))) goto fail; /* thresholds and recorded algorithms, before the program */
 
     /* the program (host side) */

@@ -94,8 +94,8 @@ typedef struct kiln_cuda_exec_opts {
     bool no_w8a8_g128;   /* fp8g128 weights dequantize for a bf16 GEMM where fp8 ones run W8A8 (measure knob w8a8=1) */
     bool no_prefill_wg;  /* prefill attention keeps mma.sync where the engine has the wgmma kernel (measure knob
                             prefill_wg=0) */
-    bool no_w8a8_fast_accum; /* W8A8 GEMMs (fp8, a scale per row) without cuBLASLt's FP8 fast accumulation, the
-                                partial sums promoted to fp32 (measure knob w8a8_fast=0; docs/quantization.md) */
+    bool no_w8a8_fast_accum; /* W8A8 GEMMs the plan marks +fast_accum promote their partial sums to fp32 all
+                                the same (measure knob w8a8_fast=0, for A/B on one engine; docs/quantization.md) */
     bool lt_search;      /* cuBLASLt tuning also times variants of the heuristic's answers (other tiles, split-K;
                             measure knob lt_search=1; kiln tune --search) */
     bool moe_grouped;    /* decode batches past the experts' pair GEMVs run the grouped tensor-core GEMVs (bf16
