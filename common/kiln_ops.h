@@ -286,11 +286,11 @@ enum {
      * scale per token (per 128 columns for fp8g128; kiln_act_fp8_row), and multiply the codes (W8A8);
      * shorter steps read the input as it is: pass w8a8. Both executors do so. */
     KILN_FLAG_ACT_FP8 = 1u << 9,
-    /* gate_up_swiglu(_packed) whose product is read only by the next op, a +act_fp8 projection over fp8
-     * (per-row) matrices: at the steps where that projection runs W8A8, the SwiGLU writes its E4M3 codes
-     * and per-token scales (the ones the projection would make of it) instead of the bf16 product:
-     * pass swiglu-out-fp8. The GPU executor does so; the CPU's f32 products quantize at the projection,
-     * the same codes up to the products' rounding. */
+    /* gate_up_swiglu(_packed) or rmsnorm whose output is read only by the next op, a +act_fp8 projection
+     * over fp8 (per-row) matrices: at the steps where that projection runs W8A8, the op writes the E4M3
+     * codes and per-token scales the projection would make of its bf16 output instead of that output:
+     * passes swiglu-out-fp8 and norm-out-fp8. The GPU executor does so; the CPU's f32 values quantize at
+     * the projection, the same codes up to the values' rounding. */
     KILN_FLAG_OUT_FP8 = 1u << 10,
     /* a +act_fp8 projection over fp8 (per-row) matrices: its W8A8 GEMMs on the GPU use FP8 fast
      * accumulation (cuBLASLt's CUBLASLT_MATMUL_DESC_FAST_ACCUM: the tensor cores' partial sums are not

@@ -36,7 +36,7 @@ typedef struct op_info {
 
 static const op_info op_table[KILN_OP_COUNT_] = {
     [KILN_OP_EMBEDDING] = {"embedding", 2, 1, 0, 0, 0},
-    [KILN_OP_RMSNORM] = {"rmsnorm", 2, 1, 0, KILN_FLAG_FOLD_INTO_GEMV | KILN_FLAG_FOLD_ONE_TOKEN, 0},
+    [KILN_OP_RMSNORM] = {"rmsnorm", 2, 1, 0, KILN_FLAG_FOLD_INTO_GEMV | KILN_FLAG_FOLD_ONE_TOKEN | KILN_FLAG_OUT_FP8, 0},
     [KILN_OP_ADD] = {"add", 2, 1, 0, 0, 0},
     [KILN_OP_LINEAR] = {"linear", 2, 1, 1, 0, 0},
     [KILN_OP_ROPE] = {"rope", 2, 1, 0, 0, 0},

@@ -59,8 +59,9 @@
                                      input kv_scale), which a reader of 2.5 refuses as unknown flags; 7: plan
                                      version 4 (outputs in a dying input's slot, in place), which a reader
                                      of 2.6 refuses by the plan's version; 8: the projection flag fast_accum
-                                     (W8A8 with FP8 fast accumulation) and the tuning entries' flag 32,
-                                     which a reader of 2.7 refuses as unknown flags */
+                                     (W8A8 with FP8 fast accumulation), out_fp8 on rmsnorm and the tuning
+                                     entries' flag 32, which a reader of 2.7 refuses as unknown flags or
+                                     flags that do not apply */
 #define KILN_ENGINE_HASH_PIECE (16u << 20) /* bytes per checksum piece (format 2) */
 #define KILN_ENGINE_HEADER_SIZE 64
 #define KILN_ENGINE_ENTRY_SIZE 64

@@ -121,6 +121,8 @@ typedef struct kiln_rmsnorm_params {
     kiln_dptr out;      /* bf16 [M, HIDDEN] */
     int M;
     int pad_;
+    kiln_dptr codes;    /* kiln_rmsnorm_fp8: E4M3 [M, HIDDEN] instead of out, */
+    kiln_dptr scales;   /* and f32 [M] (after the fields kiln_rmsnorm reads, which older engines' kernels take) */
 } kiln_rmsnorm_params;
 
 /* RoPE on q and k of a fused QKV projection output, q written out, k and v

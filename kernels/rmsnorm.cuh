@@ -25,24 +25,23 @@
 #define NORM_THREADS 256
 #endif
 
-extern "C" __global__ void __launch_bounds__(NORM_THREADS) kiln_rmsnorm(const kiln_rmsnorm_params p) {
-    __shared__ float scratch[32];
-    kiln_pdl_wait();
-    const size_t row = blockIdx.x;
-    if ((int)row >= p.M) return;
+#if HIDDEN % KILN_VEC == 0
+constexpr int NORM_NCH = HIDDEN / KILN_VEC;                             /* chunks per row */
+constexpr int NORM_PER = (NORM_NCH + NORM_THREADS - 1) / NORM_THREADS; /* chunks per thread */
+
+/* Row `row` (< p.M) summed with x where there is one (the residual updated), normalised and weighted: this
+ * thread's chunks threadIdx.x + i * NORM_THREADS of the output in o, before the output's rounding. */
+KILN_DEV void kiln_norm_row(const kiln_rmsnorm_params &p, size_t row, float (&o)[NORM_PER][KILN_VEC],
+                            float *scratch) {
     kiln_elem *res = (kiln_elem *)p.residual + row * HIDDEN;
     const kiln_elem *x = p.x ? (const kiln_elem *)p.x + row * HIDDEN : 0;
     const kiln_elem *w = (const kiln_elem *)p.w;
-    kiln_elem *out = (kiln_elem *)p.out + row * HIDDEN;
     float ss = 0.0f;
-#if HIDDEN % KILN_VEC == 0
-    constexpr int NCH = HIDDEN / KILN_VEC;                            /* chunks per row */
-    constexpr int PER = (NCH + NORM_THREADS - 1) / NORM_THREADS;      /* chunks per thread */
-    float s[PER][KILN_VEC];
+    float s[NORM_PER][KILN_VEC];
 #pragma unroll
-    for (int i = 0; i < PER; i++) {
+    for (int i = 0; i < NORM_PER; i++) {
         int c = threadIdx.x + i * NORM_THREADS;
-        if (c < NCH) {
+        if (c < NORM_NCH) {
             uint4 rv = *(const uint4 *)(res + c * KILN_VEC);
             float a[KILN_VEC];
             kiln_unpackv(rv, a);
@@ -62,17 +61,38 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) kiln_rmsnorm(const ki
     }
     const float inv = rsqrtf(kiln_block_sum(ss, scratch) / (float)HIDDEN + RMS_EPS);
 #pragma unroll
-    for (int i = 0; i < PER; i++) {
+    for (int i = 0; i < NORM_PER; i++) {
         int c = threadIdx.x + i * NORM_THREADS;
-        if (c < NCH) {
-            float wv[KILN_VEC], o[KILN_VEC];
+        if (c < NORM_NCH) {
+            float wv[KILN_VEC];
             kiln_unpackv(*(const uint4 *)(w + c * KILN_VEC), wv);
 #pragma unroll
-            for (int e = 0; e < KILN_VEC; e++) o[e] = wv[e] * kiln_round(s[i][e] * inv);
-            *(uint4 *)(out + c * KILN_VEC) = kiln_packv(o);
+            for (int e = 0; e < KILN_VEC; e++) o[i][e] = wv[e] * kiln_round(s[i][e] * inv);
         }
     }
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(NORM_THREADS) kiln_rmsnorm(const kiln_rmsnorm_params p) {
+    __shared__ float scratch[32];
+    kiln_pdl_wait();
+    const size_t row = blockIdx.x;
+    if ((int)row >= p.M) return;
+#if HIDDEN % KILN_VEC == 0
+    float o[NORM_PER][KILN_VEC];
+    kiln_norm_row(p, row, o, scratch);
+    kiln_elem *out = (kiln_elem *)p.out + row * HIDDEN;
+#pragma unroll
+    for (int i = 0; i < NORM_PER; i++) {
+        int c = threadIdx.x + i * NORM_THREADS;
+        if (c < NORM_NCH) *(uint4 *)(out + c * KILN_VEC) = kiln_packv(o[i]);
+    }
 #else
+    kiln_elem *res = (kiln_elem *)p.residual + row * HIDDEN;
+    const kiln_elem *x = p.x ? (const kiln_elem *)p.x + row * HIDDEN : 0;
+    const kiln_elem *w = (const kiln_elem *)p.w;
+    kiln_elem *out = (kiln_elem *)p.out + row * HIDDEN;
+    float ss = 0.0f;
     for (int i = threadIdx.x; i < HIDDEN; i += NORM_THREADS) {
         float a = kiln_e2f(res[i]);
         if (x) {
@@ -86,3 +106,40 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) kiln_rmsnorm(const ki
         out[i] = kiln_f2e(kiln_e2f(w[i]) * kiln_round(kiln_e2f(res[i]) * inv));
 #endif
 }
+
+#if !KILN_F32 && HIDDEN % KILN_VEC == 0
+/* kiln_rmsnorm_fp8 (+out_fp8, pass norm-out-fp8): the same RMSNorm, its output handed to the W8A8 GEMM after
+ * it as that GEMM's input quantization (kiln_act_fp8, dequant.cuh) would make it of the bf16 output: E4M3
+ * codes [M, HIDDEN] into p.codes and a scale a row, amax / 448, into p.scales, bit for bit (the bf16 output
+ * is not written). */
+extern "C" __global__ void __launch_bounds__(NORM_THREADS) kiln_rmsnorm_fp8(const kiln_rmsnorm_params p) {
+    __shared__ float scratch[32];
+    kiln_pdl_wait();
+    const size_t row = blockIdx.x;
+    if ((int)row >= p.M) return;
+    float o[NORM_PER][KILN_VEC], amax = 0.0f;
+    kiln_norm_row(p, row, o, scratch);
+#pragma unroll
+    for (int i = 0; i < NORM_PER; i++)
+#pragma unroll
+        for (int e = 0; e < KILN_VEC; e++) {
+            o[i][e] = kiln_round(o[i][e]); /* the bf16 value kiln_act_fp8 would read */
+            if (threadIdx.x + i * NORM_THREADS < NORM_NCH) amax = fmaxf(amax, fabsf(o[i][e]));
+        }
+    amax = kiln_block_max(amax, scratch);
+    kiln_pdl_launch();
+    const float inv = amax > 0.0f ? 448.0f / amax : 0.0f;
+    if (threadIdx.x == 0) ((float *)p.scales)[row] = amax / 448.0f;
+    uint2 *codes = (uint2 *)((unsigned char *)p.codes + row * HIDDEN);
+#pragma unroll
+    for (int i = 0; i < NORM_PER; i++) {
+        int c = threadIdx.x + i * NORM_THREADS;
+        if (c < NORM_NCH) {
+            unsigned w[2] = {0, 0};
+#pragma unroll
+            for (int e = 0; e < 8; e++) w[e >> 2] |= kiln_e4m3_rn(o[i][e] * inv) << (8 * (e & 3));
+            codes[c] = make_uint2(w[0], w[1]);
+        }
+    }
+}
+#endif

@@ -49,6 +49,7 @@ int kiln_pass_quantize(kiln_graph *g, kiln_error *err);
 int kiln_pass_w8a8(kiln_graph *g, kiln_error *err);
 int kiln_pass_w8a8_fast_accum(kiln_graph *g, kiln_error *err);
 int kiln_pass_swiglu_out_fp8(kiln_graph *g, kiln_error *err);
+int kiln_pass_norm_out_fp8(kiln_graph *g, kiln_error *err);
 /* quantize-kv (--kv-dtype): every attention op gets kiln_graph.kv_flag and its layer's kv_scale weight
  * (from kiln_graph.kv_scales) as its fifth input. */
 int kiln_pass_quantize_kv(kiln_graph *g, kiln_error *err);

@@ -40,6 +40,9 @@ static const kiln_pass pipeline[] = {
     {"swiglu-out-fp8", "after w8a8: a SwiGLU read only by the next projection, a W8A8 one over fp8 matrices, "
                        "writes that projection's E4M3 codes and scales itself at its W8A8 steps (+out_fp8)",
      kiln_pass_swiglu_out_fp8, true, true},
+    {"norm-out-fp8", "after w8a8: an RMSNorm read only by the next projection, a W8A8 one over fp8 matrices, "
+                     "writes that projection's E4M3 codes and scales itself at its W8A8 steps (+out_fp8)",
+     kiln_pass_norm_out_fp8, true, true},
     {"dce", "drop ops and weights nothing uses", kiln_pass_dce, true, false},
 };
 

@@ -133,6 +133,26 @@ int kiln_pass_swiglu_out_fp8(kiln_graph *g, kiln_error *err) {
     return n;
 }
 
+/* norm-out-fp8 (after w8a8): an rmsnorm whose output the next live op alone reads, as the input of a
+ * +act_fp8 projection over fp8 (per-row) matrices (each layer's q/k/v and gate/up), gets +out_fp8: at the
+ * steps where that projection runs W8A8 the norm kernel writes the codes and per-token scales itself
+ * (kiln_rmsnorm_fp8), so its bf16 output is neither written nor read back to be quantized (Mistral-7B's
+ * [2048, 4096] rows twice a layer: about 2 x 16 MB and two launches a layer fewer a prefill step).
+ * fp8g128 projections keep the bf16 output. */
+int kiln_pass_norm_out_fp8(kiln_graph *g, kiln_error *err) {
+    (void)err;
+    int n = 0;
+    for (int i = 0; i < g->n_ops; i++) {
+        kiln_op *op = &g->ops[i];
+        if (op->kind != KILN_OP_RMSNORM || (op->attrs.flags & KILN_FLAG_OUT_FP8)) continue;
+        const kiln_op *nx = kiln_pass_sole_projection(g, i);
+        if (!nx || !(nx->attrs.flags & KILN_FLAG_ACT_FP8) || !kiln_pass_matrices_are(g, nx, is_fp8_rows)) continue;
+        op->attrs.flags |= KILN_FLAG_OUT_FP8;
+        n++;
+    }
+    return n;
+}
+
 /* Layer `layer`'s kv_scale weight: [K scales of the kv heads; V scales] (f32 from g->kv_scales). In a
  * tensor-parallel graph each rank holds its own kv heads' scales, so the weight is packed from a K part
  * and a V part, each sharded by rows: rank r's is [K of its heads; V of its heads], the layout its

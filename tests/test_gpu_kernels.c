@@ -560,7 +560,7 @@ static void test_gemv_norm(void) {
             /* the two-kernel way */
             dev_poison16(xn, (size_t)M * K * 2);
             v->out_f32 ? dev_poison32(y2, ysz) : dev_poison16(y2, ysz);
-            kiln_rmsnorm_params np = {0, x, g, xn, M, 0};
+            kiln_rmsnorm_params np = {0, x, g, xn, M, 0, 0, 0};
             KT_CHECK(klaunch(kn.fn, "kiln_rmsnorm", dims((unsigned)M, 1, 1, (unsigned)nt, 0), &np));
             kiln_gemv_params p2 = {xn, w, y2, 0, M, N, K, K, nout, 0, 0, 0.0f, 0, 0, 0, 0, 0, 0, 0};
             KT_CHECK(klaunch(k.fn, "kiln_gemv", kiln_gemv_dims(&v->cfg, M, N), &p2));
@@ -634,6 +634,49 @@ static void test_gemv_norm(void) {
 /* RMSNorm + residual                                                   */
 /* =================================================================== */
 
+/* kiln_rmsnorm_fp8 (+out_fp8: the norm writes the W8A8 GEMM's input codes) against kiln_rmsnorm's bf16
+ * output quantized by kiln_act_fp8, over the same rows (xh, rh; weight wh): the same E4M3 codes and per-row
+ * scales bit for bit, and the same residual; with a row of zeros (scale 0, codes 0) among them. */
+static void rmsnorm_fp8_case(kfn *k, kfn *ka, int H, int M, int with_x, const uint16_t *xh, const uint16_t *rh,
+                             const uint16_t *wh) {
+    const size_t n = (size_t)M * H;
+    uint16_t *r0 = malloc(n * 2), *x0 = malloc(n * 2);
+    memcpy(r0, rh, n * 2);
+    memcpy(x0, xh, n * 2);
+    if (M > 2) memset(r0 + H, 0, (size_t)H * 2), memset(x0 + H, 0, (size_t)H * 2);
+    CUdeviceptr x = with_x ? dev_from(x0, n * 2) : 0, r = dev_from(r0, n * 2), w = dev_from(wh, (size_t)H * 2);
+    CUdeviceptr ra = dev_from(r0, n * 2), o = dev_alloc(n * 2);
+    kiln_rmsnorm_params pa = {x, ra, w, o, M, 0, 0, 0};
+    KT_CHECK(klaunch(k->fn, "kiln_rmsnorm", dims((unsigned)M, 1, 1, 256, 0), &pa));
+    CUdeviceptr c1 = dev_alloc(n), s1 = dev_alloc((size_t)M * 4), c2 = dev_alloc(n), s2 = dev_alloc((size_t)M * 4);
+    KT_CHECK(g_cu.api.cuMemsetD8(c1, 0xAA, n) == CUDA_SUCCESS && g_cu.api.cuMemsetD8(c2, 0x55, n) == CUDA_SUCCESS &&
+             g_cu.api.cuMemsetD8(s1, 0xAA, (size_t)M * 4) == CUDA_SUCCESS &&
+             g_cu.api.cuMemsetD8(s2, 0x55, (size_t)M * 4) == CUDA_SUCCESS);
+    CUfunction fa, f8;
+    KT_REQUIRE(kfn_get(ka, "kiln_act_fp8", &fa) && kfn_get(k, "kiln_rmsnorm_fp8", &f8));
+    kiln_act_fp8_params ap = {o, c1, s1, M, H, M, 0};
+    KT_CHECK(klaunch(fa, "kiln_act_fp8", dims((unsigned)M, 1, 1, 256, 0), &ap));
+    kiln_rmsnorm_params p = {x, r, w, 0, M, 0, c2, s2};
+    KT_CHECK(klaunch(f8, "kiln_rmsnorm_fp8", dims((unsigned)M, 1, 1, 256, 0), &p));
+    uint8_t *h1 = host_from(c1, n), *h2 = host_from(c2, n);
+    float *hs1 = host_from(s1, (size_t)M * 4), *hs2 = host_from(s2, (size_t)M * 4);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += h1[i] != h2[i];
+    int bad_s = 0;
+    for (int m = 0; m < M; m++) bad_s += memcmp(&hs1[m], &hs2[m], 4) != 0;
+    KT_CHECKF(bad == 0 && bad_s == 0, "rmsnorm_fp8 H=%d M=%d x=%d: %zu codes and %d scales differ from kiln_act_fp8 "
+              "of kiln_rmsnorm's output", H, M, with_x, bad, bad_s);
+    if (M > 2) KT_CHECKF(hs2[1] == 0.0f, "rmsnorm_fp8 H=%d M=%d: a row of zeros has scale %g", H, M, (double)hs2[1]);
+    /* the residual updated as kiln_rmsnorm updates it: bf16(x + r), or left alone */
+    uint16_t *ro = host_from(r, n * 2), *roa = host_from(ra, n * 2);
+    KT_CHECKF(memcmp(ro, roa, n * 2) == 0, "rmsnorm_fp8 H=%d M=%d x=%d: the residual differs from kiln_rmsnorm's", H,
+              M, with_x);
+    free(ro); free(roa);
+    CUdeviceptr ps[] = {x, r, w, ra, o, c1, s1, c2, s2};
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) kiln_cuda_release(&g_cu, ps[i]);
+    free(h1); free(h2); free(hs1); free(hs2); free(r0); free(x0);
+}
+
 static void test_rmsnorm(void) {
     NEED_GPU();
     static const int hs[] = {8, 7, 4096, 4097, 5120};
@@ -646,6 +689,9 @@ static void test_rmsnorm(void) {
         const char *defs[] = {d0, "RMS_EPS=1e-5f"};
         kfn k;
         KT_REQUIRE(kbuild(&k, "rmsnorm.cuh", "kiln_rmsnorm", defs, 2));
+        kfn ka;
+        const char *adefs[] = {"ACTQ_THREADS=256"};
+        KT_REQUIRE(kbuild(&ka, "dequant.cuh", "kiln_act_fp8", adefs, 1));
         for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++)
             for (int with_x = 0; with_x < 2; with_x++) {
                 int M = ms[mi];
@@ -655,8 +701,9 @@ static void test_rmsnorm(void) {
                 CUdeviceptr x = with_x ? dev_from(xh, n * 2) : 0, r = dev_from(rh, n * 2), w = dev_from(wh, (size_t)H * 2);
                 CUdeviceptr o = dev_alloc(n * 2);
                 dev_poison16(o, n * 2);
-                kiln_rmsnorm_params p = {x, r, w, o, M, 0};
+                kiln_rmsnorm_params p = {x, r, w, o, M, 0, 0, 0};
                 KT_CHECK(klaunch(k.fn, "kiln_rmsnorm", dims((unsigned)M, 1, 1, 256, 0), &p));
+                if (H % 8 == 0) rmsnorm_fp8_case(&k, &ka, H, M, with_x, xh, rh, wh);
                 uint16_t *oh = host_from(o, n * 2), *rout = host_from(r, n * 2);
                 double *ref = malloc(n * sizeof *ref);
                 int res_mismatch = 0;
@@ -682,6 +729,7 @@ static void test_rmsnorm(void) {
                 free(xh); free(xf); free(rh); free(rf); free(wh); free(wf); free(oh); free(rout); free(ref);
             }
         kfree(&k);
+        kfree(&ka);
     }
 }
 

@@ -604,7 +604,8 @@ static int one_token_folds(const kiln_graph *g) {
     int n = 0;
     for (int i = 0; i < g->n_ops; i++)
         n += !g->ops[i].dead && g->ops[i].kind == KILN_OP_RMSNORM &&
-             g->ops[i].attrs.flags == (KILN_FLAG_FOLD_INTO_GEMV | KILN_FLAG_FOLD_ONE_TOKEN);
+             (g->ops[i].attrs.flags & (KILN_FLAG_FOLD_INTO_GEMV | KILN_FLAG_FOLD_ONE_TOKEN)) ==
+                 (KILN_FLAG_FOLD_INTO_GEMV | KILN_FLAG_FOLD_ONE_TOKEN);
     return n;
 }
 
@@ -754,30 +755,39 @@ static void test_w8a8_pass(void) {
     kiln_graph_free(g);
 }
 
-/* swiglu-out-fp8 (default, after w8a8) flags each layer's gate_up_swiglu +out_fp8 when down_proj after it
- * runs W8A8 over per-row fp8, and no other: not fp8g128's (scales per 128 columns), int8's or bf16's, nor
- * without w8a8 (no +act_fp8 to write codes for); the verifier refuses the flag on other ops. */
+/* swiglu-out-fp8 and norm-out-fp8 (default, after w8a8) flag each layer's gate_up_swiglu +out_fp8 when
+ * down_proj after it runs W8A8 over per-row fp8, and its two RMSNorms when q/k/v and gate/up after them do
+ * (the final norm's reader, the LM head, keeps its dtype here), and no other: not fp8g128's (scales per 128
+ * columns), int8's or bf16's, nor without w8a8 (no +act_fp8 to write codes for), nor a pass left out; the
+ * verifier refuses the flag on other ops. */
 static void test_swiglu_out_fp8_pass(void) {
     const int layers = 5;
     static const struct {
         int quant;
         const char *passes;
-        int want;
-    } cases[] = {{KILN_DTYPE_FP8, NULL, layers}, {KILN_DTYPE_FP8G128, NULL, 0}, {KILN_DTYPE_Q8, NULL, 0}, {0, NULL, 0},
-                 {KILN_DTYPE_FP8, PASSES_NO_W8A8 ",swiglu-out-fp8", 0}};
+        int want, want_norms;
+    } cases[] = {{KILN_DTYPE_FP8, NULL, layers, 2 * layers},
+                 {KILN_DTYPE_FP8G128, NULL, 0, 0},
+                 {KILN_DTYPE_Q8, NULL, 0, 0},
+                 {0, NULL, 0, 0},
+                 {KILN_DTYPE_FP8, PASSES_NO_W8A8 ",swiglu-out-fp8,norm-out-fp8", 0, 0},
+                 {KILN_DTYPE_FP8, PASSES_NO_W8A8 ",w8a8,norm-out-fp8", 0, 2 * layers},
+                 {KILN_DTYPE_FP8, PASSES_NO_W8A8 ",w8a8,swiglu-out-fp8", layers, 0}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         kiln_error err = {0};
         kiln_graph *g = stories_graph();
         KT_REQUIRE(g);
         g->quant_weights = cases[ci].quant;
         KT_REQUIRE(kiln_passes_run(g, cases[ci].passes, NULL, &err) == KILN_OK);
-        int n = 0;
+        int n = 0, nn = 0;
         for (int i = 0; i < g->n_ops; i++)
             if (!g->ops[i].dead && (g->ops[i].attrs.flags & KILN_FLAG_OUT_FP8)) {
-                KT_CHECK(g->ops[i].kind == KILN_OP_GATE_UP_SWIGLU_PACKED);
-                n++;
+                KT_CHECK(g->ops[i].kind == KILN_OP_GATE_UP_SWIGLU_PACKED || g->ops[i].kind == KILN_OP_RMSNORM);
+                n += g->ops[i].kind == KILN_OP_GATE_UP_SWIGLU_PACKED;
+                nn += g->ops[i].kind == KILN_OP_RMSNORM;
             }
         KT_EQ_INT(n, cases[ci].want);
+        KT_EQ_INT(nn, cases[ci].want_norms);
         if (ci == 0) {
             for (int i = 0; i < g->n_ops; i++)
                 if (!g->ops[i].dead && g->ops[i].kind == KILN_OP_LINEAR_ADD) {

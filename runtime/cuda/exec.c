@@ -124,7 +124,7 @@ typedef struct cx_gemm {
     CUfunction swiglu;   /* prefill swiglu kernel (EPI_SWIGLU) */
     int swiglu_threads;
     bool out8;           /* +out_fp8 (pass swiglu-out-fp8) and the next instruction is the W8A8 GEMM reading
-                            the product: at its W8A8 steps the SwiGLU writes its codes (swiglu_codes) */
+                            the product: at its W8A8 steps the SwiGLU writes its codes (writes_codes) */
     CUfunction swiglu8;  /* kiln_swiglu_fp8, with out8 */
 } cx_gemm;
 
@@ -162,9 +162,12 @@ typedef struct cx_inst {
     int layer;      /* QKV, ATTN */
     int attn;       /* ATTN: index into attn[] */
     CUfunction fn;  /* NORM: the rmsnorm kernel */
+    CUfunction fn8; /* NORM, with out8: kiln_rmsnorm_fp8 */
     int threads;    /* NORM block size */
     bool fold;      /* NORM: +fold_into_gemv, and the next GEMM/QKV/LMHEAD reads its output as its input */
     bool fold1;     /* NORM: +one_token, so the fold applies only to steps of one token */
+    bool out8;      /* NORM: +out_fp8 (pass norm-out-fp8), a plain RMSNorm (no add), and the next instruction a
+                       W8A8 GEMM over fp8 rows reading its output: at its W8A8 steps the norm writes its codes */
     bool rope_in_attn; /* QKV and ATTN: +decode_rope on the attention: at decode it rotates and stores */
     bool merge;     /* ATTN: +merge_splits */
     float eps;      /* NORM */
@@ -789,6 +792,7 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             ins->fold = (a->flags & KILN_FLAG_FOLD_INTO_GEMV) && uses[yv] == 1; /* checked against the next
                                                                                    instruction below */
             ins->fold1 = (a->flags & KILN_FLAG_FOLD_ONE_TOKEN) != 0;
+            ins->out8 = !add && (a->flags & KILN_FLAG_OUT_FP8) && fn_has(x, name, "kiln_rmsnorm_fp8", &ins->fn8);
             if ((st = value_weight(x, wv, true, &ins->dw, err))) goto out;
             if (!add) {
                 ins->res = vb[in[0]];
@@ -1032,6 +1036,14 @@ static kiln_status build_program(cx *x, kiln_error *err) {
         s->g.out8 = g && g->kind == I_GEMM && g->x == s->y && g->g.act8 && g->g.qt == KILN_DTYPE_FP8 &&
                     g->g.k == s->g.n / 2;
     }
+    /* and a norm for the next instruction, a W8A8 GEMM or QKV over fp8 rows reading its output */
+    for (int i = 0; i < x->n_prog; i++) {
+        cx_inst *n = &x->prog[i];
+        if (n->kind != I_NORM || !n->out8) continue;
+        const cx_inst *g = i + 1 < x->n_prog ? &x->prog[i + 1] : NULL;
+        n->out8 = n->x < 0 && g && (g->kind == I_GEMM || g->kind == I_QKV) && g->x == n->y && g->g.act8 &&
+                  g->g.qt == KILN_DTYPE_FP8 && g->g.k == x->hidden;
+    }
     if (x->free_window < 0) x->free_window = 0;
     goto out;
 nomem:
@@ -1118,16 +1130,19 @@ static CUdeviceptr w8a8_wscale(const cx *x, const cx_gemm *g) {
 }
 
 /* What a GEMM of a step hands on in E4M3 (+out_fp8): codes_out, a SwiGLU GEMM writes the next GEMM's codes
- * instead of its bf16 product; codes_in (the SwiGLU GEMM before, or NULL), this W8A8 GEMM reads them. */
+ * instead of its bf16 product; codes_in (the SwiGLU GEMM or the RMSNorm before, or NULL), this W8A8 GEMM
+ * reads them. */
 typedef struct cx_gemm_io {
     bool codes_out;
-    const cx_gemm *codes_in;
+    const cx_inst *codes_in;
 } cx_gemm_io;
 
-/* Whether SwiGLU GEMM instruction i writes codes in a step of T rows: +out_fp8, and the GEMM after it runs
- * W8A8 at T rows. */
-static bool swiglu_codes(const cx *x, int i, int T) {
-    if (i < 0 || i + 1 >= x->n_prog || x->prog[i].kind != I_GEMM || !x->prog[i].g.out8) return false;
+/* Whether instruction i (a SwiGLU GEMM or an RMSNorm, +out_fp8) writes the next GEMM's codes in a step of T
+ * rows: that GEMM runs W8A8 at T rows. */
+static bool writes_codes(const cx *x, int i, int T) {
+    if (i < 0 || i + 1 >= x->n_prog) return false;
+    const cx_inst *in = &x->prog[i];
+    if (!(in->kind == I_GEMM ? in->g.out8 : in->kind == I_NORM && in->out8)) return false;
     const cx_gemm *nx = &x->prog[i + 1].g;
     return w8a8_runs(x, nx) && !gemv_path(x, nx, T);
 }
@@ -1163,10 +1178,13 @@ static kiln_status run_gemm_fp8(cx *x, const cx_gemm *g, int M, CUdeviceptr in, 
     st = kiln_cublaslt_gemm_fp8(x->lt, lt_out_f32(x, g), w8a8_mode(g), Mp, g->n, g->k, x->act8, x->act8_scale, w,
                                 w8a8_wscale(x, g), swiglu ? x->gu_tmp : out, swiglu ? false : res, x->stream, err);
     if (st == KILN_ERR_UNSUPPORTED && io->codes_in) {
-        /* the dequantized route reads the bf16 product, which the SwiGLU before wrote as codes: once more
-         * from its gate/up product, still in gu_tmp */
+        /* the dequantized route reads the bf16 input, which the instruction before wrote as codes: once more,
+         * the SwiGLU from its gate/up product (still in gu_tmp), the RMSNorm (no add) from its input */
         kiln_error e2 = {0};
-        if (run_swiglu(x, io->codes_in, M, in, false, &e2)) {
+        const cx_inst *c = io->codes_in;
+        kiln_rmsnorm_params np = {0, bufp(x, c->res), dwp(x, c->dw), in, M, 0, 0, 0};
+        if (c->kind == I_GEMM ? run_swiglu(x, &c->g, M, in, false, &e2)
+                              : launch(x, c->fn, (unsigned)M, 1, 1, (unsigned)c->threads, 0, &np, "kiln_rmsnorm", &e2)) {
             *err = e2;
             return e2.code;
         }
@@ -1374,8 +1392,11 @@ static kiln_status run_range(cx *x, const cx_shape *sh, int from, int *stop, kil
         }
         case I_NORM: {
             if (norm_folds(x, i, sh)) break; /* the next GEMV normalises its input itself */
-            kiln_rmsnorm_params np = {bufp(x, in->x), bufp(x, in->res), dwp(x, in->dw), bufp(x, in->y), T, 0};
-            st = launch(x, in->fn, (unsigned)T, 1, 1, (unsigned)in->threads, 0, &np, "kiln_rmsnorm", err);
+            const bool codes = writes_codes(x, i, T); /* +out_fp8: the next GEMM's E4M3 input */
+            kiln_rmsnorm_params np = {bufp(x, in->x), bufp(x, in->res), dwp(x, in->dw), bufp(x, in->y), T, 0,
+                                      codes ? x->act8 : 0, codes ? x->act8_scale : 0};
+            st = launch(x, codes ? in->fn8 : in->fn, (unsigned)T, 1, 1, (unsigned)in->threads, 0, &np,
+                        codes ? "kiln_rmsnorm_fp8" : "kiln_rmsnorm", err);
             break;
         }
         case I_COPY:
@@ -1384,7 +1405,8 @@ static kiln_status run_range(cx *x, const cx_shape *sh, int from, int *stop, kil
                                                           (size_t)T * (size_t)in->width * (size_t)x->es, x->stream));
             break;
         case I_QKV: {
-            if ((st = run_gemm(x, &in->g, T, bufp(x, in->x), x->qkv_tmp, false, norm, NULL, err))) break;
+            const cx_gemm_io io = {false, writes_codes(x, i - 1, T) ? &x->prog[i - 1] : NULL};
+            if ((st = run_gemm(x, &in->g, T, bufp(x, in->x), x->qkv_tmp, false, norm, &io, err))) break;
             if (x->profile) x->cu.api.cuEventRecord(x->pev_mid[i], x->stream);
             if (sh->decode && in->rope_in_attn) break; /* decode attention rotates and stores */
             kiln_rope_kv_params rp = {x->qkv_tmp,
@@ -1462,7 +1484,7 @@ static kiln_status run_range(cx *x, const cx_shape *sh, int from, int *stop, kil
             break;
         }
         case I_GEMM: {
-            const cx_gemm_io io = {swiglu_codes(x, i, T), swiglu_codes(x, i - 1, T) ? &x->prog[i - 1].g : NULL};
+            const cx_gemm_io io = {writes_codes(x, i, T), writes_codes(x, i - 1, T) ? &x->prog[i - 1] : NULL};
             st = run_gemm(x, &in->g, T, bufp(x, in->x), bufp(x, in->y), in->res >= 0, norm, &io, err);
             break;
         }
