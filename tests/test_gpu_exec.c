@@ -922,6 +922,88 @@ static void test_batched_and_mixed(void) {
     check_batched(stories(), NULL);
 }
 
+/* Mixed steps whose decode part is long enough for the decode kernel (runtime/cuda/exec.c,
+ * CX_MIXED_DECODE_MIN: 16 or more one-token sequences before the prompt chunks): 20 sequences prefill
+ * together and decode, a 21st joins with its prompt at the third step, a 22nd with its prompt in two
+ * chunks at the fifth and sixth, and one of the 20 leaves (its slot reused by none); every sequence's
+ * greedy ids are its single run's, and each logits row that chose them is within 1e-3 of it (stories260k,
+ * f32: the two kernels sum in other orders). */
+static void test_mixed_decode_part(void) {
+    NEED_GPU();
+    enum { NS = 22, NG = 16, MAXP = 16 };
+    kiln_cuda_exec_opts o = {.max_seqs = 24, .max_context = 128, .kv_bytes = 64 << 20};
+    gx G;
+    KT_REQUIRE(gx_open(&G, stories(), &o));
+    const int V = G.vocab;
+    int32_t pr[NS][MAXP], np[NS], alone[NS][NG], got[NS][NG];
+    float *alone_lg = malloc(sizeof(float) * (size_t)NS * NG * V), *got_lg = malloc(sizeof(float) * (size_t)NS * NG * V);
+    float *rows = malloc(sizeof(float) * (size_t)NS * V);
+    KT_REQUIRE(alone_lg && got_lg && rows);
+    for (int i = 0; i < NS; i++) {
+        np[i] = i < 20 ? 3 + i % 6 : i == 20 ? 13 : 16;
+        pr[i][0] = 1;
+        for (int j = 1; j < np[i]; j++) pr[i][j] = 200 + 7 * i + j;
+        KT_REQUIRE(gen_one(&G, i, pr[i], np[i], NG, 64, alone[i], alone_lg + (size_t)i * NG * V, NULL));
+    }
+    kiln_error err = {0};
+    bool fits;
+    for (int i = 0; i < NS; i++) KT_REQUIRE(G.x->ops->reserve(G.x, i, np[i] + NG, &fits, &err) == KILN_OK && fits);
+    int pos[NS] = {0}, cnt[NS] = {0}, mixed = 0;
+    for (int iter = 0; iter < 64; iter++) {
+        int32_t slot[NS], n_new[NS], start[NS], toks[NS * MAXP], next[NS];
+        bool want[NS];
+        kiln_sampling samp[NS];
+        int n = 0, t = 0, dec = 0;
+        for (int pass = 0; pass < 2; pass++) /* the decode tokens first, as the scheduler lays them out */
+            for (int i = 0; i < NS; i++) {
+                const bool joined = i < 20 || (i == 20 && iter >= 2) || (i == 21 && iter >= 4);
+                const int limit = i == 3 ? NG / 2 : NG; /* sequence 3 leaves early */
+                if (!joined || cnt[i] >= limit || (pos[i] >= np[i]) != (pass == 0)) continue;
+                const int chunk = i == 21 ? 8 : np[i];
+                slot[n] = i;
+                start[n] = pos[i];
+                n_new[n] = pass == 0 ? 1 : np[i] - pos[i] < chunk ? np[i] - pos[i] : chunk;
+                if (pass == 0) toks[t] = got[i][cnt[i] - 1];
+                else memcpy(toks + t, pr[i] + pos[i], sizeof(int32_t) * (size_t)n_new[n]);
+                want[n] = pass == 0 || pos[i] + n_new[n] == np[i];
+                samp[n] = GREEDY;
+                dec += pass == 0;
+                t += n_new[n++];
+            }
+        if (n == 0) break;
+        mixed += dec >= 16 && dec < n;
+        KT_REQUIRE(step(G.x, n, slot, n_new, start, toks, want, samp, next, rows) == KILN_OK);
+        for (int j = 0, r = 0; j < n; j++) {
+            const int i = slot[j];
+            pos[i] += n_new[j];
+            if (!want[j]) continue;
+            memcpy(got_lg + ((size_t)i * NG + cnt[i]) * V, rows + (size_t)r++ * V, sizeof(float) * (size_t)V);
+            got[i][cnt[i]++] = next[j];
+        }
+    }
+    KT_CHECKF(mixed >= 3, "only %d mixed steps had 16 or more decode tokens", mixed);
+    for (int i = 0; i < NS; i++) {
+        G.x->ops->release(G.x, i);
+        const int limit = i == 3 ? NG / 2 : NG;
+        KT_EQ_INT(cnt[i], limit);
+        int d = -1;
+        double worst = 0;
+        for (int k = 0; k < cnt[i]; k++) {
+            if (d < 0 && got[i][k] != alone[i][k]) d = k;
+            for (int v = 0; v < V; v++) {
+                const double e = fabs((double)got_lg[((size_t)i * NG + k) * V + v] - alone_lg[((size_t)i * NG + k) * V + v]);
+                if (e > worst) worst = e;
+            }
+        }
+        KT_CHECKF(d < 0, "sequence %d differs from its single run at step %d", i, d);
+        KT_CHECKF(worst < 1e-3, "sequence %d: logits %g off its single run's", i, worst);
+    }
+    free(alone_lg);
+    free(got_lg);
+    free(rows);
+    gx_close(&G);
+}
+
 /* The GPU sampler picks what runtime/sampler.c picks from the same logits. */
 static void test_sampler_agrees(void) {
     NEED_GPU();
@@ -2022,6 +2104,7 @@ int main(void) {
     RUN(test_every_row_small_step);
     RUN(test_window_recycling);
     RUN(test_batched_and_mixed);
+    RUN(test_mixed_decode_part);
     RUN(test_sampler_agrees);
     RUN(test_limits);
     RUN(test_unfused_refused);

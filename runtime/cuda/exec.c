@@ -1368,12 +1368,80 @@ static int splits_grid(const cx *x, const cx_attn *a, int B) {
     return z > want ? z : want;
 }
 
+/* The fewest one-token sequences leading a mixed step (prompt chunks after them) that run the decode
+ * attention kernel rather than the prefill one: fewer ride along in the prefill kernel, where each of their
+ * q heads reads its context by itself, and save the second launch. */
+#define CX_MIXED_DECODE_MIN 16
+
+/* Decode attention of the step's first B sequences, one new token each (rows 0..B-1): the split kernel,
+ * and the combine kernel when it splits without merging; with rope, it rotates q and the new k from the
+ * QKV output and writes the KV cache itself (+decode_rope at a decode step). */
+static kiln_status run_attn_decode(cx *x, const cx_inst *in, const cx_attn *a, int B, bool rope, kiln_error *err) {
+    const CUdeviceptr kc = x->kcache + (size_t)in->layer * x->kv_layer_bytes;
+    const CUdeviceptr vc = x->vcache + (size_t)in->layer * x->kv_layer_bytes;
+    const int z = splits_grid(x, a, B);
+    kiln_attn_decode_params dp = {.q = x->q_tmp, .k_cache = kc, .v_cache = vc,
+                                  .block_tables = inp(x, x->in.bt), .seq_lens = inp(x, x->in.lens),
+                                  .out = bufp(x, in->y), .part_o = x->part_o, .part_ml = x->part_ml,
+                                  .scale = 1.0f / sqrtf((float)x->head_dim), .B = B, .max_blocks = x->kv.max_blocks,
+                                  .max_splits = z, .partition = 0, .splits_want = splits_want(x, B),
+                                  .counters = in->merge ? x->attn_cnt : 0,
+                                  .kv_scale = in->dw_kvs >= 0 ? dwp(x, in->dw_kvs) : 0};
+    if (rope) {
+        const kiln_op_attrs *r = &in->rope;
+        dp.qkv = x->qkv_tmp;
+        dp.positions = inp(x, x->in.pos);
+        dp.slots = inp(x, x->in.kvslot);
+        dp.rope_theta = r->rope_theta;
+        dp.rope_llama3 = r->rope_scaling == KILN_ROPE_SCALING_LLAMA3;
+        dp.rope_factor = dp.rope_llama3 ? r->rope_factor : 1.0f;
+        dp.rope_low_freq_factor = dp.rope_llama3 ? r->rope_low_freq_factor : 1.0f;
+        dp.rope_high_freq_factor = dp.rope_llama3 ? r->rope_high_freq_factor : 4.0f;
+        dp.rope_orig_max_pos = dp.rope_llama3 ? r->rope_original_max_pos : 8192.0f;
+    }
+    kiln_status st = launch(x, a->decode, (unsigned)x->n_kv, (unsigned)B, (unsigned)z, (unsigned)(a->warps * 32),
+                            a->smem_decode, &dp, "kiln_attn_decode", err);
+    if (!st && z > 1 && !dp.counters)
+        st = launch(x, a->combine, (unsigned)x->n_heads, (unsigned)B, 1, (unsigned)((x->head_dim + 31) / 32 * 32), 0,
+                    &dp, "kiln_attn_decode_combine", err);
+    return st;
+}
+
+/* Prefill attention of the step's B sequences from sequence `first` on (their per-sequence inputs from
+ * there; q_starts hold absolute rows), max_q the most new tokens of one of them. */
+static kiln_status run_attn_prefill(cx *x, const cx_inst *in, const cx_attn *a, int first, int B, int max_q,
+                                    kiln_error *err) {
+    const CUdeviceptr kc = x->kcache + (size_t)in->layer * x->kv_layer_bytes;
+    const CUdeviceptr vc = x->vcache + (size_t)in->layer * x->kv_layer_bytes;
+    const size_t f = (size_t)first;
+    kiln_attn_prefill_params pp = {x->q_tmp, kc, vc, inp(x, x->in.bt + f * (size_t)x->kv.max_blocks * 4),
+                                   inp(x, x->in.lens + f * 4), inp(x, x->in.qstart + f * 4), bufp(x, in->y),
+                                   1.0f / sqrtf((float)x->head_dim), B, x->kv.max_blocks, 0,
+                                   in->dw_kvs >= 0 ? dwp(x, in->dw_kvs) : 0};
+    if (a->prefill_wg) {
+        kiln_cuda_dims d = kiln_attn_prefill_wg_dims(KILN_PF_WG_GROUPS, x->n_heads, B, max_q, x->head_dim);
+        return launch(x, a->prefill_wg, d.grid[0], d.grid[1], d.grid[2], d.block[0], d.smem, &pp,
+                      "kiln_attn_prefill_wg", err);
+    }
+    if (a->prefill_mma16) {
+        /* 32 query rows per warp, unless that grid would not give every SM a block (short prompts): the
+         * 16-row kernel has twice the blocks */
+        kiln_cuda_dims d = kiln_attn_prefill_mma_dims(KILN_PF_MMA_WARPS, 2, x->n_heads, B, max_q, x->head_dim,
+                                                      x->kv8 != 0);
+        bool r32 = a->prefill_mma && (int64_t)d.grid[0] * d.grid[1] * d.grid[2] >= x->cu.n_sm;
+        if (!r32) d = kiln_attn_prefill_mma_dims(KILN_PF_MMA_WARPS, 1, x->n_heads, B, max_q, x->head_dim, x->kv8 != 0);
+        return launch(x, r32 ? a->prefill_mma : a->prefill_mma16, d.grid[0], d.grid[1], d.grid[2], d.block[0], d.smem,
+                      &pp, r32 ? "kiln_attn_prefill_mma" : "kiln_attn_prefill_mma16", err);
+    }
+    return launch(x, a->prefill, (unsigned)((max_q + 63) / 64), (unsigned)x->n_heads, (unsigned)B, 128,
+                  a->smem_prefill, &pp, "kiln_attn_prefill", err);
+}
+
 /* The program's instructions from `from` on, up to the next collective (its index into *stop, which
  * the TP driver runs across the ranks) or the end (*stop = n_prog). */
 static kiln_status run_range(cx *x, const cx_shape *sh, int from, int *stop, kiln_error *err) {
     kiln_status st = KILN_OK;
     const int T = sh->T, B = sh->B;
-    const float scale = 1.0f / sqrtf((float)x->head_dim);
     *stop = x->n_prog;
     for (int i = from; i < x->n_prog && st == KILN_OK; i++) {
         const cx_inst *in = &x->prog[i];
@@ -1428,59 +1496,16 @@ static kiln_status run_range(cx *x, const cx_shape *sh, int from, int *stop, kil
         }
         case I_ATTN: {
             const cx_attn *a = &x->attn[in->attn];
-            CUdeviceptr kc = x->kcache + (size_t)in->layer * x->kv_layer_bytes;
-            CUdeviceptr vc = x->vcache + (size_t)in->layer * x->kv_layer_bytes;
             if (sh->decode) {
-                int z = splits_grid(x, a, B);
-                kiln_attn_decode_params dp = {.q = x->q_tmp, .k_cache = kc, .v_cache = vc,
-                                              .block_tables = inp(x, x->in.bt), .seq_lens = inp(x, x->in.lens),
-                                              .out = bufp(x, in->y), .part_o = x->part_o, .part_ml = x->part_ml,
-                                              .scale = scale, .B = B, .max_blocks = x->kv.max_blocks,
-                                              .max_splits = z, .partition = 0, .splits_want = splits_want(x, B),
-                                              .counters = in->merge ? x->attn_cnt : 0,
-                                              .kv_scale = in->dw_kvs >= 0 ? dwp(x, in->dw_kvs) : 0};
-                if (in->rope_in_attn) {
-                    const kiln_op_attrs *r = &in->rope;
-                    dp.qkv = x->qkv_tmp;
-                    dp.positions = inp(x, x->in.pos);
-                    dp.slots = inp(x, x->in.kvslot);
-                    dp.rope_theta = r->rope_theta;
-                    dp.rope_llama3 = r->rope_scaling == KILN_ROPE_SCALING_LLAMA3;
-                    dp.rope_factor = dp.rope_llama3 ? r->rope_factor : 1.0f;
-                    dp.rope_low_freq_factor = dp.rope_llama3 ? r->rope_low_freq_factor : 1.0f;
-                    dp.rope_high_freq_factor = dp.rope_llama3 ? r->rope_high_freq_factor : 4.0f;
-                    dp.rope_orig_max_pos = dp.rope_llama3 ? r->rope_original_max_pos : 8192.0f;
-                }
-                st = launch(x, a->decode, (unsigned)x->n_kv, (unsigned)B, (unsigned)z, (unsigned)(a->warps * 32),
-                            a->smem_decode, &dp, "kiln_attn_decode", err);
-                if (!st && z > 1 && !dp.counters)
-                    st = launch(x, a->combine, (unsigned)x->n_heads, (unsigned)B, 1,
-                                (unsigned)((x->head_dim + 31) / 32 * 32), 0, &dp, "kiln_attn_decode_combine", err);
-            } else {
-                kiln_attn_prefill_params pp = {x->q_tmp, kc, vc, inp(x, x->in.bt), inp(x, x->in.lens),
-                                               inp(x, x->in.qstart), bufp(x, in->y), scale, B, x->kv.max_blocks, 0,
-                                               in->dw_kvs >= 0 ? dwp(x, in->dw_kvs) : 0};
-                if (a->prefill_wg) {
-                    kiln_cuda_dims d = kiln_attn_prefill_wg_dims(KILN_PF_WG_GROUPS, x->n_heads, B, sh->max_q, x->head_dim);
-                    st = launch(x, a->prefill_wg, d.grid[0], d.grid[1], d.grid[2], d.block[0], d.smem, &pp,
-                                "kiln_attn_prefill_wg", err);
-                } else if (a->prefill_mma16) {
-                    /* 32 query rows per warp, unless that grid would not give every SM a block (short
-                     * prompts): the 16-row kernel has twice the blocks */
-                    kiln_cuda_dims d = kiln_attn_prefill_mma_dims(KILN_PF_MMA_WARPS, 2, x->n_heads, B, sh->max_q,
-                                                                  x->head_dim, x->kv8 != 0);
-                    bool r32 = a->prefill_mma && (int64_t)d.grid[0] * d.grid[1] * d.grid[2] >= x->cu.n_sm;
-                    if (!r32)
-                        d = kiln_attn_prefill_mma_dims(KILN_PF_MMA_WARPS, 1, x->n_heads, B, sh->max_q, x->head_dim,
-                                                       x->kv8 != 0);
-                    st = launch(x, r32 ? a->prefill_mma : a->prefill_mma16, d.grid[0], d.grid[1], d.grid[2],
-                                d.block[0], d.smem, &pp, r32 ? "kiln_attn_prefill_mma" : "kiln_attn_prefill_mma16",
-                                err);
-                } else {
-                    st = launch(x, a->prefill, (unsigned)((sh->max_q + 63) / 64), (unsigned)x->n_heads, (unsigned)B,
-                                128, a->smem_prefill, &pp, "kiln_attn_prefill", err);
-                }
+                st = run_attn_decode(x, in, a, B, in->rope_in_attn, err);
+                break;
             }
+            /* a mixed step: its leading one-token sequences (the decode part, KV already written by rope_kv)
+             * through the decode kernel, which reads each kv head's cache once for its q heads, and the
+             * prompt chunks after them through the prefill kernel */
+            const int D = sh->n_dec >= CX_MIXED_DECODE_MIN && sh->n_dec < B ? sh->n_dec : 0;
+            if (D) st = run_attn_decode(x, in, a, D, false, err);
+            if (!st) st = run_attn_prefill(x, in, a, D, B - D, sh->max_q, err);
             break;
         }
         case I_GEMM: {
@@ -1920,7 +1945,7 @@ static kiln_status graph_for(cx *x, int B, CUgraphExec *out, kiln_error *err) {
     *out = NULL;
     if (x->n_graphs == CX_MAX_GRAPHS) return KILN_OK; /* run without */
     tune_decode(x, B);
-    cx_shape sh = {B, B, true, 1, true};
+    cx_shape sh = {B, B, true, 1, true, B};
     kiln_status st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuStreamBeginCapture(x->stream, CU_STREAM_CAPTURE_MODE_RELAXED));
     if (st) return kiln_err_prefix(err, "cuda executor: capturing a decode graph: ");
     kiln_error run_err = {0};
@@ -2104,17 +2129,18 @@ static kiln_status download_logits(cx *x, const kiln_step *s, kiln_error *err) {
 /* A step's first part: checks, KV blocks, the inputs staged and copied up (on the stream); *sh the
  * step's shape, padded to its graph's bucket when sh->graph. */
 static kiln_status step_begin(cx *x, const kiln_step *s, cx_shape *sh, kiln_error *err) {
-    int T = 0, max_q = 0;
+    int T = 0, max_q = 0, n_dec = 0;
     bool decode = false;
     kiln_status st = check_step(x, s, &T, &max_q, &decode, err);
     if (st) return st;
+    while (n_dec < s->n_seqs && s->n_new[n_dec] == 1) n_dec++; /* the scheduler lays decode tokens out first */
     if ((st = kiln_cuda_make_current(&x->cu, err))) return st;
     const int n = s->n_seqs;
     for (int i = 0; i < n; i++)
         if ((st = kiln_kvpool_append(&x->kv, s->slot[i], s->n_new[i], err))) return st;
     const bool graph = decode && !x->no_graphs && !x->profile; /* profiling times each kernel: no graphs */
     const int B = graph ? bucket(x, n) : n, rows = decode ? B : T;
-    *sh = (cx_shape){rows, B, decode, max_q, graph};
+    *sh = (cx_shape){rows, B, decode, max_q, graph, n_dec};
 
     /* the step's inputs, staged */
     uint8_t *h = x->in_host;

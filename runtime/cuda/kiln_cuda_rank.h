@@ -40,6 +40,7 @@ typedef struct kiln_cx_shape {
     bool decode; /* every sequence adds one token: T == B, row i is sequence i's token */
     int max_q;   /* most new tokens of one sequence */
     bool graph;  /* a decode step that runs as a CUDA graph (B is its bucket) */
+    int n_dec;   /* the leading sequences that add one token each (rows 0..n_dec-1; all B at a decode step) */
 } kiln_cx_shape;
 
 /* A collective of the program, on one rank. */
