@@ -8,7 +8,10 @@
 # at batch 1024 with a step budget of 16,384 tokens (the default 8,192), then the rounds again.
 # While the checkpoint is written: test_gpu_kernels' test_w8a8, test_cublaslt_tune and test_rmsnorm
 # (kiln_rmsnorm_fp8 against the norm and kiln_act_fp8), test_gpu_exec's W8A8, tuning and quantized tests.
+# A kiln of another build in $BIN_B (VARIANTS naming kv8b) compiles kv8b as kv8 is compiled, for an A/B of
+# two builds' codegen (its engine benched by $BIN's kiln, the runtime under test being the same).
 #   BIN=.carry/bin OUT=$OUT bash bench/gpu_l8_e2e.sh          # SKIP_TESTS=1: the benches only
+#   VARIANTS="kv8 kv8b" BIN_B=.carry/bin-b BIN=.carry/bin OUT=$OUT bash bench/gpu_l8_e2e.sh
 set -u
 BIN=${BIN:-build-dev}
 OUT=${OUT:-out}
@@ -16,7 +19,7 @@ W=${WORK:-/tmp/kiln-l8e2e}
 BUDGET=${BUDGET:-570}
 BATCHES=${BATCHES:-1024}
 PROFILE_BATCH=${PROFILE_BATCH:-1024}
-VARIANTS=${VARIANTS:-kv8 kv8n} # the engines benched: kv8 always compiled, kv8n and kv16 (a bf16 KV cache) where named
+VARIANTS=${VARIANTS:-kv8 kv8n} # the engines benched: kv8 always compiled; kv8n, kv16 (a bf16 KV cache), kv8b where named
 K=$BIN/kiln
 . bench/gpu_lib.sh
 python3 bench/make_checkpoint.py --arch llama-3.1-8b --out "$W/l8" >"$OUT/checkpoint.log" 2>&1 &
@@ -34,6 +37,8 @@ NO_NORM8=fuse-add-rmsnorm,fuse-qkv-rope,fuse-gate-up-swiglu,fuse-linear-residual
 NO_NORM8=$NO_NORM8,dce,fold-norm-into-ck-gemv,w8a8,w8a8-fast-accum,swiglu-out-fp8
 [[ " $VARIANTS " = *" kv8n "* ]] && part compile_kv8n 150 "$K" compile "$W/l8" -o "$W/kv8n.kiln" --target sm_90 --quant fp8 --kv-dtype fp8 --calib-ids "$W/calib.json" \
     --passes "$NO_NORM8"
+[[ " $VARIANTS " = *" kv8b "* ]] && part compile_kv8b 150 "${BIN_B:?kv8b needs BIN_B}/kiln" compile "$W/l8" \
+    -o "$W/kv8b.kiln" --target sm_90 --quant fp8 --kv-dtype fp8 --calib-ids "$W/calib.json"
 [[ " $VARIANTS " = *" kv16 "* ]] && part compile_kv16 150 "$K" compile "$W/l8" -o "$W/kv16.kiln" --target sm_90 --quant fp8
 rm -rf "$W/l8"
 prefill_round() { # ROUND
