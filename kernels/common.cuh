@@ -310,6 +310,15 @@ KILN_DEV unsigned kiln_e4m3_rn(float x) {
 #endif
 }
 
+/* The 8 values f times inv as E4M3 codes (kiln_e4m3_rn), value e in byte e: a 16-byte chunk of W8A8's
+ * per-token activations as kiln_act_fp8 and the kernels that write its codes for it store them. */
+KILN_DEV uint2 kiln_e4m3_pack8(const float f[8], float inv) {
+    unsigned w[2] = {0, 0};
+#pragma unroll
+    for (int e = 0; e < 8; e++) w[e >> 2] |= kiln_e4m3_rn(f[e] * inv) << (8 * (e & 3));
+    return make_uint2(w[0], w[1]);
+}
+
 /* ---- an 8-bit KV cache (KILN_KV8 1: FP8 E4M3, 2: int8; attention +kv_fp8 / +kv_int8) ----
  * The cache holds one byte per element in the bf16 cache's layout; a kv head's K and V each have a
  * scale (kv_scale, [2][N_KV_HEADS]). kiln_kv_code8 is common/quant.c's kiln_kv_code: x / scale (one

@@ -62,7 +62,7 @@ extern "C" __global__ void __launch_bounds__(DEQUANT_THREADS) kiln_dequant(const
 #define ACTQ_THREADS 256
 #endif
 
-/* kiln_e4m3_rn: common.cuh */
+/* kiln_e4m3_rn, kiln_e4m3_pack8: common.cuh */
 
 #if !KILN_F32
 extern "C" __global__ void __launch_bounds__(ACTQ_THREADS) kiln_act_fp8(const kiln_act_fp8_params p) {
@@ -87,10 +87,7 @@ extern "C" __global__ void __launch_bounds__(ACTQ_THREADS) kiln_act_fp8(const ki
     for (int c = threadIdx.x; c < nch; c += ACTQ_THREADS) {
         float f[8];
         kiln_unpack8(x[c], f);
-        unsigned w[2] = {0, 0};
-#pragma unroll
-        for (int e = 0; e < 8; e++) w[e >> 2] |= kiln_e4m3_rn(f[e] * inv) << (8 * (e & 3));
-        out[c] = make_uint2(w[0], w[1]);
+        out[c] = kiln_e4m3_pack8(f, inv);
     }
 }
 
@@ -118,10 +115,7 @@ extern "C" __global__ void __launch_bounds__(ACTQ_THREADS) kiln_act_fp8g(const k
         if (c >= nch) continue;
         const float inv = amax > 0.0f ? 448.0f / amax : 0.0f;
         if ((c & 15) == 0) ((float *)p.scales)[(size_t)(c >> 4) * p.M + row] = amax / 448.0f;
-        unsigned w[2] = {0, 0};
-#pragma unroll
-        for (int e = 0; e < 8; e++) w[e >> 2] |= kiln_e4m3_rn(f[e] * inv) << (8 * (e & 3));
-        out[c] = make_uint2(w[0], w[1]);
+        out[c] = kiln_e4m3_pack8(f, inv);
     }
 }
 #endif

@@ -134,12 +134,7 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) kiln_rmsnorm_fp8(cons
 #pragma unroll
     for (int i = 0; i < NORM_PER; i++) {
         int c = threadIdx.x + i * NORM_THREADS;
-        if (c < NORM_NCH) {
-            unsigned w[2] = {0, 0};
-#pragma unroll
-            for (int e = 0; e < 8; e++) w[e >> 2] |= kiln_e4m3_rn(o[i][e] * inv) << (8 * (e & 3));
-            codes[c] = make_uint2(w[0], w[1]);
-        }
+        if (c < NORM_NCH) codes[c] = kiln_e4m3_pack8(o[i], inv);
     }
 }
 #endif

@@ -124,10 +124,7 @@ extern "C" __global__ void __launch_bounds__(SWIGLU_FP8_THREADS) kiln_swiglu_fp8
         for (int j = 0; j < SWIGLU_FP8_CH; j++) {
             const int c = threadIdx.x + j * SWIGLU_FP8_THREADS;
             if (c >= n) continue;
-            unsigned w[2] = {0, 0};
-#pragma unroll
-            for (int e = 0; e < KILN_VEC; e++) w[e >> 2] |= kiln_e4m3_rn(o[j][e] * inv) << (8 * (e & 3));
-            out[c] = make_uint2(w[0], w[1]);
+            out[c] = kiln_e4m3_pack8(o[j], inv);
         }
     }
 }
