@@ -1158,6 +1158,15 @@ static kiln_status run_swiglu(cx *x, const cx_gemm *g, int M, CUdeviceptr out, b
     return launch(x, g->swiglu, d.grid[0], d.grid[1], 1, d.block[0], 0, &sp, "kiln_swiglu", err);
 }
 
+/* NORM instruction n over a step's T rows: its bf16 output, or (codes, +out_fp8) the E4M3 codes and per-token
+ * scales of the W8A8 GEMM after it into x->act8 and x->act8_scale. */
+static kiln_status run_norm(cx *x, const cx_inst *n, int T, bool codes, kiln_error *err) {
+    kiln_rmsnorm_params np = {bufp(x, n->x), bufp(x, n->res), dwp(x, n->dw), bufp(x, n->y), T, 0,
+                              codes ? x->act8 : 0, codes ? x->act8_scale : 0};
+    return launch(x, codes ? n->fn8 : n->fn, (unsigned)T, 1, 1, (unsigned)n->threads, 0, &np,
+                  codes ? "kiln_rmsnorm_fp8" : "kiln_rmsnorm", err);
+}
+
 /* run_gemm's W8A8 route for an fp8 or fp8g128 W (codes w): the M rows of x quantized per token
  * (kiln_act_fp8) or per token and 128 columns (kiln_act_fp8g), then cuBLASLt's FP8 GEMM with both
  * operands' scales (w8a8_wscale); a SwiGLU GEMM through the gate/up scratch. KILN_ERR_UNSUPPORTED
@@ -1179,12 +1188,11 @@ static kiln_status run_gemm_fp8(cx *x, const cx_gemm *g, int M, CUdeviceptr in, 
                                 w8a8_wscale(x, g), swiglu ? x->gu_tmp : out, swiglu ? false : res, x->stream, err);
     if (st == KILN_ERR_UNSUPPORTED && io->codes_in) {
         /* the dequantized route reads the bf16 input, which the instruction before wrote as codes: once more,
-         * the SwiGLU from its gate/up product (still in gu_tmp), the RMSNorm (no add) from its input */
+         * the SwiGLU from its gate/up product (still in gu_tmp), the RMSNorm (no add) from its input, both into
+         * this GEMM's input `in` (the norm's output buffer) */
         kiln_error e2 = {0};
         const cx_inst *c = io->codes_in;
-        kiln_rmsnorm_params np = {0, bufp(x, c->res), dwp(x, c->dw), in, M, 0, 0, 0};
-        if (c->kind == I_GEMM ? run_swiglu(x, &c->g, M, in, false, &e2)
-                              : launch(x, c->fn, (unsigned)M, 1, 1, (unsigned)c->threads, 0, &np, "kiln_rmsnorm", &e2)) {
+        if (c->kind == I_GEMM ? run_swiglu(x, &c->g, M, in, false, &e2) : run_norm(x, c, M, false, &e2)) {
             *err = e2;
             return e2.code;
         }
@@ -1460,11 +1468,7 @@ static kiln_status run_range(cx *x, const cx_shape *sh, int from, int *stop, kil
         }
         case I_NORM: {
             if (norm_folds(x, i, sh)) break; /* the next GEMV normalises its input itself */
-            const bool codes = writes_codes(x, i, T); /* +out_fp8: the next GEMM's E4M3 input */
-            kiln_rmsnorm_params np = {bufp(x, in->x), bufp(x, in->res), dwp(x, in->dw), bufp(x, in->y), T, 0,
-                                      codes ? x->act8 : 0, codes ? x->act8_scale : 0};
-            st = launch(x, codes ? in->fn8 : in->fn, (unsigned)T, 1, 1, (unsigned)in->threads, 0, &np,
-                        codes ? "kiln_rmsnorm_fp8" : "kiln_rmsnorm", err);
+            st = run_norm(x, in, T, writes_codes(x, i, T), err); /* +out_fp8: the next GEMM's E4M3 input */
             break;
         }
         case I_COPY:
