@@ -111,6 +111,9 @@
 #ifndef ATTN_MINB
 #define ATTN_MINB 0 /* blocks per SM the register allocation must allow (0: the compiler's choice) */
 #endif
+#ifndef ATTN_TC
+#define ATTN_TC 0 /* 1: kiln_attn_decode_tc as well (the tensor-core kernel below) */
+#endif
 #if HEAD_DIM % KILN_VEC || HEAD_DIM / KILN_VEC > 32 || (32 % (HEAD_DIM / KILN_VEC)) != 0
 #error "HEAD_DIM must be a power of two from 8 to 256 (bf16) or 4 to 128 (KILN_F32)"
 #endif
@@ -275,6 +278,109 @@ KILN_DEV void kiln_attn_take(const kiln_kvc (*kvb)[U][2][NT], int step, int tw, 
     }
 }
 
+/* The split's KV block ids, from block fb of sequence b's table, into blocks[] (shared memory). */
+KILN_DEV void kiln_attn_blocks(const kiln_attn_decode_params &p, int b, int t0, int t1, int fb, int *blocks) {
+    const int *bt = (const int *)p.block_tables + (size_t)b * p.max_blocks;
+    const int nb = t1 > t0 ? (t1 - 1) / BLOCK_SIZE - fb + 1 : 0;
+    for (int i = threadIdx.x; i < nb; i += ATTN_WARPS * 32) blocks[i] = bt[fb + i];
+}
+/* Fused RoPE: the angles of position pos, one dim per thread, into rcs/rsn (shared memory). */
+KILN_DEV void kiln_attn_angles(const kiln_attn_decode_params &p, int pos, float *rcs, float *rsn) {
+    constexpr int HALF = HEAD_DIM / 2;
+    for (int d = threadIdx.x; d < HEAD_DIM; d += ATTN_WARPS * 32)
+        sincosf((float)pos * kiln_rope_freq(d % HALF, HEAD_DIM, p.rope_theta, p.rope_llama3, p.rope_factor,
+                                            p.rope_low_freq_factor, p.rope_high_freq_factor, p.rope_orig_max_pos),
+                &rsn[d], &rcs[d]);
+}
+/* Fused RoPE, in the block of the sequence's last split: its new token's k rotated (from qrow, the
+ * sequence's QKV output row) and v, stored into the cache at p.slots[b] (-1: not stored) and into
+ * knew/vnew (shared memory) as the cache holds them (elements, or codes with KILN_KV8); threads tid,
+ * tid + nthreads, ... take one dim each. */
+KILN_DEV void kiln_attn_new_kv(const kiln_attn_decode_params &p, const kiln_elem *qrow, int b, int h, const float *rcs,
+                               const float *rsn, unsigned char *knew, unsigned char *vnew, int tid, int nthreads) {
+    constexpr int HALF = HEAD_DIM / 2;
+    const int slot = ((const int *)p.slots)[b];
+    const kiln_elem *kx = qrow + (N_HEADS + h) * HEAD_DIM, *vx = qrow + (N_HEADS + N_KV_HEADS + h) * HEAD_DIM;
+    for (int d = tid; d < HEAD_DIM; d += nthreads) {
+        const kiln_elem kv = kiln_f2e(
+            kiln_rope_rot(kiln_e2f(kx[d]), kiln_e2f(kx[d < HALF ? d + HALF : d - HALF]), rcs[d], rsn[d], d < HALF));
+        const size_t at = kiln_kv_at(slot / BLOCK_SIZE, h, slot % BLOCK_SIZE, d);
+#if KILN_KV8 /* rope_kv's codes: of the rounded k, and v */
+        const unsigned char kq = (unsigned char)kiln_kv_code8(kiln_e2f(kv), kiln_kv_scale(p.kv_scale, h));
+        const unsigned char vq = (unsigned char)kiln_kv_code8(kiln_e2f(vx[d]), kiln_kv_scale(p.kv_scale, N_KV_HEADS + h));
+        knew[d] = kq;
+        vnew[d] = vq;
+        if (slot >= 0) {
+            ((unsigned char *)p.k_cache)[at] = kq;
+            ((unsigned char *)p.v_cache)[at] = vq;
+        }
+#else
+        ((kiln_elem *)knew)[d] = kv;
+        ((kiln_elem *)vnew)[d] = vx[d];
+        if (slot >= 0) {
+            ((kiln_elem *)p.k_cache)[at] = kv;
+            ((kiln_elem *)p.v_cache)[at] = vx[d];
+        }
+#endif
+    }
+}
+
+/* The block's end, for both kernels: each warp's o (red: [ATTN_WARPS][G][HEAD_DIM]) and its max and
+ * sum (wml: [ATTN_WARPS][G][2]) are in shared memory (the block synced). The warps' parts merge, each
+ * weighted by 2^(its max - the larger max); with one split the block writes the normalised output,
+ * otherwise its split's unnormalised o with (max, sum), and with p.counters the last split block of
+ * (b, h) to finish merges the splits. */
+KILN_DEV void kiln_attn_finish(const kiln_attn_decode_params &p, int b, int h, int split, int nsplit, float *red,
+                               const float *wml, float *ml) {
+    constexpr int G = N_HEADS / N_KV_HEADS, NT = ATTN_WARPS * 32;
+    __shared__ int is_last;
+    /* an 8-bit cache's V scale: o = sum p (code * s) = s * sum p code */
+    const float vsc = KILN_KV8 ? kiln_kv_scale(p.kv_scale, N_KV_HEADS + h) : 1.0f;
+    for (int i = threadIdx.x; i < G * HEAD_DIM; i += NT) {
+        const int g = i / HEAD_DIM, d = i % HEAD_DIM;
+        float mx = KILN_NEG_INF;
+#pragma unroll
+        for (int w = 0; w < ATTN_WARPS; w++) mx = fmaxf(mx, wml[(w * G + g) * 2]);
+        const float base = kiln_attn_base(mx);
+        float acc = 0.0f, sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < ATTN_WARPS; w++) {
+            const float f = exp2f(wml[(w * G + g) * 2] - base);
+            acc = fmaf(f, red[(w * G + g) * HEAD_DIM + d], acc);
+            sum = fmaf(f, wml[(w * G + g) * 2 + 1], sum);
+        }
+        if (KILN_KV8) acc *= vsc;
+        const int hq = h * G + g;
+        if (nsplit <= 1) {
+            ((kiln_elem *)p.out)[((size_t)b * N_HEADS + hq) * HEAD_DIM + d] = kiln_f2e(sum > 0.0f ? acc / sum : 0.0f);
+        } else {
+            const size_t ps = ((size_t)b * N_HEADS + hq) * p.max_splits + split;
+            ((float *)p.part_o)[ps * HEAD_DIM + d] = acc;
+            if (d == 0) {
+                ((float *)p.part_ml)[ps * 2] = mx;
+                ((float *)p.part_ml)[ps * 2 + 1] = sum;
+            }
+        }
+    }
+    if (nsplit <= 1 || !p.counters) return;
+
+    /* the last split block of (b, h) to get here merges the G heads' splits */
+    __threadfence(); /* this block's partials are visible device-wide before it counts */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int *cnt = (int *)p.counters + (size_t)b * N_KV_HEADS + h;
+        const int prev = atomicAdd(cnt, 1);
+        is_last = prev == nsplit - 1;
+        if (is_last) *cnt = 0; /* every split has counted: ready for the next launch */
+    }
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    /* red (the warps' o) is free now: it holds the splits' weights and sums */
+    constexpr int CAP = ATTN_WARPS * HEAD_DIM / 2;
+    kiln_attn_merge<G, NT>(p, b, h * G, nsplit, red, red + G * CAP, CAP, ml);
+}
+
 extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MINB) kiln_attn_decode(const kiln_attn_decode_params p) {
     constexpr int G = N_HEADS / N_KV_HEADS;
     constexpr int LPT = HEAD_DIM / KILN_VEC; /* lanes per token */
@@ -315,11 +421,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MINB) kiln_at
     const int t0 = kiln_attn_start(L) + split * part;
     const int t1 = min(L, t0 + part);
     const int fb = t0 / BLOCK_SIZE; /* first KV block of the split */
-    {
-        const int *bt = (const int *)p.block_tables + (size_t)b * p.max_blocks;
-        const int nb = t1 > t0 ? (t1 - 1) / BLOCK_SIZE - fb + 1 : 0;
-        for (int i = threadIdx.x; i < nb; i += NT) blocks[i] = bt[fb + i];
-    }
+    kiln_attn_blocks(p, b, t0, t1, fb, blocks);
     const unsigned char *kc = (const unsigned char *)p.k_cache, *vc = (const unsigned char *)p.v_cache;
 
     /* Fused RoPE (p.qkv): the rope angles need only the position (a step input), so they are computed
@@ -331,11 +433,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MINB) kiln_at
     const int pos = rope ? ((const int *)p.positions)[b] : 0;
     const int tnew = rope ? L - 1 : -1; /* the token whose k and v come from the QKV output */
     const bool last_split = rope && split == nsplit - 1;
-    if (rope)
-        for (int d = threadIdx.x; d < HEAD_DIM; d += NT)
-            sincosf((float)pos * kiln_rope_freq(d % HALF, HEAD_DIM, p.rope_theta, p.rope_llama3, p.rope_factor,
-                                                p.rope_low_freq_factor, p.rope_high_freq_factor, p.rope_orig_max_pos),
-                    &rsn[d], &rcs[d]);
+    if (rope) kiln_attn_angles(p, pos, rcs, rsn);
     __syncthreads(); /* blocks[], rcs/rsn ready */
 
     /* Lane groups of LPT lanes take one token each, U tokens per step: group (warp, g) of the block
@@ -349,32 +447,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MINB) kiln_at
     if (rope) kiln_pdl_wait();
 
     const kiln_elem *qrow = rope ? (const kiln_elem *)p.qkv + (size_t)b * QKVW : (const kiln_elem *)0;
-    if (last_split) {
-        const int slot = ((const int *)p.slots)[b];
-        const kiln_elem *kx = qrow + (N_HEADS + h) * HEAD_DIM, *vx = qrow + (N_HEADS + N_KV_HEADS + h) * HEAD_DIM;
-        for (int d = threadIdx.x; d < HEAD_DIM; d += NT) {
-            const kiln_elem kv = kiln_f2e(
-                kiln_rope_rot(kiln_e2f(kx[d]), kiln_e2f(kx[d < HALF ? d + HALF : d - HALF]), rcs[d], rsn[d], d < HALF));
-            const size_t at = kiln_kv_at(slot / BLOCK_SIZE, h, slot % BLOCK_SIZE, d);
-#if KILN_KV8 /* rope_kv's codes: of the rounded k, and v */
-            const unsigned char kq = (unsigned char)kiln_kv_code8(kiln_e2f(kv), kiln_kv_scale(p.kv_scale, h));
-            const unsigned char vq = (unsigned char)kiln_kv_code8(kiln_e2f(vx[d]), kiln_kv_scale(p.kv_scale, N_KV_HEADS + h));
-            knew[d] = kq;
-            vnew[d] = vq;
-            if (slot >= 0) {
-                ((unsigned char *)p.k_cache)[at] = kq;
-                ((unsigned char *)p.v_cache)[at] = vq;
-            }
-#else
-            ((kiln_elem *)knew)[d] = kv;
-            ((kiln_elem *)vnew)[d] = vx[d];
-            if (slot >= 0) {
-                ((kiln_elem *)p.k_cache)[at] = kv;
-                ((kiln_elem *)p.v_cache)[at] = vx[d];
-            }
-#endif
-        }
-    }
+    if (last_split) kiln_attn_new_kv(p, qrow, b, h, rcs, rsn, knew, vnew, threadIdx.x, NT);
 
     /* q for the G heads, KILN_VEC dims per lane, pre-scaled for exp2 (rotated here with p.qkv,
      * rounded to the element type as the rope kernel stores it). */
@@ -518,53 +591,293 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MINB) kiln_at
         }
     __syncthreads();
 
-    __shared__ int is_last;
-    /* an 8-bit cache's V scale: o = sum p (code * s) = s * sum p code */
-    const float vsc = KILN_KV8 ? kiln_kv_scale(p.kv_scale, N_KV_HEADS + h) : 1.0f;
-    for (int i = threadIdx.x; i < G * HEAD_DIM; i += NT) {
-        const int g = i / HEAD_DIM, d = i % HEAD_DIM;
-        float mx = KILN_NEG_INF;
+    kiln_attn_finish(p, b, h, split, nsplit, red, wml, ml);
+}
+
+#if ATTN_TC
+/* ---- kiln_attn_decode_tc: the same work on the tensor cores (ATTN_TC 1) ----
+ * For GQA groups of 4 to 8 query heads a kv head, where the CUDA-core kernel above spends most of its
+ * instructions on per-token softmax bookkeeping and score shuffles that every lane of a token's group
+ * repeats (at batch 1024 over an FP8 cache it was issue-bound, at about 30 % of the read ceiling).
+ * The same split rule and fused RoPE; a warp takes one kv head (block (x, b, split): kv heads
+ * ATTN_WARPS*x ..., so the block's warps share the sequence's block ids and rope angles) and the
+ * whole split, in tiles of 16 tokens, and runs both products on mma.sync m16n8k16 with fp32
+ * accumulation (a warp's stream of tiles is long enough to keep its ring full; the first version,
+ * the block's warps splitting one kv head's tokens as the CUDA-core kernel does, measured slower than
+ * that kernel at batch 1024: 3 tiles a warp, and the block end's merge): bf16 operands for a bf16 cache, f16 for FP8 codes (E4M3
+ * widens to f16 exactly; q and P are rounded to f16, P to bf16 with a bf16 cache, as flash attention
+ * rounds P).
+ *   S^T [16 tokens x 8 heads] = K [16 x HEAD_DIM] . q^T: A = K rows straight from the cache, B = q (heads
+ *     past G are zero). A k-step's 16 columns are any 16 dims as long as A and B agree: lane (r = lane/4,
+ *     c = lane%4) holds k-slots {2c, 2c+1, 2c+8, 2c+9}, mapped to dims D4*c + 4*ks + {0, 1, 2, 3}, so
+ *     a lane reads D4 = HEAD_DIM/4 contiguous dims of its two token rows (r, r + 8).
+ *   Online softmax on S^T's fragment: a lane holds tokens r, r + 8 of heads 2c, 2c + 1; a head's max
+ *     and sum run over the 8 lanes sharing c (3 shuffle levels a tile, no broadcast).
+ *   O^T [HEAD_DIM x 8 heads] += V^T [HEAD_DIM x 16 tokens] . P^T: B = P^T is S^T's fragment rounded and
+ *     transposed in registers (movmatrix, two 8x8 halves); A = V^T, whose rows (dims) are again ours
+ *     to place: lane r owns dims D8*r .. D8*r + D8 - 1 (D8 = HEAD_DIM/8) of tokens 2c, 2c+1, 2c+8, 2c+9,
+ *     m-tile mt's rows r and r + 8 being dims D8*r + 2mt and + 1; a register pairs two tokens' codes
+ *     of one dim (a byte permute).
+ * Each thread streams its own 16-byte chunks of a tile (2 K rows, 4 V rows) through a cp.async ring
+ * of KILN_ATTN_TC_STAGES tiles in dynamic shared memory after the split's block ids
+ * (KILN_ATTN_DECODE_TC_SMEM), reading back only what it copied. Each warp writes its heads' output
+ * (one split) or its split's unnormalised o and (max, sum) for the combine kernel; no merging block
+ * (p.counters is not read: the executor keeps the CUDA-core kernel for +merge_splits).
+ * Launch: grid (ceil(N_KV_HEADS / ATTN_WARPS), B, max_splits), block ATTN_WARPS * 32. */
+#if KILN_F32 || KILN_KV8 == 2
+#error "ATTN_TC: bf16 engines with a bf16 or FP8 cache"
+#endif
+static_assert(N_HEADS / N_KV_HEADS <= 8 && HEAD_DIM <= 128 && HEAD_DIM * KILN_KV_ES >= 128 && HEAD_DIM % 32 == 0,
+              "ATTN_TC: at most 8 query heads a kv head, HEAD_DIM 64 or 128 (128 with an FP8 cache)");
+#define KILN_TC_STAGES KILN_ATTN_TC_STAGES(KILN_KV_ES)
+#if KILN_KV8
+#define KILN_TC_MMA "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+/* two floats as the operands' f16x2 (lo in the low half) */
+KILN_DEV unsigned kiln_tc_pack(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+/* The 4 E4M3 codes of w (byte i = element i) as two f16x2 (elements 0, 1 and 2, 3), exact: sm_89's
+ * conversion, or elsewhere the fields moved into f16's (sign; exponent and mantissa shifted by 7),
+ * which is the value times 2^-8 (KILN_TC_UNIT) for normals and subnormals alike (bias 7 against 15). */
+#if __CUDA_ARCH__ >= 890
+#define KILN_TC_UNIT 1.0f
+KILN_DEV void kiln_tc_e4m3x4(unsigned w, unsigned &lo, unsigned &hi) {
+    asm("{\n\t.reg .b16 a, b;\n\tmov.b32 {a, b}, %2;\n\t"
+        "cvt.rn.f16x2.e4m3x2 %0, a;\n\tcvt.rn.f16x2.e4m3x2 %1, b;\n\t}"
+        : "=r"(lo), "=r"(hi)
+        : "r"(w));
+}
+#else
+#define KILN_TC_UNIT 256.0f
+KILN_DEV unsigned kiln_tc_e4m3x2(unsigned x) { /* codes in bytes 0 and 2 */
+    return ((x & 0x007F007Fu) << 7) | ((x & 0x00800080u) << 8);
+}
+KILN_DEV void kiln_tc_e4m3x4(unsigned w, unsigned &lo, unsigned &hi) {
+    lo = kiln_tc_e4m3x2(__byte_perm(w, 0u, 0x4140));
+    hi = kiln_tc_e4m3x2(__byte_perm(w, 0u, 0x4342));
+}
+#endif
+#else
+#define KILN_TC_MMA "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+#define KILN_TC_UNIT 1.0f
+KILN_DEV unsigned kiln_tc_pack(float lo, float hi) { return kiln_f2bf2(lo, hi); }
+#endif
+KILN_DEV void kiln_tc_mma(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    asm(KILN_TC_MMA " {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+/* an 8x8 fragment of 16-bit values transposed across the warp */
+KILN_DEV unsigned kiln_tc_trans(unsigned v) {
+    unsigned r;
+    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(v));
+    return r;
+}
+
+/* A tile's rows for lane (r, c): K rows r and r + 8 (KC chunks of 16 bytes each, dims D4*c on), V rows
+ * 2c, 2c+1, 2c+8, 2c+9 (VC chunks each, dims D8*r on); chunk q of row i sits at ring[stage][q][lane]
+ * of the warp's ring. */
+constexpr int KILN_TC_D4 = HEAD_DIM / 4, KILN_TC_D8 = HEAD_DIM / 8;
+constexpr int KILN_TC_KC = KILN_TC_D4 * KILN_KV_ES / 16, KILN_TC_VC = KILN_TC_D8 * KILN_KV_ES / 16;
+constexpr int KILN_TC_CH = 2 * KILN_TC_KC + 4 * KILN_TC_VC;
+KILN_DEV int kiln_tc_row_tok(int i, int r, int c) { return i < 2 ? r + 8 * i : 2 * c + (i - 2) % 2 + 8 * ((i - 2) / 2); }
+KILN_DEV int kiln_tc_chunk0(int i) { return i < 2 ? i * KILN_TC_KC : 2 * KILN_TC_KC + (i - 2) * KILN_TC_VC; }
+
+/* Issues step `step`'s copies (tile base token tb) into the warp's ring stage, one commit group. */
+KILN_DEV void kiln_tc_issue(uint4 *ring, int step, int tb, int t1, int tnew, const unsigned char *kc,
+                            const unsigned char *vc, const int *blocks, int fb, int h, int lane) {
+    const int r = lane >> 2, c = lane & 3;
+    uint4 *st = ring + (size_t)(step % KILN_TC_STAGES) * KILN_TC_CH * 32 + lane;
 #pragma unroll
-        for (int w = 0; w < ATTN_WARPS; w++) mx = fmaxf(mx, wml[(w * G + g) * 2]);
-        const float base = kiln_attn_base(mx);
-        float acc = 0.0f, sum = 0.0f;
+    for (int i = 0; i < 6; i++) {
+        const int t = tb + kiln_tc_row_tok(i, r, c);
+        const bool isk = i < 2;
+        if (t < t1 && t != tnew) {
+            const size_t at = kiln_kv_at(blocks[t / BLOCK_SIZE - fb], h, t % BLOCK_SIZE, isk ? KILN_TC_D4 * c : KILN_TC_D8 * r) * KILN_KV_ES;
+            const unsigned char *src = (isk ? kc : vc) + at;
 #pragma unroll
-        for (int w = 0; w < ATTN_WARPS; w++) {
-            const float f = exp2f(wml[(w * G + g) * 2] - base);
-            acc = fmaf(f, red[(w * G + g) * HEAD_DIM + d], acc);
-            sum = fmaf(f, wml[(w * G + g) * 2 + 1], sum);
+            for (int q = 0; q < (isk ? KILN_TC_KC : KILN_TC_VC); q++)
+                kiln_cp16(kiln_saddr(st + (size_t)(kiln_tc_chunk0(i) + q) * 32), src + 16 * q, 16);
         }
-        if (KILN_KV8) acc *= vsc;
-        const int hq = h * G + g;
+    }
+    kiln_cp_commit();
+}
+/* Chunk q of row i of the step's tile for this lane: its ring copy, the new token's from knew/vnew,
+ * zeros past t1. */
+KILN_DEV uint4 kiln_tc_take(const uint4 *ring, int step, int tb, int t1, int tnew, const unsigned char *knew,
+                            const unsigned char *vnew, int lane, int i, int q) {
+    const int r = lane >> 2, c = lane & 3;
+    const int t = tb + kiln_tc_row_tok(i, r, c);
+    const bool isk = i < 2;
+    if (t == tnew)
+        return *(const uint4 *)((isk ? knew : vnew) + (isk ? KILN_TC_D4 * c : KILN_TC_D8 * r) * KILN_KV_ES + 16 * q);
+    if (t >= t1) return make_uint4(0u, 0u, 0u, 0u);
+    return ring[((size_t)(step % KILN_TC_STAGES) * KILN_TC_CH + kiln_tc_chunk0(i) + q) * 32 + lane];
+}
+KILN_DEV unsigned kiln_tc_word(const uint4 *v, int w) {
+    const uint4 u = v[w / 4];
+    return (w & 3) == 0 ? u.x : (w & 3) == 1 ? u.y : (w & 3) == 2 ? u.z : u.w;
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) kiln_attn_decode_tc(const kiln_attn_decode_params p) {
+    constexpr int G = N_HEADS / N_KV_HEADS, KT = HEAD_DIM / 16, NB = PARTITION / BLOCK_SIZE + 2;
+    constexpr int QKVW = (N_HEADS + 2 * N_KV_HEADS) * HEAD_DIM, HALF = HEAD_DIM / 2;
+    extern __shared__ int smem_tc[];
+    int *blocks = smem_tc; /* [NB] block ids of this split */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r = lane >> 2, c = lane & 3;
+    uint4 *ring = (uint4 *)((char *)smem_tc + (NB * 4 + 15) / 16 * 16) + (size_t)warp * KILN_TC_STAGES * KILN_TC_CH * 32;
+    __shared__ __align__(16) unsigned char knew[ATTN_WARPS][HEAD_DIM * KILN_KV_ES], vnew[ATTN_WARPS][HEAD_DIM * KILN_KV_ES];
+    __shared__ float rcs[HEAD_DIM], rsn[HEAD_DIM];
+
+    const bool rope = p.qkv != 0;
+    if (!rope) kiln_pdl_wait();
+    const int h = blockIdx.x * ATTN_WARPS + warp, b = blockIdx.y, split = blockIdx.z;
+    const bool live = h < N_KV_HEADS; /* the last block's warps past the kv heads only keep the barriers */
+    const int L = ((const int *)p.seq_lens)[b];
+    const int part = kiln_attn_part(p, L);
+    const int nsplit = kiln_attn_nsplits(L, part);
+    if (split >= nsplit && !(split == 0 && nsplit == 0)) return;
+    const int t0 = kiln_attn_start(L) + split * part, t1 = min(L, t0 + part), fb = t0 / BLOCK_SIZE;
+    kiln_attn_blocks(p, b, t0, t1, fb, blocks);
+    const unsigned char *kc = (const unsigned char *)p.k_cache, *vc = (const unsigned char *)p.v_cache;
+    const int pos = rope ? ((const int *)p.positions)[b] : 0;
+    const int tnew = rope ? L - 1 : -1;
+    if (rope) kiln_attn_angles(p, pos, rcs, rsn);
+    __syncthreads(); /* blocks[], rcs/rsn ready */
+    if (!live) return;
+
+    const int nsteps = t1 > t0 ? (t1 - t0 + 15) / 16 : 0;
+#pragma unroll
+    for (int i = 0; i < KILN_TC_STAGES - 1; i++) kiln_tc_issue(ring, i, t0 + 16 * i, t1, tnew, kc, vc, blocks, fb, h, lane);
+    if (rope) kiln_pdl_wait();
+
+    const kiln_elem *qrow = rope ? (const kiln_elem *)p.qkv + (size_t)b * QKVW : (const kiln_elem *)0;
+    if (rope && split == nsplit - 1) kiln_attn_new_kv(p, qrow, b, h, rcs, rsn, knew[warp], vnew[warp], lane, 32);
+
+    /* q's B fragments: head r (zero past G), dims D4*c + 4*ks + {0, 1} and {2, 3}. scores = S * ss: an
+     * FP8 cache's q carries the softmax scale, log2(e) and K's scale (f16 has the range for q times
+     * them, not always for q), a bf16 cache's q is exact and the scale comes after the products. */
+    const float qs = p.scale * KILN_LOG2E * (KILN_KV8 ? kiln_kv_scale(p.kv_scale, h) : 1.0f);
+    const float qq = KILN_KV8 ? qs : 1.0f, ss = KILN_KV8 ? KILN_TC_UNIT : qs;
+    unsigned qb[KT][2];
+    {
+        const kiln_elem *x = rope ? qrow + (h * G + r) * HEAD_DIM
+                                  : (const kiln_elem *)p.q + ((size_t)b * N_HEADS + h * G + r) * HEAD_DIM;
+#pragma unroll
+        for (int ks = 0; ks < KT; ks++) {
+            float v[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int d = KILN_TC_D4 * c + 4 * ks + e;
+                const float xd = r < G ? kiln_e2f(x[d]) : 0.0f;
+                v[e] = rope && r < G ? kiln_round(kiln_rope_rot(xd, kiln_e2f(x[d < HALF ? d + HALF : d - HALF]), rcs[d], rsn[d], d < HALF))
+                                     : xd;
+                v[e] *= qq;
+            }
+            qb[ks][0] = kiln_tc_pack(v[0], v[1]);
+            qb[ks][1] = kiln_tc_pack(v[2], v[3]);
+        }
+    }
+    __syncwarp(); /* knew, vnew ready */
+
+    float m[2] = {KILN_NEG_INF, KILN_NEG_INF}, l[2] = {0.0f, 0.0f}, o[KT][4];
+#pragma unroll
+    for (int mt = 0; mt < KT; mt++) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
+    for (int i = 0; i < nsteps; i++) {
+        const int tb = t0 + 16 * i;
+        kiln_tc_issue(ring, i + KILN_TC_STAGES - 1, tb + 16 * (KILN_TC_STAGES - 1), t1, tnew, kc, vc, blocks, fb, h, lane);
+        kiln_cp_wait<KILN_TC_STAGES - 1>();
+        uint4 kr[2][KILN_TC_KC], vr[4][KILN_TC_VC];
+#pragma unroll
+        for (int q = 0; q < KILN_TC_KC; q++) {
+            kr[0][q] = kiln_tc_take(ring, i, tb, t1, tnew, knew[warp], vnew[warp], lane, 0, q);
+            kr[1][q] = kiln_tc_take(ring, i, tb, t1, tnew, knew[warp], vnew[warp], lane, 1, q);
+        }
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+#pragma unroll
+            for (int q = 0; q < KILN_TC_VC; q++)
+                vr[k][q] = kiln_tc_take(ring, i, tb, t1, tnew, knew[warp], vnew[warp], lane, 2 + k, q);
+        /* S^T: s[0], s[1] token r, heads 2c, 2c+1; s[2], s[3] token r + 8 */
+        float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int ks = 0; ks < KT; ks++) {
+            unsigned a0, a1, a2, a3;
+#if KILN_KV8
+            kiln_tc_e4m3x4(kiln_tc_word(kr[0], ks), a0, a2);
+            kiln_tc_e4m3x4(kiln_tc_word(kr[1], ks), a1, a3);
+#else
+            a0 = kiln_tc_word(kr[0], 2 * ks), a2 = kiln_tc_word(kr[0], 2 * ks + 1);
+            a1 = kiln_tc_word(kr[1], 2 * ks), a3 = kiln_tc_word(kr[1], 2 * ks + 1);
+#endif
+            kiln_tc_mma(s, a0, a1, a2, a3, qb[ks][0], qb[ks][1]);
+        }
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const float s0 = tb + r < t1 ? s[e] * ss : KILN_NEG_INF, s1 = tb + r + 8 < t1 ? s[2 + e] * ss : KILN_NEG_INF;
+            float mx = fmaxf(s0, s1);
+            mx = fmaxf(mx, __shfl_xor_sync(KILN_FULL_MASK, mx, 4));
+            mx = fmaxf(mx, __shfl_xor_sync(KILN_FULL_MASK, mx, 8));
+            mx = fmaxf(mx, __shfl_xor_sync(KILN_FULL_MASK, mx, 16));
+            mx = fmaxf(mx, m[e]);
+            const float base = kiln_attn_base(mx), f = exp2f(m[e] - base);
+            m[e] = mx;
+            s[e] = exp2f(s0 - base);
+            s[2 + e] = exp2f(s1 - base);
+            l[e] = l[e] * f + s[e] + s[2 + e];
+#pragma unroll
+            for (int mt = 0; mt < KT; mt++) o[mt][e] *= f, o[mt][2 + e] *= f;
+        }
+        const unsigned pb0 = kiln_tc_trans(kiln_tc_pack(s[0], s[1])), pb1 = kiln_tc_trans(kiln_tc_pack(s[2], s[3]));
+        /* O^T += V^T . P^T: m-tile mt's rows r, r + 8 are dims D8*r + 2mt, + 1 of tokens 2c, 2c+1 (a0, a1)
+         * and 2c+8, 2c+9 (a2, a3) */
+#pragma unroll
+        for (int mt = 0; mt < KT; mt++) {
+            unsigned a[4];
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+#if KILN_KV8
+                const unsigned w0 = kiln_tc_word(vr[2 * k], mt / 2), w1 = kiln_tc_word(vr[2 * k + 1], mt / 2);
+                kiln_tc_e4m3x4(__byte_perm(w0, w1, mt % 2 ? 0x7362 : 0x5140), a[2 * k], a[2 * k + 1]);
+#else
+                const unsigned w0 = kiln_tc_word(vr[2 * k], mt), w1 = kiln_tc_word(vr[2 * k + 1], mt);
+                a[2 * k] = __byte_perm(w0, w1, 0x5410);
+                a[2 * k + 1] = __byte_perm(w0, w1, 0x7632);
+#endif
+            }
+            kiln_tc_mma(o[mt], a[0], a[1], a[2], a[3], pb0, pb1);
+        }
+    }
+    /* heads 2c, 2c + 1 (those below G): the output with one split, else this split's unnormalised o
+     * with (max, sum); o times an 8-bit cache's V scale (and KILN_TC_UNIT) either way */
+    const float vsc = KILN_KV8 ? kiln_kv_scale(p.kv_scale, N_KV_HEADS + h) * KILN_TC_UNIT : 1.0f;
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        l[e] += __shfl_xor_sync(KILN_FULL_MASK, l[e], 4);
+        l[e] += __shfl_xor_sync(KILN_FULL_MASK, l[e], 8);
+        l[e] += __shfl_xor_sync(KILN_FULL_MASK, l[e], 16);
+        const int g = 2 * c + e, hq = h * G + g;
+        if (g >= G) continue;
         if (nsplit <= 1) {
-            ((kiln_elem *)p.out)[((size_t)b * N_HEADS + hq) * HEAD_DIM + d] = kiln_f2e(sum > 0.0f ? acc / sum : 0.0f);
+            const float inv = l[e] > 0.0f ? vsc / l[e] : 0.0f;
+            kiln_elem *out = (kiln_elem *)p.out + ((size_t)b * N_HEADS + hq) * HEAD_DIM + KILN_TC_D8 * r;
+#pragma unroll
+            for (int mt = 0; mt < KT; mt++) *(unsigned *)(out + 2 * mt) = kiln_f2bf2(o[mt][e] * inv, o[mt][2 + e] * inv);
         } else {
             const size_t ps = ((size_t)b * N_HEADS + hq) * p.max_splits + split;
-            ((float *)p.part_o)[ps * HEAD_DIM + d] = acc;
-            if (d == 0) {
-                ((float *)p.part_ml)[ps * 2] = mx;
-                ((float *)p.part_ml)[ps * 2 + 1] = sum;
+            float *po = (float *)p.part_o + ps * HEAD_DIM + KILN_TC_D8 * r;
+#pragma unroll
+            for (int mt = 0; mt < KT; mt++) *(float2 *)(po + 2 * mt) = make_float2(o[mt][e] * vsc, o[mt][2 + e] * vsc);
+            if (r == 0) {
+                ((float *)p.part_ml)[ps * 2] = m[e];
+                ((float *)p.part_ml)[ps * 2 + 1] = l[e];
             }
         }
     }
-    if (nsplit <= 1 || !p.counters) return;
-
-    /* the last split block of (b, h) to get here merges the G heads' splits */
-    __threadfence(); /* this block's partials are visible device-wide before it counts */
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int *cnt = (int *)p.counters + (size_t)b * N_KV_HEADS + h;
-        const int prev = atomicAdd(cnt, 1);
-        is_last = prev == nsplit - 1;
-        if (is_last) *cnt = 0; /* every split has counted: ready for the next launch */
-    }
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    /* red (the warps' o) is free now: it holds the splits' weights and sums */
-    constexpr int CAP = ATTN_WARPS * HEAD_DIM / 2;
-    kiln_attn_merge<G, NT>(p, b, h * G, nsplit, red, red + G * CAP, CAP, ml);
 }
+#endif /* ATTN_TC */
 
 #define KILN_COMBINE_THREADS ((HEAD_DIM + 31) / 32 * 32)
 #define KILN_COMBINE_STAGE 256 /* splits whose weights the combine kernel keeps in shared memory */

@@ -920,6 +920,7 @@ static void test_rope_kv(void) {
 typedef struct attn_cfg {
     int nh, nkv, hd, bs, window, partition;
     int unroll; /* decode: ATTN_UNROLL (0 = the kernel's default) */
+    int tc;     /* decode: kiln_attn_decode_tc (ATTN_TC 1), the tensor-core kernel, instead */
 } attn_cfg;
 
 /* A random paged cache holding B sequences of lens[b] tokens, in shuffled blocks. */
@@ -992,6 +993,30 @@ static void ref_attend(const paged *pc, const attn_cfg *c, int b, int hq, int qp
     free(s);
 }
 
+/* The decode kernel under test's shared memory and grid.x (c->tc: the tensor-core kernel, a warp a kv
+ * head), es bytes an element of the cache; decode_launch runs it over B sequences in z splits, then the
+ * combine kernel when z > 1. */
+static unsigned decode_smem(const attn_cfg *c, int es) {
+    return c->tc ? kiln_attn_decode_tc_smem(c->hd, c->bs, 512, 4, es) : kiln_attn_decode_smem(c->nh, c->nkv, c->hd, c->bs, 512, 4);
+}
+static unsigned decode_gx(const attn_cfg *c) { return c->tc ? (unsigned)(c->nkv + 3) / 4 : (unsigned)c->nkv; }
+static bool decode_launch(CUfunction fn, CUfunction comb, const attn_cfg *c, int B, int z, int es,
+                          kiln_attn_decode_params *p, const char *what) {
+    if (!klaunch(fn, what, dims(decode_gx(c), (unsigned)B, (unsigned)z, 128, decode_smem(c, es)), p)) return false;
+    return z <= 1 || klaunch(comb, "kiln_attn_decode_combine",
+                             dims((unsigned)c->nh, (unsigned)B, 1, (unsigned)((c->hd + 31) / 32 * 32), 0), p);
+}
+
+/* The reference output of every query head of pc's sequences, each query at its sequence's last position. */
+static double *decode_ref(const paged *pc, const attn_cfg *c, const float *qf, double scale) {
+    double *ref = malloc(sizeof(double) * (size_t)pc->B * c->nh * c->hd);
+    for (int b = 0; b < pc->B; b++)
+        for (int hq = 0; hq < c->nh; hq++)
+            ref_attend(pc, c, b, hq, pc->lens[b] - 1, qf + ((size_t)b * c->nh + hq) * c->hd, scale,
+                       ref + ((size_t)b * c->nh + hq) * c->hd);
+    return ref;
+}
+
 static int attn_defs(const attn_cfg *c, char d[8][40], const char *defs[8]) {
     snprintf(d[0], 40, "N_HEADS=%d", c->nh);
     snprintf(d[1], 40, "N_KV_HEADS=%d", c->nkv);
@@ -1002,6 +1027,7 @@ static int attn_defs(const attn_cfg *c, char d[8][40], const char *defs[8]) {
     snprintf(d[6], 40, "ATTN_WARPS=4");
     int n = 7;
     if (c->unroll > 0) snprintf(d[n++], 40, "ATTN_UNROLL=%d", c->unroll);
+    if (c->tc) snprintf(d[n++], 40, "ATTN_TC=1");
     for (int i = 0; i < n; i++) defs[i] = d[i];
     return n;
 }
@@ -1013,17 +1039,24 @@ static int attn_defs(const attn_cfg *c, char d[8][40], const char *defs[8]) {
 static void test_attn_decode(void) {
     NEED_GPU();
     static const attn_cfg cfgs[] = {
-        {4, 4, 64, 16, 0, 64, 0},      /* MHA, small partition: many splits */
-        {32, 8, 128, 16, 0, 512, 0},   /* Mistral heads, default partition */
-        {8, 2, 128, 16, 100, 64, 0},   /* sliding window smaller than the context */
-        {6, 2, 32, 8, 0, 32, 0},       /* GQA 3, odd group */
-        {32, 8, 128, 16, 0, 0, 0},     /* Mistral heads, split size from kiln_attn_decode_partition */
-        {32, 8, 128, 16, 4096, 0, 0},  /* Mistral: window 4096 < context 4097 */
+        {4, 4, 64, 16, 0, 64, 0, 0},      /* MHA, small partition: many splits */
+        {32, 8, 128, 16, 0, 512, 0, 0},   /* Mistral heads, default partition */
+        {8, 2, 128, 16, 100, 64, 0, 0},   /* sliding window smaller than the context */
+        {6, 2, 32, 8, 0, 32, 0, 0},       /* GQA 3, odd group */
+        {32, 8, 128, 16, 0, 0, 0, 0},     /* Mistral heads, split size from kiln_attn_decode_partition */
+        {32, 8, 128, 16, 4096, 0, 0, 0},  /* Mistral: window 4096 < context 4097 */
         /* load depths other than the default: the score reduce-scatter halving every level (4 x 4
          * scores over 16 lanes; 8 x 1 over 8), and none (3 scores, odd) */
-        {32, 8, 128, 16, 0, 0, 4},
-        {4, 4, 64, 16, 0, 64, 8},
-        {6, 2, 32, 8, 0, 32, 1},
+        {32, 8, 128, 16, 0, 0, 4, 0},
+        {4, 4, 64, 16, 0, 64, 8, 0},
+        {6, 2, 32, 8, 0, 32, 1, 0},
+        /* the tensor-core kernel: Mistral's heads with many splits, with the automatic split and a
+         * window; 6 heads a kv head (fragment columns past G) with a window; 8 heads at head_dim 64 */
+        {32, 8, 128, 16, 0, 64, 0, 1},
+        {32, 8, 128, 16, 0, 0, 0, 1},
+        {32, 8, 128, 16, 4096, 0, 0, 1},
+        {24, 4, 128, 16, 100, 64, 0, 1},
+        {16, 2, 64, 16, 0, 0, 0, 1},
     };
     static const int lens[] = {1, 7, 63, 64, 65, 300, 1000, 4097};
     const int B = (int)(sizeof lens / sizeof lens[0]);
@@ -1032,7 +1065,8 @@ static void test_attn_decode(void) {
         char d[8][40];
         const char *defs[8];
         kfn k;
-        KT_REQUIRE(kbuild(&k, "attn_decode.cuh", "kiln_attn_decode", defs, attn_defs(c, d, defs)));
+        KT_REQUIRE(kbuild(&k, "attn_decode.cuh", c->tc ? "kiln_attn_decode_tc" : "kiln_attn_decode", defs,
+                          attn_defs(c, d, defs)));
         CUfunction comb;
         KT_REQUIRE(kfn_get(&k, "kiln_attn_decode_combine", &comb));
         paged pc;
@@ -1058,21 +1092,15 @@ static void test_attn_decode(void) {
         dev_poison32(po, (size_t)B * c->nh * max_splits * c->hd * 4);
         float scale = 1.0f / sqrtf((float)c->hd);
         kiln_attn_decode_params p = {q, pc.k, pc.v, pc.dbt, pc.dlens, o, po, pml, scale, B, pc.max_blocks, max_splits, part, 0, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0, 0};
-        unsigned smem = kiln_attn_decode_smem(c->nh, c->nkv, c->hd, c->bs, 512, 4);
-        KT_CHECK(klaunch(k.fn, "kiln_attn_decode", dims((unsigned)c->nkv, (unsigned)B, (unsigned)max_splits, 128, smem), &p));
-        if (max_splits > 1)
-            KT_CHECK(klaunch(comb, "kiln_attn_decode_combine", dims((unsigned)c->nh, (unsigned)B, 1, (unsigned)((c->hd + 31) / 32 * 32), 0), &p));
+        const unsigned smem = decode_smem(c, 2), gx = decode_gx(c);
+        KT_CHECK(decode_launch(k.fn, comb, c, B, max_splits, 2, &p, "kiln_attn_decode"));
         uint16_t *oh = host_from(o, qn * 2);
-        double *ref = malloc(sizeof(double) * qn);
-        for (int b = 0; b < B; b++)
-            for (int hq = 0; hq < c->nh; hq++)
-                ref_attend(&pc, c, b, hq, lens[b] - 1, qf + ((size_t)b * c->nh + hq) * c->hd, scale,
-                           ref + ((size_t)b * c->nh + hq) * c->hd);
+        double *ref = decode_ref(&pc, c, qf, scale);
         for (int b = 0; b < B; b++) {
             size_t off = (size_t)b * c->nh * c->hd;
             double e = rel_err_bf16(oh + off, ref + off, (size_t)c->nh * c->hd);
-            KT_CHECKF(e < TOL_BF16, "decode attn cfg %zu (heads %d/%d hd %d window %d partition %d) len %d: rel err %g",
-                      ci, c->nh, c->nkv, c->hd, c->window, part, lens[b], e);
+            KT_CHECKF(e < TOL_BF16, "decode attn cfg %zu (heads %d/%d hd %d window %d partition %d%s) len %d: rel err %g",
+                      ci, c->nh, c->nkv, c->hd, c->window, part, c->tc ? ", tensor cores" : "", lens[b], e);
         }
         /* per-sequence split sizes (partition 0), aiming at 1 and at 16 splits, in a grid of `auto_splits` */
         for (int want = 1; want <= 16; want += 15) {
@@ -1081,7 +1109,7 @@ static void test_attn_decode(void) {
             dev_poison32(po, (size_t)B * c->nh * room * c->hd * 4);
             kiln_attn_decode_params pa = {q, pc.k, pc.v, pc.dbt, pc.dlens, o, po, pml, scale, B, pc.max_blocks,
                                           auto_splits, 0, want, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0, 0};
-            KT_CHECK(klaunch(k.fn, "kiln_attn_decode", dims((unsigned)c->nkv, (unsigned)B, (unsigned)auto_splits, 128, smem), &pa));
+            KT_CHECK(klaunch(k.fn, "kiln_attn_decode", dims(gx, (unsigned)B, (unsigned)auto_splits, 128, smem), &pa));
             KT_CHECK(klaunch(comb, "kiln_attn_decode_combine", dims((unsigned)c->nh, (unsigned)B, 1, (unsigned)((c->hd + 31) / 32 * 32), 0), &pa));
             oh = host_from(o, qn * 2);
             for (int b = 0; b < B; b++) {
@@ -1093,7 +1121,7 @@ static void test_attn_decode(void) {
         }
         /* The last split block merging (p.counters): the combine kernel's bits exactly, twice in a row
          * (so the counters must have gone back to zero), with a fixed and with the automatic split size. */
-        {
+        if (!c->tc) { /* (the tensor-core kernel has no merging block) */
             const size_t nc = (size_t)B * c->nkv;
             CUdeviceptr cnt = dev_alloc(nc * 4);
             kiln_error ferr = {0};
@@ -1107,7 +1135,7 @@ static void test_attn_decode(void) {
                                               0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0, 0};
                 unsigned z = (unsigned)pf.max_splits;
                 dev_poison16(o, qn * 2);
-                KT_CHECK(klaunch(k.fn, "kiln_attn_decode", dims((unsigned)c->nkv, (unsigned)B, z, 128, smem), &pf));
+                KT_CHECK(klaunch(k.fn, "kiln_attn_decode", dims(gx, (unsigned)B, z, 128, smem), &pf));
                 KT_CHECK(klaunch(comb, "kiln_attn_decode_combine", dims((unsigned)c->nh, (unsigned)B, 1, (unsigned)((c->hd + 31) / 32 * 32), 0), &pf));
                 uint16_t *want_bits = host_from(o, qn * 2);
                 for (int again = 0; again < 2; again++) {
@@ -1166,7 +1194,7 @@ static void test_attn_decode(void) {
             dev_poison16(o, qn * 2);
             kiln_attn_decode_params pr = {qrot, pc.k, pc.v, pc.dbt, pc.dlens, o, po, pml, scale, B, pc.max_blocks,
                                           auto_splits, 0, 16, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0, 0};
-            KT_CHECK(klaunch(k.fn, "kiln_attn_decode", dims((unsigned)c->nkv, (unsigned)B, (unsigned)auto_splits, 128, smem), &pr));
+            KT_CHECK(klaunch(k.fn, "kiln_attn_decode", dims(gx, (unsigned)B, (unsigned)auto_splits, 128, smem), &pr));
             KT_CHECK(klaunch(comb, "kiln_attn_decode_combine", dims((unsigned)c->nh, (unsigned)B, 1, (unsigned)((c->hd + 31) / 32 * 32), 0), &pr));
             uint16_t *want_o = host_from(o, qn * 2), *want_k = host_from(pc.k, cn), *want_v = host_from(pc.v, cn);
             /* fused, from the cache as it was before the token */
@@ -1178,9 +1206,11 @@ static void test_attn_decode(void) {
             kiln_cuda_fill32(&g_cu, cnt, 0, nc * 4, &uerr);
             dev_poison16(o, qn * 2);
             kiln_attn_decode_params pf = {0, pc.k, pc.v, pc.dbt, pc.dlens, o, po, pml, scale, B, pc.max_blocks,
-                                          auto_splits, 0, 16, cnt, dqkv, dpos, dslot,
+                                          auto_splits, 0, 16, c->tc ? 0 : cnt, dqkv, dpos, dslot,
                                           l3 ? 5e5f : 1e6f, 8.0f, 1.0f, 4.0f, 8192.0f, l3, 0};
-            KT_CHECK(klaunch(k.fn, "kiln_attn_decode (fused rope)", dims((unsigned)c->nkv, (unsigned)B, (unsigned)auto_splits, 128, smem), &pf));
+            KT_CHECK(klaunch(k.fn, "kiln_attn_decode (fused rope)", dims(gx, (unsigned)B, (unsigned)auto_splits, 128, smem), &pf));
+            if (c->tc) /* the tensor-core kernel has no merging block: the combine kernel */
+                KT_CHECK(klaunch(comb, "kiln_attn_decode_combine", dims((unsigned)c->nh, (unsigned)B, 1, (unsigned)((c->hd + 31) / 32 * 32), 0), &pf));
             uint16_t *got_o = host_from(o, qn * 2), *got_k = host_from(pc.k, cn), *got_v = host_from(pc.v, cn);
             size_t dio = 0, dik = 0, div = 0;
             for (size_t i = 0; i < qn; i++) dio += got_o[i] != want_o[i];
@@ -1201,6 +1231,80 @@ static void test_attn_decode(void) {
     }
 }
 
+/* Decode attention over an FP8 E4M3 cache (KILN_KV8 1: codes, a K and a V scale per kv head), the
+ * tensor-core kernel (ATTN_TC) and the CUDA-core one, each against the double-precision attention over
+ * the codes' exact values times their scales (common/quant.c's kiln_e4m3_to_f32), at fixed and
+ * automatic split sizes. */
+static void test_attn_decode_kv8(void) {
+    NEED_GPU();
+    static const attn_cfg cfgs[] = {
+        {32, 8, 128, 16, 0, 64, 0, 0}, {32, 8, 128, 16, 0, 64, 0, 1},
+        {24, 4, 128, 16, 100, 0, 0, 1}, {64, 8, 128, 16, 0, 0, 0, 1},
+    };
+    static const int lens[] = {1, 7, 63, 64, 65, 300, 1000, 4097};
+    const int B = (int)(sizeof lens / sizeof lens[0]);
+    for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
+        const attn_cfg *c = &cfgs[ci];
+        char d[9][40];
+        const char *defs[9];
+        int nd = attn_defs(c, d, defs);
+        snprintf(d[nd], 40, "KILN_KV8=1");
+        defs[nd] = d[nd];
+        nd++;
+        kfn k;
+        KT_REQUIRE(kbuild(&k, "attn_decode.cuh", c->tc ? "kiln_attn_decode_tc" : "kiln_attn_decode", defs, nd));
+        CUfunction comb;
+        KT_REQUIRE(kfn_get(&k, "kiln_attn_decode_combine", &comb));
+        paged pc;
+        paged_make(&pc, c, B, lens);
+        /* random finite codes (not 0x7F, 0xFF) and bf16 scales; the reference reads code * scale */
+        const size_t n = (size_t)pc.nblocks * c->nkv * c->bs * c->hd;
+        uint8_t *kq = malloc(n), *vq = malloc(n);
+        uint16_t sc[2 * 8];
+        for (int i = 0; i < 2 * c->nkv; i++) sc[i] = kiln_f32_to_bf16(0.01f + 0.02f * (float)rnd_int(100) / 100.0f);
+        for (size_t i = 0; i < n; i++) {
+            const size_t h = i / ((size_t)c->bs * c->hd) % (size_t)c->nkv;
+            do kq[i] = (uint8_t)rnd_int(256); while ((kq[i] & 0x7F) == 0x7F);
+            do vq[i] = (uint8_t)rnd_int(256); while ((vq[i] & 0x7F) == 0x7F);
+            pc.kf[i] = kiln_e4m3_to_f32(kq[i]) * kiln_bf16_to_f32(sc[h]);
+            pc.vf[i] = kiln_e4m3_to_f32(vq[i]) * kiln_bf16_to_f32(sc[c->nkv + h]);
+        }
+        CUdeviceptr dk = dev_from(kq, n), dv = dev_from(vq, n), dsc = dev_from(sc, sizeof sc);
+        int max_len = 0;
+        for (int b = 0; b < B; b++) max_len = lens[b] > max_len ? lens[b] : max_len;
+        const int part = c->partition, auto_splits = 16 > (max_len + 511) / 512 ? 16 : (max_len + 511) / 512;
+        int max_splits = 1;
+        for (int b = 0; b < B; b++) {
+            const int sp = part ? kiln_attn_decode_splits(lens[b], c->window, part) : 1;
+            if (sp > max_splits) max_splits = sp;
+        }
+        const int z = part ? max_splits : auto_splits;
+        size_t qn = (size_t)B * c->nh * c->hd;
+        float *qf;
+        uint16_t *qh = rand_bf16(qn, 1.0f, &qf);
+        CUdeviceptr q = dev_from(qh, qn * 2), o = dev_alloc(qn * 2);
+        CUdeviceptr po = dev_alloc((size_t)B * c->nh * z * c->hd * 4), pml = dev_alloc((size_t)B * c->nh * z * 8);
+        dev_poison16(o, qn * 2);
+        const float scale = 1.0f / sqrtf((float)c->hd);
+        kiln_attn_decode_params p = {q, dk, dv, pc.dbt, pc.dlens, o, po, pml, scale, B, pc.max_blocks, z, part,
+                                     part ? 0 : 16, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0, dsc};
+        KT_CHECK(decode_launch(k.fn, comb, c, B, z, 1, &p, "kiln_attn_decode (fp8)"));
+        uint16_t *oh = host_from(o, qn * 2);
+        double *ref = decode_ref(&pc, c, qf, scale);
+        for (int b = 0; b < B; b++) {
+            size_t off = (size_t)b * c->nh * c->hd;
+            double e = rel_err_bf16(oh + off, ref + off, (size_t)c->nh * c->hd);
+            KT_CHECKF(e < TOL_BF16, "fp8 decode attn cfg %zu (heads %d/%d window %d partition %d%s) len %d: rel err %g",
+                      ci, c->nh, c->nkv, c->window, part, c->tc ? ", tensor cores" : "", lens[b], e);
+        }
+        CUdeviceptr all[] = {dk, dv, dsc, q, o, po, pml};
+        for (int i = 0; i < 7; i++) kiln_cuda_release(&g_cu, all[i]);
+        free(kq); free(vq); free(qh); free(qf); free(oh); free(ref);
+        paged_free(&pc);
+        kfree(&k);
+    }
+}
+
 /* =================================================================== */
 /* Prefill attention                                                    */
 /* =================================================================== */
@@ -1208,12 +1312,12 @@ static void test_attn_decode(void) {
 static void test_attn_prefill(void) {
     NEED_GPU();
     static const attn_cfg cfgs[] = {
-        {4, 4, 64, 16, 0, 0, 0},    /* MHA (group 1), head_dim 64 */
-        {8, 2, 128, 16, 0, 0, 0},   /* group 4, head_dim 128 */
-        {8, 2, 128, 16, 50, 0, 0},  /* sliding window shorter than a key tile */
-        {6, 2, 32, 8, 0, 0, 0},     /* group 3, head_dim 32, block 8 */
-        {4, 1, 64, 16, 100, 0, 0},  /* group 4, head_dim 64, window over a tile */
-        {2, 2, 128, 32, 200, 0, 0}, /* group 1, head_dim 128, block 32, window */
+        {4, 4, 64, 16, 0, 0, 0, 0},    /* MHA (group 1), head_dim 64 */
+        {8, 2, 128, 16, 0, 0, 0, 0},   /* group 4, head_dim 128 */
+        {8, 2, 128, 16, 50, 0, 0, 0},  /* sliding window shorter than a key tile */
+        {6, 2, 32, 8, 0, 0, 0, 0},     /* group 3, head_dim 32, block 8 */
+        {4, 1, 64, 16, 100, 0, 0, 0},  /* group 4, head_dim 64, window over a tile */
+        {2, 2, 128, 32, 200, 0, 0, 0}, /* group 1, head_dim 128, block 32, window */
     };
     /* (q_len, context after the chunk): whole prompts (q_len = context) and chunks after earlier
      * context; odd lengths and ones just past a 64- or 128-query tile; an empty (padding) row. */
@@ -2084,6 +2188,7 @@ int main(void) {
     KT_RUN(test_rmsnorm);
     KT_RUN(test_rope_kv);
     KT_RUN(test_attn_decode);
+    KT_RUN(test_attn_decode_kv8);
     KT_RUN(test_attn_prefill);
     KT_RUN(test_swiglu);
     KT_RUN(test_cublaslt_tune);
