@@ -546,6 +546,13 @@ static kiln_status plan_modules(const kiln_plan *p, int block_size, kset *s, kil
                     m->cfg[0] = 1024, m->cfg[1] = 4, m->cfg[2] = s->kv8;
                     def_i(m, "PARTITION", 1024);
                     def_i(m, "ATTN_WARPS", 4);
+                    /* kiln_attn_decode_tc as well over an FP8 cache, for groups of 4 to 8 query heads
+                     * a kv head at head_dim 128: there the CUDA-core kernel's 8-byte loads and
+                     * per-token softmax left attention at 30 % of the read ceiling at batch 1024
+                     * (the kernel takes bf16 caches too, measured slower than the CUDA-core one:
+                     * docs/kernels.md) */
+                    const int g = a->n_heads / a->n_kv_heads;
+                    if (!s->f32 && s->kv8 == 1 && g >= 4 && g <= 8 && a->head_dim == 128) def_i(m, "ATTN_TC", 1);
                     include(m, "attn_decode.cuh");
                 } else {
                     m->cfg[0] = !s->f32 && a->head_dim % 16 == 0; /* kiln_attn_prefill_mma exists */

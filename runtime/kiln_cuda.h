@@ -175,6 +175,9 @@ typedef struct kiln_gemv_cfg {
 kiln_cuda_dims kiln_gemv_dims(const kiln_gemv_cfg *c, int M, int N);
 /* Dynamic shared memory of kiln_attn_decode and kiln_attn_prefill. */
 unsigned kiln_attn_decode_smem(int n_heads, int n_kv_heads, int head_dim, int block_size, int partition_max, int warps);
+/* ... and of kiln_attn_decode_tc (the tensor-core decode kernel: a warp a kv head, grid
+ * (ceil(n_kv_heads / warps), B, max_splits)), kv_es bytes an element of the cache */
+unsigned kiln_attn_decode_tc_smem(int head_dim, int block_size, int partition_max, int warps, int kv_es);
 unsigned kiln_attn_prefill_smem(int head_dim);
 /* kiln_attn_prefill_mma (tensor cores) comes as two kernels: kiln_attn_prefill_mma with mt = 2
  * m16 tiles (32 query rows) per warp, its q staged in shared memory, and kiln_attn_prefill_mma16

@@ -131,10 +131,11 @@ typedef struct cx_gemm {
 typedef struct cx_attn {
     int window;
     CUfunction decode, combine, prefill;
+    CUfunction decode_tc;                  /* the tensor-core decode kernel (NULL: none, or measure knob decode_tc=0) */
     CUfunction prefill_mma, prefill_mma16; /* tensor cores, 32 and 16 query rows per warp (NULL: none) */
     CUfunction prefill_wg;                 /* wgmma (sm_90a cubins of a bf16 cache; NULL: none) */
     int partition, warps;
-    unsigned smem_decode, smem_prefill, smem_prefill_mma, smem_prefill_mma16, smem_prefill_wg;
+    unsigned smem_decode, smem_decode_tc, smem_prefill, smem_prefill_mma, smem_prefill_mma16, smem_prefill_wg;
 } cx_attn;
 
 /* A moe op (Mixtral's experts): its weights, constants and kernels. run_moe says which path a step takes. */
@@ -277,6 +278,7 @@ typedef struct cx {
     bool gemv_fixed, qgemv_fixed; /* gemv_max_m / qgemv_max_m given by the caller: kiln tune keeps, not measures, them */
     bool qgemv_cc;    /* one-token steps over quantized weights on the CUDA-core GEMV (measure knob qgemv_cc=0: not) */
     bool prefill_wg;  /* prefill attention on the wgmma kernel where the engine has it (measure knob prefill_wg=0: not) */
+    bool decode_tc;   /* decode attention on the tensor-core kernel where the engine has it (decode_tc=0: not) */
     bool moe_grouped; /* measure knob moe_grouped=1: decode batches past the experts' pair GEMVs run the
                          grouped tensor-core GEMVs instead of every expert through cuBLASLt */
     int qgemv_max_m; /* ... the quantized GEMV takes (else dequantize + cuBLASLt) */
@@ -648,6 +650,10 @@ static int attn_get(cx *x, int window, kiln_error *err) {
     if (kv8_check(x, km, 2, err)) return -1;
     a->smem_decode =
         kiln_attn_decode_smem(x->n_heads, x->n_kv, x->head_dim, x->block_size, a->partition, a->warps);
+    /* the tensor-core decode kernel where codegen compiled it (engines from 2026-12-03: GQA of 4 to 8 heads) */
+    a->smem_decode_tc = kiln_attn_decode_tc_smem(x->head_dim, x->block_size, a->partition, a->warps, x->kv_es);
+    if (x->decode_tc && a->smem_decode_tc <= (unsigned)x->cu.smem_optin)
+        fn_has(x, name, "kiln_attn_decode_tc", &a->decode_tc);
     snprintf(name, sizeof name, "attn_prefill.w%d", window);
     if (fn_get(x, name, "kiln_attn_prefill", &a->prefill, &km, err) || kv8_check(x, km, 1, err)) return -1;
     /* The tensor-core kernels: _mma16 always (so an engine from before it existed, whose _mma had
@@ -667,9 +673,9 @@ static int attn_get(cx *x, int window, kiln_error *err) {
     if (km->cfg[0] && x->prefill_wg && !x->kv8 && a->smem_prefill_wg <= (unsigned)x->cu.smem_optin)
         fn_has(x, name, "kiln_attn_prefill_wg", &a->prefill_wg);
     /* raise the shared-memory limits once, outside any graph capture */
-    const unsigned need[] = {a->smem_decode, a->smem_prefill, a->smem_prefill_mma, a->smem_prefill_mma16,
-                             a->smem_prefill_wg};
-    const CUfunction fs[] = {a->decode, a->prefill, a->prefill_mma, a->prefill_mma16, a->prefill_wg};
+    const unsigned need[] = {a->smem_decode, a->smem_decode_tc, a->smem_prefill, a->smem_prefill_mma,
+                             a->smem_prefill_mma16, a->smem_prefill_wg};
+    const CUfunction fs[] = {a->decode, a->decode_tc, a->prefill, a->prefill_mma, a->prefill_mma16, a->prefill_wg};
     for (size_t i = 0; i < sizeof fs / sizeof fs[0]; i++)
         if (fs[i] && kiln_cuda_func_smem(&x->cu, fs[i], need[i], "attention", err)) {
             if (err->code == KILN_ERR_DEVICE) err->code = KILN_ERR_UNSUPPORTED;
@@ -1381,6 +1387,12 @@ static int splits_grid(const cx *x, const cx_attn *a, int B) {
  * q heads reads its context by itself, and save the second launch. */
 #define CX_MIXED_DECODE_MIN 16
 
+/* The fewest one-token sequences whose decode attention runs the tensor-core kernel where the engine
+ * has it (FP8 caches): at batch 1024 it took Llama-3.1-8B's step from 24.0 to 21.3 ms; over a bf16
+ * cache it was 2-4 % slower than the CUDA-core kernel at batches 1 and 8 (and 7 % at 256), and over
+ * an FP8 cache below this it has not been measured, so the CUDA-core kernel keeps those. */
+#define CX_DECODE_TC_MIN 64 /* (prof_name names it) */
+
 /* Decode attention of the step's first B sequences, one new token each (rows 0..B-1): the split kernel,
  * and the combine kernel when it splits without merging; with rope, it rotates q and the new k from the
  * QKV output and writes the KV cache itself (+decode_rope at a decode step). */
@@ -1407,8 +1419,13 @@ static kiln_status run_attn_decode(cx *x, const cx_inst *in, const cx_attn *a, i
         dp.rope_high_freq_factor = dp.rope_llama3 ? r->rope_high_freq_factor : 4.0f;
         dp.rope_orig_max_pos = dp.rope_llama3 ? r->rope_original_max_pos : 8192.0f;
     }
-    kiln_status st = launch(x, a->decode, (unsigned)x->n_kv, (unsigned)B, (unsigned)z, (unsigned)(a->warps * 32),
-                            a->smem_decode, &dp, "kiln_attn_decode", err);
+    /* the tensor-core kernel (a warp a kv head) where the engine has it, but for +merge_splits and
+     * small batches */
+    const bool tc = a->decode_tc && !dp.counters && B >= CX_DECODE_TC_MIN;
+    kiln_status st = tc ? launch(x, a->decode_tc, (unsigned)((x->n_kv + a->warps - 1) / a->warps), (unsigned)B,
+                                 (unsigned)z, (unsigned)(a->warps * 32), a->smem_decode_tc, &dp, "kiln_attn_decode_tc", err)
+                        : launch(x, a->decode, (unsigned)x->n_kv, (unsigned)B, (unsigned)z, (unsigned)(a->warps * 32),
+                                 a->smem_decode, &dp, "kiln_attn_decode", err);
     if (!st && z > 1 && !dp.counters)
         st = launch(x, a->combine, (unsigned)x->n_heads, (unsigned)B, 1, (unsigned)((x->head_dim + 31) / 32 * 32), 0,
                     &dp, "kiln_attn_decode_combine", err);
@@ -1601,8 +1618,8 @@ static void prof_cost(const cx *x, int i, const cx_shape *sh, double ctx, double
         *flops = 2 * pairs * per + 2 * T * mo->E * H;
         break;
     }
-    case I_ATTN: {
-        const double kv_row = (double)x->n_kv * x->head_dim * es;
+    case I_ATTN: { /* the cache's bytes: codes of one byte with an 8-bit cache */
+        const double kv_row = (double)x->n_kv * x->head_dim * x->kv_es;
         *bytes = ctx * 2 * kv_row + 2 * T * x->n_heads * x->head_dim * es;
         *flops = 4.0 * qctx * x->n_heads * x->head_dim;
         break;
@@ -1678,10 +1695,11 @@ static void prof_name(cx *x) {
                 snprintf(r->what, sizeof r->what, "%s %dx%d", opn, in->g.n, in->g.k);
             else if (in->kind == I_COPY)
                 snprintf(r->what, sizeof r->what, "%s (copy)", opn);
-            else if (in->kind == I_ATTN && !d) { /* prefill: which kernel, for an A/B of it */
+            else if (in->kind == I_ATTN) { /* which kernel, for an A/B of it */
                 const cx_attn *a = &x->attn[in->attn];
                 snprintf(r->what, sizeof r->what, "%s (%s)", opn,
-                         a->prefill_wg ? "wgmma" : a->prefill_mma16 ? "mma.sync" : "fp32 fma");
+                         d ? (a->decode_tc ? "tensor cores from 64 sequences" : "CUDA cores")
+                           : a->prefill_wg ? "wgmma" : a->prefill_mma16 ? "mma.sync" : "fp32 fma");
             } else
                 snprintf(r->what, sizeof r->what, "%s",
                          in->kind == I_EMBED || in->kind == I_ATTN || in->kind == I_NORM || in->kind == I_COLL
@@ -2652,6 +2670,7 @@ static kiln_status cx_new(const kiln_model *m, const kiln_cuda_exec_opts *o, int
     x->moe_grouped = o->moe_grouped;
     x->qgemv_cc = !o->no_qgemv_cc;
     x->prefill_wg = !o->no_prefill_wg;
+    x->decode_tc = !o->no_decode_tc;
     x->w8a8 = !o->no_w8a8; /* and sm_89+, bf16, once the device is known (below) */
     x->w8a8_g128 = !o->no_w8a8_g128; /* not with measure knob w8a8=1; and the engine's kernels for it (gemm_setup) */
     x->w8a8_fast = !o->no_w8a8_fast_accum;

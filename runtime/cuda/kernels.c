@@ -64,6 +64,10 @@ unsigned kiln_attn_decode_smem(int n_heads, int n_kv_heads, int head_dim, int bl
     return (unsigned)KILN_ATTN_DECODE_SMEM(n_heads / n_kv_heads, head_dim, block_size, partition_max, warps);
 }
 
+unsigned kiln_attn_decode_tc_smem(int head_dim, int block_size, int partition_max, int warps, int kv_es) {
+    return (unsigned)KILN_ATTN_DECODE_TC_SMEM(head_dim, block_size, partition_max, warps, kv_es);
+}
+
 unsigned kiln_attn_prefill_smem(int head_dim) {
     return (unsigned)(4 * (64 * (head_dim + 1) + 2 * 32 * (head_dim + 1) + 64 * 33));
 }

@@ -94,6 +94,8 @@ typedef struct kiln_cuda_exec_opts {
     bool no_w8a8_g128;   /* fp8g128 weights dequantize for a bf16 GEMM where fp8 ones run W8A8 (measure knob w8a8=1) */
     bool no_prefill_wg;  /* prefill attention keeps mma.sync where the engine has the wgmma kernel (measure knob
                             prefill_wg=0) */
+    bool no_decode_tc;   /* decode attention keeps the CUDA-core kernel where the engine has the tensor-core one
+                            (measure knob decode_tc=0) */
     bool no_w8a8_fast_accum; /* W8A8 GEMMs the plan marks +fast_accum promote their partial sums to fp32 all
                                 the same (measure knob w8a8_fast=0, for A/B on one engine; docs/quantization.md) */
     bool lt_search;      /* cuBLASLt tuning also times variants of the heuristic's answers (other tiles, split-K;
