@@ -19,6 +19,7 @@ W=${WORK:-/tmp/kiln-l8e2e}
 BUDGET=${BUDGET:-570}
 BATCHES=${BATCHES:-1024}
 PROFILE_BATCH=${PROFILE_BATCH:-1024}
+PROFILE_OUT=${PROFILE_OUT:-32} # the profiled run's output tokens (128: the decode steps at the e2e runs' contexts)
 VARIANTS=${VARIANTS:-kv8 kv8n} # the engines benched: kv8 always compiled; kv8n, kv16 (a bf16 KV cache), kv8b where named
 K=$BIN/kiln
 . bench/gpu_lib.sh
@@ -60,7 +61,7 @@ e2e_round() { # ROUND
 }
 prefill_round 1
 e2e_round 1
-b1 profile_kv8 120 "$W/kv8.kiln" --batch "$PROFILE_BATCH" --input-len 128 --output-len 32 --reps 1 --profile
+b1 profile_kv8 120 "$W/kv8.kiln" --batch "$PROFILE_BATCH" --input-len 128 --output-len "$PROFILE_OUT" --reps 1 --profile
 grep -A14 "^profile" "$OUT/profile_kv8.log" | cut -c1-130 >>"$S"
 n=kv8_b1024_step16k
 b1 "$n" 100 "$W/kv8.kiln" --batch 1024 --input-len 128 --output-len 128 --reps 2 --max-step-tokens 16384
