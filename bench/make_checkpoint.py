@@ -57,7 +57,7 @@ from safetensors.torch import save_file
 # The model shapes. Values are those of the published config.json files
 # (mistralai/Mistral-7B-v0.1, meta-llama/Llama-3.1-8B, Qwen/Qwen3-8B, Qwen/Qwen2.5-7B,
 # mistralai/Mixtral-8x7B-v0.1, Qwen/Qwen3-30B-A3B); "tiny", "tiny-llama3", "tiny-qwen3", "tiny-qwen2" and
-# "tiny-mixtral" are for tests (a few hundred KB).
+# "tiny-mixtral" are for tests (a few hundred KB), "tiny-gqa128" too (4.7 MB: head_dim 128).
 ARCHS = {
     "mistral-7b": dict(
         architectures=["MistralForCausalLM"], model_type="mistral",
@@ -90,6 +90,13 @@ ARCHS = {
         intermediate_size=160, vocab_size=256, max_position_embeddings=512,
         rope_theta=10000.0, sliding_window=64, rms_norm_eps=1e-5,
         bos_token_id=1, eos_token_id=2, tie_word_embeddings=False),
+    # the tensor-core decode attention's shapes (4 query heads a kv head, head_dim 128) at a tiny size,
+    # for test_gpu_exec's test_decode_tc
+    "tiny-gqa128": dict(
+        architectures=["LlamaForCausalLM"], model_type="llama",
+        hidden_size=512, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
+        intermediate_size=256, vocab_size=256, max_position_embeddings=1024, rope_theta=500000.0,
+        rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False),
     "tiny-llama3": dict(
         architectures=["LlamaForCausalLM"], model_type="llama",
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

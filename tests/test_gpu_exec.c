@@ -1004,6 +1004,92 @@ static void test_mixed_decode_part(void) {
     gx_close(&G);
 }
 
+/* The tensor-core decode attention in the executor (FP8 cache, 4 query heads a kv head at head_dim 128,
+ * steps of CX_DECODE_TC_MIN = 64 or more sequences): a random tiny-gqa128 checkpoint
+ * (bench/make_checkpoint.py, which needs PyTorch: skipped without it) compiled with an FP8 KV cache,
+ * 72 sequences prefilled together then decoded 6 steps on two executors, the default and one with
+ * no_decode_tc (the CUDA-core kernel, which test_kv8 checks against the CPU); both fed the second's
+ * greedy ids, every logits row within 2e-2 (relative, L2) of the other's and most argmaxes equal. */
+static void test_decode_tc(void) {
+    NEED_GPU();
+    enum { NS = 72, NG = 6, MAXP = 12 };
+    char ck[512], eng[512], ids_file[512], cmd[1400];
+    snprintf(ck, sizeof ck, "%s/tiny-gqa128", g_tmp);
+    snprintf(eng, sizeof eng, "%s/tiny-gqa128-kv8.kiln", g_tmp);
+    snprintf(cmd, sizeof cmd, "python3 %s/bench/make_checkpoint.py --arch tiny-gqa128 --out %s --device cpu >%s/ckpt.log 2>&1",
+             src_dir(), ck, g_tmp);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "  bench/make_checkpoint.py could not run (PyTorch?): test_decode_tc skipped\n");
+        return;
+    }
+    snprintf(ids_file, sizeof ids_file, "%s/tc-calib.ids", g_tmp);
+    FILE *f = fopen(ids_file, "w");
+    KT_REQUIRE(f != NULL);
+    for (int i = 0; i < 256; i++) fprintf(f, "%d ", (i * 104729 + 11) % 256);
+    fclose(f);
+    kiln_compile_options opt = {.output_path = eng, .weight_dtype = KILN_DTYPE_BF16, .targets = gpu_targets(),
+                                .kv_dtype = KILN_FLAG_KV_FP8, .calib_tokens = 256, .calib_ids_path = ids_file};
+    KT_REQUIRE(kt_compile(ck, &opt) == KILN_OK);
+    gx G[2];
+    for (int e = 0; e < 2; e++) {
+        kiln_cuda_exec_opts o = {.max_seqs = 80, .max_context = 64, .kv_bytes = 32 << 20, .no_decode_tc = e == 1};
+        KT_REQUIRE(gx_open(&G[e], eng, &o));
+    }
+    const int V = G[0].vocab;
+    int32_t pr[NS][MAXP], np[NS], ids[NS][NG];
+    float *rows[2];
+    for (int e = 0; e < 2; e++) KT_REQUIRE((rows[e] = malloc(sizeof(float) * (size_t)NS * V)) != NULL);
+    for (int i = 0; i < NS; i++) {
+        np[i] = 5 + i % 8;
+        pr[i][0] = 1;
+        for (int j = 1; j < np[i]; j++) pr[i][j] = (3 + 7 * i + 13 * j) % V;
+    }
+    kiln_error err = {0};
+    bool fits;
+    for (int e = 0; e < 2; e++)
+        for (int i = 0; i < NS; i++) KT_REQUIRE(G[e].x->ops->reserve(G[e].x, i, np[i] + NG, &fits, &err) == KILN_OK && fits);
+    double worst = 0;
+    int same = 0;
+    for (int k = 0; k <= NG; k++) { /* k = 0: the prompts; then one decode step each */
+        int32_t slot[NS], n_new[NS], start[NS], toks[NS * MAXP], next[2][NS];
+        bool want[NS];
+        kiln_sampling samp[NS];
+        for (int i = 0, t = 0; i < NS; i++) {
+            slot[i] = i;
+            start[i] = k == 0 ? 0 : np[i] + k - 1;
+            n_new[i] = k == 0 ? np[i] : 1;
+            if (k == 0) memcpy(toks + t, pr[i], sizeof(int32_t) * (size_t)np[i]);
+            else toks[t] = ids[i][k - 1];
+            t += n_new[i];
+            want[i] = true;
+            samp[i] = GREEDY;
+        }
+        for (int e = 0; e < 2; e++)
+            KT_REQUIRE(step(G[e].x, NS, slot, n_new, start, toks, want, samp, next[e], rows[e]) == KILN_OK);
+        for (int i = 0; i < NS; i++) {
+            if (k < NG) ids[i][k] = next[1][i]; /* the CUDA-core kernel's choice feeds both */
+            if (k == 0) continue;               /* (the prompts' rows: the prefill kernel on both) */
+            double num = 0, den = 0;
+            for (int v = 0; v < V; v++) {
+                const double a = rows[0][(size_t)i * V + v], b = rows[1][(size_t)i * V + v];
+                num += (a - b) * (a - b);
+                den += b * b;
+            }
+            const double rel = sqrt(num / (den > 0 ? den : 1));
+            if (rel > worst) worst = rel;
+            same += next[0][i] == next[1][i];
+        }
+    }
+    fprintf(stderr, "  tensor cores vs CUDA cores: logits rel err worst %.3g, %d of %d greedy ids the same\n", worst,
+            same, NS * NG);
+    KT_CHECKF(worst < 2e-2, "decode logits of the two kernels %g apart", worst);
+    KT_CHECKF(same >= NS * NG * 9 / 10, "only %d of %d greedy ids agree", same, NS * NG);
+    for (int e = 0; e < 2; e++) {
+        free(rows[e]);
+        gx_close(&G[e]);
+    }
+}
+
 /* The GPU sampler picks what runtime/sampler.c picks from the same logits. */
 static void test_sampler_agrees(void) {
     NEED_GPU();
@@ -2105,6 +2191,7 @@ int main(void) {
     RUN(test_window_recycling);
     RUN(test_batched_and_mixed);
     RUN(test_mixed_decode_part);
+    RUN(test_decode_tc);
     RUN(test_sampler_agrees);
     RUN(test_limits);
     RUN(test_unfused_refused);
