@@ -7,7 +7,9 @@
 #           --kv-dtype fp8 (KV scales from 64 random ids) and bf16; rounds alternating the default (the
 #           tensor-core kernel) with `--measure decode_tc=0` (the CUDA-core one) on the same engines: fp8 end
 #           to end at batch 1024 (issue 12), bf16 at batch 256 (issue 9's decode step), 1 and 8; 128 in / 128
-#           out; then a --profile of the fp8 engine at batch 1024 each way
+#           out; the fp8 engine at $FP8_SMALL (default 1 8 64) with `decode_tc=2` (the tensor-core kernel
+#           at every batch, the default taking it from 64 sequences) against `decode_tc=0`; then a --profile
+#           of the fp8 engine at batch 1024 each way
 #   BIN=.carry/bin OUT=$OUT bash bench/gpu_decode_tc.sh        # SKIP_TESTS=1: the benches only
 # (KERNEL_TESTS, EXEC_TESTS: KILN_TEST_ONLY lists for the two test binaries; PROFILES: tc, cc or both)
 set -u
@@ -30,7 +32,9 @@ python3 -c 'import random; random.seed(7); print([random.randrange(128000) for _
 part compile_fp8 150 "$K" compile "$W/l8" -o "$W/fp8.kiln" --target sm_90 --quant fp8 --kv-dtype fp8 --calib-ids "$W/calib.json"
 part compile_bf16 120 "$K" compile "$W/l8" -o "$W/bf16.kiln" --target sm_90
 rm -rf "$W/l8"
-knob() { [ "$1" = cc ] && echo "--measure decode_tc=0"; } # the kernel a variant names: tc (default) or cc
+knob() { # the kernel a variant names: tc (the default), cc (decode_tc=0) or all (decode_tc=2)
+    case $1 in cc) echo "--measure decode_tc=0" ;; all) echo "--measure decode_tc=2" ;; esac
+}
 round() { # ROUND BATCHES-OF-BF16
     for v in tc cc; do
         n="fp8_b1024_${v}_r$1"
@@ -44,6 +48,13 @@ round() { # ROUND BATCHES-OF-BF16
     done
 }
 round 1 "256 1 8"
+for v in all cc; do
+    for b in ${FP8_SMALL:-1 8 64}; do
+        n="fp8_b${b}_${v}"
+        b1 "$n" 60 "$W/fp8.kiln" --batch "$b" --input-len 128 --output-len 128 --reps 3 $(knob $v)
+        echo "$n: decode $(metric_at "$n" decode_ms_per_token "$b") ms a step, $(metric_at "$n" decode_tokens_per_s "$b") tok/s" >>"$S"
+    done
+done
 round 2 "256"
 for v in ${PROFILES:-tc cc}; do
     b1 "profile_fp8_$v" 100 "$W/fp8.kiln" --batch 1024 --input-len 128 --output-len 128 --reps 1 --profile $(knob $v)

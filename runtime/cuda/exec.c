@@ -279,6 +279,7 @@ typedef struct cx {
     bool qgemv_cc;    /* one-token steps over quantized weights on the CUDA-core GEMV (measure knob qgemv_cc=0: not) */
     bool prefill_wg;  /* prefill attention on the wgmma kernel where the engine has it (measure knob prefill_wg=0: not) */
     bool decode_tc;   /* decode attention on the tensor-core kernel where the engine has it (decode_tc=0: not) */
+    bool decode_tc_all; /* ... at every decode step, not from CX_DECODE_TC_MIN sequences (decode_tc=2) */
     bool moe_grouped; /* measure knob moe_grouped=1: decode batches past the experts' pair GEMVs run the
                          grouped tensor-core GEMVs instead of every expert through cuBLASLt */
     int qgemv_max_m; /* ... the quantized GEMV takes (else dequantize + cuBLASLt) */
@@ -1420,8 +1421,8 @@ static kiln_status run_attn_decode(cx *x, const cx_inst *in, const cx_attn *a, i
         dp.rope_orig_max_pos = dp.rope_llama3 ? r->rope_original_max_pos : 8192.0f;
     }
     /* the tensor-core kernel (a warp a kv head) where the engine has it, but for +merge_splits and
-     * small batches */
-    const bool tc = a->decode_tc && !dp.counters && B >= CX_DECODE_TC_MIN;
+     * small batches (decode_tc=2: those too) */
+    const bool tc = a->decode_tc && !dp.counters && (B >= CX_DECODE_TC_MIN || x->decode_tc_all);
     kiln_status st = tc ? launch(x, a->decode_tc, (unsigned)((x->n_kv + a->warps - 1) / a->warps), (unsigned)B,
                                  (unsigned)z, (unsigned)(a->warps * 32), a->smem_decode_tc, &dp, "kiln_attn_decode_tc", err)
                         : launch(x, a->decode, (unsigned)x->n_kv, (unsigned)B, (unsigned)z, (unsigned)(a->warps * 32),
@@ -1698,7 +1699,7 @@ static void prof_name(cx *x) {
             else if (in->kind == I_ATTN) { /* which kernel, for an A/B of it */
                 const cx_attn *a = &x->attn[in->attn];
                 snprintf(r->what, sizeof r->what, "%s (%s)", opn,
-                         d ? (a->decode_tc ? "tensor cores from 64 sequences" : "CUDA cores")
+                         d ? (!a->decode_tc ? "CUDA cores" : x->decode_tc_all ? "tensor cores" : "tensor cores from 64 sequences")
                            : a->prefill_wg ? "wgmma" : a->prefill_mma16 ? "mma.sync" : "fp32 fma");
             } else
                 snprintf(r->what, sizeof r->what, "%s",
@@ -2671,6 +2672,7 @@ static kiln_status cx_new(const kiln_model *m, const kiln_cuda_exec_opts *o, int
     x->qgemv_cc = !o->no_qgemv_cc;
     x->prefill_wg = !o->no_prefill_wg;
     x->decode_tc = !o->no_decode_tc;
+    x->decode_tc_all = o->decode_tc_all;
     x->w8a8 = !o->no_w8a8; /* and sm_89+, bf16, once the device is known (below) */
     x->w8a8_g128 = !o->no_w8a8_g128; /* not with measure knob w8a8=1; and the engine's kernels for it (gemm_setup) */
     x->w8a8_fast = !o->no_w8a8_fast_accum;
