@@ -35,25 +35,21 @@ rm -rf "$W/l8"
 knob() { # the kernel a variant names: tc (the default), cc (decode_tc=0) or all (decode_tc=2)
     case $1 in cc) echo "--measure decode_tc=0" ;; all) echo "--measure decode_tc=2" ;; esac
 }
+decode() { # NAME ENGINE BATCH VARIANT: 128 in / 128 out, its decode step into the summary
+    b1 "$1" 60 "$W/$2.kiln" --batch "$3" --input-len 128 --output-len 128 --reps 3 $(knob "$4")
+    echo "$1: decode $(metric_at "$1" decode_ms_per_token "$3") ms a step, $(metric_at "$1" decode_tokens_per_s "$3") tok/s" >>"$S"
+}
 round() { # ROUND BATCHES-OF-BF16
     for v in tc cc; do
         n="fp8_b1024_${v}_r$1"
         b1 "$n" 100 "$W/fp8.kiln" --batch 1024 --input-len 128 --output-len 128 --reps 2 $(knob $v)
         echo "$n: e2e $(metric_at "$n" e2e_output_tokens_per_s 1024) out tok/s, decode $(metric_at "$n" decode_ms_per_token 1024) ms a step" >>"$S"
-        for b in $2; do
-            n="bf16_b${b}_${v}_r$1"
-            b1 "$n" 60 "$W/bf16.kiln" --batch "$b" --input-len 128 --output-len 128 --reps 3 $(knob $v)
-            echo "$n: decode $(metric_at "$n" decode_ms_per_token "$b") ms a step, $(metric_at "$n" decode_tokens_per_s "$b") tok/s" >>"$S"
-        done
+        for b in $2; do decode "bf16_b${b}_${v}_r$1" bf16 "$b" "$v"; done
     done
 }
 round 1 "256 1 8"
 for v in all cc; do
-    for b in ${FP8_SMALL:-1 8 64}; do
-        n="fp8_b${b}_${v}"
-        b1 "$n" 60 "$W/fp8.kiln" --batch "$b" --input-len 128 --output-len 128 --reps 3 $(knob $v)
-        echo "$n: decode $(metric_at "$n" decode_ms_per_token "$b") ms a step, $(metric_at "$n" decode_tokens_per_s "$b") tok/s" >>"$S"
-    done
+    for b in ${FP8_SMALL:-1 8 64}; do decode "fp8_b${b}_${v}" fp8 "$b" "$v"; done
 done
 round 2 "256"
 for v in ${PROFILES:-tc cc}; do

@@ -1004,6 +1004,22 @@ static void test_mixed_decode_part(void) {
     gx_close(&G);
 }
 
+/* A bf16 engine of ckpt with the KV cache kv (0, KILN_FLAG_KV_FP8 or KILN_FLAG_KV_INT8) for `tp` ranks and
+ * `targets` (NULL: this GPU's), its scales calibrated on 512 ids below `ids_below` (the tiny checkpoints
+ * have no tokenizer for the built-in text). */
+static bool compile_kv(const char *ckpt, const char *eng, uint32_t kv, int ids_below, int tp, const char *targets) {
+    char ids_file[1024];
+    snprintf(ids_file, sizeof ids_file, "%s/kv8-calib.ids", g_tmp);
+    FILE *f = fopen(ids_file, "w");
+    if (!f) return false;
+    for (int i = 0; i < 512; i++) fprintf(f, "%d ", (i * 104729 + 11) % ids_below);
+    fclose(f);
+    kiln_compile_options opt = {.output_path = eng, .weight_dtype = KILN_DTYPE_BF16,
+                                .targets = targets ? targets : gpu_targets(), .kv_dtype = kv, .calib_tokens = 512,
+                                .calib_ids_path = ids_file, .tp = tp};
+    return kt_compile(ckpt, &opt) == KILN_OK;
+}
+
 /* The tensor-core decode attention in the executor (FP8 cache, 4 query heads a kv head at head_dim 128,
  * steps of CX_DECODE_TC_MIN = 64 or more sequences): a random tiny-gqa128 checkpoint
  * (bench/make_checkpoint.py, which needs PyTorch: skipped without it) compiled with an FP8 KV cache,
@@ -1013,7 +1029,7 @@ static void test_mixed_decode_part(void) {
 static void test_decode_tc(void) {
     NEED_GPU();
     enum { NS = 72, NG = 6, MAXP = 12 };
-    char ck[512], eng[512], ids_file[512], cmd[1400];
+    char ck[512], eng[512], cmd[1400];
     snprintf(ck, sizeof ck, "%s/tiny-gqa128", g_tmp);
     snprintf(eng, sizeof eng, "%s/tiny-gqa128-kv8.kiln", g_tmp);
     snprintf(cmd, sizeof cmd, "python3 %s/bench/make_checkpoint.py --arch tiny-gqa128 --out %s --device cpu >%s/ckpt.log 2>&1",
@@ -1022,14 +1038,7 @@ static void test_decode_tc(void) {
         fprintf(stderr, "  bench/make_checkpoint.py could not run (PyTorch?): test_decode_tc skipped\n");
         return;
     }
-    snprintf(ids_file, sizeof ids_file, "%s/tc-calib.ids", g_tmp);
-    FILE *f = fopen(ids_file, "w");
-    KT_REQUIRE(f != NULL);
-    for (int i = 0; i < 256; i++) fprintf(f, "%d ", (i * 104729 + 11) % 256);
-    fclose(f);
-    kiln_compile_options opt = {.output_path = eng, .weight_dtype = KILN_DTYPE_BF16, .targets = gpu_targets(),
-                                .kv_dtype = KILN_FLAG_KV_FP8, .calib_tokens = 256, .calib_ids_path = ids_file};
-    KT_REQUIRE(kt_compile(ck, &opt) == KILN_OK);
+    KT_REQUIRE(compile_kv(ck, eng, KILN_FLAG_KV_FP8, 256, 1, NULL));
     gx G[2];
     for (int e = 0; e < 2; e++) {
         kiln_cuda_exec_opts o = {.max_seqs = 80, .max_context = 64, .kv_bytes = 32 << 20, .no_decode_tc = e == 1};
@@ -1700,16 +1709,7 @@ static void check_kv8(const char *ckpt, const char *label, int64_t kv_bytes, dou
     for (int ki = 0; ki < 3; ki++) {
         char eng[1024];
         snprintf(eng, sizeof eng, "%s/%s-kv%d.kiln", g_tmp, label, ki);
-        /* calibration ids (tiny-mistral has no tokenizer for the built-in text) */
-        char ids_file[1024];
-        snprintf(ids_file, sizeof ids_file, "%s/kv8-calib.ids", g_tmp);
-        FILE *f = fopen(ids_file, "w");
-        KT_REQUIRE(f != NULL);
-        for (int i = 0; i < 512; i++) fprintf(f, "%d ", (i * 104729 + 11) % 250);
-        fclose(f);
-        kiln_compile_options opt = {.output_path = eng, .weight_dtype = KILN_DTYPE_BF16, .targets = gpu_targets(),
-                                    .kv_dtype = kinds[ki], .calib_tokens = 512, .calib_ids_path = ids_file, .tp = tp};
-        KT_REQUIRE(kt_compile(ckpt, &opt) == KILN_OK);
+        KT_REQUIRE(compile_kv(ckpt, eng, kinds[ki], 250, tp, NULL));
         kiln_model *m = NULL;
         kiln_error err = {0};
         KT_REQUIRE(kiln_model_open(eng, 2, &m, &err) == KILN_OK);
@@ -1725,9 +1725,7 @@ static void check_kv8(const char *ckpt, const char *label, int64_t kv_bytes, dou
         if (ki == 1 && g_sm >= 89) { /* the same engine as PTX for compute_80: the software E4M3 rounding */
             char ptx[1024];
             snprintf(ptx, sizeof ptx, "%s/%s-kv1-ptx.kiln", g_tmp, label);
-            opt.output_path = ptx;
-            opt.targets = "compute_80";
-            KT_REQUIRE(kt_compile(ckpt, &opt) == KILN_OK);
+            KT_REQUIRE(compile_kv(ckpt, ptx, kinds[ki], 250, tp, "compute_80"));
             float *lp = malloc(sizeof(float) * (size_t)ng * (size_t)V);
             int32_t *ip = calloc((size_t)ng, sizeof *ip);
             int64_t cp = 0;
