@@ -325,7 +325,7 @@ KILN_DEV void kiln_attn_new_kv(const kiln_attn_decode_params &p, const kiln_elem
     }
 }
 
-/* The block's end, for both kernels: each warp's o (red: [ATTN_WARPS][G][HEAD_DIM]) and its max and
+/* The CUDA-core kernel's block end: each warp's o (red: [ATTN_WARPS][G][HEAD_DIM]) and its max and
  * sum (wml: [ATTN_WARPS][G][2]) are in shared memory (the block synced). The warps' parts merge, each
  * weighted by 2^(its max - the larger max); with one split the block writes the normalised output,
  * otherwise its split's unnormalised o with (max, sum), and with p.counters the last split block of
@@ -598,15 +598,15 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MINB) kiln_at
 /* ---- kiln_attn_decode_tc: the same work on the tensor cores (ATTN_TC 1) ----
  * For GQA groups of 4 to 8 query heads a kv head, where the CUDA-core kernel above spends most of its
  * instructions on per-token softmax bookkeeping and score shuffles that every lane of a token's group
- * repeats (at batch 1024 over an FP8 cache it was issue-bound, at about 30 % of the read ceiling).
- * The same split rule and fused RoPE; a warp takes one kv head (block (x, b, split): kv heads
- * ATTN_WARPS*x ..., so the block's warps share the sequence's block ids and rope angles) and the
- * whole split, in tiles of 16 tokens, and runs both products on mma.sync m16n8k16 with fp32
+ * repeats (at batch 1024 over an FP8 cache it read at about 30 % of the ceiling; this kernel 43 %,
+ * docs/kernels.md). The same split rule and fused RoPE; a warp takes one kv head (block (x, b, split):
+ * kv heads ATTN_WARPS*x ..., so the block's warps share the sequence's block ids and rope angles) and
+ * the whole split, in tiles of 16 tokens, and runs both products on mma.sync m16n8k16 with fp32
  * accumulation (a warp's stream of tiles is long enough to keep its ring full; the first version,
  * the block's warps splitting one kv head's tokens as the CUDA-core kernel does, measured slower than
- * that kernel at batch 1024: 3 tiles a warp, and the block end's merge): bf16 operands for a bf16 cache, f16 for FP8 codes (E4M3
- * widens to f16 exactly; q and P are rounded to f16, P to bf16 with a bf16 cache, as flash attention
- * rounds P).
+ * that kernel at batch 1024: 3 tiles a warp, and the block end's merge). Operands: bf16 over a bf16
+ * cache, f16 over FP8 codes (E4M3 widens to f16 exactly; q is rounded to f16 with its scales, P to
+ * the operand type, as flash attention rounds P).
  *   S^T [16 tokens x 8 heads] = K [16 x HEAD_DIM] . q^T: A = K rows straight from the cache, B = q (heads
  *     past G are zero). A k-step's 16 columns are any 16 dims as long as A and B agree: lane (r = lane/4,
  *     c = lane%4) holds k-slots {2c, 2c+1, 2c+8, 2c+9}, mapped to dims D4*c + 4*ks + {0, 1, 2, 3}, so
