@@ -14,8 +14,9 @@
  * after warm-up; the median of REPS such timings. One JSON line per
  * measurement on stdout; a table on stderr at the end.
  *   - with --quant, only the quantized GEMV (q8, q4g128) over the same shapes, in its variants.
- * Usage: kiln_gpu_bench [--quick | --prefill | --decode-attn | --quant]   (--prefill: prefill attention
- *        only; --decode-attn: decode attention only; --quant: the quantized GEMV only)
+ * Usage: kiln_gpu_bench [--quick | --prefill | --decode-attn | --decode-attn-kv | --quant]   (--prefill:
+ *        prefill attention only; --decode-attn: decode attention only; --decode-attn-kv: decode attention
+ *        over FP8 and bf16 caches, the CUDA-core and the tensor-core kernels; --quant: the quantized GEMV only)
  */
 #include "codegen/kiln_nvrtc.h"
 #include "kernels/params.cuh"
@@ -413,6 +414,79 @@ static void bench_attn_decode(bench *b) {
     }
 }
 
+/* Decode attention over FP8 codes and bf16 elements at Llama-3.1-8B's heads (32/8, 128), block 16, the
+ * CUDA-core kernel against the tensor-core one (ATTN_TC) at ring depths 2, 3 and 4, at what `kiln bench`
+ * runs end to end (batch 1024, 192 tokens: 128 in + 64 of the 128 out) and at smaller batches and longer
+ * contexts; bytes = K + V read at the cache's element size. */
+static void bench_attn_decode_kv(bench *b) {
+    const int NH = 32, NKV = 8, HD = 128, BS = 16, PART = 1024;
+    static const struct { int kv8, tc, stages; } variants[] = {{1, 0, 0}, {1, 1, 2}, {1, 1, 3}, {1, 1, 4},
+                                                                {0, 0, 0}, {0, 1, 2}, {0, 1, 3}};
+    static const int cases[][2] = {{1024, 192}, {256, 192}, {64, 192}, {64, 1024}, {8, 1024}, {1, 512}, {1, 4096}};
+    kiln_error err = {0};
+    for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; vi++) {
+        const int kv8 = variants[vi].kv8, tc = variants[vi].tc, es = kv8 ? 1 : 2;
+        char d[4][40];
+        const char *defs[10] = {"N_HEADS=32", "N_KV_HEADS=8", "HEAD_DIM=128", "BLOCK_SIZE=16", "WINDOW=0", "PARTITION=1024"};
+        int nd = 6;
+        if (kv8) defs[nd++] = "KILN_KV8=1";
+        if (tc) {
+            defs[nd++] = "ATTN_TC=1";
+            snprintf(d[0], sizeof d[0], "ATTN_TC_STAGES=%d", variants[vi].stages);
+            defs[nd++] = d[0];
+        }
+        CUmodule md;
+        CUfunction fd = build(b, "attn_decode.cuh", tc ? "kiln_attn_decode_tc" : "kiln_attn_decode", defs, nd, &md), fc;
+        if (kiln_cuda_module_function(&b->cu, md, "kiln_attn_decode_combine", &fc, &err)) die("combine", &err);
+        const unsigned smem = tc ? (unsigned)KILN_ATTN_DECODE_TC_SMEM_S(HD, BS, PART, 4, es, variants[vi].stages)
+                                 : kiln_attn_decode_smem(NH, NKV, HD, BS, PART, 4);
+        if (smem > (unsigned)b->cu.smem_optin) continue;
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+            const int B = cases[ci][0], L = cases[ci][1], nbpS = (L + BS - 1) / BS, nblocks = B * nbpS;
+            const size_t n = (size_t)nblocks * NKV * BS * HD;
+            CUdeviceptr k, v, sc;
+            if (kv8) { /* codes 0x00..0x7E, both signs (no NaN) */
+                uint8_t *h = malloc(n);
+                for (size_t i = 0; i < n; i++) h[i] = (uint8_t)((i * 2654435761u >> 13) % 255), h[i] = h[i] == 0x7F ? 0x7E : h[i];
+                if (kiln_cuda_alloc(&b->cu, n, &k, &err) || kiln_cuda_upload(&b->cu, k, h, n, &err) ||
+                    kiln_cuda_alloc(&b->cu, n, &v, &err) || kiln_cuda_upload(&b->cu, v, h, n, &err))
+                    die("kv8 alloc", &err);
+                free(h);
+                sc = rand_dev(b, 2 * NKV, 0.01f);
+            } else {
+                k = rand_dev(b, n, 1.0f), v = rand_dev(b, n, 1.0f), sc = 0;
+            }
+            CUdeviceptr q = rand_dev(b, (size_t)B * NH * HD, 1.0f), o = rand_dev(b, (size_t)B * NH * HD, 1.0f);
+            int *bt = malloc(sizeof(int) * nblocks), *lens = malloc(sizeof(int) * B);
+            for (int i = 0; i < nblocks; i++) bt[i] = (int)(((long long)i * 7919) % nblocks); /* scattered blocks */
+            for (int i = 0; i < B; i++) lens[i] = L;
+            const int part = kiln_attn_decode_partition(B, NKV, L, 0, b->cu.n_sm, PART);
+            const int splits = kiln_attn_decode_splits(L, 0, part);
+            CUdeviceptr dbt, dl, po, pml;
+            if (kiln_cuda_alloc(&b->cu, sizeof(int) * nblocks, &dbt, &err) || kiln_cuda_upload(&b->cu, dbt, bt, sizeof(int) * nblocks, &err) ||
+                kiln_cuda_alloc(&b->cu, sizeof(int) * B, &dl, &err) || kiln_cuda_upload(&b->cu, dl, lens, sizeof(int) * B, &err) ||
+                kiln_cuda_alloc(&b->cu, (size_t)B * NH * splits * HD * 4, &po, &err) ||
+                kiln_cuda_alloc(&b->cu, (size_t)B * NH * splits * 8, &pml, &err))
+                die("attn alloc", &err);
+            kiln_attn_decode_params p = {q, k, v, dbt, dl, o, po, pml, 0.0883883f, B, nbpS, splits, part, 0, 0, 0, 0, 0,
+                                         0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0, sc};
+            attn_ctx a = {fd, fc, {{tc ? (NKV + 3) / 4 : NKV, (unsigned)B, (unsigned)splits}, {128, 1, 1}, smem},
+                          {{NH, (unsigned)B, 1}, {128, 1, 1}, 0}, &p, splits > 1};
+            const double sec = time_launches(b, attn_launch, &a, 20);
+            char vname[48];
+            snprintf(vname, sizeof vname, "%s %s%s partition %d", kv8 ? "fp8" : "bf16", tc ? "tc" : "cc",
+                     tc ? (variants[vi].stages == 2 ? " s2" : variants[vi].stages == 3 ? " s3" : " s4") : "", part);
+            report(b, "attn_decode_kv", vname, B, L, splits, sec, 2.0 * B * L * NKV * HD * es, 4.0 * B * L * NH * HD);
+            CUdeviceptr all[] = {k, v, sc, q, o, dbt, dl, po, pml};
+            for (int i = 0; i < 9; i++)
+                if (all[i]) kiln_cuda_release(&b->cu, all[i]);
+            free(bt);
+            free(lens);
+        }
+        kiln_cuda_module_unload(&b->cu, md);
+    }
+}
+
 /* Prefill attention, Mistral heads (32/8, 128), block 16: one sequence of T tokens, all in the
  * cache (a whole prompt), causal. FLOPs = 4 * 32 * 128 * T(T+1)/2 (QK^T and PV over the lower
  * triangle). The fp32 FMA kernel is timed up to 2048 tokens; then the tensor-core kernels,
@@ -521,6 +595,7 @@ int main(int argc, char **argv) {
     bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     bool prefill_only = argc > 1 && strcmp(argv[1], "--prefill") == 0;
     bool decode_attn_only = argc > 1 && strcmp(argv[1], "--decode-attn") == 0;
+    bool decode_kv_only = argc > 1 && strcmp(argv[1], "--decode-attn-kv") == 0;
     bool quant_only = argc > 1 && strcmp(argv[1], "--quant") == 0;
     static bench b;
     kiln_error err = {0};
@@ -536,6 +611,8 @@ int main(int argc, char **argv) {
 
     if (quant_only) {
         bench_gemv_quant(&b);
+    } else if (decode_kv_only) {
+        bench_attn_decode_kv(&b);
     } else if (decode_attn_only) {
         bench_attn_decode(&b);
     } else if (!prefill_only) {
@@ -551,7 +628,7 @@ int main(int argc, char **argv) {
         bench_gemv(&b, quick);
         bench_attn_decode(&b);
     }
-    if (!decode_attn_only && !quant_only) bench_attn_prefill(&b);
+    if (!decode_attn_only && !decode_kv_only && !quant_only) bench_attn_prefill(&b);
 
     fprintf(stderr, "\n%-18s %-22s %5s %6s %6s %9s %8s %7s\n%s", "kernel", "variant", "M", "N", "K", "us", "GB/s",
             "of4.2TB", b.table);

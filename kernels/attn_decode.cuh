@@ -629,7 +629,11 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MINB) kiln_at
 #endif
 static_assert(N_HEADS / N_KV_HEADS <= 8 && HEAD_DIM <= 128 && HEAD_DIM * KILN_KV_ES >= 128 && HEAD_DIM % 32 == 0,
               "ATTN_TC: at most 8 query heads a kv head, HEAD_DIM 64 or 128 (128 with an FP8 cache)");
+#ifdef ATTN_TC_STAGES /* another ring depth, for kiln_gpu_bench (its host sizes the shared memory to match) */
+#define KILN_TC_STAGES ATTN_TC_STAGES
+#else
 #define KILN_TC_STAGES KILN_ATTN_TC_STAGES(KILN_KV_ES)
+#endif
 #if KILN_KV8
 #define KILN_TC_MMA "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
 /* two floats as the operands' f16x2 (lo in the low half) */

@@ -206,8 +206,10 @@ KILN_HOST_DEVICE int kiln_attn_even_split(int n, int part, int most) {
  * then each warp's cp.async ring of KILN_ATTN_TC_STAGES tiles, a thread's part of a tile (es: bytes
  * an element of the cache) being 2 * head_dim * es bytes of K and V of 16 tokens over 32 lanes. */
 #define KILN_ATTN_TC_STAGES(es) ((es) == 1 ? 3 : 2)
+#define KILN_ATTN_DECODE_TC_SMEM_S(head_dim, block_size, partition_max, warps, es, stages) \
+    ((4 * ((partition_max) / (block_size) + 2) + 15) / 16 * 16 + (stages) * (head_dim) * (es) * (warps) * 32)
 #define KILN_ATTN_DECODE_TC_SMEM(head_dim, block_size, partition_max, warps, es) \
-    ((4 * ((partition_max) / (block_size) + 2) + 15) / 16 * 16 + KILN_ATTN_TC_STAGES(es) * (head_dim) * (es) * (warps) * 32)
+    KILN_ATTN_DECODE_TC_SMEM_S(head_dim, block_size, partition_max, warps, es, KILN_ATTN_TC_STAGES(es))
 
 /* Prefill attention (flash style, causal, GQA, sliding window) for a batch
  * of query chunks whose k and v are already in the paged cache. Query i of
