@@ -1392,7 +1392,12 @@ static int splits_grid(const cx *x, const cx_attn *a, int B) {
  * has it (FP8 caches): at batch 1024 it took Llama-3.1-8B's step from 24.0 to 21.3 ms; over a bf16
  * cache it was 2-4 % slower than the CUDA-core kernel at batches 1 and 8 (and 7 % at 256), and over
  * an FP8 cache below this it has not been measured, so the CUDA-core kernel keeps those. */
-#define CX_DECODE_TC_MIN 64 /* (prof_name names it) */
+#define CX_DECODE_TC_MIN 64
+
+/* Attention instruction in may run the tensor-core decode kernel where the engine has it: not with
+ * +merge_splits (it has no merging block); run_attn_decode takes it at steps of CX_DECODE_TC_MIN or
+ * more sequences (every step with measure knob decode_tc=2). */
+static bool a_tc(const cx *x, const cx_inst *in) { return x->attn[in->attn].decode_tc && !in->merge; }
 
 /* Decode attention of the step's first B sequences, one new token each (rows 0..B-1): the split kernel,
  * and the combine kernel when it splits without merging; with rope, it rotates q and the new k from the
@@ -1420,9 +1425,7 @@ static kiln_status run_attn_decode(cx *x, const cx_inst *in, const cx_attn *a, i
         dp.rope_high_freq_factor = dp.rope_llama3 ? r->rope_high_freq_factor : 4.0f;
         dp.rope_orig_max_pos = dp.rope_llama3 ? r->rope_original_max_pos : 8192.0f;
     }
-    /* the tensor-core kernel (a warp a kv head) where the engine has it, but for +merge_splits and
-     * small batches (decode_tc=2: those too) */
-    const bool tc = a->decode_tc && !dp.counters && (B >= CX_DECODE_TC_MIN || x->decode_tc_all);
+    const bool tc = a_tc(x, in) && (B >= CX_DECODE_TC_MIN || x->decode_tc_all); /* a warp a kv head */
     kiln_status st = tc ? launch(x, a->decode_tc, (unsigned)((x->n_kv + a->warps - 1) / a->warps), (unsigned)B,
                                  (unsigned)z, (unsigned)(a->warps * 32), a->smem_decode_tc, &dp, "kiln_attn_decode_tc", err)
                         : launch(x, a->decode, (unsigned)x->n_kv, (unsigned)B, (unsigned)z, (unsigned)(a->warps * 32),
@@ -1696,11 +1699,13 @@ static void prof_name(cx *x) {
                 snprintf(r->what, sizeof r->what, "%s %dx%d", opn, in->g.n, in->g.k);
             else if (in->kind == I_COPY)
                 snprintf(r->what, sizeof r->what, "%s (copy)", opn);
-            else if (in->kind == I_ATTN) { /* which kernel, for an A/B of it */
+            else if (in->kind == I_ATTN && d && a_tc(x, in)) /* which kernel, for an A/B of it */
+                snprintf(r->what, sizeof r->what, "%s (tensor cores from %d sequences)", opn,
+                         x->decode_tc_all ? 1 : CX_DECODE_TC_MIN);
+            else if (in->kind == I_ATTN) {
                 const cx_attn *a = &x->attn[in->attn];
                 snprintf(r->what, sizeof r->what, "%s (%s)", opn,
-                         d ? (!a->decode_tc ? "CUDA cores" : x->decode_tc_all ? "tensor cores" : "tensor cores from 64 sequences")
-                           : a->prefill_wg ? "wgmma" : a->prefill_mma16 ? "mma.sync" : "fp32 fma");
+                         d ? "CUDA cores" : a->prefill_wg ? "wgmma" : a->prefill_mma16 ? "mma.sync" : "fp32 fma");
             } else
                 snprintf(r->what, sizeof r->what, "%s",
                          in->kind == I_EMBED || in->kind == I_ATTN || in->kind == I_NORM || in->kind == I_COLL
