@@ -761,27 +761,42 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) kiln_attn_decode_t
     if (rope && split == nsplit - 1) kiln_attn_new_kv(p, qrow, b, h, rcs, rsn, knew[warp], vnew[warp], lane, 32);
 
     /* q's B fragments: head r (zero past G), dims D4*c + 4*ks + {0, 1} and {2, 3}. scores = S * ss: an
-     * FP8 cache's q carries the softmax scale, log2(e) and K's scale (f16 has the range for q times
-     * them, not always for q), a bf16 cache's q is exact and the scale comes after the products. */
+     * FP8 cache's q carries the softmax scale, log2(e) and K's scale, a bf16 cache's q is exact and the
+     * scale comes after the products. f16 (FP8) holds magnitudes below 65504: a warp whose q times
+     * those scales reaches 2^14 takes it times the power of two that brings its largest under 2^14 (exact),
+     * the scores the inverse, so no q becomes infinite (the CUDA-core kernel keeps q in fp32). */
     const float qs = p.scale * KILN_LOG2E * (KILN_KV8 ? kiln_kv_scale(p.kv_scale, h) : 1.0f);
-    const float qq = KILN_KV8 ? qs : 1.0f, ss = KILN_KV8 ? KILN_TC_UNIT : qs;
+    float ss = KILN_KV8 ? KILN_TC_UNIT : qs;
     unsigned qb[KT][2];
     {
         const kiln_elem *x = rope ? qrow + (h * G + r) * HEAD_DIM
                                   : (const kiln_elem *)p.q + ((size_t)b * N_HEADS + h * G + r) * HEAD_DIM;
+        float v[KT][4], big = 0.0f;
 #pragma unroll
-        for (int ks = 0; ks < KT; ks++) {
-            float v[4];
+        for (int ks = 0; ks < KT; ks++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int d = KILN_TC_D4 * c + 4 * ks + e;
                 const float xd = r < G ? kiln_e2f(x[d]) : 0.0f;
-                v[e] = rope && r < G ? kiln_round(kiln_rope_rot(xd, kiln_e2f(x[d < HALF ? d + HALF : d - HALF]), rcs[d], rsn[d], d < HALF))
-                                     : xd;
-                v[e] *= qq;
+                v[ks][e] = (rope && r < G ? kiln_round(kiln_rope_rot(xd, kiln_e2f(x[d < HALF ? d + HALF : d - HALF]), rcs[d],
+                                                                     rsn[d], d < HALF))
+                                          : xd) *
+                           (KILN_KV8 ? qs : 1.0f);
+                big = fmaxf(big, fabsf(v[ks][e]));
             }
-            qb[ks][0] = kiln_tc_pack(v[0], v[1]);
-            qb[ks][1] = kiln_tc_pack(v[2], v[3]);
+        float down = 1.0f;
+        if (KILN_KV8) {
+            big = kiln_warp_max(big);
+            if (big >= 16384.0f && big <= 3.0e38f) { /* (infinite or NaN q stays as it is) */
+                const int e = ilogbf(big) - 13;     /* 2^(e + 13) <= big < 2^(e + 14) */
+                down = ldexpf(1.0f, -e);
+                ss = ldexpf(ss, e);
+            }
+        }
+#pragma unroll
+        for (int ks = 0; ks < KT; ks++) {
+            qb[ks][0] = kiln_tc_pack(v[ks][0] * down, v[ks][1] * down);
+            qb[ks][1] = kiln_tc_pack(v[ks][2] * down, v[ks][3] * down);
         }
     }
     __syncwarp(); /* knew, vnew ready */

@@ -1234,13 +1234,15 @@ static void test_attn_decode(void) {
 /* Decode attention over an FP8 E4M3 cache (KILN_KV8 1: codes, a K and a V scale per kv head), the
  * tensor-core kernel (ATTN_TC) and the CUDA-core one, each against the double-precision attention over
  * the codes' exact values times their scales (common/quant.c's kiln_e4m3_to_f32), at fixed and
- * automatic split sizes. */
+ * automatic split sizes; the last two with q times 2^24, so that q times the scales passes f16's range
+ * (the tensor-core kernel's operands) and the softmax picks one token. */
 static void test_attn_decode_kv8(void) {
     NEED_GPU();
     static const attn_cfg cfgs[] = {
-        {32, 8, 128, 16, 0, 64, 0, 0}, {32, 8, 128, 16, 0, 64, 0, 1},
-        {24, 4, 128, 16, 100, 0, 0, 1}, {64, 8, 128, 16, 0, 0, 0, 1},
+        {32, 8, 128, 16, 0, 64, 0, 0}, {32, 8, 128, 16, 0, 64, 0, 1}, {24, 4, 128, 16, 100, 0, 0, 1},
+        {64, 8, 128, 16, 0, 0, 0, 1},  {32, 8, 128, 16, 0, 0, 0, 0},  {32, 8, 128, 16, 0, 0, 0, 1},
     };
+    static const int qpow[] = {0, 0, 0, 0, 24, 24};
     static const int lens[] = {1, 7, 63, 64, 65, 300, 1000, 4097};
     const int B = (int)(sizeof lens / sizeof lens[0]);
     for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
@@ -1281,7 +1283,7 @@ static void test_attn_decode_kv8(void) {
         const int z = part ? max_splits : auto_splits;
         size_t qn = (size_t)B * c->nh * c->hd;
         float *qf;
-        uint16_t *qh = rand_bf16(qn, 1.0f, &qf);
+        uint16_t *qh = rand_bf16(qn, ldexpf(1.0f, qpow[ci]), &qf);
         CUdeviceptr q = dev_from(qh, qn * 2), o = dev_alloc(qn * 2);
         CUdeviceptr po = dev_alloc((size_t)B * c->nh * z * c->hd * 4), pml = dev_alloc((size_t)B * c->nh * z * 8);
         dev_poison16(o, qn * 2);
@@ -1294,8 +1296,8 @@ static void test_attn_decode_kv8(void) {
         for (int b = 0; b < B; b++) {
             size_t off = (size_t)b * c->nh * c->hd;
             double e = rel_err_bf16(oh + off, ref + off, (size_t)c->nh * c->hd);
-            KT_CHECKF(e < TOL_BF16, "fp8 decode attn cfg %zu (heads %d/%d window %d partition %d%s) len %d: rel err %g",
-                      ci, c->nh, c->nkv, c->window, part, c->tc ? ", tensor cores" : "", lens[b], e);
+            KT_CHECKF(e < TOL_BF16, "fp8 decode attn cfg %zu (heads %d/%d window %d partition %d%s, q x 2^%d) len %d: rel err %g",
+                      ci, c->nh, c->nkv, c->window, part, c->tc ? ", tensor cores" : "", qpow[ci], lens[b], e);
         }
         CUdeviceptr all[] = {dk, dv, dsc, q, o, po, pml};
         for (int i = 0; i < 7; i++) kiln_cuda_release(&g_cu, all[i]);
