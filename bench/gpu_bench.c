@@ -367,6 +367,36 @@ static kiln_status attn_launch(bench *b, void *vctx, int i, kiln_error *err) {
     return st;
 }
 
+/* The decode attention parameters over q, k, v, o (and kv_scale sc, 0 for a bf16 cache) for B sequences of
+ * L tokens each, Mistral/Llama heads: scattered block tables, the lengths and the split partials on the
+ * device, the split size the executor would pick; decode_inputs_free releases what it made. */
+static kiln_attn_decode_params decode_inputs(bench *b, int B, int L, int NH, int NKV, int HD, int BS, int PART,
+                                             CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr o, CUdeviceptr sc) {
+    const int nbpS = (L + BS - 1) / BS, nblocks = B * nbpS;
+    int *bt = malloc(sizeof(int) * nblocks), *lens = malloc(sizeof(int) * B);
+    for (int i = 0; i < nblocks; i++) bt[i] = (int)(((long long)i * 7919) % nblocks); /* scattered blocks */
+    for (int i = 0; i < B; i++) lens[i] = L;
+    const int part = kiln_attn_decode_partition(B, NKV, L, 0, b->cu.n_sm, PART);
+    const int splits = kiln_attn_decode_splits(L, 0, part);
+    CUdeviceptr dbt, dl, po, pml;
+    kiln_error err = {0};
+    if (kiln_cuda_alloc(&b->cu, sizeof(int) * nblocks, &dbt, &err) || kiln_cuda_upload(&b->cu, dbt, bt, sizeof(int) * nblocks, &err) ||
+        kiln_cuda_alloc(&b->cu, sizeof(int) * B, &dl, &err) || kiln_cuda_upload(&b->cu, dl, lens, sizeof(int) * B, &err) ||
+        kiln_cuda_alloc(&b->cu, (size_t)B * NH * splits * HD * 4, &po, &err) ||
+        kiln_cuda_alloc(&b->cu, (size_t)B * NH * splits * 8, &pml, &err))
+        die("attn alloc", &err);
+    free(bt);
+    free(lens);
+    return (kiln_attn_decode_params){q, k, v, dbt, dl, o, po, pml, 0.0883883f, B, nbpS, splits, part, 0, 0, 0, 0, 0,
+                                     0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0, sc};
+}
+static void decode_inputs_free(bench *b, const kiln_attn_decode_params *p) {
+    const CUdeviceptr all[] = {p->q, p->k_cache, p->v_cache, p->out, p->kv_scale, p->block_tables, p->seq_lens,
+                               p->part_o, p->part_ml};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i]) kiln_cuda_release(&b->cu, all[i]);
+}
+
 /* Decode attention, Mistral heads (32/8, 128), block 16: batch B, context L, at the kernel's default
  * K/V load depth (ATTN_UNROLL 2) and at depth 4 with and without 4 blocks per SM forced (ATTN_MINB 4). */
 static void bench_attn_decode(bench *b) {
@@ -383,21 +413,11 @@ static void bench_attn_decode(bench *b) {
     if (kiln_cuda_module_function(&b->cu, md, "kiln_attn_decode_combine", &fc, &err)) die("combine", &err);
     static const int cases[][2] = {{1, 512}, {1, 4096}, {8, 520}, {8, 1024}, {8, 4096}, {64, 520}, {64, 576}, {64, 1024}, {64, 4096}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
-        int B = cases[ci][0], L = cases[ci][1], nbpS = (L + BS - 1) / BS, nblocks = B * nbpS;
+        int B = cases[ci][0], L = cases[ci][1], nblocks = B * ((L + BS - 1) / BS);
         CUdeviceptr k = rand_dev(b, (size_t)nblocks * NKV * BS * HD, 1.0f), v = rand_dev(b, (size_t)nblocks * NKV * BS * HD, 1.0f);
         CUdeviceptr q = rand_dev(b, (size_t)B * NH * HD, 1.0f), o = rand_dev(b, (size_t)B * NH * HD, 1.0f);
-        int *bt = malloc(sizeof(int) * nblocks), *lens = malloc(sizeof(int) * B);
-        for (int i = 0; i < nblocks; i++) bt[i] = (int)(((long long)i * 7919) % nblocks); /* scattered blocks */
-        for (int i = 0; i < B; i++) lens[i] = L;
-        int part = kiln_attn_decode_partition(B, NKV, L, 0, b->cu.n_sm, PART);
-        int splits = kiln_attn_decode_splits(L, 0, part);
-        CUdeviceptr dbt, dl, po, pml;
-        if (kiln_cuda_alloc(&b->cu, sizeof(int) * nblocks, &dbt, &err) || kiln_cuda_upload(&b->cu, dbt, bt, sizeof(int) * nblocks, &err) ||
-            kiln_cuda_alloc(&b->cu, sizeof(int) * B, &dl, &err) || kiln_cuda_upload(&b->cu, dl, lens, sizeof(int) * B, &err) ||
-            kiln_cuda_alloc(&b->cu, (size_t)B * NH * splits * HD * 4, &po, &err) ||
-            kiln_cuda_alloc(&b->cu, (size_t)B * NH * splits * 8, &pml, &err))
-            die("attn alloc", &err);
-        kiln_attn_decode_params p = {q, k, v, dbt, dl, o, po, pml, 0.0883883f, B, nbpS, splits, part, 0, 0, 0, 0, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0, 0};
+        kiln_attn_decode_params p = decode_inputs(b, B, L, NH, NKV, HD, BS, PART, q, k, v, o, 0);
+        const int part = p.partition, splits = p.max_splits;
         attn_ctx a = {fd, fc, {{NKV, (unsigned)B, (unsigned)splits}, {128, 1, 1}, kiln_attn_decode_smem(NH, NKV, HD, BS, PART, 4)},
                       {{NH, (unsigned)B, 1}, {128, 1, 1}, 0}, &p, splits > 1};
         double sec = time_launches(b, attn_launch, &a, 20);
@@ -406,9 +426,7 @@ static void bench_attn_decode(bench *b) {
         snprintf(vname, sizeof vname, "%s %s partition %d", variants[ui][0], variants[ui][1], part);
         report(b, "attn_decode", vname, B, L, splits, sec, bytes,
                4.0 * B * L * NH * HD);
-        kiln_cuda_release(&b->cu, k); kiln_cuda_release(&b->cu, v); kiln_cuda_release(&b->cu, q); kiln_cuda_release(&b->cu, o);
-        kiln_cuda_release(&b->cu, dbt); kiln_cuda_release(&b->cu, dl); kiln_cuda_release(&b->cu, po); kiln_cuda_release(&b->cu, pml);
-        free(bt); free(lens);
+        decode_inputs_free(b, &p);
     }
     kiln_cuda_module_unload(&b->cu, md);
     }
@@ -442,7 +460,7 @@ static void bench_attn_decode_kv(bench *b) {
                                  : kiln_attn_decode_smem(NH, NKV, HD, BS, PART, 4);
         if (smem > (unsigned)b->cu.smem_optin) continue;
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
-            const int B = cases[ci][0], L = cases[ci][1], nbpS = (L + BS - 1) / BS, nblocks = B * nbpS;
+            const int B = cases[ci][0], L = cases[ci][1], nblocks = B * ((L + BS - 1) / BS);
             const size_t n = (size_t)nblocks * NKV * BS * HD;
             CUdeviceptr k, v, sc;
             if (kv8) { /* codes 0x00..0x7E, both signs (no NaN) */
@@ -457,19 +475,8 @@ static void bench_attn_decode_kv(bench *b) {
                 k = rand_dev(b, n, 1.0f), v = rand_dev(b, n, 1.0f), sc = 0;
             }
             CUdeviceptr q = rand_dev(b, (size_t)B * NH * HD, 1.0f), o = rand_dev(b, (size_t)B * NH * HD, 1.0f);
-            int *bt = malloc(sizeof(int) * nblocks), *lens = malloc(sizeof(int) * B);
-            for (int i = 0; i < nblocks; i++) bt[i] = (int)(((long long)i * 7919) % nblocks); /* scattered blocks */
-            for (int i = 0; i < B; i++) lens[i] = L;
-            const int part = kiln_attn_decode_partition(B, NKV, L, 0, b->cu.n_sm, PART);
-            const int splits = kiln_attn_decode_splits(L, 0, part);
-            CUdeviceptr dbt, dl, po, pml;
-            if (kiln_cuda_alloc(&b->cu, sizeof(int) * nblocks, &dbt, &err) || kiln_cuda_upload(&b->cu, dbt, bt, sizeof(int) * nblocks, &err) ||
-                kiln_cuda_alloc(&b->cu, sizeof(int) * B, &dl, &err) || kiln_cuda_upload(&b->cu, dl, lens, sizeof(int) * B, &err) ||
-                kiln_cuda_alloc(&b->cu, (size_t)B * NH * splits * HD * 4, &po, &err) ||
-                kiln_cuda_alloc(&b->cu, (size_t)B * NH * splits * 8, &pml, &err))
-                die("attn alloc", &err);
-            kiln_attn_decode_params p = {q, k, v, dbt, dl, o, po, pml, 0.0883883f, B, nbpS, splits, part, 0, 0, 0, 0, 0,
-                                         0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0, sc};
+            kiln_attn_decode_params p = decode_inputs(b, B, L, NH, NKV, HD, BS, PART, q, k, v, o, sc);
+            const int part = p.partition, splits = p.max_splits;
             attn_ctx a = {fd, fc, {{tc ? (NKV + 3) / 4 : NKV, (unsigned)B, (unsigned)splits}, {128, 1, 1}, smem},
                           {{NH, (unsigned)B, 1}, {128, 1, 1}, 0}, &p, splits > 1};
             const double sec = time_launches(b, attn_launch, &a, 20);
@@ -477,11 +484,7 @@ static void bench_attn_decode_kv(bench *b) {
             snprintf(vname, sizeof vname, "%s %s%s partition %d", kv8 ? "fp8" : "bf16", tc ? "tc" : "cc",
                      tc ? (variants[vi].stages == 2 ? " s2" : variants[vi].stages == 3 ? " s3" : " s4") : "", part);
             report(b, "attn_decode_kv", vname, B, L, splits, sec, 2.0 * B * L * NKV * HD * es, 4.0 * B * L * NH * HD);
-            CUdeviceptr all[] = {k, v, sc, q, o, dbt, dl, po, pml};
-            for (int i = 0; i < 9; i++)
-                if (all[i]) kiln_cuda_release(&b->cu, all[i]);
-            free(bt);
-            free(lens);
+            decode_inputs_free(b, &p);
         }
         kiln_cuda_module_unload(&b->cu, md);
     }
