@@ -651,7 +651,8 @@ static int attn_get(cx *x, int window, kiln_error *err) {
     if (kv8_check(x, km, 2, err)) return -1;
     a->smem_decode =
         kiln_attn_decode_smem(x->n_heads, x->n_kv, x->head_dim, x->block_size, a->partition, a->warps);
-    /* the tensor-core decode kernel where codegen compiled it (engines from 2026-12-03: GQA of 4 to 8 heads) */
+    /* the tensor-core decode kernel where codegen compiled it (engines from 2026-12-03 with an FP8 cache, 4 to 8
+     * query heads a kv head at head_dim 128) */
     a->smem_decode_tc = kiln_attn_decode_tc_smem(x->head_dim, x->block_size, a->partition, a->warps, x->kv_es);
     if (x->decode_tc && a->smem_decode_tc <= (unsigned)x->cu.smem_optin)
         fn_has(x, name, "kiln_attn_decode_tc", &a->decode_tc);
