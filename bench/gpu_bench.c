@@ -248,7 +248,8 @@ static void bench_gemv_quant(bench *b) {
      * CUDA cores (q8/fp8, rows > 0): warps, steps in flight, rows a warp; fp8: 1 with the hardware's
      * E4M3 conversion, 2 through bf16 (GEMV_FP8_CVT 0); q4 on CUDA cores (rows > 0): warps splitting
      * K, rows loaded together, rows a block, 32-column chunks a thread (cpl), the codes' widening
-     * (cvt: GEMV_Q4CVT) and blocks an SM the registers must allow (minb, 0: the kernel's default) */
+     * (cvt: GEMV_Q4CVT) and blocks an SM the registers must allow (minb, 0: the kernel's default); q8
+     * and fp8 with cpl > 0: the K-splitting kernel (GEMV_CK 1, codegen's fp8 one) */
     static const struct {
         int bits, group, warps, unroll, deq, tiles, rows, fp8, cpl, cvt, minb;
     } v[] = {{4, 128, 8, 2, 0, 1, 0, 0, 0, 0, 0},  {4, 128, 16, 1, 0, 1, 0, 0, 0, 0, 0}, {4, 128, 8, 2, 2, 1, 0, 0, 0, 0, 0},
@@ -262,12 +263,14 @@ static void bench_gemv_quant(bench *b) {
              {4, 128, 4, 4, 0, 1, 8, 0, 1, 1, 0},  {4, 128, 2, 4, 0, 1, 16, 0, 2, 1, 0},
              {4, 128, 14, 4, 0, 1, 16, 0, 1, 1, 1}, {4, 128, 16, 4, 0, 1, 16, 0, 1, 1, 1},
              {4, 128, 14, 8, 0, 1, 16, 0, 1, 1, 1}, {4, 128, 8, 4, 0, 1, 16, 0, 2, 1, 1},
-             {4, 128, 7, 4, 0, 1, 16, 0, 2, 1, 1}};
+             {4, 128, 7, 4, 0, 1, 16, 0, 2, 1, 1},
+             {8, 0, 4, 4, 0, 1, 8, 0, 2, 0, 4},    {8, 0, 4, 4, 0, 1, 8, 0, 1, 0, 4},
+             {8, 0, 4, 4, 0, 1, 8, 1, 2, 0, 4},    {8, 0, 4, 4, 0, 1, 8, 1, 1, 0, 4}};
     enum { NV = sizeof v / sizeof v[0] };
     CUmodule mods[NV] = {0};
     CUfunction fn[NV];
     for (int i = 0; i < NV; i++) {
-        char d[13][32];
+        char d[14][32];
         snprintf(d[0], 32, "GEMV_WARPS=%d", v[i].warps);
         snprintf(d[1], 32, "GEMV_UNROLL=%d", v[i].unroll);
         snprintf(d[2], 32, "GEMV_MMA=%d", v[i].rows == 0);
@@ -282,7 +285,8 @@ static void bench_gemv_quant(bench *b) {
         int nd = 11; /* and, where the variant asks, the fp8 route and the blocks an SM */
         if (v[i].fp8 == 2) snprintf(d[nd++], 32, "GEMV_FP8_CVT=0");
         if (v[i].minb) snprintf(d[nd++], 32, "GEMV_MINB=%d", v[i].minb);
-        const char *defs[13];
+        if (v[i].bits == 8 && v[i].cpl > 0) snprintf(d[nd++], 32, "GEMV_CK=1");
+        const char *defs[14];
         for (int j = 0; j < nd; j++) defs[j] = d[j];
         fn[i] = build(b, "gemv.cuh", "kiln_gemv", defs, nd, &mods[i]);
     }
@@ -308,7 +312,8 @@ static void bench_gemv_quant(bench *b) {
             const double bytes = (double)wbytes + 2.0 * M * K + 2.0 * M * N, flops = 2.0 * M * N * K;
             for (int i = 0; i < NV; i++) {
                 if (v[i].bits != bits || v[i].group != group) continue;
-                const kiln_gemv_cfg cfg = v[i].rows ? (kiln_gemv_cfg){v[i].warps, v[i].rows, v[i].unroll, 1, bits == 4 ? 2 : 0}
+                const bool ck = v[i].rows && (bits == 4 || v[i].cpl > 0);
+                const kiln_gemv_cfg cfg = v[i].rows ? (kiln_gemv_cfg){v[i].warps, v[i].rows, v[i].unroll, 1, ck ? 2 : 0}
                                                     : (kiln_gemv_cfg){v[i].warps, v[i].tiles, v[i].unroll, 8, 1};
                 const kiln_cuda_dims d = kiln_gemv_dims(&cfg, M, N);
                 float ms[REPS];
@@ -333,8 +338,8 @@ static void bench_gemv_quant(bench *b) {
                     snprintf(name, sizeof name, "q4g%d cc w%d r%d u%d c%d cvt%d b%d", group, v[i].warps, v[i].rows,
                              v[i].unroll, v[i].cpl, v[i].cvt, v[i].minb);
                 else if (v[i].rows)
-                    snprintf(name, sizeof name, "%s cc w%d r%d u%d", v[i].fp8 == 1 ? "fp8" : v[i].fp8 ? "fp8/bf16" : "q8",
-                             v[i].warps, v[i].rows, v[i].unroll);
+                    snprintf(name, sizeof name, "%s %s w%d r%d u%d c%d", v[i].fp8 == 1 ? "fp8" : v[i].fp8 ? "fp8/bf16" : "q8",
+                             ck ? "ck" : "cc", v[i].warps, v[i].rows, v[i].unroll, v[i].cpl);
                 else if (v[i].fp8)
                     snprintf(name, sizeof name, "fp8 w%d u%d", v[i].warps, v[i].unroll);
                 else
