@@ -10,7 +10,8 @@
 #           out; the fp8 engine at $FP8_SMALL (default 1 8 64) with `decode_tc=2` (the tensor-core kernel
 #           at every batch, the default taking it from 64 sequences) against `decode_tc=0`; then a --profile
 #           of the fp8 engine at batch 1024 each way
-#   BIN=.carry/bin OUT=$OUT bash bench/gpu_decode_tc.sh        # SKIP_TESTS=1: the benches only
+#   BIN=.carry/bin OUT=$OUT bash bench/gpu_decode_tc.sh        # SKIP_TESTS=1: the benches only;
+#   SKIP_ROUNDS=1: only the fp8 engine's $FP8_SMALL batches (and the profiles: PROFILES= for none)
 # (KERNEL_TESTS, EXEC_TESTS: KILN_TEST_ONLY lists for the two test binaries; PROFILES: tc, cc or both)
 set -u
 BIN=${BIN:-build-dev}
@@ -47,12 +48,12 @@ round() { # ROUND BATCHES-OF-BF16
         for b in $2; do decode "bf16_b${b}_${v}_r$1" bf16 "$b" "$v"; done
     done
 }
-round 1 "256 1 8"
+[ "${SKIP_ROUNDS:-0}" = 1 ] || round 1 "256 1 8"
 for v in all cc; do
     for b in ${FP8_SMALL:-1 8 64}; do decode "fp8_b${b}_${v}" fp8 "$b" "$v"; done
 done
-round 2 "256"
-for v in ${PROFILES:-tc cc}; do
+[ "${SKIP_ROUNDS:-0}" = 1 ] || round 2 "256"
+for v in ${PROFILES-tc cc}; do
     b1 "profile_fp8_$v" 100 "$W/fp8.kiln" --batch 1024 --input-len 128 --output-len 128 --reps 1 --profile $(knob $v)
     grep '"profile"' "$OUT/profile_fp8_$v.log" | grep '"decode"' | grep -o '"op":"[^"]*","count":[0-9]*,"ms_per_step":[0-9.e-]*' >>"$S"
 done
