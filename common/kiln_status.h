@@ -31,6 +31,7 @@ typedef enum kiln_status {
     KILN_ERR_DEVICE = 14,     /* the requested device is unavailable or failed */
     KILN_ERR_CODEC = 15,      /* compression or decompression failed */
     KILN_ERR_TOKENIZER = 16,  /* text could not be tokenized or ids decoded */
+    KILN_ERR_NUMERIC = 17,    /* a computed value that must be finite is not (NaN or infinity in the logits) */
     KILN_STATUS_COUNT_        /* keep last; not a status */
 } kiln_status;
 

@@ -36,6 +36,7 @@ static const char *const status_names[KILN_STATUS_COUNT_] = {
     [KILN_ERR_DEVICE] = "device error",
     [KILN_ERR_CODEC] = "compression error",
     [KILN_ERR_TOKENIZER] = "tokenizer error",
+    [KILN_ERR_NUMERIC] = "non-finite result",
 };
 
 const char *kiln_status_str(kiln_status s) {

@@ -3,10 +3,11 @@
  * rule of the CPU sampler (runtime/sampler.c: kiln_sample_logits with the
  * uniform number of kiln_sample_uniform), so that both executors pick the
  * same token from the same logits:
+ *   0. a row holding a NaN or +inf, or no logit above -inf, gives
+ *      KILN_TOKEN_NONFINITE (-2, runtime/kiln_exec.h): no token;
  *   1. greedy when temperature <= 0 (or NaN), top_k == 1 or V == 1: the
- *      largest logit, the lowest index among equals, NaN below everything
- *      (all NaN: index 0); also when that largest logit is not finite;
- *   2. p_i = expf((l_i - max) / temperature) in fp32, 0 for NaN;
+ *      largest logit, the lowest index among equals;
+ *   2. p_i = expf((l_i - max) / temperature) in fp32 (0 for -inf);
  *   3. rank order is (logit descending, index ascending), NaN ranking as
  *      -inf. Top-k (0 < k < V) keeps the first k; top-p (0 < p < 1) then
  *      keeps a candidate while the mass ranked before it is below
@@ -205,21 +206,25 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) kiln_sample(const k
     if (b >= p.B) return;
     const float *x = (const float *)p.logits + (size_t)b * V;
 
-    /* 1. the argmax: the lowest index of the largest non-NaN logit. */
+    /* 1. the argmax: the lowest index of the largest non-NaN logit; and rule 0 on the way. */
     float mx = KILN_NEG_INF;
-    int mi = -1;
+    int mi = -1, bad = 0;
     for (int i = tid; i < V; i += SAMPLE_THREADS) {
         const float v = x[i];
+        bad |= isnan(v) || (isinf(v) && v > 0.0f);
         if (!isnan(v) && (mi < 0 || v > mx)) { mx = v; mi = i; } /* strided: first hit is the lowest index */
     }
     const float gmax = kiln_bmax_f(mi >= 0 ? mx : KILN_NEG_INF, &sm);
-    int argmax = kiln_bmin_i(mi >= 0 && mx == gmax ? mi : 0x7fffffff, &sm);
-    if (argmax == 0x7fffffff) argmax = 0; /* every logit NaN */
+    if (__syncthreads_or(bad) || gmax == KILN_NEG_INF) { /* the same answer in every thread */
+        if (tid == 0) ((int *)p.out_ids)[b] = -2; /* KILN_TOKEN_NONFINITE */
+        return;
+    }
+    const int argmax = kiln_bmin_i(mi >= 0 && mx == gmax ? mi : 0x7fffffff, &sm); /* gmax is finite */
     const float temp = ((const float *)p.temperature)[b];
     const int top_k = ((const int *)p.top_k)[b];
     const float top_p = ((const float *)p.top_p)[b];
     const float lmax = x[argmax];
-    if (V <= 1 || !(temp > 0.0f) || top_k == 1 || isnan(lmax) || isinf(lmax)) {
+    if (V <= 1 || !(temp > 0.0f) || top_k == 1) {
         if (tid == 0) ((int *)p.out_ids)[b] = argmax;
         return;
     }

@@ -72,6 +72,12 @@ kiln_status kiln_generate(kiln_cpu_ctx *c, const int32_t *prompt, int n_prompt, 
     while (res->n_ids < o->max_tokens) {
         int pos = kiln_cpu_ctx_pos(c); /* the new token's position */
         int32_t id = kiln_sample_logits(logits, vocab, &samp, kiln_sample_uniform(o->seed, pos), scratch);
+        if (id == KILN_TOKEN_NONFINITE) {
+            st = kiln_err(err, KILN_ERR_NUMERIC,
+                          "the logits for position %d are not finite (a NaN or +inf, or no logit above -inf): "
+                          "the engine's arithmetic failed, so no token was sampled", pos);
+            goto out;
+        }
         res->ids[res->n_ids++] = id;
         bool go_on = o->on_token ? o->on_token(id, o->user) : true;
         if (!o->ignore_eos && is_eos(m, id)) {

@@ -52,7 +52,8 @@ typedef struct kiln_step {
     const int32_t *tokens;     /* [sum of n_new] the new tokens, sequence after sequence */
     const bool *want_token;    /* [n_seqs] sample a next token after this step (prompt fully read) */
     const kiln_sampling *samp; /* [n_seqs] */
-    int32_t *next;             /* [n_seqs] out: sampled token where want_token, else -1 */
+    int32_t *next;             /* [n_seqs] out: sampled token where want_token (KILN_TOKEN_NONFINITE for logits
+                                  the sampler cannot trust), else -1 */
     float *logits;             /* optional out: the logits of the last new token of sequences: with
                                   want_logits NULL, every sequence's, row i for sequence i; else only
                                   those flagged, packed in sequence order (row k for the k-th flagged) */
@@ -127,10 +128,16 @@ int64_t kiln_step_logit_rows(const kiln_step *s);
 
 /* The random number in [0, 1) used to sample the token at `position`. */
 double kiln_sample_uniform(uint64_t seed, int64_t position);
+/* What a sampler (and an executor's kiln_step.next) gives for a row of logits that holds a NaN or
+ * +inf, or no logit above -inf: no token (the scheduler fails the request with KILN_ERR_NUMERIC). */
+#define KILN_TOKEN_NONFINITE (-2)
+/* Whether a row of n logits holds a NaN or +inf, or no logit above -inf (sampler rule 0; kiln_score
+ * refuses such rows too). */
+bool kiln_logits_untrusted(const float *x, int n);
 /* Sample from one row of logits with the request's settings and the uniform
  * number u (kiln_sample_uniform). `scratch` holds 2 × vocab floats. The
  * exact rule, which a device sampler must follow to give the same tokens,
- * opens runtime/sampler.c. */
+ * opens runtime/sampler.c; a row it cannot trust gives KILN_TOKEN_NONFINITE. */
 int32_t kiln_sample_logits(const float *logits, int vocab, const kiln_sampling *s, double u, float *scratch);
 /* Apply penalties `p` in place to one row of logits, for the sequence
  * toks[0, n_total) whose first n_prompt tokens are its prompt: repetition

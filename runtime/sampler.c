@@ -2,9 +2,13 @@
  * sampler.c — choose the next token from one row of logits.
  *
  * The rule (a device sampler must follow it exactly to give the same tokens):
+ *   0. a row that holds a NaN or +inf, or no logit above -inf, gives no
+ *      token: KILN_TOKEN_NONFINITE (the model's arithmetic failed, and any
+ *      token drawn from it would be silently wrong; -inf alone is a masked
+ *      id, not a failure);
  *   1. greedy when temperature is 0 or top-k is 1: the largest logit, the
- *      lowest id among equals (NaN ranks below everything);
- *   2. else p_i = expf((l_i − max l) / temperature) in f32 (0 for NaN);
+ *      lowest id among equals;
+ *   2. else p_i = expf((l_i − max l) / temperature) in f32 (0 for -inf);
  *   3. candidates, in rank order (logit descending, then id ascending):
  *      top-k keeps the first k; top-p then keeps a candidate while the mass
  *      of the candidates ranked before it is below top_p × the mass of all
@@ -145,7 +149,17 @@ static int nucleus_size(const float *logits, const float *prob, int32_t *cand, i
     return vocab; /* rounding: the whole vocabulary never reached want */
 }
 
+bool kiln_logits_untrusted(const float *x, int n) {
+    bool bad = false, any = false;
+    for (int i = 0; i < n; i++) {
+        bad |= isnan(x[i]) || x[i] == INFINITY;
+        any |= x[i] > -INFINITY;
+    }
+    return bad || !any;
+}
+
 int32_t kiln_sample_logits(const float *logits, int vocab, const kiln_sampling *s, double u, float *scratch) {
+    if (kiln_logits_untrusted(logits, vocab)) return KILN_TOKEN_NONFINITE;
     if (vocab <= 1 || !(s->temperature > 0) || s->top_k == 1) return kiln_argmax(logits, vocab);
     /* scratch: [0, vocab) probabilities indexed by id (only those of
      * candidates are read), [vocab, 2·vocab) candidate ids. The memory is the
@@ -156,8 +170,7 @@ int32_t kiln_sample_logits(const float *logits, int vocab, const kiln_sampling *
     const float t = s->temperature;
     const bool nucleus = s->top_p > 0 && s->top_p < 1;
     const int32_t best = kiln_argmax(logits, vocab);
-    const float mx = rank_key(logits, best);
-    if (!isfinite(mx)) return best;
+    const float mx = logits[best]; /* finite: rule 0 */
     int n_kept;
     if (s->top_k > 0 && s->top_k < vocab) {
         /* top-k: only the k best get a probability; top-p then cuts their

@@ -766,6 +766,19 @@ kiln_status kiln_sched_step(kiln_sched *s, bool *ran, kiln_error *err) {
             kiln_token_info ti = {.token = s->st_next[i]};
             if (logits) ti.token = host_sample(s, r, logits, (int64_t)s->st_start[i] + s->st_n_new[i], &ti);
             int32_t tok = ti.token;
+            if (tok == KILN_TOKEN_NONFINITE) { /* sampler rule 0: fail this request, not the others */
+                if (status == KILN_OK) {
+                    status = kiln_err(err, KILN_ERR_NUMERIC,
+                                      "request %lld: the logits for position %lld are not finite (a NaN or +inf, "
+                                      "or no logit above -inf): the %s executor's arithmetic failed, so no token "
+                                      "was sampled",
+                                      (long long)r->id, (long long)s->st_start[i] + s->st_n_new[i], s->x->ops->name);
+                    kiln_err_hint(err, "an overflow in the engine's numbers: try a wider weight or KV format "
+                                       "(bf16 instead of a quantized one) and report the engine and prompt");
+                }
+                finish(s, r, KILN_STOP_ERROR, false);
+                continue;
+            }
             if (tok < 0 || tok >= s->x->vocab) {
                 if (status == KILN_OK)
                     status = kiln_err(err, KILN_ERR_INTERNAL, "step: the %s executor returned token %d for slot %d "

@@ -32,13 +32,17 @@ typedef struct score_job {
     const int32_t *const *seqs;
     float *const *out;
     int V, k, parts;
+    int *bad; /* [parts]: the part's first row whose logits are not finite (kiln_logits_untrusted), or -1 */
 } score_job;
 
 static void score_rows(void *arg, int part) {
     const score_job *j = arg;
+    j->bad[part] = -1;
     for (int r = j->k * part / j->parts; r < j->k * (part + 1) / j->parts; r++) {
         const int s = j->row_seq[r], t = j->row_pos[r];
-        kiln_logprobs(j->logits + (size_t)r * (size_t)j->V, j->V, j->seqs[s][t + 1], 0, &j->out[s][t], NULL, NULL);
+        const float *row = j->logits + (size_t)r * (size_t)j->V;
+        if (j->bad[part] < 0 && kiln_logits_untrusted(row, j->V)) j->bad[part] = r;
+        kiln_logprobs(row, j->V, j->seqs[s][t + 1], 0, &j->out[s][t], NULL, NULL);
     }
 }
 
@@ -117,9 +121,15 @@ kiln_status kiln_score_seqs(kiln_executor *x, int max_seqs, int max_step, const 
                 break;
             }
             for (int i = 0; i < k; i++) done[seq_of[i] - g0] += n_new[i];
-            const int parts = T < 8 ? T : 8;
-            score_job j = {logits, row_seq, row_pos, seqs, out, V, T, parts};
+            int parts = T < 8 ? T : 8, bad[8];
+            score_job j = {logits, row_seq, row_pos, seqs, out, V, T, parts, bad};
             kiln_pool_for(kiln_pool_shared(), parts, parts, score_rows, &j);
+            for (int p = 0; p < parts && st == KILN_OK; p++)
+                if (bad[p] >= 0)
+                    st = kiln_err(err, KILN_ERR_NUMERIC,
+                                  "score: the logits after token %d of sequence %d are not finite (a NaN or +inf, or "
+                                  "no logit above -inf): the %s executor's arithmetic failed",
+                                  row_pos[bad[p]], row_seq[bad[p]], x->ops->name);
         }
         for (int i = 0; i < reserved; i++) x->ops->release(x, i);
     }

@@ -2097,7 +2097,8 @@ static void test_sample(void) {
     const char *defs[] = {"SAMPLE_THREADS=1024"};
     KT_REQUIRE(kbuild(&k, "sample.cuh", "kiln_sample", defs, 1));
 
-    /* Greedy over odd and real vocabularies, with a planted tie (lowest index wins), NaN and -inf. */
+    /* Greedy over odd and real vocabularies, with a planted tie (lowest index wins); a row with a NaN
+     * gives no token (KILN_TOKEN_NONFINITE, rule 0). */
     static const int Vs[] = {1, 7, 1000, 32000, 128256};
     for (size_t vi = 0; vi < sizeof Vs / sizeof Vs[0]; vi++) {
         int V = Vs[vi], B = 5;
@@ -2112,12 +2113,14 @@ static void test_sample(void) {
                 if (later < 0) { later = want[b]; want[b] = 0; s.logits[b * V] = 100.0f; }
                 s.logits[b * V + later] = 100.0f;
             }
-            if (b == 3) s.logits[b * V + (want[b] + 1) % V] = NAN; /* NaN ranks below everything */
+            if (b == 3) { /* one NaN anywhere: no token */
+                s.logits[b * V + (want[b] + 1) % V] = NAN;
+                want[b] = KILN_TOKEN_NONFINITE;
+            }
             s.temp[b] = b == 2 ? -1.0f : 0.0f;
             s.top_k[b] = b == 4 ? 1 : 0;
             if (b == 4) s.temp[b] = 1.0f; /* top-k 1 is greedy too */
         }
-        if (V == 1) want[3] = 0; /* all NaN: index 0 */
         int *ids = run_sample(&k, &s);
         for (int b = 0; b < B; b++) KT_CHECKF(ids[b] == want[b], "greedy V=%d row %d: got %d want %d", V, b, ids[b], want[b]);
         KT_EQ_INT(sample_mismatches(&s, ids, "greedy"), 0);
@@ -2126,7 +2129,8 @@ static void test_sample(void) {
     }
 
     /* Sampling with top-k / top-p against the CPU sampler, over random rows, rows with
-     * many exact ties (logits on a coarse grid), NaN and -inf entries, and k >= V. */
+     * many exact ties (logits on a coarse grid), -inf entries (masked ids), and k >= V; rows the
+     * sampler cannot trust (rule 0: a NaN, a +inf, every logit -inf) give KILN_TOKEN_NONFINITE. */
     static const int Ws[] = {500, 32000};
     for (size_t wi = 0; wi < 2; wi++) {
         int B = 96, V = Ws[wi];
@@ -2134,7 +2138,10 @@ static void test_sample(void) {
         for (int b = 0; b < B; b++) {
             float *x = s.logits + (size_t)b * V;
             for (int i = 0; i < V; i++) x[i] = b % 3 == 1 ? (float)(rnd_int(8)) * 0.5f : rnd_normal() * 2.0f;
-            if (b % 5 == 2) { x[rnd_int(V)] = NAN; x[rnd_int(V)] = -INFINITY; }
+            if (b % 5 == 2) { x[rnd_int(V)] = -INFINITY; x[rnd_int(V)] = -INFINITY; }
+            if (b % 16 == 7) x[rnd_int(V)] = b % 32 == 7 ? NAN : INFINITY;
+            if (b == 9)
+                for (int i = 0; i < V; i++) x[i] = -INFINITY;
             s.temp[b] = (float)(0.3 + 1.2 * rnd_unit());
             s.top_k[b] = (int[]){0, 1, 5, 50, 499, 500, 10000, 3}[b % 8];
             s.top_p[b] = (float[]){1.0f, 0.9f, 0.5f, 0.99f, 0.1f, 0.0f}[b % 6];
@@ -2144,7 +2151,9 @@ static void test_sample(void) {
         int *a = run_sample(&k, &s), *a2 = run_sample(&k, &s);
         for (int b = 0; b < B; b++) {
             KT_CHECKF(a[b] == a2[b], "sample row %d: not deterministic (%d then %d)", b, a[b], a2[b]);
-            KT_CHECKF(a[b] >= 0 && a[b] < V, "sample row %d: token %d outside 0..%d", b, a[b], V - 1);
+            const bool untrusted = b % 16 == 7 || b == 9;
+            if (untrusted) KT_CHECKF(a[b] == KILN_TOKEN_NONFINITE, "sample row %d (NaN, +inf or all -inf): token %d", b, a[b]);
+            else KT_CHECKF(a[b] >= 0 && a[b] < V, "sample row %d: token %d outside 0..%d", b, a[b], V - 1);
         }
         int bad = sample_mismatches(&s, a, "sample");
         KT_CHECKF(bad == 0, "V=%d: %d of %d rows drew another token than the CPU sampler", V, bad, B);

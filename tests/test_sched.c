@@ -345,11 +345,22 @@ static void test_sample_greedy_and_ties(void) {
     KT_EQ_INT(kiln_sample_logits(l, 6, &k3, 0.1, scratch), 1);
     KT_EQ_INT(kiln_sample_logits(l, 6, &k3, 0.5, scratch), 3);
     KT_EQ_INT(kiln_sample_logits(l, 6, &k3, 0.9, scratch), 5);
-    /* NaN never wins */
+    /* NaN never wins the argmax; but a row holding a NaN or +inf, or nothing above -inf, gives no
+     * token, greedy or not (rule 0) */
     float n[3] = {NAN, -1, -3};
     KT_EQ_INT(kiln_argmax(n, 3), 1);
-    kiln_sampling t = {.temperature = 1, .top_p = 1};
-    for (int i = 0; i < 10; i++) KT_CHECK(kiln_sample_logits(n, 3, &t, i / 10.0, scratch) != 0);
+    kiln_sampling t = {.temperature = 1, .top_p = 1}, tk = {.temperature = 0.7f, .top_k = 2, .top_p = 0.9f};
+    const float bad[][3] = {{NAN, -1, -3}, {-1, 2, NAN}, {INFINITY, 0, 1}, {0, 1, INFINITY},
+                            {-INFINITY, -INFINITY, -INFINITY}, {NAN, NAN, NAN}, {-INFINITY, NAN, -INFINITY}};
+    for (size_t r = 0; r < sizeof bad / sizeof bad[0]; r++) {
+        KT_EQ_INT(kiln_sample_logits(bad[r], 3, &g, 0.5, scratch), KILN_TOKEN_NONFINITE);
+        KT_EQ_INT(kiln_sample_logits(bad[r], 3, &tk, 0.5, scratch), KILN_TOKEN_NONFINITE);
+        for (int i = 0; i < 10; i++) KT_EQ_INT(kiln_sample_logits(bad[r], 3, &t, i / 10.0, scratch), KILN_TOKEN_NONFINITE);
+    }
+    /* -inf alone is a masked id: never drawn */
+    float m[3] = {-INFINITY, 0.5f, -INFINITY};
+    KT_EQ_INT(kiln_sample_logits(m, 3, &g, 0.5, scratch), 1);
+    for (int i = 0; i < 10; i++) KT_EQ_INT(kiln_sample_logits(m, 3, &t, i / 10.0, scratch), 1);
     /* one-token vocabulary */
     float one[1] = {0};
     KT_EQ_INT(kiln_sample_logits(one, 1, &t, 0.7, scratch), 0);
@@ -733,6 +744,100 @@ static void test_never_fits(void) {
     KT_EQ_INT(why, KILN_STOP_ERROR);
     KT_EQ_INT(n, 0);
     kiln_sched_free(s);
+    x->ops = saved;
+    x->ops->destroy(x);
+}
+
+/* An executor whose logits for slot 1 turn untrusted at its 4th sampled token (the CPU step, then
+ * that sequence's token replaced by what a sampler gives for a NaN row): that request fails with
+ * KILN_ERR_NUMERIC after its 3 good tokens, the other runs to the end with the tokens it has alone. */
+static kiln_status (*g_real_step)(kiln_executor *, const kiln_step *, kiln_error *);
+static int g_slot1_tokens;
+static kiln_status nan_step(kiln_executor *x, const kiln_step *st, kiln_error *err) {
+    kiln_status s = g_real_step(x, st, err);
+    for (int i = 0; s == KILN_OK && i < st->n_seqs; i++)
+        if (st->slot[i] == 1 && st->want_token[i] && ++g_slot1_tokens >= 4) st->next[i] = KILN_TOKEN_NONFINITE;
+    return s;
+}
+static void test_nonfinite_logits(void) {
+    KT_REQUIRE(stories);
+    kiln_executor *x = NULL;
+    kiln_sched *s = NULL;
+    kiln_error err = {0};
+    KT_REQUIRE(kiln_cpu_executor_new(stories, 2, 0, 0, 1, &x, &err) == KILN_OK);
+    kiln_executor_ops ops = *x->ops;
+    const kiln_executor_ops *saved = x->ops;
+    g_real_step = saved->step;
+    g_slot1_tokens = 0;
+    ops.step = nan_step;
+    x->ops = &ops;
+    kiln_sched_opts so = {0};
+    KT_REQUIRE(kiln_sched_new(x, &so, &s, &err) == KILN_OK);
+    int32_t p[4] = {1, 300, 310, 320};
+    kiln_sched_request r = {.prompt = p, .n_prompt = 4, .samp = greedy(), .max_tokens = 12, .ignore_eos = true};
+    int64_t id[2];
+    KT_REQUIRE(kiln_sched_submit(s, &r, &id[0], &err) == KILN_OK);
+    KT_REQUIRE(kiln_sched_submit(s, &r, &id[1], &err) == KILN_OK);
+    int failed = 0;
+    kiln_status last = KILN_OK;
+    for (int step = 0; step < 64 && kiln_sched_pending(s) > 0; step++) {
+        kiln_error se = {0};
+        kiln_status st = kiln_sched_step(s, NULL, &se);
+        if (st != KILN_OK) {
+            failed++;
+            last = st;
+            KT_CONTAINS(se.msg, "not finite");
+            KT_CONTAINS(se.msg, "no token was sampled");
+        }
+    }
+    KT_EQ_INT(failed, 1);
+    KT_EQ_INT(last, KILN_ERR_NUMERIC);
+    int32_t buf[2][16];
+    int n[2], why[2];
+    for (int j = 0; j < 2; j++) {
+        bool fin = false;
+        KT_CHECK(kiln_sched_poll(s, id[j], buf[j], 16, &n[j], &fin, &why[j], &err) == KILN_OK);
+        KT_CHECK(fin);
+    }
+    /* which request took slot 1 is the scheduler's choice: one failed after 3 tokens, one finished */
+    const int bad = why[0] == KILN_STOP_ERROR ? 0 : 1, good = 1 - bad;
+    KT_EQ_INT(why[bad], KILN_STOP_ERROR);
+    KT_EQ_INT(n[bad], 3);
+    KT_EQ_INT(why[good], KILN_STOP_MAX_TOKENS);
+    KT_EQ_INT(n[good], 12);
+    for (int i = 0; i < 3; i++) KT_EQ_INT(buf[bad][i], buf[good][i]); /* the same prompt, greedy */
+    kiln_sched_free(s);
+    x->ops = saved;
+    x->ops->destroy(x);
+}
+
+/* kiln_score_seqs refuses a step whose logits hold a NaN (the CPU step's rows, one element of the first
+ * row poisoned) with KILN_ERR_NUMERIC naming where, rather than scoring it as probability 0. */
+static int g_score_steps;
+static kiln_status nan_rows_step(kiln_executor *x, const kiln_step *st, kiln_error *err) {
+    kiln_status s = g_real_step(x, st, err);
+    if (s == KILN_OK && st->logits && ++g_score_steps == 1) st->logits[5] = NAN;
+    return s;
+}
+static void test_score_nonfinite(void) {
+    KT_REQUIRE(stories);
+    kiln_executor *x = NULL;
+    kiln_error err = {0};
+    KT_REQUIRE(kiln_cpu_executor_new(stories, 1, 0, 0, 1, &x, &err) == KILN_OK);
+    const int32_t ids[6] = {1, 300, 310, 320, 330, 340}, n = 6;
+    const int32_t *seq = ids;
+    float lp[6], *out = lp;
+    KT_REQUIRE(kiln_score_seqs(x, 1, 64, &seq, &n, 1, &out, &err) == KILN_OK); /* unpoisoned: scores */
+    for (int i = 0; i < n - 1; i++) KT_CHECK(isfinite(lp[i]) && lp[i] < 0);
+    kiln_executor_ops ops = *x->ops;
+    const kiln_executor_ops *saved = x->ops;
+    g_real_step = saved->step;
+    g_score_steps = 0;
+    ops.step = nan_rows_step;
+    x->ops = &ops;
+    KT_EQ_INT(kiln_score_seqs(x, 1, 64, &seq, &n, 1, &out, &err), KILN_ERR_NUMERIC);
+    KT_CONTAINS(err.msg, "not finite");
+    KT_CONTAINS(err.msg, "sequence 0");
     x->ops = saved;
     x->ops->destroy(x);
 }
@@ -1189,6 +1294,8 @@ int main(void) {
     KT_RUN(test_context_limits);
     KT_RUN(test_kv_budget_queueing);
     KT_RUN(test_never_fits);
+    KT_RUN(test_nonfinite_logits);
+    KT_RUN(test_score_nonfinite);
     KT_RUN(test_cancel);
     KT_RUN(test_stops);
     KT_RUN(test_sched_options);
