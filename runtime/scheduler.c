@@ -773,8 +773,9 @@ kiln_status kiln_sched_step(kiln_sched *s, bool *ran, kiln_error *err) {
                                       "or no logit above -inf): the %s executor's arithmetic failed, so no token "
                                       "was sampled",
                                       (long long)r->id, (long long)s->st_start[i] + s->st_n_new[i], s->x->ops->name);
-                    kiln_err_hint(err, "an overflow in the engine's numbers: try a wider weight or KV format "
-                                       "(bf16 instead of a quantized one) and report the engine and prompt");
+                    kiln_err_hint(err, "the model's activations overflowed: with a quantized engine, compile "
+                                       "the layers at fault wider (bf16); else the checkpoint's weights are "
+                                       "out of range for this prompt");
                 }
                 finish(s, r, KILN_STOP_ERROR, false);
                 continue;

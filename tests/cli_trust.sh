@@ -412,4 +412,19 @@ d=$(mkqm qm_nonorm); edit_json "$d/config.json" 'd["norm_topk_prob"] = False'
     ok || bad "inspect: $("$KILN" inspect "$T/qm_nonorm.kiln" | grep experts)"
 "$KILN" inspect "$T/qm.kiln" | grep -q "16 experts (top 4, ffn 16 each, dense MLP on 1 of 3 layers)" && ok || bad "inspect of tiny-qwen3-moe"
 
+# ---- 4. logits that are not finite give no token (sampler rule 0) ----
+# finite weights whose product overflows fp32: the final norm's weights near bf16's largest value and a
+# large LM head make every logit +inf or NaN; `kiln run` and `kiln perplexity` then fail naming why
+# instead of printing tokens drawn from them
+d=$(mkckpt overflow)
+st_edit "$d/$ST" 'import struct
+for i in range(64): setv("model.norm.weight", i, 3.0e38)
+for i in range(256 * 64): setv("lm_head.weight", i, 1000.0 if i % 3 else -1000.0)'
+expect 0 "" -- "$KILN" compile "$d" -o "$T/overflow.kiln"
+expect 1 "logits for position 3 are not finite.*no token was sampled" -- \
+    "$KILN" run "$T/overflow.kiln" --device cpu --prompt-ids 1,5,9 --max-tokens 4 --json
+grep -q '"ids"' "$T/out" && bad "kiln run printed ids from non-finite logits" || ok
+echo "[1, 5, 9, 13, 17, 21, 25, 29]" >"$T/ov_ids.json"
+expect 1 "not finite" -- "$KILN" perplexity "$T/overflow.kiln" --ids-file "$T/ov_ids.json" --device cpu
+
 cli_summary
