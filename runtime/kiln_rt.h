@@ -140,7 +140,7 @@ typedef struct kiln_measure_knobs {
     int w8a8;          /* -1 = default, else 0/1/2 */
     int tp_oneshot;    /* -1 = default, else 0 (never), 1 (auto), 2 (every collective): kiln_cuda_exec_opts.tp_oneshot */
     int prefill_wg;    /* -1 = default, else 0/1 */
-    int decode_tc;     /* -1 = default, else 0 (never), 1 (from 64 sequences), 2 (every decode step): decode
+    int decode_tc;     /* -1 = default, else 0 (never), 1 (from 80 sequences), 2 (every decode step): decode
                           attention on the tensor cores where the engine has it */
     int w8a8_fast;     /* -1 = default, else 0/1: W8A8 GEMMs with FP8 fast accumulation */
     int lt_search;     /* -1 = default, else 0/1: cuBLASLt tuning beyond the heuristic's answers */

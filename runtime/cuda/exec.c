@@ -1390,10 +1390,12 @@ static int splits_grid(const cx *x, const cx_attn *a, int B) {
 #define CX_MIXED_DECODE_MIN 16
 
 /* The fewest one-token sequences whose decode attention runs the tensor-core kernel where the engine
- * has it (FP8 caches): at batch 1024 it took Llama-3.1-8B's step from 24.0 to 21.3 ms; over a bf16
- * cache it was 2-4 % slower than the CUDA-core kernel at batches 1 and 8 (and 7 % at 256), and over
- * an FP8 cache below this it has not been measured, so the CUDA-core kernel keeps those. */
-#define CX_DECODE_TC_MIN 64
+ * has it (FP8 caches). On the H200 (docs/benchmarks.md), Mistral-7B FP8 with an FP8 cache, 128 in / 128
+ * out, decode against the CUDA-core kernel: -6 % at batches 1 and 8, -0.8 % at 64, +4.2 % at 128, +8 %
+ * at 256, +11.5 % at 512 (and Llama-3.1-8B's step at 1024 24.0 -> 21.3 ms); 80 is the crossover
+ * between 64 and 128, interpolated. (Over a bf16 cache it was slower at every batch measured, so
+ * codegen does not build it there.) */
+#define CX_DECODE_TC_MIN 80
 
 /* Attention instruction in may run the tensor-core decode kernel where the engine has it: not with
  * +merge_splits (it has no merging block); run_attn_decode takes it at steps of CX_DECODE_TC_MIN or

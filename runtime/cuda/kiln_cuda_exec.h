@@ -96,7 +96,7 @@ typedef struct kiln_cuda_exec_opts {
                             prefill_wg=0) */
     bool no_decode_tc;   /* decode attention keeps the CUDA-core kernel where the engine has the tensor-core one
                             (measure knob decode_tc=0) */
-    bool decode_tc_all;  /* ... and takes the tensor-core one at every decode step, not from 64 sequences
+    bool decode_tc_all;  /* ... and takes the tensor-core one at every decode step, not from 80 sequences
                             (decode_tc=2) */
     bool no_w8a8_fast_accum; /* W8A8 GEMMs the plan marks +fast_accum promote their partial sums to fp32 all
                                 the same (measure knob w8a8_fast=0, for A/B on one engine; docs/quantization.md) */
