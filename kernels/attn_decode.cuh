@@ -647,12 +647,7 @@ KILN_DEV unsigned kiln_tc_pack(float lo, float hi) {
  * which is the value times 2^-8 (KILN_TC_UNIT) for normals and subnormals alike (bias 7 against 15). */
 #if __CUDA_ARCH__ >= 890
 #define KILN_TC_UNIT 1.0f
-KILN_DEV void kiln_tc_e4m3x4(unsigned w, unsigned &lo, unsigned &hi) {
-    asm("{\n\t.reg .b16 a, b;\n\tmov.b32 {a, b}, %2;\n\t"
-        "cvt.rn.f16x2.e4m3x2 %0, a;\n\tcvt.rn.f16x2.e4m3x2 %1, b;\n\t}"
-        : "=r"(lo), "=r"(hi)
-        : "r"(w));
-}
+KILN_DEV void kiln_tc_e4m3x4(unsigned w, unsigned &lo, unsigned &hi) { kiln_e4m3x4_f16x2(w, lo, hi); }
 #else
 #define KILN_TC_UNIT 256.0f
 KILN_DEV unsigned kiln_tc_e4m3x2(unsigned x) { /* codes in bytes 0 and 2 */

@@ -552,9 +552,7 @@ KILN_DEV float kiln_ck_dot(uint4 v, const float (&x)[GEMV_CKC], float d) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             float lo, hi;
-            asm("{\n\t.reg .b16 a, b;\n\tmov.b32 {a, b}, %2;\n\tcvt.f32.f16 %0, a;\n\tcvt.f32.f16 %1, b;\n\t}"
-                : "=f"(lo), "=f"(hi)
-                : "r"(h[i]));
+            kiln_f16x2_f32(h[i], lo, hi);
             d = fmaf(lo, xq[i], d);
             d = fmaf(hi, xq[i + 4], d);
         }
