@@ -709,6 +709,18 @@ static void test_kv_budget_queueing(void) {
     KT_EQ_INT(huge.submit_status, KILN_ERR_CONTEXT);
 }
 
+/* The real step of an executor whose ops wrap_ops replaced. */
+static kiln_status (*g_real_step)(kiln_executor *, const kiln_step *, kiln_error *);
+/* Point x at *ops, a copy of its ops for the caller to edit (g_real_step: the original step); returns
+ * the original ops, to put back before x is destroyed. */
+static const kiln_executor_ops *wrap_ops(kiln_executor *x, kiln_executor_ops *ops) {
+    const kiln_executor_ops *saved = x->ops;
+    *ops = *saved;
+    g_real_step = saved->step;
+    x->ops = ops;
+    return saved;
+}
+
 /* An executor whose reserve() says "not now" to everything: with nothing
  * running the request can never run, so it ends with an error instead of
  * waiting forever. */
@@ -722,11 +734,10 @@ static void test_never_fits(void) {
     kiln_sched *s = NULL;
     kiln_error err = {0};
     KT_REQUIRE(kiln_cpu_executor_new(stories, 2, 64, 0, 1, &x, &err) == KILN_OK);
-    kiln_executor_ops ops = *x->ops;
-    const kiln_executor_ops *saved = x->ops;
+    kiln_executor_ops ops;
+    const kiln_executor_ops *saved = wrap_ops(x, &ops);
     ops.reserve = never_reserve;
     ops.info = NULL;
-    x->ops = &ops;
     kiln_sched_opts so = {0};
     KT_REQUIRE(kiln_sched_new(x, &so, &s, &err) == KILN_OK);
     int32_t p[3] = {1, 2, 3};
@@ -751,7 +762,6 @@ static void test_never_fits(void) {
 /* An executor whose logits for slot 1 turn untrusted at its 4th sampled token (the CPU step, then
  * that sequence's token replaced by what a sampler gives for a NaN row): that request fails with
  * KILN_ERR_NUMERIC after its 3 good tokens, the other runs to the end with the tokens it has alone. */
-static kiln_status (*g_real_step)(kiln_executor *, const kiln_step *, kiln_error *);
 static int g_slot1_tokens;
 static kiln_status nan_step(kiln_executor *x, const kiln_step *st, kiln_error *err) {
     kiln_status s = g_real_step(x, st, err);
@@ -765,12 +775,10 @@ static void test_nonfinite_logits(void) {
     kiln_sched *s = NULL;
     kiln_error err = {0};
     KT_REQUIRE(kiln_cpu_executor_new(stories, 2, 0, 0, 1, &x, &err) == KILN_OK);
-    kiln_executor_ops ops = *x->ops;
-    const kiln_executor_ops *saved = x->ops;
-    g_real_step = saved->step;
+    kiln_executor_ops ops;
+    const kiln_executor_ops *saved = wrap_ops(x, &ops);
     g_slot1_tokens = 0;
     ops.step = nan_step;
-    x->ops = &ops;
     kiln_sched_opts so = {0};
     KT_REQUIRE(kiln_sched_new(x, &so, &s, &err) == KILN_OK);
     int32_t p[4] = {1, 300, 310, 320};
@@ -829,12 +837,10 @@ static void test_score_nonfinite(void) {
     float lp[6], *out = lp;
     KT_REQUIRE(kiln_score_seqs(x, 1, 64, &seq, &n, 1, &out, &err) == KILN_OK); /* unpoisoned: scores */
     for (int i = 0; i < n - 1; i++) KT_CHECK(isfinite(lp[i]) && lp[i] < 0);
-    kiln_executor_ops ops = *x->ops;
-    const kiln_executor_ops *saved = x->ops;
-    g_real_step = saved->step;
+    kiln_executor_ops ops;
+    const kiln_executor_ops *saved = wrap_ops(x, &ops);
     g_score_steps = 0;
     ops.step = nan_rows_step;
-    x->ops = &ops;
     KT_EQ_INT(kiln_score_seqs(x, 1, 64, &seq, &n, 1, &out, &err), KILN_ERR_NUMERIC);
     KT_CONTAINS(err.msg, "not finite");
     KT_CONTAINS(err.msg, "sequence 0");
