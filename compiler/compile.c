@@ -183,8 +183,10 @@ static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const k
                                  kiln_ckpt_quant_name(cq));
         if (cq->fp8) snprintf(method, sizeof method, "read from the checkpoint (%s), codes copied without rounding",
                               cq->method == KILN_CKPT_QUANT_FP8 ? "fp8" : "compressed-tensors float-quantized");
+        char declared_fmt[48]; /* a GPTQ dynamic map makes the base format one of several */
+        snprintf(declared_fmt, sizeof declared_fmt, "%s%s", kiln_dtype_name(ckq), cq->n_rules ? " and its dynamic map's" : "");
         json_t *q = json_pack("{s:s, s:s, s:s, s:i, s:s}", "weights",
-                              cq->method                       ? kiln_dtype_name(ckq)
+                              cq->method                       ? declared_fmt
                               : opt->quant == KILN_QUANT_AUTO ? "auto"
                               : opt->quant                    ? kiln_dtype_name((kiln_dtype)opt->quant)
                                                               : "none",
@@ -207,6 +209,18 @@ static json_t *make_meta(const kiln_checkpoint *ck, const kiln_graph *g, const k
                                                 "compressed-tensors", "format", "pack-quantized", "type", "int",
                                                 "num_bits", cq->bits, "strategy", "group", "group_size",
                                                 cq->group_size, "symmetric", cq->sym));
+        json_t *declared = q ? json_object_get(q, "checkpoint") : NULL;
+        if (declared && cq->n_rules) { /* GPTQ's dynamic map, as read: each rule's effect */
+            json_t *dyn = json_object();
+            for (int i = 0; i < cq->n_rules; i++) {
+                const kiln_gptq_rule *r = &cq->rules[i];
+                json_object_set_new(dyn, r->key, r->skip ? json_string("not quantized")
+                                                         : json_pack("{s:i}", "group_size", r->group_size
+                                                                                                ? r->group_size
+                                                                                                : cq->group_size));
+            }
+            json_object_set_new(declared, "dynamic", dyn);
+        }
         if (q && quant_auto) json_object_set(q, "auto", quant_auto); /* the choice and its measurements */
         if (q && quant_awq) json_object_set(q, "awq", quant_awq);    /* the scales' search */
         json_object_set_new(build, "quant", q);

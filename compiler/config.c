@@ -43,7 +43,8 @@
  * weight_block_size, activation_scheme dynamic or static; cfg_quant_fp8) or per tensor or channel
  * (compressed-tensors float-quantized, symmetric, FP8 or no input
  * activations; cfg_quant_ct_fp8); any other method, version, format, bit
- * width, group or block, a quantized lm_head, a non-empty dynamic map, a KV
+ * width, group or block, a quantized lm_head, GPTQ dynamic rules past
+ * cfg_gptq_dynamic's (its per-module overrides are read), a KV
  * cache scheme, and quantized MoE checkpoints are refused naming the field.
  * Static FP8 input scales are read (and checked by the importer) but not
  * applied: kiln's fp8 is weight-only, activations stay in the engine's dtype.
@@ -69,6 +70,8 @@
 
 #include <inttypes.h>
 #include <jansson.h>
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -769,6 +772,131 @@ static kiln_status cfg_quant_fp8(cfg_ctx *c, json_t *qc, kiln_ckpt_quant *q) {
     return KILN_OK;
 }
 
+/* The regex of GPTQ dynamic rule r, compiled (NULL with *code and *at set on a syntax error). PCRE2's
+ * syntax is Python's for what these patterns use (classes, escapes, repeats, alternation). */
+static pcre2_code *gptq_rule_re(const kiln_gptq_rule *r, int *code, PCRE2_SIZE *at) {
+    return pcre2_compile((PCRE2_SPTR)(r->key + r->pattern_at), PCRE2_ZERO_TERMINATED, 0, code, at, NULL);
+}
+
+/* GPTQ's dynamic map (GPTQModel; transformers and vLLM read it): {"-:<regex>": {}} leaves matching
+ * modules unquantized, {"+:<regex>": {...}} or {"<regex>": {...}} overrides the base's settings for
+ * them. Read: the overrides bits (checked against each module it decides: kiln_ckpt_quant_module),
+ * group_size (32, 64, 128), sym and desc_act (the stored zeros and g_idx say what they mean), and the
+ * quantizer's own settings that leave the stored format as it is; anything else is refused by name,
+ * as is a pattern PCRE2 cannot compile. */
+static kiln_status cfg_gptq_dynamic(cfg_ctx *c, json_t *dyn, kiln_ckpt_quant *q) {
+    static const char *const neutral[] = {"damp_percent", "damp_auto_increment", "static_groups", "true_sequential",
+                                          "mse", "v2", "v2_alpha", "act_group_aware", "sym", "desc_act"};
+    char field[224], shown[96];
+    q->n_rules = 0;
+    if (!dyn) return KILN_OK;
+    if (!json_is_object(dyn)) return cfg_type_err(c, "quantization_config.dynamic", dyn, "an object or null");
+    const char *key;
+    json_t *ov;
+    json_object_foreach(dyn, key, ov) { /* in the map's order (jansson keeps it) */
+        if (q->n_rules == KILN_GPTQ_MAX_RULES)
+            return kiln_err(c->err, KILN_ERR_UNSUPPORTED, "%s: field \"quantization_config.dynamic\" has more than "
+                            "%d rules, kiln's limit", c->path, KILN_GPTQ_MAX_RULES);
+        kiln_gptq_rule *r = &q->rules[q->n_rules];
+        *r = (kiln_gptq_rule){0};
+        if (strlen(key) >= sizeof r->key)
+            return kiln_err(c->err, KILN_ERR_UNSUPPORTED, "%s: a rule of \"quantization_config.dynamic\" is %zu "
+                            "characters long, above kiln's limit of %zu: \"%.48s...\"", c->path, strlen(key),
+                            sizeof r->key - 1, key);
+        snprintf(r->key, sizeof r->key, "%s", key);
+        r->skip = strncmp(key, "-:", 2) == 0;
+        r->pattern_at = r->skip || strncmp(key, "+:", 2) == 0 ? 2 : 0;
+        snprintf(field, sizeof field, "quantization_config.dynamic.%.150s", key);
+        int code;
+        PCRE2_SIZE at;
+        pcre2_code *re = gptq_rule_re(r, &code, &at);
+        if (!re) {
+            PCRE2_UCHAR msg[120];
+            pcre2_get_error_message(code, msg, sizeof msg);
+            return kiln_err(c->err, KILN_ERR_PARSE, "%s: the pattern of rule \"%s\" of \"quantization_config.dynamic\" "
+                            "does not compile at offset %zu: %s", c->path, key, (size_t)at, (const char *)msg);
+        }
+        pcre2_code_free(re);
+        if (!json_is_object(ov)) return cfg_type_err(c, field, ov, "an object of overrides");
+        const char *ok;
+        json_t *v;
+        json_object_foreach(ov, ok, v) {
+            char sub[240];
+            snprintf(sub, sizeof sub, "%s.%s", field, ok);
+            if (!strcmp(ok, "bits") || !strcmp(ok, "group_size")) {
+                int64_t x;
+                kiln_status st = cfg_int(c, ov, ok, sub, true, 0, 1, 1 << 20, &x);
+                if (st) return st;
+                if (!strcmp(ok, "bits")) {
+                    r->bits = (int)x;
+                } else if (x != 32 && x != 64 && x != 128) {
+                    snprintf(shown, sizeof shown, "%lld", (long long)x);
+                    return cfg_quant_refuse(c, sub + strlen("quantization_config."), shown,
+                                            "kiln's int4 format has groups of 32, 64 or 128");
+                } else {
+                    r->group_size = (int)x;
+                }
+                continue;
+            }
+            size_t i = 0;
+            while (i < sizeof neutral / sizeof neutral[0] && strcmp(ok, neutral[i])) i++;
+            if (i == sizeof neutral / sizeof neutral[0])
+                return cfg_quant_refuse(c, sub + strlen("quantization_config."), json_show(v, shown, sizeof shown),
+                                        "kiln reads the overrides bits, group_size, sym and desc_act, and the "
+                                        "quantizer's settings that leave the stored format as it is");
+        }
+        if (r->skip && json_object_size(ov) > 0)
+            return cfg_quant_refuse(c, field + strlen("quantization_config."), json_show(ov, shown, sizeof shown),
+                                    "a \"-:\" rule leaves its modules unquantized: it takes no overrides");
+        q->n_rules++;
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_ckpt_quant_module(const kiln_ckpt_quant *q, const char *module, int *group,
+                                   const kiln_gptq_rule **rule, kiln_error *err) {
+    *group = q->group_size;
+    *rule = NULL;
+    for (int i = 0; i < q->n_rules; i++) {
+        const kiln_gptq_rule *r = &q->rules[i];
+        int code;
+        PCRE2_SIZE at;
+        pcre2_code *re = gptq_rule_re(r, &code, &at);
+        if (!re) return kiln_err(err, KILN_ERR_INTERNAL, "dynamic rule \"%s\" no longer compiles", r->key);
+        /* a hostile pattern ("(.*)*x") could backtrack for ages over a module name: bounded */
+        pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+        pcre2_match_context *mc = pcre2_match_context_create(NULL);
+        if (mc) pcre2_set_match_limit(mc, 1000000);
+        const int rc = md && mc ? pcre2_match(re, (PCRE2_SPTR)module, PCRE2_ZERO_TERMINATED, 0, PCRE2_ANCHORED, md, mc)
+                                : PCRE2_ERROR_NOMEMORY;
+        pcre2_match_context_free(mc);
+        pcre2_match_data_free(md);
+        pcre2_code_free(re);
+        if (rc == PCRE2_ERROR_NOMATCH) continue;
+        if (rc < 0) {
+            PCRE2_UCHAR msg[120];
+            pcre2_get_error_message(rc, msg, sizeof msg);
+            return kiln_err(err, rc == PCRE2_ERROR_NOMEMORY ? KILN_ERR_NOMEM : KILN_ERR_UNSUPPORTED,
+                            "matching quantization_config.dynamic rule \"%s\" against '%s': %s", r->key, module,
+                            (const char *)msg);
+        }
+        *rule = r;
+        if (r->skip) {
+            *group = 0;
+        } else {
+            if (r->bits && r->bits != 4) {
+                kiln_err(err, KILN_ERR_UNSUPPORTED, "quantization_config.dynamic rule \"%s\" gives module '%s' %d "
+                         "bits: kiln reads 4-bit GPTQ only", r->key, module, r->bits);
+                return kiln_err_hint(err, "compile the model's unquantized checkpoint, with --quant for kiln's own "
+                                          "quantization (--quant auto mixes formats per matrix)");
+            }
+            if (r->group_size) *group = r->group_size;
+        }
+        return KILN_OK;
+    }
+    return KILN_OK;
+}
+
 /* quantization_config: a published AWQ, GPTQ, compressed-tensors or FP8 checkpoint, read as it is (docs/quantization.md);
  * every other method, version or setting is refused naming the field. */
 static kiln_status cfg_quant(cfg_ctx *c, json_t *root, kiln_model_config *m) {
@@ -841,11 +969,7 @@ static kiln_status cfg_quant(cfg_ctx *c, json_t *root, kiln_model_config *m) {
                                 "kiln reads GPTQ's \"gptq\" (v1) and \"gptq_v2\" layouts only");
     q->gptq_v2 = strcmp(fmt, "gptq_v2") == 0;
     if (lm_head) return cfg_quant_refuse(c, "lm_head", "true", "a quantized LM head is not read yet");
-    json_t *dyn = cfg_get(qc, "dynamic");
-    if (dyn && (!json_is_object(dyn) || json_object_size(dyn) > 0))
-        return cfg_quant_refuse(c, "dynamic", json_show(dyn, shown, sizeof shown),
-                                "per-module overrides of the quantization are not read yet");
-    return KILN_OK;
+    return cfg_gptq_dynamic(c, cfg_get(qc, "dynamic"), q);
 }
 
 /* Sizes and their relations. */

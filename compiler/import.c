@@ -180,10 +180,10 @@ static int layer_weight(importer *im, int64_t l, const char *suffix, int ndim, i
  * GPTQ, 4 bits, groups of G) as a q4gG weight whose source is its tensors <base>.qweight, .qzeros,
  * .scales (and GPTQ's .g_idx), checked here for shapes and dtypes (layouts: kiln_ops.h, kiln_qsrc);
  * their values are repacked, and the scales checked, by the writer. GPTQ's g_idx must map input
- * column i to group i / G: act-order (desc_act) checkpoints that permute it are refused. */
-static int quantized_weight(importer *im, const char *base, int64_t n, int64_t k) {
+ * column i to group i / G: act-order (desc_act) checkpoints that permute it are refused. G is the
+ * checkpoint's group size or, for GPTQ, the one its dynamic map gives the projection. */
+static int quantized_weight(importer *im, const char *base, int64_t n, int64_t k, int64_t G) {
     const kiln_ckpt_quant *cq = &im->ck->config.quant;
-    const int64_t G = cq->group_size;
     const bool awq = cq->method == KILN_CKPT_QUANT_AWQ;
     const char *dir = im->ck->dir, *method = kiln_ckpt_quant_name(cq);
     if (n % 8 || k % G) {
@@ -350,6 +350,20 @@ static int proj_weight(importer *im, int64_t l, const char *what, int64_t n, int
     const kiln_ckpt_quant_method m = im->ck->config.quant.method;
     if (m == KILN_CKPT_QUANT_NONE) return weight(im, name, 2, n, k);
     if (im->ck->config.quant.fp8) return fp8_weight(im, base, n, k);
+    int group = im->ck->config.quant.group_size;
+    const kiln_gptq_rule *rule = NULL;
+    if (m == KILN_CKPT_QUANT_GPTQ && kiln_ckpt_quant_module(&im->ck->config.quant, base, &group, &rule, im->err))
+        return -1;
+    if (!group) { /* a dynamic "-:" rule: shipped dense */
+        if (find_index(im->ck, name) < 0) {
+            kiln_err(im->err, KILN_ERR_MISSING, "%s: projection '%s' is left unquantized by quantization_config.dynamic "
+                     "rule \"%s\", but the checkpoint has no '%s'", im->ck->dir, base, rule->key, name);
+            kiln_err_hint(im->err, "the rule does not describe this checkpoint's tensors: is it the config.json it "
+                                   "was saved with?");
+            return -1;
+        }
+        return weight(im, name, 2, n, k);
+    }
     if (find_index(im->ck, name) >= 0) { /* left unquantized: ignore / modules_to_not_convert */
         kiln_err(im->err, KILN_ERR_UNSUPPORTED, "%s: projection '%s' is not quantized in this %s checkpoint (it has "
                  "'%s', no '%s.%s'): checkpoints that leave projections unquantized are not read yet", im->ck->dir,
@@ -359,7 +373,29 @@ static int proj_weight(importer *im, int64_t l, const char *what, int64_t n, int
                                "\"modules_to_not_convert\"; compile the model's unquantized checkpoint with --quant int4");
         return -1;
     }
-    return m == KILN_CKPT_QUANT_CT ? ct_weight(im, base, n, k) : quantized_weight(im, base, n, k);
+    if (m == KILN_CKPT_QUANT_CT) return ct_weight(im, base, n, k);
+    const int w = quantized_weight(im, base, n, k, group);
+    if (w < 0 && rule) kiln_err_hint(im->err, "quantization_config.dynamic rule \"%s\" gives '%s' groups of %d", rule->key,
+                                     base, group);
+    return w;
+}
+
+/* Projections of layer l that read one input (q, k, v; gate, up) are packed into one matrix for the GPU,
+ * so they must share a format: a GPTQ dynamic map that gives them different ones is refused naming
+ * them. Returns 0, or -1 with the error set. */
+static int same_format(importer *im, int64_t l, const char *const *what, const int *w, int n) {
+    for (int i = 1; i < n; i++) {
+        const kiln_dtype a = (kiln_dtype)im->g->values[w[0]].dtype, b = (kiln_dtype)im->g->values[w[i]].dtype;
+        if (a == b) continue;
+        kiln_err(im->err, KILN_ERR_UNSUPPORTED, "%s: 'model.layers.%lld.%s' is %s but 'model.layers.%lld.%s' is %s: "
+                 "projections that read the same input share one format in kiln (their matrices are packed "
+                 "together)", im->ck->dir, (long long)l, what[0], kiln_dtype_name(a), (long long)l, what[i],
+                 kiln_dtype_name(b));
+        kiln_err_hint(im->err, "the checkpoint's quantization_config.dynamic treats them differently; "
+                               "re-quantize with one rule for all of them");
+        return -1;
+    }
+    return 0;
 }
 
 /* Append a one-output op of layer l, labelled "l<l>.<what>". Returns the value id or -1. */
@@ -583,6 +619,8 @@ static kiln_status import_with(importer *im, kiln_dtype weight_dtype) {
         TRY(w1 = proj_weight(im, l, "self_attn.q_proj", q_out, H));
         TRY(w2 = proj_weight(im, l, "self_attn.k_proj", kv_out, H));
         TRY(w3 = proj_weight(im, l, "self_attn.v_proj", kv_out, H));
+        TRY(same_format(im, l, (const char *const[]){"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"},
+                        (int[]){w1, w2, w3}, 3));
         TRY(q = layer_op(im, l, "q", KILN_OP_LINEAR, (int[]){h, w1}, 2, NULL));
         TRY(k = layer_op(im, l, "k", KILN_OP_LINEAR, (int[]){h, w2}, 2, NULL));
         TRY(v = layer_op(im, l, "v", KILN_OP_LINEAR, (int[]){h, w3}, 2, NULL));
@@ -626,6 +664,7 @@ static kiln_status import_with(importer *im, kiln_dtype weight_dtype) {
         int gt, up, m;
         TRY(w1 = proj_weight(im, l, "mlp.gate_proj", F, H));
         TRY(w2 = proj_weight(im, l, "mlp.up_proj", F, H));
+        TRY(same_format(im, l, (const char *const[]){"mlp.gate_proj", "mlp.up_proj"}, (int[]){w1, w2}, 2));
         TRY(w3 = proj_weight(im, l, "mlp.down_proj", H, F));
         TRY(gt = layer_op(im, l, "gate", KILN_OP_LINEAR, (int[]){h, w1}, 2, NULL));
         TRY(up = layer_op(im, l, "up", KILN_OP_LINEAR, (int[]){h, w2}, 2, NULL));

@@ -58,6 +58,18 @@ typedef enum kiln_ckpt_quant_method {
                                  weight_block_size, per block (DeepSeek-V3, Qwen3-FP8) */
 } kiln_ckpt_quant_method;
 
+/* GPTQ's `dynamic` map (GPTQModel): per-module overrides, in the map's order; the first rule whose
+ * pattern matches a module's name ("model.layers.0.self_attn.q_proj") from its start (Python's
+ * re.match, as vLLM and GPTQModel apply them) decides it. */
+#define KILN_GPTQ_MAX_RULES 32
+typedef struct kiln_gptq_rule {
+    char key[160];    /* the rule as the map spells it ("-:...", "+:..." or the bare pattern) */
+    int pattern_at;   /* where its regex starts in key (after "-:" or "+:") */
+    bool skip;        /* "-:": matching modules are not quantized (they ship a dense .weight) */
+    int bits;         /* the override's bits, 0 = the base's */
+    int group_size;   /* the override's group_size, 0 = the base's */
+} kiln_gptq_rule;
+
 typedef struct kiln_ckpt_quant {
     kiln_ckpt_quant_method method;
     int bits;                 /* 4, or 8 for FP8 */
@@ -75,7 +87,15 @@ typedef struct kiln_ckpt_quant {
     bool kv_fp8;              /* compressed-tensors kv_cache_scheme: an FP8 KV cache with a static scale per layer
                                  for K and for V (self_attn.k_scale, v_scale; compiler/import.c)... */
     bool kv_per_head;         /* ...or, strategy attn_head, one per kv head ([n_kv_heads, 1, 1]) */
+    int n_rules;              /* GPTQ: its dynamic map's rules */
+    kiln_gptq_rule rules[KILN_GPTQ_MAX_RULES];
 } kiln_ckpt_quant;
+
+/* How checkpoint q stores projection `module` ("model.layers.0.mlp.down_proj"): *group its group size
+ * (the base's, or a GPTQ dynamic rule's), 0 when a "-:" rule leaves it unquantized; *rule the rule that
+ * decided (NULL: none). Refuses by name a rule whose bits kiln does not read for a module it matches. */
+kiln_status kiln_ckpt_quant_module(const kiln_ckpt_quant *q, const char *module, int *group,
+                                   const kiln_gptq_rule **rule, kiln_error *err);
 
 /* "awq", "gptq", "gptq_v2", "compressed-tensors" or "fp8" ("none" when not quantized): for messages and the
  * engine's meta. */

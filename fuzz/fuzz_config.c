@@ -21,6 +21,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             !(m.rms_norm_eps > 0) || !(m.rope_theta > 0) || m.n_eos < 0 || m.n_eos > KILN_MAX_EOS ||
             m.bos_token_id < -1 || m.bos_token_id >= m.vocab_size || m.sliding_window < 0)
             abort();
+        /* GPTQ's dynamic rules over the module names the importer asks about: a group kiln reads, or a
+         * clean error (a pattern that backtracks for ages stops at the match limit) */
+        static const char *const mods[] = {"model.layers.0.self_attn.q_proj", "model.layers.31.mlp.down_proj"};
+        for (int i = 0; i < 2; i++) {
+            int group = -1;
+            const kiln_gptq_rule *rule = NULL;
+            if (kiln_ckpt_quant_module(&m.quant, mods[i], &group, &rule, &err) == KILN_OK &&
+                (group < 0 || (rule && rule->skip && group != 0) || (group && m.quant.method == KILN_CKPT_QUANT_GPTQ &&
+                                                                   group != 32 && group != 64 && group != 128)))
+                abort();
+        }
     }
     return 0;
 }

@@ -412,6 +412,39 @@ d=$(mkqm qm_nonorm); edit_json "$d/config.json" 'd["norm_topk_prob"] = False'
     ok || bad "inspect: $("$KILN" inspect "$T/qm_nonorm.kiln" | grep experts)"
 "$KILN" inspect "$T/qm.kiln" | grep -q "16 experts (top 4, ffn 16 each, dense MLP on 1 of 3 layers)" && ok || bad "inspect of tiny-qwen3-moe"
 
+# ---- GPTQ's dynamic map (tests/data/tiny-mistral-gptq-dynamic; test_golden checks its numbers) ----
+mkgd() {
+    rm -rf "$T/$1"
+    cp -r "$SRC/tests/data/tiny-mistral-gptq-dynamic" "$T/$1"
+    chmod -R u+w "$T/$1"
+    echo "$T/$1"
+}
+expect 0 "" -- "$KILN" compile "$SRC/tests/data/tiny-mistral-gptq-dynamic" -o "$T/gd.kiln" --target none
+"$KILN" inspect "$T/gd.kiln" --json | grep -qF '"-:model\\.layers\\.0\\.self_attn\\.(q|k|v|o)_proj": "not quantized"' &&
+    ok || bad "inspect --json does not show the dynamic rule's effect"
+# a rule that leaves layer 1's q_proj unquantized, which the checkpoint ships dense, while k_proj and v_proj
+# stay in groups of 32: they are packed together, so refused naming both
+d=$(mkgd gd_mixed)
+L1Q=model.layers.1.self_attn.q_proj
+st_edit "$d/$ST" 'for s in ("qweight", "qzeros", "scales", "g_idx"): del t["'$L1Q'." + s]
+add("'$L1Q'.weight", "BF16", [64, 64], [0.01] * 4096)'
+edit_json "$d/config.json" 'q = d["quantization_config"]; q["dynamic"] = dict([("-:model\\.layers\\.1\\.self_attn\\.q_proj", {})] + list(q["dynamic"].items()))'
+compile_fails 1 "'$L1Q' is bf16 but 'model.layers.1.self_attn.k_proj' is q4g32: projections that read the same input share one format" "$d"
+# a "-:" rule over a module the checkpoint quantized: its dense weight is missing, and its packed tensors unused
+d=$(mkgd gd_nodense)
+edit_json "$d/config.json" 'q = d["quantization_config"]; q["dynamic"] = dict([("-:model\\.layers\\.1\\.self_attn\\.o_proj", {})] + list(q["dynamic"].items()))'
+compile_fails 1 "projection 'model.layers.1.self_attn.o_proj' is left unquantized by quantization_config.dynamic rule .* no 'model.layers.1.self_attn.o_proj.weight'" "$d"
+# a group size the stored tensors do not have: refused by the tensors' shapes
+d=$(mkgd gd_group)
+edit_json "$d/config.json" 'q = d["quantization_config"]; q["dynamic"] = dict([("model\\.layers\\.1\\.self_attn", {"group_size": 64})] + list(q["dynamic"].items()))'
+compile_fails 1 "model.layers.1.self_attn.q_proj.(qzeros|scales).*shape" "$d"
+grep -q "hint: quantization_config.dynamic rule .* gives 'model.layers.1.self_attn.q_proj' groups of 64" "$T/err" && ok ||
+    bad "no hint naming the dynamic rule: $(cat "$T/err")"
+# 8 bits for a module: refused naming the rule and the module
+d=$(mkgd gd_bits)
+edit_json "$d/config.json" 'q = d["quantization_config"]; q["dynamic"] = dict([("+:.*\\.1\\.mlp\\.down_proj", {"bits": 8})] + list(q["dynamic"].items()))'
+compile_fails 1 "rule \"\+:\.\*.*down_proj\" gives module 'model.layers.1.mlp.down_proj' 8 bits: kiln reads 4-bit GPTQ only" "$d"
+
 # ---- 4. logits that are not finite give no token (sampler rule 0) ----
 # finite weights whose product overflows fp32: the final norm's weights near bf16's largest value and a
 # large LM head make every logit +inf or NaN; `kiln run` and `kiln perplexity` then fail naming why

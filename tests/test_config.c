@@ -636,9 +636,53 @@ static void test_quantized_checkpoint(void) {
                 "\"quantization_config.checkpoint_format\" is \"marlin\"");
     expect_fail("quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128, "
                 "\"checkpoint_format\": \"gptq\", \"format\": \"gptq_v2\"}", KILN_ERR_PARSE, "disagree");
+    /* GPTQModel's dynamic map: rules in the map's order, the first whose pattern matches a module's name
+     * from its start decides it */
+    KT_EQ_INT(parse_with("quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128, "
+                         "\"dynamic\": {\"-:.*\\\\.0\\\\..*down\": {}, \"+:model\\\\.layers\\\\.\\\\d+\\\\.mlp\\\\.(gate|up)_proj\": "
+                         "{\"group_size\": 32, \"bits\": 4, \"damp_percent\": 0.1}, \".*_proj\": {\"group_size\": 64, "
+                         "\"sym\": true}, \".*\": {\"bits\": 8}}}", &m, &e), KILN_OK);
+    KT_EQ_INT(m.quant.n_rules, 4);
+    static const struct {
+        const char *module;
+        int group, rule; /* group 0: left unquantized; rule -1: none decides */
+    } dyn[] = {{"model.layers.0.mlp.down_proj", 0, 0},       {"model.layers.10.mlp.down_proj", 64, 2},
+               {"model.layers.3.mlp.up_proj", 32, 1},        {"model.layers.3.self_attn.q_proj", 64, 2},
+               {"xmodel.layers.3.mlp.gate_proj", 64, 2}, /* re.match: anchored at the start, */
+               {"model.layers.3.mlp.gate_proj.extra", 32, 1}}; /* not at the end */
+    for (size_t i = 0; i < sizeof dyn / sizeof dyn[0]; i++) {
+        int group = -1;
+        const kiln_gptq_rule *rule = NULL;
+        KT_EQ_INT(kiln_ckpt_quant_module(&m.quant, dyn[i].module, &group, &rule, &e), KILN_OK);
+        KT_EQ_INT(group, dyn[i].group);
+        KT_EQ_INT(rule ? (int)(rule - m.quant.rules) : -1, dyn[i].rule);
+    }
+    /* the last rule matches what the others leave and gives 8 bits: refused for that module */
+    int group;
+    const kiln_gptq_rule *rule;
+    KT_EQ_INT(kiln_ckpt_quant_module(&m.quant, "lm_head", &group, &rule, &e), KILN_ERR_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "rule \".*\" gives module 'lm_head' 8 bits: kiln reads 4-bit GPTQ only");
+    /* a pattern that backtracks exponentially over a module name is stopped, not left to run */
+    KT_EQ_INT(parse_with("quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128, "
+                         "\"dynamic\": {\"-:(.*)*(.*)*x\": {}}}", &m, &e), KILN_OK);
+    KT_EQ_INT(kiln_ckpt_quant_module(&m.quant, "model.layers.12.self_attn.q_proj.weight.extra.long.name", &group, &rule,
+                                     &e), KILN_ERR_UNSUPPORTED);
+    KT_CONTAINS(e.msg, "match limit");
     expect_fail("quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128, "
-                "\"dynamic\": {\"-:.*down\": {}}}", KILN_ERR_UNSUPPORTED,
-                "\"quantization_config.dynamic\" is {\"-:.*down\":{}}: per-module overrides");
+                "\"dynamic\": {\"+:(unclosed\": {}}}", KILN_ERR_PARSE,
+                "the pattern of rule \"+:(unclosed\" of \"quantization_config.dynamic\" does not compile");
+    expect_fail("quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128, "
+                "\"dynamic\": {\".*\": {\"group_size\": 256}}}", KILN_ERR_UNSUPPORTED,
+                "\"quantization_config.dynamic..*.group_size\" is 256: kiln's int4 format has groups of 32");
+    expect_fail("quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128, "
+                "\"dynamic\": {\".*\": {\"pack_dtype\": \"int16\"}}}", KILN_ERR_UNSUPPORTED,
+                "\"quantization_config.dynamic..*.pack_dtype\" is \"int16\": kiln reads the overrides bits");
+    expect_fail("quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128, "
+                "\"dynamic\": {\"-:.*down\": {\"bits\": 8}}}", KILN_ERR_UNSUPPORTED, "takes no overrides");
+    expect_fail("quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128, "
+                "\"dynamic\": [1]}", KILN_ERR_PARSE, "field \"quantization_config.dynamic\" is [1]");
+    expect_fail("quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128, "
+                "\"dynamic\": {\".*\": 3}}", KILN_ERR_PARSE, "it must be an object of overrides");
     expect_fail("quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128, "
                 "\"lm_head\": true}", KILN_ERR_UNSUPPORTED, "\"quantization_config.lm_head\" is true");
     expect_fail("quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128, "

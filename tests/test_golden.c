@@ -275,6 +275,36 @@ static void test_awq_checkpoint(void) { check_quant_checkpoint("tiny-mistral-awq
 static void test_gptq_checkpoint_sym(void) { check_quant_checkpoint("tiny-mistral-gptq"); }
 static void test_gptq_checkpoint_asym_desc_act(void) { check_quant_checkpoint("tiny-mistral-gptq-asym"); }
 static void test_gptq_v2_checkpoint(void) { check_quant_checkpoint("tiny-mistral-gptq-v2"); }
+/* GPTQModel's dynamic map (make_quant_ckpt_goldens.py DYNAMIC): layer 0's q/k/v/o read dense (bf16), layer
+ * 1's MLP in groups of 64, the rest in groups of 32; against HF on the dense dequantized model, with
+ * the default passes (q/k/v and gate/up packed) and none. */
+static void test_gptq_dynamic_checkpoint(void) {
+    char out[512];
+    const char *pass_sets[2] = {NULL, "none"};
+    /* matrices in q4g32, q4g64, bf16 (the embedding and LM head included): packed, and not */
+    static const int want[2][3] = {{4, 2, 4}, {7, 3, 6}};
+    for (int k = 0; k < 2; k++) {
+        snprintf(out, sizeof out, "%s/qdyn-%d.kiln", tmpdir, k);
+        KT_REQUIRE(compile_to(src_path("tests/data/tiny-mistral-gptq-dynamic"), pass_sets[k], out, KILN_DTYPE_COUNT_) ==
+                   KILN_OK);
+        check_engine(out, src_path("tests/golden/tiny-mistral-gptq-dynamic"));
+        kiln_model *m = NULL;
+        kiln_error err = {0};
+        KT_REQUIRE(kiln_model_open(out, 1, &m, &err) == KILN_OK);
+        int n[3] = {0, 0, 0};
+        for (uint32_t i = 0; i < m->plan->n_weights; i++) {
+            const kiln_plan_weight *w = &m->plan->weights[i];
+            n[0] += w->dtype == KILN_DTYPE_Q4G32;
+            n[1] += w->dtype == KILN_DTYPE_Q4G64;
+            n[2] += w->dtype == KILN_DTYPE_BF16 && w->ndim == 2;
+            if (strstr(w->name, "layers.0.self_attn")) KT_EQ_INT(w->dtype, KILN_DTYPE_BF16);
+            if (strstr(w->name, "layers.1.mlp")) KT_EQ_INT(w->dtype, KILN_DTYPE_Q4G64);
+        }
+        for (int d = 0; d < 3; d++) KT_EQ_INT(n[d], want[k][d]);
+        kiln_model_close(m);
+        unlink(out);
+    }
+}
 static void test_ct_checkpoint_sym(void) { check_quant_checkpoint("tiny-mistral-ct"); }
 static void test_ct_checkpoint_asym(void) { check_quant_checkpoint("tiny-mistral-ct-asym"); }
 /* FP8 E4M3 checkpoints: the codes copied, one scale per row (the tensor's or the channel's) */
@@ -730,6 +760,7 @@ int main(void) {
     KT_RUN(test_gptq_checkpoint_sym);
     KT_RUN(test_gptq_checkpoint_asym_desc_act);
     KT_RUN(test_gptq_v2_checkpoint);
+    KT_RUN(test_gptq_dynamic_checkpoint);
     KT_RUN(test_ct_checkpoint_sym);
     KT_RUN(test_ct_checkpoint_asym);
     KT_RUN(test_fp8_checkpoint_tensor_static);

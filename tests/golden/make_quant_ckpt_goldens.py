@@ -16,6 +16,11 @@ from kiln):
   tests/data/tiny-mistral-gptq-asym  GPTQ v1, asymmetric, desc_act true with the trivial g_idx (what
                                      act-order checkpoints of one group order look like)
   tests/data/tiny-mistral-gptq-v2    GPTQ v2 (checkpoint_format "gptq_v2"): zeros stored as they are
+  tests/data/tiny-mistral-gptq-dynamic  GPTQ v1, asymmetric, with GPTQModel's per-module "dynamic" map
+                                     (DYNAMIC below): layer 0's attention projections left unquantized
+                                     (bf16 .weight as in tiny-mistral), layer 1's MLP in groups of 64,
+                                     a rule that changes nothing for the down_proj it matches after;
+                                     which rule decides a module is Python's re.match here, in map order
   tests/data/tiny-mistral-ct         compressed-tensors "pack-quantized" (llm-compressor's W4A16),
                                      symmetric: weight_packed [out, in/8], nibble i of word [r, j] =
                                      signed code of column 8j + i, plus 8 (pack_to_int32); weight_scale
@@ -70,6 +75,7 @@ Versions: as make_goldens.py (each golden.json records them under generator).
 """
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -100,10 +106,32 @@ CHECKPOINTS = [
     ("tiny-mistral-gptq-v2", "gptq", False, "gptq_v2", False, mg.ID_PROMPTS[1:]),
     ("tiny-mistral-ct", "ct", True, "bf16", False, [mg.ID_PROMPTS[0], mg.ID_PROMPTS[2]]),
     ("tiny-mistral-ct-asym", "ct", False, "f16", False, mg.ID_PROMPTS[1:]),
+    ("tiny-mistral-gptq-dynamic", "gptq", False, "gptq", False, mg.ID_PROMPTS[1:]),
 ]
+# GPTQModel's dynamic map of tiny-mistral-gptq-dynamic: "-:" rules leave modules unquantized, the others
+# ("+:" or none) override the base's settings; the first rule whose pattern matches the module's name
+# (re.match) decides (GPTQModel's and vLLM's get_dynamic_override)
+DYNAMIC = {
+    "tiny-mistral-gptq-dynamic": {
+        r"-:model\.layers\.0\.self_attn\.(q|k|v|o)_proj": {},
+        r"+:model\.layers\.1\.mlp\..*": {"group_size": 64, "damp_percent": 0.05},
+        r".*\.down_proj": {"desc_act": False},
+    },
+}
 
 
-def quantize(w, sym, sdt="f16", zero_in_range=False):
+def dynamic_rule(dynamic, module):
+    """(left unquantized, group size) of module under a dynamic map."""
+    for key, ov in (dynamic or {}).items():
+        if key.startswith("-:"):
+            if re.match(key[2:], module):
+                return True, None
+        elif re.match(key[2:] if key.startswith("+:") else key, module):
+            return False, ov.get("group_size", GROUP)
+    return False, GROUP
+
+
+def quantize(w, sym, sdt="f16", zero_in_range=False, group=GROUP):
     """RTN 4-bit of w [out, in] in groups of GROUP input columns, as AutoAWQ (asymmetric:
     scale = (max - min) / 15, zero = clamp(-round(min / scale), 0, 15)) and GPTQ (sym: scale =
     2 max|w| / 15, zero 8) compute it; scales rounded to fp16 (sdt "bf16": bfloat16) first, so the
@@ -112,7 +140,7 @@ def quantize(w, sym, sdt="f16", zero_in_range=False):
     zeros minus 8, with its range widened to hold 0 (zero_in_range). Returns codes q [out, in],
     zeros z [out, in/G] (ints 0..15), scales s [out, in/G] float32 holding the rounded values."""
     n, k = w.shape
-    x = w.astype(np.float32).reshape(n, k // GROUP, GROUP)
+    x = w.astype(np.float32).reshape(n, k // group, group)
     rnd = ((lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).bfloat16().float().numpy())
            if sdt == "bf16" else (lambda a: a.astype(np.float16).astype(np.float32)))
     if sym:
@@ -147,7 +175,7 @@ def pack_cols(a):
     return out.view(np.int32)
 
 
-def pack(fmt, ckfmt, q, z, s, sym=False):
+def pack(fmt, ckfmt, q, z, s, sym=False, group=GROUP):
     """The checkpoint tensors of one projection (suffix -> numpy array or torch tensor)."""
     n, k = q.shape
     if fmt == "ct":  # compressed-tensors pack_to_int32: stored = signed + 8 = these unsigned nibbles
@@ -164,7 +192,7 @@ def pack(fmt, ckfmt, q, z, s, sym=False):
     stored = z.T - (1 if ckfmt == "gptq" else 0)  # v1 stores zero - 1
     mg.check(stored.min() >= 0, "GPTQ v1 with a zero of 0 (stored as -1) is not a case this writes")
     return {"qweight": pack_cols(np.ascontiguousarray(q.T)), "qzeros": pack_rows(stored),
-            "scales": np.ascontiguousarray(s.T), "g_idx": (np.arange(k) // GROUP).astype(np.int32)}
+            "scales": np.ascontiguousarray(s.T), "g_idx": (np.arange(k) // group).astype(np.int32)}
 
 
 def unpack_dequant(fmt, ckfmt, t):
@@ -195,7 +223,7 @@ def unpack_dequant(fmt, ckfmt, t):
     return np.ascontiguousarray(w.T), iw.T, iz.T
 
 
-def quant_config(fmt, sym, ckfmt, desc_act):
+def quant_config(fmt, sym, ckfmt, desc_act, dynamic=None):
     if fmt == "ct":  # as llm-compressor saves a W4A16 group-32 scheme (QuantizationConfig.model_dump)
         weights = {"actorder": None, "block_structure": None, "dynamic": False, "group_size": GROUP, "num_bits": 4,
                    "observer": "minmax", "observer_kwargs": {}, "scale_dtype": None, "strategy": "group",
@@ -209,9 +237,12 @@ def quant_config(fmt, sym, ckfmt, desc_act):
     if fmt == "awq":  # transformers' AwqConfig as AutoAWQ saves it
         return {"bits": 4, "group_size": GROUP, "modules_to_not_convert": None, "quant_method": "awq",
                 "version": "gemm", "zero_point": True}
-    return {"bits": 4, "checkpoint_format": ckfmt, "damp_percent": 0.01, "desc_act": desc_act,
-            "group_size": GROUP, "model_file_base_name": None, "model_name_or_path": None,
-            "quant_method": "gptq", "static_groups": False, "sym": sym, "true_sequential": True}
+    qc = {"bits": 4, "checkpoint_format": ckfmt, "damp_percent": 0.01, "desc_act": desc_act,
+          "group_size": GROUP, "model_file_base_name": None, "model_name_or_path": None,
+          "quant_method": "gptq", "static_groups": False, "sym": sym, "true_sequential": True}
+    if dynamic:
+        qc["dynamic"] = dynamic
+    return qc
 
 
 def make_one(name, fmt, sym, ckfmt, desc_act, prompts):
@@ -219,15 +250,17 @@ def make_one(name, fmt, sym, ckfmt, desc_act, prompts):
     d = os.path.join(REPO, "tests/data", name)
     dense = {}
     out = {}
+    dynamic = DYNAMIC.get(name)
     for k, v in mg.state_tensors(src).items():
         base = k[:-len(".weight")]
-        if not base.endswith(PROJ):
-            out[k] = v  # embedding, norms, LM head: bf16 as they are
+        skip, group = dynamic_rule(dynamic, base)
+        if not base.endswith(PROJ) or skip:
+            out[k] = v  # embedding, norms, LM head (and what a dynamic "-:" rule skips): bf16 as they are
             dense[k] = v.float()
             continue
         ct = fmt == "ct"
-        q, z, s = quantize(v.float().numpy(), sym, ckfmt if ct else "f16", zero_in_range=ct)
-        t = pack(fmt, ckfmt, q, z, s, sym)
+        q, z, s = quantize(v.float().numpy(), sym, ckfmt if ct else "f16", zero_in_range=ct, group=group)
+        t = pack(fmt, ckfmt, q, z, s, sym, group)
         w, q2, z2 = unpack_dequant(fmt, ckfmt, t)
         mg.check(np.array_equal(q2, q) and np.array_equal(z2, z), "%s %s: unpack != pack" % (name, k))
         for suffix, a in t.items():
@@ -239,7 +272,7 @@ def make_one(name, fmt, sym, ckfmt, desc_act, prompts):
     with open(os.path.join(src, "config.json")) as f:
         cfg = json.load(f)
     shutil.copy(os.path.join(src, "generation_config.json"), d)
-    qcfg = dict(cfg, quantization_config=quant_config(fmt, sym, ckfmt, desc_act))
+    qcfg = dict(cfg, quantization_config=quant_config(fmt, sym, ckfmt, desc_act, dynamic))
     mg.write_json(os.path.join(d, "config.json"), qcfg)
     with tempfile.TemporaryDirectory() as tmp:  # the dense float32 checkpoint HF runs
         shutil.copy(os.path.join(src, "generation_config.json"), tmp)
