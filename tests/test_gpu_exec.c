@@ -1621,7 +1621,8 @@ static void test_quant_goldens(void) {
      * q4g32, fp8 or (block FP8) fp8g128 at compile time: the same kernels, against HF on an independent
      * dequantization */
     static const char *const pub[] = {"tiny-mistral-awq",       "tiny-mistral-gptq",         "tiny-mistral-gptq-asym",
-                                      "tiny-mistral-gptq-v2",   "tiny-mistral-ct",           "tiny-mistral-ct-asym",
+                                      "tiny-mistral-gptq-v2",   "tiny-mistral-gptq-dynamic", /* q4g32, q4g64, bf16 mixed */
+                                      "tiny-mistral-ct",        "tiny-mistral-ct-asym",
                                       "tiny-mistral-fp8-tensor", "tiny-mistral-fp8-channel", "tiny-mistral-fp8-ct-tensor",
                                       "tiny-mistral-fp8-block", "tiny-llama3-fp8-block", "tiny-llama3-fp8-ct-block"};
     for (size_t i = 0; i < sizeof pub / sizeof pub[0]; i++) {
