@@ -381,8 +381,8 @@ static int proj_weight(importer *im, int64_t l, const char *what, int64_t n, int
 }
 
 /* Projections of layer l that read one input (q, k, v; gate, up) are packed into one matrix for the GPU,
- * so they must share a format: a GPTQ dynamic map that gives them different ones is refused naming
- * them. Returns 0, or -1 with the error set. */
+ * so they must share a format: a GPTQ dynamic map (or a checkpoint's dtypes) that gives them different
+ * ones is refused naming them, before pack-weights would. Returns 0, or -1 with the error set. */
 static int same_format(importer *im, int64_t l, const char *const *what, const int *w, int n) {
     for (int i = 1; i < n; i++) {
         const kiln_dtype a = (kiln_dtype)im->g->values[w[0]].dtype, b = (kiln_dtype)im->g->values[w[i]].dtype;
@@ -391,8 +391,11 @@ static int same_format(importer *im, int64_t l, const char *const *what, const i
                  "projections that read the same input share one format in kiln (their matrices are packed "
                  "together)", im->ck->dir, (long long)l, what[0], kiln_dtype_name(a), (long long)l, what[i],
                  kiln_dtype_name(b));
-        kiln_err_hint(im->err, "the checkpoint's quantization_config.dynamic treats them differently; "
-                               "re-quantize with one rule for all of them");
+        if (im->ck->config.quant.n_rules)
+            kiln_err_hint(im->err, "the checkpoint's quantization_config.dynamic treats them differently; "
+                                   "re-quantize with one rule for all of them");
+        else
+            kiln_err_hint(im->err, "the checkpoint stores them in different dtypes: --dtype converts them all");
         return -1;
     }
     return 0;
