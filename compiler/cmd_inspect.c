@@ -412,9 +412,14 @@ static json_t *plan_json(const kiln_plan *p) {
         for (uint32_t i = 0; i < p->n_ops; i++) n += (p->ops[i].attrs.flags & bit) != 0;
         if (n) json_object_set_new(flags, kiln_flag_name(bit), json_integer(n));
     }
-    return json_pack("{s:i, s:i, s:i, s:i, s:o, s:o, s:i, s:f}", "values", (int)p->n_values, "ops_total", (int)p->n_ops,
-                     "weights", (int)p->n_weights, "buffer_slots", (int)p->n_slots, "ops", ops, "flags", flags,
-                     "ranks", (int)p->n_ranks, "bits_per_weight", bits_per_weight(p));
+    json_t *mats = json_array(); /* every matrix's format: {name, dtype} in the plan's order */
+    for (uint32_t i = 0; i < p->n_weights; i++)
+        if (p->weights[i].ndim >= 2)
+            json_array_append_new(mats, json_pack("{s:s, s:s}", "name", p->weights[i].name, "dtype",
+                                                  kiln_dtype_name((kiln_dtype)p->weights[i].dtype)));
+    return json_pack("{s:i, s:i, s:i, s:i, s:o, s:o, s:i, s:f, s:o}", "values", (int)p->n_values, "ops_total",
+                     (int)p->n_ops, "weights", (int)p->n_weights, "buffer_slots", (int)p->n_slots, "ops", ops, "flags",
+                     flags, "ranks", (int)p->n_ranks, "bits_per_weight", bits_per_weight(p), "matrices", mats);
 }
 
 /* The dtype names in a bit set ("bf16", "f16+bf16"), appended to out. */
@@ -514,15 +519,14 @@ static void print_targets(const json_t *meta, const kiln_inspect_kernels *k) {
 /* --quant auto's formats, layer by layer, as the plan stores them: ["layer 0: qkv_proj q8, o_proj q4g64, ...",
  * ...], one string per layer in the order of meta build.quant.auto.matrices (names outside
  * model.layers.N. get a line of their own). NULL when the engine was not compiled with auto. */
-static json_t *auto_layers(const kiln_model *m, const json_t *meta) {
-    const json_t *mats = json_object_get(json_object_get(json_object_get(json_object_get(meta, "build"), "quant"),
-                                                         "auto"), "matrices");
-    if (!json_is_array(mats)) return NULL;
+/* "layer L: q_proj q4g32, k_proj ..." lines, a layer each, for the weights named by names[0..n), each with
+ * its dtype as the plan has it. */
+static json_t *layer_lines(const kiln_model *m, const char *const *names, size_t n_names) {
     json_t *lines = json_array();
     char line[1024] = "";
     int layer = -1;
-    for (size_t i = 0; i < json_array_size(mats); i++) {
-        const char *name = json_string_value(json_object_get(json_array_get(mats, i), "name"));
+    for (size_t i = 0; i < n_names; i++) {
+        const char *name = names[i];
         if (!name) continue;
         const char *dtype = "missing"; /* the plan's word, not the meta's */
         for (uint32_t w = 0; w < m->plan->n_weights; w++)
@@ -536,7 +540,11 @@ static json_t *auto_layers(const kiln_model *m, const json_t *meta) {
             if (strncmp(shortname, cut[c], strlen(cut[c])) == 0) memmove(shortname, shortname + strlen(cut[c]),
                                                                          strlen(shortname + strlen(cut[c])) + 1);
         size_t n = strlen(shortname);
-        if (n > 7 && strcmp(shortname + n - 7, ".weight") == 0) shortname[n - 7] = 0;
+        const char *suffix[] = {".weight", ".qweight", ".weight_packed"}; /* a read checkpoint's tensor names */
+        for (size_t c = 0; c < sizeof suffix / sizeof *suffix; c++) {
+            const size_t k = strlen(suffix[c]);
+            if (n > k && strcmp(shortname + n - k, suffix[c]) == 0) shortname[n -= k] = 0;
+        }
         if (l != layer && *line) json_array_append_new(lines, json_string(line)), *line = 0;
         n = strlen(line);
         if (!*line && l >= 0) snprintf(line, sizeof line, "layer %d: %s %s", l, shortname, dtype);
@@ -544,6 +552,48 @@ static json_t *auto_layers(const kiln_model *m, const json_t *meta) {
         layer = l;
     }
     if (*line) json_array_append_new(lines, json_string(line));
+    return lines;
+}
+
+/* --quant auto's matrices (the meta's list), a line a layer. */
+static json_t *auto_layers(const kiln_model *m, const json_t *meta) {
+    const json_t *mats = json_object_get(json_object_get(json_object_get(json_object_get(meta, "build"), "quant"),
+                                                         "auto"), "matrices");
+    if (!json_is_array(mats)) return NULL;
+    const size_t n = json_array_size(mats);
+    const char **names = calloc(n ? n : 1, sizeof *names);
+    if (!names) return NULL;
+    for (size_t i = 0; i < n; i++) names[i] = json_string_value(json_object_get(json_array_get(mats, i), "name"));
+    json_t *lines = layer_lines(m, names, n);
+    free(names);
+    return lines;
+}
+
+/* The plan's matrices (weights of two or more dimensions), a line a layer, when they are not all of one
+ * dtype (a read checkpoint's mix: a GPTQ dynamic map, projections left unquantized); NULL otherwise. */
+static json_t *mixed_layers(const kiln_model *m) {
+    const kiln_plan *p = m->plan;
+    const char **names = calloc(p->n_weights ? p->n_weights : 1, sizeof *names);
+    if (!names) return NULL;
+    size_t n = 0;
+    unsigned quant = 0, seen = 0;
+    for (uint32_t i = 0; i < p->n_weights; i++) {
+        const kiln_plan_weight *w = &p->weights[i];
+        if (w->ndim < 2 || strstr(w->name, "embed_tokens") || strstr(w->name, "lm_head")) continue;
+        /* in layer order (the plan lists packed matrices after the others), stable */
+        int l = -1, l2;
+        sscanf(w->name, "model.layers.%d.", &l);
+        size_t at = n++;
+        while (at > 0 && sscanf(names[at - 1], "model.layers.%d.", &l2) == 1 && l2 > l) {
+            names[at] = names[at - 1];
+            at--;
+        }
+        names[at] = w->name;
+        seen |= 1u << (w->dtype % 32);
+        quant |= kiln_dtype_is_quant((int)w->dtype);
+    }
+    json_t *lines = quant && (seen & (seen - 1)) ? layer_lines(m, names, n) : NULL;
+    free(names);
     return lines;
 }
 
@@ -614,6 +664,11 @@ static void print_text(const char *path, const kiln_model *m, json_t *meta, cons
         for (size_t i = 0; i < json_array_size(lines); i++) printf("  %s\n", json_string_value(json_array_get(lines, i)));
     }
     json_decref(lines);
+    if (!qa && (lines = mixed_layers(m))) { /* a read checkpoint's mix of formats, each layer's */
+        printf("formats by layer:\n");
+        for (size_t i = 0; i < json_array_size(lines); i++) printf("  %s\n", json_string_value(json_array_get(lines, i)));
+        json_decref(lines);
+    }
     if (p->n_ranks > 1) { /* tensor parallelism: what each rank maps and runs */
         printf("tensor parallel: %u ranks, each with %d heads / %d KV heads; weights per rank (%u tensors each):",
                p->n_ranks, (int)(json_integer_value(json_object_get(model, "num_attention_heads")) / p->n_ranks),

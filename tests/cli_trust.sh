@@ -422,6 +422,15 @@ mkgd() {
 expect 0 "" -- "$KILN" compile "$SRC/tests/data/tiny-mistral-gptq-dynamic" -o "$T/gd.kiln" --target none
 "$KILN" inspect "$T/gd.kiln" --json | grep -qF '"-:model\\.layers\\.0\\.self_attn\\.(q|k|v|o)_proj": "not quantized"' &&
     ok || bad "inspect --json does not show the dynamic rule's effect"
+# each matrix's format: by layer in the text (the formats mix), every one in --json
+"$KILN" inspect "$T/gd.kiln" >"$T/gd.txt" 2>&1
+grep -q "^formats by layer:" "$T/gd.txt" && grep -q "^  layer 0: o_proj bf16, down_proj q4g32, qkv_proj bf16, gate_up_proj q4g32$" "$T/gd.txt" &&
+    grep -q "^  layer 1: o_proj q4g32, down_proj q4g64, qkv_proj q4g32, gate_up_proj q4g64$" "$T/gd.txt" && ok ||
+    bad "inspect's formats by layer: $(cat "$T/gd.txt")"
+[ "$("$KILN" inspect "$T/gd.kiln" --json | python3 -c 'import json, sys; print(sorted(m["dtype"] for m in json.load(sys.stdin)["plan"]["matrices"]))')" = \
+  "['bf16', 'bf16', 'bf16', 'bf16', 'q4g32', 'q4g32', 'q4g32', 'q4g32', 'q4g64', 'q4g64']" ] && ok ||
+    bad "inspect --json plan.matrices"
+"$KILN" inspect "$T/ref.kiln" | grep -q "^formats by layer" && bad "one format shown by layer" || ok
 # a rule that leaves layer 1's q_proj unquantized, which the checkpoint ships dense, while k_proj and v_proj
 # stay in groups of 32: they are packed together, so refused naming both
 d=$(mkgd gd_mixed)
