@@ -634,22 +634,39 @@ static int step_rows(const kiln_sched *s, int n) {
     return rows;
 }
 
+/* The step's status for request r whose logits predicting `position` are not finite (sampler rule 0),
+ * unless the step already failed: KILN_ERR_NUMERIC naming both. */
+static kiln_status nonfinite(const kiln_sched *s, const sched_req *r, int64_t position, kiln_status status,
+                             kiln_error *err) {
+    if (status != KILN_OK) return status;
+    kiln_err(err, KILN_ERR_NUMERIC, "request %lld: the logits for position %lld are not finite (a NaN or +inf, or no "
+             "logit above -inf): the %s executor's arithmetic failed, so no token was sampled", (long long)r->id,
+             (long long)position, s->x->ops->name);
+    return kiln_err_hint(err, "the model's activations overflowed: with a quantized engine, compile the layers at "
+                              "fault wider (bf16); else the checkpoint's weights are out of range for this prompt");
+}
+
 /* Hand over the prompt log-probabilities due among the rows ([n_new, vocab]) of r's chunk from
- * position `start`: row j predicts the token at start + j + 1. Returns false when the callback asked
- * to cancel. */
-static bool deliver_prompt(kiln_sched *s, sched_req *r, const float *rows, int start, int n_new) {
+ * position `start`: row j predicts the token at start + j + 1. Returns 0, 1 when the callback asked
+ * to cancel, or 2 (*bad: the position) at a row the sampler could not trust, whose log-probabilities
+ * would be -inf for no reason of the text's. */
+static int deliver_prompt(kiln_sched *s, sched_req *r, const float *rows, int start, int n_new, int64_t *bad) {
     const int V = s->x->vocab;
     for (int j = 0; j < n_new; j++) {
         const int p = start + j + 1;
         if (p < r->lp_next || p >= r->n_prompt) continue;
+        const float *row = rows + (size_t)j * (size_t)V;
+        if (kiln_logits_untrusted(row, V)) {
+            *bad = p;
+            return 2;
+        }
         kiln_token_info ti = {.token = r->toks[p], .n_top = r->prompt_lp, .queue_seconds = r->queue_s,
                               .prompt = 1, .position = p};
-        kiln_logprobs(rows + (size_t)j * (size_t)V, V, ti.token, r->prompt_lp, &ti.logprob, ti.top_token,
-                      ti.top_logprob);
+        kiln_logprobs(row, V, ti.token, r->prompt_lp, &ti.logprob, ti.top_token, ti.top_logprob);
         r->lp_next = p + 1;
-        if (r->cb_info(r->user, r->id, &ti, 0, -1) != 0) return false;
+        if (r->cb_info(r->user, r->id, &ti, 0, -1) != 0) return 1;
     }
-    return true;
+    return 0;
 }
 
 /* Record tok as r's next token and hand it over; returns false when the
@@ -754,8 +771,11 @@ kiln_status kiln_sched_step(kiln_sched *s, bool *ran, kiln_error *err) {
             const float *logits = s->st_host[i] ? s->h_rows + (size_t)(row - 1) * V : NULL; /* its last row */
             r->n_cached += s->st_n_new[i];
             if (r->cancel) continue; /* cancelled meanwhile */
-            if (s->st_all[i] && !deliver_prompt(s, r, rows, s->st_start[i], s->st_n_new[i])) {
-                finish(s, r, KILN_STOP_CANCELLED, false);
+            int64_t bad = 0;
+            const int dp = s->st_all[i] ? deliver_prompt(s, r, rows, s->st_start[i], s->st_n_new[i], &bad) : 0;
+            if (dp) {
+                if (dp == 2) status = nonfinite(s, r, bad, status, err);
+                finish(s, r, dp == 2 ? KILN_STOP_ERROR : KILN_STOP_CANCELLED, false);
                 continue;
             }
             if (!s->st_want[i]) continue; /* prefill chunk */
@@ -767,16 +787,7 @@ kiln_status kiln_sched_step(kiln_sched *s, bool *ran, kiln_error *err) {
             if (logits) ti.token = host_sample(s, r, logits, (int64_t)s->st_start[i] + s->st_n_new[i], &ti);
             int32_t tok = ti.token;
             if (tok == KILN_TOKEN_NONFINITE) { /* sampler rule 0: fail this request, not the others */
-                if (status == KILN_OK) {
-                    status = kiln_err(err, KILN_ERR_NUMERIC,
-                                      "request %lld: the logits for position %lld are not finite (a NaN or +inf, "
-                                      "or no logit above -inf): the %s executor's arithmetic failed, so no token "
-                                      "was sampled",
-                                      (long long)r->id, (long long)s->st_start[i] + s->st_n_new[i], s->x->ops->name);
-                    kiln_err_hint(err, "the model's activations overflowed: with a quantized engine, compile "
-                                       "the layers at fault wider (bf16); else the checkpoint's weights are "
-                                       "out of range for this prompt");
-                }
+                status = nonfinite(s, r, (int64_t)s->st_start[i] + s->st_n_new[i], status, err);
                 finish(s, r, KILN_STOP_ERROR, false);
                 continue;
             }

@@ -848,6 +848,41 @@ static void test_score_nonfinite(void) {
     x->ops->destroy(x);
 }
 
+/* Prompt log-probabilities from a row the sampler could not trust (the same poisoned first row: the one
+ * predicting position 1) are not delivered as -inf: the request fails with KILN_ERR_NUMERIC before any. */
+static int g_prompt_lps;
+static int32_t count_info(void *user, int64_t id, const kiln_token_info *t, int32_t fin, int32_t why) {
+    (void)user, (void)id, (void)fin, (void)why;
+    g_prompt_lps += t && t->prompt; /* finish() reports an error with no token */
+    return 0;
+}
+static void test_prompt_logprobs_nonfinite(void) {
+    KT_REQUIRE(stories);
+    kiln_executor *x = NULL;
+    kiln_sched *s = NULL;
+    kiln_error err = {0};
+    KT_REQUIRE(kiln_cpu_executor_new(stories, 1, 0, 0, 1, &x, &err) == KILN_OK);
+    kiln_executor_ops ops;
+    const kiln_executor_ops *saved = wrap_ops(x, &ops);
+    g_score_steps = 0;
+    g_prompt_lps = 0;
+    ops.step = nan_rows_step;
+    kiln_sched_opts so = {0};
+    KT_REQUIRE(kiln_sched_new(x, &so, &s, &err) == KILN_OK);
+    int32_t p[4] = {1, 300, 310, 320};
+    kiln_sched_request r = {.prompt = p, .n_prompt = 4, .samp = greedy(), .max_tokens = 4, .prompt_logprobs = true,
+                            .cb_info = count_info};
+    int64_t id;
+    KT_REQUIRE(kiln_sched_submit(s, &r, &id, &err) == KILN_OK);
+    KT_EQ_INT(kiln_sched_step(s, NULL, &err), KILN_ERR_NUMERIC);
+    KT_CONTAINS(err.msg, "logits for position 1 are not finite");
+    KT_EQ_INT(g_prompt_lps, 0);
+    KT_EQ_INT(kiln_sched_pending(s), 0);
+    kiln_sched_free(s);
+    x->ops = saved;
+    x->ops->destroy(x);
+}
+
 /* (f) cancel a queued and a running request; a callback that cancels. */
 static void test_cancel(void) {
     KT_REQUIRE(stories);
@@ -1302,6 +1337,7 @@ int main(void) {
     KT_RUN(test_never_fits);
     KT_RUN(test_nonfinite_logits);
     KT_RUN(test_score_nonfinite);
+    KT_RUN(test_prompt_logprobs_nonfinite);
     KT_RUN(test_cancel);
     KT_RUN(test_stops);
     KT_RUN(test_sched_options);
