@@ -516,11 +516,9 @@ static void print_targets(const json_t *meta, const kiln_inspect_kernels *k) {
         printf("\nkernels: none (so no GPU KV block size)\n");
 }
 
-/* --quant auto's formats, layer by layer, as the plan stores them: ["layer 0: qkv_proj q8, o_proj q4g64, ...",
- * ...], one string per layer in the order of meta build.quant.auto.matrices (names outside
- * model.layers.N. get a line of their own). NULL when the engine was not compiled with auto. */
-/* "layer L: q_proj q4g32, k_proj ..." lines, a layer each, for the weights named by names[0..n), each with
- * its dtype as the plan has it. */
+/* Formats layer by layer, as the plan stores them: ["layer 0: qkv_proj q8, o_proj q4g64, ...", ...], one
+ * string per layer for the weights named by names[0..n) in that order (names outside model.layers.N. get
+ * a line of their own). */
 static json_t *layer_lines(const kiln_model *m, const char *const *names, size_t n_names) {
     json_t *lines = json_array();
     char line[1024] = "";
@@ -555,7 +553,8 @@ static json_t *layer_lines(const kiln_model *m, const char *const *names, size_t
     return lines;
 }
 
-/* --quant auto's matrices (the meta's list), a line a layer. */
+/* --quant auto's matrices, in the order of meta build.quant.auto.matrices, a line a layer; NULL when the
+ * engine was not compiled with auto. */
 static json_t *auto_layers(const kiln_model *m, const json_t *meta) {
     const json_t *mats = json_object_get(json_object_get(json_object_get(json_object_get(meta, "build"), "quant"),
                                                          "auto"), "matrices");
