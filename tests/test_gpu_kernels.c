@@ -182,6 +182,21 @@ static double rel_err_bf16(const uint16_t *out, const double *ref, size_t n) {
     }
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
+/* On a failed comparison: the element farthest from its reference, and the reference's RMS, so a
+ * log tells one wrong output (a kernel defect) from many slightly off (rounding). */
+static void report_worst(const void *out, bool f32, const double *ref, size_t n) {
+    size_t at = 0;
+    double worst = -1, ss = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double o = f32 ? ((const float *)out)[i] : kiln_bf16_to_f32(((const uint16_t *)out)[i]);
+        const double d = isnan(o) ? INFINITY : fabs(o - ref[i]);
+        ss += ref[i] * ref[i];
+        if (d > worst) worst = d, at = i;
+    }
+    const double o = f32 ? ((const float *)out)[at] : kiln_bf16_to_f32(((const uint16_t *)out)[at]);
+    fprintf(stderr, "    worst element %zu of %zu: %.9g against %.9g (reference RMS %.6g)\n", at, n, o, ref[at],
+            sqrt(ss / (double)(n ? n : 1)));
+}
 static double rel_err_f32(const float *out, const double *ref, size_t n) {
     double num = 0, den = 0;
     for (size_t i = 0; i < n; i++) {
@@ -395,7 +410,11 @@ static void test_gemv_quant(void) {
                         double ss = 0;
                         for (int i = 0; i < K; i++) ss += (double)xf[(size_t)m * K + i] * xf[(size_t)m * K + i];
                         const double inv = norm ? 1.0 / sqrt(ss / K + 1e-5) : 1.0;
-                        for (int i = 0; i < K; i++) xr[i] = (norm ? (double)gf[i] * inv : 1.0) * xf[(size_t)m * K + i];
+                        /* the tensor-core kernels' operand is bf16: x times the norm weight, rounded once
+                         * (kernels/gemv.cuh kiln_gemv_mmaq), the 1 / rms after the sums */
+                        for (int i = 0; i < K; i++)
+                            xr[i] = norm && mma ? (double)kiln_bf16_to_f32(kiln_f32_to_bf16(gf[i] * xf[(size_t)m * K + i])) * inv
+                                                : (norm ? (double)gf[i] * inv : 1.0) * xf[(size_t)m * K + i];
                         for (int n = 0; n < N; n++) {
                             double s2 = 0;
                             for (int i = 0; i < K; i++) s2 += xr[i] * wd[(size_t)n * K + i];
@@ -420,6 +439,7 @@ static void test_gemv_quant(void) {
                                   mma ? "tensor cores" : ck ? "CUDA cores, K split" : "CUDA cores", warps, mma ? tiles : rows,
                                   out_f32, swiglu,
                                   residual, norm, e);
+                        if (!(e < TOL_BF16)) report_worst(out, out_f32, ref, (size_t)M * nout);
                         if (rep == 1 && !r) KT_CHECKF(memcmp(out, first, ysz) == 0, "gemv %s: a second run differs",
                                                       kiln_dtype_name((kiln_dtype)qt));
                         if (rep == 0) memcpy(first, out, ysz);
