@@ -678,6 +678,7 @@ int kiln_kernels_unsupported_op(const kiln_plan *p) {
         case KILN_OP_MOE:
         case KILN_OP_ALL_REDUCE: /* NCCL, or kiln_tp_sum (util) for ranks on one device */
         case KILN_OP_ALL_GATHER:
+        case KILN_OP_PERMUTE: /* kiln_gather_cols (util) */
         case KILN_OP_LM_HEAD: break;
         default: return (int)i;
         }

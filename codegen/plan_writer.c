@@ -267,6 +267,12 @@ kiln_status kiln_weight_convert(const kiln_value *v, uint64_t first, const uint8
     const weight_chunk c = {v, first};
     kiln_dtype sd = v->src_dtype, dd = v->dtype;
     const bool scaled = v->row_mul || v->col_mul;
+    if (sd == KILN_DTYPE_I32 || dd == KILN_DTYPE_I32) { /* indices (a permute op's): no floats to check */
+        if (sd != dd || scaled) return kiln_err(err, KILN_ERR_INTERNAL, "weight '%s': i32 indices converted to %s", v->name,
+                                                kiln_dtype_name(dd));
+        memcpy(dst, src, count * 4);
+        return KILN_OK;
+    }
     if (sd == dd && !scaled) {
         size_t i = copy_checked(src, sd, dst, count);
         return i < count ? bad_value(&c, i, load_f32(src, sd, i), err) : KILN_OK;

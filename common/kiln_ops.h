@@ -149,6 +149,10 @@ typedef struct kiln_qsrc {
     kiln_dtype scales_dtype;                /* KILN_DTYPE_F16 or _BF16; FP8: also _F32 */
     int fp8_row_scales;                     /* FP8: 1 = one scale per row, 0 = one for the tensor */
     int block_n, block_k;                   /* FP8_BLOCK: rows and columns a scale covers (k: 128) */
+    /* GPTQ act-order: column j of kiln's matrix is the checkpoint's column col_perm[j], the columns sorted
+     * by their g_idx group (stably), each group exactly G of them, so group j / G is the checkpoint's
+     * group j / G; NULL = the checkpoint's order. Owned by the graph (the permute op's weight). */
+    const int32_t *col_perm;
 } kiln_qsrc;
 /* Whether `s` is an FP8 checkpoint's matrix (E4M3 codes, repacked by kiln_quant_repack_fp8_row), not a
  * 4-bit one (kiln_quant_repack_row) or none. */
@@ -220,6 +224,10 @@ typedef enum kiln_op_kind {
                                    the same on every rank (after o_proj, down_proj and the vocab-parallel embedding) */
     KILN_OP_ALL_GATHER = 19,    /* in: x[B,S,W]   out: [B,S,W*ranks], rank r's x at columns r*W .. (r+1)*W-1, the
                                    same on every rank (the vocab-parallel LM head's logits) */
+    /* act-order GPTQ (desc_act with a permuting g_idx): the importer sorts a projection's input columns by
+     * group, so its matrix reads its input in that order */
+    KILN_OP_PERMUTE = 20,       /* in: x[B,S,K], perm[K] i32 (a permutation of 0..K-1)   out: y[B,S,K],
+                                   y[..., j] = x[..., perm[j]] */
     KILN_OP_COUNT_
 } kiln_op_kind;
 

@@ -187,6 +187,12 @@ int kiln_op_infer(kiln_op_kind kind, const kiln_tensor_desc *in, int n_in, const
                                                       (long long)w0);
         make_act(&out[0], w0);
         return KILN_OK;
+    case KILN_OP_PERMUTE: /* the values are checked where they are made (import) and read (runtime/model.c) */
+        if (w0 < 0) return BAD("permute: input %%%d is not an activation", in[0].id);
+        if (!(in[1].is_weight && in[1].ndim == 1 && in[1].shape[0] == w0 && in[1].dtype == KILN_DTYPE_I32))
+            return BAD("permute: %s must be an i32 vector of %lld indices", nm(&in[1]), (long long)w0);
+        make_act(&out[0], w0);
+        return KILN_OK;
     case KILN_OP_ADD:
     case KILN_OP_MUL:
         if (w0 < 0 || w0 != act_width(&in[1]))

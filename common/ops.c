@@ -56,6 +56,7 @@ static const op_info op_table[KILN_OP_COUNT_] = {
     [KILN_OP_MOE] = {"moe", 4, 1, 0, KILN_FLAG_MOE_NO_RENORM, 0},
     [KILN_OP_ALL_REDUCE] = {"all_reduce", 1, 1, 0, 0, 1u << 0}, /* the sum over this rank's part */
     [KILN_OP_ALL_GATHER] = {"all_gather", 1, 1, 0, 0, 0},
+    [KILN_OP_PERMUTE] = {"permute", 2, 1, 0, 0, 0}, /* a gather: never in place */
 };
 
 static const op_info *op_row(kiln_op_kind k) {

@@ -370,7 +370,8 @@ int64_t kiln_quant_repack_row(const kiln_qsrc *s, int t, int64_t n, int64_t k, i
         memcpy(scales + o, &sc, sizeof sc);
         memcpy(mins + o, &lo, sizeof lo);
     }
+    const int32_t *pm = s->col_perm; /* act-order: kiln's column c is the checkpoint's pm[c] */
     for (int64_t c = 0; c < k; c += 2)
-        q[c / 2] = (uint8_t)(qsrc_code(s, n, k, row, c) | qsrc_code(s, n, k, row, c + 1) << 4);
+        q[c / 2] = (uint8_t)(qsrc_code(s, n, k, row, pm ? pm[c] : c) | qsrc_code(s, n, k, row, pm ? pm[c + 1] : c + 1) << 4);
     return bad;
 }

@@ -176,16 +176,65 @@ static int layer_weight(importer *im, int64_t l, const char *suffix, int ndim, i
     return weight(im, name, ndim, d0, d1);
 }
 
+/* GPTQ's g_idx [k] (tensor `name`, groups of G) as kiln reads it, into *perm: NULL when it maps column i
+ * to group i / G, the checkpoint's order; else, for act-order (desc_act) checkpoints, the columns sorted
+ * stably by group into a new array (kiln's column j = the checkpoint's (*perm)[j]), which needs every
+ * group to hold exactly G columns: anything else is refused naming the first column past it. */
+static kiln_status gptq_order(importer *im, const kiln_st_tensor *gi, const char *name, int64_t k, int64_t G,
+                              int32_t **perm) {
+    const int64_t ng = k / G;
+    *perm = NULL;
+    int64_t *count = calloc((size_t)ng, sizeof *count);
+    if (!count) return kiln_err(im->err, KILN_ERR_NOMEM, "out of memory reading '%s'", name);
+    bool trivial = true;
+    for (int64_t i = 0; i < k; i++) {
+        const int64_t got = (int32_t)kiln_rd_u32((const uint8_t *)gi->data + 4 * i);
+        trivial &= got == i / G;
+        if (got >= 0 && got < ng && count[got] < G) {
+            count[got]++;
+            continue;
+        }
+        free(count);
+        if (got < 0 || got >= ng)
+            kiln_err(im->err, KILN_ERR_PARSE, "%s: tensor '%s' maps input column %lld to group %lld: there are groups "
+                     "0 to %lld only", im->ck->dir, name, (long long)i, (long long)got, (long long)(ng - 1));
+        else
+            kiln_err(im->err, KILN_ERR_PARSE, "%s: tensor '%s' maps input column %lld to group %lld, which already has "
+                     "its %lld columns", im->ck->dir, name, (long long)i, (long long)got, (long long)G);
+        return kiln_err_hint(im->err, "a GPTQ g_idx puts exactly group_size (%lld) input columns in each group; the "
+                                      "checkpoint is damaged, or config.json's group_size is not the one it was "
+                                      "quantized with", (long long)G);
+    }
+    if (trivial) {
+        free(count);
+        return KILN_OK;
+    }
+    if (!(*perm = malloc((size_t)k * sizeof **perm))) {
+        free(count);
+        return kiln_err(im->err, KILN_ERR_NOMEM, "out of memory reading '%s'", name);
+    }
+    memset(count, 0, (size_t)ng * sizeof *count);
+    for (int64_t i = 0; i < k; i++) { /* counting sort: group g's columns go to g * G.., in column order */
+        const int64_t g = (int32_t)kiln_rd_u32((const uint8_t *)gi->data + 4 * i);
+        (*perm)[g * G + count[g]++] = (int32_t)i;
+    }
+    free(count);
+    return KILN_OK;
+}
+
 /* The [n, k] projection `base` of a quantized checkpoint (config.json quantization_config: AWQ or
  * GPTQ, 4 bits, groups of G) as a q4gG weight whose source is its tensors <base>.qweight, .qzeros,
  * .scales (and GPTQ's .g_idx), checked here for shapes and dtypes (layouts: kiln_ops.h, kiln_qsrc);
- * their values are repacked, and the scales checked, by the writer. GPTQ's g_idx must map input
- * column i to group i / G: act-order (desc_act) checkpoints that permute it are refused. G is the
- * checkpoint's group size or, for GPTQ, the one its dynamic map gives the projection. */
-static int quantized_weight(importer *im, const char *base, int64_t n, int64_t k, int64_t G) {
+ * their values are repacked, and the scales checked, by the writer. G is the checkpoint's group size
+ * or, for GPTQ, the one its dynamic map gives the projection. An act-order GPTQ projection (g_idx not
+ * i / G: gptq_order) gets its columns sorted by group and *perm the id of a new i32 weight
+ * "<base>.g_idx" holding that order, which its input must be permuted by (KILN_OP_PERMUTE); else
+ * *perm = -1. */
+static int quantized_weight(importer *im, const char *base, int64_t n, int64_t k, int64_t G, int *perm) {
     const kiln_ckpt_quant *cq = &im->ck->config.quant;
     const bool awq = cq->method == KILN_CKPT_QUANT_AWQ;
     const char *dir = im->ck->dir, *method = kiln_ckpt_quant_name(cq);
+    *perm = -1;
     if (n % 8 || k % G) {
         kiln_err(im->err, KILN_ERR_UNSUPPORTED, "%s: projection '%s' is [%lld,%lld] (out, in): a %s checkpoint "
                  "packs 8 output rows per int32 and groups of %lld input columns, which do not divide it", dir, base,
@@ -201,24 +250,18 @@ static int quantized_weight(importer *im, const char *base, int64_t n, int64_t k
     if (!(tz = checked_tensor_dt(im, name, 2, qz, DT_I32, "I32"))) return -1;
     snprintf(name, sizeof name, "%s.scales", base);
     if (!(ts = checked_tensor_dt(im, name, 2, sc, DT_HALF, "F16 and BF16"))) return -1;
+    int32_t *order = NULL;
     if (!awq) { /* g_idx [k]: the group of each input column */
         snprintf(name, sizeof name, "%s.g_idx", base);
         const kiln_st_tensor *gi = checked_tensor_dt(im, name, 1, &k, DT_I32, "I32");
         if (!gi) return -1;
-        for (int64_t i = 0; i < k; i++) {
-            const int64_t got = (int32_t)kiln_rd_u32((const uint8_t *)gi->data + 4 * i);
-            if (got == i / G) continue;
-            kiln_err(im->err, KILN_ERR_UNSUPPORTED, "%s: tensor '%s' maps input column %lld to group %lld, not %lld: "
-                     "act-order (desc_act%s) GPTQ checkpoints, whose groups are permuted, are not read yet", dir,
-                     name, (long long)i, (long long)got, (long long)(i / G), cq->desc_act ? " true" : "");
-            kiln_err_hint(im->err, "re-quantize without act-order (desc_act false), or compile the model's "
-                                   "unquantized checkpoint with --quant int4");
-            return -1;
-        }
+        if (gptq_order(im, gi, name, k, G, &order) != KILN_OK) return -1;
+        if (order && (*perm = kiln_ir_weight_owned(im->g, name, KILN_DTYPE_I32, 1, &k, order, im->err)) < 0) return -1;
     }
     const kiln_qsrc q = {.format = awq ? KILN_QSRC_AWQ : KILN_QSRC_GPTQ,
                          .zero_offset = !awq && !cq->gptq_v2, /* GPTQ v1 stores each zero minus 1 */
-                         .qweight = tw->data, .qzeros = tz->data, .scales = ts->data, .scales_dtype = ts->dtype};
+                         .qweight = tw->data, .qzeros = tz->data, .scales = ts->data, .scales_dtype = ts->dtype,
+                         .col_perm = order};
     const kiln_dtype dt = G == 32 ? KILN_DTYPE_Q4G32 : G == 64 ? KILN_DTYPE_Q4G64 : KILN_DTYPE_Q4G128;
     snprintf(name, sizeof name, "%s.qweight", base);
     return kiln_ir_weight_prequantized(im->g, name, dt, (const int64_t[2]){n, k}, &q, im->err);
@@ -341,8 +384,10 @@ static int fp8_weight(importer *im, const char *base, int64_t n, int64_t k) {
 }
 
 /* Projection `what` of layer l ("self_attn.q_proj"...), [n, k]: its .weight, or in a quantized
- * checkpoint its quantized tensors (quantized_weight, ct_weight, fp8_weight). */
-static int proj_weight(importer *im, int64_t l, const char *what, int64_t n, int64_t k) {
+ * checkpoint its quantized tensors (quantized_weight, ct_weight, fp8_weight). *perm: the id of the
+ * i32 order its input must be permuted by (act-order GPTQ: quantized_weight), else -1. */
+static int proj_weight(importer *im, int64_t l, const char *what, int64_t n, int64_t k, int *perm) {
+    *perm = -1;
     char base[KILN_NAME_MAX];
     snprintf(base, sizeof base, "model.layers.%lld.%s", (long long)l, what);
     char name[KILN_NAME_MAX + 8];
@@ -374,7 +419,7 @@ static int proj_weight(importer *im, int64_t l, const char *what, int64_t n, int
         return -1;
     }
     if (m == KILN_CKPT_QUANT_CT) return ct_weight(im, base, n, k);
-    const int w = quantized_weight(im, base, n, k, group);
+    const int w = quantized_weight(im, base, n, k, group, perm);
     if (w < 0 && rule) kiln_err_hint(im->err, "quantization_config.dynamic rule \"%s\" gives '%s' groups of %d", rule->key,
                                      base, group);
     return w;
@@ -399,6 +444,39 @@ static int same_format(importer *im, int64_t l, const char *const *what, const i
         return -1;
     }
     return 0;
+}
+
+static int layer_op(importer *im, int64_t l, const char *what, kiln_op_kind kind, const int *in, int n_in,
+                    const kiln_op_attrs *attrs);
+
+/* The input x of layer l's projections `what` [n] (their permutation weights perm[], -1 = none) in the
+ * order their matrices read it: x itself when none is act-order, else one permute op (labelled
+ * "l<l>.<label>") by their common order. Projections that read one input are packed into one matrix,
+ * so they must read it in one order: a mix, or two different orders, is refused naming both. The
+ * other projections' copies of the order are dropped and their matrices point at the one kept.
+ * Returns the value id, or -1 with the error set. */
+static int permuted_input(importer *im, int64_t l, int x, const char *const *what, const int *w, const int *perm,
+                          int n, const char *label) {
+    kiln_graph *g = im->g;
+    for (int i = 1; i < n; i++) {
+        const bool both = perm[0] >= 0 && perm[i] >= 0;
+        if (both && memcmp(g->values[perm[0]].owned, g->values[perm[i]].owned,
+                           (size_t)g->values[perm[0]].shape[0] * sizeof(int32_t)) == 0) {
+            g->values[perm[i]].dead = true;
+            g->values[w[i]].qsrc.col_perm = g->values[perm[0]].owned;
+            continue;
+        }
+        if (!both && perm[0] < 0 && perm[i] < 0) continue;
+        kiln_err(im->err, KILN_ERR_UNSUPPORTED, "%s: 'model.layers.%lld.%s' and 'model.layers.%lld.%s' read the same "
+                 "input but their act-order g_idx order its columns %s: kiln packs them into one matrix, which reads "
+                 "its input in one order", im->ck->dir, (long long)l, what[0], (long long)l, what[i],
+                 both ? "differently" : "in different ways (one in groups as they come)");
+        kiln_err_hint(im->err, "GPTQ gives projections of one input the same act-order when it quantizes them "
+                               "from the same activations; re-quantize them together, or with desc_act false");
+        return -1;
+    }
+    if (perm[0] < 0) return x;
+    return layer_op(im, l, label, KILN_OP_PERMUTE, (int[]){x, perm[0]}, 2, NULL);
 }
 
 /* Append a one-output op of layer l, labelled "l<l>.<what>". Returns the value id or -1. */
@@ -618,12 +696,13 @@ static kiln_status import_with(importer *im, kiln_dtype weight_dtype) {
         TRY(w1 = layer_weight(im, l, "input_layernorm.weight", 1, H, 0));
         TRY(h = layer_op(im, l, "attn_norm", KILN_OP_RMSNORM, (int[]){x, w1}, 2, &norm));
 
-        int q, k, v, a, o;
-        TRY(w1 = proj_weight(im, l, "self_attn.q_proj", q_out, H));
-        TRY(w2 = proj_weight(im, l, "self_attn.k_proj", kv_out, H));
-        TRY(w3 = proj_weight(im, l, "self_attn.v_proj", kv_out, H));
-        TRY(same_format(im, l, (const char *const[]){"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"},
-                        (int[]){w1, w2, w3}, 3));
+        int q, k, v, a, o, pm[3];
+        static const char *const qkv_names[3] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"};
+        TRY(w1 = proj_weight(im, l, qkv_names[0], q_out, H, &pm[0]));
+        TRY(w2 = proj_weight(im, l, qkv_names[1], kv_out, H, &pm[1]));
+        TRY(w3 = proj_weight(im, l, qkv_names[2], kv_out, H, &pm[2]));
+        TRY(same_format(im, l, qkv_names, (int[]){w1, w2, w3}, 3));
+        TRY(h = permuted_input(im, l, h, qkv_names, (int[]){w1, w2, w3}, pm, 3, "qkv_perm"));
         TRY(q = layer_op(im, l, "q", KILN_OP_LINEAR, (int[]){h, w1}, 2, NULL));
         TRY(k = layer_op(im, l, "k", KILN_OP_LINEAR, (int[]){h, w2}, 2, NULL));
         TRY(v = layer_op(im, l, "v", KILN_OP_LINEAR, (int[]){h, w3}, 2, NULL));
@@ -648,7 +727,8 @@ static kiln_status import_with(importer *im, kiln_dtype weight_dtype) {
         TRY(k = layer_op(im, l, "k_rope", KILN_OP_ROPE, (int[]){k, g->positions}, 2, &rk));
         TRY(a = layer_op(im, l, "attn", KILN_OP_ATTENTION, (int[]){q, k, v, g->positions}, 4, &att));
         if (c->quant.kv_fp8 && kv_ckpt_scales(im, l) != KILN_OK) return err->code;
-        TRY(w1 = proj_weight(im, l, "self_attn.o_proj", H, q_out));
+        TRY(w1 = proj_weight(im, l, "self_attn.o_proj", H, q_out, &pm[0]));
+        if (pm[0] >= 0) TRY(a = layer_op(im, l, "o_perm", KILN_OP_PERMUTE, (int[]){a, pm[0]}, 2, NULL));
         TRY(o = layer_op(im, l, "attn_out", KILN_OP_LINEAR, (int[]){a, w1}, 2, NULL));
         TRY(x = layer_op(im, l, "resid1", KILN_OP_ADD, (int[]){x, o}, 2, NULL));
 
@@ -665,14 +745,17 @@ static kiln_status import_with(importer *im, kiln_dtype weight_dtype) {
             continue;
         }
         int gt, up, m;
-        TRY(w1 = proj_weight(im, l, "mlp.gate_proj", F, H));
-        TRY(w2 = proj_weight(im, l, "mlp.up_proj", F, H));
-        TRY(same_format(im, l, (const char *const[]){"mlp.gate_proj", "mlp.up_proj"}, (int[]){w1, w2}, 2));
-        TRY(w3 = proj_weight(im, l, "mlp.down_proj", H, F));
+        static const char *const gu_names[2] = {"mlp.gate_proj", "mlp.up_proj"};
+        TRY(w1 = proj_weight(im, l, gu_names[0], F, H, &pm[0]));
+        TRY(w2 = proj_weight(im, l, gu_names[1], F, H, &pm[1]));
+        TRY(same_format(im, l, gu_names, (int[]){w1, w2}, 2));
+        TRY(h = permuted_input(im, l, h, gu_names, (int[]){w1, w2}, pm, 2, "gate_up_perm"));
+        TRY(w3 = proj_weight(im, l, "mlp.down_proj", H, F, &pm[2]));
         TRY(gt = layer_op(im, l, "gate", KILN_OP_LINEAR, (int[]){h, w1}, 2, NULL));
         TRY(up = layer_op(im, l, "up", KILN_OP_LINEAR, (int[]){h, w2}, 2, NULL));
         TRY(gt = layer_op(im, l, "silu", KILN_OP_SILU, (int[]){gt}, 1, NULL));
         TRY(m = layer_op(im, l, "swiglu", KILN_OP_MUL, (int[]){gt, up}, 2, NULL));
+        if (pm[2] >= 0) TRY(m = layer_op(im, l, "down_perm", KILN_OP_PERMUTE, (int[]){m, pm[2]}, 2, NULL));
         TRY(o = layer_op(im, l, "mlp_out", KILN_OP_LINEAR, (int[]){m, w3}, 2, NULL));
         TRY(x = layer_op(im, l, "resid2", KILN_OP_ADD, (int[]){x, o}, 2, NULL));
     }

@@ -75,7 +75,7 @@ typedef struct kiln_ckpt_quant {
     int bits;                 /* 4, or 8 for FP8 */
     int group_size;           /* 32, 64 or 128; 0 for FP8 */
     bool gptq_v2;             /* GPTQ: zeros stored as they are (v1 stores zero - 1) */
-    bool sym, desc_act;       /* GPTQ: as declared (desc_act is accepted only with a trivial g_idx);
+    bool sym, desc_act;       /* GPTQ: as declared (act-order g_idx orders are read either way);
                                  compressed-tensors: sym is weights.symmetric (no zero points) */
     bool fp8;                 /* FP8 E4M3 weights (method FP8, or CT float-quantized) */
     bool fp8_channel;         /* FP8: one scale per output row (CT strategy channel), else one per tensor */

@@ -43,7 +43,7 @@
 
 #define KILN_ENGINE_MAGIC "KILNENG"  /* 8 bytes with the NUL */
 #define KILN_ENGINE_MAJOR 2       /* 2: piecewise section checksums; 1 (XXH64) is still read */
-#define KILN_ENGINE_MINOR 8       /* 1: meta.generation has sampling defaults (do_sample, temperature, top_k,
+#define KILN_ENGINE_MINOR 9       /* 1: meta.generation has sampling defaults (do_sample, temperature, top_k,
                                      top_p), and the chat section (kind 6); 2: the plan section is version 2
                                      (variable ops, keyed attributes with the passes' lowering flags); 3: plans
                                      may hold ops 16-19 (bias_add, moe, all_reduce, all_gather), the flags
@@ -61,7 +61,8 @@
                                      of 2.6 refuses by the plan's version; 8: the projection flag fast_accum
                                      (W8A8 with FP8 fast accumulation), out_fp8 on rmsnorm and the tuning
                                      entries' flag 32, which a reader of 2.7 refuses as unknown flags or
-                                     flags that do not apply */
+                                     flags that do not apply; 9: op 20 (permute, act-order GPTQ) and its i32
+                                     index weight, which a reader of 2.8 refuses naming the op kind */
 #define KILN_ENGINE_HASH_PIECE (16u << 20) /* bytes per checksum piece (format 2) */
 #define KILN_ENGINE_HEADER_SIZE 64
 #define KILN_ENGINE_ENTRY_SIZE 64

@@ -23,6 +23,7 @@ void kiln_graph_free(kiln_graph *g) {
         free(g->values[v].parts);
         free(g->values[v].row_mul);
         free(g->values[v].col_mul);
+        free(g->values[v].owned);
     }
     free(g->values);
     free(g->ops);
@@ -63,6 +64,14 @@ int kiln_ir_weight(kiln_graph *g, const char *name, kiln_dtype dt, int ndim, con
     memcpy(v.shape, shape, (size_t)ndim * sizeof *shape);
     set_name(&v, name);
     return add_value(g, &v, err);
+}
+
+int kiln_ir_weight_owned(kiln_graph *g, const char *name, kiln_dtype dt, int ndim, const int64_t *shape, void *data,
+                         kiln_error *err) {
+    const int id = kiln_ir_weight(g, name, dt, ndim, shape, data, dt, err);
+    if (id < 0) free(data);
+    else g->values[id].owned = data;
+    return id;
 }
 
 int kiln_ir_weight_prequantized(kiln_graph *g, const char *name, kiln_dtype dt, const int64_t shape[2],

@@ -79,6 +79,9 @@ typedef struct kiln_value {
      * a 1-D weight); NULL = 1. Owned by the graph (kiln_ir_weight_scale). */
     float *row_mul, *col_mul;
     int64_t mul_cols;
+    /* weights only: bytes the graph owns (a weight the front end computes, as the act-order permutation:
+     * src points at them; kiln_ir_weight_owned); NULL otherwise */
+    void *owned;
 } kiln_value;
 
 typedef struct kiln_op {
@@ -143,6 +146,10 @@ void kiln_graph_free(kiln_graph *g);
 int kiln_ir_input(kiln_graph *g, const char *name, kiln_dtype dt, int ndim, const int64_t *shape, kiln_error *err);
 int kiln_ir_weight(kiln_graph *g, const char *name, kiln_dtype dt, int ndim, const int64_t *shape,
                    const void *src, kiln_dtype src_dt, kiln_error *err);
+/* A weight whose bytes (`data`, malloc'd, in dtype dt) the front end computed: the graph takes them
+ * (freed with it, or here when adding fails). */
+int kiln_ir_weight_owned(kiln_graph *g, const char *name, kiln_dtype dt, int ndim, const int64_t *shape, void *data,
+                         kiln_error *err);
 /* A [N, K] matrix stored quantized in the checkpoint (`q`: its tensors), of dtype `dt` (q4gG, G the
  * checkpoint's group; fp8 for an FP8 source), named `name` (its qweight / codes tensor's name). */
 int kiln_ir_weight_prequantized(kiln_graph *g, const char *name, kiln_dtype dt, const int64_t shape[2],

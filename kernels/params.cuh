@@ -269,6 +269,14 @@ typedef struct kiln_gather_params {
     int base;           /* the id of src's first row (0 but on a vocabulary-parallel rank) */
 } kiln_gather_params;
 
+/* The permute op (act-order GPTQ's input order): out[m, j] = in[m, perm[j]] for m < M, j < K, elements of
+ * es bytes (2 or 4); perm a permutation of 0..K-1 (checked when the engine is loaded). Kernel:
+ * kiln_gather_cols (util.cuh). */
+typedef struct kiln_gather_cols_params {
+    kiln_dptr in, perm, out; /* [M, K], int32 [K], [M, K] */
+    int M, K, es;
+} kiln_gather_cols_params;
+
 /* Tensor-parallel ranks on one device sum their partial vectors in place of
  * NCCL: out[r][i] = in[0][i] + in[1][i] + ... (rank order, fp32, rounded
  * once) for every rank r, so every rank holds the same bits. Kernel:

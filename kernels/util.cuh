@@ -34,6 +34,22 @@ extern "C" __global__ void __launch_bounds__(128) kiln_gather_rows(const kiln_ga
 }
 
 /*
+ * kiln_gather_cols: the permute op (kiln_gather_cols_params): each row's elements in perm's order.
+ * Launch: grid (ceil(K / 256), min(M, 65535)), block 256 (rows past the grid's in steps of it).
+ */
+extern "C" __global__ void __launch_bounds__(256) kiln_gather_cols(const kiln_gather_cols_params p) {
+    kiln_pdl_wait();
+    const int j = blockIdx.x * 256 + threadIdx.x;
+    if (j >= p.K) return;
+    const int c = ((const int *)p.perm)[j];
+    for (int m = blockIdx.y; m < p.M; m += gridDim.y) {
+        const size_t r = (size_t)m * (size_t)p.K;
+        if (p.es == 2) ((unsigned short *)p.out)[r + j] = ((const unsigned short *)p.in)[r + c];
+        else ((unsigned *)p.out)[r + j] = ((const unsigned *)p.in)[r + c];
+    }
+}
+
+/*
  * kiln_tp_sum: the all-reduce of tensor-parallel ranks that share one
  * device (kiln_tp_sum_params): each element summed over the ranks in rank
  * order in fp32 and written to every rank's output.

@@ -203,6 +203,17 @@ int kiln_pass_tensor_parallel(kiln_graph *g, kiln_error *err) {
             }
             out = s0;
             break;
+        case KILN_OP_PERMUTE: /* act-order GPTQ's input order: every rank permutes the whole input alike */
+            if (s0 != WHOLE) {
+                kiln_err(err, KILN_ERR_UNSUPPORTED, "tensor-parallel: op %d (permute): an act-order GPTQ projection "
+                         "split by its input columns (o_proj, down_proj) reads them in an order that crosses the "
+                         "ranks' slices; that is not built yet", i);
+                kiln_err_hint(err, "compile this checkpoint with --tp 1, or use one quantized without act-order "
+                                   "(desc_act false)");
+                goto out;
+            }
+            out = WHOLE;
+            break;
         case KILN_OP_MOE:
             kiln_err(err, KILN_ERR_UNSUPPORTED, "tensor-parallel: op %d (moe, layer %d): splitting a mixture of "
                      "experts over ranks is not built yet", i, op->attrs.layer);

@@ -519,6 +519,14 @@ kiln_status kiln_cpu_forward(kiln_cpu_ctx *c, const int32_t *tokens, int n, bool
         case KILN_OP_HEAD_RMSNORM: /* each head's vector alone: n x heads rows of head_dim */
             rmsnorm(act(c, in[0]), wt(c, in[1]), act(c, o[0]), n * a->n_heads, a->head_dim, a->eps);
             break;
+        case KILN_OP_PERMUTE: { /* the indices, checked at load (runtime/model.c), as exact floats */
+            const float *x = act(c, in[0]), *pm = wt(c, in[1]);
+            float *z = act(c, o[0]);
+            const int64_t w = width(c, o[0]);
+            for (int64_t t = 0; t < n; t++)
+                for (int64_t k = 0; k < w; k++) z[t * w + k] = x[t * w + (int64_t)pm[k]];
+            break;
+        }
         case KILN_OP_BIAS_ADD: {
             const float *x = act(c, in[0]), *b = wt(c, in[1]);
             float *z = act(c, o[0]);

@@ -61,6 +61,12 @@ kiln_status kiln_model_open_ex(const char *path, int threads, unsigned flags, ki
  * packaged executable's appended engine) or bytes in memory (kiln_engine.h). */
 kiln_status kiln_model_open_src(const kiln_engine_src *src, int threads, unsigned flags, kiln_model **out,
                                 kiln_error *err);
+/* Every weight a permute op of plan p reads (on every rank; `weights` the decoded weights section) holds
+ * a permutation of 0..K-1 with K at most 2^24, so both executors gather within the row (and the CPU's f32
+ * copy of the indices is exact). Opening an engine checks this; KILN_ERR_FORMAT naming the weight and its
+ * first index out of range or repeated otherwise (a damaged or hostile engine). */
+kiln_status kiln_plan_check_permutations(const kiln_plan *p, const uint8_t *weights, const char *path,
+                                         kiln_error *err);
 /* Convert the weights to f32 now (a no-op when done already). */
 kiln_status kiln_model_load_f32(kiln_model *m, kiln_error *err);
 void kiln_model_close(kiln_model *m);

@@ -109,6 +109,33 @@ static kiln_status read_meta(kiln_model *m, const char *path, kiln_error *err) {
 
 static kiln_status convert_f32(kiln_model *m, const char *path, kiln_error *err);
 
+kiln_status kiln_plan_check_permutations(const kiln_plan *p, const uint8_t *weights, const char *path,
+                                         kiln_error *err) {
+    for (uint32_t i = 0; i < p->n_ops; i++) {
+        if (p->ops[i].kind != KILN_OP_PERMUTE) continue;
+        const int32_t wi = p->values[p->ops[i].in[1]].weight; /* the plan checked: an i32 vector weight */
+        for (uint32_t r = 0; r < p->n_ranks; r++) {
+            const kiln_plan_weight *w = &p->weights[r * p->n_weights + (uint32_t)wi];
+            const int64_t k = w->shape[0];
+            if (k > (1 << 24))
+                return kiln_err(err, KILN_ERR_FORMAT, "%s: weight '%s' permutes %lld columns, more than 2^24", path,
+                                w->name, (long long)k);
+            uint8_t *seen = calloc((size_t)k, 1);
+            if (!seen) return kiln_err(err, KILN_ERR_NOMEM, "%s: out of memory", path);
+            for (int64_t j = 0; j < k; j++) {
+                const int32_t v = (int32_t)kiln_rd_u32(weights + w->offset + 4 * (size_t)j);
+                if (v >= 0 && v < k && !seen[v]++) continue;
+                free(seen);
+                kiln_err(err, KILN_ERR_FORMAT, "%s: weight '%s' (op %u, permute): element %lld is %d, %s", path,
+                         w->name, i, (long long)j, v, v < 0 || v >= k ? "outside the row" : "a column already taken");
+                return kiln_err_hint(err, "the engine is damaged: rebuild it with kiln compile");
+            }
+            free(seen);
+        }
+    }
+    return KILN_OK;
+}
+
 static kiln_status load_weights(kiln_model *m, int threads, bool f32, const char *path, kiln_error *err) {
     const kiln_engine_section *s = kiln_engine_find(&m->engine, KILN_SECTION_WEIGHTS);
     if (!s) return kiln_err(err, KILN_ERR_FORMAT, "%s: engine has no weights section", path);
@@ -124,6 +151,7 @@ static kiln_status load_weights(kiln_model *m, int threads, bool f32, const char
     st = kiln_plan_parse(pd, psize, m->weights_size, &m->plan, err);
     if (powned) free((void *)pd);
     if (st != KILN_OK) return kiln_err_prefix(err, "%s: ", path);
+    if ((st = kiln_plan_check_permutations(m->plan, m->weights, path, err)) != KILN_OK) return st;
     return f32 ? convert_f32(m, path, err) : KILN_OK;
 }
 
@@ -139,7 +167,9 @@ static kiln_status convert_f32(kiln_model *m, const char *path, kiln_error *err)
         const uint8_t *src = m->weights + w->offset;
         float *f = malloc(count * sizeof *f);
         if (!f) return kiln_err(err, KILN_ERR_NOMEM, "%s: out of memory converting weight '%s'", path, w->name);
-        if (kiln_dtype_is_quant((int)w->dtype)) { /* quantized: dequantized once, here */
+        if (w->dtype == KILN_DTYPE_I32) { /* a permute op's indices, below 2^24 (check_permutations): exact */
+            for (size_t k = 0; k < count; k++) f[k] = (float)(int32_t)kiln_rd_u32(src + 4 * k);
+        } else if (kiln_dtype_is_quant((int)w->dtype)) { /* quantized: dequantized once, here */
             kiln_dequant_rows((int)w->dtype, src, w->shape[0], w->shape[1], 0, w->shape[0], f);
         } else if (w->dtype == KILN_DTYPE_F32) {
             memcpy(f, src, count * 4);

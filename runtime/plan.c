@@ -56,8 +56,8 @@ static kiln_status check_value(const kiln_plan *p, uint32_t i, kiln_error *err) 
 
 static kiln_status check_weight(const kiln_plan_weight *w, uint32_t i, uint64_t weights_size, kiln_error *err) {
     if (memchr(w->name, 0, sizeof w->name) == NULL) return BAD("weight %u name is not terminated", i);
-    if (w->dtype >= KILN_DTYPE_COUNT_ || w->dtype == KILN_DTYPE_I32 || w->dtype == KILN_DTYPE_I64 ||
-        w->dtype == KILN_DTYPE_F8E4M3)
+    if (w->dtype >= KILN_DTYPE_COUNT_ || w->dtype == KILN_DTYPE_I64 || w->dtype == KILN_DTYPE_F8E4M3 ||
+        (w->dtype == KILN_DTYPE_I32 && w->ndim != 1)) /* i32: a permute op's indices */
         return BAD("weight '%s' has unsupported dtype %u", w->name, w->dtype);
     /* vectors, matrices, and stacks of per-expert matrices [E, rows, cols] */
     if (w->ndim < 1 || w->ndim > 3) return BAD("weight '%s' has %u dimensions", w->name, w->ndim);

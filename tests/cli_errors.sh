@@ -234,10 +234,18 @@ edit_json "$d/config.json" 'd["quantization_config"]["dynamic"] = {"-:.*down_pro
 compile_fails 1 "projection 'model.layers.0.mlp.down_proj' is left unquantized by quantization_config.dynamic rule \"-:.\\*down_proj\", but the checkpoint has no 'model.layers.0.mlp.down_proj.weight'" "$d"
 d=$(mkqckpt q-marlin tiny-mistral-gptq); edit_json "$d/config.json" 'd["quantization_config"]["checkpoint_format"] = "marlin"'
 compile_fails 1 'quantization_config.checkpoint_format" is "marlin"' "$d"
-# act-order: desc_act with a g_idx that permutes the groups (columns 0 and 32 of one projection swapped)
+# act-order: a g_idx that permutes the groups (columns 0 and 32 of up_proj swapped) is read (test_golden:
+# tiny-mistral-gptq-actorder), but gate_proj, which reads the same input, keeps its groups in order
 d=$(mkqckpt q-actorder tiny-mistral-gptq-asym)
 st_rewrite "$d/model.safetensors" 'g = t["model.layers.1.mlp.up_proj.g_idx"][2]; g[0:4], g[128:132] = g[128:132], g[0:4]'
-compile_fails 1 "tensor 'model.layers.1.mlp.up_proj.g_idx' maps input column 0 to group 1.*act-order \(desc_act true\)" "$d"
+compile_fails 1 "'model.layers.1.mlp.gate_proj' and 'model.layers.1.mlp.up_proj' read the same input but their act-order g_idx order its columns in different ways" "$d"
+# a g_idx naming a group past the last, or putting more than group_size columns in one
+d=$(mkqckpt q-gidx-range tiny-mistral-gptq-asym)
+st_rewrite "$d/model.safetensors" 'g = t["model.layers.1.mlp.up_proj.g_idx"][2]; g[20:24] = bytes([99, 0, 0, 0])'
+compile_fails 1 "tensor 'model.layers.1.mlp.up_proj.g_idx' maps input column 5 to group 99: there are groups 0 to 1 only" "$d"
+d=$(mkqckpt q-gidx-count tiny-mistral-gptq-asym)
+st_rewrite "$d/model.safetensors" 'g = t["model.layers.0.self_attn.k_proj.g_idx"][2]; g[160:164] = bytes(4)'
+compile_fails 1 "tensor 'model.layers.0.self_attn.k_proj.g_idx' maps input column 40 to group 0, which already has its 32 columns" "$d"
 # a qweight one row short (the header and data agree, the shape does not fit config.json)
 d=$(mkqckpt q-short tiny-mistral-gptq)
 st_rewrite "$d/model.safetensors" 'w = t["model.layers.0.mlp.down_proj.qweight"]; w[1][0] -= 1; del w[2][-4 * w[1][1]:]'

@@ -274,6 +274,47 @@ static void check_quant_checkpoint(const char *name) { check_quant_checkpoint_as
 static void test_awq_checkpoint(void) { check_quant_checkpoint("tiny-mistral-awq"); }
 static void test_gptq_checkpoint_sym(void) { check_quant_checkpoint("tiny-mistral-gptq"); }
 static void test_gptq_checkpoint_asym_desc_act(void) { check_quant_checkpoint("tiny-mistral-gptq-asym"); }
+/* act-order: permuting g_idx, so each projection's columns are sorted by group and its input permuted
+ * (one permute op per input: q/k/v's, o_proj's but in layer 1, gate/up's, down_proj's: 7), and opening an
+ * engine refuses a permute weight that is not a permutation */
+static void test_gptq_checkpoint_act_order(void) {
+    check_quant_checkpoint("tiny-mistral-gptq-actorder");
+    char out[512];
+    snprintf(out, sizeof out, "%s/actorder.kiln", tmpdir);
+    KT_REQUIRE(compile_to(src_path("tests/data/tiny-mistral-gptq-actorder"), NULL, out, KILN_DTYPE_COUNT_) == KILN_OK);
+    kiln_model *m = NULL;
+    kiln_error err = {0};
+    KT_REQUIRE(kiln_model_open(out, 1, &m, &err) == KILN_OK);
+    const kiln_plan *p = m->plan;
+    int n_perm = 0;
+    const kiln_plan_weight *w = NULL;
+    for (uint32_t i = 0; i < p->n_ops; i++)
+        if (p->ops[i].kind == KILN_OP_PERMUTE) {
+            n_perm++;
+            w = &p->weights[p->values[p->ops[i].in[1]].weight];
+        }
+    KT_EQ_INT(n_perm, 7);
+    KT_REQUIRE(w != NULL && w->dtype == KILN_DTYPE_I32);
+    KT_CONTAINS(w->name, "g_idx");
+    uint8_t *copy = malloc(m->weights_size);
+    KT_REQUIRE(copy != NULL);
+    memcpy(copy, m->weights, m->weights_size);
+    KT_EQ_INT(kiln_plan_check_permutations(p, copy, "x.kiln", &err), KILN_OK);
+    uint8_t *idx = copy + w->offset;
+    memcpy(idx + 4, idx, 4); /* index 1 = index 0: a column taken twice */
+    KT_EQ_INT(kiln_plan_check_permutations(p, copy, "x.kiln", &err), KILN_ERR_FORMAT);
+    KT_CONTAINS(err.msg, "element 1 is");
+    KT_CONTAINS(err.msg, "a column already taken");
+    kiln_wr_u32(idx + 4, (uint32_t)w->shape[0]); /* past the row */
+    KT_EQ_INT(kiln_plan_check_permutations(p, copy, "x.kiln", &err), KILN_ERR_FORMAT);
+    KT_CONTAINS(err.msg, "outside the row");
+    kiln_wr_u32(idx + 4, 0xFFFFFFFFu); /* -1 */
+    KT_EQ_INT(kiln_plan_check_permutations(p, copy, "x.kiln", &err), KILN_ERR_FORMAT);
+    KT_CONTAINS(err.msg, "is -1, outside the row");
+    free(copy);
+    kiln_model_close(m);
+    unlink(out);
+}
 static void test_gptq_v2_checkpoint(void) { check_quant_checkpoint("tiny-mistral-gptq-v2"); }
 /* GPTQModel's dynamic map (make_quant_ckpt_goldens.py DYNAMIC): layer 0's q/k/v/o read dense (bf16), layer
  * 1's MLP in groups of 64, the rest in groups of 32; against HF on the dense dequantized model, with
@@ -759,6 +800,7 @@ int main(void) {
     KT_RUN(test_awq_checkpoint);
     KT_RUN(test_gptq_checkpoint_sym);
     KT_RUN(test_gptq_checkpoint_asym_desc_act);
+    KT_RUN(test_gptq_checkpoint_act_order);
     KT_RUN(test_gptq_v2_checkpoint);
     KT_RUN(test_gptq_dynamic_checkpoint);
     KT_RUN(test_ct_checkpoint_sym);

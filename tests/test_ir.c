@@ -94,7 +94,25 @@ static void test_builder_infers_and_rejects_shapes(void) {
     /* rope with an odd head_dim is refused */
     kiln_op_attrs r = {.n_heads = 1, .head_dim = 3, .rope_theta = 10000};
     KT_EQ_INT(kiln_ir_op1(g, KILN_OP_ROPE, (int[]){h, g->positions}, 2, &r, "r", &err), -1);
-    kiln_graph_free(g);
+    /* permute: an i32 vector of the input's width, owned by the graph; f32 indices or another length refused */
+    const int64_t hw = g->values[h].shape[2], hw1 = hw - 1;
+    int32_t *order = malloc((size_t)hw * sizeof *order);
+    KT_REQUIRE(order != NULL);
+    for (int64_t i = 0; i < hw; i++) order[i] = (int32_t)(hw - 1 - i);
+    int pw = kiln_ir_weight_owned(g, "order", KILN_DTYPE_I32, 1, &hw, order, &err);
+    KT_REQUIRE(pw >= 0);
+    int y = kiln_ir_op1(g, KILN_OP_PERMUTE, (int[]){h, pw}, 2, NULL, "p", &err);
+    KT_REQUIRE(y >= 0);
+    KT_EQ_INT(g->values[y].shape[2], hw);
+    static float fidx[64];
+    int fw = kiln_ir_weight(g, "fidx", KILN_DTYPE_F32, 1, &hw, fidx, KILN_DTYPE_F32, &err);
+    KT_EQ_INT(kiln_ir_op1(g, KILN_OP_PERMUTE, (int[]){h, fw}, 2, NULL, "p2", &err), -1);
+    KT_CONTAINS(err.msg, "permute: fidx must be an i32 vector");
+    int32_t *shorter = calloc((size_t)hw1, sizeof *shorter);
+    int sw = kiln_ir_weight_owned(g, "short", KILN_DTYPE_I32, 1, &hw1, shorter, &err);
+    KT_EQ_INT(kiln_ir_op1(g, KILN_OP_PERMUTE, (int[]){h, sw}, 2, NULL, "p3", &err), -1);
+    KT_CONTAINS(err.msg, "short must be an i32 vector");
+    kiln_graph_free(g); /* frees order and shorter */
 }
 
 static void test_verifier_catches_broken_graphs(void) {

@@ -105,6 +105,7 @@ typedef struct cx_dw {
     int src;             /* plan weight index */
     int64_t rows, cols;  /* device shape (a vector is one row) */
     int qt;              /* quantized (q8, q4g*) and uploaded as stored, for the GEMV; 0 = dense */
+    bool idx;            /* i32 indices (a permute op's), uploaded as stored */
     uint64_t offset;     /* in the device weights buffer, 256-aligned */
     bool gscales;        /* fp8g128 for W8A8: its scales also group-major ([groups][rows], cuBLASLt's VEC128_32F) */
     uint64_t gs_offset;  /* ... at this offset of the weights buffer, filled at load (kiln_transpose_f32) */
@@ -151,13 +152,13 @@ typedef struct cx_moe {
     kiln_gemv_cfg cg_gu, cg_down;
 } cx_moe;
 
-typedef enum { I_EMBED, I_NORM, I_COPY, I_QKV, I_ATTN, I_GEMM, I_LMHEAD, I_MOE, I_COLL } cx_ikind;
+typedef enum { I_EMBED, I_NORM, I_COPY, I_QKV, I_ATTN, I_GEMM, I_LMHEAD, I_MOE, I_COLL, I_PERM } cx_ikind;
 
 typedef struct cx_inst {
     cx_ikind kind;
     int op;         /* plan op, for messages */
     int x, y, res;  /* buffer ids (-1 = none) */
-    int dw;         /* EMBED table, NORM weight */
+    int dw;         /* EMBED table, NORM weight, PERM indices */
     int dw_bias, dw_qn, dw_kn; /* QKV: its packed bias and q/k norm weights (+qkv_bias, +qk_norm), -1 = none */
     int dw_kvs;                /* QKV, ATTN: the layer's kv_scale (an 8-bit KV cache), -1 = none */
     int layer;      /* QKV, ATTN */
@@ -173,7 +174,7 @@ typedef struct cx_inst {
     bool merge;     /* ATTN: +merge_splits */
     float eps;      /* NORM */
     kiln_op_attrs rope; /* ATTN: its qkv_rope op's attributes (the rope constants, for the fused path) */
-    int width;      /* COPY, COLL: elements per row */
+    int width;      /* COPY, COLL, PERM: elements per row */
     int base;       /* EMBED: the first id of this rank's rows of the table (vocabulary-parallel) */
     bool gather;    /* COLL: all_gather of the logits (else all_reduce of x into y) */
     bool part;      /* LMHEAD: this rank's slice of the vocabulary, into logits_part (an all_gather follows) */
@@ -221,7 +222,7 @@ typedef struct cx {
     int hidden, n_heads, n_kv, head_dim, vocab, n_layers, block_size, ffn_max;
     int max_rows; /* token rows of every activation buffer: the step budget */
     int free_window; /* window that lets KV blocks go (0 = keep all) */
-    CUfunction f_gather, f_sample, f_rope, f_dequant;
+    CUfunction f_gather, f_gather_cols, f_sample, f_rope, f_dequant;
     CUfunction f_act8;  /* kiln_act_fp8 (W8A8's per-token activations), when w8a8 */
     CUfunction f_act8g; /* kiln_act_fp8g and kiln_transpose_f32 (fp8g128's W8A8: scales per 128 columns), */
     CUfunction f_gt;    /* when the engine has them */
@@ -413,13 +414,14 @@ static int dw_add(cx *x, int src, bool dense, kiln_error *err) {
     }
     int64_t rows = 1; /* a stack of matrices (the experts' [E, N, K]) is E x N rows */
     for (uint32_t d = 0; d + 1 < w->ndim; d++) rows *= w->shape[d];
-    x->dw[x->n_dw] = (cx_dw){.src = src, .rows = rows, .cols = w->shape[w->ndim - 1], .qt = qt};
+    x->dw[x->n_dw] = (cx_dw){.src = src, .rows = rows, .cols = w->shape[w->ndim - 1], .qt = qt,
+                             .idx = w->dtype == KILN_DTYPE_I32};
     return x->n_dw++;
 }
 
 static int64_t dw_bytes(const cx *x, const cx_dw *d) {
     if (d->qt) return (int64_t)kiln_weight_nbytes(d->qt, 2, (const int64_t[]){d->rows, d->cols});
-    return d->rows * d->cols * x->es;
+    return d->rows * d->cols * (d->idx ? 4 : x->es);
 }
 
 /* Room for one more upload piece in *pc (n used of *cap), or NULL when memory ran out. */
@@ -447,7 +449,7 @@ static kiln_status upload_weights(cx *x, int threads, kiln_error *err) {
     for (int i = 0; i < x->n_dw; i++) {
         const cx_dw *d = &x->dw[i];
         const kiln_plan_weight *w = &x->pw[d->src];
-        if (d->qt) { /* the codes, then the scales (and minimums) */
+        if (d->qt || d->idx) { /* the codes, then the scales (and minimums); or indices */
             const int64_t total = dw_bytes(x, d);
             for (int64_t b0 = 0; b0 < total; b0 += CX_UPLOAD_PIECE) {
                 if (!(q = piece_new(&pc, &n, &cap))) goto nomem;
@@ -1005,6 +1007,18 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             kiln_err_hint(err, "compile the engine with the default passes (fuse-qkv-rope), or run it on the CPU "
                                "(--device cpu)");
             goto out;
+        case KILN_OP_PERMUTE: /* act-order GPTQ: the projection after it reads its input in this order */
+            if (vb[in[0]] < 0) {
+                st = unsupported_op(x, i, "its input is not an activation this executor holds", err);
+                goto out;
+            }
+            if (!(ins = emit(x, I_PERM, (int)i, err))) goto nomem;
+            if ((st = value_weight(x, in[1], true, &ins->dw, err))) goto out;
+            ins->x = vb[in[0]];
+            ins->width = (int)vwidth(p, o[0]);
+            if ((st = value_buf(x, vb, o[0], err))) goto out;
+            ins->y = vb[o[0]];
+            break;
         case KILN_OP_MOE: /* the experts of Mixtral and Qwen3-MoE: y = sum of the chosen experts' SwiGLU MLPs */
             if (!(ins = emit(x, I_MOE, (int)i, err))) goto nomem;
             if ((st = moe_setup(x, op, &ins->moe, err))) goto out;
@@ -1542,6 +1556,12 @@ static kiln_status run_range(cx *x, const cx_shape *sh, int from, int *stop, kil
             break;
         }
         case I_MOE: st = run_moe(x, in, sh, err); break;
+        case I_PERM: {
+            kiln_gather_cols_params gp = {bufp(x, in->x), dwp(x, in->dw), bufp(x, in->y), T, in->width, x->es};
+            st = launch(x, x->f_gather_cols, (unsigned)((in->width + 255) / 256), (unsigned)(T < 65535 ? T : 65535), 1,
+                        256, 0, &gp, "kiln_gather_cols (permute)", err);
+            break;
+        }
         case I_LMHEAD: {
             CUdeviceptr src = bufp(x, in->x);
             if (!sh->decode) {
@@ -1602,6 +1622,7 @@ static void prof_cost(const cx *x, int i, const cx_shape *sh, double ctx, double
     case I_EMBED: *bytes = 2 * T * H * es; break;
     case I_NORM: *bytes = (in->x >= 0 ? 3 : 2) * T * H * es + H * es; *flops = 4 * T * H; break;
     case I_COPY: *bytes = 2 * T * in->width * es; break;
+    case I_PERM: *bytes = 2 * T * in->width * es + in->width * 4.0; break;
     case I_QKV: /* the GEMM; the rope_kv part is counted in prof_add */
     case I_GEMM:
     case I_LMHEAD: {
@@ -1675,7 +1696,7 @@ static void prof_add(cx *x, const kiln_step *s, const cx_shape *sh) {
     }
 }
 
-static const char *const ikind_names[] = {"embed", "norm", "copy", "qkv", "attn", "gemm", "lm_head", "moe", "coll"};
+static const char *const ikind_names[] = {"embed", "norm", "copy", "qkv", "attn", "gemm", "lm_head", "moe", "coll", "permute"};
 
 /* Name the rows once the program exists. */
 static void prof_name(cx *x) {
@@ -2763,6 +2784,7 @@ static kiln_status cx_new(const kiln_model *m, const kiln_cuda_exec_opts *o, int
     /* modules, stream, cuBLASLt */
     if ((st = load_modules(x, err))) goto fail;
     if ((st = fn_get(x, "util", "kiln_gather_rows", &x->f_gather, NULL, err)) ||
+        (st = fn_get(x, "util", "kiln_gather_cols", &x->f_gather_cols, NULL, err)) ||
         (st = fn_get(x, "sample", "kiln_sample", &x->f_sample, NULL, err)) ||
         (x->n_ranks > 1 && ((st = fn_get(x, "util", "kiln_tp_sum", &x->f_tp_sum, NULL, err)) ||
                             (st = fn_get(x, "util", "kiln_tp_oneshot", &x->f_tp_oneshot, NULL, err)))))

@@ -21,6 +21,12 @@ from kiln):
                                      (bf16 .weight as in tiny-mistral), layer 1's MLP in groups of 64,
                                      a rule that changes nothing for the down_proj it matches after;
                                      which rule decides a module is Python's re.match here, in map order
+  tests/data/tiny-mistral-gptq-actorder  GPTQ v1, asymmetric, desc_act true with permuting g_idx (ACT_ORDER
+                                     below): each projection's input columns are taken in a random
+                                     order (one per input, as GPTQ orders columns by the Hessian of that
+                                     input: q/k/v share one, gate/up one), each run of 32 in that order
+                                     is a group, g_idx[order[j]] = j // 32, and qweight stays in the
+                                     checkpoint's column order; layer 1's o_proj keeps groups in order
   tests/data/tiny-mistral-ct         compressed-tensors "pack-quantized" (llm-compressor's W4A16),
                                      symmetric: weight_packed [out, in/8], nibble i of word [r, j] =
                                      signed code of column 8j + i, plus 8 (pack_to_int32); weight_scale
@@ -107,7 +113,29 @@ CHECKPOINTS = [
     ("tiny-mistral-ct", "ct", True, "bf16", False, [mg.ID_PROMPTS[0], mg.ID_PROMPTS[2]]),
     ("tiny-mistral-ct-asym", "ct", False, "f16", False, mg.ID_PROMPTS[1:]),
     ("tiny-mistral-gptq-dynamic", "gptq", False, "gptq", False, mg.ID_PROMPTS[1:]),
+    ("tiny-mistral-gptq-actorder", "gptq", False, "gptq", True, mg.ID_PROMPTS[1:]),
 ]
+# Act-order checkpoints: the seed of each projection's column order, by the input it reads (projections of
+# one input share it); a module not listed keeps its groups in column order.
+ACT_ORDER = {
+    "tiny-mistral-gptq-actorder": {
+        "self_attn.q_proj": "attn_in", "self_attn.k_proj": "attn_in", "self_attn.v_proj": "attn_in",
+        "self_attn.o_proj": "o_in", "mlp.gate_proj": "mlp_in", "mlp.up_proj": "mlp_in", "mlp.down_proj": "down_in",
+    },
+}
+ACT_ORDER_KEEP = {"tiny-mistral-gptq-actorder": {"model.layers.1.self_attn.o_proj"}}
+
+
+def act_order(name, base, k):
+    """The column order GPTQ's act-order would quantize projection `base` of checkpoint `name` in (a
+    permutation of range(k), one per layer and input), or None for groups in column order."""
+    table = ACT_ORDER.get(name)
+    if not table or base in ACT_ORDER_KEEP.get(name, ()):
+        return None
+    layer, proj = base.split(".")[2], ".".join(base.split(".")[3:])
+    key = "%s/%s/%s" % (name, layer, table[proj])
+    rng = np.random.default_rng(int.from_bytes(key.encode(), "little") % (1 << 63))
+    return rng.permutation(k)
 # GPTQModel's dynamic map of tiny-mistral-gptq-dynamic: "-:" rules leave modules unquantized, the others
 # ("+:" or none) override the base's settings; the first rule whose pattern matches the module's name
 # (re.match) decides (GPTQModel's and vLLM's get_dynamic_override)
@@ -175,8 +203,9 @@ def pack_cols(a):
     return out.view(np.int32)
 
 
-def pack(fmt, ckfmt, q, z, s, sym=False, group=GROUP):
-    """The checkpoint tensors of one projection (suffix -> numpy array or torch tensor)."""
+def pack(fmt, ckfmt, q, z, s, sym=False, group=GROUP, g_idx=None):
+    """The checkpoint tensors of one projection (suffix -> numpy array or torch tensor); GPTQ's g_idx
+    i // group unless given."""
     n, k = q.shape
     if fmt == "ct":  # compressed-tensors pack_to_int32: stored = signed + 8 = these unsigned nibbles
         t = {"weight_packed": pack_rows(q),  # [out, in/8] along in
@@ -192,7 +221,8 @@ def pack(fmt, ckfmt, q, z, s, sym=False, group=GROUP):
     stored = z.T - (1 if ckfmt == "gptq" else 0)  # v1 stores zero - 1
     mg.check(stored.min() >= 0, "GPTQ v1 with a zero of 0 (stored as -1) is not a case this writes")
     return {"qweight": pack_cols(np.ascontiguousarray(q.T)), "qzeros": pack_rows(stored),
-            "scales": np.ascontiguousarray(s.T), "g_idx": (np.arange(k) // group).astype(np.int32)}
+            "scales": np.ascontiguousarray(s.T),
+            "g_idx": (np.arange(k) // group if g_idx is None else g_idx).astype(np.int32)}
 
 
 def unpack_dequant(fmt, ckfmt, t):
@@ -259,8 +289,18 @@ def make_one(name, fmt, sym, ckfmt, desc_act, prompts):
             dense[k] = v.float()
             continue
         ct = fmt == "ct"
-        q, z, s = quantize(v.float().numpy(), sym, ckfmt if ct else "f16", zero_in_range=ct, group=group)
-        t = pack(fmt, ckfmt, q, z, s, sym, group)
+        wv = v.float().numpy()
+        order = act_order(name, base, wv.shape[1])
+        g_idx = None
+        if order is not None:  # act-order: groups of `group` columns in that order, codes in column order
+            qp, z, s = quantize(wv[:, order], sym, "f16", group=group)
+            q = np.empty_like(qp)
+            q[:, order] = qp
+            g_idx = np.empty(wv.shape[1], dtype=np.int64)
+            g_idx[order] = np.arange(wv.shape[1]) // group
+        else:
+            q, z, s = quantize(wv, sym, ckfmt if ct else "f16", zero_in_range=ct, group=group)
+        t = pack(fmt, ckfmt, q, z, s, sym, group, g_idx)
         w, q2, z2 = unpack_dequant(fmt, ckfmt, t)
         mg.check(np.array_equal(q2, q) and np.array_equal(z2, z), "%s %s: unpack != pack" % (name, k))
         for suffix, a in t.items():
