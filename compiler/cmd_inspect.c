@@ -433,7 +433,8 @@ static void dtype_names(unsigned set, char *out, size_t cap) {
     }
 }
 
-/* The weights' real dtypes from the plan: "bf16 (matrices), f32 (norms)", or one name when all agree. */
+/* The weights' real dtypes from the plan: "bf16 (matrices), f32 (norms)" (and "i32 (input orders)": act-order
+ * permutations), or one name when all agree. */
 static void weights_dtype(const kiln_plan *p, char *out, size_t cap) {
     unsigned mat = 0, vec = 0; /* a bit per dtype */
     for (uint32_t i = 0; i < p->n_weights; i++) {
@@ -449,8 +450,9 @@ static void weights_dtype(const kiln_plan *p, char *out, size_t cap) {
     }
     dtype_names(mat, out, cap);
     snprintf(out + strlen(out), cap - strlen(out), " (matrices), ");
-    dtype_names(vec, out, cap);
-    snprintf(out + strlen(out), cap - strlen(out), " (norms)");
+    const unsigned idx = vec & 1u << KILN_DTYPE_I32; /* a permute op's indices (act-order GPTQ) */
+    dtype_names(vec & ~idx, out, cap);
+    snprintf(out + strlen(out), cap - strlen(out), " (norms)%s", idx ? ", i32 (input orders)" : "");
 }
 
 /* "1 (<s>)" for an id, with its token when there is a tokenizer. */
