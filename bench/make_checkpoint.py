@@ -36,6 +36,15 @@ max|w| / 448 and the codes torch's float8_e4m3fn cast of w / scale, with
 quantization_config {"quant_method": "fp8", "fmt": "e4m3",
 "activation_scheme": "dynamic", "weight_block_size": [BN, 128]}.
 
+With --gptq G the projections are written as a GPTQ v1 checkpoint
+(AutoGPTQ/GPTQModel's layout: <proj>.qweight I32 [in/8, out], .qzeros I32
+[in/G, out/8], .scales F16 [in/G, out], .g_idx I32 [in]) of random codes,
+zeros and scales (about normal(0, 0.02)'s spread), asymmetric, groups of G;
+with --act-order too, desc_act true and each input's columns grouped in a
+random order (g_idx[order[j]] = j // G, q/k/v sharing one order and gate/up
+one, as GPTQ orders a layer's columns by the Hessian of its input). For
+speed runs only: the codes are not a quantization of anything.
+
 Usage:
   python3 bench/make_checkpoint.py --arch mistral-7b --out /tmp/mistral-7b
   python3 bench/make_checkpoint.py --arch llama-3.1-8b --layers 4 --out /tmp/llama-4l
@@ -279,9 +288,16 @@ def main(argv=None):
     ap.add_argument("--writers", type=int, default=3, help="shard-writing threads")
     ap.add_argument("--fp8-block", type=int, default=0, metavar="BN",
                     help="write the projections as block FP8 with blocks of BN rows and 128 columns")
+    ap.add_argument("--gptq", type=int, default=0, metavar="G", choices=[0, 32, 64, 128],
+                    help="write the projections as random GPTQ v1 4-bit groups of G columns")
+    ap.add_argument("--act-order", action="store_true", help="with --gptq: desc_act true, permuting g_idx")
     a = ap.parse_args(argv)
     if a.fp8_block < 0:
         ap.error("--fp8-block must be positive")
+    if a.act_order and not a.gptq:
+        ap.error("--act-order needs --gptq")
+    if a.gptq and a.fp8_block:
+        ap.error("--gptq and --fp8-block: one format at a time")
     if a.layers is not None and a.layers < 1:
         ap.error("--layers must be >= 1")
     if a.writers < 1:
@@ -309,6 +325,14 @@ def main(argv=None):
         for name, shape, _ in plan:
             if is_proj(name) and (shape[0] % bn or shape[1] % 128):
                 ap.error(f"--fp8-block {bn}: {name} {list(shape)} is not whole blocks of {bn} x 128")
+    G = a.gptq
+    if G:
+        cfg["quantization_config"] = {"bits": 4, "checkpoint_format": "gptq", "damp_percent": 0.01,
+                                      "desc_act": a.act_order, "group_size": G, "quant_method": "gptq",
+                                      "static_groups": False, "sym": False, "true_sequential": True}
+        for name, shape, _ in plan:
+            if is_proj(name) and (shape[0] % 8 or shape[1] % G):
+                ap.error(f"--gptq {G}: {name} {list(shape)} is not whole words of 8 rows and groups of {G}")
     esize = torch.empty((), dtype=dtype).element_size()
     shards = split_shards(plan, esize, shard_size)
     n = len(shards)
@@ -340,6 +364,29 @@ def main(argv=None):
         q = (b / s[:, None, :, None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
         return q.reshape(n, k), s
 
+    orders = {}  # (layer, input) -> the act-order column order its projections share
+
+    def gptq(name, shape):
+        """random GPTQ v1 tensors of projection `name` [out, in] (suffix -> tensor)"""
+        n, k = shape
+        words = lambda *sh: torch.randint(-2**31, 2**31, sh, dtype=torch.int64, device=dev,
+                                          generator=gen).to(torch.int32)
+        t = {"qweight": words(k // 8, n), "qzeros": words(k // G, n // 8),
+             "scales": (torch.rand((k // G, n), device=dev, generator=gen) * 0.004 + 0.002).half()}
+        g_idx = torch.arange(k, device=dev, dtype=torch.int32) // G
+        if a.act_order:
+            parts = name.split(".")
+            proj = parts[4]
+            inp = {"q_proj": "attn", "k_proj": "attn", "v_proj": "attn", "gate_proj": "mlp", "up_proj": "mlp"}
+            key = (parts[2], inp.get(proj, proj))
+            if key not in orders:
+                orders[key] = torch.randperm(k, device=dev, generator=gen)
+            g = torch.empty(k, dtype=torch.int32, device=dev)
+            g[orders[key]] = g_idx
+            g_idx = g
+        t["g_idx"] = g_idx
+        return {name[:-len("weight")] + sfx: v.cpu() for sfx, v in t.items()}
+
     def write_shard(tensors, path):
         save_file(tensors, path, {"format": "pt"})
         os.chmod(path, 0o644)  # safetensors creates 0600; save_pretrained's files are 0644
@@ -349,6 +396,11 @@ def main(argv=None):
         for shard, fname in zip(shards, names):
             tensors = {}
             for name, shape, kind in shard:
+                if G and is_proj(name):
+                    for tn, tv in gptq(name, shape).items():
+                        tensors[tn] = tv
+                        weight_map[tn] = fname
+                    continue
                 t = draw(shape, kind)
                 if bn and is_proj(name):
                     t, sc = fp8_block(t)
@@ -375,7 +427,8 @@ def main(argv=None):
         json.dump({"generator": "bench/make_checkpoint.py", "arch": a.arch, "layers": cfg["num_hidden_layers"],
                    "seed": a.seed, "matrix": f"normal(0, {WEIGHT_STD})", "norm": f"normal(1, {NORM_STD})",
                    "dtype": dtype_name, "device": dev, "torch": torch.__version__,
-                   "fp8_block": [bn, 128] if bn else None}, f, indent=2)
+                   "fp8_block": [bn, 128] if bn else None, "gptq": G or None, "act_order": a.act_order},
+                  f, indent=2)
         f.write("\n")
     secs = time.time() - t0
     print(json.dumps({"checkpoint": os.path.abspath(a.out), "arch": a.arch, "layers": cfg["num_hidden_layers"],

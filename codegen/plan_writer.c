@@ -350,10 +350,22 @@ static uint64_t shard_row_start(const kiln_value *val, int rank, int n_ranks, ui
     }
 }
 
+/* The source row of row r of weight v: its row_perm's (pass fold-permute-into-rows), else r. */
+static int64_t src_row(const kiln_value *v, int64_t r) { return v->row_perm ? v->row_perm[r] : r; }
+
 /* Rank `rank`'s shard of a plain (unpacked) weight: the whole weight when it is not sharded, else
- * its rows (one contiguous run) or the columns of each row. */
+ * its rows (one contiguous run) or the columns of each row; a weight whose rows are permuted (never
+ * sharded: the pass runs on one rank's graph of a quantized checkpoint, which --tp refuses) row by row. */
 static kiln_status write_shard(const kiln_value *val, int rank, int n_ranks, uint8_t *buf, size_t chunk,
                                kiln_engine_writer *w, kiln_error *err) {
+    if (val->row_perm) {
+        if (val->shard != KILN_SHARD_NONE)
+            return kiln_err(err, KILN_ERR_INTERNAL, "weight '%s': permuted rows of a sharded weight", val->name);
+        kiln_status st = KILN_OK;
+        for (int64_t r = 0; r < val->shape[0] && st == KILN_OK; r++)
+            st = write_elements(val, (uint64_t)src_row(val, r) * cols_of(val), cols_of(val), buf, chunk, w, err);
+        return st;
+    }
     if (val->shard == KILN_SHARD_NONE)
         return write_elements(val, 0, weight_bytes(val) / (uint64_t)kiln_dtype_size(val->dtype), buf, chunk, w, err);
     const uint64_t rows = (uint64_t)val->shape[0], cols = cols_of(val);
@@ -381,7 +393,8 @@ static kiln_status write_packed(const kiln_graph *g, const kiln_value *val, int 
     for (uint64_t r = 0; r < rows && st == KILN_OK; r++)
         for (int p = 0; p < val->n_parts && st == KILN_OK; p++) {
             const kiln_value *part = &g->values[val->parts[p]];
-            st = write_elements(part, shard_row_start(part, rank, n_ranks, r), cols, buf, chunk, w, err);
+            st = write_elements(part, shard_row_start(part, rank, n_ranks, (uint64_t)src_row(part, (int64_t)r)), cols,
+                                buf, chunk, w, err);
         }
     return st;
 }
@@ -460,6 +473,7 @@ static void quant_rows(void *arg, int part) {
     for (int64_t r = n * part / j->parts; r < n * (part + 1) / j->parts && st == KILN_OK; r++) {
         int64_t pr;
         const kiln_value *src = row_part(j->g, j->val, r, &pr);
+        pr = src_row(src, pr);
         if (kiln_qsrc_is_fp8(&src->qsrc)) { /* codes copied */
             const int64_t c = kiln_quant_repack_fp8_row(&src->qsrc, k, pr, n, r, j->out);
             if (c >= 0) st = bad_code(src, pr, c, &j->err[part]);

@@ -82,6 +82,10 @@ typedef struct kiln_value {
     /* weights only: bytes the graph owns (a weight the front end computes, as the act-order permutation:
      * src points at them; kiln_ir_weight_owned); NULL otherwise */
     void *owned;
+    /* weights only: row r of this weight is row row_perm[r] of its source (pass fold-permute-into-rows: a
+     * permute after the projections folded into their rows); NULL = in order. Points into another value's
+     * owned bytes (the permute's order). */
+    const int32_t *row_perm;
 } kiln_value;
 
 typedef struct kiln_op {

@@ -33,6 +33,9 @@ static void print_ref(const kiln_graph *g, int v, FILE *f) {
     if (val->kind == KILN_VALUE_WEIGHT)
         fprintf(f, "@%s%s", val->name, val->shard == KILN_SHARD_ROWS ? "{rows/rank}"
                                        : val->shard == KILN_SHARD_COLS ? "{cols/rank}" : "");
+    /* rows in another order (fold-permute-into-rows; packed: its parts') */
+    const bool rp = val->kind == KILN_VALUE_WEIGHT && (val->row_perm || (val->n_parts && g->values[val->parts[0]].row_perm));
+    if (rp) fprintf(f, "{rows permuted}");
     if (val->kind == KILN_VALUE_WEIGHT && q->format != KILN_QSRC_NONE)
         fprintf(f, "{%s from %s}", kiln_dtype_name(val->dtype), q->format == KILN_QSRC_AWQ    ? "awq"
                                                                  : q->format == KILN_QSRC_GPTQ ? "gptq"

@@ -164,6 +164,40 @@ int kiln_pass_fuse_gate_up_swiglu(kiln_graph *g, kiln_error *err) {
     return n;
 }
 
+/* fold-permute-into-rows: permute(silu(linear(h, Wg)) * linear(h, Wu), perm) → the same SwiGLU over Wg and
+ * Wu with their rows in perm's order (row r of each = its row perm[r]): the product is elementwise, so its
+ * elements come out in that order with no gather (act-order GPTQ's down_proj input). Each of m, the silu,
+ * both projections and both weights must have that one reader, and the weights no order yet. */
+int kiln_pass_fold_permute_into_rows(kiln_graph *g, kiln_error *err) {
+    (void)err;
+    int n = 0;
+    for (int i = 0; i < g->n_ops; i++) {
+        const kiln_op *pm = &g->ops[i];
+        if (pm->dead || pm->kind != KILN_OP_PERMUTE) continue;
+        const kiln_value *order = &g->values[pm->in[1]];
+        const kiln_op *mul = producer(g, pm->in[0], KILN_OP_MUL);
+        if (!mul || !order->src || order->dtype != KILN_DTYPE_I32 || kiln_ir_use_count(g, pm->in[0]) != 1) continue;
+        for (int side = 0; side < 2; side++) {
+            const kiln_op *silu = producer(g, mul->in[side], KILN_OP_SILU);
+            const kiln_op *up = producer(g, mul->in[1 - side], KILN_OP_LINEAR);
+            const kiln_op *gate = silu ? producer(g, silu->in[0], KILN_OP_LINEAR) : NULL;
+            if (!gate || !up || gate->in[0] != up->in[0]) continue;
+            kiln_value *wg = &g->values[gate->in[1]], *wu = &g->values[up->in[1]];
+            if (kiln_ir_use_count(g, mul->in[side]) != 1 || kiln_ir_use_count(g, mul->in[1 - side]) != 1 ||
+                kiln_ir_use_count(g, silu->in[0]) != 1 || kiln_ir_use_count(g, gate->in[1]) != 1 ||
+                kiln_ir_use_count(g, up->in[1]) != 1 || wg == wu || wg->row_perm || wu->row_perm || wg->n_parts ||
+                wu->n_parts)
+                continue;
+            wg->row_perm = wu->row_perm = (const int32_t *)order->src;
+            kiln_ir_replace_uses(g, pm->out[0], pm->in[0]);
+            g->ops[i].dead = true;
+            n++;
+            break;
+        }
+    }
+    return n;
+}
+
 /* fuse-linear-residual: (s, y) = add_rmsnorm(linear(h, W), r, w) → s = linear_add(h, W, r); y = rmsnorm(s, w).
  * The projection adds its product into the residual stream itself (o_proj and down_proj), so the norm
  * after it has nothing to add. Runs dce first, so that ops earlier fusions replaced do not count as readers. */

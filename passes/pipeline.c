@@ -8,6 +8,9 @@
 
 /* Every pass, in the default pipeline's order; `--passes` runs the ones it names in the order given. */
 static const kiln_pass pipeline[] = {
+    {"fold-permute-into-rows", "permute(silu(gate(x)) * up(x)) → the same over gate's and up's rows in that order "
+                               "(act-order GPTQ's down_proj input: no gather)",
+     kiln_pass_fold_permute_into_rows, true, false},
     {"fuse-add-rmsnorm", "residual add followed by RMSNorm → add_rmsnorm (both results)", kiln_pass_fuse_add_rmsnorm,
      true, false},
     {"fuse-qkv-rope", "q/k/v projections of one input + RoPE on q and k → qkv_rope", kiln_pass_fuse_qkv_rope, true, false},
