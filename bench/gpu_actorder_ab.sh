@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu_actorder_ab.sh — what act-order costs: two random Mistral-7B GPTQ g128 checkpoints
 # (bench/make_checkpoint.py --gptq 128, one with --act-order), compiled by one kiln binary (the
-# act-order one twice: default passes, and without fold-permute-into-rows), $ROUNDS rounds of kiln
+# act-order one twice: default passes, and without fold-permute-into-rows and fold-permute-into-norm,
+# so every permute a gather kernel: "nofold"), $ROUNDS rounds of kiln
 # bench (decode at each of $BATCHES, 128 in / 128 out) alternating the engines within a round, then
 # one --profile at batch 1 of each (the permute rows and the step).
 #     BIN=.carry/bin OUT=$OUT bash bench/gpu_actorder_ab.sh

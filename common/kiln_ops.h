@@ -305,7 +305,12 @@ enum {
      * promoted to fp32 along K; faster, a little less exact: docs/quantization.md): pass
      * w8a8-fast-accum. Without it they promote. The CPU executor accumulates in f32 either way. */
     KILN_FLAG_FP8_FAST = 1u << 11,
-    KILN_FLAG_ALL_ = (1u << 12) - 1
+    /* rmsnorm, add_rmsnorm: the normalised output y comes out in the order of a last input, perm [H] i32 (a
+     * permutation of 0..H-1): y[..., j] = the norm's value at perm[j] (add_rmsnorm's sum keeps its order):
+     * pass fold-permute-into-norm, from the permute an act-order GPTQ projection's input needs. Both
+     * executors do so. */
+    KILN_FLAG_OUT_PERM = 1u << 12,
+    KILN_FLAG_ALL_ = (1u << 13) - 1
 };
 
 /* The most rows a step multiplies through the quantized GEMV by default (the GPU executor's qgemv_max_m,
@@ -375,6 +380,9 @@ int kiln_op_attr_set(kiln_op_attrs *a, uint32_t key, uint32_t val);
  * op kind (common/ops.c). */
 int kiln_op_n_out(kiln_op_kind k);
 int kiln_op_n_in(kiln_op_kind k);
+/* The input of an op of kind k with these flags that is an i32 order of its row (a permutation the
+ * engine's loader checks): permute's perm (1), an +out_perm rmsnorm's (2) or add_rmsnorm's (3); -1 for none. */
+int kiln_op_order_input(kiln_op_kind k, uint32_t flags);
 int kiln_op_n_in_with(kiln_op_kind k, const kiln_op_attrs *a);
 
 /* What shape inference needs to know of a tensor: the IR's values and the

@@ -13,6 +13,7 @@
 int kiln_op_n_in_with(kiln_op_kind k, const kiln_op_attrs *a) {
     int n = kiln_op_n_in(k);
     if (n >= 0 && a && k == KILN_OP_ATTENTION && (a->flags & (KILN_FLAG_KV_FP8 | KILN_FLAG_KV_INT8))) return n + 1;
+    if (n >= 0 && a && (k == KILN_OP_RMSNORM || k == KILN_OP_ADD_RMSNORM) && (a->flags & KILN_FLAG_OUT_PERM)) return n + 1;
     if (n < 0 || !a || (k != KILN_OP_QKV_ROPE && k != KILN_OP_QKV_ROPE_PACKED)) return n;
     if (a->flags & KILN_FLAG_QKV_BIAS) n += k == KILN_OP_QKV_ROPE ? 3 : 1;
     if (a->flags & KILN_FLAG_QK_NORM) n += 2;
@@ -108,6 +109,20 @@ static int is_vector_weight(const kiln_tensor_desc *d, int64_t n) {
            (d->dtype == KILN_DTYPE_F32 || d->dtype == KILN_DTYPE_F16 || d->dtype == KILN_DTYPE_BF16);
 }
 
+/* A norm's +out_perm order (its last input, `d`, present when the flag is): an i32 vector of the width h, and
+ * the output then written by the norm itself (not folded into a GEMV, not as E4M3 codes). */
+static bool check_out_perm(const char *opn, const kiln_op_attrs *a, const kiln_tensor_desc *d, int64_t h,
+                           kiln_error *err) {
+    if (!(a->flags & KILN_FLAG_OUT_PERM)) return true;
+    if (a->flags & (KILN_FLAG_FOLD_INTO_GEMV | KILN_FLAG_OUT_FP8)) {
+        BAD("%s: +out_perm writes its output itself: it does not go with +fold_into_gemv or +out_fp8", opn);
+        return false;
+    }
+    if (d->is_weight && d->ndim == 1 && d->shape[0] == h && d->dtype == KILN_DTYPE_I32) return true;
+    BAD("%s: +out_perm's order %s must be an i32 vector of %lld indices", opn, nm(d), (long long)h);
+    return false;
+}
+
 /* The optional inputs of qkv_rope (from `ex`: bq, bk, bv or the packed bqkv, then q_norm, k_norm), as
  * the op's flags say it carries them. */
 static int check_qkv_extras(const char *opn, const kiln_tensor_desc *ex, const kiln_op_attrs *a, int64_t nq,
@@ -172,6 +187,7 @@ int kiln_op_infer(kiln_op_kind kind, const kiln_tensor_desc *in, int n_in, const
     case KILN_OP_RMSNORM:
         if (w0 < 0) return BAD("rmsnorm: input %%%d is not an activation", in[0].id);
         if (!check_norm_weight(opn, &in[1], w0, a->eps, err)) return KILN_ERR_VERIFY;
+        if (!check_out_perm(opn, a, &in[2], w0, err)) return KILN_ERR_VERIFY;
         make_act(&out[0], w0);
         return KILN_OK;
     case KILN_OP_HEAD_RMSNORM:
@@ -247,6 +263,7 @@ int kiln_op_infer(kiln_op_kind kind, const kiln_tensor_desc *in, int n_in, const
     case KILN_OP_ADD_RMSNORM:
         if (w0 < 0 || w0 != act_width(&in[1])) return BAD("add_rmsnorm: inputs must be activations of one width");
         if (!check_norm_weight(opn, &in[2], w0, a->eps, err)) return KILN_ERR_VERIFY;
+        if (!check_out_perm(opn, a, &in[3], w0, err)) return KILN_ERR_VERIFY;
         make_act(&out[0], w0);
         make_act(&out[1], w0);
         return KILN_OK;

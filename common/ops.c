@@ -36,7 +36,8 @@ typedef struct op_info {
 
 static const op_info op_table[KILN_OP_COUNT_] = {
     [KILN_OP_EMBEDDING] = {"embedding", 2, 1, 0, 0, 0},
-    [KILN_OP_RMSNORM] = {"rmsnorm", 2, 1, 0, KILN_FLAG_FOLD_INTO_GEMV | KILN_FLAG_FOLD_ONE_TOKEN | KILN_FLAG_OUT_FP8, 0},
+    [KILN_OP_RMSNORM] = {"rmsnorm", 2, 1, 0,
+                         KILN_FLAG_FOLD_INTO_GEMV | KILN_FLAG_FOLD_ONE_TOKEN | KILN_FLAG_OUT_FP8 | KILN_FLAG_OUT_PERM, 0},
     [KILN_OP_ADD] = {"add", 2, 1, 0, 0, 0},
     [KILN_OP_LINEAR] = {"linear", 2, 1, 1, 0, 0},
     [KILN_OP_ROPE] = {"rope", 2, 1, 0, 0, 0},
@@ -45,7 +46,7 @@ static const op_info op_table[KILN_OP_COUNT_] = {
     [KILN_OP_SILU] = {"silu", 1, 1, 0, 0, 0},
     [KILN_OP_MUL] = {"mul", 2, 1, 0, 0, 0},
     [KILN_OP_LM_HEAD] = {"lm_head", 2, 1, 1, 0, 0},
-    [KILN_OP_ADD_RMSNORM] = {"add_rmsnorm", 3, 2, 0, 0, 1u << 0 | 1u << 1}, /* the sum over either addend */
+    [KILN_OP_ADD_RMSNORM] = {"add_rmsnorm", 3, 2, 0, KILN_FLAG_OUT_PERM, 1u << 0 | 1u << 1}, /* the sum over either addend */
     [KILN_OP_QKV_ROPE] = {"qkv_rope", 5, 3, 3, KILN_FLAG_QKV_BIAS | KILN_FLAG_QK_NORM, 0},
     [KILN_OP_GATE_UP_SWIGLU] = {"gate_up_swiglu", 3, 1, 2, KILN_FLAG_OUT_FP8, 0},
     [KILN_OP_LINEAR_ADD] = {"linear_add", 3, 1, 1, 0, 1u << 2}, /* y over its residual r */
@@ -64,6 +65,12 @@ static const op_info *op_row(kiln_op_kind k) {
 }
 
 int kiln_op_n_in(kiln_op_kind k) { return op_row(k) ? op_row(k)->n_in : -1; }
+int kiln_op_order_input(kiln_op_kind k, uint32_t flags) {
+    if (k == KILN_OP_PERMUTE) return 1;
+    if ((k == KILN_OP_RMSNORM || k == KILN_OP_ADD_RMSNORM) && (flags & KILN_FLAG_OUT_PERM))
+        return k == KILN_OP_RMSNORM ? 2 : 3;
+    return -1;
+}
 int kiln_op_n_out(kiln_op_kind k) { return op_row(k) ? op_row(k)->n_out : 1; }
 int kiln_op_matrices(kiln_op_kind k) { return op_row(k) ? op_row(k)->matrices : 0; }
 uint32_t kiln_op_flags_allowed(kiln_op_kind k) {
@@ -97,6 +104,7 @@ const char *kiln_flag_name(uint32_t bit) {
     case KILN_FLAG_ACT_FP8: return "act_fp8";
     case KILN_FLAG_OUT_FP8: return "out_fp8";
     case KILN_FLAG_FP8_FAST: return "fast_accum";
+    case KILN_FLAG_OUT_PERM: return "out_perm";
     default: return NULL;
     }
 }

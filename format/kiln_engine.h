@@ -61,8 +61,9 @@
                                      of 2.6 refuses by the plan's version; 8: the projection flag fast_accum
                                      (W8A8 with FP8 fast accumulation), out_fp8 on rmsnorm and the tuning
                                      entries' flag 32, which a reader of 2.7 refuses as unknown flags or
-                                     flags that do not apply; 9: op 20 (permute, act-order GPTQ) and its i32
-                                     index weight, which a reader of 2.8 refuses naming the op kind */
+                                     flags that do not apply; 9: op 20 (permute, act-order GPTQ), its i32
+                                     index weight and the norms' flag out_perm, which a reader of 2.8 refuses
+                                     naming the op kind or as an unknown flag */
 #define KILN_ENGINE_HASH_PIECE (16u << 20) /* bytes per checksum piece (format 2) */
 #define KILN_ENGINE_HEADER_SIZE 64
 #define KILN_ENGINE_ENTRY_SIZE 64

@@ -123,6 +123,8 @@ typedef struct kiln_rmsnorm_params {
     int pad_;
     kiln_dptr codes;    /* kiln_rmsnorm_fp8: E4M3 [M, HIDDEN] instead of out, */
     kiln_dptr scales;   /* and f32 [M] (after the fields kiln_rmsnorm reads, which older engines' kernels take) */
+    kiln_dptr perm;     /* +out_perm: int32 [HIDDEN], out[m, j] = the normalised element perm[j] (0 = in order;
+                           kiln_rmsnorm then takes HIDDEN elements of dynamic shared memory) */
 } kiln_rmsnorm_params;
 
 /* RoPE on q and k of a fused QKV projection output, q written out, k and v

@@ -12,6 +12,8 @@
  * Launch: grid (M), block NORM_THREADS, no dynamic shared memory.
  * When HIDDEN % KILN_VEC == 0 rows move in 16-byte chunks kept in registers
  * between the two passes; otherwise a scalar path re-reads the row.
+ * With p.perm (+out_perm) out's element j is the normalised element perm[j]:
+ * the row goes through HIDDEN elements of dynamic shared memory (the launch's).
  */
 #include "common.cuh"
 
@@ -82,10 +84,17 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) kiln_rmsnorm(const ki
     float o[NORM_PER][KILN_VEC];
     kiln_norm_row(p, row, o, scratch);
     kiln_elem *out = (kiln_elem *)p.out + row * HIDDEN;
+    extern __shared__ __align__(16) unsigned char kiln_norm_row_s[];
+    kiln_elem *dst = p.perm ? (kiln_elem *)kiln_norm_row_s : out;
 #pragma unroll
     for (int i = 0; i < NORM_PER; i++) {
         int c = threadIdx.x + i * NORM_THREADS;
-        if (c < NORM_NCH) *(uint4 *)(out + c * KILN_VEC) = kiln_packv(o[i]);
+        if (c < NORM_NCH) *(uint4 *)(dst + c * KILN_VEC) = kiln_packv(o[i]);
+    }
+    if (p.perm) {
+        __syncthreads();
+        const int *pm = (const int *)p.perm;
+        for (int j = threadIdx.x; j < HIDDEN; j += NORM_THREADS) out[j] = dst[pm[j]];
     }
 #else
     kiln_elem *res = (kiln_elem *)p.residual + row * HIDDEN;
@@ -102,8 +111,11 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) kiln_rmsnorm(const ki
         ss = fmaf(a, a, ss);
     }
     const float inv = rsqrtf(kiln_block_sum(ss, scratch) / (float)HIDDEN + RMS_EPS);
-    for (int i = threadIdx.x; i < HIDDEN; i += NORM_THREADS) /* each thread re-reads what it wrote */
-        out[i] = kiln_f2e(kiln_e2f(w[i]) * kiln_round(kiln_e2f(res[i]) * inv));
+    const int *pm = (const int *)p.perm; /* +out_perm: the sums every thread wrote are visible after the block sum */
+    for (int i = threadIdx.x; i < HIDDEN; i += NORM_THREADS) { /* without it each thread re-reads what it wrote */
+        const int j = pm ? pm[i] : i;
+        out[i] = kiln_f2e(kiln_e2f(w[j]) * kiln_round(kiln_e2f(res[j]) * inv));
+    }
 #endif
 }
 

@@ -198,6 +198,32 @@ int kiln_pass_fold_permute_into_rows(kiln_graph *g, kiln_error *err) {
     return n;
 }
 
+/* fold-permute-into-norm: permute(y, perm) where y is an rmsnorm's or add_rmsnorm's normalised output read by
+ * nothing else → the norm with +out_perm and perm as its last input: it writes y in that order itself (act-order
+ * GPTQ's q/k/v and gate/up input; no gather kernel). The norm then no longer folds into the GEMV after it
+ * (fold-norm-into-ck-gemv, norm-out-fp8 leave +out_perm norms alone). */
+int kiln_pass_fold_permute_into_norm(kiln_graph *g, kiln_error *err) {
+    (void)err;
+    int n = 0;
+    for (int i = 0; i < g->n_ops; i++) {
+        const kiln_op *pm = &g->ops[i];
+        if (pm->dead || pm->kind != KILN_OP_PERMUTE) continue;
+        const int y = pm->in[0], p = y >= 0 ? g->values[y].producer : -1;
+        if (p < 0 || kiln_ir_use_count(g, y) != 1) continue;
+        kiln_op *nm = &g->ops[p];
+        const bool plain = nm->kind == KILN_OP_RMSNORM, add = nm->kind == KILN_OP_ADD_RMSNORM;
+        if (nm->dead || !(plain || (add && nm->out[1] == y)) || nm->n_in >= KILN_MAX_OP_IN ||
+            (nm->attrs.flags & (KILN_FLAG_OUT_PERM | KILN_FLAG_FOLD_INTO_GEMV | KILN_FLAG_OUT_FP8)))
+            continue;
+        nm->in[nm->n_in++] = pm->in[1];
+        nm->attrs.flags |= KILN_FLAG_OUT_PERM;
+        kiln_ir_replace_uses(g, pm->out[0], y);
+        g->ops[i].dead = true;
+        n++;
+    }
+    return n;
+}
+
 /* fuse-linear-residual: (s, y) = add_rmsnorm(linear(h, W), r, w) → s = linear_add(h, W, r); y = rmsnorm(s, w).
  * The projection adds its product into the residual stream itself (o_proj and down_proj), so the norm
  * after it has nothing to add. Runs dce first, so that ops earlier fusions replaced do not count as readers. */
@@ -331,7 +357,7 @@ bool kiln_pass_matrices_are(const kiln_graph *g, const kiln_op *op, int (*ok)(in
 /* The projection that an rmsnorm (op i) can fold into (kiln_pass_sole_projection); NULL otherwise. */
 static const kiln_op *fold_target(const kiln_graph *g, int i) {
     const kiln_op *rn = &g->ops[i];
-    if (rn->kind != KILN_OP_RMSNORM || (rn->attrs.flags & KILN_FLAG_FOLD_INTO_GEMV)) return NULL;
+    if (rn->kind != KILN_OP_RMSNORM || (rn->attrs.flags & (KILN_FLAG_FOLD_INTO_GEMV | KILN_FLAG_OUT_PERM))) return NULL;
     return kiln_pass_sole_projection(g, i);
 }
 

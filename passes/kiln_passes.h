@@ -36,6 +36,7 @@ int kiln_pass_fuse_add_rmsnorm(kiln_graph *g, kiln_error *err);
 int kiln_pass_fuse_qkv_rope(kiln_graph *g, kiln_error *err);
 int kiln_pass_fuse_gate_up_swiglu(kiln_graph *g, kiln_error *err);
 int kiln_pass_fold_permute_into_rows(kiln_graph *g, kiln_error *err);
+int kiln_pass_fold_permute_into_norm(kiln_graph *g, kiln_error *err);
 int kiln_pass_fuse_linear_residual(kiln_graph *g, kiln_error *err);
 int kiln_pass_pack_weights(kiln_graph *g, kiln_error *err);
 int kiln_pass_decode_attention_rope(kiln_graph *g, kiln_error *err);

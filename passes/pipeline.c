@@ -18,6 +18,9 @@ static const kiln_pass pipeline[] = {
     {"fuse-linear-residual", "add_rmsnorm(linear(h), r) → rmsnorm(linear_add(h, W, r)): the projection adds into "
                              "the residual stream",
      kiln_pass_fuse_linear_residual, true, false},
+    {"fold-permute-into-norm", "permute(rmsnorm(x)) → the norm writes its output in that order itself (+out_perm: "
+                               "act-order GPTQ's q/k/v and gate/up input, no gather)",
+     kiln_pass_fold_permute_into_norm, true, false},
     {"pack-weights", "qkv_rope and gate_up_swiglu weights into the GPU's layout at compile time: [Wq; Wk; Wv] and "
                      "gate/up rows interleaved (the _packed ops)",
      kiln_pass_pack_weights, true, false},

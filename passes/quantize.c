@@ -144,7 +144,7 @@ int kiln_pass_norm_out_fp8(kiln_graph *g, kiln_error *err) {
     int n = 0;
     for (int i = 0; i < g->n_ops; i++) {
         kiln_op *op = &g->ops[i];
-        if (op->kind != KILN_OP_RMSNORM || (op->attrs.flags & KILN_FLAG_OUT_FP8)) continue;
+        if (op->kind != KILN_OP_RMSNORM || (op->attrs.flags & (KILN_FLAG_OUT_FP8 | KILN_FLAG_OUT_PERM))) continue;
         const kiln_op *nx = kiln_pass_sole_projection(g, i);
         if (!nx || !(nx->attrs.flags & KILN_FLAG_ACT_FP8) || !kiln_pass_matrices_are(g, nx, is_fp8_rows)) continue;
         op->attrs.flags |= KILN_FLAG_OUT_FP8;

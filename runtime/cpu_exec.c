@@ -221,14 +221,22 @@ static void matmul(const kiln_cpu_ctx *c, const float *x, const float *w, float 
     matmul_add(c, x, w, y, NULL, rows, k, n);
 }
 
-static void rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) {
+/* y = rmsnorm(x) * w row by row; with `perm` (+out_perm: the order as exact floats) element i of a row is the
+ * normalised element perm[i]. */
+static void rmsnorm_p(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps, const float *perm) {
     for (int64_t t = 0; t < rows; t++) {
         const float *xr = x + t * n;
         double ss = 0;
         for (int64_t i = 0; i < n; i++) ss += (double)xr[i] * xr[i];
         float inv = 1.0f / sqrtf((float)(ss / (double)n) + eps);
-        for (int64_t i = 0; i < n; i++) y[t * n + i] = w[i] * (xr[i] * inv);
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t j = perm ? (int64_t)perm[i] : i;
+            y[t * n + i] = w[j] * (xr[j] * inv);
+        }
     }
+}
+static void rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) {
+    rmsnorm_p(x, w, y, rows, n, eps, NULL);
 }
 
 static float silu(float v) { return v / (1.0f + expf(-v)); }
@@ -515,7 +523,10 @@ kiln_status kiln_cpu_forward(kiln_cpu_ctx *c, const int32_t *tokens, int n, bool
             /* the gathered logits: only the rows the LM head computed */
             if (c->rank == c->n_ranks - 1) collective(c, op, o[0] == p->logits && !all_logits ? n - 1 : 0, n);
             break;
-        case KILN_OP_RMSNORM: rmsnorm(act(c, in[0]), wt(c, in[1]), act(c, o[0]), n, width(c, o[0]), a->eps); break;
+        case KILN_OP_RMSNORM:
+            rmsnorm_p(act(c, in[0]), wt(c, in[1]), act(c, o[0]), n, width(c, o[0]), a->eps,
+                      (a->flags & KILN_FLAG_OUT_PERM) ? wt(c, in[2]) : NULL);
+            break;
         case KILN_OP_HEAD_RMSNORM: /* each head's vector alone: n x heads rows of head_dim */
             rmsnorm(act(c, in[0]), wt(c, in[1]), act(c, o[0]), n * a->n_heads, a->head_dim, a->eps);
             break;
@@ -584,7 +595,7 @@ kiln_status kiln_cpu_forward(kiln_cpu_ctx *c, const int32_t *tokens, int n, bool
             float *s = act(c, o[0]);
             int64_t h = width(c, o[0]);
             for (int64_t k = 0; k < n * h; k++) s[k] = x[k] + r[k];
-            rmsnorm(s, wt(c, in[2]), act(c, o[1]), n, h, a->eps);
+            rmsnorm_p(s, wt(c, in[2]), act(c, o[1]), n, h, a->eps, (a->flags & KILN_FLAG_OUT_PERM) ? wt(c, in[3]) : NULL);
             break;
         }
         case KILN_OP_QKV_ROPE: {

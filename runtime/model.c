@@ -112,8 +112,9 @@ static kiln_status convert_f32(kiln_model *m, const char *path, kiln_error *err)
 kiln_status kiln_plan_check_permutations(const kiln_plan *p, const uint8_t *weights, const char *path,
                                          kiln_error *err) {
     for (uint32_t i = 0; i < p->n_ops; i++) {
-        if (p->ops[i].kind != KILN_OP_PERMUTE) continue;
-        const int32_t wi = p->values[p->ops[i].in[1]].weight; /* the plan checked: an i32 vector weight */
+        const int oi = kiln_op_order_input((kiln_op_kind)p->ops[i].kind, p->ops[i].attrs.flags);
+        if (oi < 0) continue;
+        const int32_t wi = p->values[p->ops[i].in[oi]].weight; /* the plan checked: an i32 vector weight */
         for (uint32_t r = 0; r < p->n_ranks; r++) {
             const kiln_plan_weight *w = &p->weights[r * p->n_weights + (uint32_t)wi];
             const int64_t k = w->shape[0];
@@ -126,8 +127,9 @@ kiln_status kiln_plan_check_permutations(const kiln_plan *p, const uint8_t *weig
                 const int32_t v = (int32_t)kiln_rd_u32(weights + w->offset + 4 * (size_t)j);
                 if (v >= 0 && v < k && !seen[v]++) continue;
                 free(seen);
-                kiln_err(err, KILN_ERR_FORMAT, "%s: weight '%s' (op %u, permute): element %lld is %d, %s", path,
-                         w->name, i, (long long)j, v, v < 0 || v >= k ? "outside the row" : "a column already taken");
+                kiln_err(err, KILN_ERR_FORMAT, "%s: weight '%s' (op %u, %s): element %lld is %d, %s", path, w->name, i,
+                         kiln_op_name((kiln_op_kind)p->ops[i].kind), (long long)j, v,
+                         v < 0 || v >= k ? "outside the row" : "a column already taken");
                 return kiln_err_hint(err, "the engine is damaged: rebuild it with kiln compile");
             }
             free(seen);

@@ -149,12 +149,14 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 assert d["weights_dtype"] == "bf16 (matrices), f32 (norms)" and d["kernels"] is None, d
 PY
-# act-order GPTQ: the permute ops and their i32 orders (5: q/k/v, o and gate/up in layer 0, q/k/v and gate/up
-# in layer 1, whose o_proj keeps its groups in order; down_proj's fold into gate/up's rows), and 7 without passes
+# act-order GPTQ: the permute ops and their i32 orders (7 without passes: q/k/v, o, gate/up and down in layer 0,
+# the same but o in layer 1, whose o_proj keeps its groups in order; by default down_proj's fold into gate/up's
+# rows and the four after norms into the norms, +out_perm: layer 0's o_proj's is left)
 "$KILN" compile "$SRC/tests/data/tiny-mistral-gptq-actorder" -o "$T/tao.kiln" --target none 2>/dev/null
 "$KILN" inspect "$T/tao.kiln" >"$T/insp" 2>&1
 has "^weights: .*dtype bf16\+q4g32 \(matrices\), f32 \(norms\), i32 \(input orders\), codec"
-has "^plan: .* permute×5 "
+has "^plan: .* permute×1 "
+has "^lowering: \+decode_rope×2 \+out_perm×4$"
 "$KILN" compile "$SRC/tests/data/tiny-mistral-gptq-actorder" -o "$T/tao0.kiln" --target none --passes none 2>/dev/null
 "$KILN" inspect "$T/tao0.kiln" >"$T/insp" 2>&1
 has "^plan: .* permute×7 "

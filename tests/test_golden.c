@@ -276,9 +276,9 @@ static void test_gptq_checkpoint_sym(void) { check_quant_checkpoint("tiny-mistra
 static void test_gptq_checkpoint_asym_desc_act(void) { check_quant_checkpoint("tiny-mistral-gptq-asym"); }
 /* act-order: permuting g_idx, so each projection's columns are sorted by group and its input permuted
  * (one permute op per input: q/k/v's, o_proj's but in layer 1, gate/up's, down_proj's: 7, of which the
- * default pass fold-permute-into-rows folds the two down_proj ones into gate/up's rows: 5 left; both
- * pass sets are checked against HF above), and opening an engine refuses a permute weight that is not a
- * permutation */
+ * default passes fold the two down_proj ones into gate/up's rows (fold-permute-into-rows) and the four
+ * after norms into the norms (fold-permute-into-norm, +out_perm): 1 left; both pass sets are checked
+ * against HF above), and opening an engine refuses a permute weight that is not a permutation */
 static void test_gptq_checkpoint_act_order(void) {
     check_quant_checkpoint("tiny-mistral-gptq-actorder");
     char out[512];
@@ -295,7 +295,10 @@ static void test_gptq_checkpoint_act_order(void) {
             n_perm++;
             w = &p->weights[p->values[p->ops[i].in[1]].weight];
         }
-    KT_EQ_INT(n_perm, 5);
+    KT_EQ_INT(n_perm, 1);
+    int n_out_perm = 0;
+    for (uint32_t i = 0; i < p->n_ops; i++) n_out_perm += (p->ops[i].attrs.flags & KILN_FLAG_OUT_PERM) != 0;
+    KT_EQ_INT(n_out_perm, 4);
     KT_REQUIRE(w != NULL && w->dtype == KILN_DTYPE_I32);
     KT_CONTAINS(w->name, "g_idx");
     uint8_t *copy = malloc(m->weights_size);

@@ -580,7 +580,7 @@ static void test_gemv_norm(void) {
             /* the two-kernel way */
             dev_poison16(xn, (size_t)M * K * 2);
             v->out_f32 ? dev_poison32(y2, ysz) : dev_poison16(y2, ysz);
-            kiln_rmsnorm_params np = {0, x, g, xn, M, 0, 0, 0};
+            kiln_rmsnorm_params np = {0, x, g, xn, M, 0, 0, 0, 0};
             KT_CHECK(klaunch(kn.fn, "kiln_rmsnorm", dims((unsigned)M, 1, 1, (unsigned)nt, 0), &np));
             kiln_gemv_params p2 = {xn, w, y2, 0, M, N, K, K, nout, 0, 0, 0.0f, 0, 0, 0, 0, 0, 0, 0};
             KT_CHECK(klaunch(k.fn, "kiln_gemv", kiln_gemv_dims(&v->cfg, M, N), &p2));
@@ -666,7 +666,7 @@ static void rmsnorm_fp8_case(kfn *k, kfn *ka, int H, int M, int with_x, const ui
     if (M > 2) memset(r0 + H, 0, (size_t)H * 2), memset(x0 + H, 0, (size_t)H * 2);
     CUdeviceptr x = with_x ? dev_from(x0, n * 2) : 0, r = dev_from(r0, n * 2), w = dev_from(wh, (size_t)H * 2);
     CUdeviceptr ra = dev_from(r0, n * 2), o = dev_alloc(n * 2);
-    kiln_rmsnorm_params pa = {x, ra, w, o, M, 0, 0, 0};
+    kiln_rmsnorm_params pa = {x, ra, w, o, M, 0, 0, 0, 0};
     KT_CHECK(klaunch(k->fn, "kiln_rmsnorm", dims((unsigned)M, 1, 1, 256, 0), &pa));
     CUdeviceptr c1 = dev_alloc(n), s1 = dev_alloc((size_t)M * 4), c2 = dev_alloc(n), s2 = dev_alloc((size_t)M * 4);
     KT_CHECK(g_cu.api.cuMemsetD8(c1, 0xAA, n) == CUDA_SUCCESS && g_cu.api.cuMemsetD8(c2, 0x55, n) == CUDA_SUCCESS &&
@@ -676,7 +676,7 @@ static void rmsnorm_fp8_case(kfn *k, kfn *ka, int H, int M, int with_x, const ui
     KT_REQUIRE(kfn_get(ka, "kiln_act_fp8", &fa) && kfn_get(k, "kiln_rmsnorm_fp8", &f8));
     kiln_act_fp8_params ap = {o, c1, s1, M, H, M, 0};
     KT_CHECK(klaunch(fa, "kiln_act_fp8", dims((unsigned)M, 1, 1, 256, 0), &ap));
-    kiln_rmsnorm_params p = {x, r, w, 0, M, 0, c2, s2};
+    kiln_rmsnorm_params p = {x, r, w, 0, M, 0, c2, s2, 0};
     KT_CHECK(klaunch(f8, "kiln_rmsnorm_fp8", dims((unsigned)M, 1, 1, 256, 0), &p));
     uint8_t *h1 = host_from(c1, n), *h2 = host_from(c2, n);
     float *hs1 = host_from(s1, (size_t)M * 4), *hs2 = host_from(s2, (size_t)M * 4);
@@ -721,10 +721,30 @@ static void test_rmsnorm(void) {
                 CUdeviceptr x = with_x ? dev_from(xh, n * 2) : 0, r = dev_from(rh, n * 2), w = dev_from(wh, (size_t)H * 2);
                 CUdeviceptr o = dev_alloc(n * 2);
                 dev_poison16(o, n * 2);
-                kiln_rmsnorm_params p = {x, r, w, o, M, 0, 0, 0};
+                kiln_rmsnorm_params p = {x, r, w, o, M, 0, 0, 0, 0};
                 KT_CHECK(klaunch(k.fn, "kiln_rmsnorm", dims((unsigned)M, 1, 1, 256, 0), &p));
                 if (H % 8 == 0) rmsnorm_fp8_case(&k, &ka, H, M, with_x, xh, rh, wh);
                 uint16_t *oh = host_from(o, n * 2), *rout = host_from(r, n * 2);
+                /* +out_perm (act-order GPTQ): the same rows, each output element j the element perm[j] of the
+                 * output above, bit for bit, and the same residual */
+                {
+                    int32_t *pm = malloc((size_t)H * sizeof *pm);
+                    for (int i = 0; i < H; i++) pm[i] = i;
+                    for (int i = H - 1; i > 0; i--) { int j = rnd_int(i + 1), t = pm[i]; pm[i] = pm[j]; pm[j] = t; }
+                    CUdeviceptr r2 = dev_from(rh, n * 2), o2 = dev_alloc(n * 2), dp = dev_from(pm, (size_t)H * 4);
+                    dev_poison16(o2, n * 2);
+                    kiln_rmsnorm_params pp = {x, r2, w, o2, M, 0, 0, 0, dp};
+                    KT_CHECK(klaunch(k.fn, "kiln_rmsnorm (+out_perm)", dims((unsigned)M, 1, 1, 256, (unsigned)H * 2), &pp));
+                    uint16_t *oph = host_from(o2, n * 2), *rph = host_from(r2, n * 2);
+                    size_t bad = 0;
+                    for (int m = 0; m < M; m++)
+                        for (int j = 0; j < H; j++) bad += oph[(size_t)m * H + j] != oh[(size_t)m * H + pm[j]];
+                    KT_CHECKF(bad == 0 && memcmp(rph, rout, n * 2) == 0, "rmsnorm +out_perm H=%d M=%d x=%d: %zu outputs "
+                              "differ from the permuted output%s", H, M, with_x, bad,
+                              memcmp(rph, rout, n * 2) ? ", and the residual differs" : "");
+                    kiln_cuda_release(&g_cu, r2); kiln_cuda_release(&g_cu, o2); kiln_cuda_release(&g_cu, dp);
+                    free(pm); free(oph); free(rph);
+                }
                 double *ref = malloc(n * sizeof *ref);
                 int res_mismatch = 0;
                 for (int m = 0; m < M; m++) {

@@ -159,6 +159,7 @@ typedef struct cx_inst {
     int op;         /* plan op, for messages */
     int x, y, res;  /* buffer ids (-1 = none) */
     int dw;         /* EMBED table, NORM weight, PERM indices */
+    int dw_perm;    /* NORM with +out_perm: the order its output is written in (-1 = none) */
     int dw_bias, dw_qn, dw_kn; /* QKV: its packed bias and q/k norm weights (+qkv_bias, +qk_norm), -1 = none */
     int dw_kvs;                /* QKV, ATTN: the layer's kv_scale (an 8-bit KV cache), -1 = none */
     int layer;      /* QKV, ATTN */
@@ -525,7 +526,7 @@ static cx_inst *emit(cx *x, cx_ikind kind, int op, kiln_error *err) {
     memset(in, 0, sizeof *in);
     in->kind = kind;
     in->op = op;
-    in->x = in->y = in->res = in->dw = -1;
+    in->x = in->y = in->res = in->dw = in->dw_perm = -1;
     return in;
 }
 
@@ -804,6 +805,11 @@ static kiln_status build_program(cx *x, kiln_error *err) {
             ins->fold1 = (a->flags & KILN_FLAG_FOLD_ONE_TOKEN) != 0;
             ins->out8 = !add && (a->flags & KILN_FLAG_OUT_FP8) && fn_has(x, name, "kiln_rmsnorm_fp8", &ins->fn8);
             if ((st = value_weight(x, wv, true, &ins->dw, err))) goto out;
+            if ((a->flags & KILN_FLAG_OUT_PERM) &&
+                ((st = value_weight(x, in[add ? 3 : 2], true, &ins->dw_perm, err)) ||
+                 (st = kiln_cuda_func_smem(&x->cu, ins->fn, (unsigned)(x->hidden * x->es), "kiln_rmsnorm (+out_perm)",
+                                           err))))
+                goto out;
             if (!add) {
                 ins->res = vb[in[0]];
             } else if (same_slot(x, o[0], in[0]) || same_slot(x, o[0], in[1])) {
@@ -821,11 +827,12 @@ static kiln_status build_program(cx *x, kiln_error *err) {
                 cp->y = vb[o[0]];
                 cp->width = (int)vwidth(p, o[0]);
                 CUfunction f = cp->fn;
-                int th = cp->threads, d = cp->dw;
+                int th = cp->threads, d = cp->dw, dp = cp->dw_perm;
                 if (!(ins = emit(x, I_NORM, (int)i, err))) goto nomem;
                 ins->fn = f;
                 ins->threads = th;
                 ins->dw = d;
+                ins->dw_perm = dp;
                 ins->res = vb[o[0]];
                 ins->x = vb[in[1]];
             }
@@ -1184,8 +1191,10 @@ static kiln_status run_swiglu(cx *x, const cx_gemm *g, int M, CUdeviceptr out, b
  * scales of the W8A8 GEMM after it into x->act8 and x->act8_scale. */
 static kiln_status run_norm(cx *x, const cx_inst *n, int T, bool codes, kiln_error *err) {
     kiln_rmsnorm_params np = {bufp(x, n->x), bufp(x, n->res), dwp(x, n->dw), bufp(x, n->y), T, 0,
-                              codes ? x->act8 : 0, codes ? x->act8_scale : 0};
-    return launch(x, codes ? n->fn8 : n->fn, (unsigned)T, 1, 1, (unsigned)n->threads, 0, &np,
+                              codes ? x->act8 : 0, codes ? x->act8_scale : 0, n->dw_perm >= 0 ? dwp(x, n->dw_perm) : 0};
+    /* +out_perm: the normalised row goes through shared memory (kiln_rmsnorm) */
+    const unsigned smem = n->dw_perm >= 0 ? (unsigned)(x->hidden * x->es) : 0u;
+    return launch(x, codes ? n->fn8 : n->fn, (unsigned)T, 1, 1, (unsigned)n->threads, smem, &np,
                   codes ? "kiln_rmsnorm_fp8" : "kiln_rmsnorm", err);
 }
 
