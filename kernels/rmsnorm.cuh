@@ -75,8 +75,24 @@ KILN_DEV void kiln_norm_row(const kiln_rmsnorm_params &p, size_t row, float (&o)
 }
 #endif
 
+#if HIDDEN % KILN_VEC == 0
+constexpr int NORM_PQ = (HIDDEN / 4 + NORM_THREADS - 1) / NORM_THREADS; /* +out_perm: int4s of the order a thread */
+#endif
+
 extern "C" __global__ void __launch_bounds__(NORM_THREADS) kiln_rmsnorm(const kiln_rmsnorm_params p) {
     __shared__ float scratch[32];
+#if HIDDEN % KILN_VEC == 0
+    /* +out_perm: this thread's indices, 4 at a time, loaded before the wait (a weight: no earlier kernel
+     * writes it), so their latency hides under the previous kernel's tail */
+    int4 ix[NORM_PQ];
+    if (p.perm) {
+#pragma unroll
+        for (int i = 0; i < NORM_PQ; i++) {
+            const int q = threadIdx.x + i * NORM_THREADS;
+            ix[i] = q < HIDDEN / 4 ? ((const int4 *)p.perm)[q] : make_int4(0, 0, 0, 0);
+        }
+    }
+#endif
     kiln_pdl_wait();
     const size_t row = blockIdx.x;
     if ((int)row >= p.M) return;
@@ -93,8 +109,13 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) kiln_rmsnorm(const ki
     }
     if (p.perm) {
         __syncthreads();
-        const int *pm = (const int *)p.perm;
-        for (int j = threadIdx.x; j < HIDDEN; j += NORM_THREADS) out[j] = dst[pm[j]];
+#pragma unroll
+        for (int i = 0; i < NORM_PQ; i++) {
+            const int q = threadIdx.x + i * NORM_THREADS;
+            if (q >= HIDDEN / 4) continue;
+            const kiln_elem a = dst[ix[i].x], b = dst[ix[i].y], c = dst[ix[i].z], d = dst[ix[i].w];
+            out[4 * q] = a, out[4 * q + 1] = b, out[4 * q + 2] = c, out[4 * q + 3] = d;
+        }
     }
 #else
     kiln_elem *res = (kiln_elem *)p.residual + row * HIDDEN;
