@@ -26,7 +26,8 @@ from kiln):
                                      order (one per input, as GPTQ orders columns by the Hessian of that
                                      input: q/k/v share one, gate/up one), each run of 32 in that order
                                      is a group, g_idx[order[j]] = j // 32, and qweight stays in the
-                                     checkpoint's column order; layer 1's o_proj keeps groups in order
+                                     checkpoint's column order; layer 1's o_proj keeps groups in order,
+                                     and a dynamic map leaves layer 1's gate/up unquantized (bf16)
   tests/data/tiny-mistral-ct         compressed-tensors "pack-quantized" (llm-compressor's W4A16),
                                      symmetric: weight_packed [out, in/8], nibble i of word [r, j] =
                                      signed code of column 8j + i, plus 8 (pack_to_int32); weight_scale
@@ -140,6 +141,8 @@ def act_order(name, base, k):
 # ("+:" or none) override the base's settings; the first rule whose pattern matches the module's name
 # (re.match) decides (GPTQModel's and vLLM's get_dynamic_override)
 DYNAMIC = {
+    # layer 1's gate/up left dense while its down_proj is act-order: the down_proj order folds into dense rows
+    "tiny-mistral-gptq-actorder": {r"-:model\.layers\.1\.mlp\.(gate|up)_proj": {}},
     "tiny-mistral-gptq-dynamic": {
         r"-:model\.layers\.0\.self_attn\.(q|k|v|o)_proj": {},
         r"+:model\.layers\.1\.mlp\..*": {"group_size": 64, "damp_percent": 0.05},
