@@ -135,21 +135,29 @@ int kiln_pass_fuse_qkv_rope(kiln_graph *g, kiln_error *err) {
 }
 
 /* fuse-gate-up-swiglu: mul(silu(linear(h,Wg)), linear(h,Wu)) → gate_up_swiglu(h, Wg, Wu). */
+/* Whether mul op `mul` is silu(linear(h, Wg)) * linear(h, Wu) (in either order), the silu, both products
+ * and the gate's output read only there: its gate and up projections and the silu then in *gate, *up, *silu. */
+static bool swiglu_of(const kiln_graph *g, const kiln_op *mul, const kiln_op **gate, const kiln_op **up,
+                      const kiln_op **silu) {
+    for (int side = 0; side < 2; side++) {
+        const int a = mul->in[side], b = mul->in[1 - side];
+        *silu = producer(g, a, KILN_OP_SILU);
+        *up = producer(g, b, KILN_OP_LINEAR);
+        *gate = *silu ? producer(g, (*silu)->in[0], KILN_OP_LINEAR) : NULL;
+        if (*gate && *up && (*gate)->in[0] == (*up)->in[0] && kiln_ir_use_count(g, a) == 1 &&
+            kiln_ir_use_count(g, b) == 1 && kiln_ir_use_count(g, (*gate)->out[0]) == 1)
+            return true;
+    }
+    return false;
+}
+
 int kiln_pass_fuse_gate_up_swiglu(kiln_graph *g, kiln_error *err) {
     int n = 0;
     for (int i = 0; i < g->n_ops; i++) {
         if (g->ops[i].dead || g->ops[i].kind != KILN_OP_MUL) continue;
         int m = g->ops[i].out[0];
-        for (int side = 0; side < 2; side++) {
-            int a = g->ops[i].in[side], b = g->ops[i].in[1 - side];
-            const kiln_op *silu = producer(g, a, KILN_OP_SILU);
-            const kiln_op *up = producer(g, b, KILN_OP_LINEAR);
-            if (!silu || !up) continue;
-            const kiln_op *gate = producer(g, silu->in[0], KILN_OP_LINEAR);
-            if (!gate || gate->in[0] != up->in[0]) continue;
-            if (kiln_ir_use_count(g, a) != 1 || kiln_ir_use_count(g, b) != 1 ||
-                kiln_ir_use_count(g, gate->out[0]) != 1)
-                continue;
+        const kiln_op *gate, *up, *silu;
+        if (swiglu_of(g, &g->ops[i], &gate, &up, &silu)) {
             int at = min3(op_index(g, gate), op_index(g, up), op_index(g, silu));
             int in[3] = {gate->in[0], gate->in[1], up->in[1]};
             int out = -1;
@@ -158,7 +166,6 @@ int kiln_pass_fuse_gate_up_swiglu(kiln_graph *g, kiln_error *err) {
             kiln_ir_replace_uses(g, m, out);
             i++;
             n++;
-            break;
         }
     }
     return n;
@@ -175,25 +182,18 @@ int kiln_pass_fold_permute_into_rows(kiln_graph *g, kiln_error *err) {
         const kiln_op *pm = &g->ops[i];
         if (pm->dead || pm->kind != KILN_OP_PERMUTE) continue;
         const kiln_value *order = &g->values[pm->in[1]];
-        const kiln_op *mul = producer(g, pm->in[0], KILN_OP_MUL);
-        if (!mul || !order->src || order->dtype != KILN_DTYPE_I32 || kiln_ir_use_count(g, pm->in[0]) != 1) continue;
-        for (int side = 0; side < 2; side++) {
-            const kiln_op *silu = producer(g, mul->in[side], KILN_OP_SILU);
-            const kiln_op *up = producer(g, mul->in[1 - side], KILN_OP_LINEAR);
-            const kiln_op *gate = silu ? producer(g, silu->in[0], KILN_OP_LINEAR) : NULL;
-            if (!gate || !up || gate->in[0] != up->in[0]) continue;
-            kiln_value *wg = &g->values[gate->in[1]], *wu = &g->values[up->in[1]];
-            if (kiln_ir_use_count(g, mul->in[side]) != 1 || kiln_ir_use_count(g, mul->in[1 - side]) != 1 ||
-                kiln_ir_use_count(g, silu->in[0]) != 1 || kiln_ir_use_count(g, gate->in[1]) != 1 ||
-                kiln_ir_use_count(g, up->in[1]) != 1 || wg == wu || wg->row_perm || wu->row_perm || wg->n_parts ||
-                wu->n_parts)
-                continue;
-            wg->row_perm = wu->row_perm = (const int32_t *)order->src;
-            kiln_ir_replace_uses(g, pm->out[0], pm->in[0]);
-            g->ops[i].dead = true;
-            n++;
-            break;
-        }
+        const kiln_op *mul = producer(g, pm->in[0], KILN_OP_MUL), *gate, *up, *silu;
+        if (!mul || !order->src || order->dtype != KILN_DTYPE_I32 || kiln_ir_use_count(g, pm->in[0]) != 1 ||
+            !swiglu_of(g, mul, &gate, &up, &silu))
+            continue;
+        kiln_value *wg = &g->values[gate->in[1]], *wu = &g->values[up->in[1]];
+        if (kiln_ir_use_count(g, gate->in[1]) != 1 || kiln_ir_use_count(g, up->in[1]) != 1 || wg == wu ||
+            wg->row_perm || wu->row_perm || wg->n_parts || wu->n_parts)
+            continue;
+        wg->row_perm = wu->row_perm = (const int32_t *)order->src;
+        kiln_ir_replace_uses(g, pm->out[0], pm->in[0]);
+        g->ops[i].dead = true;
+        n++;
     }
     return n;
 }
