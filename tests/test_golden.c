@@ -323,6 +323,17 @@ static void test_gptq_checkpoint_act_order(void) {
     kiln_wr_u32(idx + 4, 0xFFFFFFFFu); /* -1 */
     KT_EQ_INT(kiln_plan_check_permutations(p, copy, "x.kiln", &err), KILN_ERR_FORMAT);
     KT_CONTAINS(err.msg, "is -1, outside the row");
+    /* a +out_perm norm's order is checked the same way */
+    memcpy(copy, m->weights, m->weights_size);
+    const kiln_plan_weight *nw = NULL;
+    for (uint32_t i = 0; i < p->n_ops && !nw; i++) {
+        const int oi = kiln_op_order_input((kiln_op_kind)p->ops[i].kind, p->ops[i].attrs.flags);
+        if (oi >= 0 && p->ops[i].kind != KILN_OP_PERMUTE) nw = &p->weights[p->values[p->ops[i].in[oi]].weight];
+    }
+    KT_REQUIRE(nw != NULL && nw->dtype == KILN_DTYPE_I32);
+    kiln_wr_u32(copy + nw->offset + 8, (uint32_t)nw->shape[0] + 7u);
+    KT_EQ_INT(kiln_plan_check_permutations(p, copy, "x.kiln", &err), KILN_ERR_FORMAT);
+    KT_CONTAINS(err.msg, "rmsnorm): element 2 is");
     free(copy);
     kiln_model_close(m);
     unlink(out);
