@@ -316,11 +316,12 @@ static json_t *tuning_json(const kiln_model *m) {
         }
         char sm[16];
         snprintf(sm, sizeof sm, "sm_%u", r->sm);
-        json_array_append_new(a, json_pack("{s:s, s:s, s:I, s:i, s:{s:i, s:i, s:i, s:f}, s:f, s:o}", "sm", sm,
+        json_array_append_new(a, json_pack("{s:s, s:s, s:I, s:i, s:{s:i, s:i, s:i, s:f, s:i}, s:f, s:o}", "sm", sm,
                                            "device", r->device, "cublaslt_version", (json_int_t)r->lt_version,
                                            "driver_version", r->driver_version, "thresholds", "gemv_max_m",
                                            (int)r->gemv_max_m, "qgemv_max_m", (int)r->qgemv_max_m, "rope_split_max_t",
-                                           (int)r->rope_split_max_t, "attn_waves", (double)r->attn_waves, "seconds",
+                                           (int)r->rope_split_max_t, "attn_waves", (double)r->attn_waves,
+                                           "decode_tc_min", (int)r->decode_tc_min, "seconds",
                                            (double)r->seconds, "shapes", shapes));
     }
     kiln_tuning_free(&t);
@@ -338,14 +339,16 @@ static void print_tuning(const json_t *recs) {
     json_array_foreach(recs, i, r) {
         const json_t *th = json_object_get(r, "thresholds"), *sh = json_object_get(r, "shapes");
         printf("tuning: %s \"%s\", cuBLASLt %lld, driver %lld: %zu GEMM shapes; gemv_max_m %lld, qgemv_max_m %lld, "
-               "rope_split_max_t %lld, attn_waves %g (measured in %.1f s)\n",
+               "rope_split_max_t %lld, attn_waves %g, decode_tc_min %lld (measured in %.1f s)\n",
                json_string_value(json_object_get(r, "sm")), json_string_value(json_object_get(r, "device")),
                (long long)json_integer_value(json_object_get(r, "cublaslt_version")),
                (long long)json_integer_value(json_object_get(r, "driver_version")), json_array_size(sh),
                (long long)json_integer_value(json_object_get(th, "gemv_max_m")),
                (long long)json_integer_value(json_object_get(th, "qgemv_max_m")),
                (long long)json_integer_value(json_object_get(th, "rope_split_max_t")),
-               json_real_value(json_object_get(th, "attn_waves")), json_real_value(json_object_get(r, "seconds")));
+               json_real_value(json_object_get(th, "attn_waves")),
+               (long long)json_integer_value(json_object_get(th, "decode_tc_min")),
+               json_real_value(json_object_get(r, "seconds")));
     }
 }
 

@@ -53,6 +53,9 @@ static void help(FILE *f) {
             "  --qgemv-max-m N        the same for the weight-only quantized GEMV (W8A8 matrices keep 32)\n"
             "  --rope-split-max-t N   record this RoPE split limit (1..65536; default 64)\n"
             "  --attn-waves W         record this decode-attention waves target ((0,64]; default 2)\n"
+            "  --decode-tc-min N      record this many sequences as where decode attention takes the\n"
+            "                         tensor-core kernel (engines with an FP8 KV cache; 1..65536;\n"
+            "                         default 80, measured on the H200: not measured by kiln tune)\n"
             "  --search               time variants of cuBLASLt's fastest heuristic answers too\n"
             "                         (other tiles, split-K; where a GEMM's tiles fill less than a\n"
             "                         wave of the GPU): slower to tune, measured no faster on the H200\n"
@@ -87,7 +90,7 @@ static bool parse_list(const char *s, long long lo, long long hi, int *v, int *n
 typedef struct tune_args {
     const char *path;
     int batch[TUNE_MAX_LIST], n_batch, prefill[TUNE_MAX_LIST], n_prefill;
-    long long device, gemv_max_m, qgemv_max_m, rope_split_max_t;
+    long long device, gemv_max_m, qgemv_max_m, rope_split_max_t, decode_tc_min;
     double attn_waves;
     bool log, dry_run, json, search;
 } tune_args;
@@ -101,7 +104,7 @@ static void tune_defaults(tune_args *a) {
 }
 
 static int parse_args(int argc, char **argv, tune_args *a, bool *done) {
-    enum { O_BATCH = 256, O_PREFILL, O_DEV, O_GEMV, O_QGEMV, O_ROPE, O_WAVES, O_LOG, O_DRY, O_JSON, O_SEARCH };
+    enum { O_BATCH = 256, O_PREFILL, O_DEV, O_GEMV, O_QGEMV, O_ROPE, O_WAVES, O_LOG, O_DRY, O_JSON, O_SEARCH, O_TCMIN };
     static const struct option longopts[] = {
         {"batch", required_argument, 0, O_BATCH},         {"prefill", required_argument, 0, O_PREFILL},
         {"device", required_argument, 0, O_DEV},          {"gemv-max-m", required_argument, 0, O_GEMV},
@@ -109,6 +112,7 @@ static int parse_args(int argc, char **argv, tune_args *a, bool *done) {
         {"attn-waves", required_argument, 0, O_WAVES},    {"log", no_argument, 0, O_LOG},
         {"dry-run", no_argument, 0, O_DRY},               {"json", no_argument, 0, O_JSON},
         {"search", no_argument, 0, O_SEARCH},           {"help", no_argument, 0, 'h'},
+        {"decode-tc-min", required_argument, 0, O_TCMIN},
         {0, 0, 0, 0}};
     tune_defaults(a);
     *done = false;
@@ -144,6 +148,10 @@ static int parse_args(int argc, char **argv, tune_args *a, bool *done) {
         case O_WAVES:
             if (!kiln_cli_parse_float(optarg, 1e-3, 64, &a->attn_waves))
                 return kiln_cli_usage_error("tune", "--attn-waves '%s' is not a number in (0, 64]", optarg);
+            break;
+        case O_TCMIN:
+            if (!kiln_cli_parse_int(optarg, 1, 65536, &a->decode_tc_min))
+                return kiln_cli_usage_error("tune", "--decode-tc-min '%s' is not a number in 1..65536", optarg);
             break;
         case O_LOG: a->log = true; break;
         case O_DRY: a->dry_run = true; break;
@@ -182,11 +190,12 @@ static json_t *report_json(const tune_args *a, kiln_executor *x, const kiln_tuni
     }
     char sm[16];
     snprintf(sm, sizeof sm, "sm_%u", r->sm);
-    json_t *o = json_pack("{s:s, s:s, s:s, s:I, s:i, s:o, s:{s:i, s:i, s:i, s:f}, s:f, s:b, s:I, s:I}", "engine",
+    json_t *o = json_pack("{s:s, s:s, s:s, s:I, s:i, s:o, s:{s:i, s:i, s:i, s:f, s:i}, s:f, s:b, s:I, s:I}", "engine",
                           a->path, "sm", sm, "device", r->device, "cublaslt_version", (json_int_t)r->lt_version,
                           "driver_version", r->driver_version, "shapes", shapes, "thresholds", "gemv_max_m",
                           (int)r->gemv_max_m, "qgemv_max_m", (int)r->qgemv_max_m, "rope_split_max_t",
-                          (int)r->rope_split_max_t, "attn_waves", (double)r->attn_waves, "seconds",
+                          (int)r->rope_split_max_t, "attn_waves", (double)r->attn_waves, "decode_tc_min",
+                          (int)r->decode_tc_min, "seconds",
                           (double)r->seconds, "written", !a->dry_run, "bytes_before", (json_int_t)size0,
                           "bytes_after", (json_int_t)size1);
     return o;
@@ -221,8 +230,8 @@ static void report(const tune_args *a, kiln_executor *x, const kiln_tuning_recor
         printf("  %6u %6u %6u %-22s %10.2f %10.2f %7s  #%u of %u: %s\n", g->m, g->n, g->k, types, (double)g->us,
                (double)g->heuristic_us, gain, g->pick, g->candidates, algo);
     }
-    printf("  thresholds: gemv_max_m %u, qgemv_max_m %u, rope_split_max_t %u, attn_waves %g\n", r->gemv_max_m,
-           r->qgemv_max_m, r->rope_split_max_t, (double)r->attn_waves);
+    printf("  thresholds: gemv_max_m %u, qgemv_max_m %u, rope_split_max_t %u, attn_waves %g, decode_tc_min %u\n",
+           r->gemv_max_m, r->qgemv_max_m, r->rope_split_max_t, (double)r->attn_waves, r->decode_tc_min);
     if (a->dry_run)
         printf("  --dry-run: %s not changed\n", a->path);
     else
@@ -245,6 +254,7 @@ static kiln_status measure(const tune_args *a, kiln_model *m, kiln_executor **xo
                              .qgemv_max_m = (int)a->qgemv_max_m,
                              .rope_split_max_t = (int)a->rope_split_max_t,
                              .attn_waves = a->attn_waves,
+                             .decode_tc_min = (int)a->decode_tc_min,
                              .lt_search = a->search};
     if (m->plan->max_context < 1) return kiln_err(err, KILN_ERR_FORMAT, "%s: the plan has no context", a->path);
     kiln_status st = kiln_cuda_executor_new(m, &o, xo, err);

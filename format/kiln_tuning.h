@@ -27,7 +27,10 @@
  *    156 u32 rope_split_max_t  steps of at most this many tokens spread rope_kv over heads (0 = default, else 1..65536)
  *    160 f32 attn_waves    decode attention's splits aim for this many waves (0 = default, else (0, 64])
  *    164 f32 seconds       how long the measurement took (>= 0, informative)
- *    168 u8[24] reserved (0)
+ *    168 u32 decode_tc_min decode attention takes the tensor-core kernel (engines that have it: an FP8 KV cache)
+ *                          at steps of at least this many sequences (0 = the runtime's default, 80; else 1..65536;
+ *                          records before 2026-12-04 hold 0 here, and readers before then ignore it)
+ *    172 u8[20] reserved (0)
  *   gemm entry, 128 bytes: one cuBLASLt GEMM shape y[M,N] = x[M,K]·W[N,K]^T (runtime/kiln_cuda.h)
  *      0 u32 m       rows it was timed at: a decode batch, or a prefill step size; a GEMM of M rows uses the
  *                    entry with m = M, else the one with m = M rounded up to a power of two (1..1<<20)
@@ -97,6 +100,7 @@ typedef struct kiln_tuning_record {
     char device[KILN_TUNING_DEVICE_MAX];
     uint32_t gemv_max_m, qgemv_max_m, rope_split_max_t; /* 0 = the runtime's default */
     float attn_waves;                                   /* 0 = the runtime's default */
+    uint32_t decode_tc_min;                             /* 0 = the runtime's default */
     float seconds;
     uint32_t n_gemms;
     kiln_tuning_gemm *gemms; /* malloc'd, n_gemms */

@@ -203,6 +203,7 @@ static kiln_status parse_measure(const char *spec, kiln_measure_knobs *k, kiln_e
         else if (!strcmp(key, "tp_oneshot") && whole && d >= 0 && d <= 2) k->tp_oneshot = (int)d;
         else if (!strcmp(key, "prefill_wg") && whole && (d == 0 || d == 1)) k->prefill_wg = (int)d;
         else if (!strcmp(key, "decode_tc") && whole && d >= 0 && d <= 2) k->decode_tc = (int)d;
+        else if (!strcmp(key, "decode_tc_min") && whole && d >= 1 && d <= 65536) k->decode_tc_min = (int)d;
         else if (!strcmp(key, "lt_search") && whole && (d == 0 || d == 1)) k->lt_search = (int)d;
         else if (!strcmp(key, "w8a8_fast") && whole && (d == 0 || d == 1)) k->w8a8_fast = (int)d;
         else
@@ -213,7 +214,8 @@ static kiln_status parse_measure(const char *spec, kiln_measure_knobs *k, kiln_e
         kiln_err(err, KILN_ERR_INVALID_ARG, "measure: '%s' is not a known knob with a value in its range", shown);
         return kiln_err_hint(err, "knobs: gemv_max_m=1..64, attn_waves=(0,64], lt_tune=0|1|2, pdl=0|1, graphs=0|1, "
                                   "profile=0|1, recorded=0|1, moe_grouped=0|1, qgemv_cc=0|1, w8a8=0|1|2, tp_oneshot=0|1|2, "
-                                  "prefill_wg=0|1, decode_tc=0|1|2, lt_search=0|1, w8a8_fast=0|1");
+                                  "prefill_wg=0|1, decode_tc=0|1|2, decode_tc_min=1..65536, lt_search=0|1, "
+                                  "w8a8_fast=0|1");
     }
     return KILN_OK;
 }

@@ -173,7 +173,9 @@ typedef struct kiln_ctx_options {
      * attention on sm_90 over a bf16 KV cache in engines from 2026-12-02: the wgmma kernel (1, the default) or
      * the mma.sync one (0)), decode_tc=0|1 (since 0.5; decode attention in engines from 2026-12-03 whose
      * FP8 cache has 4 to 8 query heads a kv head at head_dim 128: the tensor-core kernel at steps of 80 or
-     * more sequences (1, the default), at every step (2), or never (0)), lt_search=0|1 (since 0.5; cuBLASLt tuning at decode times the heuristic's answers
+     * more sequences (1, the default; 80 unless the engine's tuning record for the GPU says otherwise), at every
+     * step (2), or never (0)), decode_tc_min=1..65536 (since 0.5; with decode_tc 1, the tensor-core kernel from
+     * this many sequences instead), lt_search=0|1 (since 0.5; cuBLASLt tuning at decode times the heuristic's answers
      * only (0, the default) or also variants of the fastest, other tiles and split-K, where their tiles fill
      * less than a wave (1)), w8a8_fast=0|1 (since 0.5; the W8A8 GEMMs that the plan marks +fast_accum
      * (pass w8a8-fast-accum: fp8 weights with a scale a row) use cuBLASLt's FP8 fast accumulation, the tensor

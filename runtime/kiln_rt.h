@@ -148,6 +148,7 @@ typedef struct kiln_measure_knobs {
     int prefill_wg;    /* -1 = default, else 0/1 */
     int decode_tc;     /* -1 = default, else 0 (never), 1 (from 80 sequences), 2 (every decode step): decode
                           attention on the tensor cores where the engine has it */
+    int decode_tc_min; /* 0 = default (the tuning record's or 80), else 1..65536: ... from this many sequences */
     int w8a8_fast;     /* -1 = default, else 0/1: W8A8 GEMMs with FP8 fast accumulation */
     int lt_search;     /* -1 = default, else 0/1: cuBLASLt tuning beyond the heuristic's answers */
     bool profile;

@@ -52,6 +52,9 @@ static kiln_status check_record(const kiln_tuning_record *r, uint32_t i, const c
     if (r->rope_split_max_t > 65536)
         return kiln_err(err, KILN_ERR_FORMAT, "%s: tuning record %u (sm_%u): rope_split_max_t %u outside 0..65536",
                         label, i, r->sm, r->rope_split_max_t);
+    if (r->decode_tc_min > 65536)
+        return kiln_err(err, KILN_ERR_FORMAT, "%s: tuning record %u (sm_%u): decode_tc_min %u outside 0..65536",
+                        label, i, r->sm, r->decode_tc_min);
     if (!(r->attn_waves >= 0 && r->attn_waves <= 64)) /* also refuses NaN */
         return kiln_err(err, KILN_ERR_FORMAT, "%s: tuning record %u (sm_%u): attn_waves %g outside [0, 64]", label, i,
                         r->sm, (double)r->attn_waves);
@@ -142,6 +145,7 @@ kiln_status kiln_tuning_parse(const uint8_t *d, size_t size, const char *label, 
         r->rope_split_max_t = kiln_rd_u32(p + 156);
         r->attn_waves = rd_f32(p + 160);
         r->seconds = rd_f32(p + 164);
+        r->decode_tc_min = kiln_rd_u32(p + 168);
         off += KILN_TUNING_RECORD_SIZE;
         const uint32_t ng = r->n_gemms;
         if (ng > KILN_TUNING_MAX_GEMMS || (size - off) / KILN_TUNING_GEMM_SIZE < ng) {
@@ -224,6 +228,7 @@ kiln_status kiln_tuning_write(const kiln_tuning *t, kiln_buf *out, kiln_error *e
         kiln_wr_u32(p + 156, r->rope_split_max_t);
         wr_f32(p + 160, r->attn_waves);
         wr_f32(p + 164, r->seconds);
+        kiln_wr_u32(p + 168, r->decode_tc_min);
         kiln_buf_append(out, p, sizeof p);
         for (uint32_t j = 0; j < r->n_gemms; j++) {
             const kiln_tuning_gemm *g = &r->gemms[j];

@@ -37,6 +37,7 @@ expect 2 "--requests '0'" -- "$KILN" bench "$T/tiny.kiln" --requests 0
 expect 2 "below --batch" -- "$KILN" bench "$T/tiny.kiln" --batch 8 --max-step-tokens 4
 # measurement knobs and the profile are the GPU's: refused by name on the CPU, checked on any device
 expect 1 "measure: 'attn_waves=99' is not a known knob" -- "$KILN" bench "$T/tiny.kiln" --measure attn_waves=99
+expect 1 "measure: 'decode_tc_min=0' is not a known knob" -- "$KILN" bench "$T/tiny.kiln" --measure decode_tc_min=0
 expect 1 "apply to the GPU executor, not device \"cpu\"" -- "$KILN" bench "$T/tiny.kiln" --device cpu --measure lt_tune=0
 expect 1 "measure: 'moe_grouped=2' is not a known knob" -- "$KILN" bench "$T/tiny.kiln" --measure moe_grouped=2
 expect 1 "apply to the GPU executor, not device \"cpu\"" -- "$KILN" bench "$T/tiny.kiln" --device cpu --measure moe_grouped=1

@@ -26,6 +26,9 @@ expect 2 "--batch '0,8' is not a list of up to 32 numbers in 1..1024" -- "$KILN"
 expect 2 "--prefill '' is not a list" -- "$KILN" tune "$T/m.kiln" --prefill ''
 expect 2 "--gemv-max-m '65' is not a number in 1..64" -- "$KILN" tune "$T/m.kiln" --gemv-max-m 65
 expect 2 "--attn-waves '0' is not a number" -- "$KILN" tune "$T/m.kiln" --attn-waves 0
+expect 2 "--decode-tc-min '0' is not a number in 1..65536" -- "$KILN" tune "$T/m.kiln" --decode-tc-min 0
+expect 1 "kiln tune: error: .*(no CUDA driver|without CUDA|no CUDA device|no GPU kernels)" -- "$KILN" tune "$T/m.kiln" \
+    --decode-tc-min 96 # an option in range, not a usage error
 expect 2 "expected one engine file" -- "$KILN" tune
 expect 2 "unknown or incomplete option '--nope'" -- "$KILN" tune "$T/m.kiln" --nope
 expect 1 "kiln tune: error: .*(no CUDA driver|without CUDA|no CUDA device|no GPU kernels)" -- "$KILN" tune "$T/m.kiln"

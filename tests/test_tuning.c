@@ -32,6 +32,7 @@ static void make_record(kiln_tuning_record *r, uint32_t sm, const char *device, 
     r->lt_version = 130100;
     snprintf(r->device, sizeof r->device, "%s", device);
     r->gemv_max_m = 8, r->qgemv_max_m = 32, r->rope_split_max_t = 64, r->attn_waves = 2.0f, r->seconds = 1.5f;
+    r->decode_tc_min = 96;
     r->n_gemms = n;
     r->gemms = calloc(n ? n : 1, sizeof *r->gemms);
     for (uint32_t i = 0; i < n; i++) {
@@ -66,6 +67,8 @@ static void test_roundtrip(void) {
     KT_EQ_INT(r->n_gemms, 5);
     KT_EQ_INT(r->qgemv_max_m, 32);
     KT_CHECK(r->attn_waves == 2.0f && r->seconds == 1.5f);
+    KT_EQ_INT(r->decode_tc_min, 96);
+    KT_EQ_INT(kiln_rd_u32(buf.data + KILN_TUNING_HEADER_SIZE + 168), 96); /* at its documented offset */
     for (uint32_t i = 0; i < 5; i++) {
         const kiln_tuning_gemm *g = &r->gemms[i], *h = &t.records[0].gemms[i];
         KT_CHECK(g->m == h->m && g->n == h->n && g->k == h->k && g->flags == h->flags && g->us == h->us &&
@@ -141,6 +144,8 @@ static void test_refusals(void) {
     refused(c, n, KILN_ERR_FORMAT, "rope_split_max_t 70000");
     FRESH(), kiln_wr_u32(c + R + 160, 0x7FC00000u); /* NaN */
     refused(c, n, KILN_ERR_FORMAT, "attn_waves");
+    FRESH(), kiln_wr_u32(c + R + 168, 65537);
+    refused(c, n, KILN_ERR_FORMAT, "decode_tc_min 65537 outside 0..65536");
     FRESH(), kiln_wr_u32(c + G + KILN_TUNING_GEMM_SIZE + 4, 0);
     refused(c, n, KILN_ERR_FORMAT, "GEMM 1: shape M=32 N=0");
     FRESH(), kiln_wr_u32(c + G + 12, 64);

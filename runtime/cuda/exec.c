@@ -281,7 +281,8 @@ typedef struct cx {
     bool qgemv_cc;    /* one-token steps over quantized weights on the CUDA-core GEMV (measure knob qgemv_cc=0: not) */
     bool prefill_wg;  /* prefill attention on the wgmma kernel where the engine has it (measure knob prefill_wg=0: not) */
     bool decode_tc;   /* decode attention on the tensor-core kernel where the engine has it (decode_tc=0: not) */
-    bool decode_tc_all; /* ... at every decode step, not from CX_DECODE_TC_MIN sequences (decode_tc=2) */
+    bool decode_tc_all; /* ... at every decode step, not from decode_tc_min sequences (decode_tc=2) */
+    int decode_tc_min;  /* ... from this many sequences a step: the option's, the record's or CX_DECODE_TC_MIN */
     bool moe_grouped; /* measure knob moe_grouped=1: decode batches past the experts' pair GEMVs run the
                          grouped tensor-core GEMVs instead of every expert through cuBLASLt */
     int qgemv_max_m; /* ... the quantized GEMV takes (else dequantize + cuBLASLt) */
@@ -1421,8 +1422,9 @@ static int splits_grid(const cx *x, const cx_attn *a, int B) {
 #define CX_DECODE_TC_MIN 80
 
 /* Attention instruction in may run the tensor-core decode kernel where the engine has it: not with
- * +merge_splits (it has no merging block); run_attn_decode takes it at steps of CX_DECODE_TC_MIN or
- * more sequences (every step with measure knob decode_tc=2). */
+ * +merge_splits (it has no merging block); run_attn_decode takes it at steps of decode_tc_min or more
+ * sequences (CX_DECODE_TC_MIN unless the engine's tuning record for this SM or the measure knob
+ * decode_tc_min says otherwise; every step with measure knob decode_tc=2). */
 static bool a_tc(const cx *x, const cx_inst *in) { return x->attn[in->attn].decode_tc && !in->merge; }
 
 /* Decode attention of the step's first B sequences, one new token each (rows 0..B-1): the split kernel,
@@ -1451,7 +1453,7 @@ static kiln_status run_attn_decode(cx *x, const cx_inst *in, const cx_attn *a, i
         dp.rope_high_freq_factor = dp.rope_llama3 ? r->rope_high_freq_factor : 4.0f;
         dp.rope_orig_max_pos = dp.rope_llama3 ? r->rope_original_max_pos : 8192.0f;
     }
-    const bool tc = a_tc(x, in) && (B >= CX_DECODE_TC_MIN || x->decode_tc_all); /* a warp a kv head */
+    const bool tc = a_tc(x, in) && (B >= x->decode_tc_min || x->decode_tc_all); /* a warp a kv head */
     kiln_status st = tc ? launch(x, a->decode_tc, (unsigned)((x->n_kv + a->warps - 1) / a->warps), (unsigned)B,
                                  (unsigned)z, (unsigned)(a->warps * 32), a->smem_decode_tc, &dp, "kiln_attn_decode_tc", err)
                         : launch(x, a->decode, (unsigned)x->n_kv, (unsigned)B, (unsigned)z, (unsigned)(a->warps * 32),
@@ -1734,7 +1736,7 @@ static void prof_name(cx *x) {
                 snprintf(r->what, sizeof r->what, "%s (copy)", opn);
             else if (in->kind == I_ATTN && d && a_tc(x, in)) /* which kernel, for an A/B of it */
                 snprintf(r->what, sizeof r->what, "%s (tensor cores from %d sequences)", opn,
-                         x->decode_tc_all ? 1 : CX_DECODE_TC_MIN);
+                         x->decode_tc_all ? 1 : x->decode_tc_min);
             else if (in->kind == I_ATTN) {
                 const cx_attn *a = &x->attn[in->attn];
                 snprintf(r->what, sizeof r->what, "%s (%s)", opn,
@@ -2397,6 +2399,7 @@ bool kiln_cuda_exec_get_stats(kiln_executor *e, kiln_cuda_exec_stats *st) {
     st->qgemv_max_m = x->qgemv_max_m;
     st->rope_split_max_t = x->rope_split_max_t;
     st->attn_waves = x->attn_waves;
+    st->decode_tc_min = x->decode_tc_min;
     return true;
 }
 
@@ -2438,6 +2441,7 @@ kiln_status kiln_cuda_exec_tune(kiln_executor *e, const int *batches, int n_batc
     out->qgemv_max_m = (uint32_t)x->qgemv_max_m;
     out->rope_split_max_t = (uint32_t)x->rope_split_max_t;
     out->attn_waves = (float)x->attn_waves;
+    out->decode_tc_min = (uint32_t)x->decode_tc_min;
     out->seconds = (float)(kiln_now() - t0);
     return KILN_OK;
 }
@@ -2649,6 +2653,8 @@ static kiln_status tuning_apply(cx *x, const kiln_cuda_exec_opts *o, kiln_error 
                           : r && r->rope_split_max_t ? (int)r->rope_split_max_t
                                                      : CX_ROPE_SPLIT_MAX_T;
     x->attn_waves = o->attn_waves > 0 ? o->attn_waves : r && r->attn_waves > 0 ? (double)r->attn_waves : 2.0;
+    x->decode_tc_min = o->decode_tc_min > 0 ? o->decode_tc_min : r && r->decode_tc_min ? (int)r->decode_tc_min
+                                                                                         : CX_DECODE_TC_MIN;
     const size_t v = kiln_cublaslt_version(x->lt);
     if (o->no_recorded)
         snprintf(x->tuning, sizeof x->tuning, "off (heuristic%s)", present ? "; the engine's record is not used" : "");

@@ -98,6 +98,8 @@ typedef struct kiln_cuda_exec_opts {
                             (measure knob decode_tc=0) */
     bool decode_tc_all;  /* ... and takes the tensor-core one at every decode step, not from 80 sequences
                             (decode_tc=2) */
+    int decode_tc_min;   /* ... from this many sequences a step (measure knob decode_tc_min, kiln tune
+                            --decode-tc-min); 0 = the record's or CX_DECODE_TC_MIN (80) */
     bool no_w8a8_fast_accum; /* W8A8 GEMMs the plan marks +fast_accum promote their partial sums to fp32 all
                                 the same (measure knob w8a8_fast=0, for A/B on one engine; docs/quantization.md) */
     bool lt_search;      /* cuBLASLt tuning also times variants of the heuristic's answers (other tiles, split-K;
@@ -133,7 +135,7 @@ typedef struct kiln_cuda_exec_stats {
     int tuning_shapes;        /* GEMM entries of the record in use (0: none) */
     int tuning_used;          /* of them, entries some cuBLASLt plan took so far */
     int tuning_refused;       /* entries cublasLtMatmulAlgoCheck refused (the heuristic's answer ran instead) */
-    int gemv_max_m, qgemv_max_m, rope_split_max_t;
+    int gemv_max_m, qgemv_max_m, rope_split_max_t, decode_tc_min;
     double attn_waves;
 } kiln_cuda_exec_stats;
 

@@ -45,6 +45,7 @@ static kiln_status gpu_create(const kiln_model *m, const kiln_ctx_options *o, co
                               .no_prefill_wg = k->prefill_wg == 0,
                               .no_decode_tc = k->decode_tc == 0,
                               .decode_tc_all = k->decode_tc == 2,
+                              .decode_tc_min = k->decode_tc_min,
                               .lt_search = k->lt_search == 1,
                               .no_w8a8_fast_accum = k->w8a8_fast == 0,
                               /* knob 0 (default) never, 1 auto, 2 always; the executor's 1 never, 0 auto,
