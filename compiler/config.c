@@ -387,7 +387,9 @@ static kiln_status cfg_quant_args(cfg_ctx *c, json_t *o, const char *at, int64_t
 }
 
 /* compressed-tensors: the settings a config group's "weights" must have for kiln to read them:
- * int, 4 bits, strategy group (32, 64 or 128), static, no act-order g_idx, no block structure.
+ * int, 4 bits, strategy group (32, 64 or 128), static, no block structure; actorder none, "weight" (alias
+ * "static": groups in order) or "group" (alias "dynamic", or true: a weight_g_idx per projection, read as
+ * GPTQ's act-order g_idx, q->desc_act).
  * `at` is the group's field name ("config_groups.group_0.weights"). */
 static kiln_status cfg_quant_ct_weights(cfg_ctx *c, json_t *w, const char *at, kiln_ckpt_quant *q) {
     char key[224], shown[96]; /* `at` (< 160) and a field name */
@@ -424,18 +426,23 @@ static kiln_status cfg_quant_ct_weights(cfg_ctx *c, json_t *w, const char *at, k
         snprintf(key, sizeof key, "%s.group_size", at), snprintf(shown, sizeof shown, "%lld", (long long)group);
         return cfg_quant_refuse(c, key, shown, "kiln's int4 format has groups of 32, 64 or 128");
     }
-    /* dynamic false; actorder none or "weight" (its alias "static"), which leaves the groups in order;
-     * "group" (alias "dynamic", or true) stores a permuting weight_g_idx */
+    /* dynamic false; actorder none or "weight" (its alias "static"), which leaves the groups in order, or
+     * "group" (alias "dynamic", or true), which stores a permuting weight_g_idx */
     static const char *const unread[][2] = {
         {"dynamic", "weights quantized on the fly are not read"},
-        {"actorder", "act-order groups (a weight_g_idx permutation) are not read yet; \"weight\" order is"},
+        {"actorder", "kiln reads act-order \"weight\" (\"static\") and \"group\" (\"dynamic\")"},
         {"block_structure", "block scales are not read yet"},
     };
+    q->desc_act = false;
     for (size_t i = 0; i < sizeof unread / sizeof unread[0]; i++) {
         json_t *v = cfg_get(w, unread[i][0]);
         if (!v || json_is_false(v)) continue;
         const char *sv = json_is_string(v) ? json_string_value(v) : "";
         if (i == 1 && (strcmp(sv, "weight") == 0 || strcmp(sv, "static") == 0)) continue;
+        if (i == 1 && (json_is_true(v) || strcmp(sv, "group") == 0 || strcmp(sv, "dynamic") == 0)) {
+            q->desc_act = true; /* each projection's weight_g_idx (compiler/import.c ct_weight) */
+            continue;
+        }
         snprintf(key, sizeof key, "%s.%s", at, unread[i][0]);
         return cfg_quant_refuse(c, key, json_show(v, shown, sizeof shown), unread[i][1]);
     }

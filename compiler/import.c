@@ -272,8 +272,10 @@ static int quantized_weight(importer *im, const char *base, int64_t n, int64_t k
  * [n, k/8], .weight_scale F16/BF16 [n, k/G], and for asymmetric groups .weight_zero_point I32
  * [n/8, k/G] (packed along the rows; compressed-tensors 0.10 on: earlier releases stored the zeros
  * unpacked, which this refuses by their shape); .weight_shape I32/I64 [2] must say [n, k]. Layouts:
- * kiln_ops.h, kiln_qsrc. A .weight_g_idx (act-order "group") is left unused, so refused by name. */
-static int ct_weight(importer *im, const char *base, int64_t n, int64_t k) {
+ * kiln_ops.h, kiln_qsrc. With actorder "group" (cq->desc_act) a .weight_g_idx I32 [k] gives each column's
+ * group, read as GPTQ's g_idx is (gptq_order: *perm the id of the order's weight, or -1); otherwise one is
+ * left unused, so refused by name. */
+static int ct_weight(importer *im, const char *base, int64_t n, int64_t k, int *perm) {
     const kiln_ckpt_quant *cq = &im->ck->config.quant;
     const int64_t G = cq->group_size;
     const char *dir = im->ck->dir;
@@ -304,8 +306,16 @@ static int ct_weight(importer *im, const char *base, int64_t n, int64_t k) {
         snprintf(name, sizeof name, "%s.weight_zero_point", base);
         if (!(tz = checked_tensor_dt(im, name, 2, zp, DT_I32, "I32 (packed, 8 rows a word)"))) return -1;
     }
+    int32_t *order = NULL;
+    *perm = -1;
+    if (cq->desc_act) { /* actorder "group": weight_g_idx [k], the group of each input column */
+        snprintf(name, sizeof name, "%s.weight_g_idx", base);
+        const kiln_st_tensor *gi = checked_tensor_dt(im, name, 1, &k, DT_I32, "I32");
+        if (!gi || gptq_order(im, gi, name, k, G, &order) != KILN_OK) return -1;
+        if (order && (*perm = kiln_ir_weight_owned(im->g, name, KILN_DTYPE_I32, 1, &k, order, im->err)) < 0) return -1;
+    }
     const kiln_qsrc q = {.format = KILN_QSRC_CT, .qweight = tw->data, .qzeros = tz ? tz->data : NULL,
-                         .scales = ts->data, .scales_dtype = ts->dtype};
+                         .scales = ts->data, .scales_dtype = ts->dtype, .col_perm = order};
     const kiln_dtype dt = G == 32 ? KILN_DTYPE_Q4G32 : G == 64 ? KILN_DTYPE_Q4G64 : KILN_DTYPE_Q4G128;
     snprintf(name, sizeof name, "%s.weight_packed", base);
     return kiln_ir_weight_prequantized(im->g, name, dt, (const int64_t[2]){n, k}, &q, im->err);
@@ -418,7 +428,7 @@ static int proj_weight(importer *im, int64_t l, const char *what, int64_t n, int
                                "\"modules_to_not_convert\"; compile the model's unquantized checkpoint with --quant int4");
         return -1;
     }
-    if (m == KILN_CKPT_QUANT_CT) return ct_weight(im, base, n, k);
+    if (m == KILN_CKPT_QUANT_CT) return ct_weight(im, base, n, k, perm);
     const int w = quantized_weight(im, base, n, k, group, perm);
     if (w < 0 && rule) kiln_err_hint(im->err, "quantization_config.dynamic rule \"%s\" gives '%s' groups of %d", rule->key,
                                      base, group);

@@ -76,7 +76,8 @@ typedef struct kiln_ckpt_quant {
     int group_size;           /* 32, 64 or 128; 0 for FP8 */
     bool gptq_v2;             /* GPTQ: zeros stored as they are (v1 stores zero - 1) */
     bool sym, desc_act;       /* GPTQ: as declared (act-order g_idx orders are read either way);
-                                 compressed-tensors: sym is weights.symmetric (no zero points) */
+                                 compressed-tensors: sym is weights.symmetric (no zero points), desc_act its
+                                 actorder "group" (each projection's weight_g_idx read as GPTQ's g_idx) */
     bool fp8;                 /* FP8 E4M3 weights (method FP8, or CT float-quantized) */
     bool fp8_channel;         /* FP8: one scale per output row (CT strategy channel), else one per tensor */
     int fp8_block_n;          /* FP8 (method fp8): weight_block_size [fp8_block_n, 128], a scale per block of that

@@ -274,8 +274,8 @@ d=$(mkqckpt c-bits tiny-mistral-ct); edit_json "$d/config.json" "$CTG[\"weights\
 compile_fails 1 'config_groups.group_0.weights.num_bits" is 8' "$d"
 d=$(mkqckpt c-channel tiny-mistral-ct); edit_json "$d/config.json" "$CTG[\"weights\"][\"strategy\"] = \"channel\""
 compile_fails 1 'config_groups.group_0.weights.strategy" is "channel"' "$d"
-d=$(mkqckpt c-actorder tiny-mistral-ct); edit_json "$d/config.json" "$CTG[\"weights\"][\"actorder\"] = \"group\""
-compile_fails 1 'config_groups.group_0.weights.actorder" is "group"' "$d"
+d=$(mkqckpt c-actorder tiny-mistral-ct); edit_json "$d/config.json" "$CTG[\"weights\"][\"actorder\"] = \"columns\""
+compile_fails 1 'config_groups.group_0.weights.actorder" is "columns": kiln reads act-order' "$d"
 d=$(mkqckpt c-w4a8 tiny-mistral-ct)
 edit_json "$d/config.json" "$CTG[\"input_activations\"] = {\"num_bits\": 8, \"type\": \"int\", \"strategy\": \"token\", \"dynamic\": True}"
 compile_fails 1 'config_groups.group_0.input_activations" is .*W4A8' "$d"
@@ -286,6 +286,13 @@ compile_fails 1 "tensor 'model.layers.0.self_attn.k_scale' is missing" "$d"
 d=$(mkqckpt c-gidx tiny-mistral-ct)
 st_rewrite "$d/model.safetensors" 't["model.layers.0.mlp.up_proj.weight_g_idx"] = ["I32", [64], bytearray(256)]'
 compile_fails 1 "model.layers.0.mlp.up_proj.weight_g_idx" "$d"
+# actorder "group" declared: each projection's weight_g_idx must be there, and group its columns in whole groups
+d=$(mkqckpt c-gidx-missing tiny-mistral-ct-actorder)
+st_rewrite "$d/model.safetensors" 'del t["model.layers.1.mlp.down_proj.weight_g_idx"]'
+compile_fails 1 "tensor 'model.layers.1.mlp.down_proj.weight_g_idx' is missing" "$d"
+d=$(mkqckpt c-gidx-range tiny-mistral-ct-actorder)
+st_rewrite "$d/model.safetensors" 'g = t["model.layers.0.self_attn.o_proj.weight_g_idx"][2]; g[0:4] = bytes([2, 0, 0, 0])'
+compile_fails 1 "tensor 'model.layers.0.self_attn.o_proj.weight_g_idx' maps input column 0 to group 2: there are groups 0 to 1 only" "$d"
 # a projection left unquantized (its name in "ignore"): a .weight where weight_packed should be
 d=$(mkqckpt c-ignored tiny-mistral-ct)
 st_rewrite "$d/model.safetensors" 'p = "model.layers.1.self_attn.k_proj."; n, k = (int(x) for x in __import__("struct").unpack("<2q", t[p + "weight_shape"][2])); [t.pop(p + s) for s in ("weight_packed", "weight_scale", "weight_shape")]; t[p + "weight"] = ["BF16", [n, k], bytearray(2 * n * k)]'

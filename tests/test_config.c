@@ -722,7 +722,14 @@ static void test_compressed_tensors_config(void) {
                          ct_config(b, sizeof b, ", \"symmetric\": false, \"group_size\": 128, \"actorder\": \"weight\"",
                                    ", \"format\": null, \"targets\": [\"re:.*q_proj$\", \"down_proj\"]", ""),
                          &m, &e), KILN_OK);
-    KT_CHECK(!m.quant.sym && m.quant.group_size == 128);
+    KT_CHECK(!m.quant.sym && m.quant.group_size == 128 && !m.quant.desc_act);
+    /* act-order "group" (and its aliases): each projection's weight_g_idx is read (desc_act) */
+    static const char *const group_orders[] = {", \"actorder\": \"group\"", ", \"actorder\": \"dynamic\"",
+                                               ", \"actorder\": true"};
+    for (int i = 0; i < 3; i++) {
+        KT_EQ_INT(parse_with("quantization_config", ct_config(b, sizeof b, group_orders[i], "", ""), &m, &e), KILN_OK);
+        KT_CHECK(m.quant.desc_act);
+    }
     /* no strategy with a group size: group (as compressed-tensors infers it) */
     KT_EQ_INT(parse_with("quantization_config", ct_config(b, sizeof b, ", \"strategy\": null", "", ""), &m, &e),
               KILN_OK);
@@ -743,8 +750,8 @@ static void test_compressed_tensors_config(void) {
          "\"quantization_config.config_groups.group_0.weights.strategy\" is \"channel\": only per-group scales"},
         {", \"group_size\": 16", "", "", KILN_ERR_UNSUPPORTED,
          "\"quantization_config.config_groups.group_0.weights.group_size\" is 16"},
-        {", \"actorder\": \"group\"", "", "", KILN_ERR_UNSUPPORTED,
-         "\"quantization_config.config_groups.group_0.weights.actorder\" is \"group\": act-order groups"},
+        {", \"actorder\": \"columns\"", "", "", KILN_ERR_UNSUPPORTED,
+         "\"quantization_config.config_groups.group_0.weights.actorder\" is \"columns\": kiln reads act-order"},
         {", \"dynamic\": true", "", "", KILN_ERR_UNSUPPORTED,
          "\"quantization_config.config_groups.group_0.weights.dynamic\" is true"},
         {"", ", \"input_activations\": {\"num_bits\": 8, \"type\": \"int\", \"dynamic\": true}", "",

@@ -339,6 +339,8 @@ static void test_gptq_checkpoint_act_order(void) {
     unlink(out);
 }
 static void test_gptq_v2_checkpoint(void) { check_quant_checkpoint("tiny-mistral-gptq-v2"); }
+/* compressed-tensors with actorder "group": each projection's weight_g_idx read as GPTQ's g_idx */
+static void test_ct_checkpoint_act_order(void) { check_quant_checkpoint("tiny-mistral-ct-actorder"); }
 /* GPTQModel's dynamic map (make_quant_ckpt_goldens.py DYNAMIC): layer 0's q/k/v/o read dense (bf16), layer
  * 1's MLP in groups of 64, the rest in groups of 32; against HF on the dense dequantized model, with
  * the default passes (q/k/v and gate/up packed) and none. */
@@ -824,6 +826,7 @@ int main(void) {
     KT_RUN(test_gptq_checkpoint_sym);
     KT_RUN(test_gptq_checkpoint_asym_desc_act);
     KT_RUN(test_gptq_checkpoint_act_order);
+    KT_RUN(test_ct_checkpoint_act_order);
     KT_RUN(test_gptq_v2_checkpoint);
     KT_RUN(test_gptq_dynamic_checkpoint);
     KT_RUN(test_ct_checkpoint_sym);

@@ -1623,6 +1623,7 @@ static void test_quant_goldens(void) {
     static const char *const pub[] = {"tiny-mistral-awq",       "tiny-mistral-gptq",         "tiny-mistral-gptq-asym",
                                       "tiny-mistral-gptq-v2",   "tiny-mistral-gptq-dynamic", /* q4g32, q4g64, bf16 mixed */
                                       "tiny-mistral-gptq-actorder", /* permute ops (kiln_gather_cols) */
+                                      "tiny-mistral-ct-actorder", /* compressed-tensors' weight_g_idx */
                                       "tiny-mistral-ct",        "tiny-mistral-ct-asym",
                                       "tiny-mistral-fp8-tensor", "tiny-mistral-fp8-channel", "tiny-mistral-fp8-ct-tensor",
                                       "tiny-mistral-fp8-block", "tiny-llama3-fp8-block", "tiny-llama3-fp8-ct-block"};

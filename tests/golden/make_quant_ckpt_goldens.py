@@ -28,6 +28,10 @@ from kiln):
                                      is a group, g_idx[order[j]] = j // 32, and qweight stays in the
                                      checkpoint's column order; layer 1's o_proj keeps groups in order,
                                      and a dynamic map leaves layer 1's gate/up unquantized (bf16)
+  tests/data/tiny-mistral-ct-actorder  compressed-tensors, asymmetric, f16 scales, actorder "group": every
+                                     projection's columns grouped in a random order as for the GPTQ one,
+                                     weight_g_idx I32 [in] the group of each column (llm-compressor's
+                                     GPTQModifier with actorder="group" saves it so)
   tests/data/tiny-mistral-ct         compressed-tensors "pack-quantized" (llm-compressor's W4A16),
                                      symmetric: weight_packed [out, in/8], nibble i of word [r, j] =
                                      signed code of column 8j + i, plus 8 (pack_to_int32); weight_scale
@@ -115,15 +119,15 @@ CHECKPOINTS = [
     ("tiny-mistral-ct-asym", "ct", False, "f16", False, mg.ID_PROMPTS[1:]),
     ("tiny-mistral-gptq-dynamic", "gptq", False, "gptq", False, mg.ID_PROMPTS[1:]),
     ("tiny-mistral-gptq-actorder", "gptq", False, "gptq", True, mg.ID_PROMPTS[1:]),
+    ("tiny-mistral-ct-actorder", "ct", False, "f16", True, mg.ID_PROMPTS[1:]),
 ]
 # Act-order checkpoints: the seed of each projection's column order, by the input it reads (projections of
 # one input share it); a module not listed keeps its groups in column order.
-ACT_ORDER = {
-    "tiny-mistral-gptq-actorder": {
-        "self_attn.q_proj": "attn_in", "self_attn.k_proj": "attn_in", "self_attn.v_proj": "attn_in",
-        "self_attn.o_proj": "o_in", "mlp.gate_proj": "mlp_in", "mlp.up_proj": "mlp_in", "mlp.down_proj": "down_in",
-    },
+ACT_ORDER_INPUTS = {
+    "self_attn.q_proj": "attn_in", "self_attn.k_proj": "attn_in", "self_attn.v_proj": "attn_in",
+    "self_attn.o_proj": "o_in", "mlp.gate_proj": "mlp_in", "mlp.up_proj": "mlp_in", "mlp.down_proj": "down_in",
 }
+ACT_ORDER = {"tiny-mistral-gptq-actorder": ACT_ORDER_INPUTS, "tiny-mistral-ct-actorder": ACT_ORDER_INPUTS}
 ACT_ORDER_KEEP = {"tiny-mistral-gptq-actorder": {"model.layers.1.self_attn.o_proj"}}
 
 
@@ -216,6 +220,8 @@ def pack(fmt, ckfmt, q, z, s, sym=False, group=GROUP, g_idx=None):
              "weight_shape": np.array([n, k], dtype=np.int64 if ckfmt == "bf16" else np.int32)}
         if not sym:
             t["weight_zero_point"] = pack_cols(z)  # [out/8, in/G] along out (packed_dim 0)
+        if g_idx is not None:
+            t["weight_g_idx"] = g_idx.astype(np.int32)  # actorder "group"
         return t
     s = s.astype(np.float16)
     if fmt == "awq":  # transposed: [in, out], packed along out in AWQ's order
@@ -238,7 +244,8 @@ def unpack_dequant(fmt, ckfmt, t):
         qs = nib(t["weight_packed"]).reshape(n, k) - 8
         zs = (np.transpose(nib(t["weight_zero_point"]), (0, 2, 1)).reshape(n, -1) - 8
               if "weight_zero_point" in t else np.zeros(s.shape, dtype=np.int64))
-        g = np.arange(k) // (k // s.shape[1])
+        g = (np.asarray(t["weight_g_idx"], dtype=np.int64) if "weight_g_idx" in t
+             else np.arange(k) // (k // s.shape[1]))
         w = (qs - zs[:, g]).astype(np.float32) * s[:, g]
         return np.ascontiguousarray(w), qs + 8, zs + 8
     if fmt == "awq":
@@ -258,7 +265,8 @@ def unpack_dequant(fmt, ckfmt, t):
 
 def quant_config(fmt, sym, ckfmt, desc_act, dynamic=None):
     if fmt == "ct":  # as llm-compressor saves a W4A16 group-32 scheme (QuantizationConfig.model_dump)
-        weights = {"actorder": None, "block_structure": None, "dynamic": False, "group_size": GROUP, "num_bits": 4,
+        weights = {"actorder": "group" if desc_act else None, "block_structure": None, "dynamic": False,
+                   "group_size": GROUP, "num_bits": 4,
                    "observer": "minmax", "observer_kwargs": {}, "scale_dtype": None, "strategy": "group",
                    "symmetric": sym, "type": "int", "zp_dtype": None if sym else "torch.int8"}
         return {"config_groups": {"group_0": {"format": "pack-quantized", "input_activations": None,
@@ -296,7 +304,8 @@ def make_one(name, fmt, sym, ckfmt, desc_act, prompts):
         order = act_order(name, base, wv.shape[1])
         g_idx = None
         if order is not None:  # act-order: groups of `group` columns in that order, codes in column order
-            qp, z, s = quantize(wv[:, order], sym, "f16", group=group)
+            qp, z, s = quantize(np.ascontiguousarray(wv[:, order]), sym, ckfmt if ct else "f16", zero_in_range=ct,
+                                group=group)
             q = np.empty_like(qp)
             q[:, order] = qp
             g_idx = np.empty(wv.shape[1], dtype=np.int64)
