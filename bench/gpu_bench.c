@@ -13,8 +13,10 @@
  * so each launch reads HBM; CUDA events around ITERS back-to-back launches,
  * after warm-up; the median of REPS such timings. One JSON line per
  * measurement on stdout; a table on stderr at the end.
- *   - with --quant, only the quantized GEMV (q8, q4g128) over the same shapes, in its variants.
- * Usage: kiln_gpu_bench [--quick | --prefill | --decode-attn | --decode-attn-kv | --quant]   (--prefill:
+ *   - with --quant, only the quantized GEMV (q8, q4g128) over the same shapes, in its variants;
+ *   - with --qgemm, steps of 16 to 512 rows over quantized matrices: the GEMV, the quantized GEMM
+ *     (qgemm.cuh) and dequantizing for cuBLASLt.
+ * Usage: kiln_gpu_bench [--quick | --prefill | --decode-attn | --decode-attn-kv | --quant | --qgemm]   (--prefill:
  *        prefill attention only; --decode-attn: decode attention only; --decode-attn-kv: decode attention
  *        over FP8 and bf16 caches, the CUDA-core and the tensor-core kernels; --quant: the quantized GEMV only)
  */
@@ -36,7 +38,7 @@ typedef struct bench {
     CUevent e0, e1;
     const char *commit;
     int iters;
-    char table[16384];
+    char table[32768];
     size_t tlen;
 } bench;
 
@@ -355,6 +357,146 @@ static void bench_gemv_quant(bench *b) {
     for (int i = 0; i < NV; i++) kiln_cuda_module_unload(&b->cu, mods[i]);
 }
 
+/* ---- quantized GEMM (--qgemm) ---- */
+
+/* Steps of 16 to 512 rows over Mistral-7B's quantized matrices (q4g128, q8), three ways: the quantized
+ * GEMV (tensor cores, codegen's configuration; it reads the codes again for every 8 rows of x, mostly
+ * from L2), the quantized GEMM (qgemm.cuh, 8 warps; 64 rows of x with a ring of 3 chunks, 32 with 4;
+ * at 64 rows also its probes without the codes' widening or the mma) and the dequantized route
+ * (kiln_dequant into a bf16 copy, then cuBLASLt). bytes = the quantized weight's; TFLOPs = 2MNK. */
+typedef struct qg_ctx {
+    int kind; /* 0 GEMV, 1 qgemm, 2 dequant + cuBLASLt */
+    CUfunction fn, deq;
+    kiln_cuda_dims d;
+    int M, N, K, bits, group, splits, chunks, ncopies;
+    size_t codes16, nsc;
+    CUdeviceptr w[64], x, y, dense, ws, cnt;
+} qg_ctx;
+
+static kiln_status qg_launch(bench *b, void *vctx, int i, kiln_error *err) {
+    qg_ctx *c = vctx;
+    const CUdeviceptr w = c->w[i % c->ncopies], sc = w + c->codes16, mn = c->group ? sc + c->nsc * 4 : 0;
+    kiln_gemv_params g = {c->x, w, c->y, 0, c->M, c->N, c->K, c->K, c->N, 0, 0, 0.0f, 0, sc, mn, 0, 0, 0, 0};
+    if (c->kind == 0) {
+        void *args[] = {&g};
+        return kiln_cuda_launch(&b->cu, c->fn, &c->d, NULL, args, "kiln_gemv", err);
+    }
+    if (c->kind == 1) {
+        kiln_qgemm_params q = {g, c->splits > 1 ? c->ws : 0, c->splits > 1 ? c->cnt : 0, c->splits, c->chunks};
+        void *args[] = {&q};
+        return kiln_cuda_launch(&b->cu, c->fn, &c->d, NULL, args, "kiln_qgemm", err);
+    }
+    kiln_dequant_params dp = {w, sc, mn, c->dense, c->N, c->K, c->bits, c->group, 0, 0};
+    const kiln_cuda_dims dd = {{(unsigned)(((size_t)c->N * c->K / 8 + 255) / 256), 1, 1}, {256, 1, 1}, 0};
+    void *args[] = {&dp};
+    kiln_status st = kiln_cuda_launch(&b->cu, c->deq, &dd, NULL, args, "kiln_dequant", err);
+    return st ? st : kiln_cublaslt_gemm_bf16(b->lt, c->M, c->N, c->K, c->x, c->dense, c->y, false, NULL, err);
+}
+
+static void bench_qgemm(bench *b) {
+    static const int shapes[][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
+    static const int ms[] = {16, 32, 64, 128, 256, 512};
+    static const int layouts[][2] = {{4, 128}, {8, 0}};
+    kiln_error err = {0};
+    CUmodule mdeq;
+    const char *ddefs[] = {"DEQUANT_THREADS=256"};
+    CUfunction deq = build(b, "dequant.cuh", "kiln_dequant", ddefs, 1, &mdeq);
+    const kiln_qgemm_cfg big = {8, 64, 3, 4, 128};
+    const size_t wsn = kiln_qgemm_ws_floats(&big, b->cu.n_sm), cn = kiln_qgemm_cnt(b->cu.n_sm);
+    CUdeviceptr ws, cnt;
+    if (kiln_cuda_alloc(&b->cu, wsn * 4, &ws, &err) || kiln_cuda_alloc(&b->cu, cn * 4, &cnt, &err) ||
+        KILN_CU_CALL(&b->cu, &err, b->cu.api.cuMemsetD32(cnt, 0, cn)))
+        die("qgemm workspace", &err);
+    for (size_t li = 0; li < sizeof layouts / sizeof layouts[0]; li++) {
+        const int bits = layouts[li][0], group = layouts[li][1];
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            const int N = shapes[si][0], K = shapes[si][1];
+            /* the GEMV as codegen configures it (codegen/kernels_section.c add_gemv_quant) */
+            const int gw = bits == 4 ? (K >= 8192 ? 16 : 8) : (K >= 8192 || N <= 4096 ? 16 : 8);
+            const int gt = bits == 4 && K >= 8192 ? 2 : 1;
+            const int gu = bits == 4 ? (K >= 8192 ? 1 : 2) : (K >= 8192 || N <= 4096 ? 2 : 4);
+            char d[10][32];
+            snprintf(d[0], 32, "GEMV_WARPS=%d", gw);
+            snprintf(d[1], 32, "GEMV_UNROLL=%d", gu);
+            snprintf(d[2], 32, "GEMV_MMA=1");
+            snprintf(d[3], 32, "GEMV_QUANT=%d", bits);
+            snprintf(d[4], 32, "GEMV_GROUP=%d", group);
+            snprintf(d[5], 32, "GEMV_QT=%d", gt);
+            snprintf(d[6], 32, "GEMV_ROWS=2");
+            snprintf(d[7], 32, "GEMV_MT=1");
+            const char *gdefs[8] = {d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]};
+            /* 64 rows of x a block with 3 stages (codegen's), 32 with 4, and the probes of the first
+             * (wrong results): no widening of the codes, no mma */
+            static const int qv[][3] = {{64, 3, 0}, {32, 4, 0}, {64, 3, 1}, {64, 3, 2}};
+            enum { NQ = sizeof qv / sizeof qv[0] };
+            CUmodule mg, mq[NQ];
+            qg_ctx c = {0};
+            c.fn = build(b, "gemv.cuh", "kiln_gemv", gdefs, 8, &mg);
+            CUfunction gemv = c.fn, qg[NQ];
+            for (int v = 0; v < NQ; v++) {
+                char q[6][32];
+                snprintf(q[0], 32, "QG_BITS=%d", bits);
+                snprintf(q[1], 32, "QG_GROUP=%d", group);
+                snprintf(q[2], 32, "QG_WARPS=8");
+                snprintf(q[3], 32, "QG_TM=%d", qv[v][0]);
+                snprintf(q[4], 32, "QG_STAGES=%d", qv[v][1]);
+                snprintf(q[5], 32, "QG_PROBE=%d", qv[v][2]);
+                const char *qdefs[6] = {q[0], q[1], q[2], q[3], q[4], q[5]};
+                qg[v] = build(b, "qgemm.cuh", "kiln_qgemm", qdefs, 6, &mq[v]);
+            }
+            c.M = 512, c.N = N, c.K = K, c.bits = bits, c.group = group, c.deq = deq, c.ws = ws, c.cnt = cnt;
+            const size_t codes = (size_t)N * K * (size_t)bits / 8;
+            c.codes16 = (codes + 15) / 16 * 16;
+            c.nsc = group ? (size_t)N * (size_t)(K / group) : (size_t)N;
+            const size_t wbytes = c.codes16 + c.nsc * 4 * (group ? 2 : 1);
+            c.ncopies = (int)((8.0 * b->cu.l2_bytes + (double)wbytes - 1) / (double)wbytes);
+            if (c.ncopies < 2) c.ncopies = 2;
+            if (c.ncopies > 64) c.ncopies = 64;
+            for (int i = 0; i < c.ncopies; i++) {
+                c.w[i] = rand_dev(b, (wbytes + 1) / 2, 1.0f);
+                if (kiln_cuda_fill32(&b->cu, c.w[i] + c.codes16, 0x3a83126fu, c.nsc * 4 * (group ? 2 : 1), &err))
+                    die("fill", &err);
+            }
+            c.x = rand_dev(b, (size_t)512 * K, 1.0f);
+            c.y = rand_dev(b, (size_t)512 * N, 1.0f);
+            if (kiln_cuda_alloc(&b->cu, (size_t)N * K * 2, &c.dense, &err)) die("alloc", &err);
+            for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
+                c.M = ms[mi];
+                const double flops = 2.0 * c.M * N * K;
+                char name[48];
+                for (int kind = 0; kind < NQ + 2; kind++) {
+                    if (kind == 0 && c.M > 64) continue; /* the GEMV reads the codes again every 8 rows */
+                    if (kind > 2 && kind <= NQ && c.M != 64) continue; /* the probes at 64 rows only */
+                    c.kind = kind == 0 ? 0 : kind == NQ + 1 ? 2 : 1;
+                    if (kind == 0) {
+                        const kiln_gemv_cfg cfg = {gw, gt, gu, 8, 1};
+                        c.fn = gemv, c.d = kiln_gemv_dims(&cfg, c.M, N);
+                        snprintf(name, sizeof name, "q%d gemv w%d t%d", bits, gw, gt);
+                    } else if (kind <= NQ) {
+                        const int *v = qv[kind - 1];
+                        const kiln_qgemm_cfg qc = {8, v[0], v[1], bits, group};
+                        c.fn = qg[kind - 1];
+                        c.splits = kiln_qgemm_splits(&qc, c.M, N, K, b->cu.n_sm, &c.chunks);
+                        c.d = kiln_qgemm_dims(&qc, c.M, N, c.splits);
+                        snprintf(name, sizeof name, "q%d qgemm m%d st%d s%d%s", bits, v[0], v[1], c.splits,
+                                 v[2] == 1 ? " nodeq" : v[2] == 2 ? " nomma" : "");
+                    } else {
+                        snprintf(name, sizeof name, "q%d dequant+lt", bits);
+                    }
+                    report(b, "qgemm", name, c.M, N, K, time_launches(b, qg_launch, &c, b->iters), (double)wbytes, flops);
+                }
+            }
+            for (int i = 0; i < c.ncopies; i++) kiln_cuda_release(&b->cu, c.w[i]);
+            kiln_cuda_release(&b->cu, c.x); kiln_cuda_release(&b->cu, c.y); kiln_cuda_release(&b->cu, c.dense);
+            kiln_cuda_module_unload(&b->cu, mg);
+            for (int v = 0; v < NQ; v++) kiln_cuda_module_unload(&b->cu, mq[v]);
+        }
+    }
+    kiln_cuda_release(&b->cu, ws);
+    kiln_cuda_release(&b->cu, cnt);
+    kiln_cuda_module_unload(&b->cu, mdeq);
+}
+
 /* ---- attention ---- */
 
 typedef struct attn_ctx {
@@ -605,6 +747,7 @@ int main(int argc, char **argv) {
     bool decode_attn_only = argc > 1 && strcmp(argv[1], "--decode-attn") == 0;
     bool decode_kv_only = argc > 1 && strcmp(argv[1], "--decode-attn-kv") == 0;
     bool quant_only = argc > 1 && strcmp(argv[1], "--quant") == 0;
+    bool qgemm_only = argc > 1 && strcmp(argv[1], "--qgemm") == 0;
     static bench b;
     kiln_error err = {0};
     b.commit = getenv("KILN_COMMIT") ? getenv("KILN_COMMIT") : "unknown";
@@ -617,7 +760,9 @@ int main(int argc, char **argv) {
         die("events", &err);
     if (kiln_cublaslt_create(&b.cu, 32u << 20, &b.lt, &err)) die("cuBLASLt", &err);
 
-    if (quant_only) {
+    if (qgemm_only) {
+        bench_qgemm(&b);
+    } else if (quant_only) {
         bench_gemv_quant(&b);
     } else if (decode_kv_only) {
         bench_attn_decode_kv(&b);
@@ -636,7 +781,7 @@ int main(int argc, char **argv) {
         bench_gemv(&b, quick);
         bench_attn_decode(&b);
     }
-    if (!decode_attn_only && !decode_kv_only && !quant_only) bench_attn_prefill(&b);
+    if (!decode_attn_only && !decode_kv_only && !quant_only && !qgemm_only) bench_attn_prefill(&b);
 
     fprintf(stderr, "\n%-18s %-22s %5s %6s %6s %9s %8s %7s\n%s", "kernel", "variant", "M", "N", "K", "us", "GB/s",
             "of4.2TB", b.table);

@@ -264,6 +264,43 @@ static kiln_status add_gemv_quant_cc(kset *s, const char *epi, int n, int k, int
     return KILN_OK;
 }
 
+/* The quantized GEMM over a quantized [n, k] weight (kernels/qgemm.cuh; q8, fp8 and q4gG, not fp8g128, whose
+ * long steps run W8A8) for steps of 17 to 64 rows: modules "<dtype>.mx32" (32 rows of x a block, a ring of 4
+ * chunks) and "<dtype>.mx" (64 rows, 3 chunks), 8 warps. On the H200 (kiln_gpu_bench --qgemm, Mistral-7B's
+ * q4g128 and q8 matrices) the 32-row one was the faster up to 32 rows (gate/up 64.5-66.1 us against 87-89),
+ * the 64-row one at 64 (93 against 126). */
+static kiln_status add_qgemm(kset *s, const char *epi, int n, int k, int qt, kiln_error *err) {
+    if (s->f32 || (kiln_quant_bits(qt) == 8 && kiln_quant_group(qt))) return KILN_OK; /* bf16 x only; fp8g128 */
+    const bool swiglu = strcmp(epi, "swiglu") == 0, f32out = strcmp(epi, "f32out") == 0;
+    for (int v = 0; v < 2; v++) {
+        const int tm = v ? 64 : 32, stages = v ? 3 : 4;
+        char name[KILN_KSEC_NAME_MAX], variant[24];
+        kiln_status st;
+        kiln_ksec_gemv_qg_variant(variant, sizeof variant, kiln_dtype_name((kiln_dtype)qt), tm);
+        kiln_ksec_gemv_name(name, sizeof name, epi, n, k, variant);
+        kmod *m = new_mod(s, name, err, &st);
+        if (!m) {
+            if (st) return st;
+            continue;
+        }
+        memset(m->cfg, 0, sizeof m->cfg);
+        m->cfg[0] = 8, m->cfg[1] = tm, m->cfg[2] = stages;
+        m->cfg[5] = f32out;
+        m->cfg[6] = swiglu;
+        m->cfg[7] = qt;
+        def_i(m, "QG_BITS", kiln_quant_bits(qt));
+        def_i(m, "QG_GROUP", kiln_quant_group(qt));
+        def_i(m, "QG_FP8", kiln_quant_is_fp8(qt));
+        def_i(m, "QG_SWIGLU", swiglu);
+        def_i(m, "QG_OUT_F32", f32out);
+        def_i(m, "QG_WARPS", 8);
+        def_i(m, "QG_TM", tm);
+        def_i(m, "QG_STAGES", stages);
+        include(m, "qgemm.cuh");
+    }
+    return KILN_OK;
+}
+
 /* The GEMV over a quantized [n, k] weight of dtype qt (q8, fp8, q4gG): one module, the tensor-core
  * variant with the codes dequantized in registers, for every M up to the runtime's GEMV limit
  * (gemv.cuh, GEMV_QUANT); steps with more rows dequantize into a dense copy for cuBLASLt (module
@@ -300,6 +337,7 @@ static kiln_status add_gemv_quant(kset *s, const char *epi, int n, int k, int qt
     def_i(m, "GEMV_QT", m->cfg[1]);
     include(m, "gemv.cuh");
     if ((st = add_gemv_quant_cc(s, epi, n, k, qt, err))) return st;
+    if ((st = add_qgemm(s, epi, n, k, qt, err))) return st;
     if ((m = new_mod(s, "dequant", err, &st)) != NULL) {
         m->cfg[0] = 256;
         def_i(m, "DEQUANT_THREADS", 256);

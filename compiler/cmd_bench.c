@@ -378,6 +378,7 @@ static void emit_context(const report *rp, const bench_shape *sh, const kiln_ctx
     emit(rp, sh->batch, sh->requests, "kernels_load_ms", in->kernels_load_seconds * 1e3, "ms");
     emit(rp, sh->batch, sh->requests, "ptx_jit", in->kernels_jitted, "bool");
     emit(rp, sh->batch, sh->requests, "gemm_fp8_matrices", in->gemm_fp8, "matrices"); /* W8A8 (after the run) */
+    emit(rp, sh->batch, sh->requests, "gemm_q_matrices", in->gemm_q, "matrices");     /* the quantized GEMM */
     emit_tuning(rp, sh, in->tuning);
 }
 

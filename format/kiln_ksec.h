@@ -93,5 +93,12 @@ static inline void kiln_ksec_gemv_name(char *buf, size_t cap, const char *epi, i
 static inline void kiln_ksec_gemv_cc_variant(char *buf, size_t cap, const char *dtype, bool ck) {
     snprintf(buf, cap, "%s.%s", dtype, ck ? "ck" : "cc");
 }
+/* The quantized GEMM's variants for a quantized weight of dtype name `dtype` (kernels/qgemm.cuh, entry
+ * kiln_qgemm; engines from 2026-12-04): "<dtype>.mx32", 32 rows of x a block, and "<dtype>.mx", 64, for
+ * steps of more rows than the GEMV takes. cfg[0] warps, cfg[1] rows of x a block (32 or 64), cfg[2] the
+ * ring's stages; runtimes before them look for neither. */
+static inline void kiln_ksec_gemv_qg_variant(char *buf, size_t cap, const char *dtype, int tm) {
+    snprintf(buf, cap, "%s.mx%s", dtype, tm == 32 ? "32" : "");
+}
 
 #endif /* KILN_KSEC_H */

@@ -176,6 +176,15 @@ KILN_DEV void kiln_cp8(unsigned dst, const void *src, int src_bytes) {
     asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(dst), "r"(v.x), "r"(v.y) : "memory");
 #endif
 }
+/* cp.async of 4 bytes (through L1); src_bytes 0 writes 4 zeros. */
+KILN_DEV void kiln_cp4(unsigned dst, const void *src, int src_bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+#else
+    const unsigned v = src_bytes ? *(const unsigned *)src : 0u;
+    asm volatile("st.shared.u32 [%0], %1;" ::"r"(dst), "r"(v) : "memory");
+#endif
+}
 KILN_DEV void kiln_cp_commit(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;" ::: "memory");
@@ -213,6 +222,18 @@ KILN_DEV float kiln_rope_freq(int i, int head_dim, float theta, int llama3, floa
  * first = d < head_dim/2: x cos - partner sin, else x cos + partner sin. */
 KILN_DEV float kiln_rope_rot(float x, float partner, float c, float s, bool first) {
     return first ? __fsub_rn(__fmul_rn(x, c), __fmul_rn(partner, s)) : __fadd_rn(__fmul_rn(x, c), __fmul_rn(partner, s));
+}
+
+/* ---- the GEMV's and the quantized GEMM's shared pieces ---- */
+KILN_DEV float kiln_silu(float g) { return g / (1.0f + __expf(-g)); }
+
+/* D = A(16x16 bf16, row) * B(16x8 bf16, col) + D, fp32. */
+KILN_DEV void kiln_mma_bf16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                            unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 /* ---- 8-bit codes: int8 (q8) and FP8 E4M3 (fp8), widened exactly; E4M3 rounding ---- */

@@ -177,8 +177,6 @@
 #error "GEMV_MT must be 1..8 and GEMV_ROWS at least 1"
 #endif
 
-KILN_DEV float kiln_silu(float g) { return g / (1.0f + __expf(-g)); }
-
 /* Dot of a 16-byte chunk of W with KILN_VEC fp32 values of x, accumulated into acc. */
 KILN_DEV float kiln_dotvf(uint4 w, const float (&x)[KILN_VEC], float acc) {
     float f[KILN_VEC];
@@ -796,14 +794,6 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS)
 }
 #else /* GEMV_MMA */
 
-/* D = A(16x16 bf16, row) * B(16x8 bf16, col) + D, fp32. */
-KILN_DEV void kiln_mma_bf16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
-                            unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 /* 8 bf16 of one row at k .. k+7, zero past K: for shapes the vector path cannot take. */
 KILN_DEV uint4 kiln_ld8_scalar(const kiln_bf16 *row, int k, int K) {

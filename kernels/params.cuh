@@ -55,6 +55,24 @@ typedef struct kiln_gemv_params {
     int pad3_;
 } kiln_gemv_params;
 
+/* The quantized GEMM (qgemm.cuh, kiln_qgemm): y = x · W^T over a quantized W for steps of many rows,
+ * blocks of QG_TM rows of x and 16 * QG_WARPS rows of W. g's fields as for the GEMV (x, w, y,
+ * residual, M, N, K, ldx, ldy, wscale, wmin; norm_w and the expert fields unused, 0). With splits > 1,
+ * each of a tile's splits blocks (grid z) takes `chunks` chunks of 128 columns of K; ws holds their
+ * fp32 partial tiles and cnt counts each tile's finished blocks (0 between launches). */
+#define KILN_QGEMM_TM_MAX 64
+/* one stage of its shared-memory ring: the chunk's x (tm rows of 128 bf16), codes (16 warps rows of 128
+ * columns) and, q4, the rows' scales and minimums of the chunk's 128 / group groups */
+#define KILN_QGEMM_STAGE(bits, group, warps, tm)                                                    \
+    ((tm) * 256 + 16 * (warps) * 16 * (bits) + ((bits) == 4 ? 2 * 16 * (warps) * (128 / (group)) * 4 : 0))
+typedef struct kiln_qgemm_params {
+    kiln_gemv_params g;
+    kiln_dptr ws;  /* f32 [tiles][splits][QG_TM][16 * QG_WARPS], or 0 with one split */
+    kiln_dptr cnt; /* u32 [tiles], zero, or 0 with one split */
+    int splits;    /* blocks a tile (grid z) */
+    int chunks;    /* 128-column chunks of K a split */
+} kiln_qgemm_params;
+
 /* Mixtral's sparse experts (KILN_OP_MOE, kernels/moe.cuh), over M tokens with E = MOE_E experts of
  * which MOE_K are chosen per token. Routing: logits = x · router^T (fp32), softmax, torch.topk's
  * choice (runtime/topk.c's order, ties included), the chosen probabilities renormalised (not with

@@ -172,7 +172,7 @@ static kiln_status fail_new(kiln_ctx_t *c, kiln_error *e) {
 
 /* The measurement knobs of kiln_ctx_options.measure ("key=value,..."), parsed and range-checked. */
 static kiln_status parse_measure(const char *spec, kiln_measure_knobs *k, kiln_error *err) {
-    *k = (kiln_measure_knobs){.lt_tune = -1, .pdl = -1, .graphs = -1, .recorded = -1, .moe_grouped = -1, .qgemv_cc = -1, .w8a8 = -1,
+    *k = (kiln_measure_knobs){.lt_tune = -1, .pdl = -1, .graphs = -1, .recorded = -1, .moe_grouped = -1, .qgemv_cc = -1, .qgemm = -1, .w8a8 = -1,
                               .tp_oneshot = -1, .prefill_wg = -1, .decode_tc = -1, .lt_search = -1, .w8a8_fast = -1};
     if (!spec || !*spec) return KILN_OK;
     if (strlen(spec) > 256) return kiln_err(err, KILN_ERR_INVALID_ARG, "measure: longer than 256 characters");
@@ -199,6 +199,7 @@ static kiln_status parse_measure(const char *spec, kiln_measure_knobs *k, kiln_e
         else if (!strcmp(key, "recorded") && whole && (d == 0 || d == 1)) k->recorded = (int)d;
         else if (!strcmp(key, "moe_grouped") && whole && (d == 0 || d == 1)) k->moe_grouped = (int)d;
         else if (!strcmp(key, "qgemv_cc") && whole && (d == 0 || d == 1)) k->qgemv_cc = (int)d;
+        else if (!strcmp(key, "qgemm") && whole && (d == 0 || d == 1)) k->qgemm = (int)d;
         else if (!strcmp(key, "w8a8") && whole && d >= 0 && d <= 2) k->w8a8 = (int)d;
         else if (!strcmp(key, "tp_oneshot") && whole && d >= 0 && d <= 2) k->tp_oneshot = (int)d;
         else if (!strcmp(key, "prefill_wg") && whole && (d == 0 || d == 1)) k->prefill_wg = (int)d;
@@ -213,7 +214,7 @@ static kiln_status parse_measure(const char *spec, kiln_measure_knobs *k, kiln_e
     bad:
         kiln_err(err, KILN_ERR_INVALID_ARG, "measure: '%s' is not a known knob with a value in its range", shown);
         return kiln_err_hint(err, "knobs: gemv_max_m=1..64, attn_waves=(0,64], lt_tune=0|1|2, pdl=0|1, graphs=0|1, "
-                                  "profile=0|1, recorded=0|1, moe_grouped=0|1, qgemv_cc=0|1, w8a8=0|1|2, tp_oneshot=0|1|2, "
+                                  "profile=0|1, recorded=0|1, moe_grouped=0|1, qgemv_cc=0|1, qgemm=0|1, w8a8=0|1|2, tp_oneshot=0|1|2, "
                                   "prefill_wg=0|1, decode_tc=0|1|2, decode_tc_min=1..65536, lt_search=0|1, "
                                   "w8a8_fast=0|1");
     }
@@ -461,6 +462,7 @@ static void info_fill(kiln_ctx_t *c, kiln_ctx_info *info) {
     info->kernels_jitted = xi.kernels_jitted;
     snprintf(info->tuning, sizeof info->tuning, "%s", xi.tuning);
     info->gemm_fp8 = xi.gemm_fp8;
+    info->gemm_q = xi.gemm_q;
     struct rusage ru;
     if (getrusage(RUSAGE_SELF, &ru) == 0) info->host_peak_bytes = (int64_t)ru.ru_maxrss * 1024; /* Linux: kB */
     info->steps = ss.steps;

@@ -166,7 +166,10 @@ typedef struct kiln_ctx_options {
      * collective), moe_grouped=0|1 (a mixture of experts' decode batches past
      * the pair GEMVs: every expert over the batch through cuBLASLt (default), or the grouped GEMVs),
      * qgemv_cc=0|1 (since 0.5; one-token steps over q8/fp8 weights, and q4 in engines from 2026-12-02:
-     * the CUDA-core GEMV where the engine has it (1, the default) or the tensor-core one (0)), w8a8=0|1|2 (since 0.5; an fp8 engine's steps
+     * the CUDA-core GEMV where the engine has it (1, the default) or the tensor-core one (0)), qgemm=0|1 (since 0.5;
+     * steps of 17 to 64 rows over q8, fp8 (not +act_fp8) and q4 weights in engines from 2026-12-04: the
+     * quantized GEMM reading the codes (1, the default) or, as before, the GEMV up to 32 rows and the weights
+     * dequantized for cuBLASLt past them (0)), w8a8=0|1|2 (since 0.5; an fp8 engine's steps
      * past the quantized GEMV on sm_89+, over the matrices its plan marks +act_fp8: cuBLASLt's FP8 GEMM over the activations quantized per token
      * (2, the default: fp8g128 matrices as well, with scales per 128 columns; 1: fp8 matrices only, fp8g128
      * dequantized) or the weights dequantized to bf16 for a bf16 GEMM (0)), prefill_wg=0|1 (since 0.5; prefill
@@ -250,6 +253,10 @@ typedef struct kiln_ctx_info {
                                     W8A8 now: the activations quantized per token for FP8 tensor cores (an
                                     fp8 engine on sm_89+; 0 on the CPU, for other formats and with measure
                                     knob w8a8=0, or once cuBLASLt had no algorithm for a shape) */
+    int32_t gemm_q;              /* (since 0.5, engines from 2026-12-04) quantized matrices whose steps of 17
+                                    to 64 rows run the quantized GEMM (the codes read in place; without it
+                                    they dequantize for cuBLASLt past 32 rows); 0 on the CPU and with
+                                    measure knob qgemm=0 */
 } kiln_ctx_info;
 
 /* Describe the context. */

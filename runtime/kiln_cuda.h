@@ -173,6 +173,20 @@ typedef struct kiln_gemv_cfg {
 /* Grid and block of kiln_gemv for an M x K by N x K product (the tensor-core
  * variant puts the x tiles in grid.x and the row groups in grid.y). */
 kiln_cuda_dims kiln_gemv_dims(const kiln_gemv_cfg *c, int M, int N);
+/* The quantized GEMM (qgemm.cuh) as a module was built: QG_WARPS (16 rows of W each), QG_TM rows of x,
+ * QG_STAGES, and the weight's bits and q4 group. */
+typedef struct kiln_qgemm_cfg {
+    int warps, tm, stages, bits, group;
+} kiln_qgemm_cfg;
+/* The split of K for a step of M rows by an N x K matrix on a GPU of `sms` SMs: where the step's tiles
+ * fill fewer than `sms`, K is split over up to 2 * sms blocks, each at least one 128-column chunk
+ * (*chunks per split); 1 otherwise. kiln_qgemm_dims: grid, block and the ring's dynamic shared
+ * memory. kiln_qgemm_ws_floats: the f32 workspace any split on such a GPU needs (tiles * splits <=
+ * 2 * sms), kiln_qgemm_cnt the tile counters. */
+int kiln_qgemm_splits(const kiln_qgemm_cfg *c, int M, int N, int K, int sms, int *chunks);
+kiln_cuda_dims kiln_qgemm_dims(const kiln_qgemm_cfg *c, int M, int N, int splits);
+size_t kiln_qgemm_ws_floats(const kiln_qgemm_cfg *c, int sms);
+size_t kiln_qgemm_cnt(int sms);
 /* Dynamic shared memory of kiln_attn_decode and kiln_attn_prefill. */
 unsigned kiln_attn_decode_smem(int n_heads, int n_kv_heads, int head_dim, int block_size, int partition_max, int warps);
 /* ... and of kiln_attn_decode_tc (the tensor-core decode kernel: a warp a kv head, grid

@@ -79,6 +79,7 @@ typedef struct kiln_executor_info {
     double kernels_load_seconds; /* loading kernel modules, a PTX JIT included (0 on the CPU) */
     bool kernels_jitted;         /* some module was JIT-compiled from PTX */
     int gemm_fp8;                /* quantized matrices whose GEMM steps (past the quantized GEMV) run W8A8 now */
+    int gemm_q;                  /* quantized matrices whose steps of 17 to 64 rows take the quantized GEMM */
     char tuning[96];             /* the engine's tuning record for this GPU: "recorded sm_90 (12 shapes)", "stale
                                     (cuBLASLt 130000 vs 130100)", "none (heuristic)"; empty on the CPU */
 } kiln_executor_info;

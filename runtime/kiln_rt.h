@@ -143,6 +143,7 @@ typedef struct kiln_measure_knobs {
     int pdl, graphs;   /* -1 = default, else 0/1 */
     int moe_grouped;   /* -1 = default, else 0/1 */
     int qgemv_cc;      /* -1 = default, else 0/1 */
+    int qgemm;         /* -1 = default, else 0/1: steps of 17 to 64 rows over quantized weights on the quantized GEMM */
     int w8a8;          /* -1 = default, else 0/1/2 */
     int tp_oneshot;    /* -1 = default, else 0 (never), 1 (auto), 2 (every collective): kiln_cuda_exec_opts.tp_oneshot */
     int prefill_wg;    /* -1 = default, else 0/1 */

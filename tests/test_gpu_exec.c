@@ -393,6 +393,26 @@ static void test_kernels_section_quant(void) {
         KT_EQ_INT(e->cfg[4], 2);
         KT_EQ_INT(e->cfg[7], KILN_DTYPE_Q4G32);
     }
+    /* the quantized GEMM for steps of 17 to 64 rows: ".mx32" (32 rows of x a block, 4 stages) and ".mx" (64, 3),
+     * for every quantized matrix, the q8 LM head's too */
+    static const char *const qg[] = {"gemv.plain.128x64.q4g32", "gemv.swiglu.256x64.q4g32", "gemv.plain.64x128.q4g32",
+                                     "gemv.f32out.256x64.q8"};
+    for (size_t i = 0; i < sizeof qg / sizeof qg[0]; i++)
+        for (int v = 0; v < 2; v++) {
+            const char *name = pathf("%s%s", qg[i], v ? ".mx" : ".mx32");
+            const kiln_ksec_module *e = kiln_ksec_find(&ks, name);
+            KT_CHECKF(e != NULL, "no module %s", name);
+            if (!e) continue;
+            char *src = strndup(e->source, e->source_len);
+            KT_CONTAINS(src, "#include \"qgemm.cuh\"");
+            KT_CONTAINS(src, pathf("#define QG_BITS %d", i == 3 ? 8 : 4));
+            KT_CONTAINS(src, pathf("#define QG_TM %d", v ? 64 : 32));
+            KT_CONTAINS(src, pathf("#define QG_SWIGLU %d", i == 1));
+            KT_CONTAINS(src, pathf("#define QG_OUT_F32 %d", i == 3));
+            free(src);
+            KT_CHECK(e->cfg[0] == 8 && e->cfg[1] == (v ? 64 : 32) && e->cfg[2] == (v ? 3 : 4));
+            KT_EQ_INT(e->cfg[7], i == 3 ? KILN_DTYPE_Q8 : KILN_DTYPE_Q4G32);
+        }
     KT_CHECK(kiln_ksec_find(&ks, "gemv.plain.128x64.q4g32.cc") == NULL); /* a name runtimes before 0.6 take */
     /* the q8 LM head keeps the warp-per-rows kernel (".cc") */
     const kiln_ksec_module *hq = kiln_ksec_find(&ks, "gemv.f32out.256x64.q8.cc");
@@ -426,6 +446,7 @@ static void test_kernels_section_quant(void) {
     static const char *const fb_mods[] = {"gemv.plain.128x64.fp8g128", "gemv.swiglu.256x64.fp8g128",
                                           "gemv.plain.64x128.fp8g128.cc", "gemv.swiglu.256x64.fp8g128.cc"};
     check_fp8_gemvs(&ks, fb_mods, sizeof fb_mods / sizeof fb_mods[0], KILN_DTYPE_FP8G128);
+    KT_CHECK(kiln_ksec_find(&ks, "gemv.plain.128x64.fp8g128.mx") == NULL); /* its long steps run W8A8 */
     kiln_ksec_free(&ks);
     kiln_model_close(m);
     /* f32 with quantized matrices: the kernels compute in f32 and read no codes */
@@ -1872,6 +1893,62 @@ static void check_w8a8_matches_cpu(const char *ckpt_rel, int quant) {
     }
 }
 
+/* The quantized GEMM (qgemm.cuh) in the executor: tiny-mistral int4 g32 (LM head q8) and int8 engines,
+ * prefill steps of 24 and 48 rows (the 32- and 64-row modules), on the GPU against the CPU executor on the
+ * same plan (the CPU multiplies the stored values in f32; the GPU rounds q4 weights once to bf16 and its
+ * activations are bf16: test_quant_goldens' 3e-2 bound), and against the same engine with measure knob
+ * qgemm=0 (the 24-row step on the GEMV, the 48-row one dequantized for cuBLASLt), within the same bound:
+ * gemm_q counts the matrices the quantized GEMM takes (9, and 0 with the knob). */
+static void test_qgemm_matches_cpu(void) {
+    NEED_GPU();
+    static const struct {
+        int quant;
+        const char *name;
+    } qs[] = {{KILN_DTYPE_Q4G32, "int4g32"}, {KILN_DTYPE_Q8, "int8"}};
+    kiln_error err = {0};
+    for (size_t qi = 0; qi < sizeof qs / sizeof qs[0]; qi++) {
+        const char *eng = pathf("%s/qgemm-%s.kiln", g_tmp, qs[qi].name);
+        kiln_compile_options opt = {.output_path = eng, .weight_dtype = KILN_DTYPE_BF16, .targets = gpu_targets(),
+                                    .quant = qs[qi].quant, .quant_head = KILN_DTYPE_Q8, .quant_method = KILN_QUANT_RTN};
+        KT_REQUIRE(kt_compile(pathf("%s/tests/data/tiny-mistral", src_dir()), &opt) == KILN_OK);
+        kiln_model *m = NULL;
+        KT_REQUIRE(kiln_model_open(eng, 2, &m, &err) == KILN_OK && kiln_model_load_f32(m, &err) == KILN_OK);
+        const int V = m->plan->vocab_size;
+        for (int np = 24; np <= 48; np += 24) {
+            int32_t prompt[48];
+            for (int i = 0; i < np; i++) prompt[i] = 1 + (int32_t)((i * 7919u + 13u) % (unsigned)(V - 1));
+            float *cpu = malloc(sizeof(float) * (size_t)V), *gpu[2];
+            kiln_cpu_ctx *c = NULL;
+            KT_REQUIRE(kiln_cpu_ctx_new(m, 128, np, 2, &c, &err) == KILN_OK);
+            KT_REQUIRE(kiln_cpu_forward(c, prompt, np, false, cpu, &err) == KILN_OK);
+            kiln_cpu_ctx_free(c);
+            int nq[2] = {0, 0};
+            for (int k = 0; k < 2; k++) {
+                kiln_cuda_exec_opts o = {.max_seqs = 2, .max_context = 128, .kv_bytes = 16 << 20, .no_qgemm = k == 1};
+                gx G;
+                KT_REQUIRE(gx_open(&G, eng, &o));
+                gpu[k] = malloc(sizeof(float) * (size_t)V);
+                int32_t id = 0;
+                KT_REQUIRE(gen_one(&G, 1, prompt, np, 1, 64, &id, gpu[k], NULL)); /* one np-row prefill step */
+                kiln_executor_info info = {0};
+                G.x->ops->info(G.x, &info);
+                nq[k] = info.gemm_q;
+                gx_close(&G);
+            }
+            const double e = kt_rel_l2(gpu[0], cpu, (size_t)V), e0 = kt_rel_l2(gpu[1], cpu, (size_t)V),
+                         d = kt_rel_l2(gpu[0], gpu[1], (size_t)V);
+            fprintf(stderr, "  %s, %d rows: the quantized GEMM (%d matrices) vs the CPU rel err %.3g; without it (%d) "
+                    "%.3g; the two GPU paths %.3g apart\n", qs[qi].name, np, nq[0], e, nq[1], e0, d);
+            KT_CHECK(nq[0] == 9 && nq[1] == 0); /* q/k/v, o, gate/up, down of 2 layers, the LM head (decode batches) */
+            KT_CHECKF(e < 3e-2 && e0 < 3e-2 && d < 3e-2, "%s, %d rows: %.3g, %.3g, %.3g", qs[qi].name, np, e, e0, d);
+            free(cpu);
+            free(gpu[0]);
+            free(gpu[1]);
+        }
+        kiln_model_close(m);
+    }
+}
+
 static void test_w8a8_matches_cpu(void) {
     NEED_GPU();
     if (g_sm < 89) KT_SKIP("W8A8 needs FP8 tensor cores (sm_89+); this GPU is sm_%d", g_sm);
@@ -2200,6 +2277,7 @@ int main(void) {
     RUN(test_tiny_bf16);
     RUN(test_moe);
     RUN(test_quant_goldens);
+    RUN(test_qgemm_matches_cpu);
     RUN(test_w8a8_matches_cpu);
     RUN(test_kv8);
     RUN(test_quant_tp);

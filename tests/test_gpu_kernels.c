@@ -458,6 +458,120 @@ static void test_gemv_quant(void) {
     kfree(&kd);
 }
 
+/* The quantized GEMM (qgemm.cuh) for steps of many rows, against common/quant.c: weights quantized
+ * by kiln_quant_row_ex and dequantized by kiln_dequant_rows, multiplied in double. q8 and fp8 codes
+ * are exact and their row scale comes after the fp32 sum; a q4 weight is rounded once to bf16 (from
+ * bf16 scales and minimums), so bf16's tolerance. Shapes: M and N not multiples of the block's 64 x
+ * 128, K of 1 to 112 chunks of 128 columns (and K = 320: a chunk two thirds past K), K split over
+ * 1 to 8 blocks (the last block of a tile sums the partials), every epilogue; twice with the same
+ * bits, the tile counters back at zero between launches. */
+static void test_qgemm(void) {
+    NEED_GPU();
+    static const struct {
+        int qt, out_f32, swiglu, residual;
+    } variants[] = {
+        {KILN_DTYPE_Q4G128, 0, 0, 0}, {KILN_DTYPE_Q4G128, 0, 1, 0}, {KILN_DTYPE_Q4G32, 0, 0, 1},
+        {KILN_DTYPE_Q4G64, 1, 0, 0},  {KILN_DTYPE_Q8, 0, 0, 0},     {KILN_DTYPE_Q8, 0, 1, 0},
+        {KILN_DTYPE_Q8, 1, 0, 0},     {KILN_DTYPE_Q8, 0, 0, 1},     {KILN_DTYPE_FP8, 0, 0, 0},
+        {KILN_DTYPE_FP8, 0, 1, 1},
+    };
+    static const int shapes[][4] = {/* M, N, K, splits (0: as the runtime picks) */
+                                    {64, 128, 128, 1}, {33, 200, 512, 1}, {100, 96, 1024, 3}, {64, 4096, 4096, 0},
+                                    {130, 256, 384, 2}, {9, 64, 14336, 8}, {256, 40, 320, 0}, {64, 1024, 2048, 5}};
+    for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; vi++) {
+        const int qt = variants[vi].qt, group = kiln_quant_group(qt), bits = kiln_quant_bits(qt);
+        const int out_f32 = variants[vi].out_f32, swiglu = variants[vi].swiglu, residual = variants[vi].residual;
+        /* 64 rows of x a block with a ring of 3 chunks (codegen's), 32 rows with 4 */
+        const kiln_qgemm_cfg cfgs[2] = {{8, 64, 3, bits, group}, {8, 32, 4, bits, group}};
+        kfn k[2];
+        for (int ci = 0; ci < 2; ci++) {
+            char d[8][32];
+            snprintf(d[0], 32, "QG_BITS=%d", bits);
+            snprintf(d[1], 32, "QG_GROUP=%d", group);
+            snprintf(d[2], 32, "QG_FP8=%d", kiln_quant_is_fp8(qt));
+            snprintf(d[3], 32, "QG_SWIGLU=%d", swiglu);
+            snprintf(d[4], 32, "QG_OUT_F32=%d", out_f32);
+            snprintf(d[5], 32, "QG_WARPS=%d", cfgs[ci].warps);
+            snprintf(d[6], 32, "QG_TM=%d", cfgs[ci].tm);
+            snprintf(d[7], 32, "QG_STAGES=%d", cfgs[ci].stages);
+            const char *defs[8] = {d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]};
+            KT_REQUIRE(kbuild(&k[ci], "qgemm.cuh", "kiln_qgemm", defs, 8));
+        }
+        const size_t wsn = kiln_qgemm_ws_floats(&cfgs[0], g_cu.n_sm), cn = kiln_qgemm_cnt(g_cu.n_sm);
+        CUdeviceptr ws = dev_alloc(wsn * 4), cnt = dev_alloc(cn * 4);
+        KT_CHECK(g_cu.api.cuMemsetD32(cnt, 0, cn) == CUDA_SUCCESS);
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            const int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2], nout = swiglu ? N / 2 : N;
+            if (bits == 4 && K % group) continue;
+            float *wf = malloc(sizeof(float) * (size_t)N * K), *wd = malloc(sizeof(float) * (size_t)N * K);
+            for (size_t i = 0; i < (size_t)N * K; i++) wf[i] = 0.02f * rnd_normal();
+            const uint64_t qb = kiln_weight_nbytes(qt, 2, (const int64_t[]){N, K});
+            uint8_t *wq = calloc(1, qb);
+            for (int n = 0; n < N; n++) kiln_quant_row_ex(qt, N, K, n, wf + (size_t)n * K, wq, KILN_QUANT_MSE);
+            kiln_dequant_rows(qt, wq, N, K, 0, N, wd);
+            CUdeviceptr w = dev_from(wq, qb);
+            const CUdeviceptr wsc = w + kiln_quant_scales_offset(qt, N, K),
+                              wm = group ? w + kiln_quant_mins_offset(qt, N, K) : 0;
+            float *xf, *rf = NULL;
+            uint16_t *xh = rand_bf16((size_t)M * K, 2.0f, &xf);
+            uint16_t *rh = residual ? rand_bf16((size_t)M * nout, 1.0f, &rf) : NULL;
+            CUdeviceptr x = dev_from(xh, (size_t)M * K * 2);
+            const size_t ysz = (size_t)M * nout * (out_f32 ? 4 : 2);
+            CUdeviceptr y = dev_alloc(ysz);
+            double *ref = malloc(sizeof(double) * (size_t)M * nout), *row = malloc(sizeof(double) * (size_t)N);
+            for (int m = 0; m < M; m++) {
+                for (int n = 0; n < N; n++) {
+                    double s2 = 0;
+                    for (int i = 0; i < K; i++) s2 += (double)xf[(size_t)m * K + i] * wd[(size_t)n * K + i];
+                    row[n] = s2;
+                }
+                for (int n = 0; n < nout; n++)
+                    ref[(size_t)m * nout + n] = (swiglu ? row[2 * n] / (1.0 + exp(-row[2 * n])) * row[2 * n + 1] : row[n]) +
+                                                (rf ? rf[(size_t)m * nout + n] : 0.0);
+            }
+            void *first = malloc(ysz);
+            for (int run = 0; run < 4; run++) { /* each configuration twice */
+                const int ci = run / 2, rep = run % 2;
+                int chunks, splits = kiln_qgemm_splits(&cfgs[ci], M, N, K, g_cu.n_sm, &chunks);
+                if (shapes[si][3]) { /* a split of its own: the same rule for chunks */
+                    const int nc = (K + 127) / 128;
+                    chunks = (nc + shapes[si][3] - 1) / shapes[si][3];
+                    splits = (nc + chunks - 1) / chunks;
+                }
+                if (rh) KT_CHECK(g_cu.api.cuMemcpyHtoD(y, rh, ysz) == CUDA_SUCCESS); /* y += x W^T */
+                else out_f32 ? dev_poison32(y, ysz) : dev_poison16(y, ysz);
+                kiln_qgemm_params p = {{x, w, y, rh ? y : 0, M, N, K, K, nout, 0, 0, 0.0f, 0, wsc, wm, 0, 0, 0, 0},
+                                       splits > 1 ? ws : 0, splits > 1 ? cnt : 0, splits, chunks};
+                KT_CHECK(klaunch(k[ci].fn, "kiln_qgemm", kiln_qgemm_dims(&cfgs[ci], M, N, splits), &p));
+                void *out = host_from(y, ysz);
+                const double e = out_f32 ? rel_err_f32(out, ref, (size_t)M * nout) : rel_err_bf16(out, ref, (size_t)M * nout);
+                KT_CHECKF(e < TOL_BF16, "qgemm %s M=%d N=%d K=%d (%d rows a block, %d stages, splits %d; f32 %d, swiglu %d, "
+                          "res %d): rel err %g", kiln_dtype_name((kiln_dtype)qt), M, N, K, cfgs[ci].tm, cfgs[ci].stages,
+                          splits, out_f32, swiglu, residual, e);
+                if (!(e < TOL_BF16)) report_worst(out, out_f32, ref, (size_t)M * nout);
+                if (rep == 1 && !rh)
+                    KT_CHECKF(memcmp(out, first, ysz) == 0, "qgemm %s M=%d N=%d K=%d: a second run differs",
+                              kiln_dtype_name((kiln_dtype)qt), M, N, K);
+                if (rep == 0) memcpy(first, out, ysz);
+                free(out);
+            }
+            unsigned *ch = host_from(cnt, cn * 4);
+            size_t left = 0;
+            for (size_t i = 0; i < cn; i++) left += ch[i] != 0;
+            KT_CHECKF(left == 0, "qgemm %s M=%d N=%d K=%d: %zu tile counters not back at zero",
+                      kiln_dtype_name((kiln_dtype)qt), M, N, K, left);
+            free(ch);
+            free(first);
+            kiln_cuda_release(&g_cu, w); kiln_cuda_release(&g_cu, x); kiln_cuda_release(&g_cu, y);
+            free(wf); free(wd); free(wq); free(xh); free(xf); free(rh); free(rf); free(ref); free(row);
+        }
+        kiln_cuda_release(&g_cu, ws);
+        kiln_cuda_release(&g_cu, cnt);
+        kfree(&k[0]);
+        kfree(&k[1]);
+    }
+}
+
 /* fp8's codes on the GPU, exactly: a [16, 256] weight whose rows cycle through all 254 finite E4M3
  * codes (the two NaN codes replaced by zero), scale 1 in every row. The dequant kernel must give
  * each code's value (exact in bf16) bit for bit; the GEMV with x one-hot rows (x row m = 1 at column
@@ -2252,6 +2366,7 @@ int main(void) {
     KT_RUN(test_gemv);
     KT_RUN(test_gemv_norm);
     KT_RUN(test_gemv_quant);
+    KT_RUN(test_qgemm);
     KT_RUN(test_gemv_fp8_codes);
     KT_RUN(test_rmsnorm);
     KT_RUN(test_rope_kv);

@@ -85,6 +85,12 @@ _Static_assert(KILN_TP_LOCAL_RANKS == KILN_TP_LOCAL_MAX, "kiln_cuda_rank.h and k
  * dequantize + cuBLASLt above: on the H200, Mistral-7B int4 decode at batch 16 / 32 / 64 ran 3,156 /
  * 3,616 / 3,965 tok/s through the GEMV and 1,377 / 2,690 / 5,303 through cuBLASLt */
 #define CX_QGEMV_MAX_M KILN_QGEMV_MAX_ROWS
+/* Steps of more than this many rows, up to KILN_QGEMM_TM_MAX (64), take the quantized GEMM (qgemm.cuh)
+ * where the engine has it (not over +act_fp8 matrices, whose steps past 32 rows are W8A8): on the
+ * H200, `kiln_gpu_bench --qgemm` over Mistral-7B's q4g128 matrices, a layer's four GEMMs at 16 / 32 /
+ * 64 rows took 133 / 239 / 340 us through the GEMV (dequantize at 64), 144 / 159 / 234 through it; at 128
+ * rows dequantizing won, 353 against 381 */
+#define CX_QGEMM_MIN_M 16
 #define CX_ACTQ_THREADS 256 /* kiln_act_fp8's block (dequant.cuh's ACTQ_THREADS default) */
 /* Rows of the buffers a step's GEMMs write (activations, QKV and gate/up scratch, logits): fp8g128's W8A8
  * runs a multiple of 4 (run_gemm_fp8). */
@@ -127,6 +133,9 @@ typedef struct cx_gemm {
     bool out8;           /* +out_fp8 (pass swiglu-out-fp8) and the next instruction is the W8A8 GEMM reading
                             the product: at its W8A8 steps the SwiGLU writes its codes (writes_codes) */
     CUfunction swiglu8;  /* kiln_swiglu_fp8, with out8 */
+    CUfunction qg[2];    /* the quantized GEMM, 32 ([0], module "<dtype>.mx32") and 64 ([1], ".mx") rows of x a
+                            block, where the engine has them (NULL: not) */
+    kiln_qgemm_cfg cqg[2];
 } cx_gemm;
 
 typedef struct cx_attn {
@@ -248,6 +257,7 @@ typedef struct cx {
     /* scratch */
     CUdeviceptr qkv_tmp, q_tmp, gu_tmp, lm_x, logits, part_o, part_ml, ids, in_dev, kcache, vcache;
     CUdeviceptr deq_tmp; /* a quantized W dequantized, for steps past the quantized GEMV (max n x k elements) */
+    CUdeviceptr qg_ws, qg_cnt; /* the quantized GEMM's split-K partials and tile counters (any qg module) */
     /* W8A8 (fp8 weights past the quantized GEMV on sm_89+, unless measure knob w8a8=0): a GEMM's input
      * quantized per token, E4M3 [rows, k] and the tokens' f32 scales */
     bool w8a8;
@@ -279,6 +289,7 @@ typedef struct cx {
     int gemv_max_m; /* most tokens per step the tensor-core GEMV takes (else cuBLASLt) */
     bool gemv_fixed, qgemv_fixed; /* gemv_max_m / qgemv_max_m given by the caller: kiln tune keeps, not measures, them */
     bool qgemv_cc;    /* one-token steps over quantized weights on the CUDA-core GEMV (measure knob qgemv_cc=0: not) */
+    bool qgemm;       /* steps of 17 to 64 rows over quantized weights on the quantized GEMM (measure knob qgemm=0: not) */
     bool prefill_wg;  /* prefill attention on the wgmma kernel where the engine has it (measure knob prefill_wg=0: not) */
     bool decode_tc;   /* decode attention on the tensor-core kernel where the engine has it (decode_tc=0: not) */
     bool decode_tc_all; /* ... at every decode step, not from decode_tc_min sequences (decode_tc=2) */
@@ -596,6 +607,21 @@ static kiln_status gemm_setup(cx *x, cx_gemm *g, int dw, cx_epi epi, const kiln_
             if (!kiln_ksec_find(&x->ks, name)) continue;
             if ((st = gemv_fn(x, epis[epi], g->n, g->k, cc, &g->m1, &g->c1, err))) return st;
             break;
+        }
+        /* steps of 17 to 64 rows on the quantized GEMM where the engine has it (from 2026-12-04) */
+        for (int v = 0; v < 2 && x->qgemm && !g->act8; v++) {
+            kiln_ksec_gemv_qg_variant(cc, sizeof cc, kiln_dtype_name((kiln_dtype)g->qt), v ? 64 : 32);
+            kiln_ksec_gemv_name(name, sizeof name, epis[epi], g->n, g->k, cc);
+            if (!kiln_ksec_find(&x->ks, name)) continue;
+            if ((st = fn_get(x, name, "kiln_qgemm", &g->qg[v], &km, err))) return st;
+            g->cqg[v] = (kiln_qgemm_cfg){km->cfg[0], km->cfg[1], km->cfg[2], kiln_quant_bits(g->qt),
+                                         kiln_quant_group(g->qt)};
+            if (g->cqg[v].warps < 1 || (g->cqg[v].tm != 32 && g->cqg[v].tm != 64) || g->cqg[v].tm != (v ? 64 : 32) ||
+                g->cqg[v].stages < 2) {
+                kiln_err(err, KILN_ERR_FORMAT, "cuda executor: quantized GEMM module '%s' has a launch this runtime "
+                         "does not know (warps %d, rows %d, stages %d)", name, km->cfg[0], km->cfg[1], km->cfg[2]);
+                return kiln_err_hint(err, "the engine was built by another kiln; recompile it with this one");
+            }
         }
         if (!x->f_dequant) {
             if ((st = fn_get(x, "dequant", "kiln_dequant", &x->f_dequant, &km, err))) return st;
@@ -1106,11 +1132,19 @@ static int qgemv_rows_min(const cx *x) {
     return x->qgemv_max_m > KILN_QGEMV_MAX_ROWS && act8_cols(x, NULL) > 0 ? KILN_QGEMV_MAX_ROWS : x->qgemv_max_m;
 }
 
+/* Whether a step of M rows runs quantized GEMM g on the quantized GEMM (qgemm.cuh): from
+ * CX_QGEMM_MIN_M + 1 to 64 rows where the engine has the module, unless the measurement knob
+ * gemv_max_m keeps the GEMV up to its rows. */
+static bool qgemm_path(const cx *x, const cx_gemm *g, int M) {
+    if (!g->qt || M <= CX_QGEMM_MIN_M || M > KILN_QGEMM_TM_MAX || !g->qg[M > 32]) return false;
+    return !(x->qgemv_fixed && M <= x->qgemv_max_m);
+}
+
 /* Whether a step of M rows runs GEMM g as a GEMV: the CUDA-core GEMV up to KILN_GEMV_MAX_M rows, the
  * tensor-core one up to gemv_max_m (KILN_GEMV_MAX_M unless the measurement knob says otherwise),
- * the quantized one up to qgemv_rows; cuBLASLt above. */
+ * the quantized one up to qgemv_rows but where the quantized GEMM takes the step; cuBLASLt above. */
 static bool gemv_path(const cx *x, const cx_gemm *g, int M) {
-    if (g->qt) return M <= qgemv_rows(x, g);
+    if (g->qt) return M <= qgemv_rows(x, g) && !qgemm_path(x, g, M);
     return M <= (g->mma ? x->gemv_max_m : KILN_GEMV_MAX_M);
 }
 
@@ -1257,6 +1291,14 @@ static kiln_status run_gemm(cx *x, const cx_gemm *g, int M, CUdeviceptr in, CUde
         }
         kiln_cuda_dims d = kiln_gemv_dims(c, M, g->n);
         return launch(x, m1 ? g->m1 : g->mma, d.grid[0], d.grid[1], 1, d.block[0], 0, &prm, "kiln_gemv", err);
+    }
+    if (qgemm_path(x, g, M)) { /* the codes read once per block of rows, no dense copy */
+        const kiln_qgemm_cfg *c = &g->cqg[M > 32];
+        int chunks, splits = kiln_qgemm_splits(c, M, g->n, g->k, x->cu.n_sm, &chunks);
+        kiln_qgemm_params q = {{in, w, out, res ? out : 0, M, g->n, g->k, g->k, ldy, 0, 0, 0.0f, 0, wscale, wmin, 0, 0, 0, 0},
+                               splits > 1 ? x->qg_ws : 0, splits > 1 ? x->qg_cnt : 0, splits, chunks};
+        kiln_cuda_dims d = kiln_qgemm_dims(c, M, g->n, splits);
+        return launch(x, g->qg[M > 32], d.grid[0], d.grid[1], d.grid[2], d.block[0], d.smem, &q, "kiln_qgemm", err);
     }
     if (w8a8_runs(x, g)) { /* W8A8: x quantized per token, cuBLASLt's FP8 GEMM */
         kiln_status st = run_gemm_fp8(x, g, M, in, w, out, res, io, err);
@@ -1640,7 +1682,8 @@ static void prof_cost(const cx *x, int i, const cx_shape *sh, double ctx, double
         const double M = in->kind == I_LMHEAD ? B : T, N = in->g.n, K = in->g.k;
         const double out_es = in->g.epi == EPI_F32OUT ? 4 : es;
         const double wbytes = (double)dw_bytes(x, &x->dw[in->g.dw]);
-        const bool gemm = in->g.qt && !gemv_path(x, &in->g, (int)M), w8a8 = gemm && w8a8_runs(x, &in->g);
+        const bool gemm = in->g.qt && !gemv_path(x, &in->g, (int)M) && !qgemm_path(x, &in->g, (int)M),
+                   w8a8 = gemm && w8a8_runs(x, &in->g);
         const bool deq = gemm && !w8a8; /* written dense, read by cuBLASLt */
         /* W8A8: x read and written as E4M3 codes, read again by the GEMM */
         *bytes = wbytes + (deq ? 2 * N * K * es : 0) + M * K * es + (w8a8 ? 2 * M * K : 0) +
@@ -1694,7 +1737,7 @@ static void prof_add(cx *x, const kiln_step *s, const cx_shape *sh) {
         if (i < x->n_prog && has_gemm(&x->prog[i])) {
             const cx_gemm *g = &x->prog[i].g;
             const int M = x->prog[i].kind == I_LMHEAD ? sh->B : sh->T;
-            r->fp8 = g->qt && !gemv_path(x, g, M) && w8a8_runs(x, g);
+            r->fp8 = g->qt && !gemv_path(x, g, M) && !qgemm_path(x, g, M) && w8a8_runs(x, g);
         }
         if (!qkv) continue;
         /* rope_kv: rotate q and k, write k and v into the KV cache (skipped at decode with +decode_rope) */
@@ -1849,7 +1892,7 @@ static void tune_rows(cx *x, int B, bool decode, FILE *log) {
         if (!has_gemm(in)) continue;
         if (in->kind == I_LMHEAD && !decode) continue; /* prefill: one row per sequence, not B */
         const cx_gemm *g = &in->g;
-        if (gemv_path(x, g, B)) continue; /* at decode every GEMM has B rows, the LM head's too */
+        if (gemv_path(x, g, B) || qgemm_path(x, g, B)) continue; /* at decode every GEMM has B rows, the LM head's too */
         /* the arguments run_gemm gives kiln_cublaslt_gemm_ex (cuBLASLt reads a quantized weight's dense
          * copy) or, W8A8, kiln_cublaslt_gemm_fp8 (the codes as stored) */
         const bool acc = in->kind == I_GEMM && in->res >= 0 && g->epi != EPI_SWIGLU, fp8 = w8a8_runs(x, g);
@@ -2309,6 +2352,13 @@ static int w8a8_count(const cx *x) {
     return n;
 }
 
+/* Matrices whose steps of 17 to 64 rows take the quantized GEMM (kiln_ctx_info.gemm_q). */
+static int qgemm_count(const cx *x) {
+    int n = 0;
+    for (int i = 0; i < x->n_prog; i++) n += has_gemm(&x->prog[i]) && qgemm_path(x, &x->prog[i].g, 64);
+    return n;
+}
+
 static void cx_info(kiln_executor *e, kiln_executor_info *info) {
     cx *x = (cx *)e;
     snprintf(info->device_name, sizeof info->device_name, "%.127s", x->cu.name);
@@ -2322,6 +2372,7 @@ static void cx_info(kiln_executor *e, kiln_executor_info *info) {
     info->kernels_load_seconds = x->stats.modules_seconds;
     info->kernels_jitted = x->stats.jitted;
     info->gemm_fp8 = w8a8_count(x);
+    info->gemm_q = qgemm_count(x);
     int used = 0, refused = 0;
     kiln_cublaslt_recorded_counts(x->lt, &used, &refused);
     if (refused)
@@ -2344,7 +2395,7 @@ static void cx_destroy(kiln_executor *e) {
                              &x->lm_x,     &x->logits,      &x->part_o,    &x->part_ml,  &x->attn_cnt,
                              &x->ids,      &x->in_dev,      &x->kcache,    &x->vcache,   &x->moe_scr,
                              &x->logits_part, &x->gather_tmp, &x->act8, &x->act8_scale, &x->rows_x,
-                             &x->rows_logits};
+                             &x->rows_logits, &x->qg_ws, &x->qg_cnt};
         for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) cx_release(x, ps[i]);
         if (x->in_host) x->cu.api.cuMemFreeHost(x->in_host);
         if (x->ids_host) x->cu.api.cuMemFreeHost(x->ids_host);
@@ -2524,6 +2575,19 @@ static size_t deq_bytes(const cx *x) {
     return b;
 }
 
+/* The quantized GEMM's split-K workspace (f32 floats) any of the program's modules needs: 0 without one. */
+static size_t qgemm_ws_floats(const cx *x) {
+    size_t f = 0;
+    for (int i = 0; i < x->n_prog; i++) {
+        const cx_inst *in = &x->prog[i];
+        for (int v = 0; v < 2 && has_gemm(in); v++) {
+            const size_t n = in->g.qg[v] ? kiln_qgemm_ws_floats(&in->g.cqg[v], x->cu.n_sm) : 0;
+            if (n > f) f = n;
+        }
+    }
+    return f;
+}
+
 /* Steps of more rows than this run a gate/up GEMM through cuBLASLt (the gate/up scratch then). */
 static int gu_rows(const cx *x) { return x->gemv_max_m < KILN_GEMV_MAX_M ? x->gemv_max_m : KILN_GEMV_MAX_M; }
 
@@ -2580,6 +2644,7 @@ static size_t scratch_bytes(const cx *x, int rows, int max_blocks) {
     if ((R > (size_t)gu_rows(x) || x->moe_e) && x->ffn_max > 0) b += R * 2 * (size_t)x->ffn_max * es;
     size_t a8s = 1;
     if (R > (size_t)qgemv_rows_min(x)) b += deq_bytes(x) + R * act8_cols(x, &a8s) + R * a8s * 4;
+    if (R > CX_QGEMM_MIN_M) b += qgemm_ws_floats(x) * 4 + kiln_qgemm_cnt(x->cu.n_sm) * 4;
     b += moe_bytes(x, rows, NULL);
     b += S * (size_t)x->hidden * es + S * (size_t)x->vocab * 4 + S * nh * z * hd * 4 + S * nh * z * 2 * 4 +
          S * (size_t)x->n_kv * 4 + S * 4;
@@ -2714,6 +2779,7 @@ static kiln_status cx_new(const kiln_model *m, const kiln_cuda_exec_opts *o, int
     x->no_graphs = o->no_graphs;
     x->moe_grouped = o->moe_grouped;
     x->qgemv_cc = !o->no_qgemv_cc;
+    x->qgemm = !o->no_qgemm;
     x->prefill_wg = !o->no_prefill_wg;
     x->decode_tc = !o->no_decode_tc;
     x->decode_tc_all = o->decode_tc_all;
@@ -2880,6 +2946,10 @@ static kiln_status cx_new(const kiln_model *m, const kiln_cuda_exec_opts *o, int
              (st = cx_alloc(x, R * 2 * (size_t)x->ffn_max * es, "the gate/up scratch", &x->gu_tmp, err))) ||
             (R > (size_t)qgemv_rows_min(x) && deq_bytes(x) > 0 &&
              (st = cx_alloc(x, deq_bytes(x), "the dequantized weight scratch", &x->deq_tmp, err))) ||
+            (R > CX_QGEMM_MIN_M && qgemm_ws_floats(x) > 0 &&
+             ((st = cx_alloc(x, qgemm_ws_floats(x) * 4, "the quantized GEMM's partial sums", &x->qg_ws, err)) ||
+              (st = cx_alloc(x, kiln_qgemm_cnt(x->cu.n_sm) * 4, "the quantized GEMM's tile counters", &x->qg_cnt, err)) ||
+              (st = KILN_CU_CALL(&x->cu, err, x->cu.api.cuMemsetD32(x->qg_cnt, 0, kiln_qgemm_cnt(x->cu.n_sm)))))) ||
             (R > (size_t)qgemv_rows_min(x) && k8 > 0 &&
              ((st = cx_alloc(x, R * k8, "the FP8 activations", &x->act8, err)) ||
               (st = cx_alloc(x, R * a8s * 4, "the FP8 activations' scales", &x->act8_scale, err)))) ||

@@ -59,6 +59,31 @@ kiln_cuda_dims kiln_gemv_dims(const kiln_gemv_cfg *c, int M, int N) {
     return d;
 }
 
+int kiln_qgemm_splits(const kiln_qgemm_cfg *c, int M, int N, int K, int sms, int *chunks) {
+    const int bn = 16 * c->warps, nc = (K + 127) / 128;
+    const long tiles = (long)((N + bn - 1) / bn) * ((M + c->tm - 1) / c->tm);
+    int splits = tiles >= sms ? 1 : (int)(2L * sms / tiles);
+    if (splits > nc) splits = nc;
+    if (splits < 1) splits = 1;
+    *chunks = (nc + splits - 1) / splits;
+    return (nc + *chunks - 1) / *chunks; /* every split a chunk or more */
+}
+
+kiln_cuda_dims kiln_qgemm_dims(const kiln_qgemm_cfg *c, int M, int N, int splits) {
+    kiln_cuda_dims d = {{1, 1, 1}, {1, 1, 1}, 0};
+    d.grid[0] = (unsigned)((N + 16 * c->warps - 1) / (16 * c->warps));
+    d.grid[1] = (unsigned)((M + c->tm - 1) / c->tm);
+    d.grid[2] = (unsigned)(splits > 1 ? splits : 1);
+    d.block[0] = (unsigned)(32 * c->warps);
+    d.smem = (unsigned)(c->stages * KILN_QGEMM_STAGE(c->bits, c->bits == 4 ? c->group : 128, c->warps, c->tm));
+    return d;
+}
+
+size_t kiln_qgemm_ws_floats(const kiln_qgemm_cfg *c, int sms) {
+    return (size_t)2 * (size_t)sms * (size_t)c->tm * 16 * (size_t)c->warps;
+}
+size_t kiln_qgemm_cnt(int sms) { return (size_t)2 * (size_t)sms; }
+
 unsigned kiln_attn_decode_smem(int n_heads, int n_kv_heads, int head_dim, int block_size, int partition_max,
                                int warps) {
     return (unsigned)KILN_ATTN_DECODE_SMEM(n_heads / n_kv_heads, head_dim, block_size, partition_max, warps);

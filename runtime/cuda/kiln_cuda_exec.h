@@ -89,6 +89,7 @@ typedef struct kiln_cuda_exec_opts {
                              or CX_QGEMV_MAX_M */
     int rope_split_max_t; /* steps of at most this many tokens spread rope_kv over heads; 0 = the record's or 64 */
     bool no_qgemv_cc;    /* one-token steps over quantized weights keep the tensor-core GEMV (measure knob qgemv_cc=0) */
+    bool no_qgemm;       /* steps of 17 to 64 rows over quantized weights keep the GEMV or dequantize (measure knob qgemm=0) */
     bool no_w8a8;        /* fp8 weights past the quantized GEMV: dequantize for a bf16 GEMM instead of quantizing the
                             activations per token for cuBLASLt's FP8 GEMM (measure knob w8a8=0) */
     bool no_w8a8_g128;   /* fp8g128 weights dequantize for a bf16 GEMM where fp8 ones run W8A8 (measure knob w8a8=1) */

@@ -40,6 +40,7 @@ static kiln_status gpu_create(const kiln_model *m, const kiln_ctx_options *o, co
                               .no_recorded = k->recorded == 0,
                               .moe_grouped = k->moe_grouped == 1,
                               .no_qgemv_cc = k->qgemv_cc == 0,
+                              .no_qgemm = k->qgemm == 0,
                               .no_w8a8 = k->w8a8 == 0,
                               .no_w8a8_g128 = k->w8a8 == 1,
                               .no_prefill_wg = k->prefill_wg == 0,
