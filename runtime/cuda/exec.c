@@ -88,7 +88,7 @@ _Static_assert(KILN_TP_LOCAL_RANKS == KILN_TP_LOCAL_MAX, "kiln_cuda_rank.h and k
 /* Steps of more than this many rows, up to KILN_QGEMM_TM_MAX (64), take the quantized GEMM (qgemm.cuh)
  * where the engine has it (not over +act_fp8 matrices, whose steps past 32 rows are W8A8): on the
  * H200, `kiln_gpu_bench --qgemm` over Mistral-7B's q4g128 matrices, a layer's four GEMMs at 16 / 32 /
- * 64 rows took 133 / 239 / 340 us through the GEMV (dequantize at 64), 144 / 159 / 234 through it; at 128
+ * 64 rows took 133 / 239 / 340 us through the GEMV (dequantize at 64), 144 / 159 / 233 through it; at 128
  * rows dequantizing won, 353 against 381 */
 #define CX_QGEMM_MIN_M 16
 #define CX_ACTQ_THREADS 256 /* kiln_act_fp8's block (dequant.cuh's ACTQ_THREADS default) */
