@@ -205,13 +205,18 @@ KILN_DEV void kiln_qg_chunk(const unsigned char *stage, int warp, int g, int t, 
     }
 }
 
-#if !QG_SWIGLU
-/* y for row n (< N) of W and row m (< M) of x from the sum v (its row's scale not yet applied) */
-KILN_DEV void kiln_qg_put(const kiln_gemv_params &p, int m, int n, float v) {
+/* Row n's scale (q8, fp8: the row's; q4's are in the weights) times the sum v. */
+KILN_DEV float kiln_qg_scaled(const kiln_gemv_params &p, int n, float v) {
 #if QG_BITS == 8
     v *= __ldg((const float *)p.wscale + n);
+#else
+    (void)p, (void)n;
 #endif
-    const size_t o = (size_t)m * p.ldy + n;
+    return v;
+}
+
+/* y[o] = v (+ residual[o]), bf16 or fp32 (QG_OUT_F32). */
+KILN_DEV void kiln_qg_store(const kiln_gemv_params &p, size_t o, float v) {
     if (p.residual) v += kiln_e2f(((const kiln_elem *)p.residual)[o]);
 #if QG_OUT_F32
     ((float *)p.y)[o] = v;
@@ -219,7 +224,6 @@ KILN_DEV void kiln_qg_put(const kiln_gemv_params &p, int m, int n, float v) {
     ((kiln_elem *)p.y)[o] = kiln_f2e(v);
 #endif
 }
-#endif
 
 /* The tile's outputs from `sum(m, r)` (row r of the tile, row m of x): coalesced along N. */
 template <typename F> KILN_DEV void kiln_qg_epilogue(const kiln_gemv_params &p, int m0, int n0, F sum) {
@@ -227,24 +231,14 @@ template <typename F> KILN_DEV void kiln_qg_epilogue(const kiln_gemv_params &p, 
     for (int e = threadIdx.x; e < QG_TM * QG_BN / 2; e += QG_T) {
         const int m = e / (QG_BN / 2), f = e % (QG_BN / 2), n = n0 + 2 * f;
         if (m0 + m >= p.M || n + 1 >= p.N) continue;
-        float gs = sum(m, 2 * f), us = sum(m, 2 * f + 1);
-#if QG_BITS == 8
-        gs *= __ldg((const float *)p.wscale + n);
-        us *= __ldg((const float *)p.wscale + n + 1);
-#endif
-        const size_t o = (size_t)(m0 + m) * p.ldy + n / 2;
-        float v = kiln_silu(gs) * us;
-        if (p.residual) v += kiln_e2f(((const kiln_elem *)p.residual)[o]);
-#if QG_OUT_F32
-        ((float *)p.y)[o] = v;
-#else
-        ((kiln_elem *)p.y)[o] = kiln_f2e(v);
-#endif
+        const float gs = kiln_qg_scaled(p, n, sum(m, 2 * f)), us = kiln_qg_scaled(p, n + 1, sum(m, 2 * f + 1));
+        kiln_qg_store(p, (size_t)(m0 + m) * p.ldy + n / 2, kiln_silu(gs) * us);
     }
 #else
     for (int e = threadIdx.x; e < QG_TM * QG_BN; e += QG_T) {
         const int m = e / QG_BN, r = e % QG_BN;
-        if (m0 + m < p.M && n0 + r < p.N) kiln_qg_put(p, m0 + m, n0 + r, sum(m, r));
+        if (m0 + m < p.M && n0 + r < p.N)
+            kiln_qg_store(p, (size_t)(m0 + m) * p.ldy + n0 + r, kiln_qg_scaled(p, n0 + r, sum(m, r)));
     }
 #endif
 }
